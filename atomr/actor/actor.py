@@ -1,0 +1,88 @@
+"""The ``Actor`` base class: subclass it and implement ``receive``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import Context
+    from .supervision import SupervisorStrategy
+
+__all__ = ["Actor"]
+
+# The context of the actor being built by the runtime, so that ``self.context``
+# already works inside ``__init__``. Only the event-loop thread touches it.
+_creating: list[Context] = []
+
+
+class Actor:
+    """Base class of actors.
+
+    Implement ``receive(self, message)``, plain or ``async``; its return value
+    answers an ``ask`` (``return Failure(exc)`` answers with an error without
+    failing the actor). One message is handled at a time. Create actors with
+    ``system.spawn(Props(MyActor, ...))`` or ``self.context.spawn(...)``, never
+    by calling the class directly.
+    """
+
+    _context: Context | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Actor:
+        obj = super().__new__(cls)
+        obj._context = _creating[-1] if _creating else None
+        return obj
+
+    @property
+    def context(self) -> Context:
+        """This actor's ``Context`` (self_ref, sender, spawn, timers, ...).
+
+        Raises:
+            RuntimeError: if the instance was not created by ``spawn``.
+        """
+        ctx = self._context
+        if ctx is None:
+            raise RuntimeError(
+                f"{type(self).__name__} was not created by spawn; "
+                "use system.spawn(Props(...)) to start an actor"
+            )
+        return ctx
+
+    def receive(self, message: Any) -> Any:
+        """Handle one message; the return value answers an ask.
+
+        Raises:
+            NotImplementedError: unless a subclass implements it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement receive(message)")
+
+    def pre_start(self) -> Any:
+        """Called (and awaited if async) before the first message."""
+        return None
+
+    def post_stop(self) -> Any:
+        """Called (and awaited if async) once stopped, after the children stopped."""
+        return None
+
+    def pre_restart(self, error: BaseException, message: Any) -> Any:
+        """Called on the failed instance before a restart (its children are
+        already stopped, as in Akka); default calls ``post_stop``.
+
+        Args:
+            error: the exception that caused the restart.
+            message: the message being handled, or None.
+        """
+        return self.post_stop()
+
+    def post_restart(self, error: BaseException) -> Any:
+        """Called on the new instance after a restart; default calls ``pre_start``.
+
+        Args:
+            error: the exception that caused the restart.
+        """
+        return self.pre_start()
+
+    def supervisor_strategy(self) -> SupervisorStrategy:
+        """The strategy applied to this actor's failed children (default: restart)."""
+        from .supervision import OneForOneStrategy
+
+        return OneForOneStrategy()

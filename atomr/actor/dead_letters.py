@@ -1,0 +1,63 @@
+"""Dead letters: messages that reached no live actor, recorded and observable."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from .messages import DeadLetter
+
+__all__ = ["DeadLetters"]
+
+logger = logging.getLogger("atomr.actor")
+
+
+class DeadLetters:
+    """Records undelivered messages and tells subscribers about each one.
+
+    Attributes:
+        count: how many dead letters were published.
+        recent: the last ``keep`` dead letters, oldest first.
+    """
+
+    def __init__(self, keep: int = 1000) -> None:
+        """Args:
+        keep: how many recent dead letters to keep in ``recent``.
+        """
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
+        self.count = 0
+        self.recent: deque[DeadLetter] = deque(maxlen=keep)
+        self._subscribers: list[Callable[[DeadLetter], object]] = []
+
+    def subscribe(self, callback: Callable[[DeadLetter], object]) -> Callable[[], None]:
+        """Call ``callback(dead_letter)`` for every future dead letter.
+
+        ``probe.ref.tell`` is a fine callback. Errors in a callback are logged.
+
+        Returns:
+            A function that unsubscribes the callback.
+        Raises:
+            TypeError: if ``callback`` is not callable.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in self._subscribers:
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def publish(self, letter: DeadLetter) -> None:
+        """Record ``letter`` and pass it to every subscriber."""
+        self.count += 1
+        self.recent.append(letter)
+        logger.debug("dead letter: %r", letter)
+        for callback in list(self._subscribers):
+            try:
+                callback(letter)
+            except Exception:
+                logger.exception("dead-letter subscriber %r failed", callback)

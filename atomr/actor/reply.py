@@ -1,0 +1,93 @@
+"""How an ``ask`` is answered: ``Failure`` and the deferred ``Reply`` handle."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cell import ActorCell
+
+__all__ = ["Failure", "Reply"]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Return ``Failure(exc)`` from ``receive`` to answer an ask with ``exc``.
+
+    The asker's ``await ref.ask(...)`` raises ``exc``; the actor itself does
+    not fail (no supervision, state kept). Use it for bad input.
+
+    Raises:
+        TypeError: if ``exception`` is not an exception instance.
+    """
+
+    exception: BaseException
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.exception, BaseException):
+            raise TypeError(
+                f"Failure expects an exception instance, got {type(self.exception).__name__}"
+            )
+
+
+class Reply:
+    """Handle to answer an ask after the handler returned (``context.defer()``).
+
+    A reply to a ``tell`` goes nowhere (both setters return False). If the
+    actor stops before answering, the asker gets ``ActorStoppedError``.
+    """
+
+    __slots__ = ("_cell", "_future")
+
+    def __init__(self, future: asyncio.Future[Any] | None, cell: ActorCell | None) -> None:
+        self._future = future
+        self._cell = cell
+
+    @property
+    def done(self) -> bool:
+        """True once answered (or when there is no asker to answer)."""
+        return self._future is None or self._future.done()
+
+    def set_result(self, value: Any) -> bool:
+        """Answer the ask with ``value`` (a ``Failure`` answers with its exception).
+
+        Returns:
+            True if an asker was waiting and got the answer.
+        """
+        if isinstance(value, Failure):
+            return self.set_exception(value.exception)
+        fut = self._release()
+        if fut is None:
+            return False
+        fut.set_result(value)
+        return True
+
+    def set_exception(self, exc: BaseException) -> bool:
+        """Answer the ask by raising ``exc`` in the asker.
+
+        Returns:
+            True if an asker was waiting and got the exception.
+        Raises:
+            TypeError: if ``exc`` is not an exception instance.
+        """
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"set_exception expects an exception, got {type(exc).__name__}")
+        fut = self._release()
+        if fut is None:
+            return False
+        fut.set_exception(exc)
+        return True
+
+    def _release(self) -> asyncio.Future[Any] | None:
+        fut = self._future
+        if self._cell is not None:
+            self._cell.replies.discard(self)
+            self._cell = None
+        if fut is None or fut.done():
+            return None
+        return fut
+
+    def __repr__(self) -> str:
+        return f"Reply(done={self.done})"

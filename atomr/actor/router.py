@@ -1,0 +1,91 @@
+"""Routers: a pool of routee children behind one ref (round robin, broadcast)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .actor import Actor
+from .messages import Terminated
+from .props import Props
+from .ref import ActorRef
+from .supervision import SupervisorStrategy
+
+__all__ = ["BroadcastPool", "RoundRobinPool"]
+
+
+def _check(nr_of_instances: int, routee_props: Props) -> None:
+    if not isinstance(nr_of_instances, int) or isinstance(nr_of_instances, bool):
+        raise TypeError(f"nr_of_instances must be an int, got {type(nr_of_instances).__name__}")
+    if nr_of_instances < 1:
+        raise ValueError(f"nr_of_instances must be >= 1, got {nr_of_instances}")
+    if not isinstance(routee_props, Props):
+        raise TypeError(f"routee_props must be Props, got {type(routee_props).__name__}")
+
+
+class _PoolRouter(Actor):
+    """Spawns the routees as children and forwards each message (sender and ask kept)."""
+
+    def __init__(self, nr_of_instances: int, routee_props: Props, broadcast: bool) -> None:
+        super().__init__()
+        self.routees: list[ActorRef] = [
+            self.context.watch(self.context.spawn(routee_props, name=f"routee-{i}"))
+            for i in range(nr_of_instances)
+        ]
+        self.broadcast = broadcast
+        self.next = 0
+
+    def receive(self, message: Any) -> Any:
+        if isinstance(message, Terminated) and message.ref in self.routees:
+            self.routees.remove(message.ref)
+            if not self.routees:
+                self.context.stop(self.context.self_ref)
+            return None
+        if self.broadcast:
+            for routee in self.routees:
+                self.context.forward(routee)
+            return None
+        routee = self.routees[self.next % len(self.routees)]
+        self.next += 1
+        self.context.forward(routee)
+        return None
+
+
+class RoundRobinPool(Props):
+    """Props of a router with ``nr_of_instances`` routees, each message to the next one.
+
+    ``system.spawn(RoundRobinPool(4, Props(Worker)), name="workers")``. The
+    router supervises its routees (``supervisor_strategy``, default restart);
+    a routee that stops leaves the pool, the router stops when none is left.
+    An ask through the router is answered by the routee.
+
+    Args:
+        nr_of_instances: how many routees (>= 1).
+        routee_props: the routees' ``Props``.
+        supervisor_strategy: how failed routees are supervised.
+    Raises:
+        ValueError, TypeError: for bad arguments.
+    """
+
+    broadcast = False
+
+    def __init__(
+        self,
+        nr_of_instances: int,
+        routee_props: Props,
+        supervisor_strategy: SupervisorStrategy | None = None,
+    ) -> None:
+        _check(nr_of_instances, routee_props)
+        super().__init__(_PoolRouter, nr_of_instances, routee_props, self.broadcast)
+        if supervisor_strategy is not None:
+            if not isinstance(supervisor_strategy, SupervisorStrategy):
+                raise TypeError("supervisor_strategy must be a SupervisorStrategy")
+            self.supervisor_strategy = supervisor_strategy
+
+
+class BroadcastPool(RoundRobinPool):
+    """Like ``RoundRobinPool`` but every message goes to every routee.
+
+    An ask through it is answered by the first routee to reply.
+    """
+
+    broadcast = True

@@ -1,0 +1,263 @@
+"""Context: deferred replies, tasks, children, stash, forward, watch."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from atomr import (
+    Actor,
+    ActorRef,
+    ActorStoppedError,
+    ActorSystem,
+    Failure,
+    Props,
+    Terminated,
+)
+from atomr.testkit import TestProbe
+
+from .actors import Echo, Forwarder
+
+
+class Coordinator(Actor):
+    """Answers ("get", k) only once ("put", k, v) arrives: deferred replies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: dict[str, Any] = {}
+
+    def receive(self, message: Any) -> Any:
+        if message[0] == "get":
+            self.waiting[message[1]] = self.context.defer()
+            return "ignored"
+        if message[0] == "put":
+            self.waiting.pop(message[1]).set_result(message[2])
+            return "stored"
+        if message[0] == "fail":
+            return self.waiting.pop(message[1]).set_exception(KeyError(message[1]))
+        if message[0] == "failure":
+            return self.waiting.pop(message[1]).set_result(Failure(ValueError("v")))
+        return None
+
+
+async def test_deferred_reply_lets_actor_keep_taking_messages(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Coordinator))
+    get_a = asyncio.ensure_future(ref.ask(("get", "a"), timeout=2))
+    get_b = asyncio.ensure_future(ref.ask(("get", "b"), timeout=2))
+    await asyncio.sleep(0)  # let both asks reach the mailbox
+    assert await ref.ask(("put", "b", 2)) == "stored"
+    assert await get_b == 2
+    assert not get_a.done()
+    await ref.ask(("put", "a", 1))
+    assert await get_a == 1
+
+
+async def test_deferred_reply_exceptions(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Coordinator))
+    pending = asyncio.ensure_future(ref.ask(("get", "k"), timeout=2))
+    await asyncio.sleep(0)
+    assert await ref.ask(("fail", "k")) is True
+    with pytest.raises(KeyError):
+        await pending
+    pending = asyncio.ensure_future(ref.ask(("get", "k"), timeout=2))
+    await asyncio.sleep(0)
+    await ref.ask(("failure", "k"))
+    with pytest.raises(ValueError):
+        await pending
+
+
+async def test_outstanding_deferred_reply_fails_when_actor_stops(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Coordinator))
+    pending = asyncio.ensure_future(ref.ask(("get", "x"), timeout=None))
+    await asyncio.sleep(0.01)
+    await ref.stop()
+    with pytest.raises(ActorStoppedError):
+        await pending
+
+
+class Tasker(Actor):
+    def __init__(self, probe: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def pre_start(self) -> None:
+        self.probe.tell("started")
+
+    async def _work(self, delay: float, fail: bool) -> None:
+        try:
+            await asyncio.sleep(delay)
+            if fail:
+                raise RuntimeError("task failed")
+            self.probe.tell("task done")
+        except asyncio.CancelledError:
+            self.probe.tell("task cancelled")
+            raise
+
+    def receive(self, message: Any) -> Any:
+        delay, fail = message
+        reply = self.context.defer()
+        task = self.context.create_task(self._work(delay, fail))
+        task.add_done_callback(lambda t: reply.set_result("finished"))
+        return None
+
+
+async def test_create_task_runs_and_answers_deferred(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(Tasker, probe.ref))
+    await probe.expect_msg("started")
+    assert await ref.ask((0.0, False), timeout=1) == "finished"
+    await probe.expect_msg("task done")
+
+
+async def test_create_task_cancelled_on_stop(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(Tasker, probe.ref))
+    await probe.expect_msg("started")
+    ref.tell((100.0, False))
+    await asyncio.sleep(0.01)
+    await ref.stop()
+    await probe.expect_msg("task cancelled")
+
+
+async def test_create_task_failure_fails_the_actor(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(Tasker, probe.ref))
+    await probe.expect_msg("started")
+    ref.tell((0.0, True))
+    await probe.expect_msg("started")  # restarted by the default strategy
+    assert ref.is_alive
+
+
+async def test_create_task_rejects_non_coroutines(actor_system: ActorSystem) -> None:
+    class Bad(Actor):
+        def receive(self, message: Any) -> Any:
+            self.context.create_task(message)
+
+    ref = actor_system.spawn(Props(Bad))
+    with pytest.raises(TypeError, match="coroutine"):
+        await ref.ask(42)
+
+
+class Parent(Actor):
+    def receive(self, message: Any) -> Any:
+        if message == "spawn":
+            child = self.context.spawn(Props(Echo), name="kid")
+            return child
+        if message == "children":
+            return self.context.children
+        if message == "dup":
+            self.context.spawn(Props(Echo), name="kid")
+        return None
+
+
+async def test_children_and_parent(actor_system: ActorSystem) -> None:
+    parent = actor_system.spawn(Props(Parent), name="p")
+    child = await parent.ask("spawn")
+    assert child.path == "atomr://test/user/p/kid"
+    assert await parent.ask("children") == [child]
+    assert child._cell.context.parent == parent
+    assert parent._cell.context.parent is None
+    with pytest.raises(ValueError, match="already exists"):
+        await parent.ask("dup")
+
+
+class Stasher(Actor):
+    """Stashes everything until "open", then handles stashed messages in order."""
+
+    def __init__(self, probe: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+        self.open = False
+
+    def receive(self, message: Any) -> Any:
+        if message == "open":
+            self.open = True
+            return self.context.unstash_all()
+        if not self.open:
+            self.context.stash()
+            return None
+        self.probe.tell(message)
+        return f"handled {message}"
+
+
+async def test_stash_and_unstash_all(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(Stasher, probe.ref))
+    ref.tell(1)
+    asked = asyncio.ensure_future(ref.ask(2, timeout=2))
+    await asyncio.sleep(0)  # the ask is queued once its task runs
+    ref.tell(3)
+    await probe.expect_no_msg(0.05)
+    assert not asked.done()
+    assert await ref.ask("open") == 3
+    assert await probe.receive_n(3) == [1, 2, 3]
+    assert await asked == "handled 2"
+
+
+class Watcher(Actor):
+    def __init__(self, probe: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def receive(self, message: Any) -> Any:
+        if isinstance(message, Terminated):
+            self.probe.tell(("terminated", message.ref))
+        elif message[0] == "watch":
+            self.context.watch(message[1])
+        elif message[0] == "unwatch":
+            self.context.unwatch(message[1])
+        return None
+
+
+async def test_watch_gets_terminated(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    watcher = actor_system.spawn(Props(Watcher, probe.ref))
+    target = actor_system.spawn(Props(Echo))
+    await watcher.ask(("watch", target))
+    target.stop()
+    await probe.expect_msg(("terminated", target))
+    # watching an already stopped actor answers at once
+    await watcher.ask(("watch", target))
+    await probe.expect_msg(("terminated", target))
+
+
+async def test_unwatch(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    watcher = actor_system.spawn(Props(Watcher, probe.ref))
+    target = actor_system.spawn(Props(Echo))
+    await watcher.ask(("watch", target))
+    await watcher.ask(("unwatch", target))
+    await target.stop()
+    await probe.expect_no_msg(0.05)
+
+
+class Router(Actor):
+    def __init__(self, target: ActorRef) -> None:
+        super().__init__()
+        self.target = target
+
+    def receive(self, message: Any) -> Any:
+        self.context.forward(self.target)
+        return "ignored"
+
+
+async def test_forward_keeps_ask_and_sender(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    target = actor_system.spawn(Props(Forwarder, probe.ref))
+    await probe.expect_msg(("pre_start", ""))
+    ref = actor_system.spawn(Props(Router, target))
+    assert await ref.ask("x") == "x"
+    await probe.expect_msg("x")
+
+
+async def test_context_outside_handler_errors(actor_system: ActorSystem) -> None:
+    with pytest.raises(RuntimeError, match="not created by spawn"):
+        _ = Echo().context
+    ref = actor_system.spawn(Props(Echo))
+    ctx = ref._cell.context
+    with pytest.raises(RuntimeError, match="while handling"):
+        ctx.defer()
+    with pytest.raises(RuntimeError, match="while handling"):
+        ctx.stash()

@@ -1,0 +1,173 @@
+"""Mailboxes: bounded overflow policies, back-pressure, system-message priority."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from atomr import (
+    Actor,
+    ActorRef,
+    ActorSystem,
+    BoundedMailbox,
+    DeadLetter,
+    MailboxFullError,
+    OverflowPolicy,
+    Props,
+)
+from atomr.testkit import TestProbe
+
+
+class Gated(Actor):
+    """Blocks on the first message until ``gate`` is set, then records everything."""
+
+    def __init__(self, gate: asyncio.Event, probe: ActorRef) -> None:
+        super().__init__()
+        self.gate = gate
+        self.probe = probe
+
+    async def receive(self, message: Any) -> Any:
+        await self.gate.wait()
+        self.probe.tell(message)
+        return message
+
+
+async def gated(system: ActorSystem, capacity: int, policy: OverflowPolicy):
+    gate = asyncio.Event()
+    probe = TestProbe(system)
+    props = Props(Gated, gate, probe.ref).with_mailbox(BoundedMailbox(capacity, policy))
+    ref = system.spawn(props)
+    ref.tell("first")
+    await asyncio.sleep(0.01)  # "first" is being handled, mailbox empty
+    return gate, probe, ref
+
+
+async def test_drop_newest(actor_system: ActorSystem) -> None:
+    letters: list[DeadLetter] = []
+    actor_system.dead_letters.subscribe(letters.append)
+    gate, probe, ref = await gated(actor_system, 2, OverflowPolicy.DROP_NEWEST)
+    for m in ("a", "b", "c"):
+        ref.tell(m)
+    with pytest.raises(MailboxFullError):
+        await ref.ask("d")
+    gate.set()
+    assert await probe.receive_n(3) == ["first", "a", "b"]
+    assert [(d.message, d.reason) for d in letters] == [("c", "mailbox full"), ("d", "mailbox full")]
+
+
+async def test_drop_oldest(actor_system: ActorSystem) -> None:
+    letters: list[DeadLetter] = []
+    actor_system.dead_letters.subscribe(letters.append)
+    gate, probe, ref = await gated(actor_system, 2, OverflowPolicy.DROP_OLDEST)
+    dropped_ask = asyncio.ensure_future(ref.ask("a0"))
+    await asyncio.sleep(0)
+    for m in ("b", "c", "d"):
+        ref.tell(m)
+    gate.set()
+    assert await probe.receive_n(3) == ["first", "c", "d"]
+    with pytest.raises(MailboxFullError):
+        await dropped_ask
+    assert [d.message for d in letters] == ["a0", "b"]
+
+
+async def test_fail_raises_in_sender(actor_system: ActorSystem) -> None:
+    gate, probe, ref = await gated(actor_system, 1, OverflowPolicy.FAIL)
+    ref.tell("a")
+    with pytest.raises(MailboxFullError, match="full"):
+        ref.tell("b")
+    with pytest.raises(MailboxFullError):
+        await ref.ask("c")
+    gate.set()
+    assert await probe.receive_n(2) == ["first", "a"]
+    await probe.expect_no_msg(0.02)
+
+
+async def test_back_pressure_send_waits_for_room(actor_system: ActorSystem) -> None:
+    gate, probe, ref = await gated(actor_system, 2, OverflowPolicy.BACK_PRESSURE)
+    await ref.send("a")
+    await ref.send("b")
+    with pytest.raises(MailboxFullError, match="send"):
+        ref.tell("x")  # a plain tell cannot wait
+    blocked = asyncio.ensure_future(ref.send("c"))
+    asked = asyncio.ensure_future(ref.ask("d", timeout=2))
+    await asyncio.sleep(0.02)
+    assert not blocked.done() and not asked.done()
+    gate.set()
+    await asyncio.wait_for(blocked, 1)
+    assert await asked == "d"
+    assert await probe.receive_n(5) == ["first", "a", "b", "c", "d"]
+
+
+async def test_back_pressure_many_senders_lose_nothing(actor_system: ActorSystem) -> None:
+    gate = asyncio.Event()
+    gate.set()
+    probe = TestProbe(actor_system)
+    props = Props(Gated, gate, probe.ref).with_mailbox(
+        BoundedMailbox(4, OverflowPolicy.BACK_PRESSURE)
+    )
+    ref = actor_system.spawn(props)
+
+    async def sender(k: int) -> None:
+        for i in range(50):
+            await ref.send((k, i))
+
+    await asyncio.gather(*(sender(k) for k in range(5)))
+    received = await probe.receive_n(250)
+    for k in range(5):
+        assert [i for s, i in received if s == k] == list(range(50))
+
+
+async def test_back_pressure_waiter_released_when_actor_stops(actor_system: ActorSystem) -> None:
+    gate, probe, ref = await gated(actor_system, 1, OverflowPolicy.BACK_PRESSURE)
+    await ref.send("a")
+    blocked = asyncio.ensure_future(ref.send("b"))
+    await asyncio.sleep(0.01)
+    await ref.stop()
+    await asyncio.wait_for(blocked, 1)  # returns: "b" became a dead letter
+    assert actor_system.dead_letters.recent[-1].message == "b"
+
+
+class Recorder(Actor):
+    def __init__(self, gate: asyncio.Event, log: list[str]) -> None:
+        super().__init__()
+        self.gate = gate
+        self.log = log
+
+    def pre_start(self) -> None:
+        self.log.append("start")
+
+    async def _fail(self) -> None:
+        raise RuntimeError("background failure")
+
+    async def receive(self, message: Any) -> Any:
+        if message == "block":
+            self.context.create_task(self._fail())
+            await self.gate.wait()
+        self.log.append(message)
+
+
+async def test_system_messages_overtake_user_messages(actor_system: ActorSystem) -> None:
+    gate = asyncio.Event()
+    log: list[str] = []
+    ref = actor_system.spawn(Props(Recorder, gate, log))
+    ref.tell("block")
+    await asyncio.sleep(0.01)  # the task failed: a system message is queued
+    for m in ("u1", "u2"):
+        ref.tell(m)
+    gate.set()
+    await ref.ask("sync")
+    # the restart (pre_start of the new instance) ran before u1 and u2
+    assert log == ["start", "block", "start", "u1", "u2", "sync"]
+
+
+def test_mailbox_validation() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        BoundedMailbox(0)
+    with pytest.raises(TypeError):
+        BoundedMailbox(2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="OverflowPolicy"):
+        BoundedMailbox(2, "drop")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Mailbox"):
+        Props(Gated).with_mailbox(3)  # type: ignore[arg-type]

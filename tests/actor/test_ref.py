@@ -1,0 +1,187 @@
+"""ActorRef: tell, ask, timeouts, replies, ordering, volume."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from atomr import (
+    Actor,
+    ActorStoppedError,
+    ActorSystem,
+    AskTimeoutError,
+    Failure,
+    Props,
+)
+from atomr.testkit import TestProbe
+
+from .actors import Echo
+
+
+class Counter(Actor):
+    def __init__(self, n: int, done: asyncio.Future[list[int]]) -> None:
+        super().__init__()
+        self.n = n
+        self.seen: list[int] = []
+        self.done = done
+
+    def receive(self, message: Any) -> None:
+        self.seen.append(message)
+        if len(self.seen) == self.n:
+            self.done.set_result(self.seen)
+
+
+class Silent(Actor):
+    def receive(self, message: Any) -> None:
+        self.context.defer()  # never answered
+
+
+class Slow(Actor):
+    async def receive(self, message: Any) -> Any:
+        await asyncio.sleep(message)
+        return message
+
+
+async def test_ask_returns_the_return_value(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Echo))
+    assert await ref.ask("hi", timeout=1.0) == "hi"
+    assert await ref.ask(42) == 42
+
+
+async def test_async_receive_is_awaited(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Slow))
+    assert await ref.ask(0.01, timeout=1.0) == 0.01
+
+
+async def test_tell_order_per_sender_receiver_pair(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    middle = actor_system.spawn(Props(_Relay, probe.ref))
+    for i in range(200):
+        middle.tell(("a", i))
+        middle.tell(("b", i))
+    received = await probe.receive_n(400)
+    for sender in ("a", "b"):
+        assert [i for s, i in received if s == sender] == list(range(200))
+
+
+class _Relay(Actor):
+    def __init__(self, target: Any) -> None:
+        super().__init__()
+        self.target = target
+
+    async def receive(self, message: Any) -> None:
+        if message[1] % 7 == 0:
+            await asyncio.sleep(0)
+        self.target.tell(message)
+
+
+async def test_a_million_tells_each_received_once(actor_system: ActorSystem) -> None:
+    n = 1_000_000
+    done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+    ref = actor_system.spawn(Props(Counter, n, done))
+    tell = ref.tell
+    for i in range(n):
+        tell(i)
+    seen = await asyncio.wait_for(done, 30)
+    assert seen == list(range(n))
+
+
+async def test_ten_thousand_concurrent_asks(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Echo))
+    replies = await asyncio.gather(*(ref.ask(i, timeout=30) for i in range(10_000)))
+    assert replies == list(range(10_000))
+
+
+async def test_ask_timeout_raises(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Silent))
+    with pytest.raises(AskTimeoutError, match="timed out after 0.05"):
+        await ref.ask("x", timeout=0.05)
+    assert isinstance(AskTimeoutError(), TimeoutError)
+
+
+async def test_ask_to_stopped_actor_raises_at_once(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Echo))
+    await ref.stop()
+    assert not ref.is_alive
+    with pytest.raises(ActorStoppedError):
+        await ref.ask("x", timeout=None)
+
+
+async def test_pending_asks_fail_when_actor_stops(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Silent))
+    pending = asyncio.ensure_future(ref.ask("x", timeout=None))
+    await asyncio.sleep(0.01)
+    ref.stop()
+    with pytest.raises(ActorStoppedError):
+        await pending
+
+
+async def test_stop_cancels_awaiting_handler_and_fails_its_ask(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Slow))
+    pending = asyncio.ensure_future(ref.ask(1000.0, timeout=None))
+    await asyncio.sleep(0.01)
+    await ref.stop()
+    with pytest.raises(ActorStoppedError):
+        await pending
+
+
+async def test_handler_exception_reaches_asker(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Echo))
+    with pytest.raises(KeyError, match="boom"):
+        await ref.ask(KeyError("boom"))
+    assert await ref.ask("after") == "after"  # restarted by default
+
+
+class Validating(Actor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = 0
+
+    def receive(self, message: Any) -> Any:
+        if message < 0:
+            return Failure(ValueError(f"negative: {message}"))
+        self.state += message
+        return self.state
+
+
+async def test_failure_answers_without_failing_the_actor(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Validating))
+    assert await ref.ask(5) == 5
+    with pytest.raises(ValueError, match="negative: -1"):
+        await ref.ask(-1)
+    assert await ref.ask(1) == 6  # state kept: no restart
+
+
+async def test_bad_ask_timeouts_are_rejected(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Echo))
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        await ref.ask("x", timeout=-1)
+    with pytest.raises(ValueError):
+        await ref.ask("x", timeout=0)
+    with pytest.raises(TypeError):
+        await ref.ask("x", timeout="1")  # type: ignore[arg-type]
+    assert await ref.ask("x", timeout=1) == "x"
+
+
+async def test_tell_with_sender(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(_ReplyToSender))
+    ref.tell("ping", sender=probe.ref)
+    await probe.expect_msg(("pong", "ping"))
+    assert probe.last_sender == ref
+
+
+class _ReplyToSender(Actor):
+    def receive(self, message: Any) -> None:
+        sender = self.context.sender
+        assert sender is not None
+        sender.tell(("pong", message), sender=self.context.self_ref)
+
+
+async def test_ref_identity_and_path(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Echo), name="echo")
+    assert ref.path == "atomr://test/user/echo"
+    assert ref.name == "echo"
+    assert "echo" in repr(ref)

@@ -1,0 +1,96 @@
+"""Routers: round-robin and broadcast pools, supervised routees."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from atomr import (
+    Actor,
+    ActorRef,
+    ActorSystem,
+    BroadcastPool,
+    Directive,
+    OneForOneStrategy,
+    PoisonPill,
+    Props,
+    RoundRobinPool,
+)
+from atomr.testkit import TestProbe
+
+
+class Worker(Actor):
+    def __init__(self, probe: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+        self.handled = 0
+
+    def receive(self, message: Any) -> Any:
+        if isinstance(message, BaseException):
+            raise message
+        self.handled += 1
+        me = self.context.self_ref.name
+        self.probe.tell((me, message))
+        return (me, self.handled)
+
+
+async def test_round_robin_spreads_messages(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    pool = actor_system.spawn(RoundRobinPool(3, Props(Worker, probe.ref)), name="pool")
+    for i in range(6):
+        pool.tell(i)
+    received = await probe.receive_n(6)
+    assert sorted(received, key=lambda r: r[1]) == [(f"routee-{i % 3}", i) for i in range(6)]
+
+
+async def test_round_robin_ask_answered_by_routee(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    pool = actor_system.spawn(RoundRobinPool(2, Props(Worker, probe.ref)))
+    replies = await asyncio.gather(*(pool.ask(i) for i in range(4)))
+    assert sorted(replies) == [("routee-0", 1), ("routee-0", 2), ("routee-1", 1), ("routee-1", 2)]
+
+
+async def test_broadcast_reaches_every_routee(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    pool = actor_system.spawn(BroadcastPool(3, Props(Worker, probe.ref)))
+    pool.tell("all")
+    received = await probe.receive_n(3)
+    assert sorted(received) == [("routee-0", "all"), ("routee-1", "all"), ("routee-2", "all")]
+    reply = await pool.ask("first")
+    assert reply[1] == 1 + 1  # the first routee to answer had handled two messages
+
+
+async def test_pool_supervises_routees(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    strategy = OneForOneStrategy(decider=lambda e: Directive.STOP)
+    pool = actor_system.spawn(RoundRobinPool(2, Props(Worker, probe.ref), strategy))
+    probe.watch(pool)
+    with pytest.raises(RuntimeError):
+        await pool.ask(RuntimeError("routee-0 dies"))
+    await asyncio.sleep(0.01)
+    for i in range(3):  # only routee-1 is left
+        assert (await pool.ask(i))[0] == "routee-1"
+    await probe.receive_n(3)
+    with pytest.raises(RuntimeError):
+        await pool.ask(RuntimeError("routee-1 dies"))
+    await probe.expect_terminated(pool)  # no routee left: the router stops
+
+
+async def test_poison_pill_stops_router_and_routees(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    pool = actor_system.spawn(RoundRobinPool(2, Props(Worker, probe.ref)))
+    routees = pool._cell.context.children
+    assert len(routees) == 2
+    probe.watch(pool)
+    pool.tell(PoisonPill())
+    await probe.expect_terminated(pool)
+    assert not any(r.is_alive for r in routees)
+
+
+def test_pool_validation() -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        RoundRobinPool(0, Props(Worker, None))
+    with pytest.raises(TypeError, match="Props"):
+        BroadcastPool(2, Worker)  # type: ignore[arg-type]

@@ -1,0 +1,298 @@
+"""Supervision: each directive, the restart window, escalation, AllForOne, hooks."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from atomr import (
+    Actor,
+    ActorRef,
+    ActorSystem,
+    AllForOneStrategy,
+    Directive,
+    OneForOneStrategy,
+    Props,
+    SupervisorStrategy,
+)
+from atomr.testkit import TestProbe
+
+
+class Stateful(Actor):
+    """Counts messages; raises exceptions it is sent; reports hooks to ``probe``."""
+
+    def __init__(self, probe: ActorRef, tag: str = "") -> None:
+        super().__init__()
+        self.probe = probe
+        self.tag = tag
+        self.count = 0
+
+    def pre_start(self) -> None:
+        self.probe.tell(("pre_start", self.tag))
+
+    def post_stop(self) -> None:
+        self.probe.tell(("post_stop", self.tag))
+
+    def pre_restart(self, error: BaseException, message: Any) -> Any:
+        self.probe.tell(("pre_restart", self.tag, type(error).__name__, message))
+        return super().pre_restart(error, message)
+
+    def post_restart(self, error: BaseException) -> Any:
+        self.probe.tell(("post_restart", self.tag, type(error).__name__))
+        return super().post_restart(error)
+
+    def receive(self, message: Any) -> Any:
+        if isinstance(message, BaseException):
+            raise message
+        if message == "spawn":
+            return self.context.spawn(Props(Stateful, self.probe, self.tag + ".c"), name="c")
+        self.count += 1
+        return self.count
+
+
+def decider(error: BaseException) -> Directive:
+    if isinstance(error, ValueError):
+        return Directive.RESUME
+    if isinstance(error, KeyError):
+        return Directive.STOP
+    if isinstance(error, LookupError):
+        return Directive.ESCALATE
+    return Directive.RESTART
+
+
+class Supervisor(Actor):
+    """Spawns children of ``Stateful`` under ``strategy``."""
+
+    def __init__(self, probe: ActorRef, strategy: SupervisorStrategy, tag: str = "s") -> None:
+        super().__init__()
+        self.probe = probe
+        self.strategy = strategy
+        self.tag = tag
+
+    def supervisor_strategy(self) -> SupervisorStrategy:
+        return self.strategy
+
+    def pre_start(self) -> None:
+        self.probe.tell(("pre_start", self.tag))
+
+    def post_stop(self) -> None:
+        self.probe.tell(("post_stop", self.tag))
+
+    def receive(self, message: Any) -> Any:
+        if isinstance(message, BaseException):
+            raise message
+        kind, name, *strategy = message
+        if kind == "spawn":
+            return self.context.spawn(Props(Stateful, self.probe, name), name=name)
+        if kind == "spawn_supervisor":  # ("spawn_supervisor", name, its strategy)
+            return self.context.spawn(Props(Supervisor, self.probe, strategy[0], name), name=name)
+        return None
+
+
+async def start(system: ActorSystem, strategy: SupervisorStrategy, *names: str):
+    probe = TestProbe(system)
+    sup = system.spawn(Props(Supervisor, probe.ref, strategy))
+    await probe.expect_msg(("pre_start", "s"))
+    children = [await sup.ask(("spawn", n)) for n in names]
+    for n in names:
+        await probe.expect_msg(("pre_start", n))
+    return probe, sup, children
+
+
+async def test_resume_keeps_state_and_drops_message(actor_system: ActorSystem) -> None:
+    probe, _, (child,) = await start(actor_system, OneForOneStrategy(decider=decider), "a")
+    assert await child.ask("x") == 1
+    with pytest.raises(ValueError):
+        await child.ask(ValueError("resume me"))
+    assert await child.ask("x") == 2  # same instance: state kept
+    await probe.expect_no_msg(0.02)  # no hooks ran
+
+
+async def test_restart_new_instance_and_hooks(actor_system: ActorSystem) -> None:
+    probe, _, (child,) = await start(actor_system, OneForOneStrategy(decider=decider), "a")
+    assert await child.ask("x") == 1
+    error = RuntimeError("restart me")
+    with pytest.raises(RuntimeError):
+        await child.ask(error)
+    assert await probe.receive_n(4) == [
+        ("pre_restart", "a", "RuntimeError", error),
+        ("post_stop", "a"),  # default pre_restart calls post_stop
+        ("post_restart", "a", "RuntimeError"),
+        ("pre_start", "a"),  # default post_restart calls pre_start
+    ]
+    assert await child.ask("x") == 1  # fresh state from Props
+
+
+async def test_restart_keeps_mailbox_and_stops_children(actor_system: ActorSystem) -> None:
+    probe, _, (child,) = await start(actor_system, OneForOneStrategy(), "a")
+    grandchild = await child.ask("spawn")
+    await probe.expect_msg(("pre_start", "a.c"))
+    child.tell(RuntimeError("x"))
+    child.tell("queued")
+    assert await child.ask("after") == 2  # "queued" survived the restart
+    assert not grandchild.is_alive
+    messages = await probe.receive_n(5)
+    assert ("post_stop", "a.c") in messages
+
+
+async def test_stop_directive(actor_system: ActorSystem) -> None:
+    probe, _, (child,) = await start(actor_system, OneForOneStrategy(decider=decider), "a")
+    probe.watch(child)
+    with pytest.raises(KeyError):
+        await child.ask(KeyError("stop me"))
+    await probe.expect_msg(("post_stop", "a"))
+    await probe.expect_terminated(child)
+    assert not child.is_alive
+
+
+async def test_restart_window_then_stop(actor_system: ActorSystem) -> None:
+    strategy = OneForOneStrategy(max_restarts=2, within=10.0)
+    probe, _, (child,) = await start(actor_system, strategy, "a")
+    probe.watch(child)
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            await child.ask(RuntimeError("again"))
+        assert await child.ask("alive") == 1
+    await probe.receive_n(8)  # two restarts, four hooks each
+    with pytest.raises(RuntimeError):
+        await child.ask(RuntimeError("third"))
+    await probe.expect_msg(("post_stop", "a"))
+    await probe.expect_terminated(child)
+
+
+async def test_restart_window_slides(actor_system: ActorSystem) -> None:
+    strategy = OneForOneStrategy(max_restarts=1, within=0.05)
+    probe, _, (child,) = await start(actor_system, strategy, "a")
+    for _ in range(3):
+        with pytest.raises(RuntimeError):
+            await child.ask(RuntimeError("spaced"))
+        await asyncio.sleep(0.08)  # the earlier restart falls out of the window
+        assert await child.ask("alive") == 1
+    assert child.is_alive
+
+
+async def test_all_for_one_restarts_siblings(actor_system: ActorSystem) -> None:
+    probe, _, (a, b, c) = await start(actor_system, AllForOneStrategy(), "a", "b", "c")
+    for ref in (a, b, c):
+        assert await ref.ask("x") == 1
+    with pytest.raises(RuntimeError):
+        await b.ask(RuntimeError("one fails"))
+    for ref in (a, b, c):
+        assert await ref.ask("x") == 1  # every sibling got a fresh instance
+    events = await probe.receive_n(12)
+    restarted = {e[1] for e in events if e[0] == "post_restart"}
+    assert restarted == {"a", "b", "c"}
+
+
+async def test_all_for_one_stop_stops_siblings(actor_system: ActorSystem) -> None:
+    strategy = AllForOneStrategy(decider=decider)
+    probe, _, (a, b) = await start(actor_system, strategy, "a", "b")
+    with pytest.raises(KeyError):
+        await a.ask(KeyError("stop all"))
+    assert sorted(await probe.receive_n(2)) == [("post_stop", "a"), ("post_stop", "b")]
+    assert not a.is_alive and not b.is_alive
+
+
+async def test_escalation_up_two_levels(actor_system: ActorSystem) -> None:
+    # top (restart on everything) > mid (escalate) > low (escalate) > leaf fails
+    escalate = OneForOneStrategy(decider=lambda e: Directive.ESCALATE)
+    probe = TestProbe(actor_system)
+    top = actor_system.spawn(Props(Supervisor, probe.ref, OneForOneStrategy(), "top"))
+    await probe.expect_msg(("pre_start", "top"))
+    mid = await top.ask(("spawn_supervisor", "mid", escalate))
+    await probe.expect_msg(("pre_start", "mid"))
+    low = await mid.ask(("spawn_supervisor", "low", escalate))
+    await probe.expect_msg(("pre_start", "low"))
+    leaf = await low.ask(("spawn", "leaf"))
+    await probe.expect_msg(("pre_start", "leaf"))
+    assert await leaf.ask("x") == 1
+
+    with pytest.raises(LookupError):
+        await leaf.ask(LookupError("escalate me"))
+    # mid is restarted by top: its subtree (low, leaf) is stopped, leaves first
+    events = await probe.receive_n(3)
+    assert events == [("post_stop", "leaf"), ("post_stop", "low"), ("post_stop", "mid")]
+    await probe.expect_msg(("pre_start", "mid"))  # mid's new instance
+    assert mid.is_alive and top.is_alive
+    assert not low.is_alive and not leaf.is_alive
+
+
+async def test_escalation_to_guardian_stops_top_level() -> None:
+    escalate = OneForOneStrategy(decider=lambda e: Directive.ESCALATE)
+    async with ActorSystem("esc", guardian_strategy=escalate) as system:
+        probe = TestProbe(system)
+        top = system.spawn(Props(Supervisor, probe.ref, escalate, "top"))
+        await probe.expect_msg(("pre_start", "top"))
+        child = await top.ask(("spawn", "c"))
+        await probe.expect_msg(("pre_start", "c"))
+        child.tell(RuntimeError("up"))
+        assert await probe.receive_n(2) == [("post_stop", "c"), ("post_stop", "top")]
+        assert not top.is_alive
+
+
+async def test_escalated_child_resumed_with_parent(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    top = actor_system.spawn(
+        Props(Supervisor, probe.ref, OneForOneStrategy(decider=lambda e: Directive.RESUME), "top")
+    )
+    await probe.expect_msg(("pre_start", "top"))
+    escalate = OneForOneStrategy(decider=lambda e: Directive.ESCALATE)
+    mid = await top.ask(("spawn_supervisor", "mid", escalate))
+    await probe.expect_msg(("pre_start", "mid"))
+    leaf = await mid.ask(("spawn", "leaf"))
+    await probe.expect_msg(("pre_start", "leaf"))
+    assert await leaf.ask("x") == 1
+    with pytest.raises(RuntimeError):
+        await leaf.ask(RuntimeError("escalate, then resume"))
+    assert await leaf.ask("x") == 2  # resumed with its state once mid resumed
+    await probe.expect_no_msg(0.02)
+
+
+async def test_guardian_restarts_top_level_by_default(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(Stateful, probe.ref, "t"))
+    await probe.expect_msg(("pre_start", "t"))
+    assert await ref.ask("x") == 1
+    with pytest.raises(RuntimeError):
+        await ref.ask(RuntimeError())
+    assert await ref.ask("x") == 1
+
+
+async def test_props_strategy_overrides_method(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    props = Props(Supervisor, probe.ref, OneForOneStrategy(), "s").with_supervisor_strategy(
+        OneForOneStrategy(decider=lambda e: Directive.RESUME)
+    )
+    sup = actor_system.spawn(props)
+    child = await sup.ask(("spawn", "a"))
+    assert await child.ask("x") == 1
+    with pytest.raises(RuntimeError):
+        await child.ask(RuntimeError())
+    assert await child.ask("x") == 2
+
+
+class FailingStart(Actor):
+    def pre_start(self) -> None:
+        raise RuntimeError("cannot start")
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+
+async def test_failing_pre_start_stops_actor(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(FailingStart))
+    await asyncio.wait_for(ref.stop(), 1)
+    assert not ref.is_alive
+
+
+def test_strategy_validation() -> None:
+    with pytest.raises(ValueError, match="max_restarts"):
+        OneForOneStrategy(max_restarts=-1)
+    with pytest.raises(ValueError, match="within"):
+        OneForOneStrategy(max_restarts=1, within=-2.0)
+    with pytest.raises(TypeError, match="decider"):
+        OneForOneStrategy(decider="restart")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Directive"):
+        OneForOneStrategy(decider=lambda e: "restart").decide(RuntimeError())  # type: ignore[arg-type,return-value]

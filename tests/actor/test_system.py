@@ -1,0 +1,189 @@
+"""ActorSystem: spawn validation, orderly termination, event loops."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import uvloop
+
+import atomr
+from atomr import (
+    Actor,
+    ActorNameTakenError,
+    ActorRef,
+    ActorStoppedError,
+    ActorSystem,
+    InvalidActorNameError,
+    Props,
+)
+
+from .actors import Echo
+
+
+class Node(Actor):
+    """Spawns ``depth`` levels of ``width`` children; logs post_stop into ``log``."""
+
+    def __init__(self, log: list[str], depth: int, width: int = 2) -> None:
+        super().__init__()
+        self.log = log
+        for i in range(width if depth else 0):
+            self.context.spawn(Props(Node, log, depth - 1, width), name=f"n{i}")
+
+    async def post_stop(self) -> None:
+        await asyncio.sleep(0)
+        self.log.append(self.context.self_ref.path)
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+
+class Sleeper(Actor):
+    async def receive(self, message: Any) -> Any:
+        await asyncio.sleep(3600)
+
+
+async def test_terminate_children_before_parents_no_pending_tasks() -> None:
+    log: list[str] = []
+    system = ActorSystem("t")
+    roots = [system.spawn(Props(Node, log, 2), name=f"root{i}") for i in range(2)]
+    sleeper = system.spawn(Props(Sleeper))
+    sleeper.tell("nap")
+    await roots[0].ask("ready")
+    await system.terminate()
+    assert len(log) == 2 * 7
+    for path in log:  # every post_stop ran after those of its descendants
+        assert not any(other.startswith(path + "/") for other in log[log.index(path) + 1 :])
+    assert not any(r.is_alive for r in roots)
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert pending == []
+    assert system.is_terminated
+    with pytest.raises(RuntimeError, match="terminated"):
+        system.spawn(Props(Echo))
+    await system.terminate()  # idempotent
+
+
+async def test_stop_waits_for_children(actor_system: ActorSystem) -> None:
+    log: list[str] = []
+    root = actor_system.spawn(Props(Node, log, 1), name="r")
+    await root.stop()
+    assert log[-1] == "atomr://test/user/r" and len(log) == 3
+
+
+async def test_spawn_bad_input(actor_system: ActorSystem) -> None:
+    actor_system.spawn(Props(Echo), name="dup")
+    with pytest.raises(ActorNameTakenError, match="dup"):
+        actor_system.spawn(Props(Echo), name="dup")
+    with pytest.raises(TypeError, match=r"wrap the class: Props\(Echo\)"):
+        actor_system.spawn(Echo)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expects Props"):
+        actor_system.spawn("echo")  # type: ignore[arg-type]
+    for bad in ("", "a/b", "$x", " x"):
+        with pytest.raises(InvalidActorNameError):
+            actor_system.spawn(Props(Echo), name=bad)
+    with pytest.raises(InvalidActorNameError):
+        actor_system.spawn(Props(Echo), name=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="callable"):
+        Props(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not an Actor"):
+        actor_system.spawn(Props(lambda: object()))  # type: ignore[arg-type,return-value]
+
+
+async def test_name_free_again_after_stop(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Echo), name="again")
+    await ref.stop()
+    assert actor_system.spawn(Props(Echo), name="again").is_alive
+
+
+async def test_factory_error_raised_by_spawn(actor_system: ActorSystem) -> None:
+    class Broken(Actor):
+        def __init__(self) -> None:
+            raise ValueError("bad config")
+
+    with pytest.raises(ValueError, match="bad config"):
+        actor_system.spawn(Props(Broken), name="broken")
+    assert actor_system.actors == []  # nothing half-registered
+
+
+def test_spawn_without_running_loop() -> None:
+    system = ActorSystem()
+    with pytest.raises(RuntimeError, match="running event loop"):
+        system.spawn(Props(Echo))
+
+
+def test_bad_system_name() -> None:
+    with pytest.raises(ValueError):
+        ActorSystem("")
+    with pytest.raises(TypeError):
+        ActorSystem(1)  # type: ignore[arg-type]
+
+
+async def _ping_main() -> tuple[str, Any]:
+    async with ActorSystem() as system:
+        ref: ActorRef = system.spawn(Props(Echo))
+        reply = await ref.ask("ping", timeout=1)
+    with pytest.raises(ActorStoppedError):
+        await ref.ask("late")
+    loop = asyncio.get_running_loop()
+    return type(loop).__module__, reply
+
+
+def test_runs_on_uvloop() -> None:
+    module, reply = atomr.run(_ping_main())
+    assert module.startswith("uvloop") and reply == "ping"
+
+
+def test_runs_on_plain_asyncio() -> None:
+    module, reply = atomr.run(_ping_main(), use_uvloop=False)
+    assert module.startswith("asyncio") and reply == "ping"
+    module, reply = asyncio.run(_ping_main())
+    assert module.startswith("asyncio")
+
+
+def test_embedded_in_foreign_loop() -> None:
+    loop = uvloop.new_event_loop()
+    try:
+        service = loop.create_task(asyncio.sleep(0.05))  # the host's own work
+        module, reply = loop.run_until_complete(_ping_main())
+        loop.run_until_complete(service)
+    finally:
+        loop.close()
+    assert reply == "ping" and service.done()
+
+
+def test_run_rejects_non_coroutine() -> None:
+    with pytest.raises(TypeError, match="coroutine"):
+        atomr.run(_ping_main)  # type: ignore[arg-type]
+
+
+def test_public_names_exported() -> None:
+    names = [
+        "Actor",
+        "ActorRef",
+        "ActorSystem",
+        "Props",
+        "Context",
+        "Failure",
+        "Reply",
+        "Directive",
+        "OneForOneStrategy",
+        "AllForOneStrategy",
+        "SupervisorStrategy",
+        "Terminated",
+        "DeadLetter",
+        "PoisonPill",
+        "ReceiveTimeout",
+        "Mailbox",
+        "BoundedMailbox",
+        "OverflowPolicy",
+        "RoundRobinPool",
+        "BroadcastPool",
+        "AskTimeoutError",
+        "ActorStoppedError",
+        "MailboxFullError",
+        "run",
+    ]
+    for name in names:
+        assert name in atomr.__all__ and hasattr(atomr, name), name
+    assert atomr.__version__ == "0.1.0"

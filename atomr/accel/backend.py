@@ -1,0 +1,741 @@
+"""The Backend facade: the kernels of one device behind one set of methods.
+
+``backend_for(device)`` gives a ``CpuBackend`` (NumPy arrays) or a
+``CudaBackend`` (numba device arrays). Both have the same methods and give
+the same results (float tolerance); every op writes into caller-provided
+buffers. This base class validates the arguments (types, dtypes, shapes,
+contiguity) with clear ``TypeError`` / ``ValueError`` messages before any
+launch, then calls the subclass's ``_op`` implementation.
+
+Buffers are float32. The CPU backend also accepts float64 (all float
+buffers of one call must then share it), so that finite-difference gradient
+checks can run in double precision; the CUDA backend is float32 only.
+Buffers must be C-contiguous. Labels are any integer dtype.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr.accel.device import Device, cuda_device_count
+from atomr.accel.kernels.elementwise import ACTIVATIONS
+
+__all__ = ["ACTIVATIONS", "Backend", "backend_for"]
+
+
+class Backend(abc.ABC):
+    """The kernels and memory of one device. Use ``backend_for(device)`` to get one.
+
+    All ops validate their inputs first and raise ``TypeError`` (wrong array type
+    or dtype) or ``ValueError`` (wrong shape, non-contiguous, read-only, bad
+    argument value) without touching any buffer.
+    """
+
+    #: the float dtypes this backend computes in (float32 first: the default)
+    float_dtypes: tuple[np.dtype[Any], ...] = (np.dtype(np.float32),)
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.device})"
+
+    # ------------------------------------------------------------ subclass hooks
+
+    @abc.abstractmethod
+    def _is_buffer(self, x: Any) -> bool:
+        """True when ``x`` is this backend's array type."""
+
+    @abc.abstractmethod
+    def _is_contiguous(self, x: Any) -> bool:
+        """True when ``x`` is C-contiguous."""
+
+    def _is_writeable(self, x: Any) -> bool:
+        """True when ``x`` may be written (NumPy's flag; device arrays always)."""
+        return True
+
+    _buffer_kind = "array"
+
+    # ------------------------------------------------------------ memory
+
+    @abc.abstractmethod
+    def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Any:
+        """An uninitialised buffer on this device.
+
+        Args:
+            shape: the shape.
+            dtype: the element type (float32 by default; integer types for labels).
+
+        Returns:
+            The buffer.
+        """
+
+    @abc.abstractmethod
+    def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Any:
+        """A zero-filled buffer on this device.
+
+        Args:
+            shape: the shape.
+            dtype: the element type.
+
+        Returns:
+            The buffer.
+        """
+
+    @abc.abstractmethod
+    def to_device(self, host: Any) -> Any:
+        """Copy a host array (anything ``np.asarray`` takes) into a new buffer on this device.
+
+        Args:
+            host: the data; made C-contiguous, dtype kept.
+
+        Returns:
+            A new buffer that shares no memory with ``host``.
+        """
+
+    @abc.abstractmethod
+    def to_host(self, buf: Any) -> np.ndarray:
+        """Copy a buffer of this device into a new NumPy array.
+
+        Args:
+            buf: the buffer.
+
+        Returns:
+            A new array that shares no memory with ``buf``.
+
+        Raises:
+            TypeError: buf is not this backend's array type.
+        """
+
+    def copy(self, src: Any, dst: Any) -> None:
+        """``dst[...] = src`` between two buffers of this device.
+
+        Args:
+            src: the source buffer.
+            dst: the destination, same shape and dtype.
+
+        Raises:
+            TypeError: not buffers of this backend, or dtypes differ.
+            ValueError: shapes differ, or a buffer is not contiguous.
+        """
+        self._check("copy", src=src, dst=dst, any_dtype=True)
+        self._same_shape("copy", ("src", src), ("dst", dst))
+        self._copy(src, dst)
+
+    @abc.abstractmethod
+    def _copy(self, src: Any, dst: Any) -> None: ...
+
+    def synchronize(self) -> None:
+        """Wait until all work queued on this device is done (a no-op on the CPU)."""
+        return None
+
+    # ------------------------------------------------------------ matmul
+
+    def matmul(
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        accumulate: bool = False,
+    ) -> None:
+        """``out (+)= op(a) @ op(b)``, op the transpose when ``trans_*`` is set.
+
+        Args:
+            a: 2-D, (m, k), or (k, m) with trans_a.
+            b: 2-D, (k, n), or (n, k) with trans_b.
+            out: 2-D (m, n), written (or added to with ``accumulate``); must not
+                overlap a or b.
+            trans_a: use a.T.
+            trans_b: use b.T.
+            accumulate: add to ``out`` instead of overwriting it.
+
+        Raises:
+            TypeError: wrong array type or dtype, mixed dtypes.
+            ValueError: not 2-D, inner or output dimensions mismatch, not contiguous.
+        """
+        self._check("matmul", a=a, b=b, out=out)
+        self._ndim("matmul", 2, a=a, b=b, out=out)
+        m, ka = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+        kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+        if ka != kb:
+            raise ValueError(
+                f"matmul: inner dimensions differ: op(a) is ({m}, {ka}), op(b) is ({kb}, {n})"
+                f" (trans_a={trans_a}, trans_b={trans_b})"
+            )
+        if tuple(out.shape) != (m, n):
+            raise ValueError(f"matmul: out has shape {tuple(out.shape)}, expected ({m}, {n})")
+        self._matmul(a, b, out, bool(trans_a), bool(trans_b), bool(accumulate))
+
+    @abc.abstractmethod
+    def _matmul(self, a: Any, b: Any, out: Any, ta: bool, tb: bool, acc: bool) -> None: ...
+
+    # ------------------------------------------------------------ bias
+
+    def bias_add(self, x: Any, bias: Any) -> None:
+        """``x[i, :] += bias`` in place.
+
+        Args:
+            x: 2-D (n, f).
+            bias: 1-D (f,).
+
+        Raises:
+            TypeError: wrong array type or dtype.
+            ValueError: shapes do not match, not contiguous.
+        """
+        self._check("bias_add", x=x, bias=bias)
+        self._ndim("bias_add", 2, x=x)
+        self._ndim("bias_add", 1, bias=bias)
+        if bias.shape[0] != x.shape[1]:
+            raise ValueError(
+                f"bias_add: bias has shape {tuple(bias.shape)}, expected ({x.shape[1]},)"
+                f" for x of shape {tuple(x.shape)}"
+            )
+        self._bias_add(x, bias)
+
+    @abc.abstractmethod
+    def _bias_add(self, x: Any, bias: Any) -> None: ...
+
+    def bias_grad(self, dy: Any, out: Any, accumulate: bool = False) -> None:
+        """``out (+)= dy.sum(axis=0)``: the bias gradient.
+
+        Args:
+            dy: 2-D (n, f), the gradient of the layer output.
+            out: 1-D (f,).
+            accumulate: add to ``out`` instead of overwriting it.
+
+        Raises:
+            TypeError: wrong array type or dtype.
+            ValueError: shapes do not match, not contiguous.
+        """
+        self._check("bias_grad", dy=dy, out=out)
+        self._ndim("bias_grad", 2, dy=dy)
+        self._ndim("bias_grad", 1, out=out)
+        if out.shape[0] != dy.shape[1]:
+            raise ValueError(
+                f"bias_grad: out has shape {tuple(out.shape)}, expected ({dy.shape[1]},)"
+            )
+        self._bias_grad(dy, out, bool(accumulate))
+
+    @abc.abstractmethod
+    def _bias_grad(self, dy: Any, out: Any, acc: bool) -> None: ...
+
+    # ------------------------------------------------------------ activations
+
+    def activation_forward(self, kind: str, x: Any, out: Any) -> None:
+        """``out = f(x)``, f one of identity, relu, tanh, gelu (tanh approximation).
+
+        Args:
+            kind: the activation's name.
+            x: any shape.
+            out: same shape as x (may be x itself).
+
+        Raises:
+            ValueError: unknown kind, shapes differ, not contiguous.
+            TypeError: wrong array type or dtype.
+        """
+        code = self._activation("activation_forward", kind)
+        self._check("activation_forward", x=x, out=out)
+        self._same_shape("activation_forward", ("x", x), ("out", out))
+        self._activation_forward(code, self._flat(x), self._flat(out))
+
+    def activation_backward(self, kind: str, x: Any, dy: Any, dx: Any) -> None:
+        """``dx = dy * f'(x)``, x the pre-activation.
+
+        Args:
+            kind: the activation's name.
+            x: the pre-activation, any shape.
+            dy: the gradient of the activation's output, same shape.
+            dx: written, same shape (may be dy itself).
+
+        Raises:
+            ValueError: unknown kind, shapes differ, not contiguous.
+            TypeError: wrong array type or dtype.
+        """
+        code = self._activation("activation_backward", kind)
+        self._check("activation_backward", x=x, dy=dy, dx=dx)
+        self._same_shape("activation_backward", ("x", x), ("dy", dy), ("dx", dx))
+        self._activation_backward(code, self._flat(x), self._flat(dy), self._flat(dx))
+
+    @abc.abstractmethod
+    def _activation_forward(self, code: int, x: Any, out: Any) -> None: ...
+
+    @abc.abstractmethod
+    def _activation_backward(self, code: int, x: Any, dy: Any, dx: Any) -> None: ...
+
+    # ------------------------------------------------------------ losses
+
+    def softmax_cross_entropy(
+        self, logits: Any, labels: Any, weights: Any | None, grad: Any
+    ) -> tuple[float, float]:
+        """Fused softmax cross-entropy, forward and backward, as sums.
+
+        ``loss_sum = sum_i w[y_i] * (-log softmax(logits_i)[y_i])``,
+        ``weight_sum = sum_i w[y_i]`` (w = 1 when ``weights`` is None), and
+        ``grad = d(loss_sum)/d(logits)``. Mean reduction (torch's) is
+        ``loss_sum / weight_sum``.
+
+        Args:
+            logits: 2-D (n, c).
+            labels: 1-D (n,) integer class indices in [0, c): a host NumPy array,
+                or (CUDA) a device array.
+            weights: per-class weights (c,) or None; a host array is accepted by
+                both backends.
+            grad: written, (n, c); may be ``logits`` itself.
+
+        Returns:
+            (loss_sum, weight_sum) as Python floats.
+
+        Raises:
+            TypeError: wrong array type or dtype, labels not integers.
+            ValueError: shape mismatch, not contiguous, a label out of range.
+        """
+        self._check("softmax_cross_entropy", logits=logits, grad=grad)
+        self._ndim("softmax_cross_entropy", 2, logits=logits)
+        self._same_shape("softmax_cross_entropy", ("logits", logits), ("grad", grad))
+        n, c = logits.shape
+        if c == 0:
+            raise ValueError("softmax_cross_entropy: logits need at least one class (c >= 1)")
+        if self._is_buffer(labels) or isinstance(labels, np.ndarray):
+            if labels.dtype.kind not in "iu":
+                raise TypeError(
+                    f"softmax_cross_entropy: labels must be an integer array, got {labels.dtype}"
+                )
+            if tuple(labels.shape) != (n,):
+                raise ValueError(
+                    f"softmax_cross_entropy: labels have shape {tuple(labels.shape)},"
+                    f" expected ({n},) for logits of shape {(n, c)}"
+                )
+        else:
+            raise TypeError(
+                "softmax_cross_entropy: labels must be an integer NumPy array"
+                f" (or a device array), got {type(labels).__name__}"
+            )
+        if isinstance(labels, np.ndarray) and n > 0:
+            _check_labels(labels, c)
+        if weights is not None:
+            if not (self._is_buffer(weights) or isinstance(weights, np.ndarray)):
+                raise TypeError(
+                    "softmax_cross_entropy: weights must be an array or None,"
+                    f" got {type(weights).__name__}"
+                )
+            if weights.dtype.kind != "f":
+                raise TypeError(
+                    f"softmax_cross_entropy: weights must be floating point, got {weights.dtype}"
+                )
+            if tuple(weights.shape) != (c,):
+                raise ValueError(
+                    f"softmax_cross_entropy: weights have shape {tuple(weights.shape)},"
+                    f" expected ({c},) (one per class)"
+                )
+        loss, wsum = self._softmax_cross_entropy(logits, labels, weights, grad)
+        return float(loss), float(wsum)
+
+    @abc.abstractmethod
+    def _softmax_cross_entropy(
+        self, logits: Any, labels: Any, weights: Any | None, grad: Any
+    ) -> tuple[float, float]: ...
+
+    def mse(self, pred: Any, target: Any, grad: Any) -> float:
+        """Fused squared error, forward and backward, as a sum.
+
+        ``loss_sum = sum (pred - target)^2``; ``grad = 2 (pred - target)``.
+        Mean reduction (torch's) is ``loss_sum / pred.size``.
+
+        Args:
+            pred: any shape.
+            target: same shape.
+            grad: written, same shape (may be pred itself).
+
+        Returns:
+            loss_sum as a Python float (float64 accumulation).
+
+        Raises:
+            TypeError: wrong array type or dtype.
+            ValueError: shapes differ, not contiguous.
+        """
+        self._check("mse", pred=pred, target=target, grad=grad)
+        self._same_shape("mse", ("pred", pred), ("target", target), ("grad", grad))
+        return float(self._mse(self._flat(pred), self._flat(target), self._flat(grad)))
+
+    @abc.abstractmethod
+    def _mse(self, pred: Any, target: Any, grad: Any) -> float: ...
+
+    # ------------------------------------------------------------ blas-1 and reductions
+
+    def axpy(self, alpha: float, x: Any, y: Any) -> None:
+        """``y += alpha * x``.
+
+        Args:
+            alpha: the scale.
+            x: any shape.
+            y: same shape, updated in place.
+
+        Raises:
+            TypeError: wrong array type or dtype, alpha not a real number.
+            ValueError: shapes differ, not contiguous.
+        """
+        alpha = _real("axpy", "alpha", alpha)
+        self._check("axpy", x=x, y=y)
+        self._same_shape("axpy", ("x", x), ("y", y))
+        self._axpy(y.dtype.type(alpha), self._flat(x), self._flat(y))
+
+    @abc.abstractmethod
+    def _axpy(self, alpha: Any, x: Any, y: Any) -> None: ...
+
+    def scale(self, x: Any, alpha: float) -> None:
+        """``x *= alpha`` in place.
+
+        Args:
+            x: any shape.
+            alpha: the scale.
+
+        Raises:
+            TypeError: wrong array type or dtype, alpha not a real number.
+            ValueError: not contiguous.
+        """
+        alpha = _real("scale", "alpha", alpha)
+        self._check("scale", x=x)
+        self._scale(self._flat(x), x.dtype.type(alpha))
+
+    @abc.abstractmethod
+    def _scale(self, x: Any, alpha: Any) -> None: ...
+
+    def sum_into(self, out: Any, buffers: Sequence[Any]) -> None:
+        """``out = sum(buffers)`` element-wise (the reference all-reduce).
+
+        Args:
+            out: written; may be one of ``buffers``.
+            buffers: one or more buffers of out's shape and dtype.
+
+        Raises:
+            TypeError: wrong array type or dtype, buffers not a sequence.
+            ValueError: no buffers, shapes differ, not contiguous.
+        """
+        if not isinstance(buffers, Sequence) or isinstance(buffers, str | bytes):
+            raise TypeError(
+                f"sum_into: buffers must be a list or tuple, got {type(buffers).__name__}"
+            )
+        if len(buffers) == 0:
+            raise ValueError("sum_into: needs at least one buffer")
+        named = {f"buffers[{k}]": b for k, b in enumerate(buffers)}
+        self._check("sum_into", out=out, **named)
+        self._same_shape("sum_into", ("out", out), *named.items())
+        self._sum_into(self._flat(out), [self._flat(b) for b in buffers], buffers, out)
+
+    @abc.abstractmethod
+    def _sum_into(
+        self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any
+    ) -> None: ...
+
+    def squared_norm(self, x: Any) -> float:
+        """``sum(x^2)`` accumulated in float64 (gradient clipping: norm = sqrt of it).
+
+        Args:
+            x: any shape.
+
+        Returns:
+            The sum as a Python float.
+
+        Raises:
+            TypeError: wrong array type or dtype.
+            ValueError: not contiguous.
+        """
+        self._check("squared_norm", x=x)
+        return float(self._squared_norm(self._flat(x)))
+
+    @abc.abstractmethod
+    def _squared_norm(self, x: Any) -> float: ...
+
+    # ------------------------------------------------------------ optimizers
+
+    def sgd_step(
+        self,
+        params: Any,
+        grads: Any,
+        momentum_buf: Any | None,
+        *,
+        lr: float,
+        step: int,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
+        """One fused torch.optim.SGD step over a flat parameter buffer, in place.
+
+        Args:
+            params: the parameters, updated in place.
+            grads: their gradients (read only), same shape.
+            momentum_buf: the momentum buffer (same shape, updated in place); may be
+                None when ``momentum == 0``. Its content is ignored on step 1 (torch's
+                first-step rule ``buf = grad``), so it need not be zeroed.
+            lr: learning rate, >= 0.
+            step: the 1-based step number (1 on the first step).
+            momentum: momentum factor, >= 0.
+            dampening: dampening for momentum.
+            weight_decay: L2 penalty, >= 0.
+            nesterov: Nesterov momentum (needs momentum > 0 and dampening == 0, as torch).
+
+        Raises:
+            TypeError: wrong array type or dtype.
+            ValueError: shapes differ, not contiguous, bad hyper-parameter, missing buffer.
+        """
+        lr = _real("sgd_step", "lr", lr)
+        momentum = _real("sgd_step", "momentum", momentum)
+        dampening = _real("sgd_step", "dampening", dampening)
+        weight_decay = _real("sgd_step", "weight_decay", weight_decay)
+        _step_number("sgd_step", step)
+        if lr < 0 or momentum < 0 or weight_decay < 0:
+            raise ValueError(
+                f"sgd_step: lr, momentum and weight_decay must be >= 0, got lr={lr},"
+                f" momentum={momentum}, weight_decay={weight_decay}"
+            )
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("sgd_step: nesterov needs momentum > 0 and dampening == 0")
+        if momentum != 0 and momentum_buf is None:
+            raise ValueError("sgd_step: momentum != 0 needs a momentum_buf")
+        bufs: dict[str, Any] = {"params": params, "grads": grads}
+        if momentum_buf is not None:
+            bufs["momentum_buf"] = momentum_buf
+        self._check("sgd_step", **bufs)
+        self._same_shape("sgd_step", *bufs.items())
+        flat_p = self._flat(params)
+        flat_buf = self._flat(momentum_buf) if momentum_buf is not None else flat_p
+        self._sgd_step(
+            flat_p,
+            self._flat(grads),
+            flat_buf,
+            lr,
+            momentum,
+            dampening,
+            weight_decay,
+            bool(nesterov),
+            step == 1,
+        )
+
+    @abc.abstractmethod
+    def _sgd_step(
+        self,
+        p: Any,
+        g: Any,
+        buf: Any,
+        lr: float,
+        momentum: float,
+        dampening: float,
+        weight_decay: float,
+        nesterov: bool,
+        first: bool,
+    ) -> None: ...
+
+    def adam_step(
+        self,
+        params: Any,
+        grads: Any,
+        exp_avg: Any,
+        exp_avg_sq: Any,
+        *,
+        lr: float,
+        step: int,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        decoupled: bool = False,
+    ) -> None:
+        """One fused torch.optim.Adam (or AdamW, ``decoupled=True``) step, in place.
+
+        Adam adds ``weight_decay * p`` to the gradient (coupled L2); AdamW first
+        scales ``p *= 1 - lr * weight_decay``. See ``atomr.accel.kernels.optim``
+        for the exact formulas.
+
+        Args:
+            params: the parameters, updated in place.
+            grads: their gradients (read only), same shape.
+            exp_avg: first moment m (zeros before step 1), updated in place.
+            exp_avg_sq: second moment v (zeros before step 1), updated in place.
+            lr: learning rate, >= 0.
+            step: the 1-based step number t used in the bias corrections.
+            beta1: in [0, 1).
+            beta2: in [0, 1).
+            eps: added to the denominator, >= 0.
+            weight_decay: >= 0.
+            decoupled: AdamW's decoupled weight decay instead of Adam's L2.
+
+        Raises:
+            TypeError: wrong array type or dtype.
+            ValueError: shapes differ, not contiguous, bad hyper-parameter.
+        """
+        lr = _real("adam_step", "lr", lr)
+        beta1 = _real("adam_step", "beta1", beta1)
+        beta2 = _real("adam_step", "beta2", beta2)
+        eps = _real("adam_step", "eps", eps)
+        weight_decay = _real("adam_step", "weight_decay", weight_decay)
+        _step_number("adam_step", step)
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+            raise ValueError(f"adam_step: betas must be in [0, 1), got ({beta1}, {beta2})")
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError(
+                f"adam_step: lr, eps and weight_decay must be >= 0, got lr={lr}, eps={eps},"
+                f" weight_decay={weight_decay}"
+            )
+        bufs = {"params": params, "grads": grads, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+        self._check("adam_step", **bufs)
+        self._same_shape("adam_step", *bufs.items())
+        self._adam_step(
+            self._flat(params),
+            self._flat(grads),
+            self._flat(exp_avg),
+            self._flat(exp_avg_sq),
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            bool(decoupled),
+            step,
+        )
+
+    @abc.abstractmethod
+    def _adam_step(
+        self,
+        p: Any,
+        g: Any,
+        m: Any,
+        v: Any,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        decoupled: bool,
+        step: int,
+    ) -> None: ...
+
+    # ------------------------------------------------------------ validation helpers
+
+    def _flat(self, x: Any) -> Any:
+        """A 1-D view of a contiguous buffer."""
+        return x.reshape(-1) if x.ndim != 1 else x
+
+    def _activation(self, op: str, kind: str) -> int:
+        if not isinstance(kind, str) or kind.lower() not in ACTIVATIONS:
+            raise ValueError(
+                f"{op}: unknown activation {kind!r}; expected one of {', '.join(ACTIVATIONS)}"
+            )
+        return ACTIVATIONS[kind.lower()]
+
+    def _check(self, op: str, any_dtype: bool = False, **buffers: Any) -> None:
+        """Type, dtype (shared by all), contiguity and writeability of ``buffers``."""
+        dtype = None
+        for name, x in buffers.items():
+            if not self._is_buffer(x):
+                raise TypeError(
+                    f"{op}: {name} must be a {self._buffer_kind} for {self.device},"
+                    f" got {type(x).__name__}"
+                )
+            if not any_dtype and x.dtype not in self.float_dtypes:
+                accepted = " or ".join(str(d) for d in self.float_dtypes)
+                raise TypeError(
+                    f"{op}: {name} has dtype {x.dtype}; {type(self).__name__} accepts {accepted}"
+                )
+            if dtype is None:
+                dtype = x.dtype
+            elif x.dtype != dtype:
+                raise TypeError(
+                    f"{op}: mixed dtypes: {name} is {x.dtype} but"
+                    f" {next(iter(buffers))} is {dtype}; use one dtype for all buffers"
+                )
+            if not self._is_contiguous(x):
+                raise ValueError(
+                    f"{op}: {name} is not C-contiguous (a transposed or sliced view?);"
+                    " pass a contiguous copy"
+                )
+            if not self._is_writeable(x):
+                raise ValueError(f"{op}: {name} is read-only")
+
+    @staticmethod
+    def _ndim(op: str, ndim: int, **buffers: Any) -> None:
+        for name, x in buffers.items():
+            if x.ndim != ndim:
+                raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {tuple(x.shape)}")
+
+    @staticmethod
+    def _same_shape(op: str, *named: tuple[str, Any]) -> None:
+        (first_name, first), *rest = named
+        for name, x in rest:
+            if tuple(x.shape) != tuple(first.shape):
+                raise ValueError(
+                    f"{op}: {name} has shape {tuple(x.shape)} but {first_name} has"
+                    f" shape {tuple(first.shape)}; they must match"
+                )
+
+
+def _check_labels(labels: np.ndarray, classes: int) -> None:
+    """ValueError naming the first label outside [0, classes)."""
+    bad = np.flatnonzero((labels < 0) | (labels >= classes))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"softmax_cross_entropy: label {int(labels[i])} at row {i} is out of range;"
+            f" expected 0 <= label < {classes}"
+        )
+
+
+def _real(op: str, name: str, value: Any) -> float:
+    """``value`` as a finite float, or TypeError / ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{op}: {name} must be a real number, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{op}: {name} must be finite, got {v}")
+    return v
+
+
+def _step_number(op: str, step: Any) -> None:
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 1:
+        raise ValueError(f"{op}: step must be an int >= 1 (1-based), got {step!r}")
+
+
+_BACKENDS: dict[Device, Backend] = {}
+
+
+def backend_for(device: Device | str) -> Backend:
+    """The Backend of a device (one instance per device, created on first use).
+
+    Args:
+        device: a Device or a name such as "cpu:0" or "cuda:0".
+
+    Returns:
+        A ``CpuBackend`` for "cpu:N", a ``CudaBackend`` for "cuda:N".
+
+    Raises:
+        ValueError: unknown device name, or a CUDA device this machine does not
+            have (the message says how many there are).
+    """
+    dev = Device.parse(device)
+    found = _BACKENDS.get(dev)
+    if found is not None:
+        return found
+    backend: Backend
+    if dev.is_cpu:
+        from atomr.accel.cpu_backend import CpuBackend
+
+        backend = CpuBackend(dev)
+    else:
+        count = cuda_device_count()
+        if dev.index >= count:
+            raise ValueError(
+                f"no such device {dev}: this machine has {count} CUDA device(s)"
+                + ("" if count else " (numba.cuda is not available; use a cpu device)")
+            )
+        from atomr.accel.cuda_backend import CudaBackend
+
+        backend = CudaBackend(dev)
+    return _BACKENDS.setdefault(dev, backend)

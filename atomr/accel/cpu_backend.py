@@ -1,0 +1,146 @@
+"""CpuBackend: the kernels of a (logical) CPU device, on NumPy arrays.
+
+Matmul is BLAS (``np.matmul`` with ``out=``); everything else is a fused
+numba ``njit(nogil=True, cache=True)`` loop from ``atomr.accel.kernels``,
+so several CPU device actors run their kernels in parallel threads.
+Accepts float32 and float64 buffers (one dtype per call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr.accel.backend import Backend
+from atomr.accel.kernels import elementwise, loss, matmul, optim, reduce
+
+__all__ = ["CpuBackend"]
+
+
+class CpuBackend(Backend):
+    """The Backend of a CPU device: buffers are C-contiguous NumPy arrays.
+
+    float32 is the working dtype; float64 is also accepted (all float buffers
+    of one call must share the dtype) so that gradients can be checked by
+    finite differences in double precision. See ``Backend`` for every method's
+    contract.
+    """
+
+    float_dtypes = (np.dtype(np.float32), np.dtype(np.float64))
+    _buffer_kind = "NumPy array"
+
+    def _is_buffer(self, x: Any) -> bool:
+        return isinstance(x, np.ndarray)
+
+    def _is_contiguous(self, x: Any) -> bool:
+        return bool(x.flags.c_contiguous)
+
+    def _is_writeable(self, x: Any) -> bool:
+        return bool(x.flags.writeable)
+
+    # memory
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """An uninitialised NumPy array (see ``Backend.empty``)."""
+        return np.empty(shape, dtype=dtype)
+
+    def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A zero-filled NumPy array (see ``Backend.zeros``)."""
+        return np.zeros(shape, dtype=dtype)
+
+    def to_device(self, host: Any) -> np.ndarray:
+        """A contiguous copy of ``host`` (see ``Backend.to_device``)."""
+        return np.array(host, order="C", copy=True)
+
+    def to_host(self, buf: Any) -> np.ndarray:
+        """A copy of ``buf`` (see ``Backend.to_host``).
+
+        Raises:
+            TypeError: buf is not a NumPy array.
+        """
+        if not isinstance(buf, np.ndarray):
+            raise TypeError(f"to_host: buf must be a NumPy array, got {type(buf).__name__}")
+        return buf.copy()
+
+    def _copy(self, src: Any, dst: Any) -> None:
+        np.copyto(dst, src)
+
+    # kernels
+
+    def _matmul(self, a: Any, b: Any, out: Any, ta: bool, tb: bool, acc: bool) -> None:
+        matmul.matmul_cpu(a, b, out, ta, tb, acc)
+
+    def _bias_add(self, x: Any, bias: Any) -> None:
+        elementwise.bias_add_cpu(x, bias)
+
+    def _bias_grad(self, dy: Any, out: Any, acc: bool) -> None:
+        reduce.bias_grad_cpu(dy, out, acc)
+
+    def _activation_forward(self, code: int, x: Any, out: Any) -> None:
+        elementwise.activation_forward_cpu(code, x, out, x.dtype == np.float32)
+
+    def _activation_backward(self, code: int, x: Any, dy: Any, dx: Any) -> None:
+        elementwise.activation_backward_cpu(code, x, dy, dx, False)  # exact tanh: 1 - t^2 cancels
+
+    def _softmax_cross_entropy(
+        self, logits: Any, labels: Any, weights: Any | None, grad: Any
+    ) -> tuple[float, float]:
+        w = (
+            np.ascontiguousarray(weights, dtype=logits.dtype)
+            if weights is not None
+            else np.ones(1, dtype=logits.dtype)
+        )
+        labels = np.ascontiguousarray(labels)
+        total, wsum, bad = loss.softmax_cross_entropy_cpu(
+            logits, labels, w, weights is not None, grad
+        )
+        if bad >= 0:  # pragma: no cover - labels are checked before the launch
+            raise ValueError(f"softmax_cross_entropy: label at row {bad} is out of range")
+        return total, wsum
+
+    def _mse(self, pred: Any, target: Any, grad: Any) -> float:
+        return float(loss.mse_cpu(pred, target, grad))
+
+    def _axpy(self, alpha: Any, x: Any, y: Any) -> None:
+        elementwise.axpy_cpu(alpha, x, y)
+
+    def _scale(self, x: Any, alpha: Any) -> None:
+        elementwise.scale_cpu(x, alpha)
+
+    def _sum_into(self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any) -> None:
+        reduce.sum_into_cpu(out, tuple(flats))
+
+    def _squared_norm(self, x: Any) -> float:
+        return float(reduce.squared_norm_cpu(x))
+
+    def _sgd_step(
+        self,
+        p: Any,
+        g: Any,
+        buf: Any,
+        lr: float,
+        momentum: float,
+        dampening: float,
+        weight_decay: float,
+        nesterov: bool,
+        first: bool,
+    ) -> None:
+        optim.sgd_step_cpu(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first)
+
+    def _adam_step(
+        self,
+        p: Any,
+        g: Any,
+        m: Any,
+        v: Any,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        decoupled: bool,
+        step: int,
+    ) -> None:
+        optim.adam_step_cpu(p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step)

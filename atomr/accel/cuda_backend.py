@@ -1,0 +1,177 @@
+"""CudaBackend: the kernels of a CUDA device (or of numba's simulator), on device arrays.
+
+Buffers are numba device arrays (``cuda.device_array``, ``cuda.to_device``),
+float32, C-contiguous. Each op launches the CUDA kernels of
+``atomr.accel.kernels`` on the current context; a ``DeviceActor`` makes its
+device current on its worker thread. Under ``NUMBA_ENABLE_CUDASIM=1`` every
+launch and copy goes through ``atomr.accel.sim_lock``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from atomr.accel.backend import Backend
+from atomr.accel.kernels import elementwise, loss, matmul, optim, reduce
+from atomr.accel.sim_lock import launch_lock
+
+__all__ = ["CudaBackend", "is_device_array"]
+
+
+def is_device_array(x: Any) -> bool:
+    """True for a numba CUDA device array (real or simulated), False for NumPy arrays.
+
+    Args:
+        x: anything.
+
+    Returns:
+        Whether x is a device array.
+    """
+    return (
+        not isinstance(x, np.ndarray)
+        and hasattr(x, "copy_to_host")
+        and hasattr(x, "is_c_contiguous")
+    )
+
+
+class CudaBackend(Backend):
+    """The Backend of a CUDA device: buffers are float32 numba device arrays.
+
+    See ``Backend`` for every method's contract. Host NumPy arrays are accepted
+    only where the contract says so (labels and class weights of
+    ``softmax_cross_entropy``, the argument of ``to_device``).
+    """
+
+    _buffer_kind = "numba CUDA device array"
+
+    def _is_buffer(self, x: Any) -> bool:
+        return is_device_array(x)
+
+    def _is_contiguous(self, x: Any) -> bool:
+        return bool(x.is_c_contiguous())
+
+    # memory
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Any:
+        """An uninitialised device array (see ``Backend.empty``)."""
+        with launch_lock():
+            return cuda.device_array(shape, dtype=dtype)
+
+    def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Any:
+        """A zero-filled device array (see ``Backend.zeros``)."""
+        with launch_lock():
+            return cuda.to_device(np.zeros(shape, dtype=dtype))
+
+    def to_device(self, host: Any) -> Any:
+        """Copy a host array to a new device array (see ``Backend.to_device``)."""
+        data = np.ascontiguousarray(np.asarray(host))
+        with launch_lock():
+            return cuda.to_device(data.copy())
+
+    def to_host(self, buf: Any) -> np.ndarray:
+        """Copy a device array to a new NumPy array (see ``Backend.to_host``).
+
+        Raises:
+            TypeError: buf is not a device array.
+        """
+        if not is_device_array(buf):
+            raise TypeError(
+                f"to_host: buf must be a numba CUDA device array, got {type(buf).__name__}"
+            )
+        with launch_lock():
+            return np.array(buf.copy_to_host(), copy=True)
+
+    def _copy(self, src: Any, dst: Any) -> None:
+        with launch_lock():
+            dst.copy_to_device(src)
+
+    def synchronize(self) -> None:
+        """Wait for every kernel queued on the current context."""
+        with launch_lock():
+            cuda.synchronize()
+
+    # kernels
+
+    def _matmul(self, a: Any, b: Any, out: Any, ta: bool, tb: bool, acc: bool) -> None:
+        matmul.matmul_cuda(a, b, out, ta, tb, acc)
+
+    def _bias_add(self, x: Any, bias: Any) -> None:
+        elementwise.bias_add_cuda(x, bias)
+
+    def _bias_grad(self, dy: Any, out: Any, acc: bool) -> None:
+        reduce.bias_grad_cuda(dy, out, acc)
+
+    def _activation_forward(self, code: int, x: Any, out: Any) -> None:
+        elementwise.activation_forward_cuda(code, x, out)
+
+    def _activation_backward(self, code: int, x: Any, dy: Any, dx: Any) -> None:
+        elementwise.activation_backward_cuda(code, x, dy, dx)
+
+    def _softmax_cross_entropy(
+        self, logits: Any, labels: Any, weights: Any | None, grad: Any
+    ) -> tuple[float, float]:
+        if isinstance(labels, np.ndarray):
+            labels = self.to_device(labels)
+        if isinstance(weights, np.ndarray):
+            weights = self.to_device(weights.astype(np.float32))
+        elif weights is not None and weights.dtype != np.float32:
+            raise TypeError(
+                f"softmax_cross_entropy: device weights must be float32, got {weights.dtype}"
+            )
+        total, wsum, ok = loss.softmax_cross_entropy_cuda(logits, labels, weights, grad)
+        if not ok:
+            raise ValueError(
+                "softmax_cross_entropy: a label is out of range;"
+                f" expected 0 <= label < {logits.shape[1]}"
+            )
+        return total, wsum
+
+    def _mse(self, pred: Any, target: Any, grad: Any) -> float:
+        return loss.mse_cuda(pred, target, grad)
+
+    def _axpy(self, alpha: Any, x: Any, y: Any) -> None:
+        elementwise.axpy_cuda(alpha, x, y)
+
+    def _scale(self, x: Any, alpha: Any) -> None:
+        elementwise.scale_cuda(x, alpha)
+
+    def _sum_into(self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any) -> None:
+        alias = next((k for k, b in enumerate(buffers) if b is raw_out), None)
+        reduce.sum_into_cuda(out, flats, alias)
+
+    def _squared_norm(self, x: Any) -> float:
+        return reduce.squared_norm_cuda(x)
+
+    def _sgd_step(
+        self,
+        p: Any,
+        g: Any,
+        buf: Any,
+        lr: float,
+        momentum: float,
+        dampening: float,
+        weight_decay: float,
+        nesterov: bool,
+        first: bool,
+    ) -> None:
+        optim.sgd_step_cuda(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first)
+
+    def _adam_step(
+        self,
+        p: Any,
+        g: Any,
+        m: Any,
+        v: Any,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        decoupled: bool,
+        step: int,
+    ) -> None:
+        optim.adam_step_cuda(p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step)

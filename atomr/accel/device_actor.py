@@ -1,0 +1,188 @@
+"""DeviceActor: an actor that owns one device and the worker thread its work runs on.
+
+The worker thread is the device's "stream": ``await self.on_device(fn, ...)``
+runs ``fn`` there, in submission order, without blocking the event loop,
+and returns its result. Failures inside come back as a ``GpuError``
+(``atomr.accel.translate``); ``ValueError`` / ``TypeError`` from input
+validation stay as they are. Buffers stay on the device; they are copied
+only when asked (``backend.to_host``).
+
+CPU device actors share the BLAS thread pool (``atomr.accel.threads``);
+CUDA device actors make their device current on their worker thread.
+
+A plain ``DeviceActor`` also answers ``OnDevice(fn, *args)`` messages, so a
+trainer can use it without subclassing; subclasses implement ``receive``
+and call ``on_device`` themselves (calling ``super().receive`` for
+``OnDevice`` if they want it too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from atomr.accel.backend import Backend, backend_for
+from atomr.accel.device import Device
+from atomr.accel.threads import BLAS_SHARE
+from atomr.accel.translate import translate_error
+from atomr.actor import Actor, Failure
+
+__all__ = ["DeviceActor", "OnDevice"]
+
+T = TypeVar("T")
+
+
+class OnDevice:
+    """Message: run ``fn(*args, **kwargs)`` on the device actor's worker thread.
+
+    The ask is answered with fn's return value, or fails with the GpuError
+    (or ValueError / TypeError) it raised.
+
+    Args:
+        fn: the function; it receives plain arguments (use ``backend`` inside).
+        *args: its positional arguments.
+        **kwargs: its keyword arguments.
+    """
+
+    __slots__ = ("args", "fn", "kwargs")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        if not callable(fn):
+            raise TypeError(f"OnDevice needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+
+    def __repr__(self) -> str:
+        return f"OnDevice({getattr(self.fn, '__name__', self.fn)!s}, {len(self.args)} args)"
+
+
+def _select_cuda(index: int) -> None:
+    """Worker-thread initializer of a CUDA device actor: make its device current."""
+    from numba import cuda
+
+    from atomr.accel.sim_lock import launch_lock
+
+    with launch_lock():
+        cuda.select_device(index)
+
+
+class DeviceActor(Actor):
+    """An actor that owns one device and one worker thread.
+
+    Args:
+        device: the device ("cpu:0", "cuda:1" or a Device).
+
+    Raises:
+        ValueError: unknown device name, or no such CUDA device.
+
+    Attributes:
+        device: the Device.
+        backend: its Backend (kernels and memory).
+    """
+
+    def __init__(self, device: Device | str = "cpu:0") -> None:
+        super().__init__()
+        self.device: Device = Device.parse(device)
+        self.backend: Backend = backend_for(self.device)
+        self._executor: ThreadPoolExecutor | None = None
+        self._holds_blas_share = False
+
+    # ------------------------------------------------------------ life cycle
+
+    def pre_start(self) -> Any:
+        """Start the worker thread (and take a BLAS share for a CPU device).
+
+        Subclasses overriding it must call ``super().pre_start()``.
+        """
+        self._start_worker()
+        return None
+
+    def post_stop(self) -> Any:
+        """Shut the worker thread down (the running job, if any, finishes) and release BLAS.
+
+        Subclasses overriding it must call ``super().post_stop()``.
+        """
+        self._stop_worker()
+        return None
+
+    def _start_worker(self) -> None:
+        if self._executor is not None:
+            return
+        if self.device.is_cuda:
+            self._executor = ThreadPoolExecutor(
+                1,
+                thread_name_prefix=f"atomr-{self.device}",
+                initializer=_select_cuda,
+                initargs=(self.device.index,),
+            )
+        else:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"atomr-{self.device}")
+            BLAS_SHARE.acquire()
+            self._holds_blas_share = True
+
+    def _stop_worker(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        if self._holds_blas_share:
+            self._holds_blas_share = False
+            BLAS_SHARE.release()
+
+    # ------------------------------------------------------------ device work
+
+    async def on_device(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` on this actor's worker thread and await its result.
+
+        Jobs run one at a time, in the order they were submitted; the event loop
+        keeps running meanwhile.
+
+        Args:
+            fn: the function.
+            *args: its positional arguments.
+            **kwargs: its keyword arguments.
+
+        Returns:
+            fn's return value.
+
+        Raises:
+            GpuError: a subclass chosen by ``translate_error`` (the original as ``__cause__``).
+            ValueError, TypeError: as raised by fn (input validation).
+            RuntimeError: the worker is not running (before ``pre_start`` or after stop).
+        """
+        executor = self._executor
+        if executor is None:
+            raise RuntimeError(f"DeviceActor on {self.device}: the worker thread is not running")
+        call = functools.partial(fn, *args, **kwargs)
+        future = asyncio.get_running_loop().run_in_executor(executor, call)
+        try:
+            return await future
+        except Exception as exc:
+            error = translate_error(exc, str(self.device))
+            if error is exc:
+                raise
+            raise error from exc
+
+    async def receive(self, message: Any) -> Any:
+        """Answer ``OnDevice`` messages with the function's result.
+
+        Args:
+            message: an ``OnDevice``.
+
+        Returns:
+            The function's result; ``Failure(exc)`` when it raised ValueError or
+            TypeError, and ``Failure(TypeError)`` for any other message (in both
+            cases the actor does not fail).
+
+        Raises:
+            GpuError: when the function fails on the device (the parent supervises).
+        """
+        if isinstance(message, OnDevice):
+            try:
+                return await self.on_device(message.fn, *message.args, **message.kwargs)
+            except (ValueError, TypeError) as exc:
+                return Failure(exc)  # bad input: answer the asker, keep the actor
+        return Failure(TypeError(f"{type(self).__name__} does not handle {type(message).__name__}"))

@@ -1,0 +1,186 @@
+"""How kernels are compiled: one scalar function, two targets.
+
+``cpu_scalar`` / ``gpu_scalar`` compile a plain Python function as a numba
+njit function and as a numba.cuda device function; ``cpu_loop`` compiles a
+CPU twin (GIL released, cached on disk); ``gpu_kernel`` compiles a CUDA
+kernel (cached on disk where numba.cuda supports it). ``launch_1d`` /
+``launch_2d`` pick a grid and launch under the simulator lock.
+
+Nothing here touches the CUDA driver at import time: numba.cuda compiles
+lazily, on the first launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numba
+
+from atomr.accel.device import cuda_is_simulated
+from atomr.accel.sim_lock import launch_lock
+
+
+class _CudaUnavailable:
+    """Stands in for ``numba.cuda`` when importing it fails (a broken CUDA setup).
+
+    Decorating still works (so the CPU twins import); using a CUDA kernel or
+    allocating device memory raises RuntimeError naming the import error.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def is_available(self) -> bool:
+        return False
+
+    def jit(self, *args: Any, **kwargs: Any) -> Any:
+        if args and callable(args[0]):
+            return self
+        return lambda fn: self
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"numba.cuda is unavailable: {self.error}")
+
+    def __getitem__(self, launch: Any) -> Any:
+        raise RuntimeError(f"numba.cuda is unavailable: {self.error}")
+
+
+try:
+    from numba import cuda
+except Exception as _exc:  # e.g. NUMBA_CUDA_DRIVER pointing nowhere
+    cuda = _CudaUnavailable(_exc)  # type: ignore[assignment]
+
+__all__ = [
+    "cuda",
+    "BLOCK",
+    "MAX_BLOCKS",
+    "SIMULATED",
+    "TILE",
+    "cpu_loop",
+    "cpu_reduce_loop",
+    "cpu_scalar",
+    "gpu_kernel",
+    "gpu_scalar",
+    "launch_1d",
+    "launch_2d",
+]
+
+SIMULATED: bool = cuda_is_simulated()
+"""True under NUMBA_ENABLE_CUDASIM=1: small blocks, since every CUDA thread is a Python thread."""
+
+BLOCK: int = 32 if SIMULATED else 256
+"""Threads per block of the 1-D kernels (a power of two: the block reductions halve it)."""
+
+MAX_BLOCKS: int = 4 if SIMULATED else 1024
+"""Upper bound on blocks of a 1-D launch; the kernels use grid-stride loops."""
+
+TILE: int = 4 if SIMULATED else 16
+"""Side of the square shared-memory tile of the matmul kernel (and of 2-D blocks)."""
+
+
+def cpu_scalar(fn: Callable[..., Any]) -> Any:
+    """Compile a scalar function for the CPU (numba.njit, inlined into its callers).
+
+    Args:
+        fn: a plain Python function using only numba-supported math.
+
+    Returns:
+        The njit dispatcher.
+    """
+    return numba.njit(inline="always")(fn)
+
+
+def gpu_scalar(fn: Callable[..., Any]) -> Any:
+    """Compile a scalar function as a numba.cuda device function.
+
+    Args:
+        fn: the same plain Python function given to ``cpu_scalar``.
+
+    Returns:
+        The device function.
+    """
+    return cuda.jit(device=True)(fn)
+
+
+def cpu_loop(fn: Callable[..., Any]) -> Any:
+    """Compile a CPU twin: ``numba.njit(nogil=True, cache=True)``.
+
+    Args:
+        fn: the loop.
+
+    Returns:
+        The njit dispatcher (compiled lazily per signature, cached on disk).
+    """
+    return numba.njit(nogil=True, cache=True)(fn)
+
+
+def cpu_reduce_loop(fn: Callable[..., Any]) -> Any:
+    """Compile a CPU reduction twin: like ``cpu_loop`` plus fastmath reassociation.
+
+    Reassociating the sum lets LLVM vectorise it; the result differs from a
+    sequential sum only by rounding.
+
+    Args:
+        fn: the loop.
+
+    Returns:
+        The njit dispatcher.
+    """
+    return numba.njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})(fn)
+
+
+def gpu_kernel(fn: Callable[..., Any]) -> Any:
+    """Compile a CUDA kernel (``numba.cuda.jit(cache=True)``), lazily.
+
+    Args:
+        fn: the kernel body.
+
+    Returns:
+        The CUDA dispatcher.
+    """
+    return cuda.jit(cache=True)(fn)
+
+
+def blocks_for(n: int) -> int:
+    """Blocks of a 1-D grid-stride launch over ``n`` items.
+
+    Args:
+        n: number of items, >= 1.
+
+    Returns:
+        The block count, between 1 and MAX_BLOCKS.
+    """
+    return max(1, min(MAX_BLOCKS, (n + BLOCK - 1) // BLOCK))
+
+
+def launch_1d(kernel: Any, n: int, *args: Any) -> None:
+    """Launch a 1-D grid-stride kernel over ``n`` items (nothing when n == 0).
+
+    Args:
+        kernel: a ``gpu_kernel``.
+        n: number of items.
+        *args: the kernel's arguments.
+    """
+    if n <= 0:
+        return
+    with launch_lock():
+        kernel[blocks_for(n), BLOCK](*args)
+
+
+def launch_2d(kernel: Any, rows: int, cols: int, *args: Any) -> None:
+    """Launch a 2-D kernel with TILE x TILE blocks covering ``rows`` x ``cols``.
+
+    Thread x runs along columns, y along rows.
+
+    Args:
+        kernel: a ``gpu_kernel``.
+        rows: the output's rows.
+        cols: the output's columns.
+        *args: the kernel's arguments.
+    """
+    if rows <= 0 or cols <= 0:
+        return
+    grid = ((cols + TILE - 1) // TILE, (rows + TILE - 1) // TILE)
+    with launch_lock():
+        kernel[grid, (TILE, TILE)](*args)

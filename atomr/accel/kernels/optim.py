@@ -1,0 +1,300 @@
+"""Fused optimizer updates over one flat parameter buffer: SGD, Adam, AdamW.
+
+The rules are torch.optim's (published formulas), one pass per step:
+
+SGD (momentum mu, dampening tau, weight decay wd, nesterov)::
+
+    d = g + wd * p
+    buf = d                                   on the first step (torch's rule)
+    buf = mu * buf + (1 - tau) * d            afterwards
+    d = d + mu * buf if nesterov else buf     (when mu != 0)
+    p = p - lr * d
+
+Adam (coupled L2) / AdamW (decoupled weight decay), step t >= 1::
+
+    Adam:  g = g + wd * p          AdamW: p = p * (1 - lr * wd)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g^2
+    step_size = lr / (1 - b1^t)
+    denom = sqrt(v) / sqrt(1 - b2^t) + eps
+    p = p - step_size * m / denom
+
+The per-element math (``sgd_update``, ``adam_update``) is written once and
+compiled for both targets; the bias corrections are computed once per step
+on the host. Gradients are read, never written.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from atomr.accel.kernels._compile import (
+    cpu_loop,
+    cpu_scalar,
+    cuda,
+    gpu_kernel,
+    gpu_scalar,
+    launch_1d,
+)
+
+__all__ = [
+    "adam_step_cpu",
+    "adam_step_cuda",
+    "adam_scalars",
+    "sgd_step_cpu",
+    "sgd_step_cuda",
+]
+
+# ---------------------------------------------------------------- scalar math
+
+
+def sgd_update(
+    p: float,
+    g: float,
+    buf: float,
+    lr: float,
+    momentum: float,
+    dampening: float,
+    weight_decay: float,
+    nesterov: bool,
+    first: bool,
+) -> tuple[float, float]:
+    """One SGD element: returns (new p, new momentum buffer)."""
+    d = g + weight_decay * p if weight_decay != 0.0 else g
+    b = buf
+    if momentum != 0.0:
+        b = d if first else momentum * buf + (1.0 - dampening) * d
+        d = d + momentum * b if nesterov else b
+    return p - lr * d, b
+
+
+def adam_update(
+    p: float,
+    g: float,
+    m: float,
+    v: float,
+    beta1: float,
+    one_minus_beta1: float,
+    beta2: float,
+    one_minus_beta2: float,
+    l2: float,
+    decay: float,
+    step_size: float,
+    bc2_sqrt: float,
+    eps: float,
+) -> tuple[float, float, float]:
+    """One Adam / AdamW element: returns (new p, new m, new v).
+
+    The host passes ``l2 = weight_decay, decay = 1`` for Adam and ``l2 = 0,
+    decay = 1 - lr * weight_decay`` for AdamW (both exact no-ops when unused),
+    all in the buffers' dtype, so float32 buffers are updated in float32 math
+    (as torch does) and the CPU loop vectorises.
+    """
+    p = p * decay
+    g = g + l2 * p
+    m = beta1 * m + one_minus_beta1 * g
+    v = beta2 * v + one_minus_beta2 * g * g
+    denom = math.sqrt(v) / bc2_sqrt + eps
+    return p - step_size * m / denom, m, v
+
+
+def adam_scalars(
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled: bool,
+    step: int,
+    dtype: Any,
+) -> tuple[Any, ...]:
+    """Host-side coefficients of one step, in ``dtype``: the arguments of ``adam_update`` after v."""
+    t = dtype.type
+    step_size = lr / (1.0 - beta1**step)
+    bc2_sqrt = math.sqrt(1.0 - beta2**step)
+    l2, decay = (0.0, 1.0 - lr * weight_decay) if decoupled else (weight_decay, 1.0)
+    return (
+        t(beta1),
+        t(1.0 - beta1),
+        t(beta2),
+        t(1.0 - beta2),
+        t(l2),
+        t(decay),
+        t(step_size),
+        t(bc2_sqrt),
+        t(eps),
+    )
+
+
+_sgd_cpu = cpu_scalar(sgd_update)
+_sgd_gpu = gpu_scalar(sgd_update)
+_adam_cpu = cpu_scalar(adam_update)
+_adam_gpu = gpu_scalar(adam_update)
+
+# ---------------------------------------------------------------- CUDA
+
+
+@gpu_kernel
+def _sgd_kernel(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    has_buf = momentum != 0.0
+    while i < p.size:
+        b = buf[i] if has_buf else 0.0
+        np_, nb = _sgd_gpu(p[i], g[i], b, lr, momentum, dampening, weight_decay, nesterov, first)
+        p[i] = np_
+        if has_buf:
+            buf[i] = nb
+        i += stride
+
+
+@gpu_kernel
+def _adam_kernel(p, g, m, v, b1, omb1, b2, omb2, l2, decay, step_size, bc2_sqrt, eps):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < p.size:
+        np_, nm, nv = _adam_gpu(
+            p[i],
+            g[i],
+            m[i],
+            v[i],
+            b1,
+            omb1,
+            b2,
+            omb2,
+            l2,
+            decay,
+            step_size,
+            bc2_sqrt,
+            eps,
+        )
+        p[i] = np_
+        m[i] = nm
+        v[i] = nv
+        i += stride
+
+
+def sgd_step_cuda(
+    p: Any,
+    g: Any,
+    buf: Any,
+    lr: float,
+    momentum: float,
+    dampening: float,
+    weight_decay: float,
+    nesterov: bool,
+    first: bool,
+) -> None:
+    """Fused SGD on flat device arrays (buf unused, may be any array, when momentum == 0)."""
+    launch_1d(
+        _sgd_kernel,
+        p.size,
+        p,
+        g,
+        buf,
+        float(lr),
+        float(momentum),
+        float(dampening),
+        float(weight_decay),
+        bool(nesterov),
+        bool(first),
+    )
+
+
+def adam_step_cuda(
+    p: Any,
+    g: Any,
+    m: Any,
+    v: Any,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled: bool,
+    step: int,
+) -> None:
+    """Fused Adam / AdamW on flat device arrays, step t >= 1."""
+    coeffs = adam_scalars(lr, beta1, beta2, eps, weight_decay, decoupled, step, p.dtype)
+    launch_1d(_adam_kernel, p.size, p, g, m, v, *coeffs)
+
+
+# ---------------------------------------------------------------- CPU twins
+
+
+@cpu_loop
+def _sgd_loop(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first):
+    has_buf = momentum != 0.0
+    for i in range(p.size):
+        b = buf[i] if has_buf else 0.0
+        np_, nb = _sgd_cpu(p[i], g[i], b, lr, momentum, dampening, weight_decay, nesterov, first)
+        p[i] = np_
+        if has_buf:
+            buf[i] = nb
+
+
+@cpu_loop
+def _adam_loop(p, g, m, v, b1, omb1, b2, omb2, l2, decay, step_size, bc2_sqrt, eps):
+    for i in range(p.size):
+        np_, nm, nv = _adam_cpu(
+            p[i],
+            g[i],
+            m[i],
+            v[i],
+            b1,
+            omb1,
+            b2,
+            omb2,
+            l2,
+            decay,
+            step_size,
+            bc2_sqrt,
+            eps,
+        )
+        p[i] = np_
+        m[i] = nm
+        v[i] = nv
+
+
+def sgd_step_cpu(
+    p: Any,
+    g: Any,
+    buf: Any,
+    lr: float,
+    momentum: float,
+    dampening: float,
+    weight_decay: float,
+    nesterov: bool,
+    first: bool,
+) -> None:
+    """Fused SGD on flat arrays (buf unused, may be any array, when momentum == 0)."""
+    _sgd_loop(
+        p,
+        g,
+        buf,
+        float(lr),
+        float(momentum),
+        float(dampening),
+        float(weight_decay),
+        bool(nesterov),
+        bool(first),
+    )
+
+
+def adam_step_cpu(
+    p: Any,
+    g: Any,
+    m: Any,
+    v: Any,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled: bool,
+    step: int,
+) -> None:
+    """Fused Adam / AdamW on flat arrays, step t >= 1."""
+    coeffs = adam_scalars(lr, beta1, beta2, eps, weight_decay, decoupled, step, p.dtype)
+    _adam_loop(p, g, m, v, *coeffs)

@@ -1,0 +1,164 @@
+"""Reductions: bias gradient (column sums), sum of several buffers, squared norm.
+
+- ``bias_grad``: ``out (+)= dy.sum(axis=0)``; CUDA runs one thread per
+  column, the CPU twin walks rows in memory order.
+- ``sum_into``: ``out = sum_k buffers[k]`` (the reference all-reduce);
+  element-wise over k buffers in one pass. ``out`` may be one of the buffers.
+- ``squared_norm``: ``sum x^2`` accumulated in float64 (gradient clipping);
+  CUDA reduces per block through shared memory and the host adds the block
+  sums.
+
+The scalar math (``sq``) is written once and compiled for both targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numba import float64
+
+from atomr.accel.kernels._compile import (
+    BLOCK,
+    blocks_for,
+    cpu_loop,
+    cpu_reduce_loop,
+    cpu_scalar,
+    cuda,
+    gpu_kernel,
+    gpu_scalar,
+    launch_1d,
+)
+from atomr.accel.sim_lock import launch_lock
+
+__all__ = [
+    "bias_grad_cpu",
+    "bias_grad_cuda",
+    "squared_norm_cpu",
+    "squared_norm_cuda",
+    "sum_into_cpu",
+    "sum_into_cuda",
+]
+
+# ---------------------------------------------------------------- scalar math
+
+
+def sq(x: float) -> float:
+    """x * x (callers pass x as float64 so the sum accumulates in float64)."""
+    return x * x
+
+
+_sq_cpu = cpu_scalar(sq)
+_sq_gpu = gpu_scalar(sq)
+
+# ---------------------------------------------------------------- CUDA
+
+
+@gpu_kernel
+def _bias_grad_kernel(dy, out, accumulate):
+    c = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while c < dy.shape[1]:
+        s = 0.0
+        for r in range(dy.shape[0]):
+            s += dy[r, c]
+        if accumulate:
+            out[c] += s
+        else:
+            out[c] = s
+        c += stride
+
+
+@gpu_kernel
+def _add_kernel(src, out):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < out.size:
+        out[i] += src[i]
+        i += stride
+
+
+@gpu_kernel
+def _squared_norm_kernel(x, partial):
+    acc = cuda.shared.array(BLOCK, float64)
+    tid = cuda.threadIdx.x
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    s = 0.0
+    while i < x.size:
+        s += _sq_gpu(float64(x[i]))
+        i += stride
+    acc[tid] = s
+    cuda.syncthreads()
+    half = BLOCK // 2
+    while half > 0:
+        if tid < half:
+            acc[tid] += acc[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    if tid == 0:
+        partial[cuda.blockIdx.x] = acc[0]
+
+
+def bias_grad_cuda(dy: Any, out: Any, accumulate: bool = False) -> None:
+    """out (+)= dy.sum(axis=0) on device arrays."""
+    launch_1d(_bias_grad_kernel, dy.shape[1], dy, out, bool(accumulate))
+
+
+def sum_into_cuda(out: Any, buffers: Sequence[Any], alias: int | None = None) -> None:
+    """out = sum of buffers on flat device arrays (one pass per buffer).
+
+    ``alias`` is the index of the buffer that *is* ``out`` (same memory), if any.
+    """
+    if alias is None:
+        with launch_lock():
+            out.copy_to_device(buffers[0])
+        rest = list(buffers[1:])
+    else:
+        rest = [b for k, b in enumerate(buffers) if k != alias]
+    for b in rest:
+        launch_1d(_add_kernel, out.size, b, out)
+
+
+def squared_norm_cuda(x: Any) -> float:
+    """sum(x^2) of a flat device array, float64 block sums added on host."""
+    n = x.size
+    if n == 0:
+        return 0.0
+    partial = cuda.device_array(blocks_for(n), dtype=np.float64)
+    launch_1d(_squared_norm_kernel, n, x, partial)
+    with launch_lock():
+        return float(partial.copy_to_host().sum())
+
+
+# ---------------------------------------------------------------- CPU twins
+
+
+@cpu_loop
+def bias_grad_cpu(dy, out, accumulate):
+    """out (+)= dy.sum(axis=0), rows walked in memory order."""
+    if not accumulate:
+        out[:] = 0.0
+    for r in range(dy.shape[0]):
+        for c in range(dy.shape[1]):
+            out[c] += dy[r, c]
+
+
+@cpu_loop
+def sum_into_cpu(out, buffers):
+    """out = sum of a tuple of flat arrays, one pass (out may be one of them)."""
+    for i in range(out.size):
+        s = 0.0
+        for b in buffers:
+            s += b[i]
+        out[i] = s
+
+
+@cpu_reduce_loop
+def squared_norm_cpu(x):
+    """sum(x^2) of a flat array, float64 accumulation."""
+    s = 0.0
+    for i in range(x.size):
+        s += _sq_cpu(np.float64(x[i]))
+    return s

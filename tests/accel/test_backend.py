@@ -1,0 +1,200 @@
+"""The Backend facade: memory ops, float64 on the CPU, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from accel_helpers import get, put
+
+from atomr.accel import CpuBackend, backend_for
+
+
+def f32(*shape):
+    return np.zeros(shape, np.float32)
+
+
+def test_memory_round_trip(be):
+    host = np.arange(12, dtype=np.float32).reshape(3, 4)
+    buf = be.to_device(host)
+    host[0, 0] = 99  # the device copy does not share memory
+    np.testing.assert_array_equal(get(be, buf)[0], [0, 1, 2, 3])
+    dst = be.empty((3, 4))
+    be.copy(buf, dst)
+    np.testing.assert_array_equal(get(be, dst), get(be, buf))
+    np.testing.assert_array_equal(get(be, be.zeros((2, 2))), np.zeros((2, 2)))
+    assert get(be, be.empty(5, dtype=np.int32)).dtype == np.int32
+
+
+def test_backend_for_is_per_device():
+    assert backend_for("cpu:0") is backend_for("cpu")
+    assert backend_for("cpu:1") is not backend_for("cpu:0")
+    assert isinstance(backend_for("cpu:3"), CpuBackend)
+
+
+def test_cpu_accepts_float64_but_not_mixed():
+    be = backend_for("cpu:0")
+    a = np.ones((2, 3))
+    out = np.empty((2, 2))
+    be.matmul(a, a, out, trans_b=True)
+    np.testing.assert_array_equal(out, np.full((2, 2), 3.0))
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        be.matmul(a, a.astype(np.float32), out, trans_b=True)
+
+
+def test_cuda_rejects_float64(cuda_be):
+    x = cuda_be.to_device(np.ones(3))
+    with pytest.raises(TypeError, match="float64.*accepts float32"):
+        cuda_be.scale(x, 2.0)
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (
+            lambda be: be.matmul(put(be, f32(2, 3)), put(be, f32(4, 5)), put(be, f32(2, 5))),
+            ValueError,
+            "inner dimensions differ",
+        ),
+        (
+            lambda be: be.matmul(put(be, f32(2, 3)), put(be, f32(3, 5)), put(be, f32(5, 2))),
+            ValueError,
+            r"out has shape \(5, 2\), expected \(2, 5\)",
+        ),
+        (
+            lambda be: be.matmul(put(be, f32(6)), put(be, f32(3, 5)), put(be, f32(2, 5))),
+            ValueError,
+            "must be 2-D",
+        ),
+        (lambda be: be.bias_add(put(be, f32(2, 3)), put(be, f32(4))), ValueError, "bias has shape"),
+        (lambda be: be.bias_grad(put(be, f32(2, 3)), put(be, f32(2))), ValueError, "out has shape"),
+        (
+            lambda be: be.activation_forward("swish", put(be, f32(3)), put(be, f32(3))),
+            ValueError,
+            "unknown activation 'swish'",
+        ),
+        (
+            lambda be: be.activation_backward(
+                "relu", put(be, f32(3)), put(be, f32(4)), put(be, f32(3))
+            ),
+            ValueError,
+            "dy has shape",
+        ),
+        (
+            lambda be: be.mse(put(be, f32(3)), put(be, f32(3)), put(be, f32(2))),
+            ValueError,
+            "grad has shape",
+        ),
+        (lambda be: be.axpy(1.0, put(be, f32(3)), put(be, f32(4))), ValueError, "y has shape"),
+        (
+            lambda be: be.axpy("2", put(be, f32(3)), put(be, f32(3))),
+            TypeError,
+            "alpha must be a real number",
+        ),
+        (lambda be: be.sum_into(put(be, f32(3)), []), ValueError, "at least one buffer"),
+        (
+            lambda be: be.sum_into(put(be, f32(3)), [put(be, f32(3)), put(be, f32(2))]),
+            ValueError,
+            r"buffers\[1\] has shape",
+        ),
+        (
+            lambda be: be.sgd_step(
+                put(be, f32(3)), put(be, f32(3)), None, lr=0.1, step=1, momentum=0.9
+            ),
+            ValueError,
+            "needs a momentum_buf",
+        ),
+        (
+            lambda be: be.sgd_step(put(be, f32(3)), put(be, f32(3)), None, lr=0.1, step=0),
+            ValueError,
+            "step must be an int >= 1",
+        ),
+        (
+            lambda be: be.adam_step(
+                put(be, f32(3)), put(be, f32(3)), put(be, f32(3)), put(be, f32(2)), lr=0.1, step=1
+            ),
+            ValueError,
+            "exp_avg_sq has shape",
+        ),
+        (
+            lambda be: be.adam_step(
+                put(be, f32(3)),
+                put(be, f32(3)),
+                put(be, f32(3)),
+                put(be, f32(3)),
+                lr=0.1,
+                step=1,
+                beta1=1.0,
+            ),
+            ValueError,
+            "betas",
+        ),
+        (lambda be: be.scale(put(be, np.zeros(3, np.float16)), 2.0), TypeError, "float16"),
+        (
+            lambda be: be.scale(
+                np.zeros(3, np.float32) if not isinstance(be, CpuBackend) else [0.0], 2.0
+            ),
+            TypeError,
+            "x must be a",
+        ),
+    ],
+)
+def test_bad_input_raises_clear_errors(be, call, error, match):
+    with pytest.raises(error, match=match):
+        call(be)
+
+
+def test_non_contiguous_is_rejected(be):
+    host = np.zeros((4, 6), np.float32)
+    view = put(be, host)[:, ::2] if isinstance(be, CpuBackend) else put(be, host)[:, 1:]
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        be.scale(view, 2.0)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        be.matmul(
+            put(be, f32(3, 4)), view.T if isinstance(be, CpuBackend) else view, put(be, f32(3, 3))
+        )
+
+
+def test_read_only_output_is_rejected():
+    be = backend_for("cpu:0")
+    x = np.zeros(3, np.float32)
+    x.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        be.scale(x, 2.0)
+
+
+def test_labels_out_of_range(be):
+    logits, grad = put(be, f32(3, 4)), put(be, f32(3, 4))
+    with pytest.raises(
+        ValueError, match=r"label 4 at row 1 is out of range; expected 0 <= label < 4"
+    ):
+        be.softmax_cross_entropy(logits, np.array([0, 4, 1]), None, grad)
+    with pytest.raises(ValueError, match="label -1 at row 0"):
+        be.softmax_cross_entropy(logits, np.array([-1, 0, 1]), None, grad)
+
+
+def test_labels_out_of_range_on_device(cuda_be):
+    logits, grad = cuda_be.to_device(f32(3, 4)), cuda_be.to_device(f32(3, 4))
+    with pytest.raises(ValueError, match="out of range"):
+        cuda_be.softmax_cross_entropy(logits, cuda_be.to_device(np.array([0, 1, 7])), None, grad)
+
+
+@pytest.mark.parametrize(
+    "labels,weights,error,match",
+    [
+        (np.array([0.0, 1.0, 1.0]), None, TypeError, "labels must be an integer array"),
+        (np.array([0, 1]), None, ValueError, r"labels have shape \(2,\), expected \(3,\)"),
+        ([0, 1, 1], None, TypeError, "labels must be an integer NumPy array"),
+        (np.array([0, 1, 1]), np.ones(3, np.float32), ValueError, "weights have shape"),
+        (np.array([0, 1, 1]), np.ones(4, np.int64), TypeError, "weights must be floating point"),
+    ],
+)
+def test_cross_entropy_bad_labels_or_weights(be, labels, weights, error, match):
+    with pytest.raises(error, match=match):
+        be.softmax_cross_entropy(put(be, f32(3, 4)), labels, weights, put(be, f32(3, 4)))
+
+
+def test_validation_happens_before_writing(be):
+    out = put(be, np.full((2, 2), 7.0, np.float32))
+    with pytest.raises(ValueError):
+        be.matmul(put(be, f32(2, 3)), put(be, f32(4, 2)), out)
+    np.testing.assert_array_equal(get(be, out), np.full((2, 2), 7.0))

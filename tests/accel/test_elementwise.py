@@ -1,0 +1,125 @@
+"""Activations (forward, backward), bias add, axpy and scale against NumPy, on every backend."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from accel_helpers import get, put, rand, tol
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atomr.accel import ACTIVATIONS, backend_for
+
+SHAPES = [(1,), (1, 1), (7,), (3, 5), (2, 3, 4), (8, 8)]
+K = math.sqrt(2.0 / math.pi)
+
+
+def ref_forward(kind: str, x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    if kind == "relu":
+        return np.maximum(x, 0.0)
+    if kind == "tanh":
+        return np.tanh(x)
+    if kind == "gelu":
+        return 0.5 * x * (1.0 + np.tanh(K * (x + 0.044715 * x**3)))
+    return x
+
+
+def ref_backward(kind: str, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    dy = dy.astype(np.float64)
+    if kind == "relu":
+        return dy * (x > 0)
+    if kind == "tanh":
+        return dy * (1.0 - np.tanh(x) ** 2)
+    if kind == "gelu":
+        t = np.tanh(K * (x + 0.044715 * x**3))
+        return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * K * (1 + 3 * 0.044715 * x * x))
+    return dy
+
+
+@pytest.mark.parametrize("kind", list(ACTIVATIONS))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_activation_forward_backward(be, rng, kind, shape):
+    x = rand(rng, *shape) * 3
+    dy = rand(rng, *shape)
+    out = put(be, np.full(shape, np.nan, np.float32))
+    dx = put(be, np.full(shape, np.nan, np.float32))
+    xb = put(be, x)
+    be.activation_forward(kind, xb, out)
+    be.activation_backward(kind, xb, put(be, dy), dx)
+    np.testing.assert_allclose(get(be, out), ref_forward(kind, x), **tol(np.float32))
+    np.testing.assert_allclose(get(be, dx), ref_backward(kind, x, dy), **tol(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["tanh", "gelu"])
+def test_activation_backward_matches_finite_differences(kind, rng):
+    """The backward formulas are the derivative of the forward ones (float64, CPU)."""
+    be = backend_for("cpu:0")
+    x = rng.standard_normal(50) * 3
+    h = 1e-6
+    up, down, dx = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+    be.activation_forward(kind, x + h, up)
+    be.activation_forward(kind, x - h, down)
+    be.activation_backward(kind, x, np.ones_like(x), dx)
+    np.testing.assert_allclose(dx, (up - down) / (2 * h), rtol=1e-6, atol=1e-8)
+
+
+def test_gelu_is_torch_tanh_approximation():
+    """Known values of torch.nn.functional.gelu(x, approximate='tanh')."""
+    be = backend_for("cpu:0")
+    x = np.array([-3.0, -1.0, 0.0, 0.5, 1.0, 2.0])
+    out = np.empty_like(x)
+    be.activation_forward("gelu", x, out)
+    expected = [-0.0036373921, -0.15880801, 0.0, 0.34571401, 0.84119199, 1.95459769]
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-8)
+    exact_erf_gelu = 0.5 * x * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in x]))
+    assert abs(out[0] - exact_erf_gelu[0]) > 1e-4  # the tanh approximation, not erf
+
+
+def test_activation_in_place(be, rng):
+    x = rand(rng, 4, 3)
+    xb = put(be, x)
+    be.activation_forward("relu", xb, xb)
+    np.testing.assert_allclose(get(be, xb), np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (1, 5), (5, 1), (3, 7), (8, 8)])
+def test_bias_add(be, rng, rows, cols):
+    x, b = rand(rng, rows, cols), rand(rng, cols)
+    xb = put(be, x)
+    be.bias_add(xb, put(be, b))
+    np.testing.assert_allclose(get(be, xb), x + b, **tol(np.float32))
+
+
+@pytest.mark.parametrize("n", [1, 2, 33, 64])
+def test_axpy_and_scale(be, rng, n):
+    x, y = rand(rng, n), rand(rng, n)
+    yb = put(be, y)
+    be.axpy(-0.75, put(be, x), yb)
+    np.testing.assert_allclose(get(be, yb), y - 0.75 * x, **tol(np.float32))
+    be.scale(yb, 3.0)
+    np.testing.assert_allclose(get(be, yb), 3.0 * (y - 0.75 * x), **tol(np.float32))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kind=st.sampled_from(list(ACTIVATIONS)),
+    n=st.integers(1, 3000),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_cpu_elementwise_random(kind, n, dtype, seed):
+    be = backend_for("cpu:0")
+    rng = np.random.default_rng(seed)
+    x, dy = rand(rng, n, dtype=dtype) * 4, rand(rng, n, dtype=dtype)
+    out, dx = np.empty_like(x), np.empty_like(x)
+    be.activation_forward(kind, x, out)
+    be.activation_backward(kind, x, dy, dx)
+    np.testing.assert_allclose(out, ref_forward(kind, x), **tol(dtype))
+    np.testing.assert_allclose(dx, ref_backward(kind, x, dy), **tol(dtype))
+    y = dy.copy()
+    be.axpy(0.5, x, y)
+    np.testing.assert_allclose(y, dy.astype(np.float64) + 0.5 * x, **tol(dtype))

@@ -1,0 +1,75 @@
+"""The GpuError family and how device-work exceptions are translated into it."""
+
+from __future__ import annotations
+
+import pytest
+
+from atomr.accel import (
+    ContextPoisoned,
+    DriverError,
+    GpuError,
+    GpuRefStale,
+    KernelTimeout,
+    OutOfMemory,
+    Unrecoverable,
+    translate_error,
+)
+
+
+class FakeCudaAPIError(Exception):
+    """Shaped like numba's CudaAPIError: a CUresult ``code`` attribute."""
+
+    def __init__(self, code: int, msg: str) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+def test_family():
+    for cls in (
+        ContextPoisoned,
+        OutOfMemory,
+        Unrecoverable,
+        GpuRefStale,
+        DriverError,
+        KernelTimeout,
+    ):
+        assert issubclass(cls, GpuError)
+    err = OutOfMemory("no room", device="cuda:1")
+    assert err.device == "cuda:1" and "cuda:1" in str(err)
+
+
+@pytest.mark.parametrize(
+    "exc,expected",
+    [
+        (MemoryError("host"), OutOfMemory),
+        (
+            FakeCudaAPIError(2, "[2] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY"),
+            OutOfMemory,
+        ),
+        (FakeCudaAPIError(700, "CUDA_ERROR_ILLEGAL_ADDRESS"), ContextPoisoned),
+        (FakeCudaAPIError(719, "CUDA_ERROR_LAUNCH_FAILED"), ContextPoisoned),
+        (FakeCudaAPIError(702, "CUDA_ERROR_LAUNCH_TIMEOUT"), KernelTimeout),
+        (FakeCudaAPIError(214, "CUDA_ERROR_ECC_UNCORRECTABLE"), Unrecoverable),
+        (FakeCudaAPIError(1, "CUDA_ERROR_INVALID_VALUE"), DriverError),
+        (KeyError("surprise"), DriverError),
+        (ZeroDivisionError("x"), DriverError),
+    ],
+)
+def test_translate_maps_and_chains(exc, expected):
+    err = translate_error(exc, "cuda:0")
+    assert type(err) is expected
+    assert err.__cause__ is exc
+    assert "[cuda:0]" in str(err)
+
+
+def test_translate_with_numba_cuda_api_error():
+    driver = pytest.importorskip("numba.cuda.cudadrv.driver")
+    err = translate_error(driver.CudaAPIError(700, "illegal address"))
+    assert isinstance(err, ContextPoisoned)
+
+
+@pytest.mark.parametrize(
+    "exc", [ValueError("shape"), TypeError("dtype"), Unrecoverable("x"), KeyboardInterrupt()]
+)
+def test_translate_keeps_validation_errors_and_gpu_errors(exc):
+    assert translate_error(exc) is exc

@@ -1,0 +1,115 @@
+"""Fused softmax cross-entropy and MSE against NumPy, on every backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from accel_helpers import get, put, rand, tol
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atomr.accel import backend_for
+
+
+def ref_ce(logits, labels, weights):
+    x = logits.astype(np.float64)
+    n, c = x.shape
+    w = np.ones(c) if weights is None else weights.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
+    wy = w[labels]
+    loss = float(np.sum(wy * (lse - x[np.arange(n), labels])))
+    p = np.exp(x - lse[:, None])
+    onehot = np.zeros_like(p)
+    onehot[np.arange(n), labels] = 1.0
+    return loss, float(wy.sum()), wy[:, None] * (p - onehot)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("n,c", [(1, 1), (1, 3), (4, 2), (7, 5), (8, 8)])
+def test_softmax_cross_entropy(be, rng, n, c, weighted):
+    logits = rand(rng, n, c) * 5
+    labels = rng.integers(0, c, size=n)
+    weights = rng.uniform(0.1, 2.0, size=c).astype(np.float32) if weighted else None
+    grad = put(be, np.full((n, c), np.nan, np.float32))
+    loss, wsum = be.softmax_cross_entropy(put(be, logits), labels, weights, grad)
+    ref_loss, ref_wsum, ref_grad = ref_ce(logits, labels, weights)
+    assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
+    assert wsum == pytest.approx(ref_wsum, rel=1e-6)
+    np.testing.assert_allclose(get(be, grad), ref_grad, **tol(np.float32))
+
+
+def test_softmax_cross_entropy_is_stable_for_large_logits(be):
+    logits = np.array([[1000.0, 0.0, -1000.0], [-500.0, 500.0, 0.0]], np.float32)
+    grad = put(be, np.zeros_like(logits))
+    loss, _ = be.softmax_cross_entropy(put(be, logits), np.array([0, 0]), None, grad)
+    assert np.isfinite(loss) and loss == pytest.approx(1000.0, rel=1e-6)
+    assert np.all(np.isfinite(get(be, grad)))
+
+
+def test_softmax_cross_entropy_grad_may_alias_logits(be, rng):
+    logits = rand(rng, 3, 4)
+    labels = np.array([3, 0, 1], np.int32)
+    buf = put(be, logits)
+    loss, _ = be.softmax_cross_entropy(buf, labels, None, buf)
+    ref_loss, _, ref_grad = ref_ce(logits, labels, None)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    np.testing.assert_allclose(get(be, buf), ref_grad, **tol(np.float32))
+
+
+def test_softmax_cross_entropy_grad_is_the_derivative(rng):
+    """Finite differences on the float64 CPU path: grad = d(loss_sum)/d(logits)."""
+    be = backend_for("cpu:0")
+    logits = rng.standard_normal((4, 3))
+    labels = np.array([0, 2, 1, 2])
+    weights = np.array([0.5, 2.0, 1.0])
+    grad = np.empty_like(logits)
+    be.softmax_cross_entropy(logits, labels, weights, grad)
+    scratch = np.empty_like(logits)
+    h = 1e-6
+    for idx in np.ndindex(*logits.shape):
+        up, down = logits.copy(), logits.copy()
+        up[idx] += h
+        down[idx] -= h
+        lu, _ = be.softmax_cross_entropy(up, labels, weights, scratch)
+        ld, _ = be.softmax_cross_entropy(down, labels, weights, scratch)
+        assert grad[idx] == pytest.approx((lu - ld) / (2 * h), rel=1e-5, abs=1e-8)
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1), (9,), (3, 5), (8, 8)])
+def test_mse(be, rng, shape):
+    pred, target = rand(rng, *shape), rand(rng, *shape)
+    grad = put(be, np.full(shape, np.nan, np.float32))
+    loss = be.mse(put(be, pred), put(be, target), grad)
+    diff = pred.astype(np.float64) - target
+    assert loss == pytest.approx(float(np.sum(diff**2)), rel=1e-5)
+    np.testing.assert_allclose(get(be, grad), 2 * diff, **tol(np.float32))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(1, 200),
+    c=st.integers(1, 40),
+    weighted=st.booleans(),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_cpu_losses_random(n, c, weighted, dtype, seed):
+    be = backend_for("cpu:0")
+    rng = np.random.default_rng(seed)
+    logits = rand(rng, n, c, dtype=dtype) * 3
+    labels = rng.integers(0, c, size=n)
+    weights = rng.uniform(0.0, 2.0, size=c) if weighted else None
+    grad = np.empty_like(logits)
+    loss, wsum = be.softmax_cross_entropy(logits, labels, weights, grad)
+    ref_loss, ref_wsum, ref_grad = ref_ce(
+        logits, labels, None if weights is None else weights.astype(dtype)
+    )
+    assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-5)
+    assert wsum == pytest.approx(ref_wsum, rel=1e-5)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-5, atol=1e-6)
+    target = rand(rng, n, c, dtype=dtype)
+    mloss = be.mse(logits, target, grad)
+    assert mloss == pytest.approx(
+        float(np.sum((logits.astype(np.float64) - target) ** 2)), rel=1e-5
+    )

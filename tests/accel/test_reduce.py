@@ -1,0 +1,77 @@
+"""bias_grad, sum_into and squared_norm against NumPy, on every backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from accel_helpers import get, put, rand, tol
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atomr.accel import backend_for
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (1, 4), (5, 1), (7, 3), (8, 8)])
+def test_bias_grad(be, rng, rows, cols, accumulate):
+    dy, start = rand(rng, rows, cols), rand(rng, cols)
+    out = put(be, start)
+    be.bias_grad(put(be, dy), out, accumulate=accumulate)
+    expected = dy.astype(np.float64).sum(axis=0) + (start if accumulate else 0)
+    np.testing.assert_allclose(get(be, out), expected, **tol(np.float32))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 4)])
+def test_sum_into(be, rng, k, shape):
+    bufs = [rand(rng, *shape) for _ in range(k)]
+    out = put(be, np.full(shape, np.nan, np.float32))
+    be.sum_into(out, [put(be, b) for b in bufs])
+    np.testing.assert_allclose(
+        get(be, out), np.sum(bufs, axis=0, dtype=np.float64), **tol(np.float32)
+    )
+
+
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_sum_into_out_among_buffers(be, rng, position):
+    host = [rand(rng, 6) for _ in range(3)]
+    dev = [put(be, b) for b in host]
+    be.sum_into(dev[position], dev)
+    np.testing.assert_allclose(
+        get(be, dev[position]), np.sum(host, axis=0, dtype=np.float64), **tol(np.float32)
+    )
+
+
+@pytest.mark.parametrize("shape", [(1,), (2,), (31,), (3, 5), (300,)])
+def test_squared_norm(be, rng, shape):
+    x = rand(rng, *shape)
+    got = be.squared_norm(put(be, x))
+    assert isinstance(got, float)
+    assert got == pytest.approx(float(np.sum(x.astype(np.float64) ** 2)), rel=1e-6)
+
+
+def test_squared_norm_of_empty_is_zero(be):
+    assert be.squared_norm(put(be, np.zeros(0, np.float32))) == 0.0
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(1, 5000),
+    k=st.integers(1, 4),
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from([np.float32, np.float64]),
+)
+def test_cpu_reductions_random(n, k, seed, dtype):
+    be = backend_for("cpu:0")
+    rng = np.random.default_rng(seed)
+    bufs = [rand(rng, n, dtype=dtype) for _ in range(k)]
+    out = np.empty(n, dtype)
+    be.sum_into(out, bufs)
+    np.testing.assert_allclose(out, np.sum(bufs, axis=0, dtype=np.float64), **tol(dtype))
+    assert be.squared_norm(out) == pytest.approx(
+        float(np.sum(out.astype(np.float64) ** 2)), rel=1e-9
+    )
+    dy = rand(rng, max(1, n // 7), 7, dtype=dtype)
+    g = np.empty(7, dtype)
+    be.bias_grad(dy, g)
+    np.testing.assert_allclose(g, dy.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-4)

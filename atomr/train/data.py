@@ -1,0 +1,77 @@
+"""Data sets shared by the trainers, the CLI, the tests and the benchmarks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["load_digits_split", "synthetic_classification"]
+
+
+def load_digits_split(
+    seed: int = 0, test_fraction: float = 0.25
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Load scikit-learn's bundled 8x8 digits (1797 samples, 64 features,
+    10 classes; no download) and split it into a shuffled train and test set.
+
+    Features are scaled from the raw 0..16 range to [0, 1].
+
+    Args:
+        seed: seed of the shuffle (`np.random.default_rng(seed)`).
+        test_fraction: share of the samples held out for testing, in (0, 1).
+
+    Returns:
+        `(x_train, y_train, x_test, y_test)`: float32 features of shape
+        `(n, 64)` and int64 labels of shape `(n,)`.
+
+    Raises:
+        ValueError: `test_fraction` is not in (0, 1).
+        ImportError: scikit-learn is not installed (`pip install atomr[train]`).
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (np.asarray(digits.data, dtype=np.float32) / np.float32(16.0)).astype(np.float32)
+    y = np.asarray(digits.target, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(len(y))
+    x, y = x[order], y[order]
+    n_test = max(1, int(round(len(y) * test_fraction)))
+    return (
+        np.ascontiguousarray(x[n_test:]),
+        np.ascontiguousarray(y[n_test:]),
+        np.ascontiguousarray(x[:n_test]),
+        np.ascontiguousarray(y[:n_test]),
+    )
+
+
+def synthetic_classification(
+    n: int, features: int, classes: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """A learnable synthetic classification set: one Gaussian blob per class.
+
+    Each class has a random centre drawn from N(0, 1) in `features`
+    dimensions; samples are that centre plus N(0, 0.5^2) noise.
+
+    Args:
+        n: number of samples (>= 1).
+        features: input width (>= 1).
+        classes: number of classes (>= 2).
+        seed: seed of `np.random.default_rng`.
+
+    Returns:
+        `(x, y)`: float32 features `(n, features)` and int64 labels `(n,)`
+        in `[0, classes)`.
+
+    Raises:
+        ValueError: a size is out of range.
+    """
+    if n < 1 or features < 1 or classes < 2:
+        raise ValueError(
+            f"need n >= 1, features >= 1, classes >= 2; got {n}, {features}, {classes}"
+        )
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((classes, features))
+    y = rng.integers(0, classes, size=n, dtype=np.int64)
+    x = centres[y] + 0.5 * rng.standard_normal((n, features))
+    return x.astype(np.float32), y

@@ -1,0 +1,176 @@
+"""Fan-out / collect helpers shared by every trainer.
+
+A coordinator asks all of its workers at once and waits until every reply has
+settled before it decides anything: no reply is left in flight when a step is
+abandoned, so a failed step can never race a later one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from atomr.actor.ref import ActorRef
+
+
+async def ask_all(
+    refs: Sequence[ActorRef],
+    messages: Sequence[Any] | Any,
+    timeout: float | None = None,
+    *,
+    per_worker: bool = True,
+) -> list[Any]:
+    """Ask every worker and return their replies in order.
+
+    Args:
+        refs: the workers.
+        messages: one message per worker when ``per_worker`` is true (the
+            default), else a single message sent to all.
+        timeout: each ask's timeout in seconds (``None``: the ask default).
+        per_worker: whether ``messages`` holds one message per worker.
+
+    Returns:
+        The replies, in the order of ``refs``.
+
+    Raises:
+        ValueError: the number of messages differs from the number of workers.
+        BaseException: the first failed worker's own exception (so the
+            asker sees its type), raised only after every ask has settled;
+            see ``raise_first_failure``.
+    """
+    if per_worker:
+        messages = list(messages)
+        if len(messages) != len(refs):
+            raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
+    else:
+        messages = [messages] * len(refs)
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    results = await asyncio.gather(
+        *(ref.ask(message, **kwargs) for ref, message in zip(refs, messages, strict=True)),
+        return_exceptions=True,
+    )
+    raise_first_failure(results)
+    return results
+
+
+def raise_first_failure(results: list[Any]) -> None:
+    """Re-raise the first exception found in ``results``, if any.
+
+    The exception keeps its own type; ``worker_index`` is set on it and a note
+    names the worker, so the asker knows which one failed.
+    """
+    for index, result in enumerate(results):
+        if isinstance(result, BaseException):
+            result.worker_index = index  # type: ignore[attr-defined]
+            result.add_note(f"raised by worker {index}")
+            raise result
+
+
+async def ask_all_settled(
+    refs: Sequence[ActorRef],
+    messages: Sequence[Any] | Any,
+    timeout: float | None = None,
+    *,
+    per_worker: bool = True,
+) -> list[Any]:
+    """Ask every worker and return every outcome, exceptions included.
+
+    Like ``ask_all`` but never raises a worker's failure: a coordinator that
+    must repair the failed workers (roll back, re-sync) before answering
+    needs to know *all* of them, not only the first.
+
+    Args:
+        refs: the workers.
+        messages: one message per worker when ``per_worker`` is true (the
+            default), else a single message sent to all.
+        timeout: each ask's timeout in seconds (``None``: the ask default).
+        per_worker: whether ``messages`` holds one message per worker.
+
+    Returns:
+        One entry per worker, in the order of ``refs``: its reply, or the
+        exception its ask raised.
+
+    Raises:
+        ValueError: the number of messages differs from the number of workers.
+    """
+    if per_worker:
+        messages = list(messages)
+        if len(messages) != len(refs):
+            raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
+    else:
+        messages = [messages] * len(refs)
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    return list(
+        await asyncio.gather(
+            *(ref.ask(message, **kwargs) for ref, message in zip(refs, messages, strict=True)),
+            return_exceptions=True,
+        )
+    )
+
+
+def failed_indices(results: Sequence[Any]) -> list[int]:
+    """The positions of the exceptions in a list of settled replies.
+
+    Args:
+        results: from ``ask_all_settled``.
+
+    Returns:
+        The indices whose entry is an exception, in order.
+    """
+    return [i for i, r in enumerate(results) if isinstance(r, BaseException)]
+
+
+async def ask_all_or_abort(
+    refs: Sequence[ActorRef],
+    messages: Sequence[Any],
+    on_failure: Callable[[], Awaitable[Any]],
+    timeout: float | None = None,
+) -> list[Any]:
+    """Ask every worker; at the first failure, let the others give up.
+
+    For workers that wait on each other (pipeline stages): when one fails,
+    the others would wait for its messages forever, so ``on_failure()`` is
+    awaited at once (e.g. ask every worker to abort), then every ask is
+    left to settle before the failure is raised.
+
+    Args:
+        refs: the workers.
+        messages: one message per worker.
+        on_failure: coroutine function run once, after the first failure.
+        timeout: each ask's timeout in seconds (``None``: the ask default).
+
+    Returns:
+        The replies, in the order of ``refs``, when none failed.
+
+    Raises:
+        ValueError: the number of messages differs from the number of workers.
+        BaseException: the earliest failure (lowest index among those that
+            failed first), with its own type, after every ask has settled.
+    """
+    messages = list(messages)
+    if len(messages) != len(refs):
+        raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    tasks = [
+        asyncio.ensure_future(ref.ask(message, **kwargs))
+        for ref, message in zip(refs, messages, strict=True)
+    ]
+    try:
+        pending: set[asyncio.Future[Any]] = set(tasks)
+        first: int | None = None
+        while pending and first is None:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [i for i, t in enumerate(tasks) if t.done() and t.exception() is not None]
+            first = failed[0] if failed else None
+        if first is None:
+            return [t.result() for t in tasks]
+        await on_failure()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        results[first] = tasks[first].exception()
+        raise_first_failure([r if i == first else None for i, r in enumerate(results)])
+        raise AssertionError("unreachable")  # pragma: no cover
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()

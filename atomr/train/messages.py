@@ -1,0 +1,107 @@
+"""Messages every trainer answers (frozen dataclasses).
+
+| message | reply |
+|---|---|
+| `Step(features, labels)` | `StepStats` |
+| `GetWeights()` | `ndarray` (the flat `Mlp.params` layout) |
+| `Evaluate(features, labels)` | `EvalResult` |
+| `SaveCheckpoint(path)` | `None` once the file is durable |
+| `LoadCheckpoint(path)` | `None` once weights and optimizer state are restored |
+| `GetReplicaWeights()` | `list[ndarray]` (one per replica; data-parallel trainer) |
+| `SetReplicas(replicas)` | `None` (data-parallel trainer) |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Evaluate",
+    "GetReplicaWeights",
+    "GetWeights",
+    "LoadCheckpoint",
+    "SaveCheckpoint",
+    "SetReplicas",
+    "Step",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """Run one training step on a batch; answered with `StepStats`.
+
+    Attributes:
+        features: float array `(batch, in_width)`.
+        labels: int64 class labels `(batch,)` for cross-entropy, or float
+            targets `(batch, out_width)` for MSE.
+    """
+
+    features: np.ndarray
+    labels: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class GetWeights:
+    """Ask for the full flat weight vector (a host copy); answered with an ndarray."""
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluate:
+    """Compute loss and accuracy on a batch without changing any state;
+    answered with `EvalResult`.
+
+    Attributes:
+        features: float array `(batch, in_width)`.
+        labels: labels or targets, as for `Step`.
+    """
+
+    features: np.ndarray
+    labels: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class SaveCheckpoint:
+    """Write weights, optimizer state, step count and model config to `path`
+    atomically; answered with None once durable.
+
+    Attributes:
+        path: file to write (replaced atomically if it exists).
+    """
+
+    path: str | os.PathLike[str]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadCheckpoint:
+    """Restore weights, optimizer state and step count from `path`; answered
+    with None, or a `CheckpointError` failure (corrupted, truncated, or made
+    for another model shape) that leaves the trainer unchanged.
+
+    Attributes:
+        path: file written by `SaveCheckpoint` (from any trainer).
+    """
+
+    path: str | os.PathLike[str]
+
+
+@dataclass(frozen=True, slots=True)
+class GetReplicaWeights:
+    """Ask a data-parallel trainer for each replica's weight vector;
+    answered with `list[ndarray]`."""
+
+
+@dataclass(frozen=True, eq=False)
+class SetReplicas:
+    """Give a data-parallel trainer its replica actors (`ActorRef`s obeying
+    the replica protocol); answered with None.
+
+    Attributes:
+        replicas: the replica references, in rank order.
+    """
+
+    replicas: Sequence[Any]

@@ -1,0 +1,326 @@
+"""`Trainer`: the single-device trainer actor, the reference every parallel
+trainer must equal.
+
+The actor owns one device (it is a `DeviceActor`); every piece of math runs
+on that device's worker thread through `on_device`, never on the event loop.
+A `Step` is atomic: validate the batch, compute loss and gradient, check that
+both are finite, and only then apply the optimizer. Bad input is answered
+with `Failure(exc)`, so the actor is not restarted and keeps its weights.
+
+With `accumulation_steps = K`, micro-steps 1..K-1 only add their gradient
+*sums* (and loss sums and normalisers) into an accumulator; the K-th divides
+the total by the total normaliser and applies once, exactly as one step on
+the concatenated batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atomr.accel import Device, DeviceActor
+from atomr.actor import ActorRef, Failure, Props
+from atomr.train.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    check_model_matches,
+    load_checkpoint,
+    save_checkpoint,
+)
+from atomr.train.clip import clip_grad_norm, global_norm
+from atomr.train.config import TrainerConfig
+from atomr.train.errors import InvalidBatchError, NonFiniteError
+from atomr.train.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.mlp import Mlp
+from atomr.train.optimizer import Optimizer
+from atomr.train.stats import EvalResult, StepStats
+from atomr.train.validation import validate_batch
+
+__all__ = ["Trainer"]
+
+# Errors that mean "this request was bad", answered with Failure(exc) so the
+# actor is not restarted; anything else fails the actor and its parent decides.
+# (Raised on the worker thread they are caught there: on_device would turn
+# them into GpuErrors.)
+_REQUEST_ERRORS = (InvalidBatchError, NonFiniteError, CheckpointError, OSError)
+
+
+@dataclass
+class _Rejected:
+    """A device-side computation refused to apply (weights untouched)."""
+
+    error: Exception
+
+
+def _guard(fn: Any, *args: Any) -> Any:
+    """Run `fn` on the worker thread, turning request errors into `_Rejected`.
+
+    NumPy's overflow warnings are silenced: non-finite results are detected
+    and rejected explicitly.
+    """
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return fn(*args)
+    except _REQUEST_ERRORS as exc:
+        return _Rejected(exc)
+
+
+class Trainer(DeviceActor):
+    """Trains one `Mlp` on one device.
+
+    Answers `Step -> StepStats`, `GetWeights -> ndarray`,
+    `Evaluate -> EvalResult`, `SaveCheckpoint -> None`,
+    `LoadCheckpoint -> None`. Bad input (wrong width, dtype, labels out of
+    range, NaN/Inf in inputs or gradients), unreadable checkpoints and
+    checkpoints of another model are answered with a `Failure` and change
+    nothing.
+
+    Args:
+        model: the model to train; it is copied onto `device` when the actor
+            starts (the given object is never modified), so a restarted actor
+            starts again from these weights.
+        device: the device (a `Device` or its name, e.g. "cpu:0").
+        config: optimizer, loss, clipping and accumulation.
+    """
+
+    def __init__(self, model: Mlp, device: Device | str, config: TrainerConfig) -> None:
+        super().__init__(device)
+        self._device = self.device
+        if not isinstance(model, Mlp):
+            raise TypeError(f"model must be an Mlp, got {type(model).__name__}")
+        if not isinstance(config, TrainerConfig):
+            raise TypeError(f"config must be a TrainerConfig, got {type(config).__name__}")
+        self._template = model
+        self.config = config
+        self.model: Mlp | None = None
+        self.optimizer: Optimizer | None = None
+        self.steps = 0
+        self._reset_accumulation()
+
+    # -- construction -------------------------------------------------------
+
+    @classmethod
+    def props(cls, model: Mlp, device: Device | str, config: TrainerConfig) -> Props:
+        """The `Props` of a trainer (see the class docstring for the arguments)."""
+        return Props(cls, model, device, config)
+
+    @classmethod
+    async def spawn(
+        cls,
+        system: Any,
+        model: Mlp,
+        device: Device | str,
+        config: TrainerConfig,
+        name: str | None = None,
+    ) -> ActorRef:
+        """Spawn a trainer in `system` and wait until its model is on the device.
+
+        Args:
+            system: the `ActorSystem` (or a `Context`) to spawn in.
+            model, device, config: as for the class.
+            name: the actor's name (unique among its siblings), or None.
+
+        Returns:
+            The trainer's `ActorRef`.
+
+        Raises:
+            TypeError: `model` or `config` has the wrong type.
+            ValueError: bad device name.
+        """
+        Device.parse(device)
+        if not isinstance(model, Mlp) or not isinstance(config, TrainerConfig):
+            raise TypeError("Trainer.spawn needs an Mlp and a TrainerConfig")
+        ref: ActorRef = system.spawn(cls.props(model, device, config), name=name)
+        await ref.ask(GetWeights())
+        return ref
+
+    def _reset_accumulation(self) -> None:
+        self._accum: Any = None
+        self._micro = 0
+        self._accum_loss = 0.0
+        self._accum_norm = 0.0
+
+    def _build(self) -> None:
+        """On the device thread: the model and optimizer state on this device."""
+        model = self._template.to(self._device)
+        self.optimizer = self.config.optimizer.create(model.n_params, model.backend, model.dtype)
+        self.model = model
+
+    async def _ready(self) -> Mlp:
+        if self.model is None:
+            await self.on_device(self._build)
+        assert self.model is not None
+        return self.model
+
+    # -- messages -----------------------------------------------------------
+
+    async def receive(self, message: Any) -> Any:
+        """Dispatch a trainer message (see the class docstring)."""
+        model = await self._ready()
+        try:
+            if isinstance(message, Step):
+                x, y = validate_batch(
+                    message.features,
+                    message.labels,
+                    model.in_width,
+                    self.config.loss,
+                    out_width=model.out_width,
+                    dtype=model.dtype,
+                )
+                result = await self.on_device(_guard, self._step, x, y)
+            elif isinstance(message, Evaluate):
+                x, y = validate_batch(
+                    message.features,
+                    message.labels,
+                    model.in_width,
+                    self.config.loss,
+                    out_width=model.out_width,
+                    dtype=model.dtype,
+                )
+                result = await self.on_device(_guard, self._evaluate, x, y)
+            elif isinstance(message, GetWeights):
+                result = await self.on_device(model.get_params)
+            elif isinstance(message, SaveCheckpoint):
+                result = await self.on_device(_guard, self._save, message.path)
+            elif isinstance(message, LoadCheckpoint):
+                result = await self.on_device(_guard, self._load, message.path)
+            else:
+                return Failure(TypeError(f"Trainer does not handle {type(message).__name__}"))
+        except _REQUEST_ERRORS as exc:
+            return Failure(exc)
+        if isinstance(result, _Rejected):
+            return Failure(result.error)
+        return result
+
+    # -- device-side work (runs on the device's worker thread) ---------------
+
+    def _step(self, x: np.ndarray, y: np.ndarray) -> StepStats | _Rejected:
+        model, opt, cfg = self.model, self.optimizer, self.config
+        assert model is not None and opt is not None
+        be = model.backend
+        t0 = time.perf_counter_ns()
+        xd, yd = be.to_device(x), be.to_device(y)
+        tape = model.forward_train(xd)
+        d_out = be.empty(tape.output.shape, dtype=model.dtype)
+        loss_sum, norm = cfg.loss.sums(be, tape.output, yd, d_out)
+        if not math.isfinite(loss_sum):
+            return _Rejected(NonFiniteError(f"loss is not finite ({loss_sum}); step not applied"))
+        k = cfg.accumulation_steps
+        if k == 1:
+            if norm <= 0.0:
+                return _Rejected(
+                    InvalidBatchError("every target has class weight 0; the loss is undefined")
+                )
+            be.scale(d_out, 1.0 / norm)
+            model.backward(tape, d_out)
+            grad_norm = global_norm(be, model.grads)
+            if not math.isfinite(grad_norm):
+                return _Rejected(NonFiniteError("gradient is not finite; step not applied"))
+            return self._apply(grad_norm, loss_sum / norm, x.shape[0], t0)
+        # accumulation: gradients of the *sum*, divided once on the K-th step
+        model.backward(tape, d_out)
+        if not math.isfinite(be.squared_norm(model.grads)):
+            return _Rejected(NonFiniteError("gradient is not finite; micro-step not applied"))
+        if self._micro + 1 < k:
+            if self._accum is None:
+                self._accum = be.zeros((model.n_params,), dtype=model.dtype)
+            be.axpy(1.0, model.grads, self._accum)
+            self._micro += 1
+            self._accum_loss += loss_sum
+            self._accum_norm += norm
+            micro_loss = loss_sum / norm if norm > 0 else 0.0
+            micros = (time.perf_counter_ns() - t0) // 1000
+            return StepStats(micro_loss, 0.0, micros, x.shape[0], applied=False)
+        total_norm = self._accum_norm + norm
+        if total_norm <= 0.0:
+            return _Rejected(
+                InvalidBatchError("every target has class weight 0; the loss is undefined")
+            )
+        if self._accum is not None:
+            be.axpy(1.0, self._accum, model.grads)
+        be.scale(model.grads, 1.0 / total_norm)
+        grad_norm = global_norm(be, model.grads)
+        if not math.isfinite(grad_norm):
+            return _Rejected(NonFiniteError("gradient is not finite; step not applied"))
+        stats = self._apply(grad_norm, (self._accum_loss + loss_sum) / total_norm, x.shape[0], t0)
+        self._reset_accumulation()
+        return stats
+
+    def _apply(self, grad_norm: float, loss: float, samples: int, t0: int) -> StepStats:
+        model, opt = self.model, self.optimizer
+        assert model is not None and opt is not None
+        if self.config.gradient_clip is not None:
+            clip_grad_norm(model.backend, model.grads, self.config.gradient_clip, grad_norm)
+        opt.step(model.params, model.grads)
+        model.backend.synchronize()
+        self.steps += 1
+        micros = (time.perf_counter_ns() - t0) // 1000
+        return StepStats(float(loss), float(grad_norm), int(micros), int(samples))
+
+    def _evaluate(self, x: np.ndarray, y: np.ndarray) -> EvalResult | _Rejected:
+        model = self.model
+        assert model is not None
+        be = model.backend
+        out = model.forward(be.to_device(x))
+        d_out = be.empty(out.shape, dtype=model.dtype)
+        loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)
+        if norm <= 0.0:
+            return _Rejected(
+                InvalidBatchError("every target has class weight 0; the loss is undefined")
+            )
+        accuracy = float("nan")
+        if self.config.loss.is_classification:
+            accuracy = float(np.mean(np.argmax(be.to_host(out), axis=1) == y))
+        return EvalResult(loss_sum / norm, accuracy, x.shape[0])
+
+    def _save(self, path: Any) -> None:
+        model, opt = self.model, self.optimizer
+        assert model is not None and opt is not None
+        extra: dict[str, Any] = {
+            "trainer": "Trainer",
+            "micro": self._micro,
+            "accum_loss": self._accum_loss,
+            "accum_norm": self._accum_norm,
+        }
+        if self._accum is not None and self._micro > 0:
+            extra["accum_grads"] = np.asarray(model.backend.to_host(self._accum))
+        ckpt = Checkpoint(
+            model=model.config(),
+            weights=model.get_params(),
+            step=self.steps,
+            optimizer=opt.state_dict(),
+            extra=extra,
+        )
+        save_checkpoint(path, ckpt)
+
+    def _load(self, path: Any) -> None:
+        model, opt = self.model, self.optimizer
+        assert model is not None and opt is not None
+        ckpt = load_checkpoint(path)
+        check_model_matches(ckpt, model.config(), model.n_params)
+        fresh = self.config.optimizer.create(model.n_params, model.backend, model.dtype)
+        try:
+            fresh.load_state_dict(ckpt.optimizer)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
+        micro = int(ckpt.extra.get("micro", 0))
+        accum = ckpt.extra.get("accum_grads")
+        if micro >= self.config.accumulation_steps or (micro > 0 and accum is None):
+            raise CheckpointError(
+                f"checkpoint is {micro} micro-steps into an accumulation; this trainer "
+                f"accumulates {self.config.accumulation_steps}"
+            )
+        # everything checked: now commit
+        model.set_params(ckpt.weights)
+        self.optimizer = fresh
+        self.steps = int(ckpt.step)
+        self._reset_accumulation()
+        if micro > 0 and accum is not None:
+            self._accum = model.backend.to_device(np.ascontiguousarray(accum, dtype=model.dtype))
+            self._micro = micro
+            self._accum_loss = float(ckpt.extra["accum_loss"])
+            self._accum_norm = float(ckpt.extra["accum_norm"])

@@ -1,0 +1,37 @@
+"""Data helpers: digits split and synthetic classification."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atomr.train import load_digits_split, synthetic_classification
+
+
+def test_digits_split_shapes_dtypes_and_range() -> None:
+    x_tr, y_tr, x_te, y_te = load_digits_split(seed=0)
+    assert x_tr.dtype == np.float32 and y_tr.dtype == np.int64
+    assert x_tr.shape[1] == x_te.shape[1] == 64
+    assert len(x_tr) + len(x_te) == 1797 and len(x_te) == 449
+    assert x_tr.min() >= 0.0 and x_tr.max() == 1.0
+    assert set(np.unique(y_te)) == set(range(10))
+
+
+def test_digits_split_is_deterministic_per_seed() -> None:
+    a, b = load_digits_split(1), load_digits_split(1)
+    for u, v in zip(a, b, strict=True):
+        np.testing.assert_array_equal(u, v)
+    assert not np.array_equal(a[0], load_digits_split(2)[0])
+    with pytest.raises(ValueError):
+        load_digits_split(0, test_fraction=1.0)
+
+
+def test_synthetic_classification() -> None:
+    x, y = synthetic_classification(200, 5, 3, seed=4)
+    assert x.shape == (200, 5) and x.dtype == np.float32 and y.dtype == np.int64
+    assert y.min() >= 0 and y.max() < 3
+    x2, y2 = synthetic_classification(200, 5, 3, seed=4)
+    np.testing.assert_array_equal(x, x2)
+    np.testing.assert_array_equal(y, y2)
+    with pytest.raises(ValueError):
+        synthetic_classification(0, 5, 3)

@@ -1,0 +1,299 @@
+"""The single-device Trainer actor: steps, accumulation, clipping, bad input,
+checkpoints (resume bit-identical, atomic, corruption) and digits accuracy."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from .train_reference import ref_cross_entropy
+
+from atomr import ActorSystem
+from atomr.train import (
+    CheckpointError,
+    Evaluate,
+    GetWeights,
+    InvalidBatchError,
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    NonFiniteError,
+    OptimizerKind,
+    SaveCheckpoint,
+    Step,
+    StepStats,
+    Trainer,
+    TrainerConfig,
+    load_digits_split,
+    synthetic_classification,
+)
+
+SIZES = [6, 16, 4]
+CE = LossKind.CROSS_ENTROPY
+
+
+def _data(n: int = 32, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    return synthetic_classification(n, SIZES[0], SIZES[-1], seed=seed)
+
+
+def _config(**kw) -> TrainerConfig:
+    kw.setdefault("optimizer", OptimizerKind.sgd(0.1))
+    kw.setdefault("loss", CE)
+    return TrainerConfig(**kw)
+
+
+async def _weights(ref) -> np.ndarray:
+    return await ref.ask(GetWeights(), timeout=10)
+
+
+async def test_step_equals_numpy_gradient_descent() -> None:
+    model = Mlp(SIZES, activation="tanh", seed=1)
+    x, y = _data()
+    async with ActorSystem() as system:
+        ref = await Trainer.spawn(system, model, "cpu:0", _config(optimizer=OptimizerKind.sgd(0.5)))
+        stats = await ref.ask(Step(x, y), timeout=10)
+        after = await _weights(ref)
+    # NumPy: forward, torch's cross-entropy gradient, backward, p -= lr * g
+    p = model.get_params().astype(np.float64)
+    w0, b0 = p[:96].reshape(6, 16), p[96:112]
+    w1, b1 = p[112:176].reshape(16, 4), p[176:]
+    z0 = x @ w0 + b0
+    a0 = np.tanh(z0)
+    value, dz1 = ref_cross_entropy(a0 @ w1 + b1, y)
+    dz0 = (dz1 @ w1.T) * (1 - a0**2)
+    g = np.concatenate([(x.T @ dz0).ravel(), dz0.sum(0), (a0.T @ dz1).ravel(), dz1.sum(0)])
+    assert isinstance(stats, StepStats) and stats.applied and stats.samples == 32
+    assert stats.loss == pytest.approx(value, rel=1e-5)
+    assert stats.grad_norm == pytest.approx(np.linalg.norm(g), rel=1e-5)
+    assert stats.step_micros >= 0
+    np.testing.assert_allclose(after, p - 0.5 * g, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(model.get_params(), p.astype(np.float32))  # template untouched
+
+
+async def test_math_runs_on_the_device_thread(monkeypatch) -> None:
+    seen: list[int] = []
+    original = Trainer._step
+
+    def spy(self, x, y):
+        seen.append(threading.get_ident())
+        return original(self, x, y)
+
+    monkeypatch.setattr(Trainer, "_step", spy)
+    x, y = _data()
+    async with ActorSystem() as system:
+        ref = await Trainer.spawn(system, Mlp(SIZES), "cpu:0", _config())
+        await ref.ask(Step(x, y), timeout=10)
+    assert seen and seen[0] != threading.get_ident()
+
+
+@pytest.mark.parametrize("loss", [CE, LossKind.weighted_cross_entropy([1.0, 3.0, 0.5, 2.0])])
+async def test_accumulation_equals_one_step_on_the_whole_batch(loss) -> None:
+    x, y = _data(16, seed=3)
+    cuts = [0, 5, 12, 16]  # uneven micro-batches
+    opt = OptimizerKind.adam(1e-2)
+    async with ActorSystem() as system:
+        whole = await Trainer.spawn(
+            system, Mlp(SIZES, seed=2), "cpu:0", _config(optimizer=opt, loss=loss)
+        )
+        accum = await Trainer.spawn(
+            system,
+            Mlp(SIZES, seed=2),
+            "cpu:1",
+            _config(optimizer=opt, loss=loss, accumulation_steps=3),
+        )
+        for _ in range(2):
+            full = await whole.ask(Step(x, y), timeout=10)
+            parts = [
+                await accum.ask(Step(x[a:b], y[a:b]), timeout=10)
+                for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+            ]
+            assert [s.applied for s in parts] == [False, False, True]
+            assert [s.samples for s in parts] == [5, 7, 4]
+            assert parts[-1].loss == pytest.approx(full.loss, rel=1e-6)
+            assert parts[-1].grad_norm == pytest.approx(full.grad_norm, rel=1e-5)
+            np.testing.assert_allclose(
+                await _weights(accum), await _weights(whole), rtol=1e-5, atol=1e-6
+            )
+        # micro-steps alone do not move the weights
+        before = await _weights(accum)
+        await accum.ask(Step(x[:5], y[:5]), timeout=10)
+        np.testing.assert_array_equal(await _weights(accum), before)
+
+
+async def test_gradient_clipping_reports_norm_before_clipping() -> None:
+    x, y = _data()
+    async with ActorSystem() as system:
+        plain = await Trainer.spawn(
+            system, Mlp(SIZES, seed=4), "cpu:0", _config(optimizer=OptimizerKind.sgd(1.0))
+        )
+        clipped = await Trainer.spawn(
+            system,
+            Mlp(SIZES, seed=4),
+            "cpu:1",
+            _config(optimizer=OptimizerKind.sgd(1.0), gradient_clip=0.01),
+        )
+        w0 = await _weights(plain)
+        s_plain = await plain.ask(Step(x, y), timeout=10)
+        s_clip = await clipped.ask(Step(x, y), timeout=10)
+        assert s_clip.grad_norm == pytest.approx(s_plain.grad_norm, rel=1e-6)
+        assert s_plain.grad_norm > 0.01
+        step_plain = await _weights(plain) - w0
+        step_clip = await _weights(clipped) - w0
+    assert np.linalg.norm(step_clip) == pytest.approx(0.01, rel=1e-3)
+    np.testing.assert_allclose(
+        step_clip, step_plain * (0.01 / (s_plain.grad_norm + 1e-6)), rtol=1e-3, atol=1e-8
+    )
+
+
+async def test_bad_input_is_a_failure_and_leaves_weights_untouched() -> None:
+    x, y = _data()
+    huge = np.full_like(x, 3e38)  # finite input, non-finite activations and gradient
+    bad = [
+        (Step(x[:, :5], y), InvalidBatchError, "width"),
+        (Step(x, y + 4), InvalidBatchError, "range"),
+        (Step(x.astype(np.int32), y), InvalidBatchError, "float32"),
+        (Step(x, y.astype(np.float32)), InvalidBatchError, "integers"),
+        (Step(np.where(x > 1, np.nan, x), y), InvalidBatchError, "NaN"),
+        (Step(np.where(x > 1, np.inf, x), y), InvalidBatchError, "Inf"),
+        (Step(huge, y), NonFiniteError, "not finite"),
+        (Evaluate(x, y[:3]), InvalidBatchError, "shape"),
+    ]
+    async with ActorSystem() as system:
+        for kind in (OptimizerKind.adam(1e-2), OptimizerKind.sgd(0.1, momentum=0.9)):
+            ref = await Trainer.spawn(
+                system, Mlp(SIZES, seed=5), "cpu:0", _config(optimizer=kind, accumulation_steps=1)
+            )
+            await ref.ask(Step(x, y), timeout=10)
+            before = await _weights(ref)
+            for message, error, match in bad:
+                with pytest.raises(error, match=match):
+                    await ref.ask(message, timeout=10)
+                np.testing.assert_array_equal(await _weights(ref), before)
+            # the actor was not restarted: its state (weights, optimizer) carried on
+            s = await ref.ask(Step(x, y), timeout=10)
+            assert s.applied
+            assert not np.array_equal(await _weights(ref), before)
+            ref.stop()
+
+
+async def test_evaluate_reports_loss_and_accuracy_without_training() -> None:
+    x, y = _data(50, seed=6)
+    model = Mlp(SIZES, seed=6)
+    async with ActorSystem() as system:
+        ref = await Trainer.spawn(system, model, "cpu:0", _config())
+        result = await ref.ask(Evaluate(x, y), timeout=10)
+        np.testing.assert_array_equal(await _weights(ref), model.get_params())
+    logits = model.forward(x)
+    assert result.samples == 50
+    assert result.loss == pytest.approx(ref_cross_entropy(logits, y)[0], rel=1e-5)
+    assert result.accuracy == pytest.approx(np.mean(np.argmax(logits, 1) == y))
+
+
+async def test_mse_trainer_steps() -> None:
+    x, _ = _data()
+    t = np.random.default_rng(0).standard_normal((32, 4)).astype(np.float32)
+    async with ActorSystem() as system:
+        ref = await Trainer.spawn(
+            system,
+            Mlp(SIZES, seed=7),
+            "cpu:0",
+            _config(loss=LossKind.MSE, optimizer=OptimizerKind.sgd(0.05)),
+        )
+        first = await ref.ask(Step(x, t), timeout=10)
+        for _ in range(20):
+            last = await ref.ask(Step(x, t), timeout=10)
+        result = await ref.ask(Evaluate(x, t), timeout=10)
+    assert last.loss < first.loss
+    assert np.isnan(result.accuracy)
+
+
+async def _run(steps, model, config, batches, ckpt_in=None, ckpt_out=None, device="cpu:0"):
+    async with ActorSystem() as system:
+        ref = await Trainer.spawn(system, model, device, config)
+        if ckpt_in is not None:
+            await ref.ask(LoadCheckpoint(ckpt_in), timeout=10)
+        for x, y in batches[steps[0] : steps[1]]:
+            await ref.ask(Step(x, y), timeout=10)
+        if ckpt_out is not None:
+            await ref.ask(SaveCheckpoint(ckpt_out), timeout=10)
+        return await _weights(ref)
+
+
+@pytest.mark.parametrize(
+    "optimizer,accumulation,cut",
+    [
+        (OptimizerKind.adamw(1e-2), 1, 5),
+        (OptimizerKind.sgd(0.1, momentum=0.9, nesterov=True, weight_decay=1e-3), 1, 5),
+        (OptimizerKind.adam(1e-2), 2, 5),  # saved in the middle of an accumulation
+    ],
+)
+async def test_save_kill_load_continue_is_bit_identical(
+    tmp_path: Path, optimizer, accumulation, cut
+) -> None:
+    config = _config(optimizer=optimizer, accumulation_steps=accumulation, gradient_clip=5.0)
+    batches = [_data(12, seed=s) for s in range(10)]
+    path = tmp_path / "t.ckpt"
+    straight = await _run((0, 10), Mlp(SIZES, seed=8), config, batches)
+    await _run((0, cut), Mlp(SIZES, seed=8), config, batches, ckpt_out=path)
+    # a new system and a new actor, from a model with other initial weights
+    resumed = await _run(
+        (cut, 10), Mlp(SIZES, seed=99), config, batches, ckpt_in=path, device="cpu:1"
+    )
+    np.testing.assert_array_equal(resumed, straight)
+
+
+async def test_checkpoint_errors_leave_the_trainer_unchanged(tmp_path: Path, monkeypatch) -> None:
+    x, y = _data()
+    good, other = tmp_path / "good.ckpt", tmp_path / "other.ckpt"
+    async with ActorSystem() as system:
+        small = await Trainer.spawn(system, Mlp([6, 8, 4], seed=1), "cpu:1", _config())
+        await small.ask(SaveCheckpoint(other), timeout=10)
+        ref = await Trainer.spawn(system, Mlp(SIZES, seed=1), "cpu:0", _config())
+        await ref.ask(Step(x, y), timeout=10)
+        await ref.ask(SaveCheckpoint(good), timeout=10)
+        saved = await _weights(ref)
+        await ref.ask(Step(x, y), timeout=10)
+        current = await _weights(ref)
+        # another model shape
+        with pytest.raises(CheckpointError, match="model"):
+            await ref.ask(LoadCheckpoint(other), timeout=10)
+        # corrupted and truncated files
+        data = good.read_bytes()
+        bad = tmp_path / "bad.ckpt"
+        bad.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+        with pytest.raises(CheckpointError, match="checksum"):
+            await ref.ask(LoadCheckpoint(bad), timeout=10)
+        bad.write_bytes(data[: len(data) // 2])
+        with pytest.raises(CheckpointError):
+            await ref.ask(LoadCheckpoint(bad), timeout=10)
+        with pytest.raises(FileNotFoundError):
+            await ref.ask(LoadCheckpoint(tmp_path / "missing.ckpt"), timeout=10)
+        np.testing.assert_array_equal(await _weights(ref), current)
+        # a crash mid-save leaves the previous checkpoint intact
+        monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("crash")))
+        with pytest.raises(OSError, match="crash"):
+            await ref.ask(SaveCheckpoint(good), timeout=10)
+        monkeypatch.undo()
+        assert good.read_bytes() == data
+        await ref.ask(LoadCheckpoint(good), timeout=10)
+        np.testing.assert_array_equal(await _weights(ref), saved)
+
+
+async def test_digits_reaches_95_percent() -> None:
+    x_tr, y_tr, x_te, y_te = load_digits_split(seed=0)
+    rng = np.random.default_rng(0)
+    async with ActorSystem() as system:
+        ref = await Trainer.spawn(
+            system, Mlp([64, 64, 10], seed=0), "cpu:0", _config(optimizer=OptimizerKind.adam(1e-2))
+        )
+        for _ in range(10):
+            order = rng.permutation(len(y_tr))
+            for i in range(0, len(order), 64):
+                idx = order[i : i + 64]
+                await ref.ask(Step(x_tr[idx], y_tr[idx]), timeout=10)
+        result = await ref.ask(Evaluate(x_te, y_te), timeout=10)
+    assert result.samples == len(y_te)
+    assert result.accuracy >= 0.95

@@ -1,0 +1,53 @@
+"""Batch validation: every kind of bad input is a clear InvalidBatchError."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atomr.train import InvalidBatchError, LossKind, validate_batch
+
+CE = LossKind.CROSS_ENTROPY
+
+
+def _x(n: int = 3, w: int = 4, dtype=np.float32) -> np.ndarray:
+    return np.ones((n, w), dtype=dtype)
+
+
+def test_valid_batches_pass_and_are_cast() -> None:
+    x, y = validate_batch(
+        _x(dtype=np.float64), np.array([0, 1, 2], dtype=np.int32), 4, CE, out_width=3
+    )
+    assert x.dtype == np.float32 and y.dtype == np.int64
+    x, t = validate_batch(_x(), np.zeros((3, 2)), 4, LossKind.MSE, out_width=2)
+    assert t.dtype == np.float32 and t.shape == (3, 2)
+
+
+@pytest.mark.parametrize(
+    "features,labels,match",
+    [
+        (_x(w=5), np.array([0, 1, 2]), "width 5"),
+        (_x().astype(np.int64), np.array([0, 1, 2]), "float32 or float64"),
+        (_x().tolist(), np.array([0, 1, 2]), "numpy array"),
+        (np.ones(4, dtype=np.float32), np.array([0]), "2-D"),
+        (np.ones((0, 4), dtype=np.float32), np.array([], dtype=np.int64), "batch >= 1"),
+        (np.where(np.eye(3, 4) > 0, np.nan, 1.0).astype(np.float32), np.array([0, 1, 2]), "NaN"),
+        (np.full((3, 4), np.inf, dtype=np.float32), np.array([0, 1, 2]), "NaN or Inf"),
+        (_x(), np.array([0, 1, 3]), r"in \[0, 3\)"),
+        (_x(), np.array([0, -1, 2]), r"in \[0, 3\)"),
+        (_x(), np.array([0.0, 1.0, 2.0]), "integers"),
+        (_x(), np.array([0, 1]), "shape"),
+    ],
+)
+def test_bad_classification_batches(features, labels, match) -> None:
+    with pytest.raises(InvalidBatchError, match=match):
+        validate_batch(features, labels, 4, CE, out_width=3)
+
+
+def test_bad_mse_targets() -> None:
+    with pytest.raises(InvalidBatchError, match="shape"):
+        validate_batch(_x(), np.zeros((3, 3)), 4, LossKind.MSE, out_width=2)
+    with pytest.raises(InvalidBatchError, match="float32 or float64"):
+        validate_batch(_x(), np.zeros((3, 2), dtype=np.int64), 4, LossKind.MSE, out_width=2)
+    with pytest.raises(InvalidBatchError, match="NaN"):
+        validate_batch(_x(), np.full((3, 2), np.nan), 4, LossKind.MSE, out_width=2)

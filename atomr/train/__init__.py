@@ -18,11 +18,26 @@ from atomr.train.messages import (
 )
 from atomr.train.mlp import LayerOffsets, Mlp, Tape
 from atomr.train.optimizer import Optimizer, OptimizerKind
+from atomr.train.pipeline_parallel import GetGradients, PipelineConfig, PipelineParallelTrainer
+from atomr.train.schedule import Op, OpKind, Schedule
+from atomr.train.stage import PipelineStageProtocol, StageActor
 from atomr.train.stats import EvalResult, StepStats
+from atomr.train.timeline import BusyInterval, GetTimeline, Timeline
 from atomr.train.trainer import Trainer
 from atomr.train.validation import validate_batch, validate_features, validate_targets
 
 __all__ = [
+    "BusyInterval",
+    "GetGradients",
+    "GetTimeline",
+    "Op",
+    "OpKind",
+    "PipelineConfig",
+    "PipelineParallelTrainer",
+    "PipelineStageProtocol",
+    "Schedule",
+    "StageActor",
+    "Timeline",
     "Checkpoint",
     "CheckpointError",
     "EvalResult",

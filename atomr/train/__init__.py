@@ -20,8 +20,14 @@ from atomr.train.mlp import LayerOffsets, Mlp, Tape
 from atomr.train.optimizer import Optimizer, OptimizerKind
 from atomr.train.pipeline_parallel import GetGradients, PipelineConfig, PipelineParallelTrainer
 from atomr.train.schedule import Op, OpKind, Schedule
+from atomr.train.shard import ShardActor, ShardProtocol
 from atomr.train.stage import PipelineStageProtocol, StageActor
 from atomr.train.stats import EvalResult, StepStats
+from atomr.train.tensor_parallel import (
+    ShardGroup,
+    TensorParallelConfig,
+    TensorParallelTrainer,
+)
 from atomr.train.timeline import BusyInterval, GetTimeline, Timeline
 from atomr.train.trainer import Trainer
 from atomr.train.validation import validate_batch, validate_features, validate_targets
@@ -57,6 +63,11 @@ __all__ = [
     "Step",
     "StepStats",
     "Tape",
+    "ShardActor",
+    "ShardGroup",
+    "ShardProtocol",
+    "TensorParallelConfig",
+    "TensorParallelTrainer",
     "Trainer",
     "TrainerConfig",
     "clip_grad_norm",

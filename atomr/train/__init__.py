@@ -3,8 +3,14 @@ and the trainer actors (see docs/training.md)."""
 
 from atomr.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from atomr.train.clip import clip_grad_norm, global_norm
+from atomr.train.collective import Collective, HostCollective
 from atomr.train.config import TrainerConfig
 from atomr.train.data import load_digits_split, synthetic_classification
+from atomr.train.data_parallel import (
+    DataParallelConfig,
+    DataParallelTrainer,
+    ReplicaDivergenceError,
+)
 from atomr.train.errors import CheckpointError, InvalidBatchError, NonFiniteError
 from atomr.train.loss import LossKind
 from atomr.train.messages import (
@@ -19,8 +25,11 @@ from atomr.train.messages import (
 from atomr.train.mlp import LayerOffsets, Mlp, Tape
 from atomr.train.optimizer import Optimizer, OptimizerKind
 from atomr.train.pipeline_parallel import GetGradients, PipelineConfig, PipelineParallelTrainer
+from atomr.train.replica import ReplicaActor, ReplicaState
+from atomr.train.ring_all_reduce import RingAllReduce
 from atomr.train.schedule import Op, OpKind, Schedule
 from atomr.train.shard import ShardActor, ShardProtocol
+from atomr.train.speed_balancer import SpeedBalancer
 from atomr.train.stage import PipelineStageProtocol, StageActor
 from atomr.train.stats import EvalResult, StepStats
 from atomr.train.tensor_parallel import (
@@ -44,6 +53,15 @@ __all__ = [
     "Schedule",
     "StageActor",
     "Timeline",
+    "Collective",
+    "DataParallelConfig",
+    "DataParallelTrainer",
+    "HostCollective",
+    "ReplicaActor",
+    "ReplicaDivergenceError",
+    "ReplicaState",
+    "RingAllReduce",
+    "SpeedBalancer",
     "Checkpoint",
     "CheckpointError",
     "EvalResult",

@@ -1,0 +1,160 @@
+"""`SpeedBalancer`: how a data-parallel step splits its batch among replicas.
+
+Off (the default), the batch is split as evenly as possible. On, the split
+follows each replica's measured throughput (samples per second of its
+forward + backward), smoothed by an exponential moving average and
+recalibrated every `recalibrate_every` steps, with a minimum share per
+replica so that a slow replica keeps being measured (the approach of flodl's
+ElChe). The split only decides *who computes which rows*: the trainer's
+weighted all-reduce keeps the result equal to the full-batch gradient for any
+split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["SpeedBalancer", "even_split"]
+
+
+def even_split(batch: int, n: int) -> list[int]:
+    """Shard sizes of a batch split as evenly as possible, larger shards first.
+
+    Args:
+        batch: rows to split (>= 0).
+        n: number of shards (>= 1).
+
+    Returns:
+        `n` sizes summing to `batch` (`np.array_split`'s sizes); when
+        `batch < n` the last `n - batch` shards are empty.
+
+    Raises:
+        ValueError: `n < 1` or `batch < 0`.
+    """
+    if n < 1 or batch < 0:
+        raise ValueError(f"need n >= 1 and batch >= 0, got n={n}, batch={batch}")
+    q, r = divmod(batch, n)
+    return [q + 1 if i < r else q for i in range(n)]
+
+
+def _apportion(batch: int, shares: np.ndarray, minimum: int) -> list[int]:
+    """Split `batch` in proportion to `shares`, each size >= `minimum`.
+
+    Replicas whose proportional size falls below `minimum` get exactly
+    `minimum`; the rest is shared among the others in proportion, and
+    rounded by largest remainder.
+    """
+    n = len(shares)
+    fixed = np.zeros(n, dtype=bool)
+    while True:
+        free = batch - minimum * int(fixed.sum())
+        exact = np.where(fixed, float(minimum), shares / shares[~fixed].sum() * free)
+        newly = ~fixed & (exact < minimum)
+        if not newly.any():
+            break
+        fixed |= newly
+    sizes = np.floor(exact).astype(np.int64)
+    left = batch - int(sizes.sum())
+    remainder = np.where(fixed, -1.0, exact - sizes)
+    order = np.argsort(-remainder, kind="stable")
+    sizes[order[:left]] += 1
+    return [int(v) for v in sizes]
+
+
+class SpeedBalancer:
+    """Splits batches among replicas, optionally by measured speed.
+
+    Args:
+        n: number of replicas (>= 1).
+        enabled: follow measured speed (else always `even_split`).
+        speed_hint: relative speeds to start from (e.g. `[1, 3]`: the second
+            replica is 3x faster), one positive number per replica; default
+            all equal.
+        recalibrate_every: steps between re-computations of the shares (>= 1).
+        min_share: the smallest fraction of the batch a replica is given,
+            in `[0, 1/n]`; at least one row when the batch has >= n rows.
+        smoothing: weight of the newest measurement in the moving average,
+            in `(0, 1]`.
+
+    Raises:
+        ValueError: any argument out of range, or a hint of the wrong length.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        enabled: bool = False,
+        speed_hint: Sequence[float] | None = None,
+        recalibrate_every: int = 10,
+        min_share: float = 0.05,
+        smoothing: float = 0.3,
+    ) -> None:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        if not isinstance(recalibrate_every, int) or recalibrate_every < 1:
+            raise ValueError(f"recalibrate_every must be an int >= 1, got {recalibrate_every!r}")
+        if not 0.0 <= min_share <= 1.0 / n:
+            raise ValueError(f"min_share must be in [0, 1/{n}], got {min_share}")
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        speeds = np.ones(n) if speed_hint is None else np.asarray(speed_hint, dtype=np.float64)
+        if speeds.shape != (n,) or not np.all(np.isfinite(speeds)) or not np.all(speeds > 0):
+            raise ValueError(f"speed_hint must be {n} positive finite numbers, got {speed_hint!r}")
+        self.n = n
+        self.enabled = bool(enabled)
+        self.recalibrate_every = recalibrate_every
+        self.min_share = float(min_share)
+        self.smoothing = float(smoothing)
+        self.speeds = speeds.copy()
+        self.shares = speeds / speeds.sum()
+        self._since = 0
+        self._seen = [False] * n
+
+    def split(self, batch: int) -> list[int]:
+        """Shard sizes for a batch of `batch` rows.
+
+        Args:
+            batch: rows in the step's batch (>= 1).
+
+        Returns:
+            `n` sizes summing to `batch`, in replica order. With fewer rows
+            than replicas, the first `batch` replicas get one row each and
+            the others none.
+
+        Raises:
+            ValueError: `batch < 1`.
+        """
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if not self.enabled or batch < self.n:
+            return even_split(batch, self.n)
+        minimum = max(1, math.floor(self.min_share * batch))
+        minimum = min(minimum, batch // self.n)
+        return _apportion(batch, self.shares, minimum)
+
+    def record(self, samples: Sequence[int], micros: Sequence[int]) -> None:
+        """Feed one step's per-replica measurements.
+
+        Args:
+            samples: rows each replica computed.
+            micros: each replica's compute time in microseconds; replicas
+                with no rows or no time are skipped.
+        """
+        if not self.enabled:
+            return
+        for i, (s, t) in enumerate(zip(samples, micros, strict=True)):
+            if s > 0 and t > 0:
+                speed = s / t
+                if self._seen[i]:
+                    self.speeds[i] += self.smoothing * (speed - self.speeds[i])
+                else:  # the first measurement replaces the hint
+                    self.speeds[i] = speed
+                    self._seen[i] = True
+        self._since += 1
+        if self._since >= self.recalibrate_every and all(self._seen):
+            self.shares = self.speeds / self.speeds.sum()
+            self._since = 0

@@ -24,7 +24,17 @@ from atomr.train.messages import (
 )
 from atomr.train.mlp import LayerOffsets, Mlp, Tape
 from atomr.train.optimizer import Optimizer, OptimizerKind
+from atomr.train.parameter_server import AsyncParameterServer
 from atomr.train.pipeline_parallel import GetGradients, PipelineConfig, PipelineParallelTrainer
+from atomr.train.ps_consistency import Consistency
+from atomr.train.ps_handle import EpochRecord, ParameterServerHandle
+from atomr.train.ps_messages import (
+    ParameterServerStats,
+    PullWeights,
+    PushGradient,
+    StaleGradientError,
+    Stats,
+)
 from atomr.train.replica import ReplicaActor, ReplicaState
 from atomr.train.ring_all_reduce import RingAllReduce
 from atomr.train.schedule import Op, OpKind, Schedule
@@ -42,6 +52,15 @@ from atomr.train.trainer import Trainer
 from atomr.train.validation import validate_batch, validate_features, validate_targets
 
 __all__ = [
+    "AsyncParameterServer",
+    "Consistency",
+    "EpochRecord",
+    "ParameterServerHandle",
+    "ParameterServerStats",
+    "PullWeights",
+    "PushGradient",
+    "StaleGradientError",
+    "Stats",
     "BusyInterval",
     "GetGradients",
     "GetTimeline",

@@ -1,0 +1,145 @@
+"""Benchmark: parameter-server throughput against the data-parallel trainer,
+same model, same workers/replicas, same data, same run. Prints JSON.
+
+Model: MLP 64-256-256-10 (digits-sized input), cross-entropy, SGD momentum;
+global batch `--batch` split over `--workers` workers on logical CPU devices.
+
+Figures, each over `--steps` global batches after a warm-up:
+
+- `data_parallel`: `DataParallelTrainer` `Step`s; gradients/s counts one
+  gradient per replica per step (the reference).
+- `ps_sync`, `ps_async`, `ps_async_2_shards`: `ParameterServerHandle.run`
+  over the same batches; pushes/s are `PushGradient`s answered per second
+  (all shards' pushes of one gradient count as one), applied/s are
+  gradients folded into the weights per second.
+
+Ratios are parameter server / data parallel, in gradients per second
+(higher is better).
+
+    python benchmarks/parameter_server.py [--steps 60] [--workers 4] [--batch 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import time
+from typing import Any
+
+import numpy as np
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.train import LossKind, Mlp, OptimizerKind, Step, TrainerConfig, synthetic_classification
+from atomr.train.data_parallel import DataParallelTrainer
+from atomr.train.parameter_server import AsyncParameterServer
+from atomr.train.ps_consistency import Consistency
+
+SIZES = [64, 256, 256, 10]
+
+
+async def bench_data_parallel(
+    system: Any, config: TrainerConfig, args: Any, x: Any, y: Any
+) -> dict:
+    ref = await DataParallelTrainer.spawn(system, Mlp(SIZES), cpu_devices(args.workers), config)
+    await ref.ask(Step(x[: args.batch], y[: args.batch]))  # warm-up
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        sl = slice(i * args.batch, (i + 1) * args.batch)
+        await ref.ask(Step(x[sl], y[sl]), timeout=60.0)
+    seconds = time.perf_counter() - t0
+    ref.stop()
+    return {
+        "seconds": seconds,
+        "steps_per_s": args.steps / seconds,
+        "gradients_per_s": args.steps * args.workers / seconds,
+    }
+
+
+async def bench_ps(
+    system: Any,
+    config: TrainerConfig,
+    args: Any,
+    x: Any,
+    y: Any,
+    consistency: Consistency,
+    shards: int,
+) -> dict:
+    ps = await AsyncParameterServer.spawn(
+        system,
+        Mlp(SIZES),
+        cpu_devices(args.workers),
+        workers=args.workers,
+        config=config,
+        consistency=consistency,
+        shards=shards,
+        batch_size=args.batch,
+    )
+    await ps.step(x[: args.batch], y[: args.batch])  # warm-up
+    before = await ps.stats()
+    n = args.steps * args.batch
+    t0 = time.perf_counter()
+    await ps.run(1, x[:n], y[:n])
+    seconds = time.perf_counter() - t0
+    after = await ps.stats()
+    await ps.stop()
+    applied = after[0].gradients_applied - before[0].gradients_applied
+    pulls = after[0].weights_pulled - before[0].weights_pulled
+    pushes = args.steps * args.workers + (
+        after[0].gradients_rejected - before[0].gradients_rejected
+    )
+    return {
+        "seconds": seconds,
+        "pushes_per_s": pushes / seconds,
+        "applied_per_s": applied / seconds,
+        "gradients_per_s": applied / seconds,
+        "versions_per_s": (after[0].version - before[0].version) / seconds,
+        "pulls": pulls,
+        "avg_staleness": after[0].avg_staleness,
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=256)
+    args = parser.parse_args()
+    x, y = synthetic_classification(args.batch * (args.steps + 1), SIZES[0], SIZES[-1], seed=0)
+    config = TrainerConfig(OptimizerKind.sgd(0.01, momentum=0.9), LossKind.CROSS_ENTROPY)
+    results: dict[str, Any] = {}
+    async with ActorSystem("bench-ps") as system:
+        results["data_parallel"] = await bench_data_parallel(system, config, args, x, y)
+        for name, consistency, shards in [
+            ("ps_sync", Consistency.synchronous(), 1),
+            ("ps_async", Consistency.asynchronous(), 1),
+            ("ps_async_2_shards", Consistency.asynchronous(), 2),
+        ]:
+            results[name] = await bench_ps(system, config, args, x, y, consistency, shards)
+    reference = results["data_parallel"]["gradients_per_s"]
+    for name in ("ps_sync", "ps_async", "ps_async_2_shards"):
+        results[name]["ratio_vs_data_parallel"] = results[name]["gradients_per_s"] / reference
+    print(
+        json.dumps(
+            {
+                "benchmark": "parameter_server",
+                "model": SIZES,
+                "workers": args.workers,
+                "global_batch": args.batch,
+                "steps": args.steps,
+                "python": platform.python_version(),
+                "numpy": np.__version__,
+                "results": {
+                    k: {m: round(v, 4) if isinstance(v, float) else v for m, v in r.items()}
+                    for k, r in results.items()
+                },
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

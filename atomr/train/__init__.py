@@ -11,6 +11,11 @@ from atomr.train.data_parallel import (
     DataParallelTrainer,
     ReplicaDivergenceError,
 )
+from atomr.train.distributed import DistributedTrainConfig, NotLaunchedError, shard_for_rank
+from atomr.train.distributed_trainer import (
+    DistributedDataParallel,
+    spawn_distributed_data_parallel,
+)
 from atomr.train.errors import CheckpointError, InvalidBatchError, NonFiniteError
 from atomr.train.loss import LossKind
 from atomr.train.messages import (
@@ -23,6 +28,12 @@ from atomr.train.messages import (
     Step,
 )
 from atomr.train.mlp import LayerOffsets, Mlp, Tape
+from atomr.train.mpi_collective import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    MpiCollective,
+    RankFailedError,
+)
 from atomr.train.optimizer import Optimizer, OptimizerKind
 from atomr.train.parameter_server import AsyncParameterServer
 from atomr.train.pipeline_parallel import GetGradients, PipelineConfig, PipelineParallelTrainer
@@ -52,6 +63,15 @@ from atomr.train.trainer import Trainer
 from atomr.train.validation import validate_batch, validate_features, validate_targets
 
 __all__ = [
+    "CollectiveError",
+    "CollectiveTimeoutError",
+    "DistributedDataParallel",
+    "DistributedTrainConfig",
+    "MpiCollective",
+    "NotLaunchedError",
+    "RankFailedError",
+    "shard_for_rank",
+    "spawn_distributed_data_parallel",
     "AsyncParameterServer",
     "Consistency",
     "EpochRecord",

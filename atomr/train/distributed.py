@@ -1,0 +1,214 @@
+"""`DistributedTrainConfig`: where this process sits in a multi-process job.
+
+A job launched by `mpiexec -n N` (or `atomr launch -n N`) runs N copies of
+the same program. Each copy is one *rank*; it drives the local devices of its
+machine with a `DataParallelTrainer` and joins the other ranks through an
+`MpiCollective`. This module holds what a rank needs to know about itself
+and the two pure helpers the `atomr train --distributed` command builds on:
+
+- `DistributedTrainConfig.from_environment()` reads rank, world size and the
+  node-local rank from the variables the MPI launcher sets (MPICH/hydra,
+  Open MPI, PMIx, Slurm), without importing mpi4py.
+- `shard_for_rank(n_samples, rank, world_size)` gives each rank its
+  contiguous share of a global batch (the first `n % world_size` ranks get
+  one sample more), so the ranks' shards, concatenated in rank order, are the
+  global batch.
+
+mpi4py is optional: nothing here imports it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["DistributedTrainConfig", "NotLaunchedError", "shard_for_rank"]
+
+# (rank, size, local rank, local size) variables, per launcher, most specific first.
+_LAUNCHERS: tuple[tuple[str, str, str, str, str], ...] = (
+    # name, rank, size, local rank, local size
+    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    (
+        "openmpi",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+    ("pmix", "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "PMIX_LOCAL_SIZE"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+)
+
+BACKENDS = ("mpi", "none")
+
+
+class NotLaunchedError(RuntimeError):
+    """`DistributedTrainConfig.from_environment(require=True)` found no MPI
+    launcher variables: the program was not started by `mpiexec` /
+    `atomr launch`."""
+
+
+@dataclass(frozen=True, slots=True)
+class DistributedTrainConfig:
+    """This process's place in a multi-process training job.
+
+    Attributes:
+        world_size: number of processes (ranks) in the job, >= 1.
+        rank: this process's rank, in `[0, world_size)`. Rank 0 broadcasts
+            the initial weights and is the only one that writes checkpoints.
+        local_rank: this process's rank among the processes of its machine,
+            in `[0, local_world_size)`; use it to pick local devices (e.g. the
+            GPUs `cuda:{local_rank * k} ...`).
+        local_world_size: number of processes on this machine, >= 1.
+        backend: "mpi" (an `MpiCollective` joins the ranks) or "none" (a
+            single process; no collective is needed).
+        collective_timeout: seconds a collective may wait for the other ranks
+            before failing with an error that names the missing rank(s)
+            (`CollectiveTimeoutError`), or None to wait forever.
+
+    Raises:
+        ValueError: a field is out of range or inconsistent.
+    """
+
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    local_world_size: int = 1
+    backend: str = "none"
+    collective_timeout: float | None = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "rank", "local_rank", "local_world_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+        if self.world_size < 1 or self.local_world_size < 1:
+            raise ValueError(
+                f"world_size and local_world_size must be >= 1, got "
+                f"{self.world_size} and {self.local_world_size}"
+            )
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise ValueError(
+                f"local_rank must be in [0, {self.local_world_size}), got {self.local_rank}"
+            )
+        if self.local_world_size > self.world_size:
+            raise ValueError(
+                f"local_world_size {self.local_world_size} exceeds world_size {self.world_size}"
+            )
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.collective_timeout is not None and not (
+            0.0 < float(self.collective_timeout) < math.inf
+        ):
+            raise ValueError(
+                f"collective_timeout must be positive and finite or None, "
+                f"got {self.collective_timeout}"
+            )
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when the job has more than one rank."""
+        return self.world_size > 1
+
+    @property
+    def is_root(self) -> bool:
+        """True on rank 0 (the rank that broadcasts weights and writes checkpoints)."""
+        return self.rank == 0
+
+    def shard(self, n_samples: int) -> slice:
+        """This rank's share of a global batch of `n_samples` (see `shard_for_rank`)."""
+        return shard_for_rank(n_samples, self.rank, self.world_size)
+
+    @classmethod
+    def from_environment(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        require: bool = False,
+        collective_timeout: float | None = 120.0,
+    ) -> DistributedTrainConfig:
+        """Read this process's rank and world size from the MPI launcher.
+
+        Understands MPICH/hydra (`PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`,
+        `MPI_LOCALNRANKS`), Open MPI (`OMPI_COMM_WORLD_*`), PMIx (`PMIX_*`)
+        and Slurm (`SLURM_PROCID`, ...). mpi4py is not imported.
+
+        Args:
+            environ: the variables to read (default: `os.environ`).
+            require: raise `NotLaunchedError` instead of returning the
+                single-process config when no launcher variables are set.
+            collective_timeout: copied into the config (see the class).
+
+        Returns:
+            The config, with `backend="mpi"` when launched by an MPI launcher
+            (even with one rank), else `DistributedTrainConfig()` (world of
+            one, `backend="none"`).
+
+        Raises:
+            NotLaunchedError: `require` is true and no launcher variables are set.
+            ValueError: the variables are malformed or inconsistent.
+        """
+        env = os.environ if environ is None else environ
+        for name, rank_var, size_var, local_var, local_size_var in _LAUNCHERS:
+            if rank_var not in env or size_var not in env:
+                continue
+            try:
+                rank = int(env[rank_var])
+                size = int(env[size_var])
+                local = int(env.get(local_var, "0"))
+                # Slurm's per-node count may read "2(x3)"; keep the leading number.
+                raw_local_size = env.get(local_size_var, "")
+                local_size = int(raw_local_size.split("(")[0]) if raw_local_size else 0
+            except ValueError as exc:
+                raise ValueError(f"malformed {name} launcher variables: {exc}") from exc
+            if local_size <= 0:
+                local_size = max(local + 1, 1)
+            return cls(
+                world_size=size,
+                rank=rank,
+                local_rank=local,
+                local_world_size=min(local_size, size),
+                backend="mpi",
+                collective_timeout=collective_timeout,
+            )
+        if require:
+            raise NotLaunchedError(
+                "not launched by an MPI launcher (no PMI_RANK/OMPI_COMM_WORLD_RANK/"
+                "PMIX_RANK/SLURM_PROCID): start the job with `atomr launch -n N -- ...` "
+                "or `mpiexec -n N ...`"
+            )
+        return cls(collective_timeout=collective_timeout)
+
+
+def shard_for_rank(n_samples: int, rank: int, world_size: int) -> slice:
+    """The contiguous part of a global batch that `rank` trains on.
+
+    The first `n_samples % world_size` ranks get `n_samples // world_size + 1`
+    samples, the others `n_samples // world_size`; the shards, taken in rank
+    order, tile `range(n_samples)` exactly. With fewer samples than ranks the
+    last ranks get empty slices.
+
+    Args:
+        n_samples: size of the global batch, >= 0.
+        rank: in `[0, world_size)`.
+        world_size: >= 1.
+
+    Returns:
+        `slice(start, stop)` into the global batch.
+
+    Raises:
+        ValueError: an argument is out of range.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if n_samples < 0:
+        raise ValueError(f"n_samples must be >= 0, got {n_samples}")
+    base, extra = divmod(n_samples, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))

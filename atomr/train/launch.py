@@ -1,0 +1,179 @@
+"""`launch`: start an `atomr train` job on N processes through `mpiexec`.
+
+`atomr launch -n N -- <train args>` is a thin wrapper over
+`mpiexec -n N python -m atomr.cli train --distributed <train args>`: MPI's
+own launcher starts, connects and (on failure) tears down the processes;
+atomr adds nothing to its protocol. The `mpiexec` used is the one next to
+the running Python (the `mpich` wheel of the `atomr[mpi]` extra installs it
+there), else the first on `PATH`.
+
+With MPICH's hydra launcher the job runs with `-disable-auto-cleanup`, so that
+when one rank dies the others are not killed silently: their next collective
+fails after its timeout with an error naming the dead rank, and the first
+rank that reports it aborts the job (`MpiCollective.abort`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["TIMEOUT_EXIT_CODE", "find_mpiexec", "launch", "mpiexec_command", "run_mpiexec"]
+
+# Exit code `launch` returns when the job ran past its timeout (as coreutils' `timeout`).
+TIMEOUT_EXIT_CODE = 124
+
+
+def find_mpiexec() -> str:
+    """Locate `mpiexec`: next to `sys.executable` first, then on `PATH`.
+
+    Returns:
+        The absolute path of the executable.
+
+    Raises:
+        FileNotFoundError: none found (install the extra: `pip install 'atomr[mpi]'`).
+    """
+    for directory in (Path(sys.executable).parent, Path(sys.executable).resolve().parent):
+        candidate = directory / "mpiexec"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise FileNotFoundError(
+            "mpiexec not found next to the Python interpreter nor on PATH; "
+            "install the MPI extra: pip install 'atomr[mpi]'"
+        )
+    return found
+
+
+@functools.lru_cache(maxsize=8)
+def _is_hydra(mpiexec: str) -> bool:
+    """Whether `mpiexec` is MPICH's hydra (which takes `-disable-auto-cleanup`)."""
+    try:
+        out = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=20, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "hydra" in (out.stdout + out.stderr).lower()
+
+
+def mpiexec_command(
+    n: int, program: Sequence[str], *, mpiexec: str | None = None, report_failures: bool = True
+) -> list[str]:
+    """The `mpiexec` command line that runs `program` on `n` processes.
+
+    Args:
+        n: number of processes, >= 1.
+        program: the program and its arguments (e.g. `[sys.executable, "x.py"]`).
+        mpiexec: the launcher (default: `find_mpiexec()`).
+        report_failures: with hydra, add `-disable-auto-cleanup` so surviving
+            ranks report a dead rank themselves instead of being killed
+            silently (see the module docstring).
+
+    Returns:
+        The argument list.
+
+    Raises:
+        ValueError: `n < 1` or `program` is empty.
+        FileNotFoundError: no `mpiexec` (see `find_mpiexec`).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"the number of processes must be an int >= 1, got {n!r}")
+    if not program:
+        raise ValueError("program must not be empty")
+    exe = mpiexec or find_mpiexec()
+    cmd = [exe]
+    if report_failures and _is_hydra(exe):
+        cmd.append("-disable-auto-cleanup")
+    return [*cmd, "-n", str(n), *program]
+
+
+def run_mpiexec(
+    n: int,
+    program: Sequence[str],
+    timeout: float | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    capture: bool = False,
+    report_failures: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run `program` on `n` processes under `mpiexec` and wait for the job.
+
+    The job runs in its own process group; when it outlives `timeout` the
+    whole group (launcher and ranks) is killed and the result's return code
+    is `TIMEOUT_EXIT_CODE` (124).
+
+    Args:
+        n: number of processes, >= 1.
+        program: the program and its arguments.
+        timeout: seconds before the job is killed, or None to wait forever.
+        env: the environment of the job (default: this process's).
+        capture: capture stdout and stderr (as text) instead of inheriting them.
+        report_failures: see `mpiexec_command`.
+
+    Returns:
+        The `CompletedProcess` (stdout/stderr set when `capture`).
+
+    Raises:
+        ValueError, FileNotFoundError: see `mpiexec_command`.
+    """
+    cmd = mpiexec_command(n, program, report_failures=report_failures)
+    pipe = subprocess.PIPE if capture else None
+    with subprocess.Popen(
+        cmd,
+        stdout=pipe,
+        stderr=pipe,
+        text=True,
+        env=None if env is None else dict(env),
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            code = TIMEOUT_EXIT_CODE
+            err = (err or "") + f"\natomr: the MPI job ran past its {timeout} s timeout; killed\n"
+            if not capture:
+                print(err.strip(), file=sys.stderr)
+    return subprocess.CompletedProcess(cmd, code, out, err)
+
+
+def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
+    """Run `atomr train --distributed <argv>` on `n` processes under `mpiexec`.
+
+    This is what `atomr launch -n N -- <argv>` calls. Each process runs
+    `python -m atomr.cli train --distributed <argv>` with this interpreter;
+    `--distributed` is added unless `argv` already holds it. Output of every
+    rank goes to this process's stdout/stderr.
+
+    Args:
+        n: number of processes, >= 1.
+        argv: the `atomr train` arguments.
+        timeout: seconds before the whole job is killed, or None.
+
+    Returns:
+        The job's exit code: 0 when every rank succeeded, the failing rank's
+        (or `MPI_Abort`'s) code otherwise, `TIMEOUT_EXIT_CODE` after a timeout.
+
+    Raises:
+        ValueError: `n < 1`.
+        FileNotFoundError: no `mpiexec` (install `atomr[mpi]`).
+    """
+    args = list(argv)
+    if "--" in args[:1]:
+        args = args[1:]
+    if "--distributed" not in args:
+        args = ["--distributed", *args]
+    program = [sys.executable, "-m", "atomr.cli", "train", *args]
+    return run_mpiexec(n, program, timeout).returncode

@@ -1,0 +1,194 @@
+"""Benchmark: `MpiCollective.all_reduce` against mpi4py's bare `Allreduce`, and
+the hierarchical data-parallel step at 2 processes against 1. Prints JSON.
+
+Run it as a plain script; it launches `mpiexec` itself (loopback, hard
+timeouts) and gathers what rank 0 of each job measured:
+
+    python benchmarks/mpi_allreduce.py [--repeat 15] [--max-mb 64] [--steps 10]
+
+Figures:
+
+- `allreduce`: for buffers of 1 KB .. 64 MB (float32), on 2 processes, the
+  median seconds of one in-place sum through `await coll.all_reduce(buf)`
+  (event loop -> MPI thread -> `Allreduce(MPI.IN_PLACE)` -> back, with the
+  arrival notes that name a missing rank) and of a bare
+  `comm.Allreduce(MPI.IN_PLACE, buf)` called directly, interleaved in the
+  same run; `ratio` = atomr / bare (target <= 1.10 at 1 MB and above).
+- `dp_step`: one `DistributedDataParallel.step` on the same global batch,
+  with 1 process x 2 local devices and with 2 processes x 2 local devices;
+  `ratio` = 2-process time / 1-process time. On a machine with fewer cores
+  than replicas the processes share cores, so this measures overhead, not
+  speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atomr.train.launch import run_mpiexec
+
+DP_SIZES = [256, 512, 512, 10]
+DP_BATCH = 512
+
+
+# -- rank side ------------------------------------------------------------------
+
+
+async def _allreduce_rank(out: Path, repeat: int, max_mb: int) -> None:
+    from mpi4py import MPI
+
+    from atomr.train.mpi_collective import MpiCollective
+
+    comm = MPI.COMM_WORLD
+    coll = MpiCollective(timeout=120.0)
+    rows = []
+    nbytes = 1024
+    while nbytes <= max_mb * 1024 * 1024:
+        buf = np.ones(nbytes // 4, dtype=np.float32)
+        reps = max(3, min(200, (4 << 20) // nbytes)) if nbytes < (1 << 20) else 1
+        bare_t: list[float] = []
+        ours_t: list[float] = []
+        for _ in range(2):  # warm-up both paths
+            comm.Allreduce(MPI.IN_PLACE, buf)
+            await coll.all_reduce(buf)
+        for _ in range(repeat):  # interleaved rounds
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                comm.Allreduce(MPI.IN_PLACE, buf)
+            bare_t.append((time.perf_counter() - t0) / reps)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                await coll.all_reduce(buf)
+            ours_t.append((time.perf_counter() - t0) / reps)
+        bare, ours = statistics.median(bare_t), statistics.median(ours_t)
+        rows.append(
+            {
+                "bytes": nbytes,
+                "mpi4py_allreduce_s": bare,
+                "atomr_all_reduce_s": ours,
+                "ratio": ours / bare,
+            }
+        )
+        buf.fill(1.0)
+        await coll.all_reduce(buf)
+        assert float(buf[0]) == comm.Get_size(), "wrong sum"
+        nbytes *= 4 if nbytes < (1 << 20) else 2
+    coll.close()
+    if comm.Get_rank() == 0:
+        out.write_text(json.dumps({"processes": comm.Get_size(), "rows": rows}))
+
+
+async def _dp_rank(out: Path, steps: int) -> None:
+    from atomr import ActorSystem
+    from atomr.accel import cpu_devices
+    from atomr.train import (
+        DistributedTrainConfig,
+        LossKind,
+        Mlp,
+        OptimizerKind,
+        TrainerConfig,
+        spawn_distributed_data_parallel,
+        synthetic_classification,
+    )
+
+    dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=120.0)
+    config = TrainerConfig(OptimizerKind.sgd(0.01), LossKind.CROSS_ENTROPY)
+    x, y = synthetic_classification(DP_BATCH, DP_SIZES[0], DP_SIZES[-1], seed=1)
+    async with ActorSystem() as system:
+        ddp = await spawn_distributed_data_parallel(
+            system, Mlp(DP_SIZES, seed=0), cpu_devices(2), config, dist
+        )
+        for _ in range(2):
+            await ddp.step(x, y)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            stats = await ddp.step(x, y)
+            times.append(time.perf_counter() - t0)
+        if dist.rank == 0:
+            out.write_text(
+                json.dumps(
+                    {
+                        "processes": dist.world_size,
+                        "step_s": statistics.median(times),
+                        "loss": stats.loss,
+                    }
+                )
+            )
+
+
+# -- orchestration ----------------------------------------------------------------
+
+
+def _launch(n: int, args: list[str], timeout: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        program = [sys.executable, os.path.abspath(__file__), *args, "--out", str(out)]
+        done = run_mpiexec(n, program, timeout=timeout, capture=True)
+        if done.returncode != 0 or not out.exists():
+            raise SystemExit(
+                f"benchmark job failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+            )
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def main() -> None:
+    """Parse arguments; run a rank's part, or launch the jobs and print JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=15, help="interleaved rounds per size")
+    parser.add_argument("--max-mb", type=int, default=64, help="largest buffer in MB")
+    parser.add_argument("--steps", type=int, default=10, help="timed data-parallel steps")
+    parser.add_argument("--role", choices=["allreduce", "dp"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "allreduce":
+        asyncio.run(_allreduce_rank(args.out, args.repeat, args.max_mb))
+        return
+    if args.role == "dp":
+        asyncio.run(_dp_rank(args.out, args.steps))
+        return
+    common = ["--repeat", str(args.repeat), "--max-mb", str(args.max_mb)]
+    allreduce = _launch(2, ["--role", "allreduce", *common], timeout=400)
+    dp_args = ["--role", "dp", "--steps", str(args.steps)]
+    one = _launch(1, dp_args, timeout=300)
+    two = _launch(2, dp_args, timeout=300)
+    at_least_1mb = [r["ratio"] for r in allreduce["rows"] if r["bytes"] >= 1 << 20]
+    report = {
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+        },
+        "allreduce": allreduce,
+        "allreduce_max_ratio_at_1mb_and_above": max(at_least_1mb) if at_least_1mb else None,
+        "dp_step": {
+            "model": DP_SIZES,
+            "global_batch": DP_BATCH,
+            "local_devices": 2,
+            "processes_1_step_s": one["step_s"],
+            "processes_2_step_s": two["step_s"],
+            "ratio": two["step_s"] / one["step_s"],
+            "loss_1": one["loss"],
+            "loss_2": two["loss"],
+        },
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

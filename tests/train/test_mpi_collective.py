@@ -1,0 +1,73 @@
+"""MpiCollective under `mpiexec -n 2` and `-n 3`: equal to HostCollective,
+ordered off the event loop, and failing loudly (naming the rank) when a rank
+dies or never joins."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from .mpi_scripts.harness import run_script
+
+pytestmark = pytest.mark.mpi
+
+# bound on a failure run: collective timeout (2 s) + start-up, abort grace, teardown
+FAILURE_BOUND_S = 25.0
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_results_equal_host_collective(n: int, tmp_path) -> None:
+    result, _ = run_script(n, "collective_check.py", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+    assert [r["world_size"] for r in reports] == [n] * n
+    assert all(r["all_reduce_and_broadcast"] == "ok" for r in reports)
+    assert len({r["digest"] for r in reports}) == 1, "ranks hold different bits"
+    # nobody left the barrier before the late rank had entered it
+    last_in = max(r["barrier_entered_at"] for r in reports)
+    assert min(r["barrier_left_at"] for r in reports) >= last_in - 0.05
+    # the event loop kept ticking while a barrier was in flight (0.2 s at ~1 ms a tick)
+    assert all(r["ticks_during_barrier"] >= 20 for r in reports)
+
+
+@pytest.mark.parametrize(("n", "mode"), [(3, "exit"), (2, "hang")])
+def test_missing_rank_is_named_in_bounded_time(n: int, mode: str) -> None:
+    result, elapsed = run_script(n, "rank_failure.py", mode, 1, 2.0, timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode not in (0, 124), output
+    assert "CollectiveTimeoutError" in output, output
+    assert "rank 1 never joined" in output, output
+    assert "finished without noticing" not in output, output
+    assert elapsed < FAILURE_BOUND_S, f"took {elapsed:.1f} s"
+
+
+def test_validation_errors_are_clear() -> None:
+    pytest.importorskip("mpi4py")
+    import asyncio
+
+    from atomr.train.mpi_collective import MpiCollective
+
+    async def go() -> None:
+        coll = MpiCollective(timeout=5.0)  # a world of one (no launcher)
+        assert (coll.rank, coll.world_size) == (0, 1)
+        with pytest.raises(TypeError, match="float32 or float64"):
+            await coll.all_reduce(np.zeros(3, dtype=np.int32))
+        with pytest.raises(ValueError, match="C-contiguous"):
+            await coll.all_reduce(np.zeros((4, 4), dtype=np.float32)[:, 1])
+        frozen = np.zeros(3, dtype=np.float32)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="writable"):
+            await coll.all_reduce(frozen)
+        with pytest.raises(ValueError, match="op must be"):
+            await coll.all_reduce(np.zeros(3, dtype=np.float32), op="max")
+        with pytest.raises(IndexError):
+            await coll.broadcast([np.zeros(3, dtype=np.float32)], root=1)
+        buf = np.arange(4, dtype=np.float32)
+        assert await coll.all_reduce([buf, buf.copy()], op="mean") is buf
+        np.testing.assert_array_equal(buf, np.arange(4, dtype=np.float32))
+        await coll.barrier()
+        coll.close()
+
+    asyncio.run(go())

@@ -1,0 +1,74 @@
+"""`main`: parse the command line, dispatch to a subcommand, and turn every
+user-facing error into one line and a non-zero exit status."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import atomr
+from atomr.cli.errors import CliError
+from atomr.cli.parser import build_parser
+from atomr.train.errors import CheckpointError
+
+__all__ = ["main"]
+
+
+def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split at the first "--": atomr's own arguments, then those passed on
+    (to the benchmark scripts, or to `atomr train` by `atomr launch`)."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
+    parser = build_parser(atomr.__version__)
+    own, passed = _split_passthrough(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(own)
+    if passed and args.command not in ("bench", "launch"):
+        raise CliError(f"'atomr {args.command}' takes no arguments after '--'")
+    if args.command == "train":
+        from atomr.cli.run_config import RunConfig
+        from atomr.cli.train_command import run_train
+
+        return run_train(RunConfig.from_args(args))
+    if args.command == "devices":
+        from atomr.cli.devices import list_devices_command
+
+        return list_devices_command(as_json=args.json)
+    if args.command == "bench":
+        from atomr.cli.bench import run_bench
+
+        return run_bench(args.suite, args.benchmarks_dir, passed, args.json, args.timeout)
+    if args.command == "launch":
+        from atomr.cli.launching import launch_command
+
+        return launch_command(args.nprocs, passed, args.timeout)
+    raise CliError(f"unknown command {args.command!r}")  # argparse prevents this
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `atomr` command.
+
+    Args:
+        argv: the arguments after the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        The exit status: 0 on success, 2 for bad arguments, 1 for other
+        errors, 130 when training was stopped by Ctrl-C.
+    """
+    try:
+        return _dispatch(argv)
+    except CliError as exc:
+        print(f"atomr: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except (OSError, CheckpointError) as exc:  # e.g. an unwritable --checkpoint path
+        print(f"atomr: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("atomr: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:  # --help and --version exit through argparse
+        return exc.code if isinstance(exc.code, int) else 0

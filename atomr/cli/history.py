@@ -1,0 +1,137 @@
+"""`EpochRecord` and `History`: what a training run measured, as JSON.
+
+The history file (`history.json`) holds the run's options, one record per
+finished epoch and a summary; a resumed run appends to the history stored
+next to its checkpoint, so the curves cover the whole training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EpochRecord", "History"]
+
+FORMAT = "atomr-history/1"
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """The figures of one finished epoch.
+
+    Attributes:
+        epoch: 1-based epoch number.
+        step: optimizer steps applied since the start of training (all runs).
+        train_loss: mean of the step losses of this epoch (weighted by samples).
+        train_accuracy: accuracy on the training set after the epoch.
+        test_loss: loss on the test set after the epoch.
+        test_accuracy: accuracy on the test set after the epoch.
+        samples_per_s: training throughput of this epoch (steps only).
+        seconds: wall time of this epoch's steps.
+    """
+
+    epoch: int
+    step: int
+    train_loss: float
+    train_accuracy: float
+    test_loss: float
+    test_accuracy: float
+    samples_per_s: float
+    seconds: float
+
+
+def _record(raw: dict[str, Any]) -> EpochRecord:
+    """An `EpochRecord` from its JSON form (null back to NaN)."""
+    values: dict[str, Any] = {k: (math.nan if v is None else v) for k, v in raw.items()}
+    return EpochRecord(**values)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+@dataclass
+class History:
+    """Options, per-epoch records and status of one training run.
+
+    Attributes:
+        config: the run's options (`RunConfig.to_json()`).
+        epochs: one `EpochRecord` per finished epoch, in order (including
+            the epochs of the run this one resumed).
+        status: "running", "finished" or "interrupted".
+        wall_seconds: wall time of this process's run.
+        resumed_from: the checkpoint this run continued from, if any.
+        position: where training stands (next epoch and batch, steps done,
+            data options): written next to checkpoints so `--resume` continues
+            at the same batch.
+    """
+
+    config: dict[str, Any]
+    epochs: list[EpochRecord] = field(default_factory=list)
+    status: str = "running"
+    wall_seconds: float = 0.0
+    resumed_from: str | None = None
+    position: dict[str, Any] | None = None
+
+    @property
+    def last(self) -> EpochRecord | None:
+        """The latest epoch's record, or None before the first epoch ends."""
+        return self.epochs[-1] if self.epochs else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The history as a JSON-ready dict (NaN and infinities become null)."""
+        return {
+            "format": FORMAT,
+            "status": self.status,
+            "config": self.config,
+            "resumed_from": self.resumed_from,
+            "wall_seconds": round(self.wall_seconds, 3),
+            "position": self.position,
+            "epochs": [
+                {k: _finite_or_none(v) for k, v in asdict(rec).items()} for rec in self.epochs
+            ],
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the history as JSON to `path` (parent folders are created).
+
+        Returns:
+            The path written.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+        return target
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> History:
+        """Read a history file written by `save`.
+
+        Raises:
+            OSError: the file cannot be read.
+            ValueError: it is not an atomr history.
+        """
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or data.get("format") != FORMAT:
+                raise ValueError("unknown format")
+            records = [_record(raw) for raw in data["epochs"]]
+            return cls(
+                config=dict(data["config"]),
+                epochs=records,
+                status=str(data["status"]),
+                wall_seconds=float(data["wall_seconds"]),
+                resumed_from=data.get("resumed_from"),
+                position=data.get("position"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: not an atomr history file ({exc})") from None

@@ -1,0 +1,42 @@
+"""`launch_command`: `atomr launch -n N -- <train args>` starts
+`atomr train --distributed` as N MPI processes (`atomr.train.launch.launch`)."""
+
+from __future__ import annotations
+
+import importlib
+
+from atomr.cli.errors import CliError
+
+__all__ = ["launch_command"]
+
+
+def launch_command(nprocs: int, train_args: list[str], timeout: float | None = None) -> int:
+    """Run `mpiexec -n nprocs python -m atomr.cli train --distributed <train_args>`.
+
+    Args:
+        nprocs: number of processes, >= 1.
+        train_args: `atomr train` arguments (a leading "train" is dropped;
+            `launch` adds `--distributed`).
+        timeout: seconds before the job is killed, or None.
+
+    Returns:
+        The job's exit status.
+
+    Raises:
+        CliError: bad -n, or the MPI launcher is not available.
+    """
+    if nprocs < 1:
+        raise CliError(f"-n must be >= 1, got {nprocs}")
+    args = list(train_args)
+    if args[:1] == ["train"]:
+        args = args[1:]
+    try:
+        launch = importlib.import_module("atomr.train.launch").launch
+    except (ImportError, AttributeError):
+        raise CliError(
+            "atomr launch is not available yet (atomr.train.launch is missing)", 1
+        ) from None
+    try:
+        return int(launch(nprocs, args, timeout=timeout))
+    except (FileNotFoundError, RuntimeError, ValueError) as exc:
+        raise CliError(f"atomr launch: {exc}", 1) from None

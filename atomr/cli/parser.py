@@ -1,0 +1,217 @@
+"""The argument parser of the `atomr` command.
+
+Bad arguments never print a traceback nor argparse's two-line usage dump:
+`_Parser.error` raises `CliError`, which `atomr.cli.app.main` reports as one
+line with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+from atomr.cli.errors import CliError
+
+__all__ = [
+    "BENCH_SUITES",
+    "DATASETS",
+    "LOSSES",
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "STRATEGIES",
+    "build_parser",
+]
+
+STRATEGIES = ("single", "data", "tensor", "pipeline", "ps")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+LOSSES = ("cross_entropy", "mse")
+SCHEDULES = ("gpipe", "1f1b")
+DATASETS = ("digits", "synthetic")
+BENCH_SUITES = ("messaging", "kernels", "train", "all")
+ACTIVATIONS = ("relu", "tanh", "gelu")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An `ArgumentParser` whose errors raise `CliError` (one line, exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise `CliError` naming the command, instead of printing usage and exiting."""
+        raise CliError(f"{message} (see '{self.prog} --help')")
+
+
+def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train an Mlp (digits by default) with a progress bar, a plot and a JSON history",
+        description=(
+            "Train an Mlp on scikit-learn's bundled digits (no download) or a synthetic "
+            "data set, with one of atomr's trainers. Writes curves.png and history.json "
+            "into ./atomr-runs/<name>/ unless --plot/--history/--run-dir say otherwise."
+        ),
+    )
+    model = p.add_argument_group("model and strategy")
+    model.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="data",
+        help="single device, data / tensor / pipeline parallel, or async parameter "
+        "server (default: data)",
+    )
+    model.add_argument(
+        "--devices",
+        default=None,
+        metavar="SPEC",
+        help="N (the first N devices: CUDA when present, else logical CPUs) or a "
+        "comma list such as cpu:0,cpu:1 (default: every GPU, else 2 logical CPUs; "
+        "1 device for --strategy single)",
+    )
+    model.add_argument(
+        "--hidden",
+        default="128",
+        metavar="W[,W...]",
+        help="hidden layer widths, comma separated (default: 128)",
+    )
+    model.add_argument("--activation", choices=ACTIVATIONS, default="relu")
+    model.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="1f1b",
+        help="pipeline schedule (--strategy pipeline; default: 1f1b)",
+    )
+    model.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=None,
+        metavar="M",
+        help="samples per micro-batch (--strategy pipeline; default: a quarter of the batch)",
+    )
+    model.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="parameter-server workers (--strategy ps; default: one per device)",
+    )
+    model.add_argument(
+        "--distributed",
+        action="store_true",
+        help="one process of an MPI job (started by 'atomr launch' or mpiexec): "
+        "data parallel across ranks, all-reduce by MPI",
+    )
+
+    opt = p.add_argument_group("optimisation")
+    opt.add_argument("--epochs", type=int, default=20, help="total epochs (default: 20)")
+    opt.add_argument("--batch-size", type=int, default=32, help="samples per step (default: 32)")
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="(default: adam)")
+    opt.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="learning rate (default: 0.005 for adam/adamw, 0.05 for sgd)",
+    )
+    opt.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
+    opt.add_argument(
+        "--loss",
+        choices=LOSSES,
+        default="cross_entropy",
+        help="cross_entropy on class labels, or mse on one-hot targets",
+    )
+    opt.add_argument(
+        "--clip",
+        type=float,
+        default=None,
+        metavar="NORM",
+        help="clip the gradient to this global L2 norm",
+    )
+    opt.add_argument("--seed", type=int, default=0, help="model init, split and shuffle seed")
+
+    data = p.add_argument_group("data")
+    data.add_argument("--dataset", choices=DATASETS, default="digits", help="(default: digits)")
+    data.add_argument(
+        "--samples", type=int, default=20_000, help="synthetic: number of samples (default: 20000)"
+    )
+    data.add_argument("--features", type=int, default=64, help="synthetic: features (default: 64)")
+    data.add_argument("--classes", type=int, default=10, help="synthetic: classes (default: 10)")
+
+    out = p.add_argument_group("checkpoints and output")
+    out.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="PATH",
+        help="save a checkpoint here after every epoch, at the end and on Ctrl-C",
+    )
+    out.add_argument(
+        "--resume",
+        default=None,
+        metavar="PATH",
+        help="continue from this checkpoint (epochs and steps continue; --epochs is the total)",
+    )
+    out.add_argument(
+        "--run-dir",
+        default=None,
+        metavar="DIR",
+        help="where curves.png and history.json go (default: ./atomr-runs/<name>)",
+    )
+    out.add_argument("--name", default=None, help="run name (default: <timestamp>-<strategy>)")
+    out.add_argument("--plot", default=None, metavar="PATH", help="write the curves PNG here")
+    out.add_argument("--history", default=None, metavar="PATH", help="write the JSON history here")
+    out.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar and no table: one result line",
+    )
+
+
+def _add_bench(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="run the benchmark scripts of the checkout's benchmarks/ folder",
+        description=(
+            "Run benchmarks/*.py as subprocesses and print their results as tables. "
+            "Arguments after '--' are passed to every script: "
+            "atomr bench messaging -- --tells 10000"
+        ),
+    )
+    p.add_argument("suite", choices=BENCH_SUITES, help="which benchmarks")
+    p.add_argument(
+        "--benchmarks-dir",
+        default=None,
+        metavar="DIR",
+        help="folder of the scripts (default: ./benchmarks, else the checkout's)",
+    )
+    p.add_argument("--json", action="store_true", help="print the raw JSON reports")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per script")
+
+
+def _add_launch(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "launch",
+        help="run 'atomr train --distributed' as N MPI processes (mpiexec)",
+        description="atomr launch -n N [--timeout S] -- <train arguments>",
+    )
+    p.add_argument("-n", "--nprocs", type=int, required=True, metavar="N", help="processes")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before the job is killed")
+
+
+def build_parser(version: str) -> argparse.ArgumentParser:
+    """The parser of the whole command (subcommands train, devices, bench, launch).
+
+    Args:
+        version: what `atomr --version` prints after "atomr ".
+
+    Returns:
+        The parser; its `error` raises `CliError` instead of exiting.
+    """
+    parser = _Parser(
+        prog="atomr",
+        description="atomr: an asyncio actor runtime hosting distributed-training actors.",
+    )
+    parser.add_argument("--version", action="version", version=f"atomr {version}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    _add_train(sub)
+    devices = sub.add_parser("devices", help="list the devices atomr can use")
+    devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_bench(sub)
+    _add_launch(sub)
+    return parser

@@ -1,0 +1,61 @@
+"""`save_curves`: the loss and accuracy curves of a run as a PNG (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from atomr.cli.errors import CliError
+from atomr.cli.history import History
+
+__all__ = ["save_curves"]
+
+
+def save_curves(history: History, path: str | os.PathLike[str]) -> Path:
+    """Plot train/test loss and train/test accuracy per epoch, side by side.
+
+    Uses matplotlib's Agg backend (no display needed); parent folders are
+    created.
+
+    Args:
+        history: the run's history (an empty one gives empty axes).
+        path: the PNG file to write.
+
+    Returns:
+        The path written.
+
+    Raises:
+        CliError: matplotlib is not installed.
+        OSError: the file cannot be written.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+    except ImportError:
+        raise CliError("plots need matplotlib: pip install -e '.[train]'", 1) from None
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    epochs = [r.epoch for r in history.epochs]
+    fig = Figure(figsize=(10, 4), dpi=100)
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    ax_loss.plot(epochs, [r.train_loss for r in history.epochs], "o-", label="train")
+    ax_loss.plot(epochs, [r.test_loss for r in history.epochs], "s--", label="test")
+    ax_loss.set(title="loss", xlabel="epoch", ylabel="loss")
+    ax_acc.plot(epochs, [r.train_accuracy for r in history.epochs], "o-", label="train")
+    ax_acc.plot(epochs, [r.test_accuracy for r in history.epochs], "s--", label="test")
+    ax_acc.set(title="accuracy", xlabel="epoch", ylabel="accuracy", ylim=(0.0, 1.02))
+    for ax in (ax_loss, ax_acc):
+        ax.grid(True, alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend()
+    cfg = history.config
+    fig.suptitle(
+        f"atomr train: {cfg.get('dataset')}, strategy {cfg.get('strategy')} "
+        f"on {', '.join(cfg.get('devices', []))}"
+    )
+    fig.tight_layout()
+    fig.savefig(target, format="png")
+    return target

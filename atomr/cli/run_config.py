@@ -1,0 +1,270 @@
+"""`RunConfig`: the validated options of one `atomr train` run.
+
+Every check that can fail on user input happens here, before an actor is
+spawned, and fails with a `CliError` that says what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from atomr.accel import Device, cuda_device_count, cuda_is_simulated
+from atomr.cli.errors import CliError
+from atomr.train import LossKind, OptimizerKind, TrainerConfig
+from atomr.train.distributed import DistributedTrainConfig, NotLaunchedError
+
+__all__ = ["RunConfig", "default_lr", "parse_devices", "parse_hidden"]
+
+_DEFAULT_CPU_DEVICES = 2
+
+
+def default_lr(optimizer: str) -> float:
+    """The learning rate used when `--lr` is not given.
+
+    Args:
+        optimizer: "sgd", "adam" or "adamw".
+
+    Returns:
+        0.05 for SGD (with momentum 0.9), 0.005 for Adam and AdamW.
+    """
+    return 0.05 if optimizer == "sgd" else 0.005
+
+
+def parse_hidden(text: str) -> tuple[int, ...]:
+    """Parse `--hidden`: comma-separated positive widths ("128" or "128,64").
+
+    Raises:
+        CliError: empty, non-integer or non-positive widths.
+    """
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        widths = tuple(int(p) for p in parts)
+    except ValueError:
+        raise CliError(f"--hidden must be comma-separated integers, got {text!r}") from None
+    if not widths or any(w < 1 for w in widths):
+        raise CliError(f"--hidden needs at least one width, each >= 1, got {text!r}")
+    return widths
+
+
+def _real_cuda_count() -> int:
+    return 0 if cuda_is_simulated() else cuda_device_count()
+
+
+def parse_devices(
+    spec: str | None, strategy: str, dist: DistributedTrainConfig | None = None
+) -> tuple[Device, ...]:
+    """Parse `--devices`.
+
+    Args:
+        spec: None (the default for `strategy`), "N" (the first N devices:
+            CUDA when the machine has GPUs, else N logical CPU devices), or a
+            comma list of names ("cpu:0,cpu:1", "cuda:0,cuda:1").
+        strategy: the training strategy; "single" defaults to one device.
+        dist: this process's place in a distributed job, or None. By default
+            a rank takes one device: the GPU `local_rank` when the machine has
+            one per local rank, else one logical CPU device.
+
+    Returns:
+        The devices, distinct, in the given order.
+
+    Raises:
+        CliError: a malformed spec, a repeated device, or a CUDA device this
+            machine does not have.
+    """
+    gpus = _real_cuda_count()
+    if spec is None and dist is not None:
+        if gpus >= dist.local_world_size:
+            return (Device("cuda", dist.local_rank),)
+        return (Device("cpu", 0),)
+    if spec is None:
+        all_gpus_or_cpus = gpus if gpus > 0 else _DEFAULT_CPU_DEVICES
+        count = 1 if strategy == "single" else all_gpus_or_cpus
+        kind = "cuda" if gpus > 0 else "cpu"
+        return tuple(Device(kind, i) for i in range(count))  # type: ignore[arg-type]
+    text = spec.strip()
+    if text.isdigit():
+        count = int(text)
+        if count < 1:
+            raise CliError(f"--devices needs N >= 1, got {spec!r}")
+        if gpus > 0:
+            if count > gpus:
+                raise CliError(f"--devices {count}: this machine has {gpus} GPU(s)")
+            return tuple(Device("cuda", i) for i in range(count))
+        return tuple(Device("cpu", i) for i in range(count))
+    devices: list[Device] = []
+    for name in text.split(","):
+        try:
+            device = Device.parse(name)
+        except (ValueError, TypeError) as exc:
+            raise CliError(f"--devices: {exc}") from None
+        if device in devices:
+            raise CliError(f"--devices names {device} twice")
+        if device.is_cuda:
+            available = cuda_device_count()
+            if device.index >= available:
+                raise CliError(
+                    f"--devices: no such device {device} (this machine has {available} "
+                    "CUDA device(s); see 'atomr devices')"
+                )
+        devices.append(device)
+    return tuple(devices)
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise CliError(f"--{name} must be >= 1, got {value}")
+
+
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value).expanduser()
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs, checked.
+
+    Attributes mirror the `atomr train` options (see `atomr train --help`);
+    `devices` is resolved to `Device`s and `hidden` to widths, `lr` to the
+    optimizer's default when not given.
+    """
+
+    strategy: str
+    devices: tuple[Device, ...]
+    hidden: tuple[int, ...]
+    activation: str
+    schedule: str
+    micro_batch_size: int | None
+    workers: int | None
+    distributed: bool
+    epochs: int
+    batch_size: int
+    optimizer: str
+    lr: float
+    momentum: float
+    loss: str
+    clip: float | None
+    seed: int
+    dataset: str
+    samples: int
+    features: int
+    classes: int
+    checkpoint: Path | None
+    resume: Path | None
+    run_dir: Path | None
+    name: str | None
+    plot: Path | None
+    history: Path | None
+    quiet: bool
+    dist: DistributedTrainConfig | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunConfig:
+        """Check the parsed `atomr train` arguments and resolve the defaults.
+
+        Raises:
+            CliError: any option out of range or inconsistent with another.
+        """
+        for name in ("epochs", "batch_size", "micro_batch_size", "workers", "samples", "features"):
+            _positive(name.replace("_", "-"), getattr(args, name))
+        if args.classes < 2:
+            raise CliError(f"--classes must be >= 2, got {args.classes}")
+        lr = default_lr(args.optimizer) if args.lr is None else args.lr
+        if not (math.isfinite(lr) and lr > 0):
+            raise CliError(f"--lr must be positive and finite, got {args.lr}")
+        if not (math.isfinite(args.momentum) and 0 <= args.momentum < 1):
+            raise CliError(f"--momentum must be in [0, 1), got {args.momentum}")
+        if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
+            raise CliError(f"--clip must be positive and finite, got {args.clip}")
+        if args.workers is not None and args.strategy != "ps":
+            raise CliError("--workers only applies to --strategy ps")
+        if args.distributed and args.strategy not in ("data", "single"):
+            raise CliError(
+                "--distributed runs data parallel across MPI ranks; it cannot be combined "
+                f"with --strategy {args.strategy}"
+            )
+        if args.resume is not None and not os.path.isfile(args.resume):
+            raise CliError(f"--resume: no such checkpoint file {args.resume!r}")
+        dist = None
+        if args.distributed:
+            try:
+                dist = DistributedTrainConfig.from_environment(require=True)
+            except NotLaunchedError:
+                raise CliError(
+                    "--distributed runs under MPI: start it with 'atomr launch -n N -- <train "
+                    "args>' or 'mpiexec -n N python -m atomr.cli train --distributed ...'"
+                ) from None
+            except ValueError as exc:
+                raise CliError(f"--distributed: {exc}") from None
+        devices = parse_devices(args.devices, args.strategy, dist)
+        if args.strategy == "single" and len(devices) != 1:
+            raise CliError(
+                f"--strategy single trains on one device, got {len(devices)} "
+                f"({', '.join(map(str, devices))})"
+            )
+        if args.name is not None and (not args.name.strip() or os.sep in args.name):
+            raise CliError(f"--name must be a plain, non-empty file name, got {args.name!r}")
+        return cls(
+            strategy=args.strategy,
+            devices=devices,
+            hidden=parse_hidden(args.hidden),
+            activation=args.activation,
+            schedule=args.schedule,
+            micro_batch_size=args.micro_batch_size,
+            workers=args.workers,
+            distributed=args.distributed,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            optimizer=args.optimizer,
+            lr=float(lr),
+            momentum=float(args.momentum),
+            loss=args.loss,
+            clip=args.clip,
+            seed=args.seed,
+            dataset=args.dataset,
+            samples=args.samples,
+            features=args.features,
+            classes=args.classes,
+            checkpoint=_path(args.checkpoint),
+            resume=_path(args.resume),
+            run_dir=_path(args.run_dir),
+            name=args.name,
+            plot=_path(args.plot),
+            history=_path(args.history),
+            quiet=args.quiet or (dist is not None and not dist.is_root),
+            dist=dist,
+        )
+
+    def trainer_config(self) -> TrainerConfig:
+        """The `TrainerConfig` (optimizer, loss, clipping) of this run."""
+        if self.optimizer == "sgd":
+            opt = OptimizerKind.sgd(self.lr, momentum=self.momentum)
+        elif self.optimizer == "adam":
+            opt = OptimizerKind.adam(self.lr)
+        else:
+            opt = OptimizerKind.adamw(self.lr)
+        loss = LossKind.MSE if self.loss == "mse" else LossKind.CROSS_ENTROPY
+        return TrainerConfig(opt, loss, gradient_clip=self.clip)
+
+    def data_options(self) -> dict[str, Any]:
+        """The options that fix the data and its order (a resumed run must match them)."""
+        keys = ["dataset", "seed", "batch_size"]
+        if self.dataset == "synthetic":
+            keys += ["samples", "features", "classes"]
+        return {k: getattr(self, k) for k in keys}
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as JSON-friendly values (for the history file)."""
+        out = asdict(self)
+        out["devices"] = [str(d) for d in self.devices]
+        if self.dist is not None:
+            out["dist"] = {"world_size": self.dist.world_size, "rank": self.dist.rank}
+        out["hidden"] = list(self.hidden)
+        for key, value in out.items():
+            if isinstance(value, Path):
+                out[key] = str(value)
+        return out

@@ -1,0 +1,175 @@
+"""Bad arguments to `atomr` give one clear line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atomr.cli import main
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([], "required: COMMAND"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["train", "--strategy", "magic"], "invalid choice: 'magic'"),
+        (["train", "--epochs", "ten"], "invalid int value: 'ten'"),
+        (["train", "--epochs", "0"], "--epochs must be >= 1"),
+        (["train", "--batch-size", "-4"], "--batch-size must be >= 1"),
+        (["train", "--lr", "-0.1"], "--lr must be positive"),
+        (["train", "--lr", "nan"], "--lr must be positive"),
+        (["train", "--momentum", "1.5"], "--momentum must be in [0, 1)"),
+        (["train", "--hidden", "64,abc"], "--hidden must be comma-separated integers"),
+        (["train", "--hidden", "0"], "each >= 1"),
+        (["train", "--devices", "gpu:0"], "unknown device 'gpu:0'"),
+        (["train", "--devices", "cpu:0,cpu:0"], "names cpu:0 twice"),
+        (["train", "--devices", "cuda:7"], "no such device cuda:7"),
+        (["train", "--devices", "0"], "--devices needs N >= 1"),
+        (["train", "--strategy", "single", "--devices", "2"], "trains on one device, got 2"),
+        (["train", "--workers", "3"], "--workers only applies to --strategy ps"),
+        (["train", "--resume", "/nonexistent/ckpt.bin"], "no such checkpoint file"),
+        (["train", "--classes", "1", "--dataset", "synthetic"], "--classes must be >= 2"),
+        (["train", "--optimizer", "lion"], "invalid choice: 'lion'"),
+        (["train", "--distributed", "--strategy", "pipeline"], "cannot be combined"),
+        (["train", "--distributed"], "--distributed runs under MPI: start it with 'atomr launch"),
+        (["bench", "gpu"], "invalid choice: 'gpu'"),
+        (["bench", "all", "--benchmarks-dir", "/nonexistent"], "no such folder"),
+        (["launch"], "required: -n/--nprocs"),
+        (["launch", "-n", "0", "--", "--epochs", "1"], "-n must be >= 1"),
+        (["launch", "-n", "2", "--epochs", "1"], "unrecognized arguments: --epochs 1"),
+        (["devices", "--", "x"], "takes no arguments after '--'"),
+    ],
+)
+def test_bad_arguments_give_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    code, out, err = _run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("atomr: error: ")
+    assert needle in lines[0]
+    assert "Traceback" not in err
+
+
+def test_batch_too_small_for_the_devices(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = _run(
+        capsys,
+        "train",
+        "--strategy",
+        "data",
+        "--devices",
+        "3",
+        "--batch-size",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+    )
+    assert code == 2
+    assert err.strip() == (
+        "atomr: error: --batch-size 2 is too small for --strategy data on 3 device(s): "
+        "use at least 3"
+    )
+
+
+def test_trainer_refusal_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # three pipeline stages for a two-layer model: the trainer refuses, the CLI says why
+    code, _, err = _run(
+        capsys,
+        "train",
+        "--strategy",
+        "pipeline",
+        "--devices",
+        "3",
+        "--epochs",
+        "1",
+        "--run-dir",
+        str(tmp_path),
+    )
+    assert code == 2
+    assert err.startswith("atomr: error: --strategy pipeline: ")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_resume_of_a_file_that_is_not_a_checkpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bogus = tmp_path / "bogus.ckpt"
+    bogus.write_bytes(b"not a checkpoint")
+    code, _, err = _run(capsys, "train", "--resume", str(bogus), "--run-dir", str(tmp_path))
+    assert code == 2
+    assert err.startswith("atomr: error: --resume: ")
+    assert "not an atomr checkpoint" in err
+
+
+def test_unwritable_checkpoint_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, not a folder")
+    code, _, err = _run(
+        capsys,
+        "train",
+        "--strategy",
+        "single",
+        "--epochs",
+        "1",
+        "--quiet",
+        "--checkpoint",
+        str(blocker / "c.ckpt"),
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
+    assert code == 1
+    assert err.startswith("atomr: error: ") and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "train", "--help")
+    assert code == 0
+    for option in (
+        "--strategy",
+        "--devices",
+        "--epochs",
+        "--batch-size",
+        "--optimizer",
+        "--lr",
+        "--loss",
+        "--hidden",
+        "--schedule",
+        "--workers",
+        "--checkpoint",
+        "--resume",
+        "--seed",
+        "--dataset",
+        "--plot",
+        "--quiet",
+        "--distributed",
+    ):
+        assert option in out
+
+
+def test_the_installed_command_prints_no_traceback() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "atomr.cli", "train", "--epochs", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == "atomr: error: --epochs must be >= 1, got -1\n"

@@ -1,0 +1,159 @@
+"""Stopping a run (Ctrl-C) saves the checkpoint that was asked for, and
+`--resume` continues at the very batch where it stopped."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import atomr
+from atomr.cli import main
+from atomr.cli.dataset import load_dataset
+from atomr.cli.history import History
+from atomr.cli.interrupt import StopFlag
+from atomr.cli.parser import build_parser
+from atomr.cli.run_config import RunConfig
+from atomr.cli.training_run import Position, train_epochs
+from atomr.train import StepStats, load_checkpoint
+
+
+def _run_config(*argv: str) -> RunConfig:
+    return RunConfig.from_args(build_parser("test").parse_args(["train", "--quiet", *argv]))
+
+
+def test_stop_saves_a_checkpoint_and_resume_continues_at_that_batch(tmp_path: Path) -> None:
+    ckpt = tmp_path / "stop.ckpt"
+    run = _run_config("--strategy", "single", "--epochs", "2", "--checkpoint", str(ckpt))
+    data = load_dataset(run)
+    stop = StopFlag()
+
+    def after_step(position: Position, stats: StepStats) -> None:
+        if position.epoch == 1 and position.batch == 5:
+            stop.request()
+
+    history = History(config=run.to_json())
+    atomr.run(train_epochs(run, data, history, stop, on_step=after_step))
+    assert history.status == "interrupted"
+    assert [r.epoch for r in history.epochs] == [1]
+    steps_per_epoch = history.epochs[0].step
+    assert history.position is not None
+    assert (history.position["epoch"], history.position["batch"]) == (1, 5)
+    assert load_checkpoint(ckpt).step == steps_per_epoch + 5
+
+    # resume: the first step taken is batch 5 of epoch 2, and the run finishes
+    resumed = _run_config("--strategy", "single", "--epochs", "2", "--resume", str(ckpt))
+    seen: list[tuple[int, int, int]] = []
+    again = History(config=resumed.to_json())
+
+    def record(position: Position, stats: StepStats) -> None:
+        seen.append((position.epoch, position.batch, position.step))
+
+    atomr.run(train_epochs(resumed, data, again, StopFlag(), on_step=record))
+    assert again.status == "finished"
+    assert seen[0] == (1, 6, steps_per_epoch + 6)
+    assert len(seen) == steps_per_epoch - 5
+    assert [r.step for r in again.epochs] == [steps_per_epoch, 2 * steps_per_epoch]
+
+
+def test_stopped_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:
+    """Same seed, same batches: stopping and resuming changes nothing."""
+    ckpt = tmp_path / "s.ckpt"
+    straight = _run_config(
+        "--strategy", "single", "--epochs", "2", "--checkpoint", str(tmp_path / "straight.ckpt")
+    )
+    data = load_dataset(straight)
+    atomr.run(train_epochs(straight, data, History(config={}), StopFlag()))
+
+    stop = StopFlag()
+    first = _run_config("--strategy", "single", "--epochs", "2", "--checkpoint", str(ckpt))
+    atomr.run(
+        train_epochs(
+            first,
+            data,
+            History(config={}),
+            stop,
+            on_step=lambda p, s: stop.request() if p.step == 17 else None,
+        )
+    )
+    second = _run_config(
+        "--strategy", "single", "--epochs", "2", "--resume", str(ckpt), "--checkpoint", str(ckpt)
+    )
+    atomr.run(train_epochs(second, data, History(config={}), StopFlag()))
+    a, b = load_checkpoint(tmp_path / "straight.ckpt"), load_checkpoint(ckpt)
+    assert a.step == b.step
+    np.testing.assert_allclose(a.weights, b.weights, rtol=0, atol=1e-6)
+
+
+def test_ctrl_c_stops_cleanly_after_saving(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ctrl-c.ckpt"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "atomr.cli",
+            "train",
+            "--strategy",
+            "single",
+            "--dataset",
+            "synthetic",
+            "--epochs",
+            "100000",
+            "--checkpoint",
+            str(ckpt),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    try:
+        # wait until training is under way (the progress bar shows steps)
+        assert proc.stderr is not None
+        seen = b""
+        while b"samples_s=" not in seen:
+            chunk = proc.stderr.read1(4096)
+            assert chunk, "the run ended before it started training"
+            seen += chunk
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            time.sleep(0.1)
+    assert proc.returncode == 130, err.decode()
+    assert b"Traceback" not in err
+    assert err.decode().strip().splitlines()[-1] == (
+        f"atomr: interrupted; checkpoint saved to {ckpt}"
+    )
+    assert re.search(rb"^status +interrupted$", out, re.MULTILINE)
+    assert load_checkpoint(ckpt).step > 0
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert history["status"] == "interrupted"
+    side = json.loads(ckpt.with_name(ckpt.name + ".history.json").read_text())
+    assert side["position"]["step"] == load_checkpoint(ckpt).step
+    # and it resumes from there
+    code = main(
+        [
+            "train",
+            "--strategy",
+            "single",
+            "--dataset",
+            "synthetic",
+            "--quiet",
+            "--epochs",
+            str(side["position"]["epoch"] + 1),
+            "--resume",
+            str(ckpt),
+            "--run-dir",
+            str(tmp_path / "resumed"),
+        ]
+    )
+    assert code == 0

@@ -1,0 +1,106 @@
+"""Every public name of atomr has a docstring.
+
+The public names are those listed in the `__all__` of every atomr package
+(`atomr`, `atomr.actor`, `atomr.accel`, `atomr.train`, ...: what users import);
+for a public class, its public methods and properties count too. Every
+module (packages and plain modules) must also have a docstring.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import atomr
+
+# Modules that run something when imported.
+_SKIP_MODULES = {"atomr.cli.__main__"}
+
+
+def _modules() -> Iterator[ModuleType]:
+    yield atomr
+    for info in pkgutil.walk_packages(atomr.__path__, prefix="atomr."):
+        if info.name in _SKIP_MODULES:
+            continue
+        yield importlib.import_module(info.name)
+
+
+def _documented(obj: Any) -> bool:
+    doc = inspect.getdoc(obj)
+    return bool(doc and doc.strip())
+
+
+def _own_doc(obj: Any) -> bool:
+    """A docstring written for this object, not one inherited from `object`."""
+    doc = getattr(obj, "__doc__", None)
+    return bool(doc and doc.strip())
+
+
+def _members(cls: type) -> Iterator[tuple[str, Any]]:
+    for name, value in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        if isinstance(value, property):
+            value = value.fget
+        if inspect.isfunction(value):
+            yield name, value
+
+
+def _public_objects() -> Iterator[tuple[str, Any]]:
+    seen: set[int] = set()
+    for module in _modules():
+        if not _own_doc(module):
+            yield module.__name__, module
+        if not hasattr(module, "__path__"):
+            continue  # a plain module: its names are public through its package
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue  # constants, enum members, type aliases
+            if not getattr(obj, "__module__", "").startswith("atomr") or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            yield f"{obj.__module__}.{obj.__qualname__}", obj
+            if inspect.isclass(obj):
+                for member_name, member in _members(obj):
+                    if _inherits_doc(obj, member_name):
+                        continue
+                    yield f"{obj.__module__}.{obj.__qualname__}.{member_name}", member
+
+
+def _inherits_doc(cls: type, name: str) -> bool:
+    """An override documented by the base class it overrides is documented."""
+    return any(name in vars(base) and _documented(getattr(base, name)) for base in cls.__mro__[1:])
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    missing = sorted(
+        {name for name, obj in _public_objects() if not (_own_doc(obj) or _documented(obj))}
+    )
+    assert not missing, "public names without a docstring:\n  " + "\n  ".join(missing)
+
+
+def test_the_walk_sees_the_main_names() -> None:
+    names = {name for name, _ in _public_objects()}
+    for expected in (
+        "atomr.actor.ref.ActorRef",
+        "atomr.accel.device.Device",
+        "atomr.train.trainer.Trainer",
+        "atomr.cli.app.main",
+    ):
+        assert expected in names
+
+
+@pytest.mark.parametrize("package", ["atomr", "atomr.actor", "atomr.accel", "atomr.train"])
+def test_package_all_names_exist(package: str) -> None:
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        assert hasattr(module, name), f"{package}.__all__ lists {name!r}, which is missing"

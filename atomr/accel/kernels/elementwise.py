@@ -78,9 +78,10 @@ def act_forward(kind: int, x: float, approx: bool) -> float:
     if kind == 2:
         return tanh_rational(x) if approx else math.tanh(x)
     if kind == 3:
+        # Exact tanh even when ``approx``: 1 + t cancels for very negative x, and
+        # the rational tanh's ~1e-6 error there would be scaled by x.
         u = _GELU_K * (x + _GELU_C * x * x * x)
-        t = tanh_rational(u) if approx else math.tanh(u)
-        return 0.5 * x * (1.0 + t)
+        return 0.5 * x * (1.0 + math.tanh(u))
     return x
 
 

@@ -469,6 +469,12 @@ class ActorCell:
         self.receive_timeout = None
         await self._cancel_tasks()
         await self._stop_children()
+        # deferred replies belonged to the discarded instance: fail them now
+        # (with the error that caused the restart) instead of leaving the
+        # askers to hang until their timeouts
+        for deferred in list(self.replies):
+            deferred.set_exception(error)
+        self.replies.clear()
         try:
             await _maybe_await(old.pre_restart(error, message))
         except Exception:

@@ -1,0 +1,1 @@
+"""Fault injection, crash-safe checkpoints, fuzzing and untrusted-data checks."""

@@ -1,0 +1,137 @@
+"""Fault injection for `TensorParallelTrainer`: the phases that
+tests/train/test_tensor_parallel.py does not cover (it covers a device
+failure in `_backward` and after a full `_apply`).
+
+Here: a device failure before the forward pass, in the loss (the point
+where the shards' outputs are combined), in the partial-sum all-reduce of
+a row-parallel layer (`_combine_sum`), and mid-optimizer with half the
+slice written; and the shard actor itself crashing (not its device). Each
+time no shard's slice changes, the asker gets the typed error, and training
+ends where an unfaulted run ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem
+from atomr.accel import ContextPoisoned, cpu_devices
+from atomr.train import (
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    ShardActor,
+    TensorParallelConfig,
+    TensorParallelTrainer,
+)
+from atomr.train.shard import ShardForward, ShardGather
+from tests.reliability.faults import (
+    CLASSES,
+    IN,
+    Plan,
+    T,
+    assert_same_training,
+    assert_unchanged,
+    batches,
+    clean_run,
+    faulted_run,
+)
+
+SIZES = [IN, 8, 8, CLASSES]
+FAULTY_RANK = 1
+CONFIG = TensorParallelConfig(2, OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY)
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, plan: Plan) -> None:
+    """Hook the built-in shard's device-side methods on rank `FAULTY_RANK`."""
+
+    def wrap(name: str, phase: str) -> None:
+        original = getattr(ShardActor, name)
+
+        def hooked(self: ShardActor, *args: Any) -> Any:
+            if self.layout.rank == FAULTY_RANK:
+                plan.fire(phase)
+            return original(self, *args)
+
+        monkeypatch.setattr(ShardActor, name, hooked)
+
+    wrap("_forward", "before_forward")
+    wrap("_loss", "loss")
+    wrap("_combine_sum", "all_reduce")
+    original_apply = ShardActor._apply
+
+    def apply(self: ShardActor, scale: float) -> None:
+        opt = self.optimizer
+        if self.layout.rank != FAULTY_RANK or not plan.due("mid_optimizer") or opt is None:
+            return original_apply(self, scale)
+
+        def broken(params: Any, grads: Any) -> None:
+            params[: params.shape[0] // 2] -= 0.5
+            raise ContextPoisoned("injected failure: mid_optimizer")
+
+        opt.step = broken  # type: ignore[method-assign]
+        try:
+            return original_apply(self, scale)
+        finally:
+            del opt.step
+
+    monkeypatch.setattr(ShardActor, "_apply", apply)
+    original_receive = ShardActor.receive
+
+    async def receive(self: ShardActor, message: Any) -> Any:
+        if isinstance(message, ShardForward) and self.layout.rank == FAULTY_RANK:
+            plan.fire("actor_crash", RuntimeError)  # raised in the actor, not answered
+        return await original_receive(self, message)
+
+    monkeypatch.setattr(ShardActor, "receive", receive)
+
+
+async def _spawn(system: ActorSystem) -> Any:
+    return await TensorParallelTrainer.spawn(
+        system, Mlp(SIZES, activation="tanh", seed=4), cpu_devices(2), CONFIG
+    )
+
+
+async def _slices(tp: Any) -> list[np.ndarray]:
+    shards = tp._cell.instance._shards  # white-box: ask each shard for its own slice
+    return [(await s.ask(ShardGather("params"), timeout=T)).values for s in shards]
+
+
+@pytest.mark.parametrize("phase", ["before_forward", "loss", "all_reduce", "mid_optimizer"])
+async def test_a_device_fault_in_any_phase_changes_no_shard(
+    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch, phase: str
+) -> None:
+    plan = Plan()
+    _install(monkeypatch, plan)
+    data = batches()
+    tp = await _spawn(actor_system)
+    error, views = await faulted_run(tp, data, plan, phase, lambda: _slices(tp))
+    assert isinstance(error, ContextPoisoned) and "injected" in str(error), repr(error)
+    assert plan.fired == [phase]
+    assert_unchanged(views)
+    clean = await _spawn(actor_system)
+    await clean_run(clean, data)
+    accuracy = await assert_same_training(tp, clean)
+    print(f"\n{phase}: {type(error).__name__}; accuracy after recovery {accuracy:.3f}")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a crashed shard actor is STOPPED by TensorParallelTrainer's supervisor "
+    "(_stop_shard), not restored: every later Step fails with ActorStoppedError",
+)
+async def test_a_crashed_shard_actor_is_restored_and_training_continues(
+    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = Plan()
+    _install(monkeypatch, plan)
+    data = batches()
+    tp = await _spawn(actor_system)
+    error, views = await faulted_run(tp, data, plan, "actor_crash", lambda: _slices(tp))
+    assert isinstance(error, RuntimeError) and "injected" in str(error), repr(error)
+    clean = await _spawn(actor_system)
+    await clean_run(clean, data)
+    await assert_same_training(tp, clean)

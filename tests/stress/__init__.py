@@ -1,0 +1,1 @@
+"""Load and soak tests (marker `stress`)."""

@@ -34,12 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from atomr.accel import Device, OutOfMemory, Unrecoverable
+from atomr.accel import Device
 from atomr.actor import (
     Actor,
     ActorRef,
-    ActorStoppedError,
-    Directive,
     Failure,
     OneForOneStrategy,
     Props,
@@ -68,6 +66,7 @@ from atomr.train.messages import (
     Step,
 )
 from atomr.train.mlp import Mlp
+from atomr.train.recovery import resync, worker_decider
 from atomr.train.replica import (
     ApplyGradients,
     ComputeGradients,
@@ -148,22 +147,10 @@ class DataParallelConfig:
             object.__setattr__(self, "speed_hint", tuple(float(s) for s in self.speed_hint))
 
 
-def replica_decider(error: BaseException) -> Directive:
-    """How the trainer supervises the replicas it spawned.
-
-    Args:
-        error: what the replica raised.
-
-    Returns:
-        STOP for `Unrecoverable` (the device is gone; the trainer goes on
-        with the others), RESUME for `OutOfMemory` (the replica is re-synced
-        anyway), RESTART for anything else.
-    """
-    if isinstance(error, Unrecoverable):
-        return Directive.STOP
-    if isinstance(error, OutOfMemory):
-        return Directive.RESUME
-    return Directive.RESTART
+replica_decider = worker_decider
+"""How the trainer supervises the replicas it spawned (`recovery.worker_decider`):
+STOP for `Unrecoverable` (the trainer goes on with the others), RESUME for
+`OutOfMemory` (the replica is re-synced anyway), RESTART for anything else."""
 
 
 def _finalize(grads: np.ndarray, scale: float, clip: float | None) -> float:
@@ -284,7 +271,10 @@ class DataParallelTrainer(Actor):
         Args:
             system: the `ActorSystem` (or a `Context`) to spawn in.
             model: the model (copied onto each device).
-            devices: one device per replica (e.g. `cpu_devices(2)`).
+            devices: one device per replica (e.g. `cpu_devices(2)`), all CPU
+                devices or all CUDA devices (several replicas may share one).
+                CPU and CUDA kernels round differently, so replicas on both
+                kinds would drift apart instead of staying bit-identical.
             config: as for the class.
             parallel, process_collective: as for the class.
             name: the trainer's actor name, or None.
@@ -294,18 +284,21 @@ class DataParallelTrainer(Actor):
 
         Raises:
             TypeError: `model` is not an `Mlp` or `config` not a `TrainerConfig`.
-            ValueError: no devices, or a bad device name.
+            ValueError: no devices, a bad device name, or CPU and CUDA devices mixed.
         """
         if not isinstance(model, Mlp) or not isinstance(config, TrainerConfig):
             raise TypeError("DataParallelTrainer.spawn needs an Mlp and a TrainerConfig")
-        devices = list(devices)
-        if not devices:
+        devs = [Device.parse(d) for d in devices]
+        if not devs:
             raise ValueError("DataParallelTrainer.spawn needs at least one device")
+        if len({d.kind for d in devs}) > 1:
+            raise ValueError(
+                f"DataParallelTrainer.spawn: devices {[str(d) for d in devs]} mix CPU and "
+                "CUDA; their kernels round differently, so the replicas would not stay "
+                "bit-identical: put every replica on the same kind of device"
+            )
         timeout = (parallel or DataParallelConfig()).timeout
-        replica_props = [
-            ReplicaActor.props(model, Device.parse(d), config, ring_timeout=timeout)
-            for d in devices
-        ]
+        replica_props = [ReplicaActor.props(model, d, config, ring_timeout=timeout) for d in devs]
         props = cls.props(
             config, replica_props, parallel=parallel, process_collective=process_collective
         )
@@ -553,14 +546,12 @@ class DataParallelTrainer(Actor):
             logger.error("DataParallelTrainer: no healthy replica left to re-sync from")
             return
         state = await self.replicas[healthy[0]].ask(GetState(), timeout=t)
-        targets = [self.replicas[i] for i in crashed]
-        outcomes = await ask_all_settled(targets, SetState(state), t, per_worker=False)
-        gone = [crashed[j] for j, res in enumerate(outcomes) if isinstance(res, ActorStoppedError)]
+        outcome = await resync(self.replicas, crashed, lambda _: (SetState(state),), t)
+        gone, bad = outcome.gone, outcome.bad
         if gone:
             logger.warning("DataParallelTrainer: replicas %s stopped; going on without them", gone)
             self._set_replicas([r for i, r in enumerate(self.replicas) if i not in gone])
             self._synced = True
-        bad = [crashed[j] for j in failed_indices(outcomes) if crashed[j] not in gone]
         if bad:
             self._lost = RuntimeError(f"replicas {bad} could not be re-synced")
 

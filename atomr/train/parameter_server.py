@@ -17,6 +17,11 @@ here) under one of three consistency models (`Consistency`):
 A push is atomic: its length, finiteness and staleness are checked first,
 and only then is the optimizer applied, on the device's worker thread. Bad
 input is answered with `Failure(exc)`; the server is never restarted for it.
+A failure during the update itself (the aggregation, a device error, an
+optimizer dying half-way) is undone from a snapshot of the weights and
+optimizer state taken before it (`atomr.train.recovery.UpdateSnapshot`) and
+answered with `Failure(exc)` too: the pusher gets the typed error, the
+server keeps its weights and version and goes on serving.
 
 One server may hold a range of a larger vector (`spawn(..., shards=K)`):
 the workers push and pull every range, like MXNet's KVStore or ps-lite.
@@ -53,6 +58,7 @@ from atomr.train.ps_messages import (
     StaleGradientError,
     Stats,
 )
+from atomr.train.recovery import UpdateSnapshot
 
 if TYPE_CHECKING:
     from atomr.train.config import TrainerConfig
@@ -167,6 +173,7 @@ class AsyncParameterServer(DeviceActor):
         self._clocks: dict[int, int] = {w: 0 for w in range(workers or 0)}
         self._round: dict[int, _Pending] = {}
         self._waiting_pulls: list[tuple[int, Reply]] = []
+        self._snapshot = UpdateSnapshot()
 
     @classmethod
     def props(
@@ -289,7 +296,7 @@ class AsyncParameterServer(DeviceActor):
             self.rejected += 1
             return Failure(StaleGradientError(staleness, bound))
         if weight > 0.0:
-            error = await self.on_device(self._apply, [(grad, 1.0)])
+            error = await self._apply_or_undo([(grad, 1.0)])
             if error is not None:
                 return Failure(error)
             self._count_applied([staleness])
@@ -321,7 +328,7 @@ class AsyncParameterServer(DeviceActor):
             error: Exception | None = ValueError("every batch of the round was empty")
         else:
             parts = [(p.gradient, p.weight / total) for p in pending if p.weight > 0.0]
-            error = await self.on_device(self._apply, parts)
+            error = await self._apply_or_undo(parts)
             if error is None:
                 self._count_applied([0] * len(parts))
         for p in pending:
@@ -330,6 +337,29 @@ class AsyncParameterServer(DeviceActor):
             else:
                 p.reply.set_exception(error)
         return None
+
+    async def _apply_or_undo(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
+        """Apply `parts` atomically: any failure in `_apply` (aggregation, a device
+        error mid-optimizer) is undone and returned, so the pusher gets the typed
+        error and the server keeps its weights, optimizer state and version."""
+        try:
+            return await self.on_device(self._snapshot_apply, parts)
+        except Exception as exc:  # undone on the device thread; answered, never a restart
+            return exc
+
+    def _snapshot_apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
+        """On the device thread: snapshot, `_apply`, and restore if it raises."""
+        assert self.optimizer is not None
+        version = self.version
+        self._snapshot.take(self.backend, self.weights, self.optimizer)
+        try:
+            return self._apply(parts)
+        except BaseException:
+            self._snapshot.restore(self.backend, self.weights, self.optimizer)
+            self.version = version
+            raise
+        finally:
+            self._snapshot.discard()
 
     def _apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
         """On the device thread: `sum(coef * g)`, checked finite, then one optimizer step.

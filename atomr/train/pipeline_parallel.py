@@ -14,12 +14,16 @@ A step:
    own exception: no stage changed anything;
 4. else the global gradient norm over all stages (and the clipping factor),
    then `ApplyGradients` to every stage; if an apply fails, `RollbackStep`
-   restores the stages that had applied.
+   restores the stages that had applied;
+5. after a committed step, a host copy of every stage's state is kept: a
+   stage actor that dies is restarted, then re-connected and given that
+   state back before the error is answered (`recovery`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -29,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device
-from atomr.actor import Actor, ActorRef, Failure, Props
+from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
 from atomr.train.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -43,6 +47,7 @@ from atomr.train.loss import LossKind
 from atomr.train.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.mlp import Mlp
 from atomr.train.optimizer import OptimizerKind
+from atomr.train.recovery import CommittedStates, from_a_worker, resync, worker_decider
 from atomr.train.schedule import OpKind, Schedule, split_micro_batches
 from atomr.train.stage import (
     AbortStep,
@@ -67,6 +72,8 @@ from atomr.train.validation import validate_batch
 __all__ = ["GetGradients", "PipelineConfig", "PipelineParallelTrainer"]
 
 _REQUEST_ERRORS = (InvalidBatchError, NonFiniteError, CheckpointError, OSError)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,7 @@ class PipelineParallelTrainer(Actor):
         self.steps = 0
         self._step_id = 0
         self._timeline: Timeline | None = None
+        self._committed = CommittedStates()
 
     @classmethod
     def props(
@@ -261,18 +269,24 @@ class PipelineParallelTrainer(Actor):
             for i, s in enumerate(self._given)
         ]
 
+    def supervisor_strategy(self) -> SupervisorStrategy:
+        """Restart a failed stage (`worker_decider`); the trainer then
+        re-connects it and gives it back the last committed state (`_recover`)."""
+        return OneForOneStrategy(decider=worker_decider)
+
+    def _connect_message(self, i: int) -> ConnectStage:
+        p = len(self.stages)
+        return ConnectStage(
+            i,
+            p,
+            self.stages[i - 1] if i > 0 else None,
+            self.stages[i + 1] if i + 1 < p else None,
+            self.config.optimizer,
+        )
+
     async def _connect(self) -> None:
         p = len(self.stages)
-        msgs = [
-            ConnectStage(
-                i,
-                p,
-                self.stages[i - 1] if i > 0 else None,
-                self.stages[i + 1] if i + 1 < p else None,
-                self.config.optimizer,
-            )
-            for i in range(p)
-        ]
+        msgs = [self._connect_message(i) for i in range(p)]
         infos = await ask_all(self.stages, msgs, self.config.ask_timeout)
         for i, info in enumerate(infos):
             if not isinstance(info, StageInfo):
@@ -283,10 +297,37 @@ class PipelineParallelTrainer(Actor):
                     f"stage {i} outputs width {infos[i].sizes[-1]}, stage {i + 1} takes "
                     f"{infos[i + 1].sizes[0]}"
                 )
-        self.infos = list(infos)
         self.offsets = [0]
         for info in infos:
             self.offsets.append(self.offsets[-1] + info.n_params)
+        await self._record()
+        self.infos = list(infos)
+
+    async def _record(self) -> None:
+        """Keep a host copy of every stage's state (after a committed step)."""
+        await self._committed.record(self.stages, GetStageState(), self.config.ask_timeout)
+
+    async def _recover(self) -> None:
+        """After a stage failed: re-connect every stage and give it back its
+        last committed state (a restarted stage came back unconnected, with
+        its initial weights and no optimizer; the others are unchanged, since
+        the failed request changed nothing). If a stage cannot be restored,
+        the trainer connects again on the next request (which reports why)."""
+        states = self._committed.states
+        if states is None:
+            return
+        outcome = await resync(
+            self.stages,
+            range(len(self.stages)),
+            lambda i: (self._connect_message(i), SetStageState(states[i])),
+            self.config.ask_timeout,
+        )
+        if not outcome.ok:
+            logger.error(
+                "PipelineParallelTrainer: stages %s could not be restored",
+                outcome.gone + outcome.bad,
+            )
+            self.infos = []
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -330,6 +371,12 @@ class PipelineParallelTrainer(Actor):
             if isinstance(message, LoadCheckpoint):
                 return await self._load(message.path)
         except Exception as exc:  # bad input or a failed stage: answer, keep the trainer
+            if self.infos and from_a_worker(exc):
+                try:
+                    await self._recover()
+                except Exception:  # reported; the next request connects again
+                    logger.exception("PipelineParallelTrainer: restoring the stages failed")
+                    self.infos = []
             return Failure(exc)
         return Failure(
             TypeError(f"PipelineParallelTrainer does not handle {type(message).__name__}")
@@ -414,8 +461,11 @@ class PipelineParallelTrainer(Actor):
                 self.stages, RollbackStep(sid), self.config.ask_timeout, per_worker=False
             )
             error = results[failed[0]]
+            error.worker_index = failed[0]
             error.add_note(f"ApplyGradients failed on stage {failed[0]}; every stage rolled back")
             raise error
+        # committed: keep a host copy to restore a stage that is restarted later
+        await self._record()
         self.steps += 1
         elapsed = time.perf_counter() - t0
         self._timeline = self._make_timeline(reports, t0, elapsed, len(xs))
@@ -504,4 +554,5 @@ class PipelineParallelTrainer(Actor):
                 self.stages, [SetStageState(s) for s in old], self.config.ask_timeout
             )
             raise results[failed_indices(results)[0]]
+        await self._record()
         self.steps = int(ckpt.step)

@@ -43,6 +43,7 @@ from atomr.train.errors import CheckpointError, InvalidBatchError, NonFiniteErro
 from atomr.train.loss import LossKind
 from atomr.train.mlp import Mlp
 from atomr.train.optimizer import Optimizer, OptimizerKind
+from atomr.train.recovery import UpdateSnapshot
 from atomr.train.sharding import LayerShard, ShardLayout, shard_layout
 from atomr.train.validation import validate_targets
 
@@ -358,9 +359,7 @@ class ShardActor(DeviceActor):
         self._tapes: list[_StageTape | None] = [None] * self.layout.stages
         self._batch = 0
         self._d_out: Any = None
-        self._snap_params: Any = None
-        self._snap_bufs: dict[str, Any] = {}
-        self._snap_state: tuple[int, dict[str, Any]] | None = None
+        self._undo = UpdateSnapshot()
         self._pending = False
 
     @classmethod
@@ -540,36 +539,11 @@ class ShardActor(DeviceActor):
     # -- phase 2: apply, with a snapshot to roll back -------------------------
 
     def _snapshot(self, opt: Optimizer) -> None:
-        be = self.backend
-        if self._snap_params is None:
-            self._snap_params = be.empty((self.layout.n_params,), dtype=self.dtype)
-        be.copy(self.params, self._snap_params)
-        bufs: dict[str, Any] = {}
-        for name in opt._buffers:
-            buf = getattr(opt, name)
-            if buf is None:
-                bufs[name] = None
-                continue
-            dst = self._snap_bufs.get(name)
-            if dst is None:
-                dst = self._snap_bufs[name] = be.empty((self.layout.n_params,), dtype=self.dtype)
-            be.copy(buf, dst)
-            bufs[name] = dst
-        self._snap_state = (opt.step_count, bufs)
+        self._undo.take(self.backend, self.params, opt)
 
     def _restore(self) -> None:
-        opt, state = self.optimizer, self._snap_state
-        assert opt is not None and state is not None
-        be = self.backend
-        be.copy(self._snap_params, self.params)
-        step, bufs = state
-        opt.step_count = step
-        for name, snap in bufs.items():
-            if snap is None:
-                setattr(opt, name, None)
-            else:
-                be.copy(snap, getattr(opt, name))
-        be.synchronize()
+        assert self.optimizer is not None
+        self._undo.restore(self.backend, self.params, self.optimizer)
 
     def _apply(self, scale: float) -> None:
         opt = self.optimizer

@@ -12,11 +12,16 @@ only the shards' gradients; if any shard fails, the step is abandoned and no
 weight changes. Phase 2 asks every shard to apply its optimizer to its slice
 (each snapshots first); if one fails, the shards that applied roll back. The
 asker sees the failing shard's own exception type.
+
+A shard actor that dies is restarted (`recovery.worker_decider`) and, before
+the error is answered, every shard gets its slice of the last committed state
+back (the trainer keeps a host copy after each committed step).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -26,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device
-from atomr.actor import Actor, ActorRef, Directive, Failure, OneForOneStrategy, Props
+from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props
 from atomr.actor.supervision import SupervisorStrategy
 from atomr.train.checkpoint import (
     Checkpoint,
@@ -42,6 +47,7 @@ from atomr.train.loss import LossKind
 from atomr.train.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.mlp import Mlp
 from atomr.train.optimizer import OptimizerKind
+from atomr.train.recovery import CommittedStates, from_a_worker, resync, worker_decider
 from atomr.train.shard import (
     LossResult,
     ShardActor,
@@ -61,6 +67,8 @@ from atomr.train.shard import (
 from atomr.train.sharding import check_shardable, scatter_pieces
 from atomr.train.stats import EvalResult, StepStats
 from atomr.train.validation import validate_batch
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ShardGroup",
@@ -366,11 +374,6 @@ def _merge_states(
     return weights, optimizer, steps.pop()
 
 
-def _stop_shard(error: BaseException) -> Directive:
-    """A shard that fails is stopped: a restart would reset its slice."""
-    return Directive.STOP
-
-
 class TensorParallelTrainer(Actor):
     """Trains an `Mlp` whose layers are split across N shard actors.
 
@@ -399,6 +402,7 @@ class TensorParallelTrainer(Actor):
         self.config = config
         self._shards = list(shards)
         self._group: ShardGroup | None = None
+        self._committed = CommittedStates()
         self.steps = 0
 
     @classmethod
@@ -458,9 +462,9 @@ class TensorParallelTrainer(Actor):
         return ref
 
     def supervisor_strategy(self) -> SupervisorStrategy:
-        """Stop a failed shard (a restarted one would lose its trained slice);
-        later requests then fail with `ActorStoppedError`."""
-        return OneForOneStrategy(decider=_stop_shard)
+        """Restart a failed shard (`worker_decider`); the trainer then gives it
+        back its slice of the last committed state (`_recover`)."""
+        return OneForOneStrategy(decider=worker_decider)
 
     def pre_start(self) -> None:
         """Spawn the shards given as `Props`, as children."""
@@ -472,7 +476,9 @@ class TensorParallelTrainer(Actor):
     async def _ready(self) -> ShardGroup:
         if self._group is None:
             refs = [s for s in self._shards if isinstance(s, ActorRef)]
-            self._group = await ShardGroup.connect(refs, self.config)
+            group = await ShardGroup.connect(refs, self.config)
+            await self._committed.record(group.refs, ShardGetState(), group.timeout)
+            self._group = group
         return self._group
 
     async def receive(self, message: Any) -> Any:
@@ -490,6 +496,12 @@ class TensorParallelTrainer(Actor):
             if isinstance(message, LoadCheckpoint):
                 return await self._load(group, message)
         except Exception as exc:
+            if self._group is not None and from_a_worker(exc):
+                try:
+                    await self._recover(self._group)
+                except Exception:  # reported; the next request reconnects
+                    logger.exception("TensorParallelTrainer: restoring the shards failed")
+                    self._group = None
             return Failure(exc)
         return Failure(TypeError(f"TensorParallelTrainer does not handle {type(message).__name__}"))
 
@@ -520,6 +532,8 @@ class TensorParallelTrainer(Actor):
             scale = min(1.0, clip / (grad_norm + 1e-6))
         # phase 2: apply everywhere, or nowhere
         await group.apply(scale)
+        # committed: keep a host copy to restore a shard that is restarted later
+        await self._committed.record(group.refs, ShardGetState(), group.timeout)
         self.steps += 1
         micros = (time.perf_counter_ns() - t0) // 1000
         return StepStats(result.loss_sum / result.normaliser, grad_norm, int(micros), x.shape[0])
@@ -570,7 +584,33 @@ class TensorParallelTrainer(Actor):
                 "the tensor-parallel trainer does not accumulate"
             )
         await group.load(ckpt.weights, state, step)
+        await self._committed.record(group.refs, ShardGetState(), group.timeout)
         self.steps = int(ckpt.step)
+
+    async def _recover(self, group: ShardGroup) -> None:
+        """After a shard failed: give every shard its slice of the last committed
+        state (a restarted shard came back with its initial slice and no
+        optimizer; the others are unchanged, since the failed request changed
+        nothing). A shard that stopped or refuses leaves the trainer to
+        reconnect on the next request (which then reports the shard's error)."""
+        states = self._committed.states
+        if states is None:
+            return
+        weights, optimizer, step = await asyncio.to_thread(
+            _merge_states, group.total_params, states
+        )
+        messages = (
+            ShardConfigure(self.config.optimizer, self.config.loss),
+            ShardSetState(weights, optimizer, step),
+        )
+        outcome = await resync(
+            group.refs, range(len(group.refs)), lambda _: messages, group.timeout
+        )
+        if not outcome.ok:
+            logger.error(
+                "TensorParallelTrainer: shards %s could not be restored", outcome.gone + outcome.bad
+            )
+            self._group = None
 
 
 def _check_shards(config: Any, shards: Sequence[Any]) -> None:

@@ -81,12 +81,6 @@ async def _push(server: Any, grad: np.ndarray) -> int:
     return await server.ask(PushGradient(0, version, grad), timeout=T)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a failure in the server's _apply escapes receive: the server is restarted and "
-    "comes back with its initial weights and version 0 (all training lost); a failure "
-    "mid-optimizer is not rolled back first",
-)
 @pytest.mark.parametrize(
     "consistency", [Consistency.asynchronous(), Consistency.synchronous()], ids=["async", "sync"]
 )

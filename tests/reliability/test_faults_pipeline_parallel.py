@@ -109,12 +109,6 @@ async def test_a_device_fault_changes_no_stage(actor_system: ActorSystem, phase:
     await _check(actor_system, phase, ContextPoisoned)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a crashed stage is restarted by the trainer's default strategy but never "
-    "re-connected nor re-synced: it comes back with its initial weights and no optimizer, "
-    "and every later request fails with 'not connected (ConnectStage)'",
-)
 async def test_a_crashed_stage_actor_is_restored_and_training_continues(
     actor_system: ActorSystem,
 ) -> None:

@@ -118,11 +118,6 @@ async def test_a_device_fault_in_any_phase_changes_no_shard(
     print(f"\n{phase}: {type(error).__name__}; accuracy after recovery {accuracy:.3f}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a crashed shard actor is STOPPED by TensorParallelTrainer's supervisor "
-    "(_stop_shard), not restored: every later Step fails with ActorStoppedError",
-)
 async def test_a_crashed_shard_actor_is_restored_and_training_continues(
     actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -82,7 +82,7 @@ class CpuBackend(Backend):
         elementwise.activation_forward_cpu(code, x, out, x.dtype == np.float32)
 
     def _activation_backward(self, code: int, x: Any, dy: Any, dx: Any) -> None:
-        elementwise.activation_backward_cpu(code, x, dy, dx, False)  # exact tanh: 1 - t^2 cancels
+        elementwise.activation_backward_cpu(code, x, dy, dx, x.dtype == np.float32)
 
     def _softmax_cross_entropy(
         self, logits: Any, labels: Any, weights: Any | None, grad: Any
@@ -94,7 +94,7 @@ class CpuBackend(Backend):
         )
         labels = np.ascontiguousarray(labels)
         total, wsum, bad = loss.softmax_cross_entropy_cpu(
-            logits, labels, w, weights is not None, grad
+            logits, labels, w, weights is not None, grad, logits.dtype == np.float32
         )
         if bad >= 0:  # pragma: no cover - labels are checked before the launch
             raise ValueError(f"softmax_cross_entropy: label at row {bad} is out of range")

@@ -15,10 +15,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from numba.extending import register_jitable
-
 from atomr.accel.kernels._compile import (
     cpu_loop,
+    cpu_math_loop,
     cpu_scalar,
     cuda,
     gpu_kernel,
@@ -26,6 +25,7 @@ from atomr.accel.kernels._compile import (
     launch_1d,
     launch_2d,
 )
+from atomr.accel.kernels._fastmath import fexp, ftanh, like
 
 __all__ = [
     "ACTIVATIONS",
@@ -48,55 +48,65 @@ ACTIVATIONS: dict[str, int] = {"identity": 0, "relu": 1, "tanh": 2, "gelu": 3}
 
 _GELU_K = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
-
-
-@register_jitable
-def tanh_rational(x: float) -> float:
-    """tanh(x) as a clamped 13/6 rational polynomial (Eigen's float32 tanh; ~1e-7 abs error).
-
-    Pure multiply/add/divide, so LLVM vectorises the CPU loops (a libm tanh call
-    would not be); used by the CPU twins for float32 only.
-    """
-    x = min(max(x, -7.90531110763549805), 7.90531110763549805)
-    x2 = x * x
-    p = x2 * -2.76076847742355e-16 + 2.00018790482477e-13
-    p = x2 * p + -8.60467152213735e-11
-    p = x2 * p + 5.12229709037114e-08
-    p = x2 * p + 1.48572235717979e-05
-    p = x2 * p + 6.37261928875436e-04
-    p = x2 * p + 4.89352455891786e-03
-    q = x2 * 1.19825839466702e-06 + 1.18534705686654e-04
-    q = x2 * q + 2.26843463243900e-03
-    q = x2 * q + 4.89352518554385e-03
-    return x * p / q
+_EXP_ARG_MAX = 80.0
+"""Largest exponent passed to exp (exp(80) ~ 5.5e34 is finite in float32; past it
+the GELU sigmoid is ~1e-35, i.e. 0 in float32, and Python's math.exp in the
+CUDA simulator would raise OverflowError near 710)."""
 
 
 def act_forward(kind: int, x: float, approx: bool) -> float:
-    """f(x) for activation ``kind`` (see ACTIVATIONS); ``approx``: rational tanh."""
+    """f(x) for activation ``kind`` (see ACTIVATIONS).
+
+    ``approx``: the vectorisable float32 tanh / exp of ``_fastmath`` (CPU,
+    float32 buffers); every constant is ``like(x, ...)`` so float32 stays
+    float32. GELU is evaluated as ``x * sigmoid(2u) = x / (1 + exp(-2u))``,
+    which equals ``0.5 x (1 + tanh(u))`` without the cancellation of ``1 + tanh``
+    for very negative x (the result goes to 0, as torch's does).
+    """
+    zero = like(x, 0.0)
     if kind == 1:
-        return x if x > 0.0 else 0.0
+        return x if x > zero else zero
     if kind == 2:
-        return tanh_rational(x) if approx else math.tanh(x)
+        return ftanh(x, approx)
     if kind == 3:
-        # Exact tanh even when ``approx``: 1 + t cancels for very negative x, and
-        # the rational tanh's ~1e-6 error there would be scaled by x.
-        u = _GELU_K * (x + _GELU_C * x * x * x)
-        return 0.5 * x * (1.0 + math.tanh(u))
+        one = like(x, 1.0)
+        u = like(x, _GELU_K) * (x + like(x, _GELU_C) * x * x * x)
+        a = like(x, -2.0) * u
+        hi = like(x, _EXP_ARG_MAX)
+        a = a if a < hi else hi
+        return x / (one + fexp(a, approx))
     return x
 
 
 def act_backward(kind: int, x: float, dy: float, approx: bool) -> float:
-    """dy * f'(x) for activation ``kind``, x the pre-activation; ``approx``: rational tanh."""
+    """dy * f'(x) for activation ``kind``, x the pre-activation.
+
+    tanh: ``1 - tanh(x)^2 = 4e / (1 + e)^2`` with ``e = exp(-2|x|)``, free of the
+    cancellation of ``1 - t^2`` (so the approximate exp is accurate here too).
+    GELU: with ``e = exp(-2u)``, ``s = 1 / (1 + e)`` (= ``(1 + tanh u) / 2``),
+    ``f'(x) = s (1 + 2 x e s u')``, ``u' = k (1 + 3 c x^2)``.
+    """
+    zero = like(x, 0.0)
+    one = like(x, 1.0)
     if kind == 1:
-        return dy if x > 0.0 else 0.0
+        return dy if x > zero else zero
     if kind == 2:
-        t = tanh_rational(x) if approx else math.tanh(x)
-        return dy * (1.0 - t * t)
+        ax = x if x >= zero else -x
+        e = fexp(like(x, -2.0) * ax, approx)
+        d = one + e
+        return dy * (like(x, 4.0) * e / (d * d))
     if kind == 3:
-        u = _GELU_K * (x + _GELU_C * x * x * x)
-        t = tanh_rational(u) if approx else math.tanh(u)
-        dt = (1.0 - t * t) * _GELU_K * (1.0 + 3.0 * _GELU_C * x * x)
-        return dy * (0.5 * (1.0 + t) + 0.5 * x * dt)
+        k = like(x, _GELU_K)
+        c = like(x, _GELU_C)
+        x2 = x * x
+        u = k * (x + c * x2 * x)
+        a = like(x, -2.0) * u
+        hi = like(x, _EXP_ARG_MAX)
+        a = a if a < hi else hi
+        e = fexp(a, approx)
+        s = one / (one + e)
+        du = k * (one + like(x, 3.0) * c * x2)
+        return dy * (s * (one + like(x, 2.0) * x * e * s * du))
     return dy
 
 
@@ -180,18 +190,58 @@ def bias_add_cuda(x: Any, bias: Any) -> None:
 # ---------------------------------------------------------------- CPU twins
 
 
-@cpu_loop
-def activation_forward_cpu(kind, x, out, approx):
-    """out = f(x) on flat arrays; ``approx``: the vectorisable rational tanh (float32)."""
+@cpu_scalar
+def _fwd_loop(kind, x, out, approx):
     for i in range(x.size):
         out[i] = _act_forward_cpu(kind, x[i], approx)
 
 
-@cpu_loop
-def activation_backward_cpu(kind, x, dy, dx, approx):
-    """dx = dy * f'(x) on flat arrays; ``approx``: the vectorisable rational tanh (float32)."""
+@cpu_scalar
+def _bwd_loop(kind, x, dy, dx, approx):
     for i in range(x.size):
         dx[i] = _act_backward_cpu(kind, x[i], dy[i], approx)
+
+
+@cpu_math_loop
+def activation_forward_cpu(kind, x, out, approx):
+    """out = f(x) on flat arrays; ``approx``: the vectorisable float32 tanh / exp.
+
+    One loop per (kind, approx) with both as constants, so each loop is
+    straight-line math that LLVM vectorises.
+    """
+    if kind == 1:
+        _fwd_loop(1, x, out, False)
+    elif kind == 2:
+        if approx:
+            _fwd_loop(2, x, out, True)
+        else:
+            _fwd_loop(2, x, out, False)
+    elif kind == 3:
+        if approx:
+            _fwd_loop(3, x, out, True)
+        else:
+            _fwd_loop(3, x, out, False)
+    else:
+        _fwd_loop(0, x, out, False)
+
+
+@cpu_math_loop
+def activation_backward_cpu(kind, x, dy, dx, approx):
+    """dx = dy * f'(x) on flat arrays; ``approx``: the vectorisable float32 exp."""
+    if kind == 1:
+        _bwd_loop(1, x, dy, dx, False)
+    elif kind == 2:
+        if approx:
+            _bwd_loop(2, x, dy, dx, True)
+        else:
+            _bwd_loop(2, x, dy, dx, False)
+    elif kind == 3:
+        if approx:
+            _bwd_loop(3, x, dy, dx, True)
+        else:
+            _bwd_loop(3, x, dy, dx, False)
+    else:
+        _bwd_loop(0, x, dy, dx, False)
 
 
 @cpu_loop

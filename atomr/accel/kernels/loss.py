@@ -29,7 +29,7 @@ from numba import float64
 from atomr.accel.kernels._compile import (
     BLOCK,
     blocks_for,
-    cpu_loop,
+    cpu_math_loop,
     cpu_reduce_loop,
     cpu_scalar,
     cuda,
@@ -37,6 +37,7 @@ from atomr.accel.kernels._compile import (
     gpu_scalar,
     launch_1d,
 )
+from atomr.accel.kernels._fastmath import fexp
 from atomr.accel.sim_lock import launch_lock
 
 __all__ = [
@@ -49,19 +50,29 @@ __all__ = [
 # ---------------------------------------------------------------- scalar math
 
 
-def ce_row(logits: Any, grad: Any, i: int, y: int, w: float) -> float:
-    """Row i of softmax cross-entropy: writes grad[i, :], returns w * (-log p_y)."""
+def ce_row(logits: Any, grad: Any, i: int, y: int, w: float, approx: bool) -> float:
+    """Row i of softmax cross-entropy: writes grad[i, :], returns w * (-log p_y).
+
+    One exp per element: the exponentials go to grad[i, :] (after logits[i, y]
+    is read, so grad may be logits), are summed, then scaled by w / sum.
+    ``approx``: the vectorisable float32 exp (CPU, float32 buffers).
+    """
     c = logits.shape[1]
     m = logits[i, 0]
     for j in range(1, c):
-        m = max(m, logits[i, j])
+        v = logits[i, j]
+        m = v if v > m else m
+    ly = logits[i, y]
+    for j in range(c):
+        grad[i, j] = fexp(logits[i, j] - m, approx)
     s = 0.0
     for j in range(c):
-        s += math.exp(logits[i, j] - m)
-    loss = w * (m + math.log(s) - logits[i, y])
+        s += grad[i, j]
+    loss = w * (m + math.log(s) - ly)
+    r = w / s
     for j in range(c):
-        p = math.exp(logits[i, j] - m) / s
-        grad[i, j] = w * (p - 1.0) if j == y else w * p
+        grad[i, j] = grad[i, j] * r
+    grad[i, y] = grad[i, y] - w
     return loss
 
 
@@ -94,7 +105,7 @@ def _ce_kernel(logits, labels, weights, has_weights, grad, row_loss, row_weight,
                 grad[i, j] = 0.0
         else:
             w = weights[y] if has_weights else 1.0
-            row_loss[i] = _ce_row_gpu(logits, grad, i, y, w)
+            row_loss[i] = _ce_row_gpu(logits, grad, i, y, w, False)
             row_weight[i] = w
         i += stride
 
@@ -158,9 +169,12 @@ def mse_cuda(pred: Any, target: Any, grad: Any) -> float:
 # ---------------------------------------------------------------- CPU twins
 
 
-@cpu_loop
-def softmax_cross_entropy_cpu(logits, labels, weights, has_weights, grad):
-    """Fused CE on arrays; returns (loss_sum, weight_sum, first_bad_row or -1)."""
+@cpu_math_loop
+def softmax_cross_entropy_cpu(logits, labels, weights, has_weights, grad, approx):
+    """Fused CE on arrays; returns (loss_sum, weight_sum, first_bad_row or -1).
+
+    ``approx``: the vectorisable float32 exp (pass it for float32 buffers).
+    """
     c = logits.shape[1]
     loss = 0.0
     wsum = 0.0
@@ -169,7 +183,7 @@ def softmax_cross_entropy_cpu(logits, labels, weights, has_weights, grad):
         if y < 0 or y >= c:
             return loss, wsum, i
         w = weights[y] if has_weights else 1.0
-        loss += _ce_row_cpu(logits, grad, i, y, w)
+        loss += _ce_row_cpu(logits, grad, i, y, w, approx)
         wsum += w
     return loss, wsum, -1
 

@@ -8,16 +8,29 @@ per collective, in submission order (MPI requires the same order of
 collectives on every rank), so the event loop and the actors on it keep
 working while a collective is in flight.
 
-Failure detection. Before each operation a rank posts a tiny *arrival note*
-(its operation number, an int64, `Isend`) to every other rank on a private
-duplicate of the communicator, and receives theirs (`Irecv`). If the
-operation does not complete within `timeout` seconds, the notes that never
-came name the ranks that did not join (dead, stuck or diverged): the call
-raises `CollectiveTimeoutError` naming them. An error reported by MPI itself
-raises `RankFailedError`, also naming the silent ranks. After either, the
-collective is broken (its worker thread may be stuck inside MPI for good):
-later calls raise at once, and the program should report the error and call
-`abort()`, which ends the whole job through `MPI_Abort`.
+Cost. The hot path of an operation is one hand-off to the MPI thread (a
+queue put), the MPI call, and one `call_soon_threadsafe` back to the loop:
+no extra messages, no copies (`MPI.IN_PLACE` on the caller's array), no
+per-operation timer (one watchdog timer per collective runs every
+`min(0.2 s, timeout / 4)` while operations are pending).
+
+Failure detection costs nothing until something is slow. When an operation
+has not completed `timeout` seconds after it began on the MPI thread, the
+rank sends every other rank a *note* (the number of the operation its MPI
+thread is in: one int64, `Isend` on a private duplicate of the
+communicator) and waits up to `min(max(timeout, 1 s), 5 s)` for theirs. A
+live rank inside a collective answers from its watchdog (within 0.2 s); a
+rank that is dead, or stuck outside the collectives, never does. The call
+then raises `CollectiveTimeoutError` naming the ranks that did not answer
+for this operation (with the operation a rank is at when it answered for
+another one: out of step). An error reported by MPI itself raises
+`RankFailedError`, after the same exchange. After either, the collective is
+broken (its worker thread may be stuck inside MPI for good): operations
+queued behind the failed one and later calls raise at once, and the program
+should report the error and call `abort()`, which ends the whole job through
+`MPI_Abort`. The notes are exchanged from the event loop's thread while the
+MPI thread is blocked, which needs `MPI_THREAD_MULTIPLE` (the `mpich` wheel
+gives it); with less, the timeout still fires but cannot name the rank.
 
 mpi4py is imported when the first `MpiCollective` is made, not when this
 module is imported; without it the constructor raises an `ImportError` that
@@ -27,6 +40,7 @@ names the `atomr[mpi]` extra.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import sys
@@ -48,6 +62,9 @@ __all__ = [
 ]
 
 _OPS = ("sum", "mean")
+_NOTE_TAG = 7
+_POLL_S = 0.2  # a long operation looks for peers' notes this often
+_GRACE_S = 5.0  # the longest a failed rank waits for the others' notes
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -92,32 +109,27 @@ def import_mpi() -> Any:
 
 
 class _Operation:
-    """One collective in flight: its arrival notes and completion state."""
+    """One collective: its number, and its state as seen by the MPI thread."""
 
-    def __init__(self, seq: int, name: str) -> None:
+    __slots__ = ("error", "finished", "future", "kind", "seq", "skip", "started")
+
+    def __init__(self, seq: int, kind: str, future: asyncio.Future[Any]) -> None:
         self.seq = seq
-        self.name = name
-        self.lock = threading.Lock()
-        self.started: float | None = None
-        self.finished = False
-        self.peers: list[int] = []
-        self.recv_reqs: list[Any] = []
-        self.send_reqs: list[Any] = []
-        self.recv_bufs: np.ndarray | None = None
-        self.send_buf: np.ndarray | None = None
+        self.kind = kind
+        self.future = future  # awaited on the loop; settled by `_settle`
+        self.started: float | None = None  # set by the MPI thread when it begins
+        self.finished = False  # set by the MPI thread when the MPI call returned
+        self.error: BaseException | None = None
+        self.skip = False  # set when an earlier operation broke the collective
 
-    def missing(self) -> list[int] | None:
-        """Ranks whose arrival note has not come (None: cannot tell yet)."""
-        with self.lock:
-            if self.started is None:
-                return None
-            return [
-                peer for peer, req in zip(self.peers, self.recv_reqs, strict=True) if not req.Test()
-            ]
+    @property
+    def name(self) -> str:
+        return f"{self.kind} #{self.seq}"
 
 
 class _Worker(threading.Thread):
-    """The dedicated MPI thread: runs submitted calls one at a time, in order.
+    """The dedicated MPI thread: runs submitted calls one at a time, in order,
+    and wakes the awaiting coroutine with one `call_soon_threadsafe`.
 
     A daemon thread, so a call stuck in MPI (a dead peer) never keeps the
     interpreter from exiting.
@@ -126,30 +138,42 @@ class _Worker(threading.Thread):
     def __init__(self, name: str) -> None:
         super().__init__(name=name, daemon=True)
         self.jobs: queue.SimpleQueue[
-            tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[Any]] | None
+            tuple[_Operation, Callable[[], Any], asyncio.AbstractEventLoop] | None
         ] = queue.SimpleQueue()
+        self.running: _Operation | None = None  # the operation inside MPI now
 
     def run(self) -> None:
+        monotonic = time.monotonic
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            fn, loop, future = job
+            operation, fn, loop = job
+            if operation.skip:  # the collective broke before this one began
+                continue
+            self.running = operation
+            operation.started = monotonic()
             try:
-                result = fn()
+                fn()
             except BaseException as exc:  # handed to the awaiting coroutine
-                loop.call_soon_threadsafe(_settle, future, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                operation.error = exc
+            operation.finished = True
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
+                loop.call_soon_threadsafe(_settle, operation)
 
 
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+def _settle(operation: _Operation) -> None:
+    future = operation.future
     if future.done():
         return
-    if error is not None:
-        future.set_exception(error)
+    if operation.error is not None:
+        future.set_exception(operation.error)
     else:
-        future.set_result(result)
+        future.set_result(None)
+
+
+class _DeadlinePassed(Exception):
+    """Internal: an operation ran past the collective's timeout."""
 
 
 class MpiCollective(Collective):
@@ -183,8 +207,8 @@ class MpiCollective(Collective):
                 "MpiCollective runs MPI calls on a worker thread and needs "
                 f"MPI_THREAD_SERIALIZED or better; this MPI gives level {level}"
             )
-        # Diagnosing a stuck operation tests its arrival notes from the event
-        # loop's thread while the MPI thread is blocked: only legal with MULTIPLE.
+        # Naming a missing rank exchanges notes from the event loop's thread
+        # while the MPI thread is blocked: only legal with MULTIPLE.
         self._can_diagnose = level >= mpi.THREAD_MULTIPLE
         base = mpi.COMM_WORLD if comm is None else comm
         self._comm = base.Dup()
@@ -197,6 +221,20 @@ class MpiCollective(Collective):
         self._seq = 0
         self._broken: RankFailedError | None = None
         self._worker: _Worker | None = None
+        # how often a long operation looks for peers' notes, and how long a
+        # rank that ran past its timeout waits for the others' notes
+        self._poll_s = _POLL_S if timeout is None else min(_POLL_S, timeout / 4)
+        self._grace_s = _GRACE_S if timeout is None else min(max(timeout, 1.0), _GRACE_S)
+        # failure notes, on the loop's thread only (see _poll_notes)
+        self._peers = [r for r in range(self.world_size) if r != self.rank]
+        self._note_recvs: list[tuple[int, Any, np.ndarray]] | None = None
+        self._note_sends: list[tuple[Any, np.ndarray]] = []
+        self._notes: dict[int, int] = {}  # peer -> the operation its last note named
+        self._sent: dict[int, int] = {}  # peer -> the operation our last note to it named
+        # operations submitted and not yet returned; one watchdog timer for all
+        self._pending: dict[int, _Operation] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog_loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_config(cls, config: Any, comm: Any = None) -> MpiCollective:
@@ -333,132 +371,195 @@ class MpiCollective(Collective):
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.jobs.put(None)
+        recvs, self._note_recvs = self._note_recvs, None
+        if recvs and self._broken is None:
+            for _, req, _ in recvs:  # no note came: withdraw the standing receives
+                try:
+                    req.Cancel()
+                    req.Wait()
+                except self._mpi.Exception:
+                    pass
 
     # -- machinery ------------------------------------------------------------------
-
-    def _start_notes(self, operation: _Operation) -> None:
-        """On the MPI thread: post this rank's arrival notes for `operation`."""
-        mpi = self._mpi
-        peers = [r for r in range(self.world_size) if r != self.rank]
-        with operation.lock:
-            operation.peers = peers
-            operation.send_buf = np.array([operation.seq], dtype=np.int64)
-            operation.recv_bufs = np.zeros(len(peers), dtype=np.int64)
-            operation.send_reqs = [
-                self._ctl.Isend([operation.send_buf, mpi.INT64_T], dest=p, tag=0) for p in peers
-            ]
-            operation.recv_reqs = [
-                self._ctl.Irecv([operation.recv_bufs[k : k + 1], mpi.INT64_T], source=p, tag=0)
-                for k, p in enumerate(peers)
-            ]
-            operation.started = time.monotonic()
-
-    def _finish_notes(self, operation: _Operation) -> None:
-        """On the MPI thread: the operation is complete; settle its notes."""
-        with operation.lock:
-            self._mpi.Request.Waitall(operation.recv_reqs + operation.send_reqs)
-            operation.finished = True
-        assert operation.recv_bufs is not None
-        bad = [
-            (p, int(v))
-            for p, v in zip(operation.peers, operation.recv_bufs, strict=True)
-            if v != operation.seq
-        ]
-        if bad:
-            raise RankFailedError(
-                f"{operation.name}: ranks diverged (rank {self.rank} is at operation "
-                f"{operation.seq}, {', '.join(f'rank {p} at {v}' for p, v in bad)})",
-                ranks=[p for p, _ in bad],
-                operation=operation.name,
-            )
+    #
+    # The hot path is one hand-off to the MPI thread (a queue put), the MPI
+    # call, and one `call_soon_threadsafe` back. One watchdog timer per
+    # collective (re-armed every `_poll_s` while operations are pending, not
+    # per operation) enforces the deadline of the operation on the MPI thread;
+    # once that operation has run `_poll_s`, the watchdog also collects and
+    # answers peers' notes. Past its deadline, a rank sends every peer a note
+    # (an int64: the number of the operation its MPI thread is in, `Isend` on
+    # a private duplicate of the communicator) and waits up to `_grace_s` for
+    # theirs. A live rank inside a collective answers at its next watch; a
+    # rank that is dead, or stuck outside the collectives, never does, and is
+    # named.
 
     async def _submit(self, kind: str, call: Callable[[], Any]) -> None:
         if self._broken is not None:
-            raise RankFailedError(
-                f"collective unusable after an earlier failure: {self._broken}",
-                ranks=self._broken.ranks,
-                operation=self._broken.operation,
-            )
+            raise self._unusable()
         self._seq += 1
-        operation = _Operation(self._seq, f"{kind} #{self._seq}")
-        mpi = self._mpi
-
-        def job() -> None:
-            try:
-                if self.world_size > 1:
-                    self._start_notes(operation)
-                else:
-                    operation.started = time.monotonic()
-                call()
-                if self.world_size > 1:
-                    self._finish_notes(operation)
-            except mpi.Exception as exc:
-                missing = operation.missing() or []
-                raise self._failure(operation, missing, f"MPI error: {exc}") from exc
-
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        if self._worker is None:
-            self._worker = _Worker(f"atomr-mpi-rank{self.rank}")
-            self._worker.start()
-        self._worker.jobs.put((job, loop, future))
+        operation = _Operation(self._seq, kind, loop.create_future())
+        worker = self._worker
+        if worker is None:
+            worker = self._worker = _Worker(f"atomr-mpi-rank{self.rank}")
+            worker.start()
+        worker.jobs.put((operation, call, loop))
+        pending = self._pending
+        pending[operation.seq] = operation
+        if self._watchdog is None or self._watchdog_loop is not loop:
+            self._watchdog_loop = loop
+            self._watchdog = loop.call_later(self._poll_s, self._watch)
         try:
-            await self._wait(operation, future)
-        except RankFailedError as exc:
-            if self._broken is None:
-                self._broken = exc
-            raise
-
-    async def _wait(self, operation: _Operation, future: asyncio.Future[Any]) -> None:
-        """Await `future`; a timer (no per-operation task) enforces the timeout."""
-        if self.timeout is None:
-            await future
-            return
-        loop = asyncio.get_running_loop()
-        timeout = self.timeout
-        handle: asyncio.TimerHandle | None = None
-
-        def check() -> None:
-            nonlocal handle
-            if future.done():
+            await operation.future
+        except _DeadlinePassed:
+            missing = await self._gather_notes(operation, stop_when_finished=True)
+            if not operation.finished:
+                raise self._fail(
+                    operation, missing, f"timed out after {self.timeout:g} s"
+                ) from None
+            if operation.error is None:  # completed during the diagnosis
                 return
-            started = operation.started
-            if started is None:  # an earlier operation still holds the MPI thread
-                handle = loop.call_later(min(timeout, 0.05), check)
-                return
-            remaining = started + timeout - time.monotonic()
-            if remaining > 0:
-                handle = loop.call_later(remaining, check)
-                return
-            missing = operation.missing() if self._can_diagnose else None
-            with operation.lock:
-                if operation.finished:  # completed just now; its result is on the way
-                    return
-            future.set_exception(
-                self._failure(operation, missing, f"timed out after {timeout:g} s")
-            )
-
-        handle = loop.call_later(timeout, check)
-        try:
-            await future
+            missing = await self._gather_notes(operation)
+            raise self._fail(operation, missing, f"MPI error: {operation.error}") from None
+        except self._mpi.Exception as exc:
+            missing = await self._gather_notes(operation)
+            raise self._fail(operation, missing, f"MPI error: {exc}") from exc
         finally:
-            if handle is not None:
-                handle.cancel()
+            del pending[operation.seq]
 
-    def _failure(
-        self, operation: _Operation, missing: list[int] | None, what: str
+    def _watch(self) -> None:
+        """The watchdog (on the loop, every `_poll_s` while an operation is
+        pending): answer peers' notes, enforce the running operation's deadline."""
+        self._watchdog = None
+        if not self._pending:
+            return  # idle: the next operation re-arms it
+        delay = self._poll_s
+        worker, timeout = self._worker, self.timeout
+        running = worker.running if worker is not None else None
+        if running is not None and running.started is not None and not running.finished:
+            ran = time.monotonic() - running.started
+            if ran >= self._poll_s or self._notes:  # only long operations talk to peers
+                self._poll_notes()
+            if timeout is not None and not running.future.done():
+                if ran >= timeout:
+                    running.future.set_exception(_DeadlinePassed())
+                else:
+                    delay = min(delay, timeout - ran)
+        assert self._watchdog_loop is not None
+        self._watchdog = self._watchdog_loop.call_later(delay, self._watch)
+
+    def _unusable(self) -> RankFailedError:
+        assert self._broken is not None
+        return RankFailedError(
+            f"collective unusable after an earlier failure: {self._broken}",
+            ranks=self._broken.ranks,
+            operation=self._broken.operation,
+        )
+
+    def _state(self) -> int:
+        """The operation this rank's MPI thread is in (or last finished)."""
+        worker = self._worker
+        running = worker.running if worker is not None else None
+        return running.seq if running is not None else 0
+
+    def _poll_notes(self) -> None:
+        """On the loop's thread: collect peers' notes; answer a peer that sent
+        one with this rank's state (again whenever the state has moved)."""
+        if not self._can_diagnose or self.world_size == 1:
+            return
+        mpi = self._mpi
+        if self._note_recvs is None:
+            self._note_recvs = [self._post_note_recv(p) for p in self._peers]
+        for k, (peer, req, buf) in enumerate(self._note_recvs):
+            try:
+                arrived = req.Test()
+            except mpi.Exception:
+                continue
+            if arrived:
+                self._notes[peer] = int(buf[0])
+                self._note_recvs[k] = self._post_note_recv(peer)
+        state = self._state()
+        for peer in self._notes:
+            if self._sent.get(peer) != state:
+                self._send_note(peer, state)
+        self._note_sends = [(r, b) for r, b in self._note_sends if not _test(r, mpi)]
+
+    def _post_note_recv(self, peer: int) -> tuple[int, Any, np.ndarray]:
+        buf = np.zeros(1, dtype=np.int64)
+        req = self._ctl.Irecv([buf, self._mpi.INT64_T], source=peer, tag=_NOTE_TAG)
+        return peer, req, buf
+
+    def _send_note(self, peer: int, seq: int) -> None:
+        buf = np.array([seq], dtype=np.int64)
+        self._sent[peer] = seq
+        try:
+            req = self._ctl.Isend([buf, self._mpi.INT64_T], dest=peer, tag=_NOTE_TAG)
+        except self._mpi.Exception:  # a dead peer: it will be named anyway
+            return
+        self._note_sends.append((req, buf))
+
+    async def _gather_notes(
+        self, operation: _Operation, *, stop_when_finished: bool = False
+    ) -> dict[int, int | None] | None:
+        """After a failure: send every peer a note, wait up to `_grace_s` for
+        theirs. Returns {peer: the operation its note named, or None when no
+        note came} for the peers not in `operation`; None when this MPI
+        cannot tell (no THREAD_MULTIPLE)."""
+        if not self._can_diagnose:
+            return None
+        if self.world_size == 1:
+            return {}
+        state = self._state()
+        for peer in self._peers:
+            if self._sent.get(peer) != state:
+                self._send_note(peer, state)
+        end = time.monotonic() + self._grace_s
+        while True:
+            self._poll_notes()
+            if stop_when_finished and operation.finished:
+                break
+            if all(self._notes.get(p) == operation.seq for p in self._peers):
+                break
+            if time.monotonic() >= end:
+                break
+            await asyncio.sleep(0.005)
+        return {p: self._notes.get(p) for p in self._peers if self._notes.get(p) != operation.seq}
+
+    def _fail(
+        self, operation: _Operation, others: dict[int, int | None] | None, what: str
     ) -> RankFailedError:
+        """The error for a failed operation; marks the collective broken."""
         where = f"MPI {operation.name} on rank {self.rank} of {self.world_size} {what}"
-        if missing:
-            names = ", ".join(str(r) for r in missing)
-            word = "rank" if len(missing) == 1 else "ranks"
-            detail = f"{word} {names} never joined (dead, stuck or out of step)"
-        elif missing is None:
+        if others is None:
             detail = "could not tell which rank is missing (MPI lacks THREAD_MULTIPLE)"
-        else:
+        elif not others:
             detail = "every rank had joined; a rank failed during the operation"
+        else:
+            names = ", ".join(str(r) for r in others)
+            word = "rank" if len(others) == 1 else "ranks"
+            detail = f"{word} {names} never joined (dead, stuck or out of step)"
+            seen = [f"rank {p} is at operation #{v}" for p, v in others.items() if v is not None]
+            if seen:
+                detail += f"; {', '.join(seen)}"
         cls = CollectiveTimeoutError if what.startswith("timed out") else RankFailedError
-        return cls(f"{where}: {detail}", ranks=missing or (), operation=operation.name)
+        error = cls(f"{where}: {detail}", ranks=list(others or ()), operation=operation.name)
+        if self._broken is None:
+            self._broken = error
+            # operations queued behind this one will never run: fail them now
+            for other in self._pending.values():
+                if other is not operation and not other.started:
+                    other.skip = True
+                    if not other.future.done():
+                        other.future.set_exception(self._unusable())
+        return error
+
+
+def _test(req: Any, mpi: Any) -> bool:
+    try:
+        return bool(req.Test())
+    except mpi.Exception:
+        return True
 
 
 def _check(buffers: Sequence[Any] | np.ndarray) -> list[np.ndarray]:

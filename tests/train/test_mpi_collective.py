@@ -43,6 +43,28 @@ def test_missing_rank_is_named_in_bounded_time(n: int, mode: str) -> None:
     assert elapsed < FAILURE_BOUND_S, f"took {elapsed:.1f} s"
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_rank_killed_by_sigkill_ends_the_job_in_bounded_time(n: int) -> None:
+    """Rank 1 SIGKILLs itself at operation 5 (no cleanup, as the OOM killer).
+
+    MPICH's hydra treats a rank killed by a signal as a bad termination even
+    with `-disable-auto-cleanup`, and ends the job itself, sometimes before
+    the survivors' collective has timed out: what the user always sees is
+    hydra's exit code 9 and its "Killed (signal 9)" line; when a survivor gets
+    to report first, its error names rank 1. Either way, within the bound.
+    """
+    result, elapsed = run_script(n, "rank_failure.py", "kill", 1, 2.0, timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode == 9, output  # hydra: the worst rank status, SIGKILL
+    assert "Killed (signal 9)" in output, output
+    assert "[rank 1] failing now (kill)" in output, output
+    assert "finished without noticing" not in output, output
+    if "Error" in output:  # a survivor reported before hydra ended the job
+        assert "CollectiveTimeoutError" in output, output
+        assert "rank 1 never joined" in output, output
+    assert elapsed < FAILURE_BOUND_S, f"took {elapsed:.1f} s"
+
+
 def test_validation_errors_are_clear() -> None:
     pytest.importorskip("mpi4py")
     import asyncio

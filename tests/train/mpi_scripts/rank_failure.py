@@ -1,15 +1,18 @@
 """Run under `mpiexec -n N`: one rank fails mid-run, the others must report it.
 
-argv: MODE VICTIM TIMEOUT, MODE in {"exit", "hang"}: at operation 5 the VICTIM
-rank either leaves with `os._exit(3)` or stops taking part (sleeps forever).
-The survivors' all_reduce times out after TIMEOUT seconds with an error
-naming the victim; they print it and abort the job.
+argv: MODE VICTIM TIMEOUT, MODE in {"exit", "hang", "kill"}: at operation 5
+the VICTIM rank leaves with `os._exit(3)`, stops taking part (sleeps
+forever), or is killed by SIGKILL (sent to itself: no Python cleanup, no
+exit handler, as the kernel's OOM killer would). The survivors' all_reduce
+times out after TIMEOUT seconds with an error naming the victim; they print
+it and abort the job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 
 import numpy as np
@@ -26,6 +29,8 @@ async def main(mode: str, victim: int, timeout: float) -> None:
                 print(f"[rank {coll.rank}] failing now ({mode})", flush=True)
                 if mode == "exit":
                     os._exit(3)
+                if mode == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 await asyncio.sleep(3600)
             buf.fill(1.0)
             await coll.all_reduce(buf)

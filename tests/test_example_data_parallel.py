@@ -4,26 +4,14 @@ trainer matching the single-device trainer, with both collectives."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.mark.parametrize("collective", ["host", "ring"])
-def test_example_data_parallel(collective: str) -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--collective", collective],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+def test_example_data_parallel(collective: str, run_example) -> None:
+    stdout = run_example("data_parallel.py", "--collective", collective)
+    lines = stdout.splitlines()
     losses = [line for line in lines if line.startswith("step")]
     assert len(losses) == 4
     first = [float(v) for v in re.findall(r"\d+\.\d+", losses[0])]
@@ -32,6 +20,6 @@ def test_example_data_parallel(collective: str) -> None:
     assert last[0] < first[0]  # it trains
     assert f"collective: {collective}" in lines
     assert "replicas identical: True" in lines
-    diff = float(re.search(r"difference: (\S+)", result.stdout).group(1))
+    diff = float(re.search(r"difference: (\S+)", stdout).group(1))
     assert diff < 1e-4
     assert lines[-1] == "MATCH"

@@ -3,23 +3,10 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_parameter_server_example() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "parameter_server.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+def test_parameter_server_example(run_example) -> None:
+    lines = run_example("parameter_server.py").splitlines()
     batches = -(-1348 // 128)  # digits train split: 1348 samples
     applied = 15 * 4 * batches
     first = re.fullmatch(

@@ -3,23 +3,10 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_pipeline_parallel_example() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "pipeline_parallel.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+def test_pipeline_parallel_example(run_example) -> None:
+    lines = run_example("pipeline_parallel.py").splitlines()
     losses = [re.findall(r"loss (\d+\.\d+)", line) for line in lines if line.startswith("step")]
     assert len(losses) == 4
     assert all(a == b for a, b in losses)  # pipeline equals single device (5 decimals)

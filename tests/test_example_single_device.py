@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 from atomr.train import Mlp
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def test_single_device_example() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "single_device.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+def test_single_device_example(run_example) -> None:
+    lines = run_example("single_device.py").splitlines()
     assert len(lines) == 8, lines
     head = re.fullmatch(
         r"train (\d+) samples, test (\d+) samples, model 64-64-10 \((\d+) parameters\)", lines[0]

@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 from atomr.train import Mlp
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def test_tensor_parallel_example() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "tensor_parallel.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+def test_tensor_parallel_example(run_example) -> None:
+    lines = run_example("tensor_parallel.py").splitlines()
     assert len(lines) == 7, lines
     head = re.fullmatch(r"shards=3 params per shard: \[(\d+), (\d+), (\d+)\] total=(\d+)", lines[0])
     assert head is not None, lines[0]

@@ -7,7 +7,27 @@ from dataclasses import dataclass
 from atomr.train.loss import LossKind
 from atomr.train.optimizer import OptimizerKind
 
-__all__ = ["TrainerConfig"]
+__all__ = ["TrainerConfig", "check_update_rule"]
+
+
+def check_update_rule(optimizer: object, loss: object, gradient_clip: float | None) -> None:
+    """Check the optimizer, loss and clipping every trainer's config carries.
+
+    Args:
+        optimizer: must be an `OptimizerKind`.
+        loss: must be a `LossKind`.
+        gradient_clip: None, or a positive finite global L2 norm.
+
+    Raises:
+        TypeError: `optimizer` or `loss` has the wrong type.
+        ValueError: `gradient_clip` is not positive and finite.
+    """
+    if not isinstance(optimizer, OptimizerKind):
+        raise TypeError(f"optimizer must be an OptimizerKind, got {optimizer!r}")
+    if not isinstance(loss, LossKind):
+        raise TypeError(f"loss must be a LossKind, got {loss!r}")
+    if gradient_clip is not None and not (0.0 < float(gradient_clip) < float("inf")):
+        raise ValueError(f"gradient_clip must be positive and finite, got {gradient_clip}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +57,7 @@ class TrainerConfig:
     accumulation_steps: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.optimizer, OptimizerKind):
-            raise TypeError(f"optimizer must be an OptimizerKind, got {self.optimizer!r}")
-        if not isinstance(self.loss, LossKind):
-            raise TypeError(f"loss must be a LossKind, got {self.loss!r}")
-        if self.gradient_clip is not None and not (0.0 < float(self.gradient_clip) < float("inf")):
-            raise ValueError(f"gradient_clip must be positive and finite, got {self.gradient_clip}")
+        check_update_rule(self.optimizer, self.loss, self.gradient_clip)
         if (
             isinstance(self.accumulation_steps, bool)
             or not isinstance(self.accumulation_steps, int)

@@ -54,6 +54,7 @@ from atomr.train.checkpoint import (
 from atomr.train.clip import clip_grad_norm, global_norm
 from atomr.train.collective import Collective, HostCollective
 from atomr.train.config import TrainerConfig
+from atomr.train.device_guard import REQUEST_ERRORS
 from atomr.train.errors import InvalidBatchError, NonFiniteError
 from atomr.train.fanout import ask_all, ask_all_settled, failed_indices
 from atomr.train.messages import (
@@ -89,14 +90,7 @@ __all__ = ["DataParallelConfig", "DataParallelTrainer", "ReplicaDivergenceError"
 logger = logging.getLogger(__name__)
 
 # errors that leave a replica intact (it answered with a Failure, it was not restarted)
-_REQUEST_ERRORS = (
-    InvalidBatchError,
-    NonFiniteError,
-    CheckpointError,
-    OSError,
-    ValueError,
-    TypeError,
-)
+_REQUEST_ERRORS = (*REQUEST_ERRORS, ValueError, TypeError)
 _COLLECTIVES = ("host", "ring")
 
 

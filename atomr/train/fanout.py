@@ -39,17 +39,7 @@ async def ask_all(
             asker sees its type), raised only after every ask has settled;
             see ``raise_first_failure``.
     """
-    if per_worker:
-        messages = list(messages)
-        if len(messages) != len(refs):
-            raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
-    else:
-        messages = [messages] * len(refs)
-    kwargs = {} if timeout is None else {"timeout": timeout}
-    results = await asyncio.gather(
-        *(ref.ask(message, **kwargs) for ref, message in zip(refs, messages, strict=True)),
-        return_exceptions=True,
-    )
+    results = await ask_all_settled(refs, messages, timeout, per_worker=per_worker)
     raise_first_failure(results)
     return results
 

@@ -236,6 +236,27 @@ class Optimizer:
         """
         raise NotImplementedError
 
+    def buffers(self) -> dict[str, Any]:
+        """The state buffers by name (SGD: `momentum_buffer`; Adam and AdamW:
+        `exp_avg`, `exp_avg_sq`), each in the backend's memory, or None while
+        not created yet (SGD's momentum before its first step).
+
+        Returns:
+            A new dict; the buffers themselves are not copied.
+        """
+        return {name: getattr(self, name) for name in self._buffers}
+
+    def set_buffer(self, name: str, buffer: Any) -> None:
+        """Replace the state buffer `name` (one of `buffers()`) with `buffer`
+        (`(n,)` in the backend's memory, or None: not created yet).
+
+        Raises:
+            ValueError: `name` is not one of this optimizer's buffers.
+        """
+        if name not in self._buffers:
+            raise ValueError(f"{type(self).__name__} has no buffer {name!r}")
+        setattr(self, name, buffer)
+
     def state_dict(self) -> dict[str, Any]:
         """The state as host data: `kind` (config dict), `step` (int) and one
         ndarray per buffer. Suitable for `save_checkpoint`."""

@@ -45,6 +45,7 @@ from atomr.train.checkpoint import (
     save_checkpoint,
 )
 from atomr.train.clip import clip_grad_norm
+from atomr.train.device_guard import Rejected, guarded
 from atomr.train.messages import GetWeights, LoadCheckpoint, SaveCheckpoint
 from atomr.train.optimizer import Optimizer, OptimizerKind
 from atomr.train.ps_consistency import Consistency
@@ -77,20 +78,8 @@ class _Pending:
     reply: Reply
 
 
-def _guarded(fn: Any, *args: Any) -> Any:
-    """Run `fn` (on the device thread), returning a request error instead of raising it
-    (`on_device` would turn it into a `GpuError`)."""
-    try:
-        return fn(*args)
-    except (CheckpointError, OSError) as exc:
-        return _Refused(exc)
-
-
-@dataclass
-class _Refused:
-    """A checkpoint operation failed on the device thread (nothing changed)."""
-
-    error: Exception
+# Errors of a checkpoint save or load, returned by `guarded` on the device thread
+_CHECKPOINT_ERRORS = (CheckpointError, OSError)
 
 
 def _as_optimizer_kind(optimizer: OptimizerKind | float) -> OptimizerKind:
@@ -475,12 +464,14 @@ class AsyncParameterServer(DeviceActor):
             optimizer=state.optimizer,
             extra={"trainer": "AsyncParameterServer"},
         )
-        result = await self.on_device(_guarded, save_checkpoint, path, ckpt)
-        return Failure(result.error) if isinstance(result, _Refused) else None
+        result = await self.on_device(
+            guarded, save_checkpoint, path, ckpt, errors=_CHECKPOINT_ERRORS
+        )
+        return Failure(result.error) if isinstance(result, Rejected) else None
 
     async def _load(self, path: Any) -> Any:
-        ckpt = await self.on_device(_guarded, load_checkpoint, path)
-        if isinstance(ckpt, _Refused):
+        ckpt = await self.on_device(guarded, load_checkpoint, path, errors=_CHECKPOINT_ERRORS)
+        if isinstance(ckpt, Rejected):
             return Failure(ckpt.error)
         try:
             check_model_matches(ckpt, self.model_config, self.n)

@@ -41,6 +41,7 @@ from atomr.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from atomr.train.config import check_update_rule
 from atomr.train.errors import InvalidBatchError, NonFiniteError
 from atomr.train.fanout import ask_all, ask_all_or_abort, ask_all_settled, failed_indices
 from atomr.train.loss import LossKind
@@ -70,8 +71,6 @@ from atomr.train.timeline import BusyInterval, GetTimeline, Timeline
 from atomr.train.validation import validate_batch
 
 __all__ = ["GetGradients", "PipelineConfig", "PipelineParallelTrainer"]
-
-_REQUEST_ERRORS = (InvalidBatchError, NonFiniteError, CheckpointError, OSError)
 
 logger = logging.getLogger(__name__)
 
@@ -107,12 +106,7 @@ class PipelineConfig:
         mbs = self.micro_batch_size
         if isinstance(mbs, bool) or not isinstance(mbs, int) or mbs < 1:
             raise ValueError(f"micro_batch_size must be an int >= 1, got {mbs!r}")
-        if not isinstance(self.optimizer, OptimizerKind):
-            raise TypeError(f"optimizer must be an OptimizerKind, got {self.optimizer!r}")
-        if not isinstance(self.loss, LossKind):
-            raise TypeError(f"loss must be a LossKind, got {self.loss!r}")
-        if self.gradient_clip is not None and not (0.0 < float(self.gradient_clip) < math.inf):
-            raise ValueError(f"gradient_clip must be positive and finite, got {self.gradient_clip}")
+        check_update_rule(self.optimizer, self.loss, self.gradient_clip)
         if self.ask_timeout is not None and not float(self.ask_timeout) > 0:
             raise ValueError(f"ask_timeout must be > 0 or None, got {self.ask_timeout}")
 

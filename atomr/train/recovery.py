@@ -61,8 +61,7 @@ class UpdateSnapshot:
             self._buffers = {}
         backend.copy(params, self._params)
         bufs: dict[str, Any] = {}
-        for name in getattr(optimizer, "_buffers", ()):
-            buf = getattr(optimizer, name)
+        for name, buf in optimizer.buffers().items():
             if buf is None:
                 bufs[name] = None
                 continue
@@ -86,11 +85,12 @@ class UpdateSnapshot:
         step, bufs = state
         backend.copy(self._params, params)
         optimizer.step_count = step
+        current = optimizer.buffers()
         for name, snap in bufs.items():
             if snap is None:
-                setattr(optimizer, name, None)
+                optimizer.set_buffer(name, None)
             else:
-                backend.copy(snap, getattr(optimizer, name))
+                backend.copy(snap, current[name])
         backend.synchronize()
         self._state = None
 

@@ -54,11 +54,13 @@ from atomr.actor import Failure, Props
 from atomr.train.checkpoint import CheckpointError, check_model_matches
 from atomr.train.clip import clip_grad_norm, global_norm
 from atomr.train.config import TrainerConfig
+from atomr.train.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.errors import InvalidBatchError, NonFiniteError
 from atomr.train.messages import Step
 from atomr.train.mlp import Mlp
+from atomr.train.recovery import UpdateSnapshot
 from atomr.train.ring_all_reduce import RingMember
-from atomr.train.trainer import _REQUEST_ERRORS, Trainer, _guard, _Rejected
+from atomr.train.trainer import Trainer
 
 __all__ = [
     "ApplyGradients",
@@ -219,15 +221,6 @@ _PROTOCOL = (ComputeGradients, ApplyGradients, Rollback, GetState, SetState, Eva
 # ---------------------------------------------------------------- the actor
 
 
-@dataclass
-class _Snapshot:
-    token: int
-    params: Any
-    buffers: dict[str, Any]
-    opt_steps: int
-    steps: int
-
-
 class ReplicaActor(Trainer):
     """The built-in replica: an `Mlp`, its optimizer and its gradient buffer
     on one device, answering `ReplicaProtocol` (module docstring) and the
@@ -255,7 +248,10 @@ class ReplicaActor(Trainer):
     ) -> None:
         super().__init__(model, device, config)
         self._ring = RingMember(self, timeout=ring_timeout)
-        self._snapshot: _Snapshot | None = None
+        # the weights and optimizer state before the last apply, for `Rollback`
+        self._undo = UpdateSnapshot()
+        self._undo_token = 0
+        self._undo_steps = 0
 
     @classmethod
     def props(
@@ -283,21 +279,21 @@ class ReplicaActor(Trainer):
         model = await self._ready()
         try:
             if isinstance(message, ComputeGradients):
-                result = await self.on_device(_guard, self._compute, message)
+                result = await self.on_device(guarded, self._compute, message)
             elif isinstance(message, ApplyGradients):
-                result = await self.on_device(_guard, self._apply_gradients, message)
+                result = await self.on_device(guarded, self._apply_gradients, message)
             elif isinstance(message, Rollback):
                 result = await self.on_device(self._rollback, message.token)
             elif isinstance(message, GetState):
                 result = await self.on_device(self._get_state)
             elif isinstance(message, SetState):
-                result = await self.on_device(_guard, self._set_state, message.state)
+                result = await self.on_device(guarded, self._set_state, message.state)
             else:
-                result = await self.on_device(_guard, self._evaluate_shard, message)
-        except (ValueError, TypeError, *_REQUEST_ERRORS) as exc:
+                result = await self.on_device(guarded, self._evaluate_shard, message)
+        except (ValueError, TypeError, *REQUEST_ERRORS) as exc:
             return Failure(exc)
         del model
-        if isinstance(result, _Rejected):
+        if isinstance(result, Rejected):
             return Failure(result.error)
         return result
 
@@ -351,12 +347,12 @@ class ReplicaActor(Trainer):
             return x, np.ascontiguousarray(labels, dtype=np.int64)
         return x, np.ascontiguousarray(labels, dtype=model.dtype)
 
-    def _compute(self, msg: ComputeGradients) -> GradientResult | _Rejected:
+    def _compute(self, msg: ComputeGradients) -> GradientResult | Rejected:
         model = self.model
         assert model is not None
         be = model.backend
         t0 = time.perf_counter_ns()
-        self._snapshot = None  # a new step: the previous one can no longer be undone
+        self._undo.discard()  # a new step: the previous one can no longer be undone
         x, y = self._check_shard(msg.features, msg.labels)
         loss_sum, norm = 0.0, 0.0
         if x.shape[0] == 0:
@@ -367,7 +363,7 @@ class ReplicaActor(Trainer):
             d_out = be.empty(tape.output.shape, dtype=model.dtype)
             loss_sum, norm = self.config.loss.sums(be, tape.output, be.to_device(y), d_out)
             if not math.isfinite(loss_sum):
-                return _Rejected(NonFiniteError(f"loss is not finite ({loss_sum})"))
+                return Rejected(NonFiniteError(f"loss is not finite ({loss_sum})"))
             model.backward(tape, d_out, accumulate=msg.accumulate)
         be.synchronize()
         grads = None
@@ -376,7 +372,7 @@ class ReplicaActor(Trainer):
         micros = (time.perf_counter_ns() - t0) // 1000
         return GradientResult(float(loss_sum), float(norm), int(x.shape[0]), int(micros), grads)
 
-    def _apply_gradients(self, msg: ApplyGradients) -> float | None | _Rejected:
+    def _apply_gradients(self, msg: ApplyGradients) -> float | None | Rejected:
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
         be = model.backend
@@ -386,7 +382,7 @@ class ReplicaActor(Trainer):
             be.scale(g, float(msg.scale))
             grad_norm = global_norm(be, g)
             if not math.isfinite(grad_norm):
-                return _Rejected(NonFiniteError("gradient is not finite; step not applied"))
+                return Rejected(NonFiniteError("gradient is not finite; step not applied"))
             if msg.clip is not None:
                 clip_grad_norm(be, g, msg.clip, grad_norm)
         else:
@@ -403,39 +399,17 @@ class ReplicaActor(Trainer):
     def _take_snapshot(self, token: int) -> None:
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
-        be = model.backend
-        old = self._snapshot
-        params = old.params if old is not None else be.empty((model.n_params,), model.dtype)
-        be.copy(model.params, params)
-        buffers: dict[str, Any] = {}
-        for name in getattr(opt, "_buffers", ()):
-            buf = getattr(opt, name)
-            if buf is None:
-                buffers[name] = None
-                continue
-            dst = old.buffers.get(name) if old is not None else None
-            if dst is None:
-                dst = be.empty((model.n_params,), model.dtype)
-            be.copy(buf, dst)
-            buffers[name] = dst
-        self._snapshot = _Snapshot(token, params, buffers, opt.step_count, self.steps)
+        self._undo.take(model.backend, model.params, opt)
+        self._undo_token = token
+        self._undo_steps = self.steps
 
     def _rollback(self, token: int) -> bool:
-        model, opt, snap = self.model, self.optimizer, self._snapshot
+        model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
-        if snap is None or snap.token != token:
+        if not self._undo.taken or self._undo_token != token:
             return False
-        be = model.backend
-        be.copy(snap.params, model.params)
-        for name, buf in snap.buffers.items():
-            if buf is None:
-                setattr(opt, name, None)
-            else:
-                be.copy(buf, getattr(opt, name))
-        opt.step_count = snap.opt_steps
-        self.steps = snap.steps
-        be.synchronize()
-        self._snapshot = None
+        self._undo.restore(model.backend, model.params, opt)
+        self.steps = self._undo_steps
         return True
 
     def _get_state(self) -> ReplicaState:
@@ -464,7 +438,7 @@ class ReplicaActor(Trainer):
         model.set_params(state.weights)
         self.optimizer = fresh
         self.steps = int(state.steps)
-        self._snapshot = None
+        self._undo.discard()
         self._reset_accumulation()
 
     def _evaluate_shard(self, msg: EvaluateShard) -> ShardEval:

@@ -39,6 +39,7 @@ import numpy as np
 
 from atomr.accel import Device, DeviceActor
 from atomr.actor import Failure, Props
+from atomr.train.device_guard import Rejected, guarded
 from atomr.train.errors import CheckpointError, InvalidBatchError, NonFiniteError
 from atomr.train.loss import LossKind
 from atomr.train.mlp import Mlp
@@ -294,22 +295,9 @@ ShardProtocol = (
 
 # -- the built-in shard -------------------------------------------------------
 
-# Errors that reject a request; raised on the worker thread they are caught
-# there, since on_device would turn them into GpuErrors.
+# Errors that reject a request (`device_guard.guarded` catches them on the
+# worker thread); unlike the Trainer's, an OSError is a device failure here.
 _REQUEST_ERRORS = (InvalidBatchError, NonFiniteError, CheckpointError)
-
-
-@dataclass
-class _Rejected:
-    error: Exception
-
-
-def _guard(fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            return fn(*args)
-    except _REQUEST_ERRORS as exc:
-        return _Rejected(exc)
 
 
 @dataclass
@@ -680,9 +668,9 @@ class ShardActor(DeviceActor):
         try:
             if self.params is None:
                 await self.on_device(self._build)
-            result = await self.on_device(_guard, fn, *args)
+            result = await self.on_device(guarded, fn, *args, errors=_REQUEST_ERRORS)
         except Exception as exc:
             return Failure(exc)
-        if isinstance(result, _Rejected):
+        if isinstance(result, Rejected):
             return Failure(result.error)
         return result

@@ -40,7 +40,7 @@ from atomr.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from atomr.train.config import TrainerConfig
+from atomr.train.config import TrainerConfig, check_update_rule
 from atomr.train.errors import NonFiniteError
 from atomr.train.fanout import ask_all, raise_first_failure
 from atomr.train.loss import LossKind
@@ -106,12 +106,7 @@ class TensorParallelConfig:
         n = self.shard_count
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"shard_count must be an int >= 1, got {n!r}")
-        if not isinstance(self.optimizer, OptimizerKind):
-            raise TypeError(f"optimizer must be an OptimizerKind, got {self.optimizer!r}")
-        if not isinstance(self.loss, LossKind):
-            raise TypeError(f"loss must be a LossKind, got {self.loss!r}")
-        if self.gradient_clip is not None and not (0.0 < float(self.gradient_clip) < math.inf):
-            raise ValueError(f"gradient_clip must be positive and finite, got {self.gradient_clip}")
+        check_update_rule(self.optimizer, self.loss, self.gradient_clip)
         if not self.ask_timeout > 0:
             raise ValueError(f"ask_timeout must be > 0, got {self.ask_timeout}")
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ from atomr.train.checkpoint import (
 )
 from atomr.train.clip import clip_grad_norm, global_norm
 from atomr.train.config import TrainerConfig
+from atomr.train.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.errors import InvalidBatchError, NonFiniteError
 from atomr.train.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.mlp import Mlp
@@ -41,32 +41,6 @@ from atomr.train.stats import EvalResult, StepStats
 from atomr.train.validation import validate_batch
 
 __all__ = ["Trainer"]
-
-# Errors that mean "this request was bad", answered with Failure(exc) so the
-# actor is not restarted; anything else fails the actor and its parent decides.
-# (Raised on the worker thread they are caught there: on_device would turn
-# them into GpuErrors.)
-_REQUEST_ERRORS = (InvalidBatchError, NonFiniteError, CheckpointError, OSError)
-
-
-@dataclass
-class _Rejected:
-    """A device-side computation refused to apply (weights untouched)."""
-
-    error: Exception
-
-
-def _guard(fn: Any, *args: Any) -> Any:
-    """Run `fn` on the worker thread, turning request errors into `_Rejected`.
-
-    NumPy's overflow warnings are silenced: non-finite results are detected
-    and rejected explicitly.
-    """
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            return fn(*args)
-    except _REQUEST_ERRORS as exc:
-        return _Rejected(exc)
 
 
 class Trainer(DeviceActor):
@@ -162,7 +136,7 @@ class Trainer(DeviceActor):
         """Dispatch a trainer message (see the class docstring)."""
         model = await self._ready()
         try:
-            if isinstance(message, Step):
+            if isinstance(message, Step | Evaluate):
                 x, y = validate_batch(
                     message.features,
                     message.labels,
@@ -171,34 +145,25 @@ class Trainer(DeviceActor):
                     out_width=model.out_width,
                     dtype=model.dtype,
                 )
-                result = await self.on_device(_guard, self._step, x, y)
-            elif isinstance(message, Evaluate):
-                x, y = validate_batch(
-                    message.features,
-                    message.labels,
-                    model.in_width,
-                    self.config.loss,
-                    out_width=model.out_width,
-                    dtype=model.dtype,
-                )
-                result = await self.on_device(_guard, self._evaluate, x, y)
+                work = self._step if isinstance(message, Step) else self._evaluate
+                result = await self.on_device(guarded, work, x, y)
             elif isinstance(message, GetWeights):
                 result = await self.on_device(model.get_params)
             elif isinstance(message, SaveCheckpoint):
-                result = await self.on_device(_guard, self._save, message.path)
+                result = await self.on_device(guarded, self._save, message.path)
             elif isinstance(message, LoadCheckpoint):
-                result = await self.on_device(_guard, self._load, message.path)
+                result = await self.on_device(guarded, self._load, message.path)
             else:
                 return Failure(TypeError(f"Trainer does not handle {type(message).__name__}"))
-        except _REQUEST_ERRORS as exc:
+        except REQUEST_ERRORS as exc:
             return Failure(exc)
-        if isinstance(result, _Rejected):
+        if isinstance(result, Rejected):
             return Failure(result.error)
         return result
 
     # -- device-side work (runs on the device's worker thread) ---------------
 
-    def _step(self, x: np.ndarray, y: np.ndarray) -> StepStats | _Rejected:
+    def _step(self, x: np.ndarray, y: np.ndarray) -> StepStats | Rejected:
         model, opt, cfg = self.model, self.optimizer, self.config
         assert model is not None and opt is not None
         be = model.backend
@@ -208,23 +173,23 @@ class Trainer(DeviceActor):
         d_out = be.empty(tape.output.shape, dtype=model.dtype)
         loss_sum, norm = cfg.loss.sums(be, tape.output, yd, d_out)
         if not math.isfinite(loss_sum):
-            return _Rejected(NonFiniteError(f"loss is not finite ({loss_sum}); step not applied"))
+            return Rejected(NonFiniteError(f"loss is not finite ({loss_sum}); step not applied"))
         k = cfg.accumulation_steps
         if k == 1:
             if norm <= 0.0:
-                return _Rejected(
+                return Rejected(
                     InvalidBatchError("every target has class weight 0; the loss is undefined")
                 )
             be.scale(d_out, 1.0 / norm)
             model.backward(tape, d_out)
             grad_norm = global_norm(be, model.grads)
             if not math.isfinite(grad_norm):
-                return _Rejected(NonFiniteError("gradient is not finite; step not applied"))
+                return Rejected(NonFiniteError("gradient is not finite; step not applied"))
             return self._apply(grad_norm, loss_sum / norm, x.shape[0], t0)
         # accumulation: gradients of the *sum*, divided once on the K-th step
         model.backward(tape, d_out)
         if not math.isfinite(be.squared_norm(model.grads)):
-            return _Rejected(NonFiniteError("gradient is not finite; micro-step not applied"))
+            return Rejected(NonFiniteError("gradient is not finite; micro-step not applied"))
         if self._micro + 1 < k:
             if self._accum is None:
                 self._accum = be.zeros((model.n_params,), dtype=model.dtype)
@@ -237,7 +202,7 @@ class Trainer(DeviceActor):
             return StepStats(micro_loss, 0.0, micros, x.shape[0], applied=False)
         total_norm = self._accum_norm + norm
         if total_norm <= 0.0:
-            return _Rejected(
+            return Rejected(
                 InvalidBatchError("every target has class weight 0; the loss is undefined")
             )
         if self._accum is not None:
@@ -245,7 +210,7 @@ class Trainer(DeviceActor):
         be.scale(model.grads, 1.0 / total_norm)
         grad_norm = global_norm(be, model.grads)
         if not math.isfinite(grad_norm):
-            return _Rejected(NonFiniteError("gradient is not finite; step not applied"))
+            return Rejected(NonFiniteError("gradient is not finite; step not applied"))
         stats = self._apply(grad_norm, (self._accum_loss + loss_sum) / total_norm, x.shape[0], t0)
         self._reset_accumulation()
         return stats
@@ -261,7 +226,7 @@ class Trainer(DeviceActor):
         micros = (time.perf_counter_ns() - t0) // 1000
         return StepStats(float(loss), float(grad_norm), int(micros), int(samples))
 
-    def _evaluate(self, x: np.ndarray, y: np.ndarray) -> EvalResult | _Rejected:
+    def _evaluate(self, x: np.ndarray, y: np.ndarray) -> EvalResult | Rejected:
         model = self.model
         assert model is not None
         be = model.backend
@@ -269,7 +234,7 @@ class Trainer(DeviceActor):
         d_out = be.empty(out.shape, dtype=model.dtype)
         loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)
         if norm <= 0.0:
-            return _Rejected(
+            return Rejected(
                 InvalidBatchError("every target has class weight 0; the loss is undefined")
             )
         accuracy = float("nan")

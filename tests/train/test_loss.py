@@ -6,9 +6,10 @@ import math
 
 import numpy as np
 import pytest
-from .train_reference import ref_cross_entropy, ref_mse
 
 from atomr.train import InvalidBatchError, LossKind
+
+from .train_reference import ref_cross_entropy, ref_mse
 
 
 def test_mse_hand_derived() -> None:

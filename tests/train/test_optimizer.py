@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from .train_reference import RefAdam, RefSGD
 
 from atomr.train import OptimizerKind
+
+from .train_reference import RefAdam, RefSGD
 
 N = 257
 STEPS = 100

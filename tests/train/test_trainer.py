@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from .train_reference import ref_cross_entropy
 
 from atomr import ActorSystem
 from atomr.train import (
@@ -30,6 +29,8 @@ from atomr.train import (
     load_digits_split,
     synthetic_classification,
 )
+
+from .train_reference import ref_cross_entropy
 
 SIZES = [6, 16, 4]
 CE = LossKind.CROSS_ENTROPY

@@ -47,6 +47,7 @@ from atomr.train.ps_messages import (
 )
 from atomr.train.ps_worker import PsWorker
 from atomr.train.stats import EvalResult, StepStats
+from atomr.train.validation import validate_batch
 
 __all__ = ["EpochRecord", "ParameterServerHandle", "build_parameter_server"]
 
@@ -138,9 +139,18 @@ class ParameterServerHandle:
                 self.retries += 1
         raise AssertionError("unreachable")
 
-    def _parts(self, features: np.ndarray, labels: np.ndarray) -> list[tuple[Any, Any]]:
+    def _parts(self, features: Any, labels: Any) -> list[tuple[Any, Any]]:
+        """Validate the whole batch, then split it among the workers.
+
+        Validating first keeps a step atomic: no worker pushes its part while
+        another part is refused.
+        """
+        sizes = self.model.sizes
+        x, y = validate_batch(
+            features, labels, sizes[0], self.config.loss, out_width=sizes[-1], dtype=self.model.dtype
+        )
         n = len(self.workers)
-        return list(zip(np.array_split(features, n), np.array_split(labels, n), strict=True))
+        return list(zip(np.array_split(x, n), np.array_split(y, n), strict=True))
 
     async def step(self, features: np.ndarray, labels: np.ndarray) -> list[StepStats]:
         """Train one global batch: each worker gets one part of it
@@ -151,10 +161,11 @@ class ParameterServerHandle:
             One `StepStats` per worker.
 
         Raises:
-            InvalidBatchError: a part was rejected (nothing applied by it).
+            InvalidBatchError: the batch does not fit the model (checked
+                whole, before any worker gets a part: nothing is applied).
             Exception: a worker failed more than `max_retries` times.
         """
-        parts = self._parts(np.asarray(features), np.asarray(labels))
+        parts = self._parts(features, labels)
         return list(
             await asyncio.gather(
                 *(self._ask_worker(i, TrainBatch(x, y)) for i, (x, y) in enumerate(parts))

@@ -59,11 +59,10 @@ class MeasuredShard(ShardActor):
     def _memory(self) -> dict[str, int]:
         opt = self.optimizer
         assert opt is not None
-        bufs = [self.params, self.grads, self._snap_params, *self._snap_bufs.values()]
-        bufs += [getattr(opt, name) for name in opt._buffers]
+        bufs = [self.params, self.grads, *opt.buffers().values()]
         return {
             "param_bytes": int(self.params.nbytes),
-            "state_bytes": sum(int(b.nbytes) for b in bufs if b is not None),
+            "state_bytes": sum(int(b.nbytes) for b in bufs if b is not None) + self._undo.nbytes,
         }
 
 

@@ -54,6 +54,12 @@ class UpdateSnapshot:
         """True between `take` and `restore` / `discard`."""
         return self._state is not None
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the copy buffers (kept between updates for reuse)."""
+        bufs = [self._params, *self._buffers.values()]
+        return sum(int(b.nbytes) for b in bufs if b is not None)
+
     def take(self, backend: Any, params: Any, optimizer: Any) -> None:
         """Copy `params` and `optimizer`'s buffers and step count."""
         if self._params is None or tuple(self._params.shape) != tuple(params.shape):

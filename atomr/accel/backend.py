@@ -434,6 +434,52 @@ class Backend(abc.ABC):
         self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any
     ) -> None: ...
 
+    def sum_scale_norm(self, out: Any, buffers: Sequence[Any], alpha: float) -> float:
+        """``out = sum(buffers) * alpha`` and its ``sum(out^2)`` (float64), fused.
+
+        The bits of ``out`` equal ``sum_into(out, buffers)`` then
+        ``scale(out, alpha)``; the returned value is ``squared_norm(out)`` up to
+        the order of the float64 additions. ``sum_scale_norm(g, [g], s)``
+        scales ``g`` in place and measures it in one pass.
+
+        Args:
+            out: written; may be one of ``buffers``.
+            buffers: one or more buffers of out's shape and dtype.
+            alpha: the scale.
+
+        Returns:
+            ``sum(out^2)`` as a Python float (inf or NaN when not finite).
+
+        Raises:
+            TypeError: wrong array type or dtype, buffers not a sequence,
+                alpha not a real number.
+            ValueError: no buffers, shapes differ, not contiguous.
+        """
+        alpha = _real("sum_scale_norm", "alpha", alpha)
+        if not isinstance(buffers, Sequence) or isinstance(buffers, str | bytes):
+            raise TypeError(
+                f"sum_scale_norm: buffers must be a list or tuple, got {type(buffers).__name__}"
+            )
+        if len(buffers) == 0:
+            raise ValueError("sum_scale_norm: needs at least one buffer")
+        named = {f"buffers[{k}]": b for k, b in enumerate(buffers)}
+        self._check("sum_scale_norm", out=out, **named)
+        self._same_shape("sum_scale_norm", ("out", out), *named.items())
+        return float(
+            self._sum_scale_norm(
+                self._flat(out),
+                [self._flat(b) for b in buffers],
+                buffers,
+                out,
+                out.dtype.type(alpha),
+            )
+        )
+
+    @abc.abstractmethod
+    def _sum_scale_norm(
+        self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any, alpha: Any
+    ) -> float: ...
+
     def squared_norm(self, x: Any) -> float:
         """``sum(x^2)`` accumulated in float64 (gradient clipping: norm = sqrt of it).
 

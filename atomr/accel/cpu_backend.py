@@ -115,6 +115,18 @@ class CpuBackend(Backend):
     def _squared_norm(self, x: Any) -> float:
         return float(reduce.squared_norm_cpu(x))
 
+    def _sum_scale_norm(
+        self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any, alpha: Any
+    ) -> float:
+        if len(flats) == 2:
+            return float(reduce.sum2_scale_norm_cpu(out, flats[0], flats[1], alpha))
+        if len(flats) == 1:
+            if buffers[0] is not raw_out:
+                np.copyto(out, flats[0])
+        else:
+            reduce.sum_into_cpu(out, tuple(flats))
+        return float(reduce.scale_norm_cpu(out, alpha))
+
     def _sgd_step(
         self,
         p: Any,

@@ -9,7 +9,8 @@ launch and copy goes through ``atomr.accel.sim_lock``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,32 @@ def is_device_array(x: Any) -> bool:
     )
 
 
+def _whole_op_under_launch_lock(cls: type) -> type:
+    """Run each op of ``cls`` whole under the launch lock (a no-op on a real GPU).
+
+    The simulator swaps numba.cuda's module state while a kernel runs, so an
+    allocation or copy from another device thread must wait for the launch to
+    end, not only the launches themselves. The lock is re-entrant.
+    """
+
+    def locked(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with launch_lock():
+                return fn(*args, **kwargs)
+
+        return run
+
+    for name, member in list(vars(cls).items()):
+        if callable(member) and not name.startswith("__") and name not in _PURE:
+            setattr(cls, name, locked(member))
+    return cls
+
+
+_PURE = frozenset({"_is_buffer", "_is_contiguous"})
+
+
+@_whole_op_under_launch_lock
 class CudaBackend(Backend):
     """The Backend of a CUDA device: buffers are float32 numba device arrays.
 
@@ -145,6 +172,12 @@ class CudaBackend(Backend):
 
     def _squared_norm(self, x: Any) -> float:
         return reduce.squared_norm_cuda(x)
+
+    def _sum_scale_norm(
+        self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any, alpha: Any
+    ) -> float:
+        alias = next((k for k, b in enumerate(buffers) if b is raw_out), None)
+        return reduce.sum_scale_norm_cuda(out, flats, alpha, alias)
 
     def _sgd_step(
         self,

@@ -16,7 +16,12 @@ from atomr.train.distributed_trainer import (
     DistributedDataParallel,
     spawn_distributed_data_parallel,
 )
-from atomr.train.errors import CheckpointError, InvalidBatchError, NonFiniteError
+from atomr.train.errors import (
+    CheckpointError,
+    InvalidBatchError,
+    NonFiniteError,
+    WorkerStateLost,
+)
 from atomr.train.loss import LossKind
 from atomr.train.messages import (
     Evaluate,
@@ -113,6 +118,7 @@ __all__ = [
     "LossKind",
     "Mlp",
     "NonFiniteError",
+    "WorkerStateLost",
     "Optimizer",
     "OptimizerKind",
     "SaveCheckpoint",

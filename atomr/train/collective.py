@@ -102,7 +102,10 @@ class HostCollective(Collective):
     thread (the kernel releases the GIL), never on the event loop.
 
     The returned buffer is reused by the next `all_reduce` of the same shape
-    and dtype: read it (or copy it) before calling again.
+    and dtype: read it (or copy it) before calling again. With `scale`,
+    `all_reduce` also scales the sum and measures its squared norm in the
+    same pass (`all_reduce_scaled`: the data-parallel trainer's
+    single-process path).
 
     Args:
         backend: the kernels to use (default: the CPU backend).
@@ -116,32 +119,42 @@ class HostCollective(Collective):
         self.backend = backend
         self._out: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self.last_squared_norm = 0.0
+        """The squared norm measured by the last `all_reduce(..., scale=s)`."""
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="atomr-host-collective")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _sum(self, buffers: list[np.ndarray]) -> np.ndarray:
-        key = (buffers[0].shape, buffers[0].dtype)
+    def _out_for(self, like: np.ndarray) -> np.ndarray:
+        key = (like.shape, like.dtype)
         out = self._out.get(key)
         if out is None:
-            out = self._out[key] = np.empty(buffers[0].shape, dtype=buffers[0].dtype)
+            out = self._out[key] = np.empty(like.shape, dtype=like.dtype)
+        return out
+
+    def _sum(self, buffers: list[np.ndarray]) -> np.ndarray:
+        out = self._out_for(buffers[0])
         if len(buffers) == 1:
             np.copyto(out, buffers[0])
         else:
             self.backend.sum_into(out, buffers)
         return out
 
-    async def all_reduce(self, buffers: Sequence[Any]) -> np.ndarray:
+    async def all_reduce(self, buffers: Sequence[Any], *, scale: float | None = None) -> np.ndarray:
         """The element-wise sum of `buffers` (see `Collective.all_reduce`).
 
         Args:
             buffers: host arrays of one shape and dtype (float32 or float64).
+            scale: if set, the sum is also multiplied by it and its squared L2
+                norm is measured in the same pass (the backend's fused
+                `sum_scale_norm`: same bits as summing, then scaling), and
+                left in `last_squared_norm`.
 
         Returns:
-            The collective's output buffer holding the sum (reused by the next
-            call of the same shape and dtype).
+            The collective's output buffer holding the (scaled) sum (reused
+            by the next call of the same shape and dtype).
 
         Raises:
             TypeError: not a list of numpy arrays, or a dtype the backend
@@ -149,8 +162,37 @@ class HostCollective(Collective):
             ValueError: no buffers, or their shapes / dtypes differ.
         """
         checked = _check_buffers(buffers)
-        result: np.ndarray = await self._run(self._sum, checked)
+        if scale is None:
+            result: np.ndarray = await self._run(self._sum, checked)
+            return result
+        factor = float(scale)
+
+        def fused() -> np.ndarray:
+            out = self._out_for(checked[0])
+            self.last_squared_norm = self.backend.sum_scale_norm(out, checked, factor)
+            return out
+
+        result = await self._run(fused)
         return result
+
+    async def all_reduce_scaled(
+        self, buffers: Sequence[Any], scale: float
+    ) -> tuple[np.ndarray, float]:
+        """`all_reduce(buffers, scale=scale)` and the squared norm it measured.
+
+        The data-parallel trainer's single-process path: the sum, its
+        `1 / normaliser` scaling and the gradient norm in one pass, each
+        input read once and the output written once.
+
+        Returns:
+            The output buffer (reused by the next call) and `sum(out^2)`
+            (float64; inf or NaN when not finite).
+
+        Raises:
+            TypeError, ValueError: as `all_reduce`.
+        """
+        out = await self.all_reduce(buffers, scale=scale)
+        return out, self.last_squared_norm
 
     async def broadcast(self, buffers: Sequence[Any], root: int = 0) -> None:
         """Copy `buffers[root]` into every other buffer (see `Collective.broadcast`).

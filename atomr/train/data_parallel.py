@@ -51,7 +51,7 @@ from atomr.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from atomr.train.clip import clip_grad_norm, global_norm
+from atomr.train.clip import clip_grad_norm
 from atomr.train.collective import Collective, HostCollective
 from atomr.train.config import TrainerConfig
 from atomr.train.device_guard import REQUEST_ERRORS
@@ -148,13 +148,25 @@ STOP for `Unrecoverable` (the trainer goes on with the others), RESUME for
 
 
 def _finalize(grads: np.ndarray, scale: float, clip: float | None) -> float:
-    """On the host thread: `grads *= scale`, its norm, then clip (if finite)."""
-    be = cpu_backend()
-    be.scale(grads, scale)
-    norm = global_norm(be, grads)
-    if clip is not None and math.isfinite(norm):
-        clip_grad_norm(be, grads, clip, norm)
+    """On the host thread: `grads *= scale` and its norm (one fused pass), then clip."""
+    norm = math.sqrt(cpu_backend().sum_scale_norm(grads, [grads], scale))
+    _clip(grads, clip, norm)
     return norm
+
+
+def _clip(grads: np.ndarray, clip: float | None, norm: float) -> None:
+    """Clip `grads` (whose norm is `norm`) to `clip`, if set and the norm is finite."""
+    if clip is not None and math.isfinite(norm):
+        clip_grad_norm(cpu_backend(), grads, clip, norm)
+
+
+def _check_totals(loss_sum: float, norm: float) -> Failure | None:
+    """A `Failure` if the step's total loss or normaliser makes it unusable."""
+    if not math.isfinite(loss_sum):
+        return Failure(NonFiniteError(f"loss is not finite ({loss_sum}); step not applied"))
+    if norm <= 0.0:
+        return Failure(InvalidBatchError("every target has class weight 0; the loss is undefined"))
+    return None
 
 
 def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
@@ -464,7 +476,9 @@ class DataParallelTrainer(Actor):
         self, grads: list[GradientResult], loss_sum: float, norm: float, batch: int, t0: int
     ) -> StepStats | Failure:
         pc = self.process_collective
-        reduced: np.ndarray | None
+        clip = self.config.gradient_clip
+        reduced: np.ndarray | None = None
+        grad_norm: float | None = None  # set once `reduced` is scaled and clipped
         if isinstance(self.collective, RingAllReduce):
             try:
                 reduced = await self.collective.all_reduce(
@@ -476,6 +490,16 @@ class DataParallelTrainer(Actor):
                 failed = list(getattr(exc, "failed_workers", [getattr(exc, "worker_index", 0)]))
                 await self._resync(failed, failed)
                 return Failure(exc)
+        elif pc is None and isinstance(self.collective, HostCollective):
+            # one process: sum, scale by 1 / normaliser and measure in one pass
+            bad = _check_totals(loss_sum, norm)
+            if bad is not None:
+                return bad
+            buffers = [g.gradients for g in grads]
+            reduced, sumsq = await self.collective.all_reduce_scaled(buffers, 1.0 / norm)
+            grad_norm = math.sqrt(sumsq)
+            if clip is not None and math.isfinite(grad_norm):
+                await self._host(_clip, reduced, clip, grad_norm)
         else:
             reduced = await self.collective.all_reduce([g.gradients for g in grads])
         if pc is not None:
@@ -483,17 +507,13 @@ class DataParallelTrainer(Actor):
             scalars = await pc.all_reduce([scalars])
             loss_sum, norm = float(scalars[0]), float(scalars[1])
             reduced = await pc.all_reduce([reduced])
-        if not math.isfinite(loss_sum):
-            return Failure(NonFiniteError(f"loss is not finite ({loss_sum}); step not applied"))
-        if norm <= 0.0:
-            return Failure(
-                InvalidBatchError("every target has class weight 0; the loss is undefined")
-            )
+        bad = _check_totals(loss_sum, norm)
+        if bad is not None:
+            return bad
         token = next(self._tokens)
-        clip = self.config.gradient_clip
-        grad_norm = 0.0
         if reduced is not None:
-            grad_norm = await self._host(_finalize, reduced, 1.0 / norm, clip)
+            if grad_norm is None:
+                grad_norm = await self._host(_finalize, reduced, 1.0 / norm, clip)
             if not math.isfinite(grad_norm):
                 return Failure(NonFiniteError("gradient is not finite; step not applied"))
             apply = ApplyGradients(reduced, token=token)
@@ -510,7 +530,7 @@ class DataParallelTrainer(Actor):
             ]
             await ask_all_settled(ok, Rollback(token), self.parallel.timeout, per_worker=False)
             return await self._repair(results)
-        if reduced is None:
+        if grad_norm is None:  # the replicas finalised their own buffers
             grad_norm = float(results[0])
         self.steps += 1
         check = self.parallel.check_every

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "InvalidBatchError", "NonFiniteError"]
+__all__ = ["CheckpointError", "InvalidBatchError", "NonFiniteError", "WorkerStateLost"]
 
 
 class InvalidBatchError(ValueError):
@@ -18,3 +18,32 @@ class NonFiniteError(FloatingPointError):
 class CheckpointError(Exception):
     """A checkpoint could not be written or read: corrupted, truncated, of an
     unknown format, or made for a model of another shape."""
+
+
+class WorkerStateLost(RuntimeError):
+    """A worker of a tensor- or pipeline-parallel trainer lost its part of
+    the model: its device context was poisoned (`ContextPoisoned`), so it was
+    restarted from its `Props` with its initial weights and no optimizer
+    state. The trainer keeps no copy to restore it from: it answers every
+    request with this error until a `LoadCheckpoint` succeeds, which gives
+    every worker its part of the checkpoint again.
+
+    Attributes:
+        worker: the worker's index (shard rank or stage index), or None when
+            the trainer could not tell which worker it was.
+        kind: "shard" or "stage".
+
+    The worker's own exception is the `__cause__`.
+    """
+
+    def __init__(self, kind: str, worker: int | None, cause: BaseException) -> None:
+        who = f"{kind} {worker}" if worker is not None else f"a {kind}"
+        super().__init__(
+            f"{who} lost its weights and optimizer state "
+            f"({type(cause).__name__}: {cause}; it was restarted on a fresh device "
+            "context); this trainer refuses every request until a checkpoint is "
+            "loaded: ask it LoadCheckpoint(path)"
+        )
+        self.kind = kind
+        self.worker = worker
+        self.__cause__ = cause

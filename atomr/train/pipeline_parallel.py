@@ -15,15 +15,17 @@ A step:
 4. else the global gradient norm over all stages (and the clipping factor),
    then `ApplyGradients` to every stage; if an apply fails, `RollbackStep`
    restores the stages that had applied;
-5. after a committed step, a host copy of every stage's state is kept: a
-   stage actor that dies is restarted, then re-connected and given that
-   state back before the error is answered (`recovery`).
+5. a stage actor that raises (rather than answering `Failure`) is resumed
+   with its state intact (its updates are atomic); only `ContextPoisoned`
+   restarts it, unconnected and with its initial weights, and then the
+   trainer answers every request with `WorkerStateLost` until a
+   `LoadCheckpoint` succeeds (`recovery.StateLossWatch`; no host copy of the
+   stages' state is kept).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import Sequence
@@ -48,7 +50,7 @@ from atomr.train.loss import LossKind
 from atomr.train.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.mlp import Mlp
 from atomr.train.optimizer import OptimizerKind
-from atomr.train.recovery import CommittedStates, from_a_worker, resync, worker_decider
+from atomr.train.recovery import StateLossWatch
 from atomr.train.schedule import OpKind, Schedule, split_micro_batches
 from atomr.train.stage import (
     AbortStep,
@@ -71,8 +73,6 @@ from atomr.train.timeline import BusyInterval, GetTimeline, Timeline
 from atomr.train.validation import validate_batch
 
 __all__ = ["GetGradients", "PipelineConfig", "PipelineParallelTrainer"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ class PipelineParallelTrainer(Actor):
         self.steps = 0
         self._step_id = 0
         self._timeline: Timeline | None = None
-        self._committed = CommittedStates()
+        self._watch = StateLossWatch("stage")
 
     @classmethod
     def props(
@@ -264,9 +264,10 @@ class PipelineParallelTrainer(Actor):
         ]
 
     def supervisor_strategy(self) -> SupervisorStrategy:
-        """Restart a failed stage (`worker_decider`); the trainer then
-        re-connects it and gives it back the last committed state (`_recover`)."""
-        return OneForOneStrategy(decider=worker_decider)
+        """Resume a stage that raised (its state is intact), stop it on
+        `Unrecoverable`, restart it on `ContextPoisoned` and remember that its
+        state is lost (`recovery.StateLossWatch`)."""
+        return OneForOneStrategy(decider=self._watch.decide)
 
     def _connect_message(self, i: int) -> ConnectStage:
         p = len(self.stages)
@@ -294,34 +295,7 @@ class PipelineParallelTrainer(Actor):
         self.offsets = [0]
         for info in infos:
             self.offsets.append(self.offsets[-1] + info.n_params)
-        await self._record()
         self.infos = list(infos)
-
-    async def _record(self) -> None:
-        """Keep a host copy of every stage's state (after a committed step)."""
-        await self._committed.record(self.stages, GetStageState(), self.config.ask_timeout)
-
-    async def _recover(self) -> None:
-        """After a stage failed: re-connect every stage and give it back its
-        last committed state (a restarted stage came back unconnected, with
-        its initial weights and no optimizer; the others are unchanged, since
-        the failed request changed nothing). If a stage cannot be restored,
-        the trainer connects again on the next request (which reports why)."""
-        states = self._committed.states
-        if states is None:
-            return
-        outcome = await resync(
-            self.stages,
-            range(len(self.stages)),
-            lambda i: (self._connect_message(i), SetStageState(states[i])),
-            self.config.ask_timeout,
-        )
-        if not outcome.ok:
-            logger.error(
-                "PipelineParallelTrainer: stages %s could not be restored",
-                outcome.gone + outcome.bad,
-            )
-            self.infos = []
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -341,7 +315,13 @@ class PipelineParallelTrainer(Actor):
 
     async def receive(self, message: Any) -> Any:
         """Dispatch a trainer message (see the class docstring)."""
+        lost = self._watch.lost()
+        if lost is not None and not isinstance(message, LoadCheckpoint):
+            return Failure(lost)
+        generation = self._watch.generation
         try:
+            if lost is not None:
+                return await self._reload(message.path)
             if not self.infos:
                 await self._connect()
             if isinstance(message, Step):
@@ -365,13 +345,15 @@ class PipelineParallelTrainer(Actor):
             if isinstance(message, LoadCheckpoint):
                 return await self._load(message.path)
         except Exception as exc:  # bad input or a failed stage: answer, keep the trainer
-            if self.infos and from_a_worker(exc):
-                try:
-                    await self._recover()
-                except Exception:  # reported; the next request connects again
-                    logger.exception("PipelineParallelTrainer: restoring the stages failed")
-                    self.infos = []
-            return Failure(exc)
+            # a stage that raised was resumed with its state intact; only one
+            # restarted during this request (ContextPoisoned) lost it
+            if self._watch.generation == generation:
+                return Failure(exc)
+            lost = self._watch.lost()
+            assert lost is not None
+            if lost.__cause__ is not exc:
+                lost.add_note(f"the request failed with {type(exc).__name__}: {exc}")
+            return Failure(lost)
         return Failure(
             TypeError(f"PipelineParallelTrainer does not handle {type(message).__name__}")
         )
@@ -458,8 +440,6 @@ class PipelineParallelTrainer(Actor):
             error.worker_index = failed[0]
             error.add_note(f"ApplyGradients failed on stage {failed[0]}; every stage rolled back")
             raise error
-        # committed: keep a host copy to restore a stage that is restarted later
-        await self._record()
         self.steps += 1
         elapsed = time.perf_counter() - t0
         self._timeline = self._make_timeline(reports, t0, elapsed, len(xs))
@@ -548,5 +528,21 @@ class PipelineParallelTrainer(Actor):
                 self.stages, [SetStageState(s) for s in old], self.config.ask_timeout
             )
             raise results[failed_indices(results)[0]]
-        await self._record()
         self.steps = int(ckpt.step)
+
+    async def _reload(self, path: Any) -> None:
+        """`LoadCheckpoint` after a stage lost its state: re-connect every stage
+        (the restarted one came back unconnected), then give each its part of
+        the checkpoint. The trainer serves again only if this succeeds and no
+        stage was restarted meanwhile.
+
+        Raises:
+            Exception: as `LoadCheckpoint`; the trainer keeps refusing (also
+                when a stage restarted again meanwhile: `receive` answers that
+                with `WorkerStateLost`).
+        """
+        generation = self._watch.generation
+        self.infos = []
+        await self._connect()
+        await self._load(path)
+        self._watch.clear(generation)

@@ -1,18 +1,19 @@
 """How the trainers recover from a failure, shared by all of them.
 
-Three pieces, one per moment of a failure:
-
 - `UpdateSnapshot`: before an optimizer update, a device-side copy of the
   parameters and the optimizer's buffers and step count; a failed update is
-  undone with `restore` (the parameter server, the tensor-parallel shard).
-- `worker_decider`: how a coordinator supervises the workers it spawned
-  (restart them, except when their device is gone or out of memory).
-- `resync`: after a failed step, bring the workers that were restarted (and
-  came back with their constructor state) back to the last committed state:
-  a coordinator sends each of them its re-sync messages (re-connect, set
-  state), taken from a healthy peer (data parallel) or from the host copy it
-  kept of the last committed step (`CommittedStates`: tensor and pipeline
-  parallel, whose workers each hold a different part of the model).
+  undone with `restore` (the parameter server, the tensor-parallel shard,
+  the pipeline stage, the data-parallel replica).
+- `worker_decider` and `resync` (data parallel): a failed replica is
+  restarted and re-synced from a healthy one (every replica holds the
+  whole model).
+- `state_keeping_decider` and `StateLossWatch` (tensor and pipeline
+  parallel, whose workers each hold a different part of the model, so no
+  peer can restore one): a worker is resumed after an ordinary exception
+  (its updates are atomic, so its state is still valid and nothing needs
+  re-syncing); only a poisoned device context costs a worker its state,
+  and then the trainer refuses every request with `WorkerStateLost` until
+  a checkpoint is loaded. No host copy of the state is kept.
 """
 
 from __future__ import annotations
@@ -21,17 +22,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from atomr.accel import OutOfMemory, Unrecoverable
+from atomr.accel import ContextPoisoned, OutOfMemory, Unrecoverable
 from atomr.actor import ActorRef, ActorStoppedError, Directive
-from atomr.train.errors import InvalidBatchError, NonFiniteError
-from atomr.train.fanout import ask_all, ask_all_settled
+from atomr.train.errors import WorkerStateLost
+from atomr.train.fanout import ask_all_settled
 
 __all__ = [
-    "CommittedStates",
     "ResyncOutcome",
+    "StateLossWatch",
     "UpdateSnapshot",
-    "from_a_worker",
     "resync",
+    "state_keeping_decider",
     "worker_decider",
 ]
 
@@ -123,18 +124,6 @@ def worker_decider(error: BaseException) -> Directive:
     return Directive.RESTART
 
 
-def from_a_worker(error: BaseException) -> bool:
-    """True when `error` is a worker's failure that may have cost it its state.
-
-    `fanout.raise_first_failure` tags a worker's exception with
-    `worker_index`; bad input (`InvalidBatchError`, `NonFiniteError`) is
-    refused before anything changes and needs no re-sync.
-    """
-    return getattr(error, "worker_index", None) is not None and not isinstance(
-        error, InvalidBatchError | NonFiniteError
-    )
-
-
 @dataclass
 class ResyncOutcome:
     """What `resync` found.
@@ -194,26 +183,79 @@ async def resync(
     return outcome
 
 
-class CommittedStates:
-    """A coordinator's host copy of each worker's state after the last committed step.
+def state_keeping_decider(error: BaseException) -> Directive:
+    """How the tensor- and pipeline-parallel trainers supervise their workers.
 
-    `record` it after every step that every worker applied (and after
-    connecting or loading a checkpoint); after a failed step the workers
-    are put back with it (the failed step changed nothing on the others,
-    so they all agree again).
+    Args:
+        error: what the worker raised.
+
+    Returns:
+        STOP for `Unrecoverable` (the device is gone), RESTART for
+        `ContextPoisoned` (the device context, and the state in it, is gone:
+        the worker needs a fresh one), RESUME for anything else: the worker
+        keeps its instance and its state, which is still valid because its
+        updates are atomic (a failed apply restores its `UpdateSnapshot`
+        before raising; forward and backward never touch the weights).
+    """
+    if isinstance(error, Unrecoverable):
+        return Directive.STOP
+    if isinstance(error, ContextPoisoned):
+        return Directive.RESTART
+    return Directive.RESUME
+
+
+class StateLossWatch:
+    """A trainer's record of the workers that lost their state.
+
+    Use `decide` as the trainer's supervision decider (it is
+    `state_keeping_decider`, and records every RESTART). The runtime calls
+    the decider before the worker's asker can see its exception, so after
+    any failed ask `lost()` already knows whether a worker was restarted.
+
+    Args:
+        kind: "shard" or "stage" (for the error message).
     """
 
-    def __init__(self) -> None:
-        self.states: list[Any] | None = None
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._restarted: list[BaseException] = []
+        self._cause: BaseException | None = None
+        self._generation = 0
 
-    async def record(self, refs: Sequence[ActorRef], message: Any, timeout: float | None) -> None:
-        """Ask every worker for its state (`message`, e.g. `GetStageState()`) and keep it.
+    def decide(self, error: BaseException) -> Directive:
+        """`state_keeping_decider`, recording the errors that restart a worker."""
+        directive = state_keeping_decider(error)
+        if directive is Directive.RESTART:
+            self._restarted.append(error)
+            self._generation += 1
+        return directive
 
-        Raises:
-            Exception: a worker's failure (the previous record is kept).
+    @property
+    def generation(self) -> int:
+        """Counts the restarts seen; compare before and after a reload."""
+        return self._generation
+
+    def lost(self) -> WorkerStateLost | None:
+        """A fresh `WorkerStateLost` if a worker lost its state and no
+        checkpoint was loaded since, else None."""
+        if self._restarted:
+            self._cause = self._restarted[0]
+            self._restarted.clear()
+        cause = self._cause
+        if cause is None:
+            return None
+        # fanout tags the exception a trainer's ask raised with `worker_index`
+        return WorkerStateLost(self.kind, getattr(cause, "worker_index", None), cause)
+
+    def clear(self, generation: int) -> bool:
+        """Forget the loss after a checkpoint was loaded into every worker,
+        unless a worker restarted again since `generation` was read.
+
+        Returns:
+            True when the loss was forgotten.
         """
-        self.states = await ask_all(refs, message, timeout, per_worker=False)
-
-    def forget(self) -> None:
-        """Drop the copy (the workers' state is no longer known to be committed)."""
-        self.states = None
+        if self._generation != generation:
+            return False
+        self._restarted.clear()
+        self._cause = None
+        return True

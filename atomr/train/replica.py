@@ -52,7 +52,7 @@ import numpy as np
 from atomr.accel import CpuBackend, Device
 from atomr.actor import Failure, Props
 from atomr.train.checkpoint import CheckpointError, check_model_matches
-from atomr.train.clip import clip_grad_norm, global_norm
+from atomr.train.clip import clip_grad_norm
 from atomr.train.config import TrainerConfig
 from atomr.train.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.errors import InvalidBatchError, NonFiniteError
@@ -379,8 +379,7 @@ class ReplicaActor(Trainer):
         grad_norm: float | None = None
         if msg.gradients is None:
             g = model.grads
-            be.scale(g, float(msg.scale))
-            grad_norm = global_norm(be, g)
+            grad_norm = math.sqrt(be.sum_scale_norm(g, [g], float(msg.scale)))
             if not math.isfinite(grad_norm):
                 return Rejected(NonFiniteError("gradient is not finite; step not applied"))
             if msg.clip is not None:

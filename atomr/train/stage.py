@@ -36,6 +36,7 @@ from atomr.train.errors import CheckpointError
 from atomr.train.loss import LossKind
 from atomr.train.mlp import Mlp, Tape
 from atomr.train.optimizer import Optimizer, OptimizerKind
+from atomr.train.recovery import UpdateSnapshot
 from atomr.train.schedule import Op, OpKind
 from atomr.train.timeline import BusyInterval
 
@@ -430,7 +431,8 @@ class StageActor(DeviceActor):
         self._run: _Run | None = None
         self._closed = 0  # every step_id <= this is finished or aborted
         self._early: dict[int, list[Activations | Gradients]] = {}
-        self._snapshot: tuple[int, np.ndarray, dict[str, Any]] | None = None
+        self._undo = UpdateSnapshot()  # device-side, buffers reused step to step
+        self._undo_step: int | None = None
         self._loss_kind: LossKind = LossKind.MSE
 
     @classmethod
@@ -536,10 +538,16 @@ class StageActor(DeviceActor):
         return float(model.backend.squared_norm(model.grads))
 
     def apply_gradients(self, step_id: int, coef: float) -> None:
-        """Snapshot, scale the gradient by `coef`, optimizer step (worker thread)."""
+        """Snapshot, scale the gradient by `coef`, optimizer step (worker thread).
+
+        The snapshot (a device-side copy of the weights and optimizer buffers,
+        `recovery.UpdateSnapshot`) is kept until `rollback(step_id)` or the
+        next apply.
+        """
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
-        self._snapshot = (step_id, model.get_params(), opt.state_dict())
+        self._undo.take(model.backend, model.params, opt)
+        self._undo_step = step_id
         if coef != 1.0:
             model.backend.scale(model.grads, coef)
         opt.step(model.params, model.grads)
@@ -549,17 +557,17 @@ class StageActor(DeviceActor):
         """Restore the snapshot taken by `apply_gradients(step_id)` (worker thread)."""
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
-        snap = self._snapshot
-        if snap is None or snap[0] != step_id:
+        if self._undo_step != step_id or not self._undo.taken:
             return
-        model.set_params(snap[1])
-        opt.load_state_dict(snap[2])
-        self._snapshot = None
+        self._undo.restore(model.backend, model.params, opt)
+        self._undo_step = None
 
     def _connect(self, optimizer: OptimizerKind) -> StageInfo:
         model = self.model
         assert model is not None
         self.optimizer = optimizer.create(model.n_params, model.backend, model.dtype)
+        self._undo.discard()
+        self._undo_step = None
         return StageInfo(model.sizes, model.activation, model.n_params, model.dtype.name)
 
     def _get_state(self) -> StageState:
@@ -584,7 +592,8 @@ class StageActor(DeviceActor):
             ) from exc
         model.set_params(weights)
         self.optimizer = fresh
-        self._snapshot = None
+        self._undo.discard()
+        self._undo_step = None
 
     # -- messages -----------------------------------------------------------
 

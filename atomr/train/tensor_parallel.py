@@ -13,15 +13,16 @@ weight changes. Phase 2 asks every shard to apply its optimizer to its slice
 (each snapshots first); if one fails, the shards that applied roll back. The
 asker sees the failing shard's own exception type.
 
-A shard actor that dies is restarted (`recovery.worker_decider`) and, before
-the error is answered, every shard gets its slice of the last committed state
-back (the trainer keeps a host copy after each committed step).
+A shard actor that raises (rather than answering `Failure`) is resumed: its
+state is still valid, since its updates are atomic. Only a `ContextPoisoned`
+restarts it, with its initial slice and no optimizer state; the trainer
+keeps no copy to restore it from, so it then answers every request with
+`WorkerStateLost` until a `LoadCheckpoint` succeeds (`recovery.StateLossWatch`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import Sequence
@@ -47,7 +48,7 @@ from atomr.train.loss import LossKind
 from atomr.train.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.mlp import Mlp
 from atomr.train.optimizer import OptimizerKind
-from atomr.train.recovery import CommittedStates, from_a_worker, resync, worker_decider
+from atomr.train.recovery import StateLossWatch
 from atomr.train.shard import (
     LossResult,
     ShardActor,
@@ -67,8 +68,6 @@ from atomr.train.shard import (
 from atomr.train.sharding import check_shardable, scatter_pieces
 from atomr.train.stats import EvalResult, StepStats
 from atomr.train.validation import validate_batch
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "ShardGroup",
@@ -397,7 +396,7 @@ class TensorParallelTrainer(Actor):
         self.config = config
         self._shards = list(shards)
         self._group: ShardGroup | None = None
-        self._committed = CommittedStates()
+        self._watch = StateLossWatch("shard")
         self.steps = 0
 
     @classmethod
@@ -457,9 +456,10 @@ class TensorParallelTrainer(Actor):
         return ref
 
     def supervisor_strategy(self) -> SupervisorStrategy:
-        """Restart a failed shard (`worker_decider`); the trainer then gives it
-        back its slice of the last committed state (`_recover`)."""
-        return OneForOneStrategy(decider=worker_decider)
+        """Resume a shard that raised (its state is intact), stop it on
+        `Unrecoverable`, restart it on `ContextPoisoned` and remember that its
+        state is lost (`recovery.StateLossWatch`)."""
+        return OneForOneStrategy(decider=self._watch.decide)
 
     def pre_start(self) -> None:
         """Spawn the shards given as `Props`, as children."""
@@ -471,14 +471,18 @@ class TensorParallelTrainer(Actor):
     async def _ready(self) -> ShardGroup:
         if self._group is None:
             refs = [s for s in self._shards if isinstance(s, ActorRef)]
-            group = await ShardGroup.connect(refs, self.config)
-            await self._committed.record(group.refs, ShardGetState(), group.timeout)
-            self._group = group
+            self._group = await ShardGroup.connect(refs, self.config)
         return self._group
 
     async def receive(self, message: Any) -> Any:
         """Dispatch a trainer message (see the class docstring)."""
+        lost = self._watch.lost()
+        if lost is not None and not isinstance(message, LoadCheckpoint):
+            return Failure(lost)
+        generation = self._watch.generation
         try:
+            if lost is not None:
+                return await self._reload(message)
             group = await self._ready()
             if isinstance(message, Step):
                 return await self._step(group, message)
@@ -491,13 +495,15 @@ class TensorParallelTrainer(Actor):
             if isinstance(message, LoadCheckpoint):
                 return await self._load(group, message)
         except Exception as exc:
-            if self._group is not None and from_a_worker(exc):
-                try:
-                    await self._recover(self._group)
-                except Exception:  # reported; the next request reconnects
-                    logger.exception("TensorParallelTrainer: restoring the shards failed")
-                    self._group = None
-            return Failure(exc)
+            # a shard that raised was resumed with its state intact; only one
+            # restarted during this request (ContextPoisoned) lost it
+            if self._watch.generation == generation:
+                return Failure(exc)
+            lost = self._watch.lost()
+            assert lost is not None
+            if lost.__cause__ is not exc:
+                lost.add_note(f"the request failed with {type(exc).__name__}: {exc}")
+            return Failure(lost)
         return Failure(TypeError(f"TensorParallelTrainer does not handle {type(message).__name__}"))
 
     def _validate(
@@ -527,8 +533,6 @@ class TensorParallelTrainer(Actor):
             scale = min(1.0, clip / (grad_norm + 1e-6))
         # phase 2: apply everywhere, or nowhere
         await group.apply(scale)
-        # committed: keep a host copy to restore a shard that is restarted later
-        await self._committed.record(group.refs, ShardGetState(), group.timeout)
         self.steps += 1
         micros = (time.perf_counter_ns() - t0) // 1000
         return StepStats(result.loss_sum / result.normaliser, grad_norm, int(micros), x.shape[0])
@@ -579,33 +583,26 @@ class TensorParallelTrainer(Actor):
                 "the tensor-parallel trainer does not accumulate"
             )
         await group.load(ckpt.weights, state, step)
-        await self._committed.record(group.refs, ShardGetState(), group.timeout)
         self.steps = int(ckpt.step)
 
-    async def _recover(self, group: ShardGroup) -> None:
-        """After a shard failed: give every shard its slice of the last committed
-        state (a restarted shard came back with its initial slice and no
-        optimizer; the others are unchanged, since the failed request changed
-        nothing). A shard that stopped or refuses leaves the trainer to
-        reconnect on the next request (which then reports the shard's error)."""
-        states = self._committed.states
-        if states is None:
-            return
-        weights, optimizer, step = await asyncio.to_thread(
-            _merge_states, group.total_params, states
-        )
-        messages = (
-            ShardConfigure(self.config.optimizer, self.config.loss),
-            ShardSetState(weights, optimizer, step),
-        )
-        outcome = await resync(
-            group.refs, range(len(group.refs)), lambda _: messages, group.timeout
-        )
-        if not outcome.ok:
-            logger.error(
-                "TensorParallelTrainer: shards %s could not be restored", outcome.gone + outcome.bad
-            )
-            self._group = None
+    async def _reload(self, message: LoadCheckpoint) -> None:
+        """`LoadCheckpoint` after a shard lost its state: describe and configure
+        every shard again (the restarted one has no optimizer), then give each
+        its slice of the checkpoint. The trainer serves again only if this
+        succeeds and no shard was restarted meanwhile.
+
+        Raises:
+            Exception: as `LoadCheckpoint`; the trainer keeps refusing (also
+                when a shard restarted again meanwhile: `receive` answers
+                that with `WorkerStateLost`).
+        """
+        generation = self._watch.generation
+        refs = [s for s in self._shards if isinstance(s, ActorRef)]
+        self._group = None
+        group = await ShardGroup.connect(refs, self.config)
+        await self._load(group, message)
+        if self._watch.clear(generation):
+            self._group = group
 
 
 def _check_shards(config: Any, shards: Sequence[Any]) -> None:

@@ -75,3 +75,56 @@ def test_cpu_reductions_random(n, k, seed, dtype):
     g = np.empty(7, dtype)
     be.bias_grad(dy, g)
     np.testing.assert_allclose(g, dy.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 4), (300,)])
+def test_sum_scale_norm_equals_sum_into_then_scale(be, rng, k, shape):
+    bufs = [rand(rng, *shape) for _ in range(k)]
+    alpha = 1.0 / 3.0
+    ref = put(be, np.full(shape, np.nan, np.float32))
+    be.sum_into(ref, [put(be, b) for b in bufs])
+    be.scale(ref, alpha)
+    out = put(be, np.full(shape, np.nan, np.float32))
+    got = be.sum_scale_norm(out, [put(be, b) for b in bufs], alpha)
+    assert isinstance(got, float)
+    np.testing.assert_array_equal(get(be, out), get(be, ref))
+    expected = np.sum(bufs, axis=0, dtype=np.float64) * alpha
+    np.testing.assert_allclose(get(be, out), expected, **tol(np.float32))
+    assert got == pytest.approx(float(np.sum(get(be, ref).astype(np.float64) ** 2)), rel=1e-6)
+
+
+@pytest.mark.parametrize(("k", "position"), [(1, 0), (2, 0), (2, 1)])
+def test_sum_scale_norm_out_among_buffers(be, rng, k, position):
+    host = [rand(rng, 9) for _ in range(k)]
+    dev = [put(be, b) for b in host]
+    got = be.sum_scale_norm(dev[position], dev, 0.5)
+    expected = np.sum(host, axis=0, dtype=np.float64).astype(np.float32) * np.float32(0.5)
+    np.testing.assert_array_equal(get(be, dev[position]), expected)
+    assert got == pytest.approx(float(np.sum(expected.astype(np.float64) ** 2)), rel=1e-6)
+
+
+def test_sum_scale_norm_of_non_finite_is_not_finite(be):
+    x = np.array([1.0, np.inf, 2.0], np.float32)
+    assert not np.isfinite(be.sum_scale_norm(put(be, x.copy()), [put(be, x)], 1.0))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(1, 5000),
+    k=st.integers(1, 4),
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from([np.float32, np.float64]),
+)
+def test_cpu_sum_scale_norm_random(n, k, seed, dtype):
+    be = backend_for("cpu:0")
+    rng = np.random.default_rng(seed)
+    bufs = [rand(rng, n, dtype=dtype) for _ in range(k)]
+    alpha = float(rng.uniform(0.01, 2.0))
+    ref = np.empty(n, dtype)
+    be.sum_into(ref, bufs)
+    be.scale(ref, alpha)
+    out = np.empty(n, dtype)
+    got = be.sum_scale_norm(out, bufs, alpha)
+    np.testing.assert_array_equal(out, ref)
+    assert got == pytest.approx(float(np.sum(ref.astype(np.float64) ** 2)), rel=1e-9)

@@ -4,13 +4,24 @@ data, and the "faulted run equals the unfaulted run" comparison."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from atomr import ActorRef
 from atomr.accel import ContextPoisoned
-from atomr.train import Evaluate, GetWeights, Step, synthetic_classification
+from atomr.train import (
+    CheckpointError,
+    Evaluate,
+    GetWeights,
+    LoadCheckpoint,
+    SaveCheckpoint,
+    Step,
+    WorkerStateLost,
+    synthetic_classification,
+)
 
 T = 30.0
 """Ask timeout of these tests (never reached unless something hangs)."""
@@ -124,3 +135,60 @@ def assert_unchanged(views: list[Any]) -> None:
     assert len(before) == len(after)
     for b, a in zip(before, after, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+async def lost_until_reloaded(
+    trainer: ActorRef,
+    reference: ActorRef,
+    data: list[tuple[np.ndarray, np.ndarray]],
+    plan: Plan,
+    phase: str,
+    kind: str,
+    worker: int,
+    tmp_path: Path,
+) -> None:
+    """A worker whose device context is poisoned loses its state: train to
+    `FAULT_AT`, save a checkpoint, train one more step, then fail the next
+    step through `phase` (a `ContextPoisoned` raised in the worker actor).
+    That step and every later request are answered with `WorkerStateLost`
+    naming the worker; a bad checkpoint is refused (still lost); loading the
+    saved one brings the trainer back, and its next steps equal those of
+    `reference` (a single-device `Trainer`) loaded from the same checkpoint.
+    """
+    for x, y in data[:FAULT_AT]:
+        await trainer.ask(Step(x, y), timeout=T)
+    ckpt = tmp_path / "before.ckpt"
+    await trainer.ask(SaveCheckpoint(ckpt), timeout=T)
+    await trainer.ask(Step(*data[FAULT_AT]), timeout=T)
+    plan.arm(phase)
+    with pytest.raises(WorkerStateLost) as info:
+        await trainer.ask(Step(*data[FAULT_AT + 1]), timeout=T)
+    assert plan.fired == [phase]
+    error = info.value
+    assert error.kind == kind and error.worker == worker, repr(error)
+    assert f"{kind} {worker} lost its weights" in str(error) and "LoadCheckpoint" in str(error)
+    assert isinstance(error.__cause__, ContextPoisoned)
+    x, y = held_out()
+    for message in (Step(*data[FAULT_AT + 1]), GetWeights(), Evaluate(x, y)):
+        with pytest.raises(WorkerStateLost, match=f"{kind} {worker} lost"):
+            await trainer.ask(message, timeout=T)
+    with pytest.raises(WorkerStateLost):
+        await trainer.ask(SaveCheckpoint(tmp_path / "lost.ckpt"), timeout=T)
+    assert not (tmp_path / "lost.ckpt").exists()
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError):
+        await trainer.ask(LoadCheckpoint(tmp_path / "junk.ckpt"), timeout=T)
+    with pytest.raises(WorkerStateLost):  # a failed load leaves it refusing
+        await trainer.ask(GetWeights(), timeout=T)
+
+    await trainer.ask(LoadCheckpoint(ckpt), timeout=T)
+    await reference.ask(LoadCheckpoint(ckpt), timeout=T)
+    np.testing.assert_allclose(
+        await trainer.ask(GetWeights(), timeout=T), await reference.ask(GetWeights(), timeout=T)
+    )
+    for bx, by in data[FAULT_AT:]:
+        a = await trainer.ask(Step(bx, by), timeout=T)
+        b = await reference.ask(Step(bx, by), timeout=T)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+        assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
+    await assert_same_training(trainer, reference)

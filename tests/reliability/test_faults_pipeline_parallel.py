@@ -5,12 +5,16 @@ failure in a forward or backward micro-batch and after a full apply).
 Here: a failure in the global gradient-norm reduction (`gradient_sq_norm`,
 the pipeline's cross-stage reduction before the update), an optimizer dying
 with half a stage's weights written, and the stage actor itself crashing
-(not its device). Each time no stage's weights change, the asker gets the
-typed error, and training ends where an unfaulted run ends.
+(not its device), which the trainer resumes (its state is intact). Each
+time no stage's weights change, the asker gets the typed error, and
+training ends where an unfaulted run ends. Last, a stage actor raising
+`ContextPoisoned` is restarted and has lost its layers' state: the trainer
+refuses with `WorkerStateLost` until a checkpoint is loaded.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +29,8 @@ from atomr.train import (
     PipelineConfig,
     PipelineParallelTrainer,
     StageActor,
+    Trainer,
+    TrainerConfig,
 )
 from atomr.train.stage import GetStageWeights, RunMicroBatches
 from tests.reliability.faults import (
@@ -37,6 +43,7 @@ from tests.reliability.faults import (
     batches,
     clean_run,
     faulted_run,
+    lost_until_reloaded,
 )
 
 SIZES = [IN, 8, 8, CLASSES]
@@ -75,6 +82,7 @@ class FaultyStage(StageActor):
         """Crash the actor itself when a step starts."""
         if isinstance(message, RunMicroBatches) and message.train and self.index == FAULTY:
             self.plan.fire("actor_crash", RuntimeError)
+            self.plan.fire("context_poisoned")  # the same, as a lost device context
         return await super().receive(message)
 
 
@@ -109,7 +117,19 @@ async def test_a_device_fault_changes_no_stage(actor_system: ActorSystem, phase:
     await _check(actor_system, phase, ContextPoisoned)
 
 
-async def test_a_crashed_stage_actor_is_restored_and_training_continues(
+async def test_a_crashed_stage_actor_is_resumed_and_training_continues(
     actor_system: ActorSystem,
 ) -> None:
     await _check(actor_system, "actor_crash", RuntimeError)
+
+
+async def test_a_poisoned_stage_context_refuses_until_a_checkpoint_is_loaded(
+    actor_system: ActorSystem, tmp_path: Path
+) -> None:
+    plan = Plan()
+    pipe = await _spawn(actor_system, plan)
+    config = TrainerConfig(CONFIG.optimizer, CONFIG.loss)
+    single = await Trainer.spawn(actor_system, Mlp(SIZES, seed=5), "cpu:0", config)
+    await lost_until_reloaded(
+        pipe, single, batches(), plan, "context_poisoned", "stage", FAULTY, tmp_path
+    )

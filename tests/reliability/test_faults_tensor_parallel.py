@@ -5,13 +5,17 @@ failure in `_backward` and after a full `_apply`).
 Here: a device failure before the forward pass, in the loss (the point
 where the shards' outputs are combined), in the partial-sum all-reduce of
 a row-parallel layer (`_combine_sum`), and mid-optimizer with half the
-slice written; and the shard actor itself crashing (not its device). Each
-time no shard's slice changes, the asker gets the typed error, and training
-ends where an unfaulted run ends.
+slice written; and the shard actor itself crashing (not its device), which
+the trainer resumes (its state is intact). Each time no shard's slice
+changes, the asker gets the typed error, and training ends where an
+unfaulted run ends. Last, a shard actor raising `ContextPoisoned` is
+restarted and has lost its slice: the trainer refuses with `WorkerStateLost`
+until a checkpoint is loaded.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +30,7 @@ from atomr.train import (
     ShardActor,
     TensorParallelConfig,
     TensorParallelTrainer,
+    Trainer,
 )
 from atomr.train.shard import ShardForward, ShardGather
 from tests.reliability.faults import (
@@ -38,6 +43,7 @@ from tests.reliability.faults import (
     batches,
     clean_run,
     faulted_run,
+    lost_until_reloaded,
 )
 
 SIZES = [IN, 8, 8, CLASSES]
@@ -84,6 +90,7 @@ def _install(monkeypatch: pytest.MonkeyPatch, plan: Plan) -> None:
     async def receive(self: ShardActor, message: Any) -> Any:
         if isinstance(message, ShardForward) and self.layout.rank == FAULTY_RANK:
             plan.fire("actor_crash", RuntimeError)  # raised in the actor, not answered
+            plan.fire("context_poisoned")  # the same, as a lost device context
         return await original_receive(self, message)
 
     monkeypatch.setattr(ShardActor, "receive", receive)
@@ -118,7 +125,7 @@ async def test_a_device_fault_in_any_phase_changes_no_shard(
     print(f"\n{phase}: {type(error).__name__}; accuracy after recovery {accuracy:.3f}")
 
 
-async def test_a_crashed_shard_actor_is_restored_and_training_continues(
+async def test_a_crashed_shard_actor_is_resumed_and_training_continues(
     actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plan = Plan()
@@ -127,6 +134,20 @@ async def test_a_crashed_shard_actor_is_restored_and_training_continues(
     tp = await _spawn(actor_system)
     error, views = await faulted_run(tp, data, plan, "actor_crash", lambda: _slices(tp))
     assert isinstance(error, RuntimeError) and "injected" in str(error), repr(error)
+    assert_unchanged(views)
     clean = await _spawn(actor_system)
     await clean_run(clean, data)
     await assert_same_training(tp, clean)
+
+
+async def test_a_poisoned_shard_context_refuses_until_a_checkpoint_is_loaded(
+    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    plan = Plan()
+    _install(monkeypatch, plan)
+    tp = await _spawn(actor_system)
+    model = Mlp(SIZES, activation="tanh", seed=4)
+    single = await Trainer.spawn(actor_system, model, "cpu:0", CONFIG.trainer_config())
+    await lost_until_reloaded(
+        tp, single, batches(), plan, "context_poisoned", "shard", FAULTY_RANK, tmp_path
+    )

@@ -34,6 +34,19 @@ async def test_host_all_reduce_is_the_sum(n: int) -> None:
     host.close()
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+async def test_host_all_reduce_scaled_equals_sum_then_scale(n: int) -> None:
+    bufs = _buffers(n, 1001, seed=3)
+    host = HostCollective()
+    plain = (await host.all_reduce(bufs)).copy()
+    plain *= np.float32(0.25)
+    out, sumsq = await host.all_reduce_scaled(bufs, 0.25)
+    np.testing.assert_array_equal(out, plain)
+    assert sumsq == pytest.approx(float(np.sum(plain.astype(np.float64) ** 2)), rel=1e-9)
+    assert host.last_squared_norm == sumsq
+    host.close()
+
+
 async def test_host_all_reduce_reuses_its_output_buffer() -> None:
     host = HostCollective()
     first = await host.all_reduce(_buffers(2, 64, seed=1))

@@ -7,6 +7,11 @@
 - ``squared_norm``: ``sum x^2`` accumulated in float64 (gradient clipping);
   CUDA reduces per block through shared memory and the host adds the block
   sums.
+- ``sum_scale_norm``: ``out = sum_k buffers[k] * alpha`` and ``sum out^2``
+  (float64): the data-parallel all-reduce, its ``1 / normaliser`` scaling
+  and the gradient norm in one pass where it can (the CPU twin fuses two
+  buffers, or one scaled in place, into a single read-write sweep). The bits
+  of ``out`` equal ``sum_into`` followed by ``x *= alpha``.
 
 The scalar math (``sq``) is written once and compiled for both targets.
 """
@@ -35,10 +40,13 @@ from atomr.accel.sim_lock import launch_lock
 __all__ = [
     "bias_grad_cpu",
     "bias_grad_cuda",
+    "scale_norm_cpu",
     "squared_norm_cpu",
     "squared_norm_cuda",
+    "sum2_scale_norm_cpu",
     "sum_into_cpu",
     "sum_into_cuda",
+    "sum_scale_norm_cuda",
 ]
 
 # ---------------------------------------------------------------- scalar math
@@ -101,6 +109,30 @@ def _squared_norm_kernel(x, partial):
         partial[cuda.blockIdx.x] = acc[0]
 
 
+@gpu_kernel
+def _scale_norm_kernel(x, alpha, partial):
+    acc = cuda.shared.array(BLOCK, float64)
+    tid = cuda.threadIdx.x
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    s = 0.0
+    while i < x.size:
+        v = x[i] * alpha
+        x[i] = v
+        s += _sq_gpu(float64(v))
+        i += stride
+    acc[tid] = s
+    cuda.syncthreads()
+    half = BLOCK // 2
+    while half > 0:
+        if tid < half:
+            acc[tid] += acc[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    if tid == 0:
+        partial[cuda.blockIdx.x] = acc[0]
+
+
 def bias_grad_cuda(dy: Any, out: Any, accumulate: bool = False) -> None:
     """out (+)= dy.sum(axis=0) on device arrays."""
     launch_1d(_bias_grad_kernel, dy.shape[1], dy, out, bool(accumulate))
@@ -129,6 +161,25 @@ def squared_norm_cuda(x: Any) -> float:
     partial = cuda.device_array(blocks_for(n), dtype=np.float64)
     launch_1d(_squared_norm_kernel, n, x, partial)
     with launch_lock():
+        return float(partial.copy_to_host().sum())
+
+
+def sum_scale_norm_cuda(
+    out: Any, buffers: Sequence[Any], alpha: Any, alias: int | None = None
+) -> float:
+    """out = sum(buffers) * alpha on flat device arrays; returns sum(out^2).
+
+    The sum as ``sum_into_cuda``, then one fused pass scales ``out`` and
+    reduces its squares per block (float64, block sums added on host).
+    ``alpha`` is a scalar of out's dtype; ``alias`` as for ``sum_into_cuda``.
+    """
+    sum_into_cuda(out, buffers, alias)
+    n = out.size
+    if n == 0:
+        return 0.0
+    with launch_lock():  # the simulator swaps `cuda` while another thread's kernel runs
+        partial = cuda.device_array(blocks_for(n), dtype=np.float64)
+        launch_1d(_scale_norm_kernel, n, out, alpha, partial)
         return float(partial.copy_to_host().sum())
 
 
@@ -166,4 +217,35 @@ def squared_norm_cpu(x):
     s = 0.0
     for i in range(x.size):
         s += _sq_cpu(np.float64(x[i]))
+    return s
+
+
+@cpu_reduce_loop
+def scale_norm_cpu(x, alpha):
+    """x *= alpha (alpha a scalar of x's dtype); returns sum(x^2) in float64.
+
+    One read-write sweep: the scaling of ``scale`` and the sum of
+    ``squared_norm`` (same bits for ``x``).
+    """
+    s = 0.0
+    for i in range(x.size):
+        v = x[i] * alpha
+        x[i] = v
+        s += _sq_cpu(np.float64(v))
+    return s
+
+
+@cpu_reduce_loop
+def sum2_scale_norm_cpu(out, a, b, alpha):
+    """out = (a + b) * alpha in one sweep; returns sum(out^2) in float64.
+
+    The sum is taken in float64 and rounded to out's dtype, then scaled, as
+    ``sum_into_cpu`` then ``scale_cpu`` do (same bits); ``out`` may be ``a``
+    or ``b``. Two explicit arrays (not a tuple) let LLVM vectorise the loop.
+    """
+    s = 0.0
+    for i in range(out.size):
+        v = out.dtype.type(np.float64(a[i]) + np.float64(b[i])) * alpha
+        out[i] = v
+        s += _sq_cpu(np.float64(v))
     return s

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# CI (CI=true) replays the same hypothesis examples on every run, so a red run
+# can be reproduced; a developer's run explores new examples each time.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def _run_example(name: str, *args: str, timeout: float = 120) -> str:

@@ -513,8 +513,11 @@ class Backend(abc.ABC):
         dampening: float = 0.0,
         weight_decay: float = 0.0,
         nesterov: bool = False,
+        params_out: Any | None = None,
+        momentum_out: Any | None = None,
     ) -> None:
-        """One fused torch.optim.SGD step over a flat parameter buffer, in place.
+        """One fused torch.optim.SGD step over a flat parameter buffer, in place
+        or (``params_out`` / ``momentum_out``) out of place.
 
         Args:
             params: the parameters, updated in place.
@@ -528,6 +531,11 @@ class Backend(abc.ABC):
             dampening: dampening for momentum.
             weight_decay: L2 penalty, >= 0.
             nesterov: Nesterov momentum (needs momentum > 0 and dampening == 0, as torch).
+            params_out: where the new parameters go (same shape; default ``params``):
+                out of place, ``params`` is read only.
+            momentum_out: where the new momentum buffer goes (default ``momentum_buf``).
+                With ``params_out``, the inputs are left as they were and the results
+                are bit-identical to the in-place step's.
 
         Raises:
             TypeError: wrong array type or dtype.
@@ -550,10 +558,20 @@ class Backend(abc.ABC):
         bufs: dict[str, Any] = {"params": params, "grads": grads}
         if momentum_buf is not None:
             bufs["momentum_buf"] = momentum_buf
+        if params_out is not None:
+            bufs["params_out"] = params_out
+        if momentum_out is not None:
+            if momentum_buf is None:
+                raise ValueError("sgd_step: momentum_out needs a momentum_buf")
+            bufs["momentum_out"] = momentum_out
         self._check("sgd_step", **bufs)
         self._same_shape("sgd_step", *bufs.items())
         flat_p = self._flat(params)
         flat_buf = self._flat(momentum_buf) if momentum_buf is not None else flat_p
+        out_p = self._flat(params_out) if params_out is not None else flat_p
+        out_buf = self._flat(momentum_out) if momentum_out is not None else flat_buf
+        if momentum_buf is None:
+            out_buf = out_p
         self._sgd_step(
             flat_p,
             self._flat(grads),
@@ -564,6 +582,8 @@ class Backend(abc.ABC):
             weight_decay,
             bool(nesterov),
             step == 1,
+            out_p,
+            out_buf,
         )
 
     @abc.abstractmethod
@@ -578,6 +598,8 @@ class Backend(abc.ABC):
         weight_decay: float,
         nesterov: bool,
         first: bool,
+        p_out: Any,
+        buf_out: Any,
     ) -> None: ...
 
     def adam_step(
@@ -594,8 +616,12 @@ class Backend(abc.ABC):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         decoupled: bool = False,
+        params_out: Any | None = None,
+        exp_avg_out: Any | None = None,
+        exp_avg_sq_out: Any | None = None,
     ) -> None:
-        """One fused torch.optim.Adam (or AdamW, ``decoupled=True``) step, in place.
+        """One fused torch.optim.Adam (or AdamW, ``decoupled=True``) step, in place
+        or (the ``*_out`` buffers) out of place.
 
         Adam adds ``weight_decay * p`` to the gradient (coupled L2); AdamW first
         scales ``p *= 1 - lr * weight_decay``. See ``atomr.accel.kernels.optim``
@@ -613,6 +639,10 @@ class Backend(abc.ABC):
             eps: added to the denominator, >= 0.
             weight_decay: >= 0.
             decoupled: AdamW's decoupled weight decay instead of Adam's L2.
+            params_out, exp_avg_out, exp_avg_sq_out: where the new parameters and
+                moments go (same shape; each defaults to its input, in place). Out of
+                place, the inputs are left as they were and the results are
+                bit-identical to the in-place step's.
 
         Raises:
             TypeError: wrong array type or dtype.
@@ -632,8 +662,13 @@ class Backend(abc.ABC):
                 f" weight_decay={weight_decay}"
             )
         bufs = {"params": params, "grads": grads, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+        outs = {"params": params_out, "exp_avg": exp_avg_out, "exp_avg_sq": exp_avg_sq_out}
+        for name, out in outs.items():
+            if out is not None:
+                bufs[f"{name}_out"] = out
         self._check("adam_step", **bufs)
         self._same_shape("adam_step", *bufs.items())
+        flat = {name: self._flat(bufs[name] if out is None else out) for name, out in outs.items()}
         self._adam_step(
             self._flat(params),
             self._flat(grads),
@@ -646,6 +681,9 @@ class Backend(abc.ABC):
             weight_decay,
             bool(decoupled),
             step,
+            flat["params"],
+            flat["exp_avg"],
+            flat["exp_avg_sq"],
         )
 
     @abc.abstractmethod
@@ -662,6 +700,9 @@ class Backend(abc.ABC):
         weight_decay: float,
         decoupled: bool,
         step: int,
+        p_out: Any,
+        m_out: Any,
+        v_out: Any,
     ) -> None: ...
 
     # ------------------------------------------------------------ validation helpers

@@ -190,8 +190,12 @@ class CudaBackend(Backend):
         weight_decay: float,
         nesterov: bool,
         first: bool,
+        p_out: Any,
+        buf_out: Any,
     ) -> None:
-        optim.sgd_step_cuda(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first)
+        optim.sgd_step_cuda(
+            p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first, p_out, buf_out
+        )
 
     def _adam_step(
         self,
@@ -206,5 +210,10 @@ class CudaBackend(Backend):
         weight_decay: float,
         decoupled: bool,
         step: int,
+        p_out: Any,
+        m_out: Any,
+        v_out: Any,
     ) -> None:
-        optim.adam_step_cuda(p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step)
+        optim.adam_step_cuda(
+            p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step, p_out, m_out, v_out
+        )

@@ -199,6 +199,15 @@ class OptimizerKind:
         return cls(**cfg)
 
 
+@dataclass
+class _Into:
+    """What `Optimizer.step_into` reads one step from, and the buffers it produced."""
+
+    source: Any
+    spare: dict[str, Any]
+    buffers: dict[str, Any] | None = None
+
+
 class Optimizer:
     """Optimizer state over a flat parameter vector; see `OptimizerKind.create`.
 
@@ -216,6 +225,7 @@ class Optimizer:
         self.backend = backend
         self.dtype = dtype
         self.step_count = 0
+        self._into: _Into | None = None
 
     def _check_args(self, params: Any, grads: Any) -> None:
         for name, arr in (("params", params), ("grads", grads)):
@@ -227,6 +237,11 @@ class Optimizer:
     def step(self, params: Any, grads: Any) -> None:
         """Apply one update to `params` in place (one fused kernel pass).
 
+        `step_into` goes through this method too, with `params` the buffer
+        that receives the new parameters (computed from its source, not from
+        `params`' own content), so whatever wraps `step` (a profiler, an
+        injected fault) sees both kinds of step.
+
         Args:
             params: flat parameter vector `(n,)` in the backend's memory.
             grads: flat gradient vector `(n,)`, same memory and dtype.
@@ -234,7 +249,64 @@ class Optimizer:
         Raises:
             ValueError: wrong shape or dtype (nothing is changed).
         """
+        into = self._into
+        if into is None:
+            self._step_in_place(params, grads)
+            self.step_count += 1
+        else:
+            into.buffers = self._step_out_of_place(into.source, grads, params, into.spare)
+
+    def step_into(
+        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One update out of place (through `step`): the new parameters go to
+        `params_out`, the new state to buffers taken from `spare` (by name;
+        allocated where missing or of the wrong size). `params`, the current
+        buffers and the step count are left as they were; `adopt` the returned
+        buffers with `step_count + 1` to commit. Bit-identical to `step`.
+
+        Args:
+            params: flat parameter vector `(n,)` (read only).
+            grads: flat gradient vector `(n,)`.
+            params_out: `(n,)` for the new parameters (not `params`).
+            spare: buffers to reuse, by name (see `buffers`); not modified.
+
+        Returns:
+            The new state buffers by name (as `buffers()` would give after `step`).
+
+        Raises:
+            ValueError: wrong shape or dtype (nothing is changed).
+        """
+        into = _Into(params, spare)
+        self._into = into
+        try:
+            self.step(params_out, grads)
+        finally:
+            self._into = None
+        if into.buffers is None:
+            raise RuntimeError("step_into: the optimizer step did not run")
+        return into.buffers
+
+    def _step_in_place(self, params: Any, grads: Any) -> None:
         raise NotImplementedError
+
+    def _step_out_of_place(
+        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def adopt(self, buffers: dict[str, Any], step_count: int) -> None:
+        """Make `buffers` (by name, as from `buffers()` or `step_into`) and
+        `step_count` the current state; no data is copied."""
+        for name in self._buffers:
+            self.set_buffer(name, buffers.get(name))
+        self.step_count = int(step_count)
+
+    def _spare(self, spare: dict[str, Any], name: str) -> Any:
+        buf = spare.get(name)
+        if buf is None or tuple(buf.shape) != (self.n,) or np.dtype(buf.dtype) != self.dtype:
+            buf = self.backend.empty((self.n,), dtype=self.dtype)
+        return buf
 
     def buffers(self) -> dict[str, Any]:
         """The state buffers by name (SGD: `momentum_buffer`; Adam and AdamW:
@@ -308,8 +380,7 @@ class Sgd(Optimizer):
         super().__init__(kind, n, backend, dtype)
         self.momentum_buffer: Any = None
 
-    def step(self, params: Any, grads: Any) -> None:
-        """See `Optimizer.step`."""
+    def _step_in_place(self, params: Any, grads: Any) -> None:
         self._check_args(params, grads)
         k = self.kind
         step = self.step_count + 1
@@ -319,7 +390,21 @@ class Sgd(Optimizer):
             self.momentum_buffer = self.backend.zeros((self.n,), dtype=self.dtype)
             step = 1
         _sgd_kernel(self.backend, params, grads, self.momentum_buffer, k, step)
-        self.step_count += 1
+
+    def _step_out_of_place(
+        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
+    ) -> dict[str, Any]:
+        self._check_args(params, grads)
+        self._check_args(params_out, grads)
+        k = self.kind
+        step = self.step_count + 1
+        buf, out = self.momentum_buffer, None
+        if k.momentum != 0.0:
+            out = self._spare(spare, "momentum_buffer")
+            if buf is None:  # torch's first step: the kernel ignores buf when step == 1
+                buf, step = out, 1
+        _sgd_kernel(self.backend, params, grads, buf, k, step, params_out, out)
+        return {"momentum_buffer": out if out is not None else self.momentum_buffer}
 
 
 class Adam(Optimizer):
@@ -337,8 +422,7 @@ class Adam(Optimizer):
         self.exp_avg: Any = backend.zeros((n,), dtype=dtype)
         self.exp_avg_sq: Any = backend.zeros((n,), dtype=dtype)
 
-    def step(self, params: Any, grads: Any) -> None:
-        """See `Optimizer.step`."""
+    def _step_in_place(self, params: Any, grads: Any) -> None:
         self._check_args(params, grads)
         _adam_kernel(
             self.backend,
@@ -349,11 +433,35 @@ class Adam(Optimizer):
             self.kind,
             self.step_count + 1,
         )
-        self.step_count += 1
+
+    def _step_out_of_place(
+        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
+    ) -> dict[str, Any]:
+        self._check_args(params, grads)
+        self._check_args(params_out, grads)
+        m, v = self._spare(spare, "exp_avg"), self._spare(spare, "exp_avg_sq")
+        _adam_kernel(
+            self.backend,
+            params,
+            grads,
+            self.exp_avg,
+            self.exp_avg_sq,
+            self.kind,
+            self.step_count + 1,
+            (params_out, m, v),
+        )
+        return {"exp_avg": m, "exp_avg_sq": v}
 
 
 def _sgd_kernel(
-    backend: Any, params: Any, grads: Any, buf: Any, k: OptimizerKind, step: int
+    backend: Any,
+    params: Any,
+    grads: Any,
+    buf: Any,
+    k: OptimizerKind,
+    step: int,
+    params_out: Any = None,
+    buf_out: Any = None,
 ) -> None:
     backend.sgd_step(
         params,
@@ -365,11 +473,20 @@ def _sgd_kernel(
         dampening=k.dampening,
         weight_decay=k.weight_decay,
         nesterov=k.nesterov,
+        params_out=params_out,
+        momentum_out=buf_out,
     )
 
 
 def _adam_kernel(
-    backend: Any, params: Any, grads: Any, m: Any, v: Any, k: OptimizerKind, step: int
+    backend: Any,
+    params: Any,
+    grads: Any,
+    m: Any,
+    v: Any,
+    k: OptimizerKind,
+    step: int,
+    outs: tuple[Any, Any, Any] = (None, None, None),
 ) -> None:
     backend.adam_step(
         params,
@@ -383,4 +500,7 @@ def _adam_kernel(
         eps=k.eps,
         weight_decay=k.weight_decay,
         decoupled=k.name == "adamw",
+        params_out=outs[0],
+        exp_avg_out=outs[1],
+        exp_avg_sq_out=outs[2],
     )

@@ -18,9 +18,9 @@ A push is atomic: its length, finiteness and staleness are checked first,
 and only then is the optimizer applied, on the device's worker thread. Bad
 input is answered with `Failure(exc)`; the server is never restarted for it.
 A failure during the update itself (the aggregation, a device error, an
-optimizer dying half-way) is undone from a snapshot of the weights and
-optimizer state taken before it (`atomr.train.recovery.UpdateSnapshot`) and
-answered with `Failure(exc)` too: the pusher gets the typed error, the
+optimizer dying half-way) changes nothing, since the update is written out
+of place and swapped in only once complete (`atomr.train.recovery.DoubleBuffer`),
+and is answered with `Failure(exc)` too: the pusher gets the typed error, the
 server keeps its weights and version and goes on serving.
 
 One server may hold a range of a larger vector (`spawn(..., shards=K)`):
@@ -59,7 +59,7 @@ from atomr.train.ps_messages import (
     StaleGradientError,
     Stats,
 )
-from atomr.train.recovery import UpdateSnapshot
+from atomr.train.recovery import DoubleBuffer
 
 if TYPE_CHECKING:
     from atomr.train.config import TrainerConfig
@@ -162,7 +162,7 @@ class AsyncParameterServer(DeviceActor):
         self._clocks: dict[int, int] = {w: 0 for w in range(workers or 0)}
         self._round: dict[int, _Pending] = {}
         self._waiting_pulls: list[tuple[int, Reply]] = []
-        self._snapshot = UpdateSnapshot()
+        self._buffers = DoubleBuffer()
 
     @classmethod
     def props(
@@ -329,26 +329,12 @@ class AsyncParameterServer(DeviceActor):
 
     async def _apply_or_undo(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
         """Apply `parts` atomically: any failure in `_apply` (aggregation, a device
-        error mid-optimizer) is undone and returned, so the pusher gets the typed
+        error mid-optimizer) changes nothing and is returned, so the pusher gets the typed
         error and the server keeps its weights, optimizer state and version."""
         try:
-            return await self.on_device(self._snapshot_apply, parts)
-        except Exception as exc:  # undone on the device thread; answered, never a restart
+            return await self.on_device(self._apply, parts)
+        except Exception as exc:  # nothing was changed; answered, never a restart
             return exc
-
-    def _snapshot_apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
-        """On the device thread: snapshot, `_apply`, and restore if it raises."""
-        assert self.optimizer is not None
-        version = self.version
-        self._snapshot.take(self.backend, self.weights, self.optimizer)
-        try:
-            return self._apply(parts)
-        except BaseException:
-            self._snapshot.restore(self.backend, self.weights, self.optimizer)
-            self.version = version
-            raise
-        finally:
-            self._snapshot.discard()
 
     def _apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
         """On the device thread: `sum(coef * g)`, checked finite, then one optimizer step.
@@ -370,8 +356,9 @@ class AsyncParameterServer(DeviceActor):
         grads = be.to_device(total)
         if self.gradient_clip is not None:
             clip_grad_norm(be, grads, self.gradient_clip)
-        self.optimizer.step(self.weights, grads)
-        be.synchronize()
+        # out of place, swapped in only when complete: a failure changes nothing
+        self._buffers.apply(be, self, "weights", self.optimizer, grads)
+        self._buffers.commit()
         self.version += 1
         return None
 

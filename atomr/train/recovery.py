@@ -1,9 +1,10 @@
 """How the trainers recover from a failure, shared by all of them.
 
-- `UpdateSnapshot`: before an optimizer update, a device-side copy of the
-  parameters and the optimizer's buffers and step count; a failed update is
-  undone with `restore` (the parameter server, the tensor-parallel shard,
-  the pipeline stage, the data-parallel replica).
+- `DoubleBuffer`: optimizer updates written out of place into a second set
+  of buffers, then swapped in; `rollback` swaps the old set back, and a
+  failed update changes nothing, with no copy either way (the parameter
+  server, the tensor-parallel shard, the pipeline stage, the data-parallel
+  replica).
 - `worker_decider` and `resync` (data parallel): a failed replica is
   restarted and re-synced from a healthy one (every replica holds the
   whole model).
@@ -28,82 +29,112 @@ from atomr.train.errors import WorkerStateLost
 from atomr.train.fanout import ask_all_settled
 
 __all__ = [
+    "DoubleBuffer",
     "ResyncOutcome",
     "StateLossWatch",
-    "UpdateSnapshot",
     "resync",
     "state_keeping_decider",
     "worker_decider",
 ]
 
 
-class UpdateSnapshot:
-    """A device-side copy of a flat parameter vector and its optimizer state,
-    taken before an update and restored if the update fails half-way.
+class DoubleBuffer:
+    """Atomic optimizer updates without a copy: two sets of buffers (the
+    parameters and the optimizer's state), one current, one spare.
 
-    The copy buffers are allocated once and reused. Call `take` and
-    `restore` on the device's worker thread.
+    `apply` runs the optimizer out of place (`Optimizer.step_into`) from the
+    current set into the spare one (the same memory traffic as an in-place
+    step), synchronizes, then swaps: the new set becomes current (the owner's
+    parameter attribute and the optimizer's buffers and step count point at
+    it) and the old one is kept, untouched, until `commit` (it becomes the
+    spare) or `rollback` (it becomes current again). A failure inside
+    `apply` happens before the swap, so it changes nothing. Nothing is ever
+    copied; views into the parameters must be taken afresh after a swap
+    (`Mlp.weights` / `Mlp.bias` are).
+
+    The spare buffers are allocated on the first `apply` and reused. Call
+    every method on the device's worker thread.
     """
 
     def __init__(self) -> None:
-        self._params: Any = None
-        self._buffers: dict[str, Any] = {}
-        self._state: tuple[int, dict[str, Any]] | None = None
+        self._spare_params: Any = None
+        self._spare: dict[str, Any] = {}
+        # (owner, attribute, optimizer, old params, old buffers, old step count)
+        self._old: tuple[Any, str, Any, Any, dict[str, Any], int] | None = None
 
     @property
-    def taken(self) -> bool:
-        """True between `take` and `restore` / `discard`."""
-        return self._state is not None
+    def pending(self) -> bool:
+        """True between `apply` and `commit` / `rollback`."""
+        return self._old is not None
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the copy buffers (kept between updates for reuse)."""
-        bufs = [self._params, *self._buffers.values()]
+        """Bytes of the second set (the spare, or the old set while pending)."""
+        if self._old is not None:
+            bufs = [self._old[3], *self._old[4].values()]
+        else:
+            bufs = [self._spare_params, *self._spare.values()]
         return sum(int(b.nbytes) for b in bufs if b is not None)
 
-    def take(self, backend: Any, params: Any, optimizer: Any) -> None:
-        """Copy `params` and `optimizer`'s buffers and step count."""
-        if self._params is None or tuple(self._params.shape) != tuple(params.shape):
-            self._params = backend.empty(tuple(params.shape), dtype=params.dtype)
-            self._buffers = {}
-        backend.copy(params, self._params)
-        bufs: dict[str, Any] = {}
-        for name, buf in optimizer.buffers().items():
-            if buf is None:
-                bufs[name] = None
-                continue
-            dst = self._buffers.get(name)
-            if dst is None:
-                dst = self._buffers[name] = backend.empty(tuple(buf.shape), dtype=buf.dtype)
-            backend.copy(buf, dst)
-            bufs[name] = dst
-        self._state = (optimizer.step_count, bufs)
+    def apply(self, backend: Any, owner: Any, attr: str, optimizer: Any, grads: Any) -> None:
+        """One optimizer step of `getattr(owner, attr)` by `grads`, kept
+        pending (a pending step is committed first).
 
-    def restore(self, backend: Any, params: Any, optimizer: Any) -> None:
-        """Write the copy back into `params` and `optimizer` (a buffer that
-        did not exist at `take` is dropped again), then forget it.
+        Args:
+            backend: the device's backend.
+            owner: holds the flat parameter vector as attribute `attr` (an
+                `Mlp` and "params", a shard and "params", a server and "weights").
+            attr: that attribute's name.
+            optimizer: the parameters' `Optimizer`.
+            grads: the flat gradient vector.
 
         Raises:
-            ValueError: no snapshot was taken.
+            Whatever the step raises; then nothing has changed.
         """
-        state = self._state
-        if state is None:
-            raise ValueError("no snapshot to restore")
-        step, bufs = state
-        backend.copy(self._params, params)
-        optimizer.step_count = step
-        current = optimizer.buffers()
-        for name, snap in bufs.items():
-            if snap is None:
-                optimizer.set_buffer(name, None)
-            else:
-                backend.copy(snap, current[name])
+        self.commit()
+        params = getattr(owner, attr)
+        out = self._spare_params
+        if out is None or tuple(out.shape) != tuple(params.shape) or out.dtype != params.dtype:
+            out = backend.empty(tuple(params.shape), dtype=params.dtype)
+        self._spare_params = out  # kept for reuse should the step fail
+        new = optimizer.step_into(params, grads, out, self._spare)
         backend.synchronize()
-        self._state = None
+        step = optimizer.step_count
+        self._old = (owner, attr, optimizer, params, optimizer.buffers(), step)
+        self._spare_params, self._spare = None, {}
+        setattr(owner, attr, out)
+        optimizer.adopt(new, step + 1)
 
-    def discard(self) -> None:
-        """Forget the copy (the update is committed; its buffers are kept for reuse)."""
-        self._state = None
+    def commit(self) -> None:
+        """Keep the pending step (if any): the old set becomes the spare."""
+        old = self._old
+        if old is None:
+            return
+        self._old = None
+        _owner, _attr, optimizer, params, bufs, _step = old
+        current = [id(b) for b in optimizer.buffers().values() if b is not None]
+        self._spare_params = params
+        # a buffer the step did not replace (SGD without momentum) is still current
+        self._spare = {k: b for k, b in bufs.items() if b is not None and id(b) not in current}
+
+    def rollback(self) -> None:
+        """Undo the pending step: the old set becomes current again (the new
+        one becomes the spare).
+
+        Raises:
+            ValueError: no step is pending.
+        """
+        old = self._old
+        if old is None:
+            raise ValueError("no pending update to roll back")
+        self._old = None
+        owner, attr, optimizer, params, bufs, step = old
+        new_params, new_bufs = getattr(owner, attr), optimizer.buffers()
+        setattr(owner, attr, params)
+        optimizer.adopt(bufs, step)
+        old_ids = [id(b) for b in bufs.values() if b is not None]
+        self._spare_params = new_params
+        self._spare = {k: b for k, b in new_bufs.items() if b is not None and id(b) not in old_ids}
 
 
 def worker_decider(error: BaseException) -> Directive:
@@ -194,8 +225,8 @@ def state_keeping_decider(error: BaseException) -> Directive:
         `ContextPoisoned` (the device context, and the state in it, is gone:
         the worker needs a fresh one), RESUME for anything else: the worker
         keeps its instance and its state, which is still valid because its
-        updates are atomic (a failed apply restores its `UpdateSnapshot`
-        before raising; forward and backward never touch the weights).
+        updates are atomic (a failed apply changes nothing, see `DoubleBuffer`;
+        forward and backward never touch the weights).
     """
     if isinstance(error, Unrecoverable):
         return Directive.STOP

@@ -8,7 +8,7 @@ model, device or framework):
 | message | reply | phase |
 |---|---|---|
 | `ComputeGradients(features, labels, accumulate, return_gradients)` | `GradientResult` | 1: compute, change no weights |
-| `ApplyGradients(gradients, scale, clip, token)` | grad norm (`float`) or None | 2: snapshot, then update |
+| `ApplyGradients(gradients, scale, clip, token)` | grad norm (`float`) or None | 2: update, the old state kept |
 | `Rollback(token)` | `bool` (restored) | undo the `ApplyGradients` of `token` |
 | `GetState()` | `ReplicaState` | re-sync source |
 | `SetState(state)` | None | re-sync target / initial broadcast / checkpoint load |
@@ -30,9 +30,10 @@ final gradient; `ApplyGradients(gradients=None, scale=s, clip=c)` first
 turns its *own* buffer (which holds the all-reduced sum after a ring
 all-reduce) into the final gradient: multiply by `s`, take the global norm,
 refuse with `NonFiniteError` (nothing changed) if it is not finite, clip to
-`c`. Either way the replica first snapshots its weights and optimizer state
-under `token`, so that `Rollback(token)` can undo the update if another
-replica failed to apply it. Every replica applies the same bits with the
+`c`. Either way the replica writes the new weights and optimizer state out
+of place and keeps the old ones (`recovery.DoubleBuffer`, no copy) under
+`token`, so that `Rollback(token)` can undo the update if another replica
+failed to apply it. Every replica applies the same bits with the
 same optimizer, so replicas stay bit-identical.
 
 Bad requests are answered with `Failure(exc)` and change nothing; a device
@@ -58,7 +59,7 @@ from atomr.train.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.errors import InvalidBatchError, NonFiniteError
 from atomr.train.messages import Step
 from atomr.train.mlp import Mlp
-from atomr.train.recovery import UpdateSnapshot
+from atomr.train.recovery import DoubleBuffer
 from atomr.train.ring_all_reduce import RingMember
 from atomr.train.trainer import Trainer
 
@@ -121,7 +122,7 @@ class GradientResult:
 
 @dataclass(frozen=True, eq=False)
 class ApplyGradients:
-    """Phase 2: snapshot, then one optimizer step; answered with the global
+    """Phase 2: one optimizer step, the old state kept; answered with the global
     gradient norm when the replica finalised its own buffer, else None.
 
     Attributes:
@@ -129,7 +130,7 @@ class ApplyGradients:
             replica's own buffer after scaling and clipping it.
         scale: factor applied to the own buffer (`1 / total normaliser`).
         clip: clip the own buffer's norm to this value (None: no clipping).
-        token: identifies the snapshot for `Rollback`.
+        token: identifies the step for `Rollback`.
     """
 
     gradients: np.ndarray | None = None
@@ -140,7 +141,7 @@ class ApplyGradients:
 
 @dataclass(frozen=True, slots=True)
 class Rollback:
-    """Undo the `ApplyGradients` of `token` (restore its snapshot); answered
+    """Undo the `ApplyGradients` of `token` (swap its old state back); answered
     with True if something was restored.
 
     Attributes:
@@ -248,8 +249,8 @@ class ReplicaActor(Trainer):
     ) -> None:
         super().__init__(model, device, config)
         self._ring = RingMember(self, timeout=ring_timeout)
-        # the weights and optimizer state before the last apply, for `Rollback`
-        self._undo = UpdateSnapshot()
+        # the weights and optimizer state before the last apply are kept, for `Rollback`
+        self._undo = DoubleBuffer()
         self._undo_token = 0
         self._undo_steps = 0
 
@@ -352,7 +353,7 @@ class ReplicaActor(Trainer):
         assert model is not None
         be = model.backend
         t0 = time.perf_counter_ns()
-        self._undo.discard()  # a new step: the previous one can no longer be undone
+        self._undo.commit()  # a new step: the previous one can no longer be undone
         x, y = self._check_shard(msg.features, msg.labels)
         loss_sum, norm = 0.0, 0.0
         if x.shape[0] == 0:
@@ -389,25 +390,18 @@ class ReplicaActor(Trainer):
             if not isinstance(host, np.ndarray) or host.shape != (model.n_params,):
                 raise InvalidBatchError(f"gradients must be a ({model.n_params},) array")
             g = self._dev(np.ascontiguousarray(host, dtype=model.dtype))
-        self._take_snapshot(msg.token)
-        opt.step(model.params, g)
-        be.synchronize()
+        self._undo.apply(be, model, "params", opt, g)  # out of place, then swapped in
+        self._undo_token = msg.token
+        self._undo_steps = self.steps
         self.steps += 1
         return grad_norm
-
-    def _take_snapshot(self, token: int) -> None:
-        model, opt = self.model, self.optimizer
-        assert model is not None and opt is not None
-        self._undo.take(model.backend, model.params, opt)
-        self._undo_token = token
-        self._undo_steps = self.steps
 
     def _rollback(self, token: int) -> bool:
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
-        if not self._undo.taken or self._undo_token != token:
+        if not self._undo.pending or self._undo_token != token:
             return False
-        self._undo.restore(model.backend, model.params, opt)
+        self._undo.rollback()
         self.steps = self._undo_steps
         return True
 
@@ -437,7 +431,7 @@ class ReplicaActor(Trainer):
         model.set_params(state.weights)
         self.optimizer = fresh
         self.steps = int(state.steps)
-        self._undo.discard()
+        self._undo.commit()
         self._reset_accumulation()
 
     def _evaluate_shard(self, msg: EvaluateShard) -> ShardEval:

@@ -13,7 +13,7 @@ rank order, so all shards hold bit-identical results) runs on the shards.
 | `ShardForward(stage, inputs, train)` | `ndarray` | stage 0: `inputs = (x[:, in_range],)`; stage k > 0: every shard's stage k-1 reply, in rank order; returns this shard's partial output (or output slice) |
 | `ShardLoss(outputs, labels, train)` | `LossResult` | `outputs`: every shard's last-stage reply; combine, compute the loss sum and normaliser; with `train`, keep d(mean loss)/d(output) for the backward |
 | `ShardBackward(stage, grads, input_grad)` | `ShardGrad` | the last stage takes `grads = ()` (it starts from the loss); stage k < last takes every shard's stage k+1 reply partials; writes this shard's gradients and returns its partial input gradient (None for stage 0 unless `input_grad`); stage 0 also returns the squared norm of the shard's gradients |
-| `ShardApply(scale)` | `None` | snapshot, scale the gradients by `scale` when it is below 1, optimizer step; on failure restore the snapshot and fail |
+| `ShardApply(scale)` | `None` | scale the gradients by `scale` when it is below 1, optimizer step out of place, swapped in (the old state kept for `ShardRollback`); a failure changes no weights |
 | `ShardRollback()` | `None` | undo the last `ShardApply` (another shard's apply failed) |
 | `ShardGather(what)` | `ShardSlice` | `what` = "params" or "grads": the positions in the full flat vector and their values |
 | `ShardGetState()` | `ShardState` | positions, parameters, optimizer `state_dict()` of the slice, step count |
@@ -44,7 +44,7 @@ from atomr.train.errors import CheckpointError, InvalidBatchError, NonFiniteErro
 from atomr.train.loss import LossKind
 from atomr.train.mlp import Mlp
 from atomr.train.optimizer import Optimizer, OptimizerKind
-from atomr.train.recovery import UpdateSnapshot
+from atomr.train.recovery import DoubleBuffer
 from atomr.train.sharding import LayerShard, ShardLayout, shard_layout
 from atomr.train.validation import validate_targets
 
@@ -347,7 +347,7 @@ class ShardActor(DeviceActor):
         self._tapes: list[_StageTape | None] = [None] * self.layout.stages
         self._batch = 0
         self._d_out: Any = None
-        self._undo = UpdateSnapshot()
+        self._undo = DoubleBuffer()
         self._pending = False
 
     @classmethod
@@ -408,6 +408,7 @@ class ShardActor(DeviceActor):
             self._d_out = None
             if train:
                 self._pending = False
+                self._undo.commit()
             pre_input, a_in = None, self._dev(x)
         else:
             if self._tapes[stage - 1] is None:
@@ -524,14 +525,7 @@ class ShardActor(DeviceActor):
         sq = float(be.squared_norm(self.grads)) if stage == 0 else None
         return ShardGrad(partial, sq)
 
-    # -- phase 2: apply, with a snapshot to roll back -------------------------
-
-    def _snapshot(self, opt: Optimizer) -> None:
-        self._undo.take(self.backend, self.params, opt)
-
-    def _restore(self) -> None:
-        assert self.optimizer is not None
-        self._undo.restore(self.backend, self.params, self.optimizer)
+    # -- phase 2: apply out of place, keeping the old state to roll back -------
 
     def _apply(self, scale: float) -> None:
         opt = self.optimizer
@@ -540,15 +534,9 @@ class ShardActor(DeviceActor):
         if self._tapes[0] is None or self._d_out is None:
             raise ValueError("ShardApply without a completed backward")
         self._pending = False
-        self._snapshot(opt)
-        try:
-            if scale < 1.0:
-                self.backend.scale(self.grads, scale)
-            opt.step(self.params, self.grads)
-            self.backend.synchronize()
-        except BaseException:
-            self._restore()
-            raise
+        if scale < 1.0:
+            self.backend.scale(self.grads, scale)
+        self._undo.apply(self.backend, self, "params", opt, self.grads)  # a failure changes nothing
         self._tapes = [None] * self.layout.stages  # these gradients are spent
         self._d_out = None
         self._pending = True
@@ -556,7 +544,7 @@ class ShardActor(DeviceActor):
     def _rollback(self) -> None:
         if not self._pending:
             raise ValueError("nothing to roll back: no ShardApply since the last step began")
-        self._restore()
+        self._undo.rollback()
         self._pending = False
 
     # -- state ------------------------------------------------------------------
@@ -611,6 +599,7 @@ class ShardActor(DeviceActor):
         self.backend.copy(self.backend.to_device(host), self.params)
         self.optimizer = fresh
         self._pending = False
+        self._undo.commit()
         self._tapes = [None] * self.layout.stages
         self._d_out = None
 

@@ -9,8 +9,8 @@ then talk to each other directly: a forward tells the successor its output
 as its input has arrived, accumulating its parameter gradients over the
 micro-batches without touching its weights, and answers `RunMicroBatches`
 with a `StageReport` once all of its ops are done. Only then does the trainer
-decide: `ApplyGradients` to every stage (snapshot, scale for clipping,
-optimizer step), `RollbackStep` if an apply failed somewhere, or
+decide: `ApplyGradients` to every stage (scale for clipping, optimizer
+step, the old state kept), `RollbackStep` if an apply failed somewhere, or
 `AbortStep` to drop a step that failed anywhere.
 
 Users may bring their own stage actor: anything that answers the messages of
@@ -36,7 +36,7 @@ from atomr.train.errors import CheckpointError
 from atomr.train.loss import LossKind
 from atomr.train.mlp import Mlp, Tape
 from atomr.train.optimizer import Optimizer, OptimizerKind
-from atomr.train.recovery import UpdateSnapshot
+from atomr.train.recovery import DoubleBuffer
 from atomr.train.schedule import Op, OpKind
 from atomr.train.timeline import BusyInterval
 
@@ -202,9 +202,9 @@ class AbortStep:
 
 @dataclass(frozen=True, slots=True)
 class ApplyGradients:
-    """Trainer -> stage (ask): keep a snapshot of the weights and optimizer
-    state, multiply the accumulated gradient by `coef` (global-norm
-    clipping; 1.0 for none) and take one optimizer step. Answered with None.
+    """Trainer -> stage (ask): multiply the accumulated gradient by `coef`
+    (global-norm clipping; 1.0 for none) and take one optimizer step, keeping
+    the old weights and optimizer state for `RollbackStep`. Answered with None.
 
     Attributes:
         step_id: the step whose gradient to apply.
@@ -217,8 +217,8 @@ class ApplyGradients:
 
 @dataclass(frozen=True, slots=True)
 class RollbackStep:
-    """Trainer -> stage (ask): undo the `ApplyGradients` of `step_id` (restore
-    the snapshot); a no-op when that step was not applied. Answered with None.
+    """Trainer -> stage (ask): undo the `ApplyGradients` of `step_id` (swap
+    the old state back); a no-op when that step was not applied. Answered with None.
 
     Attributes:
         step_id: the step to undo.
@@ -431,7 +431,7 @@ class StageActor(DeviceActor):
         self._run: _Run | None = None
         self._closed = 0  # every step_id <= this is finished or aborted
         self._early: dict[int, list[Activations | Gradients]] = {}
-        self._undo = UpdateSnapshot()  # device-side, buffers reused step to step
+        self._undo = DoubleBuffer()  # the old state of the last apply, for rollback
         self._undo_step: int | None = None
         self._loss_kind: LossKind = LossKind.MSE
 
@@ -538,35 +538,35 @@ class StageActor(DeviceActor):
         return float(model.backend.squared_norm(model.grads))
 
     def apply_gradients(self, step_id: int, coef: float) -> None:
-        """Snapshot, scale the gradient by `coef`, optimizer step (worker thread).
+        """Scale the gradient by `coef`, optimizer step (worker thread).
 
-        The snapshot (a device-side copy of the weights and optimizer buffers,
-        `recovery.UpdateSnapshot`) is kept until `rollback(step_id)` or the
-        next apply.
+        The step is written out of place and swapped in; the old weights and
+        optimizer buffers (`recovery.DoubleBuffer`, no copy) are kept until
+        `rollback(step_id)` or the next apply. A failure changes no weights.
         """
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
-        self._undo.take(model.backend, model.params, opt)
-        self._undo_step = step_id
+        self._undo.commit()
+        self._undo_step = None
         if coef != 1.0:
             model.backend.scale(model.grads, coef)
-        opt.step(model.params, model.grads)
-        model.backend.synchronize()
+        self._undo.apply(model.backend, model, "params", opt, model.grads)
+        self._undo_step = step_id
 
     def rollback(self, step_id: int) -> None:
-        """Restore the snapshot taken by `apply_gradients(step_id)` (worker thread)."""
+        """Undo `apply_gradients(step_id)`: swap the old state back (worker thread)."""
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
-        if self._undo_step != step_id or not self._undo.taken:
+        if self._undo_step != step_id or not self._undo.pending:
             return
-        self._undo.restore(model.backend, model.params, opt)
+        self._undo.rollback()
         self._undo_step = None
 
     def _connect(self, optimizer: OptimizerKind) -> StageInfo:
         model = self.model
         assert model is not None
         self.optimizer = optimizer.create(model.n_params, model.backend, model.dtype)
-        self._undo.discard()
+        self._undo.commit()
         self._undo_step = None
         return StageInfo(model.sizes, model.activation, model.n_params, model.dtype.name)
 
@@ -592,7 +592,7 @@ class StageActor(DeviceActor):
             ) from exc
         model.set_params(weights)
         self.optimizer = fresh
-        self._undo.discard()
+        self._undo.commit()
         self._undo_step = None
 
     # -- messages -----------------------------------------------------------

@@ -138,21 +138,23 @@ _adam_gpu = gpu_scalar(adam_update)
 
 
 @gpu_kernel
-def _sgd_kernel(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first):
+def _sgd_kernel(p, g, buf, p_out, buf_out, lr, momentum, dampening, weight_decay, nesterov, first):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     has_buf = momentum != 0.0
     while i < p.size:
         b = buf[i] if has_buf else 0.0
         np_, nb = _sgd_gpu(p[i], g[i], b, lr, momentum, dampening, weight_decay, nesterov, first)
-        p[i] = np_
+        p_out[i] = np_
         if has_buf:
-            buf[i] = nb
+            buf_out[i] = nb
         i += stride
 
 
 @gpu_kernel
-def _adam_kernel(p, g, m, v, b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps):
+def _adam_kernel(
+    p, g, m, v, p_out, m_out, v_out, b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps
+):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     while i < p.size:
@@ -171,9 +173,9 @@ def _adam_kernel(p, g, m, v, b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, 
             inv_bc2,
             eps,
         )
-        p[i] = np_
-        m[i] = nm
-        v[i] = nv
+        p_out[i] = np_
+        m_out[i] = nm
+        v_out[i] = nv
         i += stride
 
 
@@ -187,14 +189,21 @@ def sgd_step_cuda(
     weight_decay: float,
     nesterov: bool,
     first: bool,
+    p_out: Any = None,
+    buf_out: Any = None,
 ) -> None:
-    """Fused SGD on flat device arrays (buf unused, may be any array, when momentum == 0)."""
+    """Fused SGD on flat device arrays (buf unused, may be any array, when momentum == 0).
+
+    The results go to ``p_out`` / ``buf_out`` (default: ``p`` / ``buf``, in place).
+    """
     launch_1d(
         _sgd_kernel,
         p.size,
         p,
         g,
         buf,
+        p if p_out is None else p_out,
+        buf if buf_out is None else buf_out,
         float(lr),
         float(momentum),
         float(dampening),
@@ -216,13 +225,23 @@ def adam_step_cuda(
     weight_decay: float,
     decoupled: bool,
     step: int,
+    p_out: Any = None,
+    m_out: Any = None,
+    v_out: Any = None,
 ) -> None:
-    """Fused Adam / AdamW on flat device arrays, step t >= 1."""
+    """Fused Adam / AdamW on flat device arrays, step t >= 1.
+
+    The results go to ``p_out`` / ``m_out`` / ``v_out`` (default: in place).
+    """
     coeffs = adam_scalars(lr, beta1, beta2, eps, weight_decay, decoupled, step, p.dtype)
-    launch_1d(_adam_kernel, p.size, p, g, m, v, *coeffs)
+    outs = (p if p_out is None else p_out, m if m_out is None else m_out)
+    launch_1d(_adam_kernel, p.size, p, g, m, v, *outs, v if v_out is None else v_out, *coeffs)
 
 
 # ---------------------------------------------------------------- CPU twins
+# Two loops per rule over the same scalar math: in place, and out of place
+# (``*_out`` arrays). One loop for both would let LLVM vectorise only behind a
+# runtime overlap check, which in-place calls always fail.
 
 
 @cpu_loop
@@ -237,26 +256,40 @@ def _sgd_loop(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first)
 
 
 @cpu_loop
+def _sgd_loop_out(
+    p, g, buf, p_out, buf_out, lr, momentum, dampening, weight_decay, nesterov, first
+):
+    has_buf = momentum != 0.0
+    for i in range(p.size):
+        b = buf[i] if has_buf else 0.0
+        np_, nb = _sgd_cpu(p[i], g[i], b, lr, momentum, dampening, weight_decay, nesterov, first)
+        p_out[i] = np_
+        if has_buf:
+            buf_out[i] = nb
+
+
+@cpu_loop
 def _adam_loop(p, g, m, v, b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps):
     for i in range(p.size):
         np_, nm, nv = _adam_cpu(
-            p[i],
-            g[i],
-            m[i],
-            v[i],
-            b1,
-            omb1,
-            b2,
-            omb2,
-            l2,
-            decay,
-            step_size,
-            inv_bc2,
-            eps,
+            p[i], g[i], m[i], v[i], b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps
         )
         p[i] = np_
         m[i] = nm
         v[i] = nv
+
+
+@cpu_loop
+def _adam_loop_out(
+    p, g, m, v, p_out, m_out, v_out, b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps
+):
+    for i in range(p.size):
+        np_, nm, nv = _adam_cpu(
+            p[i], g[i], m[i], v[i], b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps
+        )
+        p_out[i] = np_
+        m_out[i] = nm
+        v_out[i] = nv
 
 
 def sgd_step_cpu(
@@ -269,19 +302,20 @@ def sgd_step_cpu(
     weight_decay: float,
     nesterov: bool,
     first: bool,
+    p_out: Any = None,
+    buf_out: Any = None,
 ) -> None:
-    """Fused SGD on flat arrays (buf unused, may be any array, when momentum == 0)."""
-    _sgd_loop(
-        p,
-        g,
-        buf,
-        float(lr),
-        float(momentum),
-        float(dampening),
-        float(weight_decay),
-        bool(nesterov),
-        bool(first),
-    )
+    """Fused SGD on flat arrays (buf unused, may be any array, when momentum == 0).
+
+    The results go to ``p_out`` / ``buf_out`` (default: ``p`` / ``buf``, in place).
+    """
+    args = (float(lr), float(momentum), float(dampening), float(weight_decay))
+    flags = (bool(nesterov), bool(first))
+    if _in_place((p, p_out), (buf, buf_out)):
+        _sgd_loop(p, g, buf, *args, *flags)
+    else:
+        outs = (p if p_out is None else p_out, buf if buf_out is None else buf_out)
+        _sgd_loop_out(p, g, buf, *outs, *args, *flags)
 
 
 def adam_step_cpu(
@@ -296,7 +330,22 @@ def adam_step_cpu(
     weight_decay: float,
     decoupled: bool,
     step: int,
+    p_out: Any = None,
+    m_out: Any = None,
+    v_out: Any = None,
 ) -> None:
-    """Fused Adam / AdamW on flat arrays, step t >= 1."""
+    """Fused Adam / AdamW on flat arrays, step t >= 1.
+
+    The results go to ``p_out`` / ``m_out`` / ``v_out`` (default: in place).
+    """
     coeffs = adam_scalars(lr, beta1, beta2, eps, weight_decay, decoupled, step, p.dtype)
-    _adam_loop(p, g, m, v, *coeffs)
+    if _in_place((p, p_out), (m, m_out), (v, v_out)):
+        _adam_loop(p, g, m, v, *coeffs)
+    else:
+        outs = (m if m_out is None else m_out, v if v_out is None else v_out)
+        _adam_loop_out(p, g, m, v, p if p_out is None else p_out, *outs, *coeffs)
+
+
+def _in_place(*pairs: tuple[Any, Any]) -> bool:
+    """True when every output is omitted or is its input."""
+    return all(out is None or out is arr for arr, out in pairs)

@@ -121,10 +121,19 @@ def test_mpiexec_command_and_exit_codes(tmp_path) -> None:
     with pytest.raises(ValueError):
         launch.mpiexec_command(0, ["prog"])
     script = tmp_path / "rank_exit.py"
+    # rank 1 fails only after rank 0 has printed (a marker file says so):
+    # mpiexec ends the whole job once a rank exits non-zero.
+    marker = tmp_path / "rank0_printed"
     script.write_text(
-        "import os, sys\n"
+        "import os, sys, time\n"
         "rank = int(os.environ['PMI_RANK'])\n"
-        "print('rank', rank, 'of', os.environ['PMI_SIZE'])\n"
+        "print('rank', rank, 'of', os.environ['PMI_SIZE'], flush=True)\n"
+        f"marker = {str(marker)!r}\n"
+        "if rank == 0:\n"
+        "    open(marker, 'w').close()\n"
+        "deadline = time.monotonic() + 30\n"
+        "while rank == 1 and not os.path.exists(marker) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
         "sys.exit(5 if rank == 1 else 0)\n"
     )
     done = launch.run_mpiexec(2, [sys.executable, str(script)], timeout=60, capture=True)

@@ -43,3 +43,11 @@ def cuda_be() -> Backend:
 def rng() -> np.random.Generator:
     """A seeded generator."""
     return np.random.default_rng(1234)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that asks for ``cuda_be`` is a CUDA test: mark it ``cuda`` so the
+    simulator lane (``pytest -m cuda``) runs it."""
+    for item in items:
+        if "cuda_be" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cuda)

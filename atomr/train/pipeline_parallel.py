@@ -314,46 +314,34 @@ class PipelineParallelTrainer(Actor):
     # -- messages -----------------------------------------------------------
 
     async def receive(self, message: Any) -> Any:
-        """Dispatch a trainer message (see the class docstring)."""
-        lost = self._watch.lost()
-        if lost is not None and not isinstance(message, LoadCheckpoint):
-            return Failure(lost)
-        generation = self._watch.generation
-        try:
-            if lost is not None:
-                return await self._reload(message.path)
-            if not self.infos:
-                await self._connect()
-            if isinstance(message, Step):
-                return await self._step(message)
-            if isinstance(message, Evaluate):
-                return await self._evaluate(message)
-            if isinstance(message, GetWeights):
-                parts = await ask_all(
-                    self.stages, GetStageWeights(), self.config.ask_timeout, per_worker=False
-                )
-                return np.concatenate(parts)
-            if isinstance(message, GetGradients):
-                parts = await ask_all(
-                    self.stages, GetStageGradients(), self.config.ask_timeout, per_worker=False
-                )
-                return np.concatenate(parts)
-            if isinstance(message, GetTimeline):
-                return self._timeline
-            if isinstance(message, SaveCheckpoint):
-                return await self._save(message.path)
-            if isinstance(message, LoadCheckpoint):
-                return await self._load(message.path)
-        except Exception as exc:  # bad input or a failed stage: answer, keep the trainer
-            # a stage that raised was resumed with its state intact; only one
-            # restarted during this request (ContextPoisoned) lost it
-            if self._watch.generation == generation:
-                return Failure(exc)
-            lost = self._watch.lost()
-            assert lost is not None
-            if lost.__cause__ is not exc:
-                lost.add_note(f"the request failed with {type(exc).__name__}: {exc}")
-            return Failure(lost)
+        """Dispatch a trainer message (see the class docstring); while a
+        stage's state is lost, only `LoadCheckpoint` is served
+        (`StateLossWatch.serve`)."""
+        return await self._watch.serve(message, self._dispatch, self._reload)
+
+    async def _dispatch(self, message: Any) -> Any:
+        if not self.infos:
+            await self._connect()
+        if isinstance(message, Step):
+            return await self._step(message)
+        if isinstance(message, Evaluate):
+            return await self._evaluate(message)
+        if isinstance(message, GetWeights):
+            parts = await ask_all(
+                self.stages, GetStageWeights(), self.config.ask_timeout, per_worker=False
+            )
+            return np.concatenate(parts)
+        if isinstance(message, GetGradients):
+            parts = await ask_all(
+                self.stages, GetStageGradients(), self.config.ask_timeout, per_worker=False
+            )
+            return np.concatenate(parts)
+        if isinstance(message, GetTimeline):
+            return self._timeline
+        if isinstance(message, SaveCheckpoint):
+            return await self._save(message.path)
+        if isinstance(message, LoadCheckpoint):
+            return await self._load(message.path)
         return Failure(
             TypeError(f"PipelineParallelTrainer does not handle {type(message).__name__}")
         )
@@ -530,7 +518,7 @@ class PipelineParallelTrainer(Actor):
             raise results[failed_indices(results)[0]]
         self.steps = int(ckpt.step)
 
-    async def _reload(self, path: Any) -> None:
+    async def _reload(self, message: LoadCheckpoint) -> None:
         """`LoadCheckpoint` after a stage lost its state: re-connect every stage
         (the restarted one came back unconnected), then give each its part of
         the checkpoint. The trainer serves again only if this succeeds and no
@@ -538,11 +526,11 @@ class PipelineParallelTrainer(Actor):
 
         Raises:
             Exception: as `LoadCheckpoint`; the trainer keeps refusing (also
-                when a stage restarted again meanwhile: `receive` answers that
-                with `WorkerStateLost`).
+                when a stage restarted again meanwhile: `StateLossWatch.serve`
+                answers that with `WorkerStateLost`).
         """
         generation = self._watch.generation
         self.infos = []
         await self._connect()
-        await self._load(path)
+        await self._load(message.path)
         self._watch.clear(generation)

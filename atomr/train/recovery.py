@@ -19,14 +19,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from atomr.accel import ContextPoisoned, OutOfMemory, Unrecoverable
-from atomr.actor import ActorRef, ActorStoppedError, Directive
+from atomr.actor import ActorRef, ActorStoppedError, Directive, Failure
 from atomr.train.errors import WorkerStateLost
 from atomr.train.fanout import ask_all_settled
+from atomr.train.messages import LoadCheckpoint
 
 __all__ = [
     "DoubleBuffer",
@@ -277,6 +278,40 @@ class StateLossWatch:
             return None
         # fanout tags the exception a trainer's ask raised with `worker_index`
         return WorkerStateLost(self.kind, getattr(cause, "worker_index", None), cause)
+
+    async def serve(
+        self,
+        message: Any,
+        handle: Callable[[Any], Awaitable[Any]],
+        reload: Callable[[LoadCheckpoint], Awaitable[Any]],
+    ) -> Any:
+        """Answer a trainer's `message` with `handle(message)`, guarded by this watch.
+
+        While a worker's state is lost, every message but `LoadCheckpoint` is
+        answered with `WorkerStateLost`, and `LoadCheckpoint` goes to `reload`.
+        An exception from `handle` or `reload` is answered with `Failure`:
+        the exception itself when no worker restarted meanwhile (a worker that
+        raised was resumed with its state intact), else `WorkerStateLost`.
+
+        Returns:
+            What `handle` / `reload` returned, or a `Failure`.
+        """
+        lost = self.lost()
+        if lost is not None and not isinstance(message, LoadCheckpoint):
+            return Failure(lost)
+        generation = self._generation
+        try:
+            if lost is not None:
+                return await reload(message)
+            return await handle(message)
+        except Exception as exc:
+            if self._generation == generation:
+                return Failure(exc)
+            lost = self.lost()
+            assert lost is not None
+            if lost.__cause__ is not exc:
+                lost.add_note(f"the request failed with {type(exc).__name__}: {exc}")
+            return Failure(lost)
 
     def clear(self, generation: int) -> bool:
         """Forget the loss after a checkpoint was loaded into every worker,

@@ -475,35 +475,23 @@ class TensorParallelTrainer(Actor):
         return self._group
 
     async def receive(self, message: Any) -> Any:
-        """Dispatch a trainer message (see the class docstring)."""
-        lost = self._watch.lost()
-        if lost is not None and not isinstance(message, LoadCheckpoint):
-            return Failure(lost)
-        generation = self._watch.generation
-        try:
-            if lost is not None:
-                return await self._reload(message)
-            group = await self._ready()
-            if isinstance(message, Step):
-                return await self._step(group, message)
-            if isinstance(message, Evaluate):
-                return await self._evaluate(group, message)
-            if isinstance(message, GetWeights):
-                return await group.gather("params")
-            if isinstance(message, SaveCheckpoint):
-                return await self._save(group, message)
-            if isinstance(message, LoadCheckpoint):
-                return await self._load(group, message)
-        except Exception as exc:
-            # a shard that raised was resumed with its state intact; only one
-            # restarted during this request (ContextPoisoned) lost it
-            if self._watch.generation == generation:
-                return Failure(exc)
-            lost = self._watch.lost()
-            assert lost is not None
-            if lost.__cause__ is not exc:
-                lost.add_note(f"the request failed with {type(exc).__name__}: {exc}")
-            return Failure(lost)
+        """Dispatch a trainer message (see the class docstring); while a
+        shard's state is lost, only `LoadCheckpoint` is served
+        (`StateLossWatch.serve`)."""
+        return await self._watch.serve(message, self._dispatch, self._reload)
+
+    async def _dispatch(self, message: Any) -> Any:
+        group = await self._ready()
+        if isinstance(message, Step):
+            return await self._step(group, message)
+        if isinstance(message, Evaluate):
+            return await self._evaluate(group, message)
+        if isinstance(message, GetWeights):
+            return await group.gather("params")
+        if isinstance(message, SaveCheckpoint):
+            return await self._save(group, message)
+        if isinstance(message, LoadCheckpoint):
+            return await self._load(group, message)
         return Failure(TypeError(f"TensorParallelTrainer does not handle {type(message).__name__}"))
 
     def _validate(
@@ -593,7 +581,7 @@ class TensorParallelTrainer(Actor):
 
         Raises:
             Exception: as `LoadCheckpoint`; the trainer keeps refusing (also
-                when a shard restarted again meanwhile: `receive` answers
+                when a shard restarted again meanwhile: `StateLossWatch.serve` answers
                 that with `WorkerStateLost`).
         """
         generation = self._watch.generation

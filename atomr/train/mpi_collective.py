@@ -1,36 +1,46 @@
 """`MpiCollective`: the `Collective` interface across the processes of an MPI job.
 
-Every operation is one MPI call on raw numeric buffers (mpi4py's uppercase,
-buffer API; nothing is pickled): `all_reduce` is `Allreduce(MPI.IN_PLACE,
-buf, MPI.SUM)` on the caller's flat float32/float64 array, `broadcast` is
-`Bcast`, `barrier` is `Barrier`. The calls run on one dedicated worker thread
-per collective, in submission order (MPI requires the same order of
-collectives on every rank), so the event loop and the actors on it keep
-working while a collective is in flight.
+Every operation is one non-blocking MPI collective on raw numeric buffers
+(mpi4py's uppercase, buffer API; nothing is pickled): `all_reduce` is
+`Iallreduce(MPI.IN_PLACE, buf, MPI.SUM)` on the caller's flat float32/float64
+array, `broadcast` is `Ibcast`, `barrier` is `Ibarrier`. Operations run one at
+a time, in submission order (MPI requires the same order of collectives on
+every rank; a caller that is cancelled leaves its operation running), and
+never block the event loop, so the actors on it keep working while a
+collective is in flight.
 
-Cost. The hot path of an operation is one hand-off to the MPI thread (a
-queue put), the MPI call, and one `call_soon_threadsafe` back to the loop:
-no extra messages, no copies (`MPI.IN_PLACE` on the caller's array), no
-per-operation timer (one watchdog timer per collective runs every
-`min(0.2 s, timeout / 4)` while operations are pending).
+Cost. An operation submitted while the collective is idle is started by
+its caller, on the loop's thread, and tested there (each test also advances
+MPI's progress engine) for up to 10 ms: no task, no thread hand-off, no
+copies (`MPI.IN_PLACE` on the caller's array), no timer. Tests run in
+bursts with a yield to the loop between them: 0.1 ms while other work is
+waiting on the loop, growing to 1 ms while it is idle (a yield stalls the
+collective on every rank for a moment), so the loop is never held longer
+than 1 ms at a time. An operation still running after that (a large buffer,
+or a late peer) is *parked*: the collective's MPI thread blocks in `Wait` on
+it, so a long wait holds neither the GIL nor the loop, and wakes the loop
+once when it completes. Operations submitted meanwhile queue behind it and
+are run, in order, by one driver task. Local numpy work (summing several
+local buffers, dividing for a mean) runs on the loop below 1 MiB and on the
+MPI thread above.
 
 Failure detection costs nothing until something is slow. When an operation
-has not completed `timeout` seconds after it began on the MPI thread, the
-rank sends every other rank a *note* (the number of the operation its MPI
-thread is in: one int64, `Isend` on a private duplicate of the
-communicator) and waits up to `min(max(timeout, 1 s), 5 s)` for theirs. A
-live rank inside a collective answers from its watchdog (within 0.2 s); a
-rank that is dead, or stuck outside the collectives, never does. The call
-then raises `CollectiveTimeoutError` naming the ranks that did not answer
-for this operation (with the operation a rank is at when it answered for
-another one: out of step). An error reported by MPI itself raises
-`RankFailedError`, after the same exchange. After either, the collective is
-broken (its worker thread may be stuck inside MPI for good): operations
-queued behind the failed one and later calls raise at once, and the program
-should report the error and call `abort()`, which ends the whole job through
-`MPI_Abort`. The notes are exchanged from the event loop's thread while the
-MPI thread is blocked, which needs `MPI_THREAD_MULTIPLE` (the `mpich` wheel
-gives it); with less, the timeout still fires but cannot name the rank.
+has not completed `timeout` seconds after it started, the rank sends every
+other rank a *note* (the number of the operation it is in: one int64,
+`Isend` on a private duplicate of the communicator) and waits up to
+`min(max(timeout, 1 s), 5 s)` for theirs. A live rank inside a parked
+collective answers within 0.2 s; a rank that is dead, or stuck outside the
+collectives, never does. The call then raises `CollectiveTimeoutError` naming
+the ranks that did not answer for this operation (with the operation a rank
+is at when it answered for another one: out of step). An error reported by
+MPI itself raises `RankFailedError`, after the same exchange. After either,
+the collective is broken (its MPI thread may be stuck inside MPI for good):
+operations queued behind the failed one and later calls raise at once, and
+the program should report the error and call `abort()`, which ends the whole
+job through `MPI_Abort`. The notes are exchanged from the event loop's thread
+while the MPI thread is blocked, which needs `MPI_THREAD_MULTIPLE` (the
+`mpich` wheel gives it); with less, the timeout still fires but cannot name
+the rank.
 
 mpi4py is imported when the first `MpiCollective` is made, not when this
 module is imported; without it the constructor raises an `ImportError` that
@@ -46,12 +56,16 @@ import queue
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NoReturn
 
 import numpy as np
 
 from atomr.train.collective import Collective
+from atomr.train.mpi_errors import CollectiveError, CollectiveTimeoutError, RankFailedError
+from atomr.train.mpi_notes import FailureNotes, describe_missing
 
 __all__ = [
     "CollectiveError",
@@ -62,34 +76,14 @@ __all__ = [
 ]
 
 _OPS = ("sum", "mean")
-_NOTE_TAG = 7
-_POLL_S = 0.2  # a long operation looks for peers' notes this often
+_POLL_S = 0.2  # a parked operation looks for peers' notes this often
+_SPIN_S = 0.010  # test a started operation from the loop this long before parking it
+_BURST_MIN_S = 100e-6  # ... in bursts of tests between yields to the loop: this long
+_BURST_MAX_S = 1e-3  # ... up to this long while the loop has nothing else to run
+_IDLE_YIELD_S = 50e-6  # a yield back within this found nothing else to run
+_INLINE_BYTES = 1 << 20  # local numpy work on fewer bytes runs on the loop
 _GRACE_S = 5.0  # the longest a failed rank waits for the others' notes
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-class CollectiveError(RuntimeError):
-    """A collective across processes failed; the group can no longer be used."""
-
-
-class RankFailedError(CollectiveError):
-    """A collective failed because one or more ranks did not take part.
-
-    Attributes:
-        ranks: the ranks that never joined the failed operation (empty when
-            every rank had joined and the operation failed inside MPI).
-        operation: what failed, e.g. "all_reduce #12".
-    """
-
-    def __init__(self, message: str, ranks: Sequence[int] = (), operation: str = "") -> None:
-        super().__init__(message)
-        self.ranks = tuple(ranks)
-        self.operation = operation
-
-
-class CollectiveTimeoutError(RankFailedError, TimeoutError):
-    """A collective did not complete within the collective's timeout; `ranks`
-    names the ranks that never joined it."""
 
 
 def import_mpi() -> Any:
@@ -109,18 +103,28 @@ def import_mpi() -> Any:
 
 
 class _Operation:
-    """One collective: its number, and its state as seen by the MPI thread."""
+    """One collective, queued for the driver: its number, the non-blocking MPI
+    call that starts it, and the local numpy work before and after."""
 
-    __slots__ = ("error", "finished", "future", "kind", "seq", "skip", "started")
+    __slots__ = ("after", "before", "future", "kind", "offload", "seq", "start")
 
-    def __init__(self, seq: int, kind: str, future: asyncio.Future[Any]) -> None:
+    def __init__(
+        self,
+        seq: int,
+        kind: str,
+        future: asyncio.Future[None],
+        start: Callable[[], Any],
+        before: Callable[[], None] | None = None,
+        after: Callable[[], None] | None = None,
+        offload: bool = False,
+    ) -> None:
         self.seq = seq
         self.kind = kind
-        self.future = future  # awaited on the loop; settled by `_settle`
-        self.started: float | None = None  # set by the MPI thread when it begins
-        self.finished = False  # set by the MPI thread when the MPI call returned
-        self.error: BaseException | None = None
-        self.skip = False  # set when an earlier operation broke the collective
+        self.future = future  # awaited by the caller; settled by the driver
+        self.start = start  # starts the MPI call; returns its request (None: nothing to do)
+        self.before = before
+        self.after = after
+        self.offload = offload  # before/after touch enough memory to run off the loop
 
     @property
     def name(self) -> str:
@@ -128,8 +132,9 @@ class _Operation:
 
 
 class _Worker(threading.Thread):
-    """The dedicated MPI thread: runs submitted calls one at a time, in order,
-    and wakes the awaiting coroutine with one `call_soon_threadsafe`.
+    """The collective's MPI thread: runs blocking calls (a parked request's
+    `Wait`, large local numpy work) one at a time and wakes the loop once per
+    call with `call_soon_threadsafe`.
 
     A daemon thread, so a call stuck in MPI (a dead peer) never keeps the
     interpreter from exiting.
@@ -138,42 +143,31 @@ class _Worker(threading.Thread):
     def __init__(self, name: str) -> None:
         super().__init__(name=name, daemon=True)
         self.jobs: queue.SimpleQueue[
-            tuple[_Operation, Callable[[], Any], asyncio.AbstractEventLoop] | None
+            tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[None]] | None
         ] = queue.SimpleQueue()
-        self.running: _Operation | None = None  # the operation inside MPI now
 
     def run(self) -> None:
-        monotonic = time.monotonic
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            operation, fn, loop = job
-            if operation.skip:  # the collective broke before this one began
-                continue
-            self.running = operation
-            operation.started = monotonic()
+            fn, loop, future = job
+            error: BaseException | None = None
             try:
                 fn()
             except BaseException as exc:  # handed to the awaiting coroutine
-                operation.error = exc
-            operation.finished = True
+                error = exc
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
-                loop.call_soon_threadsafe(_settle, operation)
+                loop.call_soon_threadsafe(_settle, future, error)
 
 
-def _settle(operation: _Operation) -> None:
-    future = operation.future
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
     if future.done():
         return
-    if operation.error is not None:
-        future.set_exception(operation.error)
+    if error is not None:
+        future.set_exception(error)
     else:
         future.set_result(None)
-
-
-class _DeadlinePassed(Exception):
-    """Internal: an operation ran past the collective's timeout."""
 
 
 class MpiCollective(Collective):
@@ -185,8 +179,8 @@ class MpiCollective(Collective):
 
     Args:
         comm: an mpi4py communicator (default: `MPI.COMM_WORLD`).
-        timeout: seconds an operation may take, from the moment it starts on
-            the MPI thread, before it fails with `CollectiveTimeoutError`
+        timeout: seconds an operation may take, from the moment it starts
+            (after the operations queued before it), before it fails with `CollectiveTimeoutError`
             naming the ranks that never joined; None waits forever.
 
     Raises:
@@ -207,9 +201,6 @@ class MpiCollective(Collective):
                 "MpiCollective runs MPI calls on a worker thread and needs "
                 f"MPI_THREAD_SERIALIZED or better; this MPI gives level {level}"
             )
-        # Naming a missing rank exchanges notes from the event loop's thread
-        # while the MPI thread is blocked: only legal with MULTIPLE.
-        self._can_diagnose = level >= mpi.THREAD_MULTIPLE
         base = mpi.COMM_WORLD if comm is None else comm
         self._comm = base.Dup()
         self._ctl = base.Dup()
@@ -218,23 +209,26 @@ class MpiCollective(Collective):
         self.rank: int = self._comm.Get_rank()
         self.world_size: int = self._comm.Get_size()
         self.timeout = timeout
-        self._seq = 0
+        self._seq = 0  # the number of the last operation submitted
+        self._current = 0  # the number of the operation the driver is in (or last ran)
         self._broken: RankFailedError | None = None
         self._worker: _Worker | None = None
-        # how often a long operation looks for peers' notes, and how long a
+        # operations submitted and not yet finished, in order; one driver task runs them
+        self._queue: deque[_Operation] = deque()
+        self._driver: asyncio.Task[None] | None = None
+        self._burst_s = _BURST_MIN_S  # see _spin
+        self._busy = False  # an operation is in flight (the fast path's or the driver's)
+        self._in_place, self._sum = mpi.IN_PLACE, mpi.SUM
+        # how often a parked operation looks for peers' notes, and how long a
         # rank that ran past its timeout waits for the others' notes
         self._poll_s = _POLL_S if timeout is None else min(_POLL_S, timeout / 4)
-        self._grace_s = _GRACE_S if timeout is None else min(max(timeout, 1.0), _GRACE_S)
-        # failure notes, on the loop's thread only (see _poll_notes)
-        self._peers = [r for r in range(self.world_size) if r != self.rank]
-        self._note_recvs: list[tuple[int, Any, np.ndarray]] | None = None
-        self._note_sends: list[tuple[Any, np.ndarray]] = []
-        self._notes: dict[int, int] = {}  # peer -> the operation its last note named
-        self._sent: dict[int, int] = {}  # peer -> the operation our last note to it named
-        # operations submitted and not yet returned; one watchdog timer for all
-        self._pending: dict[int, _Operation] = {}
-        self._watchdog: asyncio.TimerHandle | None = None
-        self._watchdog_loop: asyncio.AbstractEventLoop | None = None
+        self._spin_s = min(_SPIN_S, self._poll_s)
+        grace_s = _GRACE_S if timeout is None else min(max(timeout, 1.0), _GRACE_S)
+        # naming a missing rank exchanges notes from the event loop's thread
+        # while the MPI thread is blocked: only legal with MULTIPLE
+        self._notes = FailureNotes(
+            mpi, self._ctl, enabled=level >= mpi.THREAD_MULTIPLE, grace_s=grace_s
+        )
 
     @classmethod
     def from_config(cls, config: Any, comm: Any = None) -> MpiCollective:
@@ -262,7 +256,7 @@ class MpiCollective(Collective):
         """Sum (or average) this process's buffers with every other rank's, in place.
 
         The local buffers are first summed into `buffers[0]`, then one
-        `Allreduce(MPI.IN_PLACE)` sums `buffers[0]` across the ranks. Every
+        `Iallreduce(MPI.IN_PLACE)` sums `buffers[0]` across the ranks. Every
         rank ends with the same bits.
 
         Args:
@@ -290,18 +284,15 @@ class MpiCollective(Collective):
             raise ValueError(f"op must be one of {_OPS}, got {op!r}")
         bufs = _check(buffers)
         target = bufs[0]
-        count = self.world_size * len(bufs)
-        mpi = self._mpi
-
-        def call() -> None:
-            for extra in bufs[1:]:
-                np.add(target, extra, out=target)
-            if self.world_size > 1:
-                self._comm.Allreduce(mpi.IN_PLACE, target, op=mpi.SUM)
-            if op == "mean":
-                np.divide(target, target.dtype.type(count), out=target)
-
-        await self._submit("all_reduce", call)
+        local = len(bufs) > 1 or op == "mean"
+        await self._submit(
+            "all_reduce",
+            self._start_all_reduce,
+            target,
+            before=partial(_sum_into, target, bufs[1:]) if len(bufs) > 1 else None,
+            after=partial(_divide, target, self.world_size * len(bufs)) if op == "mean" else None,
+            offload=local and target.nbytes * len(bufs) >= _INLINE_BYTES,
+        )
         return target
 
     async def broadcast(self, buffers: Sequence[Any] | np.ndarray, root: int = 0) -> None:
@@ -320,22 +311,21 @@ class MpiCollective(Collective):
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.world_size:
             raise IndexError(f"root {root!r} is not a rank of this {self.world_size}-rank group")
         bufs = _check(buffers)
-
-        def call() -> None:
-            if self.world_size > 1:
-                self._comm.Bcast(bufs[0], root=root)
-            for other in bufs[1:]:
-                np.copyto(other, bufs[0])
-
-        await self._submit("broadcast", call)
+        await self._submit(
+            "broadcast",
+            partial(self._start_broadcast, root=root),
+            bufs[0],
+            after=partial(_copy_into, bufs[1:], bufs[0]) if len(bufs) > 1 else None,
+            offload=len(bufs) > 1 and bufs[0].nbytes * len(bufs) >= _INLINE_BYTES,
+        )
 
     async def barrier(self) -> None:
-        """Return once every rank has reached the barrier (`MPI_Barrier`).
+        """Return once every rank has reached the barrier (`MPI_Ibarrier`).
 
         Raises:
             CollectiveTimeoutError, RankFailedError: as `all_reduce`.
         """
-        await self._submit("barrier", self._comm.Barrier)
+        await self._submit("barrier", self._start_barrier, None)
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -366,88 +356,241 @@ class MpiCollective(Collective):
         os._exit(errorcode)  # MPI_Abort may return before the launcher acts
 
     def close(self) -> None:
-        """Stop the MPI thread once queued operations are done (a later
+        """Stop the MPI thread once its current call is done (a later
         operation starts a new one). Does nothing to the communicator."""
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.jobs.put(None)
-        recvs, self._note_recvs = self._note_recvs, None
-        if recvs and self._broken is None:
-            for _, req, _ in recvs:  # no note came: withdraw the standing receives
-                try:
-                    req.Cancel()
-                    req.Wait()
-                except self._mpi.Exception:
-                    pass
+        if self._broken is None:
+            self._notes.close()
 
     # -- machinery ------------------------------------------------------------------
     #
-    # The hot path is one hand-off to the MPI thread (a queue put), the MPI
-    # call, and one `call_soon_threadsafe` back. One watchdog timer per
-    # collective (re-armed every `_poll_s` while operations are pending, not
-    # per operation) enforces the deadline of the operation on the MPI thread;
-    # once that operation has run `_poll_s`, the watchdog also collects and
-    # answers peers' notes. Past its deadline, a rank sends every peer a note
-    # (an int64: the number of the operation its MPI thread is in, `Isend` on
-    # a private duplicate of the communicator) and waits up to `_grace_s` for
-    # theirs. A live rank inside a collective answers at its next watch; a
-    # rank that is dead, or stuck outside the collectives, never does, and is
-    # named.
+    # An operation goes through: local work before, start the non-blocking
+    # MPI call, test it from the loop for up to `_spin_s` (`_spin`), park it
+    # on the MPI thread (`_park`: `Wait`), local work after. `_submit` runs
+    # the first steps itself when the collective is idle (the fast path) and
+    # hands the rest to a driver task (`_drive`) when the operation outlives
+    # the spin; operations submitted while another is in flight queue for
+    # the driver. Only a parked operation can time out or talk to peers
+    # (`FailureNotes`): every `_poll_s` it answers peers' notes; past its
+    # deadline, it asks every peer where it is and names those that never
+    # answer for this operation.
 
-    async def _submit(self, kind: str, call: Callable[[], Any]) -> None:
+    def _start_all_reduce(self, target: np.ndarray) -> Any:
+        if self.world_size == 1:
+            return None
+        return self._comm.Iallreduce(self._in_place, target, op=self._sum)
+
+    def _start_broadcast(self, buffer: np.ndarray, root: int) -> Any:
+        return self._comm.Ibcast(buffer, root=root) if self.world_size > 1 else None
+
+    def _start_barrier(self, _: None) -> Any:
+        return self._comm.Ibarrier() if self.world_size > 1 else None
+
+    async def _submit(
+        self,
+        kind: str,
+        start: Callable[[Any], Any],
+        arg: Any,
+        *,
+        before: Callable[[], None] | None = None,
+        after: Callable[[], None] | None = None,
+        offload: bool = False,
+    ) -> None:
         if self._broken is not None:
             raise self._unusable()
         self._seq += 1
-        loop = asyncio.get_running_loop()
-        operation = _Operation(self._seq, kind, loop.create_future())
+        seq = self._seq
+        if self._busy or offload:  # behind other operations, or heavy local work
+            operation = self._operation(seq, kind, partial(start, arg), before, after, offload)
+            self._queue.append(operation)
+            if not self._busy:
+                self._start_driver()
+            await operation.future  # a cancelled caller leaves the operation running
+            return
+        # Fast path: the collective is idle, so this caller starts its own
+        # operation and tests it: no task, no future, no hand-off (on a 1 MB
+        # buffer every object touched here costs cache misses). An operation
+        # still running after `_spin_s`, or a failure, goes to a driver task.
+        self._busy = True
+        self._current = seq
+        started = time.monotonic()
+        request: Any = None
+        failure: Exception | None = None
+        cancelled: asyncio.CancelledError | None = None
+        try:
+            if before is not None:
+                before()
+            request = start(arg)
+            if request is None or await self._spin(request):
+                if after is not None:
+                    after()
+                self._busy = False
+                if self._queue:  # submitted while this one was in flight
+                    self._start_driver()
+                return
+        except asyncio.CancelledError as exc:  # the operation goes on without its caller
+            cancelled = exc
+        except Exception as exc:
+            failure = exc
+        operation = self._operation(seq, kind, partial(start, arg), before, after, offload)
+        self._queue.appendleft(operation)
+        self._start_driver((request, started, failure))
+        if cancelled is not None:
+            raise cancelled
+        await operation.future
+
+    def _operation(
+        self,
+        seq: int,
+        kind: str,
+        start: Callable[[], Any],
+        before: Callable[[], None] | None,
+        after: Callable[[], None] | None,
+        offload: bool,
+    ) -> _Operation:
+        future = asyncio.get_running_loop().create_future()
+        return _Operation(seq, kind, future, start, before, after, offload)
+
+    def _start_driver(self, resume: tuple[Any, float, Exception | None] | None = None) -> None:
+        self._busy = True
+        self._driver = asyncio.get_running_loop().create_task(
+            self._drive(resume), name=f"atomr-mpi-rank{self.rank}"
+        )
+
+    async def _drive(self, resume: tuple[Any, float, Exception | None] | None = None) -> None:
+        """Run the queued operations one at a time, in submission order
+        (`resume`: the first one was started by the fast path)."""
+        queued = self._queue
+        try:
+            while queued:
+                operation = queued[0]
+                if self._broken is not None:
+                    error: BaseException | None = self._unusable()
+                elif resume is not None:
+                    error = await self._run(operation, *resume)
+                else:
+                    self._current = operation.seq
+                    error = await self._run(operation)
+                resume = None
+                queued.popleft()
+                _settle(operation.future, error)
+        except asyncio.CancelledError:  # the loop is shutting down mid-operation
+            if self._broken is None and queued:
+                self._broken = RankFailedError(
+                    f"MPI {queued[0].name} on rank {self.rank} was cancelled in flight "
+                    "(its event loop stopped)",
+                    operation=queued[0].name,
+                )
+            while queued:
+                _settle(queued.popleft().future, self._unusable())
+            raise
+        finally:
+            self._driver = None
+            self._busy = False
+
+    async def _run(
+        self,
+        operation: _Operation,
+        request: Any = None,
+        started: float | None = None,
+        failure: Exception | None = None,
+    ) -> RankFailedError | None:
+        """Run one operation, or resume one the fast path started (`request`
+        still running since `started`, or `failure` raised). Returns the
+        error for its caller, if any (and then the collective is broken)."""
+        try:
+            if failure is not None:
+                raise failure  # reported below like any failure here
+            if started is None:
+                started = time.monotonic()
+                if operation.before is not None:
+                    await self._local(operation.before, operation.offload)
+                request = operation.start()
+                if request is not None and await self._spin(request):
+                    request = None
+            if request is not None:
+                await self._park(operation, request, started)
+            if operation.after is not None:
+                await self._local(operation.after, operation.offload)
+        except RankFailedError as exc:
+            return exc
+        except self._mpi.Exception as exc:
+            missing = await self._notes.gather(operation.seq, self._current)
+            return self._fail(operation, missing, f"MPI error: {exc}")
+        except Exception as exc:  # local work failed: this rank is out of step now
+            return self._fail(operation, {}, f"failed on this rank: {exc!r}")
+        return None
+
+    async def _local(self, fn: Callable[[], None], offload: bool) -> None:
+        if offload:
+            await self._on_worker(fn)
+        else:
+            fn()
+
+    def _on_worker(self, fn: Callable[[], Any]) -> asyncio.Future[None]:
+        """Run `fn` on the MPI thread; the future settles when it returns."""
         worker = self._worker
         if worker is None:
             worker = self._worker = _Worker(f"atomr-mpi-rank{self.rank}")
             worker.start()
-        worker.jobs.put((operation, call, loop))
-        pending = self._pending
-        pending[operation.seq] = operation
-        if self._watchdog is None or self._watchdog_loop is not loop:
-            self._watchdog_loop = loop
-            self._watchdog = loop.call_later(self._poll_s, self._watch)
-        try:
-            await operation.future
-        except _DeadlinePassed:
-            missing = await self._gather_notes(operation, stop_when_finished=True)
-            if not operation.finished:
-                raise self._fail(
-                    operation, missing, f"timed out after {self.timeout:g} s"
-                ) from None
-            if operation.error is None:  # completed during the diagnosis
-                return
-            missing = await self._gather_notes(operation)
-            raise self._fail(operation, missing, f"MPI error: {operation.error}") from None
-        except self._mpi.Exception as exc:
-            missing = await self._gather_notes(operation)
-            raise self._fail(operation, missing, f"MPI error: {exc}") from exc
-        finally:
-            del pending[operation.seq]
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        worker.jobs.put((fn, loop, future))
+        return future
 
-    def _watch(self) -> None:
-        """The watchdog (on the loop, every `_poll_s` while an operation is
-        pending): answer peers' notes, enforce the running operation's deadline."""
-        self._watchdog = None
-        if not self._pending:
-            return  # idle: the next operation re-arms it
-        delay = self._poll_s
-        worker, timeout = self._worker, self.timeout
-        running = worker.running if worker is not None else None
-        if running is not None and running.started is not None and not running.finished:
-            ran = time.monotonic() - running.started
-            if ran >= self._poll_s or self._notes:  # only long operations talk to peers
-                self._poll_notes()
-            if timeout is not None and not running.future.done():
-                if ran >= timeout:
-                    running.future.set_exception(_DeadlinePassed())
-                else:
-                    delay = min(delay, timeout - ran)
-        assert self._watchdog_loop is not None
-        self._watchdog = self._watchdog_loop.call_later(delay, self._watch)
+    async def _spin(self, request: Any) -> bool:
+        """Test `request` from the loop for up to `_spin_s`; True when it completed.
+
+        Tests run in bursts with a yield to the loop between them. Each yield
+        stalls the collective on every rank for a moment, so the bursts adapt:
+        a yield that found nothing else to run doubles the next burst (up to
+        `_BURST_MAX_S`), one that ran other work shortens it to `_BURST_MIN_S`.
+        The length carries over to the next operation.
+        """
+        clock = time.monotonic
+        now = clock()
+        end = now + self._spin_s
+        burst = self._burst_s
+        while True:
+            stop = now + burst
+            while True:
+                if request.Test():
+                    self._burst_s = burst
+                    return True
+                now = clock()
+                if now >= stop:
+                    break
+            if now >= end:
+                self._burst_s = burst
+                return False
+            await asyncio.sleep(0)
+            then, now = now, clock()
+            burst = min(2 * burst, _BURST_MAX_S) if now - then < _IDLE_YIELD_S else _BURST_MIN_S
+
+    async def _park(self, operation: _Operation, request: Any, started: float) -> None:
+        """Wait for `request` on the MPI thread, enforcing the deadline and
+        answering peers' notes meanwhile."""
+        done = self._on_worker(request.Wait)
+        timeout = self.timeout
+        while True:
+            wait = self._poll_s
+            if timeout is not None:
+                wait = min(wait, max(0.0, started + timeout - time.monotonic()))
+            await asyncio.wait((done,), timeout=wait)
+            if done.done():
+                done.result()  # an MPI error is raised here
+                return
+            self._notes.poll(self._current)
+            if timeout is not None and time.monotonic() - started >= timeout:
+                missing = await self._notes.gather(operation.seq, self._current, until=done)
+                if not done.done():
+                    raise self._fail(operation, missing, f"timed out after {timeout:g} s")
+                if done.exception() is None:  # completed during the diagnosis
+                    return
+                missing = await self._notes.gather(operation.seq, self._current)
+                raise self._fail(operation, missing, f"MPI error: {done.exception()}")
 
     def _unusable(self) -> RankFailedError:
         assert self._broken is not None
@@ -457,113 +600,37 @@ class MpiCollective(Collective):
             operation=self._broken.operation,
         )
 
-    def _state(self) -> int:
-        """The operation this rank's MPI thread is in (or last finished)."""
-        worker = self._worker
-        running = worker.running if worker is not None else None
-        return running.seq if running is not None else 0
-
-    def _poll_notes(self) -> None:
-        """On the loop's thread: collect peers' notes; answer a peer that sent
-        one with this rank's state (again whenever the state has moved)."""
-        if not self._can_diagnose or self.world_size == 1:
-            return
-        mpi = self._mpi
-        if self._note_recvs is None:
-            self._note_recvs = [self._post_note_recv(p) for p in self._peers]
-        for k, (peer, req, buf) in enumerate(self._note_recvs):
-            try:
-                arrived = req.Test()
-            except mpi.Exception:
-                continue
-            if arrived:
-                self._notes[peer] = int(buf[0])
-                self._note_recvs[k] = self._post_note_recv(peer)
-        state = self._state()
-        for peer in self._notes:
-            if self._sent.get(peer) != state:
-                self._send_note(peer, state)
-        self._note_sends = [(r, b) for r, b in self._note_sends if not _test(r, mpi)]
-
-    def _post_note_recv(self, peer: int) -> tuple[int, Any, np.ndarray]:
-        buf = np.zeros(1, dtype=np.int64)
-        req = self._ctl.Irecv([buf, self._mpi.INT64_T], source=peer, tag=_NOTE_TAG)
-        return peer, req, buf
-
-    def _send_note(self, peer: int, seq: int) -> None:
-        buf = np.array([seq], dtype=np.int64)
-        self._sent[peer] = seq
-        try:
-            req = self._ctl.Isend([buf, self._mpi.INT64_T], dest=peer, tag=_NOTE_TAG)
-        except self._mpi.Exception:  # a dead peer: it will be named anyway
-            return
-        self._note_sends.append((req, buf))
-
-    async def _gather_notes(
-        self, operation: _Operation, *, stop_when_finished: bool = False
-    ) -> dict[int, int | None] | None:
-        """After a failure: send every peer a note, wait up to `_grace_s` for
-        theirs. Returns {peer: the operation its note named, or None when no
-        note came} for the peers not in `operation`; None when this MPI
-        cannot tell (no THREAD_MULTIPLE)."""
-        if not self._can_diagnose:
-            return None
-        if self.world_size == 1:
-            return {}
-        state = self._state()
-        for peer in self._peers:
-            if self._sent.get(peer) != state:
-                self._send_note(peer, state)
-        end = time.monotonic() + self._grace_s
-        while True:
-            self._poll_notes()
-            if stop_when_finished and operation.finished:
-                break
-            if all(self._notes.get(p) == operation.seq for p in self._peers):
-                break
-            if time.monotonic() >= end:
-                break
-            await asyncio.sleep(0.005)
-        return {p: self._notes.get(p) for p in self._peers if self._notes.get(p) != operation.seq}
-
     def _fail(
         self, operation: _Operation, others: dict[int, int | None] | None, what: str
     ) -> RankFailedError:
         """The error for a failed operation; marks the collective broken."""
         where = f"MPI {operation.name} on rank {self.rank} of {self.world_size} {what}"
-        if others is None:
-            detail = "could not tell which rank is missing (MPI lacks THREAD_MULTIPLE)"
-        elif not others:
-            detail = "every rank had joined; a rank failed during the operation"
-        else:
-            names = ", ".join(str(r) for r in others)
-            word = "rank" if len(others) == 1 else "ranks"
-            detail = f"{word} {names} never joined (dead, stuck or out of step)"
-            seen = [f"rank {p} is at operation #{v}" for p, v in others.items() if v is not None]
-            if seen:
-                detail += f"; {', '.join(seen)}"
+        detail = describe_missing(others)
         cls = CollectiveTimeoutError if what.startswith("timed out") else RankFailedError
         error = cls(f"{where}: {detail}", ranks=list(others or ()), operation=operation.name)
         if self._broken is None:
             self._broken = error
-            # operations queued behind this one will never run: fail them now
-            for other in self._pending.values():
-                if other is not operation and not other.started:
-                    other.skip = True
-                    if not other.future.done():
-                        other.future.set_exception(self._unusable())
         return error
 
 
-def _test(req: Any, mpi: Any) -> bool:
-    try:
-        return bool(req.Test())
-    except mpi.Exception:
-        return True
+def _sum_into(target: np.ndarray, others: Sequence[np.ndarray]) -> None:
+    for other in others:
+        np.add(target, other, out=target)
+
+
+def _divide(target: np.ndarray, count: int) -> None:
+    np.divide(target, target.dtype.type(count), out=target)
+
+
+def _copy_into(targets: Sequence[np.ndarray], source: np.ndarray) -> None:
+    for target in targets:
+        np.copyto(target, source)
 
 
 def _check(buffers: Sequence[Any] | np.ndarray) -> list[np.ndarray]:
     """Validate this process's buffers; returns them as a list."""
+    if type(buffers) is np.ndarray and buffers.dtype in _DTYPES and buffers.flags.carray:
+        return [buffers]  # the common case, checked in one go
     if isinstance(buffers, np.ndarray):
         bufs = [buffers]
     elif isinstance(buffers, Sequence) and not isinstance(buffers, str | bytes):

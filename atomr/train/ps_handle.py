@@ -147,7 +147,12 @@ class ParameterServerHandle:
         """
         sizes = self.model.sizes
         x, y = validate_batch(
-            features, labels, sizes[0], self.config.loss, out_width=sizes[-1], dtype=self.model.dtype
+            features,
+            labels,
+            sizes[0],
+            self.config.loss,
+            out_width=sizes[-1],
+            dtype=self.model.dtype,
         )
         n = len(self.workers)
         return list(zip(np.array_split(x, n), np.array_split(y, n), strict=True))

@@ -32,6 +32,26 @@ def test_results_equal_host_collective(n: int, tmp_path) -> None:
     assert all(r["ticks_during_barrier"] >= 20 for r in reports)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_operations_in_flight(n: int, tmp_path) -> None:
+    """Concurrent submissions, a late rank, a cancelled caller, heavy local
+    work and a loop stopped mid-operation (see mpi_scripts/in_flight.py)."""
+    result, _ = run_script(n, "in_flight.py", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+    for report in reports:
+        for check in ("concurrent", "late_peer", "cancelled_caller", "heavy_local_work"):
+            assert report[check] == "ok", (check, report)
+    on_time = reports[:-1]  # the last rank is the late one
+    # the operation waited ~0.3 s for the late rank: tested from the loop in
+    # bursts of at most 1 ms, then parked; the loop kept ticking throughout
+    assert all(r["late_peer_ticks"] >= 50 for r in on_time), on_time
+    assert all(r["late_peer_max_tick_gap_s"] < 0.05 for r in on_time), on_time
+    assert all(r["cancelled_in_flight"] for r in on_time), on_time
+    error = reports[0]["stopped_loop_error"]
+    assert "all_reduce #1 on rank 0 was cancelled in flight (its event loop stopped)" in error
+
+
 @pytest.mark.parametrize(("n", "mode"), [(3, "exit"), (2, "hang")])
 def test_missing_rank_is_named_in_bounded_time(n: int, mode: str) -> None:
     result, elapsed = run_script(n, "rank_failure.py", mode, 1, 2.0, timeout=60)

@@ -1,0 +1,143 @@
+"""Failure notes: how a rank whose collective ran past its timeout finds out
+which ranks never joined it.
+
+Nothing is sent while collectives complete. A rank whose operation is late
+sends every peer a *note* (one int64: the number of the operation it is in,
+`Isend` on a private duplicate of the communicator) and waits a bounded time
+for theirs. A live rank inside a collective that has been waiting a while
+answers (`poll`, every 0.2 s); a rank that is dead, or stuck outside the
+collectives, never does, and is named. The exchange runs on the event loop's
+thread while the collective's own MPI call may be blocked on another thread,
+which needs `MPI_THREAD_MULTIPLE`; with less, nothing is exchanged and the
+failure cannot name the rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FailureNotes", "describe_missing"]
+
+_NOTE_TAG = 7
+
+
+class FailureNotes:
+    """The note exchange of one rank with its peers, on one communicator.
+
+    Args:
+        mpi: the `mpi4py.MPI` module.
+        ctl: a communicator used for nothing else (a duplicate).
+        enabled: False when the MPI lacks `MPI_THREAD_MULTIPLE`: every call
+            is then a no-op and `gather` returns None.
+        grace_s: the longest `gather` waits for the peers' notes.
+    """
+
+    def __init__(self, mpi: Any, ctl: Any, *, enabled: bool, grace_s: float) -> None:
+        self._mpi = mpi
+        self._ctl = ctl
+        rank, size = ctl.Get_rank(), ctl.Get_size()
+        self._peers = [r for r in range(size) if r != rank]
+        self.enabled = enabled and bool(self._peers)
+        self._grace_s = grace_s
+        self._recvs: list[tuple[int, Any, np.ndarray]] | None = None
+        self._sends: list[tuple[Any, np.ndarray]] = []
+        self._notes: dict[int, int] = {}  # peer -> the operation its last note named
+        self._sent: dict[int, int] = {}  # peer -> the operation our last note to it named
+
+    def poll(self, state: int) -> None:
+        """Collect peers' notes; answer a peer that sent one with `state`
+        (the operation this rank is in), again whenever the state has moved."""
+        if not self.enabled:
+            return
+        mpi = self._mpi
+        if self._recvs is None:
+            self._recvs = [self._post_recv(p) for p in self._peers]
+        for k, (peer, req, buf) in enumerate(self._recvs):
+            try:
+                arrived = req.Test()
+            except mpi.Exception:
+                continue
+            if arrived:
+                self._notes[peer] = int(buf[0])
+                self._recvs[k] = self._post_recv(peer)
+        for peer in self._notes:
+            if self._sent.get(peer) != state:
+                self._send(peer, state)
+        self._sends = [(r, b) for r, b in self._sends if not _test(r, mpi)]
+
+    async def gather(
+        self, seq: int, state: int, until: asyncio.Future[None] | None = None
+    ) -> dict[int, int | None] | None:
+        """After operation `seq` failed here: send every peer a note, wait up
+        to `grace_s` for theirs (or until `until` is done).
+
+        Returns:
+            {peer: the operation its note named, or None when no note came}
+            for the peers not in `seq`; None when this MPI cannot tell.
+        """
+        if not self.enabled:
+            return None if self._peers else {}
+        for peer in self._peers:
+            if self._sent.get(peer) != state:
+                self._send(peer, state)
+        end = time.monotonic() + self._grace_s
+        while True:
+            self.poll(state)
+            if until is not None and until.done():
+                break
+            if all(self._notes.get(p) == seq for p in self._peers):
+                break
+            if time.monotonic() >= end:
+                break
+            await asyncio.sleep(0.005)
+        return {p: self._notes.get(p) for p in self._peers if self._notes.get(p) != seq}
+
+    def close(self) -> None:
+        """Withdraw the standing receives (when no failure happened)."""
+        recvs, self._recvs = self._recvs, None
+        for _, req, _ in recvs or ():
+            try:
+                req.Cancel()
+                req.Wait()
+            except self._mpi.Exception:
+                pass
+
+    def _post_recv(self, peer: int) -> tuple[int, Any, np.ndarray]:
+        buf = np.zeros(1, dtype=np.int64)
+        req = self._ctl.Irecv([buf, self._mpi.INT64_T], source=peer, tag=_NOTE_TAG)
+        return peer, req, buf
+
+    def _send(self, peer: int, seq: int) -> None:
+        buf = np.array([seq], dtype=np.int64)
+        self._sent[peer] = seq
+        try:
+            req = self._ctl.Isend([buf, self._mpi.INT64_T], dest=peer, tag=_NOTE_TAG)
+        except self._mpi.Exception:  # a dead peer: it will be named anyway
+            return
+        self._sends.append((req, buf))
+
+
+def describe_missing(others: dict[int, int | None] | None) -> str:
+    """The part of a failure message that says which ranks never joined."""
+    if others is None:
+        return "could not tell which rank is missing (MPI lacks THREAD_MULTIPLE)"
+    if not others:
+        return "every rank had joined; a rank failed during the operation"
+    names = ", ".join(str(r) for r in others)
+    word = "rank" if len(others) == 1 else "ranks"
+    detail = f"{word} {names} never joined (dead, stuck or out of step)"
+    seen = [f"rank {p} is at operation #{v}" for p, v in others.items() if v is not None]
+    if seen:
+        detail += f"; {', '.join(seen)}"
+    return detail
+
+
+def _test(req: Any, mpi: Any) -> bool:
+    try:
+        return bool(req.Test())
+    except mpi.Exception:
+        return True

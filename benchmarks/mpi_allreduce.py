@@ -9,9 +9,9 @@ timeouts) and gathers what rank 0 of each job measured:
 Figures:
 
 - `allreduce`: for buffers of 1 KB .. 64 MB (float32), on 2 processes, the
-  seconds of one in-place sum through `await coll.all_reduce(buf)` (event
-  loop -> MPI thread -> `Allreduce(MPI.IN_PLACE)` -> back, with the
-  collective's timeout watchdog armed) and of a bare
+  seconds of one in-place sum through `await coll.all_reduce(buf)` (an
+  `Iallreduce` started and tested on the event loop's thread, its timeout
+  enforced) and of a bare
   `comm.Allreduce(MPI.IN_PLACE, buf)` called directly. Each round times a
   block of back-to-back calls of each (after a barrier; which one goes first
   alternates between rounds); the figure is the median over the rounds of the

@@ -15,7 +15,8 @@ class Progress:
     """A progress bar over all remaining steps of a run, on stderr.
 
     The postfix shows the running mean loss of the current epoch, the test
-    accuracy of the last finished epoch and the current epoch's throughput.
+    accuracy of the last finished epoch (from the end of the first epoch on)
+    and the current epoch's throughput.
     With `enabled=False` (`--quiet`) it prints nothing.
 
     Args:
@@ -62,12 +63,11 @@ class Progress:
         """
         if self._bar is None:
             return
-        self._bar.set_postfix(
-            loss=f"{mean_loss:.4f}",
-            acc=f"{self._accuracy:.3f}",
-            samples_s=f"{samples_per_s:,.0f}",
-            refresh=False,
-        )
+        postfix = {"loss": f"{mean_loss:.4f}"}
+        if self._accuracy == self._accuracy:  # no accuracy before the first epoch ends (NaN)
+            postfix["acc"] = f"{self._accuracy:.3f}"
+        postfix["samples_s"] = f"{samples_per_s:,.0f}"
+        self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(1)
 
     def epoch_done(self, record: EpochRecord, epochs: int) -> None:

@@ -311,9 +311,14 @@ class ReplicaActor(Trainer):
         return host if isinstance(be, CpuBackend) else be.to_device(host)
 
     async def read_chunk(self, lo: int, hi: int) -> np.ndarray:
-        """A host copy of gradient elements `lo:hi` (on the device thread)."""
+        """Gradient elements `lo:hi`, for reading only: on a CPU device a view
+        (no copy, no trip to the device thread: the last write to the chunk
+        was awaited), else a host copy made on the device thread."""
         assert self.model is not None
         grads = self.model.grads
+        if isinstance(self.backend, CpuBackend):
+            view: np.ndarray = grads[lo:hi]
+            return view
         return await self.on_device(lambda: np.asarray(self.backend.to_host(grads[lo:hi])))
 
     async def add_chunk(self, lo: int, hi: int, data: np.ndarray) -> None:

@@ -141,8 +141,8 @@ _MESSAGES = (RingReduce, RingBroadcast, RingChunk, RingAbort, RingPing)
 
 
 class RingBuffer(Protocol):
-    """The flat buffer a ring member contributes (all methods run the work
-    on the member's device thread)."""
+    """The flat buffer a ring member contributes (the methods that change it
+    run the work on the member's device thread)."""
 
     @property
     def ring_size(self) -> int:
@@ -150,7 +150,11 @@ class RingBuffer(Protocol):
         ...
 
     async def read_chunk(self, lo: int, hi: int) -> np.ndarray:
-        """A host copy of elements `lo:hi`."""
+        """Elements `lo:hi` as a host array the caller only reads: a copy, or
+        (for a buffer in host memory) a view. A view is safe: the
+        ring never changes a chunk of a member while a peer may still be
+        reading it (a chunk is overwritten only by its full sum, which exists
+        only after every peer has added the chunk it was sent)."""
         ...
 
     async def add_chunk(self, lo: int, hi: int, data: np.ndarray) -> None:
@@ -297,7 +301,8 @@ class RingMember:
                 else:
                     await buf.write_chunk(lo, hi, data)
         if msg.want_result:
-            return await buf.read_chunk(0, buf.ring_size)
+            result = await buf.read_chunk(0, buf.ring_size)
+            return result if result.base is None else result.copy()  # the asker's own
         return None
 
     async def _broadcast(self, msg: RingBroadcast) -> None:

@@ -180,8 +180,9 @@ class MpiCollective(Collective):
     Args:
         comm: an mpi4py communicator (default: `MPI.COMM_WORLD`).
         timeout: seconds an operation may take, from the moment it starts
-            (after the operations queued before it), before it fails with `CollectiveTimeoutError`
-            naming the ranks that never joined; None waits forever.
+            (after the operations queued before it), before it fails with
+            `CollectiveTimeoutError` naming the ranks that never joined; None
+            waits forever.
 
     Raises:
         ImportError: mpi4py is not installed (`pip install 'atomr[mpi]'`).

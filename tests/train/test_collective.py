@@ -88,12 +88,21 @@ async def test_host_broadcast_and_barrier() -> None:
 
 
 class BufferActor(Actor):
-    """A minimal ring member: a NumPy buffer, optionally failing on `add_chunk`."""
+    """A minimal ring member: a NumPy buffer, optionally failing on `add_chunk`.
 
-    def __init__(self, data: np.ndarray, fail_add: bool = False) -> None:
+    With `lend_views` it reads chunks as views of its buffer (as a CPU
+    `ReplicaActor` does) and takes a random 0-2 ms before each change, so
+    the members' steps interleave in many orders.
+    """
+
+    def __init__(
+        self, data: np.ndarray, fail_add: bool = False, lend_views: bool = False, seed: int = 0
+    ) -> None:
         super().__init__()
         self.data = data
         self.fail_add = fail_add
+        self.lend_views = lend_views
+        self.rng = np.random.default_rng(seed)
         self.member = RingMember(self, timeout=5.0)
 
     @property
@@ -101,14 +110,20 @@ class BufferActor(Actor):
         return int(self.data.size)
 
     async def read_chunk(self, lo: int, hi: int) -> np.ndarray:
-        return self.data[lo:hi].copy()
+        return self.data[lo:hi] if self.lend_views else self.data[lo:hi].copy()
+
+    async def _jitter(self) -> None:
+        if self.lend_views:
+            await asyncio.sleep(float(self.rng.uniform(0.0, 0.002)))
 
     async def add_chunk(self, lo: int, hi: int, data: np.ndarray) -> None:
         if self.fail_add:
             raise RuntimeError("injected add failure")
+        await self._jitter()
         self.data[lo:hi] += data
 
     async def write_chunk(self, lo: int, hi: int, data: np.ndarray) -> None:
+        await self._jitter()
         self.data[lo:hi] = data
 
     def receive(self, message):
@@ -129,19 +144,26 @@ def test_chunk_bounds_cover_the_buffer() -> None:
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("size", [3, 37])
+@pytest.mark.parametrize("lend_views", [False, True])
 async def test_ring_all_reduce_gives_every_member_the_same_sum(
-    actor_system, n: int, size: int
+    actor_system, n: int, size: int, lend_views: bool
 ) -> None:
     bufs = _buffers(n, size, seed=n)
     expected = np.sum(np.stack(bufs).astype(np.float64), axis=0)
-    refs = [actor_system.spawn(Props(BufferActor, b.copy())) for b in bufs]
+    members = [BufferActor(b.copy(), lend_views=lend_views, seed=k) for k, b in enumerate(bufs)]
+    refs = [actor_system.spawn(Props(lambda m=m: m)) for m in members]
     ring = RingAllReduce(timeout=5.0)
-    copy = await ring.all_reduce(refs, result_from=n - 1)
-    results = [await r.ask("get") for r in refs]
-    for res in results:
-        np.testing.assert_array_equal(res, results[0])  # bit-identical everywhere
-    np.testing.assert_allclose(results[0], expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(copy, results[0])
+    for _ in range(3 if lend_views else 1):  # several interleavings
+        for m, b in zip(members, bufs, strict=True):
+            m.data[:] = b
+        copy = await ring.all_reduce(refs, result_from=n - 1)
+        results = [await r.ask("get") for r in refs]
+        for res in results:
+            np.testing.assert_array_equal(res, results[0])  # bit-identical everywhere
+        np.testing.assert_allclose(results[0], expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(copy, results[0])
+        # the asker's copy is its own, even when the member lent a view
+        assert not any(np.shares_memory(copy, m.data) for m in members)
     await ring.barrier(refs)
 
 

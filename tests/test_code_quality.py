@@ -1,4 +1,4 @@
-"""The code stays ruff clean and mypy clean (both tools come with the `test` extra)."""
+"""The code stays ruff clean (lint and format) and mypy clean (both tools come with the `test` extra)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_ruff_is_clean() -> None:
     result = _run("ruff", "check", "atomr", "tests", "benchmarks", "examples")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_is_clean() -> None:
+    result = _run("ruff", "format", "--check", "atomr", "tests", "benchmarks", "examples")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

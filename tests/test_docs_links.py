@@ -14,7 +14,9 @@ LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
 def _relative_links(page: Path) -> list[str]:
-    return [t for t in LINK.findall(page.read_text()) if "://" not in t and not t.startswith("mailto:")]
+    return [
+        t for t in LINK.findall(page.read_text()) if "://" not in t and not t.startswith("mailto:")
+    ]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -47,7 +47,9 @@ class Supervisor(Protocol):
 
     children: dict[str, ActorCell]
 
-    def decide_for(self, child: ActorCell, error: BaseException) -> tuple[Directive, SupervisorStrategy | None]: ...
+    def decide_for(
+        self, child: ActorCell, error: BaseException
+    ) -> tuple[Directive, SupervisorStrategy | None]: ...
 
     def escalate(self, child: ActorCell, error: BaseException) -> None: ...
 
@@ -59,9 +61,7 @@ async def _maybe_await(value: Any) -> None:
         await value
 
 
-def decide(
-    strategy: SupervisorStrategy, child: ActorCell, error: BaseException
-) -> Directive:
+def decide(strategy: SupervisorStrategy, child: ActorCell, error: BaseException) -> Directive:
     """Apply ``strategy`` to ``child``'s failure, turning RESTART into STOP past the window."""
     try:
         directive = strategy.decide(error)
@@ -437,9 +437,7 @@ class ActorCell:
     async def _handle_failure(self, error: Exception, message: Any) -> None:
         if self.stop_requested:
             return
-        logger.warning(
-            "%s failed on %r: %r", self.path, message, error, exc_info=error
-        )
+        logger.warning("%s failed on %r: %r", self.path, message, error, exc_info=error)
         supervisor = self.supervisor
         directive, strategy = supervisor.decide_for(self, error)
         all_children = strategy is not None and strategy.applies_to_all

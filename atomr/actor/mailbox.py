@@ -146,10 +146,12 @@ class BoundedMailbox(Mailbox):
             return oldest
         raise MailboxFullError(
             f"mailbox full ({self.capacity} messages, policy {policy.name})"
-            + ("; use `await ref.send(msg)` to wait for room" if policy is OverflowPolicy.BACK_PRESSURE else "")
+            + (
+                "; use `await ref.send(msg)` to wait for room"
+                if policy is OverflowPolicy.BACK_PRESSURE
+                else ""
+            )
         )
 
     def __repr__(self) -> str:
         return f"BoundedMailbox({self.capacity}, {self.policy})"
-
-

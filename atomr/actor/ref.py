@@ -33,7 +33,9 @@ def check_timeout(timeout: float | None) -> None:
     if timeout is None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
+        raise TypeError(
+            f"timeout must be a number of seconds or None, got {type(timeout).__name__}"
+        )
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
 

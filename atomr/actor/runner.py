@@ -11,7 +11,9 @@ __all__ = ["run"]
 T = TypeVar("T")
 
 
-def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool | None = None, debug: bool | None = None) -> T:
+def run(
+    main: Coroutine[Any, Any, T], *, use_uvloop: bool | None = None, debug: bool | None = None
+) -> T:
     """Run ``main`` to completion on a new event loop and return its result.
 
     Args:

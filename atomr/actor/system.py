@@ -135,7 +135,9 @@ class ActorSystem:
         Raises:
             ValueError, TypeError: for a bad delay.
         """
-        return self._timers.schedule_once(self.loop, delay, lambda: ref._cell.post_internal(message))
+        return self._timers.schedule_once(
+            self.loop, delay, lambda: ref._cell.post_internal(message)
+        )
 
     async def terminate(self) -> None:
         """Stop every actor (children before parents, every ``post_stop`` run) and

@@ -101,7 +101,11 @@ class TimerSet:
             TypeError: for values that are not numbers.
         """
         interval = _check_delay("interval", interval, allow_zero=False)
-        first = interval if initial_delay is None else _check_delay("initial_delay", initial_delay, True)
+        first = (
+            interval
+            if initial_delay is None
+            else _check_delay("initial_delay", initial_delay, True)
+        )
         timer = Cancellable(loop, first, callback, interval, self)
         self._timers.add(timer)
         return timer

@@ -19,7 +19,10 @@ async def test_tell_to_stopped_actor_is_a_dead_letter(actor_system: ActorSystem)
     ref.tell("hello", sender=probe.ref)
     letter = await probe.expect_msg_type(DeadLetter)
     assert (letter.message, letter.sender, letter.recipient, letter.reason) == (
-        "hello", probe.ref, ref, "stopped",
+        "hello",
+        probe.ref,
+        ref,
+        "stopped",
     )
     unsubscribe()
     ref.tell("again")

@@ -54,7 +54,10 @@ async def test_drop_newest(actor_system: ActorSystem) -> None:
         await ref.ask("d")
     gate.set()
     assert await probe.receive_n(3) == ["first", "a", "b"]
-    assert [(d.message, d.reason) for d in letters] == [("c", "mailbox full"), ("d", "mailbox full")]
+    assert [(d.message, d.reason) for d in letters] == [
+        ("c", "mailbox full"),
+        ("d", "mailbox full"),
+    ]
 
 
 async def test_drop_oldest(actor_system: ActorSystem) -> None:

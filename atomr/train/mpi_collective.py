@@ -15,8 +15,8 @@ MPI's progress engine) for up to 10 ms: no task, no thread hand-off, no
 copies (`MPI.IN_PLACE` on the caller's array), no timer. Tests run in
 bursts with a yield to the loop between them: 0.1 ms while other work is
 waiting on the loop, growing to 1 ms while it is idle (a yield stalls the
-collective on every rank for a moment), so the loop is never held longer
-than 1 ms at a time. An operation still running after that (a large buffer,
+collective on every rank for a moment), so the loop is held about 1 ms at
+most at a time (one test can run past a burst's end). An operation still running after that (a large buffer,
 or a late peer) is *parked*: the collective's MPI thread blocks in `Wait` on
 it, so a long wait holds neither the GIL nor the loop, and wakes the loop
 once when it completes. Operations submitted meanwhile queue behind it and

@@ -221,18 +221,32 @@ async def test_more_stages_than_layers_is_a_clear_error(actor_system) -> None:
         PipelineConfig(0, optimizer=OptimizerKind.sgd(0.1), loss=LossKind.MSE)
 
 
+class RecordingStage(StageActor):
+    """A stage that records the layer widths it was given."""
+
+    built: list[tuple[int, ...]] = []
+
+    def __init__(self, model: Mlp, device: str) -> None:
+        super().__init__(model, device)
+        RecordingStage.built.append(tuple(model.sizes))
+
+
 async def test_explicit_and_balanced_split(actor_system) -> None:
     model = Mlp([6, 40, 5, 5, 3], seed=2)  # layer 0 dominates the parameter count
     config = PipelineConfig(4, optimizer=OptimizerKind.sgd(0.1), loss=LossKind.CROSS_ENTROPY)
     x, y = synthetic_classification(BATCH, 6, 3, seed=0)
+    picked = {}
     for split in (None, [1, 3], [3, 1]):
+        RecordingStage.built = []
         pipe = await PipelineParallelTrainer.spawn(
-            actor_system, model, cpu_devices(2), config, split=split
+            actor_system, model, cpu_devices(2), config, split=split, stage_class=RecordingStage
         )
         np.testing.assert_array_equal(await pipe.ask(GetWeights(), timeout=T), model.get_params())
         await pipe.ask(Step(x, y), timeout=T)
-    stage_sizes = [c.sizes for c in [model.slice_layers(0, 1), model.slice_layers(1, 4)]]
-    assert stage_sizes == [(6, 40), (40, 5, 5, 3)]  # what the balanced split picks
+        picked[None if split is None else tuple(split)] = RecordingStage.built
+    assert picked[(1, 3)] == [(6, 40), (40, 5, 5, 3)]
+    assert picked[(3, 1)] == [(6, 40, 5, 5), (5, 3)]
+    assert picked[None] == picked[(1, 3)]  # the balanced split: layer 0 alone
 
 
 async def test_bad_input_is_answered_and_changes_nothing(actor_system) -> None:

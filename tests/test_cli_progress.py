@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
+import tqdm  # noqa: F401  (in the test extra: the bar must exist, not be skipped)
 
 from atomr.cli.history import EpochRecord
 from atomr.cli.progress import Progress
 from atomr.train import StepStats
-
-pytest.importorskip("tqdm")
 
 
 def _postfix(progress: Progress) -> str:

@@ -3,11 +3,14 @@ the numba CUDA simulator can run them: `NUMBA_ENABLE_CUDASIM=1 pytest -m cuda`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from atomr import ActorSystem
 from atomr.accel import cuda_available
+from atomr.accel.cuda_backend import CudaBackend
 from atomr.train import GetWeights, LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
 from atomr.train.clip import global_norm
 
@@ -42,7 +45,15 @@ def test_mlp_loss_and_optimizer_on_cuda_equal_cpu() -> None:
     np.testing.assert_allclose(p1, p0, rtol=1e-5, atol=1e-6)
 
 
-async def test_trainer_on_cuda_equals_cpu() -> None:
+async def test_trainer_on_cuda_equals_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    launches = {"matmul": 0}
+    original = CudaBackend._matmul
+
+    def counting(self: CudaBackend, *args: Any, **kwargs: Any) -> Any:
+        launches["matmul"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CudaBackend, "_matmul", counting)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((4, 3)).astype(np.float32)
     y = rng.integers(0, 2, size=4)
@@ -57,3 +68,6 @@ async def test_trainer_on_cuda_equals_cpu() -> None:
             assert stats[1].loss == pytest.approx(stats[0].loss, rel=1e-5)
         w = [await r.ask(GetWeights(), timeout=120) for r in refs]
     np.testing.assert_allclose(w[1], w[0], rtol=1e-5, atol=1e-6)
+    # the cuda:0 trainer ran its matmuls as CUDA kernels (2 steps x 2 layers x
+    # forward + backward), not on a silent CPU fallback
+    assert launches["matmul"] >= 8

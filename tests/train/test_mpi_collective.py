@@ -43,10 +43,12 @@ def test_operations_in_flight(n: int, tmp_path) -> None:
         for check in ("concurrent", "late_peer", "cancelled_caller", "heavy_local_work"):
             assert report[check] == "ok", (check, report)
     on_time = reports[:-1]  # the last rank is the late one
-    # the operation waited ~0.3 s for the late rank: tested from the loop in
-    # bursts of at most 1 ms, then parked; the loop kept ticking throughout
-    assert all(r["late_peer_ticks"] >= 50 for r in on_time), on_time
-    assert all(r["late_peer_max_tick_gap_s"] < 0.05 for r in on_time), on_time
+    # The operation waited ~0.3 s for the late rank (tested from the loop in
+    # ~1 ms bursts, then parked; 2-7 ms longest gap measured here). Loose
+    # bounds, not a speed check: they fail only when the loop was blocked
+    # for most of the wait, as a blocking MPI call on the loop would do.
+    assert all(r["late_peer_ticks"] >= 10 for r in on_time), on_time
+    assert all(r["late_peer_max_tick_gap_s"] < 0.15 for r in on_time), on_time
     assert all(r["cancelled_in_flight"] for r in on_time), on_time
     error = reports[0]["stopped_loop_error"]
     assert "all_reduce #1 on rank 0 was cancelled in flight (its event loop stopped)" in error

@@ -69,7 +69,7 @@ async def test_step_equals_numpy_gradient_descent() -> None:
     assert isinstance(stats, StepStats) and stats.applied and stats.samples == 32
     assert stats.loss == pytest.approx(value, rel=1e-5)
     assert stats.grad_norm == pytest.approx(np.linalg.norm(g), rel=1e-5)
-    assert stats.step_micros >= 0
+    assert stats.step_micros > 0  # measured on the device, in whole microseconds
     np.testing.assert_allclose(after, p - 0.5 * g, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(model.get_params(), p.astype(np.float32))  # template untouched
 

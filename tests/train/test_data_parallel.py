@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -51,7 +50,6 @@ from atomr.train.replica import (
     SetState,
     ShardEval,
 )
-from atomr.train.speed_balancer import even_split
 
 SIZES = [6, 5, 4, 3]
 CE = LossKind.CROSS_ENTROPY
@@ -159,16 +157,44 @@ async def test_accumulation_equals_one_step_on_the_k_fold_batch(actor_system, co
         np.testing.assert_allclose(w, await ref.ask(GetWeights()), rtol=RTOL, atol=ATOL)
 
 
+class RecordingReplica(ReplicaActor):
+    """Appends the rows of every shard it is asked to compute to `log` (shared
+    with the test). With `micros_per_row`, it reports that fixed device time
+    per row instead of the measured one: a device of known, steady speed, so
+    that the speed balancer sees exact numbers and no wall-clock time."""
+
+    def __init__(self, model, device, config, log: list[int], micros_per_row: int | None = None):
+        super().__init__(model, device, config)
+        self.log = log
+        self.micros_per_row = micros_per_row
+
+    def _compute(self, msg):
+        result = super()._compute(msg)
+        self.log.append(int(msg.features.shape[0]))
+        if self.micros_per_row is None or not isinstance(result, GradientResult):
+            return result
+        return dataclasses.replace(result, micros=self.micros_per_row * result.samples)
+
+
 @pytest.mark.parametrize("collective", ["host", "ring"])
-async def test_batch_smaller_than_replicas_uses_fewer_replicas(actor_system, collective: str):
+async def test_batch_smaller_than_replicas_leaves_the_last_shards_empty(
+    actor_system, collective: str
+):
+    """Every replica is still asked, the last ones with an empty shard (the
+    `even_split` sizes), and the step still equals the single-device one."""
     model = Mlp(SIZES, seed=6)
     config = _config("sgd-momentum")
     ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
-    dp = await DataParallelTrainer.spawn(
-        actor_system, model, cpu_devices(4), config, parallel=DataParallelConfig(collective)
-    )
-    assert even_split(2, 4) == [1, 1, 0, 0]
+    logs: list[list[int]] = [[] for _ in range(4)]
+    props = [
+        Props(RecordingReplica, model, dev, config, log)
+        for dev, log in zip(cpu_devices(4), logs, strict=True)
+    ]
+    parallel = DataParallelConfig(collective)
+    dp = actor_system.spawn(DataParallelTrainer.props(config, props, parallel=parallel))
     await _compare(actor_system, dp, ref, [_data(2, seed=1), _data(1, seed=2), _data(9, seed=3)])
+    # rows per replica for batches of 2, 1 and 9 rows
+    assert logs == [[1, 1, 3], [1, 0, 2], [0, 0, 2], [0, 0, 2]]
 
 
 async def test_initial_weights_are_broadcast_from_replica_0(actor_system) -> None:
@@ -377,33 +403,28 @@ def test_speed_balancer_split() -> None:
         SpeedBalancer(2).split(0)
 
 
-class SlowReplica(ReplicaActor):
-    """A replica that is 2 ms per row slower (a heterogeneous device); it
-    reports the extra time as compute time, as a slow device would."""
-
-    def _compute(self, msg):
-        t0 = time.perf_counter_ns()
-        time.sleep(0.002 * msg.features.shape[0])
-        slept = (time.perf_counter_ns() - t0) // 1000
-        result = super()._compute(msg)
-        return dataclasses.replace(result, micros=result.micros + slept)
-
-
 @pytest.mark.parametrize("collective", ["host", "ring"])
 async def test_balanced_split_follows_speed_and_stays_exact(actor_system, collective: str):
+    """Replica 1 reports 4x the device time per row of replica 0 (fixed
+    numbers, no sleeping); after `recalibrate_every` steps the split moves to
+    4:1 and every step still equals the single-device trainer."""
     model = Mlp(SIZES, seed=12)
     config = _config("adamw")
-    props = [ReplicaActor.props(model, "cpu:0", config), Props(SlowReplica, model, "cpu:1", config)]
+    fast: list[int] = []
+    slow: list[int] = []
+    props = [
+        Props(RecordingReplica, model, "cpu:0", config, fast, 100),
+        Props(RecordingReplica, model, "cpu:1", config, slow, 400),
+    ]
     parallel = DataParallelConfig(
         collective, balance=True, speed_hint=(1.0, 1.0), recalibrate_every=2, min_share=0.1
     )
     dp = actor_system.spawn(DataParallelTrainer.props(config, props, parallel=parallel))
     ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
     await _compare(actor_system, dp, ref, [_data(40, seed=s) for s in range(8)])
-    # the trainer's balancer moved rows away from the slow replica
-    cell = dp._cell  # white-box: read the balancer's current split
-    sizes = cell.instance.balancer.split(40)
-    assert sizes[0] > sizes[1] >= 4, sizes
+    # even from the hint for 2 steps, then in proportion to the reported speed
+    assert fast == [20, 20] + [32] * 6, fast
+    assert slow == [20, 20] + [8] * 6, slow
 
 
 # ---------------------------------------------------------------- faults

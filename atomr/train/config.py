@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Real
 
 from atomr.train.loss import LossKind
 from atomr.train.optimizer import OptimizerKind
@@ -19,14 +20,19 @@ def check_update_rule(optimizer: object, loss: object, gradient_clip: float | No
         gradient_clip: None, or a positive finite global L2 norm.
 
     Raises:
-        TypeError: `optimizer` or `loss` has the wrong type.
+        TypeError: `optimizer` or `loss` has the wrong type, or `gradient_clip`
+            is not a real number (a string such as "1" included).
         ValueError: `gradient_clip` is not positive and finite.
     """
     if not isinstance(optimizer, OptimizerKind):
         raise TypeError(f"optimizer must be an OptimizerKind, got {optimizer!r}")
     if not isinstance(loss, LossKind):
         raise TypeError(f"loss must be a LossKind, got {loss!r}")
-    if gradient_clip is not None and not (0.0 < float(gradient_clip) < float("inf")):
+    if gradient_clip is None:
+        return
+    if isinstance(gradient_clip, bool) or not isinstance(gradient_clip, Real):
+        raise TypeError(f"gradient_clip must be a number or None, got {gradient_clip!r}")
+    if not 0.0 < float(gradient_clip) < float("inf"):
         raise ValueError(f"gradient_clip must be positive and finite, got {gradient_clip}")
 
 

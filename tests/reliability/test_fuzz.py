@@ -9,14 +9,14 @@ deadline None) so each test takes seconds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import Iterator
+from numbers import Real
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -180,21 +180,40 @@ def test_mlp_constructor(sizes: Any, activation: str) -> None:
     assert model.params.shape == (model.n_params,) and np.isfinite(model.params).all()
 
 
+LOSS_NAMES = ("mse", "cross_entropy")
+
+
 @FUZZ
 @given(
-    name=ANYTHING,
+    name=st.one_of(st.sampled_from(LOSS_NAMES), ANYTHING),
     weights=st.one_of(
-        st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=4), ANYTHING
+        st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=4),
+        st.lists(st.floats(0, 10), min_size=1, max_size=4),
+        ANYTHING,
     ),
 )
+@example(name="mse", weights=[0.5, 2])
+@example(name="cross_entropy", weights=[0.0, 1.0, 3.0])
 def test_loss_kind_constructors(name: Any, weights: Any) -> None:
-    with contextlib.suppress(ValueError, TypeError):
-        LossKind(name)
+    try:
+        kind = LossKind(name)
+    except (ValueError, TypeError):
+        assert not (isinstance(name, str) and name in LOSS_NAMES), name
+    else:
+        assert isinstance(kind.name, str) and kind.name in LOSS_NAMES
+        assert kind.class_weights is None
+        assert kind in (LossKind.MSE, LossKind.CROSS_ENTROPY)
+        assert kind.is_classification == (kind.name == "cross_entropy")
     try:
         loss = LossKind.weighted_cross_entropy(weights)
     except (ValueError, TypeError):
         return
-    assert loss.class_weights is not None and np.isfinite(np.asarray(loss.class_weights)).all()
+    assert loss.name == "cross_entropy" and loss.is_classification
+    assert isinstance(loss.class_weights, tuple) and len(loss.class_weights) >= 1
+    assert all(isinstance(w, float) for w in loss.class_weights)
+    w = np.asarray(loss.class_weights)
+    assert np.isfinite(w).all() and (w >= 0).all() and (w > 0).any()
+    np.testing.assert_array_equal(w, np.asarray(weights, dtype=np.float64).reshape(-1))
 
 
 @FUZZ
@@ -217,14 +236,52 @@ def test_optimizer_kinds(lr: Any, momentum: Any, betas: Any, eps: Any) -> None:
         assert math.isfinite(kind.lr) and kind.lr >= 0
 
 
+def _valid_clip(clip: Any) -> bool:
+    """None, or a positive finite number, not a bool (what `TrainerConfig` documents)."""
+    if clip is None:
+        return True
+    return isinstance(clip, Real) and not isinstance(clip, bool) and 0.0 < clip < math.inf
+
+
+def _valid_accumulation(accum: Any) -> bool:
+    return isinstance(accum, int) and not isinstance(accum, bool) and accum >= 1
+
+
 @FUZZ
-@given(opt=ANYTHING, loss=ANYTHING, clip=ANYTHING, accum=ANYTHING)
+@given(
+    opt=ANYTHING,
+    loss=ANYTHING,
+    clip=st.one_of(st.floats(1e-6, 1e6), st.integers(-2, 5), ANYTHING),
+    accum=st.one_of(st.integers(-2, 5), ANYTHING),
+)
+@example(opt=None, loss=None, clip=None, accum=1)
+@example(opt=None, loss=None, clip=0.5, accum=4)
+@example(opt=None, loss=None, clip=0, accum=True)
 def test_trainer_config(opt: Any, loss: Any, clip: Any, accum: Any) -> None:
-    for args in ((opt, loss, clip, accum), (OptimizerKind.sgd(0.1), LossKind.MSE, clip, accum)):
+    sgd = OptimizerKind.sgd(0.1)
+    for args in ((opt, loss, clip, accum), (sgd, LossKind.MSE, clip, accum)):
+        valid = (
+            isinstance(args[0], OptimizerKind)
+            and isinstance(args[1], LossKind)
+            and _valid_clip(clip)
+            and _valid_accumulation(accum)
+        )
         try:
-            TrainerConfig(*args)
+            config = TrainerConfig(*args)
         except (ValueError, TypeError):
+            assert not valid, f"a valid config was refused: {args!r}"
             continue
+        assert valid, f"an invalid config was accepted: {config!r}"
+        assert config.optimizer is args[0] and config.loss is args[1]
+        assert config.gradient_clip is None or (
+            math.isfinite(config.gradient_clip) and config.gradient_clip > 0
+        )
+        assert isinstance(config.accumulation_steps, int) and config.accumulation_steps >= 1
+
+
+def test_trainer_config_refuses_a_string_clip() -> None:
+    with pytest.raises(TypeError):
+        TrainerConfig(OptimizerKind.sgd(0.1), LossKind.MSE, "1")
 
 
 # ------------------------------------------------------------- Step / Evaluate on each trainer

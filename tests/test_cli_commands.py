@@ -10,6 +10,7 @@ import pytest
 
 import atomr
 from atomr.cli import main
+from atomr.train.launch import find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,9 +113,8 @@ def test_bench_runs_the_real_messaging_script(capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.mpi
 def test_launch_runs_distributed_training(tmp_path: Path) -> None:
-    launch = pytest.importorskip("atomr.train.launch")
     try:
-        launch.find_mpiexec()
+        find_mpiexec()
     except FileNotFoundError:
         pytest.skip("no mpiexec")
     code = main(

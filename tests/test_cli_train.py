@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from atomr.cli import main
+from atomr.train import load_checkpoint
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -128,14 +130,38 @@ def test_resume_continues_epochs_and_steps(tmp_path: Path) -> None:
     steps_per_epoch = first["epochs"][0]["step"]
     assert ckpt.is_file() and (tmp_path / "ckpt" / "digits.ckpt.history.json").is_file()
     # resume into another strategy: checkpoints are interchangeable
+    resumed_ckpt = tmp_path / "resumed.ckpt"
     second, _ = _train(
-        tmp_path / "b", "--strategy", "single", "--epochs", "4", "--resume", str(ckpt)
+        tmp_path / "b",
+        "--strategy",
+        "single",
+        "--epochs",
+        "4",
+        "--resume",
+        str(ckpt),
+        "--checkpoint",
+        str(resumed_ckpt),
     )
     assert second["resumed_from"] == str(ckpt)
     assert [r["epoch"] for r in second["epochs"]] == [1, 2, 3, 4]
     assert [r["step"] for r in second["epochs"]] == [steps_per_epoch * e for e in (1, 2, 3, 4)]
     assert second["epochs"][:2] == first["epochs"]  # the earlier records are kept
     assert second["position"]["step"] == 4 * steps_per_epoch
+
+    # the resumed run continued from the saved weights and optimizer state:
+    # it ends where an uninterrupted 4-epoch run with the same seed ends
+    # (data parallel and single differ only by float rounding, ~1e-7)
+    straight_ckpt = tmp_path / "straight.ckpt"
+    straight, _ = _train(
+        tmp_path / "c", "--strategy", "single", "--epochs", "4", "--checkpoint", str(straight_ckpt)
+    )
+    resumed, uninterrupted = load_checkpoint(resumed_ckpt), load_checkpoint(straight_ckpt)
+    assert resumed.step == uninterrupted.step == 4 * steps_per_epoch
+    np.testing.assert_allclose(resumed.weights, uninterrupted.weights, rtol=0, atol=1e-5)
+    for key in ("train_loss", "test_loss", "test_accuracy"):
+        got = [r[key] for r in second["epochs"][2:]]
+        want = [r[key] for r in straight["epochs"][2:]]
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=key)
 
 
 def test_resume_of_a_finished_checkpoint_says_what_to_do(

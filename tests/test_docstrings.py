@@ -8,9 +8,11 @@ module (packages and plain modules) must also have a docstring.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import pkgutil
+import re
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -31,27 +33,46 @@ def _modules() -> Iterator[ModuleType]:
         yield importlib.import_module(info.name)
 
 
-def _documented(obj: Any) -> bool:
-    doc = inspect.getdoc(obj)
-    return bool(doc and doc.strip())
-
-
 def _own_doc(obj: Any) -> bool:
-    """A docstring written for this object, not one inherited from `object`."""
-    doc = getattr(obj, "__doc__", None)
-    return bool(doc and doc.strip())
+    """A docstring written for this object itself.
+
+    Not one inherited from a base class (`inspect.getdoc` would return the
+    base's docstring for an undocumented subclass, e.g. of an exception), and
+    not the `ClassName(field: type, ...)` signature that `@dataclass` writes
+    into `__doc__` when the class has none.
+    """
+    if inspect.isclass(obj):
+        doc = vars(obj).get("__doc__")
+        if isinstance(doc, str) and _is_dataclass_signature(obj, doc):
+            return False
+    else:
+        doc = getattr(obj, "__doc__", None)
+    return isinstance(doc, str) and bool(doc.strip())
+
+
+def _is_dataclass_signature(cls: type, doc: str) -> bool:
+    """`doc` is the one `dataclasses` generates: the class name and its signature."""
+    if not dataclasses.is_dataclass(cls):
+        return False
+    return re.fullmatch(rf"{re.escape(cls.__name__)}(\(.*\))?", doc.strip(), re.DOTALL) is not None
 
 
 def _members(cls: type) -> Iterator[tuple[str, Any]]:
     for name, value in vars(cls).items():
         if name.startswith("_"):
             continue
-        if isinstance(value, (staticmethod, classmethod)):
-            value = value.__func__
-        if isinstance(value, property):
-            value = value.fget
+        value = _unwrap(value)
         if inspect.isfunction(value):
             yield name, value
+
+
+def _unwrap(value: Any) -> Any:
+    """The function behind a static method, class method or property."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        value = value.fget
+    return value
 
 
 def _public_objects() -> Iterator[tuple[str, Any]]:
@@ -78,13 +99,13 @@ def _public_objects() -> Iterator[tuple[str, Any]]:
 
 def _inherits_doc(cls: type, name: str) -> bool:
     """An override documented by the base class it overrides is documented."""
-    return any(name in vars(base) and _documented(getattr(base, name)) for base in cls.__mro__[1:])
+    return any(
+        name in vars(base) and _own_doc(_unwrap(vars(base)[name])) for base in cls.__mro__[1:]
+    )
 
 
 def test_every_public_name_has_a_docstring() -> None:
-    missing = sorted(
-        {name for name, obj in _public_objects() if not (_own_doc(obj) or _documented(obj))}
-    )
+    missing = sorted({name for name, obj in _public_objects() if not _own_doc(obj)})
     assert not missing, "public names without a docstring:\n  " + "\n  ".join(missing)
 
 
@@ -104,3 +125,35 @@ def test_package_all_names_exist(package: str) -> None:
     module = importlib.import_module(package)
     for name in module.__all__:
         assert hasattr(module, name), f"{package}.__all__ lists {name!r}, which is missing"
+
+
+def test_the_check_sees_through_generated_and_inherited_docstrings() -> None:
+    """An undocumented dataclass or subclass of a documented class counts as missing."""
+
+    @dataclasses.dataclass
+    class Bare:
+        x: int
+        y: str = "a"
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Empty:
+        pass
+
+    @dataclasses.dataclass
+    class Written:
+        """What a `Written` is for."""
+
+        x: int
+
+    class Failure(ValueError):
+        pass
+
+    class Child(Written):
+        pass
+
+    assert Bare.__doc__ and inspect.getdoc(Failure)  # what the check must not trust
+    assert not _own_doc(Bare)
+    assert not _own_doc(Empty)
+    assert not _own_doc(Failure)
+    assert not _own_doc(Child)
+    assert _own_doc(Written)

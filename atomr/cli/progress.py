@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -64,7 +65,7 @@ class Progress:
         if self._bar is None:
             return
         postfix = {"loss": f"{mean_loss:.4f}"}
-        if self._accuracy == self._accuracy:  # no accuracy before the first epoch ends (NaN)
+        if not math.isnan(self._accuracy):  # NaN until the first epoch has ended
             postfix["acc"] = f"{self._accuracy:.3f}"
         postfix["samples_s"] = f"{samples_per_s:,.0f}"
         self._bar.set_postfix(postfix, refresh=False)

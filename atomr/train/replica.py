@@ -317,8 +317,7 @@ class ReplicaActor(Trainer):
         assert self.model is not None
         grads = self.model.grads
         if isinstance(self.backend, CpuBackend):
-            view: np.ndarray = grads[lo:hi]
-            return view
+            return np.asarray(grads[lo:hi])  # a view
         return await self.on_device(lambda: np.asarray(self.backend.to_host(grads[lo:hi])))
 
     async def add_chunk(self, lo: int, hi: int, data: np.ndarray) -> None:

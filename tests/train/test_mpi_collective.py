@@ -71,17 +71,29 @@ def test_rank_killed_by_sigkill_ends_the_job_in_bounded_time(n: int) -> None:
 
     MPICH's hydra treats a rank killed by a signal as a bad termination even
     with `-disable-auto-cleanup`, and ends the job itself, sometimes before
-    the survivors' collective has timed out: what the user always sees is
-    hydra's exit code 9 and its "Killed (signal 9)" line; when a survivor gets
-    to report first, its error names rank 1. Either way, within the bound.
+    the survivors' collective has timed out. What the user sees depends on a
+    race inside hydra that atomr does not control:
+
+    - usually hydra's exit code 9 (the worst rank status) and its
+      "Killed (signal 9)" line; when a survivor got to report first, its
+      error names rank 1;
+    - rarely (seen once in a loaded CI run, 0 of 24 runs here) hydra's proxy
+      writes a PMI reply to a rank it has already closed and the launcher
+      itself fails: exit code 255 and "process manager error".
+
+    Either way the job ends, non-zero and within the bound, and no survivor
+    carries on as if nothing happened.
     """
     result, elapsed = run_script(n, "rank_failure.py", "kill", 1, 2.0, timeout=60)
     output = result.stdout + result.stderr
-    assert result.returncode == 9, output  # hydra: the worst rank status, SIGKILL
-    assert "Killed (signal 9)" in output, output
     assert "[rank 1] failing now (kill)" in output, output
     assert "finished without noticing" not in output, output
-    if "Error" in output:  # a survivor reported before hydra ended the job
+    if result.returncode == 255:  # hydra's own failure while ending the job
+        assert "process manager error" in output, output
+    else:
+        assert result.returncode == 9, output  # hydra: the worst rank status, SIGKILL
+        assert "Killed (signal 9)" in output, output
+    if "Error:" in output:  # a survivor reported before hydra ended the job
         assert "CollectiveTimeoutError" in output, output
         assert "rank 1 never joined" in output, output
     assert elapsed < FAILURE_BOUND_S, f"took {elapsed:.1f} s"

@@ -165,8 +165,12 @@ class ActorCell:
         self.ref = ActorRef(self)
         self.context = Context(self)
         self.stopped: asyncio.Future[None] = self.loop.create_future()
-        self.instance: Actor = self._new_instance()
         self.task: asyncio.Task[None] | None = None
+        try:
+            self.instance: Actor = self._new_instance()
+        except BaseException:
+            self.discard()
+            raise
 
     # ------------------------------------------------------------------ setup
     def _new_instance(self) -> Actor:
@@ -188,6 +192,34 @@ class ActorCell:
     def start(self) -> None:
         """Schedule the actor's loop on the event loop."""
         self.task = self.loop.create_task(self._run(), name=f"atomr {self.path}")
+
+    def discard(self) -> None:
+        """Drop this cell, which never ran, with the children it spawned: its
+        construction (or its parent's) failed. No hook runs; messages told to
+        it meanwhile become dead letters.
+        """
+        self.accepting = False
+        self.stop_requested = True
+        self.dead = True
+        if self.task is not None:
+            self.task.cancel()  # before its first step: _run never starts
+        for task in self.tasks:
+            task.cancel()
+        self.timers.cancel_all()
+        for child in list(self.children.values()):
+            child.discard()
+        self.children.clear()
+        stopped = ActorStoppedError(f"{self.path} failed to start")
+        while self.queue:
+            message, sender, reply = self.queue.popleft()
+            self.dead_letter(message, sender, "stopped")
+            if reply is not None and not reply.done():
+                reply.set_exception(stopped)
+        for target in self.watching:
+            target.watchers.discard(self)
+        self.watching.clear()
+        if not self.stopped.done():
+            self.stopped.set_result(None)
 
     # ---------------------------------------------------------------- inbound
     def wake(self) -> None:
@@ -283,11 +315,12 @@ class ActorCell:
         if task.cancelled():
             return
         error = task.exception()
-        if error is not None and not self.stop_requested:
-            if isinstance(error, Exception):
-                self.post_system(("failed", error))
-            else:
-                logger.error("task of %s died with %r", self.path, error)
+        if error is None:
+            return
+        if isinstance(error, Exception) and not self.stop_requested:
+            self.post_system(("failed", error))
+        else:
+            logger.error("task of %s died with %r", self.path, error, exc_info=error)
 
     # -------------------------------------------------------------- the loop
     async def _run(self) -> None:
@@ -367,17 +400,23 @@ class ActorCell:
                     await self._handle_failure(error, message)
                     break
                 except asyncio.CancelledError:
-                    reply = self.current[2]
-                    self.current = None
                     task = self.task
                     if self.stop_requested and task is not None and task.cancelling():
+                        reply = self.current[2]
+                        self.current = None
                         task.uncancel()
                         if reply is not None and not reply.done():
                             reply.set_exception(
                                 ActorStoppedError(f"{self.path} stopped while handling {message!r}")
                             )
                         break
-                    raise
+                    if task is not None and not task.cancelling():
+                        logger.error(
+                            "receive of %s let CancelledError escape on %r; stopping it",
+                            self.path,
+                            message,
+                        )
+                    raise  # _shutdown fails the current ask
                 reply = self.current[2]
                 if reply is not None and not reply.done():
                     if result.__class__ is Failure:
@@ -435,9 +474,9 @@ class ActorCell:
                 child.post_system(("resume", None))
 
     async def _handle_failure(self, error: Exception, message: Any) -> None:
+        logger.warning("%s failed on %r: %r", self.path, message, error, exc_info=error)
         if self.stop_requested:
             return
-        logger.warning("%s failed on %r: %r", self.path, message, error, exc_info=error)
         supervisor = self.supervisor
         directive, strategy = supervisor.decide_for(self, error)
         all_children = strategy is not None and strategy.applies_to_all
@@ -485,6 +524,9 @@ class ActorCell:
             await _maybe_await(instance.post_restart(error))
         except Exception:
             logger.exception("restart of %s failed; stopping it", self.path)
+            # pre_restart already cleaned up the old instance and the new one did
+            # not start (as when pre_start fails): no post_stop
+            self.started = False
             self.request_stop()
             return
         self.suspended = False
@@ -524,6 +566,10 @@ class ActorCell:
                 logger.exception("post_stop of %s failed", self.path)
         self.dead = True
         stopped = ActorStoppedError(f"{self.path} stopped before answering")
+        current = self.current
+        self.current = None
+        if current is not None and current[2] is not None and not current[2].done():
+            current[2].set_exception(stopped)  # the loop died in the handler
         for queue in (self.queue, self.stash):
             while queue:
                 message, sender, reply = queue.popleft()

@@ -139,19 +139,28 @@ class Context:
             cell.wake()
         return count
 
-    def forward(self, ref: ActorRef) -> None:
-        """Pass the message being handled on to ``ref``, keeping its sender and
-        its ask (``ref`` answers the asker; this handler's return value is ignored).
+    def forward(self, *refs: ActorRef) -> None:
+        """Pass the message being handled on to each of ``refs``, keeping its
+        sender and its ask (the first of them to answer answers the asker; this
+        handler's return value is ignored).
+
+        If a delivery raises (a full ``FAIL`` mailbox), the ask stays with this
+        handler, so the asker gets the error.
 
         Raises:
             RuntimeError: outside message handling.
+            TypeError: without any ref.
+            MailboxFullError: if a bounded mailbox refuses the message.
         """
         cell = self._cell
         env = cell.current
         if env is None:
             raise RuntimeError("forward() must be called while handling a message")
+        if not refs:
+            raise TypeError("forward() needs at least one ActorRef")
+        for ref in refs:
+            ref._cell.deliver(env)
         cell.current = (env[0], env[1], None)
-        ref._cell.deliver(env)
 
     def defer(self) -> Reply:
         """Answer the current ask later: returns a ``Reply`` to complete.

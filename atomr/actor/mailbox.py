@@ -60,12 +60,19 @@ class Mailbox:
         return None
 
     async def wait_for_room(self) -> None:
-        """Wait until the mailbox is not full (returns at once when it is not)."""
+        """Wait until the mailbox is not full (returns at once when it is not).
+
+        A sender cancelled after being woken passes the room on to the next one.
+        """
         while self.is_full:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.waiters.append(fut)
             try:
                 await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self.wake_one()
+                raise
             finally:
                 if not fut.done():
                     fut.cancel()

@@ -35,14 +35,15 @@ class _PoolRouter(Actor):
         self.next = 0
 
     def receive(self, message: Any) -> Any:
-        if isinstance(message, Terminated) and message.ref in self.routees:
-            self.routees.remove(message.ref)
-            if not self.routees:
-                self.context.stop(self.context.self_ref)
+        if isinstance(message, Terminated):
+            # also those of routees of an instance before a restart: never routed
+            if message.ref in self.routees:
+                self.routees.remove(message.ref)
+                if not self.routees:
+                    self.context.stop(self.context.self_ref)
             return None
         if self.broadcast:
-            for routee in self.routees:
-                self.context.forward(routee)
+            self.context.forward(*self.routees)  # every routee gets the ask
             return None
         routee = self.routees[self.next % len(self.routees)]
         self.next += 1

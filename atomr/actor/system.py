@@ -73,7 +73,7 @@ class ActorSystem:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._name_counter = 0
         self._terminating = False
-        self._terminated: asyncio.Future[None] | None = None
+        self._terminated: asyncio.Task[None] | None = None
         self._timers = TimerSet()
         try:
             self._loop = asyncio.get_running_loop()
@@ -141,26 +141,31 @@ class ActorSystem:
 
     async def terminate(self) -> None:
         """Stop every actor (children before parents, every ``post_stop`` run) and
-        wait until all their tasks are done. Safe to call more than once."""
-        if self._terminated is not None:
-            await self._terminated
-            return
-        loop = self.loop
-        self._terminated = loop.create_future()
-        self._terminating = True
-        self._timers.cancel_all()
-        try:
-            while self._guardian.children:
-                cells = list(self._guardian.children.values())
-                for cell in cells:
-                    cell.request_stop()
-                tasks = [c.task for c in cells if c.task is not None]
-                if tasks:
-                    await asyncio.wait(tasks)
-                for cell in cells:
-                    self._guardian.child_stopped(cell)
-        finally:
-            self._terminated.set_result(None)
+        wait until all their tasks are done. Safe to call more than once.
+
+        The shutdown runs in a task of its own, so cancelling a caller does not
+        cut it short, and an actor may call it from its handler (that handler
+        is then cancelled as its actor stops).
+        """
+        if self._terminated is None:
+            loop = self.loop
+            self._terminating = True
+            self._timers.cancel_all()
+            self._terminated = loop.create_task(
+                self._stop_all(), name=f"atomr terminate {self.name}"
+            )
+        await asyncio.shield(self._terminated)
+
+    async def _stop_all(self) -> None:
+        while self._guardian.children:
+            cells = list(self._guardian.children.values())
+            for cell in cells:
+                cell.request_stop()
+            tasks = [c.task for c in cells if c.task is not None]
+            if tasks:
+                await asyncio.wait(tasks)
+            for cell in cells:
+                self._guardian.child_stopped(cell)
 
     async def __aenter__(self) -> ActorSystem:
         self.loop  # noqa: B018 - bind to the running loop now

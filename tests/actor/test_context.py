@@ -12,7 +12,9 @@ from atomr import (
     ActorRef,
     ActorStoppedError,
     ActorSystem,
+    BoundedMailbox,
     Failure,
+    MailboxFullError,
     Props,
     Terminated,
 )
@@ -252,6 +254,21 @@ async def test_forward_keeps_ask_and_sender(actor_system: ActorSystem) -> None:
     await probe.expect_msg("x")
 
 
+class Stuck(Actor):
+    async def receive(self, message: Any) -> Any:
+        await asyncio.sleep(3600)
+
+
+async def test_forward_refused_by_full_mailbox_fails_the_ask(actor_system: ActorSystem) -> None:
+    target = actor_system.spawn(Props(Stuck).with_mailbox(BoundedMailbox(1)))
+    target.tell("busy")
+    await asyncio.sleep(0.01)
+    target.tell("queued")  # the mailbox is now full (policy FAIL)
+    ref = actor_system.spawn(Props(Router, target))
+    with pytest.raises(MailboxFullError):
+        await ref.ask("x", timeout=5)  # was: no answer until the ask timed out
+
+
 async def test_context_outside_handler_errors(actor_system: ActorSystem) -> None:
     with pytest.raises(RuntimeError, match="not created by spawn"):
         _ = Echo().context
@@ -261,3 +278,26 @@ async def test_context_outside_handler_errors(actor_system: ActorSystem) -> None
         ctx.defer()
     with pytest.raises(RuntimeError, match="while handling"):
         ctx.stash()
+
+
+class CleanupFails(Actor):
+    """Starts a task whose cleanup raises when the actor stops and cancels it."""
+
+    async def work(self) -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            raise KeyError("cleanup failed")
+
+    def receive(self, message: Any) -> Any:
+        self.context.create_task(self.work())
+
+
+async def test_task_error_while_stopping_is_logged(
+    actor_system: ActorSystem, caplog: pytest.LogCaptureFixture
+) -> None:
+    ref = actor_system.spawn(Props(CleanupFails))
+    await ref.ask("start")
+    await asyncio.sleep(0)
+    await ref.stop()
+    assert any("cleanup failed" in r.getMessage() for r in caplog.records)  # was: silent

@@ -174,3 +174,42 @@ def test_mailbox_validation() -> None:
         BoundedMailbox(2, "drop")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Mailbox"):
         Props(Gated).with_mailbox(3)  # type: ignore[arg-type]
+
+
+class CancelsSender(Actor):
+    """Blocks on "block" until ``gate`` is set; cancels ``victim[0]`` on "cancel"."""
+
+    def __init__(
+        self, started: asyncio.Event, gate: asyncio.Event, victim: list[asyncio.Task[Any]]
+    ) -> None:
+        super().__init__()
+        self.started = started
+        self.gate = gate
+        self.victim = victim
+
+    async def receive(self, message: Any) -> Any:
+        if message == "block":
+            self.started.set()
+            await self.gate.wait()
+        elif message == "cancel":
+            self.victim[0].cancel()  # a sender given room is cancelled before it uses it
+        return message
+
+
+async def test_back_pressure_room_passes_on_when_woken_sender_is_cancelled(
+    actor_system: ActorSystem,
+) -> None:
+    started, gate = asyncio.Event(), asyncio.Event()
+    victim: list[asyncio.Task[Any]] = []
+    mailbox = BoundedMailbox(1, OverflowPolicy.BACK_PRESSURE)
+    ref = actor_system.spawn(Props(CancelsSender, started, gate, victim).with_mailbox(mailbox))
+    ref.tell("block")
+    await started.wait()
+    ref.tell("cancel")  # the mailbox is full
+    victim.append(asyncio.create_task(ref.send("a")))
+    waiting = asyncio.create_task(ref.ask("b", timeout=None))
+    for _ in range(3):
+        await asyncio.sleep(0)  # both senders now wait for room
+    gate.set()  # "cancel" is taken out, waking "a", which is then cancelled
+    assert await asyncio.wait_for(waiting, 3.0) == "b"
+    assert victim[0].cancelled()

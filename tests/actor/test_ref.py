@@ -185,3 +185,23 @@ async def test_ref_identity_and_path(actor_system: ActorSystem) -> None:
     assert ref.path == "atomr://test/user/echo"
     assert ref.name == "echo"
     assert "echo" in repr(ref)
+
+
+class AwaitsCancelledTask(Actor):
+    """Cancels a task of its own and awaits it without catching CancelledError."""
+
+    async def receive(self, message: Any) -> Any:
+        task = asyncio.create_task(asyncio.sleep(3600))
+        await asyncio.sleep(0)
+        task.cancel()
+        await task
+
+
+async def test_handler_letting_cancelled_error_escape_fails_ask_and_logs(
+    actor_system: ActorSystem, caplog: pytest.LogCaptureFixture
+) -> None:
+    ref = actor_system.spawn(Props(AwaitsCancelledTask))
+    with pytest.raises(ActorStoppedError):
+        await ref.ask("go", timeout=5)  # was: no answer until the ask timed out
+    assert not ref.is_alive
+    assert any("CancelledError" in r.getMessage() for r in caplog.records)

@@ -11,6 +11,7 @@ from atomr import (
     Actor,
     ActorRef,
     ActorSystem,
+    AllForOneStrategy,
     BroadcastPool,
     Directive,
     OneForOneStrategy,
@@ -94,3 +95,55 @@ def test_pool_validation() -> None:
         RoundRobinPool(0, Props(Worker, None))
     with pytest.raises(TypeError, match="Props"):
         BroadcastPool(2, Worker)  # type: ignore[arg-type]
+
+
+class SilentFirst(Actor):
+    """Routee ``index`` 0 never answers; the others answer with their index."""
+
+    def __init__(self, counter: list[int]) -> None:
+        super().__init__()
+        self.index = len(counter)
+        counter.append(self.index)
+
+    async def receive(self, message: Any) -> Any:
+        if self.index == 0:
+            await asyncio.sleep(3600)
+        return self.index
+
+
+async def test_broadcast_ask_answered_by_any_routee(actor_system: ActorSystem) -> None:
+    pool = actor_system.spawn(BroadcastPool(3, Props(SilentFirst, [])))
+    assert await pool.ask("who", timeout=5) in (1, 2)  # was: only routee-0 got the ask
+
+
+class Failing(Actor):
+    def receive(self, message: Any) -> Any:
+        raise RuntimeError("sibling fails")
+
+
+class PoolOwner(Actor):
+    """Restarts all its children (the pool included) when one fails."""
+
+    def __init__(self, probe: ActorRef) -> None:
+        super().__init__()
+        self.context.spawn(RoundRobinPool(2, Props(Worker, probe)), name="pool")
+        self.context.spawn(Props(Failing), name="failing")
+
+    def supervisor_strategy(self) -> AllForOneStrategy:
+        return AllForOneStrategy()
+
+    def receive(self, message: Any) -> Any:
+        return self.context.child(message)
+
+
+async def test_restarted_router_does_not_route_terminated_of_old_routees(
+    actor_system: ActorSystem,
+) -> None:
+    probe = TestProbe(actor_system)
+    owner = actor_system.spawn(Props(PoolOwner, probe.ref))
+    pool, failing = await owner.ask("pool"), await owner.ask("failing")
+    failing.tell("boom")  # AllForOne: the router restarts, its old routees stop
+    await asyncio.sleep(0.05)
+    pool.tell("after")
+    assert (await probe.expect_msg())[1] == "after"  # was: Terminated(old routee)
+    await probe.expect_no_msg(0.05)

@@ -296,3 +296,45 @@ def test_strategy_validation() -> None:
         OneForOneStrategy(decider="restart")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Directive"):
         OneForOneStrategy(decider=lambda e: "restart").decide(RuntimeError())  # type: ignore[arg-type,return-value]
+
+
+class Once(Actor):
+    """Its factory works once; later calls (restarts) raise."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        if log:
+            raise ValueError("cannot rebuild")
+        log.append("built")
+        self.log = log
+
+    def receive(self, message: Any) -> Any:
+        raise RuntimeError("fail")
+
+    def post_stop(self) -> None:
+        self.log.append("post_stop")
+
+
+async def test_post_stop_runs_once_when_restart_cannot_rebuild(actor_system: ActorSystem) -> None:
+    log: list[str] = []
+    ref = actor_system.spawn(Props(Once, log))
+    with pytest.raises(RuntimeError):
+        await ref.ask("x")
+    await ref.stop()
+    assert log == ["built", "post_stop"]  # was: post_stop twice on the same instance
+
+
+class StopsThenFails(Actor):
+    def receive(self, message: Any) -> Any:
+        self.context.stop(self.context.self_ref)
+        raise RuntimeError("failed while stopping")
+
+
+async def test_handler_error_while_stopping_is_logged(
+    actor_system: ActorSystem, caplog: pytest.LogCaptureFixture
+) -> None:
+    probe = TestProbe(actor_system)
+    ref = probe.watch(actor_system.spawn(Props(StopsThenFails)))
+    ref.tell("go")
+    await probe.expect_terminated(ref)
+    assert any("failed while stopping" in r.getMessage() for r in caplog.records)  # was: silent

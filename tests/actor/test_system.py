@@ -187,3 +187,81 @@ def test_public_names_exported() -> None:
     for name in names:
         assert name in atomr.__all__ and hasattr(atomr, name), name
     assert atomr.__version__ == "0.1.0"
+
+
+class Quitter(Actor):
+    """On "quit", terminates its own system from inside its handler."""
+
+    def __init__(self, log: list[str], entered: asyncio.Event) -> None:
+        super().__init__()
+        self.log = log
+        self.entered = entered
+
+    async def receive(self, message: Any) -> Any:
+        if message == "spawn":
+            return self.context.spawn(Props(Quitter, self.log, self.entered), name="kid")
+        self.entered.set()
+        await self.context.system.terminate()
+
+    def post_stop(self) -> None:
+        self.log.append(self.context.self_ref.name)
+
+
+async def test_terminate_awaited_inside_top_level_actor() -> None:
+    log: list[str] = []
+    entered = asyncio.Event()
+    system = ActorSystem("t")
+    system.spawn(Props(Quitter, log, entered), name="top").tell("quit")
+    await entered.wait()
+    await asyncio.wait_for(system.terminate(), 5.0)  # was: deadlock
+    assert log == ["top"] and system.actors == []
+
+
+async def test_terminate_awaited_inside_child_stops_everything() -> None:
+    log: list[str] = []
+    entered = asyncio.Event()
+    system = ActorSystem("t")
+    top = system.spawn(Props(Quitter, log, entered), name="top")
+    kid = await top.ask("spawn")
+    kid.tell("quit")
+    await entered.wait()
+    await system.terminate()  # was: returned before "top" had stopped
+    assert log == ["kid", "top"] and system.actors == []
+
+
+async def test_cancelled_terminate_does_not_mark_system_terminated() -> None:
+    log: list[str] = []
+    system = ActorSystem("t")
+    system.spawn(Props(Node, log, 2), name="root")
+    caller = asyncio.create_task(system.terminate())
+    await asyncio.sleep(0)
+    caller.cancel()
+    await asyncio.gather(caller, return_exceptions=True)
+    await system.terminate()  # still waits for every actor to stop
+    assert len(log) == 7 and system.actors == []
+
+
+class HalfBuilt(Actor):
+    """Spawns a child (which spawns one too), then fails in ``__init__``."""
+
+    def __init__(self, kids: list[ActorRef]) -> None:
+        super().__init__()
+        kids.append(self.context.spawn(Props(Node, [], 1, 1), name="kid"))
+        raise ValueError("bad config")
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+
+async def test_failed_spawn_leaves_no_orphan_children() -> None:
+    kids: list[ActorRef] = []
+    system = ActorSystem("t")
+    with pytest.raises(ValueError, match="bad config"):
+        system.spawn(Props(HalfBuilt, kids))
+    kid = kids[0]
+    assert not kid.is_alive
+    kid.tell("hello")  # a dead letter, not a message to a forgotten actor
+    assert system.dead_letters.count == 1
+    await system.terminate()
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert pending == []  # was: the child (and its own child) kept running

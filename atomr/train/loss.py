@@ -35,6 +35,10 @@ class LossKind:
     Attributes:
         name: "mse" or "cross_entropy".
         class_weights: per-class weights of weighted cross-entropy, else None.
+
+    Raises:
+        ValueError: unknown name; class weights for MSE, or weights that are
+            empty, negative, non-finite or all zero.
     """
 
     name: str
@@ -46,8 +50,16 @@ class LossKind:
     def __post_init__(self) -> None:
         if self.name not in _NAMES:
             raise ValueError(f"unknown loss {self.name!r}; expected one of {_NAMES}")
-        if self.class_weights is not None and self.name != "cross_entropy":
+        if self.class_weights is None:
+            return
+        if self.name != "cross_entropy":
             raise ValueError("class_weights only apply to cross-entropy")
+        w = np.asarray(self.class_weights, dtype=np.float64).reshape(-1)
+        if w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or not np.any(w > 0):
+            raise ValueError(
+                "class_weights must be non-empty, finite, non-negative and not all zero"
+            )
+        object.__setattr__(self, "class_weights", tuple(float(v) for v in w))
 
     @classmethod
     def weighted_cross_entropy(cls, class_weights: Sequence[float] | np.ndarray) -> LossKind:
@@ -63,12 +75,7 @@ class LossKind:
         Raises:
             ValueError: empty, negative, non-finite or all-zero weights.
         """
-        w = np.asarray(class_weights, dtype=np.float64).reshape(-1)
-        if w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or not np.any(w > 0):
-            raise ValueError(
-                "class_weights must be non-empty, finite, non-negative and not all zero"
-            )
-        return cls("cross_entropy", tuple(float(v) for v in w))
+        return cls("cross_entropy", tuple(np.asarray(class_weights, dtype=np.float64).ravel()))
 
     @property
     def is_classification(self) -> bool:
@@ -146,12 +153,12 @@ class LossKind:
         """Rebuild a loss kind from `to_config()`'s output.
 
         Raises:
-            ValueError: unknown loss or bad weights.
+            ValueError: unknown loss, or bad weights (or weights for MSE).
         """
         weights = config.get("class_weights")
         if weights is not None:
-            return cls.weighted_cross_entropy(weights)
-        return cls(str(config["name"]))
+            weights = tuple(np.asarray(weights, dtype=np.float64).ravel())
+        return cls(str(config["name"]), weights)
 
 
 LossKind.MSE = LossKind("mse")

@@ -102,3 +102,16 @@ def test_bad_inputs_are_clear_errors() -> None:
 def test_config_round_trip() -> None:
     for kind in (LossKind.MSE, LossKind.CROSS_ENTROPY, LossKind.weighted_cross_entropy([1, 2])):
         assert LossKind.from_config(kind.to_config()) == kind
+
+
+def test_from_config_keeps_the_name_and_checks_weights() -> None:
+    """An MSE config carrying class weights is an error, not weighted CE; a
+    directly built `LossKind` gets the same weight checks as the factory."""
+    with pytest.raises(ValueError, match="class_weights only apply to cross-entropy"):
+        LossKind.from_config({"name": "mse", "class_weights": [1.0, 2.0]})
+    for bad in ((), (-1.0, 2.0), (0.0, 0.0), (float("inf"), 1.0)):
+        with pytest.raises(ValueError, match="class_weights"):
+            LossKind("cross_entropy", bad)
+    kind = LossKind.from_config({"name": "cross_entropy", "class_weights": [1, 2]})
+    assert kind == LossKind.weighted_cross_entropy([1.0, 2.0])
+    assert kind.class_weights == (1.0, 2.0)

@@ -129,6 +129,9 @@ class PsWorker(DeviceActor):
 
         Returns `(gradient, normaliser, mean loss, gradient norm)`, or the
         error (non-finite loss or gradient, undefined loss) instead of raising.
+        In synchronous mode a batch whose targets all have class weight 0 gives
+        a zero gradient of normaliser 0 (it adds nothing to the round's mean,
+        like an empty batch) instead of an error.
         """
         model = self.model
         assert model is not None
@@ -141,6 +144,9 @@ class PsWorker(DeviceActor):
             if not math.isfinite(loss_sum):
                 return NonFiniteError(f"loss is not finite ({loss_sum}); nothing pushed")
             if norm <= 0.0:
+                if self.client.synchronous:
+                    # no mean of its own, but the round's is defined: a weight-0 push
+                    return np.zeros(self.client.n, dtype=np.float32), 0.0, 0.0, 0.0
                 return InvalidBatchError("every target has class weight 0; the loss is undefined")
             be.scale(d_out, 1.0 / norm)
             model.backward(tape, d_out)

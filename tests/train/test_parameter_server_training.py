@@ -5,6 +5,7 @@ worker is restarted, checkpoints are interchangeable with the Trainer's."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -81,6 +82,34 @@ async def test_synchronous_equals_single_device_step_for_step(actor_system, kind
             np.testing.assert_allclose(weights, await ref.ask(GetWeights()), rtol=1e-5, atol=1e-6)
     for st in await ps.stats():
         assert (st.version, st.gradients_applied, st.avg_staleness) == (6, 18, 0.0)
+
+
+async def test_synchronous_part_whose_targets_all_weigh_zero_is_an_empty_push(
+    actor_system,
+) -> None:
+    """Weighted CE: a worker whose part holds only zero-weight targets has no
+    mean of its own, but the whole batch does. It contributes nothing (weight
+    0, like an empty part): the round completes and equals one Trainer step,
+    and the next step does not hang on a round left incomplete."""
+    weights = [1.0] * (SIZES[-1] - 1) + [0.0]
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.weighted_cross_entropy(weights))
+    model = Mlp(SIZES, seed=3)
+    reference = await Trainer.spawn(actor_system, model, "cpu:0", config)
+    ps = await AsyncParameterServer.spawn(
+        actor_system,
+        model,
+        ["cpu:1", "cpu:2"],
+        workers=2,
+        config=config,
+        consistency=Consistency.synchronous(),
+    )
+    for x, y in _batches(2, 8, seed=1):
+        y[4:] = SIZES[-1] - 1  # worker 1's part: only the zero-weight class
+        await reference.ask(Step(x, y))
+        stats = await asyncio.wait_for(ps.step(x, y), 60)
+        assert [s.samples for s in stats] == [4, 4]
+        want = await reference.ask(GetWeights())
+        np.testing.assert_allclose(await ps.get_weights(), want, rtol=1e-5, atol=1e-6)
 
 
 async def test_sharded_servers_equal_one_server_in_synchronous_mode(actor_system) -> None:

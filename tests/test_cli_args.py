@@ -39,6 +39,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["train", "--workers", "3"], "--workers only applies to --strategy ps"),
         (["train", "--resume", "/nonexistent/ckpt.bin"], "no such checkpoint file"),
         (["train", "--classes", "1", "--dataset", "synthetic"], "--classes must be >= 2"),
+        (["train", "--seed", "-1"], "--seed must be >= 0"),
         (["train", "--optimizer", "lion"], "invalid choice: 'lion'"),
         (["train", "--distributed", "--strategy", "pipeline"], "cannot be combined"),
         (["train", "--distributed"], "--distributed runs under MPI: start it with 'atomr launch"),

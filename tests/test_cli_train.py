@@ -236,3 +236,38 @@ def test_synthetic_dataset_of_any_size(tmp_path: Path) -> None:
     )
     assert history["config"]["sizes"] == [12, 16, 8, 3]
     assert history["epochs"][-1]["step"] == 2 * (400 // 32 + 1)
+
+
+@pytest.mark.parametrize(
+    ("first", "again", "needle"),
+    [
+        (["--optimizer", "sgd", "--lr", "0.05"], ["--optimizer", "sgd", "--lr", "0.01"], "--lr"),
+        (
+            ["--optimizer", "sgd", "--momentum", "0.9"],
+            ["--optimizer", "sgd", "--momentum", "0.5"],
+            "--momentum",
+        ),
+    ],
+)
+def test_resume_with_other_optimizer_options_is_refused(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    first: list[str],
+    again: list[str],
+    needle: str,
+) -> None:
+    """A checkpoint carries its optimizer's hyper-parameters and loading it
+    restores them (as torch's `load_state_dict`), so a different `--lr`
+    or `--momentum` on resume would be silently ignored (and recorded
+    wrongly in the history): it is refused instead."""
+    ckpt = tmp_path / "c.ckpt"
+    _train(tmp_path, "--strategy", "single", "--epochs", "1", "--checkpoint", str(ckpt), *first)
+    capsys.readouterr()
+    argv = ["train", "--strategy", "single", "--epochs", "2", "--resume", str(ckpt)]
+    code = main([*argv, "--run-dir", str(tmp_path / "again"), *again])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("atomr: error: --resume: ") and needle in err
+    # the same options resume fine
+    assert main([*argv, "--run-dir", str(tmp_path / "same"), "--quiet", *first]) == 0

@@ -123,7 +123,9 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="NORM",
         help="clip the gradient to this global L2 norm",
     )
-    opt.add_argument("--seed", type=int, default=0, help="model init, split and shuffle seed")
+    opt.add_argument(
+        "--seed", type=int, default=0, help="model init, split and shuffle seed (>= 0)"
+    )
 
     data = p.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASETS, default="digits", help="(default: digits)")

@@ -173,6 +173,8 @@ class RunConfig:
             _positive(name.replace("_", "-"), getattr(args, name))
         if args.classes < 2:
             raise CliError(f"--classes must be >= 2, got {args.classes}")
+        if args.seed < 0:
+            raise CliError(f"--seed must be >= 0, got {args.seed}")
         lr = default_lr(args.optimizer) if args.lr is None else args.lr
         if not (math.isfinite(lr) and lr > 0):
             raise CliError(f"--lr must be positive and finite, got {args.lr}")

@@ -31,7 +31,7 @@ from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
 from atomr.cli.strategies import spawn_trainer
 from atomr.cli.trainer_handle import TrainerHandle
-from atomr.train import CheckpointError, Mlp, StepStats, load_checkpoint
+from atomr.train import Checkpoint, CheckpointError, Mlp, StepStats, load_checkpoint
 
 __all__ = ["Position", "history_path_for", "train_epochs"]
 
@@ -132,6 +132,7 @@ def _resume_position(
         ckpt = load_checkpoint(path)
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
+    _check_optimizer_options(run, ckpt)
     side = history_path_for(path)
     if side.is_file():
         try:
@@ -148,6 +149,26 @@ def _resume_position(
         return Position(int(pos["epoch"]), int(pos["batch"]), int(pos["step"]))
     # a checkpoint without a history (saved by a script): infer from its step count
     return Position(ckpt.step // steps_per_epoch, ckpt.step % steps_per_epoch, ckpt.step)
+
+
+def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint) -> None:
+    """Refuse to resume with other `--optimizer`, `--lr` or (SGD) `--momentum`
+    values than the checkpoint's: loading a checkpoint restores its optimizer's
+    hyper-parameters, so different values would be silently ignored."""
+    saved = ckpt.optimizer.get("kind")
+    if not isinstance(saved, dict):
+        return  # malformed state: the trainer's LoadCheckpoint reports it
+    mine = run.trainer_config().optimizer
+    flags = {"--optimizer": ("name", mine.name), "--lr": ("lr", mine.lr)}
+    if mine.name == "sgd":
+        flags["--momentum"] = ("momentum", mine.momentum)
+    for flag, (key, value) in flags.items():
+        if saved.get(key) != value:
+            raise CliError(
+                f"--resume: the checkpoint was trained with {key} {saved.get(key)!r}, "
+                f"not {value!r}; resume with the same {flag} (a checkpoint keeps its "
+                "optimizer's hyper-parameters)"
+            )
 
 
 def _record_position(run: RunConfig, history: History, position: Position) -> None:

@@ -12,7 +12,9 @@ here) under one of three consistency models (`Consistency`):
   pushed more than `s` gradients more than the slowest worker.
 - synchronous (s = 0): pushes are held until every worker has pushed for
   the current version, then averaged (weighted by each batch's normaliser)
-  and applied once, which equals one data-parallel step.
+  and applied once, which equals one data-parallel step. A worker without a
+  gradient (non-finite loss) sends `AbortPush` instead: its round applies
+  nothing and every push of it fails with `NonFiniteError`.
 
 A push is atomic: its length, finiteness and staleness are checked first,
 and only then is the optimizer applied, on the device's worker thread. Bad
@@ -46,10 +48,12 @@ from atomr.train.checkpoint import (
 )
 from atomr.train.clip import clip_grad_norm
 from atomr.train.device_guard import Rejected, guarded
+from atomr.train.errors import NonFiniteError
 from atomr.train.messages import GetWeights, LoadCheckpoint, SaveCheckpoint
 from atomr.train.optimizer import Optimizer, OptimizerKind
 from atomr.train.ps_consistency import Consistency
 from atomr.train.ps_messages import (
+    AbortPush,
     GetShardState,
     ParameterServerStats,
     PullWeights,
@@ -71,11 +75,13 @@ __all__ = ["AsyncParameterServer"]
 
 @dataclass
 class _Pending:
-    """A synchronous-mode push waiting for the rest of its round."""
+    """A synchronous-mode push waiting for the rest of its round; `abort` holds
+    the reason of an `AbortPush` (then there is no gradient)."""
 
-    gradient: np.ndarray
+    gradient: np.ndarray | None
     weight: float
     reply: Reply
+    abort: str | None = None
 
 
 # Errors of a checkpoint save or load, returned by `guarded` on the device thread
@@ -92,7 +98,7 @@ def _as_optimizer_kind(optimizer: OptimizerKind | float) -> OptimizerKind:
 
 class AsyncParameterServer(DeviceActor):
     """Holds a flat weight vector and its optimizer; answers `PushGradient`,
-    `PullWeights`, `Stats`, `GetWeights`, `SaveCheckpoint`, `LoadCheckpoint`,
+    `AbortPush`, `PullWeights`, `Stats`, `GetWeights`, `SaveCheckpoint`, `LoadCheckpoint`,
     `GetShardState`, `SetShardState`.
 
     Args:
@@ -227,6 +233,8 @@ class AsyncParameterServer(DeviceActor):
         await self._ready()
         if isinstance(message, PushGradient):
             return await self._push(message)
+        if isinstance(message, AbortPush):
+            return await self._abort(message)
         if isinstance(message, PullWeights):
             return await self._pull(message)
         if isinstance(message, Stats):
@@ -250,14 +258,18 @@ class AsyncParameterServer(DeviceActor):
             raise ValueError(f"unknown worker {worker}; this server has {self.n_workers} workers")
         return int(worker)
 
-    def _check_push(self, msg: PushGradient) -> tuple[int, np.ndarray, float, int]:
-        """Validate a push (everything but finiteness); returns worker, gradient, weight, staleness."""
-        worker = self._check_worker(msg.worker)
-        wv = msg.worker_version
+    def _check_staleness(self, wv: Any) -> int:
+        """Validate a worker version; returns its staleness `version - wv`."""
         if isinstance(wv, bool) or not isinstance(wv, (int, np.integer)) or wv < 0:
             raise ValueError(f"worker_version must be an int >= 0, got {wv!r}")
         if wv > self.version:
             raise ValueError(f"worker_version {wv} is ahead of the server's version {self.version}")
+        return self.version - int(wv)
+
+    def _check_push(self, msg: PushGradient) -> tuple[int, np.ndarray, float, int]:
+        """Validate a push (everything but finiteness); returns worker, gradient, weight, staleness."""
+        worker = self._check_worker(msg.worker)
+        staleness = self._check_staleness(msg.worker_version)
         grad = msg.gradient
         if not isinstance(grad, np.ndarray) or grad.dtype.kind != "f":
             raise TypeError("gradient must be a float numpy array")
@@ -269,7 +281,7 @@ class AsyncParameterServer(DeviceActor):
         weight = float(msg.weight)
         if not (math.isfinite(weight) and weight >= 0.0):
             raise ValueError(f"weight must be finite and >= 0, got {msg.weight!r}")
-        return worker, grad, weight, self.version - int(wv)
+        return worker, grad, weight, staleness
 
     async def _push(self, msg: PushGradient) -> Any:
         try:
@@ -298,25 +310,57 @@ class AsyncParameterServer(DeviceActor):
             self.rejected += 1
             return Failure(StaleGradientError(staleness, 0, "synchronous mode"))
         if not np.isfinite(grad).all():
-            return Failure(FloatingPointError("gradient holds NaN or Inf; nothing applied"))
+            return Failure(NonFiniteError("gradient holds NaN or Inf; nothing applied"))
+        pending = _Pending(grad.astype(np.float32, copy=True), weight, self.context.defer())
+        await self._join_round(worker, pending)
+        return None
+
+    async def _abort(self, msg: AbortPush) -> Any:
+        """`AbortPush`: abort the synchronous round, or tick the worker's clock."""
+        try:
+            worker = self._check_worker(msg.worker)
+            staleness = self._check_staleness(msg.worker_version)
+        except ValueError as exc:
+            return Failure(exc)
+        if not self.consistency.is_synchronous:
+            self._clocks[worker] = self._clocks.get(worker, 0) + 1
+            await self._release_pulls()
+            return self.version
+        if staleness != 0:
+            return Failure(StaleGradientError(staleness, 0, "synchronous mode abort"))
+        await self._join_round(worker, _Pending(None, 0.0, self.context.defer(), str(msg.reason)))
+        return None
+
+    async def _join_round(self, worker: int, entry: _Pending) -> None:
+        """Add a push (or abort) to the synchronous round; once every worker is
+        in it, apply the round (nothing if it holds an abort) and answer every entry."""
         previous = self._round.pop(worker, None)
         if previous is not None:  # a restarted worker pushed again: keep the newest
             previous.reply.set_exception(
                 StaleGradientError(0, 0, f"superseded by a newer push of worker {worker}")
             )
-        self._round[worker] = _Pending(
-            grad.astype(np.float32, copy=True), weight, self.context.defer()
-        )
+        self._round[worker] = entry
         assert self.n_workers is not None
         if len(self._round) < self.n_workers:
-            return None
-        pending = [self._round[w] for w in sorted(self._round)]
+            return
+        ordered = sorted(self._round.items())
         self._round = {}
+        pending = [p for _, p in ordered]
+        aborts = [f"worker {w}: {p.abort}" for w, p in ordered if p.abort is not None]
+        if aborts:  # a fresh error per reply: each pusher raises its own
+            message = "; ".join(aborts) + " (the whole round was dropped)"
+            for p in pending:
+                p.reply.set_exception(NonFiniteError(message))
+            return
         total = sum(p.weight for p in pending)
         if total <= 0.0:
             error: Exception | None = ValueError("every batch of the round was empty")
         else:
-            parts = [(p.gradient, p.weight / total) for p in pending if p.weight > 0.0]
+            parts = [
+                (p.gradient, p.weight / total)
+                for p in pending
+                if p.gradient is not None and p.weight > 0.0
+            ]
             error = await self._apply_or_undo(parts)
             if error is None:
                 self._count_applied([0] * len(parts))
@@ -325,7 +369,6 @@ class AsyncParameterServer(DeviceActor):
                 p.reply.set_result(self.version)
             else:
                 p.reply.set_exception(error)
-        return None
 
     async def _apply_or_undo(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
         """Apply `parts` atomically: any failure in `_apply` (aggregation, a device
@@ -352,7 +395,7 @@ class AsyncParameterServer(DeviceActor):
                     acc += coef * g.astype(np.float64, copy=False)
                 total = acc.astype(np.float32)
             if not np.isfinite(total).all():
-                return FloatingPointError("gradient holds NaN or Inf; nothing applied")
+                return NonFiniteError("gradient holds NaN or Inf; nothing applied")
         grads = be.to_device(total)
         if self.gradient_clip is not None:
             clip_grad_norm(be, grads, self.gradient_clip)

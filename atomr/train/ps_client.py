@@ -10,7 +10,9 @@ then, in the asynchronous models, the first shard decides staleness and the
 others apply what it accepted, counting the staleness it decided (a
 follower's range may have seen up to workers - 1 other pushes interleaved
 differently; the order of concurrent pushes is not global, as in ps-lite). In synchronous mode every shard holds the
-push until its round is complete, so all shards apply the same rounds.
+push until its round is complete, so all shards apply the same rounds; an
+abort (`abort`, for a batch without a usable gradient) goes to every shard,
+so every shard drops the same round.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from atomr.actor import ActorRef
 from atomr.train.fanout import ask_all
-from atomr.train.ps_messages import PullWeights, PushGradient
+from atomr.train.ps_messages import AbortPush, PullWeights, PushGradient
 
 __all__ = ["ShardedClient", "split_ranges"]
 
@@ -131,3 +133,26 @@ class ShardedClient:
             for m in msgs[1:]
         ]
         return [first, *(int(v) for v in await ask_all(self.servers[1:], rest, self.timeout))]
+
+    async def abort(self, worker: int, versions: Sequence[int], reason: str) -> list[int]:
+        """Tell every server that this worker has no gradient for its batch
+        (`AbortPush`): a synchronous round is dropped on every shard, otherwise
+        the worker's clock ticks and nothing is applied.
+
+        Args:
+            worker: the worker's id.
+            versions: the versions returned by `pull`, one per server.
+            reason: why there is no gradient (it ends up in the round's error).
+
+        Returns:
+            Each server's version (asynchronous and bounded models).
+
+        Raises:
+            ValueError: wrong number of versions (nothing was sent).
+            NonFiniteError: synchronous mode: the round was dropped (always).
+            Exception: a server's failure (after every shard answered).
+        """
+        if len(versions) != len(self.servers):
+            raise ValueError(f"{len(versions)} versions for {len(self.servers)} servers")
+        msgs = [AbortPush(worker, int(v), reason) for v in versions]
+        return [int(v) for v in await ask_all(self.servers, msgs, self.timeout)]

@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from atomr.train.checkpoint import (
 )
 from atomr.train.config import TrainerConfig
 from atomr.train.errors import InvalidBatchError, NonFiniteError
-from atomr.train.fanout import ask_all
+from atomr.train.fanout import ask_all, raise_first_failure
 from atomr.train.messages import Evaluate, GetWeights
 from atomr.train.mlp import Mlp
 from atomr.train.optimizer import OptimizerKind
@@ -59,6 +59,14 @@ _REQUEST_ERRORS: tuple[type[Exception], ...] = (
     FloatingPointError,
     StaleGradientError,
 )
+
+_T = TypeVar("_T")
+
+
+def _all_or_raise(results: list[_T | BaseException]) -> list[_T]:
+    """The results of a settled gather, or its first failure raised."""
+    raise_first_failure(results)
+    return [r for r in results if not isinstance(r, BaseException)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,19 +176,36 @@ class ParameterServerHandle:
         Raises:
             InvalidBatchError: the batch does not fit the model (checked
                 whole, before any worker gets a part: nothing is applied).
+            NonFiniteError: a part's loss or gradient is not finite; in
+                synchronous mode nothing of the step is applied (the other
+                workers' pushes fail too), otherwise the other parts'
+                gradients were applied on arrival.
             Exception: a worker failed more than `max_retries` times.
+
+        Every worker's answer is awaited before anything is raised (the first
+        failure in worker order), so no part of a failed step is still running.
         """
         parts = self._parts(features, labels)
-        return list(
-            await asyncio.gather(
-                *(self._ask_worker(i, TrainBatch(x, y)) for i, (x, y) in enumerate(parts))
-            )
+        results = await asyncio.gather(
+            *(self._ask_worker(i, TrainBatch(x, y)) for i, (x, y) in enumerate(parts)),
+            return_exceptions=True,
         )
+        return _all_or_raise(results)
 
-    async def _worker_loop(self, index: int, batches: list[tuple[Any, Any]]) -> tuple[float, int]:
+    async def _worker_loop(
+        self, index: int, batches: list[tuple[Any, Any]], failed: asyncio.Event
+    ) -> tuple[float, int]:
+        """Train worker `index` on its parts in order; stop early once any
+        loop failed (`failed`), so that no worker waits for a stopped one."""
         loss_sum, samples = 0.0, 0
         for x, y in batches:
-            st: StepStats = await self._ask_worker(index, TrainBatch(x, y))
+            if failed.is_set():
+                break
+            try:
+                st: StepStats = await self._ask_worker(index, TrainBatch(x, y))
+            except BaseException:
+                failed.set()
+                raise
             loss_sum += st.loss * st.samples
             samples += st.samples
         return loss_sum, samples
@@ -211,6 +236,10 @@ class ParameterServerHandle:
         Raises:
             ValueError: `epochs < 1` or features and labels differ in length.
             InvalidBatchError: the data do not fit the model.
+            NonFiniteError: a batch part's loss or gradient is not finite. The
+                other workers stop after their current batch and the error is
+                raised once every worker has stopped (in synchronous mode the
+                failed round is applied nowhere).
         """
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
@@ -228,9 +257,12 @@ class ParameterServerHandle:
                     per_worker[i].append(part)
             retries_before = self.retries
             t0 = time.perf_counter()
-            sums = await asyncio.gather(
-                *(self._worker_loop(i, b) for i, b in enumerate(per_worker))
+            failed = asyncio.Event()
+            results = await asyncio.gather(
+                *(self._worker_loop(i, b, failed) for i, b in enumerate(per_worker)),
+                return_exceptions=True,
             )
+            sums = _all_or_raise(results)
             seconds = time.perf_counter() - t0
             total = sum(n for _, n in sums)
             st = (await self.stats())[0]

@@ -3,6 +3,7 @@
 | message (to a server) | reply |
 |---|---|
 | `PushGradient(worker, worker_version, gradient, weight=1.0)` | the new version (`int`) |
+| `AbortPush(worker, worker_version, reason)` | the version (nothing applied); synchronous: `Failure(NonFiniteError)` for the whole round |
 | `PullWeights(worker)` | `(weights, version)` |
 | `Stats()` | `ParameterServerStats` |
 | `GetShardState()` | `ShardState` (weights and optimizer state of the server's range) |
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "AbortPush",
     "GetShardState",
     "ParameterServerStats",
     "PullWeights",
@@ -81,6 +83,32 @@ class PushGradient:
     gradient: np.ndarray
     weight: float = 1.0
     arbitrated_staleness: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AbortPush:
+    """Sent instead of a `PushGradient` by a worker that has no gradient for its
+    batch (its loss or gradient was not finite).
+
+    - synchronous: it takes the worker's place in the current round; the
+      round applies nothing and every push of it (this one included) is
+      answered with `Failure(NonFiniteError)` naming the worker and `reason`.
+      The version and weights stay as they were and the next round starts
+      empty. A stale abort (`worker_version` older than the server's) is
+      answered with `Failure(StaleGradientError)` and changes nothing.
+    - asynchronous / bounded: nothing is applied, but the batch counts as
+      done for the worker's clock (so bounded staleness does not hold the
+      other workers back waiting for it); answered with the version.
+
+    Attributes:
+        worker: the worker's id.
+        worker_version: the version of the weights the worker pulled.
+        reason: why there is no gradient (e.g. "loss is not finite (inf)").
+    """
+
+    worker: int
+    worker_version: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

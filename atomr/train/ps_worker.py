@@ -3,13 +3,17 @@
 For every `TrainBatch` it pulls the weights of every server range, computes
 the mean gradient of its batch on its device's worker thread (never on the
 event loop) and pushes it with the versions it pulled. A push refused as
-stale is retried with fresh weights. The worker keeps no state between
-batches besides its model buffers, so a restarted worker simply pulls fresh
-weights on its next batch.
+stale is retried with fresh weights. A batch without a usable gradient
+(non-finite loss or gradient) sends `AbortPush` instead, so that a
+synchronous round fails for every worker rather than waiting for this one,
+and answers the error. The worker keeps no state between batches besides
+its model buffers, so a restarted worker simply pulls fresh weights on its
+next batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -109,6 +113,7 @@ class PsWorker(DeviceActor):
             weights, versions = await self.client.pull(self.worker_id)
             result = await self.on_device(self._gradient, weights, x, y)
             if isinstance(result, Exception):
+                await self._abort(versions, result)
                 return Failure(result)
             grad, norm, loss, grad_norm = result
             try:
@@ -116,11 +121,21 @@ class PsWorker(DeviceActor):
             except StaleGradientError:
                 self.stale_pushes += 1
                 continue
+            except NonFiniteError as exc:  # the round was dropped (or its sum overflowed)
+                return Failure(exc)
             micros = (time.perf_counter_ns() - t0) // 1000
             return StepStats(loss, grad_norm, int(micros), int(x.shape[0]))
         return Failure(
             StaleGradientError(-1, -1, f"still stale after {self.stale_retries} retries")
         )
+
+    async def _abort(self, versions: list[int], error: Exception) -> None:
+        """Take part in the round without a gradient (`AbortPush`): a synchronous
+        round is dropped (its other pushes fail too instead of waiting for this
+        worker), a bounded-staleness clock ticks. The round's answer is not
+        needed: this worker reports its own error."""
+        with contextlib.suppress(NonFiniteError, StaleGradientError):
+            await self.client.abort(self.worker_id, versions, str(error))
 
     def _gradient(
         self, weights: np.ndarray, x: np.ndarray, y: np.ndarray
@@ -142,7 +157,7 @@ class PsWorker(DeviceActor):
             d_out = be.empty(tape.output.shape, dtype=model.dtype)
             loss_sum, norm = self.config.loss.sums(be, tape.output, be.to_device(y), d_out)
             if not math.isfinite(loss_sum):
-                return NonFiniteError(f"loss is not finite ({loss_sum}); nothing pushed")
+                return NonFiniteError(f"loss is not finite ({loss_sum}); step not applied")
             if norm <= 0.0:
                 if self.client.synchronous:
                     # no mean of its own, but the round's is defined: a weight-0 push
@@ -152,7 +167,7 @@ class PsWorker(DeviceActor):
             model.backward(tape, d_out)
             grad_norm = global_norm(be, model.grads)
             if not math.isfinite(grad_norm):
-                return NonFiniteError("gradient is not finite; nothing pushed")
+                return NonFiniteError("gradient is not finite; step not applied")
             grad = np.asarray(be.to_host(model.grads), dtype=np.float32)
         return grad, float(norm), float(loss_sum / norm), float(grad_norm)
 

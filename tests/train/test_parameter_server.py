@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from atomr.train import OptimizerKind
+from atomr.train.errors import NonFiniteError
 from atomr.train.parameter_server import AsyncParameterServer
 from atomr.train.ps_consistency import Consistency
 from atomr.train.ps_messages import (
+    AbortPush,
     PullWeights,
     PushGradient,
     StaleGradientError,
@@ -142,6 +144,52 @@ async def test_synchronous_round_with_a_bad_gradient_applies_nothing(actor_syste
     assert await pending == 1
     weights, _ = await ref.ask(PullWeights(0))
     np.testing.assert_allclose(weights, [-1.0, -1.0])
+
+
+async def test_synchronous_round_with_an_abort_applies_nothing_and_answers_every_push(
+    actor_system,
+) -> None:
+    """A worker whose loss was not finite sends `AbortPush` instead of a gradient:
+    the round completes without applying anything, every push of it is answered
+    promptly with `NonFiniteError`, and the next round starts empty."""
+    props = AsyncParameterServer.props(
+        _f32(0, 0), OptimizerKind.sgd(1.0), None, consistency=Consistency.synchronous(), workers=2
+    )
+    ref = actor_system.spawn(props)
+    pending = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(1, 1))))
+    await ref.ask(Stats())
+    assert not pending.done()  # waits for worker 1 ...
+    with pytest.raises(NonFiniteError, match="worker 1"):
+        await asyncio.wait_for(ref.ask(AbortPush(1, 0, "loss is not finite (inf)")), 5)
+    with pytest.raises(NonFiniteError, match="worker 1"):  # ... which aborted the round
+        await asyncio.wait_for(pending, 5)
+    weights, version = await ref.ask(PullWeights(0))
+    assert version == 0 and np.all(weights == 0)
+    stats = await ref.ask(Stats())
+    assert (stats.version, stats.gradients_applied) == (0, 0)
+    # the aborted round left nothing behind: the next one holds only its own pushes
+    second = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(2, 0))))
+    assert await asyncio.wait_for(ref.ask(PushGradient(1, 0, _f32(0, 2))), 5) == 1
+    assert await asyncio.wait_for(second, 5) == 1
+    weights, _ = await ref.ask(PullWeights(0))
+    np.testing.assert_allclose(weights, [-1.0, -1.0])
+
+
+async def test_abort_in_bounded_mode_ticks_the_clock_and_applies_nothing(actor_system) -> None:
+    """Under bounded staleness an aborted batch still counts as done for the
+    worker's clock, so the others' pulls are not held back by it."""
+    props = AsyncParameterServer.props(
+        _f32(0), OptimizerKind.sgd(1.0), None, consistency=Consistency.bounded(1), workers=2
+    )
+    ref = actor_system.spawn(props)
+    await ref.ask(PushGradient(0, 0, _f32(1)))
+    await ref.ask(PushGradient(0, 1, _f32(1)))
+    blocked = asyncio.ensure_future(ref.ask(PullWeights(0)))  # 2 ahead of worker 1: waits
+    await ref.ask(Stats())
+    assert not blocked.done()
+    assert await ref.ask(AbortPush(1, 2, "loss is not finite (inf)")) == 2  # nothing applied
+    weights, version = await asyncio.wait_for(blocked, 5)  # released by worker 1's tick
+    assert version == 2 and weights[0] == pytest.approx(-2.0)
 
 
 async def test_bounded_staleness_pull_waits_for_the_slowest_worker(actor_system) -> None:

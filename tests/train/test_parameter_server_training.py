@@ -26,7 +26,7 @@ from atomr.train import (
     load_digits_split,
 )
 from atomr.train.data_parallel import DataParallelTrainer
-from atomr.train.errors import CheckpointError, InvalidBatchError
+from atomr.train.errors import CheckpointError, InvalidBatchError, NonFiniteError
 from atomr.train.parameter_server import AsyncParameterServer
 from atomr.train.ps_consistency import Consistency
 from atomr.train.ps_worker import PsWorker
@@ -110,6 +110,144 @@ async def test_synchronous_part_whose_targets_all_weigh_zero_is_an_empty_push(
         assert [s.samples for s in stats] == [4, 4]
         want = await reference.ask(GetWeights())
         np.testing.assert_allclose(await ps.get_weights(), want, rtol=1e-5, atol=1e-6)
+
+
+# a hang (a round waiting for a push that never comes) fails the test within this
+# many seconds instead of the driver's 600 s ask timeout
+_HANG = 10.0
+
+
+def _mse_batches(steps: int, batch: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        x = rng.standard_normal((batch, SIZES[0])).astype(np.float32)
+        yield x, rng.standard_normal((batch, SIZES[-1])).astype(np.float32)
+
+
+class _CountingWorker(PsWorker):
+    """Counts the workers built (a restart builds a new one from the Props)."""
+
+    built = 0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        type(self).built += 1
+
+
+@pytest.mark.parametrize(
+    "bad_rows, shards",
+    [(slice(4, 8), 1), (slice(0, 4), 2)],
+    ids=["worker1-1-shard", "worker0-2-shards"],
+)
+async def test_synchronous_non_finite_part_fails_the_step_and_changes_nothing(
+    actor_system, bad_rows, shards
+) -> None:
+    """One worker's part gives an infinite MSE loss: like the Trainer, the step
+    fails promptly with NonFiniteError and changes nothing (no gradient of the
+    round applied, no push left waiting in the round), and the following steps
+    equal the Trainer's step for step."""
+    _CountingWorker.built = 0
+    config = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.MSE)
+    model = Mlp(SIZES, seed=3)
+    reference = await Trainer.spawn(actor_system, model, "cpu:0", config)
+    ps = await AsyncParameterServer.spawn(
+        actor_system,
+        model,
+        ["cpu:1", "cpu:2"],
+        workers=2,
+        config=config,
+        consistency=Consistency.synchronous(),
+        shards=shards,
+        worker_class=_CountingWorker,
+    )
+    first, (bad_x, bad_y), *rest = _mse_batches(4, 8, seed=2)
+    await reference.ask(Step(*first))
+    await asyncio.wait_for(ps.step(*first), _HANG)
+    before = await ps.get_weights()
+    bad_y[bad_rows] = 1e30  # one worker's part only
+    with pytest.raises(NonFiniteError):
+        await reference.ask(Step(bad_x, bad_y))
+    with pytest.raises(NonFiniteError):
+        await asyncio.wait_for(ps.step(bad_x, bad_y), _HANG)
+    np.testing.assert_array_equal(await ps.get_weights(), before)
+    for st in await ps.stats():
+        assert (st.version, st.gradients_applied) == (1, 2)
+    # a push of the failed round left waiting would be mixed into these rounds
+    for x, y in rest:
+        await reference.ask(Step(x, y))
+        await asyncio.wait_for(ps.step(x, y), _HANG)
+        want = await reference.ask(GetWeights())
+        np.testing.assert_allclose(await ps.get_weights(), want, rtol=1e-5, atol=1e-6)
+    for st in await ps.stats():
+        assert (st.version, st.gradients_applied) == (3, 6)
+    assert _CountingWorker.built == 2  # the failed step restarted no worker
+
+
+async def test_bounded_non_finite_worker_does_not_hold_the_others_back(actor_system) -> None:
+    """Under bounded(1) a worker whose part is never finite still finishes its
+    batches (applying nothing), so the other worker is never held more than
+    one clock ahead of it waiting for a push that never comes."""
+    config = TrainerConfig(OptimizerKind.sgd(0.05), LossKind.MSE)
+    ps = await AsyncParameterServer.spawn(
+        actor_system,
+        Mlp(SIZES, seed=0),
+        ["cpu:0", "cpu:1"],
+        workers=2,
+        config=config,
+        consistency=Consistency.bounded(1),
+    )
+    batches = list(_mse_batches(4, 8, seed=4))
+    for x, y in batches[:3]:
+        y[4:] = 1e30  # worker 1's part
+        with pytest.raises(NonFiniteError):
+            await asyncio.wait_for(ps.step(x, y), _HANG)
+    stats = await asyncio.wait_for(ps.step(*batches[3]), _HANG)
+    assert [s.samples for s in stats] == [4, 4]
+    # asynchronous application: worker 0's pushes were applied on arrival
+    st = (await ps.stats())[0]
+    assert (st.version, st.gradients_applied) == (5, 5)
+    assert st.max_clock_gap <= 1
+
+
+class _NonFiniteOnWorker1(PsWorker):
+    """Worker 1's second batch gives a non-finite loss."""
+
+    batches = 0
+
+    def _gradient(self, weights, x, y):
+        if self.worker_id == 1:
+            type(self).batches += 1
+            if type(self).batches == 2:
+                return NonFiniteError("loss is not finite (inf)")
+        return super()._gradient(weights, x, y)
+
+
+@pytest.mark.parametrize("consistency", [Consistency.bounded(1), Consistency.synchronous()])
+async def test_run_stops_every_worker_on_a_non_finite_batch(actor_system, consistency) -> None:
+    """`run`: worker 1's second batch is not finite. The run fails with
+    NonFiniteError once every worker has stopped (none goes on pushing after
+    it, none is left waiting for worker 1), so the handle keeps working."""
+    _NonFiniteOnWorker1.batches = 0
+    x_tr, y_tr, _, _ = load_digits_split(seed=0)
+    ps = await AsyncParameterServer.spawn(
+        actor_system,
+        Mlp(SIZES, seed=0),
+        ["cpu:0", "cpu:1"],
+        workers=4,
+        config=_config(OptimizerKind.sgd(0.05)),
+        consistency=consistency,
+        batch_size=32,
+        worker_class=_NonFiniteOnWorker1,
+    )
+    with pytest.raises(NonFiniteError):
+        await asyncio.wait_for(ps.run(1, x_tr[:640], y_tr[:640]), 4 * _HANG)
+    version = (await ps.stats())[0].version
+    x, y = next(_batches(1, 8))
+    stats = await asyncio.wait_for(ps.step(x, y), _HANG)
+    assert [s.samples for s in stats] == [2, 2, 2, 2]
+    # exactly this step's pushes were applied since the run failed
+    applied = 1 if consistency.is_synchronous else 4
+    assert (await ps.stats())[0].version == version + applied
 
 
 async def test_sharded_servers_equal_one_server_in_synchronous_mode(actor_system) -> None:

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ActorStoppedError
 from .messages import Terminated
+from .ref import ActorRef
 from .reply import Reply
 from .timers import Cancellable, _check_delay
 
 if TYPE_CHECKING:
     from .cell import ActorCell
     from .props import Props
-    from .ref import ActorRef
     from .system import ActorSystem
 
 __all__ = ["Context"]
@@ -83,7 +83,12 @@ class Context:
         return spawn_cell(cell.system, cell, cell, props, name, cell.path)
 
     def stop(self, ref: ActorRef) -> None:
-        """Stop ``ref`` (this actor itself stops after the current message)."""
+        """Stop ``ref`` (this actor itself stops after the current message).
+
+        Raises:
+            TypeError: if ``ref`` is not an ``ActorRef``.
+        """
+        _require_ref("stop", ref)
         ref._cell.request_stop()
 
     def watch(self, ref: ActorRef) -> ActorRef:
@@ -91,7 +96,10 @@ class Context:
 
         Returns:
             ``ref``.
+        Raises:
+            TypeError: if ``ref`` is not an ``ActorRef``.
         """
+        _require_ref("watch", ref)
         me = self._cell
         target = ref._cell
         if target is me:
@@ -104,7 +112,12 @@ class Context:
         return ref
 
     def unwatch(self, ref: ActorRef) -> ActorRef:
-        """Stop watching ``ref``. Returns ``ref``."""
+        """Stop watching ``ref``. Returns ``ref``.
+
+        Raises:
+            TypeError: if ``ref`` is not an ``ActorRef``.
+        """
+        _require_ref("unwatch", ref)
         target = ref._cell
         target.watchers.discard(self._cell)
         self._cell.watching.discard(target)
@@ -149,7 +162,7 @@ class Context:
 
         Raises:
             RuntimeError: outside message handling.
-            TypeError: without any ref.
+            TypeError: without any ref, or with something that is not an ``ActorRef``.
             MailboxFullError: if a bounded mailbox refuses the message.
         """
         cell = self._cell
@@ -158,6 +171,8 @@ class Context:
             raise RuntimeError("forward() must be called while handling a message")
         if not refs:
             raise TypeError("forward() needs at least one ActorRef")
+        for ref in refs:
+            _require_ref("forward", ref)
         for ref in refs:
             ref._cell.deliver(env)
         cell.current = (env[0], env[1], None)
@@ -248,3 +263,8 @@ class Context:
 
     def __repr__(self) -> str:
         return f"<Context of {self._cell.path}>"
+
+
+def _require_ref(method: str, ref: object) -> None:
+    if not isinstance(ref, ActorRef):
+        raise TypeError(f"{method}() takes an ActorRef, got {type(ref).__name__}: {ref!r}")

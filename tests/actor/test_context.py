@@ -301,3 +301,21 @@ async def test_task_error_while_stopping_is_logged(
     await asyncio.sleep(0)
     await ref.stop()
     assert any("cleanup failed" in r.getMessage() for r in caplog.records)  # was: silent
+
+
+@pytest.mark.parametrize("method", ["stop", "watch", "unwatch", "forward"])
+async def test_context_methods_refuse_a_non_ref_with_type_error(actor_system, method) -> None:
+    seen: list[BaseException] = []
+
+    class Caller(Actor):
+        def receive(self, message):
+            try:
+                getattr(self.context, method)("not a ref")
+            except Exception as exc:  # noqa: BLE001 - the test inspects it
+                seen.append(exc)
+            return "done"
+
+    ref = actor_system.spawn(Props(Caller))
+    assert await ref.ask("go") == "done"
+    assert len(seen) == 1 and isinstance(seen[0], TypeError), seen
+    assert f"{method}() takes an ActorRef, got str" in str(seen[0])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,21 @@ class Backend(abc.ABC):
     def _is_writeable(self, x: Any) -> bool:
         """True when ``x`` may be written (NumPy's flag; device arrays always)."""
         return True
+
+    @abc.abstractmethod
+    def _address(self, x: Any) -> int:
+        """The address of ``x``'s first element (host or device memory)."""
+
+    def _overlaps(self, x: Any, y: Any) -> bool:
+        """True when the (contiguous) buffers ``x`` and ``y`` share memory."""
+        if x.nbytes == 0 or y.nbytes == 0:
+            return False
+        x0, y0 = self._address(x), self._address(y)
+        return x0 < y0 + y.nbytes and y0 < x0 + x.nbytes
+
+    def _same_memory(self, x: Any, y: Any) -> bool:
+        """True when the (contiguous) buffers ``x`` and ``y`` are the same memory."""
+        return x.nbytes == y.nbytes and self._address(x) == self._address(y)
 
     _buffer_kind = "array"
 
@@ -123,7 +138,7 @@ class Backend(abc.ABC):
             TypeError: not buffers of this backend, or dtypes differ.
             ValueError: shapes differ, or a buffer is not contiguous.
         """
-        self._check("copy", src=src, dst=dst, any_dtype=True)
+        self._check("copy", src=src, dst=dst, any_dtype=True, read_only=("src",))
         self._same_shape("copy", ("src", src), ("dst", dst))
         self._copy(src, dst)
 
@@ -158,9 +173,10 @@ class Backend(abc.ABC):
 
         Raises:
             TypeError: wrong array type or dtype, mixed dtypes.
-            ValueError: not 2-D, inner or output dimensions mismatch, not contiguous.
+            ValueError: not 2-D, inner or output dimensions mismatch, not contiguous,
+                out overlaps a or b.
         """
-        self._check("matmul", a=a, b=b, out=out)
+        self._check("matmul", a=a, b=b, out=out, read_only=("a", "b"))
         self._ndim("matmul", 2, a=a, b=b, out=out)
         m, ka = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
         kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
@@ -171,6 +187,9 @@ class Backend(abc.ABC):
             )
         if tuple(out.shape) != (m, n):
             raise ValueError(f"matmul: out has shape {tuple(out.shape)}, expected ({m}, {n})")
+        for name, x in (("a", a), ("b", b)):
+            if self._overlaps(out, x):
+                raise ValueError(f"matmul: out overlaps {name}; write to a separate buffer")
         self._matmul(a, b, out, bool(trans_a), bool(trans_b), bool(accumulate))
 
     @abc.abstractmethod
@@ -189,7 +208,7 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
             ValueError: shapes do not match, not contiguous.
         """
-        self._check("bias_add", x=x, bias=bias)
+        self._check("bias_add", x=x, bias=bias, read_only=("bias",))
         self._ndim("bias_add", 2, x=x)
         self._ndim("bias_add", 1, bias=bias)
         if bias.shape[0] != x.shape[1]:
@@ -214,7 +233,7 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
             ValueError: shapes do not match, not contiguous.
         """
-        self._check("bias_grad", dy=dy, out=out)
+        self._check("bias_grad", dy=dy, out=out, read_only=("dy",))
         self._ndim("bias_grad", 2, dy=dy)
         self._ndim("bias_grad", 1, out=out)
         if out.shape[0] != dy.shape[1]:
@@ -241,7 +260,7 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
         """
         code = self._activation("activation_forward", kind)
-        self._check("activation_forward", x=x, out=out)
+        self._check("activation_forward", x=x, out=out, read_only=("x",))
         self._same_shape("activation_forward", ("x", x), ("out", out))
         self._activation_forward(code, self._flat(x), self._flat(out))
 
@@ -259,7 +278,7 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
         """
         code = self._activation("activation_backward", kind)
-        self._check("activation_backward", x=x, dy=dy, dx=dx)
+        self._check("activation_backward", x=x, dy=dy, dx=dx, read_only=("x", "dy"))
         self._same_shape("activation_backward", ("x", x), ("dy", dy), ("dx", dx))
         self._activation_backward(code, self._flat(x), self._flat(dy), self._flat(dx))
 
@@ -296,7 +315,7 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype, labels not integers.
             ValueError: shape mismatch, not contiguous, a label out of range.
         """
-        self._check("softmax_cross_entropy", logits=logits, grad=grad)
+        self._check("softmax_cross_entropy", logits=logits, grad=grad, read_only=("logits",))
         self._ndim("softmax_cross_entropy", 2, logits=logits)
         self._same_shape("softmax_cross_entropy", ("logits", logits), ("grad", grad))
         n, c = logits.shape
@@ -360,7 +379,7 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
             ValueError: shapes differ, not contiguous.
         """
-        self._check("mse", pred=pred, target=target, grad=grad)
+        self._check("mse", pred=pred, target=target, grad=grad, read_only=("pred", "target"))
         self._same_shape("mse", ("pred", pred), ("target", target), ("grad", grad))
         return float(self._mse(self._flat(pred), self._flat(target), self._flat(grad)))
 
@@ -382,7 +401,7 @@ class Backend(abc.ABC):
             ValueError: shapes differ, not contiguous.
         """
         alpha = _real("axpy", "alpha", alpha)
-        self._check("axpy", x=x, y=y)
+        self._check("axpy", x=x, y=y, read_only=("x",))
         self._same_shape("axpy", ("x", x), ("y", y))
         self._axpy(y.dtype.type(alpha), self._flat(x), self._flat(y))
 
@@ -425,7 +444,7 @@ class Backend(abc.ABC):
         if len(buffers) == 0:
             raise ValueError("sum_into: needs at least one buffer")
         named = {f"buffers[{k}]": b for k, b in enumerate(buffers)}
-        self._check("sum_into", out=out, **named)
+        self._check("sum_into", out=out, read_only=tuple(named), **named)
         self._same_shape("sum_into", ("out", out), *named.items())
         self._sum_into(self._flat(out), [self._flat(b) for b in buffers], buffers, out)
 
@@ -463,7 +482,7 @@ class Backend(abc.ABC):
         if len(buffers) == 0:
             raise ValueError("sum_scale_norm: needs at least one buffer")
         named = {f"buffers[{k}]": b for k, b in enumerate(buffers)}
-        self._check("sum_scale_norm", out=out, **named)
+        self._check("sum_scale_norm", out=out, read_only=tuple(named), **named)
         self._same_shape("sum_scale_norm", ("out", out), *named.items())
         return float(
             self._sum_scale_norm(
@@ -493,7 +512,7 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
             ValueError: not contiguous.
         """
-        self._check("squared_norm", x=x)
+        self._check("squared_norm", x=x, read_only=("x",))
         return float(self._squared_norm(self._flat(x)))
 
     @abc.abstractmethod
@@ -564,7 +583,9 @@ class Backend(abc.ABC):
             if momentum_buf is None:
                 raise ValueError("sgd_step: momentum_out needs a momentum_buf")
             bufs["momentum_out"] = momentum_out
-        self._check("sgd_step", **bufs)
+        read_only = ["grads"] + ["params"] * (params_out is not None)
+        read_only += ["momentum_buf"] * (momentum_out is not None)
+        self._check("sgd_step", read_only=read_only, **bufs)
         self._same_shape("sgd_step", *bufs.items())
         flat_p = self._flat(params)
         flat_buf = self._flat(momentum_buf) if momentum_buf is not None else flat_p
@@ -666,7 +687,8 @@ class Backend(abc.ABC):
         for name, out in outs.items():
             if out is not None:
                 bufs[f"{name}_out"] = out
-        self._check("adam_step", **bufs)
+        read_only = ["grads"] + [name for name, out in outs.items() if out is not None]
+        self._check("adam_step", read_only=read_only, **bufs)
         self._same_shape("adam_step", *bufs.items())
         flat = {name: self._flat(bufs[name] if out is None else out) for name, out in outs.items()}
         self._adam_step(
@@ -718,8 +740,11 @@ class Backend(abc.ABC):
             )
         return ACTIVATIONS[kind.lower()]
 
-    def _check(self, op: str, any_dtype: bool = False, **buffers: Any) -> None:
-        """Type, dtype (shared by all), contiguity and writeability of ``buffers``."""
+    def _check(
+        self, op: str, any_dtype: bool = False, read_only: Collection[str] = (), **buffers: Any
+    ) -> None:
+        """Type, dtype (shared by all) and contiguity of ``buffers``, and writeability
+        of those not named in ``read_only`` (the inputs an op only reads)."""
         dtype = None
         for name, x in buffers.items():
             if not self._is_buffer(x):
@@ -744,7 +769,7 @@ class Backend(abc.ABC):
                     f"{op}: {name} is not C-contiguous (a transposed or sliced view?);"
                     " pass a contiguous copy"
                 )
-            if not self._is_writeable(x):
+            if name not in read_only and not self._is_writeable(x):
                 raise ValueError(f"{op}: {name} is read-only")
 
     @staticmethod

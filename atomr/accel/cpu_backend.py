@@ -40,6 +40,9 @@ class CpuBackend(Backend):
     def _is_writeable(self, x: Any) -> bool:
         return bool(x.flags.writeable)
 
+    def _address(self, x: Any) -> int:
+        return int(x.__array_interface__["data"][0])
+
     # memory
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
@@ -110,7 +113,7 @@ class CpuBackend(Backend):
         elementwise.scale_cpu(x, alpha)
 
     def _sum_into(self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any) -> None:
-        reduce.sum_into_cpu(out, tuple(flats))
+        reduce.sum_into_cpu(out, _uniform(flats))
 
     def _squared_norm(self, x: Any) -> float:
         return float(reduce.squared_norm_cpu(x))
@@ -124,7 +127,7 @@ class CpuBackend(Backend):
             if buffers[0] is not raw_out:
                 np.copyto(out, flats[0])
         else:
-            reduce.sum_into_cpu(out, tuple(flats))
+            reduce.sum_into_cpu(out, _uniform(flats))
         return float(reduce.scale_norm_cpu(out, alpha))
 
     def _sgd_step(
@@ -165,3 +168,14 @@ class CpuBackend(Backend):
         optim.adam_step_cpu(
             p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step, p_out, m_out, v_out
         )
+
+
+def _uniform(flats: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """The arrays as one tuple numba can loop over: when some are read-only (a
+    distinct numba type), read-only views of all of them."""
+    if all(f.flags.writeable for f in flats):
+        return tuple(flats)
+    views = tuple(f.view() for f in flats)
+    for v in views:
+        v.flags.writeable = False
+    return views

@@ -61,7 +61,7 @@ def _whole_op_under_launch_lock(cls: type) -> type:
     return cls
 
 
-_PURE = frozenset({"_is_buffer", "_is_contiguous"})
+_PURE = frozenset({"_is_buffer", "_is_contiguous", "_address"})
 
 
 @_whole_op_under_launch_lock
@@ -81,6 +81,12 @@ class CudaBackend(Backend):
     def _is_contiguous(self, x: Any) -> bool:
         return bool(x.is_c_contiguous())
 
+    def _address(self, x: Any) -> int:
+        host = getattr(x, "_ary", None)  # the simulator's array wraps a NumPy array
+        if isinstance(host, np.ndarray):
+            return int(host.__array_interface__["data"][0])
+        return int(x.__cuda_array_interface__["data"][0])
+
     # memory
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Any:
@@ -95,9 +101,9 @@ class CudaBackend(Backend):
 
     def to_device(self, host: Any) -> Any:
         """Copy a host array to a new device array (see ``Backend.to_device``)."""
-        data = np.ascontiguousarray(np.asarray(host))
+        data = np.array(host, order="C", copy=True)  # ascontiguousarray would make 0-d 1-d
         with launch_lock():
-            return cuda.to_device(data.copy())
+            return cuda.to_device(data)
 
     def to_host(self, buf: Any) -> np.ndarray:
         """Copy a device array to a new NumPy array (see ``Backend.to_host``).
@@ -167,7 +173,7 @@ class CudaBackend(Backend):
         elementwise.scale_cuda(x, alpha)
 
     def _sum_into(self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any) -> None:
-        alias = next((k for k, b in enumerate(buffers) if b is raw_out), None)
+        alias = next((k for k, b in enumerate(buffers) if self._same_memory(b, raw_out)), None)
         reduce.sum_into_cuda(out, flats, alias)
 
     def _squared_norm(self, x: Any) -> float:
@@ -176,7 +182,7 @@ class CudaBackend(Backend):
     def _sum_scale_norm(
         self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any, alpha: Any
     ) -> float:
-        alias = next((k for k, b in enumerate(buffers) if b is raw_out), None)
+        alias = next((k for k, b in enumerate(buffers) if self._same_memory(b, raw_out)), None)
         return reduce.sum_scale_norm_cuda(out, flats, alpha, alias)
 
     def _sgd_step(

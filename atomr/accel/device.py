@@ -78,7 +78,7 @@ class Device:
             raise TypeError(f"device name must be a str or Device, got {type(name).__name__}")
         text = name.strip().lower()
         kind, sep, idx = text.partition(":")
-        if kind not in _KINDS or (sep and not idx.isdigit()):
+        if kind not in _KINDS or (sep and not (idx.isascii() and idx.isdigit())):
             raise ValueError(
                 f"unknown device {name!r}: expected 'cpu', 'cpu:N', 'cuda' or 'cuda:N'"
             )

@@ -198,3 +198,63 @@ def test_validation_happens_before_writing(be):
     with pytest.raises(ValueError):
         be.matmul(put(be, f32(2, 3)), put(be, f32(4, 2)), out)
     np.testing.assert_array_equal(get(be, out), np.full((2, 2), 7.0))
+
+
+def test_to_device_keeps_a_zero_d_shape(be):
+    buf = be.to_device(np.array(2.5, np.float32))
+    assert tuple(buf.shape) == ()
+    assert get(be, buf).shape == ()
+    assert float(get(be, buf)) == 2.5
+
+
+def test_read_only_inputs_are_accepted():
+    """Only outputs must be writeable: read-only inputs (np.load(mmap_mode="r"),
+    frozen arrays) are read, not rejected."""
+    be = backend_for("cpu:0")
+
+    def frozen(a):
+        a = np.array(a, np.float32)
+        a.flags.writeable = False
+        return a
+
+    a, b = frozen(np.ones((2, 3))), frozen(np.full((3, 2), 2.0))
+    out = np.empty((2, 2), np.float32)
+    be.matmul(a, b, out)
+    np.testing.assert_array_equal(out, np.full((2, 2), 6.0))
+    be.matmul(a, out, np.empty((3, 2), np.float32), trans_a=True)
+    x = frozen([-1.0, 2.0])
+    y = np.empty(2, np.float32)
+    be.activation_forward("relu", x, y)
+    be.activation_backward("relu", x, frozen([1.0, 1.0]), y)
+    be.axpy(1.0, x, y)
+    np.testing.assert_array_equal(y, [-1.0, 3.0])
+    be.sum_into(y, [x, y, frozen([1.0, 1.0])])
+    np.testing.assert_array_equal(y, [-1.0, 6.0])
+    be.sum_scale_norm(y, [x, y], 1.0)
+    be.sum_scale_norm(y, [x, y, x], 1.0)
+    assert be.squared_norm(x) == 5.0
+    assert be.mse(x, frozen([0.0, 0.0]), np.empty(2, np.float32)) == 5.0
+    be.bias_add(np.zeros((2, 2), np.float32), x)
+    be.bias_grad(frozen(np.ones((2, 2))), np.empty(2, np.float32))
+    logits = frozen(np.zeros((2, 3)))
+    loss, _ = be.softmax_cross_entropy(logits, np.array([0, 1]), None, np.empty((2, 3), np.float32))
+    assert loss == pytest.approx(2 * np.log(3.0))
+    p = np.ones(2, np.float32)
+    be.sgd_step(p, x, None, lr=0.5, step=1)
+    np.testing.assert_array_equal(p, [1.5, 0.0])
+    m, v = np.zeros(2, np.float32), np.zeros(2, np.float32)
+    be.adam_step(p, x, m, v, lr=0.1, step=1)
+    be.adam_step(
+        frozen(p),
+        x,
+        frozen(m),
+        frozen(v),
+        lr=0.1,
+        step=2,
+        params_out=p,
+        exp_avg_out=m,
+        exp_avg_sq_out=v,
+    )
+    be.copy(x, y)
+    with pytest.raises(ValueError, match="read-only"):
+        be.activation_forward("relu", x, x)

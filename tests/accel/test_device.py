@@ -34,7 +34,9 @@ def test_parse(name, expected):
     assert Device.parse(expected) is expected
 
 
-@pytest.mark.parametrize("name", ["tpu:0", "cpu:", "cpu:x", "cuda:-1", "", "gpu"])
+@pytest.mark.parametrize(
+    "name", ["tpu:0", "cpu:", "cpu:x", "cuda:-1", "", "gpu", "cpu:\u00b2", "cuda:\u0663"]
+)
 def test_parse_rejects_unknown_names(name):
     with pytest.raises(ValueError, match="expected 'cpu', 'cpu:N', 'cuda' or 'cuda:N'"):
         Device.parse(name)

@@ -123,3 +123,15 @@ def test_cpu_elementwise_random(kind, n, dtype, seed):
     y = dy.copy()
     be.axpy(0.5, x, y)
     np.testing.assert_allclose(y, dy.astype(np.float64) + 0.5 * x, **tol(dtype))
+
+
+def test_relu_propagates_nan_like_numpy_and_torch(be):
+    """relu(NaN) is NaN (np.maximum, torch.relu), as every other activation; its gradient is 0."""
+    x = np.array([np.nan, -1.0, 2.0, -np.inf, np.inf, -0.0], np.float32)
+    out = put(be, np.zeros_like(x))
+    dx = put(be, np.full_like(x, 7.0))
+    xb = put(be, x)
+    be.activation_forward("relu", xb, out)
+    be.activation_backward("relu", xb, put(be, np.ones_like(x)), dx)
+    np.testing.assert_array_equal(get(be, out), np.maximum(x, 0))
+    np.testing.assert_array_equal(get(be, dx), (x > 0).astype(np.float32))

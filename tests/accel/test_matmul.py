@@ -58,3 +58,18 @@ def test_cpu_matmul_random(m, k, n, trans_a, trans_b, dtype, seed):
     np.testing.assert_allclose(
         out, ref, **({"rtol": 1e-4, "atol": 1e-4} if dtype == np.float32 else tol(dtype))
     )
+
+
+@pytest.mark.parametrize("target", ["a", "b"])
+def test_matmul_rejects_out_overlapping_an_operand(be, target):
+    """out must not overlap a or b (the tiled CUDA kernel would read half-written
+    tiles): both backends refuse it before writing anything."""
+    a = put(be, np.arange(64, dtype=np.float32).reshape(8, 8))
+    b = put(be, np.eye(8, dtype=np.float32) * 2)
+    out = a if target == "a" else b
+    before = get(be, out)
+    with pytest.raises(ValueError, match="overlap"):
+        be.matmul(a, b, out)
+    with pytest.raises(ValueError, match="overlap"):
+        be.matmul(a, b, out.reshape(64).reshape(8, 8), trans_a=True)
+    np.testing.assert_array_equal(get(be, out), before)

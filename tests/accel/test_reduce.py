@@ -128,3 +128,16 @@ def test_cpu_sum_scale_norm_random(n, k, seed, dtype):
     got = be.sum_scale_norm(out, bufs, alpha)
     np.testing.assert_array_equal(out, ref)
     assert got == pytest.approx(float(np.sum(ref.astype(np.float64) ** 2)), rel=1e-9)
+
+
+def test_sum_into_out_aliased_through_a_view(be, rng):
+    """A buffer that is out's memory under another array object counts as out."""
+    x, y = rand(rng, 2, 3), rand(rng, 2, 3)
+    out, yb = put(be, x), put(be, y)
+    be.sum_into(out, [yb, out.reshape(6).reshape(2, 3)])
+    np.testing.assert_allclose(get(be, out), x + y, **tol(np.float32))
+    out = put(be, x)
+    norm = be.sum_scale_norm(out, [yb, out.reshape(6).reshape(2, 3)], 0.5)
+    expected = (x + y) * np.float32(0.5)
+    np.testing.assert_allclose(get(be, out), expected, **tol(np.float32))
+    assert norm == pytest.approx(float(np.sum(expected.astype(np.float64) ** 2)), rel=1e-5)

@@ -65,7 +65,7 @@ def act_forward(kind: int, x: float, approx: bool) -> float:
     """
     zero = like(x, 0.0)
     if kind == 1:
-        return x if x > zero else zero
+        return zero if x <= zero else x  # NaN stays NaN, as np.maximum / torch.relu
     if kind == 2:
         return ftanh(x, approx)
     if kind == 3:

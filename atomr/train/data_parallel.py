@@ -12,7 +12,8 @@ A step is atomic, in two phases:
    result is the full-batch mean gradient for any split; it is checked and
    clipped. If anything fails here, no weights changed anywhere.
 2. every replica snapshots and applies (`ApplyGradients`); if one fails, the
-   others roll back (`Rollback`) and the failed one is re-synced.
+   others roll back (`Rollback`; also one whose ask timed out, which may
+   still apply) and the failed one is re-synced.
 
 A replica that failed is restarted by its supervisor (this trainer, for the
 replicas it spawned) and re-synced from a healthy one (`GetState` ->
@@ -38,6 +39,7 @@ from atomr.accel import Device
 from atomr.actor import (
     Actor,
     ActorRef,
+    AskTimeoutError,
     Failure,
     OneForOneStrategy,
     Props,
@@ -523,12 +525,13 @@ class DataParallelTrainer(Actor):
             self.replicas, apply, self.parallel.timeout, per_worker=False
         )
         if failed_indices(results):
-            ok = [
+            # a replica whose ask timed out may still apply: its Rollback waits behind it
+            undo = [
                 r
                 for r, res in zip(self.replicas, results, strict=True)
-                if not isinstance(res, BaseException)
+                if not isinstance(res, BaseException) or isinstance(res, AskTimeoutError)
             ]
-            await ask_all_settled(ok, Rollback(token), self.parallel.timeout, per_worker=False)
+            await ask_all_settled(undo, Rollback(token), self.parallel.timeout, per_worker=False)
             return await self._repair(results)
         if grad_norm is None:  # the replicas finalised their own buffers
             grad_norm = float(results[0])

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device
-from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props
+from atomr.actor import Actor, ActorRef, AskTimeoutError, Failure, OneForOneStrategy, Props
 from atomr.actor.supervision import SupervisorStrategy
 from atomr.train.checkpoint import (
     Checkpoint,
@@ -294,7 +294,9 @@ class ShardGroup:
 
         Raises:
             Exception: the first failing shard's exception, after the shards
-                that applied have rolled back.
+                that applied have rolled back. A shard whose ask timed out
+                may still apply later: it is sent `ShardRollback` too (the
+                rollback is queued behind its apply).
         """
         kwargs = {"timeout": self.timeout}
         results = await asyncio.gather(
@@ -302,7 +304,11 @@ class ShardGroup:
         )
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            done = [ref for ref, r in zip(self.refs, results, strict=True) if r is None]
+            done = [
+                ref
+                for ref, r in zip(self.refs, results, strict=True)
+                if r is None or isinstance(r, AskTimeoutError)
+            ]
             rolled = await asyncio.gather(
                 *(ref.ask(ShardRollback(), **kwargs) for ref in done), return_exceptions=True
             )

@@ -7,22 +7,26 @@ not on the device), a device failure mid-backward (gradients half written),
 the host all-reduce failing, and the optimizer dying mid-update (weights
 half written). In every case: no replica's weights change, the asker gets
 the typed error, the failed replica is restarted and re-synced, and
-training then ends exactly where an unfaulted run ends.
+training then ends exactly where an unfaulted run ends. Last, a replica
+whose apply outlives the trainer's timeout (it applies after the trainer
+gave up on it) is rolled back with the others.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 import pytest
 
-from atomr import ActorSystem, Props
+from atomr import ActorSystem, AskTimeoutError, Props
 from atomr.accel import ContextPoisoned
 from atomr.train import (
     DataParallelConfig,
     DataParallelTrainer,
     GetReplicaWeights,
+    GetWeights,
     LossKind,
     Mlp,
     OptimizerKind,
@@ -81,6 +85,8 @@ class FaultyReplica(ReplicaActor):
     def _apply_gradients(self, msg: Any) -> Any:
         opt, model = self.optimizer, self.model
         assert opt is not None and model is not None
+        if self.plan.due("slow_apply"):
+            time.sleep(1.0)  # longer than the trainer's timeout; then it applies
         if self.plan.due("mid_optimizer"):
 
             def broken(params: Any, grads: Any) -> None:
@@ -103,7 +109,7 @@ PHASES = {
 }
 
 
-def _spawn(system: ActorSystem, plan: Plan, collective: str) -> Any:
+def _spawn(system: ActorSystem, plan: Plan, collective: str, timeout: float = T) -> Any:
     model = Mlp(SIZES, seed=3)
     props = [
         ReplicaActor.props(model, "cpu:0", CONFIG),
@@ -111,7 +117,9 @@ def _spawn(system: ActorSystem, plan: Plan, collective: str) -> Any:
         ReplicaActor.props(model, "cpu:2", CONFIG),
     ]
     return system.spawn(
-        DataParallelTrainer.props(CONFIG, props, parallel=DataParallelConfig(collective))
+        DataParallelTrainer.props(
+            CONFIG, props, parallel=DataParallelConfig(collective, timeout=timeout)
+        )
     )
 
 
@@ -149,3 +157,23 @@ async def test_a_fault_in_any_phase_changes_nothing_and_training_recovers(
     await clean_run(clean, data)
     accuracy = await assert_same_training(dp, clean)
     print(f"\n{phase}/{collective}: {type(error).__name__}; accuracy after recovery {accuracy:.3f}")
+
+
+@pytest.mark.parametrize("collective", ["host", "ring"])
+async def test_a_replica_applying_after_its_ask_timed_out_is_rolled_back_too(
+    actor_system: ActorSystem, collective: str
+) -> None:
+    data = batches()
+    clean = _spawn(actor_system, Plan(), collective)  # first: it also warms up the kernels
+    await clean_run(clean, data)
+    plan = Plan()
+    dp = _spawn(actor_system, plan, collective, timeout=0.4)
+
+    async def replica_weights() -> list[np.ndarray]:
+        replicas = dp._cell.instance.replicas  # white-box: each replica, once it is done
+        return [await r.ask(GetWeights(), timeout=T) for r in replicas]
+
+    error, views = await faulted_run(dp, data, plan, "slow_apply", replica_weights)
+    assert isinstance(error, AskTimeoutError), repr(error)
+    assert_unchanged(views)
+    await assert_same_training(dp, clean)

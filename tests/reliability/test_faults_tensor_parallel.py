@@ -10,31 +10,37 @@ the trainer resumes (its state is intact). Each time no shard's slice
 changes, the asker gets the typed error, and training ends where an
 unfaulted run ends. Last, a shard actor raising `ContextPoisoned` is
 restarted and has lost its slice: the trainer refuses with `WorkerStateLost`
-until a checkpoint is loaded.
+until a checkpoint is loaded. And a shard whose `ShardApply` outlives the
+trainer's ask timeout (it applies after the trainer gave up) is rolled back
+with the others.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from atomr import ActorSystem
+from atomr import ActorSystem, AskTimeoutError
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.train import (
     LossKind,
     Mlp,
     OptimizerKind,
     ShardActor,
+    Step,
     TensorParallelConfig,
     TensorParallelTrainer,
     Trainer,
 )
-from atomr.train.shard import ShardForward, ShardGather
+from atomr.train.shard import ShardForward, ShardGather, ShardGetState
 from tests.reliability.faults import (
     CLASSES,
+    FAULT_AT,
     IN,
     Plan,
     T,
@@ -151,3 +157,34 @@ async def test_a_poisoned_shard_context_refuses_until_a_checkpoint_is_loaded(
     await lost_until_reloaded(
         tp, single, batches(), plan, "context_poisoned", "shard", FAULTY_RANK, tmp_path
     )
+
+
+async def test_a_shard_applying_after_the_ask_timed_out_is_rolled_back_too(
+    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = Plan()
+    original_apply = ShardActor._apply
+
+    def apply(self: ShardActor, scale: float) -> None:
+        if self.layout.rank == FAULTY_RANK and slow.due("slow_apply"):
+            time.sleep(1.0)  # longer than the trainer's ask timeout; then it applies
+        return original_apply(self, scale)
+
+    monkeypatch.setattr(ShardActor, "_apply", apply)
+    data = batches()
+    clean = await _spawn(actor_system)  # first: it also warms up the kernels
+    await clean_run(clean, data)
+    config = TensorParallelConfig(2, CONFIG.optimizer, CONFIG.loss, ask_timeout=0.4)
+    model = Mlp(SIZES, activation="tanh", seed=4)
+    tp = await TensorParallelTrainer.spawn(actor_system, model, cpu_devices(2), config)
+    error, views = await faulted_run(
+        tp, data[: FAULT_AT + 1], slow, "slow_apply", lambda: _slices(tp)
+    )
+    assert isinstance(error, AskTimeoutError), repr(error)
+    assert_unchanged(views)  # asked after the slow apply: each shard's settled slice
+    shards = tp._cell.instance._shards
+    states = await asyncio.wait_for(asyncio.gather(*(s.ask(ShardGetState()) for s in shards)), 5)
+    assert [s.step for s in states] == [FAULT_AT, FAULT_AT]
+    for x, y in data[FAULT_AT + 1 :]:
+        await asyncio.wait_for(tp.ask(Step(x, y)), 5)
+    await assert_same_training(tp, clean)

@@ -35,7 +35,15 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device
-from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
+from atomr.actor import (
+    Actor,
+    ActorRef,
+    Directive,
+    Failure,
+    OneForOneStrategy,
+    Props,
+    SupervisorStrategy,
+)
 from atomr.train.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -176,6 +184,9 @@ class PipelineParallelTrainer(Actor):
         self._step_id = 0
         self._timeline: Timeline | None = None
         self._watch = StateLossWatch("stage")
+        # set while a pass runs: a resumed stage's crash, which may leave its
+        # RunMicroBatches unanswered (it crashed on a told message)
+        self._crashed: asyncio.Future[BaseException] | None = None
 
     @classmethod
     def props(
@@ -267,7 +278,15 @@ class PipelineParallelTrainer(Actor):
         """Resume a stage that raised (its state is intact), stop it on
         `Unrecoverable`, restart it on `ContextPoisoned` and remember that its
         state is lost (`recovery.StateLossWatch`)."""
-        return OneForOneStrategy(decider=self._watch.decide)
+        return OneForOneStrategy(decider=self._decide)
+
+    def _decide(self, error: BaseException) -> Directive:
+        """`StateLossWatch.decide`; a stage resumed during a pass also ends the pass."""
+        directive = self._watch.decide(error)
+        crashed = self._crashed
+        if directive is Directive.RESUME and crashed is not None and not crashed.done():
+            crashed.set_result(error)
+        return directive
 
     def _connect_message(self, i: int) -> ConnectStage:
         p = len(self.stages)
@@ -395,7 +414,26 @@ class PipelineParallelTrainer(Actor):
                 self.stages, AbortStep(sid), self.config.ask_timeout, per_worker=False
             )
 
-        return await ask_all_or_abort(self.stages, msgs, abort, self.config.ask_timeout)
+        # A stage that crashes on a told message (Activations, Gradients) is
+        # resumed with its RunMicroBatches unanswered: end the pass on its crash.
+        crashed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self._crashed = crashed
+        run = asyncio.ensure_future(
+            ask_all_or_abort(self.stages, msgs, abort, self.config.ask_timeout)
+        )
+        try:
+            await asyncio.wait((run, crashed), return_when=asyncio.FIRST_COMPLETED)
+            if run.done():
+                return run.result()
+            error = crashed.result()
+            await abort()
+            await asyncio.gather(run, return_exceptions=True)
+            error.add_note(f"raised by a stage actor during step {sid}; aborted on every stage")
+            raise error
+        finally:
+            self._crashed = None
+            if not run.done():
+                run.cancel()
 
     async def _step(self, msg: Step) -> StepStats:
         t0 = time.perf_counter()

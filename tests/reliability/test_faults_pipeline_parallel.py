@@ -9,11 +9,15 @@ with half a stage's weights written, and the stage actor itself crashing
 time no stage's weights change, the asker gets the typed error, and
 training ends where an unfaulted run ends. Last, a stage actor raising
 `ContextPoisoned` is restarted and has lost its layers' state: the trainer
-refuses with `WorkerStateLost` until a checkpoint is loaded.
+refuses with `WorkerStateLost` until a checkpoint is loaded. A stage actor
+crashing on a message it was told (`Activations`) fails the step at once,
+even without an ask timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,7 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
-from atomr.train.stage import GetStageWeights, RunMicroBatches
+from atomr.train.stage import Activations, GetStageWeights, RunMicroBatches
 from tests.reliability.faults import (
     CLASSES,
     IN,
@@ -83,13 +87,15 @@ class FaultyStage(StageActor):
         if isinstance(message, RunMicroBatches) and message.train and self.index == FAULTY:
             self.plan.fire("actor_crash", RuntimeError)
             self.plan.fire("context_poisoned")  # the same, as a lost device context
+        if isinstance(message, Activations) and self.index == FAULTY:
+            self.plan.fire("crash_on_tell", RuntimeError)  # no ask to answer with it
         return await super().receive(message)
 
 
-async def _spawn(system: ActorSystem, plan: Plan) -> Any:
+async def _spawn(system: ActorSystem, plan: Plan, config: PipelineConfig = CONFIG) -> Any:
     stage_class = type("PlannedStage", (FaultyStage,), {"plan": plan})
     return await PipelineParallelTrainer.spawn(
-        system, Mlp(SIZES, seed=5), cpu_devices(3), CONFIG, "1f1b", stage_class=stage_class
+        system, Mlp(SIZES, seed=5), cpu_devices(3), config, "1f1b", stage_class=stage_class
     )
 
 
@@ -133,3 +139,20 @@ async def test_a_poisoned_stage_context_refuses_until_a_checkpoint_is_loaded(
     await lost_until_reloaded(
         pipe, single, batches(), plan, "context_poisoned", "stage", FAULTY, tmp_path
     )
+
+
+async def test_a_stage_crashing_on_a_told_message_fails_the_step_at_once(
+    actor_system: ActorSystem,
+) -> None:
+    plan = Plan()
+    data = batches()
+    forever = dataclasses.replace(CONFIG, ask_timeout=None)  # only the crash can end the step
+    pipe = await _spawn(actor_system, plan, forever)
+    run = faulted_run(pipe, data, plan, "crash_on_tell", lambda: _stage_weights(pipe))
+    error, views = await asyncio.wait_for(run, 10)
+    assert isinstance(error, RuntimeError) and "injected" in str(error), repr(error)
+    assert plan.fired == ["crash_on_tell"]
+    assert_unchanged(views)
+    clean = await _spawn(actor_system, Plan())
+    await clean_run(clean, data)
+    await assert_same_training(pipe, clean)

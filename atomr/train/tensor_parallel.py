@@ -43,7 +43,7 @@ from atomr.train.checkpoint import (
 )
 from atomr.train.config import TrainerConfig, check_update_rule
 from atomr.train.errors import NonFiniteError
-from atomr.train.fanout import ask_all, raise_first_failure
+from atomr.train.fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
 from atomr.train.loss import LossKind
 from atomr.train.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.mlp import Mlp
@@ -333,9 +333,59 @@ class ShardGroup:
         states: list[ShardState] = await self._all(ShardGetState())
         return await asyncio.to_thread(_merge_states, self.total_params, states)
 
-    async def load(self, weights: np.ndarray, optimizer: dict[str, Any], step: int) -> None:
-        """Give every shard its slice of full-vector state."""
-        await self._all(ShardSetState(weights, optimizer, int(step)))
+    async def load(
+        self,
+        weights: np.ndarray,
+        optimizer: dict[str, Any],
+        step: int,
+        *,
+        keep_old: bool = True,
+    ) -> None:
+        """Give every shard its slice of full-vector state; all or none.
+
+        Args:
+            weights, optimizer, step: the full flat weights, the full-vector
+                optimizer `state_dict()` and the step count (a checkpoint's).
+            keep_old: gather the shards' state first (`state`) and, if a shard
+                fails to load, give every shard its old slice back. Off when
+                the old state is already lost (a restarted shard).
+
+        Raises:
+            Exception: the first failing shard's own exception (`worker_index`
+                set to its rank, a note naming it), after every shard holds
+                its state from before the load again (with `keep_old`). A
+                shard whose ask timed out may still load later: its restore
+                waits in its mailbox behind that load.
+        """
+        old = await self.state() if keep_old else None
+        results = await ask_all_settled(
+            self.refs, ShardSetState(weights, optimizer, int(step)), self.timeout, per_worker=False
+        )
+        failed = failed_indices(results)
+        if not failed:
+            return
+        rank = failed[0]
+        error: BaseException = results[rank]
+        error.worker_index = rank  # type: ignore[attr-defined]
+        if old is None:
+            error.add_note(f"shard {rank} failed to load the checkpoint")
+            raise error
+        restored = await ask_all_settled(
+            self.refs, ShardSetState(*old), self.timeout, per_worker=False
+        )
+        unrestored = failed_indices(restored)
+        if unrestored:
+            error.add_note(
+                f"shard {rank} failed to load the checkpoint, and giving the shards back their "
+                f"old state failed on shards {unrestored}: the model is inconsistent, load a "
+                "checkpoint"
+            )
+        else:
+            error.add_note(
+                f"shard {rank} failed to load the checkpoint; every shard was given back its "
+                "state from before the load"
+            )
+        raise error
 
     async def gradients(self, x: np.ndarray, y: np.ndarray) -> ShardedGradients:
         """Phase 1 only, returning everything: output, loss, input and weight
@@ -551,7 +601,11 @@ class TensorParallelTrainer(Actor):
         )
         await asyncio.to_thread(save_checkpoint, message.path, ckpt)
 
-    async def _load(self, group: ShardGroup, message: LoadCheckpoint) -> None:
+    async def _load(
+        self, group: ShardGroup, message: LoadCheckpoint, keep_old: bool = True
+    ) -> None:
+        """Check the checkpoint, then load it into every shard, all or none
+        (`ShardGroup.load`; `keep_old` as there)."""
         ckpt = await asyncio.to_thread(load_checkpoint, message.path)
         check_model_matches(ckpt, group.model, group.total_params)
         state = ckpt.optimizer
@@ -576,7 +630,7 @@ class TensorParallelTrainer(Actor):
                 "checkpoint is in the middle of a gradient accumulation; "
                 "the tensor-parallel trainer does not accumulate"
             )
-        await group.load(ckpt.weights, state, step)
+        await group.load(ckpt.weights, state, step, keep_old=keep_old)
         self.steps = int(ckpt.step)
 
     async def _reload(self, message: LoadCheckpoint) -> None:
@@ -594,7 +648,7 @@ class TensorParallelTrainer(Actor):
         refs = [s for s in self._shards if isinstance(s, ActorRef)]
         self._group = None
         group = await ShardGroup.connect(refs, self.config)
-        await self._load(group, message)
+        await self._load(group, message, keep_old=False)  # the old state is lost anyway
         if self._watch.clear(generation):
             self._group = group
 

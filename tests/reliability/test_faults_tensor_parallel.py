@@ -12,7 +12,8 @@ unfaulted run ends. Last, a shard actor raising `ContextPoisoned` is
 restarted and has lost its slice: the trainer refuses with `WorkerStateLost`
 until a checkpoint is loaded. And a shard whose `ShardApply` outlives the
 trainer's ask timeout (it applies after the trainer gave up) is rolled back
-with the others.
+with the others. Last, a shard crashing while it loads a checkpoint: every
+shard keeps (gets back) its state from before the load.
 """
 
 from __future__ import annotations
@@ -28,16 +29,18 @@ import pytest
 from atomr import ActorSystem, AskTimeoutError
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.train import (
+    LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
+    SaveCheckpoint,
     ShardActor,
     Step,
     TensorParallelConfig,
     TensorParallelTrainer,
     Trainer,
 )
-from atomr.train.shard import ShardForward, ShardGather, ShardGetState
+from atomr.train.shard import ShardForward, ShardGather, ShardGetState, ShardSetState, ShardState
 from tests.reliability.faults import (
     CLASSES,
     FAULT_AT,
@@ -97,6 +100,8 @@ def _install(monkeypatch: pytest.MonkeyPatch, plan: Plan) -> None:
         if isinstance(message, ShardForward) and self.layout.rank == FAULTY_RANK:
             plan.fire("actor_crash", RuntimeError)  # raised in the actor, not answered
             plan.fire("context_poisoned")  # the same, as a lost device context
+        if isinstance(message, ShardSetState) and self.layout.rank == FAULTY_RANK:
+            plan.fire("load_crash", RuntimeError)  # the other shard loads meanwhile
         return await original_receive(self, message)
 
     monkeypatch.setattr(ShardActor, "receive", receive)
@@ -188,3 +193,48 @@ async def test_a_shard_applying_after_the_ask_timed_out_is_rolled_back_too(
     for x, y in data[FAULT_AT + 1 :]:
         await asyncio.wait_for(tp.ask(Step(x, y)), 5)
     await assert_same_training(tp, clean)
+
+
+async def _states(tp: Any) -> list[ShardState]:
+    shards = tp._cell.instance._shards  # white-box: each shard's own state
+    return list(
+        await asyncio.wait_for(asyncio.gather(*(s.ask(ShardGetState()) for s in shards)), 5)
+    )
+
+
+async def test_a_shard_crashing_mid_load_leaves_every_shard_as_before_the_load(
+    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    plan = Plan()
+    _install(monkeypatch, plan)
+    data = batches()
+    tp = await _spawn(actor_system)
+    clean = await _spawn(actor_system)
+    ckpt = tmp_path / "old.ckpt"
+    for i, (x, y) in enumerate(data[: FAULT_AT + 2]):
+        for trainer in (tp, clean):
+            await asyncio.wait_for(trainer.ask(Step(x, y)), 5)
+        if i == 0:
+            await asyncio.wait_for(tp.ask(SaveCheckpoint(ckpt)), 5)
+    before = await _states(tp)
+    plan.arm("load_crash")
+    with pytest.raises(RuntimeError, match="injected") as info:
+        await asyncio.wait_for(tp.ask(LoadCheckpoint(ckpt)), 5)
+    assert plan.fired == ["load_crash"]
+    after = await _states(tp)
+    for b, a in zip(before, after, strict=True):  # weights, optimizer state, step count
+        assert a.step == b.step == FAULT_AT + 2
+        np.testing.assert_array_equal(a.params, b.params)
+        assert a.optimizer.keys() == b.optimizer.keys()
+        for key, value in b.optimizer.items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(a.optimizer[key], value)
+            else:
+                assert a.optimizer[key] == value
+    assert tp._cell.instance.steps == FAULT_AT + 2  # white-box: the trainer's count too
+    assert getattr(info.value, "worker_index", None) == FAULTY_RANK
+    assert f"shard {FAULTY_RANK}" in "\n".join(getattr(info.value, "__notes__", []))
+    for x, y in data[FAULT_AT + 2 :]:  # and it trains on as if no load was asked
+        for trainer in (tp, clean):
+            await asyncio.wait_for(trainer.ask(Step(x, y)), 5)
+    await assert_same_training(tp, clean, atol=0.0)

@@ -18,7 +18,10 @@ A step is atomic, in two phases:
 A replica that failed is restarted by its supervisor (this trainer, for the
 replicas it spawned) and re-synced from a healthy one (`GetState` ->
 `SetState`); the asker gets the replica's own exception, and the next step
-works. Bad input is answered with `Failure(exc)` and changes nothing.
+works. A replica this trainer resumes (`OutOfMemory`) during a ring
+all-reduce may have lost a told chunk: the ring is aborted at once and the
+step fails with that exception. Bad input is answered with `Failure(exc)`
+and changes nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from atomr.actor import (
     Actor,
     ActorRef,
     AskTimeoutError,
+    Directive,
     Failure,
     OneForOneStrategy,
     Props,
@@ -241,6 +245,9 @@ class DataParallelTrainer(Actor):
         self._lost: BaseException | None = None
         self._tokens = itertools.count(1)
         self._executor: ThreadPoolExecutor | None = None
+        # set while a ring all-reduce runs: a resumed replica's crash, which may
+        # have lost a told RingChunk (its RingReduce would never be answered)
+        self._crashed: asyncio.Future[BaseException] | None = None
         self._reset_window()
 
     # -- construction -------------------------------------------------------
@@ -316,7 +323,15 @@ class DataParallelTrainer(Actor):
 
     def supervisor_strategy(self) -> SupervisorStrategy:
         """`replica_decider` for the replicas this trainer spawned."""
-        return OneForOneStrategy(decider=replica_decider)
+        return OneForOneStrategy(decider=self._decide)
+
+    def _decide(self, error: BaseException) -> Directive:
+        """`replica_decider`; a replica resumed during a ring all-reduce also ends it."""
+        directive = replica_decider(error)
+        crashed = self._crashed
+        if directive is Directive.RESUME and crashed is not None and not crashed.done():
+            crashed.set_result(error)
+        return directive
 
     def pre_start(self) -> None:
         """Spawn the replicas given as `Props`."""
@@ -482,16 +497,24 @@ class DataParallelTrainer(Actor):
         reduced: np.ndarray | None = None
         grad_norm: float | None = None  # set once `reduced` is scaled and clipped
         if isinstance(self.collective, RingAllReduce):
+            # a replica resumed on a told RingChunk lost it: end the ring at once
+            self._crashed = asyncio.get_running_loop().create_future()
             try:
                 reduced = await self.collective.all_reduce(
-                    self.replicas, result_from=0 if pc is not None else None
+                    self.replicas,
+                    result_from=0 if pc is not None else None,
+                    interrupt=self._crashed,
                 )
             except Exception as exc:
                 # re-sync every member that failed on its own (a resync of a
-                # healthy one is harmless: it copies identical state)
+                # healthy one is harmless: it copies identical state); after an
+                # interrupt the list is empty: the resumed replica kept its weights
                 failed = list(getattr(exc, "failed_workers", [getattr(exc, "worker_index", 0)]))
                 await self._resync(failed, failed)
+                exc.add_note("the ring all-reduce failed; the step was not applied")
                 return Failure(exc)
+            finally:
+                self._crashed = None
         elif pc is None and isinstance(self.collective, HostCollective):
             # one process: sum, scale by 1 / normaliser and measure in one pass
             bad = _check_totals(loss_sum, norm)

@@ -319,6 +319,26 @@ class RingMember:
                 nxt.tell(RingChunk(msg.session, "bc", c, data))
 
 
+async def _until_failure(
+    tasks: Sequence[asyncio.Future[Any]], interrupt: asyncio.Future[BaseException] | None
+) -> bool:
+    """Wait until every task is done or one has failed, or `interrupt` is done.
+
+    Returns:
+        True when `interrupt` ended the wait.
+    """
+    waiting: set[asyncio.Future[Any]] = set(tasks)
+    while waiting:
+        watched = waiting if interrupt is None else waiting | {interrupt}
+        done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        if interrupt is not None and interrupt.done():
+            return True
+        waiting -= done
+        if any(t.exception() is not None for t in done):
+            return False
+    return False
+
+
 class RingAllReduce(Collective):
     """The ring all-reduce as a `Collective` whose participants are actors
     answering the ring messages (each contributes the buffer it owns).
@@ -337,21 +357,31 @@ class RingAllReduce(Collective):
         self.timeout = float(timeout)
 
     async def _drive(
-        self, refs: Sequence[ActorRef], messages: list[Any], session: int
+        self,
+        refs: Sequence[ActorRef],
+        messages: list[Any],
+        session: int,
+        interrupt: asyncio.Future[BaseException] | None,
     ) -> list[Any]:
         tasks = [
             asyncio.ensure_future(ref.ask(m, timeout=self.timeout * 2 + 5.0))
             for ref, m in zip(refs, messages, strict=True)
         ]
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        if any(t.exception() is not None for t in done):
+        interrupted = await _until_failure(tasks, interrupt)
+        if interrupted or any(t.exception() is not None for t in tasks if t.done()):
             for ref in refs:
                 ref.tell(RingAbort(session))
         results = list(await asyncio.gather(*tasks, return_exceptions=True))
         failed = failed_indices(results)
+        # the members that failed on their own (not merely aborted by us)
+        own = [i for i in failed if not isinstance(results[i], RingAbortedError)]
+        if interrupted and interrupt is not None and not own:
+            cause = interrupt.result()
+            cause.failed_workers = []  # type: ignore[attr-defined]
+            cause.add_note(f"ring session {session}: interrupted; aborted on every member")
+            raise cause
         if failed:
-            # the members that failed on their own (not merely aborted by us)
-            own = [i for i in failed if not isinstance(results[i], RingAbortedError)] or failed
+            own = own or failed
             error: BaseException = results[own[0]]
             error.failed_workers = own  # type: ignore[attr-defined]
             error.worker_index = own[0]  # type: ignore[attr-defined]
@@ -369,7 +399,11 @@ class RingAllReduce(Collective):
         return tuple(buffers)
 
     async def all_reduce(
-        self, buffers: Sequence[Any], *, result_from: int | None = None
+        self,
+        buffers: Sequence[Any],
+        *,
+        result_from: int | None = None,
+        interrupt: asyncio.Future[BaseException] | None = None,
     ) -> np.ndarray | None:
         """Sum the members' buffers; afterwards every member holds the sum.
 
@@ -377,6 +411,11 @@ class RingAllReduce(Collective):
             buffers: the members' `ActorRef`s, in ring order.
             result_from: also return a host copy of this member's reduced
                 buffer.
+            interrupt: a future the caller resolves with an exception to
+                abandon the operation at once, e.g. from its supervision
+                decider when a member was resumed after crashing on a told
+                `RingChunk` (that chunk is lost, so the ring would otherwise
+                stall until the timeout).
 
         Returns:
             That copy, or None.
@@ -385,18 +424,28 @@ class RingAllReduce(Collective):
             TypeError, ValueError: not a non-empty list of `ActorRef`s.
             Exception: the first failing member's own error (attribute
                 `failed_workers` lists the members that failed; the others
-                were told to abort, and no buffer is in a defined state).
+                were told to abort, and no buffer is in a defined state),
+                or the exception `interrupt` was resolved with
+                (`failed_workers` empty), once every member has aborted.
         """
         refs = self._refs(buffers)
         session = next(_session_ids)
         msgs = [
             RingReduce(session, refs, r, want_result=(r == result_from)) for r in range(len(refs))
         ]
-        results = await self._drive(refs, msgs, session)
+        results = await self._drive(refs, msgs, session, interrupt)
         return None if result_from is None else results[result_from]
 
-    async def broadcast(self, buffers: Sequence[Any], root: int = 0) -> None:
+    async def broadcast(
+        self,
+        buffers: Sequence[Any],
+        root: int = 0,
+        *,
+        interrupt: asyncio.Future[BaseException] | None = None,
+    ) -> None:
         """Copy member `root`'s buffer into every other member's, along the ring.
+
+        `interrupt` as for `all_reduce`.
 
         Raises:
             IndexError: `root` out of range.
@@ -407,7 +456,7 @@ class RingAllReduce(Collective):
             raise IndexError(f"root {root} out of range for {len(refs)} members")
         session = next(_session_ids)
         msgs = [RingBroadcast(session, refs, r, root) for r in range(len(refs))]
-        await self._drive(refs, msgs, session)
+        await self._drive(refs, msgs, session, interrupt)
 
     async def barrier(self, buffers: Sequence[Any] = ()) -> None:
         """Wait until every member has handled the messages sent to it so far.

@@ -9,11 +9,14 @@ half written). In every case: no replica's weights change, the asker gets
 the typed error, the failed replica is restarted and re-synced, and
 training then ends exactly where an unfaulted run ends. Last, a replica
 whose apply outlives the trainer's timeout (it applies after the trainer
-gave up on it) is rolled back with the others.
+gave up on it) is rolled back with the others, and a replica resumed after
+raising `OutOfMemory` on a told ring chunk (the chunk is lost) fails the
+step at once instead of after the ring's timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -21,7 +24,7 @@ import numpy as np
 import pytest
 
 from atomr import ActorSystem, AskTimeoutError, Props
-from atomr.accel import ContextPoisoned
+from atomr.accel import ContextPoisoned, OutOfMemory
 from atomr.train import (
     DataParallelConfig,
     DataParallelTrainer,
@@ -31,12 +34,16 @@ from atomr.train import (
     Mlp,
     OptimizerKind,
     ReplicaActor,
+    Step,
+    Trainer,
     TrainerConfig,
 )
 from atomr.train.collective import HostCollective
 from atomr.train.replica import ComputeGradients
+from atomr.train.ring_all_reduce import RingChunk, RingPing
 from tests.reliability.faults import (
     CLASSES,
+    FAULT_AT,
     IN,
     Plan,
     T,
@@ -59,9 +66,12 @@ class FaultyReplica(ReplicaActor):
         self.plan = plan
 
     async def receive(self, message: Any) -> Any:
-        """Crash the actor itself (not the device) before the forward pass."""
+        """Crash the actor itself (not the device) before the forward pass,
+        or on a ring chunk (the supervisor resumes it; the chunk is lost)."""
         if isinstance(message, ComputeGradients):
             self.plan.fire("before_forward", RuntimeError)
+        if isinstance(message, RingChunk):
+            self.plan.fire("ring_chunk", OutOfMemory)
         return await super().receive(message)
 
     def _compute(self, msg: ComputeGradients) -> Any:
@@ -177,3 +187,34 @@ async def test_a_replica_applying_after_its_ask_timed_out_is_rolled_back_too(
     assert isinstance(error, AskTimeoutError), repr(error)
     assert_unchanged(views)
     await assert_same_training(dp, clean)
+
+
+async def test_a_replica_resumed_after_crashing_on_a_ring_chunk_fails_the_step_at_once(
+    actor_system: ActorSystem,
+) -> None:
+    data = batches()
+    reference = await Trainer.spawn(actor_system, Mlp(SIZES, seed=3), "cpu:0", CONFIG)
+    plan = Plan()
+    dp = _spawn(actor_system, plan, "ring", timeout=T)  # a lost chunk would wait T
+
+    async def replica_weights() -> list[np.ndarray]:
+        return await asyncio.wait_for(dp.ask(GetReplicaWeights()), 5)
+
+    for x, y in data[:FAULT_AT]:
+        await asyncio.wait_for(dp.ask(Step(x, y)), 5)
+        await asyncio.wait_for(reference.ask(Step(x, y)), 5)
+    before = await replica_weights()
+    plan.arm("ring_chunk")
+    with pytest.raises(OutOfMemory, match="injected"):
+        await asyncio.wait_for(dp.ask(Step(*data[FAULT_AT])), 5)
+    assert plan.fired == ["ring_chunk"]
+    assert_unchanged([before, await replica_weights()])
+    for replica in dp._cell.instance.replicas:  # white-box: nothing left behind
+        assert await asyncio.wait_for(replica.ask(RingPing()), 5)  # after the aborts
+        cell = replica._cell
+        assert cell.instance._ring._inbox == {}
+        assert not cell.tasks
+    for x, y in data[FAULT_AT + 1 :]:
+        await asyncio.wait_for(dp.ask(Step(x, y)), 5)
+        await asyncio.wait_for(reference.ask(Step(x, y)), 5)
+    await assert_same_training(dp, reference)

@@ -48,6 +48,8 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["launch"], "required: -n/--nprocs"),
         (["launch", "-n", "0", "--", "--epochs", "1"], "-n must be >= 1"),
         (["launch", "-n", "2", "--epochs", "1"], "unrecognized arguments: --epochs 1"),
+        (["launch", "-n", "1", "--timeout", "0"], "--timeout must be positive"),
+        (["launch", "-n", "1", "--timeout", "-5"], "--timeout must be positive"),
         (["devices", "--", "x"], "takes no arguments after '--'"),
     ],
 )

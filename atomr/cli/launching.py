@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 
 from atomr.cli.errors import CliError
 
@@ -23,10 +24,12 @@ def launch_command(nprocs: int, train_args: list[str], timeout: float | None = N
         The job's exit status.
 
     Raises:
-        CliError: bad -n, or the MPI launcher is not available.
+        CliError: bad -n or --timeout, or the MPI launcher is not available.
     """
     if nprocs < 1:
         raise CliError(f"-n must be >= 1, got {nprocs}")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise CliError(f"--timeout must be positive and finite, got {timeout}")
     args = list(train_args)
     if args[:1] == ["train"]:
         args = args[1:]

@@ -135,7 +135,11 @@ class DistributedTrainConfig:
 
         Understands MPICH/hydra (`PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`,
         `MPI_LOCALNRANKS`), Open MPI (`OMPI_COMM_WORLD_*`), PMIx (`PMIX_*`)
-        and Slurm (`SLURM_PROCID`, ...). mpi4py is not imported.
+        and Slurm (`SLURM_PROCID`, ...). Where the launcher's variables give
+        no local rank (`srun --mpi=pmi2` sets `PMI_RANK` without
+        `MPI_LOCALRANKID`), it comes from another launcher's for the same
+        rank and size (`SLURM_LOCALID`), else it is 0 of 1. mpi4py is not
+        imported.
 
         Args:
             environ: the variables to read (default: `os.environ`).
@@ -153,28 +157,23 @@ class DistributedTrainConfig:
             ValueError: the variables are malformed or inconsistent.
         """
         env = os.environ if environ is None else environ
-        for name, rank_var, size_var, local_var, local_size_var in _LAUNCHERS:
+        for name, rank_var, size_var, _, _ in _LAUNCHERS:
             if rank_var not in env or size_var not in env:
                 continue
+            rank = _read_int(env, rank_var, name)
+            size = _read_int(env, size_var, name)
+            local, local_size = _local_place(env, rank, size)
             try:
-                rank = int(env[rank_var])
-                size = int(env[size_var])
-                local = int(env.get(local_var, "0"))
-                # Slurm's per-node count may read "2(x3)"; keep the leading number.
-                raw_local_size = env.get(local_size_var, "")
-                local_size = int(raw_local_size.split("(")[0]) if raw_local_size else 0
+                return cls(
+                    world_size=size,
+                    rank=rank,
+                    local_rank=local,
+                    local_world_size=min(local_size, size),
+                    backend="mpi",
+                    collective_timeout=collective_timeout,
+                )
             except ValueError as exc:
-                raise ValueError(f"malformed {name} launcher variables: {exc}") from exc
-            if local_size <= 0:
-                local_size = max(local + 1, 1)
-            return cls(
-                world_size=size,
-                rank=rank,
-                local_rank=local,
-                local_world_size=min(local_size, size),
-                backend="mpi",
-                collective_timeout=collective_timeout,
-            )
+                raise ValueError(f"inconsistent {name} launcher variables: {exc}") from None
         if require:
             raise NotLaunchedError(
                 "not launched by an MPI launcher (no PMI_RANK/OMPI_COMM_WORLD_RANK/"
@@ -182,6 +181,44 @@ class DistributedTrainConfig:
                 "or `mpiexec -n N ...`"
             )
         return cls(collective_timeout=collective_timeout)
+
+
+def _read_int(env: Mapping[str, str], var: str, launcher: str, *, slurm_count: bool = False) -> int:
+    """`int(env[var])`, or a `ValueError` naming the variable. With
+    `slurm_count`, Slurm's per-node form "2(x3)" reads as 2."""
+    raw = env[var]
+    try:
+        return int(raw.split("(")[0] if slurm_count else raw)
+    except ValueError:
+        raise ValueError(
+            f"malformed {launcher} launcher variable {var}={raw!r}: expected an integer"
+        ) from None
+
+
+def _local_place(env: Mapping[str, str], rank: int, size: int) -> tuple[int, int]:
+    """(local rank, local world size) of this process.
+
+    From the first launcher, in `_LAUNCHERS` order, that sets a local rank
+    for the same place in the job (same rank and size): under
+    `srun --mpi=pmi2` the PMI variables carry no local rank, Slurm's do.
+    Without one: local rank 0 of 1. An unset local size reads as
+    `local rank + 1`.
+    """
+    for name, rank_var, size_var, local_var, local_size_var in _LAUNCHERS:
+        if not {rank_var, size_var, local_var} <= env.keys():
+            continue
+        try:
+            same = (int(env[rank_var]), int(env[size_var])) == (rank, size)
+        except ValueError:
+            same = False
+        if not same:
+            continue  # another job's (or a stale) launcher variables
+        local = _read_int(env, local_var, name)
+        local_size = 0
+        if env.get(local_size_var):
+            local_size = _read_int(env, local_size_var, name, slurm_count=True)
+        return local, local_size if local_size > 0 else max(local + 1, 1)
+    return 0, 1
 
 
 def shard_for_rank(n_samples: int, rank: int, world_size: int) -> slice:

@@ -22,13 +22,23 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["TIMEOUT_EXIT_CODE", "find_mpiexec", "launch", "mpiexec_command", "run_mpiexec"]
+__all__ = [
+    "INTERRUPTED_EXIT_CODE",
+    "TIMEOUT_EXIT_CODE",
+    "find_mpiexec",
+    "launch",
+    "mpiexec_command",
+    "run_mpiexec",
+]
 
 # Exit code `launch` returns when the job ran past its timeout (as coreutils' `timeout`).
 TIMEOUT_EXIT_CODE = 124
+# Exit code `launch` returns when a second Ctrl-C ended the job (as `atomr train`).
+INTERRUPTED_EXIT_CODE = 130
 
 
 def find_mpiexec() -> str:
@@ -109,7 +119,10 @@ def run_mpiexec(
 
     The job runs in its own process group; when it outlives `timeout` the
     whole group (launcher and ranks) is killed and the result's return code
-    is `TIMEOUT_EXIT_CODE` (124).
+    is `TIMEOUT_EXIT_CODE` (124). A Ctrl-C (SIGINT) on this process is
+    passed on to the job (hydra forwards the first to every rank and
+    force-aborts the job on the second) and the wait goes on; a job ended
+    by a second Ctrl-C returns `INTERRUPTED_EXIT_CODE` (130).
 
     Args:
         n: number of processes, >= 1.
@@ -136,8 +149,10 @@ def run_mpiexec(
         start_new_session=True,
     ) as proc:
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err, interrupts = _wait_passing_on_ctrl_c(proc, timeout)
             code = proc.returncode
+            if interrupts >= 2:  # hydra's forced abort reports 0 or 1
+                code = INTERRUPTED_EXIT_CODE
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -147,6 +162,34 @@ def run_mpiexec(
             if not capture:
                 print(err.strip(), file=sys.stderr)
     return subprocess.CompletedProcess(cmd, code, out, err)
+
+
+def _wait_passing_on_ctrl_c(
+    proc: subprocess.Popen[str], timeout: float | None
+) -> tuple[str | None, str | None, int]:
+    """`proc.communicate(timeout)`, passing each Ctrl-C on to the job.
+
+    The job runs in its own session, so the terminal's Ctrl-C reaches only
+    this process: without this the ranks would go on running unseen.
+
+    Returns:
+        (stdout, stderr, number of Ctrl-C passed on).
+
+    Raises:
+        subprocess.TimeoutExpired: the job outlived `timeout`.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    interrupts = 0
+    while True:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            out, err = proc.communicate(timeout=remaining)
+        except KeyboardInterrupt:
+            interrupts += 1
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+            continue
+        return out, err, interrupts
 
 
 def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
@@ -165,6 +208,8 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
     Returns:
         The job's exit code: 0 when every rank succeeded, the failing rank's
         (or `MPI_Abort`'s) code otherwise, `TIMEOUT_EXIT_CODE` after a timeout.
+        A Ctrl-C is passed on to every rank (`atomr train` stops after the
+        epoch, saving its checkpoint: 130); a second one ends the job (130).
 
     Raises:
         ValueError: `n < 1`.

@@ -306,12 +306,15 @@ class MpiCollective(Collective):
 
         Raises:
             IndexError: `root` is not a rank of the communicator.
-            TypeError, ValueError: as `all_reduce`.
+            TypeError, ValueError: as `all_reduce`; also a read-only buffer.
             CollectiveTimeoutError, RankFailedError: as `all_reduce`.
         """
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.world_size:
             raise IndexError(f"root {root!r} is not a rank of this {self.world_size}-rank group")
         bufs = _check(buffers)
+        for k in range(1, len(bufs)):  # buffers[0] is checked by _check
+            if not bufs[k].flags.writeable:
+                raise ValueError(f"buffers[{k}] must be writable (broadcast writes every buffer)")
         await self._submit(
             "broadcast",
             partial(self._start_broadcast, root=root),

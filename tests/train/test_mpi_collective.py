@@ -127,3 +127,27 @@ def test_validation_errors_are_clear() -> None:
         coll.close()
 
     asyncio.run(go())
+
+
+def test_broadcast_into_a_read_only_buffer_is_refused_up_front() -> None:
+    """A read-only `buffers[k]` is a caller's mistake: `ValueError` before
+    the operation starts, and the collective stays usable (it used to break
+    it for good: every later call raised `RankFailedError`)."""
+    pytest.importorskip("mpi4py")
+    import asyncio
+
+    from atomr.train.mpi_collective import MpiCollective
+
+    async def go() -> None:
+        coll = MpiCollective(timeout=5.0)  # a world of one (no launcher)
+        frozen = np.zeros(3, dtype=np.float32)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match=r"buffers\[1\] must be writable"):
+            await coll.broadcast([np.ones(3, dtype=np.float32), frozen])
+        assert not coll.broken
+        out = np.zeros(3, dtype=np.float32)
+        await coll.broadcast([np.ones(3, dtype=np.float32), out])
+        np.testing.assert_array_equal(out, np.ones(3, dtype=np.float32))
+        coll.close()
+
+    asyncio.run(go())

@@ -3,15 +3,19 @@ helpers (`atomr launch`, `atomr train --distributed`)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from atomr.train import distributed, launch
 from atomr.train.distributed import DistributedTrainConfig, NotLaunchedError, shard_for_rank
 
-from .mpi_scripts.harness import require_mpi
+from .mpi_scripts.harness import HERE, require_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -50,6 +54,32 @@ def test_config_from_mpich_and_openmpi_environments() -> None:
     }
     cfg = DistributedTrainConfig.from_environment(ompi)
     assert (cfg.world_size, cfg.rank, cfg.local_world_size, cfg.is_root) == (3, 0, 3, True)
+
+
+def test_config_takes_the_local_rank_from_slurm_under_srun_pmi2() -> None:
+    """`srun --mpi=pmi2` sets PMI_RANK / PMI_SIZE but not hydra's
+    MPI_LOCALRANKID: the node-local rank must come from SLURM_LOCALID
+    (it used to be 0 on every rank, so every rank of a node took cuda:0)."""
+    srun = {
+        "PMI_RANK": "5",
+        "PMI_SIZE": "8",
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS_PER_NODE": "4",
+    }
+    cfg = DistributedTrainConfig.from_environment(srun)
+    assert (cfg.world_size, cfg.rank, cfg.local_rank, cfg.local_world_size) == (8, 5, 1, 4)
+    # another launcher's variables for another job (rank/size disagree) are ignored
+    stale = {
+        "PMI_RANK": "1",
+        "PMI_SIZE": "2",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "3",
+    }
+    cfg = DistributedTrainConfig.from_environment(stale)
+    assert (cfg.world_size, cfg.rank, cfg.local_rank, cfg.local_world_size) == (2, 1, 0, 1)
 
 
 def test_config_outside_a_launcher() -> None:
@@ -144,6 +174,62 @@ def test_mpiexec_command_and_exit_codes(tmp_path) -> None:
     done = launch.run_mpiexec(2, [sys.executable, str(hang)], timeout=3, capture=True)
     assert done.returncode == launch.TIMEOUT_EXIT_CODE
     assert "timeout" in done.stderr
+
+
+def _launcher_interrupted(out: Path, mode: str, interrupts: int) -> int:
+    """Run `interrupted.py` on 2 ranks through `run_mpiexec` in a child
+    process, press Ctrl-C on that launcher `interrupts` times once both
+    ranks are up; returns the launcher's exit code."""
+    code = (
+        "import sys\n"
+        "from atomr.train.launch import run_mpiexec\n"
+        f"done = run_mpiexec(2, [sys.executable, {str(HERE / 'interrupted.py')!r}, "
+        f"{str(out)!r}, {mode!r}], timeout=90)\n"
+        "sys.exit(done.returncode)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 60
+        while not all((out / f"up{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline, "the ranks never started"
+            assert launcher.poll() is None, "the launcher ended early"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        for _ in range(interrupts):
+            launcher.send_signal(signal.SIGINT)  # what the terminal does on Ctrl-C
+            time.sleep(0.5)
+        return launcher.wait(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ctrl_c_on_the_launcher_reaches_every_rank(tmp_path: Path) -> None:
+    """The job runs in its own session, so the terminal's Ctrl-C reaches the
+    launcher only: it must pass it on (not leave the ranks running) and
+    return the job's exit code; a second Ctrl-C ends the job at once."""
+    require_mpi()
+    stop = tmp_path / "stop"
+    stop.mkdir()
+    assert _launcher_interrupted(stop, "stop", 1) == 130
+    assert (stop / "got0").exists() and (stop / "got1").exists()
+
+    stuck = tmp_path / "stuck"
+    stuck.mkdir()
+    assert _launcher_interrupted(stuck, "ignore", 2) == 130
+    pids = [int((stuck / f"up{r}").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids), "a rank outlived the job"
 
 
 def test_module_exports() -> None:

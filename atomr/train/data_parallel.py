@@ -22,6 +22,11 @@ works. A replica this trainer resumes (`OutOfMemory`) during a ring
 all-reduce may have lost a told chunk: the ring is aborted at once and the
 step fails with that exception. Bad input is answered with `Failure(exc)`
 and changes nothing.
+
+`LoadCheckpoint` is all or none: replica 0's state is copied to the host
+first; if any replica fails to load (a `Failure`, a crash, an ask timeout),
+every replica is given that copy back (a restarted one too), the trainer
+keeps its step count, and the asker gets the replica's own exception.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from atomr.accel import Device
 from atomr.actor import (
     Actor,
     ActorRef,
+    ActorStoppedError,
     AskTimeoutError,
     Directive,
     Failure,
@@ -565,14 +571,17 @@ class DataParallelTrainer(Actor):
         micros = (time.perf_counter_ns() - t0) // 1000
         return StepStats(loss_sum / norm, float(grad_norm), int(micros), int(batch))
 
-    async def _repair(self, results: list[Any]) -> Failure:
-        """After a failed phase: re-sync the replicas that crashed, answer the error."""
+    async def _repair(
+        self, results: list[Any], outcome: str = "the step was not applied"
+    ) -> Failure:
+        """After a failed phase: re-sync the replicas that crashed, answer the
+        error (its note names the replica and says `outcome`)."""
         failed = failed_indices(results)
         crashed = [i for i in failed if not isinstance(results[i], _REQUEST_ERRORS)]
         await self._resync(crashed, failed)
         error = results[failed[0]]
         error.worker_index = failed[0]
-        error.add_note(f"raised by replica {failed[0]}; the step was not applied")
+        error.add_note(f"raised by replica {failed[0]}; {outcome}")
         return Failure(error)
 
     async def _resync(self, crashed: list[int], failed: list[int]) -> None:
@@ -587,13 +596,16 @@ class DataParallelTrainer(Actor):
             return
         state = await self.replicas[healthy[0]].ask(GetState(), timeout=t)
         outcome = await resync(self.replicas, crashed, lambda _: (SetState(state),), t)
-        gone, bad = outcome.gone, outcome.bad
-        if gone:
-            logger.warning("DataParallelTrainer: replicas %s stopped; going on without them", gone)
-            self._set_replicas([r for i, r in enumerate(self.replicas) if i not in gone])
-            self._synced = True
-        if bad:
-            self._lost = RuntimeError(f"replicas {bad} could not be re-synced")
+        if outcome.gone:
+            self._drop(outcome.gone)
+        if outcome.bad:
+            self._lost = RuntimeError(f"replicas {outcome.bad} could not be re-synced")
+
+    def _drop(self, gone: list[int]) -> None:
+        """Go on without the replicas that stopped (the others stay in sync)."""
+        logger.warning("DataParallelTrainer: replicas %s stopped; going on without them", gone)
+        self._set_replicas([r for i, r in enumerate(self.replicas) if i not in gone])
+        self._synced = True
 
     async def _check_identical(self) -> None:
         weights = await ask_all(
@@ -638,7 +650,23 @@ class DataParallelTrainer(Actor):
         )
         await self._host(save_checkpoint, message.path, ckpt)
 
-    async def _load(self, message: LoadCheckpoint) -> None:
+    async def _load(self, message: LoadCheckpoint) -> Failure | None:
+        """Check the checkpoint, then load it into every replica, all or none.
+
+        Replica 0's state is copied to the host first (the one copy a load
+        costs; skipped while the replicas' state is lost). If a replica fails
+        to load, every replica is given that copy back (`_unload`) and the
+        trainer keeps its step count; a pending accumulation window is
+        dropped either way (`SetState` clears the replicas' gradients).
+
+        Returns:
+            None, or a `Failure` when replica 0 failed to give its state
+            (then nothing was loaded).
+
+        Raises:
+            CheckpointError: the file or its contents do not fit (nothing changed).
+            Exception: the first failing replica's own exception (`_unload`).
+        """
         ckpt: Checkpoint = await self._host(load_checkpoint, message.path)
         check_model_matches(ckpt, self._model, self._n_params)
         if int(ckpt.extra.get("micro", 0)) > 0:
@@ -651,14 +679,66 @@ class DataParallelTrainer(Actor):
             probe.load_state_dict(ckpt.optimizer)
         except (KeyError, ValueError, TypeError) as exc:
             raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
+        t = self.parallel.timeout
+        old: ReplicaState | None = None
+        if self._lost is None:  # else there is no state worth keeping
+            got = await ask_all_settled(self.replicas[:1], GetState(), t, per_worker=False)
+            if failed_indices(got):
+                self._reset_window()
+                padded = got + [None] * (len(self.replicas) - 1)
+                return await self._repair(padded, "the checkpoint was not loaded")
+            old = got[0]
         state = ReplicaState(ckpt.model, ckpt.weights, ckpt.optimizer, int(ckpt.step))
-        results = await ask_all_settled(
-            self.replicas, SetState(state), self.parallel.timeout, per_worker=False
-        )
-        failed = failed_indices(results)
-        if failed:
-            await self._resync(failed, failed)
-            raise results[failed[0]]
+        results = await ask_all_settled(self.replicas, SetState(state), t, per_worker=False)
+        self._reset_window()
+        if failed_indices(results):
+            raise await self._unload(results, old)
         self.steps = int(ckpt.step)
         self._lost = None
-        self._reset_window()
+        return None
+
+    async def _unload(self, results: list[Any], old: ReplicaState | None) -> BaseException:
+        """After a failed load: give every replica `old` (its state from before
+        the load) back, the failed ones included (a restarted replica lost its
+        state; a resumed one may have half loaded). A replica whose ask timed
+        out may still load: its `SetState(old)` waits in its mailbox behind it.
+
+        Returns:
+            The first failing replica's exception, `worker_index` set and a
+            note naming the replica and saying whether the replicas hold
+            their old state again.
+        """
+        rank = failed_indices(results)[0]
+        error: BaseException = results[rank]
+        error.worker_index = rank  # type: ignore[attr-defined]
+        if old is None:
+            error.add_note(
+                f"raised by replica {rank}; the checkpoint was not loaded and the replicas' "
+                "state is still lost: send LoadCheckpoint to go on"
+            )
+            return error
+        t = self.parallel.timeout
+        restored = await ask_all_settled(self.replicas, SetState(old), t, per_worker=False)
+        gone = [i for i, r in enumerate(restored) if isinstance(r, ActorStoppedError)]
+        bad = [
+            i
+            for i, r in enumerate(restored)
+            if isinstance(r, BaseException)
+            and not isinstance(r, ActorStoppedError | AskTimeoutError)
+        ]
+        if bad:
+            self._lost = RuntimeError(
+                f"replicas {bad} could not be given back their state after a failed load"
+            )
+            error.add_note(
+                f"raised by replica {rank}; the checkpoint was not loaded, and giving the "
+                f"replicas back their state failed on replicas {bad}: send LoadCheckpoint"
+            )
+        else:
+            error.add_note(
+                f"raised by replica {rank}; the checkpoint was not loaded: every replica "
+                "holds its state from before the load again"
+            )
+        if gone:
+            self._drop(gone)
+        return error

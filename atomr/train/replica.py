@@ -11,7 +11,7 @@ model, device or framework):
 | `ApplyGradients(gradients, scale, clip, token)` | grad norm (`float`) or None | 2: update, the old state kept |
 | `Rollback(token)` | `bool` (restored) | undo the `ApplyGradients` of `token` |
 | `GetState()` | `ReplicaState` | re-sync source |
-| `SetState(state)` | None | re-sync target / initial broadcast / checkpoint load |
+| `SetState(state)` | None | re-sync target / initial broadcast / checkpoint load (and its undo) |
 | `GetWeights()` | `ndarray` (flat, `Mlp.params` layout) | `GetReplicaWeights`, checks |
 | `EvaluateShard(features, labels)` | `ShardEval` | `Evaluate` |
 | ring messages (`ring_all_reduce.py`) | | only with `collective="ring"` |

@@ -11,13 +11,17 @@ training then ends exactly where an unfaulted run ends. Last, a replica
 whose apply outlives the trainer's timeout (it applies after the trainer
 gave up on it) is rolled back with the others, and a replica resumed after
 raising `OutOfMemory` on a told ring chunk (the chunk is lost) fails the
-step at once instead of after the ring's timeout.
+step at once instead of after the ring's timeout. And a replica failing
+while it loads a checkpoint (a `Failure` answer after writing half the new
+state, a crash resumed, a crash restarted, an ask timeout): every replica
+ends on its state from before the load, and so does the trainer's step count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,16 +34,19 @@ from atomr.train import (
     DataParallelTrainer,
     GetReplicaWeights,
     GetWeights,
+    LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
     ReplicaActor,
+    SaveCheckpoint,
     Step,
     Trainer,
     TrainerConfig,
 )
+from atomr.train.checkpoint import CheckpointError
 from atomr.train.collective import HostCollective
-from atomr.train.replica import ComputeGradients
+from atomr.train.replica import ComputeGradients, GetState, ReplicaState, SetState
 from atomr.train.ring_all_reduce import RingChunk, RingPing
 from tests.reliability.faults import (
     CLASSES,
@@ -72,7 +79,21 @@ class FaultyReplica(ReplicaActor):
             self.plan.fire("before_forward", RuntimeError)
         if isinstance(message, RingChunk):
             self.plan.fire("ring_chunk", OutOfMemory)
+        if isinstance(message, SetState):
+            self.plan.fire("load_resumed", OutOfMemory)  # the supervisor resumes it
+            self.plan.fire("load_restarted", RuntimeError)  # the supervisor restarts it
         return await super().receive(message)
+
+    def _set_state(self, state: ReplicaState) -> None:
+        """Refuse after writing the new weights, or load after the ask timed out."""
+        model = self.model
+        assert model is not None
+        if self.plan.due("load_refused"):
+            model.set_params(state.weights)  # half the new state written ...
+            raise CheckpointError("injected failure: load_refused")  # ... then a Failure
+        if self.plan.due("load_slow"):
+            time.sleep(1.0)  # longer than the trainer's timeout; then it loads
+        super()._set_state(state)
 
     def _compute(self, msg: ComputeGradients) -> Any:
         model = self.model
@@ -218,3 +239,57 @@ async def test_a_replica_resumed_after_crashing_on_a_ring_chunk_fails_the_step_a
         await asyncio.wait_for(dp.ask(Step(x, y)), 5)
         await asyncio.wait_for(reference.ask(Step(x, y)), 5)
     await assert_same_training(dp, reference)
+
+
+LOAD_FAULTS = {
+    "load_refused": CheckpointError,
+    "load_resumed": OutOfMemory,
+    "load_restarted": RuntimeError,
+    "load_slow": AskTimeoutError,
+}
+
+
+async def _states(dp: Any) -> list[ReplicaState]:
+    replicas = dp._cell.instance.replicas  # white-box: each replica's own state
+    return [await asyncio.wait_for(r.ask(GetState()), 5) for r in replicas]
+
+
+@pytest.mark.parametrize("collective", ["host", "ring"])
+@pytest.mark.parametrize("fault", list(LOAD_FAULTS))
+async def test_a_replica_failing_mid_load_leaves_every_replica_as_before_the_load(
+    actor_system: ActorSystem, tmp_path: Path, fault: str, collective: str
+) -> None:
+    data = batches()
+    timeout = 0.4 if fault == "load_slow" else T
+    clean = _spawn(actor_system, Plan(), collective, timeout)  # first: it warms the kernels
+    plan = Plan()
+    dp = _spawn(actor_system, plan, collective, timeout)
+    ckpt = tmp_path / "old.ckpt"
+    for i, (x, y) in enumerate(data[: FAULT_AT + 2]):
+        for trainer in (dp, clean):
+            await asyncio.wait_for(trainer.ask(Step(x, y)), 5)
+        if i == 0:
+            await asyncio.wait_for(dp.ask(SaveCheckpoint(ckpt)), 5)
+    before = await _states(dp)
+    plan.arm(fault)
+    with pytest.raises(LOAD_FAULTS[fault]) as info:
+        await asyncio.wait_for(dp.ask(LoadCheckpoint(ckpt)), 5)
+    assert plan.fired == [fault]
+    assert getattr(info.value, "worker_index", None) == 1
+    assert "replica 1" in "\n".join(getattr(info.value, "__notes__", []))
+    after = await _states(dp)
+    assert len(after) == len(before) == 3
+    for b, a in zip(before, after, strict=True):  # weights, optimizer state, step count
+        assert a.steps == b.steps == FAULT_AT + 2
+        np.testing.assert_array_equal(a.weights, b.weights)
+        assert a.optimizer.keys() == b.optimizer.keys()
+        for key, value in b.optimizer.items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(a.optimizer[key], value)
+            else:
+                assert a.optimizer[key] == value
+    assert dp._cell.instance.steps == FAULT_AT + 2  # white-box: the trainer's count too
+    for x, y in data[FAULT_AT + 2 :]:  # and it trains on as if no load was asked
+        for trainer in (dp, clean):
+            await asyncio.wait_for(trainer.ask(Step(x, y)), 5)
+    await assert_same_training(dp, clean, atol=0.0)

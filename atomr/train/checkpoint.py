@@ -21,6 +21,7 @@ point leaves either the previous checkpoint or the new one, never a mix.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -69,6 +70,13 @@ class Checkpoint:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _check_storable(what: str, value: np.ndarray) -> np.ndarray:
+    """Return `value`, or raise CheckpointError if it needs a pickle to store."""
+    if value.dtype.hasobject:
+        raise CheckpointError(f"{what} is an object array (no pickles)")
+    return value
+
+
 def _split(section: str, state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     scalars: dict[str, Any] = {}
     arrays: dict[str, np.ndarray] = {}
@@ -76,9 +84,7 @@ def _split(section: str, state: Mapping[str, Any]) -> tuple[dict[str, Any], dict
         if "/" in key:
             raise CheckpointError(f"{section} key {key!r} may not contain '/'")
         if isinstance(value, np.ndarray):
-            if value.dtype == object:
-                raise CheckpointError(f"{section}[{key!r}] is an object array (no pickles)")
-            arrays[f"{section}/{key}"] = value
+            arrays[f"{section}/{key}"] = _check_storable(f"{section}[{key!r}]", value)
         else:
             scalars[key] = value
     return scalars, arrays
@@ -87,7 +93,8 @@ def _split(section: str, state: Mapping[str, Any]) -> tuple[dict[str, Any], dict
 def _encode(ckpt: Checkpoint) -> bytes:
     opt_scalars, opt_arrays = _split("optimizer", ckpt.optimizer)
     extra_scalars, extra_arrays = _split("extra", ckpt.extra)
-    arrays = {"weights": np.ascontiguousarray(ckpt.weights), **opt_arrays, **extra_arrays}
+    weights = _check_storable("weights", np.ascontiguousarray(ckpt.weights))
+    arrays = {"weights": weights, **opt_arrays, **extra_arrays}
     buf = io.BytesIO()
     np.savez(buf, allow_pickle=False, **arrays)
     payload = buf.getvalue()
@@ -133,12 +140,18 @@ def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
     Raises:
         CheckpointError: the state holds something that cannot be stored
             without pickles (object arrays, non-JSON scalars).
+        FileNotFoundError: the directory of `path` does not exist (its
+            `filename` is that directory).
         OSError: the file system refused (the previous checkpoint, if any, is
             left intact and no temporary file remains).
     """
     target = Path(path)
     data = _encode(ckpt)
     directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            errno.ENOENT, "checkpoint directory does not exist", os.fspath(directory)
+        )
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -214,7 +227,8 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
         n_params: the receiving model's parameter count.
 
     Raises:
-        CheckpointError: sizes, activation or parameter count differ.
+        CheckpointError: sizes, activation or parameter count differ, or the
+            weights are not real numbers.
     """
     mine = {k: model_config.get(k) for k in ("sizes", "activation")}
     theirs = {k: ckpt.model.get(k) for k in ("sizes", "activation")}
@@ -223,4 +237,8 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
     if ckpt.weights.ndim != 1 or ckpt.weights.shape[0] != n_params:
         raise CheckpointError(
             f"checkpoint holds {ckpt.weights.shape} weights, this model has {n_params} parameters"
+        )
+    if ckpt.weights.dtype.kind not in "fiu":
+        raise CheckpointError(
+            f"checkpoint weights have dtype {ckpt.weights.dtype}, not a real number"
         )

@@ -17,7 +17,8 @@ def load_digits_split(
 
     Args:
         seed: seed of the shuffle (`np.random.default_rng(seed)`).
-        test_fraction: share of the samples held out for testing, in (0, 1).
+        test_fraction: share of the samples held out for testing, in (0, 1);
+            rounded, but both sets keep at least one sample.
 
     Returns:
         `(x_train, y_train, x_test, y_test)`: float32 features of shape
@@ -36,7 +37,8 @@ def load_digits_split(
     y = np.asarray(digits.target, dtype=np.int64)
     order = np.random.default_rng(seed).permutation(len(y))
     x, y = x[order], y[order]
-    n_test = max(1, int(round(len(y) * test_fraction)))
+    # both sides keep at least one sample, whatever the fraction rounds to
+    n_test = min(len(y) - 1, max(1, int(round(len(y) * test_fraction))))
     return (
         np.ascontiguousarray(x[n_test:]),
         np.ascontiguousarray(y[n_test:]),

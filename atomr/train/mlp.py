@@ -140,7 +140,10 @@ class Mlp:
             raise ValueError(f"sizes must have >= 2 entries, each >= 1; got {sizes}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; expected one of {ACTIVATIONS}")
-        dt = np.dtype(dtype)
+        try:
+            dt = np.dtype(dtype)
+        except TypeError as exc:
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}") from exc
         if dt not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {dt}")
         if device is None:

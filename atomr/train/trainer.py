@@ -272,20 +272,43 @@ class Trainer(DeviceActor):
             fresh.load_state_dict(ckpt.optimizer)
         except (KeyError, ValueError, TypeError) as exc:
             raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
-        micro = int(ckpt.extra.get("micro", 0))
-        accum = ckpt.extra.get("accum_grads")
-        if micro >= self.config.accumulation_steps or (micro > 0 and accum is None):
-            raise CheckpointError(
-                f"checkpoint is {micro} micro-steps into an accumulation; this trainer "
-                f"accumulates {self.config.accumulation_steps}"
-            )
+        pending = self._pending_accumulation(ckpt.extra, model.n_params)
         # everything checked: now commit
         model.set_params(ckpt.weights)
         self.optimizer = fresh
         self.steps = int(ckpt.step)
         self._reset_accumulation()
-        if micro > 0 and accum is not None:
+        if pending is not None:
+            micro, accum, accum_loss, accum_norm = pending
             self._accum = model.backend.to_device(np.ascontiguousarray(accum, dtype=model.dtype))
             self._micro = micro
-            self._accum_loss = float(ckpt.extra["accum_loss"])
-            self._accum_norm = float(ckpt.extra["accum_norm"])
+            self._accum_loss = accum_loss
+            self._accum_norm = accum_norm
+
+    def _pending_accumulation(
+        self, extra: dict[str, Any], n_params: int
+    ) -> tuple[int, np.ndarray, float, float] | None:
+        """A checkpoint's pending accumulation `(micro, grads, loss, norm)`, or None.
+
+        Raises:
+            CheckpointError: it is malformed or does not fit this trainer.
+        """
+        try:
+            micro = int(extra.get("micro", 0))
+            if micro <= 0:
+                return None
+            accum = extra.get("accum_grads")
+            if micro >= self.config.accumulation_steps or accum is None:
+                raise CheckpointError(
+                    f"checkpoint is {micro} micro-steps into an accumulation; this trainer "
+                    f"accumulates {self.config.accumulation_steps}"
+                )
+            accum = np.asarray(accum)
+            if accum.shape != (n_params,) or accum.dtype.kind not in "fiu":
+                raise CheckpointError(
+                    f"checkpoint's pending gradients are {accum.dtype} {accum.shape}, "
+                    f"this model has {n_params} parameters"
+                )
+            return micro, accum, float(extra["accum_loss"]), float(extra["accum_norm"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint's pending accumulation is malformed: {exc}") from exc

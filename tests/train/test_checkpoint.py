@@ -122,3 +122,26 @@ def test_check_model_matches() -> None:
         check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "tanh"}, 50)
     with pytest.raises(CheckpointError, match="parameters"):
         check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 51)
+
+
+def test_save_into_a_missing_directory_names_the_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(FileNotFoundError, match="directory") as info:
+        save_checkpoint(missing / "a.ckpt", _ckpt())
+    assert info.value.filename == str(missing)
+    assert not missing.exists()
+
+
+def test_object_weights_are_refused(tmp_path: Path) -> None:
+    ckpt = _ckpt()
+    ckpt.weights = np.array([object()] * 3, dtype=object)
+    with pytest.raises(CheckpointError, match="pickle"):
+        save_checkpoint(tmp_path / "a", ckpt)
+    assert not list(tmp_path.iterdir())
+
+
+def test_check_model_matches_refuses_non_numeric_weights() -> None:
+    ckpt = _ckpt()
+    ckpt.weights = np.array(["a"] * 50)
+    with pytest.raises(CheckpointError, match="dtype"):
+        check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50)

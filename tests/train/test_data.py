@@ -35,3 +35,17 @@ def test_synthetic_classification() -> None:
     np.testing.assert_array_equal(y, y2)
     with pytest.raises(ValueError):
         synthetic_classification(0, 5, 3)
+
+
+@pytest.mark.parametrize("fraction", [1e-6, 0.5, 0.9999])
+def test_digits_split_keeps_every_sample_and_both_sides_non_empty(fraction: float) -> None:
+    x_tr, y_tr, x_te, y_te = load_digits_split(0, test_fraction=fraction)
+    assert len(y_tr) >= 1 and len(y_te) >= 1
+    assert len(x_tr) == len(y_tr) and len(x_te) == len(y_te)
+    assert len(y_tr) + len(y_te) == 1797
+    # a permutation: no sample dropped or duplicated
+    x_all = np.concatenate([x_tr, x_te])
+    from sklearn.datasets import load_digits
+
+    raw = np.asarray(load_digits().data, dtype=np.float32) / np.float32(16.0)
+    assert sorted(map(bytes, x_all)) == sorted(map(bytes, raw))

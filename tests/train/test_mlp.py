@@ -154,6 +154,8 @@ def test_bad_construction() -> None:
         Mlp([3, 2], activation="swish")
     with pytest.raises(ValueError, match="dtype"):
         Mlp([3, 2], dtype=np.int32)
+    with pytest.raises(ValueError, match="dtype"):
+        Mlp([3, 2], dtype="not-a-dtype")
     with pytest.raises(ValueError, match="values"):
         Mlp.from_params([3, 2], np.zeros(7))
     with pytest.raises(ValueError):

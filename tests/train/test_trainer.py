@@ -298,3 +298,52 @@ async def test_digits_reaches_95_percent() -> None:
         result = await ref.ask(Evaluate(x_te, y_te), timeout=10)
     assert result.samples == len(y_te)
     assert result.accuracy >= 0.95
+
+
+def _tamper_missing_accum_loss(ckpt) -> None:
+    del ckpt.extra["accum_loss"]
+
+
+def _tamper_short_accum(ckpt) -> None:
+    ckpt.extra["accum_grads"] = np.zeros(3, np.float32)
+
+
+def _tamper_micro_not_a_number(ckpt) -> None:
+    ckpt.extra["micro"] = "x"
+
+
+def _tamper_string_weights(ckpt) -> None:
+    ckpt.weights = np.array(["a"] * len(ckpt.weights))
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        _tamper_missing_accum_loss,
+        _tamper_short_accum,
+        _tamper_micro_not_a_number,
+        _tamper_string_weights,
+    ],
+)
+async def test_malformed_checkpoint_state_is_a_checkpoint_error(tmp_path: Path, tamper) -> None:
+    """A well-formed file (valid checksum) whose content does not fit is
+    refused with CheckpointError before anything changes; the actor keeps
+    its state (it is not restarted) and the next Step works."""
+    from atomr.train import load_checkpoint, save_checkpoint
+
+    x, y = _data()
+    config = _config(accumulation_steps=2)
+    good, bad = tmp_path / "good.ckpt", tmp_path / "bad.ckpt"
+    async with ActorSystem() as system:
+        ref = await Trainer.spawn(system, Mlp(SIZES, seed=2), "cpu:0", config)
+        assert not (await ref.ask(Step(x, y), timeout=10)).applied  # one micro-step pending
+        await ref.ask(SaveCheckpoint(good), timeout=10)
+        ckpt = load_checkpoint(good)
+        tamper(ckpt)
+        save_checkpoint(bad, ckpt)
+        before = await _weights(ref)
+        with pytest.raises(CheckpointError):
+            await ref.ask(LoadCheckpoint(bad), timeout=10)
+        np.testing.assert_array_equal(await _weights(ref), before)
+        # the pending micro-step survived: this Step completes the accumulation
+        assert (await ref.ask(Step(x, y), timeout=10)).applied

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from atomr.cli import main
+from atomr.cli import main, run_config, train_command
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -141,6 +141,32 @@ def test_unwritable_checkpoint_is_one_line(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("flag", ["--run-dir", "--checkpoint", "--plot", "--history"])
+def test_unwritable_output_fails_before_training(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    flag: str,
+) -> None:
+    """An output path that cannot be written is refused before any training,
+    in one line naming the option to change."""
+
+    def no_training(*_: object) -> None:
+        raise AssertionError("training started before the outputs were checked")
+
+    monkeypatch.setattr(train_command, "load_dataset", no_training)
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, not a folder")
+    target = blocker / ("run" if flag == "--run-dir" else "out")
+    argv = ["train", "--quiet", "--epochs", "1", "--run-dir", str(tmp_path / "run")]
+    code, out, err = _run(capsys, *argv, flag, str(target))
+    assert code == 1
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"atomr: error: {flag}: cannot write "), err
+    assert f"choose another {flag}" in lines[0]
+
+
 def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "train", "--help")
     assert code == 0
@@ -176,3 +202,15 @@ def test_the_installed_command_prints_no_traceback() -> None:
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr == "atomr: error: --epochs must be >= 1, got -1\n"
+
+
+def test_more_devices_than_gpus_says_what_to_do(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_config, "_real_cuda_count", lambda: 1)
+    code, out, err = _run(capsys, "train", "--devices", "4")
+    assert code == 2 and out == ""
+    assert err == (
+        "atomr: error: --devices 4: this machine has 1 GPU(s); use --devices 1 or fewer, "
+        "or a list of CPU devices such as cpu:0,cpu:1 (see 'atomr devices')\n"
+    )

@@ -271,3 +271,19 @@ def test_resume_with_other_optimizer_options_is_refused(
     assert err.startswith("atomr: error: --resume: ") and needle in err
     # the same options resume fine
     assert main([*argv, "--run-dir", str(tmp_path / "same"), "--quiet", *first]) == 0
+
+
+def test_resume_with_another_model_says_which_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = tmp_path / "c.ckpt"
+    first = ["--strategy", "single", "--epochs", "1", "--hidden", "32,16", "--activation", "tanh"]
+    _train(tmp_path, *first, "--checkpoint", str(ckpt))
+    capsys.readouterr()
+    argv = ["train", "--strategy", "single", "--epochs", "2", "--resume", str(ckpt)]
+    code = main([*argv, "--run-dir", str(tmp_path / "again")])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "atomr: error: --resume: the checkpoint is of a 64-32-16-10 tanh model, not 64-128-10 "
+        "relu; resume with --hidden 32,16 --activation tanh\n"
+    )

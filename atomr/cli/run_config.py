@@ -93,7 +93,11 @@ def parse_devices(
             raise CliError(f"--devices needs N >= 1, got {spec!r}")
         if gpus > 0:
             if count > gpus:
-                raise CliError(f"--devices {count}: this machine has {gpus} GPU(s)")
+                raise CliError(
+                    f"--devices {count}: this machine has {gpus} GPU(s); use --devices "
+                    f"{gpus} or fewer, or a list of CPU devices such as cpu:0,cpu:1 "
+                    "(see 'atomr devices')"
+                )
             return tuple(Device("cuda", i) for i in range(count))
         return tuple(Device("cpu", i) for i in range(count))
     devices: list[Device] = []

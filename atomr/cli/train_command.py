@@ -6,6 +6,7 @@ writes the history JSON and the curves PNG and prints the summary table.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from atomr.cli.run_config import RunConfig
 from atomr.cli.summary import summary_table
 from atomr.cli.training_run import train_epochs
 
-__all__ = ["EXIT_INTERRUPTED", "output_paths", "run_train"]
+__all__ = ["EXIT_INTERRUPTED", "check_writable", "output_paths", "run_train"]
 
 EXIT_INTERRUPTED = 130
 
@@ -53,6 +54,40 @@ def output_paths(run: RunConfig) -> tuple[Path, Path]:
     return plot, history
 
 
+def _unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at `path`, or None when it looks writable."""
+    if path.is_dir():
+        return "it is a directory"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "it is not writable"
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return None
+
+
+def check_writable(run: RunConfig, plot: Path, history: Path) -> None:
+    """Refuse output paths that cannot be written, before any training.
+
+    Raises:
+        CliError: naming the option to change (exit status 1).
+    """
+    targets = [
+        (plot, "--plot" if run.plot is not None else "--run-dir"),
+        (history, "--history" if run.history is not None else "--run-dir"),
+    ]
+    if run.checkpoint is not None:
+        targets.append((run.checkpoint, "--checkpoint"))
+    for path, flag in targets:
+        reason = _unwritable(path)
+        if reason is not None:
+            raise CliError(f"{flag}: cannot write {path}: {reason}; choose another {flag}", 1)
+
+
 def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
     """Train as `run` says, write the outputs and print the summary.
 
@@ -67,6 +102,9 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
         CliError: bad options the trainers refuse, unusable checkpoints,
             missing optional packages.
     """
+    plot_path, history_path = output_paths(run)
+    if run.dist is None:  # the ranks of a job would wait for one that stopped here
+        check_writable(run, plot_path, history_path)
     data = load_dataset(run)
     flag = stop if stop is not None else StopFlag()
     history = History(config=run.to_json())
@@ -81,7 +119,6 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
     atomr.run(go())
     if run.dist is not None and not run.dist.is_root:
         return EXIT_INTERRUPTED if history.status == "interrupted" else 0
-    plot_path, history_path = output_paths(run)
     try:
         history.save(history_path)
         save_curves(history, plot_path)

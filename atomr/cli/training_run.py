@@ -125,13 +125,14 @@ async def _evaluate(
 
 
 def _resume_position(
-    run: RunConfig, path: Path, steps_per_epoch: int, history: History
+    run: RunConfig, path: Path, steps_per_epoch: int, history: History, sizes: list[int]
 ) -> Position:
     """Read where the checkpoint stands; restore the earlier epoch records."""
     try:
         ckpt = load_checkpoint(path)
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
+    _check_model_options(run, ckpt, sizes)
     _check_optimizer_options(run, ckpt)
     side = history_path_for(path)
     if side.is_file():
@@ -149,6 +150,26 @@ def _resume_position(
         return Position(int(pos["epoch"]), int(pos["batch"]), int(pos["step"]))
     # a checkpoint without a history (saved by a script): infer from its step count
     return Position(ckpt.step // steps_per_epoch, ckpt.step % steps_per_epoch, ckpt.step)
+
+
+def _check_model_options(run: RunConfig, ckpt: Checkpoint, sizes: list[int]) -> None:
+    """Refuse a checkpoint of another model, naming the options that rebuild it."""
+    saved = ckpt.model.get("sizes")
+    activation = ckpt.model.get("activation")
+    if not isinstance(saved, list) or len(saved) < 2:
+        return  # malformed config: the trainer's LoadCheckpoint reports it
+    if saved == sizes and activation == run.activation:
+        return
+    if saved[0] != sizes[0] or saved[-1] != sizes[-1]:
+        fix = "the same data set (--dataset, --features, --classes)"
+    else:
+        fix = f"--hidden {','.join(map(str, saved[1:-1]))} --activation {activation}"
+    shape = "-".join(map(str, saved))
+    mine = "-".join(map(str, sizes))
+    raise CliError(
+        f"--resume: the checkpoint is of a {shape} {activation} model, not {mine} "
+        f"{run.activation}; resume with {fix}"
+    )
 
 
 def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint) -> None:
@@ -225,7 +246,7 @@ async def train_epochs(
     bounds = batch_bounds(data.x_train.shape[0], run)
     position = Position()
     if run.resume is not None:
-        position = _resume_position(run, run.resume, len(bounds), history)
+        position = _resume_position(run, run.resume, len(bounds), history, sizes)
         history.resumed_from = str(run.resume)
         if position.epoch >= run.epochs:
             raise CliError(

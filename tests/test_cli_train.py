@@ -287,3 +287,18 @@ def test_resume_with_another_model_says_which_options(
         "atomr: error: --resume: the checkpoint is of a 64-32-16-10 tanh model, not 64-128-10 "
         "relu; resume with --hidden 32,16 --activation tanh\n"
     )
+
+
+def test_resume_of_a_model_without_hidden_layers_says_the_cli_cannot_build_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from atomr.train import Checkpoint, save_checkpoint
+
+    ckpt = tmp_path / "linear.ckpt"
+    model = {"sizes": [64, 10], "activation": "relu"}
+    save_checkpoint(ckpt, Checkpoint(model, np.zeros(64 * 10 + 10, dtype=np.float32), 1))
+    argv = ["train", "--strategy", "single", "--epochs", "2", "--resume", str(ckpt)]
+    assert main([*argv, "--run-dir", str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert "the checkpoint is of a 64-10 relu model" in err
+    assert "the command line always builds a hidden layer" in err

@@ -162,6 +162,8 @@ def _check_model_options(run: RunConfig, ckpt: Checkpoint, sizes: list[int]) -> 
         return
     if saved[0] != sizes[0] or saved[-1] != sizes[-1]:
         fix = "the same data set (--dataset, --features, --classes)"
+    elif len(saved) == 2:
+        fix = "the library: the command line always builds a hidden layer"
     else:
         fix = f"--hidden {','.join(map(str, saved[1:-1]))} --activation {activation}"
     shape = "-".join(map(str, saved))

@@ -38,3 +38,16 @@ def test_quiet_progress_prints_nothing(capsys) -> None:
     progress.epoch_done(EpochRecord(1, 1, 1.0, 0.5, 1.0, 0.5, 1.0, 0.1), 1)
     progress.close()
     assert capsys.readouterr().err == ""
+
+
+def test_the_bar_shows_the_last_epochs_accuracy_once_it_ends(capsys) -> None:
+    progress = Progress(total_steps=2)
+    stats = StepStats(loss=2.0, grad_norm=1.0, step_micros=10, samples=8)
+    progress.update(stats, mean_loss=2.0, samples_per_s=1000.0)
+    progress.epoch_done(EpochRecord(1, 1, 1.5, 0.5, 1.4, 0.875, 1000.0, 0.1), 2)
+    progress.update(stats, mean_loss=1.2, samples_per_s=900.0)
+    # the final epoch ends: no further update, the bar must still show its accuracy
+    progress.epoch_done(EpochRecord(2, 2, 1.1, 0.6, 1.0, 0.9375, 900.0, 0.1), 2)
+    assert _postfix(progress) == "loss=1.2000, acc=0.938, samples_s=900"
+    progress.close()
+    capsys.readouterr()

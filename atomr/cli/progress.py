@@ -29,6 +29,7 @@ class Progress:
     def __init__(self, total_steps: int, done_steps: int = 0, enabled: bool = True) -> None:
         self._bar: Any = None
         self._accuracy = float("nan")
+        self._postfix: dict[str, str] = {}
         if enabled:
             try:
                 from tqdm import tqdm
@@ -68,6 +69,7 @@ class Progress:
         if not math.isnan(self._accuracy):  # NaN until the first epoch has ended
             postfix["acc"] = f"{self._accuracy:.3f}"
         postfix["samples_s"] = f"{samples_per_s:,.0f}"
+        self._postfix = postfix
         self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(1)
 
@@ -81,6 +83,11 @@ class Progress:
         )
         if self._bar is not None:
             self._bar.write(line, file=sys.stderr)
+            if self._postfix:  # the last epoch's bar must not keep the one before's acc
+                rest = {k: v for k, v in self._postfix.items() if k not in ("loss", "acc")}
+                loss = self._postfix["loss"]
+                self._postfix = {"loss": loss, "acc": f"{self._accuracy:.3f}", **rest}
+                self._bar.set_postfix(self._postfix)
         elif self._enabled:
             print(line, file=sys.stderr, flush=True)
 

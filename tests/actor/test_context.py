@@ -255,14 +255,20 @@ async def test_forward_keeps_ask_and_sender(actor_system: ActorSystem) -> None:
 
 
 class Stuck(Actor):
+    def __init__(self, busy: asyncio.Event) -> None:
+        super().__init__()
+        self.busy = busy
+
     async def receive(self, message: Any) -> Any:
+        self.busy.set()
         await asyncio.sleep(3600)
 
 
 async def test_forward_refused_by_full_mailbox_fails_the_ask(actor_system: ActorSystem) -> None:
-    target = actor_system.spawn(Props(Stuck).with_mailbox(BoundedMailbox(1)))
+    busy = asyncio.Event()
+    target = actor_system.spawn(Props(Stuck, busy).with_mailbox(BoundedMailbox(1)))
     target.tell("busy")
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(busy.wait(), 5)  # "busy" is out of the mailbox
     target.tell("queued")  # the mailbox is now full (policy FAIL)
     ref = actor_system.spawn(Props(Router, target))
     with pytest.raises(MailboxFullError):

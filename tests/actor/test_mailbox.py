@@ -204,7 +204,7 @@ async def test_back_pressure_room_passes_on_when_woken_sender_is_cancelled(
     mailbox = BoundedMailbox(1, OverflowPolicy.BACK_PRESSURE)
     ref = actor_system.spawn(Props(CancelsSender, started, gate, victim).with_mailbox(mailbox))
     ref.tell("block")
-    await started.wait()
+    await asyncio.wait_for(started.wait(), 3.0)
     ref.tell("cancel")  # the mailbox is full
     victim.append(asyncio.create_task(ref.send("a")))
     waiting = asyncio.create_task(ref.ask("b", timeout=None))

@@ -142,8 +142,14 @@ async def test_restarted_router_does_not_route_terminated_of_old_routees(
     probe = TestProbe(actor_system)
     owner = actor_system.spawn(Props(PoolOwner, probe.ref))
     pool, failing = await owner.ask("pool"), await owner.ask("failing")
+    old_instance = pool._cell.instance  # white-box: to see the restart happen
+    old_routees = list(old_instance.routees)
     failing.tell("boom")  # AllForOne: the router restarts, its old routees stop
-    await asyncio.sleep(0.05)
+    deadline = asyncio.get_running_loop().time() + 5
+    while pool._cell.instance is old_instance or any(r.is_alive for r in old_routees):
+        assert asyncio.get_running_loop().time() < deadline, "the pool never restarted"
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # the old routees' Terminated reach the new instance
     pool.tell("after")
     assert (await probe.expect_msg())[1] == "after"  # was: Terminated(old routee)
     await probe.expect_no_msg(0.05)

@@ -212,7 +212,7 @@ async def test_terminate_awaited_inside_top_level_actor() -> None:
     entered = asyncio.Event()
     system = ActorSystem("t")
     system.spawn(Props(Quitter, log, entered), name="top").tell("quit")
-    await entered.wait()
+    await asyncio.wait_for(entered.wait(), 5.0)
     await asyncio.wait_for(system.terminate(), 5.0)  # was: deadlock
     assert log == ["top"] and system.actors == []
 
@@ -224,8 +224,8 @@ async def test_terminate_awaited_inside_child_stops_everything() -> None:
     top = system.spawn(Props(Quitter, log, entered), name="top")
     kid = await top.ask("spawn")
     kid.tell("quit")
-    await entered.wait()
-    await system.terminate()  # was: returned before "top" had stopped
+    await asyncio.wait_for(entered.wait(), 5.0)
+    await asyncio.wait_for(system.terminate(), 5.0)  # was: returned before "top" had stopped
     assert log == ["kid", "top"] and system.actors == []
 
 
@@ -237,7 +237,7 @@ async def test_cancelled_terminate_does_not_mark_system_terminated() -> None:
     await asyncio.sleep(0)
     caller.cancel()
     await asyncio.gather(caller, return_exceptions=True)
-    await system.terminate()  # still waits for every actor to stop
+    await asyncio.wait_for(system.terminate(), 5.0)  # still waits for every actor to stop
     assert len(log) == 7 and system.actors == []
 
 
@@ -262,6 +262,6 @@ async def test_failed_spawn_leaves_no_orphan_children() -> None:
     assert not kid.is_alive
     kid.tell("hello")  # a dead letter, not a message to a forgotten actor
     assert system.dead_letters.count == 1
-    await system.terminate()
+    await asyncio.wait_for(system.terminate(), 5.0)
     pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert pending == []  # was: the child (and its own child) kept running

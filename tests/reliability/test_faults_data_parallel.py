@@ -92,7 +92,7 @@ class FaultyReplica(ReplicaActor):
             model.set_params(state.weights)  # half the new state written ...
             raise CheckpointError("injected failure: load_refused")  # ... then a Failure
         if self.plan.due("load_slow"):
-            time.sleep(1.0)  # longer than the trainer's timeout; then it loads
+            time.sleep(2.5)  # longer than the trainer's timeout; then it loads
         super()._set_state(state)
 
     def _compute(self, msg: ComputeGradients) -> Any:
@@ -117,7 +117,7 @@ class FaultyReplica(ReplicaActor):
         opt, model = self.optimizer, self.model
         assert opt is not None and model is not None
         if self.plan.due("slow_apply"):
-            time.sleep(1.0)  # longer than the trainer's timeout; then it applies
+            time.sleep(2.5)  # longer than the trainer's timeout; then it applies
         if self.plan.due("mid_optimizer"):
 
             def broken(params: Any, grads: Any) -> None:
@@ -198,7 +198,7 @@ async def test_a_replica_applying_after_its_ask_timed_out_is_rolled_back_too(
     clean = _spawn(actor_system, Plan(), collective)  # first: it also warms up the kernels
     await clean_run(clean, data)
     plan = Plan()
-    dp = _spawn(actor_system, plan, collective, timeout=0.4)
+    dp = _spawn(actor_system, plan, collective, timeout=1.0)
 
     async def replica_weights() -> list[np.ndarray]:
         replicas = dp._cell.instance.replicas  # white-box: each replica, once it is done
@@ -260,7 +260,7 @@ async def test_a_replica_failing_mid_load_leaves_every_replica_as_before_the_loa
     actor_system: ActorSystem, tmp_path: Path, fault: str, collective: str
 ) -> None:
     data = batches()
-    timeout = 0.4 if fault == "load_slow" else T
+    timeout = 1.0 if fault == "load_slow" else T
     clean = _spawn(actor_system, Plan(), collective, timeout)  # first: it warms the kernels
     plan = Plan()
     dp = _spawn(actor_system, plan, collective, timeout)

@@ -172,14 +172,14 @@ async def test_a_shard_applying_after_the_ask_timed_out_is_rolled_back_too(
 
     def apply(self: ShardActor, scale: float) -> None:
         if self.layout.rank == FAULTY_RANK and slow.due("slow_apply"):
-            time.sleep(1.0)  # longer than the trainer's ask timeout; then it applies
+            time.sleep(2.5)  # longer than the trainer's ask timeout; then it applies
         return original_apply(self, scale)
 
     monkeypatch.setattr(ShardActor, "_apply", apply)
     data = batches()
     clean = await _spawn(actor_system)  # first: it also warms up the kernels
     await clean_run(clean, data)
-    config = TensorParallelConfig(2, CONFIG.optimizer, CONFIG.loss, ask_timeout=0.4)
+    config = TensorParallelConfig(2, CONFIG.optimizer, CONFIG.loss, ask_timeout=1.0)
     model = Mlp(SIZES, activation="tanh", seed=4)
     tp = await TensorParallelTrainer.spawn(actor_system, model, cpu_devices(2), config)
     error, views = await faulted_run(

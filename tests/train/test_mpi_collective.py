@@ -79,7 +79,9 @@ def test_rank_killed_by_sigkill_ends_the_job_in_bounded_time(n: int) -> None:
       error names rank 1;
     - rarely (seen once in a loaded CI run, 0 of 24 runs here) hydra's proxy
       writes a PMI reply to a rank it has already closed and the launcher
-      itself fails: exit code 255 and "process manager error".
+      itself fails: exit code 255 and "process manager error";
+    - and, on a loaded machine, a survivor's own report (naming rank 1) may
+      be what ends the job, with its exit code.
 
     Either way the job ends, non-zero and within the bound, and no survivor
     carries on as if nothing happened.
@@ -88,11 +90,13 @@ def test_rank_killed_by_sigkill_ends_the_job_in_bounded_time(n: int) -> None:
     output = result.stdout + result.stderr
     assert "[rank 1] failing now (kill)" in output, output
     assert "finished without noticing" not in output, output
-    if result.returncode == 255:  # hydra's own failure while ending the job
-        assert "process manager error" in output, output
-    else:
-        assert result.returncode == 9, output  # hydra: the worst rank status, SIGKILL
-        assert "Killed (signal 9)" in output, output
+    assert result.returncode not in (0, 124), output
+    outcomes = {
+        "hydra reported the signal": result.returncode == 9 and "Killed (signal 9)" in output,
+        "hydra's proxy failed": result.returncode == 255 and "process manager error" in output,
+        "a survivor named the rank": "rank 1 never joined" in output,
+    }
+    assert any(outcomes.values()), output
     if "Error:" in output:  # a survivor reported before hydra ended the job
         assert "CollectiveTimeoutError" in output, output
         assert "rank 1 never joined" in output, output

@@ -137,6 +137,16 @@ def assert_unchanged(views: list[Any]) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def assert_same_optimizer_state(after: dict[str, Any], before: dict[str, Any]) -> None:
+    """Two optimizer `state_dict()`s hold the same keys and exactly equal values."""
+    assert after.keys() == before.keys()
+    for key, value in before.items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(after[key], value)
+        else:
+            assert after[key] == value
+
+
 async def lost_until_reloaded(
     trainer: ActorRef,
     reference: ActorRef,

@@ -79,7 +79,7 @@ from atomr.train.messages import (
     Step,
 )
 from atomr.train.mlp import Mlp
-from atomr.train.recovery import resync, worker_decider
+from atomr.train.recovery import ResumedCrashWatch, resync, worker_decider
 from atomr.train.replica import (
     ApplyGradients,
     ComputeGradients,
@@ -251,9 +251,8 @@ class DataParallelTrainer(Actor):
         self._lost: BaseException | None = None
         self._tokens = itertools.count(1)
         self._executor: ThreadPoolExecutor | None = None
-        # set while a ring all-reduce runs: a resumed replica's crash, which may
-        # have lost a told RingChunk (its RingReduce would never be answered)
-        self._crashed: asyncio.Future[BaseException] | None = None
+        # a replica resumed during a ring all-reduce may have lost a told RingChunk
+        self._resumed = ResumedCrashWatch()
         self._reset_window()
 
     # -- construction -------------------------------------------------------
@@ -333,11 +332,7 @@ class DataParallelTrainer(Actor):
 
     def _decide(self, error: BaseException) -> Directive:
         """`replica_decider`; a replica resumed during a ring all-reduce also ends it."""
-        directive = replica_decider(error)
-        crashed = self._crashed
-        if directive is Directive.RESUME and crashed is not None and not crashed.done():
-            crashed.set_result(error)
-        return directive
+        return self._resumed.note(replica_decider(error), error)
 
     def pre_start(self) -> None:
         """Spawn the replicas given as `Props`."""
@@ -504,12 +499,12 @@ class DataParallelTrainer(Actor):
         grad_norm: float | None = None  # set once `reduced` is scaled and clipped
         if isinstance(self.collective, RingAllReduce):
             # a replica resumed on a told RingChunk lost it: end the ring at once
-            self._crashed = asyncio.get_running_loop().create_future()
+            interrupt = self._resumed.begin()
             try:
                 reduced = await self.collective.all_reduce(
                     self.replicas,
                     result_from=0 if pc is not None else None,
-                    interrupt=self._crashed,
+                    interrupt=interrupt,
                 )
             except Exception as exc:
                 # re-sync every member that failed on its own (a resync of a
@@ -520,7 +515,7 @@ class DataParallelTrainer(Actor):
                 exc.add_note("the ring all-reduce failed; the step was not applied")
                 return Failure(exc)
             finally:
-                self._crashed = None
+                self._resumed.end()
         elif pc is None and isinstance(self.collective, HostCollective):
             # one process: sum, scale by 1 / normaliser and measure in one pass
             bad = _check_totals(loss_sum, norm)

@@ -301,8 +301,7 @@ class AsyncParameterServer(DeviceActor):
             if error is not None:
                 return Failure(error)
             self._count_applied([staleness])
-        self._clocks[worker] = self._clocks.get(worker, 0) + 1
-        await self._release_pulls()
+        await self._batch_done(worker)
         return self.version
 
     async def _push_sync(self, worker: int, grad: np.ndarray, weight: float, staleness: int) -> Any:
@@ -323,8 +322,7 @@ class AsyncParameterServer(DeviceActor):
         except ValueError as exc:
             return Failure(exc)
         if not self.consistency.is_synchronous:
-            self._clocks[worker] = self._clocks.get(worker, 0) + 1
-            await self._release_pulls()
+            await self._batch_done(worker)
             return self.version
         if staleness != 0:
             return Failure(StaleGradientError(staleness, 0, "synchronous mode abort"))
@@ -404,6 +402,11 @@ class AsyncParameterServer(DeviceActor):
         self._buffers.commit()
         self.version += 1
         return None
+
+    async def _batch_done(self, worker: int) -> None:
+        """Tick `worker`'s clock (bounded staleness) and answer the pulls it frees."""
+        self._clocks[worker] = self._clocks.get(worker, 0) + 1
+        await self._release_pulls()
 
     def _count_applied(self, stalenesses: list[int]) -> None:
         self.applied += len(stalenesses)

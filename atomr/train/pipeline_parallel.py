@@ -58,7 +58,7 @@ from atomr.train.loss import LossKind
 from atomr.train.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.mlp import Mlp
 from atomr.train.optimizer import OptimizerKind
-from atomr.train.recovery import StateLossWatch
+from atomr.train.recovery import ResumedCrashWatch, StateLossWatch
 from atomr.train.schedule import OpKind, Schedule, split_micro_batches
 from atomr.train.stage import (
     AbortStep,
@@ -184,9 +184,8 @@ class PipelineParallelTrainer(Actor):
         self._step_id = 0
         self._timeline: Timeline | None = None
         self._watch = StateLossWatch("stage")
-        # set while a pass runs: a resumed stage's crash, which may leave its
-        # RunMicroBatches unanswered (it crashed on a told message)
-        self._crashed: asyncio.Future[BaseException] | None = None
+        # a stage resumed during a pass may leave its RunMicroBatches unanswered
+        self._resumed = ResumedCrashWatch()
 
     @classmethod
     def props(
@@ -282,11 +281,7 @@ class PipelineParallelTrainer(Actor):
 
     def _decide(self, error: BaseException) -> Directive:
         """`StateLossWatch.decide`; a stage resumed during a pass also ends the pass."""
-        directive = self._watch.decide(error)
-        crashed = self._crashed
-        if directive is Directive.RESUME and crashed is not None and not crashed.done():
-            crashed.set_result(error)
-        return directive
+        return self._resumed.note(self._watch.decide(error), error)
 
     def _connect_message(self, i: int) -> ConnectStage:
         p = len(self.stages)
@@ -416,8 +411,7 @@ class PipelineParallelTrainer(Actor):
 
         # A stage that crashes on a told message (Activations, Gradients) is
         # resumed with its RunMicroBatches unanswered: end the pass on its crash.
-        crashed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-        self._crashed = crashed
+        crashed = self._resumed.begin()
         run = asyncio.ensure_future(
             ask_all_or_abort(self.stages, msgs, abort, self.config.ask_timeout)
         )
@@ -431,7 +425,7 @@ class PipelineParallelTrainer(Actor):
             error.add_note(f"raised by a stage actor during step {sid}; aborted on every stage")
             raise error
         finally:
-            self._crashed = None
+            self._resumed.end()
             if not run.done():
                 run.cancel()
 

@@ -15,10 +15,15 @@
   re-syncing); only a poisoned device context costs a worker its state,
   and then the trainer refuses every request with `WorkerStateLost` until
   a checkpoint is loaded. No host copy of the state is kept.
+- `ResumedCrashWatch` (data parallel's ring, the pipeline's pass): a worker
+  resumed after raising on a *told* message lost that message, so an
+  exchange waiting for its answer would wait for its timeout; the watch
+  turns the supervisor's resume into a future the exchange can wait on.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +36,7 @@ from atomr.train.messages import LoadCheckpoint
 
 __all__ = [
     "DoubleBuffer",
+    "ResumedCrashWatch",
     "ResyncOutcome",
     "StateLossWatch",
     "resync",
@@ -325,3 +331,32 @@ class StateLossWatch:
         self._restarted.clear()
         self._cause = None
         return True
+
+
+class ResumedCrashWatch:
+    """Records a worker resumed (after raising) while an exchange runs.
+
+    Such a worker may have raised on a told message (a ring chunk, a
+    pipeline activation), which is then lost: the exchange would wait for an
+    answer that never comes. Wrap the trainer's decider with `note`, and wait
+    on the future `begin` returns alongside the exchange.
+    """
+
+    def __init__(self) -> None:
+        self._crashed: asyncio.Future[BaseException] | None = None
+
+    def begin(self) -> asyncio.Future[BaseException]:
+        """Start watching; the future gets the first resumed worker's error."""
+        self._crashed = asyncio.get_running_loop().create_future()
+        return self._crashed
+
+    def end(self) -> None:
+        """Stop watching (the exchange is over)."""
+        self._crashed = None
+
+    def note(self, directive: Directive, error: BaseException) -> Directive:
+        """Pass `directive` through; a resume while watching resolves the future."""
+        crashed = self._crashed
+        if directive is Directive.RESUME and crashed is not None and not crashed.done():
+            crashed.set_result(error)
+        return directive

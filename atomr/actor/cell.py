@@ -209,15 +209,8 @@ class ActorCell:
         for child in list(self.children.values()):
             child.discard()
         self.children.clear()
-        stopped = ActorStoppedError(f"{self.path} failed to start")
-        while self.queue:
-            message, sender, reply = self.queue.popleft()
-            self.dead_letter(message, sender, "stopped")
-            if reply is not None and not reply.done():
-                reply.set_exception(stopped)
-        for target in self.watching:
-            target.watchers.discard(self)
-        self.watching.clear()
+        self._fail_pending(ActorStoppedError(f"{self.path} failed to start"))
+        self._unwatch_all()
         if not self.stopped.done():
             self.stopped.set_result(None)
 
@@ -570,6 +563,21 @@ class ActorCell:
         self.current = None
         if current is not None and current[2] is not None and not current[2].done():
             current[2].set_exception(stopped)  # the loop died in the handler
+        self._fail_pending(stopped)
+        self.supervisor.child_stopped(self)
+        self._unwatch_all()
+        terminated = Terminated(self.ref)
+        for watcher in list(self.watchers):
+            watcher.watching.discard(self)
+            watcher.post_internal(terminated)
+        self.watchers.clear()
+        if not self.stopped.done():
+            self.stopped.set_result(None)
+
+    def _fail_pending(self, stopped: ActorStoppedError) -> None:
+        """Fail what still waits on this dead actor: queued and stashed messages
+        become dead letters (a PoisonPill is no loss), their asks and deferred
+        replies get `stopped`, senders blocked on a full mailbox are woken."""
         for queue in (self.queue, self.stash):
             while queue:
                 message, sender, reply = queue.popleft()
@@ -582,17 +590,12 @@ class ActorCell:
             deferred.set_exception(stopped)
         self.replies.clear()
         self.mailbox.wake_all()
-        self.supervisor.child_stopped(self)
+
+    def _unwatch_all(self) -> None:
+        """Stop watching every actor this one watches."""
         for target in self.watching:
             target.watchers.discard(self)
         self.watching.clear()
-        terminated = Terminated(self.ref)
-        for watcher in list(self.watchers):
-            watcher.watching.discard(self)
-            watcher.post_internal(terminated)
-        self.watchers.clear()
-        if not self.stopped.done():
-            self.stopped.set_result(None)
 
     def __repr__(self) -> str:
         return f"<ActorCell {self.path}>"

@@ -28,8 +28,7 @@ ROOT = Path(atomr.__file__).resolve().parent
 
 def _contract() -> tuple[Any, Any, Any, Any, Any]:
     """The names one data-parallel step needs, wherever the layout puts them."""
-    from atomr.train import DataParallelTrainer, LossKind, Mlp, OptimizerKind, TrainerConfig
-    from atomr.train import Step
+    from atomr.train import DataParallelTrainer, LossKind, Mlp, OptimizerKind, Step, TrainerConfig
 
     return DataParallelTrainer, LossKind, Mlp, OptimizerKind, (TrainerConfig, Step)
 

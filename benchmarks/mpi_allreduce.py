@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr.train.launch import run_mpiexec
+from atomr.train.comm.mpi.launch import run_mpiexec
 
 DP_SIZES = [256, 512, 512, 10]
 DP_BATCH = 512
@@ -65,7 +65,7 @@ async def _time_ours(coll: Any, buf: np.ndarray, reps: int) -> float:
 async def _allreduce_rank(out: Path, repeat: int, max_mb: int) -> None:
     from mpi4py import MPI
 
-    from atomr.train.mpi_collective import MpiCollective
+    from atomr.train.comm.mpi.collective import MpiCollective
 
     comm = MPI.COMM_WORLD
     coll = MpiCollective(timeout=120.0)

@@ -33,9 +33,9 @@ import numpy as np
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import LossKind, Mlp, OptimizerKind, Step, TrainerConfig, synthetic_classification
-from atomr.train.data_parallel import DataParallelTrainer
-from atomr.train.parameter_server import AsyncParameterServer
-from atomr.train.ps_consistency import Consistency
+from atomr.train.data_parallel.trainer import DataParallelTrainer
+from atomr.train.parameter_server.consistency import Consistency
+from atomr.train.parameter_server.server import AsyncParameterServer
 
 SIZES = [64, 256, 256, 10]
 

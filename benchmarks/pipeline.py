@@ -26,10 +26,10 @@ import numpy as np
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
-from atomr.train.pipeline_parallel import PipelineConfig, PipelineParallelTrainer
-from atomr.train.schedule import ideal_bubble_fraction, ideal_step_time
-from atomr.train.stage import StageActor
-from atomr.train.timeline import GetTimeline, Timeline
+from atomr.train.pipeline.schedule import ideal_bubble_fraction, ideal_step_time
+from atomr.train.pipeline.stage import StageActor
+from atomr.train.pipeline.timeline import GetTimeline, Timeline
+from atomr.train.pipeline.trainer import PipelineConfig, PipelineParallelTrainer
 
 OP_SECONDS = 0.020  # overwritten by --op-ms
 

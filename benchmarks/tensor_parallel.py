@@ -42,7 +42,7 @@ from atomr.train import (
     Trainer,
     synthetic_classification,
 )
-from atomr.train.shard import ShardActor
+from atomr.train.tensor_parallel.shard import ShardActor
 
 SIZES = [256, 1024, 1024, 256]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import atomr
 from atomr import ActorSystem
 from atomr.train import LossKind, Mlp, OptimizerKind, TrainerConfig, load_digits_split
-from atomr.train.parameter_server import AsyncParameterServer
-from atomr.train.ps_consistency import Consistency
+from atomr.train.parameter_server.consistency import Consistency
+from atomr.train.parameter_server.server import AsyncParameterServer
 
 
 async def main() -> None:

@@ -25,8 +25,8 @@ from atomr.train import (
     TrainerConfig,
     synthetic_classification,
 )
-from atomr.train.pipeline_parallel import PipelineConfig, PipelineParallelTrainer
-from atomr.train.timeline import GetTimeline
+from atomr.train.pipeline.timeline import GetTimeline
+from atomr.train.pipeline.trainer import PipelineConfig, PipelineParallelTrainer
 
 
 async def main() -> None:

@@ -24,7 +24,7 @@ from atomr.train import (
     Trainer,
     synthetic_classification,
 )
-from atomr.train.sharding import shard_layout
+from atomr.train.tensor_parallel.sharding import shard_layout
 
 
 async def main() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import atomr
 from atomr.cli.errors import CliError
 from atomr.cli.parser import build_parser
-from atomr.train.errors import CheckpointError
+from atomr.train.core.errors import CheckpointError
 
 __all__ = ["main"]
 

@@ -1,5 +1,5 @@
 """`launch_command`: `atomr launch -n N -- <train args>` starts
-`atomr train --distributed` as N MPI processes (`atomr.train.launch.launch`)."""
+`atomr train --distributed` as N MPI processes (`atomr.train.comm.mpi.launch.launch`)."""
 
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ def launch_command(nprocs: int, train_args: list[str], timeout: float | None = N
     if args[:1] == ["train"]:
         args = args[1:]
     try:
-        launch = importlib.import_module("atomr.train.launch").launch
+        launch = importlib.import_module("atomr.train.comm.mpi.launch").launch
     except (ImportError, AttributeError):
         raise CliError(
-            "atomr launch is not available yet (atomr.train.launch is missing)", 1
+            "atomr launch is not available yet (atomr.train.comm.mpi.launch is missing)", 1
         ) from None
     try:
         return int(launch(nprocs, args, timeout=timeout))

@@ -16,7 +16,7 @@ from typing import Any
 from atomr.accel import Device, cuda_device_count, cuda_is_simulated
 from atomr.cli.errors import CliError
 from atomr.train import LossKind, OptimizerKind, TrainerConfig
-from atomr.train.distributed import DistributedTrainConfig, NotLaunchedError
+from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
 
 __all__ = ["RunConfig", "default_lr", "parse_devices", "parse_hidden"]
 

@@ -26,10 +26,10 @@ __all__ = ["micro_batch_size", "spawn_trainer", "strategy_available"]
 
 _MODULES = {
     "single": ("atomr.train.trainer", "Trainer"),
-    "data": ("atomr.train.data_parallel", "DataParallelTrainer"),
-    "tensor": ("atomr.train.tensor_parallel", "TensorParallelTrainer"),
-    "pipeline": ("atomr.train.pipeline_parallel", "PipelineParallelTrainer"),
-    "ps": ("atomr.train.parameter_server", "AsyncParameterServer"),
+    "data": ("atomr.train.data_parallel.trainer", "DataParallelTrainer"),
+    "tensor": ("atomr.train.tensor_parallel.trainer", "TensorParallelTrainer"),
+    "pipeline": ("atomr.train.pipeline.trainer", "PipelineParallelTrainer"),
+    "ps": ("atomr.train.parameter_server.server", "AsyncParameterServer"),
 }
 
 
@@ -64,7 +64,7 @@ async def _spawn_distributed(
     system: Any, run: RunConfig, model: Mlp, config: TrainerConfig
 ) -> TrainerHandle:
     try:
-        module = importlib.import_module("atomr.train.distributed_trainer")
+        module = importlib.import_module("atomr.train.data_parallel.distributed")
     except ImportError:
         raise CliError("--distributed is not available yet", 1) from None
     try:

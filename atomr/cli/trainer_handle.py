@@ -181,7 +181,7 @@ class ParameterServerTrainerHandle(TrainerHandle):
 
 class DistributedTrainerHandle(TrainerHandle):
     """This process's part of an MPI data-parallel job
-    (`atomr.train.distributed_trainer.DistributedDataParallel`).
+    (`atomr.train.data_parallel.distributed.DistributedDataParallel`).
 
     Every rank sends the same global batches; each trains on its shard.
     Checkpoints are written by rank 0 only; every rank loads them.
@@ -231,7 +231,7 @@ class DistributedTrainerHandle(TrainerHandle):
     def abort_job(self, error: BaseException) -> None:
         """After a collective failure (a rank died or timed out), abort the
         whole MPI job with exit code 2 and the error as the message."""
-        from atomr.train.mpi_collective import CollectiveError
+        from atomr.train.comm.mpi.collective import CollectiveError
 
         abort = getattr(self.ddp.collective, "abort", None)
         if isinstance(error, CollectiveError) and abort is not None:

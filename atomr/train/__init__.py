@@ -1,29 +1,27 @@
 """Training: the Mlp with flat parameters, losses, optimizers, checkpoints
 and the trainer actors (see docs/training.md)."""
 
-from atomr.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from atomr.train.clip import clip_grad_norm, global_norm
-from atomr.train.collective import Collective, HostCollective
-from atomr.train.config import TrainerConfig
-from atomr.train.data import load_digits_split, synthetic_classification
-from atomr.train.data_parallel import (
-    DataParallelConfig,
-    DataParallelTrainer,
-    ReplicaDivergenceError,
+from atomr.train.comm.collective import Collective, HostCollective
+from atomr.train.comm.mpi.collective import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    MpiCollective,
+    RankFailedError,
 )
-from atomr.train.distributed import DistributedTrainConfig, NotLaunchedError, shard_for_rank
-from atomr.train.distributed_trainer import (
-    DistributedDataParallel,
-    spawn_distributed_data_parallel,
-)
-from atomr.train.errors import (
+from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError, shard_for_rank
+from atomr.train.comm.ring import RingAllReduce
+from atomr.train.core.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from atomr.train.core.clip import clip_grad_norm, global_norm
+from atomr.train.core.config import TrainerConfig
+from atomr.train.core.data import load_digits_split, synthetic_classification
+from atomr.train.core.errors import (
     CheckpointError,
     InvalidBatchError,
     NonFiniteError,
     WorkerStateLost,
 )
-from atomr.train.loss import LossKind
-from atomr.train.messages import (
+from atomr.train.core.loss import LossKind
+from atomr.train.core.messages import (
     Evaluate,
     GetReplicaWeights,
     GetWeights,
@@ -32,40 +30,42 @@ from atomr.train.messages import (
     SetReplicas,
     Step,
 )
-from atomr.train.mlp import LayerOffsets, Mlp, Tape
-from atomr.train.mpi_collective import (
-    CollectiveError,
-    CollectiveTimeoutError,
-    MpiCollective,
-    RankFailedError,
+from atomr.train.core.mlp import LayerOffsets, Mlp, Tape
+from atomr.train.core.optimizer import Optimizer, OptimizerKind
+from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.validation import validate_batch, validate_features, validate_targets
+from atomr.train.data_parallel.distributed import (
+    DistributedDataParallel,
+    spawn_distributed_data_parallel,
 )
-from atomr.train.optimizer import Optimizer, OptimizerKind
-from atomr.train.parameter_server import AsyncParameterServer
-from atomr.train.pipeline_parallel import GetGradients, PipelineConfig, PipelineParallelTrainer
-from atomr.train.ps_consistency import Consistency
-from atomr.train.ps_handle import EpochRecord, ParameterServerHandle
-from atomr.train.ps_messages import (
+from atomr.train.data_parallel.replica import ReplicaActor, ReplicaState
+from atomr.train.data_parallel.speed_balancer import SpeedBalancer
+from atomr.train.data_parallel.trainer import (
+    DataParallelConfig,
+    DataParallelTrainer,
+    ReplicaDivergenceError,
+)
+from atomr.train.parameter_server.consistency import Consistency
+from atomr.train.parameter_server.handle import EpochRecord, ParameterServerHandle
+from atomr.train.parameter_server.messages import (
     ParameterServerStats,
     PullWeights,
     PushGradient,
     StaleGradientError,
     Stats,
 )
-from atomr.train.replica import ReplicaActor, ReplicaState
-from atomr.train.ring_all_reduce import RingAllReduce
-from atomr.train.schedule import Op, OpKind, Schedule
-from atomr.train.shard import ShardActor, ShardProtocol
-from atomr.train.speed_balancer import SpeedBalancer
-from atomr.train.stage import PipelineStageProtocol, StageActor
-from atomr.train.stats import EvalResult, StepStats
-from atomr.train.tensor_parallel import (
+from atomr.train.parameter_server.server import AsyncParameterServer
+from atomr.train.pipeline.schedule import Op, OpKind, Schedule
+from atomr.train.pipeline.stage import PipelineStageProtocol, StageActor
+from atomr.train.pipeline.timeline import BusyInterval, GetTimeline, Timeline
+from atomr.train.pipeline.trainer import GetGradients, PipelineConfig, PipelineParallelTrainer
+from atomr.train.tensor_parallel.shard import ShardActor, ShardProtocol
+from atomr.train.tensor_parallel.trainer import (
     ShardGroup,
     TensorParallelConfig,
     TensorParallelTrainer,
 )
-from atomr.train.timeline import BusyInterval, GetTimeline, Timeline
 from atomr.train.trainer import Trainer
-from atomr.train.validation import validate_batch, validate_features, validate_targets
 
 __all__ = [
     "CollectiveError",

@@ -23,22 +23,22 @@ import numpy as np
 
 from atomr.accel import Device, DeviceActor
 from atomr.actor import ActorRef, Failure, Props
-from atomr.train.checkpoint import (
+from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_model_matches,
     load_checkpoint,
     save_checkpoint,
 )
-from atomr.train.clip import clip_grad_norm, global_norm
-from atomr.train.config import TrainerConfig
-from atomr.train.device_guard import REQUEST_ERRORS, Rejected, guarded
-from atomr.train.errors import InvalidBatchError, NonFiniteError
-from atomr.train.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
-from atomr.train.mlp import Mlp
-from atomr.train.optimizer import Optimizer
-from atomr.train.stats import EvalResult, StepStats
-from atomr.train.validation import validate_batch
+from atomr.train.core.clip import clip_grad_norm, global_norm
+from atomr.train.core.config import TrainerConfig
+from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
+from atomr.train.core.errors import InvalidBatchError, NonFiniteError
+from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.core.mlp import Mlp
+from atomr.train.core.optimizer import Optimizer
+from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.validation import validate_batch
 
 __all__ = ["Trainer"]
 

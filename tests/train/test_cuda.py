@@ -12,7 +12,7 @@ from atomr import ActorSystem
 from atomr.accel import cuda_available
 from atomr.accel.cuda_backend import CudaBackend
 from atomr.train import GetWeights, LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
-from atomr.train.clip import global_norm
+from atomr.train.core.clip import global_norm
 
 pytestmark = [
     pytest.mark.cuda,

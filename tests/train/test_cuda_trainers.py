@@ -38,11 +38,11 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
-from atomr.train.parameter_server import AsyncParameterServer
-from atomr.train.pipeline_parallel import PipelineConfig, PipelineParallelTrainer
-from atomr.train.ps_consistency import Consistency
-from atomr.train.replica import ReplicaActor
-from atomr.train.tensor_parallel import TensorParallelConfig, TensorParallelTrainer
+from atomr.train.data_parallel.replica import ReplicaActor
+from atomr.train.parameter_server.consistency import Consistency
+from atomr.train.parameter_server.server import AsyncParameterServer
+from atomr.train.pipeline.trainer import PipelineConfig, PipelineParallelTrainer
+from atomr.train.tensor_parallel.trainer import TensorParallelConfig, TensorParallelTrainer
 
 pytestmark = [
     pytest.mark.cuda,

@@ -29,8 +29,7 @@ from atomr.train import (
     load_digits_split,
     synthetic_classification,
 )
-
-from .train_reference import ref_cross_entropy
+from tests.train.train_reference import ref_cross_entropy
 
 SIZES = [6, 16, 4]
 CE = LossKind.CROSS_ENTROPY

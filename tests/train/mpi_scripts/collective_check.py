@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from atomr.train.collective import HostCollective
-from atomr.train.distributed import DistributedTrainConfig
-from atomr.train.mpi_collective import MpiCollective
+from atomr.train.comm.collective import HostCollective
+from atomr.train.comm.mpi.collective import MpiCollective
+from atomr.train.comm.mpi.job import DistributedTrainConfig
 
 
 def contributions(round_: int, world: int, n: int, dtype: type) -> list[np.ndarray]:

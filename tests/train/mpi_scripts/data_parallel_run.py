@@ -24,9 +24,9 @@ import numpy as np
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import LossKind, Mlp, OptimizerKind, TrainerConfig
-from atomr.train.distributed import DistributedTrainConfig
-from atomr.train.distributed_trainer import spawn_distributed_data_parallel
-from atomr.train.mpi_collective import CollectiveError
+from atomr.train.comm.mpi.collective import CollectiveError
+from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.data_parallel.distributed import spawn_distributed_data_parallel
 
 SIZES = [6, 16, 4]
 BATCH = 24

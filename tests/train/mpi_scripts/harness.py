@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 def require_mpi() -> None:
     """Skip the calling test when mpi4py or mpiexec is missing."""
     pytest.importorskip("mpi4py")
-    from atomr.train.launch import find_mpiexec
+    from atomr.train.comm.mpi.launch import find_mpiexec
 
     try:
         find_mpiexec()
@@ -29,7 +29,7 @@ def run_script(
     """Run `script` (a file of this folder) on `n` ranks; returns the
     completed process (output captured) and the wall time in seconds."""
     require_mpi()
-    from atomr.train.launch import run_mpiexec
+    from atomr.train.comm.mpi.launch import run_mpiexec
 
     start = time.monotonic()
     program = [sys.executable, str(HERE / script), *(str(a) for a in args)]

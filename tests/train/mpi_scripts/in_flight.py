@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from atomr.train.mpi_collective import MpiCollective, RankFailedError
+from atomr.train.comm.mpi.collective import MpiCollective, RankFailedError
 
 
 def parts(seed: int, world: int, n: int) -> list[np.ndarray]:

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from atomr.train.mpi_collective import CollectiveError, MpiCollective
+from atomr.train.comm.mpi.collective import CollectiveError, MpiCollective
 
 
 async def main(mode: str, victim: int, timeout: float) -> None:

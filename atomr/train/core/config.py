@@ -1,0 +1,74 @@
+"""`TrainerConfig`: what every trainer needs besides the model and devices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Real
+
+from atomr.train.core.loss import LossKind
+from atomr.train.core.optimizer import OptimizerKind
+
+__all__ = ["TrainerConfig", "check_update_rule"]
+
+
+def check_update_rule(optimizer: object, loss: object, gradient_clip: float | None) -> None:
+    """Check the optimizer, loss and clipping every trainer's config carries.
+
+    Args:
+        optimizer: must be an `OptimizerKind`.
+        loss: must be a `LossKind`.
+        gradient_clip: None, or a positive finite global L2 norm.
+
+    Raises:
+        TypeError: `optimizer` or `loss` has the wrong type, or `gradient_clip`
+            is not a real number (a string such as "1" included).
+        ValueError: `gradient_clip` is not positive and finite.
+    """
+    if not isinstance(optimizer, OptimizerKind):
+        raise TypeError(f"optimizer must be an OptimizerKind, got {optimizer!r}")
+    if not isinstance(loss, LossKind):
+        raise TypeError(f"loss must be a LossKind, got {loss!r}")
+    if gradient_clip is None:
+        return
+    if isinstance(gradient_clip, bool) or not isinstance(gradient_clip, Real):
+        raise TypeError(f"gradient_clip must be a number or None, got {gradient_clip!r}")
+    if not 0.0 < float(gradient_clip) < float("inf"):
+        raise ValueError(f"gradient_clip must be positive and finite, got {gradient_clip}")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerConfig:
+    """Optimizer, loss, clipping and accumulation of a trainer.
+
+    Attributes:
+        optimizer: the update rule (`OptimizerKind.sgd(...)`, `.adam(...)`,
+            `.adamw(...)`).
+        loss: the loss (`LossKind.MSE`, `LossKind.CROSS_ENTROPY`,
+            `LossKind.weighted_cross_entropy(...)`).
+        gradient_clip: clip the gradient to this global L2 norm before the
+            optimizer step (torch's `clip_grad_norm_`), or None for no clipping.
+        accumulation_steps: K >= 1; K `Step` messages accumulate their
+            gradients and the optimizer applies once, on the K-th, exactly as
+            one step on the concatenated batch.
+
+    Raises:
+        TypeError: `optimizer` or `loss` has the wrong type.
+        ValueError: `gradient_clip` is not positive and finite, or
+            `accumulation_steps < 1`.
+    """
+
+    optimizer: OptimizerKind
+    loss: LossKind
+    gradient_clip: float | None = None
+    accumulation_steps: int = 1
+
+    def __post_init__(self) -> None:
+        check_update_rule(self.optimizer, self.loss, self.gradient_clip)
+        if (
+            isinstance(self.accumulation_steps, bool)
+            or not isinstance(self.accumulation_steps, int)
+            or self.accumulation_steps < 1
+        ):
+            raise ValueError(
+                f"accumulation_steps must be an int >= 1, got {self.accumulation_steps}"
+            )

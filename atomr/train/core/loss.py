@@ -1,0 +1,165 @@
+"""`LossKind`: mean-squared error and (weighted) softmax cross-entropy.
+
+Each loss is computed as a *sum* plus a *normaliser* (internals.md section 3)
+by the fused kernels of the accel layer; the mean is `sum / normaliser`:
+
+| loss | sum | normaliser | d(sum)/d(outputs) |
+|---|---|---|---|
+| MSE | `sum((y - t)^2)` | `y.size` (torch's mean over elements) | `2 (y - t)` |
+| cross-entropy | `sum_i -log softmax(z_i)[t_i]` | batch size | `softmax(z_i) - onehot(t_i)` |
+| weighted CE | `sum_i w[t_i] * -log softmax(z_i)[t_i]` | `sum_i w[t_i]` | `w[t_i] (softmax(z_i) - onehot(t_i))` |
+
+Parallel trainers add sums and normalisers across shards and divide once,
+which keeps them exact for any split of the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = ["LossKind"]
+
+_NAMES = ("mse", "cross_entropy")
+
+
+@dataclass(frozen=True)
+class LossKind:
+    """A loss function: `LossKind.MSE`, `LossKind.CROSS_ENTROPY` or
+    `LossKind.weighted_cross_entropy(class_weights)`.
+
+    Attributes:
+        name: "mse" or "cross_entropy".
+        class_weights: per-class weights of weighted cross-entropy, else None.
+
+    Raises:
+        ValueError: unknown name; class weights for MSE, or weights that are
+            empty, negative, non-finite or all zero.
+    """
+
+    name: str
+    class_weights: tuple[float, ...] | None = None
+
+    MSE: ClassVar[LossKind]
+    CROSS_ENTROPY: ClassVar[LossKind]
+
+    def __post_init__(self) -> None:
+        if self.name not in _NAMES:
+            raise ValueError(f"unknown loss {self.name!r}; expected one of {_NAMES}")
+        if self.class_weights is None:
+            return
+        if self.name != "cross_entropy":
+            raise ValueError("class_weights only apply to cross-entropy")
+        w = np.asarray(self.class_weights, dtype=np.float64).reshape(-1)
+        if w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or not np.any(w > 0):
+            raise ValueError(
+                "class_weights must be non-empty, finite, non-negative and not all zero"
+            )
+        object.__setattr__(self, "class_weights", tuple(float(v) for v in w))
+
+    @classmethod
+    def weighted_cross_entropy(cls, class_weights: Sequence[float] | np.ndarray) -> LossKind:
+        """Cross-entropy with a weight per class (torch's `cross_entropy(weight=)`).
+
+        Args:
+            class_weights: one non-negative finite weight per class, at least
+                one of them positive.
+
+        Returns:
+            The loss kind; its mean divides by the sum of the targets' weights.
+
+        Raises:
+            ValueError: empty, negative, non-finite or all-zero weights.
+        """
+        return cls("cross_entropy", tuple(np.asarray(class_weights, dtype=np.float64).ravel()))
+
+    @property
+    def is_classification(self) -> bool:
+        """True for cross-entropy (integer class labels), False for MSE."""
+        return self.name == "cross_entropy"
+
+    def sums(self, backend: Any, outputs: Any, targets: Any, grad: Any) -> tuple[float, float]:
+        """Loss sum and normaliser on a device, with the gradient of the sum.
+
+        Args:
+            backend: the device's kernels (`atomr.accel.backend_for(device)`).
+            outputs: model outputs `(batch, out_width)` in the backend's memory.
+            targets: int64 labels `(batch,)` (cross-entropy) or targets shaped
+                like `outputs` (MSE), in the backend's memory.
+            grad: buffer shaped like `outputs`; receives d(sum)/d(outputs).
+
+        Returns:
+            `(loss_sum, normaliser)`; the mean loss is their quotient and its
+            gradient is `grad / normaliser`.
+        """
+        if self.name == "mse":
+            loss_sum = float(backend.mse(outputs, targets, grad))
+            return loss_sum, float(math.prod(outputs.shape))
+        weights = None
+        if self.class_weights is not None:
+            weights = np.asarray(self.class_weights, dtype=np.dtype(outputs.dtype))
+        loss_sum, weight_sum = backend.softmax_cross_entropy(outputs, targets, weights, grad)
+        return float(loss_sum), float(weight_sum)
+
+    def compute(self, outputs: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
+        """Mean loss and its gradient on host arrays (CPU kernels).
+
+        Same values and gradients as torch.nn.functional's `mse_loss` /
+        `cross_entropy(weight=...)` with mean reduction.
+
+        Args:
+            outputs: float32 or float64 array `(batch, out_width)`.
+            targets: int labels `(batch,)` in `[0, out_width)` for
+                cross-entropy; an array shaped like `outputs` for MSE.
+
+        Returns:
+            `(value, grad)`: the mean loss and d(value)/d(outputs), same dtype
+            as `outputs`.
+
+        Raises:
+            InvalidBatchError: shapes, dtypes or label range do not fit.
+            ValueError: every target of a weighted cross-entropy has weight 0.
+        """
+        from atomr.train.core.validation import validate_targets
+
+        outputs = np.asarray(outputs)
+        if outputs.ndim != 2 or outputs.dtype not in (np.float32, np.float64):
+            from atomr.train.core.errors import InvalidBatchError
+
+            raise InvalidBatchError(
+                f"outputs must be a 2-D float32/float64 array, got {outputs.dtype} {outputs.shape}"
+            )
+        outputs = np.ascontiguousarray(outputs)
+        targets = validate_targets(targets, outputs.shape[0], outputs.shape[1], self, outputs.dtype)
+        from atomr.train.core._cpu import cpu_backend
+
+        grad = np.empty_like(outputs)
+        loss_sum, norm = self.sums(cpu_backend(), outputs, targets, grad)
+        if norm <= 0.0:
+            raise ValueError("the targets' class weights sum to 0; the mean loss is undefined")
+        grad *= outputs.dtype.type(1.0 / norm)
+        return loss_sum / norm, grad
+
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-serialisable description (for checkpoints and the CLI)."""
+        return {"name": self.name, "class_weights": self.class_weights}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> LossKind:
+        """Rebuild a loss kind from `to_config()`'s output.
+
+        Raises:
+            ValueError: unknown loss, or bad weights (or weights for MSE).
+        """
+        weights = config.get("class_weights")
+        if weights is not None:
+            weights = tuple(np.asarray(weights, dtype=np.float64).ravel())
+        return cls(str(config["name"]), weights)
+
+
+LossKind.MSE = LossKind("mse")
+LossKind.CROSS_ENTROPY = LossKind("cross_entropy")

@@ -1,0 +1,506 @@
+"""`OptimizerKind` and its optimizers: torch.optim's SGD, Adam and AdamW.
+
+The update rules are those published in torch.optim's documentation (with
+`maximize=False`, `amsgrad=False`, `foreach`/`fused` giving the same math),
+applied to one flat parameter vector by one fused kernel pass of the device
+backend (`sgd_step` / `adam_step`). Per element, with gradient `g`:
+
+SGD (`momentum`, `dampening`, `weight_decay`, `nesterov`)::
+
+    g = g + weight_decay * p                       if weight_decay != 0
+    b = g                                          first step (if momentum != 0)
+    b = momentum * b + (1 - dampening) * g         later steps
+    g = g + momentum * b if nesterov else b        if momentum != 0
+    p = p - lr * g
+
+Adam / AdamW (`t` the step count, from 1)::
+
+    p = p * (1 - lr * weight_decay)                AdamW only
+    g = g + weight_decay * p                       Adam only, if weight_decay != 0
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g^2
+    p = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Adam", "Optimizer", "OptimizerKind", "Sgd"]
+
+_KINDS = ("sgd", "adam", "adamw")
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _finite_nonneg(x: float) -> bool:
+    return math.isfinite(x) and x >= 0.0
+
+
+@dataclass(frozen=True)
+class OptimizerKind:
+    """An update rule and its hyper-parameters; build one with `sgd`, `adam`
+    or `adamw`, then `create(n)` the state for `n` parameters.
+
+    Attributes:
+        name: "sgd", "adam" or "adamw".
+        lr: learning rate.
+        momentum, dampening, nesterov: SGD only.
+        betas, eps: Adam and AdamW only.
+        weight_decay: L2 penalty (SGD, Adam) or decoupled decay (AdamW).
+    """
+
+    name: str
+    lr: float
+    momentum: float = 0.0
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _check(self.name in _KINDS, f"unknown optimizer {self.name!r}; expected one of {_KINDS}")
+        _check(_finite_nonneg(self.lr), f"lr must be finite and >= 0, got {self.lr}")
+        _check(_finite_nonneg(self.momentum), f"momentum must be >= 0, got {self.momentum}")
+        _check(math.isfinite(self.dampening), f"dampening must be finite, got {self.dampening}")
+        _check(
+            _finite_nonneg(self.weight_decay), f"weight_decay must be >= 0, got {self.weight_decay}"
+        )
+        _check(
+            not self.nesterov or (self.momentum > 0 and self.dampening == 0),
+            "nesterov momentum requires momentum > 0 and dampening == 0",
+        )
+        b1, b2 = self.betas
+        _check(0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0, f"betas must be in [0, 1), got {self.betas}")
+        _check(_finite_nonneg(self.eps), f"eps must be finite and >= 0, got {self.eps}")
+
+    @classmethod
+    def sgd(
+        cls,
+        lr: float,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> OptimizerKind:
+        """torch.optim.SGD's rule.
+
+        Raises:
+            ValueError: negative or non-finite values; nesterov without
+                momentum or with dampening.
+        """
+        return cls(
+            "sgd", float(lr), float(momentum), float(dampening), float(weight_decay), bool(nesterov)
+        )
+
+    @classmethod
+    def adam(
+        cls,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> OptimizerKind:
+        """torch.optim.Adam's rule (L2 weight decay added to the gradient).
+
+        Raises:
+            ValueError: betas outside [0, 1), negative or non-finite values.
+        """
+        b1, b2 = betas
+        return cls(
+            "adam",
+            float(lr),
+            weight_decay=float(weight_decay),
+            betas=(float(b1), float(b2)),
+            eps=float(eps),
+        )
+
+    @classmethod
+    def adamw(
+        cls,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+    ) -> OptimizerKind:
+        """torch.optim.AdamW's rule (decoupled weight decay).
+
+        Raises:
+            ValueError: betas outside [0, 1), negative or non-finite values.
+        """
+        b1, b2 = betas
+        return cls(
+            "adamw",
+            float(lr),
+            weight_decay=float(weight_decay),
+            betas=(float(b1), float(b2)),
+            eps=float(eps),
+        )
+
+    def with_lr(self, lr: float) -> OptimizerKind:
+        """The same rule with another learning rate."""
+        return replace(self, lr=float(lr))
+
+    def create(self, n: int, backend: Any = None, dtype: Any = np.float32) -> Optimizer:
+        """The optimizer state for `n` parameters.
+
+        Args:
+            n: number of parameters (>= 1).
+            backend: the kernels of the device holding the parameters
+                (`atomr.accel.backend_for(device)`); default the CPU backend.
+            dtype: the parameters' dtype (float32; float64 on the CPU only).
+
+        Returns:
+            A `Sgd` or `Adam` optimizer with zeroed state and step count 0.
+
+        Raises:
+            ValueError: `n < 1`.
+        """
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if backend is None:
+            from atomr.train.core._cpu import cpu_backend
+
+            backend = cpu_backend()
+        if self.name == "sgd":
+            return Sgd(self, n, backend, np.dtype(dtype))
+        return Adam(self, n, backend, np.dtype(dtype))
+
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-serialisable description (checkpoints, the CLI)."""
+        return {
+            "name": self.name,
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "dampening": self.dampening,
+            "weight_decay": self.weight_decay,
+            "nesterov": self.nesterov,
+            "betas": list(self.betas),
+            "eps": self.eps,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> OptimizerKind:
+        """Rebuild from `to_config()`'s output.
+
+        Raises:
+            ValueError: bad values; KeyError: missing name or lr.
+        """
+        cfg = dict(config)
+        cfg["betas"] = tuple(cfg.get("betas", (0.9, 0.999)))
+        return cls(**cfg)
+
+
+@dataclass
+class _Into:
+    """What `Optimizer.step_into` reads one step from, and the buffers it produced."""
+
+    source: Any
+    spare: dict[str, Any]
+    buffers: dict[str, Any] | None = None
+
+
+class Optimizer:
+    """Optimizer state over a flat parameter vector; see `OptimizerKind.create`.
+
+    Attributes:
+        kind: the rule and hyper-parameters.
+        n: number of parameters.
+        step_count: steps applied so far.
+    """
+
+    _buffers: tuple[str, ...] = ()
+
+    def __init__(self, kind: OptimizerKind, n: int, backend: Any, dtype: np.dtype) -> None:
+        self.kind = kind
+        self.n = int(n)
+        self.backend = backend
+        self.dtype = dtype
+        self.step_count = 0
+        self._into: _Into | None = None
+
+    def _check_args(self, params: Any, grads: Any) -> None:
+        for name, arr in (("params", params), ("grads", grads)):
+            if tuple(arr.shape) != (self.n,):
+                raise ValueError(f"{name} must have shape ({self.n},), got {tuple(arr.shape)}")
+            if np.dtype(arr.dtype) != self.dtype:
+                raise ValueError(f"{name} must be {self.dtype}, got {arr.dtype}")
+
+    def step(self, params: Any, grads: Any) -> None:
+        """Apply one update to `params` in place (one fused kernel pass).
+
+        `step_into` goes through this method too, with `params` the buffer
+        that receives the new parameters (computed from its source, not from
+        `params`' own content), so whatever wraps `step` (a profiler, an
+        injected fault) sees both kinds of step.
+
+        Args:
+            params: flat parameter vector `(n,)` in the backend's memory.
+            grads: flat gradient vector `(n,)`, same memory and dtype.
+
+        Raises:
+            ValueError: wrong shape or dtype (nothing is changed).
+        """
+        into = self._into
+        if into is None:
+            self._step_in_place(params, grads)
+            self.step_count += 1
+        else:
+            into.buffers = self._step_out_of_place(into.source, grads, params, into.spare)
+
+    def step_into(
+        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One update out of place (through `step`): the new parameters go to
+        `params_out`, the new state to buffers taken from `spare` (by name;
+        allocated where missing or of the wrong size). `params`, the current
+        buffers and the step count are left as they were; `adopt` the returned
+        buffers with `step_count + 1` to commit. Bit-identical to `step`.
+
+        Args:
+            params: flat parameter vector `(n,)` (read only).
+            grads: flat gradient vector `(n,)`.
+            params_out: `(n,)` for the new parameters (not `params`).
+            spare: buffers to reuse, by name (see `buffers`); not modified.
+
+        Returns:
+            The new state buffers by name (as `buffers()` would give after `step`).
+
+        Raises:
+            ValueError: wrong shape or dtype (nothing is changed).
+        """
+        into = _Into(params, spare)
+        self._into = into
+        try:
+            self.step(params_out, grads)
+        finally:
+            self._into = None
+        if into.buffers is None:
+            raise RuntimeError("step_into: the optimizer step did not run")
+        return into.buffers
+
+    def _step_in_place(self, params: Any, grads: Any) -> None:
+        raise NotImplementedError
+
+    def _step_out_of_place(
+        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def adopt(self, buffers: dict[str, Any], step_count: int) -> None:
+        """Make `buffers` (by name, as from `buffers()` or `step_into`) and
+        `step_count` the current state; no data is copied."""
+        for name in self._buffers:
+            self.set_buffer(name, buffers.get(name))
+        self.step_count = int(step_count)
+
+    def _spare(self, spare: dict[str, Any], name: str) -> Any:
+        buf = spare.get(name)
+        if buf is None or tuple(buf.shape) != (self.n,) or np.dtype(buf.dtype) != self.dtype:
+            buf = self.backend.empty((self.n,), dtype=self.dtype)
+        return buf
+
+    def buffers(self) -> dict[str, Any]:
+        """The state buffers by name (SGD: `momentum_buffer`; Adam and AdamW:
+        `exp_avg`, `exp_avg_sq`), each in the backend's memory, or None while
+        not created yet (SGD's momentum before its first step).
+
+        Returns:
+            A new dict; the buffers themselves are not copied.
+        """
+        return {name: getattr(self, name) for name in self._buffers}
+
+    def set_buffer(self, name: str, buffer: Any) -> None:
+        """Replace the state buffer `name` (one of `buffers()`) with `buffer`
+        (`(n,)` in the backend's memory, or None: not created yet).
+
+        Raises:
+            ValueError: `name` is not one of this optimizer's buffers.
+        """
+        if name not in self._buffers:
+            raise ValueError(f"{type(self).__name__} has no buffer {name!r}")
+        setattr(self, name, buffer)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state as host data: `kind` (config dict), `step` (int) and one
+        ndarray per buffer. Suitable for `save_checkpoint`."""
+        state: dict[str, Any] = {"kind": self.kind.to_config(), "step": self.step_count}
+        for name in self._buffers:
+            buf = getattr(self, name)
+            if buf is not None:
+                state[name] = np.asarray(self.backend.to_host(buf))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore state from `state_dict()` output (hyper-parameters are
+        taken from `state["kind"]` too, so a learning-rate schedule survives).
+
+        Raises:
+            ValueError: another optimizer kind, or buffers of the wrong size.
+        """
+        kind = OptimizerKind.from_config(state["kind"])
+        if kind.name != self.kind.name:
+            raise ValueError(f"state is for {kind.name!r}, this optimizer is {self.kind.name!r}")
+        step = int(state["step"])
+        loaded: dict[str, Any] = {}
+        for name in self._buffers:
+            host = state.get(name)
+            if host is None:
+                loaded[name] = None
+                continue
+            host = np.asarray(host)
+            if host.shape != (self.n,):
+                raise ValueError(f"buffer {name!r} has shape {host.shape}, expected ({self.n},)")
+            loaded[name] = self.backend.to_device(np.ascontiguousarray(host, dtype=self.dtype))
+        self.kind = kind
+        self.step_count = step
+        for name, buf in loaded.items():
+            setattr(self, name, buf)
+
+
+class Sgd(Optimizer):
+    """torch.optim.SGD over a flat vector (see the module docstring).
+
+    Attributes:
+        momentum_buffer: the momentum buffer (None until the first step with
+            momentum, as in torch).
+    """
+
+    _buffers = ("momentum_buffer",)
+
+    def __init__(self, kind: OptimizerKind, n: int, backend: Any, dtype: np.dtype) -> None:
+        super().__init__(kind, n, backend, dtype)
+        self.momentum_buffer: Any = None
+
+    def _step_in_place(self, params: Any, grads: Any) -> None:
+        self._check_args(params, grads)
+        k = self.kind
+        step = self.step_count + 1
+        if k.momentum != 0.0 and self.momentum_buffer is None:
+            # torch creates the buffer on the first step as a copy of the gradient;
+            # the kernel does the same when `step == 1`, so zeros suffice here.
+            self.momentum_buffer = self.backend.zeros((self.n,), dtype=self.dtype)
+            step = 1
+        _sgd_kernel(self.backend, params, grads, self.momentum_buffer, k, step)
+
+    def _step_out_of_place(
+        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
+    ) -> dict[str, Any]:
+        self._check_args(params, grads)
+        self._check_args(params_out, grads)
+        k = self.kind
+        step = self.step_count + 1
+        buf, out = self.momentum_buffer, None
+        if k.momentum != 0.0:
+            out = self._spare(spare, "momentum_buffer")
+            if buf is None:  # torch's first step: the kernel ignores buf when step == 1
+                buf, step = out, 1
+        _sgd_kernel(self.backend, params, grads, buf, k, step, params_out, out)
+        return {"momentum_buffer": out if out is not None else self.momentum_buffer}
+
+
+class Adam(Optimizer):
+    """torch.optim.Adam / AdamW over a flat vector (see the module docstring).
+
+    Attributes:
+        exp_avg: first-moment buffer `m`.
+        exp_avg_sq: second-moment buffer `v`.
+    """
+
+    _buffers = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, kind: OptimizerKind, n: int, backend: Any, dtype: np.dtype) -> None:
+        super().__init__(kind, n, backend, dtype)
+        self.exp_avg: Any = backend.zeros((n,), dtype=dtype)
+        self.exp_avg_sq: Any = backend.zeros((n,), dtype=dtype)
+
+    def _step_in_place(self, params: Any, grads: Any) -> None:
+        self._check_args(params, grads)
+        _adam_kernel(
+            self.backend,
+            params,
+            grads,
+            self.exp_avg,
+            self.exp_avg_sq,
+            self.kind,
+            self.step_count + 1,
+        )
+
+    def _step_out_of_place(
+        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
+    ) -> dict[str, Any]:
+        self._check_args(params, grads)
+        self._check_args(params_out, grads)
+        m, v = self._spare(spare, "exp_avg"), self._spare(spare, "exp_avg_sq")
+        _adam_kernel(
+            self.backend,
+            params,
+            grads,
+            self.exp_avg,
+            self.exp_avg_sq,
+            self.kind,
+            self.step_count + 1,
+            (params_out, m, v),
+        )
+        return {"exp_avg": m, "exp_avg_sq": v}
+
+
+def _sgd_kernel(
+    backend: Any,
+    params: Any,
+    grads: Any,
+    buf: Any,
+    k: OptimizerKind,
+    step: int,
+    params_out: Any = None,
+    buf_out: Any = None,
+) -> None:
+    backend.sgd_step(
+        params,
+        grads,
+        buf,
+        lr=k.lr,
+        step=step,
+        momentum=k.momentum,
+        dampening=k.dampening,
+        weight_decay=k.weight_decay,
+        nesterov=k.nesterov,
+        params_out=params_out,
+        momentum_out=buf_out,
+    )
+
+
+def _adam_kernel(
+    backend: Any,
+    params: Any,
+    grads: Any,
+    m: Any,
+    v: Any,
+    k: OptimizerKind,
+    step: int,
+    outs: tuple[Any, Any, Any] = (None, None, None),
+) -> None:
+    backend.adam_step(
+        params,
+        grads,
+        m,
+        v,
+        lr=k.lr,
+        step=step,
+        beta1=k.betas[0],
+        beta2=k.betas[1],
+        eps=k.eps,
+        weight_decay=k.weight_decay,
+        decoupled=k.name == "adamw",
+        params_out=outs[0],
+        exp_avg_out=outs[1],
+        exp_avg_sq_out=outs[2],
+    )

@@ -1,0 +1,126 @@
+"""Batch validation shared by every trainer: reject bad input before any math."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from atomr.train.core.errors import InvalidBatchError
+
+if TYPE_CHECKING:
+    from atomr.train.core.loss import LossKind
+
+__all__ = ["validate_batch", "validate_features", "validate_targets"]
+
+_FLOATS = (np.float32, np.float64)
+
+
+def validate_features(features: Any, in_width: int, dtype: Any = np.float32) -> np.ndarray:
+    """Check a feature matrix and return it as a contiguous array of `dtype`.
+
+    Args:
+        features: array `(batch, in_width)` of float32 or float64, batch >= 1.
+        in_width: the model's input width.
+        dtype: the model's float dtype (features are cast to it).
+
+    Returns:
+        The features, C-contiguous, of `dtype` (the input itself when it
+        already is).
+
+    Raises:
+        InvalidBatchError: not an ndarray, not 2-D, empty, wrong width, not a
+            float dtype, or holds NaN / Inf.
+    """
+    if not isinstance(features, np.ndarray):
+        raise InvalidBatchError(f"features must be a numpy array, got {type(features).__name__}")
+    if features.dtype not in _FLOATS:
+        raise InvalidBatchError(f"features must be float32 or float64, got {features.dtype}")
+    if features.ndim != 2 or features.shape[0] < 1:
+        raise InvalidBatchError(f"features must be 2-D with batch >= 1, got shape {features.shape}")
+    if features.shape[1] != in_width:
+        raise InvalidBatchError(
+            f"features have width {features.shape[1]}, the model expects {in_width}"
+        )
+    if not np.isfinite(features).all():
+        raise InvalidBatchError("features contain NaN or Inf")
+    return np.ascontiguousarray(features, dtype=dtype)
+
+
+def validate_targets(
+    labels: Any, batch: int, out_width: int, loss: LossKind, dtype: Any = np.float32
+) -> np.ndarray:
+    """Check labels (cross-entropy) or regression targets (MSE).
+
+    Args:
+        labels: for cross-entropy, integer labels `(batch,)` in
+            `[0, out_width)`; for MSE, a float array `(batch, out_width)`.
+        batch: the batch size the labels must match.
+        out_width: the model's output width (number of classes).
+        loss: the loss kind the labels are for.
+        dtype: the model's float dtype (MSE targets are cast to it).
+
+    Returns:
+        Contiguous int64 labels, or contiguous `dtype` targets.
+
+    Raises:
+        InvalidBatchError: wrong type, dtype, shape, label out of range, a
+            weighted-CE class count that differs from `out_width`, or NaN/Inf
+            targets.
+    """
+    if not isinstance(labels, np.ndarray):
+        raise InvalidBatchError(f"labels must be a numpy array, got {type(labels).__name__}")
+    if loss.is_classification:
+        if labels.dtype.kind not in "iu":
+            raise InvalidBatchError(f"cross-entropy labels must be integers, got {labels.dtype}")
+        if labels.shape != (batch,):
+            raise InvalidBatchError(f"labels must have shape ({batch},), got {labels.shape}")
+        if loss.class_weights is not None and len(loss.class_weights) != out_width:
+            raise InvalidBatchError(
+                f"{len(loss.class_weights)} class weights for {out_width} classes"
+            )
+        if batch and (int(labels.min()) < 0 or int(labels.max()) >= out_width):
+            raise InvalidBatchError(
+                f"labels must be in [0, {out_width}), got range "
+                f"[{int(labels.min())}, {int(labels.max())}]"
+            )
+        return np.ascontiguousarray(labels, dtype=np.int64)
+    if labels.dtype not in _FLOATS:
+        raise InvalidBatchError(f"MSE targets must be float32 or float64, got {labels.dtype}")
+    if labels.shape != (batch, out_width):
+        raise InvalidBatchError(
+            f"MSE targets must have shape ({batch}, {out_width}), got {labels.shape}"
+        )
+    if not np.isfinite(labels).all():
+        raise InvalidBatchError("targets contain NaN or Inf")
+    return np.ascontiguousarray(labels, dtype=dtype)
+
+
+def validate_batch(
+    features: Any,
+    labels: Any,
+    in_width: int,
+    loss: LossKind,
+    *,
+    out_width: int,
+    dtype: Any = np.float32,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Check a training or evaluation batch (features and labels together).
+
+    Args:
+        features: see `validate_features`.
+        labels: see `validate_targets`.
+        in_width: the model's input width.
+        loss: the loss kind.
+        out_width: the model's output width (number of classes).
+        dtype: the model's float dtype.
+
+    Returns:
+        `(features, labels)`, contiguous and of the model's dtypes.
+
+    Raises:
+        InvalidBatchError: any check fails; nothing has been computed.
+    """
+    x = validate_features(features, in_width, dtype)
+    y = validate_targets(labels, x.shape[0], out_width, loss, dtype)
+    return x, y

@@ -1,0 +1,158 @@
+"""`ShardedClient`: pull and push a flat vector split across K servers by ranges.
+
+Like MXNet's KVStore / ps-lite, the weight vector is cut into K contiguous
+ranges, one per server actor; a client pulls every range and pushes every
+range, so no single server carries all the traffic.
+
+A sharded push must never be applied by some shards and refused by others.
+The whole gradient is checked (length, finiteness) before anything is sent;
+then, in the asynchronous models, the first shard decides staleness and the
+others apply what it accepted, counting the staleness it decided (a
+follower's range may have seen up to workers - 1 other pushes interleaved
+differently; the order of concurrent pushes is not global, as in ps-lite). In synchronous mode every shard holds the
+push until its round is complete, so all shards apply the same rounds; an
+abort (`abort`, for a batch without a usable gradient) goes to every shard,
+so every shard drops the same round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr.actor import ActorRef
+from atomr.train._fanout import ask_all
+from atomr.train.parameter_server.messages import AbortPush, PullWeights, PushGradient
+
+__all__ = ["ShardedClient", "split_ranges"]
+
+
+def split_ranges(n: int, k: int) -> list[tuple[int, int]]:
+    """Cut `range(n)` into `k` contiguous near-equal ranges `(start, stop)`.
+
+    Raises:
+        ValueError: `k < 1` or `k > n`.
+    """
+    if k < 1 or k > n:
+        raise ValueError(f"cannot split {n} values into {k} ranges (need 1 <= k <= n)")
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(k)]
+
+
+class ShardedClient:
+    """Pulls and pushes a flat vector held by one server per range.
+
+    Args:
+        servers: one server `ActorRef` per range.
+        ranges: `(start, stop)` per server, contiguous from 0.
+        synchronous: the servers run the synchronous model (pushes go to
+            every shard at once).
+        timeout: ask timeout in seconds (None: wait forever); pulls and
+            synchronous pushes wait for other workers.
+
+    Raises:
+        ValueError: ranges and servers differ in number or do not tile `[0, n)`.
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[ActorRef],
+        ranges: Sequence[tuple[int, int]],
+        synchronous: bool = False,
+        timeout: float | None = 300.0,
+    ) -> None:
+        if len(servers) != len(ranges) or not servers:
+            raise ValueError(f"{len(servers)} servers for {len(ranges)} ranges")
+        start = 0
+        for lo, hi in ranges:
+            if lo != start or hi <= lo:
+                raise ValueError(f"ranges must tile [0, n) contiguously, got {list(ranges)}")
+            start = hi
+        self.servers = list(servers)
+        self.ranges = [(int(lo), int(hi)) for lo, hi in ranges]
+        self.n = start
+        self.synchronous = synchronous
+        self.timeout = timeout
+
+    async def pull(self, worker: int) -> tuple[np.ndarray, list[int]]:
+        """Pull every range.
+
+        Returns:
+            `(weights, versions)`: the full float32 vector and each server's version.
+
+        Raises:
+            Exception: a server's failure (after every pull settled).
+        """
+        replies = await ask_all(self.servers, PullWeights(worker), self.timeout, per_worker=False)
+        if len(replies) == 1:
+            weights, version = replies[0]
+            return np.asarray(weights, dtype=np.float32), [int(version)]
+        weights = np.concatenate([np.asarray(w, dtype=np.float32) for w, _ in replies])
+        return weights, [int(v) for _, v in replies]
+
+    async def push(
+        self, worker: int, versions: Sequence[int], gradient: np.ndarray, weight: float = 1.0
+    ) -> list[int]:
+        """Push a full gradient, range by range.
+
+        Args:
+            worker: the worker's id.
+            versions: the versions returned by `pull`, one per server.
+            gradient: the full gradient vector.
+            weight: the batch's loss normaliser (see `PushGradient`).
+
+        Returns:
+            Each server's new version.
+
+        Raises:
+            ValueError: wrong gradient length or number of versions, or a
+                non-finite gradient (nothing was sent).
+            StaleGradientError: the first shard refused it (nothing applied).
+            Exception: a server's failure.
+        """
+        grad = np.asarray(gradient)
+        if grad.ndim != 1 or grad.shape[0] != self.n:
+            raise ValueError(f"gradient has shape {grad.shape}, the servers hold {self.n} weights")
+        if len(versions) != len(self.servers):
+            raise ValueError(f"{len(versions)} versions for {len(self.servers)} servers")
+        if not np.isfinite(grad).all():
+            raise FloatingPointError("gradient holds NaN or Inf; not pushed")
+        msgs = [
+            PushGradient(worker, int(v), grad[lo:hi], weight)
+            for v, (lo, hi) in zip(versions, self.ranges, strict=True)
+        ]
+        if self.synchronous or len(msgs) == 1:
+            return [int(v) for v in await ask_all(self.servers, msgs, self.timeout)]
+        kwargs: dict[str, Any] = {"timeout": self.timeout}
+        first = int(await self.servers[0].ask(msgs[0], **kwargs))
+        staleness = first - 1 - msgs[0].worker_version if weight > 0.0 else 0
+        rest = [
+            PushGradient(m.worker, m.worker_version, m.gradient, m.weight, staleness)
+            for m in msgs[1:]
+        ]
+        return [first, *(int(v) for v in await ask_all(self.servers[1:], rest, self.timeout))]
+
+    async def abort(self, worker: int, versions: Sequence[int], reason: str) -> list[int]:
+        """Tell every server that this worker has no gradient for its batch
+        (`AbortPush`): a synchronous round is dropped on every shard, otherwise
+        the worker's clock ticks and nothing is applied.
+
+        Args:
+            worker: the worker's id.
+            versions: the versions returned by `pull`, one per server.
+            reason: why there is no gradient (it ends up in the round's error).
+
+        Returns:
+            Each server's version (asynchronous and bounded models).
+
+        Raises:
+            ValueError: wrong number of versions (nothing was sent).
+            NonFiniteError: synchronous mode: the round was dropped (always).
+            Exception: a server's failure (after every shard answered).
+        """
+        if len(versions) != len(self.servers):
+            raise ValueError(f"{len(versions)} versions for {len(self.servers)} servers")
+        msgs = [AbortPush(worker, int(v), reason) for v in versions]
+        return [int(v) for v in await ask_all(self.servers, msgs, self.timeout)]

@@ -1,0 +1,202 @@
+"""The parameter-server protocol: messages, replies and the stale-gradient error.
+
+| message (to a server) | reply |
+|---|---|
+| `PushGradient(worker, worker_version, gradient, weight=1.0)` | the new version (`int`) |
+| `AbortPush(worker, worker_version, reason)` | the version (nothing applied); synchronous: `Failure(NonFiniteError)` for the whole round |
+| `PullWeights(worker)` | `(weights, version)` |
+| `Stats()` | `ParameterServerStats` |
+| `GetShardState()` | `ShardState` (weights and optimizer state of the server's range) |
+| `SetShardState(state)` | `None` |
+
+| message (to a worker) | reply |
+|---|---|
+| `TrainBatch(features, labels)` | `StepStats` (pull, compute, push one batch) |
+
+Servers also answer `GetWeights`, `SaveCheckpoint`, `LoadCheckpoint`
+(`atomr.train.core.messages`); workers answer `Evaluate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "AbortPush",
+    "GetShardState",
+    "ParameterServerStats",
+    "PullWeights",
+    "PushGradient",
+    "SetShardState",
+    "ShardState",
+    "StaleGradientError",
+    "Stats",
+    "TrainBatch",
+]
+
+
+class StaleGradientError(ValueError):
+    """A pushed gradient was computed from weights too old to apply; nothing
+    was changed. Pull fresh weights and compute it again.
+
+    Attributes:
+        staleness: server version minus the worker's version.
+        max_staleness: the bound it exceeded (0 in synchronous mode).
+    """
+
+    def __init__(self, staleness: int, max_staleness: int, detail: str = "") -> None:
+        self.staleness = int(staleness)
+        self.max_staleness = int(max_staleness)
+        msg = (
+            f"stale gradient: staleness {staleness} exceeds max_staleness {max_staleness}; "
+            "pull fresh weights and recompute"
+        )
+        super().__init__(msg + (f" ({detail})" if detail else ""))
+
+
+@dataclass(frozen=True, eq=False)
+class PushGradient:
+    """Push one gradient to a server; answered with the server's new version.
+
+    Attributes:
+        worker: the worker's id (an int in `[0, workers)` when the server
+            knows its workers).
+        worker_version: the version of the weights the gradient was computed
+            from (as returned by `PullWeights`).
+        gradient: the mean gradient of the worker's batch, a 1-D float array
+            as long as the server's weight vector (never truncated or padded).
+        weight: the batch's loss normaliser (its sample count for
+            cross-entropy); synchronous mode averages `sum(w_i g_i) / sum(w_i)`,
+            which is exact for uneven batches. 0 marks an empty batch: a clock
+            tick that applies nothing.
+        arbitrated_staleness: set only on the follower shards of a sharded
+            push: the staleness the first shard accepted. A follower then
+            applies the push without its own staleness check (so that every
+            shard applies the same pushes) and counts this staleness.
+    """
+
+    worker: int
+    worker_version: int
+    gradient: np.ndarray
+    weight: float = 1.0
+    arbitrated_staleness: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AbortPush:
+    """Sent instead of a `PushGradient` by a worker that has no gradient for its
+    batch (its loss or gradient was not finite).
+
+    - synchronous: it takes the worker's place in the current round; the
+      round applies nothing and every push of it (this one included) is
+      answered with `Failure(NonFiniteError)` naming the worker and `reason`.
+      The version and weights stay as they were and the next round starts
+      empty. A stale abort (`worker_version` older than the server's) is
+      answered with `Failure(StaleGradientError)` and changes nothing.
+    - asynchronous / bounded: nothing is applied, but the batch counts as
+      done for the worker's clock (so bounded staleness does not hold the
+      other workers back waiting for it); answered with the version.
+
+    Attributes:
+        worker: the worker's id.
+        worker_version: the version of the weights the worker pulled.
+        reason: why there is no gradient (e.g. "loss is not finite (inf)").
+    """
+
+    worker: int
+    worker_version: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PullWeights:
+    """Ask for the current weights; answered with `(weights, version)`
+    (a host copy). Under bounded staleness the reply waits while the worker
+    is more than `s` clocks ahead of the slowest worker.
+
+    Attributes:
+        worker: the worker's id.
+    """
+
+    worker: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Ask a server for its `ParameterServerStats`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterServerStats:
+    """Counters of one server.
+
+    Attributes:
+        version: optimizer steps applied (the weights' version).
+        gradients_applied: gradients folded into the weights (in synchronous
+            mode each step folds one gradient per worker).
+        weights_pulled: `PullWeights` answered.
+        avg_staleness: mean staleness (version - worker_version) of the
+            applied gradients; 0.0 before any.
+        max_staleness_seen: the largest staleness applied.
+        gradients_rejected: pushes refused as stale.
+        max_clock_gap: the largest lead (in pushes) over the slowest worker
+            with which a pull was answered (bounded staleness keeps it <= s).
+    """
+
+    version: int
+    gradients_applied: int
+    weights_pulled: int
+    avg_staleness: float
+    max_staleness_seen: int = 0
+    gradients_rejected: int = 0
+    max_clock_gap: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GetShardState:
+    """Ask a server for its `ShardState` (used to checkpoint sharded servers)."""
+
+
+@dataclass(frozen=True, eq=False)
+class ShardState:
+    """Weights and optimizer state of one server's range.
+
+    Attributes:
+        weights: host copy of the range's weights.
+        optimizer: the optimizer's `state_dict()` for the range.
+        version: the server's version.
+    """
+
+    weights: np.ndarray
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    version: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class SetShardState:
+    """Replace a server's weights, optimizer state and version; answered with
+    None, or a `Failure(ValueError)` that changes nothing.
+
+    Attributes:
+        state: the new state (same range length, same optimizer kind).
+    """
+
+    state: ShardState
+
+
+@dataclass(frozen=True, eq=False)
+class TrainBatch:
+    """Ask a worker to pull weights, compute the gradient of this batch on its
+    device and push it; answered with `StepStats` once the push is accepted.
+    A batch of zero rows pushes an empty clock tick.
+
+    Attributes:
+        features: float array `(batch, in_width)`.
+        labels: labels or targets, as for `Step`.
+    """
+
+    features: np.ndarray
+    labels: np.ndarray

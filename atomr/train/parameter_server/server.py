@@ -1,0 +1,518 @@
+"""`AsyncParameterServer`: a server actor holding weights and optimizer state.
+
+Workers pull `(weights, version)`, compute a gradient on their own data and
+push it back with the version they computed it from. The server applies the
+configured optimizer (torch's SGD-momentum, Adam or AdamW; its state lives
+here) under one of three consistency models (`Consistency`):
+
+- asynchronous: each push is applied on arrival; `staleness = version -
+  worker_version`; a push staler than `max_staleness` is rejected with
+  `StaleGradientError` and changes nothing.
+- bounded(s) (SSP): as asynchronous, but a worker's pull waits while it has
+  pushed more than `s` gradients more than the slowest worker.
+- synchronous (s = 0): pushes are held until every worker has pushed for
+  the current version, then averaged (weighted by each batch's normaliser)
+  and applied once, which equals one data-parallel step. A worker without a
+  gradient (non-finite loss) sends `AbortPush` instead: its round applies
+  nothing and every push of it fails with `NonFiniteError`.
+
+A push is atomic: its length, finiteness and staleness are checked first,
+and only then is the optimizer applied, on the device's worker thread. Bad
+input is answered with `Failure(exc)`; the server is never restarted for it.
+A failure during the update itself (the aggregation, a device error, an
+optimizer dying half-way) changes nothing, since the update is written out
+of place and swapped in only once complete (`atomr.train._recovery.DoubleBuffer`),
+and is answered with `Failure(exc)` too: the pusher gets the typed error, the
+server keeps its weights and version and goes on serving.
+
+One server may hold a range of a larger vector (`spawn(..., shards=K)`):
+the workers push and pull every range, like MXNet's KVStore or ps-lite.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from atomr.accel import Device, DeviceActor
+from atomr.actor import Failure, Props, Reply
+from atomr.train._recovery import DoubleBuffer
+from atomr.train.core.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    check_model_matches,
+    load_checkpoint,
+    save_checkpoint,
+)
+from atomr.train.core.clip import clip_grad_norm
+from atomr.train.core.device_guard import Rejected, guarded
+from atomr.train.core.errors import NonFiniteError
+from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint
+from atomr.train.core.optimizer import Optimizer, OptimizerKind
+from atomr.train.parameter_server.consistency import Consistency
+from atomr.train.parameter_server.messages import (
+    AbortPush,
+    GetShardState,
+    ParameterServerStats,
+    PullWeights,
+    PushGradient,
+    SetShardState,
+    ShardState,
+    StaleGradientError,
+    Stats,
+)
+
+if TYPE_CHECKING:
+    from atomr.train.core.config import TrainerConfig
+    from atomr.train.core.mlp import Mlp
+    from atomr.train.parameter_server.handle import ParameterServerHandle
+
+__all__ = ["AsyncParameterServer"]
+
+
+@dataclass
+class _Pending:
+    """A synchronous-mode push waiting for the rest of its round; `abort` holds
+    the reason of an `AbortPush` (then there is no gradient)."""
+
+    gradient: np.ndarray | None
+    weight: float
+    reply: Reply
+    abort: str | None = None
+
+
+# Errors of a checkpoint save or load, returned by `guarded` on the device thread
+_CHECKPOINT_ERRORS = (CheckpointError, OSError)
+
+
+def _as_optimizer_kind(optimizer: OptimizerKind | float) -> OptimizerKind:
+    if isinstance(optimizer, OptimizerKind):
+        return optimizer
+    if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
+        return OptimizerKind.sgd(float(optimizer))
+    raise TypeError(f"optimizer must be an OptimizerKind or a learning rate, got {optimizer!r}")
+
+
+class AsyncParameterServer(DeviceActor):
+    """Holds a flat weight vector and its optimizer; answers `PushGradient`,
+    `AbortPush`, `PullWeights`, `Stats`, `GetWeights`, `SaveCheckpoint`, `LoadCheckpoint`,
+    `GetShardState`, `SetShardState`.
+
+    Args:
+        initial_weights: 1-D float array (copied, cast to float32).
+        optimizer: an `OptimizerKind`, or a float learning rate for plain SGD
+            (the seed crate's form).
+        max_staleness: reject pushes with `version - worker_version` above it;
+            None accepts any staleness.
+        consistency: the consistency model (default asynchronous).
+        workers: the number of workers (ids `0..workers-1`); required by the
+            bounded and synchronous models.
+        device: where the weights live and the optimizer runs.
+        gradient_clip: clip each applied gradient to this global L2 norm
+            (only exact for an unsharded server).
+        model_config: the model's `Mlp.config()`, written to checkpoints so
+            that they load into other trainers (default: a flat vector).
+
+    Raises:
+        TypeError: bad optimizer type.
+        ValueError: empty or non-finite weights, a negative `max_staleness`,
+            or a bounded/synchronous model without `workers >= 1`.
+    """
+
+    def __init__(
+        self,
+        initial_weights: Any,
+        optimizer: OptimizerKind | float,
+        max_staleness: int | None = None,
+        *,
+        consistency: Consistency | None = None,
+        workers: int | None = None,
+        device: Device | str = "cpu:0",
+        gradient_clip: float | None = None,
+        model_config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(device)
+        host = np.array(initial_weights, dtype=np.float32).reshape(-1)
+        if host.size < 1 or not np.isfinite(host).all():
+            raise ValueError("initial_weights must be a non-empty finite vector")
+        if max_staleness is not None and (
+            isinstance(max_staleness, bool)
+            or not isinstance(max_staleness, int)
+            or max_staleness < 0
+        ):
+            raise ValueError(f"max_staleness must be None or an int >= 0, got {max_staleness!r}")
+        self.consistency = consistency or Consistency.asynchronous()
+        if self.consistency.bound is not None and (
+            not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
+        ):
+            raise ValueError(f"{self.consistency.name} consistency needs workers >= 1")
+        self.kind = _as_optimizer_kind(optimizer)
+        self.max_staleness = max_staleness
+        self.n_workers = workers
+        self.gradient_clip = gradient_clip
+        self.model_config = model_config or {"sizes": [int(host.size)], "activation": "flat"}
+        self.n = int(host.size)
+        self._initial = host
+        self.weights: Any = None
+        self.optimizer: Optimizer | None = None
+        self.version = 0
+        self.applied = 0
+        self.pulled = 0
+        self.rejected = 0
+        self._staleness_sum = 0
+        self.max_staleness_seen = 0
+        self.max_clock_gap = 0
+        self._clocks: dict[int, int] = {w: 0 for w in range(workers or 0)}
+        self._round: dict[int, _Pending] = {}
+        self._waiting_pulls: list[tuple[int, Reply]] = []
+        self._buffers = DoubleBuffer()
+
+    @classmethod
+    def props(
+        cls,
+        initial_weights: Any,
+        optimizer: OptimizerKind | float,
+        max_staleness: int | None = None,
+        **options: Any,
+    ) -> Props:
+        """The `Props` of a server (see the class docstring for the arguments)."""
+        return Props(cls, initial_weights, optimizer, max_staleness, **options)
+
+    @classmethod
+    async def spawn(
+        cls,
+        system: Any,
+        model: Mlp,
+        devices: Any,
+        workers: int | None = None,
+        config: TrainerConfig | None = None,
+        **options: Any,
+    ) -> ParameterServerHandle:
+        """Build server(s) and worker actors for an `Mlp`; see
+        `atomr.train.parameter_server.handle.build_parameter_server` for every option.
+
+        Returns:
+            A `ParameterServerHandle` (`run`, `step`, `evaluate`, `stats`, ...).
+        """
+        from atomr.train.parameter_server.handle import build_parameter_server
+
+        return await build_parameter_server(system, model, devices, workers, config, **options)
+
+    # -- state ----------------------------------------------------------------
+
+    def _build(self) -> None:
+        """On the device thread: weights and optimizer state on the device."""
+        be = self.backend
+        self.weights = be.to_device(self._initial)
+        self.optimizer = self.kind.create(self.n, be, np.float32)
+
+    async def _ready(self) -> None:
+        if self.weights is None:
+            await self.on_device(self._build)
+
+    def stats(self) -> ParameterServerStats:
+        """This server's counters (see `ParameterServerStats`)."""
+        avg = self._staleness_sum / self.applied if self.applied else 0.0
+        return ParameterServerStats(
+            self.version,
+            self.applied,
+            self.pulled,
+            float(avg),
+            self.max_staleness_seen,
+            self.rejected,
+            self.max_clock_gap,
+        )
+
+    # -- messages -------------------------------------------------------------
+
+    async def receive(self, message: Any) -> Any:
+        """Dispatch a server message (see the class docstring)."""
+        await self._ready()
+        if isinstance(message, PushGradient):
+            return await self._push(message)
+        if isinstance(message, AbortPush):
+            return await self._abort(message)
+        if isinstance(message, PullWeights):
+            return await self._pull(message)
+        if isinstance(message, Stats):
+            return self.stats()
+        if isinstance(message, GetWeights):
+            return await self.on_device(self.backend.to_host, self.weights)
+        if isinstance(message, GetShardState):
+            return await self.on_device(self._shard_state)
+        if isinstance(message, SetShardState):
+            return await self._set_state(message.state)
+        if isinstance(message, SaveCheckpoint):
+            return await self._save(message.path)
+        if isinstance(message, LoadCheckpoint):
+            return await self._load(message.path)
+        return await super().receive(message)
+
+    def _check_worker(self, worker: Any) -> int:
+        if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)) or worker < 0:
+            raise ValueError(f"worker must be an int >= 0, got {worker!r}")
+        if self.n_workers is not None and worker >= self.n_workers:
+            raise ValueError(f"unknown worker {worker}; this server has {self.n_workers} workers")
+        return int(worker)
+
+    def _check_staleness(self, wv: Any) -> int:
+        """Validate a worker version; returns its staleness `version - wv`."""
+        if isinstance(wv, bool) or not isinstance(wv, (int, np.integer)) or wv < 0:
+            raise ValueError(f"worker_version must be an int >= 0, got {wv!r}")
+        if wv > self.version:
+            raise ValueError(f"worker_version {wv} is ahead of the server's version {self.version}")
+        return self.version - int(wv)
+
+    def _check_push(self, msg: PushGradient) -> tuple[int, np.ndarray, float, int]:
+        """Validate a push (everything but finiteness); returns worker, gradient, weight, staleness."""
+        worker = self._check_worker(msg.worker)
+        staleness = self._check_staleness(msg.worker_version)
+        grad = msg.gradient
+        if not isinstance(grad, np.ndarray) or grad.dtype.kind != "f":
+            raise TypeError("gradient must be a float numpy array")
+        if grad.ndim != 1 or grad.shape[0] != self.n:
+            raise ValueError(
+                f"gradient has shape {grad.shape}, this server holds {self.n} weights "
+                "(gradients are never truncated or padded)"
+            )
+        weight = float(msg.weight)
+        if not (math.isfinite(weight) and weight >= 0.0):
+            raise ValueError(f"weight must be finite and >= 0, got {msg.weight!r}")
+        return worker, grad, weight, staleness
+
+    async def _push(self, msg: PushGradient) -> Any:
+        try:
+            worker, grad, weight, staleness = self._check_push(msg)
+        except (ValueError, TypeError) as exc:
+            return Failure(exc)
+        if self.consistency.is_synchronous:
+            return await self._push_sync(worker, grad, weight, staleness)
+        bound = self.max_staleness
+        if msg.arbitrated_staleness is not None:
+            staleness = int(msg.arbitrated_staleness)
+        elif bound is not None and staleness > bound:
+            self.rejected += 1
+            return Failure(StaleGradientError(staleness, bound))
+        if weight > 0.0:
+            error = await self._apply_or_undo([(grad, 1.0)])
+            if error is not None:
+                return Failure(error)
+            self._count_applied([staleness])
+        await self._batch_done(worker)
+        return self.version
+
+    async def _push_sync(self, worker: int, grad: np.ndarray, weight: float, staleness: int) -> Any:
+        if staleness != 0:
+            self.rejected += 1
+            return Failure(StaleGradientError(staleness, 0, "synchronous mode"))
+        if not np.isfinite(grad).all():
+            return Failure(NonFiniteError("gradient holds NaN or Inf; nothing applied"))
+        pending = _Pending(grad.astype(np.float32, copy=True), weight, self.context.defer())
+        await self._join_round(worker, pending)
+        return None
+
+    async def _abort(self, msg: AbortPush) -> Any:
+        """`AbortPush`: abort the synchronous round, or tick the worker's clock."""
+        try:
+            worker = self._check_worker(msg.worker)
+            staleness = self._check_staleness(msg.worker_version)
+        except ValueError as exc:
+            return Failure(exc)
+        if not self.consistency.is_synchronous:
+            await self._batch_done(worker)
+            return self.version
+        if staleness != 0:
+            return Failure(StaleGradientError(staleness, 0, "synchronous mode abort"))
+        await self._join_round(worker, _Pending(None, 0.0, self.context.defer(), str(msg.reason)))
+        return None
+
+    async def _join_round(self, worker: int, entry: _Pending) -> None:
+        """Add a push (or abort) to the synchronous round; once every worker is
+        in it, apply the round (nothing if it holds an abort) and answer every entry."""
+        previous = self._round.pop(worker, None)
+        if previous is not None:  # a restarted worker pushed again: keep the newest
+            previous.reply.set_exception(
+                StaleGradientError(0, 0, f"superseded by a newer push of worker {worker}")
+            )
+        self._round[worker] = entry
+        assert self.n_workers is not None
+        if len(self._round) < self.n_workers:
+            return
+        ordered = sorted(self._round.items())
+        self._round = {}
+        pending = [p for _, p in ordered]
+        aborts = [f"worker {w}: {p.abort}" for w, p in ordered if p.abort is not None]
+        if aborts:  # a fresh error per reply: each pusher raises its own
+            message = "; ".join(aborts) + " (the whole round was dropped)"
+            for p in pending:
+                p.reply.set_exception(NonFiniteError(message))
+            return
+        total = sum(p.weight for p in pending)
+        if total <= 0.0:
+            error: Exception | None = ValueError("every batch of the round was empty")
+        else:
+            parts = [
+                (p.gradient, p.weight / total)
+                for p in pending
+                if p.gradient is not None and p.weight > 0.0
+            ]
+            error = await self._apply_or_undo(parts)
+            if error is None:
+                self._count_applied([0] * len(parts))
+        for p in pending:
+            if error is None:
+                p.reply.set_result(self.version)
+            else:
+                p.reply.set_exception(error)
+
+    async def _apply_or_undo(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
+        """Apply `parts` atomically: any failure in `_apply` (aggregation, a device
+        error mid-optimizer) changes nothing and is returned, so the pusher gets the typed
+        error and the server keeps its weights, optimizer state and version."""
+        try:
+            return await self.on_device(self._apply, parts)
+        except Exception as exc:  # nothing was changed; answered, never a restart
+            return exc
+
+    def _apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
+        """On the device thread: `sum(coef * g)`, checked finite, then one optimizer step.
+
+        Returns None when applied, else the error (nothing changed).
+        """
+        assert self.optimizer is not None
+        be = self.backend
+        with np.errstate(over="ignore", invalid="ignore"):
+            if len(parts) == 1 and parts[0][1] == 1.0:
+                total = np.ascontiguousarray(parts[0][0], dtype=np.float32)
+            else:
+                acc = np.zeros(self.n, dtype=np.float64)
+                for g, coef in parts:
+                    acc += coef * g.astype(np.float64, copy=False)
+                total = acc.astype(np.float32)
+            if not np.isfinite(total).all():
+                return NonFiniteError("gradient holds NaN or Inf; nothing applied")
+        grads = be.to_device(total)
+        if self.gradient_clip is not None:
+            clip_grad_norm(be, grads, self.gradient_clip)
+        # out of place, swapped in only when complete: a failure changes nothing
+        self._buffers.apply(be, self, "weights", self.optimizer, grads)
+        self._buffers.commit()
+        self.version += 1
+        return None
+
+    async def _batch_done(self, worker: int) -> None:
+        """Tick `worker`'s clock (bounded staleness) and answer the pulls it frees."""
+        self._clocks[worker] = self._clocks.get(worker, 0) + 1
+        await self._release_pulls()
+
+    def _count_applied(self, stalenesses: list[int]) -> None:
+        self.applied += len(stalenesses)
+        self._staleness_sum += sum(stalenesses)
+        self.max_staleness_seen = max([self.max_staleness_seen, *stalenesses])
+
+    def _pull_blocked(self, worker: int) -> bool:
+        if not self.consistency.is_bounded:
+            return False
+        assert self.consistency.bound is not None
+        return self._clocks[worker] - min(self._clocks.values()) > self.consistency.bound
+
+    async def _pull(self, msg: PullWeights) -> Any:
+        try:
+            worker = self._check_worker(msg.worker)
+        except ValueError as exc:
+            return Failure(exc)
+        if self._pull_blocked(worker):
+            self._waiting_pulls.append((worker, self.context.defer()))
+            return None
+        return await self._answer_pull(worker)
+
+    async def _answer_pull(self, worker: int) -> tuple[np.ndarray, int]:
+        if self._clocks:
+            gap = self._clocks.get(worker, 0) - min(self._clocks.values())
+            self.max_clock_gap = max(self.max_clock_gap, gap)
+        weights = await self.on_device(self.backend.to_host, self.weights)
+        self.pulled += 1
+        return np.asarray(weights), self.version
+
+    async def _release_pulls(self) -> None:
+        if not self._waiting_pulls:
+            return
+        still: list[tuple[int, Reply]] = []
+        for worker, reply in self._waiting_pulls:
+            if self._pull_blocked(worker):
+                still.append((worker, reply))
+            else:
+                reply.set_result(await self._answer_pull(worker))
+        self._waiting_pulls = still
+
+    # -- state transfer and checkpoints ---------------------------------------
+
+    def _shard_state(self) -> ShardState:
+        assert self.optimizer is not None
+        weights = np.asarray(self.backend.to_host(self.weights))
+        return ShardState(weights, self.optimizer.state_dict(), self.version)
+
+    def _busy(self) -> Exception | None:
+        if self._round:
+            return RuntimeError("a synchronous round is in progress; try again after it")
+        return None
+
+    async def _set_state(self, state: Any) -> Any:
+        busy = self._busy()
+        if busy is not None:
+            return Failure(busy)
+        if not isinstance(state, ShardState):
+            return Failure(TypeError(f"expected a ShardState, got {type(state).__name__}"))
+        try:
+            return await self.on_device(self._commit_state, state)
+        except (ValueError, TypeError) as exc:
+            return Failure(exc)
+
+    def _commit_state(self, state: ShardState) -> None:
+        """On the device thread: check everything, then replace weights, optimizer, version."""
+        w = np.asarray(state.weights, dtype=np.float32).reshape(-1)
+        if w.shape[0] != self.n or not np.isfinite(w).all():
+            raise ValueError(
+                f"state holds {w.shape[0]} weights (finite needed), server has {self.n}"
+            )
+        fresh = self.kind.create(self.n, self.backend, np.float32)
+        try:
+            fresh.load_state_dict(state.optimizer)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"optimizer state does not fit: {exc!r}") from exc
+        self.backend.copy(self.backend.to_device(np.ascontiguousarray(w)), self.weights)
+        self.optimizer = fresh
+        self.kind = fresh.kind
+        self.version = int(state.version)
+
+    async def _save(self, path: Any) -> Any:
+        state = await self.on_device(self._shard_state)
+        ckpt = Checkpoint(
+            model=dict(self.model_config),
+            weights=state.weights,
+            step=state.version,
+            optimizer=state.optimizer,
+            extra={"trainer": "AsyncParameterServer"},
+        )
+        result = await self.on_device(
+            guarded, save_checkpoint, path, ckpt, errors=_CHECKPOINT_ERRORS
+        )
+        return Failure(result.error) if isinstance(result, Rejected) else None
+
+    async def _load(self, path: Any) -> Any:
+        ckpt = await self.on_device(guarded, load_checkpoint, path, errors=_CHECKPOINT_ERRORS)
+        if isinstance(ckpt, Rejected):
+            return Failure(ckpt.error)
+        try:
+            check_model_matches(ckpt, self.model_config, self.n)
+            if int(ckpt.extra.get("micro", 0)) != 0:
+                raise CheckpointError("checkpoint is in the middle of a gradient accumulation")
+        except CheckpointError as exc:
+            return Failure(exc)
+        result = await self._set_state(ShardState(ckpt.weights, ckpt.optimizer, int(ckpt.step)))
+        if isinstance(result, Failure):
+            return Failure(CheckpointError(f"checkpoint does not fit: {result.exception}"))
+        return None

@@ -1,0 +1,197 @@
+"""`PsWorker`: a parameter-server worker on one device.
+
+For every `TrainBatch` it pulls the weights of every server range, computes
+the mean gradient of its batch on its device's worker thread (never on the
+event loop) and pushes it with the versions it pulled. A push refused as
+stale is retried with fresh weights. A batch without a usable gradient
+(non-finite loss or gradient) sends `AbortPush` instead, so that a
+synchronous round fails for every worker rather than waiting for this one,
+and answers the error. The worker keeps no state between batches besides
+its model buffers, so a restarted worker simply pulls fresh weights on its
+next batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr.accel import Device, DeviceActor
+from atomr.actor import ActorRef, Failure, Props
+from atomr.train.core.clip import global_norm
+from atomr.train.core.config import TrainerConfig
+from atomr.train.core.errors import InvalidBatchError, NonFiniteError
+from atomr.train.core.messages import Evaluate
+from atomr.train.core.mlp import Mlp
+from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.validation import validate_batch
+from atomr.train.parameter_server.client import ShardedClient
+from atomr.train.parameter_server.messages import StaleGradientError, TrainBatch
+
+__all__ = ["PsWorker"]
+
+
+class PsWorker(DeviceActor):
+    """Answers `TrainBatch -> StepStats` and `Evaluate -> EvalResult`
+    (with freshly pulled weights); other messages go to `DeviceActor`.
+
+    Args:
+        worker_id: this worker's id on the servers.
+        model: the model (copied onto `device` when first needed).
+        device: the worker's device.
+        config: the loss (and optimizer, unused here: the server applies it).
+        servers: one server per range.
+        ranges: `(start, stop)` per server.
+        synchronous: the servers run the synchronous model.
+        stale_retries: how many times a stale push is recomputed.
+        timeout: ask timeout for pulls and pushes (seconds).
+    """
+
+    def __init__(
+        self,
+        worker_id: int,
+        model: Mlp,
+        device: Device | str,
+        config: TrainerConfig,
+        servers: Sequence[ActorRef],
+        ranges: Sequence[tuple[int, int]],
+        synchronous: bool = False,
+        stale_retries: int = 100,
+        timeout: float | None = 300.0,
+    ) -> None:
+        super().__init__(device)
+        self.worker_id = int(worker_id)
+        self._template = model
+        self.config = config
+        self.client = ShardedClient(servers, ranges, synchronous, timeout)
+        self.stale_retries = stale_retries
+        self.model: Mlp | None = None
+        self.stale_pushes = 0
+
+    @classmethod
+    def props(cls, *args: Any, **kwargs: Any) -> Props:
+        """The `Props` of a worker (see the class docstring for the arguments)."""
+        return Props(cls, *args, **kwargs)
+
+    async def _ready(self) -> Mlp:
+        if self.model is None:
+            self.model = await self.on_device(self._template.to, self.device)
+        return self.model
+
+    async def receive(self, message: Any) -> Any:
+        """Dispatch `TrainBatch` / `Evaluate`; anything else to `DeviceActor.receive`."""
+        if isinstance(message, TrainBatch):
+            return await self._train(message)
+        if isinstance(message, Evaluate):
+            return await self._evaluate(message)
+        return await super().receive(message)
+
+    def _validate(self, model: Mlp, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+        return validate_batch(
+            features, labels, model.in_width, self.config.loss, out_width=model.out_width
+        )
+
+    async def _train(self, msg: TrainBatch) -> Any:
+        model = await self._ready()
+        t0 = time.perf_counter_ns()
+        features = msg.features
+        if isinstance(features, np.ndarray) and features.ndim == 2 and features.shape[0] == 0:
+            _, versions = await self.client.pull(self.worker_id)
+            zeros = np.zeros(self.client.n, dtype=np.float32)
+            await self.client.push(self.worker_id, versions, zeros, 0.0)
+            return StepStats(0.0, 0.0, (time.perf_counter_ns() - t0) // 1000, 0, applied=False)
+        try:
+            x, y = self._validate(model, features, msg.labels)
+        except InvalidBatchError as exc:
+            return Failure(exc)
+        for _attempt in range(self.stale_retries + 1):
+            weights, versions = await self.client.pull(self.worker_id)
+            result = await self.on_device(self._gradient, weights, x, y)
+            if isinstance(result, Exception):
+                await self._abort(versions, result)
+                return Failure(result)
+            grad, norm, loss, grad_norm = result
+            try:
+                await self.client.push(self.worker_id, versions, grad, norm)
+            except StaleGradientError:
+                self.stale_pushes += 1
+                continue
+            except NonFiniteError as exc:  # the round was dropped (or its sum overflowed)
+                return Failure(exc)
+            micros = (time.perf_counter_ns() - t0) // 1000
+            return StepStats(loss, grad_norm, int(micros), int(x.shape[0]))
+        return Failure(
+            StaleGradientError(-1, -1, f"still stale after {self.stale_retries} retries")
+        )
+
+    async def _abort(self, versions: list[int], error: Exception) -> None:
+        """Take part in the round without a gradient (`AbortPush`): a synchronous
+        round is dropped (its other pushes fail too instead of waiting for this
+        worker), a bounded-staleness clock ticks. The round's answer is not
+        needed: this worker reports its own error."""
+        with contextlib.suppress(NonFiniteError, StaleGradientError):
+            await self.client.abort(self.worker_id, versions, str(error))
+
+    def _gradient(
+        self, weights: np.ndarray, x: np.ndarray, y: np.ndarray
+    ) -> tuple[np.ndarray, float, float, float] | Exception:
+        """On the device thread: the mean gradient of the batch at `weights`.
+
+        Returns `(gradient, normaliser, mean loss, gradient norm)`, or the
+        error (non-finite loss or gradient, undefined loss) instead of raising.
+        In synchronous mode a batch whose targets all have class weight 0 gives
+        a zero gradient of normaliser 0 (it adds nothing to the round's mean,
+        like an empty batch) instead of an error.
+        """
+        model = self.model
+        assert model is not None
+        be = model.backend
+        with np.errstate(over="ignore", invalid="ignore"):
+            model.set_params(weights)
+            tape = model.forward_train(be.to_device(x))
+            d_out = be.empty(tape.output.shape, dtype=model.dtype)
+            loss_sum, norm = self.config.loss.sums(be, tape.output, be.to_device(y), d_out)
+            if not math.isfinite(loss_sum):
+                return NonFiniteError(f"loss is not finite ({loss_sum}); step not applied")
+            if norm <= 0.0:
+                if self.client.synchronous:
+                    # no mean of its own, but the round's is defined: a weight-0 push
+                    return np.zeros(self.client.n, dtype=np.float32), 0.0, 0.0, 0.0
+                return InvalidBatchError("every target has class weight 0; the loss is undefined")
+            be.scale(d_out, 1.0 / norm)
+            model.backward(tape, d_out)
+            grad_norm = global_norm(be, model.grads)
+            if not math.isfinite(grad_norm):
+                return NonFiniteError("gradient is not finite; step not applied")
+            grad = np.asarray(be.to_host(model.grads), dtype=np.float32)
+        return grad, float(norm), float(loss_sum / norm), float(grad_norm)
+
+    async def _evaluate(self, msg: Evaluate) -> Any:
+        model = await self._ready()
+        try:
+            x, y = self._validate(model, msg.features, msg.labels)
+        except InvalidBatchError as exc:
+            return Failure(exc)
+        weights, _ = await self.client.pull(self.worker_id)
+        result = await self.on_device(self._eval, weights, x, y)
+        return Failure(result) if isinstance(result, Exception) else result
+
+    def _eval(self, weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> EvalResult | Exception:
+        model = self.model
+        assert model is not None
+        be = model.backend
+        model.set_params(weights)
+        out = model.forward(be.to_device(x))
+        d_out = be.empty(out.shape, dtype=model.dtype)
+        loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)
+        if norm <= 0.0:
+            return InvalidBatchError("every target has class weight 0; the loss is undefined")
+        accuracy = float("nan")
+        if self.config.loss.is_classification:
+            accuracy = float(np.mean(np.argmax(be.to_host(out), axis=1) == y))
+        return EvalResult(loss_sum / norm, accuracy, int(x.shape[0]))

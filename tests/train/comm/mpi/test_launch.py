@@ -1,0 +1,241 @@
+"""`DistributedTrainConfig`, `shard_for_rank` and the `mpiexec` launcher
+helpers (`atomr launch`, `atomr train --distributed`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from atomr.train.comm.mpi import job as distributed
+from atomr.train.comm.mpi import launch
+from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError, shard_for_rank
+from tests.train.mpi_scripts.harness import HERE, require_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("n", [0, 1, 5, 24, 25, 101])
+def test_shards_tile_the_batch_evenly(n: int, world: int) -> None:
+    shards = [shard_for_rank(n, r, world) for r in range(world)]
+    covered = [i for s in shards for i in range(n)[s]]
+    assert covered == list(range(n))
+    sizes = [s.stop - s.start for s in shards]
+    assert max(sizes) - min(sizes) <= 1
+    assert sizes == sorted(sizes, reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"), [((5, 2, 2), "rank"), ((5, 0, 0), "world_size"), ((-1, 0, 1), "n_samples")]
+)
+def test_shard_rejects_bad_arguments(args: tuple[int, int, int], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        shard_for_rank(*args)
+
+
+def test_config_from_mpich_and_openmpi_environments() -> None:
+    mpich = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
+    cfg = DistributedTrainConfig.from_environment(mpich, collective_timeout=5.0)
+    assert (cfg.world_size, cfg.rank, cfg.local_rank, cfg.local_world_size) == (4, 2, 0, 2)
+    assert cfg.backend == "mpi" and cfg.collective_timeout == 5.0
+    assert cfg.is_distributed and not cfg.is_root
+    assert cfg.shard(10) == shard_for_rank(10, 2, 4)
+    ompi = {
+        "OMPI_COMM_WORLD_RANK": "0",
+        "OMPI_COMM_WORLD_SIZE": "3",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
+    }
+    cfg = DistributedTrainConfig.from_environment(ompi)
+    assert (cfg.world_size, cfg.rank, cfg.local_world_size, cfg.is_root) == (3, 0, 3, True)
+
+
+def test_config_takes_the_local_rank_from_slurm_under_srun_pmi2() -> None:
+    """`srun --mpi=pmi2` sets PMI_RANK / PMI_SIZE but not hydra's
+    MPI_LOCALRANKID: the node-local rank must come from SLURM_LOCALID
+    (it used to be 0 on every rank, so every rank of a node took cuda:0)."""
+    srun = {
+        "PMI_RANK": "5",
+        "PMI_SIZE": "8",
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS_PER_NODE": "4",
+    }
+    cfg = DistributedTrainConfig.from_environment(srun)
+    assert (cfg.world_size, cfg.rank, cfg.local_rank, cfg.local_world_size) == (8, 5, 1, 4)
+    # another launcher's variables for another job (rank/size disagree) are ignored
+    stale = {
+        "PMI_RANK": "1",
+        "PMI_SIZE": "2",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "3",
+    }
+    cfg = DistributedTrainConfig.from_environment(stale)
+    assert (cfg.world_size, cfg.rank, cfg.local_rank, cfg.local_world_size) == (2, 1, 0, 1)
+
+
+def test_config_outside_a_launcher() -> None:
+    cfg = DistributedTrainConfig.from_environment({})
+    assert cfg == DistributedTrainConfig()
+    assert cfg.backend == "none" and not cfg.is_distributed
+    with pytest.raises(NotLaunchedError, match="atomr launch"):
+        DistributedTrainConfig.from_environment({}, require=True)
+    with pytest.raises(ValueError, match="malformed"):
+        DistributedTrainConfig.from_environment({"PMI_RANK": "x", "PMI_SIZE": "2"})
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"world_size": 2, "rank": 2},
+        {"world_size": 0},
+        {"local_rank": 1},
+        {"world_size": 2, "local_world_size": 3},
+        {"backend": "nccl"},
+        {"collective_timeout": 0.0},
+    ],
+)
+def test_config_validates(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        DistributedTrainConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_importing_atomr_train_does_not_import_mpi4py() -> None:
+    code = "import sys, atomr.train, atomr.train.comm.mpi.collective, atomr.train.data_parallel.distributed; print('mpi4py' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_missing_mpi4py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from atomr.train.comm.mpi import collective as mpi_collective
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    with pytest.raises(ImportError, match=r"atomr\[mpi\]"):
+        mpi_collective.MpiCollective()
+
+
+def test_launch_runs_atomr_train_distributed(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, list[str], float | None]] = []
+
+    def fake(
+        n: int, program: list[str], timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        seen.append((n, list(program), timeout))
+        return subprocess.CompletedProcess(program, 7)
+
+    monkeypatch.setattr(launch, "run_mpiexec", fake)
+    assert launch.launch(3, ["--", "--epochs", "2"], timeout=9.0) == 7
+    assert launch.launch(2, ["--distributed", "--epochs", "1"]) == 7
+    assert seen[0] == (
+        3,
+        [sys.executable, "-m", "atomr.cli", "train", "--distributed", "--epochs", "2"],
+        9.0,
+    )
+    assert seen[1][1][-3:] == ["--distributed", "--epochs", "1"]
+    assert seen[1][1].count("--distributed") == 1
+
+
+def test_mpiexec_command_and_exit_codes(tmp_path) -> None:
+    require_mpi()
+    exe = launch.find_mpiexec()
+    cmd = launch.mpiexec_command(2, ["prog", "arg"])
+    assert cmd[0] == exe and cmd[-4:] == ["-n", "2", "prog", "arg"]
+    with pytest.raises(ValueError):
+        launch.mpiexec_command(0, ["prog"])
+    script = tmp_path / "rank_exit.py"
+    # rank 1 fails only after rank 0 has printed (a marker file says so):
+    # mpiexec ends the whole job once a rank exits non-zero.
+    marker = tmp_path / "rank0_printed"
+    script.write_text(
+        "import os, sys, time\n"
+        "rank = int(os.environ['PMI_RANK'])\n"
+        # one write per line: mpiexec forwards each rank's pipe as it comes
+        "sys.stdout.write(f'rank {rank} of {os.environ[\"PMI_SIZE\"]}\\n')\n"
+        "sys.stdout.flush()\n"
+        f"marker = {str(marker)!r}\n"
+        "if rank == 0:\n"
+        "    open(marker, 'w').close()\n"
+        "deadline = time.monotonic() + 30\n"
+        "while rank == 1 and not os.path.exists(marker) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "sys.exit(5 if rank == 1 else 0)\n"
+    )
+    done = launch.run_mpiexec(2, [sys.executable, str(script)], timeout=60, capture=True)
+    assert done.returncode == 5
+    assert "rank 0 of 2" in done.stdout and "rank 1 of 2" in done.stdout
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\ntime.sleep(600)\n")
+    done = launch.run_mpiexec(2, [sys.executable, str(hang)], timeout=3, capture=True)
+    assert done.returncode == launch.TIMEOUT_EXIT_CODE
+    assert "timeout" in done.stderr
+
+
+def _launcher_interrupted(out: Path, mode: str, interrupts: int) -> int:
+    """Run `interrupted.py` on 2 ranks through `run_mpiexec` in a child
+    process, press Ctrl-C on that launcher `interrupts` times once both
+    ranks are up; returns the launcher's exit code."""
+    code = (
+        "import sys\n"
+        "from atomr.train.comm.mpi.launch import run_mpiexec\n"
+        f"done = run_mpiexec(2, [sys.executable, {str(HERE / 'interrupted.py')!r}, "
+        f"{str(out)!r}, {mode!r}], timeout=90)\n"
+        "sys.exit(done.returncode)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 60
+        while not all((out / f"up{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline, "the ranks never started"
+            assert launcher.poll() is None, "the launcher ended early"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        for _ in range(interrupts):
+            launcher.send_signal(signal.SIGINT)  # what the terminal does on Ctrl-C
+            time.sleep(0.5)
+        return launcher.wait(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ctrl_c_on_the_launcher_reaches_every_rank(tmp_path: Path) -> None:
+    """The job runs in its own session, so the terminal's Ctrl-C reaches the
+    launcher only: it must pass it on (not leave the ranks running) and
+    return the job's exit code; a second Ctrl-C ends the job at once."""
+    require_mpi()
+    stop = tmp_path / "stop"
+    stop.mkdir()
+    assert _launcher_interrupted(stop, "stop", 1) == 130
+    assert (stop / "got0").exists() and (stop / "got1").exists()
+
+    stuck = tmp_path / "stuck"
+    stuck.mkdir()
+    assert _launcher_interrupted(stuck, "ignore", 2) == 130
+    pids = [int((stuck / f"up{r}").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids), "a rank outlived the job"
+
+
+def test_module_exports() -> None:
+    assert {"DistributedTrainConfig", "shard_for_rank", "NotLaunchedError"} <= set(
+        distributed.__all__
+    )
+    assert "launch" in launch.__all__

@@ -1,0 +1,147 @@
+"""Checkpoint files: round trip, atomic replace, corruption and truncation."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atomr.train import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from atomr.train.core.checkpoint import check_model_matches
+
+
+def _ckpt(seed: int = 0, n: int = 50) -> Checkpoint:
+    rng = np.random.default_rng(seed)
+    return Checkpoint(
+        model={"sizes": [4, 6, 2], "activation": "relu"},
+        weights=rng.standard_normal(n).astype(np.float32),
+        step=7 + seed,
+        optimizer={
+            "kind": {"name": "adam", "lr": 0.1},
+            "step": 7,
+            "exp_avg": rng.standard_normal(n).astype(np.float32),
+        },
+        extra={"micro": 1, "accum": np.arange(3, dtype=np.float64)},
+    )
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "a.ckpt"
+    ckpt = _ckpt()
+    save_checkpoint(path, ckpt)
+    back = load_checkpoint(path)
+    assert back.model == ckpt.model and back.step == ckpt.step
+    np.testing.assert_array_equal(back.weights, ckpt.weights)
+    assert back.weights.dtype == np.float32
+    np.testing.assert_array_equal(back.optimizer["exp_avg"], ckpt.optimizer["exp_avg"])
+    assert back.optimizer["kind"] == ckpt.optimizer["kind"] and back.optimizer["step"] == 7
+    assert back.extra["micro"] == 1
+    np.testing.assert_array_equal(back.extra["accum"], np.arange(3.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["a.ckpt"]  # no temporary left
+
+
+def test_crash_mid_save_leaves_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "a.ckpt"
+    save_checkpoint(path, _ckpt(0))
+    before = path.read_bytes()
+
+    def crash(src, dst):  # the process dies between writing and renaming
+        raise OSError("simulated crash")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        save_checkpoint(path, _ckpt(1))
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert load_checkpoint(path).step == 7
+    assert [p.name for p in tmp_path.iterdir()] == ["a.ckpt"]
+
+
+def test_crash_mid_write_leaves_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "a.ckpt"
+    save_checkpoint(path, _ckpt(0))
+    before = path.read_bytes()
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError, match="disk gone"):
+        save_checkpoint(path, _ckpt(1))
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("cut", [1, 33, 500, -1])
+def test_truncated_file_is_detected(tmp_path: Path, cut: int) -> None:
+    path = tmp_path / "a.ckpt"
+    save_checkpoint(path, _ckpt())
+    data = path.read_bytes()
+    path.write_bytes(data[:cut])  # cut -1: all but the last byte
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path)
+
+
+def test_flipped_bytes_are_detected(tmp_path: Path) -> None:
+    path = tmp_path / "a.ckpt"
+    save_checkpoint(path, _ckpt())
+    data = bytearray(path.read_bytes())
+    for pos in (20, len(data) // 2, len(data) - 40):
+        bad = bytearray(data)
+        bad[pos] ^= 0x01
+        path.write_bytes(bytes(bad))
+        with pytest.raises(CheckpointError, match="checksum"):
+            load_checkpoint(path)
+
+
+def test_not_a_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "x.npz"
+    np.savez(path, weights=np.zeros(3))
+    with pytest.raises(CheckpointError, match="not an atomr checkpoint"):
+        load_checkpoint(path)
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "missing")
+
+
+def test_unstorable_state_is_refused(tmp_path: Path) -> None:
+    ckpt = _ckpt()
+    ckpt.extra["obj"] = np.array([object()], dtype=object)
+    with pytest.raises(CheckpointError, match="pickle"):
+        save_checkpoint(tmp_path / "a", ckpt)
+    ckpt = _ckpt()
+    ckpt.extra["fn"] = print
+    with pytest.raises(CheckpointError, match="JSON"):
+        save_checkpoint(tmp_path / "a", ckpt)
+    assert not list(tmp_path.iterdir())
+
+
+def test_check_model_matches() -> None:
+    ckpt = _ckpt()
+    check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50)
+    with pytest.raises(CheckpointError, match="model"):
+        check_model_matches(ckpt, {"sizes": [4, 7, 2], "activation": "relu"}, 50)
+    with pytest.raises(CheckpointError, match="model"):
+        check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "tanh"}, 50)
+    with pytest.raises(CheckpointError, match="parameters"):
+        check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 51)
+
+
+def test_save_into_a_missing_directory_names_the_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(FileNotFoundError, match="directory") as info:
+        save_checkpoint(missing / "a.ckpt", _ckpt())
+    assert info.value.filename == str(missing)
+    assert not missing.exists()
+
+
+def test_object_weights_are_refused(tmp_path: Path) -> None:
+    ckpt = _ckpt()
+    ckpt.weights = np.array([object()] * 3, dtype=object)
+    with pytest.raises(CheckpointError, match="pickle"):
+        save_checkpoint(tmp_path / "a", ckpt)
+    assert not list(tmp_path.iterdir())
+
+
+def test_check_model_matches_refuses_non_numeric_weights() -> None:
+    ckpt = _ckpt()
+    ckpt.weights = np.array(["a"] * 50)
+    with pytest.raises(CheckpointError, match="dtype"):
+        check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50)

@@ -1,0 +1,116 @@
+"""LossKind against hand-derived values and torch.nn.functional formulas (NumPy)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from atomr.train import InvalidBatchError, LossKind
+from tests.train.train_reference import ref_cross_entropy, ref_mse
+
+
+def test_mse_hand_derived() -> None:
+    y = np.array([[1.0, 2.0], [3.0, 5.0]], dtype=np.float32)
+    t = np.array([[0.0, 2.0], [3.0, 3.0]], dtype=np.float32)
+    value, grad = LossKind.MSE.compute(y, t)
+    # differences 1, 0, 0, 2 -> (1 + 4) / 4 elements
+    assert value == pytest.approx(1.25)
+    np.testing.assert_allclose(grad, [[0.5, 0.0], [0.0, 1.0]], rtol=1e-6)
+    assert grad.dtype == np.float32
+
+
+def test_cross_entropy_hand_derived() -> None:
+    z = np.array([[0.0, 0.0], [math.log(3.0), 0.0]], dtype=np.float64)
+    labels = np.array([0, 1])
+    value, grad = LossKind.CROSS_ENTROPY.compute(z, labels)
+    # sample 0: p = (1/2, 1/2) -> -log(1/2); sample 1: p = (3/4, 1/4) -> -log(1/4)
+    assert value == pytest.approx((math.log(2) + math.log(4)) / 2, rel=1e-12)
+    np.testing.assert_allclose(grad, [[-0.25, 0.25], [0.375, -0.375]], rtol=1e-12)
+
+
+def test_weighted_cross_entropy_hand_derived() -> None:
+    z = np.zeros((3, 2))
+    labels = np.array([0, 1, 1])
+    value, grad = LossKind.weighted_cross_entropy([1.0, 3.0]).compute(z, labels)
+    # every sample has -log(1/2); weights 1, 3, 3 -> (1+3+3) log2 / 7
+    assert value == pytest.approx(math.log(2), rel=1e-12)
+    np.testing.assert_allclose(grad[0], [-0.5 / 7, 0.5 / 7], rtol=1e-12)
+    np.testing.assert_allclose(grad[1], [1.5 / 7, -1.5 / 7], rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,rtol", [(np.float32, 2e-5), (np.float64, 1e-10)])
+def test_losses_match_torch_formulas(dtype, rtol) -> None:
+    rng = np.random.default_rng(3)
+    z = (rng.standard_normal((37, 7)) * 4).astype(dtype)
+    labels = rng.integers(0, 7, size=37)
+    t = rng.standard_normal((37, 7)).astype(dtype)
+    w = rng.uniform(0.1, 2.0, size=7)
+    for kind, ref in (
+        (LossKind.MSE, ref_mse(z, t)),
+        (LossKind.CROSS_ENTROPY, ref_cross_entropy(z, labels)),
+        (LossKind.weighted_cross_entropy(w), ref_cross_entropy(z, labels, w)),
+    ):
+        target = t if kind is LossKind.MSE else labels
+        value, grad = kind.compute(z, target)
+        assert value == pytest.approx(ref[0], rel=rtol)
+        np.testing.assert_allclose(grad, ref[1], rtol=rtol, atol=rtol * 1e-2)
+
+
+def test_cross_entropy_stable_for_large_logits() -> None:
+    z = np.array([[1000.0, 0.0], [0.0, -1000.0]], dtype=np.float32)
+    value, grad = LossKind.CROSS_ENTROPY.compute(z, np.array([1, 0]))
+    assert value == pytest.approx(500.0, rel=1e-6)
+    assert np.isfinite(grad).all()
+
+
+def test_cross_entropy_gradient_matches_finite_differences() -> None:
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((5, 4))
+    labels = rng.integers(0, 4, size=5)
+    kind = LossKind.weighted_cross_entropy([0.5, 1.0, 2.0, 1.5])
+    _, grad = kind.compute(z, labels)
+    h = 1e-6
+    num = np.zeros_like(z)
+    for idx in np.ndindex(z.shape):
+        zp, zm = z.copy(), z.copy()
+        zp[idx] += h
+        zm[idx] -= h
+        num[idx] = (kind.compute(zp, labels)[0] - kind.compute(zm, labels)[0]) / (2 * h)
+    np.testing.assert_allclose(grad, num, rtol=1e-6, atol=1e-9)
+
+
+def test_bad_inputs_are_clear_errors() -> None:
+    z = np.zeros((2, 3), dtype=np.float32)
+    with pytest.raises(InvalidBatchError, match=r"in \[0, 3\)"):
+        LossKind.CROSS_ENTROPY.compute(z, np.array([0, 3]))
+    with pytest.raises(InvalidBatchError, match="integers"):
+        LossKind.CROSS_ENTROPY.compute(z, np.array([0.0, 1.0]))
+    with pytest.raises(InvalidBatchError, match="shape"):
+        LossKind.MSE.compute(z, np.zeros((2, 2), dtype=np.float32))
+    with pytest.raises(InvalidBatchError, match="class weights"):
+        LossKind.weighted_cross_entropy([1.0, 2.0]).compute(z, np.array([0, 1]))
+    for bad in ([], [-1.0, 1.0], [0.0, 0.0], [float("nan"), 1.0]):
+        with pytest.raises(ValueError):
+            LossKind.weighted_cross_entropy(bad)
+    with pytest.raises(ValueError, match="unknown loss"):
+        LossKind("hinge")
+
+
+def test_config_round_trip() -> None:
+    for kind in (LossKind.MSE, LossKind.CROSS_ENTROPY, LossKind.weighted_cross_entropy([1, 2])):
+        assert LossKind.from_config(kind.to_config()) == kind
+
+
+def test_from_config_keeps_the_name_and_checks_weights() -> None:
+    """An MSE config carrying class weights is an error, not weighted CE; a
+    directly built `LossKind` gets the same weight checks as the factory."""
+    with pytest.raises(ValueError, match="class_weights only apply to cross-entropy"):
+        LossKind.from_config({"name": "mse", "class_weights": [1.0, 2.0]})
+    for bad in ((), (-1.0, 2.0), (0.0, 0.0), (float("inf"), 1.0)):
+        with pytest.raises(ValueError, match="class_weights"):
+            LossKind("cross_entropy", bad)
+    kind = LossKind.from_config({"name": "cross_entropy", "class_weights": [1, 2]})
+    assert kind == LossKind.weighted_cross_entropy([1.0, 2.0])
+    assert kind.class_weights == (1.0, 2.0)

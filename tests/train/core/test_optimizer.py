@@ -1,0 +1,137 @@
+"""Optimizers against NumPy transcriptions of torch.optim's published algorithms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atomr.train import OptimizerKind
+from tests.train.train_reference import RefAdam, RefSGD
+
+N = 257
+STEPS = 100
+
+SGD_CASES = [
+    dict(lr=0.05),
+    dict(lr=0.05, weight_decay=0.01),
+    dict(lr=0.05, momentum=0.9),
+    dict(lr=0.05, momentum=0.9, dampening=0.3),
+    dict(lr=0.05, momentum=0.9, weight_decay=0.02, nesterov=True),
+    dict(lr=0.02, momentum=0.5, dampening=0.5, weight_decay=0.1),
+]
+ADAM_CASES = [
+    dict(lr=1e-3),
+    dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-6),
+    dict(lr=1e-2, weight_decay=0.05),
+]
+
+
+def _grads(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(N).astype(np.float32) for _ in range(STEPS)]
+
+
+def _run(kind: OptimizerKind, ref, params: np.ndarray, grads) -> None:
+    opt = kind.create(N)
+    for g in grads:
+        opt.step(params, g.copy())
+        ref.step(g.copy())
+    assert opt.step_count == STEPS
+    # 1e-6 relative, elementwise, with the absolute floor relative to the
+    # vector's scale: parameters that cross zero have no meaningful
+    # elementwise relative error after 100 float32 roundings.
+    np.testing.assert_allclose(params, ref.p, rtol=1e-6, atol=1e-6 * np.abs(ref.p).max())
+
+
+def _start() -> np.ndarray:
+    return np.random.default_rng(1).uniform(-1, 1, N).astype(np.float32)
+
+
+@pytest.mark.parametrize("hp", SGD_CASES)
+def test_sgd_matches_torch_algorithm(hp) -> None:
+    params = _start()
+    _run(OptimizerKind.sgd(**hp), RefSGD(_start(), **hp), params, _grads(2))
+    assert not np.array_equal(params, _start())
+
+
+@pytest.mark.parametrize("hp", ADAM_CASES)
+def test_adam_matches_torch_algorithm(hp) -> None:
+    params = _start()
+    _run(OptimizerKind.adam(**hp), RefAdam(_start(), **hp), params, _grads(3))
+
+
+@pytest.mark.parametrize("wd", [0.01, 0.1, 0.0])
+def test_adamw_matches_torch_algorithm(wd) -> None:
+    params = _start()
+    ref = RefAdam(_start(), lr=1e-2, weight_decay=wd, decoupled=True)
+    _run(OptimizerKind.adamw(1e-2, weight_decay=wd), ref, params, _grads(4))
+
+
+def test_adamw_differs_from_adam_with_decay() -> None:
+    g = _grads(5)[:10]
+    a, b = _start(), _start()
+    opt_a, opt_b = (
+        OptimizerKind.adam(1e-2, weight_decay=0.1).create(N),
+        OptimizerKind.adamw(1e-2, weight_decay=0.1).create(N),
+    )
+    for x in g:
+        opt_a.step(a, x)
+        opt_b.step(b, x)
+    assert not np.allclose(a, b)
+
+
+@pytest.mark.parametrize(
+    "kind", [OptimizerKind.sgd(0.1, momentum=0.9, nesterov=True), OptimizerKind.adamw(1e-2)]
+)
+def test_state_dict_round_trip_is_bit_identical(kind) -> None:
+    grads = _grads(6)
+    straight = _start()
+    opt = kind.create(N)
+    for g in grads:
+        opt.step(straight, g)
+    resumed = _start()
+    first = kind.create(N)
+    for g in grads[:40]:
+        first.step(resumed, g)
+    second = kind.create(N)
+    second.load_state_dict(first.state_dict())
+    assert second.step_count == 40
+    for g in grads[40:]:
+        second.step(resumed, g)
+    np.testing.assert_array_equal(resumed, straight)
+
+
+def test_load_state_dict_rejects_other_kind_and_size() -> None:
+    sgd = OptimizerKind.sgd(0.1, momentum=0.9).create(N)
+    sgd.step(_start(), _grads(7)[0])
+    with pytest.raises(ValueError, match="sgd"):
+        OptimizerKind.adam(0.1).create(N).load_state_dict(sgd.state_dict())
+    with pytest.raises(ValueError, match="shape"):
+        OptimizerKind.sgd(0.1, momentum=0.9).create(N + 1).load_state_dict(sgd.state_dict())
+
+
+def test_step_rejects_wrong_shape_and_dtype() -> None:
+    opt = OptimizerKind.sgd(0.1).create(N)
+    p = _start()
+    with pytest.raises(ValueError, match="shape"):
+        opt.step(p, np.zeros(N + 1, dtype=np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        opt.step(p, np.zeros(N, dtype=np.float64))
+    np.testing.assert_array_equal(p, _start())
+
+
+def test_hyper_parameters_are_validated() -> None:
+    with pytest.raises(ValueError, match="nesterov"):
+        OptimizerKind.sgd(0.1, nesterov=True)
+    with pytest.raises(ValueError, match="nesterov"):
+        OptimizerKind.sgd(0.1, momentum=0.9, dampening=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="lr"):
+        OptimizerKind.sgd(-1.0)
+    with pytest.raises(ValueError, match="betas"):
+        OptimizerKind.adam(0.1, betas=(1.0, 0.9))
+    with pytest.raises(ValueError, match=">= 1"):
+        OptimizerKind.adam(0.1).create(0)
+    assert OptimizerKind.adamw(0.3).lr == 0.3
+    assert OptimizerKind.adamw(0.3).weight_decay == 0.01
+    kind = OptimizerKind.adam(1e-3, betas=(0.8, 0.9))
+    assert OptimizerKind.from_config(kind.to_config()) == kind

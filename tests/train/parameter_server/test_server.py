@@ -1,0 +1,227 @@
+"""Tests of the AsyncParameterServer actor: the seed crate's cases, the
+optimizer on the server, validation, and the three consistency models at the
+message level."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from atomr.train import OptimizerKind
+from atomr.train.core.errors import NonFiniteError
+from atomr.train.parameter_server.consistency import Consistency
+from atomr.train.parameter_server.messages import (
+    AbortPush,
+    PullWeights,
+    PushGradient,
+    StaleGradientError,
+    Stats,
+)
+from atomr.train.parameter_server.server import AsyncParameterServer
+
+
+def _f32(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+async def test_seed_case_one_sgd_step(actor_system) -> None:
+    ref = actor_system.spawn(AsyncParameterServer.props(_f32(10, 20), OptimizerKind.sgd(0.1), 4))
+    version = await ref.ask(PushGradient(0, 0, _f32(1, 2)))
+    weights, pulled_version = await ref.ask(PullWeights(0))
+    assert version == 1 and pulled_version == 1
+    np.testing.assert_allclose(weights, [9.9, 19.8], rtol=1e-6)
+    stats = await ref.ask(Stats())
+    assert (stats.version, stats.gradients_applied, stats.weights_pulled) == (1, 1, 1)
+    assert stats.avg_staleness == 0.0
+
+
+async def test_learning_rate_alone_means_plain_sgd(actor_system) -> None:
+    ref = actor_system.spawn(AsyncParameterServer.props([10.0, 20.0], 0.1, None))
+    await ref.ask(PushGradient(0, 0, _f32(1, 2)))
+    weights, _ = await ref.ask(PullWeights(0))
+    np.testing.assert_allclose(weights, [9.9, 19.8], rtol=1e-6)
+
+
+async def test_stale_push_is_rejected_and_changes_nothing(actor_system) -> None:
+    ref = actor_system.spawn(AsyncParameterServer.props(_f32(10, 20), OptimizerKind.sgd(0.1), 1))
+    await ref.ask(PushGradient(0, 0, _f32(1, 1)))  # staleness 0 -> version 1
+    await ref.ask(PushGradient(1, 0, _f32(1, 1)))  # staleness 1 -> version 2
+    before, _ = await ref.ask(PullWeights(0))
+    with pytest.raises(StaleGradientError) as info:
+        await ref.ask(PushGradient(2, 0, _f32(5, 5)))  # staleness 2 > 1
+    assert info.value.staleness == 2 and info.value.max_staleness == 1
+    after, version = await ref.ask(PullWeights(0))
+    assert version == 2
+    np.testing.assert_array_equal(after, before)
+    stats = await ref.ask(Stats())
+    assert stats.gradients_rejected == 1 and stats.gradients_applied == 2
+    assert stats.avg_staleness == pytest.approx(0.5) and stats.max_staleness_seen == 1
+
+
+@pytest.mark.parametrize(
+    "push, error",
+    [
+        (PushGradient(0, 0, _f32(1)), ValueError),  # too short: never padded
+        (PushGradient(0, 0, _f32(1, 2, 3)), ValueError),  # too long: never truncated
+        (PushGradient(0, 0, _f32(1, np.nan)), FloatingPointError),
+        (PushGradient(0, 0, _f32(np.inf, 1)), FloatingPointError),
+        (PushGradient(0, 5, _f32(1, 2)), ValueError),  # version from the future
+        (PushGradient(-1, 0, _f32(1, 2)), ValueError),
+        (PushGradient(0, 0, np.array([1, 2])), TypeError),  # ints are not a gradient
+        (PushGradient(0, 0, _f32(1, 2), weight=float("nan")), ValueError),
+    ],
+)
+async def test_bad_push_is_a_failure_that_changes_nothing(actor_system, push, error) -> None:
+    ref = actor_system.spawn(AsyncParameterServer.props(_f32(10, 20), OptimizerKind.sgd(0.1)))
+    with pytest.raises(error):
+        await ref.ask(push)
+    weights, version = await ref.ask(PullWeights(0))  # same instance, still serving
+    assert version == 0
+    np.testing.assert_array_equal(weights, [10, 20])
+    assert (await ref.ask(PushGradient(0, 0, _f32(1, 2)))) == 1
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        OptimizerKind.sgd(0.05, momentum=0.9, weight_decay=0.01, nesterov=True),
+        OptimizerKind.adam(1e-2),
+        OptimizerKind.adamw(1e-2, weight_decay=0.1),
+    ],
+    ids=["sgd-nesterov", "adam", "adamw"],
+)
+async def test_server_applies_the_configured_optimizer(actor_system, kind) -> None:
+    rng = np.random.default_rng(1)
+    w0 = rng.standard_normal(7).astype(np.float32)
+    grads = [rng.standard_normal(7).astype(np.float32) for _ in range(4)]
+    reference = w0.copy()
+    opt = kind.create(7)
+    for g in grads:
+        opt.step(reference, g.copy())
+    ref = actor_system.spawn(AsyncParameterServer.props(w0, kind, None))
+    for i, g in enumerate(grads):
+        await ref.ask(PushGradient(0, i, g))
+    weights, version = await ref.ask(PullWeights(0))
+    assert version == 4
+    np.testing.assert_allclose(weights, reference, rtol=1e-6, atol=1e-7)
+    # the server's result differs from plain SGD: the optimizer state is real
+    assert not np.allclose(weights, w0 - kind.lr * np.sum(grads, axis=0), atol=1e-4)
+
+
+async def test_synchronous_round_waits_and_averages_by_sample_weight(actor_system) -> None:
+    props = AsyncParameterServer.props(
+        _f32(0, 0), OptimizerKind.sgd(1.0), None, consistency=Consistency.synchronous(), workers=2
+    )
+    ref = actor_system.spawn(props)
+    first = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(1, 0), weight=3.0)))
+    await ref.ask(Stats())  # the push has been handled ...
+    assert not first.done()  # ... but its reply waits for worker 1
+    weights, version = await ref.ask(PullWeights(0))
+    assert version == 0 and np.all(weights == 0)  # nothing applied yet
+    second = await ref.ask(PushGradient(1, 0, _f32(0, 1), weight=1.0))
+    assert second == 1 and await first == 1
+    weights, _ = await ref.ask(PullWeights(0))
+    np.testing.assert_allclose(weights, [-0.75, -0.25])  # (3*g0 + 1*g1) / 4
+    stats = await ref.ask(Stats())
+    assert (stats.version, stats.gradients_applied) == (1, 2)
+    with pytest.raises(StaleGradientError):  # synchronous means staleness 0
+        await ref.ask(PushGradient(0, 0, _f32(1, 1)))
+
+
+async def test_synchronous_round_with_a_bad_gradient_applies_nothing(actor_system) -> None:
+    props = AsyncParameterServer.props(
+        _f32(0, 0), OptimizerKind.sgd(1.0), None, consistency=Consistency.synchronous(), workers=2
+    )
+    ref = actor_system.spawn(props)
+    with pytest.raises(ValueError):
+        await ref.ask(PushGradient(0, 0, _f32(1, 2, 3)))
+    with pytest.raises(FloatingPointError):
+        await ref.ask(PushGradient(0, 0, _f32(np.nan, 2)))
+    pending = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(2, 2))))
+    assert await ref.ask(PushGradient(1, 0, _f32(0, 0))) == 1
+    assert await pending == 1
+    weights, _ = await ref.ask(PullWeights(0))
+    np.testing.assert_allclose(weights, [-1.0, -1.0])
+
+
+async def test_synchronous_round_with_an_abort_applies_nothing_and_answers_every_push(
+    actor_system,
+) -> None:
+    """A worker whose loss was not finite sends `AbortPush` instead of a gradient:
+    the round completes without applying anything, every push of it is answered
+    promptly with `NonFiniteError`, and the next round starts empty."""
+    props = AsyncParameterServer.props(
+        _f32(0, 0), OptimizerKind.sgd(1.0), None, consistency=Consistency.synchronous(), workers=2
+    )
+    ref = actor_system.spawn(props)
+    pending = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(1, 1))))
+    await ref.ask(Stats())
+    assert not pending.done()  # waits for worker 1 ...
+    with pytest.raises(NonFiniteError, match="worker 1"):
+        await asyncio.wait_for(ref.ask(AbortPush(1, 0, "loss is not finite (inf)")), 5)
+    with pytest.raises(NonFiniteError, match="worker 1"):  # ... which aborted the round
+        await asyncio.wait_for(pending, 5)
+    weights, version = await ref.ask(PullWeights(0))
+    assert version == 0 and np.all(weights == 0)
+    stats = await ref.ask(Stats())
+    assert (stats.version, stats.gradients_applied) == (0, 0)
+    # the aborted round left nothing behind: the next one holds only its own pushes
+    second = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(2, 0))))
+    assert await asyncio.wait_for(ref.ask(PushGradient(1, 0, _f32(0, 2))), 5) == 1
+    assert await asyncio.wait_for(second, 5) == 1
+    weights, _ = await ref.ask(PullWeights(0))
+    np.testing.assert_allclose(weights, [-1.0, -1.0])
+
+
+async def test_abort_in_bounded_mode_ticks_the_clock_and_applies_nothing(actor_system) -> None:
+    """Under bounded staleness an aborted batch still counts as done for the
+    worker's clock, so the others' pulls are not held back by it."""
+    props = AsyncParameterServer.props(
+        _f32(0), OptimizerKind.sgd(1.0), None, consistency=Consistency.bounded(1), workers=2
+    )
+    ref = actor_system.spawn(props)
+    await ref.ask(PushGradient(0, 0, _f32(1)))
+    await ref.ask(PushGradient(0, 1, _f32(1)))
+    blocked = asyncio.ensure_future(ref.ask(PullWeights(0)))  # 2 ahead of worker 1: waits
+    await ref.ask(Stats())
+    assert not blocked.done()
+    assert await ref.ask(AbortPush(1, 2, "loss is not finite (inf)")) == 2  # nothing applied
+    weights, version = await asyncio.wait_for(blocked, 5)  # released by worker 1's tick
+    assert version == 2 and weights[0] == pytest.approx(-2.0)
+
+
+async def test_bounded_staleness_pull_waits_for_the_slowest_worker(actor_system) -> None:
+    props = AsyncParameterServer.props(
+        _f32(0), OptimizerKind.sgd(1.0), None, consistency=Consistency.bounded(1), workers=2
+    )
+    ref = actor_system.spawn(props)
+    await ref.ask(PushGradient(0, 0, _f32(1)))
+    await ref.ask(PullWeights(0))  # worker 0 is 1 ahead: allowed
+    await ref.ask(PushGradient(0, 1, _f32(1)))
+    blocked = asyncio.ensure_future(ref.ask(PullWeights(0)))  # 2 ahead: waits
+    await ref.ask(Stats())
+    assert not blocked.done()
+    _, version = await ref.ask(PullWeights(1))  # the slow worker is never blocked
+    assert version == 2
+    await ref.ask(PushGradient(1, 2, _f32(1)))  # slowest catches up by one
+    weights, version = await blocked
+    assert version == 3 and weights[0] == pytest.approx(-3.0)
+    stats = await ref.ask(Stats())
+    assert stats.max_clock_gap == 1
+
+
+def test_constructor_and_consistency_errors() -> None:
+    with pytest.raises(ValueError):
+        Consistency.bounded(0)
+    with pytest.raises(ValueError):
+        Consistency(-1)
+    with pytest.raises(ValueError):
+        AsyncParameterServer(_f32(1), 0.1, -1)
+    with pytest.raises(ValueError):
+        AsyncParameterServer(_f32(1), 0.1, consistency=Consistency.synchronous())
+    with pytest.raises(ValueError):
+        AsyncParameterServer(_f32(np.nan), 0.1)
+    with pytest.raises(TypeError):
+        AsyncParameterServer(_f32(1), "fast")

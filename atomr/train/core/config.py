@@ -49,18 +49,25 @@ class TrainerConfig:
             optimizer step (torch's `clip_grad_norm_`), or None for no clipping.
         accumulation_steps: K >= 1; K `Step` messages accumulate their
             gradients and the optimizer applies once, on the K-th, exactly as
-            one step on the concatenated batch.
+            one step on the concatenated batch. A strategy that cannot
+            accumulate refuses K > 1 when it is spawned.
+        worker_timeout: seconds a trainer waits for any one reply of its
+            workers (replicas, shards, stages, servers) before it fails the
+            request; None waits forever, explicitly.
 
     Raises:
-        TypeError: `optimizer` or `loss` has the wrong type.
-        ValueError: `gradient_clip` is not positive and finite, or
-            `accumulation_steps < 1`.
+        TypeError: `optimizer` or `loss` has the wrong type, or
+            `worker_timeout` is not a number or None.
+        ValueError: `gradient_clip` is not positive and finite,
+            `accumulation_steps < 1`, or `worker_timeout` is not positive
+            and finite.
     """
 
     optimizer: OptimizerKind
     loss: LossKind
     gradient_clip: float | None = None
     accumulation_steps: int = 1
+    worker_timeout: float | None = 120.0
 
     def __post_init__(self) -> None:
         check_update_rule(self.optimizer, self.loss, self.gradient_clip)
@@ -72,3 +79,19 @@ class TrainerConfig:
             raise ValueError(
                 f"accumulation_steps must be an int >= 1, got {self.accumulation_steps}"
             )
+        _check_timeout(self.worker_timeout)
+
+
+def _check_timeout(timeout: object) -> None:
+    """None, or a positive finite number of seconds.
+
+    Raises:
+        TypeError: not a real number (a bool included) and not None.
+        ValueError: not positive and finite.
+    """
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, Real):
+        raise TypeError(f"worker_timeout must be a number of seconds or None, got {timeout!r}")
+    if not 0.0 < float(timeout) < float("inf"):
+        raise ValueError(f"worker_timeout must be positive and finite, got {timeout}")

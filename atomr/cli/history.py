@@ -1,4 +1,4 @@
-"""`EpochRecord` and `History`: what a training run measured, as JSON.
+"""`History`: what a training run measured, as JSON.
 
 The history file (`history.json`) holds the run's options, one record per
 finished epoch and a summary; a resumed run appends to the history stored
@@ -14,34 +14,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EpochRecord", "History"]
+from atomr.train.fit import EpochRecord
+
+__all__ = ["History"]
 
 FORMAT = "atomr-history/1"
-
-
-@dataclass(frozen=True)
-class EpochRecord:
-    """The figures of one finished epoch.
-
-    Attributes:
-        epoch: 1-based epoch number.
-        step: optimizer steps applied since the start of training (all runs).
-        train_loss: mean of the step losses of this epoch (weighted by samples).
-        train_accuracy: accuracy on the training set after the epoch.
-        test_loss: loss on the test set after the epoch.
-        test_accuracy: accuracy on the test set after the epoch.
-        samples_per_s: training throughput of this epoch (steps only).
-        seconds: wall time of this epoch's steps.
-    """
-
-    epoch: int
-    step: int
-    train_loss: float
-    train_accuracy: float
-    test_loss: float
-    test_accuracy: float
-    samples_per_s: float
-    seconds: float
 
 
 def _record(raw: dict[str, Any]) -> EpochRecord:

@@ -1,4 +1,4 @@
-"""`StopFlag` and `stop_on_sigint`: Ctrl-C ends a run cleanly between steps."""
+"""`stop_on_sigint`: Ctrl-C ends a run cleanly between steps (it sets a `StopFlag`)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,9 @@ import contextlib
 import signal
 from collections.abc import Iterator
 
-__all__ = ["StopFlag", "stop_on_sigint"]
+from atomr.train.fit import StopFlag
 
-
-class StopFlag:
-    """Set when the run should stop after the step in flight (Ctrl-C, or a test)."""
-
-    def __init__(self) -> None:
-        self._requested = False
-
-    @property
-    def requested(self) -> bool:
-        """True once `request` was called."""
-        return self._requested
-
-    def request(self) -> None:
-        """Ask the run to stop after the current step."""
-        self._requested = True
+__all__ = ["stop_on_sigint"]
 
 
 @contextlib.contextmanager

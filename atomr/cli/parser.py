@@ -11,6 +11,7 @@ import argparse
 from typing import NoReturn
 
 from atomr.cli.errors import CliError
+from atomr.cli.strategies import STRATEGIES
 
 __all__ = [
     "BENCH_SUITES",
@@ -18,11 +19,9 @@ __all__ = [
     "LOSSES",
     "OPTIMIZERS",
     "SCHEDULES",
-    "STRATEGIES",
     "build_parser",
 ]
 
-STRATEGIES = ("single", "data", "tensor", "pipeline", "ps")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LOSSES = ("cross_entropy", "mse")
 SCHEDULES = ("gpipe", "1f1b")
@@ -52,10 +51,9 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     model = p.add_argument_group("model and strategy")
     model.add_argument(
         "--strategy",
-        choices=STRATEGIES,
+        choices=list(STRATEGIES),
         default="data",
-        help="single device, data / tensor / pipeline parallel, or async parameter "
-        "server (default: data)",
+        help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + " (default: data)",
     )
     model.add_argument(
         "--devices",
@@ -75,7 +73,7 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     model.add_argument(
         "--schedule",
         choices=SCHEDULES,
-        default="1f1b",
+        default=None,
         help="pipeline schedule (--strategy pipeline; default: 1f1b)",
     )
     model.add_argument(
@@ -109,7 +107,9 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         default=None,
         help="learning rate (default: 0.005 for adam/adamw, 0.05 for sgd)",
     )
-    opt.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
+    opt.add_argument(
+        "--momentum", type=float, default=None, help="SGD momentum (--optimizer sgd; default: 0.9)"
+    )
     opt.add_argument(
         "--loss",
         choices=LOSSES,
@@ -130,10 +130,12 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     data = p.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASETS, default="digits", help="(default: digits)")
     data.add_argument(
-        "--samples", type=int, default=20_000, help="synthetic: number of samples (default: 20000)"
+        "--samples", type=int, default=None, help="synthetic: number of samples (default: 20000)"
     )
-    data.add_argument("--features", type=int, default=64, help="synthetic: features (default: 64)")
-    data.add_argument("--classes", type=int, default=10, help="synthetic: classes (default: 10)")
+    data.add_argument(
+        "--features", type=int, default=None, help="synthetic: features (default: 64)"
+    )
+    data.add_argument("--classes", type=int, default=None, help="synthetic: classes (default: 10)")
 
     out = p.add_argument_group("checkpoints and output")
     out.add_argument(

@@ -6,13 +6,13 @@ import math
 import sys
 from typing import Any
 
-from atomr.cli.history import EpochRecord
-from atomr.train import StepStats
+from atomr.train.core.stats import StepStats
+from atomr.train.fit import EpochRecord, FitCallback, FitPosition
 
 __all__ = ["Progress"]
 
 
-class Progress:
+class Progress(FitCallback):
     """A progress bar over all remaining steps of a run, on stderr.
 
     The postfix shows the running mean loss of the current epoch, the test
@@ -46,7 +46,7 @@ class Progress:
                 )
         self._enabled = enabled
 
-    def set_epoch(self, epoch: int, epochs: int) -> None:
+    def on_epoch_start(self, epoch: int, epochs: int) -> None:
         """Show which epoch (1-based) of how many is running."""
         if self._bar is not None:
             self._bar.set_description(f"epoch {epoch}/{epochs}")
@@ -55,10 +55,13 @@ class Progress:
         """Show this test accuracy until the next epoch ends (a resumed run's last)."""
         self._accuracy = accuracy
 
-    def update(self, stats: StepStats, mean_loss: float, samples_per_s: float) -> None:
+    def on_step(
+        self, position: FitPosition, stats: StepStats, mean_loss: float, samples_per_s: float
+    ) -> None:
         """Advance by one step.
 
         Args:
+            position: where training stands (unused: the bar counts steps).
             stats: the step's statistics.
             mean_loss: the running mean loss of the current epoch.
             samples_per_s: the current epoch's throughput so far.
@@ -73,7 +76,7 @@ class Progress:
         self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(1)
 
-    def epoch_done(self, record: EpochRecord, epochs: int) -> None:
+    def on_epoch_end(self, record: EpochRecord, epochs: int) -> None:
         """Record a finished epoch (the bar shows its test accuracy from now on)."""
         self._accuracy = record.test_accuracy
         line = (

@@ -15,12 +15,37 @@ from typing import Any
 
 from atomr.accel import Device, cuda_device_count, cuda_is_simulated
 from atomr.cli.errors import CliError
+from atomr.cli.strategies import STRATEGIES
 from atomr.train import LossKind, OptimizerKind, TrainerConfig
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
 
 __all__ = ["RunConfig", "default_lr", "parse_devices", "parse_hidden"]
 
 _DEFAULT_CPU_DEVICES = 2
+_SYNTHETIC_DEFAULTS = {"samples": 20_000, "features": 64, "classes": 10}
+_DEFAULT_MOMENTUM = 0.9
+
+
+def _refuse_flags_that_do_not_apply(args: argparse.Namespace) -> None:
+    """A flag that does not apply to the chosen strategy, data set or
+    optimizer is an error, not silently ignored.
+
+    Raises:
+        CliError: naming the flag and what it applies to.
+    """
+    STRATEGIES[args.strategy].refuse_foreign_flags(
+        {
+            "--schedule": args.schedule,
+            "--micro-batch-size": args.micro_batch_size,
+            "--workers": args.workers,
+        }
+    )
+    if args.dataset != "synthetic":
+        for name in _SYNTHETIC_DEFAULTS:
+            if getattr(args, name) is not None:
+                raise CliError(f"--{name} only applies to --dataset synthetic")
+    if args.momentum is not None and args.optimizer != "sgd":
+        raise CliError("--momentum only applies to --optimizer sgd")
 
 
 def default_lr(optimizer: str) -> float:
@@ -141,7 +166,7 @@ class RunConfig:
     devices: tuple[Device, ...]
     hidden: tuple[int, ...]
     activation: str
-    schedule: str
+    schedule: str | None
     micro_batch_size: int | None
     workers: int | None
     distributed: bool
@@ -173,21 +198,21 @@ class RunConfig:
         Raises:
             CliError: any option out of range or inconsistent with another.
         """
+        _refuse_flags_that_do_not_apply(args)
         for name in ("epochs", "batch_size", "micro_batch_size", "workers", "samples", "features"):
             _positive(name.replace("_", "-"), getattr(args, name))
-        if args.classes < 2:
+        if args.classes is not None and args.classes < 2:
             raise CliError(f"--classes must be >= 2, got {args.classes}")
         if args.seed < 0:
             raise CliError(f"--seed must be >= 0, got {args.seed}")
         lr = default_lr(args.optimizer) if args.lr is None else args.lr
         if not (math.isfinite(lr) and lr > 0):
             raise CliError(f"--lr must be positive and finite, got {args.lr}")
-        if not (math.isfinite(args.momentum) and 0 <= args.momentum < 1):
+        momentum = _DEFAULT_MOMENTUM if args.momentum is None else args.momentum
+        if not (math.isfinite(momentum) and 0 <= momentum < 1):
             raise CliError(f"--momentum must be in [0, 1), got {args.momentum}")
         if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
             raise CliError(f"--clip must be positive and finite, got {args.clip}")
-        if args.workers is not None and args.strategy != "ps":
-            raise CliError("--workers only applies to --strategy ps")
         if args.distributed and args.strategy not in ("data", "single"):
             raise CliError(
                 "--distributed runs data parallel across MPI ranks; it cannot be combined "
@@ -227,14 +252,15 @@ class RunConfig:
             batch_size=args.batch_size,
             optimizer=args.optimizer,
             lr=float(lr),
-            momentum=float(args.momentum),
+            momentum=float(momentum),
             loss=args.loss,
             clip=args.clip,
             seed=args.seed,
             dataset=args.dataset,
-            samples=args.samples,
-            features=args.features,
-            classes=args.classes,
+            **{
+                k: v if getattr(args, k) is None else getattr(args, k)
+                for k, v in _SYNTHETIC_DEFAULTS.items()
+            },
             checkpoint=_path(args.checkpoint),
             resume=_path(args.resume),
             run_dir=_path(args.run_dir),

@@ -1,122 +1,192 @@
-"""Spawning the trainer of each `--strategy`.
+"""The registry of `--strategy` values: one `Strategy` entry each.
 
-Each strategy's trainer takes its own config type; this module builds it
-from the run's options and wraps the result in a `TrainerHandle`, so the
-epoch loop (`atomr.cli.training_run`) is written once. A strategy whose
-trainer module cannot be imported fails with one line
-("strategy X is not available yet").
+Every trainer speaks one contract (`X.spawn(system, model, devices, config,
+options)` returns an `ActorRef` answering `Step`, `Evaluate`, ...), so an entry
+only says which class trains, which of the command's flags are its own, how
+to build its options from them, and the smallest batch it can split. Adding
+a strategy to `atomr train` is one entry here.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from atomr.actor import ActorRef
 from atomr.cli.errors import CliError
-from atomr.cli.run_config import RunConfig
-from atomr.cli.trainer_handle import (
-    ActorTrainerHandle,
-    DistributedTrainerHandle,
-    ParameterServerTrainerHandle,
-    TrainerHandle,
+from atomr.train import (
+    AsyncParameterServer,
+    CheckpointError,
+    DataParallelTrainer,
+    LoadCheckpoint,
+    Mlp,
+    PipelineParallelTrainer,
+    TensorParallelTrainer,
+    Trainer,
+    TrainerConfig,
 )
-from atomr.train import Mlp, TrainerConfig
+from atomr.train.data_parallel import DataParallelOptions
+from atomr.train.parameter_server import ParameterServerOptions
+from atomr.train.pipeline import PipelineOptions
 
-__all__ = ["micro_batch_size", "spawn_trainer", "strategy_available"]
+if TYPE_CHECKING:  # the run's options check their flags against this registry
+    from atomr.cli.run_config import RunConfig
 
-_MODULES = {
-    "single": ("atomr.train.trainer", "Trainer"),
-    "data": ("atomr.train.data_parallel.trainer", "DataParallelTrainer"),
-    "tensor": ("atomr.train.tensor_parallel.trainer", "TensorParallelTrainer"),
-    "pipeline": ("atomr.train.pipeline.trainer", "PipelineParallelTrainer"),
-    "ps": ("atomr.train.parameter_server.server", "AsyncParameterServer"),
+__all__ = ["STRATEGIES", "Job", "Strategy", "min_batch_size", "spawn_trainer"]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One `--strategy` value.
+
+    Attributes:
+        name: the value of `--strategy`.
+        help: one line for `--help`.
+        trainer: the trainer class (its `spawn` follows the contract).
+        flags: the `atomr train` flags only this strategy takes (a flag of
+            another strategy is refused: `RunConfig.from_args`).
+        options: builds the trainer's options object from the run (None:
+            the trainer's defaults).
+        min_batch: the smallest batch that gives every worker a sample.
+    """
+
+    name: str
+    help: str
+    trainer: type
+    flags: tuple[str, ...] = ()
+    options: Callable[[RunConfig], Any] = lambda run: None
+    min_batch: Callable[[RunConfig], int] = lambda run: 1
+
+    def refuse_foreign_flags(self, given: dict[str, object]) -> None:
+        """Refuse strategy flags that belong to another strategy.
+
+        Args:
+            given: flag -> value for every strategy flag (None: not given).
+
+        Raises:
+            CliError: a flag was given that this strategy does not take.
+        """
+        for flag, value in given.items():
+            if value is not None and flag not in self.flags:
+                owners = [s.name for s in STRATEGIES.values() if flag in s.flags]
+                raise CliError(f"{flag} only applies to --strategy {' or '.join(owners)}")
+
+
+def _pipeline_options(run: RunConfig) -> PipelineOptions:
+    if run.schedule is None:
+        return PipelineOptions(micro_batch_size=run.micro_batch_size)
+    return PipelineOptions(micro_batch_size=run.micro_batch_size, schedule=run.schedule)
+
+
+def _ps_options(run: RunConfig) -> ParameterServerOptions:
+    return ParameterServerOptions(workers=run.workers)
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy("single", "one device", Trainer),
+        Strategy(
+            "data",
+            "data parallel: replicas all-reduce their gradients",
+            DataParallelTrainer,
+            min_batch=lambda run: len(run.devices),
+        ),
+        Strategy("tensor", "tensor parallel: layers split across devices", TensorParallelTrainer),
+        Strategy(
+            "pipeline",
+            "pipeline parallel: stages with micro-batches",
+            PipelineParallelTrainer,
+            flags=("--schedule", "--micro-batch-size"),
+            options=_pipeline_options,
+        ),
+        Strategy(
+            "ps",
+            "asynchronous parameter server",
+            AsyncParameterServer,
+            flags=("--workers",),
+            options=_ps_options,
+            min_batch=lambda run: run.workers or len(run.devices),
+        ),
+    )
 }
 
 
-def _module(strategy: str) -> Any:
-    module_name, class_name = _MODULES[strategy]
-    try:
-        module = importlib.import_module(module_name)
-        getattr(module, class_name)
-    except (ImportError, AttributeError):
-        raise CliError(f"strategy {strategy} is not available yet", 1) from None
-    return module
+def min_batch_size(run: RunConfig) -> int:
+    """The smallest batch that gives every replica or worker a sample."""
+    if run.dist is not None:
+        return run.dist.world_size * len(run.devices)
+    return STRATEGIES[run.strategy].min_batch(run)
 
 
-def strategy_available(strategy: str) -> bool:
-    """True when the trainer class of `strategy` can be imported."""
-    try:
-        _module(strategy)
-    except CliError:
-        return False
-    return True
+class Job:
+    """How the processes of a run cooperate; a single process is a job of one.
+
+    Attributes:
+        is_root: True where this process writes files.
+        agree_to_stop: None (a single process stops between any two steps),
+            or, for an MPI job, `(requested) -> all stop` at an epoch's end.
+    """
+
+    is_root = True
+    agree_to_stop: Callable[[bool], Awaitable[bool]] | None = None
+
+    async def load(self, trainer: ActorRef, path: Path) -> None:
+        """Load the checkpoint to resume from.
+
+        Raises:
+            CliError: the trainer refused it (corrupted, another model).
+        """
+        try:
+            await trainer.ask(LoadCheckpoint(str(path)), timeout=600.0)
+        except (CheckpointError, OSError) as exc:
+            raise CliError(f"--resume: {exc}") from None
+
+    def abort(self, error: BaseException) -> None:
+        """Training failed with `error`; a single process has nobody to tell."""
+        del error
 
 
-def micro_batch_size(run: RunConfig) -> int:
-    """The pipeline's micro-batch size: `--micro-batch-size`, else a quarter
-    of the batch (at least 1), so a full batch makes 4 micro-batches."""
-    if run.micro_batch_size is not None:
-        return run.micro_batch_size
-    return max(1, run.batch_size // 4)
+class _MpiJob(Job):
+    """The ranks of `atomr train --distributed`, joined by an `MpiCollective`."""
+
+    def __init__(self, collective: Any, is_root: bool) -> None:
+        self.collective = collective
+        self.is_root = is_root
+        self.agree_to_stop = self._agree
+
+    async def _agree(self, requested: bool) -> bool:
+        total = await self.collective.all_reduce([np.array([1.0 if requested else 0.0])])
+        return bool(np.asarray(total).reshape(-1)[0] > 0)
+
+    def abort(self, error: BaseException) -> None:
+        """After a collective failure (a rank died or timed out), abort the
+        whole MPI job with exit code 2 and the error as the message."""
+        from atomr.train.comm.mpi import CollectiveError
+
+        if isinstance(error, CollectiveError):
+            self.collective.abort(2, f"{type(error).__name__}: {error}")
 
 
 async def _spawn_distributed(
     system: Any, run: RunConfig, model: Mlp, config: TrainerConfig
-) -> TrainerHandle:
+) -> tuple[ActorRef, Job]:
+    assert run.dist is not None
     try:
-        module = importlib.import_module("atomr.train.data_parallel.distributed")
-    except ImportError:
-        raise CliError("--distributed is not available yet", 1) from None
-    try:
-        ddp = await module.spawn_distributed_data_parallel(
-            system, model, list(run.devices), config, run.dist
-        )
+        options = DataParallelOptions.for_job(run.dist)
     except ImportError:
         raise CliError("--distributed needs mpi4py: pip install -e '.[mpi]'", 1) from None
-    return DistributedTrainerHandle(ddp)
-
-
-async def _spawn(system: Any, run: RunConfig, model: Mlp, config: TrainerConfig) -> TrainerHandle:
-    if run.dist is not None:
-        return await _spawn_distributed(system, run, model, config)
-    module = _module(run.strategy)
-    devices = list(run.devices)
-    if run.strategy == "single":
-        ref = await module.Trainer.spawn(system, model, devices[0], config)
-    elif run.strategy == "data":
-        ref = await module.DataParallelTrainer.spawn(system, model, devices, config)
-    elif run.strategy == "tensor":
-        tp_config = module.TensorParallelConfig(
-            len(devices), config.optimizer, config.loss, config.gradient_clip
-        )
-        ref = await module.TensorParallelTrainer.spawn(system, model, devices, tp_config)
-    elif run.strategy == "pipeline":
-        pp_config = module.PipelineConfig(
-            micro_batch_size(run),
-            config.gradient_clip,
-            optimizer=config.optimizer,
-            loss=config.loss,
-        )
-        ref = await module.PipelineParallelTrainer.spawn(
-            system, model, devices, pp_config, schedule=run.schedule
-        )
-    else:
-        handle = await module.AsyncParameterServer.spawn(
-            system,
-            model,
-            devices,
-            workers=run.workers,
-            config=config,
-            batch_size=run.batch_size,
-            seed=run.seed,
-        )
-        return ParameterServerTrainerHandle(handle)
-    return ActorTrainerHandle(run.strategy, ref)
+    ref = await DataParallelTrainer.spawn(system, model, list(run.devices), config, options)
+    return ref, _MpiJob(options.process_collective, run.dist.is_root)
 
 
 async def spawn_trainer(
     system: Any, run: RunConfig, model: Mlp, config: TrainerConfig
-) -> TrainerHandle:
+) -> tuple[ActorRef, Job]:
     """Spawn the trainer of `run.strategy` on `run.devices`.
 
     Args:
@@ -126,13 +196,18 @@ async def spawn_trainer(
         config: optimizer, loss and clipping.
 
     Returns:
-        The trainer, ready for its first step.
+        The trainer, and the `Job` it belongs to.
 
     Raises:
-        CliError: the strategy's trainer is not available, or it refused the
-            options (for example more pipeline stages than layers).
+        CliError: the trainer refused the options (for example more
+            pipeline stages than layers).
     """
     try:
-        return await _spawn(system, run, model, config)
+        if run.dist is not None:
+            return await _spawn_distributed(system, run, model, config)
+        strategy = STRATEGIES[run.strategy]
+        options = strategy.options(run)
+        ref = await strategy.trainer.spawn(system, model, list(run.devices), config, options)
     except (ValueError, TypeError) as exc:
         raise CliError(f"--strategy {run.strategy}: {exc}") from None
+    return ref, Job()

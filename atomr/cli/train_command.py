@@ -15,12 +15,13 @@ import atomr
 from atomr.cli.dataset import load_dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History
-from atomr.cli.interrupt import StopFlag, stop_on_sigint
+from atomr.cli.interrupt import stop_on_sigint
 from atomr.cli.plotting import save_curves
 from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
 from atomr.cli.summary import summary_table
 from atomr.cli.training_run import train_epochs
+from atomr.train.fit import StopFlag
 
 __all__ = ["EXIT_INTERRUPTED", "check_writable", "output_paths", "run_train"]
 

@@ -1,105 +1,45 @@
-"""`train_epochs`: the epoch loop shared by every strategy.
+"""`train_epochs`: an `atomr train` run on the library's one fit loop.
 
-Each epoch shuffles the training set with `default_rng([seed, epoch])`, sends
-one `Step` per batch, then evaluates on the whole training and test sets.
-Because the order depends only on the seed and the epoch, a resumed run
-continues at exactly the batch where the checkpoint was taken.
-
-Checkpoints (`--checkpoint`) are written after every epoch, at the end, and
-when the run is stopped (Ctrl-C); next to each one a history file
-(`<checkpoint>.history.json`) keeps the epoch records and the position, which
-`--resume` reads back.
+The loop itself is `atomr.train.fit`; this module adds what belongs to the
+command: building the model and trainer from the options, resuming from a
+checkpoint and its history file, and writing that history file next to
+every checkpoint (`<checkpoint>.history.json`: the epoch records and the
+position, which `--resume` reads back).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from atomr.actor import ActorSystem
+from atomr.actor import ActorRef, ActorSystem
 from atomr.cli.dataset import Dataset
 from atomr.cli.errors import CliError
-from atomr.cli.history import EpochRecord, History
-from atomr.cli.interrupt import StopFlag
+from atomr.cli.history import History
 from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
-from atomr.cli.strategies import spawn_trainer
-from atomr.cli.trainer_handle import TrainerHandle
-from atomr.train import Checkpoint, CheckpointError, Mlp, StepStats, load_checkpoint
+from atomr.cli.strategies import min_batch_size, spawn_trainer
+from atomr.train import (
+    Checkpoint,
+    CheckpointError,
+    Evaluate,
+    GetWeights,
+    Mlp,
+    load_checkpoint,
+)
+from atomr.train.fit import FitCallback, FitPosition, StopFlag, batch_bounds, fit
 
-__all__ = ["Position", "history_path_for", "train_epochs"]
+__all__ = ["history_path_for", "train_epochs"]
+
+_ASK_TIMEOUT = 600.0  # generous: one step of a large synthetic run may take a while
 
 
 def history_path_for(checkpoint: Path) -> Path:
     """Where the history written next to `checkpoint` lives."""
     return checkpoint.with_name(checkpoint.name + ".history.json")
-
-
-@dataclass
-class Position:
-    """Where training stands.
-
-    Attributes:
-        epoch: 0-based epoch in progress (or next to start).
-        batch: next batch of that epoch.
-        step: optimizer steps applied so far (all runs).
-    """
-
-    epoch: int = 0
-    batch: int = 0
-    step: int = 0
-
-
-@dataclass
-class _EpochTally:
-    loss_sum: float = 0.0
-    samples: int = 0
-    seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def mean_loss(self) -> float:
-        return self.loss_sum / self.samples if self.samples else math.nan
-
-    @property
-    def rate(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else 0.0
-
-
-def min_batch(run: RunConfig) -> int:
-    """The smallest batch that gives every replica or worker at least one sample."""
-    if run.dist is not None:
-        return run.dist.world_size * len(run.devices)
-    if run.strategy in ("data", "ps"):
-        return max(len(run.devices), run.workers or 1)
-    return 1
-
-
-def batch_bounds(n: int, run: RunConfig) -> list[tuple[int, int]]:
-    """The `[start, stop)` bounds of an epoch's batches; a tail batch too
-    small to split across the devices is dropped.
-
-    Raises:
-        CliError: the batch size itself is too small for the strategy.
-    """
-    smallest = min_batch(run)
-    if run.batch_size < smallest:
-        raise CliError(
-            f"--batch-size {run.batch_size} is too small for --strategy {run.strategy} "
-            f"on {len(run.devices)} device(s): use at least {smallest}"
-        )
-    bounds = [(s, min(s + run.batch_size, n)) for s in range(0, n, run.batch_size)]
-    if bounds and bounds[-1][1] - bounds[-1][0] < smallest:
-        bounds.pop()
-    if not bounds:
-        raise CliError(f"the training set ({n} samples) is smaller than one batch")
-    return bounds
 
 
 def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:
@@ -111,45 +51,29 @@ def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:
     return onehot
 
 
-async def _evaluate(
-    trainer: TrainerHandle, model: Mlp, x: np.ndarray, y: np.ndarray, run: RunConfig, classes: int
-) -> tuple[float, float]:
-    """(loss, accuracy) on a set; accuracy of MSE runs from the weights' arg-max."""
-    result = await trainer.evaluate(x, _targets(y, run, classes))
-    accuracy = result.accuracy
-    if not math.isfinite(accuracy):
-        host = Mlp.from_params(model.sizes, await trainer.weights(), activation=run.activation)
-        outputs = host.backend.to_host(host.forward(host.backend.to_device(x)))
-        accuracy = float(np.mean(np.argmax(outputs, axis=1) == y))
-    return float(result.loss), float(accuracy)
-
-
-def _resume_position(
-    run: RunConfig, path: Path, steps_per_epoch: int, history: History, sizes: list[int]
-) -> Position:
+def _resume_position(run: RunConfig, path: Path, steps: int, history: History) -> FitPosition:
     """Read where the checkpoint stands; restore the earlier epoch records."""
     try:
         ckpt = load_checkpoint(path)
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
-    _check_model_options(run, ckpt, sizes)
+    _check_model_options(run, ckpt, list(history.config["sizes"]))
     _check_optimizer_options(run, ckpt)
     side = history_path_for(path)
-    if side.is_file():
-        try:
-            earlier = History.load(side)
-        except (OSError, ValueError) as exc:
-            raise CliError(f"--resume: {exc}") from None
-        pos = earlier.position or {}
-        if pos.get("data") != run.data_options():
-            raise CliError(
-                f"--resume: the checkpoint was made with {pos.get('data')}; "
-                f"resume with the same data options (got {run.data_options()})"
-            )
-        history.epochs = list(earlier.epochs)
-        return Position(int(pos["epoch"]), int(pos["batch"]), int(pos["step"]))
-    # a checkpoint without a history (saved by a script): infer from its step count
-    return Position(ckpt.step // steps_per_epoch, ckpt.step % steps_per_epoch, ckpt.step)
+    if not side.is_file():  # a checkpoint saved by a script: infer from its step count
+        return FitPosition(ckpt.step // steps, ckpt.step % steps, ckpt.step)
+    try:
+        earlier = History.load(side)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"--resume: {exc}") from None
+    pos = earlier.position or {}
+    if pos.get("data") != run.data_options():
+        raise CliError(
+            f"--resume: the checkpoint was made with {pos.get('data')}; "
+            f"resume with the same data options (got {run.data_options()})"
+        )
+    history.epochs = list(earlier.epochs)
+    return FitPosition(int(pos["epoch"]), int(pos["batch"]), int(pos["step"]))
 
 
 def _check_model_options(run: RunConfig, ckpt: Checkpoint, sizes: list[int]) -> None:
@@ -194,23 +118,80 @@ def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint) -> None:
             )
 
 
-def _record_position(run: RunConfig, history: History, position: Position) -> None:
-    history.position = {
-        "epoch": position.epoch,
-        "batch": position.batch,
-        "step": position.step,
-        "data": run.data_options(),
-    }
+class _HistoryKeeper(FitCallback):
+    """Keeps the run's `History`: epoch records, and the position written next
+    to every checkpoint (by the process that writes files)."""
+
+    def __init__(self, run: RunConfig, history: History, is_root: bool) -> None:
+        self.run, self.history, self.is_root = run, history, is_root
+
+    def record_position(self, position: FitPosition) -> None:
+        self.history.position = {
+            "epoch": position.epoch,
+            "batch": position.batch,
+            "step": position.step,
+            "data": self.run.data_options(),
+        }
+
+    def on_epoch_end(self, record: object, epochs: int) -> None:
+        self.history.epochs.append(record)  # type: ignore[arg-type]
+
+    def on_checkpoint(self, path: Path, position: FitPosition) -> None:
+        self.record_position(position)
+        if self.is_root:
+            self.history.save(history_path_for(path))
 
 
-async def _checkpoint(
-    trainer: TrainerHandle, run: RunConfig, history: History, position: Position
-) -> None:
-    assert run.checkpoint is not None
-    await trainer.save(run.checkpoint)
-    _record_position(run, history, position)
-    if trainer.is_root:
-        history.save(history_path_for(run.checkpoint))
+def _mse_evaluator(trainer: ActorRef, run: RunConfig, model: Mlp) -> Callable[..., object]:
+    """MSE runs: the loss from `Evaluate`, the accuracy from the weights' arg-max."""
+
+    async def evaluate(x: np.ndarray, targets: np.ndarray) -> tuple[float, float]:
+        result = await trainer.ask(Evaluate(x, targets), timeout=_ASK_TIMEOUT)
+        weights = await trainer.ask(GetWeights(), timeout=_ASK_TIMEOUT)
+        host = Mlp.from_params(model.sizes, weights, activation=run.activation)
+        outputs = host.backend.to_host(host.forward(host.backend.to_device(x)))
+        accuracy = float(np.mean(np.argmax(outputs, axis=1) == np.argmax(targets, axis=1)))
+        return float(result.loss), accuracy
+
+    return evaluate
+
+
+async def _train(
+    system: ActorSystem,
+    run: RunConfig,
+    data: Dataset,
+    history: History,
+    start: FitPosition,
+    callbacks: Sequence[FitCallback],
+    stop: StopFlag,
+) -> str:
+    model = Mlp(list(history.config["sizes"]), activation=run.activation, seed=run.seed)
+    trainer, job = await spawn_trainer(system, run, model, run.trainer_config())
+    if run.resume is not None:
+        await job.load(trainer, run.resume)
+    keeper = _HistoryKeeper(run, history, job.is_root)
+    try:
+        result = await fit(
+            trainer,
+            (data.x_train, _targets(data.y_train, run, data.classes)),
+            validation=(data.x_test, _targets(data.y_test, run, data.classes)),
+            epochs=run.epochs,
+            batch_size=run.batch_size,
+            seed=run.seed,
+            start=start,
+            checkpoint=run.checkpoint,
+            callbacks=[keeper, *callbacks],
+            stop=stop,
+            agree_to_stop=job.agree_to_stop,
+            evaluate=_mse_evaluator(trainer, run, model) if run.loss == "mse" else None,
+            min_batch_size=min_batch_size(run),
+            timeout=_ASK_TIMEOUT,
+        )
+    except Exception as exc:
+        job.abort(exc)
+        raise
+    keeper.record_position(result.position)
+    return result.status
 
 
 async def train_epochs(
@@ -219,7 +200,7 @@ async def train_epochs(
     history: History,
     stop: StopFlag,
     progress_factory: Callable[[int, int], Progress] | None = None,
-    on_step: Callable[[Position, StepStats], None] | None = None,
+    callbacks: Sequence[FitCallback] = (),
 ) -> History:
     """Train `run.epochs` epochs (in total, counting a resumed run's) on `data`.
 
@@ -232,7 +213,7 @@ async def train_epochs(
             checkpoint (if `run.checkpoint`) and returns, status "interrupted".
         progress_factory: `(total_steps, done_steps) -> Progress`, or None
             for no progress output.
-        on_step: called after every step with the position and the stats.
+        callbacks: more `FitCallback`s (after the progress bar).
 
     Returns:
         `history`.
@@ -242,106 +223,46 @@ async def train_epochs(
             finished checkpoint with nothing left to train.
     """
     started = time.perf_counter()
-    sizes = [data.features, *run.hidden, data.classes]
-    history.config["sizes"] = sizes
-    model = Mlp(sizes, activation=run.activation, seed=run.seed)
-    bounds = batch_bounds(data.x_train.shape[0], run)
-    position = Position()
-    if run.resume is not None:
-        position = _resume_position(run, run.resume, len(bounds), history, sizes)
-        history.resumed_from = str(run.resume)
-        if position.epoch >= run.epochs:
-            raise CliError(
-                f"--resume: the checkpoint has finished {position.epoch} epoch(s); "
-                f"pass --epochs greater than {position.epoch} to train further"
-            )
+    history.config["sizes"] = [data.features, *run.hidden, data.classes]
+    start = FitPosition()
+    steps = _steps_per_epoch(run, data)
     async with ActorSystem("atomr-train") as system:
-        trainer = await spawn_trainer(system, run, model, run.trainer_config())
         if run.resume is not None:
-            try:
-                await trainer.load(run.resume)
-            except (CheckpointError, OSError) as exc:
-                raise CliError(f"--resume: {exc}") from None
-        total = run.epochs * len(bounds)
-        done = position.epoch * len(bounds) + position.batch
+            start = _resume_position(run, run.resume, steps, history)
+            history.resumed_from = str(run.resume)
+            if start.epoch >= run.epochs:
+                raise CliError(
+                    f"--resume: the checkpoint has finished {start.epoch} epoch(s); "
+                    f"pass --epochs greater than {start.epoch} to train further"
+                )
+        total, done = run.epochs * steps, start.epoch * steps + start.batch
         progress = progress_factory(total, done) if progress_factory else Progress(0, 0, False)
         if history.last is not None:
             progress.set_accuracy(history.last.test_accuracy)
         try:
-            history.status = await _loop(
-                run, data, trainer, model, bounds, position, history, stop, progress, on_step
+            history.status = await _train(
+                system, run, data, history, start, [progress, *callbacks], stop
             )
-        except Exception as exc:
-            trainer.abort_job(exc)
-            raise
         finally:
             progress.close()
-        _record_position(run, history, position)
-        if run.checkpoint is not None:
-            await _checkpoint(trainer, run, history, position)
     history.wall_seconds = time.perf_counter() - started
     return history
 
 
-async def _loop(
-    run: RunConfig,
-    data: Dataset,
-    trainer: TrainerHandle,
-    model: Mlp,
-    bounds: list[tuple[int, int]],
-    position: Position,
-    history: History,
-    stop: StopFlag,
-    progress: Progress,
-    on_step: Callable[[Position, StepStats], None] | None,
-) -> str:
-    """The epochs themselves; returns the final status."""
-    n = data.x_train.shape[0]
-    while position.epoch < run.epochs:
-        progress.set_epoch(position.epoch + 1, run.epochs)
-        order = np.random.default_rng([run.seed, position.epoch]).permutation(n)
-        tally = _EpochTally()
-        while position.batch < len(bounds):
-            start, stop_at = bounds[position.batch]
-            idx = order[start:stop_at]
-            x = np.ascontiguousarray(data.x_train[idx])
-            y = _targets(data.y_train[idx], run, data.classes)
-            t0 = time.perf_counter()
-            stats = await trainer.step(x, y)
-            tally.seconds += time.perf_counter() - t0
-            tally.loss_sum += stats.loss * stats.samples
-            tally.samples += stats.samples
-            position.batch += 1
-            if stats.applied:
-                position.step += 1
-            progress.update(stats, tally.mean_loss, tally.rate)
-            if on_step is not None:
-                on_step(position, stats)
-            if stop.requested and trainer.stops_between_steps:
-                return "interrupted"
-        train_loss, train_acc = await _evaluate(
-            trainer, model, data.x_train, data.y_train, run, data.classes
+def _steps_per_epoch(run: RunConfig, data: Dataset) -> int:
+    """Batches per epoch (a tail too small to split across the devices is dropped).
+
+    Raises:
+        CliError: the batch size is too small for the strategy, or the
+            training set holds no batch.
+    """
+    smallest = min_batch_size(run)
+    if run.batch_size < smallest:
+        raise CliError(
+            f"--batch-size {run.batch_size} is too small for --strategy {run.strategy} "
+            f"on {len(run.devices)} device(s): use at least {smallest}"
         )
-        test_loss, test_acc = await _evaluate(
-            trainer, model, data.x_test, data.y_test, run, data.classes
-        )
-        del train_loss  # the epoch's mean step loss is the training curve
-        record = EpochRecord(
-            epoch=position.epoch + 1,
-            step=position.step,
-            train_loss=tally.mean_loss,
-            train_accuracy=train_acc,
-            test_loss=test_loss,
-            test_accuracy=test_acc,
-            samples_per_s=tally.rate,
-            seconds=tally.seconds,
-        )
-        history.epochs.append(record)
-        progress.epoch_done(record, run.epochs)
-        position.epoch += 1
-        position.batch = 0
-        if await trainer.agree_to_stop(stop.requested) and position.epoch < run.epochs:
-            return "interrupted"
-        if run.checkpoint is not None and position.epoch < run.epochs:
-            await _checkpoint(trainer, run, history, position)
-    return "finished"
+    try:
+        return len(batch_bounds(data.x_train.shape[0], run.batch_size, smallest))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None

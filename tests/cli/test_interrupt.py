@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +18,35 @@ import atomr
 from atomr.cli import main
 from atomr.cli.dataset import load_dataset
 from atomr.cli.history import History
-from atomr.cli.interrupt import StopFlag
 from atomr.cli.parser import build_parser
 from atomr.cli.run_config import RunConfig
-from atomr.cli.training_run import Position, train_epochs
+from atomr.cli.training_run import train_epochs
 from atomr.train import StepStats, load_checkpoint
+from atomr.train.fit import FitCallback, FitPosition, StopFlag
 
 
 def _run_config(*argv: str) -> RunConfig:
     return RunConfig.from_args(build_parser("test").parse_args(["train", "--quiet", *argv]))
+
+
+class _OnStep(FitCallback):
+    """Calls `action(position)` after every step."""
+
+    def __init__(self, action: Callable[[FitPosition], None]) -> None:
+        self.action = action
+
+    def on_step(
+        self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
+    ) -> None:
+        self.action(position)
+
+
+def _stop_at(stop: StopFlag, epoch: int, batch: int) -> Callable[[FitPosition], None]:
+    def check(position: FitPosition) -> None:
+        if (position.epoch, position.batch) == (epoch, batch):
+            stop.request()
+
+    return check
 
 
 def test_stop_saves_a_checkpoint_and_resume_continues_at_that_batch(tmp_path: Path) -> None:
@@ -34,12 +55,8 @@ def test_stop_saves_a_checkpoint_and_resume_continues_at_that_batch(tmp_path: Pa
     data = load_dataset(run)
     stop = StopFlag()
 
-    def after_step(position: Position, stats: StepStats) -> None:
-        if position.epoch == 1 and position.batch == 5:
-            stop.request()
-
     history = History(config=run.to_json())
-    atomr.run(train_epochs(run, data, history, stop, on_step=after_step))
+    atomr.run(train_epochs(run, data, history, stop, callbacks=[_OnStep(_stop_at(stop, 1, 5))]))
     assert history.status == "interrupted"
     assert [r.epoch for r in history.epochs] == [1]
     steps_per_epoch = history.epochs[0].step
@@ -52,10 +69,10 @@ def test_stop_saves_a_checkpoint_and_resume_continues_at_that_batch(tmp_path: Pa
     seen: list[tuple[int, int, int]] = []
     again = History(config=resumed.to_json())
 
-    def record(position: Position, stats: StepStats) -> None:
+    def record(position: FitPosition) -> None:
         seen.append((position.epoch, position.batch, position.step))
 
-    atomr.run(train_epochs(resumed, data, again, StopFlag(), on_step=record))
+    atomr.run(train_epochs(resumed, data, again, StopFlag(), callbacks=[_OnStep(record)]))
     assert again.status == "finished"
     assert seen[0] == (1, 6, steps_per_epoch + 6)
     assert len(seen) == steps_per_epoch - 5
@@ -79,7 +96,7 @@ def test_stopped_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:
             data,
             History(config={}),
             stop,
-            on_step=lambda p, s: stop.request() if p.step == 17 else None,
+            callbacks=[_OnStep(lambda p: stop.request() if p.step == 17 else None)],
         )
     )
     second = _run_config(

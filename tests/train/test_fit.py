@@ -1,0 +1,164 @@
+"""`fit`: the one epoch loop. It trains any trainer, resumes at the exact
+batch where a checkpoint was taken, and refuses bad arguments before a step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem
+from atomr.train import (
+    GetWeights,
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    StepStats,
+    Trainer,
+    TrainerConfig,
+    synthetic_classification,
+)
+from atomr.train.fit import (
+    EpochRecord,
+    FitCallback,
+    FitPosition,
+    StopFlag,
+    batch_bounds,
+    epoch_order,
+    fit,
+)
+
+CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+
+
+def _data(n: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    return synthetic_classification(n, 6, 3, seed=1)
+
+
+class _Recorder(FitCallback):
+    def __init__(self, stop: StopFlag | None = None, stop_at: int | None = None) -> None:
+        self.steps: list[tuple[int, int, int]] = []
+        self.epochs: list[EpochRecord] = []
+        self.saved: list[FitPosition] = []
+        self.started: list[int] = []
+        self.stop, self.stop_at = stop, stop_at
+
+    def on_epoch_start(self, epoch: int, epochs: int) -> None:
+        self.started.append(epoch)
+
+    def on_step(
+        self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
+    ) -> None:
+        self.steps.append((position.epoch, position.batch, position.step))
+        if self.stop is not None and position.step == self.stop_at:
+            self.stop.request()
+
+    def on_epoch_end(self, record: EpochRecord, epochs: int) -> None:
+        self.epochs.append(record)
+
+    def on_checkpoint(self, path: Path, position: FitPosition) -> None:
+        self.saved.append(position)
+
+
+def test_batch_bounds_and_order() -> None:
+    assert batch_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert batch_bounds(10, 4, min_batch_size=3) == [(0, 4), (4, 8)]
+    with pytest.raises(ValueError, match="below the smallest"):
+        batch_bounds(10, 2, min_batch_size=3)
+    with pytest.raises(ValueError, match="smaller than one batch"):
+        batch_bounds(2, 4, min_batch_size=3)
+    a, b = epoch_order(50, 3, 1), epoch_order(50, 3, 1)
+    assert np.array_equal(a, b) and sorted(a) == list(range(50))
+    assert not np.array_equal(epoch_order(50, 3, 1), epoch_order(50, 3, 2))
+
+
+async def test_fit_trains_and_reports_every_epoch(tmp_path: Path) -> None:
+    x, y = _data()
+    rec = _Recorder()
+    async with ActorSystem("fit") as system:
+        trainer = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        result = await fit(
+            trainer,
+            (x, y),
+            validation=(x[:20], y[:20]),
+            epochs=3,
+            batch_size=32,
+            checkpoint=tmp_path / "c.ckpt",
+            callbacks=[rec],
+        )
+    assert result.status == "finished"
+    assert (result.position.epoch, result.position.batch, result.position.step) == (3, 0, 12)
+    assert rec.started == [1, 2, 3]
+    assert [r.epoch for r in result.epochs] == [1, 2, 3] and rec.epochs == result.epochs
+    assert result.epochs[-1].train_loss < result.epochs[0].train_loss
+    assert all(0.0 <= r.test_accuracy <= 1.0 for r in result.epochs)
+    # after epochs 1 and 2, and at the end
+    assert [(p.epoch, p.step) for p in rec.saved] == [(1, 4), (2, 8), (3, 12)]
+
+
+async def test_stopped_then_resumed_equals_uninterrupted(tmp_path: Path) -> None:
+    x, y = _data()
+    async with ActorSystem("fit") as system:
+        straight = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        await fit(straight, (x, y), epochs=2, batch_size=16, seed=5)
+        expected = await straight.ask(GetWeights())
+
+        stop = StopFlag()
+        first = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        ckpt = tmp_path / "s.ckpt"
+        rec = _Recorder(stop, stop_at=9)
+        stopped = await fit(
+            first,
+            (x, y),
+            epochs=2,
+            batch_size=16,
+            seed=5,
+            checkpoint=ckpt,
+            callbacks=[rec],
+            stop=stop,
+        )
+        assert stopped.status == "interrupted"
+        assert (stopped.position.epoch, stopped.position.batch) == (1, 2)
+        assert rec.saved[-1] == stopped.position
+
+        second = await Trainer.spawn(system, Mlp([6, 8, 3], seed=9), "cpu:0", CONFIG)
+        await second.ask(LoadCheckpoint(str(ckpt)))
+        again = _Recorder()
+        result = await fit(
+            second, (x, y), epochs=2, batch_size=16, seed=5, start=stopped.position,
+            callbacks=[again],
+        )  # fmt: skip
+        assert result.status == "finished"
+        assert again.steps[0] == (1, 3, 10)
+        assert len(again.steps) == 7 - 2
+        np.testing.assert_array_equal(await second.ask(GetWeights()), expected)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "needle"),
+    [
+        ({"epochs": 0}, ValueError, "epochs must be >= 1"),
+        ({"epochs": 1.5}, TypeError, "epochs must be an int"),
+        ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
+        ({"seed": -1}, ValueError, "seed must be >= 0"),
+        ({"train": (np.zeros((4, 6)), np.zeros(3))}, ValueError, "differ in length"),
+        ({"train": np.zeros((4, 6))}, TypeError, "(features, labels) pair"),
+        ({"start": FitPosition(epoch=2)}, ValueError, "pass epochs > 2"),
+        ({"start": FitPosition(batch=99)}, ValueError, "past the epoch"),
+        ({"batch_size": 4, "min_batch_size": 5}, ValueError, "below the smallest usable 5"),
+    ],
+)
+async def test_bad_arguments_are_refused_before_any_step(
+    kwargs: dict[str, object], error: type[Exception], needle: str
+) -> None:
+    x, y = _data()
+    args: dict[str, object] = {"train": (x, y), "epochs": 2, "batch_size": 16}
+    args.update(kwargs)
+    async with ActorSystem("fit") as system:
+        trainer = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        before = await trainer.ask(GetWeights())
+        with pytest.raises(error, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            await fit(trainer, **args)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)

@@ -21,8 +21,9 @@ from atomr.cli.trainer_handle import (
     TrainerHandle,
 )
 from atomr.train import Mlp, TrainerConfig
+from atomr.train.pipeline import PipelineOptions, Schedule
 
-__all__ = ["micro_batch_size", "spawn_trainer", "strategy_available"]
+__all__ = ["spawn_trainer", "strategy_available"]
 
 _MODULES = {
     "single": ("atomr.train.trainer", "Trainer"),
@@ -52,14 +53,6 @@ def strategy_available(strategy: str) -> bool:
     return True
 
 
-def micro_batch_size(run: RunConfig) -> int:
-    """The pipeline's micro-batch size: `--micro-batch-size`, else a quarter
-    of the batch (at least 1), so a full batch makes 4 micro-batches."""
-    if run.micro_batch_size is not None:
-        return run.micro_batch_size
-    return max(1, run.batch_size // 4)
-
-
 async def _spawn_distributed(
     system: Any, run: RunConfig, model: Mlp, config: TrainerConfig
 ) -> TrainerHandle:
@@ -86,20 +79,10 @@ async def _spawn(system: Any, run: RunConfig, model: Mlp, config: TrainerConfig)
     elif run.strategy == "data":
         ref = await module.DataParallelTrainer.spawn(system, model, devices, config)
     elif run.strategy == "tensor":
-        tp_config = module.TensorParallelConfig(
-            len(devices), config.optimizer, config.loss, config.gradient_clip
-        )
-        ref = await module.TensorParallelTrainer.spawn(system, model, devices, tp_config)
+        ref = await module.TensorParallelTrainer.spawn(system, model, devices, config)
     elif run.strategy == "pipeline":
-        pp_config = module.PipelineConfig(
-            micro_batch_size(run),
-            config.gradient_clip,
-            optimizer=config.optimizer,
-            loss=config.loss,
-        )
-        ref = await module.PipelineParallelTrainer.spawn(
-            system, model, devices, pp_config, schedule=run.schedule
-        )
+        options = PipelineOptions(run.micro_batch_size, Schedule.parse(run.schedule))
+        ref = await module.PipelineParallelTrainer.spawn(system, model, devices, config, options)
     else:
         handle = await module.AsyncParameterServer.spawn(
             system,

@@ -286,11 +286,11 @@ class PipelineParallelTrainer(Actor):
         ys = tuple(y[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
         return xs, ys, norm
 
-    def _messages(
+    def _next_pass(
         self, xs: tuple[np.ndarray, ...], ys: tuple[np.ndarray, ...], norm: float, train: bool
     ) -> list[RunMicroBatches]:
-        """Every stage's `RunMicroBatches` of a new pass (forwards only when
-        not `train`)."""
+        """Begin a new pass (a new step id): every stage's `RunMicroBatches`
+        (forwards only when not `train`)."""
         p, m = len(self.stages), len(xs)
         self._step_id += 1
         plan = self.options.schedule.plan(p, m)
@@ -313,7 +313,7 @@ class PipelineParallelTrainer(Actor):
     async def _step(self, group: StageGroup, msg: Step) -> StepStats:
         t0 = time.perf_counter()
         xs, ys, norm = self._batch(group, msg.features, msg.labels)
-        reports = await group.run(self._messages(xs, ys, norm, train=True), self._resumed)
+        reports = await group.run(self._next_pass(xs, ys, norm, train=True), self._resumed)
         loss_sum = reports[-1].loss_sum
         if not math.isfinite(loss_sum):
             raise NonFiniteError(f"loss is not finite ({loss_sum}); step not applied")
@@ -330,7 +330,7 @@ class PipelineParallelTrainer(Actor):
 
     async def _evaluate(self, group: StageGroup, msg: Evaluate) -> EvalResult:
         xs, ys, norm = self._batch(group, msg.features, msg.labels)
-        reports = await group.run(self._messages(xs, ys, norm, train=False), self._resumed)
+        reports = await group.run(self._next_pass(xs, ys, norm, train=False), self._resumed)
         samples = sum(len(x) for x in xs)
         accuracy = float("nan")
         if self.config.loss.is_classification:

@@ -44,8 +44,6 @@ from atomr.train.tensor_parallel.sharding import LayerShard, ShardLayout, shard_
 
 __all__ = ["ShardActor"]
 
-# -- the built-in shard -------------------------------------------------------
-
 # Errors that reject a request (`device_guard.guarded` catches them on the
 # worker thread); unlike the Trainer's, an OSError is a device failure here.
 _REQUEST_ERRORS = (InvalidBatchError, NonFiniteError, CheckpointError)

@@ -69,11 +69,11 @@ from atomr.train.pipeline.schedule import Op, OpKind
 from atomr.train.pipeline.timeline import BusyInterval
 from atomr.train.tensor_parallel import (
     ShardActor,
-    ShardGroup,
     ShardProtocol,
     TensorParallelOptions,
     TensorParallelTrainer,
 )
+from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.trainer import Trainer
 
 __all__ = [

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from atomr.accel import Device
-from atomr.actor import ActorRef, Props
+from atomr.actor import ActorRef, ActorSystem, Context, Props
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.mlp import Mlp
 
@@ -48,11 +48,12 @@ def _check_config(config: Any) -> TrainerConfig:
 
 
 def check_spawn_args(
-    model: Any, devices: Any, config: Any, name: Any
+    system: Any, model: Any, devices: Any, config: Any, name: Any
 ) -> tuple[Mlp, list[Device], TrainerConfig]:
     """Check the arguments every parallel trainer's `spawn` shares.
 
     Args:
+        system: must be an `ActorSystem` or a `Context` (the trainer's parent).
         model: must be an `Mlp`.
         devices: a non-empty sequence (not a str) of `Device`s or device names.
         config: must be a `TrainerConfig`.
@@ -65,6 +66,8 @@ def check_spawn_args(
         TypeError: an argument has the wrong type (the message names it).
         ValueError: no devices, or a device name that does not parse.
     """
+    if not isinstance(system, ActorSystem | Context):
+        raise TypeError(f"system must be an ActorSystem or a Context, got {type(system).__name__}")
     if not isinstance(model, Mlp):
         raise TypeError(f"model must be an Mlp, got {type(model).__name__}")
     if isinstance(devices, str | Device) or not isinstance(devices, Sequence):

@@ -195,7 +195,7 @@ class PipelineParallelTrainer(Actor):
                 `config.accumulation_steps > 1`; all raised before anything is
                 spawned.
         """
-        model, devs, config = check_spawn_args(model, devices, config, name)
+        model, devs, config = check_spawn_args(system, model, devices, config, name)
         options = check_options(options, PipelineOptions)
         refuse_accumulation(config, "pipeline")
         counts = stage_layer_counts(model, len(devs), options.split)

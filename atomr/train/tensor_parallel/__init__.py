@@ -9,7 +9,6 @@ pairing (see docs/tensor_parallel.md).
 - sharding.py: which slice of each layer a shard owns.
 """
 
-from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.tensor_parallel.messages import ShardProtocol
 from atomr.train.tensor_parallel.options import TensorParallelOptions
 from atomr.train.tensor_parallel.shard import ShardActor
@@ -17,7 +16,6 @@ from atomr.train.tensor_parallel.trainer import TensorParallelTrainer
 
 __all__ = [
     "ShardActor",
-    "ShardGroup",
     "ShardProtocol",
     "TensorParallelOptions",
     "TensorParallelTrainer",

@@ -156,7 +156,7 @@ class TensorParallelTrainer(Actor):
                 the shard count, or a model with `activate_last`; all raised
                 before anything is spawned.
         """
-        model, devs, config = check_spawn_args(model, devices, config, name)
+        model, devs, config = check_spawn_args(system, model, devices, config, name)
         options = check_options(options, TensorParallelOptions)
         refuse_accumulation(config, "tensor-parallel")
         if model.activate_last:

@@ -389,6 +389,8 @@ async def test_spawn_refuses_bad_arguments_before_spawning(actor_system) -> None
         args = {"model": model, "devices": cpu_devices(2), "config": config, **change}
         with pytest.raises(error, match=match):
             await PipelineParallelTrainer.spawn(actor_system, **args)
+    with pytest.raises(TypeError, match="system must be an ActorSystem or a Context"):
+        await PipelineParallelTrainer.spawn(None, model, cpu_devices(2), config)
     assert actor_system.actors == before
 
 

@@ -29,12 +29,8 @@ from atomr.train import (
     TrainerConfig,
     synthetic_classification,
 )
-from atomr.train.tensor_parallel import (
-    ShardActor,
-    ShardGroup,
-    TensorParallelOptions,
-    TensorParallelTrainer,
-)
+from atomr.train.tensor_parallel import ShardActor, TensorParallelOptions, TensorParallelTrainer
+from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.tensor_parallel.messages import ShardDescribe, ShardGather, ShardInfo
 
 CE = LossKind.CROSS_ENTROPY
@@ -332,6 +328,8 @@ async def test_spawn_refuses_bad_arguments_before_spawning(actor_system: ActorSy
         args: dict[str, object] = {"model": model, "devices": devices, "config": config}
         with pytest.raises(error, match=match):
             await spawn(actor_system, **{**args, **change})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="system must be an ActorSystem or a Context"):
+        await spawn("system", model, devices, config)  # type: ignore[arg-type]
     assert actor_system.actors == before
 
 

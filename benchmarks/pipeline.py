@@ -26,10 +26,14 @@ import numpy as np
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
-from atomr.train.pipeline.schedule import ideal_bubble_fraction, ideal_step_time
-from atomr.train.pipeline.stage import StageActor
-from atomr.train.pipeline.timeline import GetTimeline, Timeline
-from atomr.train.pipeline.trainer import PipelineConfig, PipelineParallelTrainer
+from atomr.train.pipeline import (
+    GetTimeline,
+    PipelineOptions,
+    PipelineParallelTrainer,
+    StageActor,
+    Timeline,
+)
+from atomr.train.pipeline.schedule import Schedule, ideal_bubble_fraction, ideal_step_time
 
 OP_SECONDS = 0.020  # overwritten by --op-ms
 
@@ -69,11 +73,10 @@ async def schedule_fidelity(p: int, m: int, steps: int) -> list[dict[str, Any]]:
     rows = []
     for schedule in ("gpipe", "1f1b"):
         async with ActorSystem("bench") as system:
-            config = PipelineConfig(
-                2, optimizer=OptimizerKind.sgd(0.01), loss=LossKind.CROSS_ENTROPY
-            )
+            config = TrainerConfig(OptimizerKind.sgd(0.01), LossKind.CROSS_ENTROPY)
+            options = PipelineOptions(2, Schedule.parse(schedule), stage_class=SleepStage)
             ref = await PipelineParallelTrainer.spawn(
-                system, model, cpu_devices(p), config, schedule, stage_class=SleepStage
+                system, model, cpu_devices(p), config, options
             )
             times = await _timed_steps(ref, (x, y), 1, steps)
             timeline: Timeline = await ref.ask(GetTimeline())
@@ -119,9 +122,9 @@ async def real_mlp(sizes: list[int], batch: int, micro: int, steps: int) -> list
     ]
     for schedule in ("gpipe", "1f1b"):
         async with ActorSystem("bench") as system:
-            config = PipelineConfig(micro, optimizer=opt, loss=loss)
+            options = PipelineOptions(micro, Schedule.parse(schedule))
             ref = await PipelineParallelTrainer.spawn(
-                system, model, cpu_devices(2), config, schedule
+                system, model, cpu_devices(2), TrainerConfig(opt, loss), options
             )
             times = await _timed_steps(ref, (x, y), 2, steps)
             timeline: Timeline = await ref.ask(GetTimeline())

@@ -34,15 +34,16 @@ from atomr import ActorSystem
 from atomr.accel.threads import available_cores
 from atomr.train import (
     GetWeights,
+    LossKind,
     Mlp,
     OptimizerKind,
     Step,
-    TensorParallelConfig,
     TensorParallelTrainer,
     Trainer,
+    TrainerConfig,
     synthetic_classification,
 )
-from atomr.train.tensor_parallel.shard import ShardActor
+from atomr.train.tensor_parallel import ShardActor
 
 SIZES = [256, 1024, 1024, 256]
 
@@ -92,9 +93,9 @@ async def _time_steps(ref: Any, batches: list[tuple[np.ndarray, np.ndarray]]) ->
     return statistics.median(times)
 
 
-async def _single(model: Mlp, config: TensorParallelConfig, batches: list) -> dict[str, Any]:
+async def _single(model: Mlp, config: TrainerConfig, batches: list) -> dict[str, Any]:
     async with ActorSystem("bench-single") as system:
-        props = MeasuredTrainer.props(model, "cpu:0", config.trainer_config())
+        props = MeasuredTrainer.props(model, "cpu:0", config)
         ref = system.spawn(props)
         step = await _time_steps(ref, batches)
         mem = await ref.ask("memory")
@@ -102,12 +103,10 @@ async def _single(model: Mlp, config: TensorParallelConfig, batches: list) -> di
     return {"step_s": step, **mem, "weights": weights}
 
 
-async def _sharded(model: Mlp, n: int, config: TensorParallelConfig, batches: list) -> dict:
+async def _sharded(model: Mlp, n: int, config: TrainerConfig, batches: list) -> dict:
     async with ActorSystem(f"bench-tp{n}") as system:
         shards = [system.spawn(MeasuredShard.props(model, r, n, f"cpu:{r}")) for r in range(n)]
-        tp = system.spawn(
-            TensorParallelTrainer.props(TensorParallelConfig(n, config.optimizer), shards)
-        )
+        tp = system.spawn(TensorParallelTrainer.props(config, shards))
         step = await _time_steps(tp, batches)
         mems = [await s.ask("memory") for s in shards]
         weights = await tp.ask(GetWeights())
@@ -122,7 +121,7 @@ async def _sharded(model: Mlp, n: int, config: TensorParallelConfig, batches: li
 async def run(repeat: int, rounds: int, batch: int, shard_counts: list[int]) -> dict[str, Any]:
     """Measure every configuration `rounds` times; keep each one's best median."""
     model = Mlp(SIZES, activation="relu", seed=0)
-    config = TensorParallelConfig(1, OptimizerKind.adamw(1e-3))
+    config = TrainerConfig(OptimizerKind.adamw(1e-3), LossKind.CROSS_ENTROPY)
     batches = [
         synthetic_classification(batch, SIZES[0], SIZES[-1], seed=i) for i in range(repeat + 1)
     ]

@@ -25,25 +25,17 @@ from atomr.train import (
     TrainerConfig,
     synthetic_classification,
 )
-from atomr.train.pipeline.timeline import GetTimeline
-from atomr.train.pipeline.trainer import PipelineConfig, PipelineParallelTrainer
+from atomr.train.pipeline import GetTimeline, PipelineOptions, PipelineParallelTrainer, Schedule
 
 
 async def main() -> None:
     model = Mlp([16, 32, 32, 32, 4], activation="tanh", seed=0)
     x, y = synthetic_classification(30, 16, 4, seed=1)
-    opt, loss = OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY
+    config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
+    options = PipelineOptions(micro_batch_size=8, schedule=Schedule.ONE_F_ONE_B)
     async with ActorSystem("pipeline-example") as system:
-        pipe = await PipelineParallelTrainer.spawn(
-            system,
-            model,
-            cpu_devices(3),
-            PipelineConfig(micro_batch_size=8, gradient_clip=1.0, optimizer=opt, loss=loss),
-            schedule="1f1b",
-        )
-        single = await Trainer.spawn(
-            system, model, "cpu:0", TrainerConfig(opt, loss, gradient_clip=1.0)
-        )
+        pipe = await PipelineParallelTrainer.spawn(system, model, cpu_devices(3), config, options)
+        single = await Trainer.spawn(system, model, "cpu:0", config)
         for step in range(1, 21):
             a = await pipe.ask(Step(x, y))
             b = await single.ask(Step(x, y))

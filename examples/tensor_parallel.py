@@ -16,12 +16,13 @@ import atomr
 from atomr import ActorSystem
 from atomr.train import (
     GetWeights,
+    LossKind,
     Mlp,
     OptimizerKind,
     Step,
-    TensorParallelConfig,
     TensorParallelTrainer,
     Trainer,
+    TrainerConfig,
     synthetic_classification,
 )
 from atomr.train.tensor_parallel.sharding import shard_layout
@@ -29,11 +30,11 @@ from atomr.train.tensor_parallel.sharding import shard_layout
 
 async def main() -> None:
     model = Mlp([20, 50, 31, 7], activation="relu", seed=0)  # widths not divisible by 3
-    config = TensorParallelConfig(shard_count=3, optimizer=OptimizerKind.adamw(0.01))
+    config = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY)
     async with ActorSystem("tp-example") as system:
-        devices = ["cpu:0", "cpu:1", "cpu:2"]
+        devices = ["cpu:0", "cpu:1", "cpu:2"]  # one shard per device
         tp = await TensorParallelTrainer.spawn(system, model, devices, config, name="tp")
-        single = await Trainer.spawn(system, model, "cpu:0", config.trainer_config())
+        single = await Trainer.spawn(system, model, "cpu:0", config)
         sizes = [shard_layout(model.sizes, 3, rank).n_params for rank in range(3)]
         print(f"shards={len(sizes)} params per shard: {sizes} total={model.n_params}")
         for i in range(20):

@@ -55,16 +55,25 @@ from atomr.train.parameter_server.messages import (
     Stats,
 )
 from atomr.train.parameter_server.server import AsyncParameterServer
-from atomr.train.pipeline.schedule import Op, OpKind, Schedule
-from atomr.train.pipeline.stage import PipelineStageProtocol, StageActor
-from atomr.train.pipeline.timeline import BusyInterval, GetTimeline, Timeline
-from atomr.train.pipeline.trainer import GetGradients, PipelineConfig, PipelineParallelTrainer
-from atomr.train.tensor_parallel.shard import ShardActor, ShardProtocol
-from atomr.train.tensor_parallel.trainer import (
-    ShardGroup,
-    TensorParallelConfig,
+from atomr.train.pipeline import (
+    GetGradients,
+    GetTimeline,
+    PipelineOptions,
+    PipelineParallelTrainer,
+    PipelineStageProtocol,
+    Schedule,
+    StageActor,
+    Timeline,
+)
+from atomr.train.pipeline.schedule import Op, OpKind
+from atomr.train.pipeline.timeline import BusyInterval
+from atomr.train.tensor_parallel import (
+    ShardActor,
+    ShardProtocol,
+    TensorParallelOptions,
     TensorParallelTrainer,
 )
+from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.trainer import Trainer
 
 __all__ = [
@@ -91,7 +100,7 @@ __all__ = [
     "GetTimeline",
     "Op",
     "OpKind",
-    "PipelineConfig",
+    "PipelineOptions",
     "PipelineParallelTrainer",
     "PipelineStageProtocol",
     "Schedule",
@@ -129,7 +138,7 @@ __all__ = [
     "ShardActor",
     "ShardGroup",
     "ShardProtocol",
-    "TensorParallelConfig",
+    "TensorParallelOptions",
     "TensorParallelTrainer",
     "Trainer",
     "TrainerConfig",

@@ -11,13 +11,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from atomr.actor.ref import ActorRef
+from atomr.actor.ref import DEFAULT_ASK_TIMEOUT, ActorRef
 
 
 async def ask_all(
     refs: Sequence[ActorRef],
     messages: Sequence[Any] | Any,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_ASK_TIMEOUT,
     *,
     per_worker: bool = True,
 ) -> list[Any]:
@@ -27,7 +27,7 @@ async def ask_all(
         refs: the workers.
         messages: one message per worker when ``per_worker`` is true (the
             default), else a single message sent to all.
-        timeout: each ask's timeout in seconds (``None``: the ask default).
+        timeout: each ask's timeout in seconds (``None``: wait forever).
         per_worker: whether ``messages`` holds one message per worker.
 
     Returns:
@@ -60,7 +60,7 @@ def raise_first_failure(results: list[Any]) -> None:
 async def ask_all_settled(
     refs: Sequence[ActorRef],
     messages: Sequence[Any] | Any,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_ASK_TIMEOUT,
     *,
     per_worker: bool = True,
 ) -> list[Any]:
@@ -74,7 +74,7 @@ async def ask_all_settled(
         refs: the workers.
         messages: one message per worker when ``per_worker`` is true (the
             default), else a single message sent to all.
-        timeout: each ask's timeout in seconds (``None``: the ask default).
+        timeout: each ask's timeout in seconds (``None``: wait forever).
         per_worker: whether ``messages`` holds one message per worker.
 
     Returns:
@@ -90,10 +90,9 @@ async def ask_all_settled(
             raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
     else:
         messages = [messages] * len(refs)
-    kwargs = {} if timeout is None else {"timeout": timeout}
     return list(
         await asyncio.gather(
-            *(ref.ask(message, **kwargs) for ref, message in zip(refs, messages, strict=True)),
+            *(ref.ask(message, timeout) for ref, message in zip(refs, messages, strict=True)),
             return_exceptions=True,
         )
     )
@@ -115,7 +114,7 @@ async def ask_all_or_abort(
     refs: Sequence[ActorRef],
     messages: Sequence[Any],
     on_failure: Callable[[], Awaitable[Any]],
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_ASK_TIMEOUT,
 ) -> list[Any]:
     """Ask every worker; at the first failure, let the others give up.
 
@@ -128,7 +127,7 @@ async def ask_all_or_abort(
         refs: the workers.
         messages: one message per worker.
         on_failure: coroutine function run once, after the first failure.
-        timeout: each ask's timeout in seconds (``None``: the ask default).
+        timeout: each ask's timeout in seconds (``None``: wait forever).
 
     Returns:
         The replies, in the order of ``refs``, when none failed.
@@ -141,9 +140,8 @@ async def ask_all_or_abort(
     messages = list(messages)
     if len(messages) != len(refs):
         raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
-    kwargs = {} if timeout is None else {"timeout": timeout}
     tasks = [
-        asyncio.ensure_future(ref.ask(message, **kwargs))
+        asyncio.ensure_future(ref.ask(message, timeout))
         for ref, message in zip(refs, messages, strict=True)
     ]
     try:

@@ -199,7 +199,7 @@ async def resync(
         indices: the ones to re-sync.
         messages: `messages(i)` gives worker `i`'s messages (e.g. its
             connect message, then its state).
-        timeout: each ask's timeout in seconds (None: the ask default).
+        timeout: each ask's timeout in seconds (None: wait forever).
 
     Returns:
         The `ResyncOutcome`.

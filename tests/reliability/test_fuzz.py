@@ -29,10 +29,9 @@ from atomr.train import (
     LossKind,
     Mlp,
     OptimizerKind,
-    PipelineConfig,
+    PipelineOptions,
     PipelineParallelTrainer,
     Step,
-    TensorParallelConfig,
     TensorParallelTrainer,
     Trainer,
     TrainerConfig,
@@ -301,14 +300,9 @@ def trainers() -> Iterator[tuple[asyncio.AbstractEventLoop, dict[str, Any]]]:
         refs = {
             "trainer": await Trainer.spawn(system, model, "cpu:0", CE),
             "data_parallel": await DataParallelTrainer.spawn(system, model, cpu_devices(2), CE),
-            "tensor_parallel": await TensorParallelTrainer.spawn(
-                system, model, cpu_devices(2), TensorParallelConfig(2, CE.optimizer, CE.loss)
-            ),
+            "tensor_parallel": await TensorParallelTrainer.spawn(system, model, cpu_devices(2), CE),
             "pipeline": await PipelineParallelTrainer.spawn(
-                system,
-                model,
-                cpu_devices(2),
-                PipelineConfig(2, optimizer=CE.optimizer, loss=CE.loss),
+                system, model, cpu_devices(2), CE, PipelineOptions(2)
             ),
         }
         return system, refs

@@ -41,8 +41,8 @@ from atomr.train import (
 from atomr.train.data_parallel.replica import ReplicaActor
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.server import AsyncParameterServer
-from atomr.train.pipeline.trainer import PipelineConfig, PipelineParallelTrainer
-from atomr.train.tensor_parallel.trainer import TensorParallelConfig, TensorParallelTrainer
+from atomr.train.pipeline import PipelineOptions, PipelineParallelTrainer
+from atomr.train.tensor_parallel import TensorParallelTrainer
 
 pytestmark = [
     pytest.mark.cuda,
@@ -245,8 +245,11 @@ async def test_data_parallel_failed_apply_rolls_back_on_cuda() -> None:
 TP_SIZES = [3, 4, 3]
 
 
-TP_CONFIG = TensorParallelConfig(
-    2, OptimizerKind.adamw(0.05, weight_decay=0.05), gradient_clip=0.5, ask_timeout=T
+TP_CONFIG = TrainerConfig(
+    OptimizerKind.adamw(0.05, weight_decay=0.05),
+    LossKind.CROSS_ENTROPY,
+    gradient_clip=0.5,
+    worker_timeout=T,
 )
 
 
@@ -275,8 +278,8 @@ async def test_tensor_parallel_mixed_cpu_and_cuda_shards(cuda_launches) -> None:
 PP_SIZES = [4, 5, 5, 3]
 
 
-PP_CONFIG = PipelineConfig(
-    3, 0.5, optimizer=OptimizerKind.adam(0.05), loss=LossKind.CROSS_ENTROPY, ask_timeout=T
+PP_CONFIG = TrainerConfig(
+    OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY, gradient_clip=0.5, worker_timeout=T
 )
 
 
@@ -285,7 +288,11 @@ def _pp_driver(schedule: str) -> Driver:
 
     async def spawn(system: ActorSystem, devices: Sequence[str]) -> Any:
         return await PipelineParallelTrainer.spawn(
-            system, Mlp(PP_SIZES, activation="tanh", seed=1), list(devices), config, schedule
+            system,
+            Mlp(PP_SIZES, activation="tanh", seed=1),
+            list(devices),
+            config,
+            PipelineOptions(3, schedule),
         )
 
     return _actor_driver(spawn)
@@ -358,11 +365,10 @@ async def test_parameter_server_mixed_cpu_and_cuda_workers(cuda_launches) -> Non
 
 def _ckpt_cases() -> list[Any]:
     dp = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY)
-    pp = TrainerConfig(PP_CONFIG.optimizer, PP_CONFIG.loss, gradient_clip=PP_CONFIG.gradient_clip)
     return [
         pytest.param(_dp_driver("ring"), DP_SIZES, dp, id="data-parallel"),
-        pytest.param(_tp_driver(), TP_SIZES, TP_CONFIG.trainer_config(), id="tensor-parallel"),
-        pytest.param(_pp_driver("gpipe"), PP_SIZES, pp, id="pipeline"),
+        pytest.param(_tp_driver(), TP_SIZES, TP_CONFIG, id="tensor-parallel"),
+        pytest.param(_pp_driver("gpipe"), PP_SIZES, PP_CONFIG, id="pipeline"),
         pytest.param(_ps_driver, PS_SIZES, PS_CONFIG, id="parameter-server"),
     ]
 

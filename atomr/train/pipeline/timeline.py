@@ -3,16 +3,21 @@ measured bubble (idle) fraction.
 
 Stages time each op on their device thread (`time.perf_counter`, one clock
 for the whole process); the trainer gathers the intervals of a step into a
-`Timeline`, available through `GetTimeline()`.
+`Timeline`, available through `GetTimeline()` (`atomr.train.pipeline.messages`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from atomr.train.pipeline.schedule import ideal_bubble_fraction
 
-__all__ = ["BusyInterval", "GetTimeline", "Timeline"]
+if TYPE_CHECKING:
+    from atomr.train.pipeline.messages import StageReport
+
+__all__ = ["BusyInterval", "Timeline"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +44,6 @@ class BusyInterval:
         return self.end - self.start
 
 
-@dataclass(frozen=True, slots=True)
-class GetTimeline:
-    """Ask a `PipelineParallelTrainer` for the `Timeline` of its last step
-    (None before the first step)."""
-
-
 @dataclass(frozen=True)
 class Timeline:
     """What every stage did during one pipelined step.
@@ -66,6 +65,39 @@ class Timeline:
     intervals: tuple[BusyInterval, ...]
     step_seconds: float
     peak_held: tuple[int, ...]
+
+    @classmethod
+    def from_reports(
+        cls,
+        schedule: str,
+        reports: Sequence[StageReport],
+        n_micro: int,
+        started: float,
+        step_seconds: float,
+    ) -> Timeline:
+        """The timeline of one step from its stages' reports.
+
+        Args:
+            schedule: the schedule's name.
+            reports: every stage's `StageReport`, in pipeline order (their
+                intervals in absolute `time.perf_counter` seconds).
+            n_micro: the step's number of micro-batches.
+            started: when the step began (`time.perf_counter` seconds).
+            step_seconds: the whole step's wall time.
+
+        Returns:
+            The `Timeline`, its intervals relative to `started`, in start order.
+        """
+        intervals = sorted(
+            (
+                BusyInterval(s, iv.kind, iv.micro, iv.start - started, iv.end - started)
+                for s, report in enumerate(reports)
+                for iv in report.intervals
+            ),
+            key=lambda iv: (iv.start, iv.stage),
+        )
+        peaks = tuple(report.peak_held for report in reports)
+        return cls(schedule, len(reports), n_micro, tuple(intervals), step_seconds, peaks)
 
     @property
     def span(self) -> float:

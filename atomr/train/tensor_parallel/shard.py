@@ -1,31 +1,8 @@
-"""`ShardActor` and `ShardProtocol`: one tensor-parallel shard of an `Mlp`.
+"""`ShardActor`: the built-in tensor-parallel shard, one slice of an `Mlp`
+on one device.
 
-`ShardProtocol` is the set of messages a `TensorParallelTrainer` sends its
-shards; bring your own shard actor by answering them. The trainer only
-routes arrays between shards; every piece of math (including the all-reduce
-sums, which each shard performs on its own device over the same inputs, in
-rank order, so all shards hold bit-identical results) runs on the shards.
-
-| message | reply | meaning |
-|---|---|---|
-| `ShardDescribe()` | `ShardInfo` | rank, shard count, model config, sizes, stage count |
-| `ShardConfigure(optimizer, loss)` | `None` | the update rule and loss (optimizer state is kept when the rule is unchanged) |
-| `ShardForward(stage, inputs, train)` | `ndarray` | stage 0: `inputs = (x[:, in_range],)`; stage k > 0: every shard's stage k-1 reply, in rank order; returns this shard's partial output (or output slice) |
-| `ShardLoss(outputs, labels, train)` | `LossResult` | `outputs`: every shard's last-stage reply; combine, compute the loss sum and normaliser; with `train`, keep d(mean loss)/d(output) for the backward |
-| `ShardBackward(stage, grads, input_grad)` | `ShardGrad` | the last stage takes `grads = ()` (it starts from the loss); stage k < last takes every shard's stage k+1 reply partials; writes this shard's gradients and returns its partial input gradient (None for stage 0 unless `input_grad`); stage 0 also returns the squared norm of the shard's gradients |
-| `ShardApply(scale)` | `None` | scale the gradients by `scale` when it is below 1, optimizer step out of place, swapped in (the old state kept for `ShardRollback`); a failure changes no weights |
-| `ShardRollback()` | `None` | undo the last `ShardApply` (another shard's apply failed) |
-| `ShardGather(what)` | `ShardSlice` | `what` = "params" or "grads": the positions in the full flat vector and their values |
-| `ShardGetState()` | `ShardState` | positions, parameters, optimizer `state_dict()` of the slice, step count |
-| `ShardSetState(params, optimizer, step)` | `None` | take this shard's slice of full vectors (a checkpoint) |
-
-Errors are answered with `Failure(exc)`; a shard is never restarted by a bad
-request, because its weights are one part of a distributed state that a
-restart would reset. Phase-1 messages (`ShardForward`, `ShardLoss`,
-`ShardBackward`) never touch the weights.
-
-The built-in `ShardActor` implements the Megatron-LM column/row split of
-`atomr.train.tensor_parallel.sharding`.
+It answers `ShardProtocol` (`atomr.train.tensor_parallel.messages`) with the
+Megatron-LM column/row split of `atomr.train.tensor_parallel.sharding`.
 """
 
 from __future__ import annotations
@@ -46,254 +23,26 @@ from atomr.train.core.loss import LossKind
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
 from atomr.train.core.validation import validate_targets
-from atomr.train.tensor_parallel.sharding import LayerShard, ShardLayout, shard_layout
-
-__all__ = [
-    "LossResult",
-    "ShardActor",
-    "ShardApply",
-    "ShardBackward",
-    "ShardConfigure",
-    "ShardDescribe",
-    "ShardForward",
-    "ShardGather",
-    "ShardGetState",
-    "ShardGrad",
-    "ShardInfo",
-    "ShardLoss",
-    "ShardProtocol",
-    "ShardRollback",
-    "ShardSetState",
-    "ShardSlice",
-    "ShardState",
-]
-
-
-# -- the protocol -------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ShardDescribe:
-    """Ask a shard to describe itself; answered with `ShardInfo`."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShardInfo:
-    """What a shard tells its trainer.
-
-    Attributes:
-        rank: the shard's position, 0-based.
-        shard_count: how many shards the model is split over.
-        model: the model's `Mlp.config()` (checkpoints record it).
-        sizes: the model's widths.
-        total_params: the model's parameter count.
-        n_params: the parameters this shard owns.
-        stages: forward rounds of a step.
-        in_range: the input features `lo:hi` this shard reads.
-        output_range: the output columns its last-stage reply covers (summed
-            with the other shards' replies where ranges overlap).
-    """
-
-    rank: int
-    shard_count: int
-    model: dict[str, Any]
-    sizes: tuple[int, ...]
-    total_params: int
-    n_params: int
-    stages: int
-    in_range: tuple[int, int]
-    output_range: tuple[int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardConfigure:
-    """Set the update rule and loss; answered with None.
-
-    Attributes:
-        optimizer: the rule for the shard's slice (fresh state unless the
-            shard already has state for this same rule).
-        loss: the loss kind `ShardLoss` computes.
-    """
-
-    optimizer: OptimizerKind
-    loss: LossKind
-
-
-@dataclass(frozen=True, eq=False)
-class ShardForward:
-    """Run one forward stage; answered with the shard's output array (host).
-
-    Attributes:
-        stage: 0-based stage.
-        inputs: stage 0: `(features[:, in_range],)`; later stages: every
-            shard's reply to the previous stage, in rank order.
-        train: keep what the backward pass needs (a new step begins at
-            stage 0 with `train`).
-    """
-
-    stage: int
-    inputs: tuple[np.ndarray, ...]
-    train: bool = True
-
-
-@dataclass(frozen=True, eq=False)
-class ShardLoss:
-    """Combine the last stage's outputs and compute the loss; answered with `LossResult`.
-
-    Attributes:
-        outputs: every shard's last-stage reply, in rank order.
-        labels: validated labels or targets (`validate_targets`).
-        train: keep d(mean loss)/d(output) for `ShardBackward`.
-    """
-
-    outputs: tuple[np.ndarray, ...]
-    labels: np.ndarray
-    train: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class LossResult:
-    """The loss of a batch, as a sum and a normaliser (mean = sum / normaliser).
-
-    Attributes:
-        loss_sum: the loss sum.
-        normaliser: element count (MSE), sample count or weight sum (CE).
-        correct: samples whose arg-max output equals the label (classification
-            with `train=False`), else -1.
-    """
-
-    loss_sum: float
-    normaliser: float
-    correct: int = -1
-
-
-@dataclass(frozen=True, eq=False)
-class ShardBackward:
-    """Run one backward stage; answered with `ShardGrad`.
-
-    Attributes:
-        stage: 0-based stage, run from the last down to 0.
-        grads: `()` for the last stage; otherwise every shard's partial input
-            gradient from stage + 1, in rank order.
-        input_grad: at stage 0, also return the partial gradient of the input.
-    """
-
-    stage: int
-    grads: tuple[np.ndarray, ...] = ()
-    input_grad: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class ShardGrad:
-    """A backward stage's reply.
-
-    Attributes:
-        partial: this shard's partial gradient of the stage's input (summed over
-            shards where their `in_range`s overlap), or None.
-        sq_norm: at stage 0, the squared L2 norm of all the shard's gradients
-            (each parameter is owned by one shard, so the sum over shards is
-            the squared global norm); else None.
-    """
-
-    partial: np.ndarray | None
-    sq_norm: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ShardApply:
-    """Apply the optimizer to the gradients of the last backward; answered with None.
-
-    Attributes:
-        scale: the global clipping factor; the gradients are scaled by it
-            when it is below 1.
-    """
-
-    scale: float = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class ShardRollback:
-    """Restore the weights and optimizer state from before the last `ShardApply`."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShardGather:
-    """Ask for the shard's slice of the flat parameters or gradients; answered
-    with `ShardSlice`.
-
-    Attributes:
-        what: "params" or "grads".
-    """
-
-    what: str = "params"
-
-
-@dataclass(frozen=True, eq=False)
-class ShardSlice:
-    """A shard's values and their positions in the model's flat vector.
-
-    Attributes:
-        index: int64 positions.
-        values: the values (host copy).
-    """
-
-    index: np.ndarray
-    values: np.ndarray
-
-
-@dataclass(frozen=True, slots=True)
-class ShardGetState:
-    """Ask for everything a checkpoint needs from the shard; answered with `ShardState`."""
-
-
-@dataclass(frozen=True, eq=False)
-class ShardState:
-    """A shard's checkpointable state.
-
-    Attributes:
-        index: int64 positions of its parameters in the flat vector.
-        params: their values.
-        optimizer: the slice's optimizer `state_dict()` (buffers in `index` order).
-        step: optimizer steps applied.
-    """
-
-    index: np.ndarray
-    params: np.ndarray
-    optimizer: dict[str, Any]
-    step: int
-
-
-@dataclass(frozen=True, eq=False)
-class ShardSetState:
-    """Load full-vector state (a checkpoint); each shard takes its slice. Answered with None.
-
-    Attributes:
-        params: the full flat parameter vector.
-        optimizer: a full-vector optimizer `state_dict()`.
-        step: the step count.
-    """
-
-    params: np.ndarray
-    optimizer: dict[str, Any]
-    step: int
-
-
-ShardProtocol = (
-    ShardDescribe,
-    ShardConfigure,
-    ShardForward,
-    ShardLoss,
-    ShardBackward,
+from atomr.train.tensor_parallel.messages import (
+    LossResult,
     ShardApply,
-    ShardRollback,
+    ShardBackward,
+    ShardConfigure,
+    ShardDescribe,
+    ShardForward,
     ShardGather,
     ShardGetState,
+    ShardGrad,
+    ShardInfo,
+    ShardLoss,
+    ShardRollback,
     ShardSetState,
+    ShardSlice,
+    ShardSliceState,
 )
-"""The message types a tensor-parallel shard answers (see the module docstring)."""
+from atomr.train.tensor_parallel.sharding import LayerShard, ShardLayout, shard_layout, slice_state
 
-
-# -- the built-in shard -------------------------------------------------------
+__all__ = ["ShardActor"]
 
 # Errors that reject a request (`device_guard.guarded` catches them on the
 # worker thread); unlike the Trainer's, an OSError is a device failure here.
@@ -391,54 +140,73 @@ class ShardActor(DeviceActor):
 
     # -- phase 1: forward, loss, backward (weights untouched) -------------------
 
+    def _activate(self, u: Any) -> Any:
+        """The activation of `u` (`u` itself for "identity")."""
+        if self.activation == "identity":
+            return u
+        out = self.backend.empty(u.shape, dtype=self.dtype)
+        self.backend.activation_forward(self.activation, u, out)
+        return out
+
+    def _activation_grad(self, pre: Any, d: Any) -> Any:
+        """d(loss)/d(pre) from d(loss)/d(activation of pre)."""
+        if self.activation == "identity":
+            return d
+        out = self.backend.empty(d.shape, dtype=self.dtype)
+        self.backend.activation_backward(self.activation, pre, d, out)
+        return out
+
+    def _check_stage(self, stage: int) -> tuple[LayerShard, ...]:
+        if not 0 <= stage < self.layout.stages:
+            raise ValueError(f"stage must be in [0, {self.layout.stages}), got {stage}")
+        return self.layout.stage_layers(stage)
+
     def _forward(self, stage: int, inputs: tuple[np.ndarray, ...], train: bool) -> np.ndarray:
-        be, lay, act = self.backend, self.layout, self.activation
-        if not 0 <= stage < lay.stages:
-            raise ValueError(f"stage must be in [0, {lay.stages}), got {stage}")
-        layers = lay.stage_layers(stage)
-        col = layers[0]
-        if stage == 0:
-            if len(inputs) != 1 or not isinstance(inputs[0], np.ndarray):
-                raise ValueError("stage 0 takes one input array")
-            x = inputs[0]
-            if x.ndim != 2 or x.shape[1] != lay.sizes[0] or x.shape[0] < 1:
-                raise ValueError(f"stage 0 input must be (batch, {lay.sizes[0]}), got {x.shape}")
-            self._batch = x.shape[0]
-            self._tapes = [None] * lay.stages
-            self._d_out = None
-            if train:
-                self._pending = False
-                self._undo.commit()
-            pre_input, a_in = None, self._dev(x)
-        else:
-            if self._tapes[stage - 1] is None:
-                raise ValueError(f"stage {stage} before stage {stage - 1}")
-            u = self._combine_sum(inputs, col.w_shape[0], f"stage {stage} inputs")
-            if act == "identity":
-                pre_input, a_in = None, u
-            else:
-                pre_input, a_in = u, be.empty(u.shape, dtype=self.dtype)
-                be.activation_forward(act, u, a_in)
-        batch = self._batch
-        h = be.empty((batch, col.w_shape[1]), dtype=self.dtype)
+        be = self.backend
+        col, *row = self._check_stage(stage)
+        pre_input, a_in = self._stage_input(stage, inputs, train, col)
+        h = be.empty((self._batch, col.w_shape[1]), dtype=self.dtype)
         be.matmul(a_in, self._w(self.params, col), h)
         be.bias_add(h, self._b(self.params, col))
         tape = _StageTape(pre_input, a_in, h)
         self._tapes[stage] = tape
         if col.gathered:
             return be.to_host(h)
-        row = layers[1]
-        if act == "identity":
-            a = h
-        else:
-            a = be.empty(h.shape, dtype=self.dtype)
-            be.activation_forward(act, h, a)
-        tape.a = a
-        part = be.empty((batch, row.w_shape[1]), dtype=self.dtype)
-        be.matmul(a, self._w(self.params, row), part)
-        if row.b_size:
-            be.bias_add(part, self._b(self.params, row))
+        tape.a = self._activate(h)
+        part = be.empty((self._batch, row[0].w_shape[1]), dtype=self.dtype)
+        be.matmul(tape.a, self._w(self.params, row[0]), part)
+        if row[0].b_size:
+            be.bias_add(part, self._b(self.params, row[0]))
         return be.to_host(part)
+
+    def _stage_input(
+        self, stage: int, inputs: tuple[np.ndarray, ...], train: bool, col: LayerShard
+    ) -> tuple[Any, Any]:
+        """`(pre-activation input or None, the column layer's input)` of a stage."""
+        if stage == 0:
+            return None, self._first_input(inputs, train)
+        if self._tapes[stage - 1] is None:
+            raise ValueError(f"stage {stage} before stage {stage - 1}")
+        u = self._combine_sum(inputs, col.w_shape[0], f"stage {stage} inputs")
+        a_in = self._activate(u)
+        return (None if a_in is u else u), a_in
+
+    def _first_input(self, inputs: tuple[np.ndarray, ...], train: bool) -> Any:
+        """Check stage 0's input and begin a new pass (a training pass commits
+        the last apply: it can no longer be rolled back)."""
+        sizes = self.layout.sizes
+        if len(inputs) != 1 or not isinstance(inputs[0], np.ndarray):
+            raise ValueError("stage 0 takes one input array")
+        x = inputs[0]
+        if x.ndim != 2 or x.shape[1] != sizes[0] or x.shape[0] < 1:
+            raise ValueError(f"stage 0 input must be (batch, {sizes[0]}), got {x.shape}")
+        self._batch = x.shape[0]
+        self._tapes = [None] * self.layout.stages
+        self._d_out = None
+        if train:
+            self._pending = False
+            self._undo.commit()
+        return self._dev(x)
 
     def _output(self, outputs: tuple[np.ndarray, ...]) -> Any:
         lay = self.layout
@@ -477,53 +245,45 @@ class ShardActor(DeviceActor):
         return LossResult(float(loss_sum), float(norm), correct)
 
     def _backward(self, stage: int, grads: tuple[np.ndarray, ...], input_grad: bool) -> ShardGrad:
-        be, lay, act = self.backend, self.layout, self.activation
-        if not 0 <= stage < lay.stages:
-            raise ValueError(f"stage must be in [0, {lay.stages}), got {stage}")
+        be = self.backend
+        col, *row = self._check_stage(stage)
         tape = self._tapes[stage]
         if tape is None:
             raise ValueError(f"backward of stage {stage} before its forward")
-        layers = lay.stage_layers(stage)
-        col = layers[0]
-        batch = self._batch
-        if stage == lay.stages - 1:
-            if grads:
-                raise ValueError("the last stage's backward starts from the loss: grads must be ()")
-            if self._d_out is None:
-                raise ValueError("backward before a training ShardLoss")
-            d = self._d_out
-            if col.gathered:
-                host = np.asarray(be.to_host(d))[:, col.lo : col.hi]
-                d = be.to_device(np.ascontiguousarray(host))
-        else:
-            d = self._combine_sum(grads, lay.sizes[2 * stage + 2], f"stage {stage} grads")
-        if len(layers) == 2:
-            row = layers[1]
-            be.matmul(tape.a, d, self._w(self.grads, row), trans_a=True)
-            if row.b_size:
-                be.bias_grad(d, self._b(self.grads, row))
-            da = be.empty((batch, row.w_shape[0]), dtype=self.dtype)
-            be.matmul(d, self._w(self.params, row), da, trans_b=True)
-            if act == "identity":
-                dh = da
-            else:
-                dh = be.empty(da.shape, dtype=self.dtype)
-                be.activation_backward(act, tape.h, da, dh)
-        else:
-            dh = d
-        be.matmul(tape.a_in, dh, self._w(self.grads, col), trans_a=True)
-        be.bias_grad(dh, self._b(self.grads, col))
+        d = self._stage_output_grad(stage, grads, col)
+        if row:
+            be.matmul(tape.a, d, self._w(self.grads, row[0]), trans_a=True)
+            if row[0].b_size:
+                be.bias_grad(d, self._b(self.grads, row[0]))
+            da = be.empty((self._batch, row[0].w_shape[0]), dtype=self.dtype)
+            be.matmul(d, self._w(self.params, row[0]), da, trans_b=True)
+            d = self._activation_grad(tape.h, da)
+        be.matmul(tape.a_in, d, self._w(self.grads, col), trans_a=True)
+        be.bias_grad(d, self._b(self.grads, col))
         partial = None
         if stage > 0 or input_grad:
-            dx = be.empty((batch, col.w_shape[0]), dtype=self.dtype)
-            be.matmul(dh, self._w(self.params, col), dx, trans_b=True)
+            dx = be.empty((self._batch, col.w_shape[0]), dtype=self.dtype)
+            be.matmul(d, self._w(self.params, col), dx, trans_b=True)
             if tape.pre_input is not None:
-                du = be.empty(dx.shape, dtype=self.dtype)
-                be.activation_backward(act, tape.pre_input, dx, du)
-                dx = du
+                dx = self._activation_grad(tape.pre_input, dx)
             partial = be.to_host(dx)
         sq = float(be.squared_norm(self.grads)) if stage == 0 else None
         return ShardGrad(partial, sq)
+
+    def _stage_output_grad(self, stage: int, grads: tuple[np.ndarray, ...], col: LayerShard) -> Any:
+        """d(mean loss)/d(stage output): the loss's on the last stage, else the
+        sum of the next stage's partial input gradients."""
+        lay = self.layout
+        if stage < lay.stages - 1:
+            return self._combine_sum(grads, lay.sizes[2 * stage + 2], f"stage {stage} grads")
+        if grads:
+            raise ValueError("the last stage's backward starts from the loss: grads must be ()")
+        if self._d_out is None:
+            raise ValueError("backward before a training ShardLoss")
+        if not col.gathered:
+            return self._d_out
+        host = np.asarray(self.backend.to_host(self._d_out))[:, col.lo : col.hi]
+        return self.backend.to_device(np.ascontiguousarray(host))
 
     # -- phase 2: apply out of place, keeping the old state to roll back -------
 
@@ -565,10 +325,10 @@ class ShardActor(DeviceActor):
             raise ValueError(f"ShardGather.what must be 'params' or 'grads', got {what!r}")
         return ShardSlice(self.layout.global_index(), np.asarray(self.backend.to_host(buf)))
 
-    def _get_state(self) -> ShardState:
+    def _get_state(self) -> ShardSliceState:
         if self.optimizer is None:
             raise ValueError("shard has no optimizer: send ShardConfigure first")
-        return ShardState(
+        return ShardSliceState(
             self.layout.global_index(),
             np.asarray(self.backend.to_host(self.params)),
             self.optimizer.state_dict(),
@@ -583,13 +343,7 @@ class ShardActor(DeviceActor):
         if flat.shape[0] != total:
             raise CheckpointError(f"{flat.shape[0]} weights for a model of {total} parameters")
         idx = self.layout.global_index()
-        sliced: dict[str, Any] = {}
-        for key, value in optimizer.items():
-            if isinstance(value, np.ndarray) and value.ndim == 1 and value.shape[0] == total:
-                sliced[key] = value[idx]
-            else:
-                sliced[key] = value
-        sliced["step"] = int(step)
+        sliced = {**slice_state(optimizer, idx, total), "step": int(step)}
         fresh = self.optimizer.kind.create(self.layout.n_params, self.backend, self.dtype)
         try:
             fresh.load_state_dict(sliced)

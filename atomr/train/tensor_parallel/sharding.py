@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,7 @@ __all__ = [
     "check_shardable",
     "scatter_pieces",
     "shard_layout",
+    "slice_state",
     "split_range",
     "stage_count",
 ]
@@ -275,3 +277,23 @@ def scatter_pieces(total: int, pieces: Sequence[tuple[np.ndarray, np.ndarray]]) 
             f"{doubled} held more than once"
         )
     return out
+
+
+def slice_state(state: dict[str, Any], index: np.ndarray, total: int) -> dict[str, Any]:
+    """A shard's part of full-vector state (an optimizer `state_dict()`).
+
+    Args:
+        state: the full state; each 1-D array of length `total` is a
+            full-vector buffer, anything else (the kind, the step) is kept.
+        index: the shard's positions (`ShardLayout.global_index()`).
+        total: the full vector's length.
+
+    Returns:
+        A new dict: every full-vector buffer taken at `index`, the rest as is.
+    """
+    return {
+        key: value[index]
+        if isinstance(value, np.ndarray) and value.ndim == 1 and value.shape[0] == total
+        else value
+        for key, value in state.items()
+    }

@@ -5,7 +5,7 @@ outputs: each shard receives all partials of a stage and sums them itself
 (an all-reduce whose arithmetic runs on the shards' devices). The built-in
 `ShardActor` implements Megatron-LM's column-parallel / row-parallel pair
 (see `atomr.train.tensor_parallel.sharding` and docs/tensor_parallel.md); any actor that
-answers `ShardProtocol` (`atomr.train.tensor_parallel.shard`) can be a shard.
+answers `ShardProtocol` (`atomr.train.tensor_parallel.messages`) can be a shard.
 
 A `Step` is atomic. Phase 1 (forward stages, loss, backward stages) writes
 only the shards' gradients; if any shard fails, the step is abandoned and no
@@ -26,15 +26,19 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from atomr.accel import Device
-from atomr.actor import Actor, ActorRef, AskTimeoutError, Failure, OneForOneStrategy, Props
+from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props
 from atomr.actor.supervision import SupervisorStrategy
-from atomr.train._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
+from atomr.train._contract import (
+    check_options,
+    check_spawn_args,
+    check_workers,
+    refuse_accumulation,
+)
 from atomr.train._recovery import StateLossWatch
 from atomr.train.core.checkpoint import (
     Checkpoint,
@@ -43,385 +47,20 @@ from atomr.train.core.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from atomr.train.core.config import TrainerConfig, check_update_rule
+from atomr.train.core.clip import clip_coefficient
+from atomr.train.core.config import TrainerConfig
 from atomr.train.core.errors import NonFiniteError
-from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.validation import validate_batch
-from atomr.train.tensor_parallel.shard import (
-    LossResult,
-    ShardActor,
-    ShardApply,
-    ShardBackward,
-    ShardConfigure,
-    ShardDescribe,
-    ShardForward,
-    ShardGather,
-    ShardGetState,
-    ShardInfo,
-    ShardLoss,
-    ShardRollback,
-    ShardSetState,
-    ShardState,
-)
-from atomr.train.tensor_parallel.sharding import check_shardable, scatter_pieces
+from atomr.train.tensor_parallel.group import ShardGroup
+from atomr.train.tensor_parallel.options import TensorParallelOptions
+from atomr.train.tensor_parallel.shard import ShardActor
+from atomr.train.tensor_parallel.sharding import check_shardable
 
-__all__ = [
-    "ShardGroup",
-    "ShardedGradients",
-    "TensorParallelConfig",
-    "TensorParallelTrainer",
-]
-
-
-@dataclass(frozen=True)
-class TensorParallelConfig:
-    """What a `TensorParallelTrainer` needs besides its shards.
-
-    Attributes:
-        shard_count: the number of shards N (>= 1); it must equal the number
-            of shards (or devices) given, and every shard's own count.
-        optimizer: the update rule, applied by each shard to its slice.
-        loss: the loss (default cross-entropy).
-        gradient_clip: clip to this global L2 norm (over all shards) before
-            the optimizer step, or None.
-        ask_timeout: seconds each request to a shard may take.
-
-    Raises:
-        TypeError: `optimizer` or `loss` of the wrong type.
-        ValueError: `shard_count < 1`, or a non-positive clip or timeout.
-    """
-
-    shard_count: int
-    optimizer: OptimizerKind
-    loss: LossKind = LossKind.CROSS_ENTROPY
-    gradient_clip: float | None = None
-    ask_timeout: float = 60.0
-
-    def __post_init__(self) -> None:
-        n = self.shard_count
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"shard_count must be an int >= 1, got {n!r}")
-        check_update_rule(self.optimizer, self.loss, self.gradient_clip)
-        if not self.ask_timeout > 0:
-            raise ValueError(f"ask_timeout must be > 0, got {self.ask_timeout}")
-
-    def trainer_config(self) -> TrainerConfig:
-        """The equivalent single-device `TrainerConfig` (the reference to compare with)."""
-        return TrainerConfig(self.optimizer, self.loss, self.gradient_clip)
-
-
-@dataclass(frozen=True, eq=False)
-class ShardedGradients:
-    """Result of `ShardGroup.gradients`: the sharded model's output and gradients.
-
-    Attributes:
-        output: the full model output `(batch, out_width)`.
-        loss: the mean loss.
-        grad_norm: the global gradient norm.
-        input_grad: d(mean loss)/d(features), `(batch, in_width)`.
-        grads: the full flat gradient vector (`Mlp.params` layout).
-    """
-
-    output: np.ndarray
-    loss: float
-    grad_norm: float
-    input_grad: np.ndarray
-    grads: np.ndarray
-
-
-def _assemble(
-    parts: Sequence[np.ndarray], ranges: Sequence[tuple[int, int]], width: int
-) -> np.ndarray:
-    """Place (and sum where ranges overlap) column blocks into one array."""
-    first = np.asarray(parts[0])
-    out = np.zeros((first.shape[0], width), dtype=np.float64)
-    for part, (lo, hi) in zip(parts, ranges, strict=True):
-        out[:, lo:hi] += part
-    return out.astype(first.dtype)
-
-
-class ShardGroup:
-    """The trainer's view of its shards: checked descriptions plus the
-    fan-out of each phase of a step (usable on its own, e.g. in tests).
-
-    Build one with `await ShardGroup.connect(refs, config)`.
-
-    Attributes:
-        refs: the shards, in rank order.
-        infos: their `ShardInfo`s.
-        timeout: seconds per request.
-    """
-
-    def __init__(
-        self, refs: Sequence[ActorRef], infos: Sequence[ShardInfo], timeout: float
-    ) -> None:
-        self.refs = list(refs)
-        self.infos = list(infos)
-        self.timeout = timeout
-        first = self.infos[0]
-        self.model: dict[str, Any] = first.model
-        self.sizes = tuple(first.sizes)
-        self.total_params = first.total_params
-        self.stages = first.stages
-        self.dtype = np.dtype(str(first.model.get("dtype", "float32")))
-
-    @classmethod
-    async def connect(cls, refs: Sequence[ActorRef], config: TensorParallelConfig) -> ShardGroup:
-        """Describe, check and configure the shards.
-
-        Args:
-            refs: the shards, in rank order.
-            config: the trainer's config (its optimizer and loss are sent on).
-
-        Returns:
-            The group.
-
-        Raises:
-            ValueError: the shards disagree with each other, with their rank
-                order, or with `config.shard_count`, or their parameters do
-                not add up to the model's.
-            TypeError: a shard does not answer `ShardDescribe` with a `ShardInfo`.
-        """
-        n = len(refs)
-        if n != config.shard_count:
-            raise ValueError(
-                f"config.shard_count is {config.shard_count} but {n} shards were given"
-            )
-        infos = await ask_all(refs, ShardDescribe(), config.ask_timeout, per_worker=False)
-        for rank, info in enumerate(infos):
-            if not isinstance(info, ShardInfo):
-                raise TypeError(f"shard {rank} answered ShardDescribe with {type(info).__name__}")
-            if info.rank != rank:
-                raise ValueError(f"shard at position {rank} says it has rank {info.rank}")
-            if info.shard_count != n:
-                raise ValueError(
-                    f"shard {rank} was built for {info.shard_count} shards; "
-                    f"config.shard_count is {n}"
-                )
-            first = infos[0]
-            same = (info.sizes, info.model.get("activation"), info.total_params, info.stages)
-            if same != (
-                first.sizes,
-                first.model.get("activation"),
-                first.total_params,
-                first.stages,
-            ):
-                raise ValueError(f"shard {rank} holds another model than shard 0")
-        owned = sum(info.n_params for info in infos)
-        if owned != infos[0].total_params:
-            raise ValueError(
-                f"the shards own {owned} parameters, the model has {infos[0].total_params}"
-            )
-        await ask_all(
-            refs,
-            ShardConfigure(config.optimizer, config.loss),
-            config.ask_timeout,
-            per_worker=False,
-        )
-        return cls(refs, infos, config.ask_timeout)
-
-    async def _all(self, message: Any) -> list[Any]:
-        return await ask_all(self.refs, message, self.timeout, per_worker=False)
-
-    async def forward(self, x: np.ndarray, train: bool) -> list[np.ndarray]:
-        """Run every forward stage.
-
-        Args:
-            x: validated features `(batch, in_width)`.
-            train: keep what the backward needs.
-
-        Returns:
-            Every shard's last-stage reply, in rank order.
-
-        Raises:
-            Exception: the first failing shard's own exception.
-        """
-        inputs = []
-        for info in self.infos:
-            lo, hi = info.in_range
-            inputs.append(x if (lo, hi) == (0, x.shape[1]) else np.ascontiguousarray(x[:, lo:hi]))
-        outs = await ask_all(
-            self.refs, [ShardForward(0, (xi,), train) for xi in inputs], self.timeout
-        )
-        for stage in range(1, self.stages):
-            outs = await self._all(ShardForward(stage, tuple(outs), train))
-        return outs
-
-    async def loss(self, outputs: Sequence[np.ndarray], y: np.ndarray, train: bool) -> LossResult:
-        """Compute the loss on the combined output.
-
-        With `train`, every shard computes it (each keeps the output gradient
-        for its backward); without, shard 0 alone does.
-
-        Returns:
-            Shard 0's `LossResult`.
-        """
-        message = ShardLoss(tuple(outputs), y, train)
-        if train:
-            results = await self._all(message)
-        else:
-            results = [await self.refs[0].ask(message, timeout=self.timeout)]
-        return results[0]
-
-    async def backward(self, input_grad: bool = False) -> tuple[float, np.ndarray | None]:
-        """Run every backward stage, last to first.
-
-        Args:
-            input_grad: also assemble d(mean loss)/d(features).
-
-        Returns:
-            `(global gradient norm, input gradient or None)`.
-        """
-        grads: tuple[np.ndarray, ...] = ()
-        replies: list[Any] = []
-        for stage in range(self.stages - 1, -1, -1):
-            replies = await self._all(ShardBackward(stage, grads, input_grad and stage == 0))
-            if stage > 0:
-                grads = tuple(r.partial for r in replies)
-        norm = math.sqrt(sum(float(r.sq_norm) for r in replies))
-        dx = None
-        if input_grad:
-            ranges = [info.in_range for info in self.infos]
-            dx = _assemble([r.partial for r in replies], ranges, self.sizes[0])
-        return norm, dx
-
-    async def apply(self, scale: float) -> None:
-        """Phase 2: every shard applies its optimizer; all or none.
-
-        Raises:
-            Exception: the first failing shard's exception, after the shards
-                that applied have rolled back. A shard whose ask timed out
-                may still apply later: it is sent `ShardRollback` too (the
-                rollback is queued behind its apply).
-        """
-        kwargs = {"timeout": self.timeout}
-        results = await asyncio.gather(
-            *(ref.ask(ShardApply(scale), **kwargs) for ref in self.refs), return_exceptions=True
-        )
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            done = [
-                ref
-                for ref, r in zip(self.refs, results, strict=True)
-                if r is None or isinstance(r, AskTimeoutError)
-            ]
-            rolled = await asyncio.gather(
-                *(ref.ask(ShardRollback(), **kwargs) for ref in done), return_exceptions=True
-            )
-            for r in rolled:
-                if isinstance(r, BaseException):
-                    r.add_note("rolling back after a failed apply also failed")
-            raise_first_failure(list(results))
-
-    async def gather(self, what: str = "params") -> np.ndarray:
-        """The full flat parameters ("params") or gradients ("grads")."""
-        slices = await self._all(ShardGather(what))
-        pieces = [(s.index, s.values) for s in slices]
-        return await asyncio.to_thread(scatter_pieces, self.total_params, pieces)
-
-    async def state(self) -> tuple[np.ndarray, dict[str, Any], int]:
-        """The full weights, full-vector optimizer state and step count.
-
-        Raises:
-            ValueError: the shards' slices do not partition the model, or
-                they disagree about the step count or optimizer.
-        """
-        states: list[ShardState] = await self._all(ShardGetState())
-        return await asyncio.to_thread(_merge_states, self.total_params, states)
-
-    async def load(
-        self,
-        weights: np.ndarray,
-        optimizer: dict[str, Any],
-        step: int,
-        *,
-        keep_old: bool = True,
-    ) -> None:
-        """Give every shard its slice of full-vector state; all or none.
-
-        Args:
-            weights, optimizer, step: the full flat weights, the full-vector
-                optimizer `state_dict()` and the step count (a checkpoint's).
-            keep_old: gather the shards' state first (`state`) and, if a shard
-                fails to load, give every shard its old slice back. Off when
-                the old state is already lost (a restarted shard).
-
-        Raises:
-            Exception: the first failing shard's own exception (`worker_index`
-                set to its rank, a note naming it), after every shard holds
-                its state from before the load again (with `keep_old`). A
-                shard whose ask timed out may still load later: its restore
-                waits in its mailbox behind that load.
-        """
-        old = await self.state() if keep_old else None
-        results = await ask_all_settled(
-            self.refs, ShardSetState(weights, optimizer, int(step)), self.timeout, per_worker=False
-        )
-        failed = failed_indices(results)
-        if not failed:
-            return
-        rank = failed[0]
-        error: BaseException = results[rank]
-        error.worker_index = rank  # type: ignore[attr-defined]
-        if old is None:
-            error.add_note(f"shard {rank} failed to load the checkpoint")
-            raise error
-        restored = await ask_all_settled(
-            self.refs, ShardSetState(*old), self.timeout, per_worker=False
-        )
-        unrestored = failed_indices(restored)
-        if unrestored:
-            error.add_note(
-                f"shard {rank} failed to load the checkpoint, and giving the shards back their "
-                f"old state failed on shards {unrestored}: the model is inconsistent, load a "
-                "checkpoint"
-            )
-        else:
-            error.add_note(
-                f"shard {rank} failed to load the checkpoint; every shard was given back its "
-                "state from before the load"
-            )
-        raise error
-
-    async def gradients(self, x: np.ndarray, y: np.ndarray) -> ShardedGradients:
-        """Phase 1 only, returning everything: output, loss, input and weight
-        gradients. Changes no weight.
-
-        Args:
-            x, y: a batch validated for the model and loss.
-
-        Returns:
-            `ShardedGradients`.
-        """
-        outs = await self.forward(x, train=True)
-        result = await self.loss(outs, y, train=True)
-        norm, dx = await self.backward(input_grad=True)
-        assert dx is not None
-        grads = await self.gather("grads")
-        ranges = [info.output_range for info in self.infos]
-        output = _assemble(outs, ranges, self.sizes[-1])
-        return ShardedGradients(output, result.loss_sum / result.normaliser, norm, dx, grads)
-
-
-def _merge_states(
-    total: int, states: Sequence[ShardState]
-) -> tuple[np.ndarray, dict[str, Any], int]:
-    weights = scatter_pieces(total, [(s.index, s.params) for s in states])
-    steps = {int(s.step) for s in states}
-    if len(steps) != 1:
-        raise ValueError(f"the shards disagree about the step count: {sorted(steps)}")
-    first = states[0].optimizer
-    optimizer: dict[str, Any] = {}
-    for key, value in first.items():
-        if isinstance(value, np.ndarray):
-            optimizer[key] = scatter_pieces(total, [(s.index, s.optimizer[key]) for s in states])
-        else:
-            optimizer[key] = value
-    return weights, optimizer, steps.pop()
+__all__ = ["TensorParallelTrainer"]
 
 
 class TensorParallelTrainer(Actor):
@@ -434,36 +73,57 @@ class TensorParallelTrainer(Actor):
     `Failure(exc)`: bad input, a failing shard (its own exception type) or a
     bad checkpoint; nothing changes then.
 
+    Build it with `spawn` (one built-in shard per device) or `props` (shards
+    you built).
+
     Args:
-        config: shard count, optimizer, loss, clipping.
-        shards: `config.shard_count` shard `ActorRef`s answering
-            `ShardProtocol`, in rank order, or `Props` of shards, which the
-            trainer spawns as its children ("shard-0", ...).
+        config: optimizer, loss, clipping and the shards' reply deadline
+            (`worker_timeout`); `accumulation_steps` must be 1.
+        shards: the shards in rank order (their number is the shard count):
+            `ActorRef`s answering `ShardProtocol`, or `Props` of shards, which
+            the trainer spawns as its children ("shard-0", ...).
+        options: `TensorParallelOptions`, or None for the defaults.
 
     Raises:
-        TypeError: `config` is not a `TensorParallelConfig`, or a shard is
-            neither an `ActorRef` nor a `Props` (or the two are mixed).
-        ValueError: the number of shards differs from `config.shard_count`.
+        TypeError: `config`, `shards` or `options` of the wrong type (the
+            shards neither all `ActorRef`s nor all `Props`).
+        ValueError: no shards, `config.accumulation_steps > 1`, or
+            `options.shard_class` set (it is for `spawn`).
     """
 
-    def __init__(self, config: TensorParallelConfig, shards: Sequence[ActorRef | Props]) -> None:
+    def __init__(
+        self,
+        config: TrainerConfig,
+        shards: Sequence[ActorRef | Props],
+        options: TensorParallelOptions | None = None,
+    ) -> None:
         super().__init__()
-        _check_shards(config, shards)
-        self.config = config
-        self._shards = list(shards)
+        self.config, self._shards, self.options = _check_props(config, shards, options)
         self._group: ShardGroup | None = None
         self._watch = StateLossWatch("shard")
         self.steps = 0
 
     @classmethod
-    def props(cls, config: TensorParallelConfig, shards: Sequence[ActorRef | Props]) -> Props:
-        """The `Props` of a trainer over existing shards (or shard `Props`).
+    def props(
+        cls,
+        config: TrainerConfig,
+        shards: Sequence[ActorRef | Props],
+        options: TensorParallelOptions | None = None,
+    ) -> Props:
+        """The `Props` of a trainer over shards you built (`ActorRef`s or `Props`).
+
+        Args:
+            config, shards, options: as for the class.
+
+        Returns:
+            The Props.
 
         Raises:
-            TypeError, ValueError: as the class (checked here, before spawning).
+            TypeError, ValueError: as the class, checked here before anything
+                is spawned.
         """
-        _check_shards(config, shards)
-        return Props(cls, config, list(shards))
+        _check_props(config, shards, options)
+        return Props(cls, config, list(shards), options)
 
     @classmethod
     async def spawn(
@@ -471,44 +131,41 @@ class TensorParallelTrainer(Actor):
         system: Any,
         model: Mlp,
         devices: Sequence[Device | str],
-        config: TensorParallelConfig,
+        config: TrainerConfig,
+        options: TensorParallelOptions | None = None,
         name: str | None = None,
     ) -> ActorRef:
-        """Spawn a trainer with one built-in `ShardActor` per device, and wait
-        until every shard holds its slice.
+        """Spawn a trainer with one shard (`options.shard_class`) per device,
+        and wait until every shard holds its slice.
 
         Args:
             system: the `ActorSystem` (or a `Context`) to spawn in.
             model: the model to split (not modified).
-            devices: one device per shard, `len(devices) == config.shard_count`.
+            devices: one device per shard; their number is the shard count.
             config: as for the class.
+            options: `TensorParallelOptions`, or None for the defaults.
             name: the trainer's name, or None.
 
         Returns:
             The trainer's `ActorRef`.
 
         Raises:
-            TypeError: `model` or `config` of the wrong type.
-            ValueError: `len(devices) != config.shard_count`, a layer width
-                smaller than the shard count, a model with `activate_last`,
-                or a bad device name.
+            TypeError: an argument of the wrong type (the message names it).
+            ValueError: no devices, a bad device name,
+                `config.accumulation_steps > 1`, a layer width smaller than
+                the shard count, or a model with `activate_last`; all raised
+                before anything is spawned.
         """
-        if not isinstance(model, Mlp):
-            raise TypeError(f"model must be an Mlp, got {type(model).__name__}")
-        if not isinstance(config, TensorParallelConfig):
-            raise TypeError(f"config must be a TensorParallelConfig, got {type(config).__name__}")
-        devs = [Device.parse(d) for d in devices]
-        if len(devs) != config.shard_count:
-            raise ValueError(
-                f"config.shard_count is {config.shard_count} but {len(devs)} devices were given"
-            )
+        model, devs, config = check_spawn_args(system, model, devices, config, name)
+        options = check_options(options, TensorParallelOptions)
+        refuse_accumulation(config, "tensor-parallel")
         if model.activate_last:
             raise ValueError("tensor parallelism does not support models with activate_last")
-        check_shardable(model.sizes, config.shard_count)
-        n = config.shard_count
-        shard_props = [ShardActor.props(model, rank, n, dev) for rank, dev in enumerate(devs)]
-        ref: ActorRef = system.spawn(cls.props(config, shard_props), name=name)
-        await ref.ask(GetWeights(), timeout=config.ask_timeout)
+        n = len(devs)
+        check_shardable(model.sizes, n)
+        shards = [options.shard_class.props(model, rank, n, d) for rank, d in enumerate(devs)]
+        ref: ActorRef = system.spawn(cls.props(config, shards), name=name)
+        await ref.ask(GetWeights(), timeout=config.worker_timeout)
         return ref
 
     def supervisor_strategy(self) -> SupervisorStrategy:
@@ -571,12 +228,8 @@ class TensorParallelTrainer(Actor):
         grad_norm, _ = await group.backward()
         if not math.isfinite(grad_norm):
             raise NonFiniteError("gradient is not finite; step not applied")
-        scale = 1.0
-        clip = self.config.gradient_clip
-        if clip is not None:
-            scale = min(1.0, clip / (grad_norm + 1e-6))
         # phase 2: apply everywhere, or nowhere
-        await group.apply(scale)
+        await group.apply(clip_coefficient(grad_norm, self.config.gradient_clip))
         self.steps += 1
         micros = (time.perf_counter_ns() - t0) // 1000
         return StepStats(result.loss_sum / result.normaliser, grad_norm, int(micros), x.shape[0])
@@ -609,27 +262,7 @@ class TensorParallelTrainer(Actor):
         ckpt = await asyncio.to_thread(load_checkpoint, message.path)
         check_model_matches(ckpt, group.model, group.total_params)
         state = ckpt.optimizer
-        try:
-            kind = OptimizerKind.from_config(state["kind"])
-            step = int(state["step"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
-        if kind.name != self.config.optimizer.name:
-            raise CheckpointError(
-                f"checkpoint optimizer is {kind.name!r}, this trainer uses "
-                f"{self.config.optimizer.name!r}"
-            )
-        for key, value in state.items():
-            if isinstance(value, np.ndarray) and value.shape != (group.total_params,):
-                raise CheckpointError(
-                    f"optimizer buffer {key!r} has shape {value.shape}, "
-                    f"expected ({group.total_params},)"
-                )
-        if int(ckpt.extra.get("micro", 0)) > 0:
-            raise CheckpointError(
-                "checkpoint is in the middle of a gradient accumulation; "
-                "the tensor-parallel trainer does not accumulate"
-            )
+        step = _checked_optimizer_step(ckpt, self.config.optimizer, group.total_params)
         await group.load(ckpt.weights, state, step, keep_old=keep_old)
         self.steps = int(ckpt.step)
 
@@ -653,14 +286,46 @@ class TensorParallelTrainer(Actor):
             self._group = group
 
 
-def _check_shards(config: Any, shards: Sequence[Any]) -> None:
-    if not isinstance(config, TensorParallelConfig):
-        raise TypeError(f"config must be a TensorParallelConfig, got {type(config).__name__}")
-    items = list(shards)
-    if len(items) != config.shard_count:
-        raise ValueError(
-            f"config.shard_count is {config.shard_count} but {len(items)} shards were given"
+def _checked_optimizer_step(ckpt: Checkpoint, optimizer: OptimizerKind, total: int) -> int:
+    """The optimizer step count of a checkpoint whose optimizer state fits
+    this trainer (same rule, full-vector buffers, no pending accumulation).
+
+    Raises:
+        CheckpointError: it does not fit (the message says why).
+    """
+    state = ckpt.optimizer
+    try:
+        kind = OptimizerKind.from_config(state["kind"])
+        step = int(state["step"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
+    if kind.name != optimizer.name:
+        raise CheckpointError(
+            f"checkpoint optimizer is {kind.name!r}, this trainer uses {optimizer.name!r}"
         )
-    if all(isinstance(s, ActorRef) for s in items) or all(isinstance(s, Props) for s in items):
-        return
-    raise TypeError("shards must all be ActorRefs or all be Props")
+    for key, value in state.items():
+        if isinstance(value, np.ndarray) and value.shape != (total,):
+            raise CheckpointError(
+                f"optimizer buffer {key!r} has shape {value.shape}, expected ({total},)"
+            )
+    if int(ckpt.extra.get("micro", 0)) > 0:
+        raise CheckpointError(
+            "checkpoint is in the middle of a gradient accumulation; "
+            "the tensor-parallel trainer does not accumulate"
+        )
+    return step
+
+
+def _check_props(
+    config: Any, shards: Any, options: Any
+) -> tuple[TrainerConfig, list[Any], TensorParallelOptions]:
+    """The checks of `TensorParallelTrainer.props` (see the class)."""
+    config, items = check_workers(config, shards, "shards")
+    options = check_options(options, TensorParallelOptions)
+    refuse_accumulation(config, "tensor-parallel")
+    if options.shard_class is not ShardActor:
+        raise ValueError(
+            "options.shard_class is how spawn builds its shards; props takes shards already "
+            "built: leave it ShardActor"
+        )
+    return config, items, options

@@ -1,5 +1,5 @@
 """Fault injection for `PipelineParallelTrainer`: the phases that
-tests/train/test_pipeline_parallel.py does not cover (it covers a device
+tests/train/pipeline/test_trainer.py does not cover (it covers a device
 failure in a forward or backward micro-batch and after a full apply).
 
 Here: a failure in the global gradient-norm reduction (`gradient_sq_norm`,
@@ -30,13 +30,13 @@ from atomr.train import (
     LossKind,
     Mlp,
     OptimizerKind,
-    PipelineConfig,
     PipelineParallelTrainer,
     StageActor,
     Trainer,
     TrainerConfig,
 )
-from atomr.train.pipeline.stage import Activations, GetStageWeights, RunMicroBatches
+from atomr.train.pipeline import PipelineOptions
+from atomr.train.pipeline.messages import Activations, GetStageWeights, RunMicroBatches
 from tests.reliability.faults import (
     CLASSES,
     IN,
@@ -52,7 +52,7 @@ from tests.reliability.faults import (
 
 SIZES = [IN, 8, 8, CLASSES]
 FAULTY = 1
-CONFIG = PipelineConfig(6, optimizer=OptimizerKind.adam(0.05), loss=LossKind.CROSS_ENTROPY)
+CONFIG = TrainerConfig(OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY)
 
 
 class FaultyStage(StageActor):
@@ -92,10 +92,11 @@ class FaultyStage(StageActor):
         return await super().receive(message)
 
 
-async def _spawn(system: ActorSystem, plan: Plan, config: PipelineConfig = CONFIG) -> Any:
+async def _spawn(system: ActorSystem, plan: Plan, config: TrainerConfig = CONFIG) -> Any:
     stage_class = type("PlannedStage", (FaultyStage,), {"plan": plan})
+    options = PipelineOptions(6, "1f1b", stage_class=stage_class)
     return await PipelineParallelTrainer.spawn(
-        system, Mlp(SIZES, seed=5), cpu_devices(3), config, "1f1b", stage_class=stage_class
+        system, Mlp(SIZES, seed=5), cpu_devices(3), config, options
     )
 
 
@@ -134,8 +135,7 @@ async def test_a_poisoned_stage_context_refuses_until_a_checkpoint_is_loaded(
 ) -> None:
     plan = Plan()
     pipe = await _spawn(actor_system, plan)
-    config = TrainerConfig(CONFIG.optimizer, CONFIG.loss)
-    single = await Trainer.spawn(actor_system, Mlp(SIZES, seed=5), "cpu:0", config)
+    single = await Trainer.spawn(actor_system, Mlp(SIZES, seed=5), "cpu:0", CONFIG)
     await lost_until_reloaded(
         pipe, single, batches(), plan, "context_poisoned", "stage", FAULTY, tmp_path
     )
@@ -146,7 +146,7 @@ async def test_a_stage_crashing_on_a_told_message_fails_the_step_at_once(
 ) -> None:
     plan = Plan()
     data = batches()
-    forever = dataclasses.replace(CONFIG, ask_timeout=None)  # only the crash can end the step
+    forever = dataclasses.replace(CONFIG, worker_timeout=None)  # only the crash can end the step
     pipe = await _spawn(actor_system, plan, forever)
     run = faulted_run(pipe, data, plan, "crash_on_tell", lambda: _stage_weights(pipe))
     error, views = await asyncio.wait_for(run, 10)

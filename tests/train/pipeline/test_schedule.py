@@ -15,7 +15,7 @@ from atomr.train.pipeline.schedule import (
     simulate,
     split_micro_batches,
 )
-from atomr.train.pipeline.stage import balanced_split
+from atomr.train.pipeline.split import balanced_split
 
 SCHEDULES = [Schedule.GPIPE, Schedule.ONE_F_ONE_B]
 GRID = [(p, m) for p in range(1, 6) for m in range(1, 10)]

@@ -27,10 +27,15 @@ from atomr.train import (
     TrainerConfig,
     synthetic_classification,
 )
-from atomr.train.pipeline.schedule import Schedule
-from atomr.train.pipeline.stage import StageActor
-from atomr.train.pipeline.timeline import GetTimeline, Timeline
-from atomr.train.pipeline.trainer import GetGradients, PipelineConfig, PipelineParallelTrainer
+from atomr.train.pipeline import (
+    GetGradients,
+    GetTimeline,
+    PipelineOptions,
+    PipelineParallelTrainer,
+    Schedule,
+    StageActor,
+    Timeline,
+)
 
 SIZES = [6, 5, 5, 5, 5, 3]
 BATCH = 15
@@ -73,10 +78,9 @@ async def test_equals_single_device_trainer(actor_system, schedule, p, m) -> Non
     opt, clip = OptimizerKind.adam(0.05), 0.3
     batches = _batches()
     ref_stats, ref_weights = await _reference(actor_system, model, batches, opt, WCE, clip)
-    config = PipelineConfig(MBS[m], clip, optimizer=opt, loss=WCE)
-    pipe = await PipelineParallelTrainer.spawn(
-        actor_system, model, cpu_devices(p), config, schedule
-    )
+    config = TrainerConfig(opt, WCE, gradient_clip=clip)
+    options = PipelineOptions(MBS[m], schedule)
+    pipe = await PipelineParallelTrainer.spawn(actor_system, model, cpu_devices(p), config, options)
     clipped = 0
     for (x, y), expected in zip(batches, ref_stats, strict=True):
         before = await pipe.ask(GetWeights(), timeout=T)
@@ -119,7 +123,7 @@ async def test_other_losses_and_sgd(actor_system, loss, schedule) -> None:
     batches = _batches(5, loss)
     ref_stats, ref_weights = await _reference(actor_system, model, batches, opt, loss, None)
     pipe = await PipelineParallelTrainer.spawn(
-        actor_system, model, cpu_devices(3), PipelineConfig(4, optimizer=opt, loss=loss), schedule
+        actor_system, model, cpu_devices(3), TrainerConfig(opt, loss), PipelineOptions(4, schedule)
     )
     for (x, y), expected in zip(batches, ref_stats, strict=True):
         stats = await pipe.ask(Step(x, y), timeout=T)
@@ -188,8 +192,9 @@ async def test_a_failing_stage_changes_no_stage(
     opt = OptimizerKind.adam(0.05)
     batches = _batches(2, LossKind.CROSS_ENTROPY)
     stages = _user_stages(actor_system, model, faulty, where, micro)
-    config = PipelineConfig(4, optimizer=opt, loss=LossKind.CROSS_ENTROPY)
-    pipe = actor_system.spawn(PipelineParallelTrainer.props(config, stages, schedule))
+    config = TrainerConfig(opt, LossKind.CROSS_ENTROPY)
+    options = PipelineOptions(4, schedule)
+    pipe = actor_system.spawn(PipelineParallelTrainer.props(config, stages, options))
     before = await pipe.ask(GetWeights(), timeout=T)
     with pytest.raises(
         OutOfMemory,
@@ -208,17 +213,17 @@ async def test_a_failing_stage_changes_no_stage(
 
 async def test_more_stages_than_layers_is_a_clear_error(actor_system) -> None:
     model = Mlp(SIZES)
-    config = PipelineConfig(4, optimizer=OptimizerKind.sgd(0.1), loss=LossKind.CROSS_ENTROPY)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
     with pytest.raises(ValueError, match="6 stages for a model of 5 layers"):
         await PipelineParallelTrainer.spawn(actor_system, model, cpu_devices(6), config)
     with pytest.raises(ValueError, match="split"):
         await PipelineParallelTrainer.spawn(
-            actor_system, model, cpu_devices(2), config, split=[4, 2]
+            actor_system, model, cpu_devices(2), config, PipelineOptions(split=[4, 2])
         )
     with pytest.raises(ValueError, match="at least one device"):
         await PipelineParallelTrainer.spawn(actor_system, model, [], config)
     with pytest.raises(ValueError, match="micro_batch_size"):
-        PipelineConfig(0, optimizer=OptimizerKind.sgd(0.1), loss=LossKind.MSE)
+        PipelineOptions(0)
 
 
 class RecordingStage(StageActor):
@@ -233,13 +238,14 @@ class RecordingStage(StageActor):
 
 async def test_explicit_and_balanced_split(actor_system) -> None:
     model = Mlp([6, 40, 5, 5, 3], seed=2)  # layer 0 dominates the parameter count
-    config = PipelineConfig(4, optimizer=OptimizerKind.sgd(0.1), loss=LossKind.CROSS_ENTROPY)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
     x, y = synthetic_classification(BATCH, 6, 3, seed=0)
     picked = {}
     for split in (None, [1, 3], [3, 1]):
         RecordingStage.built = []
+        options = PipelineOptions(4, split=split, stage_class=RecordingStage)
         pipe = await PipelineParallelTrainer.spawn(
-            actor_system, model, cpu_devices(2), config, split=split, stage_class=RecordingStage
+            actor_system, model, cpu_devices(2), config, options
         )
         np.testing.assert_array_equal(await pipe.ask(GetWeights(), timeout=T), model.get_params())
         await pipe.ask(Step(x, y), timeout=T)
@@ -251,8 +257,9 @@ async def test_explicit_and_balanced_split(actor_system) -> None:
 
 async def test_bad_input_is_answered_and_changes_nothing(actor_system) -> None:
     model = Mlp(SIZES, seed=1)
-    config = PipelineConfig(4, optimizer=OptimizerKind.sgd(0.1), loss=WCE)
-    pipe = await PipelineParallelTrainer.spawn(actor_system, model, cpu_devices(2), config)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), WCE)
+    options = PipelineOptions(4)
+    pipe = await PipelineParallelTrainer.spawn(actor_system, model, cpu_devices(2), config, options)
     x, y = synthetic_classification(BATCH, 6, 3, seed=0)
     before = await pipe.ask(GetWeights(), timeout=T)
     with pytest.raises(InvalidBatchError, match="width"):
@@ -268,7 +275,8 @@ async def test_bad_input_is_answered_and_changes_nothing(actor_system) -> None:
         actor_system,
         model,
         cpu_devices(2),
-        PipelineConfig(4, optimizer=OptimizerKind.sgd(0.1), loss=zero_weight),
+        TrainerConfig(OptimizerKind.sgd(0.1), zero_weight),
+        options,
     )
     with pytest.raises(InvalidBatchError, match="class weight 0"):
         await pipe2.ask(Step(x, np.zeros(BATCH, dtype=np.int64)), timeout=T)
@@ -289,7 +297,8 @@ async def test_evaluate_equals_trainer(actor_system) -> None:
         actor_system,
         model,
         cpu_devices(3),
-        PipelineConfig(4, optimizer=OptimizerKind.sgd(0.1), loss=loss),
+        TrainerConfig(OptimizerKind.sgd(0.1), loss),
+        PipelineOptions(4),
     )
     mine, theirs = (
         await pipe.ask(Evaluate(x, y), timeout=T),
@@ -305,7 +314,7 @@ async def test_checkpoints_are_interchangeable_with_the_trainer(actor_system, tm
     loss, opt = LossKind.CROSS_ENTROPY, OptimizerKind.adamw(0.02)
     batches = _batches(4, loss)
     pipe = await PipelineParallelTrainer.spawn(
-        actor_system, model, cpu_devices(3), PipelineConfig(4, optimizer=opt, loss=loss), "gpipe"
+        actor_system, model, cpu_devices(3), TrainerConfig(opt, loss), PipelineOptions(4, "gpipe")
     )
     single = await Trainer.spawn(actor_system, model, "cpu:0", TrainerConfig(opt, loss))
     for x, y in batches[:2]:
@@ -321,7 +330,7 @@ async def test_checkpoints_are_interchangeable_with_the_trainer(actor_system, tm
     # and back: a Trainer checkpoint loads into a fresh pipeline of another split
     await single.ask(SaveCheckpoint(tmp_path / "single.ckpt"), timeout=T)
     other = await PipelineParallelTrainer.spawn(
-        actor_system, model, cpu_devices(2), PipelineConfig(2, optimizer=opt, loss=loss)
+        actor_system, model, cpu_devices(2), TrainerConfig(opt, loss), PipelineOptions(2)
     )
     await other.ask(LoadCheckpoint(tmp_path / "single.ckpt"), timeout=T)
     np.testing.assert_array_equal(await other.ask(GetWeights(), timeout=T), w_single)
@@ -349,9 +358,82 @@ async def test_stage_math_runs_on_device_threads(actor_system, monkeypatch) -> N
         actor_system,
         model,
         cpu_devices(2),
-        PipelineConfig(4, optimizer=OptimizerKind.sgd(0.1), loss=LossKind.CROSS_ENTROPY),
-        Schedule.GPIPE,
+        TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY),
+        PipelineOptions(4, Schedule.GPIPE),
     )
     await pipe.ask(Step(*synthetic_classification(BATCH, 6, 3, seed=0)), timeout=T)
     assert threading.main_thread().name not in seen
     assert len(seen) == 2 and all("cpu" in name for name in seen)
+
+
+async def test_spawn_refuses_bad_arguments_before_spawning(actor_system) -> None:
+    model = Mlp(SIZES)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    before = list(actor_system.actors)
+    cases = [
+        (TypeError, "model must be an Mlp", {"model": SIZES}),
+        (TypeError, "devices must be a sequence", {"devices": "cpu:0"}),
+        (TypeError, "devices must hold Devices", {"devices": [None]}),
+        (ValueError, "unknown device 'tpu'", {"devices": ["cpu:0", "tpu"]}),
+        (TypeError, "config must be a TrainerConfig", {"config": PipelineOptions()}),
+        (TypeError, "options must be a PipelineOptions", {"options": config}),
+        (TypeError, "name must be a str", {"name": b"pipe"}),
+        (
+            ValueError,
+            "pipeline trainer does not accumulate gradients across Steps",
+            {"config": TrainerConfig(config.optimizer, config.loss, accumulation_steps=4)},
+        ),
+        (ValueError, r"split \[2, 2\] must .* cover", {"options": PipelineOptions(split=[2, 2])}),
+    ]
+    for error, match, change in cases:
+        args = {"model": model, "devices": cpu_devices(2), "config": config, **change}
+        with pytest.raises(error, match=match):
+            await PipelineParallelTrainer.spawn(actor_system, **args)
+    with pytest.raises(TypeError, match="system must be an ActorSystem or a Context"):
+        await PipelineParallelTrainer.spawn(None, model, cpu_devices(2), config)
+    assert actor_system.actors == before
+
+
+async def test_props_refuses_bad_arguments_before_spawning(actor_system) -> None:
+    model = Mlp(SIZES)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    stages = [
+        StageActor.props(model.slice_layers(0, 2), "cpu:0"),
+        StageActor.props(model.slice_layers(2, 5), "cpu:1"),
+    ]
+    ref = actor_system.spawn(stages[0])
+    before = list(actor_system.actors)
+    props = PipelineParallelTrainer.props
+    with pytest.raises(TypeError, match="config must be a TrainerConfig"):
+        props(PipelineOptions(), stages)
+    with pytest.raises(TypeError, match="stages must be a sequence"):
+        props(config, stages[0])
+    with pytest.raises(TypeError, match="all be ActorRefs or all be Props"):
+        props(config, [ref, stages[1]])
+    with pytest.raises(ValueError, match="stages is empty"):
+        props(config, [])
+    with pytest.raises(TypeError, match="options must be a PipelineOptions"):
+        props(config, stages, config)
+    with pytest.raises(ValueError, match="does not accumulate"):
+        props(TrainerConfig(config.optimizer, config.loss, accumulation_steps=2), stages)
+    with pytest.raises(ValueError, match="options.split and options.stage_class"):
+        props(config, stages, PipelineOptions(split=[2, 3]))
+    with pytest.raises(ValueError, match="options.split and options.stage_class"):
+        props(config, stages, PipelineOptions(stage_class=RecordingStage))
+    assert actor_system.actors == before
+
+
+async def test_the_default_micro_batch_is_a_quarter_of_the_batch(actor_system) -> None:
+    model = Mlp(SIZES, activation="tanh", seed=8)
+    config = TrainerConfig(OptimizerKind.adam(0.02), WCE)
+    pipe = await PipelineParallelTrainer.spawn(actor_system, model, cpu_devices(3), config)
+    ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
+    for x, y in _batches(3):
+        a = await pipe.ask(Step(x, y), timeout=T)
+        b = await ref.ask(Step(x, y), timeout=T)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+    timeline = await pipe.ask(GetTimeline(), timeout=T)
+    assert (timeline.n_micro, timeline.schedule) == (5, "1f1b")  # 15 // 4 = 3 per micro-batch
+    np.testing.assert_allclose(
+        await pipe.ask(GetWeights(), timeout=T), await ref.ask(GetWeights(), timeout=T), atol=2e-5
+    )

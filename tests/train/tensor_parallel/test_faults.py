@@ -1,5 +1,5 @@
 """Fault injection for `TensorParallelTrainer`: the phases that
-tests/train/test_tensor_parallel.py does not cover (it covers a device
+tests/train/tensor_parallel/test_trainer.py does not cover (it covers a device
 failure in `_backward` and after a full `_apply`).
 
 Here: a device failure before the forward pass, in the loss (the point
@@ -19,6 +19,7 @@ shard keeps (gets back) its state from before the load.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -36,16 +37,16 @@ from atomr.train import (
     SaveCheckpoint,
     ShardActor,
     Step,
-    TensorParallelConfig,
     TensorParallelTrainer,
     Trainer,
+    TrainerConfig,
 )
-from atomr.train.tensor_parallel.shard import (
+from atomr.train.tensor_parallel.messages import (
     ShardForward,
     ShardGather,
     ShardGetState,
     ShardSetState,
-    ShardState,
+    ShardSliceState,
 )
 from tests.reliability.faults import (
     CLASSES,
@@ -64,7 +65,7 @@ from tests.reliability.faults import (
 
 SIZES = [IN, 8, 8, CLASSES]
 FAULTY_RANK = 1
-CONFIG = TensorParallelConfig(2, OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY)
+CONFIG = TrainerConfig(OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY)
 
 
 def _install(monkeypatch: pytest.MonkeyPatch, plan: Plan) -> None:
@@ -165,7 +166,7 @@ async def test_a_poisoned_shard_context_refuses_until_a_checkpoint_is_loaded(
     _install(monkeypatch, plan)
     tp = await _spawn(actor_system)
     model = Mlp(SIZES, activation="tanh", seed=4)
-    single = await Trainer.spawn(actor_system, model, "cpu:0", CONFIG.trainer_config())
+    single = await Trainer.spawn(actor_system, model, "cpu:0", CONFIG)
     await lost_until_reloaded(
         tp, single, batches(), plan, "context_poisoned", "shard", FAULTY_RANK, tmp_path
     )
@@ -186,7 +187,7 @@ async def test_a_shard_applying_after_the_ask_timed_out_is_rolled_back_too(
     data = batches()
     clean = await _spawn(actor_system)  # first: it also warms up the kernels
     await clean_run(clean, data)
-    config = TensorParallelConfig(2, CONFIG.optimizer, CONFIG.loss, ask_timeout=1.0)
+    config = dataclasses.replace(CONFIG, worker_timeout=1.0)
     model = Mlp(SIZES, activation="tanh", seed=4)
     tp = await TensorParallelTrainer.spawn(actor_system, model, cpu_devices(2), config)
     error, views = await faulted_run(
@@ -202,7 +203,7 @@ async def test_a_shard_applying_after_the_ask_timed_out_is_rolled_back_too(
     await assert_same_training(tp, clean)
 
 
-async def _states(tp: Any) -> list[ShardState]:
+async def _states(tp: Any) -> list[ShardSliceState]:
     shards = tp._cell.instance._shards  # white-box: each shard's own state
     return list(
         await asyncio.wait_for(asyncio.gather(*(s.ask(ShardGetState()) for s in shards)), 5)

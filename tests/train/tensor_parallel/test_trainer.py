@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -25,14 +26,12 @@ from atomr.train import (
     Step,
     StepStats,
     Trainer,
+    TrainerConfig,
     synthetic_classification,
 )
-from atomr.train.tensor_parallel.shard import ShardActor, ShardDescribe, ShardGather, ShardInfo
-from atomr.train.tensor_parallel.trainer import (
-    ShardGroup,
-    TensorParallelConfig,
-    TensorParallelTrainer,
-)
+from atomr.train.tensor_parallel import ShardActor, TensorParallelOptions, TensorParallelTrainer
+from atomr.train.tensor_parallel.group import ShardGroup
+from atomr.train.tensor_parallel.messages import ShardDescribe, ShardGather, ShardInfo
 
 CE = LossKind.CROSS_ENTROPY
 # widths not divisible by 2, 3 or 4; even depth (last layer row-parallel) and
@@ -63,8 +62,7 @@ def _reference(model: Mlp, x: np.ndarray, y: np.ndarray, loss: LossKind):
     return tape.output.copy(), loss_sum / norm, dx, ref.grads.copy()
 
 
-async def _group(system: ActorSystem, model: Mlp, config: TensorParallelConfig) -> ShardGroup:
-    n = config.shard_count
+async def _group(system: ActorSystem, model: Mlp, n: int, config: TrainerConfig) -> ShardGroup:
     refs = [system.spawn(ShardActor.props(model, r, n, f"cpu:{r}")) for r in range(n)]
     return await ShardGroup.connect(refs, config)
 
@@ -81,8 +79,8 @@ async def test_output_and_gradients_equal_the_unsharded_model(
     x, y = _batch(sizes)
     if loss is LossKind.MSE:
         y = np.random.default_rng(1).normal(size=(12, sizes[-1])).astype(np.float32)
-    config = TensorParallelConfig(n, OptimizerKind.sgd(0.1), loss=loss)
-    group = await _group(actor_system, model, config)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), loss)
+    group = await _group(actor_system, model, n, config)
     got = await group.gradients(x, y)
     out, value, dx, grads = _reference(model, x, y, loss)
     np.testing.assert_allclose(got.output, out, **TOL)
@@ -100,9 +98,9 @@ async def test_twenty_adamw_steps_equal_the_single_device_trainer(
     actor_system: ActorSystem, n: int
 ) -> None:
     model = Mlp(ODD, activation="tanh", seed=2)
-    config = TensorParallelConfig(n, OptimizerKind.adamw(0.01, weight_decay=0.05))
+    config = TrainerConfig(OptimizerKind.adamw(0.01, weight_decay=0.05), CE)
     tp = await TensorParallelTrainer.spawn(actor_system, model, _devices(n), config)
-    ref = await Trainer.spawn(actor_system, model, "cpu:0", config.trainer_config())
+    ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
     for i in range(20):
         x, y = _batch(ODD, n=16, seed=i)
         a = await tp.ask(Step(x, y), timeout=10)
@@ -119,9 +117,9 @@ async def test_twenty_adamw_steps_equal_the_single_device_trainer(
 async def test_clipping_uses_the_global_norm_over_all_shards(actor_system: ActorSystem) -> None:
     model = Mlp(EVEN, activation="relu", seed=4)
     opt = OptimizerKind.sgd(0.2, momentum=0.9)
-    config = TensorParallelConfig(3, opt, loss=LossKind.MSE, gradient_clip=0.05)
+    config = TrainerConfig(opt, LossKind.MSE, gradient_clip=0.05)
     tp = await TensorParallelTrainer.spawn(actor_system, model, _devices(3), config)
-    ref = await Trainer.spawn(actor_system, model, "cpu:0", config.trainer_config())
+    ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
     rng = np.random.default_rng(0)
     for _ in range(5):
         x = rng.normal(size=(10, EVEN[0])).astype(np.float32)
@@ -137,9 +135,9 @@ async def test_clipping_uses_the_global_norm_over_all_shards(actor_system: Actor
 
 async def test_evaluate_equals_the_single_device_trainer(actor_system: ActorSystem) -> None:
     model = Mlp(DEEP, activation="relu", seed=5)
-    config = TensorParallelConfig(2, OptimizerKind.sgd(0.1))
+    config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
     tp = await TensorParallelTrainer.spawn(actor_system, model, _devices(2), config)
-    ref = await Trainer.spawn(actor_system, model, "cpu:0", config.trainer_config())
+    ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
     x, y = _batch(DEEP, n=40, seed=3)
     a = await tp.ask(Evaluate(x, y), timeout=10)
     b = await ref.ask(Evaluate(x, y), timeout=10)
@@ -153,9 +151,9 @@ async def test_checkpoints_round_trip_with_the_single_device_trainer(
     actor_system: ActorSystem, tmp_path: Path
 ) -> None:
     model = Mlp(ODD, activation="tanh", seed=8)
-    config = TensorParallelConfig(3, OptimizerKind.adam(0.02))
+    config = TrainerConfig(OptimizerKind.adam(0.02), CE)
     tp = await TensorParallelTrainer.spawn(actor_system, model, _devices(3), config)
-    single = await Trainer.spawn(actor_system, model, "cpu:0", config.trainer_config())
+    single = await Trainer.spawn(actor_system, model, "cpu:0", config)
     for i in range(3):
         await tp.ask(Step(*_batch(ODD, seed=i)), timeout=10)
     await tp.ask(SaveCheckpoint(tmp_path / "tp.ckpt"), timeout=10)
@@ -172,7 +170,7 @@ async def test_checkpoints_round_trip_with_the_single_device_trainer(
     # and back: single-device -> tensor parallel on another shard count
     await single.ask(Step(*_batch(ODD, seed=9)), timeout=10)
     await single.ask(SaveCheckpoint(tmp_path / "single.ckpt"), timeout=10)
-    config2 = TensorParallelConfig(2, OptimizerKind.adam(0.02))
+    config2 = TrainerConfig(OptimizerKind.adam(0.02), CE)
     tp2 = await TensorParallelTrainer.spawn(actor_system, model, _devices(2), config2)
     await tp2.ask(LoadCheckpoint(tmp_path / "single.ckpt"), timeout=10)
     np.testing.assert_array_equal(await tp2.ask(GetWeights()), await single.ask(GetWeights()))
@@ -185,9 +183,9 @@ async def test_checkpoints_round_trip_with_the_single_device_trainer(
 
 
 async def test_bad_checkpoint_changes_nothing(actor_system: ActorSystem, tmp_path: Path) -> None:
-    config = TensorParallelConfig(2, OptimizerKind.sgd(0.1))
+    config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
     tp = await TensorParallelTrainer.spawn(actor_system, Mlp(EVEN, seed=1), _devices(2), config)
-    other = await Trainer.spawn(actor_system, Mlp([6, 12, 5]), "cpu:0", config.trainer_config())
+    other = await Trainer.spawn(actor_system, Mlp([6, 12, 5]), "cpu:0", config)
     await other.ask(SaveCheckpoint(tmp_path / "other.ckpt"), timeout=10)
     before = await tp.ask(GetWeights())
     with pytest.raises(CheckpointError, match="checkpoint is for model"):
@@ -200,7 +198,7 @@ async def test_bad_checkpoint_changes_nothing(actor_system: ActorSystem, tmp_pat
 
 async def test_bad_input_is_answered_and_changes_nothing(actor_system: ActorSystem) -> None:
     model = Mlp(EVEN, seed=3)
-    config = TensorParallelConfig(2, OptimizerKind.sgd(0.1))
+    config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
     tp = await TensorParallelTrainer.spawn(actor_system, model, _devices(2), config)
     x, y = _batch(EVEN)
     bad = [
@@ -253,9 +251,9 @@ async def test_a_shard_failing_mid_step_leaves_no_shard_updated(
     actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
     model = Mlp(ODD, activation="tanh", seed=6)
-    config = TensorParallelConfig(3, OptimizerKind.adamw(0.05))
+    config = TrainerConfig(OptimizerKind.adamw(0.05), CE)
     tp = await TensorParallelTrainer.spawn(actor_system, model, _devices(3), config)
-    ref = await Trainer.spawn(actor_system, model, "cpu:0", config.trainer_config())
+    ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
     x0, y0 = _batch(ODD, seed=0)
     await tp.ask(Step(x0, y0), timeout=10)
     await ref.ask(Step(x0, y0), timeout=10)
@@ -279,7 +277,7 @@ async def test_a_shard_failing_mid_step_leaves_no_shard_updated(
 
 
 async def test_width_smaller_than_shard_count_is_a_clear_error(actor_system: ActorSystem) -> None:
-    config = TensorParallelConfig(4, OptimizerKind.sgd(0.1))
+    config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
     with pytest.raises(ValueError, match="has 3 output features, fewer than the 4 shards"):
         await TensorParallelTrainer.spawn(actor_system, Mlp([6, 3, 5]), _devices(4), config)
     with pytest.raises(ValueError, match="layer 2 .* 2 output features"):
@@ -288,31 +286,110 @@ async def test_width_smaller_than_shard_count_is_a_clear_error(actor_system: Act
         ShardActor(Mlp([6, 3, 5]), 0, 4, "cpu:0")
 
 
-async def test_shard_count_must_match(actor_system: ActorSystem) -> None:
+async def test_the_shards_must_agree_with_their_number_and_order(
+    actor_system: ActorSystem,
+) -> None:
     model = Mlp(EVEN)
-    config = TensorParallelConfig(2, OptimizerKind.sgd(0.1))
-    with pytest.raises(ValueError, match="shard_count is 2 but 3 devices"):
-        await TensorParallelTrainer.spawn(actor_system, model, _devices(3), config)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
     refs = [actor_system.spawn(ShardActor.props(model, r, 3, "cpu:0")) for r in range(3)]
-    with pytest.raises(ValueError, match="shard_count is 2 but 3 shards"):
-        TensorParallelTrainer.props(config, refs)
     # two shards that were built for three: refused at the first request
     tp = actor_system.spawn(TensorParallelTrainer.props(config, refs[:2]))
-    with pytest.raises(ValueError, match="built for 3 shards"):
+    with pytest.raises(ValueError, match="shard 0 was built for 3 shards; 2 were given"):
         await tp.ask(GetWeights(), timeout=10)
-    with pytest.raises(ValueError, match="shard_count must be an int >= 1"):
-        TensorParallelConfig(0, OptimizerKind.sgd(0.1))
+    # all three, out of rank order
+    swapped = actor_system.spawn(TensorParallelTrainer.props(config, [refs[1], refs[0], refs[2]]))
+    with pytest.raises(ValueError, match="position 0 says it has rank 1"):
+        await swapped.ask(GetWeights(), timeout=10)
+
+
+async def test_spawn_refuses_bad_arguments_before_spawning(actor_system: ActorSystem) -> None:
+    model, devices = Mlp(EVEN), _devices(2)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
+    before = list(actor_system.actors)
+    spawn = TensorParallelTrainer.spawn
+    cases: list[tuple[type[Exception], str, dict[str, object]]] = [
+        (TypeError, "model must be an Mlp", {"model": EVEN}),
+        (TypeError, "devices must be a sequence", {"devices": "cpu:0"}),
+        (TypeError, "devices must hold Devices", {"devices": [0, 1]}),
+        (ValueError, "devices is empty", {"devices": []}),
+        (ValueError, "unknown device 'gpu:0'", {"devices": ["cpu:0", "gpu:0"]}),
+        (TypeError, "config must be a TrainerConfig", {"config": OptimizerKind.sgd(0.1)}),
+        (TypeError, "options must be a TensorParallelOptions", {"options": config}),
+        (TypeError, "name must be a str", {"name": 7}),
+        (
+            ValueError,
+            "accumulation_steps is 2",
+            {"config": TrainerConfig(config.optimizer, CE, accumulation_steps=2)},
+        ),
+        (ValueError, "activate_last", {"model": Mlp(EVEN, activate_last=True)}),
+        (ValueError, "fewer than the 4 shards", {"model": Mlp([6, 3, 5]), "devices": _devices(4)}),
+    ]
+    for error, match, change in cases:
+        args: dict[str, object] = {"model": model, "devices": devices, "config": config}
+        with pytest.raises(error, match=match):
+            await spawn(actor_system, **{**args, **change})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="system must be an ActorSystem or a Context"):
+        await spawn("system", model, devices, config)  # type: ignore[arg-type]
+    assert actor_system.actors == before
+
+
+async def test_props_refuses_bad_arguments_before_spawning(actor_system: ActorSystem) -> None:
+    config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
+    shards = [ShardActor.props(Mlp(EVEN), r, 2, "cpu:0") for r in range(2)]
+    ref = actor_system.spawn(shards[0])
+    before = list(actor_system.actors)
+    props = TensorParallelTrainer.props
+    with pytest.raises(TypeError, match="config must be a TrainerConfig"):
+        props(TensorParallelOptions(), shards)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="shards must be a sequence"):
+        props(config, shards[0])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="all be ActorRefs or all be Props"):
+        props(config, [ref, shards[1]])
+    with pytest.raises(ValueError, match="shards is empty"):
+        props(config, [])
+    with pytest.raises(TypeError, match="options must be a TensorParallelOptions"):
+        props(config, shards, config)  # type: ignore[arg-type]
+    accumulating = TrainerConfig(config.optimizer, CE, accumulation_steps=3)
+    with pytest.raises(ValueError, match="does not accumulate"):
+        props(accumulating, shards)
+    with pytest.raises(ValueError, match="shard_class"):
+        props(config, shards, TensorParallelOptions(shard_class=CountingShard))
+    assert actor_system.actors == before
+
+
+class CountingShard(ShardActor):
+    """A shard that counts the steps it applied (a user's instrumented shard)."""
+
+    applied: ClassVar[list[int]] = []
+
+    def _apply(self, scale: float) -> None:
+        super()._apply(scale)
+        CountingShard.applied.append(self.layout.rank)
+
+
+async def test_spawn_builds_the_shard_class_of_its_options(actor_system: ActorSystem) -> None:
+    model = Mlp(ODD, activation="tanh", seed=3)
+    config = TrainerConfig(OptimizerKind.adam(0.01), CE)
+    options = TensorParallelOptions(shard_class=CountingShard)
+    CountingShard.applied = []
+    tp = await TensorParallelTrainer.spawn(actor_system, model, _devices(3), config, options)
+    ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
+    for i in range(2):
+        await tp.ask(Step(*_batch(ODD, seed=i)), timeout=10)
+        await ref.ask(Step(*_batch(ODD, seed=i)), timeout=10)
+    assert sorted(CountingShard.applied) == [0, 0, 1, 1, 2, 2]
+    np.testing.assert_allclose(await tp.ask(GetWeights()), await ref.ask(GetWeights()), **TOL)
 
 
 async def test_users_can_bring_their_own_shards(actor_system: ActorSystem) -> None:
     """The seed surface: props(config, shards) over shard refs that speak ShardProtocol."""
     model = Mlp(DEEP, activation="tanh", seed=9)
-    config = TensorParallelConfig(2, OptimizerKind.sgd(0.3, momentum=0.5))
+    config = TrainerConfig(OptimizerKind.sgd(0.3, momentum=0.5), CE)
     shards = [actor_system.spawn(ShardActor.props(model, r, 2, f"cpu:{r}")) for r in range(2)]
     info = await shards[1].ask(ShardDescribe(), timeout=10)
     assert isinstance(info, ShardInfo) and info.rank == 1 and info.stages == 2
     tp = actor_system.spawn(TensorParallelTrainer.props(config, shards))
-    ref = await Trainer.spawn(actor_system, model, "cpu:0", config.trainer_config())
+    ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
     for i in range(4):
         x, y = _batch(DEEP, seed=i)
         await tp.ask(Step(x, y), timeout=10)
@@ -337,7 +414,7 @@ async def test_shard_math_runs_on_the_device_threads(
             return _original(self, *args)
 
         monkeypatch.setattr(ShardActor, name, spy)
-    config = TensorParallelConfig(2, OptimizerKind.sgd(0.1))
+    config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
     tp = await TensorParallelTrainer.spawn(actor_system, Mlp(EVEN), _devices(2), config)
     await tp.ask(Step(*_batch(EVEN)), timeout=10)
     assert threading.main_thread().name not in seen

@@ -1,0 +1,85 @@
+"""How a model's layers are cut into pipeline stages: `balanced_split` (the
+cut with the smallest largest stage) and `stage_layer_counts` (the cut
+`PipelineParallelTrainer.spawn` uses)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from atomr.train.core.mlp import Mlp
+
+__all__ = ["balanced_split", "stage_layer_counts"]
+
+
+def balanced_split(layer_params: Sequence[int], n_stages: int) -> list[int]:
+    """Cut consecutive layers into stages with the smallest largest stage.
+
+    Args:
+        layer_params: the parameter count of each layer, in order.
+        n_stages: number of stages, `1 <= n_stages <= len(layer_params)`.
+
+    Returns:
+        The number of layers of each stage (each >= 1, summing to the layer
+        count); among the splits minimising the largest stage's parameter
+        count, the one whose stages are filled front first.
+
+    Raises:
+        ValueError: `n_stages` below 1 or above the number of layers.
+    """
+    n = len(layer_params)
+    if isinstance(n_stages, bool) or not isinstance(n_stages, int) or n_stages < 1:
+        raise ValueError(f"the number of stages must be an int >= 1, got {n_stages!r}")
+    if n_stages > n:
+        raise ValueError(
+            f"{n_stages} stages for a model of {n} layers: every stage needs at least one "
+            "layer; use at most as many devices as layers"
+        )
+    prefix = [0]
+    for c in layer_params:
+        prefix.append(prefix[-1] + int(c))
+    inf = float("inf")
+    # best[k][i]: smallest max stage cost of the first i layers in k stages
+    best = [[inf] * (n + 1) for _ in range(n_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(n_stages + 1)]
+    best[0][0] = 0
+    for k in range(1, n_stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                cost = max(best[k - 1][j], prefix[i] - prefix[j])
+                if cost < best[k][i]:
+                    best[k][i], cut[k][i] = cost, j
+    counts = []
+    i = n
+    for k in range(n_stages, 0, -1):
+        j = cut[k][i]
+        counts.append(i - j)
+        i = j
+    return counts[::-1]
+
+
+def stage_layer_counts(model: Mlp, n_stages: int, split: Sequence[int] | None) -> list[int]:
+    """The number of layers of each stage.
+
+    Args:
+        model: the model to cut.
+        n_stages: the number of stages (devices), >= 1.
+        split: layers per stage, or None for `balanced_split` over the
+            layers' parameter counts.
+
+    Returns:
+        One count per stage, each >= 1, summing to `model.n_layers`.
+
+    Raises:
+        ValueError: more stages than layers, or a `split` that does not give
+            each of the `n_stages` stages at least one layer and cover the model.
+    """
+    if split is None:
+        layer_params = [lay.stop - lay.w_offset for lay in model.layer_offsets()]
+        return balanced_split(layer_params, n_stages)
+    counts = [int(c) for c in split]
+    if len(counts) != n_stages or any(c < 1 for c in counts) or sum(counts) != model.n_layers:
+        raise ValueError(
+            f"split {list(split)} must give each of the {n_stages} stages >= 1 layer "
+            f"and cover the model's {model.n_layers} layers"
+        )
+    return counts

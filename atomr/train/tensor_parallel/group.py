@@ -1,0 +1,349 @@
+"""`ShardGroup`: a tensor-parallel trainer's view of its shards, the fan-out
+of each phase of a step over them (usable on its own, e.g. in tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atomr.actor import ActorRef, AskTimeoutError
+from atomr.train._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
+from atomr.train.core.config import TrainerConfig
+from atomr.train.tensor_parallel.messages import (
+    LossResult,
+    ShardApply,
+    ShardBackward,
+    ShardConfigure,
+    ShardDescribe,
+    ShardForward,
+    ShardGather,
+    ShardGetState,
+    ShardInfo,
+    ShardLoss,
+    ShardRollback,
+    ShardSetState,
+    ShardSliceState,
+)
+from atomr.train.tensor_parallel.sharding import scatter_pieces
+
+__all__ = ["ShardGroup", "ShardedGradients"]
+
+
+@dataclass(frozen=True, eq=False)
+class ShardedGradients:
+    """Result of `ShardGroup.gradients`: the sharded model's output and gradients.
+
+    Attributes:
+        output: the full model output `(batch, out_width)`.
+        loss: the mean loss.
+        grad_norm: the global gradient norm.
+        input_grad: d(mean loss)/d(features), `(batch, in_width)`.
+        grads: the full flat gradient vector (`Mlp.params` layout).
+    """
+
+    output: np.ndarray
+    loss: float
+    grad_norm: float
+    input_grad: np.ndarray
+    grads: np.ndarray
+
+
+def _assemble(
+    parts: Sequence[np.ndarray], ranges: Sequence[tuple[int, int]], width: int
+) -> np.ndarray:
+    """Place (and sum where ranges overlap) column blocks into one array."""
+    first = np.asarray(parts[0])
+    out = np.zeros((first.shape[0], width), dtype=np.float64)
+    for part, (lo, hi) in zip(parts, ranges, strict=True):
+        out[:, lo:hi] += part
+    return out.astype(first.dtype)
+
+
+class ShardGroup:
+    """The trainer's view of its shards: checked descriptions plus the
+    fan-out of each phase of a step (usable on its own, e.g. in tests).
+
+    Build one with `await ShardGroup.connect(refs, config)`.
+
+    Attributes:
+        refs: the shards, in rank order.
+        infos: their `ShardInfo`s.
+        timeout: seconds per request.
+    """
+
+    def __init__(
+        self, refs: Sequence[ActorRef], infos: Sequence[ShardInfo], timeout: float | None
+    ) -> None:
+        self.refs = list(refs)
+        self.infos = list(infos)
+        self.timeout = timeout
+        first = self.infos[0]
+        self.model: dict[str, Any] = first.model
+        self.sizes = tuple(first.sizes)
+        self.total_params = first.total_params
+        self.stages = first.stages
+        self.dtype = np.dtype(str(first.model.get("dtype", "float32")))
+
+    @classmethod
+    async def connect(cls, refs: Sequence[ActorRef], config: TrainerConfig) -> ShardGroup:
+        """Describe, check and configure the shards.
+
+        Args:
+            refs: the shards, in rank order (their number is the shard count).
+            config: the trainer's config (its optimizer and loss are sent on;
+                its `worker_timeout` bounds every request).
+
+        Returns:
+            The group.
+
+        Raises:
+            ValueError: the shards disagree with each other, with their rank
+                order, or with their number, or their parameters do not add
+                up to the model's.
+            TypeError: a shard does not answer `ShardDescribe` with a `ShardInfo`.
+        """
+        timeout = config.worker_timeout
+        infos = await ask_all(refs, ShardDescribe(), timeout, per_worker=False)
+        _check_infos(infos)
+        message = ShardConfigure(config.optimizer, config.loss)
+        await ask_all(refs, message, timeout, per_worker=False)
+        return cls(refs, infos, timeout)
+
+    async def _all(self, message: Any) -> list[Any]:
+        return await ask_all(self.refs, message, self.timeout, per_worker=False)
+
+    async def forward(self, x: np.ndarray, train: bool) -> list[np.ndarray]:
+        """Run every forward stage.
+
+        Args:
+            x: validated features `(batch, in_width)`.
+            train: keep what the backward needs.
+
+        Returns:
+            Every shard's last-stage reply, in rank order.
+
+        Raises:
+            Exception: the first failing shard's own exception.
+        """
+        inputs = []
+        for info in self.infos:
+            lo, hi = info.in_range
+            inputs.append(x if (lo, hi) == (0, x.shape[1]) else np.ascontiguousarray(x[:, lo:hi]))
+        outs = await ask_all(
+            self.refs, [ShardForward(0, (xi,), train) for xi in inputs], self.timeout
+        )
+        for stage in range(1, self.stages):
+            outs = await self._all(ShardForward(stage, tuple(outs), train))
+        return outs
+
+    async def loss(self, outputs: Sequence[np.ndarray], y: np.ndarray, train: bool) -> LossResult:
+        """Compute the loss on the combined output.
+
+        With `train`, every shard computes it (each keeps the output gradient
+        for its backward); without, shard 0 alone does.
+
+        Returns:
+            Shard 0's `LossResult`.
+        """
+        message = ShardLoss(tuple(outputs), y, train)
+        if train:
+            results = await self._all(message)
+        else:
+            results = [await self.refs[0].ask(message, timeout=self.timeout)]
+        return results[0]
+
+    async def backward(self, input_grad: bool = False) -> tuple[float, np.ndarray | None]:
+        """Run every backward stage, last to first.
+
+        Args:
+            input_grad: also assemble d(mean loss)/d(features).
+
+        Returns:
+            `(global gradient norm, input gradient or None)`.
+        """
+        grads: tuple[np.ndarray, ...] = ()
+        replies: list[Any] = []
+        for stage in range(self.stages - 1, -1, -1):
+            replies = await self._all(ShardBackward(stage, grads, input_grad and stage == 0))
+            if stage > 0:
+                grads = tuple(r.partial for r in replies)
+        norm = math.sqrt(sum(float(r.sq_norm) for r in replies))
+        dx = None
+        if input_grad:
+            ranges = [info.in_range for info in self.infos]
+            dx = _assemble([r.partial for r in replies], ranges, self.sizes[0])
+        return norm, dx
+
+    async def apply(self, scale: float) -> None:
+        """Phase 2: every shard applies its optimizer; all or none.
+
+        Raises:
+            Exception: the first failing shard's exception, after the shards
+                that applied have rolled back. A shard whose ask timed out
+                may still apply later: it is sent `ShardRollback` too (the
+                rollback is queued behind its apply).
+        """
+        kwargs = {"timeout": self.timeout}
+        results = await asyncio.gather(
+            *(ref.ask(ShardApply(scale), **kwargs) for ref in self.refs), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            done = [
+                ref
+                for ref, r in zip(self.refs, results, strict=True)
+                if r is None or isinstance(r, AskTimeoutError)
+            ]
+            rolled = await asyncio.gather(
+                *(ref.ask(ShardRollback(), **kwargs) for ref in done), return_exceptions=True
+            )
+            for r in rolled:
+                if isinstance(r, BaseException):
+                    r.add_note("rolling back after a failed apply also failed")
+            raise_first_failure(list(results))
+
+    async def gather(self, what: str = "params") -> np.ndarray:
+        """The full flat parameters ("params") or gradients ("grads")."""
+        slices = await self._all(ShardGather(what))
+        pieces = [(s.index, s.values) for s in slices]
+        return await asyncio.to_thread(scatter_pieces, self.total_params, pieces)
+
+    async def state(self) -> tuple[np.ndarray, dict[str, Any], int]:
+        """The full weights, full-vector optimizer state and step count.
+
+        Raises:
+            ValueError: the shards' slices do not partition the model, or
+                they disagree about the step count or optimizer.
+        """
+        states: list[ShardSliceState] = await self._all(ShardGetState())
+        return await asyncio.to_thread(_merge_states, self.total_params, states)
+
+    async def load(
+        self,
+        weights: np.ndarray,
+        optimizer: dict[str, Any],
+        step: int,
+        *,
+        keep_old: bool = True,
+    ) -> None:
+        """Give every shard its slice of full-vector state; all or none.
+
+        Args:
+            weights, optimizer, step: the full flat weights, the full-vector
+                optimizer `state_dict()` and the step count (a checkpoint's).
+            keep_old: gather the shards' state first (`state`) and, if a shard
+                fails to load, give every shard its old slice back. Off when
+                the old state is already lost (a restarted shard).
+
+        Raises:
+            Exception: the first failing shard's own exception (`worker_index`
+                set to its rank, a note naming it), after every shard holds
+                its state from before the load again (with `keep_old`). A
+                shard whose ask timed out may still load later: its restore
+                waits in its mailbox behind that load.
+        """
+        old = await self.state() if keep_old else None
+        message = ShardSetState(weights, optimizer, int(step))
+        results = await ask_all_settled(self.refs, message, self.timeout, per_worker=False)
+        failed = failed_indices(results)
+        if not failed:
+            return
+        rank = failed[0]
+        error: BaseException = results[rank]
+        error.worker_index = rank  # type: ignore[attr-defined]
+        if old is None:
+            error.add_note(f"shard {rank} failed to load the checkpoint")
+        else:
+            error.add_note(await self._restore(old, rank))
+        raise error
+
+    async def _restore(self, old: tuple[np.ndarray, dict[str, Any], int], rank: int) -> str:
+        """Give every shard its slice of `old` back after shard `rank` failed to
+        load; returns the note that says how that went."""
+        restored = await ask_all_settled(
+            self.refs, ShardSetState(*old), self.timeout, per_worker=False
+        )
+        unrestored = failed_indices(restored)
+        if unrestored:
+            return (
+                f"shard {rank} failed to load the checkpoint, and giving the shards back their "
+                f"old state failed on shards {unrestored}: the model is inconsistent, load a "
+                "checkpoint"
+            )
+        return (
+            f"shard {rank} failed to load the checkpoint; every shard was given back its "
+            "state from before the load"
+        )
+
+    async def gradients(self, x: np.ndarray, y: np.ndarray) -> ShardedGradients:
+        """Phase 1 only, returning everything: output, loss, input and weight
+        gradients. Changes no weight.
+
+        Args:
+            x, y: a batch validated for the model and loss.
+
+        Returns:
+            `ShardedGradients`.
+        """
+        outs = await self.forward(x, train=True)
+        result = await self.loss(outs, y, train=True)
+        norm, dx = await self.backward(input_grad=True)
+        assert dx is not None
+        grads = await self.gather("grads")
+        ranges = [info.output_range for info in self.infos]
+        output = _assemble(outs, ranges, self.sizes[-1])
+        return ShardedGradients(output, result.loss_sum / result.normaliser, norm, dx, grads)
+
+
+def _check_infos(infos: Sequence[Any]) -> None:
+    """Check the shards' `ShardInfo`s: rank order, one shard count, one model,
+    and parameters that add up to the model's.
+
+    Raises:
+        TypeError: an answer is not a `ShardInfo`.
+        ValueError: the shards disagree (the message names the first).
+    """
+    n = len(infos)
+    for rank, info in enumerate(infos):
+        if not isinstance(info, ShardInfo):
+            raise TypeError(f"shard {rank} answered ShardDescribe with {type(info).__name__}")
+        if info.rank != rank:
+            raise ValueError(f"shard at position {rank} says it has rank {info.rank}")
+        if info.shard_count != n:
+            raise ValueError(
+                f"shard {rank} was built for {info.shard_count} shards; {n} were given"
+            )
+        if _model_of(info) != _model_of(infos[0]):
+            raise ValueError(f"shard {rank} holds another model than shard 0")
+    owned = sum(info.n_params for info in infos)
+    if owned != infos[0].total_params:
+        raise ValueError(
+            f"the shards own {owned} parameters, the model has {infos[0].total_params}"
+        )
+
+
+def _model_of(info: ShardInfo) -> tuple[Any, ...]:
+    """What every shard of one model agrees on."""
+    return (info.sizes, info.model.get("activation"), info.total_params, info.stages)
+
+
+def _merge_states(
+    total: int, states: Sequence[ShardSliceState]
+) -> tuple[np.ndarray, dict[str, Any], int]:
+    weights = scatter_pieces(total, [(s.index, s.params) for s in states])
+    steps = {int(s.step) for s in states}
+    if len(steps) != 1:
+        raise ValueError(f"the shards disagree about the step count: {sorted(steps)}")
+    first = states[0].optimizer
+    optimizer: dict[str, Any] = {}
+    for key, value in first.items():
+        if isinstance(value, np.ndarray):
+            optimizer[key] = scatter_pieces(total, [(s.index, s.optimizer[key]) for s in states])
+        else:
+            optimizer[key] = value
+    return weights, optimizer, steps.pop()

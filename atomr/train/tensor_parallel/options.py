@@ -1,0 +1,35 @@
+"""`TensorParallelOptions`: the settings only the tensor-parallel trainer has."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from atomr.train.tensor_parallel.shard import ShardActor
+
+__all__ = ["TensorParallelOptions"]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallelOptions:
+    """What `TensorParallelTrainer` needs besides its `TrainerConfig`.
+
+    The shard count is not an option: it is the number of devices given to
+    `spawn` (or of shards given to `props`). Optimizer, loss, clipping and
+    the workers' reply deadline come from the `TrainerConfig`.
+
+    Attributes:
+        shard_class: the shard actor `spawn` starts on each device:
+            `ShardActor` or a subclass of it (an instrumented shard, say).
+            `props` takes shards that are already built, so there it must
+            stay `ShardActor`.
+
+    Raises:
+        TypeError: `shard_class` is not `ShardActor` or a subclass of it.
+    """
+
+    shard_class: type[ShardActor] = ShardActor
+
+    def __post_init__(self) -> None:
+        cls = self.shard_class
+        if not (isinstance(cls, type) and issubclass(cls, ShardActor)):
+            raise TypeError(f"shard_class must be a ShardActor subclass, got {cls!r}")

@@ -1,0 +1,56 @@
+"""PipelineOptions: the pipeline's own settings, checked when built, and the
+default micro-batch size (a quarter of the batch, at least 1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from atomr.train import Trainer
+from atomr.train.pipeline import PipelineOptions, Schedule, StageActor
+
+
+def test_defaults() -> None:
+    options = PipelineOptions()
+    assert options.micro_batch_size is None
+    assert options.schedule is Schedule.ONE_F_ONE_B
+    assert options.split is None and options.stage_class is StageActor
+
+
+@pytest.mark.parametrize(
+    ("batch", "sizes"),
+    [(15, [3, 3, 3, 3, 3]), (16, [4, 4, 4, 4]), (3, [1, 1, 1]), (1, [1]), (9, [2, 2, 2, 2, 1])],
+)
+def test_no_micro_batch_size_means_a_quarter_of_the_batch(batch: int, sizes: list[int]) -> None:
+    assert PipelineOptions().micro_batch_sizes(batch) == sizes
+
+
+def test_an_explicit_micro_batch_size_is_kept() -> None:
+    assert PipelineOptions(micro_batch_size=4).micro_batch_sizes(10) == [4, 4, 2]
+    assert PipelineOptions(micro_batch_size=32).micro_batch_sizes(10) == [10]
+
+
+def test_schedule_names_are_parsed() -> None:
+    assert PipelineOptions(schedule="gpipe").schedule is Schedule.GPIPE  # type: ignore[arg-type]
+    assert PipelineOptions(schedule="1F1B").schedule is Schedule.ONE_F_ONE_B  # type: ignore[arg-type]
+    assert PipelineOptions(split=[2, 1]).split == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("error", "match", "kwargs"),
+    [
+        (ValueError, "micro_batch_size must be an int >= 1", {"micro_batch_size": 0}),
+        (TypeError, "micro_batch_size must be an int or None", {"micro_batch_size": 2.0}),
+        (TypeError, "micro_batch_size must be an int or None", {"micro_batch_size": True}),
+        (ValueError, "unknown schedule", {"schedule": "zero-bubble"}),
+        (TypeError, "schedule must be a Schedule", {"schedule": 1}),
+        (ValueError, "at least one layer", {"split": [2, 0]}),
+        (TypeError, "split must hold ints", {"split": [2, "1"]}),
+        (TypeError, "split must be a sequence", {"split": 3}),
+        (TypeError, "stage_class must be a StageActor subclass", {"stage_class": Trainer}),
+    ],
+)
+def test_bad_options_are_refused_when_built(
+    error: type[Exception], match: str, kwargs: dict[str, object]
+) -> None:
+    with pytest.raises(error, match=match):
+        PipelineOptions(**kwargs)  # type: ignore[arg-type]

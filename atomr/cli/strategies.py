@@ -26,7 +26,7 @@ __all__ = ["micro_batch_size", "spawn_trainer", "strategy_available"]
 
 _MODULES = {
     "single": ("atomr.train.trainer", "Trainer"),
-    "data": ("atomr.train.data_parallel.trainer", "DataParallelTrainer"),
+    "data": ("atomr.train.data_parallel", "DataParallelTrainer"),
     "tensor": ("atomr.train.tensor_parallel.trainer", "TensorParallelTrainer"),
     "pipeline": ("atomr.train.pipeline.trainer", "PipelineParallelTrainer"),
     "ps": ("atomr.train.parameter_server.server", "AsyncParameterServer"),
@@ -63,17 +63,14 @@ def micro_batch_size(run: RunConfig) -> int:
 async def _spawn_distributed(
     system: Any, run: RunConfig, model: Mlp, config: TrainerConfig
 ) -> TrainerHandle:
+    assert run.dist is not None
+    module = _module("data")
     try:
-        module = importlib.import_module("atomr.train.data_parallel.distributed")
-    except ImportError:
-        raise CliError("--distributed is not available yet", 1) from None
-    try:
-        ddp = await module.spawn_distributed_data_parallel(
-            system, model, list(run.devices), config, run.dist
-        )
+        options = module.DataParallelOptions.for_job(run.dist)
     except ImportError:
         raise CliError("--distributed needs mpi4py: pip install -e '.[mpi]'", 1) from None
-    return DistributedTrainerHandle(ddp)
+    ref = await module.DataParallelTrainer.spawn(system, model, list(run.devices), config, options)
+    return DistributedTrainerHandle(ref, options.process_collective, run.dist.is_root)
 
 
 async def _spawn(system: Any, run: RunConfig, model: Mlp, config: TrainerConfig) -> TrainerHandle:

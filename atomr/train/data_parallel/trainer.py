@@ -89,14 +89,27 @@ def _collective(
     return RingAllReduce(worker_deadline(config)), None
 
 
-def _check_replicas(replicas: object) -> list[ActorRef | Props]:
-    """Raises: TypeError: not a sequence of `ActorRef`s and `Props`."""
+def _checked(
+    config: object, replicas: object, options: object
+) -> tuple[TrainerConfig, list[ActorRef | Props], DataParallelOptions]:
+    """The trainer's arguments, checked (see `DataParallelTrainer`); None
+    options become the defaults.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: `options.speed_hint` does not have one entry per replica.
+    """
+    trainer_config = check_config(config)
     if not isinstance(replicas, Sequence):
         raise TypeError(f"replicas must be a sequence, got {type(replicas).__name__}")
     for k, r in enumerate(replicas):
         if not isinstance(r, ActorRef | Props):
             raise TypeError(f"replicas[{k}] must be an ActorRef or Props, got {type(r).__name__}")
-    return list(replicas)
+    check_options(options, DataParallelOptions, "DataParallelTrainer")
+    checked = options if isinstance(options, DataParallelOptions) else DataParallelOptions()
+    if replicas:
+        checked.replica_count_fits(len(replicas))
+    return trainer_config, list(replicas), checked
 
 
 class DataParallelTrainer(Actor):
@@ -131,12 +144,7 @@ class DataParallelTrainer(Actor):
         options: DataParallelOptions | None = None,
     ) -> None:
         super().__init__()
-        self.config = check_config(config)
-        check_options(options, DataParallelOptions, type(self).__name__)
-        self.options = DataParallelOptions() if options is None else options
-        self._initial = _check_replicas(replicas)
-        if self._initial:
-            self.options.replica_count_fits(len(self._initial))
+        self.config, self._initial, self.options = _checked(config, replicas, options)
         self.replicas = ReplicaGroup(worker_deadline(config))
         self._collective, self._close_collective = _collective(self.options, config)
         self._host = HostThread("atomr-dp-host")
@@ -172,12 +180,8 @@ class DataParallelTrainer(Actor):
         Raises:
             TypeError, ValueError: as for the class.
         """
-        check_config(config)
-        check_options(options, DataParallelOptions, cls.__name__)
-        replicas = _check_replicas(replicas)
-        if options is not None and replicas:
-            options.replica_count_fits(len(replicas))
-        return Props(cls, config, replicas, options)
+        _, checked, _ = _checked(config, replicas, options)
+        return Props(cls, config, checked, options)
 
     @classmethod
     async def spawn(

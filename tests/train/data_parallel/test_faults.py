@@ -1,5 +1,5 @@
 """Fault injection for `DataParallelTrainer`: the phases that
-tests/train/test_data_parallel.py does not cover (it covers a device failure
+tests/train/data_parallel/test_trainer.py does not cover (it covers a device failure
 in `_compute`, after the apply, and in a ring chunk).
 
 Here: the replica actor crashing before its forward pass (in `receive`,
@@ -185,7 +185,7 @@ def _spawn(system: ActorSystem, plan: Plan, collective: str, timeout: float = T)
     return Spawned(system, plan, collective, timeout).trainer
 
 
-# (the ring all-reduce's own fault is covered by tests/train/test_data_parallel.py)
+# (the ring all-reduce's own fault is covered by tests/train/data_parallel/test_trainer.py)
 @pytest.mark.parametrize(
     ("phase", "collective"),
     [(p, c) for p in PHASES for c in ("host", "ring") if (p, c) != ("all_reduce", "ring")],

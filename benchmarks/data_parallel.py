@@ -42,7 +42,7 @@ from atomr import ActorSystem  # noqa: E402
 from atomr.accel import cpu_devices  # noqa: E402
 from atomr.accel.threads import available_cores, blas_threads  # noqa: E402
 from atomr.train import (  # noqa: E402
-    DataParallelConfig,
+    DataParallelOptions,
     DataParallelTrainer,
     GetWeights,
     HostCollective,
@@ -63,7 +63,7 @@ async def dp_time(
     after one step (from the model's weights) for the correctness check."""
     async with ActorSystem("bench") as system:
         ref = await DataParallelTrainer.spawn(
-            system, model, cpu_devices(2), CONFIG, parallel=DataParallelConfig(collective)
+            system, model, cpu_devices(2), CONFIG, DataParallelOptions(collective)
         )
         await ref.ask(Step(x, y), timeout=60)
         after_one = await ref.ask(GetWeights(), timeout=60)

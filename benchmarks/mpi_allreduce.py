@@ -16,7 +16,8 @@ Figures:
   block of back-to-back calls of each (after a barrier; which one goes first
   alternates between rounds); the figure is the median over the rounds of the
   per-call mean. `ratio` = atomr / bare (target <= 1.10 at 1 MB and above).
-- `dp_step`: one `DistributedDataParallel.step` on the same global batch,
+- `dp_step`: one `Step` of a `DataParallelTrainer` spawned with
+  `DataParallelOptions.for_job`, on the same global batch,
   with 1 process x 2 local devices and with 2 processes x 2 local devices;
   `ratio` = 2-process time / 1-process time. On a machine with fewer cores
   than replicas the processes share cores, so this measures overhead, not
@@ -114,28 +115,31 @@ async def _dp_rank(out: Path, steps: int) -> None:
     from atomr import ActorSystem
     from atomr.accel import cpu_devices
     from atomr.train import (
+        DataParallelOptions,
+        DataParallelTrainer,
         DistributedTrainConfig,
         LossKind,
         Mlp,
         OptimizerKind,
+        Step,
         TrainerConfig,
-        spawn_distributed_data_parallel,
         synthetic_classification,
     )
 
     dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=120.0)
     config = TrainerConfig(OptimizerKind.sgd(0.01), LossKind.CROSS_ENTROPY)
     x, y = synthetic_classification(DP_BATCH, DP_SIZES[0], DP_SIZES[-1], seed=1)
+    options = DataParallelOptions.for_job(dist)
     async with ActorSystem() as system:
-        ddp = await spawn_distributed_data_parallel(
-            system, Mlp(DP_SIZES, seed=0), cpu_devices(2), config, dist
+        trainer = await DataParallelTrainer.spawn(
+            system, Mlp(DP_SIZES, seed=0), cpu_devices(2), config, options
         )
         for _ in range(2):
-            await ddp.step(x, y)
+            await trainer.ask(Step(x, y), timeout=600)
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
-            stats = await ddp.step(x, y)
+            stats = await trainer.ask(Step(x, y), timeout=600)
             times.append(time.perf_counter() - t0)
         if dist.rank == 0:
             out.write_text(

@@ -17,7 +17,7 @@ import atomr
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import (
-    DataParallelConfig,
+    DataParallelOptions,
     DataParallelTrainer,
     GetReplicaWeights,
     GetWeights,
@@ -36,9 +36,10 @@ async def main(collective: str) -> None:
     model = Mlp([20, 32, 32, 4], seed=0)
     config = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY)
     async with ActorSystem("example") as system:
-        single = await Trainer.spawn(system, model, "cpu:0", config)
+        # the same contract: (system, model, devices, config, options)
+        single = await Trainer.spawn(system, model, ["cpu:0"], config)
         parallel = await DataParallelTrainer.spawn(
-            system, model, cpu_devices(3), config, parallel=DataParallelConfig(collective)
+            system, model, cpu_devices(3), config, DataParallelOptions(collective)
         )
         xs, ys = synthetic_classification(64 * 30, 20, 4, seed=0)
         for step in range(30):

@@ -47,7 +47,7 @@ async def main() -> None:
         f"model 64-64-10 ({model.n_params} parameters)"
     )
     async with ActorSystem("single-device") as system:
-        trainer = await Trainer.spawn(system, model, "cpu:0", config, name="trainer")
+        trainer = await Trainer.spawn(system, model, ["cpu:0"], config, name="trainer")
         steps = 0
         for epoch in range(1, EPOCHS + 1):
             order = np.random.default_rng(epoch).permutation(len(y_train))

@@ -29,9 +29,10 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
+from atomr.train.comm.mpi.errors import CollectiveError
 from atomr.train.data_parallel import DataParallelOptions
 from atomr.train.parameter_server import ParameterServerOptions
-from atomr.train.pipeline import PipelineOptions
+from atomr.train.pipeline import PipelineOptions, Schedule
 
 if TYPE_CHECKING:  # the run's options check their flags against this registry
     from atomr.cli.run_config import RunConfig
@@ -56,7 +57,7 @@ class Strategy:
 
     name: str
     help: str
-    trainer: type
+    trainer: Any
     flags: tuple[str, ...] = ()
     options: Callable[[RunConfig], Any] = lambda run: None
     min_batch: Callable[[RunConfig], int] = lambda run: 1
@@ -79,7 +80,9 @@ class Strategy:
 def _pipeline_options(run: RunConfig) -> PipelineOptions:
     if run.schedule is None:
         return PipelineOptions(micro_batch_size=run.micro_batch_size)
-    return PipelineOptions(micro_batch_size=run.micro_batch_size, schedule=run.schedule)
+    return PipelineOptions(
+        micro_batch_size=run.micro_batch_size, schedule=Schedule.parse(run.schedule)
+    )
 
 
 def _ps_options(run: RunConfig) -> ParameterServerOptions:
@@ -166,8 +169,6 @@ class _MpiJob(Job):
     def abort(self, error: BaseException) -> None:
         """After a collective failure (a rank died or timed out), abort the
         whole MPI job with exit code 2 and the error as the message."""
-        from atomr.train.comm.mpi import CollectiveError
-
         if isinstance(error, CollectiveError):
             self.collective.abort(2, f"{type(error).__name__}: {error}")
 

@@ -179,67 +179,39 @@ class ParameterServerTrainerHandle(TrainerHandle):
         await self.handle.load_checkpoint(str(path))
 
 
-class DistributedTrainerHandle(TrainerHandle):
-    """This process's part of an MPI data-parallel job
-    (`atomr.train.data_parallel.distributed.DistributedDataParallel`).
+class DistributedTrainerHandle(ActorTrainerHandle):
+    """This process's part of an MPI data-parallel job: a `DataParallelTrainer`
+    spawned with `DataParallelOptions.for_job`.
 
-    Every rank sends the same global batches; each trains on its shard.
-    Checkpoints are written by rank 0 only; every rank loads them.
+    Every rank sends the same global batches; each trains on its shard (the
+    trainer takes it). Checkpoints are written by rank 0 only; every rank
+    loads them.
 
     Args:
-        ddp: the `DistributedDataParallel` handle.
+        ref: the trainer actor.
+        collective: the collective joining the processes, or None.
+        is_root: True on rank 0.
     """
 
     stops_between_steps = False
 
-    def __init__(self, ddp: Any) -> None:
-        super().__init__("data")
-        self.ddp = ddp
-        self.is_root = bool(ddp.config.is_root)
-
-    async def step(self, features: np.ndarray, labels: np.ndarray) -> StepStats:
-        """One step on the global batch (this rank trains on its shard); the
-        stats count the global batch's samples."""
-        stats: StepStats = await self.ddp.step(features, labels)
-        return StepStats(
-            stats.loss,
-            stats.grad_norm,
-            stats.step_micros,
-            int(features.shape[0]),
-            applied=stats.applied,
-        )
-
-    async def evaluate(self, features: np.ndarray, labels: np.ndarray) -> EvalResult:
-        """Evaluate on this rank (every rank holds the same weights)."""
-        result: EvalResult = await self.ddp.trainer.ask(
-            Evaluate(features, labels), timeout=ASK_TIMEOUT
-        )
-        return result
-
-    async def weights(self) -> np.ndarray:
-        """This rank's weights (identical on every rank)."""
-        weights: np.ndarray = await self.ddp.weights()
-        return weights
-
-    async def _save(self, path: str) -> None:
-        await self.ddp.save_checkpoint(path)
-
-    async def load(self, path: Path) -> None:
-        """Every rank loads the checkpoint."""
-        await self.ddp.load_checkpoint(str(path))
+    def __init__(self, ref: ActorRef, collective: Any, is_root: bool) -> None:
+        super().__init__("data", ref)
+        self.collective = collective
+        self.is_root = bool(is_root)
 
     def abort_job(self, error: BaseException) -> None:
         """After a collective failure (a rank died or timed out), abort the
         whole MPI job with exit code 2 and the error as the message."""
         from atomr.train.comm.mpi.collective import CollectiveError
 
-        abort = getattr(self.ddp.collective, "abort", None)
+        abort = getattr(self.collective, "abort", None)
         if isinstance(error, CollectiveError) and abort is not None:
             abort(2, f"{type(error).__name__}: {error}")
 
     async def agree_to_stop(self, requested: bool) -> bool:
         """All-reduce the stop requests: every rank stops if any was asked to."""
-        if self.ddp.collective is None:
+        if self.collective is None:
             return requested
-        total = await self.ddp.collective.all_reduce([np.array([1.0 if requested else 0.0])])
+        total = await self.collective.all_reduce([np.array([1.0 if requested else 0.0])])
         return bool(np.asarray(total).reshape(-1)[0] > 0)

@@ -30,7 +30,7 @@ from atomr.train import (
     Mlp,
     load_checkpoint,
 )
-from atomr.train.fit import FitCallback, FitPosition, StopFlag, batch_bounds, fit
+from atomr.train.fit import Evaluator, FitCallback, FitPosition, StopFlag, batch_bounds, fit
 
 __all__ = ["history_path_for", "train_epochs"]
 
@@ -142,7 +142,7 @@ class _HistoryKeeper(FitCallback):
             self.history.save(history_path_for(path))
 
 
-def _mse_evaluator(trainer: ActorRef, run: RunConfig, model: Mlp) -> Callable[..., object]:
+def _mse_evaluator(trainer: ActorRef, run: RunConfig, model: Mlp) -> Evaluator:
     """MSE runs: the loss from `Evaluate`, the accuracy from the weights' arg-max."""
 
     async def evaluate(x: np.ndarray, targets: np.ndarray) -> tuple[float, float]:

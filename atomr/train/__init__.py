@@ -23,27 +23,24 @@ from atomr.train.core.errors import (
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import (
     Evaluate,
-    GetReplicaWeights,
     GetWeights,
     LoadCheckpoint,
     SaveCheckpoint,
-    SetReplicas,
     Step,
 )
 from atomr.train.core.mlp import LayerOffsets, Mlp, Tape
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.validation import validate_batch, validate_features, validate_targets
-from atomr.train.data_parallel.distributed import (
-    DistributedDataParallel,
-    spawn_distributed_data_parallel,
-)
-from atomr.train.data_parallel.replica import ReplicaActor, ReplicaState
-from atomr.train.data_parallel.speed_balancer import SpeedBalancer
-from atomr.train.data_parallel.trainer import (
-    DataParallelConfig,
+from atomr.train.data_parallel import (
+    DataParallelOptions,
     DataParallelTrainer,
+    GetReplicaWeights,
+    ReplicaActor,
     ReplicaDivergenceError,
+    ReplicaState,
+    SetReplicas,
+    SpeedBalancer,
 )
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.handle import EpochRecord, ParameterServerHandle
@@ -79,13 +76,11 @@ from atomr.train.trainer import Trainer
 __all__ = [
     "CollectiveError",
     "CollectiveTimeoutError",
-    "DistributedDataParallel",
     "DistributedTrainConfig",
     "MpiCollective",
     "NotLaunchedError",
     "RankFailedError",
     "shard_for_rank",
-    "spawn_distributed_data_parallel",
     "AsyncParameterServer",
     "Consistency",
     "EpochRecord",
@@ -107,7 +102,7 @@ __all__ = [
     "StageActor",
     "Timeline",
     "Collective",
-    "DataParallelConfig",
+    "DataParallelOptions",
     "DataParallelTrainer",
     "HostCollective",
     "ReplicaActor",

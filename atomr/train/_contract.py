@@ -1,7 +1,9 @@
-"""The argument checks of the trainer contract, shared by the trainers'
-`spawn` and `props`: each argument of the wrong type is a `TypeError` that
-names it, and a `TrainerConfig` setting the strategy cannot honour is a
-`ValueError`, raised before anything is spawned.
+"""The argument checks of the trainer contract, shared by every trainer:
+`X.spawn(system, model, devices, config, options=None, name=None)` and
+`X.props(...)`.
+
+Each check raises before anything is spawned: `TypeError` naming the
+argument for a wrong type, `ValueError` for a value out of range.
 """
 
 from __future__ import annotations
@@ -14,50 +16,130 @@ from atomr.actor import ActorRef, ActorSystem, Context, Props
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.mlp import Mlp
 
-__all__ = ["check_options", "check_spawn_args", "check_workers", "refuse_accumulation"]
+__all__ = [
+    "check_config",
+    "check_model",
+    "check_name",
+    "check_options",
+    "check_spawn_args",
+    "check_system",
+    "check_workers",
+    "parse_devices",
+    "refuse_accumulation",
+    "refuse_options",
+]
 
 OptionsT = TypeVar("OptionsT")
 
 
-def check_options(options: OptionsT | None, options_type: type[OptionsT]) -> OptionsT:
-    """The strategy's options, its defaults for None.
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def check_system(system: object) -> None:
+    """Raises: TypeError: `system` is neither an `ActorSystem` nor a `Context`."""
+    if not isinstance(system, ActorSystem | Context):
+        raise TypeError(f"system must be an ActorSystem or a Context, got {_kind(system)}")
+
+
+def check_model(model: object) -> Mlp:
+    """Returns: `model`. Raises: TypeError: it is not an `Mlp`."""
+    if not isinstance(model, Mlp):
+        raise TypeError(f"model must be an Mlp, got {_kind(model)}")
+    return model
+
+
+def check_config(config: object) -> TrainerConfig:
+    """Returns: `config`. Raises: TypeError: it is not a `TrainerConfig`."""
+    if not isinstance(config, TrainerConfig):
+        raise TypeError(f"config must be a TrainerConfig, got {_kind(config)}")
+    return config
+
+
+def check_options(options: Any, expected: type[OptionsT], trainer: str) -> OptionsT:
+    """Check a trainer's `options` argument.
 
     Args:
-        options: an `options_type` instance or None.
-        options_type: the strategy's frozen options dataclass.
+        options: what the caller passed.
+        expected: the trainer's options class.
+        trainer: the trainer's name, for the message.
 
     Returns:
-        `options`, or `options_type()` when it is None.
+        `options`, or `expected()` (its defaults) when it is None.
 
     Raises:
-        TypeError: `options` is neither None nor an `options_type`.
+        TypeError: `options` is neither None nor an instance of `expected`.
     """
     if options is None:
-        return options_type()
-    if not isinstance(options, options_type):
+        return expected()
+    if not isinstance(options, expected):
         raise TypeError(
-            f"options must be a {options_type.__name__} or None, got {type(options).__name__}"
+            f"{trainer}: options must be a {expected.__name__} or None, got {_kind(options)}"
         )
     return options
 
 
-def _check_config(config: Any) -> TrainerConfig:
-    if not isinstance(config, TrainerConfig):
-        raise TypeError(f"config must be a TrainerConfig, got {type(config).__name__}")
-    return config
+def refuse_options(options: Any, trainer: str) -> None:
+    """For a trainer with no options of its own: only None is accepted.
+
+    Raises:
+        TypeError: `options` is not None.
+    """
+    if options is not None:
+        raise TypeError(
+            f"{trainer} has no options of its own (everything it takes is in "
+            f"TrainerConfig): pass options=None, got {_kind(options)}"
+        )
+
+
+def check_name(name: object) -> None:
+    """Raises: TypeError: `name` is neither None nor a str."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, got {_kind(name)}")
+
+
+def parse_devices(devices: Any, *, single: bool = False) -> list[Device]:
+    """The devices a trainer was given, parsed.
+
+    Args:
+        devices: a sequence of `Device`s or device names; with `single`,
+            also one `Device` or name.
+        single: the trainer runs on exactly one device.
+
+    Returns:
+        The devices, in order (exactly one with `single`).
+
+    Raises:
+        TypeError: `devices` is not a sequence (a lone name or `Device`
+            where a sequence is needed included), or an entry is neither a
+            `Device` nor a str.
+        ValueError: no devices, more than one with `single`, or a bad
+            device name.
+    """
+    if single and isinstance(devices, Device | str):
+        devices = [devices]
+    if isinstance(devices, str | Device) or not isinstance(devices, Sequence):
+        raise TypeError(
+            f"devices must be a sequence of Device or device names (e.g. cpu_devices(2)), "
+            f"got {_kind(devices)}"
+        )
+    for k, device in enumerate(devices):
+        if not isinstance(device, Device | str):
+            raise TypeError(f"devices[{k}] must be a Device or a device name, got {_kind(device)}")
+    if not devices:
+        raise ValueError("devices is empty: give at least one device")
+    if single and len(devices) != 1:
+        raise ValueError(
+            f"this trainer runs on one device, got {len(devices)}: use a parallel "
+            "trainer (e.g. DataParallelTrainer) for several"
+        )
+    return [Device.parse(d) for d in devices]
 
 
 def check_spawn_args(
     system: Any, model: Any, devices: Any, config: Any, name: Any
 ) -> tuple[Mlp, list[Device], TrainerConfig]:
     """Check the arguments every parallel trainer's `spawn` shares.
-
-    Args:
-        system: must be an `ActorSystem` or a `Context` (the trainer's parent).
-        model: must be an `Mlp`.
-        devices: a non-empty sequence (not a str) of `Device`s or device names.
-        config: must be a `TrainerConfig`.
-        name: the actor's name, a str or None.
 
     Returns:
         `(model, parsed devices, config)`.
@@ -66,25 +148,11 @@ def check_spawn_args(
         TypeError: an argument has the wrong type (the message names it).
         ValueError: no devices, or a device name that does not parse.
     """
-    if not isinstance(system, ActorSystem | Context):
-        raise TypeError(f"system must be an ActorSystem or a Context, got {type(system).__name__}")
-    if not isinstance(model, Mlp):
-        raise TypeError(f"model must be an Mlp, got {type(model).__name__}")
-    if isinstance(devices, str | Device) or not isinstance(devices, Sequence):
-        raise TypeError(
-            f"devices must be a sequence of Devices or device names, got {type(devices).__name__}"
-        )
-    if not devices:
-        raise ValueError("devices is empty: give at least one device")
-    for device in devices:
-        if not isinstance(device, str | Device):
-            raise TypeError(
-                f"devices must hold Devices or device names, got {type(device).__name__}"
-            )
-    parsed = [Device.parse(d) for d in devices]
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"name must be a str or None, got {type(name).__name__}")
-    return model, parsed, _check_config(config)
+    check_system(system)
+    checked = check_model(model)
+    parsed = parse_devices(devices)
+    check_name(name)
+    return checked, parsed, check_config(config)
 
 
 def check_workers(config: Any, workers: Any, what: str) -> tuple[TrainerConfig, list[Any]]:
@@ -106,7 +174,7 @@ def check_workers(config: Any, workers: Any, what: str) -> tuple[TrainerConfig, 
             `Props`.
         ValueError: `workers` is empty.
     """
-    config = _check_config(config)
+    config = check_config(config)
     if not isinstance(workers, Sequence) or isinstance(workers, str):
         raise TypeError(f"{what} must be a sequence, got {type(workers).__name__}")
     items = list(workers)

@@ -29,6 +29,7 @@ from atomr.train.core.stats import EvalResult, StepStats
 
 __all__ = [
     "EpochRecord",
+    "Evaluator",
     "FitCallback",
     "FitPosition",
     "FitResult",

@@ -17,12 +17,21 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from atomr.accel import Device, DeviceActor
 from atomr.actor import ActorRef, Failure, Props
+from atomr.train._contract import (
+    check_config,
+    check_model,
+    check_name,
+    check_system,
+    parse_devices,
+    refuse_options,
+)
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -59,17 +68,17 @@ class Trainer(DeviceActor):
             starts again from these weights.
         device: the device (a `Device` or its name, e.g. "cpu:0").
         config: optimizer, loss, clipping and accumulation.
+
+    Raises:
+        TypeError: `model` is not an `Mlp` or `config` not a `TrainerConfig`.
+        ValueError: a bad device name.
     """
 
     def __init__(self, model: Mlp, device: Device | str, config: TrainerConfig) -> None:
         super().__init__(device)
         self._device = self.device
-        if not isinstance(model, Mlp):
-            raise TypeError(f"model must be an Mlp, got {type(model).__name__}")
-        if not isinstance(config, TrainerConfig):
-            raise TypeError(f"config must be a TrainerConfig, got {type(config).__name__}")
-        self._template = model
-        self.config = config
+        self._template = check_model(model)
+        self.config = check_config(config)
         self.model: Mlp | None = None
         self.optimizer: Optimizer | None = None
         self.steps = 0
@@ -78,8 +87,32 @@ class Trainer(DeviceActor):
     # -- construction -------------------------------------------------------
 
     @classmethod
-    def props(cls, model: Mlp, device: Device | str, config: TrainerConfig) -> Props:
-        """The `Props` of a trainer (see the class docstring for the arguments)."""
+    def props(
+        cls,
+        model: Mlp,
+        devices: Device | str | Sequence[Device | str],
+        config: TrainerConfig,
+        options: None = None,
+    ) -> Props:
+        """The `Props` of a trainer, its arguments checked.
+
+        Args:
+            model, config: as for the class.
+            devices: one device, or a sequence of exactly one.
+            options: must be None: this trainer has no settings of its own.
+
+        Returns:
+            The Props.
+
+        Raises:
+            TypeError: an argument has the wrong type (`options` not None
+                included); the message names it.
+            ValueError: no device, more than one, or a bad device name.
+        """
+        check_model(model)
+        (device,) = parse_devices(devices, single=True)
+        check_config(config)
+        refuse_options(options, cls.__name__)
         return Props(cls, model, device, config)
 
     @classmethod
@@ -87,29 +120,39 @@ class Trainer(DeviceActor):
         cls,
         system: Any,
         model: Mlp,
-        device: Device | str,
+        devices: Device | str | Sequence[Device | str],
         config: TrainerConfig,
+        options: None = None,
         name: str | None = None,
     ) -> ActorRef:
         """Spawn a trainer in `system` and wait until its model is on the device.
 
+        Every argument is checked before anything is spawned.
+
         Args:
             system: the `ActorSystem` (or a `Context`) to spawn in.
-            model, device, config: as for the class.
+            model, devices, config, options: as for `props`.
             name: the actor's name (unique among its siblings), or None.
 
         Returns:
-            The trainer's `ActorRef`.
+            The trainer's `ActorRef`, once it holds the model (waiting up to
+            `config.worker_timeout`).
 
         Raises:
-            TypeError: `model` or `config` has the wrong type.
-            ValueError: bad device name.
+            TypeError: an argument has the wrong type; the message names it.
+            ValueError: no device, more than one, or a bad device name.
+            Exception: what building the model on the device raised (the
+                actor is stopped then).
         """
-        Device.parse(device)
-        if not isinstance(model, Mlp) or not isinstance(config, TrainerConfig):
-            raise TypeError("Trainer.spawn needs an Mlp and a TrainerConfig")
-        ref: ActorRef = system.spawn(cls.props(model, device, config), name=name)
-        await ref.ask(GetWeights())
+        check_system(system)
+        props = cls.props(model, devices, config, options)
+        check_name(name)
+        ref: ActorRef = system.spawn(props, name=name)
+        try:
+            await ref.ask(GetWeights(), timeout=config.worker_timeout)
+        except BaseException:
+            ref.stop()
+            raise
         return ref
 
     def _reset_accumulation(self) -> None:

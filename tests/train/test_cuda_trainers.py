@@ -22,7 +22,7 @@ from atomr import ActorSystem, Props
 from atomr.accel import ContextPoisoned, cuda_available
 from atomr.accel.cuda_backend import CudaBackend
 from atomr.train import (
-    DataParallelConfig,
+    DataParallelOptions,
     DataParallelTrainer,
     EvalResult,
     Evaluate,
@@ -38,7 +38,7 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
-from atomr.train.data_parallel.replica import ReplicaActor
+from atomr.train.data_parallel import ReplicaActor
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.server import AsyncParameterServer
 from atomr.train.pipeline import PipelineOptions, PipelineParallelTrainer
@@ -160,7 +160,9 @@ DP_SIZES = [3, 4, 3]
 
 
 def _dp_driver(collective: str) -> Driver:
-    config = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY)
+    config = TrainerConfig(
+        OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY, worker_timeout=T
+    )
 
     async def spawn(system: ActorSystem, devices: Sequence[str]) -> Any:
         return await DataParallelTrainer.spawn(
@@ -168,7 +170,7 @@ def _dp_driver(collective: str) -> Driver:
             Mlp(DP_SIZES, seed=1),
             list(devices),
             config,
-            parallel=DataParallelConfig(collective=collective, check_every=1, timeout=T),
+            DataParallelOptions(collective=collective, check_every=1),
         )
 
     return _actor_driver(spawn)
@@ -193,7 +195,7 @@ class FailApplyOnce(ReplicaActor):
     when `plan["apply"]` says so (the plan survives its restart)."""
 
     def __init__(self, model: Mlp, device: str, config: TrainerConfig, plan: dict[str, int]):
-        super().__init__(model, device, config, ring_timeout=T)
+        super().__init__(model, device, config)
         self.plan = plan
 
     def _apply_gradients(self, msg: Any) -> Any:
@@ -208,7 +210,7 @@ async def test_data_parallel_failed_apply_rolls_back_on_cuda() -> None:
     # Replica 1 fails after applying: replica 0 restores its device-side
     # snapshot (weights and Adam state), replica 1 is restarted and re-synced;
     # the step changed nothing, and the next one equals the CPU run.
-    config = TrainerConfig(OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY)
+    config = TrainerConfig(OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY, worker_timeout=T)
     model = Mlp(DP_SIZES, seed=1)
     (x0, y0), (x1, y1) = _batches(DP_SIZES, seed=4)
     async with ActorSystem() as system:
@@ -216,9 +218,7 @@ async def test_data_parallel_failed_apply_rolls_back_on_cuda() -> None:
         plan = {"apply": 0}
         replicas = [Props(FailApplyOnce, model, "cuda:0", config, p) for p in ({}, plan)]
         dp = system.spawn(
-            DataParallelTrainer.props(
-                config, replicas, parallel=DataParallelConfig(check_every=1, timeout=T)
-            )
+            DataParallelTrainer.props(config, replicas, DataParallelOptions(check_every=1))
         )
         await dp.ask(Step(x0, y0), timeout=T)
         await ref.ask(Step(x0, y0), timeout=T)

@@ -346,3 +346,32 @@ async def test_malformed_checkpoint_state_is_a_checkpoint_error(tmp_path: Path, 
         np.testing.assert_array_equal(await _weights(ref), before)
         # the pending micro-step survived: this Step completes the accumulation
         assert (await ref.ask(Step(x, y), timeout=10)).applied
+
+
+async def test_spawn_takes_one_device_and_no_options() -> None:
+    """The trainer contract: `devices` is one device or a sequence of one;
+    anything else, or any options, is refused before anything is spawned."""
+    async with ActorSystem() as system:
+        for devices in ("cpu:0", ["cpu:0"]):
+            ref = await Trainer.spawn(system, Mlp(SIZES), devices, _config())
+            assert (await _weights(ref)).shape == (Mlp(SIZES).n_params,)
+        before = system.actors
+        mistakes = [
+            ({"devices": ["cpu:0", "cpu:1"]}, ValueError, "one device"),
+            ({"devices": []}, ValueError, "at least one device"),
+            ({"devices": [0]}, TypeError, r"devices\[0\]"),
+            ({"devices": "gpu:0"}, ValueError, "unknown device"),
+            ({"options": object()}, TypeError, "no options of its own"),
+            ({"model": "model"}, TypeError, "model"),
+            ({"config": None}, TypeError, "config"),
+            ({"name": 7}, TypeError, "name"),
+            ({"system": None}, TypeError, "system"),
+        ]
+        for given, error, names in mistakes:
+            args = {"system": system, "model": Mlp(SIZES), "devices": "cpu:0"}
+            args |= {"config": _config(), "options": None, "name": None} | given
+            with pytest.raises(error, match=names):
+                await Trainer.spawn(**args)
+        assert system.actors == before
+        with pytest.raises(TypeError, match="no options"):
+            Trainer.props(Mlp(SIZES), "cpu:0", _config(), object())  # type: ignore[arg-type]

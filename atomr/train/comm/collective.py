@@ -21,7 +21,7 @@ import abc
 import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -35,6 +35,19 @@ class Collective(abc.ABC):
     that apply the result stay identical) and must not run long loops on the
     event loop.
     """
+
+    members_hold_buffers: ClassVar[bool] = False
+    """Where the buffers live; a trainer reads this, never the class.
+
+    False (the default): `buffers` are host arrays the caller passes, and
+    `all_reduce` returns the sum (`HostCollective`, `MpiCollective`).
+    True: `buffers` are the members' `ActorRef`s; each member owns its
+    buffer and the operation leaves the result there (`RingAllReduce`).
+    Such a collective's `all_reduce` also takes the keywords `result_from`
+    (return a host copy of that member's result, else None) and `interrupt`
+    (a future whose result, an exception, abandons the operation at once:
+    the trainer resolves it when its supervisor resumes a member, which may
+    have lost a told message)."""
 
     @abc.abstractmethod
     async def all_reduce(self, buffers: Sequence[Any]) -> Any:

@@ -33,7 +33,7 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -350,6 +350,8 @@ class RingAllReduce(Collective):
     Raises:
         ValueError: `timeout` is not positive.
     """
+
+    members_hold_buffers: ClassVar[bool] = True
 
     def __init__(self, timeout: float = 60.0) -> None:
         if not timeout > 0:

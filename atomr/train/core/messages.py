@@ -7,26 +7,23 @@
 | `Evaluate(features, labels)` | `EvalResult` |
 | `SaveCheckpoint(path)` | `None` once the file is durable |
 | `LoadCheckpoint(path)` | `None` once weights and optimizer state are restored |
-| `GetReplicaWeights()` | `list[ndarray]` (one per replica; data-parallel trainer) |
-| `SetReplicas(replicas)` | `None` (data-parallel trainer) |
+
+Strategy-specific messages live in each strategy's package (e.g.
+`atomr.train.data_parallel.messages`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 __all__ = [
     "Evaluate",
-    "GetReplicaWeights",
     "GetWeights",
     "LoadCheckpoint",
     "SaveCheckpoint",
-    "SetReplicas",
     "Step",
 ]
 
@@ -87,21 +84,3 @@ class LoadCheckpoint:
     """
 
     path: str | os.PathLike[str]
-
-
-@dataclass(frozen=True, slots=True)
-class GetReplicaWeights:
-    """Ask a data-parallel trainer for each replica's weight vector;
-    answered with `list[ndarray]`."""
-
-
-@dataclass(frozen=True, eq=False)
-class SetReplicas:
-    """Give a data-parallel trainer its replica actors (`ActorRef`s obeying
-    the replica protocol); answered with None.
-
-    Attributes:
-        replicas: the replica references, in rank order.
-    """
-
-    replicas: Sequence[Any]

@@ -1,299 +1,109 @@
-"""`ReplicaProtocol`: the messages a data-parallel replica answers, and
-`ReplicaActor`, the built-in replica of an `Mlp` on one device.
-
-`DataParallelTrainer` never looks inside a replica: it only sends these
-messages, so any actor that answers them can be a replica (bring your own
-model, device or framework):
-
-| message | reply | phase |
-|---|---|---|
-| `ComputeGradients(features, labels, accumulate, return_gradients)` | `GradientResult` | 1: compute, change no weights |
-| `ApplyGradients(gradients, scale, clip, token)` | grad norm (`float`) or None | 2: update, the old state kept |
-| `Rollback(token)` | `bool` (restored) | undo the `ApplyGradients` of `token` |
-| `GetState()` | `ReplicaState` | re-sync source |
-| `SetState(state)` | None | re-sync target / initial broadcast / checkpoint load (and its undo) |
-| `GetWeights()` | `ndarray` (flat, `Mlp.params` layout) | `GetReplicaWeights`, checks |
-| `EvaluateShard(features, labels)` | `ShardEval` | `Evaluate` |
-| ring messages (`ring_all_reduce.py`) | | only with `collective="ring"` |
-
-Contract of the gradient: `ComputeGradients` leaves in the replica's
-gradient buffer the gradient of the loss *sum* of its shard (not the mean):
-the trainer adds the buffers of all replicas and divides once by the total
-normaliser, which is exact for any split. With `accumulate=True` the
-gradient is added to the buffer instead of replacing it (micro-steps of
-gradient accumulation; nothing is exchanged until the last one). A shard
-may have 0 rows (a batch smaller than the number of replicas): the replica
-then contributes a zero gradient (or leaves its accumulated one unchanged).
-
-Contract of the update: `ApplyGradients(gradients=g)` applies the given
-final gradient; `ApplyGradients(gradients=None, scale=s, clip=c)` first
-turns its *own* buffer (which holds the all-reduced sum after a ring
-all-reduce) into the final gradient: multiply by `s`, take the global norm,
-refuse with `NonFiniteError` (nothing changed) if it is not finite, clip to
-`c`. Either way the replica writes the new weights and optimizer state out
-of place and keeps the old ones (`recovery.DoubleBuffer`, no copy) under
-`token`, so that `Rollback(token)` can undo the update if another replica
-failed to apply it. Every replica applies the same bits with the
-same optimizer, so replicas stay bit-identical.
-
-Bad requests are answered with `Failure(exc)` and change nothing; a device
-failure fails the actor (its supervisor restarts it and the trainer re-syncs
-it with `SetState` from a healthy replica).
+"""`ReplicaActor`: the built-in data-parallel replica, an `Mlp` with its
+optimizer and gradient buffer on one device, answering `ReplicaProtocol`
+(`atomr.train.data_parallel.messages`) and the ring messages.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from atomr.accel import CpuBackend, Device
-from atomr.actor import Failure, Props
+from atomr.actor import Failure
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.comm.ring import RingMember
-from atomr.train.core.checkpoint import CheckpointError, check_model_matches
+from atomr.train.core.checkpoint import Checkpoint, CheckpointError, check_model_matches
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError
 from atomr.train.core.messages import Step
 from atomr.train.core.mlp import Mlp
+from atomr.train.data_parallel.messages import (
+    ApplyReducedGradients,
+    ComputeGradients,
+    EvaluateShard,
+    GetState,
+    GradientResult,
+    ReplicaState,
+    Rollback,
+    SetState,
+    ShardEval,
+)
 from atomr.train.trainer import Trainer
 
-__all__ = [
-    "ApplyGradients",
-    "ComputeGradients",
-    "EvaluateShard",
-    "GetState",
-    "GradientResult",
-    "ReplicaActor",
-    "ReplicaState",
-    "Rollback",
-    "SetState",
-    "ShardEval",
-]
+__all__ = ["ReplicaActor", "worker_deadline"]
 
 
-# ---------------------------------------------------------------- protocol
-
-
-@dataclass(frozen=True, eq=False)
-class ComputeGradients:
-    """Phase 1: forward + backward on a shard, weights untouched; answered
-    with `GradientResult`.
-
-    Attributes:
-        features: `(rows, in_width)` float array (rows may be 0).
-        labels: labels or targets of the rows, as for `Step`.
-        accumulate: add the gradient to the buffer instead of replacing it.
-        return_gradients: put a host view of the gradient buffer in the reply
-            (the host collective sums them).
-    """
-
-    features: np.ndarray
-    labels: np.ndarray
-    accumulate: bool = False
-    return_gradients: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class GradientResult:
-    """What a replica computed on its shard.
-
-    Attributes:
-        loss_sum: the shard's loss sum.
-        normaliser: the shard's normaliser (rows, elements for MSE, or the
-            sum of the targets' class weights).
-        samples: rows in the shard.
-        micros: compute time on the device, in microseconds.
-        gradients: host view (CPU) or copy (GPU) of the gradient buffer when
-            asked for, else None; valid until the replica's next message.
-    """
-
-    loss_sum: float
-    normaliser: float
-    samples: int
-    micros: int
-    gradients: np.ndarray | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class ApplyGradients:
-    """Phase 2: one optimizer step, the old state kept; answered with the global
-    gradient norm when the replica finalised its own buffer, else None.
-
-    Attributes:
-        gradients: the final gradient (host array), or None to use the
-            replica's own buffer after scaling and clipping it.
-        scale: factor applied to the own buffer (`1 / total normaliser`).
-        clip: clip the own buffer's norm to this value (None: no clipping).
-        token: identifies the step for `Rollback`.
-    """
-
-    gradients: np.ndarray | None = None
-    scale: float = 1.0
-    clip: float | None = None
-    token: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Rollback:
-    """Undo the `ApplyGradients` of `token` (swap its old state back); answered
-    with True if something was restored.
-
-    Attributes:
-        token: the step's token.
-    """
-
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class GetState:
-    """Ask for the replica's full state; answered with `ReplicaState`."""
-
-
-@dataclass(frozen=True, eq=False)
-class ReplicaState:
-    """Everything that makes two replicas identical.
-
-    Attributes:
-        model: the model config (`Mlp.config()`).
-        weights: flat host weight vector.
-        optimizer: the optimizer's `state_dict()` (empty: a fresh optimizer).
-        steps: optimizer steps applied so far.
-    """
-
-    model: dict[str, Any]
-    weights: np.ndarray
-    optimizer: dict[str, Any] = field(default_factory=dict)
-    steps: int = 0
-
-
-@dataclass(frozen=True, eq=False)
-class SetState:
-    """Replace the replica's weights, optimizer state and step count;
-    answered with None.
-
-    Attributes:
-        state: the state to take.
-    """
-
-    state: ReplicaState
-
-
-@dataclass(frozen=True, eq=False)
-class EvaluateShard:
-    """Loss sums and correct predictions on a shard, nothing changed;
-    answered with `ShardEval`.
-
-    Attributes:
-        features: `(rows, in_width)` float array (rows may be 0).
-        labels: labels or targets, as for `Step`.
-    """
-
-    features: np.ndarray
-    labels: np.ndarray
-
-
-@dataclass(frozen=True, slots=True)
-class ShardEval:
-    """The sums of an evaluation shard.
-
-    Attributes:
-        loss_sum: loss sum.
-        normaliser: the loss's normaliser.
-        correct: rows whose arg-max equals the label (0 for MSE).
-        samples: rows.
-    """
-
-    loss_sum: float
-    normaliser: float
-    correct: int
-    samples: int
-
-
-_PROTOCOL = (ComputeGradients, ApplyGradients, Rollback, GetState, SetState, EvaluateShard)
-
-
-# ---------------------------------------------------------------- the actor
+def worker_deadline(config: TrainerConfig) -> float:
+    """Seconds to wait for one reply of a replica (or one ring chunk):
+    `config.worker_timeout`, or `math.inf` (forever) when it is None."""
+    return math.inf if config.worker_timeout is None else float(config.worker_timeout)
 
 
 class ReplicaActor(Trainer):
     """The built-in replica: an `Mlp`, its optimizer and its gradient buffer
-    on one device, answering `ReplicaProtocol` (module docstring) and the
-    ring messages.
+    on one device, answering `ReplicaProtocol` and the ring messages.
 
-    It is a `Trainer` (same construction, same `GetWeights`, `Evaluate`,
-    checkpoints) that refuses `Step`: a replica only steps through its
-    data-parallel trainer.
+    It is a `Trainer` (same construction and `props`, same `GetWeights`,
+    `Evaluate`, checkpoints) that refuses `Step`: a replica only steps
+    through its data-parallel trainer.
 
     Args:
         model: the initial model (copied onto `device` at start; the trainer
             overwrites the weights with replica 0's).
         device: a `Device` or its name.
         config: optimizer, loss and clipping (accumulation is driven by the
-            trainer).
-        ring_timeout: seconds to wait for one ring chunk.
+            trainer); `worker_timeout` is also how long the replica waits for
+            one ring chunk (None: forever).
+
+    Raises:
+        TypeError: `model` is not an `Mlp` or `config` not a `TrainerConfig`.
+        ValueError: a bad device name.
     """
 
-    def __init__(
-        self,
-        model: Mlp,
-        device: Device | str,
-        config: TrainerConfig,
-        ring_timeout: float = 60.0,
-    ) -> None:
+    def __init__(self, model: Mlp, device: Device | str, config: TrainerConfig) -> None:
         super().__init__(model, device, config)
-        self._ring = RingMember(self, timeout=ring_timeout)
+        self._ring = RingMember(self, timeout=worker_deadline(config))
         # the weights and optimizer state before the last apply are kept, for `Rollback`
         self._undo = DoubleBuffer()
         self._undo_token = 0
         self._undo_steps = 0
-
-    @classmethod
-    def props(
-        cls,
-        model: Mlp,
-        device: Device | str,
-        config: TrainerConfig,
-        ring_timeout: float = 60.0,
-    ) -> Props:
-        """The `Props` of a replica (arguments as for the class)."""
-        return Props(cls, model, device, config, ring_timeout)
+        self._handlers: dict[type, tuple[Callable[[Any], Any], bool]] = {
+            ComputeGradients: (self._compute, True),
+            ApplyReducedGradients: (self._apply_gradients, True),
+            Rollback: (lambda m: self._rollback(m.token), False),
+            GetState: (lambda _: self._get_state(), False),
+            SetState: (lambda m: self._set_state(m.state), True),
+            EvaluateShard: (self._evaluate_shard, True),
+        }
 
     # -- dispatch -----------------------------------------------------------
 
     async def receive(self, message: Any) -> Any:
-        """Answer a `ReplicaProtocol` or ring message (module docstring);
-        other trainer messages as `Trainer` does, except `Step`."""
+        """Answer a `ReplicaProtocol` or ring message; other trainer messages
+        as `Trainer` does, except `Step` (answered with a `TypeError`)."""
         if RingMember.handles(message):
             await self._ready()
             return self._ring.receive(message, self.context)
         if isinstance(message, Step):
             return Failure(TypeError("a replica does not take Step; step its trainer instead"))
-        if not isinstance(message, _PROTOCOL):
+        handler = self._handlers.get(type(message))
+        if handler is None:
             return await super().receive(message)
-        model = await self._ready()
+        await self._ready()
+        work, checked = handler
         try:
-            if isinstance(message, ComputeGradients):
-                result = await self.on_device(guarded, self._compute, message)
-            elif isinstance(message, ApplyGradients):
-                result = await self.on_device(guarded, self._apply_gradients, message)
-            elif isinstance(message, Rollback):
-                result = await self.on_device(self._rollback, message.token)
-            elif isinstance(message, GetState):
-                result = await self.on_device(self._get_state)
-            elif isinstance(message, SetState):
-                result = await self.on_device(guarded, self._set_state, message.state)
+            if checked:  # a device failure inside fails the actor, bad input is answered
+                result = await self.on_device(guarded, work, message)
             else:
-                result = await self.on_device(guarded, self._evaluate_shard, message)
+                result = await self.on_device(work, message)
         except (ValueError, TypeError, *REQUEST_ERRORS) as exc:
             return Failure(exc)
-        del model
         if isinstance(result, Rejected):
             return Failure(result.error)
         return result
@@ -377,7 +187,7 @@ class ReplicaActor(Trainer):
         micros = (time.perf_counter_ns() - t0) // 1000
         return GradientResult(float(loss_sum), float(norm), int(x.shape[0]), int(micros), grads)
 
-    def _apply_gradients(self, msg: ApplyGradients) -> float | None | Rejected:
+    def _apply_gradients(self, msg: ApplyReducedGradients) -> float | None | Rejected:
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
         be = model.backend
@@ -419,8 +229,6 @@ class ReplicaActor(Trainer):
         assert model is not None
         if not isinstance(state, ReplicaState):
             raise TypeError(f"SetState needs a ReplicaState, got {type(state).__name__}")
-        from atomr.train.core.checkpoint import Checkpoint
-
         check_model_matches(
             Checkpoint(state.model, np.asarray(state.weights).reshape(-1), state.steps),
             model.config(),

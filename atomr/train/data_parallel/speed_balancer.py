@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from numbers import Real
 
 import numpy as np
 
-__all__ = ["SpeedBalancer", "even_split"]
+__all__ = ["SpeedBalancer", "check_balance_settings", "even_split"]
 
 
 def even_split(batch: int, n: int) -> list[int]:
@@ -64,6 +65,40 @@ def _apportion(batch: int, shares: np.ndarray, minimum: int) -> list[int]:
     return [int(v) for v in sizes]
 
 
+def check_balance_settings(
+    speed_hint: Sequence[float] | None, recalibrate_every: int, min_share: float
+) -> None:
+    """Check the balancing settings that do not depend on the replica count.
+
+    Args:
+        speed_hint: None, or positive finite relative speeds.
+        recalibrate_every: an int >= 1.
+        min_share: a fraction in `[0, 1]`.
+
+    Raises:
+        TypeError: `recalibrate_every` is not an int, `min_share` not a
+            number, or `speed_hint` not a sequence of numbers.
+        ValueError: a value is out of range.
+    """
+    if isinstance(recalibrate_every, bool) or not isinstance(recalibrate_every, int):
+        raise TypeError(f"recalibrate_every must be an int, got {recalibrate_every!r}")
+    if recalibrate_every < 1:
+        raise ValueError(f"recalibrate_every must be >= 1, got {recalibrate_every}")
+    if isinstance(min_share, bool) or not isinstance(min_share, Real):
+        raise TypeError(f"min_share must be a number, got {min_share!r}")
+    if not 0.0 <= min_share <= 1.0:
+        raise ValueError(f"min_share must be in [0, 1], got {min_share}")
+    if speed_hint is None:
+        return
+    if not isinstance(speed_hint, Sequence) or not all(
+        isinstance(s, Real) and not isinstance(s, bool) for s in speed_hint
+    ):
+        raise TypeError(f"speed_hint must be a sequence of numbers or None, got {speed_hint!r}")
+    speeds = np.asarray(speed_hint, dtype=np.float64)
+    if not np.all(np.isfinite(speeds)) or not np.all(speeds > 0):
+        raise ValueError(f"speed_hint must be positive finite numbers, got {speed_hint!r}")
+
+
 class SpeedBalancer:
     """Splits batches among replicas, optionally by measured speed.
 
@@ -80,6 +115,7 @@ class SpeedBalancer:
             in `(0, 1]`.
 
     Raises:
+        TypeError: a setting has the wrong type (`check_balance_settings`).
         ValueError: any argument out of range, or a hint of the wrong length.
     """
 
@@ -95,14 +131,13 @@ class SpeedBalancer:
     ) -> None:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
-        if not isinstance(recalibrate_every, int) or recalibrate_every < 1:
-            raise ValueError(f"recalibrate_every must be an int >= 1, got {recalibrate_every!r}")
-        if not 0.0 <= min_share <= 1.0 / n:
+        check_balance_settings(speed_hint, recalibrate_every, min_share)
+        if min_share > 1.0 / n:
             raise ValueError(f"min_share must be in [0, 1/{n}], got {min_share}")
         if not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
         speeds = np.ones(n) if speed_hint is None else np.asarray(speed_hint, dtype=np.float64)
-        if speeds.shape != (n,) or not np.all(np.isfinite(speeds)) or not np.all(speeds > 0):
+        if speeds.shape != (n,):
             raise ValueError(f"speed_hint must be {n} positive finite numbers, got {speed_hint!r}")
         self.n = n
         self.enabled = bool(enabled)

@@ -196,7 +196,7 @@ class PipelineParallelTrainer(Actor):
                 spawned.
         """
         model, devs, config = check_spawn_args(system, model, devices, config, name)
-        options = check_options(options, PipelineOptions)
+        options = check_options(options, PipelineOptions, "PipelineParallelTrainer")
         refuse_accumulation(config, "pipeline")
         counts = stage_layer_counts(model, len(devs), options.split)
         stages, start = [], 0
@@ -389,7 +389,7 @@ def _check_props(
 ) -> tuple[TrainerConfig, list[Any], PipelineOptions]:
     """The checks of `PipelineParallelTrainer.props` (see the class)."""
     config, items = check_workers(config, stages, "stages")
-    options = check_options(options, PipelineOptions)
+    options = check_options(options, PipelineOptions, "PipelineParallelTrainer")
     refuse_accumulation(config, "pipeline")
     if options.split is not None or options.stage_class is not StageActor:
         raise ValueError(

@@ -157,7 +157,7 @@ class TensorParallelTrainer(Actor):
                 before anything is spawned.
         """
         model, devs, config = check_spawn_args(system, model, devices, config, name)
-        options = check_options(options, TensorParallelOptions)
+        options = check_options(options, TensorParallelOptions, "TensorParallelTrainer")
         refuse_accumulation(config, "tensor-parallel")
         if model.activate_last:
             raise ValueError("tensor parallelism does not support models with activate_last")
@@ -321,7 +321,7 @@ def _check_props(
 ) -> tuple[TrainerConfig, list[Any], TensorParallelOptions]:
     """The checks of `TensorParallelTrainer.props` (see the class)."""
     config, items = check_workers(config, shards, "shards")
-    options = check_options(options, TensorParallelOptions)
+    options = check_options(options, TensorParallelOptions, "TensorParallelTrainer")
     refuse_accumulation(config, "tensor-parallel")
     if options.shard_class is not ShardActor:
         raise ValueError(

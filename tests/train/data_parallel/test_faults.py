@@ -1,5 +1,5 @@
 """Fault injection for `DataParallelTrainer`: the phases that
-tests/train/test_data_parallel.py does not cover (it covers a device failure
+tests/train/data_parallel/test_trainer.py does not cover (it covers a device failure
 in `_compute`, after the apply, and in a ring chunk).
 
 Here: the replica actor crashing before its forward pass (in `receive`,
@@ -20,6 +20,7 @@ ends on its state from before the load, and so does the trainer's step count.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,6 @@ import pytest
 from atomr import ActorSystem, AskTimeoutError, Props
 from atomr.accel import ContextPoisoned, OutOfMemory
 from atomr.train import (
-    DataParallelConfig,
     DataParallelTrainer,
     GetReplicaWeights,
     GetWeights,
@@ -43,11 +43,13 @@ from atomr.train import (
     Step,
     Trainer,
     TrainerConfig,
+    load_checkpoint,
 )
 from atomr.train.comm.collective import HostCollective
 from atomr.train.comm.ring import RingChunk, RingPing
 from atomr.train.core.checkpoint import CheckpointError
-from atomr.train.data_parallel.replica import ComputeGradients, GetState, ReplicaState, SetState
+from atomr.train.data_parallel import DataParallelOptions
+from atomr.train.data_parallel.messages import ComputeGradients, GetState, ReplicaState, SetState
 from tests.reliability.faults import (
     CLASSES,
     FAULT_AT,
@@ -66,11 +68,28 @@ SIZES = [IN, 8, CLASSES]
 CONFIG = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY)
 
 
-class FaultyReplica(ReplicaActor):
+class KnownReplica(ReplicaActor):
+    """A replica that tells the test its `ActorRef` (`refs[index]`) when it
+    starts, so the test can ask each replica of a trainer directly."""
+
+    def __init__(
+        self, model: Mlp, device: str, config: TrainerConfig, refs: dict[int, Any], index: int
+    ) -> None:
+        super().__init__(model, device, config)
+        self.refs, self.index = refs, index
+
+    def pre_start(self) -> Any:
+        self.refs[self.index] = self.context.self_ref
+        return super().pre_start()
+
+
+class FaultyReplica(KnownReplica):
     """A replica whose phases fail when its `Plan` says so."""
 
-    def __init__(self, model: Mlp, device: str, config: TrainerConfig, plan: Plan) -> None:
-        super().__init__(model, device, config)
+    def __init__(
+        self, model: Mlp, device: str, config: TrainerConfig, refs: dict[int, Any], plan: Plan
+    ) -> None:
+        super().__init__(model, device, config, refs, 1)
         self.plan = plan
 
     async def receive(self, message: Any) -> Any:
@@ -141,21 +160,32 @@ PHASES = {
 }
 
 
+class Spawned:
+    """A trainer over replicas 0 and 2 (plain) and 1 (`FaultyReplica`)."""
+
+    def __init__(self, system: ActorSystem, plan: Plan, collective: str, timeout: float) -> None:
+        model = Mlp(SIZES, seed=3)
+        self.refs: dict[int, Any] = {}
+        props = [
+            Props(KnownReplica, model, "cpu:0", CONFIG, self.refs, 0),
+            Props(FaultyReplica, model, "cpu:1", CONFIG, self.refs, plan),
+            Props(KnownReplica, model, "cpu:2", CONFIG, self.refs, 2),
+        ]
+        config = dataclasses.replace(CONFIG, worker_timeout=timeout)
+        options = DataParallelOptions(collective)
+        self.trainer = system.spawn(DataParallelTrainer.props(config, props, options))
+
+    @property
+    def replicas(self) -> list[Any]:
+        """The replicas' refs, in rank order."""
+        return [self.refs[k] for k in range(3)]
+
+
 def _spawn(system: ActorSystem, plan: Plan, collective: str, timeout: float = T) -> Any:
-    model = Mlp(SIZES, seed=3)
-    props = [
-        ReplicaActor.props(model, "cpu:0", CONFIG),
-        Props(FaultyReplica, model, "cpu:1", CONFIG, plan),
-        ReplicaActor.props(model, "cpu:2", CONFIG),
-    ]
-    return system.spawn(
-        DataParallelTrainer.props(
-            CONFIG, props, parallel=DataParallelConfig(collective, timeout=timeout)
-        )
-    )
+    return Spawned(system, plan, collective, timeout).trainer
 
 
-# (the ring all-reduce's own fault is covered by tests/train/test_data_parallel.py)
+# (the ring all-reduce's own fault is covered by tests/train/data_parallel/test_trainer.py)
 @pytest.mark.parametrize(
     ("phase", "collective"),
     [(p, c) for p in PHASES for c in ("host", "ring") if (p, c) != ("all_reduce", "ring")],
@@ -199,11 +229,12 @@ async def test_a_replica_applying_after_its_ask_timed_out_is_rolled_back_too(
     clean = _spawn(actor_system, Plan(), collective)  # first: it also warms up the kernels
     await clean_run(clean, data)
     plan = Plan()
-    dp = _spawn(actor_system, plan, collective, timeout=1.0)
+    spawned = Spawned(actor_system, plan, collective, timeout=1.0)
+    dp = spawned.trainer
 
     async def replica_weights() -> list[np.ndarray]:
-        replicas = dp._cell.instance.replicas  # white-box: each replica, once it is done
-        return [await r.ask(GetWeights(), timeout=T) for r in replicas]
+        # each replica, once it is done
+        return [await r.ask(GetWeights(), timeout=T) for r in spawned.replicas]
 
     error, views = await faulted_run(dp, data, plan, "slow_apply", replica_weights)
     assert isinstance(error, AskTimeoutError), repr(error)
@@ -217,7 +248,8 @@ async def test_a_replica_resumed_after_crashing_on_a_ring_chunk_fails_the_step_a
     data = batches()
     reference = await Trainer.spawn(actor_system, Mlp(SIZES, seed=3), "cpu:0", CONFIG)
     plan = Plan()
-    dp = _spawn(actor_system, plan, "ring", timeout=T)  # a lost chunk would wait T
+    spawned = Spawned(actor_system, plan, "ring", timeout=T)  # a lost chunk would wait T
+    dp = spawned.trainer
 
     async def replica_weights() -> list[np.ndarray]:
         return await asyncio.wait_for(dp.ask(GetReplicaWeights()), 5)
@@ -231,7 +263,7 @@ async def test_a_replica_resumed_after_crashing_on_a_ring_chunk_fails_the_step_a
         await asyncio.wait_for(dp.ask(Step(*data[FAULT_AT])), 5)
     assert plan.fired == ["ring_chunk"]
     assert_unchanged([before, await replica_weights()])
-    for replica in dp._cell.instance.replicas:  # white-box: nothing left behind
+    for replica in spawned.replicas:  # white-box: nothing left behind
         assert await asyncio.wait_for(replica.ask(RingPing()), 5)  # after the aborts
         cell = replica._cell
         assert cell.instance._ring._inbox == {}
@@ -250,9 +282,9 @@ LOAD_FAULTS = {
 }
 
 
-async def _states(dp: Any) -> list[ReplicaState]:
-    replicas = dp._cell.instance.replicas  # white-box: each replica's own state
-    return [await asyncio.wait_for(r.ask(GetState()), 5) for r in replicas]
+async def _states(spawned: Spawned) -> list[ReplicaState]:
+    """Each replica's own state."""
+    return [await asyncio.wait_for(r.ask(GetState()), 5) for r in spawned.replicas]
 
 
 @pytest.mark.parametrize("collective", ["host", "ring"])
@@ -264,27 +296,29 @@ async def test_a_replica_failing_mid_load_leaves_every_replica_as_before_the_loa
     timeout = 1.0 if fault == "load_slow" else T
     clean = _spawn(actor_system, Plan(), collective, timeout)  # first: it warms the kernels
     plan = Plan()
-    dp = _spawn(actor_system, plan, collective, timeout)
+    spawned = Spawned(actor_system, plan, collective, timeout)
+    dp = spawned.trainer
     ckpt = tmp_path / "old.ckpt"
     for i, (x, y) in enumerate(data[: FAULT_AT + 2]):
         for trainer in (dp, clean):
             await asyncio.wait_for(trainer.ask(Step(x, y)), 5)
         if i == 0:
             await asyncio.wait_for(dp.ask(SaveCheckpoint(ckpt)), 5)
-    before = await _states(dp)
+    before = await _states(spawned)
     plan.arm(fault)
     with pytest.raises(LOAD_FAULTS[fault]) as info:
         await asyncio.wait_for(dp.ask(LoadCheckpoint(ckpt)), 5)
     assert plan.fired == [fault]
     assert getattr(info.value, "worker_index", None) == 1
     assert "replica 1" in "\n".join(getattr(info.value, "__notes__", []))
-    after = await _states(dp)
+    after = await _states(spawned)
     assert len(after) == len(before) == 3
     for b, a in zip(before, after, strict=True):  # weights, optimizer state, step count
         assert a.steps == b.steps == FAULT_AT + 2
         np.testing.assert_array_equal(a.weights, b.weights)
         assert_same_optimizer_state(a.optimizer, b.optimizer)
-    assert dp._cell.instance.steps == FAULT_AT + 2  # white-box: the trainer's count too
+    await asyncio.wait_for(dp.ask(SaveCheckpoint(tmp_path / "after.ckpt")), 5)
+    assert load_checkpoint(tmp_path / "after.ckpt").step == FAULT_AT + 2  # the trainer's count
     for x, y in data[FAULT_AT + 2 :]:  # and it trains on as if no load was asked
         for trainer in (dp, clean):
             await asyncio.wait_for(trainer.ask(Step(x, y)), 5)

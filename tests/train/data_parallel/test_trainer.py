@@ -19,7 +19,7 @@ from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.train import (
     CheckpointError,
     Collective,
-    DataParallelConfig,
+    DataParallelOptions,
     DataParallelTrainer,
     Evaluate,
     GetReplicaWeights,
@@ -39,8 +39,8 @@ from atomr.train import (
     TrainerConfig,
     synthetic_classification,
 )
-from atomr.train.data_parallel.replica import (
-    ApplyGradients,
+from atomr.train.data_parallel.messages import (
+    ApplyReducedGradients,
     ComputeGradients,
     EvaluateShard,
     GetState,
@@ -103,7 +103,7 @@ async def test_equals_single_device_trainer(actor_system, n: int, opt: str, coll
         model,
         cpu_devices(n),
         config,
-        parallel=DataParallelConfig(collective=collective),
+        options=DataParallelOptions(collective=collective),
     )
     # 13 rows: shards 13 / 7+6 / 5+4+4 / 4+3+3+3 (uneven)
     batches = [_data(13, seed=s) for s in range(20)]
@@ -118,7 +118,7 @@ async def test_clipping_mse_and_weighted_ce(actor_system, collective: str) -> No
         config = TrainerConfig(OptimizerKind.sgd(0.3, momentum=0.5), loss, gradient_clip=0.05)
         ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
         dp = await DataParallelTrainer.spawn(
-            actor_system, model, cpu_devices(3), config, parallel=DataParallelConfig(collective)
+            actor_system, model, cpu_devices(3), config, options=DataParallelOptions(collective)
         )
         batches = []
         for s in range(5):
@@ -139,7 +139,7 @@ async def test_accumulation_equals_one_step_on_the_k_fold_batch(actor_system, co
     acc = TrainerConfig(OPTIMIZERS["adamw"], CE, accumulation_steps=k)
     ref = await Trainer.spawn(actor_system, model, "cpu:0", big)
     dp = await DataParallelTrainer.spawn(
-        actor_system, model, cpu_devices(2), acc, parallel=DataParallelConfig(collective)
+        actor_system, model, cpu_devices(2), acc, options=DataParallelOptions(collective)
     )
     for step in range(4):
         micro = [_data(7 + i, seed=10 * step + i) for i in range(k)]  # uneven micro-batches
@@ -190,8 +190,8 @@ async def test_batch_smaller_than_replicas_leaves_the_last_shards_empty(
         Props(RecordingReplica, model, dev, config, log)
         for dev, log in zip(cpu_devices(4), logs, strict=True)
     ]
-    parallel = DataParallelConfig(collective)
-    dp = actor_system.spawn(DataParallelTrainer.props(config, props, parallel=parallel))
+    options = DataParallelOptions(collective)
+    dp = actor_system.spawn(DataParallelTrainer.props(config, props, options=options))
     await _compare(actor_system, dp, ref, [_data(2, seed=1), _data(1, seed=2), _data(9, seed=3)])
     # rows per replica for batches of 2, 1 and 9 rows
     assert logs == [[1, 1, 3], [1, 0, 2], [0, 0, 2], [0, 0, 2]]
@@ -229,15 +229,60 @@ async def test_bad_input_is_answered_and_changes_nothing(actor_system) -> None:
     await dp.ask(Step(x, y))  # still alive, still working
 
 
-async def test_constructor_and_spawn_errors(actor_system) -> None:
-    with pytest.raises(ValueError, match="at least one device"):
-        await DataParallelTrainer.spawn(actor_system, Mlp(SIZES), [], _config())
-    with pytest.raises(TypeError):
-        await DataParallelTrainer.spawn(actor_system, "model", cpu_devices(1), _config())
-    with pytest.raises(ValueError, match="collective"):
-        DataParallelConfig(collective="nccl")
-    with pytest.raises(ValueError, match="check_every"):
-        DataParallelConfig(check_every=0)
+_DEVICES = cpu_devices(2)
+
+# (argument overrides, error, what the message names)
+SPAWN_MISTAKES = {
+    "system": ({"system": "sys"}, TypeError, "system"),
+    "model": ({"model": "model"}, TypeError, "model"),
+    "lone device": ({"devices": "cpu:0"}, TypeError, "devices"),
+    "no devices": ({"devices": []}, ValueError, "at least one device"),
+    "device type": ({"devices": ["cpu:0", 3]}, TypeError, "devices\\[1\\]"),
+    "device name": ({"devices": ["gpu:0"]}, ValueError, "unknown device"),
+    "cpu and cuda": ({"devices": ["cpu:0", "cuda:0"]}, ValueError, "mix CPU and CUDA"),
+    "config": ({"config": {"lr": 0.1}}, TypeError, "config"),
+    "options type": ({"options": _config()}, TypeError, "options"),
+    "speed hint": (
+        {"options": DataParallelOptions(speed_hint=(1, 2, 3))},
+        ValueError,
+        "speed_hint",
+    ),
+    "name": ({"name": 3}, TypeError, "name"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(SPAWN_MISTAKES))
+async def test_spawn_argument_mistakes_raise_before_anything_is_spawned(
+    actor_system, mistake: str
+) -> None:
+    given, error, names = SPAWN_MISTAKES[mistake]
+    args = {"system": actor_system, "model": Mlp(SIZES), "devices": _DEVICES}
+    args |= {"config": _config(), "options": None, "name": None} | given
+    before = actor_system.actors
+    with pytest.raises(error, match=names):
+        await DataParallelTrainer.spawn(**args)
+    assert actor_system.actors == before
+
+
+PROPS_MISTAKES = {
+    "config": ({"config": None}, TypeError, "config"),
+    "replicas type": ({"replicas": 3}, TypeError, "replicas"),
+    "replica type": ({"replicas": ["cpu:0"]}, TypeError, "replicas\\[0\\]"),
+    "options type": ({"options": "ring"}, TypeError, "options"),
+    "speed hint": ({"options": DataParallelOptions(speed_hint=(1.0,))}, ValueError, "speed_hint"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(PROPS_MISTAKES))
+def test_props_argument_mistakes_raise(mistake: str) -> None:
+    given, error, names = PROPS_MISTAKES[mistake]
+    replicas = [ReplicaActor.props(Mlp(SIZES), d, _config()) for d in _DEVICES]
+    args = {"config": _config(), "replicas": replicas, "options": None} | given
+    with pytest.raises(error, match=names):
+        DataParallelTrainer.props(**args)
+
+
+async def test_a_trainer_without_replicas_refuses_steps(actor_system) -> None:
     dp = actor_system.spawn(DataParallelTrainer.props(_config()))
     with pytest.raises(RuntimeError, match="no replicas"):
         await dp.ask(Step(*_data()))
@@ -339,7 +384,7 @@ class NumpyReplica(Actor):
             elif not msg.accumulate:
                 m.zero_grads()
             return GradientResult(loss, norm, n, 1, m.grads if msg.return_gradients else None)
-        if isinstance(msg, ApplyGradients):
+        if isinstance(msg, ApplyReducedGradients):
             assert msg.gradients is not None, "this replica only supports the host collective"
             self.snapshot = (msg.token, m.get_params(), self.opt.state_dict())
             self.opt.step(m.params, msg.gradients)
@@ -416,10 +461,10 @@ async def test_balanced_split_follows_speed_and_stays_exact(actor_system, collec
         Props(RecordingReplica, model, "cpu:0", config, fast, 100),
         Props(RecordingReplica, model, "cpu:1", config, slow, 400),
     ]
-    parallel = DataParallelConfig(
+    options = DataParallelOptions(
         collective, balance=True, speed_hint=(1.0, 1.0), recalibrate_every=2, min_share=0.1
     )
-    dp = actor_system.spawn(DataParallelTrainer.props(config, props, parallel=parallel))
+    dp = actor_system.spawn(DataParallelTrainer.props(config, props, options=options))
     ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
     await _compare(actor_system, dp, ref, [_data(40, seed=s) for s in range(8)])
     # even from the hint for 2 steps, then in proportion to the reported speed
@@ -480,7 +525,7 @@ async def test_replica_failure_abandons_the_step(actor_system, phase: str, colle
         ReplicaActor.props(model, "cpu:2", config),
     ]
     dp = actor_system.spawn(
-        DataParallelTrainer.props(config, props, parallel=DataParallelConfig(collective))
+        DataParallelTrainer.props(config, props, options=DataParallelOptions(collective))
     )
     ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
     await _compare(actor_system, dp, ref, [_data(12, seed=0), _data(12, seed=1)])
@@ -499,14 +544,13 @@ async def test_replica_failure_abandons_the_step(actor_system, phase: str, colle
 async def test_divergence_check_fails_loudly(actor_system) -> None:
     config = _config()
     model = Mlp(SIZES, seed=14)
-    dp = await DataParallelTrainer.spawn(
-        actor_system, model, cpu_devices(2), config, parallel=DataParallelConfig(check_every=2)
-    )
+    replicas = [actor_system.spawn(ReplicaActor.props(model, d, config)) for d in cpu_devices(2)]
+    options = DataParallelOptions(check_every=2)
+    dp = actor_system.spawn(DataParallelTrainer.props(config, replicas, options))
     await dp.ask(Step(*_data()))
     await dp.ask(Step(*_data()))  # the check runs and passes
-    replica = dp._cell.instance.replicas[1]  # white-box: corrupt one replica
-    state = await replica.ask(GetState())
-    await replica.ask(SetState(ReplicaState(state.model, state.weights + 1.0, state.optimizer)))
+    state = await replicas[1].ask(GetState())  # corrupt one replica
+    await replicas[1].ask(SetState(ReplicaState(state.model, state.weights + 1.0, state.optimizer)))
     await dp.ask(Step(*_data()))
     with pytest.raises(ReplicaDivergenceError, match="replicas \\[1\\]"):
         await dp.ask(Step(*_data()))
@@ -562,8 +606,9 @@ class _FakeRank(Collective):
 
 
 @pytest.mark.parametrize("collectives", [("host", "host"), ("ring", "host")])
-async def test_process_collective_hook(actor_system, collectives) -> None:
-    """2 "processes" x 2 local replicas == one device on the global batch."""
+async def test_two_processes_equal_one_device_on_the_global_batch(actor_system, collectives):
+    """2 "processes" x 2 local replicas == one device on the global batch:
+    each process is sent the whole batch and trains on its `shard_for_rank` share."""
     config = _config("adamw", gradient_clip=0.5)
     group = FakeProcessGroup(2)
     ranks = [group.rank(0), group.rank(1)]
@@ -574,20 +619,19 @@ async def test_process_collective_hook(actor_system, collectives) -> None:
                 Mlp(SIZES, seed=30 + r),  # rank 1 starts elsewhere: rank 0's weights win
                 cpu_devices(2),
                 config,
-                parallel=DataParallelConfig(collectives[r]),
-                process_collective=ranks[r],
+                DataParallelOptions(
+                    collectives[r], process_collective=ranks[r], process_rank=r, process_count=2
+                ),
             )
             for r in range(2)
         )
     )
     ref = await Trainer.spawn(actor_system, Mlp(SIZES, seed=30), "cpu:0", config)
     for s in range(6):
-        x, y = _data(15, seed=s)
-        cut = 4 + s  # uneven split between the processes
+        x, y = _data(15 + s, seed=s)  # odd sizes: the processes' shares differ by one
         a = await ref.ask(Step(x, y))
-        b0, b1 = await asyncio.gather(
-            trainers[0].ask(Step(x[:cut], y[:cut])), trainers[1].ask(Step(x[cut:], y[cut:]))
-        )
+        b0, b1 = await asyncio.gather(trainers[0].ask(Step(x, y)), trainers[1].ask(Step(x, y)))
+        assert b0.samples == b1.samples == a.samples == 15 + s
         assert math.isclose(b0.loss, a.loss, rel_tol=1e-5) and b0.loss == b1.loss
         assert math.isclose(b0.grad_norm, a.grad_norm, rel_tol=1e-4)
         w0 = await _assert_replicas_identical(trainers[0])
@@ -595,3 +639,34 @@ async def test_process_collective_hook(actor_system, collectives) -> None:
         np.testing.assert_array_equal(w0, w1)
         np.testing.assert_allclose(w0, await ref.ask(GetWeights()), rtol=RTOL, atol=ATOL)
     assert ranks[0].calls[0] == "broadcast" and "all_reduce" in ranks[0].calls
+
+
+async def test_only_process_0_writes_checkpoints_and_every_process_loads(
+    actor_system, tmp_path
+) -> None:
+    config = _config("adamw")
+    group = FakeProcessGroup(2)
+    trainers = await asyncio.gather(
+        *(
+            DataParallelTrainer.spawn(
+                actor_system,
+                Mlp(SIZES, seed=40 + r),
+                cpu_devices(2),
+                config,
+                DataParallelOptions(
+                    process_collective=group.rank(r), process_rank=r, process_count=2
+                ),
+            )
+            for r in range(2)
+        )
+    )
+    x, y = _data(12, seed=1)
+    await asyncio.gather(*(t.ask(Step(x, y)) for t in trainers))
+    paths = [tmp_path / "ckpt.atomr", tmp_path / "from-rank-1.atomr"]
+    await asyncio.gather(*(t.ask(SaveCheckpoint(p)) for t, p in zip(trainers, paths, strict=True)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.atomr"]  # rank 1 wrote nothing
+    saved = await trainers[0].ask(GetWeights())
+    await asyncio.gather(*(t.ask(Step(x, y)) for t in trainers))  # move away from it
+    await asyncio.gather(*(t.ask(LoadCheckpoint(paths[0])) for t in trainers))
+    for t in trainers:
+        np.testing.assert_array_equal(await _assert_replicas_identical(t), saved)

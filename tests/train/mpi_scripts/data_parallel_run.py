@@ -1,4 +1,5 @@
-"""Run under `mpiexec -n N`: hierarchical data parallel, N processes x 2 local devices.
+"""Run under `mpiexec -n N`: hierarchical data parallel, N processes x 2 local devices,
+each process a `DataParallelTrainer` spawned with `DataParallelOptions.for_job`.
 
 argv: OUT_DIR STEPS [VICTIM]. With VICTIM, that rank leaves (`os._exit(3)`)
 at step 5 and the others must fail with an error naming it. Rank r builds its model from seed 100 + r (only rank
@@ -7,8 +8,9 @@ batches drawn from a shared seed, and writes into OUT_DIR:
   rank{r}_initial.npy   replica weights right after spawn   (R, P)
   rank{r}_final.npy     every local replica's weights after STEPS steps (R, P)
   rank{r}_loaded.npy    weights after one more step then loading the checkpoint
-  rank{r}.json          losses, grad norms, whether this rank wrote the checkpoint
-The checkpoint `ckpt.atomr` is written into OUT_DIR by rank 0 only.
+  rank{r}.json          losses, grad norms, whether this rank's checkpoint path exists
+Every rank asks its trainer to save: rank 0 to `ckpt.atomr`, rank r > 0 to
+`ckpt-rank{r}.atomr`, a path only process 0 may write (no other file may appear).
 """
 
 from __future__ import annotations
@@ -18,15 +20,26 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
-from atomr.train import LossKind, Mlp, OptimizerKind, TrainerConfig
+from atomr.train import (
+    DataParallelOptions,
+    DataParallelTrainer,
+    GetReplicaWeights,
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    SaveCheckpoint,
+    Step,
+    TrainerConfig,
+)
 from atomr.train.comm.mpi.collective import CollectiveError
 from atomr.train.comm.mpi.job import DistributedTrainConfig
-from atomr.train.data_parallel.distributed import spawn_distributed_data_parallel
 
 SIZES = [6, 16, 4]
 BATCH = 24
@@ -47,30 +60,39 @@ async def main(out: Path, steps: int, victim: int | None) -> None:
     timeout = 60.0 if victim is None else 3.0
     dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=timeout)
     model = Mlp(SIZES, activation="tanh", seed=100 + dist.rank)
+    options = DataParallelOptions.for_job(dist)
+    ckpt = out / ("ckpt.atomr" if dist.is_root else f"ckpt-rank{dist.rank}.atomr")
     async with ActorSystem() as system:
-        ddp = await spawn_distributed_data_parallel(
-            system, model, cpu_devices(LOCAL_DEVICES), config(), dist
+        trainer = await DataParallelTrainer.spawn(
+            system, model, cpu_devices(LOCAL_DEVICES), config(), options
         )
+
+        async def ask(message: object) -> Any:
+            return await trainer.ask(message, timeout=4 * timeout)
+
         try:
-            np.save(out / f"rank{dist.rank}_initial.npy", np.stack(await ddp.replica_weights()))
+            np.save(out / f"rank{dist.rank}_initial.npy", np.stack(await ask(GetReplicaWeights())))
             losses, norms = [], []
             for step in range(steps):
                 if step == 5 and dist.rank == victim:
                     print(f"[rank {dist.rank}] leaving at step {step}", flush=True)
                     os._exit(3)
-                x, y = batch(step)
-                stats = await ddp.step(x, y)
+                x, y = batch(step)  # the global batch: the trainer takes this rank's share
+                stats = await ask(Step(x, y))
+                assert stats.samples == BATCH
                 losses.append(stats.loss)
                 norms.append(stats.grad_norm)
-            np.save(out / f"rank{dist.rank}_final.npy", np.stack(await ddp.replica_weights()))
-            wrote = await ddp.save_checkpoint(out / "ckpt.atomr")
+            np.save(out / f"rank{dist.rank}_final.npy", np.stack(await ask(GetReplicaWeights())))
+            await ask(SaveCheckpoint(ckpt))
+            wrote = ckpt.exists()
             x, y = batch(steps)
-            await ddp.step(x, y)  # moves the weights away from the checkpoint
-            await ddp.load_checkpoint(out / "ckpt.atomr")
-            np.save(out / f"rank{dist.rank}_loaded.npy", np.stack(await ddp.replica_weights()))
+            await ask(Step(x, y))  # moves the weights away from the checkpoint
+            await ask(LoadCheckpoint(out / "ckpt.atomr"))
+            np.save(out / f"rank{dist.rank}_loaded.npy", np.stack(await ask(GetReplicaWeights())))
         except CollectiveError as exc:
-            assert ddp.collective is not None
-            ddp.collective.abort(2, f"{type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
+            collective = options.process_collective
+            assert collective is not None
+            collective.abort(2, f"{type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
     report = {"rank": dist.rank, "losses": losses, "grad_norms": norms, "wrote_checkpoint": wrote}
     (out / f"rank{dist.rank}.json").write_text(json.dumps(report))
 

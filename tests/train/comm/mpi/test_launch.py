@@ -109,7 +109,7 @@ def test_config_validates(kwargs: dict[str, object]) -> None:
 
 
 def test_importing_atomr_train_does_not_import_mpi4py() -> None:
-    code = "import sys, atomr.train, atomr.train.comm.mpi.collective, atomr.train.data_parallel.distributed; print('mpi4py' in sys.modules)"
+    code = "import sys, atomr.train, atomr.train.comm.mpi.collective, atomr.train.data_parallel.options; print('mpi4py' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
 

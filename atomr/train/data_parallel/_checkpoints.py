@@ -1,0 +1,209 @@
+"""`Checkpoints`: `SaveCheckpoint` and `LoadCheckpoint` of a data-parallel
+trainer, in the checkpoint format every trainer shares.
+
+Save writes replica 0's state (in a multi-process job, process 0 writes and
+the others wait until the file is durable). Load is all or none: replica
+0's state is copied to the host first; if any replica fails to load (a
+`Failure`, a crash, an ask timeout), every replica is given that copy back
+(a restarted one too), the trainer keeps its step count, and the asker gets
+the replica's own exception.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from atomr.actor import ActorStoppedError, AskTimeoutError, Failure
+from atomr.train._fanout import failed_indices
+from atomr.train.core.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    check_model_matches,
+    load_checkpoint,
+    save_checkpoint,
+)
+from atomr.train.core.config import TrainerConfig
+from atomr.train.data_parallel._host_thread import HostThread
+from atomr.train.data_parallel._replicas import ReplicaGroup
+from atomr.train.data_parallel._step import StepRunner
+from atomr.train.data_parallel.messages import GetState, ReplicaState, SetState
+from atomr.train.data_parallel.options import DataParallelOptions
+
+__all__ = ["Checkpoints"]
+
+Path = str | os.PathLike[str]
+
+
+class Checkpoints:
+    """Saves and loads a data-parallel trainer's state.
+
+    Args:
+        config: the trainer's config (its optimizer checks a loaded state).
+        options: the trainer's options (the process collective and rank).
+        replicas: the replicas.
+        runner: the step runner (its step count and accumulation window).
+        host: the thread for file I/O.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        options: DataParallelOptions,
+        replicas: ReplicaGroup,
+        runner: StepRunner,
+        host: HostThread,
+    ) -> None:
+        self.config = config
+        self.options = options
+        self.replicas = replicas
+        self.runner = runner
+        self.host = host
+
+    async def save(self, path: Path) -> None:
+        """Write replica 0's state to `path`; in a multi-process job only
+        process 0 writes (the others' `path` is ignored), and every process
+        returns once the file is durable or raises if it could not be.
+
+        Raises:
+            CheckpointError: inside an accumulation window (the gradients
+                live on the replicas), or process 0 failed to write.
+            OSError: the file could not be written.
+            CollectiveTimeoutError, RankFailedError: a process did not take part.
+        """
+        micro = self.runner.window.micro
+        if micro > 0:
+            raise CheckpointError(
+                f"{micro} micro-steps into an accumulation window: the accumulated "
+                "gradients live on the replicas; save after the window's last step"
+            )
+        error: BaseException | None = None
+        if self.options.process_rank == 0:
+            try:
+                await self._write(path)
+            except Exception as exc:  # every process hears of it below
+                error = exc
+        processes = self.options.process_collective
+        if processes is not None:
+            status = np.array([0.0 if error is None else 1.0])
+            await processes.broadcast([status], 0)
+            if error is None and status[0] != 0.0:
+                raise CheckpointError(f"process 0 failed to write the checkpoint {path}")
+        if error is not None:
+            raise error
+
+    async def _write(self, path: Path) -> None:
+        state: ReplicaState = await self.replicas.refs[0].ask(
+            GetState(), timeout=self.replicas.timeout
+        )
+        ckpt = Checkpoint(
+            model=state.model,
+            weights=np.asarray(state.weights),
+            step=self.runner.steps,
+            optimizer=state.optimizer,
+            extra={"trainer": "DataParallelTrainer", "micro": 0},
+        )
+        await self.host.run(save_checkpoint, path, ckpt)
+
+    async def _read(self, path: Path) -> Checkpoint:
+        """The checkpoint at `path`, checked against the model and optimizer.
+
+        Raises:
+            CheckpointError: the file or its contents do not fit.
+            OSError: unreadable.
+        """
+        ckpt: Checkpoint = await self.host.run(load_checkpoint, path)
+        check_model_matches(ckpt, self.replicas.model, self.replicas.n_params)
+        if int(ckpt.extra.get("micro", 0)) > 0:
+            raise CheckpointError(
+                "checkpoint was saved in the middle of an accumulation window; "
+                "DataParallelTrainer cannot resume it"
+            )
+        probe = self.config.optimizer.create(self.replicas.n_params)
+        try:
+            probe.load_state_dict(ckpt.optimizer)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
+        return ckpt
+
+    async def load(self, path: Path) -> Failure | None:
+        """Check the checkpoint, then load it into every replica, all or none.
+
+        In a multi-process job the processes first wait for each other (so
+        none reads a file another is still writing), then each loads it.
+        A pending accumulation window is dropped either way.
+
+        Returns:
+            None, or a `Failure` when replica 0 failed to give its state
+            (then nothing was loaded).
+
+        Raises:
+            CheckpointError: the file or its contents do not fit (nothing changed).
+            Exception: the first failing replica's own exception (`_unload`).
+        """
+        if self.options.process_collective is not None:
+            await self.options.process_collective.barrier()
+        ckpt = await self._read(path)
+        old: ReplicaState | None = None
+        if self.replicas.lost is None:  # else there is no state worth keeping
+            got = await self.replicas.ask_every(GetState(), self.replicas.refs[:1])
+            if failed_indices(got):
+                self.runner.window.reset()
+                padded = got + [None] * (len(self.replicas.refs) - 1)
+                return await self.replicas.repair(padded, "the checkpoint was not loaded")
+            old = got[0]
+        state = ReplicaState(ckpt.model, ckpt.weights, ckpt.optimizer, int(ckpt.step))
+        results = await self.replicas.ask_every(SetState(state))
+        self.runner.window.reset()
+        if failed_indices(results):
+            raise await self._unload(results, old)
+        self.runner.steps = int(ckpt.step)
+        self.replicas.lost = None
+        return None
+
+    async def _unload(self, results: list[Any], old: ReplicaState | None) -> BaseException:
+        """After a failed load: give every replica `old` (its state from before
+        the load) back, the failed ones included (a restarted replica lost its
+        state; a resumed one may have half loaded). A replica whose ask timed
+        out may still load: its `SetState(old)` waits in its mailbox behind it.
+
+        Returns:
+            The first failing replica's exception, `worker_index` set and a
+            note naming the replica and saying whether the replicas hold
+            their old state again.
+        """
+        rank = failed_indices(results)[0]
+        error: BaseException = results[rank]
+        error.worker_index = rank  # type: ignore[attr-defined]
+        if old is None:
+            error.add_note(
+                f"raised by replica {rank}; the checkpoint was not loaded and the replicas' "
+                "state is still lost: send LoadCheckpoint to go on"
+            )
+            return error
+        restored = await self.replicas.ask_every(SetState(old))
+        gone = [i for i, r in enumerate(restored) if isinstance(r, ActorStoppedError)]
+        bad = [
+            i
+            for i, r in enumerate(restored)
+            if isinstance(r, BaseException)
+            and not isinstance(r, ActorStoppedError | AskTimeoutError)
+        ]
+        if bad:
+            self.replicas.lost = RuntimeError(
+                f"replicas {bad} could not be given back their state after a failed load"
+            )
+            error.add_note(
+                f"raised by replica {rank}; the checkpoint was not loaded, and giving the "
+                f"replicas back their state failed on replicas {bad}: send LoadCheckpoint"
+            )
+        else:
+            error.add_note(
+                f"raised by replica {rank}; the checkpoint was not loaded: every replica "
+                "holds its state from before the load again"
+            )
+        if gone:
+            self.replicas.drop(gone)
+        return error

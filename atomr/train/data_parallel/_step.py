@@ -1,0 +1,187 @@
+"""`StepRunner`: the two phases of a data-parallel step, and the gradient
+accumulation window.
+
+1. Every replica computes the gradient of its shard's loss *sum*
+   (`ComputeGradients`), touching no weights. Inside an accumulation window
+   (`TrainerConfig.accumulation_steps` K > 1) the first K-1 steps stop here:
+   the replicas add into their own buffers and nothing is exchanged. On the
+   window's last step the sums are reduced (`GradientReduction`). If
+   anything fails here, no weights changed anywhere.
+2. Every replica applies the reduced gradient, keeping its old state
+   (`ApplyReducedGradients`); if one fails, the others roll back (`Rollback`;
+   so does one whose ask timed out, since it may still apply) and the
+   crashed one is re-synced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from atomr.actor import AskTimeoutError, Failure
+from atomr.train._fanout import failed_indices
+from atomr.train.core.config import TrainerConfig
+from atomr.train.core.stats import StepStats
+from atomr.train.data_parallel._reduction import GradientReduction, Reduced
+from atomr.train.data_parallel._replicas import ReplicaGroup
+from atomr.train.data_parallel.messages import (
+    ApplyReducedGradients,
+    ComputeGradients,
+    GradientResult,
+    Rollback,
+)
+from atomr.train.data_parallel.options import DataParallelOptions
+from atomr.train.data_parallel.speed_balancer import SpeedBalancer, even_split
+
+__all__ = ["AccumulationWindow", "StepRunner"]
+
+
+@dataclass
+class AccumulationWindow:
+    """The micro-steps taken so far in the current accumulation window, and
+    their totals (the gradients themselves stay on the replicas).
+
+    Attributes:
+        micro: micro-steps taken (0: no window open).
+        loss_sum: their loss sum.
+        normaliser: their normaliser.
+    """
+
+    micro: int = 0
+    loss_sum: float = 0.0
+    normaliser: float = 0.0
+
+    def reset(self) -> None:
+        """Close the window (its gradients are dropped or were applied)."""
+        self.micro, self.loss_sum, self.normaliser = 0, 0.0, 0.0
+
+
+def _micros_since(t0: int) -> int:
+    return int((time.perf_counter_ns() - t0) // 1000)
+
+
+class StepRunner:
+    """Runs steps over a trainer's replicas.
+
+    Args:
+        config: the trainer's config (accumulation, clipping).
+        options: the trainer's options (balancing, divergence checks).
+        replicas: the replicas.
+        reduction: the reduction between the phases.
+
+    Attributes:
+        steps: optimizer steps applied.
+        window: the open accumulation window.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        options: DataParallelOptions,
+        replicas: ReplicaGroup,
+        reduction: GradientReduction,
+    ) -> None:
+        self.config = config
+        self.options = options
+        self.replicas = replicas
+        self.reduction = reduction
+        self.steps = 0
+        self.window = AccumulationWindow()
+        self._tokens = itertools.count(1)
+        self._balancer: SpeedBalancer | None = None
+        self._generation = -1
+
+    def balancer(self) -> SpeedBalancer:
+        """The split of the batches, made afresh whenever the replicas change."""
+        if self._balancer is None or self._generation != self.replicas.generation:
+            o, n = self.options, max(1, len(self.replicas.refs))
+            hint = o.speed_hint if o.speed_hint is not None and len(o.speed_hint) == n else None
+            self._balancer = SpeedBalancer(
+                n,
+                enabled=o.balance,
+                speed_hint=hint,  # none once a replica was dropped
+                recalibrate_every=o.recalibrate_every,
+                min_share=min(o.min_share, 1.0 / n),
+            )
+            self._generation = self.replicas.generation
+        return self._balancer
+
+    def shards(self, x: np.ndarray, y: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One contiguous `(features, labels)` shard per replica."""
+        rows, n = int(x.shape[0]), max(1, len(self.replicas.refs))
+        sizes = self.balancer().split(rows) if rows > 0 else even_split(0, n)
+        bounds = np.cumsum([0, *sizes])
+        return [(x[lo:hi], y[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+
+    async def step(self, x: np.ndarray, y: np.ndarray, samples: int) -> StepStats | Failure:
+        """One `Step` on this process's rows `x`, `y`.
+
+        Args:
+            x, y: the validated rows (in a multi-process job: this process's
+                shard of the global batch).
+            samples: the rows of the whole batch, for `StepStats.samples`.
+
+        Returns:
+            The `StepStats`, or a `Failure` (nothing applied anywhere).
+        """
+        t0 = time.perf_counter_ns()
+        last = self.window.micro + 1 >= self.config.accumulation_steps
+        msgs = [
+            ComputeGradients(
+                xs,
+                ys,
+                accumulate=self.window.micro > 0,
+                return_gradients=last and self.reduction.wants_gradients,
+            )
+            for xs, ys in self.shards(x, y)
+        ]
+        results = await self.replicas.ask_each(msgs)
+        if failed_indices(results):
+            self.window.reset()
+            return await self.replicas.repair(results)
+        grads: list[GradientResult] = results
+        self.balancer().record([r.samples for r in grads], [r.micros for r in grads])
+        loss_sum = sum(r.loss_sum for r in grads)
+        normaliser = sum(r.normaliser for r in grads)
+        if not last:
+            self.window.micro += 1
+            self.window.loss_sum += loss_sum
+            self.window.normaliser += normaliser
+            loss = loss_sum / max(normaliser, 1e-300)
+            return StepStats(float(loss), 0.0, _micros_since(t0), samples, applied=False)
+        loss_sum += self.window.loss_sum
+        normaliser += self.window.normaliser
+        self.window.reset()
+        reduced = await self.reduction.reduce(grads, loss_sum, normaliser)
+        if isinstance(reduced, Failure):
+            return reduced
+        return await self._apply(reduced, samples, t0)
+
+    async def _apply(self, reduced: Reduced, samples: int, t0: int) -> StepStats | Failure:
+        """Phase 2: every replica applies, or none keeps the step."""
+        token = next(self._tokens)
+        if reduced.gradients is None:  # each replica finalises its own buffer
+            clip = self.config.gradient_clip
+            apply = ApplyReducedGradients(None, scale=reduced.scale, clip=clip, token=token)
+        else:
+            apply = ApplyReducedGradients(reduced.gradients, token=token)
+        results = await self.replicas.ask_every(apply)
+        if failed_indices(results):
+            # a replica whose ask timed out may still apply: its Rollback waits behind it
+            undo = [
+                ref
+                for ref, res in zip(self.replicas.refs, results, strict=True)
+                if not isinstance(res, BaseException) or isinstance(res, AskTimeoutError)
+            ]
+            await self.replicas.ask_every(Rollback(token), undo)
+            return await self.replicas.repair(results)
+        grad_norm = reduced.grad_norm if reduced.grad_norm is not None else float(results[0])
+        self.steps += 1
+        check = self.options.check_every
+        if check is not None and self.steps % check == 0:
+            await self.replicas.check_identical(self.steps)
+        loss = reduced.loss_sum / reduced.normaliser
+        return StepStats(float(loss), float(grad_norm), _micros_since(t0), samples)

@@ -1,0 +1,173 @@
+"""`DataParallelOptions`: the settings of `DataParallelTrainer` that no other
+strategy has (what every trainer shares is in `TrainerConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from atomr.train.comm.collective import Collective
+from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.data_parallel.speed_balancer import check_balance_settings
+
+__all__ = ["COLLECTIVES", "DataParallelOptions"]
+
+COLLECTIVES = ("host", "ring")
+"""The collectives `DataParallelOptions.collective` names."""
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+@dataclass(frozen=True)
+class DataParallelOptions:
+    """How a `DataParallelTrainer` shares its work among its replicas (and,
+    in a multi-process job, among the processes). Checked once, when built.
+
+    Attributes:
+        collective: how the replicas' gradients are summed: "host" (a
+            `HostCollective`: the replicas hand the trainer their gradient
+            buffers, summed into one host array), "ring" (a `RingAllReduce`:
+            the replicas reduce among themselves with actor messages), or a
+            `Collective` instance; its `members_hold_buffers` says which of
+            the two ways it works.
+        balance: split batches by measured replica speed (`SpeedBalancer`);
+            off: as evenly as possible.
+        speed_hint: initial relative speed of each replica (with `balance`),
+            one per replica.
+        recalibrate_every: steps between re-computations of the split.
+        min_share: smallest fraction of a batch given to any replica.
+        check_every: every K applied steps, check that all replicas hold
+            bit-identical weights (a `ReplicaDivergenceError` if not);
+            None: never.
+        process_collective: joins the processes of a multi-process job (an
+            `MpiCollective`), or None for one process. With it, `Step` takes
+            the global batch and this process trains on its
+            `shard_for_rank` share; the reduced gradient, loss sum and
+            normaliser are summed across processes; the initial weights come
+            from process 0; only process 0 writes checkpoints. It must take
+            host arrays (`members_hold_buffers` False).
+        process_rank: this process's rank in the job, in `[0, process_count)`.
+        process_count: the number of processes in the job (> 1 needs a
+            `process_collective`).
+
+    Raises:
+        TypeError: a setting has the wrong type.
+        ValueError: an unknown collective name, or a value out of range.
+    """
+
+    collective: str | Collective = "host"
+    balance: bool = False
+    speed_hint: tuple[float, ...] | None = None
+    recalibrate_every: int = 10
+    min_share: float = 0.05
+    check_every: int | None = None
+    process_collective: Collective | None = None
+    process_rank: int = 0
+    process_count: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.collective, str):
+            if self.collective not in COLLECTIVES:
+                raise ValueError(
+                    f"collective must be one of {COLLECTIVES} or a Collective, "
+                    f"got {self.collective!r}"
+                )
+        elif not isinstance(self.collective, Collective):
+            raise TypeError(
+                f"collective must be one of {COLLECTIVES} or a Collective, "
+                f"got {type(self.collective).__name__}"
+            )
+        if not isinstance(self.balance, bool):
+            raise TypeError(f"balance must be a bool, got {self.balance!r}")
+        check_balance_settings(self.speed_hint, self.recalibrate_every, self.min_share)
+        if self.speed_hint is not None:
+            object.__setattr__(self, "speed_hint", tuple(float(s) for s in self.speed_hint))
+        if self.check_every is not None:
+            _check_int("check_every", self.check_every, 1)
+        self._check_processes()
+
+    def _check_processes(self) -> None:
+        pc = self.process_collective
+        if pc is not None and not isinstance(pc, Collective):
+            raise TypeError(f"process_collective must be a Collective, got {type(pc).__name__}")
+        if pc is not None and pc.members_hold_buffers:
+            raise ValueError(
+                f"process_collective {type(pc).__name__} keeps its buffers on its members; "
+                "the processes exchange host arrays: use a collective that takes them "
+                "(e.g. MpiCollective)"
+            )
+        _check_int("process_count", self.process_count, 1)
+        _check_int("process_rank", self.process_rank, 0)
+        if self.process_rank >= self.process_count:
+            raise ValueError(
+                f"process_rank must be in [0, {self.process_count}), got {self.process_rank}"
+            )
+        if self.process_count > 1 and pc is None:
+            raise ValueError(
+                f"process_count is {self.process_count}: a multi-process job needs a "
+                "process_collective (see DataParallelOptions.for_job)"
+            )
+
+    def replica_count_fits(self, replicas: int) -> None:
+        """Check the settings that depend on the number of replicas.
+
+        Args:
+            replicas: how many replicas the trainer has.
+
+        Raises:
+            ValueError: `speed_hint` has another length.
+        """
+        if self.speed_hint is not None and len(self.speed_hint) != replicas:
+            raise ValueError(
+                f"speed_hint has {len(self.speed_hint)} entries for {replicas} replicas: "
+                "give one per replica"
+            )
+
+    @classmethod
+    def for_job(
+        cls,
+        job: DistributedTrainConfig,
+        *,
+        process_collective: Collective | None = None,
+        **settings: Any,
+    ) -> DataParallelOptions:
+        """The options of this process in a multi-process job.
+
+        Collective when it builds an `MpiCollective`: every rank calls it at
+        the same point.
+
+        Args:
+            job: this process's place in the job (rank, world size, backend).
+            process_collective: the collective joining the processes;
+                default: a new `MpiCollective` from `job` when
+                `job.backend == "mpi"`, none for a single process.
+            settings: the other fields (`collective`, `balance`, ...).
+
+        Returns:
+            The options; a `DataParallelTrainer` spawned with them is this
+            process's part of the job.
+
+        Raises:
+            TypeError: `job` is not a `DistributedTrainConfig`, or a setting
+                has the wrong type.
+            ImportError: an MPI backend without mpi4py
+                (`pip install 'atomr[mpi]'`).
+            ValueError: `job` disagrees with MPI, or a setting is out of range.
+        """
+        if not isinstance(job, DistributedTrainConfig):
+            raise TypeError(f"job must be a DistributedTrainConfig, got {type(job).__name__}")
+        if process_collective is None and job.backend == "mpi":
+            from atomr.train.comm.mpi.collective import MpiCollective
+
+            process_collective = MpiCollective.from_config(job)
+        return cls(
+            process_collective=process_collective,
+            process_rank=job.rank,
+            process_count=job.world_size,
+            **settings,
+        )

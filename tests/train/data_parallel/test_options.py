@@ -1,0 +1,67 @@
+"""DataParallelOptions: every setting is checked once, when the options are
+built (a wrong type is a TypeError, a value out of range a ValueError, the
+message names the setting), and `for_job` places a process in its job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from atomr.train import DataParallelOptions, DistributedTrainConfig, HostCollective, RingAllReduce
+
+MISTAKES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
+    "collective name": ({"collective": "nccl"}, ValueError, "collective"),
+    "collective type": ({"collective": 3}, TypeError, "collective"),
+    "balance": ({"balance": "yes"}, TypeError, "balance"),
+    "speed_hint value": ({"speed_hint": (1.0, -1.0)}, ValueError, "speed_hint"),
+    "speed_hint type": ({"speed_hint": "fast"}, TypeError, "speed_hint"),
+    "recalibrate_every value": ({"recalibrate_every": 0}, ValueError, "recalibrate_every"),
+    "recalibrate_every type": ({"recalibrate_every": 1.5}, TypeError, "recalibrate_every"),
+    "min_share value": ({"min_share": 2.0}, ValueError, "min_share"),
+    "min_share type": ({"min_share": "x"}, TypeError, "min_share"),
+    "check_every value": ({"check_every": 0}, ValueError, "check_every"),
+    "check_every type": ({"check_every": "2"}, TypeError, "check_every"),
+    "process_collective type": ({"process_collective": "mpi"}, TypeError, "process_collective"),
+    "process_collective on members": (
+        {"process_collective": RingAllReduce()},
+        ValueError,
+        "process_collective",
+    ),
+    "process_count type": ({"process_count": 2.0}, TypeError, "process_count"),
+    "process_count without collective": ({"process_count": 2}, ValueError, "process_collective"),
+    "process_rank": (
+        {"process_collective": HostCollective(), "process_rank": 2, "process_count": 2},
+        ValueError,
+        "process_rank",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_each_setting_is_checked_when_built(mistake: str) -> None:
+    given, error, names = MISTAKES[mistake]
+    with pytest.raises(error, match=names):
+        DataParallelOptions(**given)
+
+
+def test_defaults_and_a_collective_instance() -> None:
+    assert DataParallelOptions().collective == "host"
+    ring = RingAllReduce(5.0)
+    assert DataParallelOptions(collective=ring).collective is ring
+    assert DataParallelOptions(speed_hint=[1, 3]).speed_hint == (1.0, 3.0)
+
+
+def test_for_job_places_the_process() -> None:
+    job = DistributedTrainConfig(world_size=3, rank=2, backend="none")
+    host = HostCollective()
+    options = DataParallelOptions.for_job(job, process_collective=host, check_every=5)
+    assert (options.process_rank, options.process_count) == (2, 3)
+    assert options.process_collective is host and options.check_every == 5
+    # one process, no MPI: no collective needed
+    single = DataParallelOptions.for_job(DistributedTrainConfig())
+    assert single.process_collective is None and single.process_count == 1
+    with pytest.raises(ValueError, match="process_collective"):
+        DataParallelOptions.for_job(job)  # 3 processes, no MPI backend, no collective
+    with pytest.raises(TypeError, match="job"):
+        DataParallelOptions.for_job({"rank": 0})  # type: ignore[arg-type]

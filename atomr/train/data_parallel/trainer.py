@@ -58,7 +58,7 @@ from atomr.actor import (
 from atomr.train._fanout import ask_all, ask_all_settled, failed_indices
 from atomr.train._recovery import ResumedCrashWatch, resync, worker_decider
 from atomr.train.comm.collective import Collective, HostCollective
-from atomr.train.comm.ring import RingAllReduce
+from atomr.train.comm.ring import RingCollective
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.checkpoint import (
     Checkpoint,
@@ -241,7 +241,7 @@ class DataParallelTrainer(Actor):
         self._initial = list(replicas)
         self.replicas: list[ActorRef] = []
         self.collective: Collective = (
-            HostCollective() if parallel.collective == "host" else RingAllReduce(parallel.timeout)
+            HostCollective() if parallel.collective == "host" else RingCollective(parallel.timeout)
         )
         self.balancer: SpeedBalancer | None = None
         self.steps = 0
@@ -466,7 +466,7 @@ class DataParallelTrainer(Actor):
         x, y = self._validate(message)
         k = self.config.accumulation_steps
         last = self._micro + 1 >= k
-        host = not isinstance(self.collective, RingAllReduce)
+        host = not isinstance(self.collective, RingCollective)
         shards = self._shards(x, y)
         msgs = [
             ComputeGradients(xs, ys, accumulate=self._micro > 0, return_gradients=last and host)
@@ -497,7 +497,7 @@ class DataParallelTrainer(Actor):
         clip = self.config.gradient_clip
         reduced: np.ndarray | None = None
         grad_norm: float | None = None  # set once `reduced` is scaled and clipped
-        if isinstance(self.collective, RingAllReduce):
+        if isinstance(self.collective, RingCollective):
             # a replica resumed on a told RingChunk lost it: end the ring at once
             interrupt = self._resumed.begin()
             try:

@@ -560,6 +560,12 @@ class _FakeRank(Collective):
     async def barrier(self):
         await self._meet("barrier", np.zeros(1))
 
+    async def reduce_scatter(self, buffers):
+        raise NotImplementedError("the data-parallel trainer does not reduce-scatter")
+
+    async def all_gather(self, buffers):
+        raise NotImplementedError("the data-parallel trainer does not all-gather")
+
 
 @pytest.mark.parametrize("collectives", [("host", "host"), ("ring", "host")])
 async def test_process_collective_hook(actor_system, collectives) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr.train.comm._checks import check_buffers
 from atomr.train.comm.partition import split_bounds
 
 __all__ = ["Collective", "HostCollective"]
@@ -151,32 +152,6 @@ class Collective(abc.ABC):
         """
 
 
-def _check_buffers(
-    buffers: Sequence[Any], *, flat: bool = False, writable: bool = False
-) -> list[np.ndarray]:
-    """The buffers of one host call, checked: a non-empty list of arrays of one
-    shape and dtype (with `flat`, 1-D; with `writable`, all writable)."""
-    if isinstance(buffers, np.ndarray) or not isinstance(buffers, Sequence):
-        raise TypeError(f"buffers must be a list of arrays, got {type(buffers).__name__}")
-    if len(buffers) == 0:
-        raise ValueError("a collective needs at least one buffer")
-    out = []
-    for k, b in enumerate(buffers):
-        if not isinstance(b, np.ndarray):
-            raise TypeError(f"buffers[{k}] must be a numpy array, got {type(b).__name__}")
-        if b.shape != buffers[0].shape or b.dtype != buffers[0].dtype:
-            raise ValueError(
-                f"buffers[{k}] is {b.dtype}{b.shape}, buffers[0] is "
-                f"{buffers[0].dtype}{buffers[0].shape}; all must match"
-            )
-        if writable and not b.flags.writeable:
-            raise ValueError(f"buffers[{k}] must be writable (the result is written in place)")
-        out.append(b)
-    if flat and out[0].ndim != 1:
-        raise ValueError(f"buffers must be flat (1-D), got shape {out[0].shape}")
-    return out
-
-
 class HostCollective(Collective):
     """The in-process reference: the five operations on host arrays, one
     participant per array.
@@ -248,7 +223,7 @@ class HostCollective(Collective):
                 does not accept.
             ValueError: no buffers, or their shapes / dtypes differ.
         """
-        checked = _check_buffers(buffers)
+        checked = check_buffers(buffers)
         if scale is None:
             result: np.ndarray = await self._run(self._sum, checked)
             return result
@@ -302,7 +277,7 @@ class HostCollective(Collective):
             ValueError: no buffers, their shapes / dtypes differ, they are
                 not 1-D, or one is read-only.
         """
-        checked = _check_buffers(buffers, flat=True, writable=True)
+        checked = check_buffers(buffers, flat=True, writable=True)
         bounds = split_bounds(checked[0].size, len(checked))
 
         def scatter() -> list[np.ndarray]:
@@ -326,7 +301,7 @@ class HostCollective(Collective):
         Raises:
             TypeError, ValueError: as `reduce_scatter`.
         """
-        checked = _check_buffers(buffers, flat=True, writable=True)
+        checked = check_buffers(buffers, flat=True, writable=True)
         bounds = split_bounds(checked[0].size, len(checked))
 
         def gather() -> None:
@@ -345,7 +320,7 @@ class HostCollective(Collective):
             TypeError, ValueError: as `all_reduce`; also a read-only buffer
                 other than the root's.
         """
-        checked = _check_buffers(buffers)
+        checked = check_buffers(buffers)
         if not 0 <= root < len(checked):
             raise IndexError(f"root {root} out of range for {len(checked)} buffers")
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from atomr.train.comm._checks import check_buffers as check_group
+
 __all__ = [
     "DTYPES",
     "INLINE_BYTES",
@@ -35,7 +37,8 @@ MPI thread."""
 
 
 def check_buffers(buffers: Sequence[Any] | np.ndarray, *, flat: bool = False) -> list[np.ndarray]:
-    """Validate this process's buffers; returns them as a list.
+    """Validate this process's buffers (`comm._checks.check_buffers`, and
+    what MPI needs of them); returns them as a list.
 
     Args:
         buffers: an array, or a list of arrays of one shape and dtype.
@@ -49,39 +52,21 @@ def check_buffers(buffers: Sequence[Any] | np.ndarray, *, flat: bool = False) ->
     if type(buffers) is np.ndarray and buffers.dtype in DTYPES and buffers.flags.carray:
         bufs = [buffers]  # the common case, checked in one go
     else:
-        bufs = _as_list(buffers)
+        if isinstance(buffers, str | bytes) or not isinstance(buffers, Sequence | np.ndarray):
+            raise TypeError(
+                f"buffers must be an array or a list of arrays, got {type(buffers).__name__}"
+            )
+        bufs = check_group([buffers] if isinstance(buffers, np.ndarray) else buffers)
+        if bufs[0].dtype not in DTYPES:
+            raise TypeError(
+                f"buffers have dtype {bufs[0].dtype}; MPI collectives take float32 or float64"
+            )
+        if not bufs[0].flags.c_contiguous:
+            raise ValueError("buffers[0] must be C-contiguous (MPI works on the raw memory)")
+        if not bufs[0].flags.writeable:
+            raise ValueError("buffers[0] must be writable (the result is written in place)")
     if flat and bufs[0].ndim != 1:
         raise ValueError(f"buffers must be flat (1-D), got shape {bufs[0].shape}")
-    return bufs
-
-
-def _as_list(buffers: Sequence[Any] | np.ndarray) -> list[np.ndarray]:
-    if isinstance(buffers, np.ndarray):
-        bufs = [buffers]
-    elif isinstance(buffers, Sequence) and not isinstance(buffers, str | bytes):
-        bufs = list(buffers)
-    else:
-        raise TypeError(
-            f"buffers must be an array or a list of arrays, got {type(buffers).__name__}"
-        )
-    if not bufs:
-        raise ValueError("a collective needs at least one buffer")
-    for k, b in enumerate(bufs):
-        if not isinstance(b, np.ndarray):
-            raise TypeError(f"buffers[{k}] must be a numpy array, got {type(b).__name__}")
-        if b.dtype not in DTYPES:
-            raise TypeError(
-                f"buffers[{k}] has dtype {b.dtype}; MPI collectives take float32 or float64"
-            )
-        if b.shape != bufs[0].shape or b.dtype != bufs[0].dtype:
-            raise ValueError(
-                f"buffers[{k}] is {b.dtype}{b.shape}, buffers[0] is "
-                f"{bufs[0].dtype}{bufs[0].shape}; all must match"
-            )
-    if not bufs[0].flags.c_contiguous:
-        raise ValueError("buffers[0] must be C-contiguous (MPI works on the raw memory)")
-    if not bufs[0].flags.writeable:
-        raise ValueError("buffers[0] must be writable (the result is written in place)")
     return bufs
 
 

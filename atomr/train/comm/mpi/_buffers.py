@@ -108,11 +108,11 @@ def move(buffer: np.ndarray, lo: int, hi: int) -> None:
 
 def reduction_work(
     bufs: list[np.ndarray], op: str, world_size: int, chunk: tuple[int, int] | None = None
-) -> dict[str, Any]:
-    """The local work of a reduction, as `OperationDriver.submit` keywords:
-    before, sum the local buffers into `bufs[0]`; after, move the result to
-    `chunk` (an in-place reduce-scatter leaves it at the front) and divide
-    it by the number of contributions for a mean.
+) -> tuple[Callable[[], None] | None, Callable[[], None] | None, bool]:
+    """The local work of a reduction, as `OperationDriver.submit`'s `before`,
+    `after` and `offload`: before, sum the local buffers into `bufs[0]`;
+    after, move the result to `chunk` (an in-place reduce-scatter leaves it
+    at the front) and divide it by the number of contributions for a mean.
 
     Raises:
         ValueError: `op` is not "sum" or "mean".
@@ -120,6 +120,8 @@ def reduction_work(
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     target = bufs[0]
+    if len(bufs) == 1 and op == "sum" and not (chunk and chunk[0]):
+        return None, None, False  # the common case: nothing to do locally
     before = partial(sum_into, target, bufs[1:]) if len(bufs) > 1 else None
     after: Callable[[], None] | None = None
     if chunk is not None and chunk[0] > 0:
@@ -128,22 +130,18 @@ def reduction_work(
         result = target if chunk is None else target[chunk[0] : chunk[1]]
         mean = partial(divide, result, world_size * len(bufs))
         after = mean if after is None else _in_turn(after, mean)
-    local = before is not None or after is not None
-    return {
-        "before": before,
-        "after": after,
-        "offload": local and target.nbytes * len(bufs) >= INLINE_BYTES,
-    }
+    return before, after, target.nbytes * len(bufs) >= INLINE_BYTES
 
 
-def distribution_work(bufs: list[np.ndarray]) -> dict[str, Any]:
-    """The local work of a gather or broadcast, as `OperationDriver.submit`
-    keywords: after, copy `bufs[0]` into the other local buffers."""
-    local = len(bufs) > 1
-    return {
-        "after": partial(copy_into, bufs[1:], bufs[0]) if local else None,
-        "offload": local and bufs[0].nbytes * len(bufs) >= INLINE_BYTES,
-    }
+def distribution_work(
+    bufs: list[np.ndarray],
+) -> tuple[None, Callable[[], None] | None, bool]:
+    """The local work of a gather or broadcast, as `OperationDriver.submit`'s
+    `before`, `after` and `offload`: after, copy `bufs[0]` into the other
+    local buffers."""
+    if len(bufs) == 1:
+        return None, None, False
+    return None, partial(copy_into, bufs[1:], bufs[0]), bufs[0].nbytes * len(bufs) >= INLINE_BYTES
 
 
 def _in_turn(*steps: Callable[[], None]) -> Callable[[], None]:

@@ -129,14 +129,14 @@ class OperationDriver:
         kind: str,
         start: Callable[[Any], Any],
         arg: Any,
-        *,
         before: Callable[[], None] | None = None,
         after: Callable[[], None] | None = None,
         offload: bool = False,
     ) -> None:
         """Run one operation: `before()`, `start(arg)` (the non-blocking MPI
         call; returns its request, or None when there is nothing to wait
-        for), its completion, then `after()`.
+        for), its completion, then `after()`. A cancelled caller leaves the
+        operation running.
 
         Args:
             kind: the operation's name in errors, e.g. "all_reduce".
@@ -152,33 +152,16 @@ class OperationDriver:
         self._seq += 1
         seq = self._seq
         if self._busy or offload:  # behind other operations, or heavy local work
-            operation = self._operation(seq, kind, partial(start, arg), before, after, offload)
-            self._queue.append(operation)
-            if not self._busy:
-                self._start_driver()
-            await operation.future  # a cancelled caller leaves the operation running
+            await self._enqueue(seq, kind, partial(start, arg), before, after, offload)
             return
-        await self._fast_path(seq, kind, start, arg, before, after)
-
-    async def _fast_path(
-        self,
-        seq: int,
-        kind: str,
-        start: Callable[[Any], Any],
-        arg: Any,
-        before: Callable[[], None] | None,
-        after: Callable[[], None] | None,
-    ) -> None:
-        """The driver is idle, so this caller starts its own operation and
-        tests it: no task, no future, no hand-off (on a 1 MB buffer every
-        object touched here costs cache misses). An operation still running
-        after `_spin_s`, or a failure, goes to a driver task."""
+        # The fast path: the driver is idle, so this caller starts its own
+        # operation and tests it: no task, no future, no hand-off (on a 1 MB
+        # buffer every object touched here costs cache misses). An operation
+        # still running after `_spin_s`, or a failure, goes to a driver task.
         self._busy = True
         self._current = seq
         started = time.monotonic()
         request: Any = None
-        failure: Exception | None = None
-        cancelled: asyncio.CancelledError | None = None
         try:
             if before is not None:
                 before()
@@ -190,16 +173,14 @@ class OperationDriver:
                 if self._queue:  # submitted while this one was in flight
                     self._start_driver()
                 return
-        except asyncio.CancelledError as exc:  # the operation goes on without its caller
-            cancelled = exc
+        except asyncio.CancelledError:  # the operation goes on without its caller
+            self._hand_over(seq, kind, partial(start, arg), before, after, (request, started, None))
+            raise
         except Exception as exc:
-            failure = exc
-        operation = self._operation(seq, kind, partial(start, arg), before, after, False)
-        self._queue.appendleft(operation)
-        self._start_driver((request, started, failure))
-        if cancelled is not None:
-            raise cancelled
-        await operation.future
+            resume: tuple[Any, float, Exception | None] = (request, started, exc)
+        else:
+            resume = (request, started, None)
+        await self._hand_over(seq, kind, partial(start, arg), before, after, resume)
 
     def close(self) -> None:
         """Stop the MPI thread once its current call is done (a later
@@ -210,7 +191,7 @@ class OperationDriver:
 
     # -- the driver task ------------------------------------------------------------
 
-    def _operation(
+    def _enqueue(
         self,
         seq: int,
         kind: str,
@@ -218,9 +199,30 @@ class OperationDriver:
         before: Callable[[], None] | None,
         after: Callable[[], None] | None,
         offload: bool,
-    ) -> _Operation:
-        future = asyncio.get_running_loop().create_future()
-        return _Operation(seq, kind, future, start, before, after, offload)
+    ) -> asyncio.Future[None]:
+        """Queue an operation behind the others; returns its future."""
+        operation = _Operation(seq, kind, _new_future(), start, before, after, offload)
+        self._queue.append(operation)
+        if not self._busy:
+            self._start_driver()
+        return operation.future
+
+    def _hand_over(
+        self,
+        seq: int,
+        kind: str,
+        start: Callable[[], Any],
+        before: Callable[[], None] | None,
+        after: Callable[[], None] | None,
+        resume: tuple[Any, float, Exception | None],
+    ) -> asyncio.Future[None]:
+        """Give an operation the fast path started (its request, start time
+        and failure: `resume`) to a driver task, first in line; returns its
+        future."""
+        operation = _Operation(seq, kind, _new_future(), start, before, after)
+        self._queue.appendleft(operation)
+        self._start_driver(resume)
+        return operation.future
 
     def _start_driver(self, resume: tuple[Any, float, Exception | None] | None = None) -> None:
         self._busy = True
@@ -384,3 +386,7 @@ class OperationDriver:
         if self.broken is None:
             self.broken = error
         return error
+
+
+def _new_future() -> asyncio.Future[None]:
+    return asyncio.get_running_loop().create_future()

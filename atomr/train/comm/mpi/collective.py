@@ -190,7 +190,7 @@ class MpiCollective(Collective):
             "all_reduce",
             self._start_all_reduce,
             target,
-            **reduction_work(bufs, op, self.world_size),
+            *reduction_work(bufs, op, self.world_size),
         )
         return target
 
@@ -226,7 +226,7 @@ class MpiCollective(Collective):
             "reduce_scatter",
             partial(self._start_reduce_scatter, counts=counts),
             target,
-            **reduction_work(bufs, op, self.world_size, (lo, hi)),
+            *reduction_work(bufs, op, self.world_size, (lo, hi)),
         )
         return target[lo:hi]
 
@@ -255,7 +255,7 @@ class MpiCollective(Collective):
             "all_gather",
             partial(self._start_all_gather, layout=layout),
             bufs[0],
-            **distribution_work(bufs),
+            *distribution_work(bufs),
         )
 
     async def broadcast(self, buffers: Sequence[Any] | np.ndarray, root: int = 0) -> None:
@@ -279,7 +279,7 @@ class MpiCollective(Collective):
             "broadcast",
             partial(self._start_broadcast, root=root),
             bufs[0],
-            **distribution_work(bufs),
+            *distribution_work(bufs),
         )
 
     async def barrier(self, buffers: Sequence[Any] = ()) -> None:

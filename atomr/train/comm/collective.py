@@ -98,7 +98,8 @@ class Collective(abc.ABC):
             The reduced chunks of the participants whose buffers the caller
             holds: views into those buffers (a list on the host, this rank's
             chunk across processes), or None where the participants are
-            actors (`RingCollective`).
+            actors (`RingCollective`; a host copy of one member's chunk when
+            asked for).
 
         Raises:
             ValueError, TypeError: no buffers, buffers of different shapes /

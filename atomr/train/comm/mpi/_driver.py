@@ -174,13 +174,17 @@ class OperationDriver:
                     self._start_driver()
                 return
         except asyncio.CancelledError:  # the operation goes on without its caller
-            self._hand_over(seq, kind, partial(start, arg), before, after, (request, started, None))
+            self._enqueue(
+                seq, kind, partial(start, arg), before, after, resume=(request, started, None)
+            )
             raise
         except Exception as exc:
-            resume: tuple[Any, float, Exception | None] = (request, started, exc)
+            failure: Exception | None = exc
         else:
-            resume = (request, started, None)
-        await self._hand_over(seq, kind, partial(start, arg), before, after, resume)
+            failure = None  # still running after the spin
+        await self._enqueue(
+            seq, kind, partial(start, arg), before, after, resume=(request, started, failure)
+        )
 
     def close(self) -> None:
         """Stop the MPI thread once its current call is done (a later
@@ -198,30 +202,22 @@ class OperationDriver:
         start: Callable[[], Any],
         before: Callable[[], None] | None,
         after: Callable[[], None] | None,
-        offload: bool,
+        offload: bool = False,
+        resume: tuple[Any, float, Exception | None] | None = None,
     ) -> asyncio.Future[None]:
-        """Queue an operation behind the others; returns its future."""
-        operation = _Operation(seq, kind, _new_future(), start, before, after, offload)
-        self._queue.append(operation)
-        if not self._busy:
-            self._start_driver()
-        return operation.future
+        """Queue an operation for the driver task; returns its future.
 
-    def _hand_over(
-        self,
-        seq: int,
-        kind: str,
-        start: Callable[[], Any],
-        before: Callable[[], None] | None,
-        after: Callable[[], None] | None,
-        resume: tuple[Any, float, Exception | None],
-    ) -> asyncio.Future[None]:
-        """Give an operation the fast path started (its request, start time
-        and failure: `resume`) to a driver task, first in line; returns its
-        future."""
-        operation = _Operation(seq, kind, _new_future(), start, before, after)
-        self._queue.appendleft(operation)
-        self._start_driver(resume)
+        `resume`: the fast path started it (its request, start time and
+        failure), so it goes first in line and the driver task starts now.
+        """
+        operation = _Operation(seq, kind, _new_future(), start, before, after, offload)
+        if resume is not None:
+            self._queue.appendleft(operation)
+            self._start_driver(resume)
+        else:
+            self._queue.append(operation)
+            if not self._busy:
+                self._start_driver()
         return operation.future
 
     def _start_driver(self, resume: tuple[Any, float, Exception | None] | None = None) -> None:

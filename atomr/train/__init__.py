@@ -9,7 +9,7 @@ from atomr.train.comm.mpi.collective import (
     RankFailedError,
 )
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError, shard_for_rank
-from atomr.train.comm.ring import RingAllReduce
+from atomr.train.comm.ring import RingCollective
 from atomr.train.core.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from atomr.train.core.clip import clip_grad_norm, global_norm
 from atomr.train.core.config import TrainerConfig
@@ -108,7 +108,7 @@ __all__ = [
     "ReplicaActor",
     "ReplicaDivergenceError",
     "ReplicaState",
-    "RingAllReduce",
+    "RingCollective",
     "SpeedBalancer",
     "Checkpoint",
     "CheckpointError",

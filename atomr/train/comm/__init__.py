@@ -1,2 +1,6 @@
-"""Collectives: all-reduce and friends on the host, in a ring of actors, and
-across processes through MPI (`atomr.train.comm.mpi`). Nothing here knows a model."""
+"""Collectives: `Collective` and its five operations (all_reduce,
+reduce_scatter, all_gather, broadcast, barrier) on the host
+(`collective.HostCollective`), in a ring of actors (`ring.RingCollective`)
+and across processes through MPI (`mpi.collective.MpiCollective`), with one
+partition rule (`partition.split_bounds`). Nothing here knows a model; see
+docs/collectives.md."""

@@ -1,15 +1,32 @@
 """`Collective`: the interface of every reduction among trainers' participants,
 and `HostCollective`, the in-process reference.
 
-A collective spans a *group* of participants. Each call passes the caller's
-local contributions (`buffers`, one per local participant) and returns when
-the operation is complete for the whole group:
+A collective spans a *group* of `n` participants. Each call passes the
+caller's local contributions (`buffers`) and returns when the operation is
+complete for the whole group:
 
 | collective | group | `buffers` |
 |---|---|---|
-| `HostCollective` | the buffers of one call | host (NumPy) arrays |
-| `RingAllReduce` (`ring_all_reduce.py`) | replica actors | their `ActorRef`s |
-| `MpiCollective` (MPI backend) | the processes of a job | this process's arrays |
+| `HostCollective` | the buffers of one call | host (NumPy) arrays, one per participant |
+| `RingCollective` (`comm/ring/`) | member actors | their `ActorRef`s, in ring order |
+| `MpiCollective` (`comm/mpi/`) | the processes of a job | this process's arrays |
+
+The buffer conventions, the same for every collective ("participant k's
+buffer": `buffers[k]` on the host, member k's own buffer in the ring, rank
+k's `buffers[0]` across processes; "chunk k": positions `lo_k:hi_k` of
+`split_bounds(len, n)`, the one partition rule of `comm/partition.py`):
+
+| operation | before | after |
+|---|---|---|
+| `all_reduce` | each buffer a contribution | every participant can read the sum (where: see the implementation) |
+| `reduce_scatter` | each (flat) buffer a contribution | participant k's buffer holds, at chunk k, the sum of chunk k; the rest of it is unspecified |
+| `all_gather` | participant k's (flat) buffer holds chunk k | every buffer holds every chunk k, copied from participant k |
+| `broadcast` | the root's buffer | every buffer holds the root's bits |
+| `barrier` | | every participant has arrived |
+
+`reduce_scatter` then `all_gather` is an all-reduce into the participants'
+own buffers. Every participant ends with the same bits. `len` need not be a
+multiple of `n`: the first `len % n` chunks are one element longer.
 
 `DataParallelTrainer` uses one collective between its local replicas and,
 optionally, a second one (`process_collective`) between processes.
@@ -25,15 +42,25 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from atomr.train.comm._checks import check_buffers
+from atomr.train.comm.partition import split_bounds
+
 __all__ = ["Collective", "HostCollective"]
 
 
 class Collective(abc.ABC):
-    """Sum, broadcast and synchronise flat buffers across a group.
+    """Sum, scatter, gather, broadcast and synchronise flat buffers across a group.
 
-    Implementations must give every participant the same bits (so replicas
-    that apply the result stay identical) and must not run long loops on the
-    event loop.
+    The five operations and their buffer conventions are set out in the
+    module docstring. Implementations must give every participant the same
+    bits (so replicas that apply a result stay identical) and must not run
+    long loops on the event loop.
+
+    Failures: an operation that a participant cannot complete (it failed, is
+    gone, or did not take part in time) raises the implementation's error
+    within a bounded time, never hangs: `RingCollective` the failing
+    member's own error or `RingTimeoutError`, `MpiCollective` a
+    `CollectiveError` (`RankFailedError`, `CollectiveTimeoutError`).
     """
 
     members_hold_buffers: ClassVar[bool] = False
@@ -42,7 +69,7 @@ class Collective(abc.ABC):
     False (the default): `buffers` are host arrays the caller passes, and
     `all_reduce` returns the sum (`HostCollective`, `MpiCollective`).
     True: `buffers` are the members' `ActorRef`s; each member owns its
-    buffer and the operation leaves the result there (`RingAllReduce`).
+    buffer and the operation leaves the result there (`RingCollective`).
     Such a collective's `all_reduce` also takes the keywords `result_from`
     (return a host copy of that member's result, else None) and `interrupt`
     (a future whose result, an exception, abandons the operation at once:
@@ -60,12 +87,58 @@ class Collective(abc.ABC):
         Returns:
             A buffer holding the sum, which every participant may read: a new
             or reused array, or one of `buffers` updated in place. Collectives
-            whose participants keep the sum themselves (`RingAllReduce`)
+            whose participants keep the sum themselves (`RingCollective`)
             return None.
 
         Raises:
             ValueError, TypeError: no buffers, or buffers of different
                 shapes / dtypes.
+        """
+
+    @abc.abstractmethod
+    async def reduce_scatter(self, buffers: Sequence[Any]) -> Any:
+        """Sum over the group, each participant keeping one chunk of the sum.
+
+        In place: afterwards participant k's buffer holds, at chunk k
+        (`split_bounds(len, n)[k]`), the group's sum of those positions;
+        the rest of its buffer is unspecified.
+
+        Args:
+            buffers: the caller's local contributions, flat and all of one
+                length and dtype.
+
+        Returns:
+            The reduced chunks of the participants whose buffers the caller
+            holds: views into those buffers (a list on the host, this rank's
+            chunk across processes), or None where the participants are
+            actors (`RingCollective`; a host copy of one member's chunk when
+            asked for).
+
+        Raises:
+            ValueError, TypeError: no buffers, buffers of different shapes /
+                dtypes, or not flat.
+        """
+
+    @abc.abstractmethod
+    async def all_gather(self, buffers: Sequence[Any]) -> Any:
+        """Give every participant every other participant's chunk.
+
+        In place: participant k contributes chunk k of its buffer
+        (`split_bounds(len, n)[k]`); afterwards every participant's buffer
+        holds chunk j of participant j, for every j. The other positions of
+        a participant's buffer are not read.
+
+        Args:
+            buffers: the caller's local participants' buffers, flat and all
+                of one length and dtype.
+
+        Returns:
+            None (`RingCollective`: a host copy of one member's buffer,
+            when asked for).
+
+        Raises:
+            ValueError, TypeError: no buffers, buffers of different shapes /
+                dtypes, not flat, or not writable.
         """
 
     @abc.abstractmethod
@@ -83,30 +156,19 @@ class Collective(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def barrier(self) -> None:
-        """Return once every participant of the group has reached the barrier."""
+    async def barrier(self, buffers: Sequence[Any] = ()) -> None:
+        """Return once every participant of the group has reached the barrier.
 
-
-def _check_buffers(buffers: Sequence[Any]) -> list[np.ndarray]:
-    if isinstance(buffers, np.ndarray) or not isinstance(buffers, Sequence):
-        raise TypeError(f"buffers must be a list of arrays, got {type(buffers).__name__}")
-    if len(buffers) == 0:
-        raise ValueError("a collective needs at least one buffer")
-    out = []
-    for k, b in enumerate(buffers):
-        if not isinstance(b, np.ndarray):
-            raise TypeError(f"buffers[{k}] must be a numpy array, got {type(b).__name__}")
-        if b.shape != buffers[0].shape or b.dtype != buffers[0].dtype:
-            raise ValueError(
-                f"buffers[{k}] is {b.dtype}{b.shape}, buffers[0] is "
-                f"{buffers[0].dtype}{buffers[0].shape}; all must match"
-            )
-        out.append(b)
-    return out
+        Args:
+            buffers: the participants, for a collective that cannot know them
+                otherwise (`RingCollective`: the members' `ActorRef`s);
+                ignored by the others.
+        """
 
 
 class HostCollective(Collective):
-    """The in-process reference: the sum of host arrays, computed in one pass.
+    """The in-process reference: the five operations on host arrays, one
+    participant per array.
 
     `all_reduce` writes `sum(buffers)` into one output buffer owned by the
     collective (allocated once per shape and dtype, then reused) with the CPU
@@ -118,7 +180,8 @@ class HostCollective(Collective):
     and dtype: read it (or copy it) before calling again. With `scale`,
     `all_reduce` also scales the sum and measures its squared norm in the
     same pass (`all_reduce_scaled`: the data-parallel trainer's
-    single-process path).
+    single-process path). `reduce_scatter`, `all_gather` and `broadcast`
+    work in place on the caller's arrays, on the same thread.
 
     Args:
         backend: the kernels to use (default: the CPU backend).
@@ -174,7 +237,7 @@ class HostCollective(Collective):
                 does not accept.
             ValueError: no buffers, or their shapes / dtypes differ.
         """
-        checked = _check_buffers(buffers)
+        checked = check_buffers(buffers)
         if scale is None:
             result: np.ndarray = await self._run(self._sum, checked)
             return result
@@ -207,14 +270,71 @@ class HostCollective(Collective):
         out = await self.all_reduce(buffers, scale=scale)
         return out, self.last_squared_norm
 
+    async def reduce_scatter(self, buffers: Sequence[Any]) -> list[np.ndarray]:
+        """Write chunk k of the sum into `buffers[k]` (see `Collective.reduce_scatter`).
+
+        The sum is computed as by `all_reduce` (the same bits), then chunk k
+        of it (`split_bounds(len, n)[k]`) is copied into `buffers[k]`; the
+        other positions of each buffer are left as they were.
+
+        Args:
+            buffers: flat host arrays of one length and dtype, one per
+                participant, writable.
+
+        Returns:
+            `[buffers[k][lo_k:hi_k] for k]`: each participant's reduced chunk,
+            a view into its buffer.
+
+        Raises:
+            TypeError: not a list of numpy arrays, or a dtype the backend
+                does not accept.
+            ValueError: no buffers, their shapes / dtypes differ, they are
+                not 1-D, or one is read-only.
+        """
+        checked = check_buffers(buffers, flat=True, writable=True)
+        bounds = split_bounds(checked[0].size, len(checked))
+
+        def scatter() -> list[np.ndarray]:
+            total = self._sum(checked)
+            chunks = [b[lo:hi] for b, (lo, hi) in zip(checked, bounds, strict=True)]
+            for chunk, (lo, hi) in zip(chunks, bounds, strict=True):
+                np.copyto(chunk, total[lo:hi])
+            return chunks
+
+        result: list[np.ndarray] = await self._run(scatter)
+        return result
+
+    async def all_gather(self, buffers: Sequence[Any]) -> None:
+        """Copy chunk k of `buffers[k]` into every other buffer (see
+        `Collective.all_gather`).
+
+        Args:
+            buffers: flat host arrays of one length and dtype, one per
+                participant, writable.
+
+        Raises:
+            TypeError, ValueError: as `reduce_scatter`.
+        """
+        checked = check_buffers(buffers, flat=True, writable=True)
+        bounds = split_bounds(checked[0].size, len(checked))
+
+        def gather() -> None:
+            for k, (lo, hi) in enumerate(bounds):
+                for j, b in enumerate(checked):
+                    if j != k:
+                        np.copyto(b[lo:hi], checked[k][lo:hi])
+
+        await self._run(gather)
+
     async def broadcast(self, buffers: Sequence[Any], root: int = 0) -> None:
         """Copy `buffers[root]` into every other buffer (see `Collective.broadcast`).
 
         Raises:
             IndexError: `root` is out of range.
-            TypeError, ValueError: as `all_reduce`.
+            TypeError, ValueError: as `all_reduce`; also a read-only buffer
+                other than the root's.
         """
-        checked = _check_buffers(buffers)
+        checked = check_buffers(buffers)
         if not 0 <= root < len(checked):
             raise IndexError(f"root {root} out of range for {len(checked)} buffers")
 
@@ -225,8 +345,12 @@ class HostCollective(Collective):
 
         await self._run(copy_all)
 
-    async def barrier(self) -> None:
-        """A no-op: one process, and every call already waits for its work."""
+    async def barrier(self, buffers: Sequence[Any] = ()) -> None:
+        """A no-op: one process, and every call already waits for its work.
+
+        Args:
+            buffers: ignored.
+        """
 
     def close(self) -> None:
         """Stop the worker thread and drop the output buffers (a later call

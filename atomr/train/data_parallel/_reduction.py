@@ -7,7 +7,7 @@ The trainer's collective says where the buffers live
 - host arrays (`HostCollective`, the default): the replicas hand their
   gradient buffers over with their `GradientResult`; the collective sums
   them into one host array;
-- the members' own buffers (`RingAllReduce`): the replicas reduce among
+- the members' own buffers (`RingCollective`): the replicas reduce among
   themselves and each keeps the sum; nothing reaches the trainer, and each
   replica scales, measures and clips its own copy when it applies.
 

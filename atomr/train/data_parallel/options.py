@@ -31,7 +31,7 @@ class DataParallelOptions:
     Attributes:
         collective: how the replicas' gradients are summed: "host" (a
             `HostCollective`: the replicas hand the trainer their gradient
-            buffers, summed into one host array), "ring" (a `RingAllReduce`:
+            buffers, summed into one host array), "ring" (a `RingCollective`:
             the replicas reduce among themselves with actor messages), or a
             `Collective` instance; its `members_hold_buffers` says which of
             the two ways it works.

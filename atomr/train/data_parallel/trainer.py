@@ -47,7 +47,7 @@ from atomr.train._contract import (
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.mpi.job import shard_for_rank
-from atomr.train.comm.ring import RingAllReduce
+from atomr.train.comm.ring import RingCollective
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
@@ -86,7 +86,7 @@ def _collective(
     if options.collective == "host":
         host = HostCollective()
         return host, host.close
-    return RingAllReduce(worker_deadline(config)), None
+    return RingCollective(worker_deadline(config)), None
 
 
 def _checked(

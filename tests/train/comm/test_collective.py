@@ -1,24 +1,18 @@
-"""Collectives: HostCollective (the reference sum) and the ring all-reduce
-between actors (reduce-scatter + all-gather, broadcast, abort on failure)."""
+"""`HostCollective`, the in-process reference: what is its own beyond the
+contract every collective keeps (that is `test_operations.py`): a reused
+output buffer, the fused scaled sum, untouched inputs, and clear refusals."""
 
 from __future__ import annotations
-
-import asyncio
 
 import numpy as np
 import pytest
 
-from atomr import Actor, Props
 from atomr.train.comm.collective import Collective, HostCollective
-from atomr.train.comm.ring import RingAllReduce, RingMember, chunk_bounds
 
 
 def _buffers(n: int, size: int, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
-
-
-# ---------------------------------------------------------------- host
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -84,117 +78,29 @@ async def test_host_broadcast_and_barrier() -> None:
     host.close()
 
 
-# ---------------------------------------------------------------- ring
+async def test_host_reduce_scatter_and_all_gather_refuse_bad_buffers() -> None:
+    host = HostCollective()
+    for operation in (host.reduce_scatter, host.all_gather):
+        with pytest.raises(ValueError, match="flat"):
+            await operation([np.zeros((2, 3), np.float32)] * 2)
+        frozen = np.zeros(6, np.float32)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match=r"buffers\[1\] must be writable"):
+            await operation([np.zeros(6, np.float32), frozen])
+        with pytest.raises(ValueError, match="must match"):
+            await operation([np.zeros(6, np.float32), np.zeros(5, np.float32)])
+        with pytest.raises(ValueError, match="at least one"):
+            await operation([])
+    host.close()
 
 
-class BufferActor(Actor):
-    """A minimal ring member: a NumPy buffer, optionally failing on `add_chunk`.
-
-    With `lend_views` it reads chunks as views of its buffer (as a CPU
-    `ReplicaActor` does) and takes a random 0-2 ms before each change, so
-    the members' steps interleave in many orders.
-    """
-
-    def __init__(
-        self, data: np.ndarray, fail_add: bool = False, lend_views: bool = False, seed: int = 0
-    ) -> None:
-        super().__init__()
-        self.data = data
-        self.fail_add = fail_add
-        self.lend_views = lend_views
-        self.rng = np.random.default_rng(seed)
-        self.member = RingMember(self, timeout=5.0)
-
-    @property
-    def ring_size(self) -> int:
-        return int(self.data.size)
-
-    async def read_chunk(self, lo: int, hi: int) -> np.ndarray:
-        return self.data[lo:hi] if self.lend_views else self.data[lo:hi].copy()
-
-    async def _jitter(self) -> None:
-        if self.lend_views:
-            await asyncio.sleep(float(self.rng.uniform(0.0, 0.002)))
-
-    async def add_chunk(self, lo: int, hi: int, data: np.ndarray) -> None:
-        if self.fail_add:
-            raise RuntimeError("injected add failure")
-        await self._jitter()
-        self.data[lo:hi] += data
-
-    async def write_chunk(self, lo: int, hi: int, data: np.ndarray) -> None:
-        await self._jitter()
-        self.data[lo:hi] = data
-
-    def receive(self, message):
-        if RingMember.handles(message):
-            return self.member.receive(message, self.context)
-        if message == "get":
-            return self.data.copy()
-        raise TypeError(message)
-
-
-def test_chunk_bounds_cover_the_buffer() -> None:
-    for size in (0, 1, 5, 10, 11):
-        for n in (1, 2, 3, 4):
-            b = chunk_bounds(size, n)
-            assert len(b) == n and b[0][0] == 0 and b[-1][1] == size
-            assert all(b[i][1] == b[i + 1][0] for i in range(n - 1))
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
-@pytest.mark.parametrize("size", [3, 37])
-@pytest.mark.parametrize("lend_views", [False, True])
-async def test_ring_all_reduce_gives_every_member_the_same_sum(
-    actor_system, n: int, size: int, lend_views: bool
-) -> None:
-    bufs = _buffers(n, size, seed=n)
-    expected = np.sum(np.stack(bufs).astype(np.float64), axis=0)
-    members = [BufferActor(b.copy(), lend_views=lend_views, seed=k) for k, b in enumerate(bufs)]
-    refs = [actor_system.spawn(Props(lambda m=m: m)) for m in members]
-    ring = RingAllReduce(timeout=5.0)
-    for _ in range(3 if lend_views else 1):  # several interleavings
-        for m, b in zip(members, bufs, strict=True):
-            m.data[:] = b
-        copy = await ring.all_reduce(refs, result_from=n - 1)
-        results = [await r.ask("get") for r in refs]
-        for res in results:
-            np.testing.assert_array_equal(res, results[0])  # bit-identical everywhere
-        np.testing.assert_allclose(results[0], expected, rtol=1e-6, atol=1e-6)
-        np.testing.assert_array_equal(copy, results[0])
-        # the asker's copy is its own, even when the member lent a view
-        assert not any(np.shares_memory(copy, m.data) for m in members)
-    await ring.barrier(refs)
-
-
-async def test_ring_broadcast(actor_system) -> None:
-    bufs = _buffers(4, 23)
-    refs = [actor_system.spawn(Props(BufferActor, b.copy())) for b in bufs]
-    await RingAllReduce(timeout=5.0).broadcast(refs, root=1)
-    for r in refs:
-        np.testing.assert_array_equal(await r.ask("get"), bufs[1])
-    with pytest.raises(IndexError):
-        await RingAllReduce().broadcast(refs, root=4)
-
-
-async def test_ring_failure_is_reported_without_hanging(actor_system) -> None:
-    bufs = _buffers(3, 30)
-    refs = [
-        actor_system.spawn(Props(BufferActor, b.copy(), fail_add=(k == 1)))
-        for k, b in enumerate(bufs)
-    ]
-    with pytest.raises(RuntimeError, match="injected add failure") as info:
-        await asyncio.wait_for(RingAllReduce(timeout=5.0).all_reduce(refs), 10)
-    assert info.value.failed_workers == [1]
-    # the members keep working: a later ring among the healthy ones succeeds
-    ok = [refs[0], refs[2]]
-    await RingAllReduce(timeout=5.0).all_reduce(ok)
-
-
-async def test_ring_rejects_non_refs() -> None:
-    with pytest.raises(TypeError, match="ActorRef"):
-        await RingAllReduce().all_reduce([np.zeros(3)])
-    with pytest.raises(ValueError, match="at least one"):
-        await RingAllReduce().all_reduce([])
-    with pytest.raises(ValueError):
-        RingAllReduce(timeout=0)
+async def test_host_reduce_scatter_touches_only_each_participants_chunk() -> None:
+    bufs = _buffers(3, 10, seed=5)
+    before = [b.copy() for b in bufs]
+    host = HostCollective()
+    await host.reduce_scatter(bufs)
+    for k, (lo, hi) in enumerate([(0, 4), (4, 7), (7, 10)]):
+        np.testing.assert_array_equal(
+            np.delete(bufs[k], range(lo, hi)), np.delete(before[k], range(lo, hi))
+        )
+    host.close()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from atomr.train import DataParallelOptions, DistributedTrainConfig, HostCollective, RingAllReduce
+from atomr.train import DataParallelOptions, DistributedTrainConfig, HostCollective, RingCollective
 
 MISTAKES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "collective name": ({"collective": "nccl"}, ValueError, "collective"),
@@ -24,7 +24,7 @@ MISTAKES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "check_every type": ({"check_every": "2"}, TypeError, "check_every"),
     "process_collective type": ({"process_collective": "mpi"}, TypeError, "process_collective"),
     "process_collective on members": (
-        {"process_collective": RingAllReduce()},
+        {"process_collective": RingCollective()},
         ValueError,
         "process_collective",
     ),
@@ -47,7 +47,7 @@ def test_each_setting_is_checked_when_built(mistake: str) -> None:
 
 def test_defaults_and_a_collective_instance() -> None:
     assert DataParallelOptions().collective == "host"
-    ring = RingAllReduce(5.0)
+    ring = RingCollective(5.0)
     assert DataParallelOptions(collective=ring).collective is ring
     assert DataParallelOptions(speed_hint=[1, 3]).speed_hint == (1.0, 3.0)
 

@@ -604,6 +604,12 @@ class _FakeRank(Collective):
     async def barrier(self):
         await self._meet("barrier", np.zeros(1))
 
+    async def reduce_scatter(self, buffers):
+        raise NotImplementedError("the data-parallel trainer does not reduce-scatter")
+
+    async def all_gather(self, buffers):
+        raise NotImplementedError("the data-parallel trainer does not all-gather")
+
 
 @pytest.mark.parametrize("collectives", [("host", "host"), ("ring", "host")])
 async def test_two_processes_equal_one_device_on_the_global_batch(actor_system, collectives):

@@ -1,11 +1,12 @@
 """Run under `mpiexec -n N`: one rank fails mid-run, the others must report it.
 
-argv: MODE VICTIM TIMEOUT, MODE in {"exit", "hang", "kill"}: at operation 5
-the VICTIM rank leaves with `os._exit(3)`, stops taking part (sleeps
-forever), or is killed by SIGKILL (sent to itself: no Python cleanup, no
-exit handler, as the kernel's OOM killer would). The survivors' all_reduce
-times out after TIMEOUT seconds with an error naming the victim; they print
-it and abort the job.
+argv: MODE VICTIM TIMEOUT [OPERATION], MODE in {"exit", "hang", "kill"}: at
+operation 5 the VICTIM rank leaves with `os._exit(3)`, stops taking part
+(sleeps forever), or is killed by SIGKILL (sent to itself: no Python
+cleanup, no exit handler, as the kernel's OOM killer would). The survivors'
+OPERATION ("all_reduce", "reduce_scatter" or "all_gather"; default
+all_reduce) times out after TIMEOUT seconds with an error naming the victim;
+they print it and abort the job.
 """
 
 from __future__ import annotations
@@ -20,7 +21,19 @@ import numpy as np
 from atomr.train.comm.mpi.collective import CollectiveError, MpiCollective
 
 
-async def main(mode: str, victim: int, timeout: float) -> None:
+async def run_one(coll: MpiCollective, operation: str, buf: np.ndarray) -> None:
+    """One operation on a buffer of ones, checked."""
+    buf.fill(1.0)
+    if operation == "all_reduce":
+        assert (await coll.all_reduce(buf))[0] == coll.world_size
+    elif operation == "reduce_scatter":
+        assert (await coll.reduce_scatter(buf))[0] == coll.world_size
+    else:
+        await coll.all_gather(buf)
+        assert buf[-1] == 1.0
+
+
+async def main(mode: str, victim: int, timeout: float, operation: str) -> None:
     coll = MpiCollective(timeout=timeout)
     buf = np.ones(10_000, dtype=np.float32)
     try:
@@ -32,9 +45,7 @@ async def main(mode: str, victim: int, timeout: float) -> None:
                 if mode == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 await asyncio.sleep(3600)
-            buf.fill(1.0)
-            await coll.all_reduce(buf)
-            assert buf[0] == coll.world_size
+            await run_one(coll, operation, buf)
     except CollectiveError as exc:
         coll.abort(2, f"{type(exc).__name__}: {exc}")
     print(f"[rank {coll.rank}] finished without noticing the failure", flush=True)
@@ -42,4 +53,5 @@ async def main(mode: str, victim: int, timeout: float) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
+    operation = sys.argv[4] if len(sys.argv) > 4 else "all_reduce"
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), operation))

@@ -10,8 +10,8 @@ and the two pure helpers the `atomr train --distributed` command builds on:
   node-local rank from the variables the MPI launcher sets (MPICH/hydra,
   Open MPI, PMIx, Slurm), without importing mpi4py.
 - `shard_for_rank(n_samples, rank, world_size)` gives each rank its
-  contiguous share of a global batch (the first `n % world_size` ranks get
-  one sample more), so the ranks' shards, concatenated in rank order, are the
+  contiguous share of a global batch (`split_bounds`: the first
+  `n % world_size` ranks get one sample more), so the ranks' shards, concatenated in rank order, are the
   global batch.
 
 mpi4py is optional: nothing here imports it.
@@ -23,6 +23,8 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from atomr.train.comm.partition import split_bounds
 
 __all__ = ["DistributedTrainConfig", "NotLaunchedError", "shard_for_rank"]
 
@@ -224,7 +226,8 @@ def _local_place(env: Mapping[str, str], rank: int, size: int) -> tuple[int, int
 def shard_for_rank(n_samples: int, rank: int, world_size: int) -> slice:
     """The contiguous part of a global batch that `rank` trains on.
 
-    The first `n_samples % world_size` ranks get `n_samples // world_size + 1`
+    The rank's piece of `split_bounds(n_samples, world_size)`: the first
+    `n_samples % world_size` ranks get `n_samples // world_size + 1`
     samples, the others `n_samples // world_size`; the shards, taken in rank
     order, tile `range(n_samples)` exactly. With fewer samples than ranks the
     last ranks get empty slices.
@@ -246,6 +249,5 @@ def shard_for_rank(n_samples: int, rank: int, world_size: int) -> slice:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if n_samples < 0:
         raise ValueError(f"n_samples must be >= 0, got {n_samples}")
-    base, extra = divmod(n_samples, world_size)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (1 if rank < extra else 0))
+    lo, hi = split_bounds(n_samples, world_size)[rank]
+    return slice(lo, hi)

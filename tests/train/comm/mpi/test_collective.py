@@ -1,6 +1,7 @@
-"""MpiCollective under `mpiexec -n 2` and `-n 3`: equal to HostCollective,
-ordered off the event loop, and failing loudly (naming the rank) when a rank
-dies or never joins."""
+"""MpiCollective under `mpiexec -n 2` and `-n 3`: the five operations equal
+to HostCollective and a float64 NumPy reference, with uneven chunks, the
+same bits on every rank, ordered off the event loop, and failing loudly
+(naming the rank) when a rank dies or never joins; and in a world of one."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def test_results_equal_host_collective(n: int, tmp_path) -> None:
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
     assert [r["world_size"] for r in reports] == [n] * n
     assert all(r["all_reduce_and_broadcast"] == "ok" for r in reports)
+    assert all(r["reduce_scatter_and_all_gather"] == "ok" for r in reports)
     assert len({r["digest"] for r in reports}) == 1, "ranks hold different bits"
+    assert len({r["phased_digest"] for r in reports}) == 1, "ranks hold different bits"
     # nobody left the barrier before the late rank had entered it
     last_in = max(r["barrier_entered_at"] for r in reports)
     assert min(r["barrier_left_at"] for r in reports) >= last_in - 0.05
@@ -54,12 +57,21 @@ def test_operations_in_flight(n: int, tmp_path) -> None:
     assert "all_reduce #1 on rank 0 was cancelled in flight (its event loop stopped)" in error
 
 
-@pytest.mark.parametrize(("n", "mode"), [(3, "exit"), (2, "hang")])
-def test_missing_rank_is_named_in_bounded_time(n: int, mode: str) -> None:
-    result, elapsed = run_script(n, "rank_failure.py", mode, 1, 2.0, timeout=60)
+@pytest.mark.parametrize(
+    ("n", "mode", "operation"),
+    [
+        (3, "exit", "all_reduce"),
+        (2, "hang", "all_reduce"),
+        (3, "hang", "reduce_scatter"),
+        (2, "exit", "all_gather"),
+    ],
+)
+def test_missing_rank_is_named_in_bounded_time(n: int, mode: str, operation: str) -> None:
+    result, elapsed = run_script(n, "rank_failure.py", mode, 1, 2.0, operation, timeout=60)
     output = result.stdout + result.stderr
     assert result.returncode not in (0, 124), output
     assert "CollectiveTimeoutError" in output, output
+    assert f"MPI {operation} #6 on rank 0 of {n} timed out" in output, output
     assert "rank 1 never joined" in output, output
     assert "finished without noticing" not in output, output
     assert elapsed < FAILURE_BOUND_S, f"took {elapsed:.1f} s"
@@ -152,6 +164,41 @@ def test_broadcast_into_a_read_only_buffer_is_refused_up_front() -> None:
         out = np.zeros(3, dtype=np.float32)
         await coll.broadcast([np.ones(3, dtype=np.float32), out])
         np.testing.assert_array_equal(out, np.ones(3, dtype=np.float32))
+        coll.close()
+
+    asyncio.run(go())
+
+
+def test_world_of_one_runs_every_operation() -> None:
+    """One rank (no launcher): every operation completes without MPI traffic,
+    and several local buffers are summed first / all receive the result."""
+    pytest.importorskip("mpi4py")
+    import asyncio
+
+    from atomr.train.comm.mpi.collective import MpiCollective
+
+    async def go() -> None:
+        coll = MpiCollective(timeout=5.0)
+        a, b = np.arange(5, dtype=np.float64), np.full(5, 0.5)
+        chunk = await coll.reduce_scatter([a, b.copy()])
+        assert np.shares_memory(chunk, a) and chunk.size == 5
+        np.testing.assert_array_equal(chunk, np.arange(5) + 0.5)
+        np.testing.assert_array_equal(await coll.reduce_scatter([a], op="mean"), a)
+        other = np.zeros(5)
+        await coll.all_gather([a, other])
+        np.testing.assert_array_equal(other, a)
+        with pytest.raises(ValueError, match="flat"):
+            await coll.reduce_scatter(np.zeros((2, 2)))
+        with pytest.raises(ValueError, match="flat"):
+            await coll.all_gather(np.zeros((2, 2)))
+        with pytest.raises(ValueError, match="op must be"):
+            await coll.reduce_scatter(a, op="max")
+        frozen = np.zeros(5)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match=r"buffers\[1\] must be writable"):
+            await coll.all_gather([a, frozen])
+        assert not coll.broken
+        await coll.barrier()
         coll.close()
 
     asyncio.run(go())

@@ -1,0 +1,50 @@
+"""The check every collective makes of the buffers of a call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["check_buffers"]
+
+
+def check_buffers(
+    buffers: Sequence[Any], *, flat: bool = False, writable: bool = False
+) -> list[np.ndarray]:
+    """The buffers of one collective call, checked: a non-empty list of numpy
+    arrays of one shape and dtype.
+
+    Args:
+        buffers: the caller's buffers.
+        flat: they must be 1-D.
+        writable: they must all be writable.
+
+    Returns:
+        The buffers, as a list.
+
+    Raises:
+        TypeError: not a list, or an item that is not a numpy array.
+        ValueError: no buffers, shapes / dtypes that differ, not 1-D (with
+            `flat`), or a read-only buffer (with `writable`).
+    """
+    if isinstance(buffers, np.ndarray) or not isinstance(buffers, Sequence):
+        raise TypeError(f"buffers must be a list of arrays, got {type(buffers).__name__}")
+    if len(buffers) == 0:
+        raise ValueError("a collective needs at least one buffer")
+    out = []
+    for k, b in enumerate(buffers):
+        if not isinstance(b, np.ndarray):
+            raise TypeError(f"buffers[{k}] must be a numpy array, got {type(b).__name__}")
+        if b.shape != buffers[0].shape or b.dtype != buffers[0].dtype:
+            raise ValueError(
+                f"buffers[{k}] is {b.dtype}{b.shape}, buffers[0] is "
+                f"{buffers[0].dtype}{buffers[0].shape}; all must match"
+            )
+        if writable and not b.flags.writeable:
+            raise ValueError(f"buffers[{k}] must be writable (the result is written in place)")
+        out.append(b)
+    if flat and out[0].ndim != 1:
+        raise ValueError(f"buffers must be flat (1-D), got shape {out[0].shape}")
+    return out

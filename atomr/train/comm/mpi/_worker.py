@@ -1,0 +1,56 @@
+"""The MPI thread: where `MpiCollective` runs the calls that block (a parked
+request's `Wait`, large local numpy work), so that the event loop never does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["MpiThread", "settle"]
+
+
+class MpiThread(threading.Thread):
+    """The MPI thread of one `MpiCollective`: runs blocking calls (a parked
+    request's `Wait`, large local numpy work) one at a time and wakes the
+    loop once per call with `call_soon_threadsafe`.
+
+    Args:
+        name: the thread's name.
+
+    A daemon thread, so a call stuck in MPI (a dead peer) never keeps the
+    interpreter from exiting.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.jobs: queue.SimpleQueue[
+            tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[None]] | None
+        ] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            fn, loop, future = job
+            error: BaseException | None = None
+            try:
+                fn()
+            except BaseException as exc:  # handed to the awaiting coroutine
+                error = exc
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
+                loop.call_soon_threadsafe(settle, future, error)
+
+
+def settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    """Resolve `future` with `error`, or with None, unless it is done already."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(None)

@@ -1,0 +1,120 @@
+"""`RingCollective` when a member fails, is gone, or does not take part:
+every operation raises the documented error within a deadline (never hangs),
+every member is told to abort, and the members stay usable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorRef, ActorStoppedError
+from atomr.train.comm.ring import RingCollective, RingTimeoutError
+
+DEADLINE_S = 10.0  # far above what any case below needs; a hang fails the test
+OPERATIONS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
+
+
+def _buffers(n: int, size: int = 30) -> list[np.ndarray]:
+    rng = np.random.default_rng(n)
+    return [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
+
+
+async def _run(ring: RingCollective, operation: str, refs: list[ActorRef], **kw: Any) -> Any:
+    """`operation` over `refs`, or `DeadlineExceeded` (a failed test) past the deadline."""
+    return await asyncio.wait_for(getattr(ring, operation)(refs, **kw), DEADLINE_S)
+
+
+@pytest.mark.parametrize(
+    ("operation", "fault"),
+    [
+        ("all_reduce", "fail_add"),
+        ("reduce_scatter", "fail_add"),
+        ("all_gather", "fail_write"),
+        ("broadcast", "fail_write"),
+    ],
+)
+async def test_a_failing_member_raises_its_own_error(
+    spawn_ring: Callable[..., list[ActorRef]], operation: str, fault: str
+) -> None:
+    refs = spawn_ring(_buffers(3), faults={1: fault})
+    ring = RingCollective(timeout=5.0)
+    with pytest.raises(RuntimeError, match=f"injected {fault[5:]} failure") as info:
+        await _run(ring, operation, refs)
+    assert info.value.failed_workers == [1]
+    assert info.value.worker_index == 1
+    # the members keep working: a later ring among the healthy ones succeeds
+    await _run(ring, operation, [refs[0], refs[2]])
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+async def test_a_member_that_is_gone_raises_actor_stopped(
+    spawn_ring: Callable[..., list[ActorRef]], operation: str
+) -> None:
+    refs = spawn_ring(_buffers(3))
+    await refs[2].stop()
+    ring = RingCollective(timeout=5.0)
+    with pytest.raises(ActorStoppedError) as info:
+        await _run(ring, operation, refs)
+    assert info.value.failed_workers == [2]
+    with pytest.raises(ActorStoppedError):
+        await asyncio.wait_for(ring.barrier(refs), DEADLINE_S)
+    await _run(ring, operation, refs[:2])  # the others were aborted cleanly
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+async def test_a_member_that_does_not_take_part_times_the_ring_out(
+    spawn_ring: Callable[..., list[ActorRef]], operation: str
+) -> None:
+    """Member 1 answers at once without sending a chunk (out of step): its
+    successors wait `timeout` for its chunk and raise `RingTimeoutError`."""
+    refs = spawn_ring(_buffers(3), faults={1: "absent"}, timeout=0.3)
+    ring = RingCollective(timeout=0.3)
+    with pytest.raises(RingTimeoutError, match="within 0.3s") as info:
+        await _run(ring, operation, refs)
+    assert 1 not in info.value.failed_workers
+    assert info.value.worker_index in (0, 2)
+
+
+async def test_a_stalled_member_times_its_successor_out(
+    spawn_ring: Callable[..., list[ActorRef]],
+) -> None:
+    """Member 1 blocks in its own buffer work: member 2 waits `timeout` for
+    its chunk and fails first; the call returns once member 1's ask has
+    given up too (`2 * timeout + 5` s), with member 2's error."""
+    refs = spawn_ring(_buffers(3), faults={1: "stall"}, timeout=0.3)
+    ring = RingCollective(timeout=0.3)
+    with pytest.raises(RingTimeoutError) as info:
+        await _run(ring, "reduce_scatter", refs)
+    assert info.value.worker_index == 2
+    assert 1 in info.value.failed_workers
+
+
+async def test_an_interrupt_aborts_every_member_at_once(
+    spawn_ring: Callable[..., list[ActorRef]],
+) -> None:
+    """Member 1 never sends its chunks, so the others would wait 60 s for
+    them; the interrupt ends the operation at once instead."""
+    refs = spawn_ring(_buffers(3), faults={1: "absent"}, timeout=60.0)
+    ring = RingCollective(timeout=60.0)
+    interrupt: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+    operation = asyncio.ensure_future(ring.reduce_scatter(refs, interrupt=interrupt))
+    interrupt.set_result(RuntimeError("stop the ring"))
+    with pytest.raises(RuntimeError, match="stop the ring") as info:
+        await asyncio.wait_for(operation, DEADLINE_S)
+    assert info.value.failed_workers == []
+
+
+async def test_ring_rejects_non_refs() -> None:
+    with pytest.raises(TypeError, match="ActorRef"):
+        await RingCollective().all_reduce([np.zeros(3)])
+    with pytest.raises(TypeError, match="ActorRef"):
+        await RingCollective().barrier([np.zeros(3)])
+    for operation in OPERATIONS:
+        with pytest.raises(ValueError, match="at least one"):
+            await getattr(RingCollective(), operation)([])
+    with pytest.raises(ValueError):
+        RingCollective(timeout=0)

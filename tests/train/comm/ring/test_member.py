@@ -1,0 +1,79 @@
+"""`RingMember`: members that lend views of their buffers stay correct under
+any interleaving of their steps, and the asker's copy is its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from atomr import ActorRef
+from atomr.train.comm.partition import split_bounds
+from atomr.train.comm.ring import RingCollective, RingMember
+
+
+def _buffers(n: int, size: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("size", [3, 37])
+@pytest.mark.parametrize("lend_views", [False, True])
+async def test_all_reduce_gives_every_member_the_same_sum(
+    spawn_ring: Callable[..., list[ActorRef]], n: int, size: int, lend_views: bool
+) -> None:
+    bufs = _buffers(n, size, seed=n)
+    expected = np.sum(np.stack(bufs).astype(np.float64), axis=0)
+    ring = RingCollective(timeout=5.0)
+    for attempt in range(3 if lend_views else 1):  # several interleavings
+        refs = spawn_ring(bufs, lend_views=lend_views)
+        copy = await ring.all_reduce(refs, result_from=n - 1)
+        results = [await r.ask("get") for r in refs]
+        for res in results:
+            np.testing.assert_array_equal(res, results[0])  # bit-identical everywhere
+        np.testing.assert_allclose(results[0], expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(copy, results[0])
+        # the asker's copy is its own, even when the member lent a view
+        copy[:] = attempt + 1000.0
+        np.testing.assert_array_equal(await refs[-1].ask("get"), results[-1])
+    await ring.barrier(refs)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+async def test_phases_alone_with_views_lent_in_any_order(
+    spawn_ring: Callable[..., list[ActorRef]], n: int
+) -> None:
+    bufs = _buffers(n, 23, seed=7)
+    expected = np.sum(np.stack(bufs).astype(np.float64), axis=0)
+    bounds = split_bounds(23, n)
+    ring = RingCollective(timeout=5.0)
+    for _ in range(3):
+        refs = spawn_ring(bufs, lend_views=True)
+        chunk = await ring.reduce_scatter(refs, result_from=n - 1)
+        lo, hi = bounds[n - 1]
+        np.testing.assert_allclose(chunk, expected[lo:hi], rtol=1e-6, atol=1e-6)
+        gathered = await ring.all_gather(refs, result_from=0)
+        results = [await r.ask("get") for r in refs]
+        for res in results:
+            np.testing.assert_array_equal(res, gathered)
+        np.testing.assert_array_equal(gathered[lo:hi], chunk)
+
+
+async def test_result_from_must_name_a_member(
+    spawn_ring: Callable[..., list[ActorRef]],
+) -> None:
+    refs = spawn_ring(_buffers(2, 5))
+    for operation in (
+        RingCollective().all_reduce,
+        RingCollective().reduce_scatter,
+        RingCollective().all_gather,
+    ):
+        with pytest.raises(IndexError, match="result_from"):
+            await operation(refs, result_from=2)
+
+
+def test_member_handles_only_ring_messages() -> None:
+    assert not RingMember.handles("get")
+    assert not RingMember.handles(np.zeros(3))

@@ -70,7 +70,6 @@ from atomr.train.core.checkpoint import (
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError
 from atomr.train.core.messages import (
     Evaluate,
     GetReplicaWeights,
@@ -82,6 +81,7 @@ from atomr.train.core.messages import (
 )
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.validation import validate_batch
 from atomr.train.data_parallel.replica import (
     ApplyGradients,
@@ -170,15 +170,6 @@ def _clip(grads: np.ndarray, clip: float | None, norm: float) -> None:
     """Clip `grads` (whose norm is `norm`) to `clip`, if set and the norm is finite."""
     if clip is not None and math.isfinite(norm):
         clip_grad_norm(cpu_backend(), grads, clip, norm)
-
-
-def _check_totals(loss_sum: float, norm: float) -> Failure | None:
-    """A `Failure` if the step's total loss or normaliser makes it unusable."""
-    if not math.isfinite(loss_sum):
-        return Failure(NonFiniteError(f"loss is not finite ({loss_sum}); step not applied"))
-    if norm <= 0.0:
-        return Failure(InvalidBatchError("every target has class weight 0; the loss is undefined"))
-    return None
 
 
 def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
@@ -518,9 +509,8 @@ class DataParallelTrainer(Actor):
                 self._resumed.end()
         elif pc is None and isinstance(self.collective, HostCollective):
             # one process: sum, scale by 1 / normaliser and measure in one pass
-            bad = _check_totals(loss_sum, norm)
-            if bad is not None:
-                return bad
+            check_loss(loss_sum)
+            check_normaliser(norm)
             buffers = [g.gradients for g in grads]
             reduced, sumsq = await self.collective.all_reduce_scaled(buffers, 1.0 / norm)
             grad_norm = math.sqrt(sumsq)
@@ -533,15 +523,13 @@ class DataParallelTrainer(Actor):
             scalars = await pc.all_reduce([scalars])
             loss_sum, norm = float(scalars[0]), float(scalars[1])
             reduced = await pc.all_reduce([reduced])
-        bad = _check_totals(loss_sum, norm)
-        if bad is not None:
-            return bad
+        check_loss(loss_sum)
+        check_normaliser(norm)
         token = next(self._tokens)
         if reduced is not None:
             if grad_norm is None:
                 grad_norm = await self._host(_finalize, reduced, 1.0 / norm, clip)
-            if not math.isfinite(grad_norm):
-                return Failure(NonFiniteError("gradient is not finite; step not applied"))
+            check_gradient(grad_norm)
             apply = ApplyGradients(reduced, token=token)
         else:
             apply = ApplyGradients(None, scale=1.0 / norm, clip=clip, token=token)
@@ -622,8 +610,7 @@ class DataParallelTrainer(Actor):
         msgs = [EvaluateShard(xs, ys) for xs, ys in self._shards(x, y)]
         parts: list[ShardEval] = await ask_all(self.replicas, msgs, self.parallel.timeout)
         norm = sum(p.normaliser for p in parts)
-        if norm <= 0.0:
-            raise InvalidBatchError("every target has class weight 0; the loss is undefined")
+        check_normaliser(norm)
         accuracy = float("nan")
         if self.config.loss.is_classification:
             accuracy = sum(p.correct for p in parts) / x.shape[0]

@@ -54,12 +54,12 @@ from atomr.train.core.checkpoint import (
     save_checkpoint,
 )
 from atomr.train.core.config import check_update_rule
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.validation import validate_batch
 from atomr.train.pipeline.schedule import OpKind, Schedule, split_micro_batches
 from atomr.train.pipeline.stage import (
@@ -433,16 +433,13 @@ class PipelineParallelTrainer(Actor):
         t0 = time.perf_counter()
         x, y = self._batch(msg.features, msg.labels)
         norm = _normaliser(self.config.loss, y, self.infos[-1].sizes[-1])
-        if norm <= 0.0:
-            raise InvalidBatchError("every target has class weight 0; the loss is undefined")
+        check_normaliser(norm)
         xs, ys = self._micro(x, y)
         reports = await self._run(xs, ys, norm, train=True)
         loss_sum = reports[-1].loss_sum
-        if not math.isfinite(loss_sum):
-            raise NonFiniteError(f"loss is not finite ({loss_sum}); step not applied")
+        check_loss(loss_sum)
         grad_norm = math.sqrt(sum(r.grad_sq_norm for r in reports))
-        if not math.isfinite(grad_norm):
-            raise NonFiniteError("gradient is not finite; step not applied")
+        check_gradient(grad_norm)
         coef = 1.0
         clip = self.config.gradient_clip
         if clip is not None:
@@ -488,8 +485,7 @@ class PipelineParallelTrainer(Actor):
     async def _evaluate(self, msg: Evaluate) -> EvalResult:
         x, y = self._batch(msg.features, msg.labels)
         norm = _normaliser(self.config.loss, y, self.infos[-1].sizes[-1])
-        if norm <= 0.0:
-            raise InvalidBatchError("every target has class weight 0; the loss is undefined")
+        check_normaliser(norm)
         xs, ys = self._micro(x, y)
         reports = await self._run(xs, ys, norm, train=False)
         accuracy = float("nan")

@@ -30,7 +30,6 @@ The built-in `ShardActor` implements the Megatron-LM column/row split of
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,11 +40,11 @@ from atomr.accel import Device, DeviceActor
 from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.device_guard import Rejected, guarded
-from atomr.train.core.errors import CheckpointError, InvalidBatchError, NonFiniteError
+from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
-from atomr.train.core.validation import validate_targets
+from atomr.train.core.step_checks import check_loss, check_normaliser
 from atomr.train.tensor_parallel.sharding import LayerShard, ShardLayout, shard_layout
 
 __all__ = [
@@ -142,7 +141,7 @@ class ShardLoss:
 
     Attributes:
         outputs: every shard's last-stage reply, in rank order.
-        labels: validated labels or targets (`validate_targets`).
+        labels: validated labels or targets (`validate_batch`).
         train: keep d(mean loss)/d(output) for `ShardBackward`.
     """
 
@@ -294,10 +293,6 @@ ShardProtocol = (
 
 
 # -- the built-in shard -------------------------------------------------------
-
-# Errors that reject a request (`device_guard.guarded` catches them on the
-# worker thread); unlike the Trainer's, an OSError is a device failure here.
-_REQUEST_ERRORS = (InvalidBatchError, NonFiniteError, CheckpointError)
 
 
 @dataclass
@@ -461,13 +456,11 @@ class ShardActor(DeviceActor):
             raise ValueError("ShardLoss before the last forward stage")
         be = self.backend
         out = self._output(outputs)
-        y = validate_targets(labels, self._batch, self.layout.sizes[-1], self.loss, self.dtype)
+        y = labels  # validated by the trainer (`validate_batch`)
         grad = be.empty(out.shape, dtype=self.dtype)
         loss_sum, norm = self.loss.sums(be, out, be.to_device(y), grad)
-        if not math.isfinite(loss_sum):
-            raise NonFiniteError(f"loss is not finite ({loss_sum}); step not applied")
-        if norm <= 0.0:
-            raise InvalidBatchError("every target has class weight 0; the loss is undefined")
+        check_loss(loss_sum)
+        check_normaliser(norm)
         correct = -1
         if not train and self.loss.is_classification:
             correct = int(np.sum(np.argmax(be.to_host(out), axis=1) == y))
@@ -657,7 +650,7 @@ class ShardActor(DeviceActor):
         try:
             if self.params is None:
                 await self.on_device(self._build)
-            result = await self.on_device(guarded, fn, *args, errors=_REQUEST_ERRORS)
+            result = await self.on_device(guarded, fn, *args)
         except Exception as exc:
             return Failure(exc)
         if isinstance(result, Rejected):

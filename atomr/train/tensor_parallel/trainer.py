@@ -44,12 +44,12 @@ from atomr.train.core.checkpoint import (
     save_checkpoint,
 )
 from atomr.train.core.config import TrainerConfig, check_update_rule
-from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.step_checks import check_gradient
 from atomr.train.core.validation import validate_batch
 from atomr.train.tensor_parallel.shard import (
     LossResult,
@@ -569,8 +569,7 @@ class TensorParallelTrainer(Actor):
         outs = await group.forward(x, train=True)
         result = await group.loss(outs, y, train=True)
         grad_norm, _ = await group.backward()
-        if not math.isfinite(grad_norm):
-            raise NonFiniteError("gradient is not finite; step not applied")
+        check_gradient(grad_norm)
         scale = 1.0
         clip = self.config.gradient_clip
         if clip is not None:

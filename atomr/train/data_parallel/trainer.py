@@ -101,8 +101,6 @@ __all__ = ["DataParallelConfig", "DataParallelTrainer", "ReplicaDivergenceError"
 
 logger = logging.getLogger(__name__)
 
-# errors that leave a replica intact (it answered with a Failure, it was not restarted)
-_REQUEST_ERRORS = (*REQUEST_ERRORS, ValueError, TypeError)
 _COLLECTIVES = ("host", "ring")
 
 
@@ -560,7 +558,7 @@ class DataParallelTrainer(Actor):
         """After a failed phase: re-sync the replicas that crashed, answer the
         error (its note names the replica and says `outcome`)."""
         failed = failed_indices(results)
-        crashed = [i for i in failed if not isinstance(results[i], _REQUEST_ERRORS)]
+        crashed = [i for i in failed if not isinstance(results[i], REQUEST_ERRORS)]
         await self._resync(crashed, failed)
         error = results[failed[0]]
         error.worker_index = failed[0]

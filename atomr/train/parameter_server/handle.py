@@ -30,7 +30,7 @@ from atomr.train.core.checkpoint import (
     save_checkpoint,
 )
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError
+from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.messages import Evaluate, GetWeights
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
@@ -43,7 +43,6 @@ from atomr.train.parameter_server.messages import (
     ParameterServerStats,
     SetShardState,
     ShardState,
-    StaleGradientError,
     Stats,
     TrainBatch,
 )
@@ -51,14 +50,9 @@ from atomr.train.parameter_server.worker import PsWorker
 
 __all__ = ["EpochRecord", "ParameterServerHandle", "build_parameter_server"]
 
-# errors that mean "the request was bad": never retried
-_REQUEST_ERRORS: tuple[type[Exception], ...] = (
-    ActorStoppedError,
-    InvalidBatchError,
-    NonFiniteError,
-    FloatingPointError,
-    StaleGradientError,
-)
+# a bad request (`REQUEST_ERRORS`, a stale gradient among them) or a stopped worker:
+# never retried
+_NOT_RETRIED: tuple[type[Exception], ...] = (*REQUEST_ERRORS, ActorStoppedError)
 
 _T = TypeVar("_T")
 
@@ -139,7 +133,7 @@ class ParameterServerHandle:
         for attempt in range(self.max_retries + 1):
             try:
                 return await self.workers[index].ask(message, timeout=600.0)
-            except _REQUEST_ERRORS:
+            except _NOT_RETRIED:
                 raise
             except Exception:
                 if attempt == self.max_retries:

@@ -80,6 +80,7 @@ from atomr.train.core.messages import (
     Step,
 )
 from atomr.train.core.mlp import Mlp
+from atomr.train.core.partition import bounds
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.validation import validate_batch
@@ -168,14 +169,6 @@ def _clip(grads: np.ndarray, clip: float | None, norm: float) -> None:
     """Clip `grads` (whose norm is `norm`) to `clip`, if set and the norm is finite."""
     if clip is not None and math.isfinite(norm):
         clip_grad_norm(cpu_backend(), grads, clip, norm)
-
-
-def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
-    out, lo = [], 0
-    for s in sizes:
-        out.append((lo, lo + s))
-        lo += s
-    return out
 
 
 class DataParallelTrainer(Actor):
@@ -446,7 +439,7 @@ class DataParallelTrainer(Actor):
 
     def _shards(self, x: np.ndarray, y: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         assert self.balancer is not None
-        return [(x[lo:hi], y[lo:hi]) for lo, hi in _bounds(self.balancer.split(x.shape[0]))]
+        return [(x[lo:hi], y[lo:hi]) for lo, hi in bounds(self.balancer.split(x.shape[0]))]
 
     # -- the step -----------------------------------------------------------
 

@@ -2,7 +2,7 @@
 and the driver that trains it; built by `AsyncParameterServer.spawn`.
 
 The driver splits every global batch into one part per worker
-(`np.array_split`: uneven parts allowed) and runs one loop per worker, each
+(`split_bounds`: uneven parts allowed) and runs one loop per worker, each
 asking its worker to `TrainBatch` its parts in order. The loops do not wait
 for each other: the servers' consistency model alone decides how far the
 workers may drift apart. A worker that fails is restarted by its supervisor
@@ -34,6 +34,7 @@ from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.messages import Evaluate, GetWeights
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.validation import validate_batch
 from atomr.train.parameter_server.client import split_ranges
@@ -156,12 +157,11 @@ class ParameterServerHandle:
             out_width=sizes[-1],
             dtype=self.model.dtype,
         )
-        n = len(self.workers)
-        return list(zip(np.array_split(x, n), np.array_split(y, n), strict=True))
+        return [(x[lo:hi], y[lo:hi]) for lo, hi in split_bounds(len(x), len(self.workers))]
 
     async def step(self, features: np.ndarray, labels: np.ndarray) -> list[StepStats]:
         """Train one global batch: each worker gets one part of it
-        (`np.array_split`) and pushes one gradient. In synchronous mode this
+        (`split_bounds`) and pushes one gradient. In synchronous mode this
         is exactly one optimizer step on the whole batch.
 
         Returns:

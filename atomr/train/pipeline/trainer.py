@@ -58,6 +58,7 @@ from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.partition import bounds
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.validation import validate_batch
@@ -374,10 +375,8 @@ class PipelineParallelTrainer(Actor):
     def _micro(
         self, x: np.ndarray, y: np.ndarray
     ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-        bounds = np.cumsum([0, *split_micro_batches(x.shape[0], self.config.micro_batch_size)])
-        xs = tuple(x[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
-        ys = tuple(y[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
-        return xs, ys
+        cuts = bounds(split_micro_batches(x.shape[0], self.config.micro_batch_size))
+        return tuple(x[a:b] for a, b in cuts), tuple(y[a:b] for a, b in cuts)
 
     async def _run(
         self, xs: tuple[np.ndarray, ...], ys: tuple[np.ndarray, ...], norm: float, train: bool

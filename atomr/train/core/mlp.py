@@ -133,7 +133,7 @@ class Mlp:
         sizes = [int(s) for s in sizes]
         if len(sizes) < 2 or any(s < 1 for s in sizes):
             raise ValueError(f"sizes must have >= 2 entries, each >= 1; got {sizes}")
-        if activation not in ACTIVATIONS:
+        if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise ValueError(
                 f"unknown activation {activation!r}; expected one of {tuple(ACTIVATIONS)}"
             )

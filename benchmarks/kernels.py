@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr.accel import backend_for
+from atomr.accel import AdamHyperparameters, SgdHyperparameters, backend_for
 
 
 def best(fn: Callable[[], Any], repeat: int) -> float:
@@ -118,6 +118,8 @@ def cases(
             out += extra
 
     lr, b1, b2, eps, wd = 1e-3, 0.9, 0.999, 1e-8, 0.01
+    sgd = SgdHyperparameters(lr, momentum=0.9, weight_decay=wd, nesterov=True)
+    adam = AdamHyperparameters(lr, b1, b2, eps, weight_decay=wd)
 
     def np_adam() -> None:  # torch.optim.Adam's single-tensor path, in place
         nonlocal t1, t2, m, v
@@ -179,19 +181,17 @@ def cases(
         "sum_into_4": (lambda: be.sum_into(out, bufs), np_sum),
         "squared_norm": (lambda: be.squared_norm(x), lambda: float(np.dot(x, x))),
         "sgd_nesterov": (
-            lambda: be.sgd_step(
-                p, g, buf, lr=lr, step=2, momentum=0.9, weight_decay=wd, nesterov=True
-            ),
+            lambda: be.sgd_step(p, g, buf, sgd, step=2),
             np_sgd,
         ),
-        "adam": (lambda: be.adam_step(p, g, m, v, lr=lr, step=3, weight_decay=wd), np_adam),
+        "adam": (lambda: be.adam_step(p, g, m, v, adam, step=3), np_adam),
     }
 
 
 FIRST_CALLS = """
 import time, numpy as np
 t0 = time.perf_counter()
-from atomr.accel import backend_for
+from atomr.accel import AdamHyperparameters, SgdHyperparameters, backend_for
 be = backend_for("cpu:0")
 x = np.ones(8, np.float32); y = np.ones(8, np.float32); a = np.ones((2, 4), np.float32)
 for k in ("relu", "tanh", "gelu"):
@@ -199,7 +199,8 @@ for k in ("relu", "tanh", "gelu"):
 be.bias_add(a, x[:4]); be.bias_grad(a, x[:4]); be.axpy(1.0, x, y); be.scale(y, 1.0)
 be.softmax_cross_entropy(a, np.array([0, 1]), None, a.copy()); be.mse(x, y, y.copy())
 be.sum_into(y, [x, x]); be.squared_norm(x)
-be.sgd_step(x, y, y.copy(), lr=0.1, step=1, momentum=0.9); be.adam_step(x, y, y.copy(), y.copy(), lr=0.1, step=1)
+be.sgd_step(x, y, y.copy(), SgdHyperparameters(0.1, momentum=0.9), 1)
+be.adam_step(x, y, y.copy(), y.copy(), AdamHyperparameters(0.1), 1)
 print(time.perf_counter() - t0)
 """
 

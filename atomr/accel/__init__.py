@@ -30,6 +30,7 @@ from atomr.accel.errors import (
     OutOfMemory,
     Unrecoverable,
 )
+from atomr.accel.hyperparameters import AdamHyperparameters, SgdHyperparameters
 from atomr.accel.translate import translate_error
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTIVATIONS",
+    "AdamHyperparameters",
     "Backend",
     "ContextPoisoned",
     "CpuBackend",
@@ -50,6 +52,7 @@ __all__ = [
     "GpuRefStale",
     "KernelTimeout",
     "OutOfMemory",
+    "SgdHyperparameters",
     "Unrecoverable",
     "backend_for",
     "cpu_devices",

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel.device import Device, cuda_device_count
+from atomr.accel.hyperparameters import AdamHyperparameters, SgdHyperparameters
 from atomr.accel.kernels.elementwise import ACTIVATIONS
 
 __all__ = ["ACTIVATIONS", "Backend", "backend_for"]
@@ -525,13 +526,9 @@ class Backend(abc.ABC):
         params: Any,
         grads: Any,
         momentum_buf: Any | None,
-        *,
-        lr: float,
+        hyperparameters: SgdHyperparameters,
         step: int,
-        momentum: float = 0.0,
-        dampening: float = 0.0,
-        weight_decay: float = 0.0,
-        nesterov: bool = False,
+        *,
         params_out: Any | None = None,
         momentum_out: Any | None = None,
     ) -> None:
@@ -544,12 +541,9 @@ class Backend(abc.ABC):
             momentum_buf: the momentum buffer (same shape, updated in place); may be
                 None when ``momentum == 0``. Its content is ignored on step 1 (torch's
                 first-step rule ``buf = grad``), so it need not be zeroed.
-            lr: learning rate, >= 0.
+            hyperparameters: lr, momentum, dampening, weight decay and nesterov,
+                validated when they were built (they are not checked again here).
             step: the 1-based step number (1 on the first step).
-            momentum: momentum factor, >= 0.
-            dampening: dampening for momentum.
-            weight_decay: L2 penalty, >= 0.
-            nesterov: Nesterov momentum (needs momentum > 0 and dampening == 0, as torch).
             params_out: where the new parameters go (same shape; default ``params``):
                 out of place, ``params`` is read only.
             momentum_out: where the new momentum buffer goes (default ``momentum_buf``).
@@ -557,22 +551,17 @@ class Backend(abc.ABC):
                 are bit-identical to the in-place step's.
 
         Raises:
-            TypeError: wrong array type or dtype.
-            ValueError: shapes differ, not contiguous, bad hyper-parameter, missing buffer.
+            TypeError: wrong array type or dtype, or ``hyperparameters`` is not an
+                ``SgdHyperparameters``.
+            ValueError: shapes differ, not contiguous, a step below 1, missing buffer.
         """
-        lr = _real("sgd_step", "lr", lr)
-        momentum = _real("sgd_step", "momentum", momentum)
-        dampening = _real("sgd_step", "dampening", dampening)
-        weight_decay = _real("sgd_step", "weight_decay", weight_decay)
-        _step_number("sgd_step", step)
-        if lr < 0 or momentum < 0 or weight_decay < 0:
-            raise ValueError(
-                f"sgd_step: lr, momentum and weight_decay must be >= 0, got lr={lr},"
-                f" momentum={momentum}, weight_decay={weight_decay}"
+        if not isinstance(hyperparameters, SgdHyperparameters):
+            raise TypeError(
+                "sgd_step: hyperparameters must be an SgdHyperparameters,"
+                f" got {type(hyperparameters).__name__}"
             )
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("sgd_step: nesterov needs momentum > 0 and dampening == 0")
-        if momentum != 0 and momentum_buf is None:
+        _step_number("sgd_step", step)
+        if hyperparameters.momentum != 0 and momentum_buf is None:
             raise ValueError("sgd_step: momentum != 0 needs a momentum_buf")
         bufs: dict[str, Any] = {"params": params, "grads": grads}
         if momentum_buf is not None:
@@ -593,19 +582,7 @@ class Backend(abc.ABC):
         out_buf = self._flat(momentum_out) if momentum_out is not None else flat_buf
         if momentum_buf is None:
             out_buf = out_p
-        self._sgd_step(
-            flat_p,
-            self._flat(grads),
-            flat_buf,
-            lr,
-            momentum,
-            dampening,
-            weight_decay,
-            bool(nesterov),
-            step == 1,
-            out_p,
-            out_buf,
-        )
+        self._sgd_step(flat_p, self._flat(grads), flat_buf, hyperparameters, step, out_p, out_buf)
 
     @abc.abstractmethod
     def _sgd_step(
@@ -613,12 +590,8 @@ class Backend(abc.ABC):
         p: Any,
         g: Any,
         buf: Any,
-        lr: float,
-        momentum: float,
-        dampening: float,
-        weight_decay: float,
-        nesterov: bool,
-        first: bool,
+        hyperparameters: SgdHyperparameters,
+        step: int,
         p_out: Any,
         buf_out: Any,
     ) -> None: ...
@@ -629,14 +602,9 @@ class Backend(abc.ABC):
         grads: Any,
         exp_avg: Any,
         exp_avg_sq: Any,
-        *,
-        lr: float,
+        hyperparameters: AdamHyperparameters,
         step: int,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        decoupled: bool = False,
+        *,
         params_out: Any | None = None,
         exp_avg_out: Any | None = None,
         exp_avg_sq_out: Any | None = None,
@@ -653,35 +621,25 @@ class Backend(abc.ABC):
             grads: their gradients (read only), same shape.
             exp_avg: first moment m (zeros before step 1), updated in place.
             exp_avg_sq: second moment v (zeros before step 1), updated in place.
-            lr: learning rate, >= 0.
+            hyperparameters: lr, betas, eps, weight decay and ``decoupled``,
+                validated when they were built (they are not checked again here).
             step: the 1-based step number t used in the bias corrections.
-            beta1: in [0, 1).
-            beta2: in [0, 1).
-            eps: added to the denominator, >= 0.
-            weight_decay: >= 0.
-            decoupled: AdamW's decoupled weight decay instead of Adam's L2.
             params_out, exp_avg_out, exp_avg_sq_out: where the new parameters and
                 moments go (same shape; each defaults to its input, in place). Out of
                 place, the inputs are left as they were and the results are
                 bit-identical to the in-place step's.
 
         Raises:
-            TypeError: wrong array type or dtype.
-            ValueError: shapes differ, not contiguous, bad hyper-parameter.
+            TypeError: wrong array type or dtype, or ``hyperparameters`` is not an
+                ``AdamHyperparameters``.
+            ValueError: shapes differ, not contiguous, a step below 1.
         """
-        lr = _real("adam_step", "lr", lr)
-        beta1 = _real("adam_step", "beta1", beta1)
-        beta2 = _real("adam_step", "beta2", beta2)
-        eps = _real("adam_step", "eps", eps)
-        weight_decay = _real("adam_step", "weight_decay", weight_decay)
-        _step_number("adam_step", step)
-        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
-            raise ValueError(f"adam_step: betas must be in [0, 1), got ({beta1}, {beta2})")
-        if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError(
-                f"adam_step: lr, eps and weight_decay must be >= 0, got lr={lr}, eps={eps},"
-                f" weight_decay={weight_decay}"
+        if not isinstance(hyperparameters, AdamHyperparameters):
+            raise TypeError(
+                "adam_step: hyperparameters must be an AdamHyperparameters,"
+                f" got {type(hyperparameters).__name__}"
             )
+        _step_number("adam_step", step)
         bufs = {"params": params, "grads": grads, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
         outs = {"params": params_out, "exp_avg": exp_avg_out, "exp_avg_sq": exp_avg_sq_out}
         for name, out in outs.items():
@@ -696,12 +654,7 @@ class Backend(abc.ABC):
             self._flat(grads),
             self._flat(exp_avg),
             self._flat(exp_avg_sq),
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            bool(decoupled),
+            hyperparameters,
             step,
             flat["params"],
             flat["exp_avg"],
@@ -715,12 +668,7 @@ class Backend(abc.ABC):
         g: Any,
         m: Any,
         v: Any,
-        lr: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        weight_decay: float,
-        decoupled: bool,
+        hyperparameters: AdamHyperparameters,
         step: int,
         p_out: Any,
         m_out: Any,

@@ -17,6 +17,7 @@ import numpy as np
 from numba import cuda
 
 from atomr.accel.backend import Backend
+from atomr.accel.hyperparameters import AdamHyperparameters, SgdHyperparameters
 from atomr.accel.kernels import elementwise, loss, matmul, optim, reduce
 from atomr.accel.sim_lock import launch_lock
 
@@ -190,18 +191,12 @@ class CudaBackend(Backend):
         p: Any,
         g: Any,
         buf: Any,
-        lr: float,
-        momentum: float,
-        dampening: float,
-        weight_decay: float,
-        nesterov: bool,
-        first: bool,
+        hyperparameters: SgdHyperparameters,
+        step: int,
         p_out: Any,
         buf_out: Any,
     ) -> None:
-        optim.sgd_step_cuda(
-            p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first, p_out, buf_out
-        )
+        optim.sgd_step_cuda(p, g, buf, hyperparameters, step, p_out, buf_out)
 
     def _adam_step(
         self,
@@ -209,17 +204,10 @@ class CudaBackend(Backend):
         g: Any,
         m: Any,
         v: Any,
-        lr: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        weight_decay: float,
-        decoupled: bool,
+        hyperparameters: AdamHyperparameters,
         step: int,
         p_out: Any,
         m_out: Any,
         v_out: Any,
     ) -> None:
-        optim.adam_step_cuda(
-            p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step, p_out, m_out, v_out
-        )
+        optim.adam_step_cuda(p, g, m, v, hyperparameters, step, p_out, m_out, v_out)

@@ -31,7 +31,7 @@ from atomr.train.core.messages import (
 from atomr.train.core.mlp import LayerOffsets, Mlp, Tape
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.validation import validate_batch, validate_features, validate_targets
+from atomr.train.core.validation import validate_batch, validate_features
 from atomr.train.data_parallel import (
     DataParallelOptions,
     DataParallelTrainer,
@@ -145,5 +145,4 @@ __all__ = [
     "synthetic_classification",
     "validate_batch",
     "validate_features",
-    "validate_targets",
 ]

@@ -15,7 +15,6 @@ the concatenated batch.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -42,11 +41,11 @@ from atomr.train.core.checkpoint import (
 from atomr.train.core.clip import clip_grad_norm, global_norm
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import Optimizer
 from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.validation import validate_batch
 
 __all__ = ["Trainer"]
@@ -206,7 +205,7 @@ class Trainer(DeviceActor):
 
     # -- device-side work (runs on the device's worker thread) ---------------
 
-    def _step(self, x: np.ndarray, y: np.ndarray) -> StepStats | Rejected:
+    def _step(self, x: np.ndarray, y: np.ndarray) -> StepStats:
         model, opt, cfg = self.model, self.optimizer, self.config
         assert model is not None and opt is not None
         be = model.backend
@@ -215,24 +214,18 @@ class Trainer(DeviceActor):
         tape = model.forward_train(xd)
         d_out = be.empty(tape.output.shape, dtype=model.dtype)
         loss_sum, norm = cfg.loss.sums(be, tape.output, yd, d_out)
-        if not math.isfinite(loss_sum):
-            return Rejected(NonFiniteError(f"loss is not finite ({loss_sum}); step not applied"))
+        check_loss(loss_sum)
         k = cfg.accumulation_steps
         if k == 1:
-            if norm <= 0.0:
-                return Rejected(
-                    InvalidBatchError("every target has class weight 0; the loss is undefined")
-                )
+            check_normaliser(norm)
             be.scale(d_out, 1.0 / norm)
             model.backward(tape, d_out)
             grad_norm = global_norm(be, model.grads)
-            if not math.isfinite(grad_norm):
-                return Rejected(NonFiniteError("gradient is not finite; step not applied"))
+            check_gradient(grad_norm)
             return self._apply(grad_norm, loss_sum / norm, x.shape[0], t0)
         # accumulation: gradients of the *sum*, divided once on the K-th step
         model.backward(tape, d_out)
-        if not math.isfinite(be.squared_norm(model.grads)):
-            return Rejected(NonFiniteError("gradient is not finite; micro-step not applied"))
+        check_gradient(be.squared_norm(model.grads), "micro-step")
         if self._micro + 1 < k:
             if self._accum is None:
                 self._accum = be.zeros((model.n_params,), dtype=model.dtype)
@@ -244,16 +237,12 @@ class Trainer(DeviceActor):
             micros = (time.perf_counter_ns() - t0) // 1000
             return StepStats(micro_loss, 0.0, micros, x.shape[0], applied=False)
         total_norm = self._accum_norm + norm
-        if total_norm <= 0.0:
-            return Rejected(
-                InvalidBatchError("every target has class weight 0; the loss is undefined")
-            )
+        check_normaliser(total_norm)
         if self._accum is not None:
             be.axpy(1.0, self._accum, model.grads)
         be.scale(model.grads, 1.0 / total_norm)
         grad_norm = global_norm(be, model.grads)
-        if not math.isfinite(grad_norm):
-            return Rejected(NonFiniteError("gradient is not finite; step not applied"))
+        check_gradient(grad_norm)
         stats = self._apply(grad_norm, (self._accum_loss + loss_sum) / total_norm, x.shape[0], t0)
         self._reset_accumulation()
         return stats
@@ -269,17 +258,14 @@ class Trainer(DeviceActor):
         micros = (time.perf_counter_ns() - t0) // 1000
         return StepStats(float(loss), float(grad_norm), int(micros), int(samples))
 
-    def _evaluate(self, x: np.ndarray, y: np.ndarray) -> EvalResult | Rejected:
+    def _evaluate(self, x: np.ndarray, y: np.ndarray) -> EvalResult:
         model = self.model
         assert model is not None
         be = model.backend
         out = model.forward(be.to_device(x))
         d_out = be.empty(out.shape, dtype=model.dtype)
         loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)
-        if norm <= 0.0:
-            return Rejected(
-                InvalidBatchError("every target has class weight 0; the loss is undefined")
-            )
+        check_normaliser(norm)
         accuracy = float("nan")
         if self.config.loss.is_classification:
             accuracy = float(np.mean(np.argmax(be.to_host(out), axis=1) == y))

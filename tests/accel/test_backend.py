@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from accel_helpers import get, put
 
-from atomr.accel import CpuBackend, backend_for
+from atomr.accel import AdamHyperparameters, CpuBackend, SgdHyperparameters, backend_for
+
+SGD, ADAM = SgdHyperparameters(0.1), AdamHyperparameters(0.1)
 
 
 def f32(*shape):
@@ -98,35 +100,29 @@ def test_cuda_rejects_float64(cuda_be):
         ),
         (
             lambda be: be.sgd_step(
-                put(be, f32(3)), put(be, f32(3)), None, lr=0.1, step=1, momentum=0.9
+                put(be, f32(3)), put(be, f32(3)), None, SgdHyperparameters(0.1, momentum=0.9), 1
             ),
             ValueError,
             "needs a momentum_buf",
         ),
         (
-            lambda be: be.sgd_step(put(be, f32(3)), put(be, f32(3)), None, lr=0.1, step=0),
+            lambda be: be.sgd_step(put(be, f32(3)), put(be, f32(3)), None, SGD, step=0),
             ValueError,
             "step must be an int >= 1",
         ),
         (
             lambda be: be.adam_step(
-                put(be, f32(3)), put(be, f32(3)), put(be, f32(3)), put(be, f32(2)), lr=0.1, step=1
+                put(be, f32(3)), put(be, f32(3)), put(be, f32(3)), put(be, f32(2)), ADAM, 1
             ),
             ValueError,
             "exp_avg_sq has shape",
         ),
         (
             lambda be: be.adam_step(
-                put(be, f32(3)),
-                put(be, f32(3)),
-                put(be, f32(3)),
-                put(be, f32(3)),
-                lr=0.1,
-                step=1,
-                beta1=1.0,
+                put(be, f32(3)), put(be, f32(3)), put(be, f32(3)), put(be, f32(3)), SGD, 1
             ),
-            ValueError,
-            "betas",
+            TypeError,
+            "must be an AdamHyperparameters",
         ),
         (lambda be: be.scale(put(be, np.zeros(3, np.float16)), 2.0), TypeError, "float16"),
         (
@@ -240,17 +236,17 @@ def test_read_only_inputs_are_accepted():
     loss, _ = be.softmax_cross_entropy(logits, np.array([0, 1]), None, np.empty((2, 3), np.float32))
     assert loss == pytest.approx(2 * np.log(3.0))
     p = np.ones(2, np.float32)
-    be.sgd_step(p, x, None, lr=0.5, step=1)
+    be.sgd_step(p, x, None, SgdHyperparameters(0.5), 1)
     np.testing.assert_array_equal(p, [1.5, 0.0])
     m, v = np.zeros(2, np.float32), np.zeros(2, np.float32)
-    be.adam_step(p, x, m, v, lr=0.1, step=1)
+    be.adam_step(p, x, m, v, ADAM, 1)
     be.adam_step(
         frozen(p),
         x,
         frozen(m),
         frozen(v),
-        lr=0.1,
-        step=2,
+        ADAM,
+        2,
         params_out=p,
         exp_avg_out=m,
         exp_avg_sq_out=v,

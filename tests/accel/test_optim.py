@@ -8,7 +8,7 @@ from accel_helpers import get, put, rand
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atomr.accel import backend_for
+from atomr.accel import AdamHyperparameters, SgdHyperparameters, backend_for
 
 STEPS = 4
 
@@ -66,7 +66,7 @@ def test_sgd(be, rng, n, case):
     p = put(be, p0)
     buf = put(be, np.full(n, 123.0, np.float32)) if case["momentum"] else None  # ignored on step 1
     for t, g in enumerate(grads, start=1):
-        be.sgd_step(p, put(be, g), buf, lr=0.1, step=t, **case)
+        be.sgd_step(p, put(be, g), buf, SgdHyperparameters(0.1, **case), step=t)
     ref_p, ref_buf = ref_sgd(p0, grads, 0.1, **case)
     np.testing.assert_allclose(get(be, p), ref_p, rtol=1e-5, atol=1e-6)
     if buf is not None:
@@ -81,19 +81,8 @@ def test_adam_and_adamw(be, rng, n, decoupled, wd):
     p, m, v = put(be, p0), be.zeros(n), be.zeros(n)
     for t, g in enumerate(grads, start=1):
         gb = put(be, g)
-        be.adam_step(
-            p,
-            gb,
-            m,
-            v,
-            lr=0.01,
-            step=t,
-            beta1=0.9,
-            beta2=0.99,
-            eps=1e-8,
-            weight_decay=wd,
-            decoupled=decoupled,
-        )
+        hyper = AdamHyperparameters(0.01, 0.9, 0.99, 1e-8, weight_decay=wd, decoupled=decoupled)
+        be.adam_step(p, gb, m, v, hyper, step=t)
         np.testing.assert_array_equal(get(be, gb), g)  # gradients are read only
     ref_p, ref_m, ref_v = ref_adam(p0, grads, 0.01, 0.9, 0.99, 1e-8, wd, decoupled)
     np.testing.assert_allclose(get(be, p), ref_p, rtol=1e-5, atol=1e-6)
@@ -110,7 +99,7 @@ def test_adam_first_step_moves_each_parameter_by_about_lr():
         np.array([1.0, -2.0, 0.5, 3.0], np.float32),
         np.zeros(4, np.float32),
         np.zeros(4, np.float32),
-        lr=0.1,
+        AdamHyperparameters(lr=0.1),
         step=1,
     )
     np.testing.assert_allclose(p, [-0.1, 0.1, -0.1, -0.1], rtol=1e-6)
@@ -133,15 +122,15 @@ def test_cpu_optimizers_random(n, momentum, nesterov, wd, decoupled, seed):
     nesterov = nesterov and momentum > 0
     p, buf = p0.copy(), np.zeros(n)
     for t, g in enumerate(grads, start=1):
-        be.sgd_step(
-            p, g, buf, lr=0.05, step=t, momentum=momentum, weight_decay=wd, nesterov=nesterov
-        )
+        hyper = SgdHyperparameters(0.05, momentum=momentum, weight_decay=wd, nesterov=nesterov)
+        be.sgd_step(p, g, buf, hyper, step=t)
     np.testing.assert_allclose(
         p, ref_sgd(p0, grads, 0.05, momentum, 0.0, wd, nesterov)[0], rtol=1e-10, atol=1e-12
     )
     p, m, v = p0.copy(), np.zeros(n), np.zeros(n)
     for t, g in enumerate(grads, start=1):
-        be.adam_step(p, g, m, v, lr=0.01, step=t, weight_decay=wd, decoupled=decoupled)
+        hyper = AdamHyperparameters(0.01, weight_decay=wd, decoupled=decoupled)
+        be.adam_step(p, g, m, v, hyper, step=t)
     np.testing.assert_allclose(
         p, ref_adam(p0, grads, 0.01, 0.9, 0.999, 1e-8, wd, decoupled)[0], rtol=1e-9, atol=1e-12
     )

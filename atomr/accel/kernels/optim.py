@@ -20,14 +20,16 @@ Adam (coupled L2) / AdamW (decoupled weight decay), step t >= 1::
     p = p - step_size * m / denom
 
 The per-element math (``sgd_update``, ``adam_update``) is written once and
-compiled for both targets; the bias corrections are computed once per step
-on the host. Gradients are read, never written.
+compiled for both targets; the hyperparameters arrive validated, as an
+``SgdHyperparameters`` / ``AdamHyperparameters`` (``atomr.accel.hyperparameters``),
+whose ``kernel_args`` gives the kernel's scalars (Adam's bias corrections
+computed once per step on the host). Gradients are read, never written.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atomr.accel.kernels._compile import (
     cpu_loop,
@@ -38,10 +40,12 @@ from atomr.accel.kernels._compile import (
     launch_1d,
 )
 
+if TYPE_CHECKING:
+    from atomr.accel.hyperparameters import AdamHyperparameters, SgdHyperparameters
+
 __all__ = [
     "adam_step_cpu",
     "adam_step_cuda",
-    "adam_scalars",
     "sgd_step_cpu",
     "sgd_step_cuda",
 ]
@@ -101,34 +105,6 @@ def adam_update(
     return p - step_size * m / denom, m, v
 
 
-def adam_scalars(
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    decoupled: bool,
-    step: int,
-    dtype: Any,
-) -> tuple[Any, ...]:
-    """Host-side coefficients of one step, in ``dtype``: the arguments of ``adam_update`` after v."""
-    t = dtype.type
-    step_size = lr / (1.0 - beta1**step)
-    inv_bc2_sqrt = 1.0 / math.sqrt(1.0 - beta2**step)
-    l2, decay = (0.0, 1.0 - lr * weight_decay) if decoupled else (weight_decay, 1.0)
-    return (
-        t(beta1),
-        t(1.0 - beta1),
-        t(beta2),
-        t(1.0 - beta2),
-        t(l2),
-        t(decay),
-        t(step_size),
-        t(inv_bc2_sqrt),
-        t(eps),
-    )
-
-
 _sgd_cpu = cpu_scalar(sgd_update)
 _sgd_gpu = gpu_scalar(sgd_update)
 _adam_cpu = cpu_scalar(adam_update)
@@ -183,12 +159,8 @@ def sgd_step_cuda(
     p: Any,
     g: Any,
     buf: Any,
-    lr: float,
-    momentum: float,
-    dampening: float,
-    weight_decay: float,
-    nesterov: bool,
-    first: bool,
+    hyper: SgdHyperparameters,
+    step: int,
     p_out: Any = None,
     buf_out: Any = None,
 ) -> None:
@@ -196,21 +168,8 @@ def sgd_step_cuda(
 
     The results go to ``p_out`` / ``buf_out`` (default: ``p`` / ``buf``, in place).
     """
-    launch_1d(
-        _sgd_kernel,
-        p.size,
-        p,
-        g,
-        buf,
-        p if p_out is None else p_out,
-        buf if buf_out is None else buf_out,
-        float(lr),
-        float(momentum),
-        float(dampening),
-        float(weight_decay),
-        bool(nesterov),
-        bool(first),
-    )
+    outs = (p if p_out is None else p_out, buf if buf_out is None else buf_out)
+    launch_1d(_sgd_kernel, p.size, p, g, buf, *outs, *hyper.kernel_args(step))
 
 
 def adam_step_cuda(
@@ -218,12 +177,7 @@ def adam_step_cuda(
     g: Any,
     m: Any,
     v: Any,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    decoupled: bool,
+    hyper: AdamHyperparameters,
     step: int,
     p_out: Any = None,
     m_out: Any = None,
@@ -233,7 +187,7 @@ def adam_step_cuda(
 
     The results go to ``p_out`` / ``m_out`` / ``v_out`` (default: in place).
     """
-    coeffs = adam_scalars(lr, beta1, beta2, eps, weight_decay, decoupled, step, p.dtype)
+    coeffs = hyper.kernel_args(step, p.dtype)
     outs = (p if p_out is None else p_out, m if m_out is None else m_out)
     launch_1d(_adam_kernel, p.size, p, g, m, v, *outs, v if v_out is None else v_out, *coeffs)
 
@@ -296,12 +250,8 @@ def sgd_step_cpu(
     p: Any,
     g: Any,
     buf: Any,
-    lr: float,
-    momentum: float,
-    dampening: float,
-    weight_decay: float,
-    nesterov: bool,
-    first: bool,
+    hyper: SgdHyperparameters,
+    step: int,
     p_out: Any = None,
     buf_out: Any = None,
 ) -> None:
@@ -309,13 +259,12 @@ def sgd_step_cpu(
 
     The results go to ``p_out`` / ``buf_out`` (default: ``p`` / ``buf``, in place).
     """
-    args = (float(lr), float(momentum), float(dampening), float(weight_decay))
-    flags = (bool(nesterov), bool(first))
+    args = hyper.kernel_args(step)
     if _in_place((p, p_out), (buf, buf_out)):
-        _sgd_loop(p, g, buf, *args, *flags)
+        _sgd_loop(p, g, buf, *args)
     else:
         outs = (p if p_out is None else p_out, buf if buf_out is None else buf_out)
-        _sgd_loop_out(p, g, buf, *outs, *args, *flags)
+        _sgd_loop_out(p, g, buf, *outs, *args)
 
 
 def adam_step_cpu(
@@ -323,12 +272,7 @@ def adam_step_cpu(
     g: Any,
     m: Any,
     v: Any,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    decoupled: bool,
+    hyper: AdamHyperparameters,
     step: int,
     p_out: Any = None,
     m_out: Any = None,
@@ -338,7 +282,7 @@ def adam_step_cpu(
 
     The results go to ``p_out`` / ``m_out`` / ``v_out`` (default: in place).
     """
-    coeffs = adam_scalars(lr, beta1, beta2, eps, weight_decay, decoupled, step, p.dtype)
+    coeffs = hyper.kernel_args(step, p.dtype)
     if _in_place((p, p_out), (m, m_out), (v, v_out)):
         _adam_loop(p, g, m, v, *coeffs)
     else:

@@ -14,7 +14,7 @@ complete for the whole group:
 The buffer conventions, the same for every collective ("participant k's
 buffer": `buffers[k]` on the host, member k's own buffer in the ring, rank
 k's `buffers[0]` across processes; "chunk k": positions `lo_k:hi_k` of
-`split_bounds(len, n)`, the one partition rule of `comm/partition.py`):
+`split_bounds(len, n)`, the one partition rule of `core/partition.py`):
 
 | operation | before | after |
 |---|---|---|
@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr.train.comm._checks import check_buffers
-from atomr.train.comm.partition import split_bounds
+from atomr.train.core.partition import split_bounds
 
 __all__ = ["Collective", "HostCollective"]
 

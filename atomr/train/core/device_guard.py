@@ -20,14 +20,19 @@ from atomr.train.core.errors import CheckpointError, InvalidBatchError, NonFinit
 
 __all__ = ["REQUEST_ERRORS", "Rejected", "guarded"]
 
-REQUEST_ERRORS = (
+REQUEST_ERRORS: tuple[type[Exception], ...] = (
     InvalidBatchError,
     NonFiniteError,
     CheckpointError,
     OSError,
+    ValueError,
+    TypeError,
 )
-"""Errors that mean "this request was bad": answered with `Failure(exc)`, so
-the actor is not restarted; anything else fails the actor and its parent decides."""
+"""The one list of errors that mean "this request was bad" (bad input, a
+non-finite loss, an unreadable checkpoint or path, an argument of the wrong
+value or type, as `DeviceActor` treats them too): the actor answers
+`Failure(exc)` and is not restarted, and the asker does not retry. Anything
+else fails the actor and its parent decides."""
 
 
 @dataclass

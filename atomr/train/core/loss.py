@@ -22,9 +22,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from atomr.train.core._cpu import cpu_backend
+from atomr.train.core.errors import InvalidBatchError
+from atomr.train.core.step_checks import check_normaliser
+
 __all__ = ["LossKind"]
 
 _NAMES = ("mse", "cross_entropy")
+_FLOATS = (np.float32, np.float64)
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,55 @@ class LossKind:
         loss_sum, weight_sum = backend.softmax_cross_entropy(outputs, targets, weights, grad)
         return float(loss_sum), float(weight_sum)
 
+    def validate_targets(
+        self, labels: Any, batch: int, out_width: int, dtype: Any = np.float32
+    ) -> np.ndarray:
+        """Check labels (cross-entropy) or regression targets (MSE) for this loss.
+
+        Args:
+            labels: for cross-entropy, integer labels `(batch,)` in
+                `[0, out_width)`; for MSE, a float array `(batch, out_width)`.
+            batch: the batch size the labels must match.
+            out_width: the model's output width (number of classes).
+            dtype: the model's float dtype (MSE targets are cast to it).
+
+        Returns:
+            Contiguous int64 labels, or contiguous `dtype` targets.
+
+        Raises:
+            InvalidBatchError: wrong type, dtype, shape, label out of range, a
+                weighted-CE class count that differs from `out_width`, or
+                NaN/Inf targets.
+        """
+        if not isinstance(labels, np.ndarray):
+            raise InvalidBatchError(f"labels must be a numpy array, got {type(labels).__name__}")
+        if self.is_classification:
+            if labels.dtype.kind not in "iu":
+                raise InvalidBatchError(
+                    f"cross-entropy labels must be integers, got {labels.dtype}"
+                )
+            if labels.shape != (batch,):
+                raise InvalidBatchError(f"labels must have shape ({batch},), got {labels.shape}")
+            if self.class_weights is not None and len(self.class_weights) != out_width:
+                raise InvalidBatchError(
+                    f"{len(self.class_weights)} class weights for {out_width} classes"
+                )
+            if batch and (int(labels.min()) < 0 or int(labels.max()) >= out_width):
+                raise InvalidBatchError(
+                    f"labels must be in [0, {out_width}), got range "
+                    f"[{int(labels.min())}, {int(labels.max())}]"
+                )
+            return np.ascontiguousarray(labels, dtype=np.int64)
+        if labels.dtype not in _FLOATS:
+            raise InvalidBatchError(f"MSE targets must be float32 or float64, got {labels.dtype}")
+        if labels.shape != (batch, out_width):
+            raise InvalidBatchError(
+                f"MSE targets must have shape ({batch}, {out_width}), got {labels.shape}"
+            )
+        if not np.isfinite(labels).all():
+            raise InvalidBatchError("targets contain NaN or Inf")
+        return np.ascontiguousarray(labels, dtype=dtype)
+
     def compute(self, outputs: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
         """Mean loss and its gradient on host arrays (CPU kernels).
 
@@ -121,26 +175,19 @@ class LossKind:
             as `outputs`.
 
         Raises:
-            InvalidBatchError: shapes, dtypes or label range do not fit.
-            ValueError: every target of a weighted cross-entropy has weight 0.
+            InvalidBatchError: shapes, dtypes or label range do not fit, or
+                every target of a weighted cross-entropy has weight 0.
         """
-        from atomr.train.core.validation import validate_targets
-
         outputs = np.asarray(outputs)
-        if outputs.ndim != 2 or outputs.dtype not in (np.float32, np.float64):
-            from atomr.train.core.errors import InvalidBatchError
-
+        if outputs.ndim != 2 or outputs.dtype not in _FLOATS:
             raise InvalidBatchError(
                 f"outputs must be a 2-D float32/float64 array, got {outputs.dtype} {outputs.shape}"
             )
         outputs = np.ascontiguousarray(outputs)
-        targets = validate_targets(targets, outputs.shape[0], outputs.shape[1], self, outputs.dtype)
-        from atomr.train.core._cpu import cpu_backend
-
+        targets = self.validate_targets(targets, outputs.shape[0], outputs.shape[1], outputs.dtype)
         grad = np.empty_like(outputs)
         loss_sum, norm = self.sums(cpu_backend(), outputs, targets, grad)
-        if norm <= 0.0:
-            raise ValueError("the targets' class weights sum to 0; the mean loss is undefined")
+        check_normaliser(norm)
         grad *= outputs.dtype.type(1.0 / norm)
         return loss_sum / norm, grad
 

@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ACTIVATIONS", "LayerOffsets", "Mlp", "Tape"]
+from atomr.accel import ACTIVATIONS, Device, backend_for
+from atomr.train.core._cpu import cpu_backend
 
-ACTIVATIONS = ("identity", "relu", "tanh", "gelu")
+__all__ = ["LayerOffsets", "Mlp", "Tape"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +79,6 @@ def _layout(sizes: Sequence[int]) -> list[LayerOffsets]:
         offsets.append(LayerOffsets(w, (fan_in, fan_out), pos, (fan_out,)))
         pos += fan_out
     return offsets
-
-
-def _default_backend() -> Any:
-    from atomr.train.core._cpu import cpu_backend
-
-    return cpu_backend()
 
 
 class Mlp:
@@ -138,8 +133,10 @@ class Mlp:
         sizes = [int(s) for s in sizes]
         if len(sizes) < 2 or any(s < 1 for s in sizes):
             raise ValueError(f"sizes must have >= 2 entries, each >= 1; got {sizes}")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; expected one of {ACTIVATIONS}")
+        if not isinstance(activation, str) or activation not in ACTIVATIONS:
+            raise ValueError(
+                f"unknown activation {activation!r}; expected one of {tuple(ACTIVATIONS)}"
+            )
         try:
             dt = np.dtype(dtype)
         except TypeError as exc:
@@ -148,10 +145,8 @@ class Mlp:
             raise ValueError(f"dtype must be float32 or float64, got {dt}")
         if device is None:
             self.device: Any = None
-            self.backend: Any = _default_backend()
+            self.backend: Any = cpu_backend()
         else:
-            from atomr.accel import Device, backend_for
-
             self.device = Device.parse(device)
             self.backend = backend_for(self.device)
         self.sizes: tuple[int, ...] = tuple(sizes)

@@ -24,24 +24,19 @@ Adam / AdamW (`t` the step count, from 1)::
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from atomr.accel import AdamHyperparameters, SgdHyperparameters
+from atomr.train.core._cpu import cpu_backend
+
 __all__ = ["Adam", "Optimizer", "OptimizerKind", "Sgd"]
 
 _KINDS = ("sgd", "adam", "adamw")
-
-
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(message)
-
-
-def _finite_nonneg(x: float) -> bool:
-    return math.isfinite(x) and x >= 0.0
+_ADAM_DEFAULTS = {"betas": (0.9, 0.999), "eps": 1e-8}
+_SGD_DEFAULTS = {"momentum": 0.0, "dampening": 0.0, "nesterov": False}
 
 
 @dataclass(frozen=True)
@@ -49,12 +44,24 @@ class OptimizerKind:
     """An update rule and its hyper-parameters; build one with `sgd`, `adam`
     or `adamw`, then `create(n)` the state for `n` parameters.
 
+    The hyper-parameters are validated once, here, into the kernel's
+    `hyperparameters` object (`atomr.accel.SgdHyperparameters` or
+    `AdamHyperparameters`), in float32: no step checks them again.
+
     Attributes:
         name: "sgd", "adam" or "adamw".
         lr: learning rate.
         momentum, dampening, nesterov: SGD only.
         betas, eps: Adam and AdamW only.
         weight_decay: L2 penalty (SGD, Adam) or decoupled decay (AdamW).
+        hyperparameters: the validated values, as the update kernel takes them.
+
+    Raises:
+        ValueError: an unknown name; a value that is negative, NaN or
+            infinite in float32; betas outside [0, 1); nesterov without
+            momentum or with dampening; a setting of the other rule
+            (momentum for Adam, betas for SGD) that is not its default.
+        TypeError: a value that is not a number.
     """
 
     name: str
@@ -65,22 +72,33 @@ class OptimizerKind:
     nesterov: bool = False
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    hyperparameters: SgdHyperparameters | AdamHyperparameters = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
-        _check(self.name in _KINDS, f"unknown optimizer {self.name!r}; expected one of {_KINDS}")
-        _check(_finite_nonneg(self.lr), f"lr must be finite and >= 0, got {self.lr}")
-        _check(_finite_nonneg(self.momentum), f"momentum must be >= 0, got {self.momentum}")
-        _check(math.isfinite(self.dampening), f"dampening must be finite, got {self.dampening}")
-        _check(
-            _finite_nonneg(self.weight_decay), f"weight_decay must be >= 0, got {self.weight_decay}"
-        )
-        _check(
-            not self.nesterov or (self.momentum > 0 and self.dampening == 0),
-            "nesterov momentum requires momentum > 0 and dampening == 0",
-        )
-        b1, b2 = self.betas
-        _check(0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0, f"betas must be in [0, 1), got {self.betas}")
-        _check(_finite_nonneg(self.eps), f"eps must be finite and >= 0, got {self.eps}")
+        if self.name not in _KINDS:
+            raise ValueError(f"unknown optimizer {self.name!r}; expected one of {_KINDS}")
+        hyper: SgdHyperparameters | AdamHyperparameters
+        if self.name == "sgd":
+            self._refuse_settings_of_other_rule(_ADAM_DEFAULTS)
+            hyper = SgdHyperparameters(
+                self.lr, self.momentum, self.dampening, self.weight_decay, self.nesterov
+            )
+        else:
+            self._refuse_settings_of_other_rule(_SGD_DEFAULTS)
+            if len(self.betas) != 2:
+                raise ValueError(f"betas must be a pair, got {self.betas!r}")
+            b1, b2 = self.betas
+            hyper = AdamHyperparameters(
+                self.lr, b1, b2, self.eps, self.weight_decay, decoupled=self.name == "adamw"
+            )
+        object.__setattr__(self, "hyperparameters", hyper)
+
+    def _refuse_settings_of_other_rule(self, defaults: dict[str, Any]) -> None:
+        for setting, default in defaults.items():
+            if getattr(self, setting) != default:
+                raise ValueError(f"{setting} does not apply to {self.name}")
 
     @classmethod
     def sgd(
@@ -167,8 +185,6 @@ class OptimizerKind:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if backend is None:
-            from atomr.train.core._cpu import cpu_backend
-
             backend = cpu_backend()
         if self.name == "sgd":
             return Sgd(self, n, backend, np.dtype(dtype))
@@ -199,15 +215,6 @@ class OptimizerKind:
         return cls(**cfg)
 
 
-@dataclass
-class _Into:
-    """What `Optimizer.step_into` reads one step from, and the buffers it produced."""
-
-    source: Any
-    spare: dict[str, Any]
-    buffers: dict[str, Any] | None = None
-
-
 class Optimizer:
     """Optimizer state over a flat parameter vector; see `OptimizerKind.create`.
 
@@ -225,7 +232,6 @@ class Optimizer:
         self.backend = backend
         self.dtype = dtype
         self.step_count = 0
-        self._into: _Into | None = None
 
     def _check_args(self, params: Any, grads: Any) -> None:
         for name, arr in (("params", params), ("grads", grads)):
@@ -237,11 +243,6 @@ class Optimizer:
     def step(self, params: Any, grads: Any) -> None:
         """Apply one update to `params` in place (one fused kernel pass).
 
-        `step_into` goes through this method too, with `params` the buffer
-        that receives the new parameters (computed from its source, not from
-        `params`' own content), so whatever wraps `step` (a profiler, an
-        injected fault) sees both kinds of step.
-
         Args:
             params: flat parameter vector `(n,)` in the backend's memory.
             grads: flat gradient vector `(n,)`, same memory and dtype.
@@ -249,21 +250,17 @@ class Optimizer:
         Raises:
             ValueError: wrong shape or dtype (nothing is changed).
         """
-        into = self._into
-        if into is None:
-            self._step_in_place(params, grads)
-            self.step_count += 1
-        else:
-            into.buffers = self._step_out_of_place(into.source, grads, params, into.spare)
+        self._step_in_place(params, grads)
+        self.step_count += 1
 
     def step_into(
         self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
     ) -> dict[str, Any]:
-        """One update out of place (through `step`): the new parameters go to
-        `params_out`, the new state to buffers taken from `spare` (by name;
-        allocated where missing or of the wrong size). `params`, the current
-        buffers and the step count are left as they were; `adopt` the returned
-        buffers with `step_count + 1` to commit. Bit-identical to `step`.
+        """One update out of place: the new parameters go to `params_out`,
+        the new state to buffers taken from `spare` (by name; allocated where
+        missing or of the wrong size). `params`, the current buffers and the
+        step count are left as they were; `adopt` the returned buffers with
+        `step_count + 1` to commit. Bit-identical to `step`.
 
         Args:
             params: flat parameter vector `(n,)` (read only).
@@ -277,15 +274,7 @@ class Optimizer:
         Raises:
             ValueError: wrong shape or dtype (nothing is changed).
         """
-        into = _Into(params, spare)
-        self._into = into
-        try:
-            self.step(params_out, grads)
-        finally:
-            self._into = None
-        if into.buffers is None:
-            raise RuntimeError("step_into: the optimizer step did not run")
-        return into.buffers
+        return self._step_out_of_place(params, grads, params_out, spare)
 
     def _step_in_place(self, params: Any, grads: Any) -> None:
         raise NotImplementedError
@@ -389,7 +378,7 @@ class Sgd(Optimizer):
             # the kernel does the same when `step == 1`, so zeros suffice here.
             self.momentum_buffer = self.backend.zeros((self.n,), dtype=self.dtype)
             step = 1
-        _sgd_kernel(self.backend, params, grads, self.momentum_buffer, k, step)
+        self.backend.sgd_step(params, grads, self.momentum_buffer, k.hyperparameters, step)
 
     def _step_out_of_place(
         self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
@@ -403,7 +392,9 @@ class Sgd(Optimizer):
             out = self._spare(spare, "momentum_buffer")
             if buf is None:  # torch's first step: the kernel ignores buf when step == 1
                 buf, step = out, 1
-        _sgd_kernel(self.backend, params, grads, buf, k, step, params_out, out)
+        self.backend.sgd_step(
+            params, grads, buf, k.hyperparameters, step, params_out=params_out, momentum_out=out
+        )
         return {"momentum_buffer": out if out is not None else self.momentum_buffer}
 
 
@@ -424,15 +415,8 @@ class Adam(Optimizer):
 
     def _step_in_place(self, params: Any, grads: Any) -> None:
         self._check_args(params, grads)
-        _adam_kernel(
-            self.backend,
-            params,
-            grads,
-            self.exp_avg,
-            self.exp_avg_sq,
-            self.kind,
-            self.step_count + 1,
-        )
+        hyper, step = self.kind.hyperparameters, self.step_count + 1
+        self.backend.adam_step(params, grads, self.exp_avg, self.exp_avg_sq, hyper, step)
 
     def _step_out_of_place(
         self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
@@ -440,67 +424,15 @@ class Adam(Optimizer):
         self._check_args(params, grads)
         self._check_args(params_out, grads)
         m, v = self._spare(spare, "exp_avg"), self._spare(spare, "exp_avg_sq")
-        _adam_kernel(
-            self.backend,
+        self.backend.adam_step(
             params,
             grads,
             self.exp_avg,
             self.exp_avg_sq,
-            self.kind,
+            self.kind.hyperparameters,
             self.step_count + 1,
-            (params_out, m, v),
+            params_out=params_out,
+            exp_avg_out=m,
+            exp_avg_sq_out=v,
         )
         return {"exp_avg": m, "exp_avg_sq": v}
-
-
-def _sgd_kernel(
-    backend: Any,
-    params: Any,
-    grads: Any,
-    buf: Any,
-    k: OptimizerKind,
-    step: int,
-    params_out: Any = None,
-    buf_out: Any = None,
-) -> None:
-    backend.sgd_step(
-        params,
-        grads,
-        buf,
-        lr=k.lr,
-        step=step,
-        momentum=k.momentum,
-        dampening=k.dampening,
-        weight_decay=k.weight_decay,
-        nesterov=k.nesterov,
-        params_out=params_out,
-        momentum_out=buf_out,
-    )
-
-
-def _adam_kernel(
-    backend: Any,
-    params: Any,
-    grads: Any,
-    m: Any,
-    v: Any,
-    k: OptimizerKind,
-    step: int,
-    outs: tuple[Any, Any, Any] = (None, None, None),
-) -> None:
-    backend.adam_step(
-        params,
-        grads,
-        m,
-        v,
-        lr=k.lr,
-        step=step,
-        beta1=k.betas[0],
-        beta2=k.betas[1],
-        eps=k.eps,
-        weight_decay=k.weight_decay,
-        decoupled=k.name == "adamw",
-        params_out=outs[0],
-        exp_avg_out=outs[1],
-        exp_avg_sq_out=outs[2],
-    )

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from atomr.train.core.errors import InvalidBatchError
+from atomr.train.core.loss import LossKind
 
-if TYPE_CHECKING:
-    from atomr.train.core.loss import LossKind
-
-__all__ = ["validate_batch", "validate_features", "validate_targets"]
+__all__ = ["validate_batch", "validate_features"]
 
 _FLOATS = (np.float32, np.float64)
 
@@ -47,55 +45,6 @@ def validate_features(features: Any, in_width: int, dtype: Any = np.float32) -> 
     return np.ascontiguousarray(features, dtype=dtype)
 
 
-def validate_targets(
-    labels: Any, batch: int, out_width: int, loss: LossKind, dtype: Any = np.float32
-) -> np.ndarray:
-    """Check labels (cross-entropy) or regression targets (MSE).
-
-    Args:
-        labels: for cross-entropy, integer labels `(batch,)` in
-            `[0, out_width)`; for MSE, a float array `(batch, out_width)`.
-        batch: the batch size the labels must match.
-        out_width: the model's output width (number of classes).
-        loss: the loss kind the labels are for.
-        dtype: the model's float dtype (MSE targets are cast to it).
-
-    Returns:
-        Contiguous int64 labels, or contiguous `dtype` targets.
-
-    Raises:
-        InvalidBatchError: wrong type, dtype, shape, label out of range, a
-            weighted-CE class count that differs from `out_width`, or NaN/Inf
-            targets.
-    """
-    if not isinstance(labels, np.ndarray):
-        raise InvalidBatchError(f"labels must be a numpy array, got {type(labels).__name__}")
-    if loss.is_classification:
-        if labels.dtype.kind not in "iu":
-            raise InvalidBatchError(f"cross-entropy labels must be integers, got {labels.dtype}")
-        if labels.shape != (batch,):
-            raise InvalidBatchError(f"labels must have shape ({batch},), got {labels.shape}")
-        if loss.class_weights is not None and len(loss.class_weights) != out_width:
-            raise InvalidBatchError(
-                f"{len(loss.class_weights)} class weights for {out_width} classes"
-            )
-        if batch and (int(labels.min()) < 0 or int(labels.max()) >= out_width):
-            raise InvalidBatchError(
-                f"labels must be in [0, {out_width}), got range "
-                f"[{int(labels.min())}, {int(labels.max())}]"
-            )
-        return np.ascontiguousarray(labels, dtype=np.int64)
-    if labels.dtype not in _FLOATS:
-        raise InvalidBatchError(f"MSE targets must be float32 or float64, got {labels.dtype}")
-    if labels.shape != (batch, out_width):
-        raise InvalidBatchError(
-            f"MSE targets must have shape ({batch}, {out_width}), got {labels.shape}"
-        )
-    if not np.isfinite(labels).all():
-        raise InvalidBatchError("targets contain NaN or Inf")
-    return np.ascontiguousarray(labels, dtype=dtype)
-
-
 def validate_batch(
     features: Any,
     labels: Any,
@@ -109,7 +58,7 @@ def validate_batch(
 
     Args:
         features: see `validate_features`.
-        labels: see `validate_targets`.
+        labels: see `LossKind.validate_targets`.
         in_width: the model's input width.
         loss: the loss kind.
         out_width: the model's output width (number of classes).
@@ -122,5 +71,5 @@ def validate_batch(
         InvalidBatchError: any check fails; nothing has been computed.
     """
     x = validate_features(features, in_width, dtype)
-    y = validate_targets(labels, x.shape[0], out_width, loss, dtype)
+    y = loss.validate_targets(labels, x.shape[0], out_width, dtype)
     return x, y

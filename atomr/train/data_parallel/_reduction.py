@@ -33,7 +33,8 @@ from atomr.train._recovery import ResumedCrashWatch
 from atomr.train.comm.collective import Collective
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.clip import clip_grad_norm
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError
+from atomr.train.core.device_guard import REQUEST_ERRORS
+from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.data_parallel._host_thread import HostThread
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel.messages import GradientResult
@@ -80,10 +81,11 @@ class Reduced:
 
 def check_totals(loss_sum: float, normaliser: float) -> Failure | None:
     """A `Failure` if the step's total loss or normaliser makes it unusable."""
-    if not math.isfinite(loss_sum):
-        return Failure(NonFiniteError(f"loss is not finite ({loss_sum}); step not applied"))
-    if normaliser <= 0.0:
-        return Failure(InvalidBatchError("every target has class weight 0; the loss is undefined"))
+    try:
+        check_loss(loss_sum)
+        check_normaliser(normaliser)
+    except REQUEST_ERRORS as exc:
+        return Failure(exc)
     return None
 
 
@@ -163,8 +165,10 @@ class GradientReduction:
         if summed is None:
             return Reduced(None, None, loss_sum, normaliser)
         norm = await self.host.run(_finalize, summed, 1.0 / normaliser, self.clip)
-        if not math.isfinite(norm):
-            return Failure(NonFiniteError("gradient is not finite; step not applied"))
+        try:
+            check_gradient(norm)
+        except REQUEST_ERRORS as exc:
+            return Failure(exc)
         return Reduced(summed, float(norm), loss_sum, normaliser)
 
     async def _on_members(self) -> np.ndarray | None | Failure:

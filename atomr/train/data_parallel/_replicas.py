@@ -24,7 +24,6 @@ __all__ = ["ReplicaDivergenceError", "ReplicaGroup"]
 logger = logging.getLogger(__name__)
 
 # errors that leave a replica intact (it answered with a Failure, it was not restarted)
-_REQUEST_ERRORS = (*REQUEST_ERRORS, ValueError, TypeError)
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -125,7 +124,7 @@ class ReplicaGroup:
             `worker_index` set and a note naming the replica.
         """
         failed = failed_indices(results)
-        crashed = [i for i in failed if not isinstance(results[i], _REQUEST_ERRORS)]
+        crashed = [i for i in failed if not isinstance(results[i], REQUEST_ERRORS)]
         await self.resync(crashed, failed)
         error = results[failed[0]]
         error.worker_index = failed[0]

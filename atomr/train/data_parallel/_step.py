@@ -24,6 +24,7 @@ import numpy as np
 from atomr.actor import AskTimeoutError, Failure
 from atomr.train._fanout import failed_indices
 from atomr.train.core.config import TrainerConfig
+from atomr.train.core.partition import split_sizes
 from atomr.train.core.stats import StepStats
 from atomr.train.data_parallel._reduction import GradientReduction, Reduced
 from atomr.train.data_parallel._replicas import ReplicaGroup
@@ -34,7 +35,7 @@ from atomr.train.data_parallel.messages import (
     Rollback,
 )
 from atomr.train.data_parallel.options import DataParallelOptions
-from atomr.train.data_parallel.speed_balancer import SpeedBalancer, even_split
+from atomr.train.data_parallel.speed_balancer import SpeedBalancer
 
 __all__ = ["AccumulationWindow", "StepRunner"]
 
@@ -112,7 +113,7 @@ class StepRunner:
     def shards(self, x: np.ndarray, y: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """One contiguous `(features, labels)` shard per replica."""
         rows, n = int(x.shape[0]), max(1, len(self.replicas.refs))
-        sizes = self.balancer().split(rows) if rows > 0 else even_split(0, n)
+        sizes = self.balancer().split(rows) if rows > 0 else split_sizes(0, n)
         bounds = np.cumsum([0, *sizes])
         return [(x[lo:hi], y[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
 

@@ -20,9 +20,10 @@ from atomr.train.core.checkpoint import Checkpoint, CheckpointError, check_model
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError
+from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.messages import Step
 from atomr.train.core.mlp import Mlp
+from atomr.train.core.step_checks import check_gradient, check_loss
 from atomr.train.data_parallel.messages import (
     ApplyReducedGradients,
     ComputeGradients,
@@ -102,7 +103,7 @@ class ReplicaActor(Trainer):
                 result = await self.on_device(guarded, work, message)
             else:
                 result = await self.on_device(work, message)
-        except (ValueError, TypeError, *REQUEST_ERRORS) as exc:
+        except REQUEST_ERRORS as exc:
             return Failure(exc)
         if isinstance(result, Rejected):
             return Failure(result.error)
@@ -144,31 +145,13 @@ class ReplicaActor(Trainer):
 
     # -- device-side work -----------------------------------------------------
 
-    def _check_shard(self, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
-        model = self.model
-        assert model is not None
-        if not isinstance(features, np.ndarray) or not isinstance(labels, np.ndarray):
-            raise InvalidBatchError("shard features and labels must be numpy arrays")
-        if features.ndim != 2 or features.shape[1] != model.in_width:
-            raise InvalidBatchError(
-                f"shard features must be (rows, {model.in_width}), got {features.shape}"
-            )
-        if labels.shape[:1] != features.shape[:1]:
-            raise InvalidBatchError(
-                f"shard has {features.shape[0]} rows but {labels.shape[:1]} labels"
-            )
-        x = np.ascontiguousarray(features, dtype=model.dtype)
-        if self.config.loss.is_classification:
-            return x, np.ascontiguousarray(labels, dtype=np.int64)
-        return x, np.ascontiguousarray(labels, dtype=model.dtype)
-
-    def _compute(self, msg: ComputeGradients) -> GradientResult | Rejected:
+    def _compute(self, msg: ComputeGradients) -> GradientResult:
         model = self.model
         assert model is not None
         be = model.backend
         t0 = time.perf_counter_ns()
         self._undo.commit()  # a new step: the previous one can no longer be undone
-        x, y = self._check_shard(msg.features, msg.labels)
+        x, y = msg.features, msg.labels  # validated by the trainer (`validate_batch`)
         loss_sum, norm = 0.0, 0.0
         if x.shape[0] == 0:
             if not msg.accumulate:
@@ -177,8 +160,7 @@ class ReplicaActor(Trainer):
             tape = model.forward_train(be.to_device(x))
             d_out = be.empty(tape.output.shape, dtype=model.dtype)
             loss_sum, norm = self.config.loss.sums(be, tape.output, be.to_device(y), d_out)
-            if not math.isfinite(loss_sum):
-                return Rejected(NonFiniteError(f"loss is not finite ({loss_sum})"))
+            check_loss(loss_sum)
             model.backward(tape, d_out, accumulate=msg.accumulate)
         be.synchronize()
         grads = None
@@ -187,7 +169,7 @@ class ReplicaActor(Trainer):
         micros = (time.perf_counter_ns() - t0) // 1000
         return GradientResult(float(loss_sum), float(norm), int(x.shape[0]), int(micros), grads)
 
-    def _apply_gradients(self, msg: ApplyReducedGradients) -> float | None | Rejected:
+    def _apply_gradients(self, msg: ApplyReducedGradients) -> float | None:
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
         be = model.backend
@@ -195,8 +177,7 @@ class ReplicaActor(Trainer):
         if msg.gradients is None:
             g = model.grads
             grad_norm = math.sqrt(be.sum_scale_norm(g, [g], float(msg.scale)))
-            if not math.isfinite(grad_norm):
-                return Rejected(NonFiniteError("gradient is not finite; step not applied"))
+            check_gradient(grad_norm)
             if msg.clip is not None:
                 clip_grad_norm(be, g, msg.clip, grad_norm)
         else:
@@ -250,7 +231,7 @@ class ReplicaActor(Trainer):
         model = self.model
         assert model is not None
         be = model.backend
-        x, y = self._check_shard(msg.features, msg.labels)
+        x, y = msg.features, msg.labels  # validated by the trainer (`validate_batch`)
         if x.shape[0] == 0:
             return ShardEval(0.0, 0.0, 0, 0)
         out = model.forward(be.to_device(x))

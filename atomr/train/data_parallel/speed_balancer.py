@@ -18,27 +18,9 @@ from numbers import Real
 
 import numpy as np
 
-__all__ = ["SpeedBalancer", "check_balance_settings", "even_split"]
+from atomr.train.core.partition import split_sizes
 
-
-def even_split(batch: int, n: int) -> list[int]:
-    """Shard sizes of a batch split as evenly as possible, larger shards first.
-
-    Args:
-        batch: rows to split (>= 0).
-        n: number of shards (>= 1).
-
-    Returns:
-        `n` sizes summing to `batch` (`np.array_split`'s sizes); when
-        `batch < n` the last `n - batch` shards are empty.
-
-    Raises:
-        ValueError: `n < 1` or `batch < 0`.
-    """
-    if n < 1 or batch < 0:
-        raise ValueError(f"need n >= 1 and batch >= 0, got n={n}, batch={batch}")
-    q, r = divmod(batch, n)
-    return [q + 1 if i < r else q for i in range(n)]
+__all__ = ["SpeedBalancer", "check_balance_settings"]
 
 
 def _apportion(batch: int, shares: np.ndarray, minimum: int) -> list[int]:
@@ -104,7 +86,7 @@ class SpeedBalancer:
 
     Args:
         n: number of replicas (>= 1).
-        enabled: follow measured speed (else always `even_split`).
+        enabled: follow measured speed (else always `split_sizes`).
         speed_hint: relative speeds to start from (e.g. `[1, 3]`: the second
             replica is 3x faster), one positive number per replica; default
             all equal.
@@ -166,7 +148,7 @@ class SpeedBalancer:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         if not self.enabled or batch < self.n:
-            return even_split(batch, self.n)
+            return split_sizes(batch, self.n)
         minimum = max(1, math.floor(self.min_share * batch))
         minimum = min(minimum, batch // self.n)
         return _apportion(batch, self.shares, minimum)

@@ -24,21 +24,23 @@ import numpy as np
 
 from atomr.actor import ActorRef
 from atomr.train._fanout import ask_all
+from atomr.train.core.errors import NonFiniteError
+from atomr.train.core.partition import split_bounds
 from atomr.train.parameter_server.messages import AbortPush, PullWeights, PushGradient
 
 __all__ = ["ShardedClient", "split_ranges"]
 
 
 def split_ranges(n: int, k: int) -> list[tuple[int, int]]:
-    """Cut `range(n)` into `k` contiguous near-equal ranges `(start, stop)`.
+    """Cut `range(n)` into `k` contiguous near-equal ranges `(start, stop)`,
+    one per server, none empty (`split_bounds`).
 
     Raises:
         ValueError: `k < 1` or `k > n`.
     """
     if k < 1 or k > n:
         raise ValueError(f"cannot split {n} values into {k} ranges (need 1 <= k <= n)")
-    bounds = [round(i * n / k) for i in range(k + 1)]
-    return [(bounds[i], bounds[i + 1]) for i in range(k)]
+    return split_bounds(n, k)
 
 
 class ShardedClient:
@@ -107,8 +109,9 @@ class ShardedClient:
             Each server's new version.
 
         Raises:
-            ValueError: wrong gradient length or number of versions, or a
-                non-finite gradient (nothing was sent).
+            ValueError: wrong gradient length or number of versions (nothing
+                was sent).
+            NonFiniteError: a non-finite gradient (nothing was sent).
             StaleGradientError: the first shard refused it (nothing applied).
             Exception: a server's failure.
         """
@@ -118,7 +121,7 @@ class ShardedClient:
         if len(versions) != len(self.servers):
             raise ValueError(f"{len(versions)} versions for {len(self.servers)} servers")
         if not np.isfinite(grad).all():
-            raise FloatingPointError("gradient holds NaN or Inf; not pushed")
+            raise NonFiniteError("gradient holds NaN or Inf; not pushed")
         msgs = [
             PushGradient(worker, int(v), grad[lo:hi], weight)
             for v, (lo, hi) in zip(versions, self.ranges, strict=True)

@@ -2,7 +2,7 @@
 and the driver that trains it; built by `AsyncParameterServer.spawn`.
 
 The driver splits every global batch into one part per worker
-(`np.array_split`: uneven parts allowed) and runs one loop per worker, each
+(`split_bounds`: uneven parts allowed) and runs one loop per worker, each
 asking its worker to `TrainBatch` its parts in order. The loops do not wait
 for each other: the servers' consistency model alone decides how far the
 workers may drift apart. A worker that fails is restarted by its supervisor
@@ -30,10 +30,11 @@ from atomr.train.core.checkpoint import (
     save_checkpoint,
 )
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError
+from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.messages import Evaluate, GetWeights
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.validation import validate_batch
 from atomr.train.parameter_server.client import split_ranges
@@ -43,7 +44,6 @@ from atomr.train.parameter_server.messages import (
     ParameterServerStats,
     SetShardState,
     ShardState,
-    StaleGradientError,
     Stats,
     TrainBatch,
 )
@@ -51,14 +51,9 @@ from atomr.train.parameter_server.worker import PsWorker
 
 __all__ = ["EpochRecord", "ParameterServerHandle", "build_parameter_server"]
 
-# errors that mean "the request was bad": never retried
-_REQUEST_ERRORS: tuple[type[Exception], ...] = (
-    ActorStoppedError,
-    InvalidBatchError,
-    NonFiniteError,
-    FloatingPointError,
-    StaleGradientError,
-)
+# a bad request (`REQUEST_ERRORS`, a stale gradient among them) or a stopped worker:
+# never retried
+_NOT_RETRIED: tuple[type[Exception], ...] = (*REQUEST_ERRORS, ActorStoppedError)
 
 _T = TypeVar("_T")
 
@@ -139,7 +134,7 @@ class ParameterServerHandle:
         for attempt in range(self.max_retries + 1):
             try:
                 return await self.workers[index].ask(message, timeout=600.0)
-            except _REQUEST_ERRORS:
+            except _NOT_RETRIED:
                 raise
             except Exception:
                 if attempt == self.max_retries:
@@ -162,12 +157,11 @@ class ParameterServerHandle:
             out_width=sizes[-1],
             dtype=self.model.dtype,
         )
-        n = len(self.workers)
-        return list(zip(np.array_split(x, n), np.array_split(y, n), strict=True))
+        return [(x[lo:hi], y[lo:hi]) for lo, hi in split_bounds(len(x), len(self.workers))]
 
     async def step(self, features: np.ndarray, labels: np.ndarray) -> list[StepStats]:
         """Train one global batch: each worker gets one part of it
-        (`np.array_split`) and pushes one gradient. In synchronous mode this
+        (`split_bounds`) and pushes one gradient. In synchronous mode this
         is exactly one optimizer step on the whole batch.
 
         Returns:

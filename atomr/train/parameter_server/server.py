@@ -84,10 +84,6 @@ class _Pending:
     abort: str | None = None
 
 
-# Errors of a checkpoint save or load, returned by `guarded` on the device thread
-_CHECKPOINT_ERRORS = (CheckpointError, OSError)
-
-
 def _as_optimizer_kind(optimizer: OptimizerKind | float) -> OptimizerKind:
     if isinstance(optimizer, OptimizerKind):
         return optimizer
@@ -497,13 +493,11 @@ class AsyncParameterServer(DeviceActor):
             optimizer=state.optimizer,
             extra={"trainer": "AsyncParameterServer"},
         )
-        result = await self.on_device(
-            guarded, save_checkpoint, path, ckpt, errors=_CHECKPOINT_ERRORS
-        )
+        result = await self.on_device(guarded, save_checkpoint, path, ckpt)
         return Failure(result.error) if isinstance(result, Rejected) else None
 
     async def _load(self, path: Any) -> Any:
-        ckpt = await self.on_device(guarded, load_checkpoint, path, errors=_CHECKPOINT_ERRORS)
+        ckpt = await self.on_device(guarded, load_checkpoint, path)
         if isinstance(ckpt, Rejected):
             return Failure(ckpt.error)
         try:

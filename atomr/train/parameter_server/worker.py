@@ -14,7 +14,6 @@ next batch.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,10 +24,12 @@ from atomr.accel import Device, DeviceActor
 from atomr.actor import ActorRef, Failure, Props
 from atomr.train.core.clip import global_norm
 from atomr.train.core.config import TrainerConfig
+from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError
 from atomr.train.core.messages import Evaluate
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.validation import validate_batch
 from atomr.train.parameter_server.client import ShardedClient
 from atomr.train.parameter_server.messages import StaleGradientError, TrainBatch
@@ -111,10 +112,10 @@ class PsWorker(DeviceActor):
             return Failure(exc)
         for _attempt in range(self.stale_retries + 1):
             weights, versions = await self.client.pull(self.worker_id)
-            result = await self.on_device(self._gradient, weights, x, y)
-            if isinstance(result, Exception):
-                await self._abort(versions, result)
-                return Failure(result)
+            result = await self.on_device(guarded, self._gradient, weights, x, y)
+            if isinstance(result, Rejected):
+                await self._abort(versions, result.error)
+                return Failure(result.error)
             grad, norm, loss, grad_norm = result
             try:
                 await self.client.push(self.worker_id, versions, grad, norm)
@@ -139,12 +140,12 @@ class PsWorker(DeviceActor):
 
     def _gradient(
         self, weights: np.ndarray, x: np.ndarray, y: np.ndarray
-    ) -> tuple[np.ndarray, float, float, float] | Exception:
+    ) -> tuple[np.ndarray, float, float, float]:
         """On the device thread: the mean gradient of the batch at `weights`.
 
-        Returns `(gradient, normaliser, mean loss, gradient norm)`, or the
-        error (non-finite loss or gradient, undefined loss) instead of raising.
-        In synchronous mode a batch whose targets all have class weight 0 gives
+        Returns `(gradient, normaliser, mean loss, gradient norm)`; raises
+        `NonFiniteError` (non-finite loss or gradient) or `InvalidBatchError`
+        (undefined loss). In synchronous mode a batch whose targets all have class weight 0 gives
         a zero gradient of normaliser 0 (it adds nothing to the round's mean,
         like an empty batch) instead of an error.
         """
@@ -156,18 +157,15 @@ class PsWorker(DeviceActor):
             tape = model.forward_train(be.to_device(x))
             d_out = be.empty(tape.output.shape, dtype=model.dtype)
             loss_sum, norm = self.config.loss.sums(be, tape.output, be.to_device(y), d_out)
-            if not math.isfinite(loss_sum):
-                return NonFiniteError(f"loss is not finite ({loss_sum}); step not applied")
-            if norm <= 0.0:
-                if self.client.synchronous:
-                    # no mean of its own, but the round's is defined: a weight-0 push
-                    return np.zeros(self.client.n, dtype=np.float32), 0.0, 0.0, 0.0
-                return InvalidBatchError("every target has class weight 0; the loss is undefined")
+            check_loss(loss_sum)
+            if self.client.synchronous and norm <= 0.0:
+                # no mean of its own, but the round's is defined: a weight-0 push
+                return np.zeros(self.client.n, dtype=np.float32), 0.0, 0.0, 0.0
+            check_normaliser(norm)
             be.scale(d_out, 1.0 / norm)
             model.backward(tape, d_out)
             grad_norm = global_norm(be, model.grads)
-            if not math.isfinite(grad_norm):
-                return NonFiniteError("gradient is not finite; step not applied")
+            check_gradient(grad_norm)
             grad = np.asarray(be.to_host(model.grads), dtype=np.float32)
         return grad, float(norm), float(loss_sum / norm), float(grad_norm)
 
@@ -178,10 +176,10 @@ class PsWorker(DeviceActor):
         except InvalidBatchError as exc:
             return Failure(exc)
         weights, _ = await self.client.pull(self.worker_id)
-        result = await self.on_device(self._eval, weights, x, y)
-        return Failure(result) if isinstance(result, Exception) else result
+        result = await self.on_device(guarded, self._eval, weights, x, y)
+        return Failure(result.error) if isinstance(result, Rejected) else result
 
-    def _eval(self, weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> EvalResult | Exception:
+    def _eval(self, weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> EvalResult:
         model = self.model
         assert model is not None
         be = model.backend
@@ -189,8 +187,7 @@ class PsWorker(DeviceActor):
         out = model.forward(be.to_device(x))
         d_out = be.empty(out.shape, dtype=model.dtype)
         loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)
-        if norm <= 0.0:
-            return InvalidBatchError("every target has class weight 0; the loss is undefined")
+        check_normaliser(norm)
         accuracy = float("nan")
         if self.config.loss.is_classification:
             accuracy = float(np.mean(np.argmax(be.to_host(out), axis=1) == y))

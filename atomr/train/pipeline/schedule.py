@@ -230,6 +230,11 @@ def ideal_bubble_fraction(n_stages: int, n_micro: int) -> float:
 def split_micro_batches(batch: int, micro_batch_size: int) -> list[int]:
     """Sizes of the micro-batches a batch is cut into, in order.
 
+    Cut by size, not into a number of near-equal parts (`core.partition`):
+    the micro-batch size is the pipeline's setting, so every micro-batch but
+    the last has exactly that size (`core.partition.bounds` turns the sizes
+    into ranges).
+
     Args:
         batch: number of samples (>= 1).
         micro_batch_size: samples per micro-batch (>= 1); the last one takes

@@ -60,11 +60,11 @@ from atomr.train.core.checkpoint import (
 )
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.validation import validate_batch
 from atomr.train.pipeline._checkpoint import split_checkpoint
 from atomr.train.pipeline.group import StageGroup
@@ -279,8 +279,7 @@ class PipelineParallelTrainer(Actor):
             dtype=np.dtype(first.dtype),
         )
         norm = _normaliser(self.config.loss, y, last.sizes[-1])
-        if norm <= 0.0:
-            raise InvalidBatchError("every target has class weight 0; the loss is undefined")
+        check_normaliser(norm)
         bounds = np.cumsum([0, *self.options.micro_batch_sizes(x.shape[0])])
         xs = tuple(x[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
         ys = tuple(y[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
@@ -315,11 +314,9 @@ class PipelineParallelTrainer(Actor):
         xs, ys, norm = self._batch(group, msg.features, msg.labels)
         reports = await group.run(self._next_pass(xs, ys, norm, train=True), self._resumed)
         loss_sum = reports[-1].loss_sum
-        if not math.isfinite(loss_sum):
-            raise NonFiniteError(f"loss is not finite ({loss_sum}); step not applied")
+        check_loss(loss_sum)
         grad_norm = math.sqrt(sum(r.grad_sq_norm for r in reports))
-        if not math.isfinite(grad_norm):
-            raise NonFiniteError("gradient is not finite; step not applied")
+        check_gradient(grad_norm)
         await group.apply(self._step_id, clip_coefficient(grad_norm, self.config.gradient_clip))
         self.steps += 1
         elapsed = time.perf_counter() - t0

@@ -105,7 +105,7 @@ class ShardLoss:
 
     Attributes:
         outputs: every shard's last-stage reply, in rank order.
-        labels: validated labels or targets (`validate_targets`).
+        labels: validated labels or targets (`validate_batch`).
         train: keep d(mean loss)/d(output) for `ShardBackward`.
     """
 

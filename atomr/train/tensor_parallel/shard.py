@@ -7,7 +7,6 @@ Megatron-LM column/row split of `atomr.train.tensor_parallel.sharding`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,11 +17,11 @@ from atomr.accel import Device, DeviceActor
 from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.device_guard import Rejected, guarded
-from atomr.train.core.errors import CheckpointError, InvalidBatchError, NonFiniteError
+from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
-from atomr.train.core.validation import validate_targets
+from atomr.train.core.step_checks import check_loss, check_normaliser
 from atomr.train.tensor_parallel.messages import (
     LossResult,
     ShardApply,
@@ -46,7 +45,6 @@ __all__ = ["ShardActor"]
 
 # Errors that reject a request (`device_guard.guarded` catches them on the
 # worker thread); unlike the Trainer's, an OSError is a device failure here.
-_REQUEST_ERRORS = (InvalidBatchError, NonFiniteError, CheckpointError)
 
 
 @dataclass
@@ -229,13 +227,11 @@ class ShardActor(DeviceActor):
             raise ValueError("ShardLoss before the last forward stage")
         be = self.backend
         out = self._output(outputs)
-        y = validate_targets(labels, self._batch, self.layout.sizes[-1], self.loss, self.dtype)
+        y = labels  # validated by the trainer (`validate_batch`)
         grad = be.empty(out.shape, dtype=self.dtype)
         loss_sum, norm = self.loss.sums(be, out, be.to_device(y), grad)
-        if not math.isfinite(loss_sum):
-            raise NonFiniteError(f"loss is not finite ({loss_sum}); step not applied")
-        if norm <= 0.0:
-            raise InvalidBatchError("every target has class weight 0; the loss is undefined")
+        check_loss(loss_sum)
+        check_normaliser(norm)
         correct = -1
         if not train and self.loss.is_classification:
             correct = int(np.sum(np.argmax(be.to_host(out), axis=1) == y))
@@ -411,7 +407,7 @@ class ShardActor(DeviceActor):
         try:
             if self.params is None:
                 await self.on_device(self._build)
-            result = await self.on_device(guarded, fn, *args, errors=_REQUEST_ERRORS)
+            result = await self.on_device(guarded, fn, *args)
         except Exception as exc:
             return Failure(exc)
         if isinstance(result, Rejected):

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from atomr.train.core.partition import split_bounds
+
 __all__ = [
     "COLUMN",
     "ROW",
@@ -66,9 +68,7 @@ def split_range(width: int, shard_count: int, rank: int) -> tuple[int, int]:
         raise ValueError(f"rank must be in [0, {shard_count}), got {rank}")
     if width < shard_count:
         raise ValueError(f"width {width} is smaller than the shard count {shard_count}")
-    base, extra = divmod(width, shard_count)
-    lo = rank * base + min(rank, extra)
-    return lo, lo + base + (1 if rank < extra else 0)
+    return split_bounds(width, shard_count)[rank]
 
 
 def stage_count(n_layers: int) -> int:

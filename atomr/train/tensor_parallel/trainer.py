@@ -23,7 +23,6 @@ keeps no copy to restore it from, so it then answers every request with
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -49,11 +48,11 @@ from atomr.train.core.checkpoint import (
 )
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.step_checks import check_gradient
 from atomr.train.core.validation import validate_batch
 from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.tensor_parallel.options import TensorParallelOptions
@@ -226,8 +225,7 @@ class TensorParallelTrainer(Actor):
         outs = await group.forward(x, train=True)
         result = await group.loss(outs, y, train=True)
         grad_norm, _ = await group.backward()
-        if not math.isfinite(grad_norm):
-            raise NonFiniteError("gradient is not finite; step not applied")
+        check_gradient(grad_norm)
         # phase 2: apply everywhere, or nowhere
         await group.apply(clip_coefficient(grad_norm, self.config.gradient_clip))
         self.steps += 1

@@ -15,8 +15,8 @@ import pytest
 
 from atomr import ActorRef
 from atomr.train.comm.collective import Collective, HostCollective
-from atomr.train.comm.partition import split_bounds
 from atomr.train.comm.ring import RingCollective
+from atomr.train.core.partition import split_bounds
 
 SpawnRing = Callable[..., list[ActorRef]]  # the `spawn_ring` fixture (conftest.py)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from atomr.accel import AdamHyperparameters, SgdHyperparameters
 from atomr.train import OptimizerKind
 from tests.train.train_reference import RefAdam, RefSGD
 
@@ -135,3 +136,78 @@ def test_hyper_parameters_are_validated() -> None:
     assert OptimizerKind.adamw(0.3).weight_decay == 0.01
     kind = OptimizerKind.adam(1e-3, betas=(0.8, 0.9))
     assert OptimizerKind.from_config(kind.to_config()) == kind
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: OptimizerKind.sgd(1e39),
+        lambda: OptimizerKind.adam(1e39),
+        lambda: OptimizerKind.adamw(0.1, weight_decay=1e39),
+        lambda: OptimizerKind.sgd(0.1, momentum=1e39),
+        lambda: OptimizerKind.adam(0.1).with_lr(1e39),
+        lambda: OptimizerKind.from_config({"name": "adam", "lr": 1e39}),
+    ],
+)
+def test_values_infinite_in_float32_are_refused_when_the_kind_is_built(build) -> None:
+    """The kernels compute in float32: 1e39 (finite as a Python float) is
+    refused at once, not at the first step."""
+    with pytest.raises(ValueError, match="finite in float32"):
+        build()
+
+
+def test_the_kind_resolves_its_hyperparameters_once() -> None:
+    """The validated kernel arguments are built with the kind, and carried
+    (the same object) into every step; equality ignores them."""
+    kind = OptimizerKind.adamw(0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+    hyper = kind.hyperparameters
+    assert isinstance(hyper, AdamHyperparameters)
+    assert (hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay) == (
+        0.01,
+        0.8,
+        0.95,
+        1e-6,
+        0.1,
+    )
+    assert hyper.decoupled and not OptimizerKind.adam(0.01).hyperparameters.decoupled
+    opt = kind.create(N)
+    assert opt.kind.hyperparameters is hyper
+    sgd = OptimizerKind.sgd(0.1, momentum=0.9, nesterov=True).hyperparameters
+    assert sgd == SgdHyperparameters(0.1, momentum=0.9, nesterov=True)
+    assert kind.with_lr(0.5).hyperparameters.lr == 0.5
+    assert OptimizerKind.from_config(kind.to_config()) == kind
+
+
+def test_settings_of_the_other_rule_are_refused() -> None:
+    with pytest.raises(ValueError, match="momentum does not apply to adam"):
+        OptimizerKind("adam", 0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="betas does not apply to sgd"):
+        OptimizerKind("sgd", 0.1, betas=(0.5, 0.5))
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        OptimizerKind("lamb", 0.1)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [OptimizerKind.sgd(0.05, momentum=0.9), OptimizerKind.adamw(0.01)],
+    ids=["sgd", "adamw"],
+)
+def test_step_into_equals_step_and_leaves_the_state(kind: OptimizerKind) -> None:
+    """Out of place (`step_into`, then `adopt`) gives the bits of `step`, and
+    until adopted nothing of the optimizer changed."""
+    a, b = kind.create(N), kind.create(N)
+    pa, pb = _start(), _start()
+    for g in _grads(7)[:3]:
+        a.step(pa, g)
+        before = {k: None if v is None else v.copy() for k, v in b.buffers().items()}
+        out = np.empty_like(pb)
+        new = b.step_into(pb, g, out, {})
+        assert b.step_count == a.step_count - 1
+        for k, v in b.buffers().items():
+            if v is not None:
+                np.testing.assert_array_equal(v, before[k])
+        b.adopt(new, b.step_count + 1)
+        pb = out
+        np.testing.assert_array_equal(pb, pa)
+        for k, v in a.buffers().items():
+            np.testing.assert_array_equal(b.buffers()[k], v)

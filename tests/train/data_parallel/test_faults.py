@@ -140,15 +140,15 @@ class FaultyReplica(KnownReplica):
             time.sleep(2.5)  # longer than the trainer's timeout; then it applies
         if self.plan.due("mid_optimizer"):
 
-            def broken(params: Any, grads: Any) -> None:
-                params[: params.shape[0] // 2] -= 0.5  # half the update written ...
+            def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> None:
+                params_out[: params_out.shape[0] // 2] -= 0.5  # half the update written ...
                 raise ContextPoisoned("injected failure: mid_optimizer")
 
-            opt.step = broken  # type: ignore[method-assign]
+            opt.step_into = broken  # type: ignore[method-assign]
             try:
                 return super()._apply_gradients(msg)
             finally:
-                del opt.step
+                del opt.step_into
         return super()._apply_gradients(msg)
 
 

@@ -181,7 +181,7 @@ async def test_batch_smaller_than_replicas_leaves_the_last_shards_empty(
     actor_system, collective: str
 ):
     """Every replica is still asked, the last ones with an empty shard (the
-    `even_split` sizes), and the step still equals the single-device one."""
+    `split_sizes` sizes), and the step still equals the single-device one."""
     model = Mlp(SIZES, seed=6)
     config = _config("sgd-momentum")
     ref = await Trainer.spawn(actor_system, model, "cpu:0", config)

@@ -21,7 +21,7 @@ import numpy as np
 from atomr.train.comm.collective import HostCollective
 from atomr.train.comm.mpi.collective import MpiCollective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
-from atomr.train.comm.partition import split_bounds
+from atomr.train.core.partition import split_bounds
 
 SIZES = [1, 2, 7, 1000, 65_537]
 

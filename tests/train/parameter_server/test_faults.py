@@ -46,15 +46,15 @@ class FaultyServer(AsyncParameterServer):
         if opt is None or not self.plan.due("mid_optimizer"):
             return super()._apply(parts)
 
-        def broken(params: Any, grads: Any) -> None:
-            params[: params.shape[0] // 2] -= 0.5
+        def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> None:
+            params_out[: params_out.shape[0] // 2] -= 0.5
             raise ContextPoisoned("injected failure: mid_optimizer")
 
-        opt.step = broken  # type: ignore[method-assign]
+        opt.step_into = broken  # type: ignore[method-assign]
         try:
             return super()._apply(parts)
         finally:
-            del opt.step
+            del opt.step_into
 
 
 def _grads(seed: int = 0) -> list[np.ndarray]:

@@ -218,7 +218,7 @@ class _NonFiniteOnWorker1(PsWorker):
         if self.worker_id == 1:
             type(self).batches += 1
             if type(self).batches == 2:
-                return NonFiniteError("loss is not finite (inf)")
+                raise NonFiniteError("loss is not finite (inf)")
         return super()._gradient(weights, x, y)
 
 

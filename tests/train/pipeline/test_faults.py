@@ -72,15 +72,15 @@ class FaultyStage(StageActor):
         if self.index != FAULTY or opt is None or not self.plan.due("mid_optimizer"):
             return super().apply_gradients(step_id, coef)
 
-        def broken(params: Any, grads: Any) -> None:
-            params[: params.shape[0] // 2] -= 0.5
+        def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> None:
+            params_out[: params_out.shape[0] // 2] -= 0.5
             raise ContextPoisoned("injected failure: mid_optimizer")
 
-        opt.step = broken  # type: ignore[method-assign]
+        opt.step_into = broken  # type: ignore[method-assign]
         try:
             return super().apply_gradients(step_id, coef)
         finally:
-            del opt.step
+            del opt.step_into
 
     async def receive(self, message: Any) -> Any:
         """Crash the actor itself when a step starts."""

@@ -91,15 +91,15 @@ def _install(monkeypatch: pytest.MonkeyPatch, plan: Plan) -> None:
         if self.layout.rank != FAULTY_RANK or not plan.due("mid_optimizer") or opt is None:
             return original_apply(self, scale)
 
-        def broken(params: Any, grads: Any) -> None:
-            params[: params.shape[0] // 2] -= 0.5
+        def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> None:
+            params_out[: params_out.shape[0] // 2] -= 0.5
             raise ContextPoisoned("injected failure: mid_optimizer")
 
-        opt.step = broken  # type: ignore[method-assign]
+        opt.step_into = broken  # type: ignore[method-assign]
         try:
             return original_apply(self, scale)
         finally:
-            del opt.step
+            del opt.step_into
 
     monkeypatch.setattr(ShardActor, "_apply", apply)
     original_receive = ShardActor.receive

@@ -230,17 +230,17 @@ def _fail_once_on(monkeypatch: pytest.MonkeyPatch, method: str, rank: int) -> li
             raise OutOfMemory("injected", str(self.device))
         # fail midway through the apply: after the optimizer has written
         opt = self.optimizer
-        real_step = opt.step
+        real_step_into = opt.step_into
 
-        def broken(params: object, grads: object) -> None:
-            real_step(params, grads)
+        def broken(params: object, grads: object, params_out: object, spare: object) -> None:
+            real_step_into(params, grads, params_out, spare)
             raise OutOfMemory("injected after the update", str(self.device))
 
-        opt.step = broken
+        opt.step_into = broken
         try:
             return original(self, *args)
         finally:
-            del opt.step
+            del opt.step_into
 
     monkeypatch.setattr(ShardActor, method, flaky)
     return calls

@@ -54,7 +54,7 @@ from atomr.train.comm.mpi._buffers import (
 from atomr.train.comm.mpi._driver import OperationDriver
 from atomr.train.comm.mpi._notes import FailureNotes
 from atomr.train.comm.mpi.errors import CollectiveError, CollectiveTimeoutError, RankFailedError
-from atomr.train.comm.partition import split_bounds
+from atomr.train.core.partition import split_bounds
 
 __all__ = [
     "CollectiveError",

@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from atomr.train.comm.partition import split_bounds
+from atomr.train.core.partition import split_bounds
 
 __all__ = ["DistributedTrainConfig", "NotLaunchedError", "shard_for_rank"]
 

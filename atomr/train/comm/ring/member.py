@@ -26,7 +26,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from atomr.actor import Context
-from atomr.train.comm.partition import split_bounds
 from atomr.train.comm.ring.errors import RingAbortedError, RingTimeoutError
 from atomr.train.comm.ring.messages import (
     RING_MESSAGES,
@@ -39,6 +38,7 @@ from atomr.train.comm.ring.messages import (
     RingReduce,
     RingReduceScatter,
 )
+from atomr.train.core.partition import split_bounds
 
 __all__ = ["RingBuffer", "RingMember"]
 

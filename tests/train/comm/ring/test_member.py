@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from atomr import ActorRef
-from atomr.train.comm.partition import split_bounds
 from atomr.train.comm.ring import RingCollective, RingMember
+from atomr.train.core.partition import split_bounds
 
 
 def _buffers(n: int, size: int, seed: int = 0) -> list[np.ndarray]:

@@ -1,0 +1,157 @@
+"""The optimizer kernels' hyperparameters: validated once, when built.
+
+`SgdHyperparameters` and `AdamHyperparameters` are the one place that names
+the arguments of the fused `sgd_step` / `adam_step` kernels. Each is checked
+when it is built, in float32 (the narrowest dtype the kernels compute in), so
+a value such as `lr=1e39`, finite in float64 but infinite in float32, is
+refused there and never reaches a kernel. A step then only asks the object
+for `kernel_args(step)`, the scalars its kernel takes, with no check.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Real
+from typing import Any
+
+import numpy as np
+
+__all__ = ["AdamHyperparameters", "SgdHyperparameters"]
+
+
+def _real(name: str, value: Any) -> float:
+    """`value` as a float that is finite in float32.
+
+    Raises:
+        TypeError: not a real number (a bool included).
+        ValueError: NaN, or infinite in float32.
+    """
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    v = float(value)
+    if not _finite_in_float32(v):
+        raise ValueError(f"{name} must be finite in float32, got {v}")
+    return v
+
+
+def _finite_in_float32(v: float) -> bool:
+    with np.errstate(over="ignore"):
+        return math.isfinite(v) and bool(np.isfinite(np.float32(v)))
+
+
+def _at_least_zero(**values: float) -> None:
+    bad = {k: v for k, v in values.items() if not v >= 0.0}
+    if bad:
+        shown = ", ".join(f"{k}={v}" for k, v in bad.items())
+        raise ValueError(f"{', '.join(bad)} must be >= 0, got {shown}")
+
+
+@dataclass(frozen=True)
+class SgdHyperparameters:
+    """torch.optim.SGD's hyperparameters, as the `sgd_step` kernel takes them.
+
+    Attributes:
+        lr: learning rate, >= 0.
+        momentum: momentum factor, >= 0.
+        dampening: dampening of the momentum.
+        weight_decay: L2 penalty, >= 0.
+        nesterov: Nesterov momentum (needs momentum > 0 and dampening == 0).
+
+    Raises:
+        TypeError: a value that is not a real number (`nesterov`: not a bool).
+        ValueError: a value that is NaN or infinite in float32, a negative
+            lr, momentum or weight_decay, or nesterov without momentum or
+            with dampening.
+    """
+
+    lr: float
+    momentum: float = 0.0
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "momentum", "dampening", "weight_decay"):
+            object.__setattr__(self, name, _real(name, getattr(self, name)))
+        if not isinstance(self.nesterov, bool | np.bool_):
+            raise TypeError(f"nesterov must be a bool, got {type(self.nesterov).__name__}")
+        object.__setattr__(self, "nesterov", bool(self.nesterov))
+        _at_least_zero(lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        if self.nesterov and (self.momentum <= 0.0 or self.dampening != 0.0):
+            raise ValueError("nesterov momentum requires momentum > 0 and dampening == 0")
+
+    def kernel_args(self, step: int) -> tuple[float, float, float, float, bool, bool]:
+        """The kernel's scalars for 1-based step `step`: `(lr, momentum,
+        dampening, weight_decay, nesterov, first)`, `first` being torch's
+        first-step rule (`buf = grad`)."""
+        return (self.lr, self.momentum, self.dampening, self.weight_decay, self.nesterov, step == 1)
+
+
+@dataclass(frozen=True)
+class AdamHyperparameters:
+    """torch.optim.Adam's (or, `decoupled`, AdamW's) hyperparameters, as the
+    `adam_step` kernel takes them.
+
+    Attributes:
+        lr: learning rate, >= 0.
+        beta1, beta2: the moments' decay rates, in [0, 1).
+        eps: added to the denominator, >= 0.
+        weight_decay: >= 0; an L2 penalty (Adam) or decoupled decay (AdamW).
+        decoupled: AdamW's decoupled weight decay instead of Adam's L2.
+
+    Raises:
+        TypeError: a value that is not a real number (`decoupled`: not a bool).
+        ValueError: a value that is NaN or infinite in float32, betas outside
+            [0, 1), a negative lr, eps or weight_decay, or a bias-corrected
+            step size (`lr / (1 - beta1)`, `1 / sqrt(1 - beta2)`) or AdamW
+            decay factor (`1 - lr * weight_decay`) infinite in float32.
+    """
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    decoupled: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "beta1", "beta2", "eps", "weight_decay"):
+            object.__setattr__(self, name, _real(name, getattr(self, name)))
+        if not isinstance(self.decoupled, bool | np.bool_):
+            raise TypeError(f"decoupled must be a bool, got {type(self.decoupled).__name__}")
+        object.__setattr__(self, "decoupled", bool(self.decoupled))
+        if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got ({self.beta1}, {self.beta2})")
+        _at_least_zero(lr=self.lr, eps=self.eps, weight_decay=self.weight_decay)
+        # the largest values the coefficients take (step 1): they must fit too
+        largest = {
+            "the first step size lr / (1 - beta1)": self.lr / (1.0 - self.beta1),
+            "1 / sqrt(1 - beta2)": 1.0 / math.sqrt(1.0 - self.beta2),
+            "the decay factor 1 - lr * weight_decay": 1.0 - self.lr * self.weight_decay,
+        }
+        for what, value in largest.items():
+            if not _finite_in_float32(value):
+                raise ValueError(f"{what} is {value}: infinite in float32")
+
+    def kernel_args(self, step: int, dtype: Any) -> tuple[Any, ...]:
+        """The kernel's scalars for 1-based step `step`, in `dtype` (the
+        buffers'): `(beta1, 1 - beta1, beta2, 1 - beta2, l2, decay, step_size,
+        1 / sqrt(1 - beta2^t), eps)`, where Adam has `l2 = weight_decay,
+        decay = 1` and AdamW `l2 = 0, decay = 1 - lr * weight_decay`."""
+        t = np.dtype(dtype).type
+        beta1, beta2, lr, wd = self.beta1, self.beta2, self.lr, self.weight_decay
+        step_size = lr / (1.0 - beta1**step)
+        inv_bc2_sqrt = 1.0 / math.sqrt(1.0 - beta2**step)
+        l2, decay = (0.0, 1.0 - lr * wd) if self.decoupled else (wd, 1.0)
+        return (
+            t(beta1),
+            t(1.0 - beta1),
+            t(beta2),
+            t(1.0 - beta2),
+            t(l2),
+            t(decay),
+            t(step_size),
+            t(inv_bc2_sqrt),
+            t(self.eps),
+        )

@@ -1,0 +1,92 @@
+"""Splitting `n` items into contiguous parts: the one rule every trainer uses.
+
+`n` items go into `parts` contiguous chunks, in order, whose sizes differ by
+at most one, the longer ones first: the first `n % parts` chunks hold
+`n // parts + 1` items, the others `n // parts` (NumPy's `array_split`).
+A batch across replicas or workers, a width across tensor-parallel shards,
+a parameter vector across servers, the ring's chunks, every collective's
+reduce-scatter / all-gather shards and each rank's share of a global batch
+(`shard_for_rank`) are all cut this way, in integer arithmetic (exact for
+any `n`).
+
+`bounds` turns any list of sizes (the speed balancer's, the pipeline's
+micro-batches) into the same `(start, stop)` form.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+__all__ = ["bounds", "split_bounds", "split_sizes"]
+
+
+def split_sizes(n: int, parts: int) -> list[int]:
+    """The sizes of `n` items split into `parts` near-equal contiguous chunks.
+
+    Args:
+        n: items to split (>= 0).
+        parts: chunks (>= 1).
+
+    Returns:
+        `parts` sizes summing to `n`; the first `n % parts` are one larger.
+        With `n < parts` the last `parts - n` chunks are empty.
+
+    Raises:
+        TypeError: an argument is not an integer (NumPy integers are
+            accepted, bools are not).
+        ValueError: `parts < 1` or `n < 0`.
+    """
+    for name, value in (("n", n), ("parts", parts)):
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    n, parts = operator.index(n), operator.index(parts)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    size, extra = divmod(n, parts)
+    return [size + 1 if i < extra else size for i in range(parts)]
+
+
+def split_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """The `(start, stop)` of each chunk of `split_sizes(n, parts)`.
+
+    Args:
+        n: items to split (>= 0).
+        parts: chunks (>= 1).
+
+    Returns:
+        `parts` contiguous ranges tiling `[0, n)` in order.
+
+    Raises:
+        TypeError: an argument is not an integer.
+        ValueError: `parts < 1` or `n < 0`.
+
+    >>> split_bounds(10, 3)
+    [(0, 4), (4, 7), (7, 10)]
+    """
+    return bounds(split_sizes(n, parts))
+
+
+def bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """The `(start, stop)` of consecutive chunks of the given sizes.
+
+    Args:
+        sizes: chunk sizes (each >= 0), in order.
+
+    Returns:
+        One range per size, the first starting at 0, each starting where
+        the previous one stops.
+
+    Raises:
+        ValueError: a negative size.
+    """
+    out: list[tuple[int, int]] = []
+    start = 0
+    for size in sizes:
+        if size < 0:
+            raise ValueError(f"chunk sizes must be >= 0, got {list(sizes)}")
+        out.append((start, start + size))
+        start += size
+    return out

@@ -1,0 +1,108 @@
+"""`SgdHyperparameters` / `AdamHyperparameters`: validated once, in float32, when built."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from atomr.accel import AdamHyperparameters, SgdHyperparameters
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def test_defaults_are_torchs() -> None:
+    adam = AdamHyperparameters(1e-3)
+    assert (adam.beta1, adam.beta2, adam.eps, adam.weight_decay, adam.decoupled) == (
+        0.9,
+        0.999,
+        1e-8,
+        0.0,
+        False,
+    )
+    sgd = SgdHyperparameters(0.1)
+    assert (sgd.momentum, sgd.dampening, sgd.weight_decay, sgd.nesterov) == (0.0, 0.0, 0.0, False)
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39, math.inf, math.nan])
+@pytest.mark.parametrize("name", ["lr", "beta1", "eps", "weight_decay"])
+def test_adam_refuses_values_infinite_in_float32(name: str, value: float) -> None:
+    """1e39 is finite in float64 but not in float32, the kernels' dtype."""
+    with pytest.raises(ValueError, match=f"{name} must be finite in float32"):
+        AdamHyperparameters(**{"lr": 0.1, name: value})
+
+
+@pytest.mark.parametrize("name", ["lr", "momentum", "dampening", "weight_decay"])
+def test_sgd_refuses_values_infinite_in_float32(name: str) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be finite in float32"):
+        SgdHyperparameters(**{"lr": 0.1, name: 1e39})
+
+
+def test_the_largest_finite_float32_is_accepted() -> None:
+    assert SgdHyperparameters(F32_MAX).lr == F32_MAX
+    AdamHyperparameters(1.0, beta1=0.0, eps=F32_MAX, weight_decay=0.0)
+
+
+def test_adam_refuses_coefficients_that_overflow_float32() -> None:
+    """lr itself fits, but the first step size lr / (1 - beta1) does not."""
+    with pytest.raises(ValueError, match="first step size"):
+        AdamHyperparameters(1e38, beta1=0.9)
+    with pytest.raises(ValueError, match="decay factor"):
+        AdamHyperparameters(1e20, beta1=0.0, weight_decay=1e20, decoupled=True)
+
+
+@pytest.mark.parametrize(("b1", "b2"), [(1.0, 0.9), (0.9, 1.0), (-0.1, 0.9), (0.9, 1.5)])
+def test_betas_outside_unit_interval(b1: float, b2: float) -> None:
+    with pytest.raises(ValueError, match=r"betas must be in \[0, 1\)"):
+        AdamHyperparameters(0.1, b1, b2)
+
+
+def test_negative_values_and_bad_types() -> None:
+    with pytest.raises(ValueError, match="lr must be >= 0"):
+        SgdHyperparameters(-0.1)
+    with pytest.raises(ValueError, match="eps, weight_decay must be >= 0"):
+        AdamHyperparameters(0.1, eps=-1.0, weight_decay=-1.0)
+    with pytest.raises(TypeError, match="lr must be a real number"):
+        SgdHyperparameters("0.1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="lr must be a real number"):
+        AdamHyperparameters(True)
+    with pytest.raises(TypeError, match="nesterov must be a bool"):
+        SgdHyperparameters(0.1, momentum=0.9, nesterov=1)  # type: ignore[arg-type]
+
+
+def test_nesterov_needs_momentum_and_no_dampening() -> None:
+    with pytest.raises(ValueError, match="nesterov"):
+        SgdHyperparameters(0.1, nesterov=True)
+    with pytest.raises(ValueError, match="nesterov"):
+        SgdHyperparameters(0.1, momentum=0.9, dampening=0.1, nesterov=True)
+
+
+def test_values_are_stored_as_python_floats() -> None:
+    h = AdamHyperparameters(np.float32(0.5), beta1=np.float64(0.8), weight_decay=1)
+    assert type(h.lr) is float and type(h.beta1) is float and type(h.weight_decay) is float
+
+
+def test_adam_kernel_args_are_torchs_coefficients_in_the_buffer_dtype() -> None:
+    lr, b1, b2, eps, wd = 0.01, 0.9, 0.99, 1e-8, 0.1
+    for decoupled in (False, True):
+        h = AdamHyperparameters(lr, b1, b2, eps, wd, decoupled)
+        args = h.kernel_args(3, np.float32)
+        assert all(type(a) is np.float32 for a in args)
+        l2, decay = (0.0, 1 - lr * wd) if decoupled else (wd, 1.0)
+        expected = (b1, 1 - b1, b2, 1 - b2, l2, decay, lr / (1 - b1**3), 1 / math.sqrt(1 - b2**3))
+        np.testing.assert_array_equal(args[:8], np.array(expected, dtype=np.float32))
+        assert args[8] == np.float32(eps)
+    assert all(type(a) is np.float64 for a in h.kernel_args(1, np.float64))
+
+
+def test_sgd_kernel_args_mark_the_first_step() -> None:
+    h = SgdHyperparameters(0.1, momentum=0.9, dampening=0.0, weight_decay=0.01, nesterov=True)
+    assert h.kernel_args(1) == (0.1, 0.9, 0.0, 0.01, True, True)
+    assert h.kernel_args(2)[-1] is False
+
+
+def test_frozen() -> None:
+    h = SgdHyperparameters(0.1)
+    with pytest.raises(AttributeError):
+        h.lr = 1e39  # type: ignore[misc]

@@ -1,6 +1,10 @@
-"""Collectives: `Collective` and its five operations (all_reduce,
-reduce_scatter, all_gather, broadcast, barrier) on the host
-(`collective.HostCollective`), in a ring of actors (`ring.RingCollective`)
-and across processes through MPI (`mpi.collective.MpiCollective`), with one
-partition rule (`partition.split_bounds`). Nothing here knows a model; see
-docs/collectives.md."""
+"""Collectives: the five operations (all_reduce, reduce_scatter, all_gather,
+broadcast, barrier) on the host (`HostCollective`), in a ring of actors
+(`RingCollective`, `comm/ring/`), and across processes through MPI
+(`MpiCollective`, `atomr.train.comm.mpi`). Nothing here knows a model.
+See docs/collectives.md."""
+
+from atomr.train.comm.collective import Collective, HostCollective
+from atomr.train.comm.ring import RingCollective
+
+__all__ = ["Collective", "HostCollective", "RingCollective"]

@@ -373,7 +373,7 @@ async def test_spawn_refuses_bad_arguments_before_spawning(actor_system) -> None
     cases = [
         (TypeError, "model must be an Mlp", {"model": SIZES}),
         (TypeError, "devices must be a sequence", {"devices": "cpu:0"}),
-        (TypeError, "devices must hold Devices", {"devices": [None]}),
+        (TypeError, "must be a Device or a device name", {"devices": [None]}),
         (ValueError, "unknown device 'tpu'", {"devices": ["cpu:0", "tpu"]}),
         (TypeError, "config must be a TrainerConfig", {"config": PipelineOptions()}),
         (TypeError, "options must be a PipelineOptions", {"options": config}),

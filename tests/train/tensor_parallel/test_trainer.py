@@ -310,7 +310,7 @@ async def test_spawn_refuses_bad_arguments_before_spawning(actor_system: ActorSy
     cases: list[tuple[type[Exception], str, dict[str, object]]] = [
         (TypeError, "model must be an Mlp", {"model": EVEN}),
         (TypeError, "devices must be a sequence", {"devices": "cpu:0"}),
-        (TypeError, "devices must hold Devices", {"devices": [0, 1]}),
+        (TypeError, "must be a Device or a device name", {"devices": [0, 1]}),
         (ValueError, "devices is empty", {"devices": []}),
         (ValueError, "unknown device 'gpu:0'", {"devices": ["cpu:0", "gpu:0"]}),
         (TypeError, "config must be a TrainerConfig", {"config": OptimizerKind.sgd(0.1)}),

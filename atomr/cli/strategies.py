@@ -14,12 +14,7 @@ from typing import Any
 
 from atomr.cli.errors import CliError
 from atomr.cli.run_config import RunConfig
-from atomr.cli.trainer_handle import (
-    ActorTrainerHandle,
-    DistributedTrainerHandle,
-    ParameterServerTrainerHandle,
-    TrainerHandle,
-)
+from atomr.cli.trainer_handle import ActorTrainerHandle, DistributedTrainerHandle, TrainerHandle
 from atomr.train import Mlp, TrainerConfig
 
 __all__ = ["micro_batch_size", "spawn_trainer", "strategy_available"]
@@ -29,7 +24,7 @@ _MODULES = {
     "data": ("atomr.train.data_parallel.trainer", "DataParallelTrainer"),
     "tensor": ("atomr.train.tensor_parallel.trainer", "TensorParallelTrainer"),
     "pipeline": ("atomr.train.pipeline.trainer", "PipelineParallelTrainer"),
-    "ps": ("atomr.train.parameter_server.server", "AsyncParameterServer"),
+    "ps": ("atomr.train.parameter_server", "AsyncParameterServer"),
 }
 
 
@@ -101,16 +96,8 @@ async def _spawn(system: Any, run: RunConfig, model: Mlp, config: TrainerConfig)
             system, model, devices, pp_config, schedule=run.schedule
         )
     else:
-        handle = await module.AsyncParameterServer.spawn(
-            system,
-            model,
-            devices,
-            workers=run.workers,
-            config=config,
-            batch_size=run.batch_size,
-            seed=run.seed,
-        )
-        return ParameterServerTrainerHandle(handle)
+        options = module.ParameterServerOptions(workers=run.workers)
+        ref = await module.AsyncParameterServer.spawn(system, model, devices, config, options)
     return ActorTrainerHandle(run.strategy, ref)
 
 

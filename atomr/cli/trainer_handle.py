@@ -1,10 +1,9 @@
 """`TrainerHandle`: the one face every strategy's trainer shows the epoch loop.
 
-`ActorTrainerHandle` wraps a trainer actor (single, data, tensor, pipeline:
-they all answer `Step`, `Evaluate`, `GetWeights`, `SaveCheckpoint`,
-`LoadCheckpoint`); `ParameterServerTrainerHandle` wraps the parameter
-server's `ParameterServerHandle`, whose global step is one gradient push per
-worker.
+`ActorTrainerHandle` wraps a trainer actor (single, data, tensor, pipeline,
+parameter server: they all answer `Step`, `Evaluate`, `GetWeights`,
+`SaveCheckpoint`, `LoadCheckpoint`); `DistributedTrainerHandle` wraps this
+process's part of an MPI data-parallel job.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ __all__ = [
     "ASK_TIMEOUT",
     "ActorTrainerHandle",
     "DistributedTrainerHandle",
-    "ParameterServerTrainerHandle",
     "TrainerHandle",
 ]
 
@@ -132,51 +130,6 @@ class ActorTrainerHandle(TrainerHandle):
     async def load(self, path: Path) -> None:
         """Ask the trainer to `LoadCheckpoint`."""
         await self.ref.ask(LoadCheckpoint(str(path)), timeout=ASK_TIMEOUT)
-
-
-class ParameterServerTrainerHandle(TrainerHandle):
-    """The parameter server: each step splits the batch among the workers,
-    each of which pulls, computes and pushes one gradient.
-
-    Args:
-        handle: the `ParameterServerHandle` from `AsyncParameterServer.spawn`.
-    """
-
-    def __init__(self, handle: Any) -> None:
-        super().__init__("ps")
-        self.handle = handle
-
-    async def step(self, features: np.ndarray, labels: np.ndarray) -> StepStats:
-        """One global batch; the workers' stats combined (sample-weighted loss)."""
-        parts: list[StepStats] = await self.handle.step(features, labels)
-        samples = sum(p.samples for p in parts)
-        loss = sum(p.loss * p.samples for p in parts) / max(samples, 1)
-        norm = sum(p.grad_norm for p in parts) / max(len(parts), 1)
-        micros = max((p.step_micros for p in parts), default=0)
-        return StepStats(
-            float(loss),
-            float(norm),
-            int(micros),
-            int(samples),
-            applied=any(p.applied for p in parts),
-        )
-
-    async def evaluate(self, features: np.ndarray, labels: np.ndarray) -> EvalResult:
-        """Evaluate the servers' current weights (on worker 0)."""
-        result: EvalResult = await self.handle.evaluate(features, labels)
-        return result
-
-    async def weights(self) -> np.ndarray:
-        """The servers' weights, gathered."""
-        weights: np.ndarray = await self.handle.get_weights()
-        return weights
-
-    async def _save(self, path: str) -> None:
-        await self.handle.save_checkpoint(path)
-
-    async def load(self, path: Path) -> None:
-        """Load a checkpoint into every server."""
-        await self.handle.load_checkpoint(str(path))
 
 
 class DistributedTrainerHandle(TrainerHandle):

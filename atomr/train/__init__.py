@@ -46,7 +46,6 @@ from atomr.train.data_parallel.trainer import (
     ReplicaDivergenceError,
 )
 from atomr.train.parameter_server.consistency import Consistency
-from atomr.train.parameter_server.handle import EpochRecord, ParameterServerHandle
 from atomr.train.parameter_server.messages import (
     ParameterServerStats,
     PullWeights,
@@ -54,7 +53,7 @@ from atomr.train.parameter_server.messages import (
     StaleGradientError,
     Stats,
 )
-from atomr.train.parameter_server.server import AsyncParameterServer
+from atomr.train.parameter_server.trainer import AsyncParameterServer
 from atomr.train.pipeline.schedule import Op, OpKind, Schedule
 from atomr.train.pipeline.stage import PipelineStageProtocol, StageActor
 from atomr.train.pipeline.timeline import BusyInterval, GetTimeline, Timeline
@@ -79,8 +78,6 @@ __all__ = [
     "spawn_distributed_data_parallel",
     "AsyncParameterServer",
     "Consistency",
-    "EpochRecord",
-    "ParameterServerHandle",
     "ParameterServerStats",
     "PullWeights",
     "PushGradient",

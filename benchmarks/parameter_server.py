@@ -8,7 +8,7 @@ Figures, each over `--steps` global batches after a warm-up:
 
 - `data_parallel`: `DataParallelTrainer` `Step`s; gradients/s counts one
   gradient per replica per step (the reference).
-- `ps_sync`, `ps_async`, `ps_async_2_shards`: `ParameterServerHandle.run`
+- `ps_sync`, `ps_async`, `ps_async_2_shards`: one `TrainEpochs` epoch
   over the same batches; pushes/s are `PushGradient`s answered per second
   (all shards' pushes of one gradient count as one), applied/s are
   gradients folded into the weights per second.
@@ -34,8 +34,13 @@ from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import LossKind, Mlp, OptimizerKind, Step, TrainerConfig, synthetic_classification
 from atomr.train.data_parallel.trainer import DataParallelTrainer
-from atomr.train.parameter_server.consistency import Consistency
-from atomr.train.parameter_server.server import AsyncParameterServer
+from atomr.train.parameter_server import (
+    AsyncParameterServer,
+    Consistency,
+    GetServerStats,
+    ParameterServerOptions,
+    TrainEpochs,
+)
 
 SIZES = [64, 256, 256, 10]
 
@@ -67,23 +72,17 @@ async def bench_ps(
     consistency: Consistency,
     shards: int,
 ) -> dict:
+    options = ParameterServerOptions(workers=args.workers, consistency=consistency, shards=shards)
     ps = await AsyncParameterServer.spawn(
-        system,
-        Mlp(SIZES),
-        cpu_devices(args.workers),
-        workers=args.workers,
-        config=config,
-        consistency=consistency,
-        shards=shards,
-        batch_size=args.batch,
+        system, Mlp(SIZES), cpu_devices(args.workers), config, options
     )
-    await ps.step(x[: args.batch], y[: args.batch])  # warm-up
-    before = await ps.stats()
+    await ps.ask(Step(x[: args.batch], y[: args.batch]), timeout=60.0)  # warm-up
+    before = await ps.ask(GetServerStats())
     n = args.steps * args.batch
     t0 = time.perf_counter()
-    await ps.run(1, x[:n], y[:n])
+    await ps.ask(TrainEpochs(x[:n], y[:n], 1, args.batch), timeout=600.0)
     seconds = time.perf_counter() - t0
-    after = await ps.stats()
+    after = await ps.ask(GetServerStats())
     await ps.stop()
     applied = after[0].gradients_applied - before[0].gradients_applied
     pulls = after[0].weights_pulled - before[0].weights_pulled

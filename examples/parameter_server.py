@@ -1,10 +1,15 @@
 """A parameter server training an MLP on scikit-learn's digits with 4 workers.
 
-One server actor holds the weights and the optimizer (SGD with momentum);
+One server shard holds the weights and the optimizer (SGD with momentum);
 four worker actors on two logical CPU devices pull the weights, compute the
 gradient of their own part of each batch on their device's thread and push
 it back asynchronously. Then the same model is trained synchronously with
 the weights split across 2 server shards.
+
+`AsyncParameterServer.spawn` returns the trainer's `ActorRef`: it answers
+`Step`, `Evaluate`, `GetWeights`, `SaveCheckpoint`, `LoadCheckpoint` like
+every trainer, and `TrainEpochs`, which lets every worker run through its
+parts of the epoch at its own pace.
 
 Run: python examples/parameter_server.py
 Prints one line per mode, e.g.
@@ -17,8 +22,13 @@ from __future__ import annotations
 import atomr
 from atomr import ActorSystem
 from atomr.train import LossKind, Mlp, OptimizerKind, TrainerConfig, load_digits_split
-from atomr.train.parameter_server.consistency import Consistency
-from atomr.train.parameter_server.server import AsyncParameterServer
+from atomr.train.parameter_server import (
+    AsyncParameterServer,
+    Consistency,
+    GetServerStats,
+    ParameterServerOptions,
+    TrainEpochs,
+)
 
 
 async def main() -> None:
@@ -29,18 +39,13 @@ async def main() -> None:
             ("async", Consistency.asynchronous(), 1),
             ("sync (2 shards)", Consistency.synchronous(), 2),
         ]:
+            options = ParameterServerOptions(workers=4, consistency=consistency, shards=shards)
             ps = await AsyncParameterServer.spawn(
-                system,
-                Mlp([64, 64, 10], seed=0),
-                ["cpu:0", "cpu:1"],
-                workers=4,
-                config=config,
-                consistency=consistency,
-                shards=shards,
-                batch_size=128,
+                system, Mlp([64, 64, 10], seed=0), ["cpu:0", "cpu:1"], config, options
             )
-            history = await ps.run(15, x_train, y_train, test=(x_test, y_test))
-            stats = await ps.stats()
+            request = TrainEpochs(x_train, y_train, 15, 128, test=(x_test, y_test))
+            history = await ps.ask(request, timeout=600.0)
+            stats = await ps.ask(GetServerStats())
             last = history[-1]
             detail = (
                 f"avg_staleness={stats[0].avg_staleness:.2f}"

@@ -156,12 +156,28 @@ def _mse_evaluator(trainer: ActorRef, run: RunConfig, model: Mlp) -> Evaluator:
     return evaluate
 
 
+def _progress(
+    history: History,
+    start: FitPosition,
+    steps: int,
+    epochs: int,
+    factory: Callable[[int, int], Progress] | None,
+) -> Progress:
+    """The progress bar, counting the steps a resumed run has done already."""
+    total, done = epochs * steps, start.epoch * steps + start.batch
+    progress = factory(total, done) if factory else Progress(0, 0, False)
+    if history.last is not None:
+        progress.set_accuracy(history.last.test_accuracy)
+    return progress
+
+
 async def _train(
     system: ActorSystem,
     run: RunConfig,
     data: Dataset,
     history: History,
     start: FitPosition,
+    progress: Callable[[], Progress],
     callbacks: Sequence[FitCallback],
     stop: StopFlag,
 ) -> str:
@@ -170,6 +186,10 @@ async def _train(
     if run.resume is not None:
         await job.load(trainer, run.resume)
     keeper = _HistoryKeeper(run, history, job.is_root)
+    if run.checkpoint is not None and job.is_root:
+        run.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    bar = progress()  # only once the trainer took the options: errors stay one line
+    callbacks = [keeper, bar, *callbacks]
     try:
         result = await fit(
             trainer,
@@ -180,7 +200,7 @@ async def _train(
             seed=run.seed,
             start=start,
             checkpoint=run.checkpoint,
-            callbacks=[keeper, *callbacks],
+            callbacks=callbacks,
             stop=stop,
             agree_to_stop=job.agree_to_stop,
             evaluate=_mse_evaluator(trainer, run, model) if run.loss == "mse" else None,
@@ -190,6 +210,8 @@ async def _train(
     except Exception as exc:
         job.abort(exc)
         raise
+    finally:
+        bar.close()
     keeper.record_position(result.position)
     return result.status
 
@@ -235,16 +257,16 @@ async def train_epochs(
                     f"--resume: the checkpoint has finished {start.epoch} epoch(s); "
                     f"pass --epochs greater than {start.epoch} to train further"
                 )
-        total, done = run.epochs * steps, start.epoch * steps + start.batch
-        progress = progress_factory(total, done) if progress_factory else Progress(0, 0, False)
-        if history.last is not None:
-            progress.set_accuracy(history.last.test_accuracy)
-        try:
-            history.status = await _train(
-                system, run, data, history, start, [progress, *callbacks], stop
-            )
-        finally:
-            progress.close()
+        history.status = await _train(
+            system,
+            run,
+            data,
+            history,
+            start,
+            lambda: _progress(history, start, steps, run.epochs, progress_factory),
+            callbacks,
+            stop,
+        )
     history.wall_seconds = time.perf_counter() - started
     return history
 

@@ -43,7 +43,6 @@ from atomr.train.data_parallel import (
     SpeedBalancer,
 )
 from atomr.train.parameter_server.consistency import Consistency
-from atomr.train.parameter_server.handle import EpochRecord, ParameterServerHandle
 from atomr.train.parameter_server.messages import (
     ParameterServerStats,
     PullWeights,
@@ -51,7 +50,7 @@ from atomr.train.parameter_server.messages import (
     StaleGradientError,
     Stats,
 )
-from atomr.train.parameter_server.server import AsyncParameterServer
+from atomr.train.parameter_server.trainer import AsyncParameterServer
 from atomr.train.pipeline import (
     GetGradients,
     GetTimeline,
@@ -70,7 +69,6 @@ from atomr.train.tensor_parallel import (
     TensorParallelOptions,
     TensorParallelTrainer,
 )
-from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.trainer import Trainer
 
 __all__ = [
@@ -83,8 +81,6 @@ __all__ = [
     "shard_for_rank",
     "AsyncParameterServer",
     "Consistency",
-    "EpochRecord",
-    "ParameterServerHandle",
     "ParameterServerStats",
     "PullWeights",
     "PushGradient",
@@ -131,7 +127,6 @@ __all__ = [
     "StepStats",
     "Tape",
     "ShardActor",
-    "ShardGroup",
     "ShardProtocol",
     "TensorParallelOptions",
     "TensorParallelTrainer",

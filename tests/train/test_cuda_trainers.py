@@ -39,8 +39,11 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.data_parallel import ReplicaActor
-from atomr.train.parameter_server.consistency import Consistency
-from atomr.train.parameter_server.server import AsyncParameterServer
+from atomr.train.parameter_server import (
+    AsyncParameterServer,
+    Consistency,
+    ParameterServerOptions,
+)
 from atomr.train.pipeline import PipelineOptions, PipelineParallelTrainer
 from atomr.train.tensor_parallel import TensorParallelTrainer
 
@@ -314,39 +317,14 @@ PS_SIZES = [3, 4, 3]
 PS_CONFIG = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY)
 
 
-class PsHandle(Handle):
-    """A parameter-server deployment (`ParameterServerHandle`) as a Handle."""
-
-    async def step(self, x: np.ndarray, y: np.ndarray) -> float:
-        stats = await self.ref.step(x, y)
-        assert [s.samples for s in stats] == [BATCH // 2, BATCH // 2]
-        return float(sum(s.loss * s.samples for s in stats) / BATCH)
-
-    async def weights(self) -> np.ndarray:
-        return np.asarray(await self.ref.get_weights())
-
-    async def save(self, path: Path) -> None:
-        await self.ref.save_checkpoint(path)
-
-    async def load(self, path: Path) -> None:
-        await self.ref.load_checkpoint(path)
-
-    async def evaluate(self, x: np.ndarray, y: np.ndarray) -> EvalResult:
-        result: EvalResult = await self.ref.evaluate(x, y)
-        return result
-
-
-async def _ps_driver(system: ActorSystem, devices: Sequence[str]) -> Handle:
-    return PsHandle(
-        await AsyncParameterServer.spawn(
-            system,
-            Mlp(PS_SIZES, seed=1),
-            list(devices),
-            workers=2,
-            config=PS_CONFIG,
-            consistency=Consistency.synchronous(),
-        )
+async def _ps_spawn(system: ActorSystem, devices: Sequence[str]) -> Any:
+    options = ParameterServerOptions(workers=2, consistency=Consistency.synchronous())
+    return await AsyncParameterServer.spawn(
+        system, Mlp(PS_SIZES, seed=1), list(devices), PS_CONFIG, options
     )
+
+
+_ps_driver = _actor_driver(_ps_spawn)
 
 
 async def test_parameter_server_synchronous_on_cuda_equals_cpu(cuda_launches) -> None:

@@ -1,10 +1,25 @@
-"""`Consistency`: how far parameter-server workers may run apart."""
+"""`Consistency`: how far parameter-server workers may run apart, and the
+one check of a staleness bound (`check_staleness_bound`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Consistency"]
+__all__ = ["Consistency", "check_staleness_bound"]
+
+
+def check_staleness_bound(value: object, name: str) -> None:
+    """Check a staleness bound: None (no bound) or an int >= 0.
+
+    Args:
+        value: the bound.
+        name: what it is called in the error message.
+
+    Raises:
+        ValueError: anything else (a bool included).
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} must be None or an int >= 0, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,14 +37,15 @@ class Consistency:
 
     Attributes:
         bound: None (asynchronous), 0 (synchronous) or s >= 1 (bounded).
+
+    Raises:
+        ValueError: `bound` is not None or an int >= 0.
     """
 
     bound: int | None = None
 
     def __post_init__(self) -> None:
-        b = self.bound
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
-            raise ValueError(f"the staleness bound must be None or an int >= 0, got {b!r}")
+        check_staleness_bound(self.bound, "the staleness bound")
 
     @classmethod
     def asynchronous(cls) -> Consistency:

@@ -1,19 +1,25 @@
 """The parameter-server protocol: messages, replies and the stale-gradient error.
 
-| message (to a server) | reply |
+| message (to the trainer, `AsyncParameterServer`) | reply |
+|---|---|
+| `Step`, `Evaluate`, `GetWeights`, `SaveCheckpoint`, `LoadCheckpoint` | as for every trainer (`atomr.train.core.messages`) |
+| `TrainEpochs(features, labels, epochs, batch_size, seed=0, test=None)` | `list[EpochReport]` |
+| `GetServerStats()` | `list[ParameterServerStats]`, one per server shard |
+
+| message (to a server shard, `ServerShard`) | reply |
 |---|---|
 | `PushGradient(worker, worker_version, gradient, weight=1.0)` | the new version (`int`) |
 | `AbortPush(worker, worker_version, reason)` | the version (nothing applied); synchronous: `Failure(NonFiniteError)` for the whole round |
 | `PullWeights(worker)` | `(weights, version)` |
 | `Stats()` | `ParameterServerStats` |
-| `GetShardState()` | `ShardState` (weights and optimizer state of the server's range) |
-| `SetShardState(state)` | `None` |
+| `GetServerState()` | `ServerState` (weights and optimizer state of the shard's range) |
+| `SetServerState(state)` | `None` |
 
-| message (to a worker) | reply |
+| message (to a worker, `ParameterServerWorker`) | reply |
 |---|---|
-| `TrainBatch(features, labels)` | `StepStats` (pull, compute, push one batch) |
+| `TrainBatch(features, labels)` | `BatchResult` (pull, compute, push one batch) |
 
-Servers also answer `GetWeights`, `SaveCheckpoint`, `LoadCheckpoint`
+Server shards also answer `GetWeights`, `SaveCheckpoint`, `LoadCheckpoint`
 (`atomr.train.core.messages`); workers answer `Evaluate`.
 """
 
@@ -24,17 +30,23 @@ from typing import Any
 
 import numpy as np
 
+from atomr.train.core.stats import StepStats
+
 __all__ = [
     "AbortPush",
-    "GetShardState",
+    "BatchResult",
+    "EpochReport",
+    "GetServerState",
+    "GetServerStats",
     "ParameterServerStats",
     "PullWeights",
     "PushGradient",
-    "SetShardState",
-    "ShardState",
+    "ServerState",
+    "SetServerState",
     "StaleGradientError",
     "Stats",
     "TrainBatch",
+    "TrainEpochs",
 ]
 
 
@@ -156,13 +168,13 @@ class ParameterServerStats:
 
 
 @dataclass(frozen=True, slots=True)
-class GetShardState:
-    """Ask a server for its `ShardState` (used to checkpoint sharded servers)."""
+class GetServerState:
+    """Ask a server shard for its `ServerState` (the trainer checkpoints from them)."""
 
 
 @dataclass(frozen=True, eq=False)
-class ShardState:
-    """Weights and optimizer state of one server's range.
+class ServerState:
+    """Weights and optimizer state of one server shard's range.
 
     Attributes:
         weights: host copy of the range's weights.
@@ -176,7 +188,7 @@ class ShardState:
 
 
 @dataclass(frozen=True, eq=False)
-class SetShardState:
+class SetServerState:
     """Replace a server's weights, optimizer state and version; answered with
     None, or a `Failure(ValueError)` that changes nothing.
 
@@ -184,13 +196,13 @@ class SetShardState:
         state: the new state (same range length, same optimizer kind).
     """
 
-    state: ShardState
+    state: ServerState
 
 
 @dataclass(frozen=True, eq=False)
 class TrainBatch:
     """Ask a worker to pull weights, compute the gradient of this batch on its
-    device and push it; answered with `StepStats` once the push is accepted.
+    device and push it; answered with `BatchResult` once the push is accepted.
     A batch of zero rows pushes an empty clock tick.
 
     Attributes:
@@ -200,3 +212,90 @@ class TrainBatch:
 
     features: np.ndarray
     labels: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """A worker's answer to `TrainBatch`.
+
+    Attributes:
+        stats: the batch's `StepStats`: `loss` is its mean loss, `grad_norm`
+            the L2 norm of its mean gradient (before any clipping on the
+            server), `applied` False for an empty batch.
+        normaliser: the batch's loss normaliser (its sample count for an
+            unweighted loss; 0 for an empty batch, or one whose targets all
+            have class weight 0). The trainer weights the batches' losses by it.
+    """
+
+    stats: StepStats
+    normaliser: float
+
+
+@dataclass(frozen=True, slots=True)
+class GetServerStats:
+    """Ask the trainer for every server shard's `ParameterServerStats`;
+    answered with a list, in range order."""
+
+
+@dataclass(frozen=True, eq=False)
+class TrainEpochs:
+    """Ask the trainer to train `epochs` passes over a data set, letting every
+    worker run through its parts of the batches at its own pace (only the
+    consistency model holds them back); answered with `list[EpochReport]`.
+
+    Each epoch shuffles the data (seeded with `seed` plus the trainer's epoch
+    number, counted over every `TrainEpochs` it answered), cuts it into
+    global batches of `batch_size` and splits each batch among the workers.
+    The whole set is validated first: a set that does not fit changes nothing.
+
+    Attributes:
+        features: float array `(samples, in_width)`.
+        labels: labels or targets, as for `Step`.
+        epochs: number of epochs (>= 1).
+        batch_size: global batch size (>= 1), split among the workers.
+        seed: base of the shuffles' seeds.
+        test: an optional `(features, labels)` test set evaluated after each epoch.
+
+    Raises:
+        ValueError: `epochs`, `batch_size` or `seed` is not a suitable int.
+    """
+
+    features: np.ndarray
+    labels: np.ndarray
+    epochs: int
+    batch_size: int
+    seed: int = 0
+    test: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("epochs", 1), ("batch_size", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EpochReport:
+    """One epoch of a `TrainEpochs`.
+
+    Attributes:
+        epoch: the trainer's 1-based epoch number.
+        loss: mean training loss of the epoch's batches (weighted by each
+            part's loss normaliser: its sample count for an unweighted loss).
+        version: the first server shard's version at the end of the epoch.
+        gradients_applied: gradients applied so far (first server shard).
+        avg_staleness: mean staleness so far (first server shard).
+        test_loss, test_accuracy: on the test set, NaN without one.
+        seconds: wall time of the epoch's training.
+        retries: batches sent again after a worker failed.
+    """
+
+    epoch: int
+    loss: float
+    version: int
+    gradients_applied: int
+    avg_staleness: float
+    test_loss: float
+    test_accuracy: float
+    seconds: float
+    retries: int

@@ -1,7 +1,7 @@
-"""`AsyncParameterServer`: a server actor holding weights and optimizer state.
+"""`ServerShard`: a server actor holding weights and optimizer state.
 
 Workers pull `(weights, version)`, compute a gradient on their own data and
-push it back with the version they computed it from. The server applies the
+push it back with the version they computed it from. The shard applies the
 configured optimizer (torch's SGD-momentum, Adam or AdamW; its state lives
 here) under one of three consistency models (`Consistency`):
 
@@ -9,79 +9,61 @@ here) under one of three consistency models (`Consistency`):
   worker_version`; a push staler than `max_staleness` is rejected with
   `StaleGradientError` and changes nothing.
 - bounded(s) (SSP): as asynchronous, but a worker's pull waits while it has
-  pushed more than `s` gradients more than the slowest worker.
+  pushed more than `s` gradients more than the slowest worker (`WorkerClocks`).
 - synchronous (s = 0): pushes are held until every worker has pushed for
   the current version, then averaged (weighted by each batch's normaliser)
-  and applied once, which equals one data-parallel step. A worker without a
-  gradient (non-finite loss) sends `AbortPush` instead: its round applies
-  nothing and every push of it fails with `NonFiniteError`.
+  and applied once, which equals one data-parallel step (`SynchronousRound`).
+  A worker without a gradient (non-finite loss) sends `AbortPush` instead:
+  its round applies nothing and every push of it fails with `NonFiniteError`.
 
 A push is atomic: its length, finiteness and staleness are checked first,
 and only then is the optimizer applied, on the device's worker thread. Bad
-input is answered with `Failure(exc)`; the server is never restarted for it.
+input is answered with `Failure(exc)`; the shard is never restarted for it.
 A failure during the update itself (the aggregation, a device error, an
 optimizer dying half-way) changes nothing, since the update is written out
 of place and swapped in only once complete (`atomr.train._recovery.DoubleBuffer`),
 and is answered with `Failure(exc)` too: the pusher gets the typed error, the
-server keeps its weights and version and goes on serving.
+shard keeps its weights and version and goes on serving.
 
-One server may hold a range of a larger vector (`spawn(..., shards=K)`):
-the workers push and pull every range, like MXNet's KVStore or ps-lite.
+A shard may hold one range of a larger vector: the trainer
+(`AsyncParameterServer`) spawns K of them and its workers push and pull
+every range, like MXNet's KVStore or ps-lite. With one shard it holds the
+whole vector.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from atomr.accel import Device, DeviceActor
-from atomr.actor import Failure, Props, Reply
+from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
-from atomr.train.core.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    check_model_matches,
-    load_checkpoint,
-    save_checkpoint,
-)
+from atomr.train.core.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
-from atomr.train.parameter_server.consistency import Consistency
+from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
+from atomr.train.parameter_server._clocks import WorkerClocks
+from atomr.train.parameter_server._push_checks import check_push, check_staleness, check_worker
+from atomr.train.parameter_server._round import PendingPush, SynchronousRound, round_update
+from atomr.train.parameter_server.consistency import Consistency, check_staleness_bound
 from atomr.train.parameter_server.messages import (
     AbortPush,
-    GetShardState,
+    GetServerState,
     ParameterServerStats,
     PullWeights,
     PushGradient,
-    SetShardState,
-    ShardState,
+    ServerState,
+    SetServerState,
     StaleGradientError,
     Stats,
 )
 
-if TYPE_CHECKING:
-    from atomr.train.core.config import TrainerConfig
-    from atomr.train.core.mlp import Mlp
-    from atomr.train.parameter_server.handle import ParameterServerHandle
-
-__all__ = ["AsyncParameterServer"]
-
-
-@dataclass
-class _Pending:
-    """A synchronous-mode push waiting for the rest of its round; `abort` holds
-    the reason of an `AbortPush` (then there is no gradient)."""
-
-    gradient: np.ndarray | None
-    weight: float
-    reply: Reply
-    abort: str | None = None
+__all__ = ["ServerShard"]
 
 
 def _as_optimizer_kind(optimizer: OptimizerKind | float) -> OptimizerKind:
@@ -92,10 +74,10 @@ def _as_optimizer_kind(optimizer: OptimizerKind | float) -> OptimizerKind:
     raise TypeError(f"optimizer must be an OptimizerKind or a learning rate, got {optimizer!r}")
 
 
-class AsyncParameterServer(DeviceActor):
-    """Holds a flat weight vector and its optimizer; answers `PushGradient`,
-    `AbortPush`, `PullWeights`, `Stats`, `GetWeights`, `SaveCheckpoint`, `LoadCheckpoint`,
-    `GetShardState`, `SetShardState`.
+class ServerShard(DeviceActor):
+    """Holds a flat weight vector (or one range of it) and its optimizer;
+    answers `PushGradient`, `AbortPush`, `PullWeights`, `Stats`, `GetWeights`,
+    `SaveCheckpoint`, `LoadCheckpoint`, `GetServerState`, `SetServerState`.
 
     Args:
         initial_weights: 1-D float array (copied, cast to float32).
@@ -108,7 +90,7 @@ class AsyncParameterServer(DeviceActor):
             bounded and synchronous models.
         device: where the weights live and the optimizer runs.
         gradient_clip: clip each applied gradient to this global L2 norm
-            (only exact for an unsharded server).
+            (only exact for a shard holding the whole vector).
         model_config: the model's `Mlp.config()`, written to checkpoints so
             that they load into other trainers (default: a flat vector).
 
@@ -134,12 +116,7 @@ class AsyncParameterServer(DeviceActor):
         host = np.array(initial_weights, dtype=np.float32).reshape(-1)
         if host.size < 1 or not np.isfinite(host).all():
             raise ValueError("initial_weights must be a non-empty finite vector")
-        if max_staleness is not None and (
-            isinstance(max_staleness, bool)
-            or not isinstance(max_staleness, int)
-            or max_staleness < 0
-        ):
-            raise ValueError(f"max_staleness must be None or an int >= 0, got {max_staleness!r}")
+        check_staleness_bound(max_staleness, "max_staleness")
         self.consistency = consistency or Consistency.asynchronous()
         if self.consistency.bound is not None and (
             not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
@@ -161,9 +138,9 @@ class AsyncParameterServer(DeviceActor):
         self._staleness_sum = 0
         self.max_staleness_seen = 0
         self.max_clock_gap = 0
-        self._clocks: dict[int, int] = {w: 0 for w in range(workers or 0)}
-        self._round: dict[int, _Pending] = {}
-        self._waiting_pulls: list[tuple[int, Reply]] = []
+        slack = self.consistency.bound if self.consistency.is_bounded else None
+        self._clocks = WorkerClocks(workers, slack)
+        self._round = SynchronousRound(workers or 0)
         self._buffers = DoubleBuffer()
 
     @classmethod
@@ -174,28 +151,12 @@ class AsyncParameterServer(DeviceActor):
         max_staleness: int | None = None,
         **options: Any,
     ) -> Props:
-        """The `Props` of a server (see the class docstring for the arguments)."""
-        return Props(cls, initial_weights, optimizer, max_staleness, **options)
-
-    @classmethod
-    async def spawn(
-        cls,
-        system: Any,
-        model: Mlp,
-        devices: Any,
-        workers: int | None = None,
-        config: TrainerConfig | None = None,
-        **options: Any,
-    ) -> ParameterServerHandle:
-        """Build server(s) and worker actors for an `Mlp`; see
-        `atomr.train.parameter_server.handle.build_parameter_server` for every option.
+        """The `Props` of a server shard (see the class docstring for the arguments).
 
         Returns:
-            A `ParameterServerHandle` (`run`, `step`, `evaluate`, `stats`, ...).
+            The Props.
         """
-        from atomr.train.parameter_server.handle import build_parameter_server
-
-        return await build_parameter_server(system, model, devices, workers, config, **options)
+        return Props(cls, initial_weights, optimizer, max_staleness, **options)
 
     # -- state ----------------------------------------------------------------
 
@@ -210,7 +171,7 @@ class AsyncParameterServer(DeviceActor):
             await self.on_device(self._build)
 
     def stats(self) -> ParameterServerStats:
-        """This server's counters (see `ParameterServerStats`)."""
+        """This shard's counters (see `ParameterServerStats`)."""
         avg = self._staleness_sum / self.applied if self.applied else 0.0
         return ParameterServerStats(
             self.version,
@@ -237,9 +198,9 @@ class AsyncParameterServer(DeviceActor):
             return self.stats()
         if isinstance(message, GetWeights):
             return await self.on_device(self.backend.to_host, self.weights)
-        if isinstance(message, GetShardState):
-            return await self.on_device(self._shard_state)
-        if isinstance(message, SetShardState):
+        if isinstance(message, GetServerState):
+            return await self.on_device(self._server_state)
+        if isinstance(message, SetServerState):
             return await self._set_state(message.state)
         if isinstance(message, SaveCheckpoint):
             return await self._save(message.path)
@@ -247,41 +208,9 @@ class AsyncParameterServer(DeviceActor):
             return await self._load(message.path)
         return await super().receive(message)
 
-    def _check_worker(self, worker: Any) -> int:
-        if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)) or worker < 0:
-            raise ValueError(f"worker must be an int >= 0, got {worker!r}")
-        if self.n_workers is not None and worker >= self.n_workers:
-            raise ValueError(f"unknown worker {worker}; this server has {self.n_workers} workers")
-        return int(worker)
-
-    def _check_staleness(self, wv: Any) -> int:
-        """Validate a worker version; returns its staleness `version - wv`."""
-        if isinstance(wv, bool) or not isinstance(wv, (int, np.integer)) or wv < 0:
-            raise ValueError(f"worker_version must be an int >= 0, got {wv!r}")
-        if wv > self.version:
-            raise ValueError(f"worker_version {wv} is ahead of the server's version {self.version}")
-        return self.version - int(wv)
-
-    def _check_push(self, msg: PushGradient) -> tuple[int, np.ndarray, float, int]:
-        """Validate a push (everything but finiteness); returns worker, gradient, weight, staleness."""
-        worker = self._check_worker(msg.worker)
-        staleness = self._check_staleness(msg.worker_version)
-        grad = msg.gradient
-        if not isinstance(grad, np.ndarray) or grad.dtype.kind != "f":
-            raise TypeError("gradient must be a float numpy array")
-        if grad.ndim != 1 or grad.shape[0] != self.n:
-            raise ValueError(
-                f"gradient has shape {grad.shape}, this server holds {self.n} weights "
-                "(gradients are never truncated or padded)"
-            )
-        weight = float(msg.weight)
-        if not (math.isfinite(weight) and weight >= 0.0):
-            raise ValueError(f"weight must be finite and >= 0, got {msg.weight!r}")
-        return worker, grad, weight, staleness
-
     async def _push(self, msg: PushGradient) -> Any:
         try:
-            worker, grad, weight, staleness = self._check_push(msg)
+            worker, grad, weight, staleness = check_push(msg, self.n, self.n_workers, self.version)
         except (ValueError, TypeError) as exc:
             return Failure(exc)
         if self.consistency.is_synchronous:
@@ -306,15 +235,15 @@ class AsyncParameterServer(DeviceActor):
             return Failure(StaleGradientError(staleness, 0, "synchronous mode"))
         if not np.isfinite(grad).all():
             return Failure(NonFiniteError("gradient holds NaN or Inf; nothing applied"))
-        pending = _Pending(grad.astype(np.float32, copy=True), weight, self.context.defer())
+        pending = PendingPush(grad.astype(np.float32, copy=True), weight, self.context.defer())
         await self._join_round(worker, pending)
         return None
 
     async def _abort(self, msg: AbortPush) -> Any:
         """`AbortPush`: abort the synchronous round, or tick the worker's clock."""
         try:
-            worker = self._check_worker(msg.worker)
-            staleness = self._check_staleness(msg.worker_version)
+            worker = check_worker(msg.worker, self.n_workers)
+            staleness = check_staleness(msg.worker_version, self.version)
         except ValueError as exc:
             return Failure(exc)
         if not self.consistency.is_synchronous:
@@ -322,43 +251,29 @@ class AsyncParameterServer(DeviceActor):
             return self.version
         if staleness != 0:
             return Failure(StaleGradientError(staleness, 0, "synchronous mode abort"))
-        await self._join_round(worker, _Pending(None, 0.0, self.context.defer(), str(msg.reason)))
+        entry = PendingPush(None, 0.0, self.context.defer(), str(msg.reason))
+        await self._join_round(worker, entry)
         return None
 
-    async def _join_round(self, worker: int, entry: _Pending) -> None:
+    async def _join_round(self, worker: int, entry: PendingPush) -> None:
         """Add a push (or abort) to the synchronous round; once every worker is
         in it, apply the round (nothing if it holds an abort) and answer every entry."""
-        previous = self._round.pop(worker, None)
-        if previous is not None:  # a restarted worker pushed again: keep the newest
-            previous.reply.set_exception(
-                StaleGradientError(0, 0, f"superseded by a newer push of worker {worker}")
-            )
-        self._round[worker] = entry
-        assert self.n_workers is not None
-        if len(self._round) < self.n_workers:
+        ordered = self._round.join(worker, entry)
+        if ordered is None:
             return
-        ordered = sorted(self._round.items())
-        self._round = {}
-        pending = [p for _, p in ordered]
-        aborts = [f"worker {w}: {p.abort}" for w, p in ordered if p.abort is not None]
-        if aborts:  # a fresh error per reply: each pusher raises its own
-            message = "; ".join(aborts) + " (the whole round was dropped)"
-            for p in pending:
-                p.reply.set_exception(NonFiniteError(message))
+        try:
+            parts = round_update(ordered)
+        except NonFiniteError as exc:  # a fresh error per reply: each pusher raises its own
+            for _, p in ordered:
+                p.reply.set_exception(NonFiniteError(str(exc)))
             return
-        total = sum(p.weight for p in pending)
-        if total <= 0.0:
-            error: Exception | None = ValueError("every batch of the round was empty")
+        except ValueError as exc:
+            error: Exception | None = exc
         else:
-            parts = [
-                (p.gradient, p.weight / total)
-                for p in pending
-                if p.gradient is not None and p.weight > 0.0
-            ]
             error = await self._apply_or_undo(parts)
             if error is None:
                 self._count_applied([0] * len(parts))
-        for p in pending:
+        for _, p in ordered:
             if error is None:
                 p.reply.set_result(self.version)
             else:
@@ -367,7 +282,7 @@ class AsyncParameterServer(DeviceActor):
     async def _apply_or_undo(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
         """Apply `parts` atomically: any failure in `_apply` (aggregation, a device
         error mid-optimizer) changes nothing and is returned, so the pusher gets the typed
-        error and the server keeps its weights, optimizer state and version."""
+        error and the shard keeps its weights, optimizer state and version."""
         try:
             return await self.on_device(self._apply, parts)
         except Exception as exc:  # nothing was changed; answered, never a restart
@@ -399,75 +314,53 @@ class AsyncParameterServer(DeviceActor):
         self.version += 1
         return None
 
-    async def _batch_done(self, worker: int) -> None:
-        """Tick `worker`'s clock (bounded staleness) and answer the pulls it frees."""
-        self._clocks[worker] = self._clocks.get(worker, 0) + 1
-        await self._release_pulls()
-
     def _count_applied(self, stalenesses: list[int]) -> None:
         self.applied += len(stalenesses)
         self._staleness_sum += sum(stalenesses)
         self.max_staleness_seen = max([self.max_staleness_seen, *stalenesses])
 
-    def _pull_blocked(self, worker: int) -> bool:
-        if not self.consistency.is_bounded:
-            return False
-        assert self.consistency.bound is not None
-        return self._clocks[worker] - min(self._clocks.values()) > self.consistency.bound
+    # -- pulls and clocks (bounded staleness) ---------------------------------
+
+    async def _batch_done(self, worker: int) -> None:
+        """Tick `worker`'s clock and answer the pulls it frees."""
+        self._clocks.tick(worker)
+        for waiting, reply in self._clocks.release():
+            reply.set_result(await self._answer_pull(waiting))
 
     async def _pull(self, msg: PullWeights) -> Any:
         try:
-            worker = self._check_worker(msg.worker)
+            worker = check_worker(msg.worker, self.n_workers)
         except ValueError as exc:
             return Failure(exc)
-        if self._pull_blocked(worker):
-            self._waiting_pulls.append((worker, self.context.defer()))
+        if self._clocks.blocked(worker):
+            self._clocks.hold(worker, self.context.defer())
             return None
         return await self._answer_pull(worker)
 
     async def _answer_pull(self, worker: int) -> tuple[np.ndarray, int]:
-        if self._clocks:
-            gap = self._clocks.get(worker, 0) - min(self._clocks.values())
-            self.max_clock_gap = max(self.max_clock_gap, gap)
+        self.max_clock_gap = max(self.max_clock_gap, self._clocks.lead(worker))
         weights = await self.on_device(self.backend.to_host, self.weights)
         self.pulled += 1
         return np.asarray(weights), self.version
 
-    async def _release_pulls(self) -> None:
-        if not self._waiting_pulls:
-            return
-        still: list[tuple[int, Reply]] = []
-        for worker, reply in self._waiting_pulls:
-            if self._pull_blocked(worker):
-                still.append((worker, reply))
-            else:
-                reply.set_result(await self._answer_pull(worker))
-        self._waiting_pulls = still
-
     # -- state transfer and checkpoints ---------------------------------------
 
-    def _shard_state(self) -> ShardState:
+    def _server_state(self) -> ServerState:
         assert self.optimizer is not None
         weights = np.asarray(self.backend.to_host(self.weights))
-        return ShardState(weights, self.optimizer.state_dict(), self.version)
-
-    def _busy(self) -> Exception | None:
-        if self._round:
-            return RuntimeError("a synchronous round is in progress; try again after it")
-        return None
+        return ServerState(weights, self.optimizer.state_dict(), self.version)
 
     async def _set_state(self, state: Any) -> Any:
-        busy = self._busy()
-        if busy is not None:
-            return Failure(busy)
-        if not isinstance(state, ShardState):
-            return Failure(TypeError(f"expected a ShardState, got {type(state).__name__}"))
+        if self._round.in_progress:
+            return Failure(RuntimeError("a synchronous round is in progress; try again after it"))
+        if not isinstance(state, ServerState):
+            return Failure(TypeError(f"expected a ServerState, got {type(state).__name__}"))
         try:
             return await self.on_device(self._commit_state, state)
         except (ValueError, TypeError) as exc:
             return Failure(exc)
 
-    def _commit_state(self, state: ShardState) -> None:
+    def _commit_state(self, state: ServerState) -> None:
         """On the device thread: check everything, then replace weights, optimizer, version."""
         w = np.asarray(state.weights, dtype=np.float32).reshape(-1)
         if w.shape[0] != self.n or not np.isfinite(w).all():
@@ -485,14 +378,7 @@ class AsyncParameterServer(DeviceActor):
         self.version = int(state.version)
 
     async def _save(self, path: Any) -> Any:
-        state = await self.on_device(self._shard_state)
-        ckpt = Checkpoint(
-            model=dict(self.model_config),
-            weights=state.weights,
-            step=state.version,
-            optimizer=state.optimizer,
-            extra={"trainer": "AsyncParameterServer"},
-        )
+        ckpt = checkpoint_of([await self.on_device(self._server_state)], self.model_config)
         result = await self.on_device(guarded, save_checkpoint, path, ckpt)
         return Failure(result.error) if isinstance(result, Rejected) else None
 
@@ -501,12 +387,10 @@ class AsyncParameterServer(DeviceActor):
         if isinstance(ckpt, Rejected):
             return Failure(ckpt.error)
         try:
-            check_model_matches(ckpt, self.model_config, self.n)
-            if int(ckpt.extra.get("micro", 0)) != 0:
-                raise CheckpointError("checkpoint is in the middle of a gradient accumulation")
+            (state,) = server_states(ckpt, [(0, self.n)], self.kind, self.model_config)
         except CheckpointError as exc:
             return Failure(exc)
-        result = await self._set_state(ShardState(ckpt.weights, ckpt.optimizer, int(ckpt.step)))
+        result = await self._set_state(state)
         if isinstance(result, Failure):
             return Failure(CheckpointError(f"checkpoint does not fit: {result.exception}"))
         return None

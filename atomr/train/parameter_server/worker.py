@@ -1,4 +1,4 @@
-"""`PsWorker`: a parameter-server worker on one device.
+"""`ParameterServerWorker`: a parameter-server worker on one device.
 
 For every `TrainBatch` it pulls the weights of every server range, computes
 the mean gradient of its batch on its device's worker thread (never on the
@@ -32,25 +32,28 @@ from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.validation import validate_batch
 from atomr.train.parameter_server.client import ShardedClient
-from atomr.train.parameter_server.messages import StaleGradientError, TrainBatch
+from atomr.train.parameter_server.messages import BatchResult, StaleGradientError, TrainBatch
 
-__all__ = ["PsWorker"]
+__all__ = ["ParameterServerWorker"]
 
 
-class PsWorker(DeviceActor):
-    """Answers `TrainBatch -> StepStats` and `Evaluate -> EvalResult`
+class ParameterServerWorker(DeviceActor):
+    """Answers `TrainBatch -> BatchResult` and `Evaluate -> EvalResult`
     (with freshly pulled weights); other messages go to `DeviceActor`.
 
     Args:
-        worker_id: this worker's id on the servers.
+        worker_id: this worker's id on the server shards.
         model: the model (copied onto `device` when first needed).
         device: the worker's device.
-        config: the loss (and optimizer, unused here: the server applies it).
-        servers: one server per range.
-        ranges: `(start, stop)` per server.
-        synchronous: the servers run the synchronous model.
+        config: the loss and `worker_timeout` (the ask timeout of its pulls
+            and pushes); the optimizer is the shards' business.
+        servers: one server shard per range.
+        ranges: `(start, stop)` per server shard.
+        synchronous: the shards run the synchronous model.
         stale_retries: how many times a stale push is recomputed.
-        timeout: ask timeout for pulls and pushes (seconds).
+
+    Raises:
+        ValueError: a bad device name, or ranges that do not tile the vector.
     """
 
     def __init__(
@@ -63,20 +66,23 @@ class PsWorker(DeviceActor):
         ranges: Sequence[tuple[int, int]],
         synchronous: bool = False,
         stale_retries: int = 100,
-        timeout: float | None = 300.0,
     ) -> None:
         super().__init__(device)
         self.worker_id = int(worker_id)
         self._template = model
         self.config = config
-        self.client = ShardedClient(servers, ranges, synchronous, timeout)
+        self.client = ShardedClient(servers, ranges, synchronous, config.worker_timeout)
         self.stale_retries = stale_retries
         self.model: Mlp | None = None
         self.stale_pushes = 0
 
     @classmethod
     def props(cls, *args: Any, **kwargs: Any) -> Props:
-        """The `Props` of a worker (see the class docstring for the arguments)."""
+        """The `Props` of a worker (see the class docstring for the arguments).
+
+        Returns:
+            The Props.
+        """
         return Props(cls, *args, **kwargs)
 
     async def _ready(self) -> Mlp:
@@ -105,7 +111,8 @@ class PsWorker(DeviceActor):
             _, versions = await self.client.pull(self.worker_id)
             zeros = np.zeros(self.client.n, dtype=np.float32)
             await self.client.push(self.worker_id, versions, zeros, 0.0)
-            return StepStats(0.0, 0.0, (time.perf_counter_ns() - t0) // 1000, 0, applied=False)
+            micros = (time.perf_counter_ns() - t0) // 1000
+            return BatchResult(StepStats(0.0, 0.0, micros, 0, applied=False), 0.0)
         try:
             x, y = self._validate(model, features, msg.labels)
         except InvalidBatchError as exc:
@@ -125,7 +132,7 @@ class PsWorker(DeviceActor):
             except NonFiniteError as exc:  # the round was dropped (or its sum overflowed)
                 return Failure(exc)
             micros = (time.perf_counter_ns() - t0) // 1000
-            return StepStats(loss, grad_norm, int(micros), int(x.shape[0]))
+            return BatchResult(StepStats(loss, grad_norm, int(micros), int(x.shape[0])), norm)
         return Failure(
             StaleGradientError(-1, -1, f"still stale after {self.stale_retries} retries")
         )

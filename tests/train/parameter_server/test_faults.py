@@ -1,6 +1,6 @@
-"""Fault injection for `AsyncParameterServer`: the server side, which
-tests/train/test_parameter_server*.py do not cover (they cover bad pushes
-and a worker crashing in its gradient computation).
+"""Fault injection for `ServerShard`: the server side, which test_server.py
+and test_training.py do not cover (they cover bad pushes and a worker
+crashing in its gradient computation).
 
 Here: the server's device failing in the gradient aggregation (before the
 update) and its optimizer dying with half the weight vector written, in the
@@ -19,21 +19,16 @@ import pytest
 
 from atomr import ActorSystem, Props
 from atomr.accel import ContextPoisoned
-from atomr.train import (
-    AsyncParameterServer,
-    Consistency,
-    GetWeights,
-    OptimizerKind,
-    PullWeights,
-    PushGradient,
-)
+from atomr.train import GetWeights, OptimizerKind
+from atomr.train.parameter_server import Consistency, ServerShard
+from atomr.train.parameter_server.messages import PullWeights, PushGradient
 from tests.reliability.faults import FAULT_AT, Plan, T
 
 N = 64
 PUSHES = 8
 
 
-class FaultyServer(AsyncParameterServer):
+class FaultyServer(ServerShard):
     """A server whose aggregation or optimizer fails when its plan says."""
 
     def __init__(self, *args: Any, plan: Plan, **kw: Any) -> None:

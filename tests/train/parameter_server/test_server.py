@@ -1,6 +1,6 @@
-"""Tests of the AsyncParameterServer actor: the seed crate's cases, the
-optimizer on the server, validation, and the three consistency models at the
-message level."""
+"""Tests of the ServerShard actor on its own: the seed crate's cases, the
+optimizer on the server, validation, the three consistency models at the
+message level, and its own checkpoints."""
 
 from __future__ import annotations
 
@@ -9,8 +9,17 @@ import asyncio
 import numpy as np
 import pytest
 
-from atomr.train import OptimizerKind
-from atomr.train.core.errors import NonFiniteError
+from atomr.train import (
+    GetWeights,
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    SaveCheckpoint,
+    Trainer,
+    TrainerConfig,
+)
+from atomr.train.core.errors import CheckpointError, NonFiniteError
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.messages import (
     AbortPush,
@@ -19,7 +28,7 @@ from atomr.train.parameter_server.messages import (
     StaleGradientError,
     Stats,
 )
-from atomr.train.parameter_server.server import AsyncParameterServer
+from atomr.train.parameter_server.server import ServerShard
 
 
 def _f32(*values: float) -> np.ndarray:
@@ -27,7 +36,7 @@ def _f32(*values: float) -> np.ndarray:
 
 
 async def test_seed_case_one_sgd_step(actor_system) -> None:
-    ref = actor_system.spawn(AsyncParameterServer.props(_f32(10, 20), OptimizerKind.sgd(0.1), 4))
+    ref = actor_system.spawn(ServerShard.props(_f32(10, 20), OptimizerKind.sgd(0.1), 4))
     version = await ref.ask(PushGradient(0, 0, _f32(1, 2)))
     weights, pulled_version = await ref.ask(PullWeights(0))
     assert version == 1 and pulled_version == 1
@@ -38,14 +47,14 @@ async def test_seed_case_one_sgd_step(actor_system) -> None:
 
 
 async def test_learning_rate_alone_means_plain_sgd(actor_system) -> None:
-    ref = actor_system.spawn(AsyncParameterServer.props([10.0, 20.0], 0.1, None))
+    ref = actor_system.spawn(ServerShard.props([10.0, 20.0], 0.1, None))
     await ref.ask(PushGradient(0, 0, _f32(1, 2)))
     weights, _ = await ref.ask(PullWeights(0))
     np.testing.assert_allclose(weights, [9.9, 19.8], rtol=1e-6)
 
 
 async def test_stale_push_is_rejected_and_changes_nothing(actor_system) -> None:
-    ref = actor_system.spawn(AsyncParameterServer.props(_f32(10, 20), OptimizerKind.sgd(0.1), 1))
+    ref = actor_system.spawn(ServerShard.props(_f32(10, 20), OptimizerKind.sgd(0.1), 1))
     await ref.ask(PushGradient(0, 0, _f32(1, 1)))  # staleness 0 -> version 1
     await ref.ask(PushGradient(1, 0, _f32(1, 1)))  # staleness 1 -> version 2
     before, _ = await ref.ask(PullWeights(0))
@@ -74,7 +83,7 @@ async def test_stale_push_is_rejected_and_changes_nothing(actor_system) -> None:
     ],
 )
 async def test_bad_push_is_a_failure_that_changes_nothing(actor_system, push, error) -> None:
-    ref = actor_system.spawn(AsyncParameterServer.props(_f32(10, 20), OptimizerKind.sgd(0.1)))
+    ref = actor_system.spawn(ServerShard.props(_f32(10, 20), OptimizerKind.sgd(0.1)))
     with pytest.raises(error):
         await ref.ask(push)
     weights, version = await ref.ask(PullWeights(0))  # same instance, still serving
@@ -100,7 +109,7 @@ async def test_server_applies_the_configured_optimizer(actor_system, kind) -> No
     opt = kind.create(7)
     for g in grads:
         opt.step(reference, g.copy())
-    ref = actor_system.spawn(AsyncParameterServer.props(w0, kind, None))
+    ref = actor_system.spawn(ServerShard.props(w0, kind, None))
     for i, g in enumerate(grads):
         await ref.ask(PushGradient(0, i, g))
     weights, version = await ref.ask(PullWeights(0))
@@ -111,7 +120,7 @@ async def test_server_applies_the_configured_optimizer(actor_system, kind) -> No
 
 
 async def test_synchronous_round_waits_and_averages_by_sample_weight(actor_system) -> None:
-    props = AsyncParameterServer.props(
+    props = ServerShard.props(
         _f32(0, 0), OptimizerKind.sgd(1.0), None, consistency=Consistency.synchronous(), workers=2
     )
     ref = actor_system.spawn(props)
@@ -131,7 +140,7 @@ async def test_synchronous_round_waits_and_averages_by_sample_weight(actor_syste
 
 
 async def test_synchronous_round_with_a_bad_gradient_applies_nothing(actor_system) -> None:
-    props = AsyncParameterServer.props(
+    props = ServerShard.props(
         _f32(0, 0), OptimizerKind.sgd(1.0), None, consistency=Consistency.synchronous(), workers=2
     )
     ref = actor_system.spawn(props)
@@ -152,7 +161,7 @@ async def test_synchronous_round_with_an_abort_applies_nothing_and_answers_every
     """A worker whose loss was not finite sends `AbortPush` instead of a gradient:
     the round completes without applying anything, every push of it is answered
     promptly with `NonFiniteError`, and the next round starts empty."""
-    props = AsyncParameterServer.props(
+    props = ServerShard.props(
         _f32(0, 0), OptimizerKind.sgd(1.0), None, consistency=Consistency.synchronous(), workers=2
     )
     ref = actor_system.spawn(props)
@@ -178,7 +187,7 @@ async def test_synchronous_round_with_an_abort_applies_nothing_and_answers_every
 async def test_abort_in_bounded_mode_ticks_the_clock_and_applies_nothing(actor_system) -> None:
     """Under bounded staleness an aborted batch still counts as done for the
     worker's clock, so the others' pulls are not held back by it."""
-    props = AsyncParameterServer.props(
+    props = ServerShard.props(
         _f32(0), OptimizerKind.sgd(1.0), None, consistency=Consistency.bounded(1), workers=2
     )
     ref = actor_system.spawn(props)
@@ -193,7 +202,7 @@ async def test_abort_in_bounded_mode_ticks_the_clock_and_applies_nothing(actor_s
 
 
 async def test_bounded_staleness_pull_waits_for_the_slowest_worker(actor_system) -> None:
-    props = AsyncParameterServer.props(
+    props = ServerShard.props(
         _f32(0), OptimizerKind.sgd(1.0), None, consistency=Consistency.bounded(1), workers=2
     )
     ref = actor_system.spawn(props)
@@ -218,10 +227,40 @@ def test_constructor_and_consistency_errors() -> None:
     with pytest.raises(ValueError):
         Consistency(-1)
     with pytest.raises(ValueError):
-        AsyncParameterServer(_f32(1), 0.1, -1)
+        ServerShard(_f32(1), 0.1, -1)
     with pytest.raises(ValueError):
-        AsyncParameterServer(_f32(1), 0.1, consistency=Consistency.synchronous())
+        ServerShard(_f32(1), 0.1, consistency=Consistency.synchronous())
     with pytest.raises(ValueError):
-        AsyncParameterServer(_f32(np.nan), 0.1)
+        ServerShard(_f32(np.nan), 0.1)
     with pytest.raises(TypeError):
-        AsyncParameterServer(_f32(1), "fast")
+        ServerShard(_f32(1), "fast")
+
+
+async def test_a_lone_server_checkpoints_in_the_format_of_every_trainer(
+    actor_system, tmp_path
+) -> None:
+    """A server shard holding a whole model (given its config) writes a
+    checkpoint the Trainer loads, and refuses one of another model or a
+    missing file without changing anything."""
+    model = Mlp([3, 4, 2], seed=0)
+    kind = OptimizerKind.adam(1e-2)
+    cfg = TrainerConfig(kind, LossKind.CROSS_ENTROPY)
+    server = actor_system.spawn(
+        ServerShard.props(model.get_params(), kind, model_config=model.config())
+    )
+    rng = np.random.default_rng(0)
+    await server.ask(PushGradient(0, 0, rng.standard_normal(model.n_params).astype(np.float32)))
+    await server.ask(SaveCheckpoint(tmp_path / "server.ckpt"))
+    trainer = await Trainer.spawn(actor_system, model, "cpu:0", cfg)
+    await trainer.ask(LoadCheckpoint(tmp_path / "server.ckpt"))
+    np.testing.assert_array_equal(await trainer.ask(GetWeights()), await server.ask(GetWeights()))
+    other = await Trainer.spawn(actor_system, Mlp([3, 5, 2]), "cpu:0", cfg)
+    await other.ask(SaveCheckpoint(tmp_path / "other.ckpt"))
+    before, version = await server.ask(PullWeights(0))
+    with pytest.raises(CheckpointError):
+        await server.ask(LoadCheckpoint(tmp_path / "other.ckpt"))
+    with pytest.raises(OSError):
+        await server.ask(LoadCheckpoint(tmp_path / "missing.ckpt"))
+    after, version_after = await server.ask(PullWeights(0))
+    np.testing.assert_array_equal(after, before)
+    assert version_after == version == 1

@@ -1,11 +1,11 @@
-"""Tests of parameter-server training through `AsyncParameterServer.spawn`:
-synchronous mode equals single-device training step for step (sharded or
-not), asynchronous training learns digits, staleness stays bounded, a killed
-worker is restarted, checkpoints are interchangeable with the Trainer's."""
+"""Tests of parameter-server training through the `AsyncParameterServer`
+trainer actor: synchronous mode equals single-device training step for step
+(sharded or not), asynchronous training learns digits, staleness stays
+bounded, a killed worker is restarted, checkpoints are interchangeable with
+the Trainer's."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -27,22 +27,20 @@ from atomr.train import (
 )
 from atomr.train.core.errors import CheckpointError, InvalidBatchError, NonFiniteError
 from atomr.train.data_parallel.trainer import DataParallelTrainer
-from atomr.train.parameter_server.consistency import Consistency
-from atomr.train.parameter_server.server import AsyncParameterServer
-from atomr.train.parameter_server.worker import PsWorker
+from atomr.train.parameter_server import Consistency, ParameterServerWorker, TrainEpochs
+from tests.train.parameter_server.common import (
+    SIZES,
+    T,
+    batches,
+    config,
+    server_stats,
+    spawn,
+    weights,
+)
 
-SIZES = [64, 32, 10]
-
-
-def _config(kind: OptimizerKind | None = None, **kw) -> TrainerConfig:
-    return TrainerConfig(kind or OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, **kw)
-
-
-def _batches(steps: int, batch: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        x = rng.standard_normal((batch, SIZES[0])).astype(np.float32)
-        yield x, rng.integers(0, SIZES[-1], size=batch)
+# a hang (a round waiting for a push that never comes) fails the test within this
+# many seconds instead of the workers' timeout
+_HANG = 10.0
 
 
 @pytest.mark.parametrize(
@@ -59,28 +57,29 @@ async def test_synchronous_equals_single_device_step_for_step(actor_system, kind
     # References: the data-parallel trainer on 3 replicas and the
     # single-device Trainer, both on the whole batch.
     model = Mlp(SIZES, seed=3)
-    reference = await Trainer.spawn(actor_system, model, "cpu:0", _config(kind))
+    reference = await Trainer.spawn(actor_system, model, "cpu:0", config(kind))
     data_parallel = await DataParallelTrainer.spawn(
-        actor_system, model, ["cpu:0", "cpu:1", "cpu:2"], _config(kind)
+        actor_system, model, ["cpu:0", "cpu:1", "cpu:2"], config(kind)
     )
-    ps = await AsyncParameterServer.spawn(
+    ps = await spawn(
         actor_system,
         model,
         ["cpu:1", "cpu:2"],
+        config(kind),
         workers=3,
-        config=_config(kind),
         consistency=Consistency.synchronous(),
         shards=shards,
     )
-    for x, y in _batches(6, 11):  # 11 rows over 3 workers: uneven parts 4, 4, 3
-        await reference.ask(Step(x, y))
+    for x, y in batches(6, 11):  # 11 rows over 3 workers: uneven parts 4, 4, 3
+        want = await reference.ask(Step(x, y))
         await data_parallel.ask(Step(x, y))
-        stats = await ps.step(x, y)
-        assert [s.samples for s in stats] == [4, 4, 3]
-        weights = await ps.get_weights()
+        stats = await ps.ask(Step(x, y), timeout=T)
+        assert stats.samples == 11 and stats.applied
+        assert stats.loss == pytest.approx(want.loss, rel=1e-5)
+        got = await weights(ps)
         for ref in (data_parallel, reference):
-            np.testing.assert_allclose(weights, await ref.ask(GetWeights()), rtol=1e-5, atol=1e-6)
-    for st in await ps.stats():
+            np.testing.assert_allclose(got, await ref.ask(GetWeights()), rtol=1e-5, atol=1e-6)
+    for st in await server_stats(ps):  # one gradient of each of the 3 parts per step
         assert (st.version, st.gradients_applied, st.avg_staleness) == (6, 18, 0.0)
 
 
@@ -89,32 +88,29 @@ async def test_synchronous_part_whose_targets_all_weigh_zero_is_an_empty_push(
 ) -> None:
     """Weighted CE: a worker whose part holds only zero-weight targets has no
     mean of its own, but the whole batch does. It contributes nothing (weight
-    0, like an empty part): the round completes and equals one Trainer step,
-    and the next step does not hang on a round left incomplete."""
-    weights = [1.0] * (SIZES[-1] - 1) + [0.0]
-    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.weighted_cross_entropy(weights))
+    0, like an empty part): the round completes and equals one Trainer step
+    (loss included), and the next step does not hang on a round left incomplete."""
+    class_weights = [1.0] * (SIZES[-1] - 1) + [0.0]
+    cfg = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.weighted_cross_entropy(class_weights))
     model = Mlp(SIZES, seed=3)
-    reference = await Trainer.spawn(actor_system, model, "cpu:0", config)
-    ps = await AsyncParameterServer.spawn(
+    reference = await Trainer.spawn(actor_system, model, "cpu:0", cfg)
+    ps = await spawn(
         actor_system,
         model,
         ["cpu:1", "cpu:2"],
+        cfg,
         workers=2,
-        config=config,
         consistency=Consistency.synchronous(),
     )
-    for x, y in _batches(2, 8, seed=1):
+    for x, y in batches(2, 8, seed=1):
         y[4:] = SIZES[-1] - 1  # worker 1's part: only the zero-weight class
-        await reference.ask(Step(x, y))
-        stats = await asyncio.wait_for(ps.step(x, y), 60)
-        assert [s.samples for s in stats] == [4, 4]
-        want = await reference.ask(GetWeights())
-        np.testing.assert_allclose(await ps.get_weights(), want, rtol=1e-5, atol=1e-6)
-
-
-# a hang (a round waiting for a push that never comes) fails the test within this
-# many seconds instead of the driver's 600 s ask timeout
-_HANG = 10.0
+        want = await reference.ask(Step(x, y))
+        stats = await ps.ask(Step(x, y), timeout=_HANG)
+        assert stats.samples == 8
+        assert stats.loss == pytest.approx(want.loss, rel=1e-5)
+        np.testing.assert_allclose(
+            await weights(ps), await reference.ask(GetWeights()), rtol=1e-5, atol=1e-6
+        )
 
 
 def _mse_batches(steps: int, batch: int, seed: int = 0):
@@ -124,7 +120,7 @@ def _mse_batches(steps: int, batch: int, seed: int = 0):
         yield x, rng.standard_normal((batch, SIZES[-1])).astype(np.float32)
 
 
-class _CountingWorker(PsWorker):
+class _CountingWorker(ParameterServerWorker):
     """Counts the workers built (a restart builds a new one from the Props)."""
 
     built = 0
@@ -147,38 +143,38 @@ async def test_synchronous_non_finite_part_fails_the_step_and_changes_nothing(
     round applied, no push left waiting in the round), and the following steps
     equal the Trainer's step for step."""
     _CountingWorker.built = 0
-    config = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.MSE)
+    cfg = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.MSE)
     model = Mlp(SIZES, seed=3)
-    reference = await Trainer.spawn(actor_system, model, "cpu:0", config)
-    ps = await AsyncParameterServer.spawn(
+    reference = await Trainer.spawn(actor_system, model, "cpu:0", cfg)
+    ps = await spawn(
         actor_system,
         model,
         ["cpu:1", "cpu:2"],
+        cfg,
         workers=2,
-        config=config,
         consistency=Consistency.synchronous(),
         shards=shards,
         worker_class=_CountingWorker,
     )
     first, (bad_x, bad_y), *rest = _mse_batches(4, 8, seed=2)
     await reference.ask(Step(*first))
-    await asyncio.wait_for(ps.step(*first), _HANG)
-    before = await ps.get_weights()
+    await ps.ask(Step(*first), timeout=_HANG)
+    before = await weights(ps)
     bad_y[bad_rows] = 1e30  # one worker's part only
     with pytest.raises(NonFiniteError):
         await reference.ask(Step(bad_x, bad_y))
     with pytest.raises(NonFiniteError):
-        await asyncio.wait_for(ps.step(bad_x, bad_y), _HANG)
-    np.testing.assert_array_equal(await ps.get_weights(), before)
-    for st in await ps.stats():
+        await ps.ask(Step(bad_x, bad_y), timeout=_HANG)
+    np.testing.assert_array_equal(await weights(ps), before)
+    for st in await server_stats(ps):
         assert (st.version, st.gradients_applied) == (1, 2)
     # a push of the failed round left waiting would be mixed into these rounds
     for x, y in rest:
         await reference.ask(Step(x, y))
-        await asyncio.wait_for(ps.step(x, y), _HANG)
+        await ps.ask(Step(x, y), timeout=_HANG)
         want = await reference.ask(GetWeights())
-        np.testing.assert_allclose(await ps.get_weights(), want, rtol=1e-5, atol=1e-6)
-    for st in await ps.stats():
+        np.testing.assert_allclose(await weights(ps), want, rtol=1e-5, atol=1e-6)
+    for st in await server_stats(ps):
         assert (st.version, st.gradients_applied) == (3, 6)
     assert _CountingWorker.built == 2  # the failed step restarted no worker
 
@@ -187,29 +183,29 @@ async def test_bounded_non_finite_worker_does_not_hold_the_others_back(actor_sys
     """Under bounded(1) a worker whose part is never finite still finishes its
     batches (applying nothing), so the other worker is never held more than
     one clock ahead of it waiting for a push that never comes."""
-    config = TrainerConfig(OptimizerKind.sgd(0.05), LossKind.MSE)
-    ps = await AsyncParameterServer.spawn(
+    cfg = TrainerConfig(OptimizerKind.sgd(0.05), LossKind.MSE)
+    ps = await spawn(
         actor_system,
         Mlp(SIZES, seed=0),
         ["cpu:0", "cpu:1"],
+        cfg,
         workers=2,
-        config=config,
         consistency=Consistency.bounded(1),
     )
-    batches = list(_mse_batches(4, 8, seed=4))
-    for x, y in batches[:3]:
+    data = list(_mse_batches(4, 8, seed=4))
+    for x, y in data[:3]:
         y[4:] = 1e30  # worker 1's part
         with pytest.raises(NonFiniteError):
-            await asyncio.wait_for(ps.step(x, y), _HANG)
-    stats = await asyncio.wait_for(ps.step(*batches[3]), _HANG)
-    assert [s.samples for s in stats] == [4, 4]
+            await ps.ask(Step(x, y), timeout=_HANG)
+    stats = await ps.ask(Step(*data[3]), timeout=_HANG)
+    assert stats.samples == 8
     # asynchronous application: worker 0's pushes were applied on arrival
-    st = (await ps.stats())[0]
+    st = (await server_stats(ps))[0]
     assert (st.version, st.gradients_applied) == (5, 5)
     assert st.max_clock_gap <= 1
 
 
-class _NonFiniteOnWorker1(PsWorker):
+class _NonFiniteOnWorker1(ParameterServerWorker):
     """Worker 1's second batch gives a non-finite loss."""
 
     batches = 0
@@ -223,31 +219,30 @@ class _NonFiniteOnWorker1(PsWorker):
 
 
 @pytest.mark.parametrize("consistency", [Consistency.bounded(1), Consistency.synchronous()])
-async def test_run_stops_every_worker_on_a_non_finite_batch(actor_system, consistency) -> None:
-    """`run`: worker 1's second batch is not finite. The run fails with
-    NonFiniteError once every worker has stopped (none goes on pushing after
-    it, none is left waiting for worker 1), so the handle keeps working."""
+async def test_epochs_stop_every_worker_on_a_non_finite_batch(actor_system, consistency) -> None:
+    """`TrainEpochs`: worker 1's second batch is not finite. The request fails
+    with NonFiniteError once every worker has stopped (none goes on pushing
+    after it, none is left waiting for worker 1), so the trainer keeps working."""
     _NonFiniteOnWorker1.batches = 0
     x_tr, y_tr, _, _ = load_digits_split(seed=0)
-    ps = await AsyncParameterServer.spawn(
+    ps = await spawn(
         actor_system,
         Mlp(SIZES, seed=0),
         ["cpu:0", "cpu:1"],
+        config(OptimizerKind.sgd(0.05)),
         workers=4,
-        config=_config(OptimizerKind.sgd(0.05)),
         consistency=consistency,
-        batch_size=32,
         worker_class=_NonFiniteOnWorker1,
     )
     with pytest.raises(NonFiniteError):
-        await asyncio.wait_for(ps.run(1, x_tr[:640], y_tr[:640]), 4 * _HANG)
-    version = (await ps.stats())[0].version
-    x, y = next(_batches(1, 8))
-    stats = await asyncio.wait_for(ps.step(x, y), _HANG)
-    assert [s.samples for s in stats] == [2, 2, 2, 2]
-    # exactly this step's pushes were applied since the run failed
+        await ps.ask(TrainEpochs(x_tr[:640], y_tr[:640], 1, 32), timeout=4 * _HANG)
+    version = (await server_stats(ps))[0].version
+    x, y = next(batches(1, 8))
+    stats = await ps.ask(Step(x, y), timeout=_HANG)
+    assert stats.samples == 8
+    # exactly this step's pushes (one per worker) were applied since the run failed
     applied = 1 if consistency.is_synchronous else 4
-    assert (await ps.stats())[0].version == version + applied
+    assert (await server_stats(ps))[0].version == version + applied
 
 
 async def test_sharded_servers_equal_one_server_in_synchronous_mode(actor_system) -> None:
@@ -255,19 +250,18 @@ async def test_sharded_servers_equal_one_server_in_synchronous_mode(actor_system
     x_tr, y_tr = x_tr[:400], y_tr[:400]
     results = []
     for shards in (1, 3):
-        ps = await AsyncParameterServer.spawn(
+        ps = await spawn(
             actor_system,
             Mlp(SIZES, seed=0),
             ["cpu:0", "cpu:1"],
+            config(OptimizerKind.adam(1e-2)),
             workers=4,
-            config=_config(OptimizerKind.adam(1e-2)),
             consistency=Consistency.synchronous(),
             shards=shards,
-            batch_size=50,
         )
-        history = await ps.run(2, x_tr, y_tr)
+        history = await ps.ask(TrainEpochs(x_tr, y_tr, 2, 50), timeout=T)
         assert [h.version for h in history] == [8, 16]
-        results.append((await ps.get_weights(), [h.loss for h in history]))
+        results.append((await weights(ps), [h.loss for h in history]))
         await ps.stop()
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-6)
@@ -275,18 +269,19 @@ async def test_sharded_servers_equal_one_server_in_synchronous_mode(actor_system
 
 async def test_asynchronous_training_learns_digits(actor_system) -> None:
     x_tr, y_tr, x_te, y_te = load_digits_split(seed=0)
-    ps = await AsyncParameterServer.spawn(
+    ps = await spawn(
         actor_system,
         Mlp([64, 64, 10], seed=0),
         ["cpu:0", "cpu:1"],
+        config(OptimizerKind.sgd(0.05, momentum=0.9)),
         workers=4,
-        config=_config(OptimizerKind.sgd(0.05, momentum=0.9)),
-        batch_size=128,
     )
-    history = await ps.run(15, x_tr, y_tr, test=(x_te, y_te))
+    request = TrainEpochs(x_tr, y_tr, 15, 128, test=(x_te, y_te))
+    history = await ps.ask(request, timeout=10 * T)
+    assert [h.epoch for h in history] == list(range(1, 16))
     assert history[-1].test_accuracy >= 0.93
     assert history[-1].loss < history[0].loss
-    stats = (await ps.stats())[0]
+    stats = (await server_stats(ps))[0]
     batches_per_epoch = -(-len(y_tr) // 128)
     assert stats.gradients_applied == stats.version == 15 * 4 * batches_per_epoch
     # 4 workers pull, compute and push concurrently: pushes overtake each other
@@ -297,18 +292,17 @@ async def test_asynchronous_training_learns_digits(actor_system) -> None:
 @pytest.mark.parametrize("max_staleness", [0, 1, 3])
 async def test_asynchronous_staleness_is_reported_and_bounded(actor_system, max_staleness) -> None:
     x_tr, y_tr, _, _ = load_digits_split(seed=0)
-    ps = await AsyncParameterServer.spawn(
+    ps = await spawn(
         actor_system,
         Mlp(SIZES, seed=0),
         ["cpu:0", "cpu:1"],
+        config(OptimizerKind.sgd(0.05)),
         workers=4,
-        config=_config(OptimizerKind.sgd(0.05)),
         max_staleness=max_staleness,
         shards=2,
-        batch_size=64,
     )
-    await ps.run(1, x_tr[:640], y_tr[:640])
-    for st in await ps.stats():
+    await ps.ask(TrainEpochs(x_tr[:640], y_tr[:640], 1, 64), timeout=T)
+    for st in await server_stats(ps):
         assert st.gradients_applied == 40  # every batch applied once, stale ones recomputed
         assert st.max_staleness_seen <= max_staleness
         assert 0.0 <= st.avg_staleness <= st.max_staleness_seen
@@ -317,7 +311,7 @@ async def test_asynchronous_staleness_is_reported_and_bounded(actor_system, max_
 _SLACKS = (1, 2)  # the bounds `s` tested below
 
 
-class _SlowWorker0(PsWorker):
+class _SlowWorker0(ParameterServerWorker):
     """Worker 0 sleeps in every gradient (on its own device thread), so it is
     many times slower than the others and only the consistency model stops
     them from running ahead of it."""
@@ -332,18 +326,17 @@ class _SlowWorker0(PsWorker):
 
 async def _clock_gap_run(actor_system, consistency: Consistency):
     x_tr, y_tr, _, _ = load_digits_split(seed=0)
-    ps = await AsyncParameterServer.spawn(
+    ps = await spawn(
         actor_system,
         Mlp(SIZES, seed=0),
         ["cpu:0", "cpu:1"],
+        config(OptimizerKind.sgd(0.05)),
         workers=4,
-        config=_config(OptimizerKind.sgd(0.05)),
         consistency=consistency,
-        batch_size=32,
         worker_class=_SlowWorker0,
     )
-    await ps.run(1, x_tr[:640], y_tr[:640])  # 20 batches for each worker
-    st = (await ps.stats())[0]
+    await ps.ask(TrainEpochs(x_tr[:640], y_tr[:640], 1, 32), timeout=T)  # 20 batches each
+    st = (await server_stats(ps))[0]
     assert st.gradients_applied == 80
     return st
 
@@ -365,7 +358,7 @@ async def test_bounded_staleness_keeps_workers_within_s(actor_system, s) -> None
     assert st.max_staleness_seen <= (workers - 1) * (2 * s + 1)
 
 
-class _CrashOnce(PsWorker):
+class _CrashOnce(ParameterServerWorker):
     """Worker 1 fails on the device during its 3rd batch, once."""
 
     crashed = 0
@@ -384,55 +377,52 @@ class _CrashOnce(PsWorker):
 async def test_killed_worker_is_restarted_and_training_continues(actor_system, consistency) -> None:
     _CrashOnce.crashed = _CrashOnce.batches = 0
     x_tr, y_tr, x_te, y_te = load_digits_split(seed=0)
-    ps = await AsyncParameterServer.spawn(
+    ps = await spawn(
         actor_system,
         Mlp(SIZES, seed=0),
         ["cpu:0", "cpu:1"],
+        config(OptimizerKind.sgd(0.05, momentum=0.9)),
         workers=3,
-        config=_config(OptimizerKind.sgd(0.05, momentum=0.9)),
         consistency=consistency,
-        batch_size=96,
         worker_class=_CrashOnce,
     )
-    history = await ps.run(5, x_tr, y_tr, test=(x_te, y_te))
+    request = TrainEpochs(x_tr, y_tr, 5, 96, test=(x_te, y_te))
+    history = await ps.ask(request, timeout=5 * T)
     assert _CrashOnce.crashed == 1
     assert sum(h.retries for h in history) == 1
-    assert ps.workers[1].is_alive
-    st = (await ps.stats())[0]
-    batches = -(-len(y_tr) // 96)
-    assert st.gradients_applied == 5 * 3 * batches  # the failed batch was redone, once
+    st = (await server_stats(ps))[0]
+    batches_per_epoch = -(-len(y_tr) // 96)
+    assert st.gradients_applied == 5 * 3 * batches_per_epoch  # the failed batch was redone, once
     assert history[-1].loss < history[0].loss  # training went on after the restart
     assert history[-1].test_accuracy > 0.3  # chance is 0.1
+    # the restarted worker 1 serves: one more step folds in a gradient of every worker
+    x, y = next(batches(1, 9))
+    assert (await ps.ask(Step(x, y), timeout=T)).samples == 9
+    assert (await server_stats(ps))[0].gradients_applied == st.gradients_applied + 3
 
 
 async def test_bad_batch_is_rejected_without_touching_the_weights(actor_system) -> None:
-    ps = await AsyncParameterServer.spawn(
-        actor_system, Mlp(SIZES, seed=0), "cpu:0", workers=2, config=_config()
+    _CountingWorker.built = 0
+    ps = await spawn(
+        actor_system,
+        Mlp(SIZES, seed=0),
+        ["cpu:0"],
+        config(),
+        workers=2,
+        worker_class=_CountingWorker,
     )
-    before = await ps.get_weights()
+    before = await weights(ps)
     x = np.zeros((4, SIZES[0]), dtype=np.float32)
     with pytest.raises(InvalidBatchError):
-        await ps.step(x, np.array([0, 1, 2, 99]))  # label out of range
+        await ps.ask(Step(x, np.array([0, 1, 2, 99])), timeout=T)  # label out of range
     with pytest.raises(InvalidBatchError):
-        await ps.step(np.full((4, SIZES[0]), np.nan, dtype=np.float32), np.zeros(4, dtype=int))
-    np.testing.assert_array_equal(await ps.get_weights(), before)
-    assert all(w.is_alive for w in ps.workers)
-
-
-async def test_spawn_rejects_bad_arguments(actor_system) -> None:
-    model = Mlp(SIZES, seed=0)
-    with pytest.raises(ValueError, match="accumulate"):
-        await AsyncParameterServer.spawn(
-            actor_system, model, "cpu:0", config=_config(accumulation_steps=2)
+        await ps.ask(
+            Step(np.full((4, SIZES[0]), np.nan, dtype=np.float32), np.zeros(4, dtype=int)),
+            timeout=T,
         )
-    with pytest.raises(ValueError, match="clipping"):
-        await AsyncParameterServer.spawn(
-            actor_system, model, "cpu:0", config=_config(gradient_clip=1.0), shards=2
-        )
-    with pytest.raises(ValueError):
-        await AsyncParameterServer.spawn(actor_system, model, "cpu:0", workers=0, config=_config())
-    with pytest.raises(TypeError):
-        await AsyncParameterServer.spawn(actor_system, model, "cpu:0", config=None)
+    np.testing.assert_array_equal(await weights(ps), before)
+    assert _CountingWorker.built == 2  # no worker failed (none was restarted)
+    assert (await ps.ask(Step(x, np.array([0, 1, 2, 3])), timeout=T)).samples == 4
 
 
 @pytest.mark.parametrize("shards", [1, 3])
@@ -441,56 +431,45 @@ async def test_checkpoints_are_interchangeable_with_the_trainer(
 ) -> None:
     kind = OptimizerKind.adam(1e-2)
     model = Mlp(SIZES, seed=0)
-    batches = list(_batches(4, 12, seed=5))
-    ps = await AsyncParameterServer.spawn(
+    data = list(batches(4, 12, seed=5))
+    ps = await spawn(
         actor_system,
         model,
-        "cpu:0",
+        ["cpu:0"],
+        config(kind),
         workers=2,
-        config=_config(kind),
         consistency=Consistency.synchronous(),
         shards=shards,
     )
-    for x, y in batches[:2]:
-        await ps.step(x, y)
+    for x, y in data[:2]:
+        await ps.ask(Step(x, y), timeout=T)
     path = tmp_path / "ps.ckpt"
-    if shards == 1:
-        await ps.servers[0].ask(SaveCheckpoint(path))
-    else:
-        await ps.save_checkpoint(path)
+    await ps.ask(SaveCheckpoint(path), timeout=T)
     # the Trainer continues from the parameter server's checkpoint ...
-    trainer = await Trainer.spawn(actor_system, model, "cpu:0", _config(kind))
+    trainer = await Trainer.spawn(actor_system, model, "cpu:0", config(kind))
     await trainer.ask(LoadCheckpoint(path))
-    for x, y in batches[2:]:
+    for x, y in data[2:]:
         await trainer.ask(Step(x, y))
-        await ps.step(x, y)
-    np.testing.assert_allclose(
-        await ps.get_weights(), await trainer.ask(GetWeights()), rtol=1e-5, atol=1e-6
-    )
+        await ps.ask(Step(x, y), timeout=T)
+    np.testing.assert_allclose(await weights(ps), await weights(trainer), rtol=1e-5, atol=1e-6)
     # ... and the parameter server loads the Trainer's (optimizer state included)
     await trainer.ask(SaveCheckpoint(tmp_path / "trainer.ckpt"))
-    await ps.load_checkpoint(tmp_path / "trainer.ckpt")
-    np.testing.assert_array_equal(await ps.get_weights(), await trainer.ask(GetWeights()))
-    x, y = batches[0]
+    await ps.ask(LoadCheckpoint(tmp_path / "trainer.ckpt"), timeout=T)
+    np.testing.assert_array_equal(await weights(ps), await weights(trainer))
+    x, y = data[0]
     await trainer.ask(Step(x, y))
-    await ps.step(x, y)
-    np.testing.assert_allclose(
-        await ps.get_weights(), await trainer.ask(GetWeights()), rtol=1e-5, atol=1e-6
-    )
-    assert [s.version for s in await ps.stats()] == [5] * shards
+    await ps.ask(Step(x, y), timeout=T)
+    np.testing.assert_allclose(await weights(ps), await weights(trainer), rtol=1e-5, atol=1e-6)
+    assert [s.version for s in await server_stats(ps)] == [5] * shards
 
 
 async def test_checkpoint_of_another_model_changes_nothing(actor_system, tmp_path: Path) -> None:
-    other = await Trainer.spawn(actor_system, Mlp([64, 16, 10]), "cpu:0", _config())
+    other = await Trainer.spawn(actor_system, Mlp([64, 16, 10]), "cpu:0", config())
     await other.ask(SaveCheckpoint(tmp_path / "other.ckpt"))
-    ps = await AsyncParameterServer.spawn(
-        actor_system, Mlp(SIZES, seed=0), "cpu:0", workers=1, config=_config()
-    )
-    before = await ps.get_weights()
+    ps = await spawn(actor_system, Mlp(SIZES, seed=0), ["cpu:0"], config(), workers=1)
+    before = await weights(ps)
     with pytest.raises(CheckpointError):
-        await ps.servers[0].ask(LoadCheckpoint(tmp_path / "other.ckpt"))
-    with pytest.raises(CheckpointError):
-        await ps.load_checkpoint(tmp_path / "other.ckpt")
+        await ps.ask(LoadCheckpoint(tmp_path / "other.ckpt"), timeout=T)
     with pytest.raises(OSError):
-        await ps.servers[0].ask(LoadCheckpoint(tmp_path / "missing.ckpt"))
-    np.testing.assert_array_equal(await ps.get_weights(), before)
+        await ps.ask(LoadCheckpoint(tmp_path / "missing.ckpt"), timeout=T)
+    np.testing.assert_array_equal(await weights(ps), before)

@@ -1,0 +1,90 @@
+"""Server shards' states to and from the one checkpoint format.
+
+The weight vector and the optimizer's buffers are cut into contiguous
+ranges, one per server shard; a checkpoint holds them whole (the
+`atomr.train.core.checkpoint` format every trainer reads and writes). The
+trainer and a lone server shard both go through these two functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr.train.core.checkpoint import Checkpoint, CheckpointError, check_model_matches
+from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.parameter_server.messages import ServerState
+
+__all__ = ["checkpoint_of", "server_states"]
+
+
+def checkpoint_of(states: Sequence[ServerState], model_config: Mapping[str, Any]) -> Checkpoint:
+    """One checkpoint of the whole vector from every range's state, in range order.
+
+    Args:
+        states: one `ServerState` per range.
+        model_config: the model's `Mlp.config()`.
+
+    Returns:
+        The checkpoint (step: the first shard's version).
+    """
+    optimizer: dict[str, Any] = dict(states[0].optimizer)
+    for key, value in states[0].optimizer.items():
+        if isinstance(value, np.ndarray):
+            optimizer[key] = np.concatenate([np.asarray(s.optimizer[key]) for s in states])
+    return Checkpoint(
+        model=dict(model_config),
+        weights=np.concatenate([np.asarray(s.weights, dtype=np.float32) for s in states]),
+        step=states[0].version,
+        optimizer=optimizer,
+        extra={"trainer": "AsyncParameterServer", "shards": len(states)},
+    )
+
+
+def server_states(
+    ckpt: Checkpoint,
+    ranges: Sequence[tuple[int, int]],
+    optimizer: OptimizerKind,
+    model_config: Mapping[str, Any],
+) -> list[ServerState]:
+    """Cut a checkpoint into one state per range, checking everything first.
+
+    Args:
+        ckpt: a checkpoint of any trainer.
+        ranges: `(start, stop)` of each shard, tiling the whole vector.
+        optimizer: the shards' optimizer (the checkpoint's must be of its kind).
+        model_config: the model's `Mlp.config()` (the checkpoint's must match).
+
+    Returns:
+        One `ServerState` per range.
+
+    Raises:
+        CheckpointError: the checkpoint is for another model, in the middle
+            of a gradient accumulation, or holds optimizer state of another
+            kind or shape.
+    """
+    n = ranges[-1][1]
+    check_model_matches(ckpt, model_config, n)
+    if int(ckpt.extra.get("micro", 0)) != 0:
+        raise CheckpointError("checkpoint is in the middle of a gradient accumulation")
+    try:
+        kind = OptimizerKind.from_config(ckpt.optimizer["kind"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint optimizer state is malformed: {exc!r}") from exc
+    if kind.name != optimizer.name:
+        raise CheckpointError(
+            f"checkpoint optimizer is {kind.name!r}, these servers run {optimizer.name!r}"
+        )
+    for key, value in ckpt.optimizer.items():
+        if isinstance(value, np.ndarray) and value.shape != (n,):
+            raise CheckpointError(f"optimizer buffer {key!r} has shape {value.shape}")
+    return [
+        ServerState(
+            ckpt.weights[lo:hi],
+            {k: (v[lo:hi] if isinstance(v, np.ndarray) else v) for k, v in ckpt.optimizer.items()},
+            int(ckpt.step),
+        )
+        for lo, hi in ranges
+    ]

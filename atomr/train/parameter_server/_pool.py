@@ -1,0 +1,161 @@
+"""`WorkerPool`: how the trainer drives its workers.
+
+A global batch is split into one part per worker (`split_among`). Each
+worker is asked to `TrainBatch` its part; a worker that fails on it is
+restarted (or resumed) by its supervisor, the trainer, and the same part is
+sent again, up to `max_retries` times. Bad requests are never sent again.
+Every worker's answer is awaited before a failure is raised, so no part of
+a failed request is still running when the asker hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr.actor import ActorRef, ActorStoppedError
+from atomr.train._fanout import raise_first_failure
+from atomr.train.core.errors import InvalidBatchError
+from atomr.train.core.partition import split_bounds
+from atomr.train.core.stats import StepStats
+from atomr.train.parameter_server.messages import BatchResult, StaleGradientError, TrainBatch
+
+__all__ = ["WorkerPool", "combine", "split_among"]
+
+# errors that mean "the request was bad" (or the worker is gone): never sent
+# again. Not `device_guard.REQUEST_ERRORS`: it holds OSError (for checkpoint
+# files), and an ask timeout is an OSError that is worth a retry.
+_NOT_RETRIED: tuple[type[Exception], ...] = (
+    ActorStoppedError,
+    InvalidBatchError,
+    FloatingPointError,  # NonFiniteError included
+    StaleGradientError,
+)
+
+Part = tuple[np.ndarray, np.ndarray]
+
+
+def split_among(x: np.ndarray, y: np.ndarray, workers: int) -> list[Part]:
+    """Split a batch into `workers` parts (`split_bounds`: uneven parts
+    allowed, the first ones one row longer; a part may be empty)."""
+    return [(x[lo:hi], y[lo:hi]) for lo, hi in split_bounds(len(x), workers)]
+
+
+def combine(results: Sequence[BatchResult]) -> StepStats:
+    """One `StepStats` for a global batch from its parts' results.
+
+    `loss` is the parts' losses weighted by their loss normalisers (their
+    sample counts for an unweighted loss), which is the whole batch's mean
+    loss; `grad_norm` is the parts' gradient norms weighted the same way:
+    by the triangle inequality an upper bound of the norm of the averaged
+    gradient a synchronous round applies, equal to it with one worker;
+    `step_micros` is the slowest part's; `samples` their sum; `applied`
+    whether any part pushed a gradient.
+    """
+    total = sum(r.normaliser for r in results)
+    scale = 1.0 / total if total > 0.0 else 0.0
+    return StepStats(
+        float(sum(r.stats.loss * r.normaliser for r in results) * scale),
+        float(sum(r.stats.grad_norm * r.normaliser for r in results) * scale),
+        max((r.stats.step_micros for r in results), default=0),
+        sum(r.stats.samples for r in results),
+        applied=any(r.stats.applied for r in results),
+    )
+
+
+class WorkerPool:
+    """The trainer's workers.
+
+    Args:
+        refs: the worker actors (worker ids are their indices).
+        max_retries: how many times one request is sent again to a worker
+            that failed on it.
+        timeout: each ask's timeout in seconds (None: wait forever).
+
+    Attributes:
+        retries: requests sent again so far.
+    """
+
+    def __init__(self, refs: Sequence[ActorRef], max_retries: int, timeout: float | None) -> None:
+        self.refs = list(refs)
+        self.max_retries = max_retries
+        self.timeout = timeout
+        self.retries = 0
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    async def ask(self, index: int, message: Any) -> Any:
+        """Ask worker `index`, sending again (up to `max_retries` times) after
+        it failed on the message.
+
+        Raises:
+            Exception: a bad request or a stopped worker at once; any other
+                failure once the retries are spent.
+        """
+        for attempt in range(self.max_retries + 1):
+            try:
+                return await self.refs[index].ask(message, timeout=self.timeout)
+            except _NOT_RETRIED:
+                raise
+            except Exception:
+                if attempt == self.max_retries:
+                    raise
+                self.retries += 1
+        raise AssertionError("unreachable")
+
+    async def train(self, parts: Sequence[Part]) -> list[BatchResult]:
+        """Every worker trains its part at once.
+
+        Returns:
+            One `BatchResult` per worker.
+
+        Raises:
+            Exception: the first failure in worker order, once every worker answered.
+        """
+        results = await asyncio.gather(
+            *(self.ask(i, TrainBatch(x, y)) for i, (x, y) in enumerate(parts)),
+            return_exceptions=True,
+        )
+        raise_first_failure(results)
+        return [r for r in results if not isinstance(r, BaseException)]
+
+    async def train_in_order(self, parts: Sequence[Sequence[Part]]) -> list[BatchResult]:
+        """Every worker trains its own list of parts, one after the other, at
+        its own pace (nothing but the consistency model holds a worker back).
+
+        Args:
+            parts: one list of parts per worker.
+
+        Returns:
+            Every part's result.
+
+        Raises:
+            Exception: the first failure in worker order. Once a worker failed,
+                every other one stops after its current part, and the failure
+                is raised once all have stopped (none waits for a stopped one).
+        """
+        failed = asyncio.Event()
+        results = await asyncio.gather(
+            *(self._train_each(i, own, failed) for i, own in enumerate(parts)),
+            return_exceptions=True,
+        )
+        raise_first_failure(results)
+        return [r for own in results if not isinstance(own, BaseException) for r in own]
+
+    async def _train_each(
+        self, index: int, parts: Sequence[Part], failed: asyncio.Event
+    ) -> list[BatchResult]:
+        done: list[BatchResult] = []
+        for x, y in parts:
+            if failed.is_set():
+                break
+            try:
+                done.append(await self.ask(index, TrainBatch(x, y)))
+            except BaseException:
+                failed.set()
+                raise
+        return done

@@ -1,0 +1,102 @@
+"""`SynchronousRound`: the pushes a synchronous server shard holds until every
+worker has pushed for the current version.
+
+A round holds one entry per worker: a gradient (`PushGradient`) or an abort
+(`AbortPush`, a worker without a usable gradient). A worker restarted
+mid-round pushes again: its newer push replaces the older one, whose asker
+is told it was superseded. Once the round is full, `round_update` turns it
+into the weighted parts to apply, or the error that every push of it gets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from atomr.actor import Reply
+from atomr.train.core.errors import NonFiniteError
+from atomr.train.parameter_server.messages import StaleGradientError
+
+__all__ = ["PendingPush", "SynchronousRound", "round_update"]
+
+
+@dataclass
+class PendingPush:
+    """A push (or abort) waiting for the rest of its round.
+
+    Attributes:
+        gradient: the pushed gradient (None for an abort).
+        weight: the batch's loss normaliser (0 for an empty batch or an abort).
+        reply: the pusher's deferred reply.
+        abort: the reason of an `AbortPush`, else None.
+    """
+
+    gradient: np.ndarray | None
+    weight: float
+    reply: Reply
+    abort: str | None = None
+
+
+class SynchronousRound:
+    """The current round of a synchronous server shard.
+
+    Args:
+        workers: how many workers push in every round.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._entries: dict[int, PendingPush] = {}
+
+    @property
+    def in_progress(self) -> bool:
+        """True while some worker's push waits for the others."""
+        return bool(self._entries)
+
+    def join(self, worker: int, entry: PendingPush) -> list[tuple[int, PendingPush]] | None:
+        """Add `worker`'s push; a push of the same worker already in the round
+        is replaced (its asker gets a `StaleGradientError`).
+
+        Returns:
+            The full round in worker order (the round starts empty again), or
+            None while some worker has not pushed.
+        """
+        previous = self._entries.pop(worker, None)
+        if previous is not None:
+            previous.reply.set_exception(
+                StaleGradientError(0, 0, f"superseded by a newer push of worker {worker}")
+            )
+        self._entries[worker] = entry
+        if len(self._entries) < self.workers:
+            return None
+        ordered = sorted(self._entries.items())
+        self._entries = {}
+        return ordered
+
+
+def round_update(ordered: list[tuple[int, PendingPush]]) -> list[tuple[np.ndarray, float]]:
+    """The parts a full round applies: each gradient with its weight's share
+    of the round's total (`sum(w_i g_i) / sum(w_i)`); empty batches add nothing.
+
+    Args:
+        ordered: the round, from `SynchronousRound.join`.
+
+    Returns:
+        `(gradient, coefficient)` pairs.
+
+    Raises:
+        NonFiniteError: the round holds an abort (naming every aborting worker).
+        ValueError: every batch of the round was empty.
+    """
+    aborts = [f"worker {w}: {p.abort}" for w, p in ordered if p.abort is not None]
+    if aborts:
+        raise NonFiniteError("; ".join(aborts) + " (the whole round was dropped)")
+    total = sum(p.weight for _, p in ordered)
+    if total <= 0.0:
+        raise ValueError("every batch of the round was empty")
+    return [
+        (p.gradient, p.weight / total)
+        for _, p in ordered
+        if p.gradient is not None and p.weight > 0.0
+    ]

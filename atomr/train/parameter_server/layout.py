@@ -1,0 +1,122 @@
+"""`Layout`: where the server shards and workers of one `AsyncParameterServer`
+run, and which range of the weight vector each shard holds; built (and
+every argument checked) once, when the trainer's `Props` are made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+from atomr.accel import Device
+from atomr.actor import ActorRef, Props
+from atomr.train.core.config import TrainerConfig
+from atomr.train.core.mlp import Mlp
+from atomr.train.parameter_server._devices import parse_devices
+from atomr.train.parameter_server.client import split_ranges
+from atomr.train.parameter_server.options import ParameterServerOptions
+from atomr.train.parameter_server.server import ServerShard
+
+__all__ = ["Layout"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A checked parameter-server deployment.
+
+    Attributes:
+        model: the model (its weights are the initial weights).
+        config: optimizer, loss, clipping, `worker_timeout`.
+        options: the parameter server's options.
+        worker_devices: one device per worker.
+        server_devices: one device per server shard.
+        ranges: `(start, stop)` of each shard's range.
+    """
+
+    model: Mlp
+    config: TrainerConfig
+    options: ParameterServerOptions
+    worker_devices: tuple[Device, ...]
+    server_devices: tuple[Device, ...]
+    ranges: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def plan(
+        cls,
+        model: Any,
+        devices: Any,
+        config: Any,
+        options: Any = None,
+    ) -> Layout:
+        """Check the trainer's arguments and place every actor.
+
+        Args:
+            model: an `Mlp`.
+            devices: the workers' devices (a sequence), used round-robin.
+            config: a `TrainerConfig`.
+            options: a `ParameterServerOptions`, or None for the defaults.
+
+        Returns:
+            The layout.
+
+        Raises:
+            TypeError: an argument of the wrong type (named in the message).
+            ValueError: no devices or a bad device name, more shards than
+                weights, `accumulation_steps != 1` (the parameter server
+                does not accumulate), or gradient clipping with several
+                shards (it needs the global norm).
+        """
+        if not isinstance(model, Mlp):
+            raise TypeError(f"model must be an Mlp, got {type(model).__name__}")
+        devs = parse_devices(devices, "devices")
+        if not isinstance(config, TrainerConfig):
+            raise TypeError(f"config must be a TrainerConfig, got {type(config).__name__}")
+        options = ParameterServerOptions() if options is None else options
+        if not isinstance(options, ParameterServerOptions):
+            raise TypeError(
+                f"options must be a ParameterServerOptions, got {type(options).__name__}"
+            )
+        if config.accumulation_steps != 1:
+            raise ValueError(
+                "the parameter server does not accumulate gradients "
+                "(accumulation_steps must be 1: use a larger batch)"
+            )
+        if options.shards > 1 and config.gradient_clip is not None:
+            raise ValueError("gradient clipping needs the global norm: use shards=1")
+        workers = len(devs) if options.workers is None else options.workers
+        # `ParameterServerOptions` parsed its server devices when it was built
+        server_devs = cast("tuple[Device, ...]", options.server_devices or devs)
+        return cls(
+            model,
+            config,
+            options,
+            tuple(devs[i % len(devs)] for i in range(workers)),
+            tuple(server_devs[k % len(server_devs)] for k in range(options.shards)),
+            tuple(split_ranges(model.n_params, options.shards)),
+        )
+
+    def server_props(self) -> list[Props]:
+        """The `Props` of every server shard, in range order."""
+        weights = self.model.get_params()
+        consistency = self.options.consistency
+        return [
+            ServerShard.props(
+                weights[lo:hi],
+                self.config.optimizer,
+                self.options.max_staleness,
+                consistency=consistency,
+                workers=len(self.worker_devices),
+                device=device,
+                gradient_clip=self.config.gradient_clip,
+            )
+            for (lo, hi), device in zip(self.ranges, self.server_devices, strict=True)
+        ]
+
+    def worker_props(self, servers: list[ActorRef]) -> list[Props]:
+        """The `Props` of every worker, pulling from and pushing to `servers`."""
+        synchronous = self.options.consistency.is_synchronous
+        return [
+            self.options.worker_class.props(
+                i, self.model, device, self.config, servers, self.ranges, synchronous
+            )
+            for i, device in enumerate(self.worker_devices)
+        ]

@@ -1,0 +1,81 @@
+"""`ParameterServerOptions`: the parameter server's own settings (the
+settings every trainer shares are in `TrainerConfig`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from atomr.accel import Device
+from atomr.train.parameter_server._devices import parse_devices
+from atomr.train.parameter_server.consistency import Consistency, check_staleness_bound
+from atomr.train.parameter_server.worker import ParameterServerWorker
+
+__all__ = ["ParameterServerOptions"]
+
+
+def _check_count(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterServerOptions:
+    """How an `AsyncParameterServer` lays out its server shards and workers.
+
+    Attributes:
+        workers: number of workers (None: one per device); they take the
+            trainer's devices round-robin.
+        shards: number of server shards the weight vector is cut into
+            (contiguous ranges, as in MXNet's KVStore / ps-lite).
+        server_devices: the shards' devices, used round-robin (None: the
+            trainer's devices); kept as a tuple of `Device`.
+        consistency: asynchronous (default), bounded(s) or synchronous.
+        max_staleness: asynchronous and bounded models: reject pushes staler
+            than this (None: no bound); the worker then recomputes.
+        max_retries: how many times a batch is sent again to a worker that
+            failed (and was restarted) on it.
+        worker_class: the worker actor class (`ParameterServerWorker` or a
+            subclass).
+
+    Raises:
+        TypeError: `consistency` is not a `Consistency`, `worker_class` not
+            a `ParameterServerWorker` subclass, or `server_devices` not a
+            sequence of devices.
+        ValueError: a count out of range, an unknown device name, no server
+            devices, or `max_staleness` with synchronous consistency (which
+            refuses every stale push anyway).
+    """
+
+    workers: int | None = None
+    shards: int = 1
+    server_devices: Sequence[Device | str] | None = None
+    consistency: Consistency = Consistency()
+    max_staleness: int | None = None
+    max_retries: int = 3
+    worker_class: type[ParameterServerWorker] = ParameterServerWorker
+
+    def __post_init__(self) -> None:
+        if self.workers is not None:
+            _check_count("workers", self.workers, 1)
+        _check_count("shards", self.shards, 1)
+        _check_count("max_retries", self.max_retries, 0)
+        if not isinstance(self.consistency, Consistency):
+            raise TypeError(f"consistency must be a Consistency, got {self.consistency!r}")
+        check_staleness_bound(self.max_staleness, "max_staleness")
+        if self.max_staleness is not None and self.consistency.is_synchronous:
+            raise ValueError(
+                "max_staleness does not apply to synchronous consistency, "
+                "which refuses every stale push"
+            )
+        if not (
+            isinstance(self.worker_class, type)
+            and issubclass(self.worker_class, ParameterServerWorker)
+        ):
+            raise TypeError(
+                f"worker_class must be a ParameterServerWorker subclass, got {self.worker_class!r}"
+            )
+        if self.server_devices is not None:
+            object.__setattr__(
+                self, "server_devices", parse_devices(self.server_devices, "server_devices")
+            )

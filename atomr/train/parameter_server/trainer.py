@@ -1,0 +1,270 @@
+"""`AsyncParameterServer`: the parameter-server trainer, an actor that spawns
+and supervises its server shards and workers (see docs/parameter_server.md).
+
+The weight vector is cut into K contiguous ranges, one `ServerShard` each
+(holding the range's weights and optimizer state); N `ParameterServerWorker`s
+pull every range, compute a gradient of their part of a batch on their own
+device and push it back. The trainer splits every global batch among the
+workers (`split_bounds`: uneven parts allowed) and combines their answers.
+The shards' consistency model alone decides how far the workers may drift
+apart: `Step` waits for every worker's part, `TrainEpochs` lets each worker
+run through its parts at its own pace.
+
+The shards and workers are the trainer's children: stopping the trainer
+stops them. A child that raises is resumed, or restarted after
+`ContextPoisoned` (`state_keeping_decider`): a worker keeps no state
+between batches, a shard's updates are atomic. The part it failed on is
+sent again (`ParameterServerOptions.max_retries`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr.accel import Device
+from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
+from atomr.train._fanout import ask_all
+from atomr.train._recovery import state_keeping_decider
+from atomr.train.core.checkpoint import load_checkpoint, save_checkpoint
+from atomr.train.core.config import TrainerConfig
+from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.core.mlp import Mlp
+from atomr.train.core.stats import StepStats
+from atomr.train.core.validation import validate_batch
+from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
+from atomr.train.parameter_server._pool import WorkerPool, combine, split_among
+from atomr.train.parameter_server.layout import Layout
+from atomr.train.parameter_server.messages import (
+    EpochReport,
+    GetServerState,
+    GetServerStats,
+    ParameterServerStats,
+    SetServerState,
+    Stats,
+    TrainEpochs,
+)
+from atomr.train.parameter_server.options import ParameterServerOptions
+
+__all__ = ["AsyncParameterServer"]
+
+
+class AsyncParameterServer(Actor):
+    """The parameter-server trainer (module docstring).
+
+    Answers `Step -> StepStats`, `Evaluate -> EvalResult` (worker 0, with
+    freshly pulled weights), `GetWeights -> ndarray` (every range, gathered),
+    `SaveCheckpoint`, `LoadCheckpoint` (the checkpoint format of every
+    trainer), `GetServerStats -> list[ParameterServerStats]` and
+    `TrainEpochs -> list[EpochReport]`. Every failure is answered with a
+    `Failure`; the trainer itself is never restarted for one.
+
+    `Step`'s `StepStats` combine the workers' parts (`_pool.combine`):
+    `loss` is the whole batch's mean loss; `grad_norm` is the parts'
+    gradient norms weighted by their loss normalisers, an upper bound of the
+    norm of the gradient a synchronous round applies (equal with one worker);
+    `step_micros` is the slowest part's. In synchronous mode a `Step` is one
+    optimizer step on the whole batch, equal to the single-device
+    `Trainer`'s; in the asynchronous models every part is applied on arrival.
+
+    Args:
+        layout: the checked deployment (`Layout.plan`; use `props` or `spawn`).
+    """
+
+    def __init__(self, layout: Layout) -> None:
+        super().__init__()
+        self.layout = layout
+        self.config = layout.config
+        self.model_config = layout.model.config()
+        self.servers: list[ActorRef] = []
+        self.pool = WorkerPool([], layout.options.max_retries, layout.config.worker_timeout)
+        self.epochs_run = 0
+
+    # -- construction ---------------------------------------------------------
+
+    @classmethod
+    def props(
+        cls,
+        model: Mlp,
+        devices: Sequence[Device | str],
+        config: TrainerConfig,
+        options: ParameterServerOptions | None = None,
+    ) -> Props:
+        """The `Props` of a trainer; every argument is checked here.
+
+        Args:
+            model: the `Mlp` to train (its weights are the initial weights).
+            devices: the workers' devices, used round-robin (and the server
+                shards', unless `options.server_devices` says otherwise).
+            config: optimizer, loss, clipping (one shard only) and
+                `worker_timeout`; `accumulation_steps` must be 1.
+            options: the parameter server's options (None: the defaults).
+
+        Returns:
+            The Props.
+
+        Raises:
+            TypeError, ValueError: see `Layout.plan`.
+        """
+        return Props(cls, Layout.plan(model, devices, config, options))
+
+    @classmethod
+    async def spawn(
+        cls,
+        system: Any,
+        model: Mlp,
+        devices: Sequence[Device | str],
+        config: TrainerConfig,
+        options: ParameterServerOptions | None = None,
+        name: str | None = None,
+    ) -> ActorRef:
+        """Spawn a trainer with its server shards and workers, and wait until
+        every shard holds its weights.
+
+        Args:
+            system: the `ActorSystem` (or a `Context`) to spawn in.
+            model, devices, config, options: as for `props`.
+            name: the trainer's actor name, or None.
+
+        Returns:
+            The trainer's `ActorRef`.
+
+        Raises:
+            TypeError, ValueError: see `Layout.plan`.
+        """
+        ref: ActorRef = system.spawn(cls.props(model, devices, config, options), name=name)
+        await ref.ask(GetServerStats(), timeout=config.worker_timeout)
+        return ref
+
+    def supervisor_strategy(self) -> SupervisorStrategy:
+        """`state_keeping_decider` for the shards and workers."""
+        return OneForOneStrategy(decider=state_keeping_decider)
+
+    def pre_start(self) -> None:
+        """Spawn the server shards, then the workers."""
+        layout = self.layout
+        self.servers = [
+            self.context.spawn(props, name=f"server-{k}")
+            for k, props in enumerate(layout.server_props())
+        ]
+        workers = [
+            self.context.spawn(props, name=f"worker-{i}")
+            for i, props in enumerate(layout.worker_props(self.servers))
+        ]
+        self.pool = WorkerPool(workers, layout.options.max_retries, layout.config.worker_timeout)
+
+    # -- messages -------------------------------------------------------------
+
+    async def receive(self, message: Any) -> Any:
+        """Dispatch a trainer message (see the class docstring)."""
+        try:
+            if isinstance(message, Step):
+                return await self._step(message)
+            if isinstance(message, Evaluate):
+                return await self.pool.ask(0, message)
+            if isinstance(message, GetWeights):
+                return await self._weights()
+            if isinstance(message, SaveCheckpoint):
+                return await self._save(message.path)
+            if isinstance(message, LoadCheckpoint):
+                return await self._load(message.path)
+            if isinstance(message, GetServerStats):
+                return await self._stats()
+            if isinstance(message, TrainEpochs):
+                return await self._train_epochs(message)
+        except Exception as exc:  # answered; the shards and workers are supervised
+            return Failure(exc)
+        return Failure(TypeError(f"AsyncParameterServer does not handle {type(message).__name__}"))
+
+    def _validate(self, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The whole batch checked before any worker gets a part of it, so that
+        no part is pushed while another is refused.
+
+        Raises:
+            InvalidBatchError: it does not fit the model.
+        """
+        model = self.layout.model
+        return validate_batch(
+            features,
+            labels,
+            model.in_width,
+            self.config.loss,
+            out_width=model.out_width,
+            dtype=model.dtype,
+        )
+
+    async def _step(self, msg: Step) -> StepStats:
+        x, y = self._validate(msg.features, msg.labels)
+        return combine(await self.pool.train(split_among(x, y, len(self.pool))))
+
+    async def _stats(self) -> list[ParameterServerStats]:
+        timeout = self.config.worker_timeout
+        return list(await ask_all(self.servers, Stats(), timeout, per_worker=False))
+
+    async def _weights(self) -> np.ndarray:
+        timeout = self.config.worker_timeout
+        parts = await ask_all(self.servers, GetWeights(), timeout, per_worker=False)
+        return np.concatenate([np.asarray(p, dtype=np.float32) for p in parts])
+
+    async def _save(self, path: Any) -> None:
+        """Every range's weights and optimizer state as one checkpoint."""
+        timeout = self.config.worker_timeout
+        states = await ask_all(self.servers, GetServerState(), timeout, per_worker=False)
+        await asyncio.to_thread(save_checkpoint, path, checkpoint_of(states, self.model_config))
+
+    async def _load(self, path: Any) -> None:
+        """A checkpoint into every range, checked whole before any shard changes."""
+        ckpt = await asyncio.to_thread(load_checkpoint, path)
+        ranges = self.layout.ranges
+        states = server_states(ckpt, ranges, self.config.optimizer, self.model_config)
+        messages = [SetServerState(s) for s in states]
+        await ask_all(self.servers, messages, self.config.worker_timeout)
+
+    # -- epochs ---------------------------------------------------------------
+
+    async def _train_epochs(self, msg: TrainEpochs) -> list[EpochReport]:
+        x, y = self._validate(msg.features, msg.labels)
+        return [await self._epoch(x, y, msg) for _ in range(msg.epochs)]
+
+    def _epoch_parts(
+        self, x: np.ndarray, y: np.ndarray, msg: TrainEpochs
+    ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+        """This epoch's global batches (shuffled), each split among the workers:
+        one list of parts per worker."""
+        order = np.random.default_rng(msg.seed + self.epochs_run).permutation(len(y))
+        per_worker: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(len(self.pool))]
+        for start in range(0, len(order), msg.batch_size):
+            idx = order[start : start + msg.batch_size]
+            for own, part in zip(
+                per_worker, split_among(x[idx], y[idx], len(self.pool)), strict=True
+            ):
+                own.append(part)
+        return per_worker
+
+    async def _epoch(self, x: np.ndarray, y: np.ndarray, msg: TrainEpochs) -> EpochReport:
+        self.epochs_run += 1
+        parts = self._epoch_parts(x, y, msg)
+        retries_before = self.pool.retries
+        t0 = time.perf_counter()
+        trained = combine(await self.pool.train_in_order(parts))
+        seconds = time.perf_counter() - t0
+        first = (await self._stats())[0]
+        test_loss = test_accuracy = float("nan")
+        if msg.test is not None:
+            result = await self.pool.ask(0, Evaluate(*msg.test))
+            test_loss, test_accuracy = result.loss, result.accuracy
+        return EpochReport(
+            self.epochs_run,
+            trained.loss,
+            first.version,
+            first.gradients_applied,
+            first.avg_staleness,
+            test_loss,
+            test_accuracy,
+            seconds,
+            self.pool.retries - retries_before,
+        )

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import ActorRef
+from atomr.train.core.data import epoch_order
 from atomr.train.core.messages import Evaluate, SaveCheckpoint, Step
 from atomr.train.core.stats import EvalResult, StepStats
 
@@ -133,11 +134,6 @@ class FitCallback:
 
     def on_checkpoint(self, path: Path, position: FitPosition) -> None:
         """The trainer saved a checkpoint at `path`; resume it from `position`."""
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
-    """The shuffled sample order of `epoch`: a function of the seed and epoch only."""
-    return np.random.default_rng([seed, epoch]).permutation(n)
 
 
 def batch_bounds(n: int, batch_size: int, min_batch_size: int = 1) -> list[tuple[int, int]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["load_digits_split", "synthetic_classification"]
+__all__ = ["epoch_order", "load_digits_split", "synthetic_classification"]
 
 
 def load_digits_split(
@@ -77,3 +77,11 @@ def synthetic_classification(
     y = rng.integers(0, classes, size=n, dtype=np.int64)
     x = centres[y] + 0.5 * rng.standard_normal((n, features))
     return x.astype(np.float32), y
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled sample order of `epoch` (0-based): `default_rng([seed,
+    epoch]).permutation(n)`, a function of the seed and the epoch only, so a
+    run resumed at an epoch sees the same order. Every epoch loop uses it
+    (`atomr.train.fit`, the parameter server's `TrainEpochs`)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)

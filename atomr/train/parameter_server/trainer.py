@@ -32,6 +32,7 @@ from atomr.train._fanout import ask_all
 from atomr.train._recovery import state_keeping_decider
 from atomr.train.core.checkpoint import load_checkpoint, save_checkpoint
 from atomr.train.core.config import TrainerConfig
+from atomr.train.core.data import epoch_order
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.stats import StepStats
@@ -235,7 +236,7 @@ class AsyncParameterServer(Actor):
     ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
         """This epoch's global batches (shuffled), each split among the workers:
         one list of parts per worker."""
-        order = np.random.default_rng(msg.seed + self.epochs_run).permutation(len(y))
+        order = epoch_order(len(y), msg.seed, self.epochs_run)
         per_worker: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(len(self.pool))]
         for start in range(0, len(order), msg.batch_size):
             idx = order[start : start + msg.batch_size]

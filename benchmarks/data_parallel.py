@@ -45,13 +45,13 @@ from atomr.train import (  # noqa: E402
     DataParallelOptions,
     DataParallelTrainer,
     GetWeights,
-    HostCollective,
     LossKind,
     Mlp,
     OptimizerKind,
     Step,
     TrainerConfig,
 )
+from atomr.train.comm import HostCollective  # noqa: E402
 
 CONFIG = TrainerConfig(OptimizerKind.sgd(LR), LossKind.CROSS_ENTROPY)
 

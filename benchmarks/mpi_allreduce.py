@@ -117,7 +117,6 @@ async def _dp_rank(out: Path, steps: int) -> None:
     from atomr.train import (
         DataParallelOptions,
         DataParallelTrainer,
-        DistributedTrainConfig,
         LossKind,
         Mlp,
         OptimizerKind,
@@ -125,6 +124,7 @@ async def _dp_rank(out: Path, steps: int) -> None:
         TrainerConfig,
         synthetic_classification,
     )
+    from atomr.train.comm.mpi import DistributedTrainConfig
 
     dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=120.0)
     config = TrainerConfig(OptimizerKind.sgd(0.01), LossKind.CROSS_ENTROPY)

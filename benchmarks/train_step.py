@@ -32,7 +32,8 @@ import numpy as np
 
 from atomr import ActorSystem
 from atomr.accel.threads import blas_threads
-from atomr.train import LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig, global_norm
+from atomr.train import LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
+from atomr.train.core import global_norm
 
 SIZES = [784, 1024, 1024, 10]
 LR = 0.01

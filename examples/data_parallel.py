@@ -19,7 +19,6 @@ from atomr.accel import cpu_devices
 from atomr.train import (
     DataParallelOptions,
     DataParallelTrainer,
-    GetReplicaWeights,
     GetWeights,
     LossKind,
     Mlp,
@@ -29,6 +28,7 @@ from atomr.train import (
     TrainerConfig,
     synthetic_classification,
 )
+from atomr.train.data_parallel import GetReplicaWeights
 
 
 async def main(collective: str) -> None:

@@ -22,14 +22,8 @@ from atomr.cli.history import History
 from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
 from atomr.cli.strategies import min_batch_size, spawn_trainer
-from atomr.train import (
-    Checkpoint,
-    CheckpointError,
-    Evaluate,
-    GetWeights,
-    Mlp,
-    load_checkpoint,
-)
+from atomr.train import CheckpointError, Evaluate, GetWeights, Mlp, load_checkpoint
+from atomr.train.core import Checkpoint
 from atomr.train.fit import Evaluator, FitCallback, FitPosition, StopFlag, batch_bounds, fit
 
 __all__ = ["history_path_for", "train_epochs"]

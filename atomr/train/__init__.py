@@ -1,17 +1,24 @@
-"""Training: the Mlp with flat parameters, losses, optimizers, checkpoints
-and the trainer actors (see docs/training.md)."""
+"""Training: one contract, five strategies, one fit loop (see docs/training.md).
 
-from atomr.train.comm.collective import Collective, HostCollective
-from atomr.train.comm.mpi.collective import (
-    CollectiveError,
-    CollectiveTimeoutError,
-    MpiCollective,
-    RankFailedError,
-)
-from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError, shard_for_rank
-from atomr.train.comm.ring import RingCollective
-from atomr.train.core.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from atomr.train.core.clip import clip_grad_norm, global_norm
+Every trainer is an actor: `ref = await X.spawn(system, model, devices,
+config, options=None)` and it answers `Step`, `Evaluate`, `GetWeights`,
+`SaveCheckpoint` and `LoadCheckpoint`. Swapping strategies changes one line:
+
+| strategy | trainer | its options |
+|---|---|---|
+| one device | `Trainer` | none |
+| data parallel | `DataParallelTrainer` | `DataParallelOptions` |
+| tensor parallel | `TensorParallelTrainer` | `TensorParallelOptions` |
+| pipeline parallel | `PipelineParallelTrainer` | `PipelineOptions` |
+| parameter server | `AsyncParameterServer` | `ParameterServerOptions` |
+
+`fit(ref, (x, y), epochs=..., batch_size=...)` trains any of them. Everything
+else lives in the packages: `atomr.train.core` (model, losses, optimizers,
+checkpoints, validation), `atomr.train.comm` (collectives; `.mpi` across
+processes), and one package per strategy.
+"""
+
+from atomr.train.core.checkpoint import load_checkpoint
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.data import load_digits_split, synthetic_classification
 from atomr.train.core.errors import (
@@ -21,123 +28,45 @@ from atomr.train.core.errors import (
     WorkerStateLost,
 )
 from atomr.train.core.loss import LossKind
-from atomr.train.core.messages import (
-    Evaluate,
-    GetWeights,
-    LoadCheckpoint,
-    SaveCheckpoint,
-    Step,
-)
-from atomr.train.core.mlp import LayerOffsets, Mlp, Tape
-from atomr.train.core.optimizer import Optimizer, OptimizerKind
+from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.core.mlp import Mlp
+from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.validation import validate_batch, validate_features
-from atomr.train.data_parallel import (
-    DataParallelOptions,
-    DataParallelTrainer,
-    GetReplicaWeights,
-    ReplicaActor,
-    ReplicaDivergenceError,
-    ReplicaState,
-    SetReplicas,
-    SpeedBalancer,
-)
-from atomr.train.parameter_server.consistency import Consistency
-from atomr.train.parameter_server.messages import (
-    ParameterServerStats,
-    PullWeights,
-    PushGradient,
-    StaleGradientError,
-    Stats,
-)
-from atomr.train.parameter_server.trainer import AsyncParameterServer
-from atomr.train.pipeline import (
-    GetGradients,
-    GetTimeline,
-    PipelineOptions,
-    PipelineParallelTrainer,
-    PipelineStageProtocol,
-    Schedule,
-    StageActor,
-    Timeline,
-)
-from atomr.train.pipeline.schedule import Op, OpKind
-from atomr.train.pipeline.timeline import BusyInterval
-from atomr.train.tensor_parallel import (
-    ShardActor,
-    ShardProtocol,
-    TensorParallelOptions,
-    TensorParallelTrainer,
-)
+from atomr.train.data_parallel import DataParallelOptions, DataParallelTrainer
+from atomr.train.fit import FitCallback, fit
+from atomr.train.parameter_server import AsyncParameterServer, ParameterServerOptions
+from atomr.train.pipeline import PipelineOptions, PipelineParallelTrainer
+from atomr.train.tensor_parallel import TensorParallelOptions, TensorParallelTrainer
 from atomr.train.trainer import Trainer
 
 __all__ = [
-    "CollectiveError",
-    "CollectiveTimeoutError",
-    "DistributedTrainConfig",
-    "MpiCollective",
-    "NotLaunchedError",
-    "RankFailedError",
-    "shard_for_rank",
     "AsyncParameterServer",
-    "Consistency",
-    "ParameterServerStats",
-    "PullWeights",
-    "PushGradient",
-    "StaleGradientError",
-    "Stats",
-    "BusyInterval",
-    "GetGradients",
-    "GetTimeline",
-    "Op",
-    "OpKind",
-    "PipelineOptions",
-    "PipelineParallelTrainer",
-    "PipelineStageProtocol",
-    "Schedule",
-    "StageActor",
-    "Timeline",
-    "Collective",
+    "CheckpointError",
     "DataParallelOptions",
     "DataParallelTrainer",
-    "HostCollective",
-    "ReplicaActor",
-    "ReplicaDivergenceError",
-    "ReplicaState",
-    "RingCollective",
-    "SpeedBalancer",
-    "Checkpoint",
-    "CheckpointError",
     "EvalResult",
     "Evaluate",
-    "GetReplicaWeights",
+    "FitCallback",
     "GetWeights",
     "InvalidBatchError",
-    "LayerOffsets",
     "LoadCheckpoint",
     "LossKind",
     "Mlp",
     "NonFiniteError",
-    "WorkerStateLost",
-    "Optimizer",
     "OptimizerKind",
+    "ParameterServerOptions",
+    "PipelineOptions",
+    "PipelineParallelTrainer",
     "SaveCheckpoint",
-    "SetReplicas",
     "Step",
     "StepStats",
-    "Tape",
-    "ShardActor",
-    "ShardProtocol",
     "TensorParallelOptions",
     "TensorParallelTrainer",
     "Trainer",
     "TrainerConfig",
-    "clip_grad_norm",
-    "global_norm",
+    "WorkerStateLost",
+    "fit",
     "load_checkpoint",
     "load_digits_split",
-    "save_checkpoint",
     "synthetic_classification",
-    "validate_batch",
-    "validate_features",
 ]

@@ -292,7 +292,7 @@ def test_resume_with_another_model_says_which_options(
 def test_resume_of_a_model_without_hidden_layers_says_the_cli_cannot_build_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from atomr.train import Checkpoint, save_checkpoint
+    from atomr.train.core import Checkpoint, save_checkpoint
 
     ckpt = tmp_path / "linear.ckpt"
     model = {"sizes": [64, 10], "activation": "relu"}

@@ -24,7 +24,6 @@ import pytest
 
 from atomr import ActorSystem
 from atomr.train import (
-    Checkpoint,
     CheckpointError,
     GetWeights,
     LoadCheckpoint,
@@ -35,8 +34,8 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
     load_checkpoint,
-    save_checkpoint,
 )
+from atomr.train.core import Checkpoint, save_checkpoint
 
 KILLS = 50
 N = 1_000_000  # 4 MB of weights + 8 MB of optimizer state: a save takes a while

@@ -26,7 +26,6 @@ from atomr.train import (
     DataParallelTrainer,
     EvalResult,
     Evaluate,
-    GetReplicaWeights,
     GetWeights,
     LoadCheckpoint,
     LossKind,
@@ -38,7 +37,7 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
-from atomr.train.data_parallel import ReplicaActor
+from atomr.train.data_parallel import GetReplicaWeights, ReplicaActor
 from atomr.train.parameter_server import (
     AsyncParameterServer,
     Consistency,

@@ -328,7 +328,8 @@ async def test_malformed_checkpoint_state_is_a_checkpoint_error(tmp_path: Path, 
     """A well-formed file (valid checksum) whose content does not fit is
     refused with CheckpointError before anything changes; the actor keeps
     its state (it is not restarted) and the next Step works."""
-    from atomr.train import load_checkpoint, save_checkpoint
+    from atomr.train import load_checkpoint
+    from atomr.train.core import save_checkpoint
 
     x, y = _data()
     config = _config(accumulation_steps=2)

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atomr.train import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from atomr.train import CheckpointError, load_checkpoint
+from atomr.train.core import Checkpoint, save_checkpoint
 from atomr.train.core.checkpoint import check_model_matches
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atomr.train import InvalidBatchError, LossKind, validate_batch
+from atomr.train import InvalidBatchError, LossKind
+from atomr.train.core import validate_batch
 
 CE = LossKind.CROSS_ENTROPY
 

@@ -32,13 +32,11 @@ from atomr import ActorSystem, AskTimeoutError, Props
 from atomr.accel import ContextPoisoned, OutOfMemory
 from atomr.train import (
     DataParallelTrainer,
-    GetReplicaWeights,
     GetWeights,
     LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
-    ReplicaActor,
     SaveCheckpoint,
     Step,
     Trainer,
@@ -48,7 +46,7 @@ from atomr.train import (
 from atomr.train.comm.collective import HostCollective
 from atomr.train.comm.ring import RingChunk, RingPing
 from atomr.train.core.checkpoint import CheckpointError
-from atomr.train.data_parallel import DataParallelOptions
+from atomr.train.data_parallel import DataParallelOptions, GetReplicaWeights, ReplicaActor
 from atomr.train.data_parallel.messages import ComputeGradients, GetState, ReplicaState, SetState
 from tests.reliability.faults import (
     CLASSES,

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from atomr.train import DataParallelOptions, DistributedTrainConfig, HostCollective, RingCollective
+from atomr.train import DataParallelOptions
+from atomr.train.comm import HostCollective, RingCollective
+from atomr.train.comm.mpi import DistributedTrainConfig
 
 MISTAKES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "collective name": ({"collective": "nccl"}, ValueError, "collective"),

@@ -18,26 +18,28 @@ from atomr import Actor, Props
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.train import (
     CheckpointError,
-    Collective,
     DataParallelOptions,
     DataParallelTrainer,
     Evaluate,
-    GetReplicaWeights,
     GetWeights,
     InvalidBatchError,
     LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
-    ReplicaActor,
-    ReplicaDivergenceError,
     SaveCheckpoint,
-    SetReplicas,
-    SpeedBalancer,
     Step,
     Trainer,
     TrainerConfig,
     synthetic_classification,
+)
+from atomr.train.comm import Collective
+from atomr.train.data_parallel import (
+    GetReplicaWeights,
+    ReplicaActor,
+    ReplicaDivergenceError,
+    SetReplicas,
+    SpeedBalancer,
 )
 from atomr.train.data_parallel.messages import (
     ApplyReducedGradients,

@@ -29,7 +29,6 @@ from atomr.accel import cpu_devices
 from atomr.train import (
     DataParallelOptions,
     DataParallelTrainer,
-    GetReplicaWeights,
     LoadCheckpoint,
     LossKind,
     Mlp,
@@ -40,6 +39,7 @@ from atomr.train import (
 )
 from atomr.train.comm.mpi.collective import CollectiveError
 from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.data_parallel import GetReplicaWeights
 
 SIZES = [6, 16, 4]
 BATCH = 24

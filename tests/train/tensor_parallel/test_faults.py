@@ -35,12 +35,12 @@ from atomr.train import (
     Mlp,
     OptimizerKind,
     SaveCheckpoint,
-    ShardActor,
     Step,
     TensorParallelTrainer,
     Trainer,
     TrainerConfig,
 )
+from atomr.train.tensor_parallel import ShardActor
 from atomr.train.tensor_parallel.messages import (
     ShardForward,
     ShardGather,

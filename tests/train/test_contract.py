@@ -1,0 +1,102 @@
+"""The one trainer contract: the same program trains with each of the five
+strategies, and swapping strategies changes one line (the `STRATEGY = ...`
+pair below). Each run equals the single-device `Trainer` step for step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorRef, ActorSystem
+from atomr.accel import cpu_devices
+from atomr.train import (
+    AsyncParameterServer,
+    DataParallelOptions,
+    DataParallelTrainer,
+    EvalResult,
+    Evaluate,
+    GetWeights,
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    ParameterServerOptions,
+    PipelineOptions,
+    PipelineParallelTrainer,
+    SaveCheckpoint,
+    Step,
+    StepStats,
+    TensorParallelOptions,
+    TensorParallelTrainer,
+    Trainer,
+    TrainerConfig,
+    fit,
+    synthetic_classification,
+)
+from atomr.train.parameter_server import Consistency
+
+CONFIG = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
+
+STRATEGIES: dict[str, tuple[Any, Any, int]] = {
+    "single": (Trainer, None, 1),
+    "data": (DataParallelTrainer, DataParallelOptions(collective="ring"), 2),
+    "tensor": (TensorParallelTrainer, TensorParallelOptions(), 2),
+    "pipeline": (PipelineParallelTrainer, PipelineOptions(micro_batch_size=8), 2),
+    "ps": (
+        AsyncParameterServer,
+        ParameterServerOptions(workers=1, consistency=Consistency.synchronous()),
+        1,
+    ),
+}
+
+
+async def _program(system: ActorSystem, trainer_class: Any, options: Any, n: int, tmp: Path) -> Any:
+    """A user's program: nothing in it depends on the strategy but one line."""
+    tmp.mkdir()
+    model = Mlp([6, 16, 16, 3], seed=0)
+    ref: ActorRef = await trainer_class.spawn(system, model, cpu_devices(n), CONFIG, options)
+    x, y = synthetic_classification(96, 6, 3, seed=2)
+    stats = [await ref.ask(Step(x[i : i + 32], y[i : i + 32])) for i in range(0, 96, 32)]
+    assert all(isinstance(s, StepStats) for s in stats)
+    await ref.ask(SaveCheckpoint(tmp / "c.ckpt"))
+    result = await fit(ref, (x, y), epochs=2, batch_size=24, seed=1)
+    evaluation = await ref.ask(Evaluate(x, y))
+    assert isinstance(evaluation, EvalResult)
+    weights = await ref.ask(GetWeights())
+    assert isinstance(weights, np.ndarray) and weights.shape == (model.n_params,)
+    await ref.ask(LoadCheckpoint(tmp / "c.ckpt"))
+    reloaded = await ref.ask(GetWeights())
+    await ref.stop()
+    return [s.loss for s in stats], [r.train_loss for r in result.epochs], weights, reloaded
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_the_same_program_trains_with_every_strategy(strategy: str, tmp_path: Path) -> None:
+    trainer_class, options, n = STRATEGIES[strategy]
+    async with ActorSystem("contract") as system:
+        ref_run = await _program(system, Trainer, None, 1, tmp_path / "ref")
+        run = await _program(system, trainer_class, options, n, tmp_path / strategy)
+    (ref_losses, ref_epochs, ref_weights, ref_reloaded), (losses, epochs, weights, reloaded) = (
+        ref_run,
+        run,
+    )
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(epochs, ref_epochs, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(weights, ref_weights, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(reloaded, ref_reloaded, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_options_of_another_strategy_are_refused(strategy: str) -> None:
+    trainer_class, _, n = STRATEGIES[strategy]
+    async with ActorSystem("contract") as system:
+        before = list(system.actors)
+        with pytest.raises(TypeError, match="options"):
+            await trainer_class.spawn(
+                system, Mlp([6, 8, 3]), cpu_devices(n), CONFIG, PipelineOptions()
+                if strategy != "pipeline" else DataParallelOptions()
+            )  # fmt: skip
+        assert list(system.actors) == before

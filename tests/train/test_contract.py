@@ -100,3 +100,29 @@ async def test_options_of_another_strategy_are_refused(strategy: str) -> None:
                 if strategy != "pipeline" else DataParallelOptions()
             )  # fmt: skip
         assert list(system.actors) == before
+
+
+BEFORE = Path(__file__).parent / "core" / "data" / "before_reorganisation.ckpt"
+"""A checkpoint the single-device Trainer wrote before `atomr/train` was
+reorganised into packages (commit ec447be): a 6-8-3 Mlp after two AdamW steps."""
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_a_checkpoint_from_before_the_reorganisation_loads(strategy: str) -> None:
+    trainer_class, options, n = STRATEGIES[strategy]
+    config = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY)
+    x, y = synthetic_classification(32, 6, 3, seed=5)
+    async with ActorSystem("contract") as system:
+        refs = [
+            await Trainer.spawn(system, Mlp([6, 8, 3], seed=9), ["cpu:0"], config),
+            await trainer_class.spawn(system, Mlp([6, 8, 3], seed=9), cpu_devices(n), config, options),
+        ]  # fmt: skip
+        for ref in refs:
+            await ref.ask(LoadCheckpoint(BEFORE))
+        loaded = [await ref.ask(GetWeights()) for ref in refs]
+        np.testing.assert_array_equal(loaded[1], loaded[0])
+        assert not np.array_equal(loaded[0], Mlp([6, 8, 3], seed=9).params)
+        stats = [await ref.ask(Step(x, y)) for ref in refs]
+        after = [await ref.ask(GetWeights()) for ref in refs]
+    assert stats[1].loss == pytest.approx(stats[0].loss, rel=1e-5)
+    np.testing.assert_allclose(after[1], after[0], rtol=1e-5, atol=1e-6)

@@ -1,6 +1,6 @@
 """Fault injection for `DataParallelTrainer`: the phases that
 tests/train/data_parallel/test_trainer.py does not cover (it covers a device failure
-in `_compute`, after the apply, and in a ring chunk).
+in `compute_gradients`, after the apply, and in a ring chunk).
 
 Here: the replica actor crashing before its forward pass (in `receive`,
 not on the device), a device failure mid-backward (gradients half written),
@@ -12,9 +12,12 @@ whose apply outlives the trainer's timeout (it applies after the trainer
 gave up on it) is rolled back with the others, and a replica resumed after
 raising `OutOfMemory` on a told ring chunk (the chunk is lost) fails the
 step at once instead of after the ring's timeout. And a replica failing
-while it loads a checkpoint (a `Failure` answer after writing half the new
+while it loads a checkpoint (a `Failure` answer after writing the new
 state, a crash resumed, a crash restarted, an ask timeout): every replica
 ends on its state from before the load, and so does the trainer's step count.
+
+The faults go in through public seams: `atomr.testkit.inject_faults` on the
+replica's hooks and messages and on the host collective given in the options.
 """
 
 from __future__ import annotations

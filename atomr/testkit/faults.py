@@ -206,30 +206,13 @@ def inject_faults(
         raise TypeError(f"worker_class must be a class, got {worker_class!r}")
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a Plan, got {type(plan).__name__}")
-    if not phases:
-        raise ValueError("phases is empty: name at least one phase to fail")
     if worker is not None and not hasattr(worker_class, "worker_index"):
         raise TypeError(
             f"{worker_class.__name__} has no worker_index, so worker={worker} cannot pick one "
             "instance: make only that worker's Props from the faulty class (worker=None)"
         )
     receive = getattr(worker_class, "receive", None)
-    on_message: list[tuple[str, type]] = []
-    on_method: dict[str, list[str]] = {}
-    for phase, place in phases.items():
-        if isinstance(place, type):
-            if not callable(receive):
-                raise TypeError(
-                    f"{worker_class.__name__} has no receive for message phase {phase!r}"
-                )
-            on_message.append((phase, place))
-        elif isinstance(place, str):
-            _check_hook(worker_class, place)
-            on_method.setdefault(place, []).append(phase)
-        else:
-            raise TypeError(
-                f"phase {phase!r}: place must be a message class or a method name, got {place!r}"
-            )
+    on_message, on_method = _places(worker_class, phases, callable(receive))
 
     def take(instance: Any, names: list[str]) -> tuple[str, _Armed] | None:
         if worker is not None and getattr(instance, "worker_index", None) != worker:
@@ -248,6 +231,32 @@ def inject_faults(
     name = f"Faulty{worker_class.__name__}"
     namespace["__qualname__"] = name
     return type(name, (worker_class,), namespace)  # type: ignore[return-value]
+
+
+def _places(
+    worker_class: type, phases: Mapping[str, str | type], has_receive: bool
+) -> tuple[list[tuple[str, type]], dict[str, list[str]]]:
+    """`phases` split into message phases `(phase, message class)` and hook
+    phases `{method name: [phase, ...]}`, checked (see `inject_faults`)."""
+    if not phases:
+        raise ValueError("phases is empty: name at least one phase to fail")
+    on_message: list[tuple[str, type]] = []
+    on_method: dict[str, list[str]] = {}
+    for phase, place in phases.items():
+        if isinstance(place, type):
+            if not has_receive:
+                raise TypeError(
+                    f"{worker_class.__name__} has no receive for message phase {phase!r}"
+                )
+            on_message.append((phase, place))
+        elif isinstance(place, str):
+            _check_hook(worker_class, place)
+            on_method.setdefault(place, []).append(phase)
+        else:
+            raise TypeError(
+                f"phase {phase!r}: place must be a message class or a method name, got {place!r}"
+            )
+    return on_message, on_method
 
 
 def _check_hook(worker_class: type, name: str) -> None:

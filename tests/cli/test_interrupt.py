@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -144,7 +143,7 @@ def test_ctrl_c_stops_cleanly_after_saving(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-            time.sleep(0.1)
+            proc.wait(timeout=30)
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err
     assert err.decode().strip().splitlines()[-1] == (

@@ -1,16 +1,19 @@
-"""Shared helpers of the fault-injection tests: a shared fault plan, the
-data, and the "faulted run equals the unfaulted run" comparison."""
+"""Shared helpers of the fault-injection tests: the data, a plan armed with
+device failures, an optimizer that dies mid-update, and the "faulted run
+equals the unfaulted run" comparisons. The injection itself is
+`atomr.testkit` (`Plan`, `inject_faults`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
-from atomr import ActorRef
+from atomr import ActorRef, testkit
 from atomr.accel import ContextPoisoned
 from atomr.train import (
     CheckpointError,
@@ -33,33 +36,76 @@ FAULT_AT = 2
 """The fault is injected into this step; the steps after it must still train."""
 
 
-class Plan:
-    """Which phase fails, and how often: shared by a test and its fault hooks
-    (actors are built from Props, so the plan is passed by reference)."""
+class Plan(testkit.Plan):
+    """`atomr.testkit.Plan` armed with `ContextPoisoned` (a lost device
+    context) unless told otherwise: the fault most of these tests inject.
+    (tests/train/parameter_server/test_faults.py imports it by this name.)"""
 
-    def __init__(self) -> None:
-        self.armed: dict[str, int] = {}
-        self.fired: list[str] = []
+    def arm(
+        self,
+        phase: str,
+        error: type[BaseException] | BaseException | None = ContextPoisoned,
+        *,
+        times: int = 1,
+        delay: float = 0.0,
+        after: bool = False,
+    ) -> None:
+        """`atomr.testkit.Plan.arm`, `ContextPoisoned` by default."""
+        super().arm(phase, error, times=times, delay=delay, after=after)
 
-    def arm(self, phase: str, times: int = 1) -> None:
-        """Fail the next `times` passes through `phase`."""
-        self.armed[phase] = times
 
-    def fire(self, phase: str, error: type[Exception] = ContextPoisoned) -> None:
-        """Raise `error` if `phase` is armed (once per arming)."""
-        if self.armed.get(phase, 0) > 0:
-            self.armed[phase] -= 1
-            self.fired.append(phase)
-            raise error(f"injected failure: {phase}")
+@contextmanager
+def _dying(optimizer: Any, plan: testkit.Plan, phase: str, whole: bool) -> Iterator[None]:
+    """While inside: `optimizer`'s out-of-place update (`step_into`, what
+    every worker's apply runs) writes half of the new weights (all of them
+    with `whole`), then raises the error `phase` is armed with."""
+    real = optimizer.step_into
 
-    def due(self, phase: str) -> bool:
-        """True (and disarm once) if `phase` is armed: for hooks that corrupt
-        state before raising."""
-        if self.armed.get(phase, 0) > 0:
-            self.armed[phase] -= 1
-            self.fired.append(phase)
-            return True
-        return False
+    def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> Any:
+        if whole:
+            real(params, grads, params_out, spare)
+        else:
+            params_out[: params_out.shape[0] // 2] -= 0.5
+        plan.fire(phase)
+        raise AssertionError(f"{phase} was not armed")
+
+    optimizer.step_into = broken
+    try:
+        yield
+    finally:
+        del optimizer.step_into
+
+
+W = TypeVar("W", bound=type)
+
+
+def dying_optimizer(
+    worker_class: W,
+    plan: testkit.Plan,
+    phase: str = "mid_optimizer",
+    *,
+    worker: int | None = None,
+    whole: bool = False,
+) -> W:
+    """A subclass of a worker class (any with the `apply_gradients` hook and
+    an `optimizer`: `ReplicaActor`, `ShardActor`, `StageActor`) whose
+    optimizer dies in the middle of an update when `phase` is armed: half
+    the new weights written (all with `whole`), then the armed error. The
+    update is out of place, so no weight may change.
+
+    `worker`: only the worker with that `worker_index` (None: every one).
+    """
+
+    def apply_gradients(self: Any, *args: Any) -> Any:
+        mine = worker is None or self.worker_index == worker
+        if mine and plan.armed(phase) and self.optimizer is not None:
+            with _dying(self.optimizer, plan, phase, whole):
+                return worker_class.apply_gradients(self, *args)
+        return worker_class.apply_gradients(self, *args)
+
+    return type(
+        f"Dying{worker_class.__name__}", (worker_class,), {"apply_gradients": apply_gradients}
+    )  # type: ignore[return-value]
 
 
 def batches(n: int = STEPS, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -76,31 +122,34 @@ def held_out() -> tuple[np.ndarray, np.ndarray]:
 async def faulted_run(
     trainer: ActorRef,
     data: list[tuple[np.ndarray, np.ndarray]],
-    plan: Plan,
+    plan: testkit.Plan,
     phase: str,
     weights_of: Callable[[], Any],
+    error: type[BaseException] | None = ContextPoisoned,
+    **fault: Any,
 ) -> tuple[BaseException, list[np.ndarray]]:
-    """Train on `data`, arming `phase` for step `FAULT_AT`.
+    """Train on `data`, arming `phase` with `error` (and `fault`: `delay`,
+    `after`, as `Plan.arm` takes them) for step `FAULT_AT`.
 
     Returns:
         The exception the asker got, and the weight views before/after the
         failed step (from `weights_of`, e.g. every replica's or shard's).
     """
-    error: BaseException | None = None
+    raised: BaseException | None = None
     before = after = None
     for i, (x, y) in enumerate(data):
         if i == FAULT_AT:
             before = await weights_of()
-            plan.arm(phase)
+            plan.arm(phase, error, **fault)
             try:
                 await trainer.ask(Step(x, y), timeout=T)
             except Exception as exc:  # noqa: BLE001 - the test inspects it
-                error = exc
+                raised = exc
             after = await weights_of()
         else:
             await trainer.ask(Step(x, y), timeout=T)
-    assert error is not None, f"injecting {phase!r} did not fail the step ({plan.fired})"
-    return error, [before, after]
+    assert raised is not None, f"injecting {phase!r} did not fail the step ({plan.fired})"
+    return raised, [before, after]
 
 
 async def clean_run(trainer: ActorRef, data: list[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -151,7 +200,7 @@ async def lost_until_reloaded(
     trainer: ActorRef,
     reference: ActorRef,
     data: list[tuple[np.ndarray, np.ndarray]],
-    plan: Plan,
+    plan: testkit.Plan,
     phase: str,
     kind: str,
     worker: int,
@@ -170,7 +219,7 @@ async def lost_until_reloaded(
     ckpt = tmp_path / "before.ckpt"
     await trainer.ask(SaveCheckpoint(ckpt), timeout=T)
     await trainer.ask(Step(*data[FAULT_AT]), timeout=T)
-    plan.arm(phase)
+    plan.arm(phase, ContextPoisoned)
     with pytest.raises(WorkerStateLost) as info:
         await trainer.ask(Step(*data[FAULT_AT + 1]), timeout=T)
     assert plan.fired == [phase]

@@ -82,7 +82,7 @@ def test_sigkill_while_saving_always_leaves_a_loadable_checkpoint(tmp_path: Path
     for _ in range(KILLS):
         child = ctx.Process(target=_save_forever, args=(str(path), last + 1), daemon=True)
         child.start()
-        time.sleep(rng.uniform(0.0, 0.15))
+        time.sleep(rng.uniform(0.0, 0.15))  # the fault: a SIGKILL at a random moment
         assert child.pid is not None
         os.kill(child.pid, signal.SIGKILL)
         child.join(timeout=10)

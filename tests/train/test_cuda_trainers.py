@@ -21,6 +21,7 @@ import pytest
 from atomr import ActorSystem, Props
 from atomr.accel import ContextPoisoned, cuda_available
 from atomr.accel.cuda_backend import CudaBackend
+from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     DataParallelOptions,
     DataParallelTrainer,
@@ -104,9 +105,9 @@ def cuda_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
         monkeypatch.setattr(CudaBackend, name, wrapper)
 
-    counting("_matmul", "matmul")
-    counting("_sgd_step", "optimizer")
-    counting("_adam_step", "optimizer")
+    counting("matmul", "matmul")
+    counting("sgd_step", "optimizer")
+    counting("adam_step", "optimizer")
     return counts
 
 
@@ -192,22 +193,6 @@ async def test_data_parallel_refuses_mixed_cpu_and_cuda_replicas() -> None:
             await _dp_driver("host")(system, ["cpu:0", "cuda:0"])
 
 
-class FailApplyOnce(ReplicaActor):
-    """A replica whose device fails right after its first optimizer update
-    when `plan["apply"]` says so (the plan survives its restart)."""
-
-    def __init__(self, model: Mlp, device: str, config: TrainerConfig, plan: dict[str, int]):
-        super().__init__(model, device, config)
-        self.plan = plan
-
-    def _apply_gradients(self, msg: Any) -> Any:
-        result = super()._apply_gradients(msg)  # snapshotted and applied on the device
-        if self.plan.get("apply", 0) > 0:
-            self.plan["apply"] -= 1
-            raise ContextPoisoned("injected failure after the update")
-        return result
-
-
 async def test_data_parallel_failed_apply_rolls_back_on_cuda() -> None:
     # Replica 1 fails after applying: replica 0 restores its device-side
     # snapshot (weights and Adam state), replica 1 is restarted and re-synced;
@@ -217,15 +202,20 @@ async def test_data_parallel_failed_apply_rolls_back_on_cuda() -> None:
     (x0, y0), (x1, y1) = _batches(DP_SIZES, seed=4)
     async with ActorSystem() as system:
         ref = await Trainer.spawn(system, model, "cpu:0", config)
-        plan = {"apply": 0}
-        replicas = [Props(FailApplyOnce, model, "cuda:0", config, p) for p in ({}, plan)]
+        # replica 1's device fails right after its update (the plan survives its restart)
+        plan = Plan()
+        failing = inject_faults(ReplicaActor, plan, {"apply": "apply_gradients"})
+        replicas = [
+            ReplicaActor.props(model, "cuda:0", config),
+            Props(failing, model, "cuda:0", config),
+        ]
         dp = system.spawn(
             DataParallelTrainer.props(config, replicas, DataParallelOptions(check_every=1))
         )
         await dp.ask(Step(x0, y0), timeout=T)
         await ref.ask(Step(x0, y0), timeout=T)
         before = await dp.ask(GetReplicaWeights(), timeout=T)
-        plan["apply"] = 1
+        plan.arm("apply", ContextPoisoned, after=True)  # snapshotted and applied, then it dies
         with pytest.raises(ContextPoisoned):
             await dp.ask(Step(x1, y1), timeout=T)
         after = await dp.ask(GetReplicaWeights(), timeout=T)

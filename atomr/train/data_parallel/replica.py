@@ -54,6 +54,12 @@ class ReplicaActor(Trainer):
     `Evaluate`, checkpoints) that refuses `Step`: a replica only steps
     through its data-parallel trainer.
 
+    Its work runs on the device's worker thread in hooks that subclasses may
+    override (an instrumented replica, a fault-injected one:
+    `atomr.testkit.inject_faults`): `compute_gradients`, `apply_gradients`,
+    `set_state`, and the ring buffer's `read_chunk`, `add_chunk`,
+    `write_chunk` (on the event loop, awaiting the device).
+
     Args:
         model: the initial model (copied onto `device` at start; the trainer
             overwrites the weights with replica 0's).
@@ -75,11 +81,11 @@ class ReplicaActor(Trainer):
         self._undo_token = 0
         self._undo_steps = 0
         self._handlers: dict[type, tuple[Callable[[Any], Any], bool]] = {
-            ComputeGradients: (self._compute, True),
-            ApplyReducedGradients: (self._apply_gradients, True),
+            ComputeGradients: (self.compute_gradients, True),
+            ApplyReducedGradients: (self.apply_gradients, True),
             Rollback: (lambda m: self._rollback(m.token), False),
             GetState: (lambda _: self._get_state(), False),
-            SetState: (lambda m: self._set_state(m.state), True),
+            SetState: (lambda m: self.set_state(m.state), True),
             EvaluateShard: (self._evaluate_shard, True),
         }
 
@@ -145,7 +151,21 @@ class ReplicaActor(Trainer):
 
     # -- device-side work -----------------------------------------------------
 
-    def _compute(self, msg: ComputeGradients) -> GradientResult:
+    def compute_gradients(self, msg: ComputeGradients) -> GradientResult:
+        """The gradient of one shard of a batch (worker thread): forward,
+        loss, backward into the gradient buffer; no weight changes.
+
+        Args:
+            msg: the shard (validated by the trainer's `validate_batch`), and
+                whether to accumulate into the buffer and to return a host
+                copy of it.
+
+        Returns:
+            The shard's `GradientResult`.
+
+        Raises:
+            NonFiniteError: the loss is not finite (no weight changed).
+        """
         model = self.model
         assert model is not None
         be = model.backend
@@ -169,7 +189,22 @@ class ReplicaActor(Trainer):
         micros = (time.perf_counter_ns() - t0) // 1000
         return GradientResult(float(loss_sum), float(norm), int(x.shape[0]), int(micros), grads)
 
-    def _apply_gradients(self, msg: ApplyReducedGradients) -> float | None:
+    def apply_gradients(self, msg: ApplyReducedGradients) -> float | None:
+        """Apply the reduced gradient (worker thread): scale, clip, optimizer
+        step out of place, swapped in only once complete; the old weights and
+        optimizer state are kept for `Rollback(msg.token)`.
+
+        Args:
+            msg: the gradient (None: the buffer the ring reduced), scale, clip
+                and the step's token.
+
+        Returns:
+            The gradient's norm (None when the gradient was sent).
+
+        Raises:
+            InvalidBatchError: a sent gradient of the wrong shape.
+            NonFiniteError: the gradient is not finite (nothing applied).
+        """
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
         be = model.backend
@@ -205,7 +240,14 @@ class ReplicaActor(Trainer):
         assert model is not None and opt is not None
         return ReplicaState(model.config(), model.get_params(), opt.state_dict(), self.steps)
 
-    def _set_state(self, state: ReplicaState) -> None:
+    def set_state(self, state: ReplicaState) -> None:
+        """Load weights, optimizer state and step count (worker thread).
+
+        Raises:
+            TypeError: `state` is not a `ReplicaState`.
+            CheckpointError: it is for another model, or its optimizer state
+                does not fit.
+        """
         model = self.model
         assert model is not None
         if not isinstance(state, ReplicaState):

@@ -53,7 +53,8 @@ class StageActor(DeviceActor):
 
     Speaks `PipelineStageProtocol`. Its math runs on the device's worker
     thread (`on_device`), in the hooks below, which subclasses may override
-    (a user stage with another kind of layer, an instrumented stage, ...):
+    (a user stage with another kind of layer, an instrumented stage, a
+    fault-injected one: `atomr.testkit.inject_faults`):
     `forward_micro`, `backward_micro`, `held_activations`,
     `drop_activations`, `gradient_sq_norm`, `apply_gradients`, `rollback`.
 
@@ -89,6 +90,12 @@ class StageActor(DeviceActor):
     def props(cls, model: Mlp, device: Device | str) -> Props:
         """The `Props` of a stage (see the class docstring for the arguments)."""
         return Props(cls, model, device)
+
+    @property
+    def worker_index(self) -> int:
+        """This stage's index (0 until `ConnectStage`): the `worker_index`
+        its trainer puts on the errors it fails a request with."""
+        return self.index
 
     @property
     def is_first(self) -> bool:

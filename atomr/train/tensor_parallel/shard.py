@@ -62,7 +62,11 @@ class ShardActor(DeviceActor):
 
     Owns the slice `shard_layout(model.sizes, shard_count, rank)` of the
     model's weights, its gradients and its optimizer state, and answers
-    `ShardProtocol`. All math runs on the device's worker thread.
+    `ShardProtocol`. All math runs on the device's worker thread, in hooks
+    that subclasses may override (an instrumented shard, a fault-injected
+    one: `atomr.testkit.inject_faults`): `forward_stage`, `compute_loss`,
+    `backward_stage`, `sum_partials` (a row-parallel layer's all-reduce) and
+    `apply_gradients`.
 
     Args:
         model: the full model; the shard copies its slice when it starts (the
@@ -102,6 +106,12 @@ class ShardActor(DeviceActor):
         """The `Props` of a shard (arguments as for the class)."""
         return Props(cls, model, rank, shard_count, device)
 
+    @property
+    def worker_index(self) -> int:
+        """This shard's rank: the `worker_index` its trainer puts on the
+        errors it fails a request with."""
+        return self.layout.rank
+
     # -- set-up ---------------------------------------------------------------
 
     def _build(self) -> None:
@@ -120,7 +130,13 @@ class ShardActor(DeviceActor):
         arr = np.ascontiguousarray(host, dtype=self.dtype)
         return self.backend.to_device(arr) if self.device.is_cuda else arr
 
-    def _combine_sum(self, parts: tuple[np.ndarray, ...], width: int, what: str) -> Any:
+    def sum_partials(self, parts: tuple[np.ndarray, ...], width: int, what: str) -> Any:
+        """A row-parallel layer's all-reduce (worker thread): the device sum
+        of `parts`, one `(batch, width)` partial per shard (`what` names them).
+
+        Raises:
+            ValueError: not one array of that shape per shard.
+        """
         n = self.layout.shard_count
         if len(parts) != n:
             raise ValueError(
@@ -159,7 +175,13 @@ class ShardActor(DeviceActor):
             raise ValueError(f"stage must be in [0, {self.layout.stages}), got {stage}")
         return self.layout.stage_layers(stage)
 
-    def _forward(self, stage: int, inputs: tuple[np.ndarray, ...], train: bool) -> np.ndarray:
+    def forward_stage(self, stage: int, inputs: tuple[np.ndarray, ...], train: bool) -> np.ndarray:
+        """`ShardForward` (worker thread): this shard's part of one stage,
+        answered with its output slice or partial sum (host).
+
+        Raises:
+            ValueError: a stage out of order or inputs of the wrong shape.
+        """
         be = self.backend
         col, *row = self._check_stage(stage)
         pre_input, a_in = self._stage_input(stage, inputs, train, col)
@@ -185,7 +207,7 @@ class ShardActor(DeviceActor):
             return None, self._first_input(inputs, train)
         if self._tapes[stage - 1] is None:
             raise ValueError(f"stage {stage} before stage {stage - 1}")
-        u = self._combine_sum(inputs, col.w_shape[0], f"stage {stage} inputs")
+        u = self.sum_partials(inputs, col.w_shape[0], f"stage {stage} inputs")
         a_in = self._activate(u)
         return (None if a_in is u else u), a_in
 
@@ -218,9 +240,17 @@ class ShardActor(DeviceActor):
                     f"output slices make {full.shape}, expected {(self._batch, out_width)}"
                 )
             return self._dev(full) if self.device.is_cuda else full
-        return self._combine_sum(outputs, out_width, "outputs")
+        return self.sum_partials(outputs, out_width, "outputs")
 
-    def _loss(self, outputs: tuple[np.ndarray, ...], labels: np.ndarray, train: bool) -> LossResult:
+    def compute_loss(
+        self, outputs: tuple[np.ndarray, ...], labels: np.ndarray, train: bool
+    ) -> LossResult:
+        """`ShardLoss` (worker thread): the loss of the combined outputs.
+
+        Raises:
+            ValueError: no loss configured, or before the last forward stage.
+            InvalidBatchError, NonFiniteError: bad labels, a non-finite loss.
+        """
         if self.loss is None:
             raise ValueError("shard has no loss: send ShardConfigure first")
         if self._tapes[-1] is None:
@@ -240,7 +270,14 @@ class ShardActor(DeviceActor):
             self._d_out = grad
         return LossResult(float(loss_sum), float(norm), correct)
 
-    def _backward(self, stage: int, grads: tuple[np.ndarray, ...], input_grad: bool) -> ShardGrad:
+    def backward_stage(
+        self, stage: int, grads: tuple[np.ndarray, ...], input_grad: bool
+    ) -> ShardGrad:
+        """`ShardBackward` (worker thread): this shard's part of one stage.
+
+        Raises:
+            ValueError: before its forward, or gradients of the wrong shape.
+        """
         be = self.backend
         col, *row = self._check_stage(stage)
         tape = self._tapes[stage]
@@ -271,7 +308,7 @@ class ShardActor(DeviceActor):
         sum of the next stage's partial input gradients."""
         lay = self.layout
         if stage < lay.stages - 1:
-            return self._combine_sum(grads, lay.sizes[2 * stage + 2], f"stage {stage} grads")
+            return self.sum_partials(grads, lay.sizes[2 * stage + 2], f"stage {stage} grads")
         if grads:
             raise ValueError("the last stage's backward starts from the loss: grads must be ()")
         if self._d_out is None:
@@ -283,7 +320,13 @@ class ShardActor(DeviceActor):
 
     # -- phase 2: apply out of place, keeping the old state to roll back -------
 
-    def _apply(self, scale: float) -> None:
+    def apply_gradients(self, scale: float) -> None:
+        """`ShardApply` (worker thread): the optimizer step, out of place (a
+        failure changes nothing), the old state kept for `ShardRollback`.
+
+        Raises:
+            ValueError: no optimizer configured, or no completed backward.
+        """
         opt = self.optimizer
         if opt is None:
             raise ValueError("shard has no optimizer: send ShardConfigure first")
@@ -371,13 +414,17 @@ class ShardActor(DeviceActor):
 
     def _handler(self, message: Any) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
         if isinstance(message, ShardForward):
-            return self._forward, (message.stage, tuple(message.inputs), bool(message.train))
+            return self.forward_stage, (message.stage, tuple(message.inputs), bool(message.train))
         if isinstance(message, ShardBackward):
-            return self._backward, (message.stage, tuple(message.grads), bool(message.input_grad))
+            return self.backward_stage, (
+                message.stage,
+                tuple(message.grads),
+                bool(message.input_grad),
+            )
         if isinstance(message, ShardLoss):
-            return self._loss, (tuple(message.outputs), message.labels, bool(message.train))
+            return self.compute_loss, (tuple(message.outputs), message.labels, bool(message.train))
         if isinstance(message, ShardApply):
-            return self._apply, (float(message.scale),)
+            return self.apply_gradients, (float(message.scale),)
         if isinstance(message, ShardRollback):
             return self._rollback, ()
         if isinstance(message, ShardGather):

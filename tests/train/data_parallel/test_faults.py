@@ -1,6 +1,6 @@
 """Fault injection for `DataParallelTrainer`: the phases that
 tests/train/data_parallel/test_trainer.py does not cover (it covers a device failure
-in `_compute`, after the apply, and in a ring chunk).
+in `compute_gradients`, after the apply, and in a ring chunk).
 
 Here: the replica actor crashing before its forward pass (in `receive`,
 not on the device), a device failure mid-backward (gradients half written),
@@ -12,16 +12,18 @@ whose apply outlives the trainer's timeout (it applies after the trainer
 gave up on it) is rolled back with the others, and a replica resumed after
 raising `OutOfMemory` on a told ring chunk (the chunk is lost) fails the
 step at once instead of after the ring's timeout. And a replica failing
-while it loads a checkpoint (a `Failure` answer after writing half the new
+while it loads a checkpoint (a `Failure` answer after writing the new
 state, a crash resumed, a crash restarted, an ask timeout): every replica
 ends on its state from before the load, and so does the trainer's step count.
+
+The faults go in through public seams: `atomr.testkit.inject_faults` on the
+replica's hooks and messages and on the host collective given in the options.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,40 +32,46 @@ import pytest
 
 from atomr import ActorSystem, AskTimeoutError, Props
 from atomr.accel import ContextPoisoned, OutOfMemory
+from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     DataParallelTrainer,
+    GetReplicaWeights,
     GetWeights,
     LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
+    ReplicaActor,
     SaveCheckpoint,
     Step,
     Trainer,
     TrainerConfig,
     load_checkpoint,
 )
-from atomr.train.comm.collective import HostCollective
+from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.ring import RingChunk, RingPing
 from atomr.train.core.checkpoint import CheckpointError
-from atomr.train.data_parallel import DataParallelOptions, GetReplicaWeights, ReplicaActor
+from atomr.train.data_parallel import DataParallelOptions
 from atomr.train.data_parallel.messages import ComputeGradients, GetState, ReplicaState, SetState
 from tests.reliability.faults import (
     CLASSES,
     FAULT_AT,
     IN,
-    Plan,
     T,
     assert_same_optimizer_state,
     assert_same_training,
     assert_unchanged,
     batches,
     clean_run,
+    dying_optimizer,
     faulted_run,
 )
 
 SIZES = [IN, 8, CLASSES]
 CONFIG = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY)
+SLOW = 2.5
+"""Seconds a slow replica stalls: the injected fault, longer than the 1 s
+timeout the trainer is given in those tests."""
 
 
 class KnownReplica(ReplicaActor):
@@ -81,73 +89,34 @@ class KnownReplica(ReplicaActor):
         return super().pre_start()
 
 
-class FaultyReplica(KnownReplica):
-    """A replica whose phases fail when its `Plan` says so."""
+PLACES: dict[str, str | type] = {
+    "before_forward": ComputeGradients,  # the actor itself crashes (restarted), not its device
+    "ring_chunk": RingChunk,  # OutOfMemory on a told chunk: resumed, the chunk is lost
+    "load_resumed": SetState,  # OutOfMemory: the supervisor resumes it
+    "load_restarted": SetState,  # RuntimeError: the supervisor restarts it
+    "load_refused": "set_state",  # a Failure answer after writing the new state
+    "load_slow": "set_state",  # loads after the trainer's ask timed out
+    "slow_apply": "apply_gradients",  # applies after the trainer's ask timed out
+}
+"""Where replica 1's phases fail (`inject_faults`); "mid_backward" and
+"mid_optimizer" corrupt state first (`faulty_replica`)."""
 
-    def __init__(
-        self, model: Mlp, device: str, config: TrainerConfig, refs: dict[int, Any], plan: Plan
-    ) -> None:
-        super().__init__(model, device, config, refs, 1)
-        self.plan = plan
 
-    async def receive(self, message: Any) -> Any:
-        """Crash the actor itself (not the device) before the forward pass,
-        or on a ring chunk (the supervisor resumes it; the chunk is lost)."""
-        if isinstance(message, ComputeGradients):
-            self.plan.fire("before_forward", RuntimeError)
-        if isinstance(message, RingChunk):
-            self.plan.fire("ring_chunk", OutOfMemory)
-        if isinstance(message, SetState):
-            self.plan.fire("load_resumed", OutOfMemory)  # the supervisor resumes it
-            self.plan.fire("load_restarted", RuntimeError)  # the supervisor restarts it
-        return await super().receive(message)
+def faulty_replica(plan: Plan) -> type[KnownReplica]:
+    """`KnownReplica` failing at the phases of `PLACES`, and also:
+    "mid_backward": the gradient written, half of it then garbage, then the
+    device dies; "mid_optimizer": half the update written, then it dies."""
 
-    def _set_state(self, state: ReplicaState) -> None:
-        """Refuse after writing the new weights, or load after the ask timed out."""
-        model = self.model
-        assert model is not None
-        if self.plan.due("load_refused"):
-            model.set_params(state.weights)  # half the new state written ...
-            raise CheckpointError("injected failure: load_refused")  # ... then a Failure
-        if self.plan.due("load_slow"):
-            time.sleep(2.5)  # longer than the trainer's timeout; then it loads
-        super()._set_state(state)
+    class MidBackward(KnownReplica):
+        def compute_gradients(self, msg: ComputeGradients) -> Any:
+            result = super().compute_gradients(msg)
+            model = self.model
+            if plan.armed("mid_backward") and model is not None:
+                model.grads[: model.n_params // 2] = np.nan  # gradients written, half garbage
+                plan.fire("mid_backward")  # ... then the device dies
+            return result
 
-    def _compute(self, msg: ComputeGradients) -> Any:
-        model = self.model
-        assert model is not None
-        if self.plan.due("mid_backward"):
-            original = model.backward
-
-            def broken(tape: Any, d_out: Any, **kw: Any) -> Any:
-                original(tape, d_out, **kw)  # gradients written ...
-                model.grads[: model.n_params // 2] = np.nan  # ... then the device dies
-                raise ContextPoisoned("injected failure: mid_backward")
-
-            model.backward = broken  # type: ignore[method-assign]
-            try:
-                return super()._compute(msg)
-            finally:
-                del model.backward
-        return super()._compute(msg)
-
-    def _apply_gradients(self, msg: Any) -> Any:
-        opt, model = self.optimizer, self.model
-        assert opt is not None and model is not None
-        if self.plan.due("slow_apply"):
-            time.sleep(2.5)  # longer than the trainer's timeout; then it applies
-        if self.plan.due("mid_optimizer"):
-
-            def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> None:
-                params_out[: params_out.shape[0] // 2] -= 0.5  # half the update written ...
-                raise ContextPoisoned("injected failure: mid_optimizer")
-
-            opt.step_into = broken  # type: ignore[method-assign]
-            try:
-                return super()._apply_gradients(msg)
-            finally:
-                del opt.step_into
-        return super()._apply_gradients(msg)
+    return dying_optimizer(inject_faults(MidBackward, plan, PLACES), plan)
 
 
 PHASES = {
@@ -159,14 +128,16 @@ PHASES = {
 
 
 class Spawned:
-    """A trainer over replicas 0 and 2 (plain) and 1 (`FaultyReplica`)."""
+    """A trainer over replicas 0 and 2 (plain) and 1 (`faulty_replica`)."""
 
-    def __init__(self, system: ActorSystem, plan: Plan, collective: str, timeout: float) -> None:
+    def __init__(
+        self, system: ActorSystem, plan: Plan, collective: str | Collective, timeout: float
+    ) -> None:
         model = Mlp(SIZES, seed=3)
         self.refs: dict[int, Any] = {}
         props = [
             Props(KnownReplica, model, "cpu:0", CONFIG, self.refs, 0),
-            Props(FaultyReplica, model, "cpu:1", CONFIG, self.refs, plan),
+            Props(faulty_replica(plan), model, "cpu:1", CONFIG, self.refs, 1),
             Props(KnownReplica, model, "cpu:2", CONFIG, self.refs, 2),
         ]
         config = dataclasses.replace(CONFIG, worker_timeout=timeout)
@@ -179,7 +150,9 @@ class Spawned:
         return [self.refs[k] for k in range(3)]
 
 
-def _spawn(system: ActorSystem, plan: Plan, collective: str, timeout: float = T) -> Any:
+def _spawn(
+    system: ActorSystem, plan: Plan, collective: str | Collective, timeout: float = T
+) -> Any:
     return Spawned(system, plan, collective, timeout).trainer
 
 
@@ -189,33 +162,32 @@ def _spawn(system: ActorSystem, plan: Plan, collective: str, timeout: float = T)
     [(p, c) for p in PHASES for c in ("host", "ring") if (p, c) != ("all_reduce", "ring")],
 )
 async def test_a_fault_in_any_phase_changes_nothing_and_training_recovers(
-    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch, phase: str, collective: str
+    actor_system: ActorSystem, phase: str, collective: str
 ) -> None:
     plan = Plan()
-    if phase == "all_reduce":
-        original = HostCollective.all_reduce
-
-        async def flaky(self: HostCollective, *args: Any, **kw: Any) -> Any:
-            plan.fire("all_reduce")
-            return await original(self, *args, **kw)
-
-        monkeypatch.setattr(HostCollective, "all_reduce", flaky)
+    reduce: str | Collective = collective
+    if collective == "host":  # the host all-reduce fails where the plan says
+        reduce = inject_faults(HostCollective, plan, {"all_reduce": "all_reduce"})()
     data = batches()
-    dp = _spawn(actor_system, plan, collective)
+    dp = _spawn(actor_system, plan, reduce)
 
     async def replica_weights() -> list[np.ndarray]:
         return await dp.ask(GetReplicaWeights(), timeout=T)
 
-    error, views = await faulted_run(dp, data, plan, phase, replica_weights)
-    assert isinstance(error, PHASES[phase]) and "injected" in str(error), repr(error)
-    assert plan.fired == [phase]
-    assert_unchanged(views)  # no replica applied anything
-    after = await replica_weights()
-    for w in after[1:]:  # the restarted replica was re-synced
-        np.testing.assert_array_equal(w, after[0])
-    clean = _spawn(actor_system, Plan(), collective)
-    await clean_run(clean, data)
-    accuracy = await assert_same_training(dp, clean)
+    try:
+        error, views = await faulted_run(dp, data, plan, phase, replica_weights, PHASES[phase])
+        assert isinstance(error, PHASES[phase]) and "injected" in str(error), repr(error)
+        assert plan.fired == [phase]
+        assert_unchanged(views)  # no replica applied anything
+        after = await replica_weights()
+        for w in after[1:]:  # the restarted replica was re-synced
+            np.testing.assert_array_equal(w, after[0])
+        clean = _spawn(actor_system, Plan(), collective)
+        await clean_run(clean, data)
+        accuracy = await assert_same_training(dp, clean)
+    finally:
+        if isinstance(reduce, HostCollective):
+            reduce.close()  # a collective given in the options is the caller's to close
     print(f"\n{phase}/{collective}: {type(error).__name__}; accuracy after recovery {accuracy:.3f}")
 
 
@@ -234,7 +206,9 @@ async def test_a_replica_applying_after_its_ask_timed_out_is_rolled_back_too(
         # each replica, once it is done
         return [await r.ask(GetWeights(), timeout=T) for r in spawned.replicas]
 
-    error, views = await faulted_run(dp, data, plan, "slow_apply", replica_weights)
+    error, views = await faulted_run(
+        dp, data, plan, "slow_apply", replica_weights, None, delay=SLOW
+    )
     assert isinstance(error, AskTimeoutError), repr(error)
     assert_unchanged(views)
     await assert_same_training(dp, clean)
@@ -256,27 +230,28 @@ async def test_a_replica_resumed_after_crashing_on_a_ring_chunk_fails_the_step_a
         await asyncio.wait_for(dp.ask(Step(x, y)), 5)
         await asyncio.wait_for(reference.ask(Step(x, y)), 5)
     before = await replica_weights()
-    plan.arm("ring_chunk")
-    with pytest.raises(OutOfMemory, match="injected"):
+    plan.arm("ring_chunk", OutOfMemory)
+    with pytest.raises(OutOfMemory, match="injected"):  # long before the ring's timeout T
         await asyncio.wait_for(dp.ask(Step(*data[FAULT_AT])), 5)
     assert plan.fired == ["ring_chunk"]
     assert_unchanged([before, await replica_weights()])
-    for replica in spawned.replicas:  # white-box: nothing left behind
-        assert await asyncio.wait_for(replica.ask(RingPing()), 5)  # after the aborts
-        cell = replica._cell
-        assert cell.instance._ring._inbox == {}
-        assert not cell.tasks
+    # nothing left behind: every replica handled the aborts (RingPing: every
+    # earlier message is handled), and the next steps, each over a new ring
+    # session, are answered at once and equal the single-device ones
+    for replica in spawned.replicas:
+        assert await asyncio.wait_for(replica.ask(RingPing()), 5)
     for x, y in data[FAULT_AT + 1 :]:
         await asyncio.wait_for(dp.ask(Step(x, y)), 5)
         await asyncio.wait_for(reference.ask(Step(x, y)), 5)
     await assert_same_training(dp, reference)
 
 
-LOAD_FAULTS = {
-    "load_refused": CheckpointError,
-    "load_resumed": OutOfMemory,
-    "load_restarted": RuntimeError,
-    "load_slow": AskTimeoutError,
+LOAD_FAULTS: dict[str, tuple[type[Exception], dict[str, Any]]] = {
+    # fault: (what the asker gets, how replica 1's phase is armed)
+    "load_refused": (CheckpointError, {"error": CheckpointError, "after": True}),
+    "load_resumed": (OutOfMemory, {"error": OutOfMemory}),
+    "load_restarted": (RuntimeError, {"error": RuntimeError}),
+    "load_slow": (AskTimeoutError, {"error": None, "delay": SLOW}),
 }
 
 
@@ -303,8 +278,9 @@ async def test_a_replica_failing_mid_load_leaves_every_replica_as_before_the_loa
         if i == 0:
             await asyncio.wait_for(dp.ask(SaveCheckpoint(ckpt)), 5)
     before = await _states(spawned)
-    plan.arm(fault)
-    with pytest.raises(LOAD_FAULTS[fault]) as info:
+    expected, how = LOAD_FAULTS[fault]
+    plan.arm(fault, **how)
+    with pytest.raises(expected) as info:
         await asyncio.wait_for(dp.ask(LoadCheckpoint(ckpt)), 5)
     assert plan.fired == [fault]
     assert getattr(info.value, "worker_index", None) == 1

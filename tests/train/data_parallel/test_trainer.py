@@ -16,6 +16,7 @@ import pytest
 
 from atomr import Actor, Props
 from atomr.accel import ContextPoisoned, cpu_devices
+from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     CheckpointError,
     DataParallelOptions,
@@ -170,8 +171,8 @@ class RecordingReplica(ReplicaActor):
         self.log = log
         self.micros_per_row = micros_per_row
 
-    def _compute(self, msg):
-        result = super()._compute(msg)
+    def compute_gradients(self, msg):
+        result = super().compute_gradients(msg)
         self.log.append(int(msg.features.shape[0]))
         if self.micros_per_row is None or not isinstance(result, GradientResult):
             return result
@@ -477,34 +478,29 @@ async def test_balanced_split_follows_speed_and_stays_exact(actor_system, collec
 # ---------------------------------------------------------------- faults
 
 
-class FlakyReplica(ReplicaActor):
-    """Fails on command: `plan` (shared with the test) maps a phase to the
-    number of failures left."""
+class CorruptingReplica(ReplicaActor):
+    """A replica whose device dies after an apply, leaving garbage weights,
+    when `plan` (shared with the test) has "apply" armed."""
 
-    def __init__(self, model, device, config, plan: dict[str, int]) -> None:
+    def __init__(self, model, device, config, plan: Plan) -> None:
         super().__init__(model, device, config)
         self.plan = plan
 
-    def _fire(self, phase: str) -> None:
-        if self.plan.get(phase, 0) > 0:
-            self.plan[phase] -= 1
-            raise ContextPoisoned(f"injected failure in {phase}")
-
-    def _compute(self, msg):
-        self._fire("compute")
-        return super()._compute(msg)
-
-    def _apply_gradients(self, msg):
-        result = super()._apply_gradients(msg)  # applied (and snapshotted) ...
-        if self.plan.get("apply", 0) > 0:
+    def apply_gradients(self, msg):
+        result = super().apply_gradients(msg)  # applied (and snapshotted) ...
+        if self.plan.armed("apply"):
             assert self.model is not None
             self.model.params[:] = 1e6  # ... then the device dies mid-way
-        self._fire("apply")
+            self.plan.fire("apply")
         return result
 
-    async def add_chunk(self, lo, hi, data):
-        self._fire("ring")
-        await super().add_chunk(lo, hi, data)
+
+def flaky_replica(plan: Plan) -> type[CorruptingReplica]:
+    """`CorruptingReplica` whose device also fails, when `plan` says, in the
+    gradient computation ("compute") or in the ring's add of a chunk ("ring")."""
+    return inject_faults(
+        CorruptingReplica, plan, {"compute": "compute_gradients", "ring": "add_chunk"}
+    )
 
 
 @pytest.mark.parametrize(
@@ -520,10 +516,10 @@ class FlakyReplica(ReplicaActor):
 async def test_replica_failure_abandons_the_step(actor_system, phase: str, collective: str):
     model = Mlp(SIZES, seed=13)
     config = _config("sgd-momentum")
-    plan: dict[str, int] = {}
+    plan = Plan()
     props = [
         ReplicaActor.props(model, "cpu:0", config),
-        Props(FlakyReplica, Mlp(SIZES, seed=99), "cpu:1", config, plan),  # other init
+        Props(flaky_replica(plan), Mlp(SIZES, seed=99), "cpu:1", config, plan),  # other init
         ReplicaActor.props(model, "cpu:2", config),
     ]
     dp = actor_system.spawn(
@@ -532,10 +528,10 @@ async def test_replica_failure_abandons_the_step(actor_system, phase: str, colle
     ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
     await _compare(actor_system, dp, ref, [_data(12, seed=0), _data(12, seed=1)])
     before = await _assert_replicas_identical(dp)
-    plan[phase] = 1
+    plan.arm(phase, ContextPoisoned)
     with pytest.raises(ContextPoisoned, match="injected"):
         await dp.ask(Step(*_data(12, seed=2)), timeout=20)
-    assert plan[phase] == 0
+    assert plan.fired == [phase]
     # nobody applied anything; the failed replica was restarted and re-synced
     after = await _assert_replicas_identical(dp)
     np.testing.assert_array_equal(after, before)

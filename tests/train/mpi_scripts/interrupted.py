@@ -1,9 +1,9 @@
 """Run under `mpiexec -n N`: how a rank sees Ctrl-C on the launcher.
 
 argv: OUT_DIR MODE. Each rank writes `up{rank}` (its pid) into OUT_DIR, then
-waits up to 60 s. MODE "stop": the first SIGINT makes it write `got{rank}`
-and exit 130 (as `atomr train` does after saving). MODE "ignore": it notes
-SIGINTs and keeps waiting (a rank stuck in a long step).
+waits up to 60 s, writing `got{rank}` (the count so far) on each SIGINT.
+MODE "stop": the first SIGINT also makes it exit 130 (as `atomr train` does
+after saving). MODE "ignore": it keeps waiting (a rank stuck in a long step).
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ def main(out: Path, mode: str) -> None:
     got: list[int] = []
     signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
     (out / f"up{rank}").write_text(str(os.getpid()))
-    deadline = time.monotonic() + 60
+    deadline, seen = time.monotonic() + 60, 0
     while time.monotonic() < deadline:
-        if got and mode == "stop":
-            (out / f"got{rank}").write_text("SIGINT")
-            sys.exit(130)
-        time.sleep(0.02)
+        if len(got) > seen:
+            seen = len(got)
+            (out / f"got{rank}").write_text(str(seen))
+            if mode == "stop":
+                sys.exit(130)
+        time.sleep(0.02)  # a poll of `got` (filled by the handler), under the deadline
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ training ends where an unfaulted run ends. Last, a stage actor raising
 refuses with `WorkerStateLost` until a checkpoint is loaded. A stage actor
 crashing on a message it was told (`Activations`) fails the step at once,
 even without an ask timeout.
+
+The faults go in through public seams: `atomr.testkit.inject_faults` on the
+stage's hooks and messages, the trainer's `stage_class` option.
 """
 
 from __future__ import annotations
@@ -26,25 +29,28 @@ import pytest
 
 from atomr import ActorSystem
 from atomr.accel import ContextPoisoned, cpu_devices
+from atomr.testkit import Plan, inject_faults
 from atomr.train import (
+    GetWeights,
     LossKind,
     Mlp,
     OptimizerKind,
     PipelineParallelTrainer,
+    StageActor,
     Trainer,
     TrainerConfig,
 )
-from atomr.train.pipeline import PipelineOptions, StageActor
-from atomr.train.pipeline.messages import Activations, GetStageWeights, RunMicroBatches
+from atomr.train.pipeline import PipelineOptions
+from atomr.train.pipeline.messages import Activations, RunMicroBatches
 from tests.reliability.faults import (
     CLASSES,
     IN,
-    Plan,
     T,
     assert_same_training,
     assert_unchanged,
     batches,
     clean_run,
+    dying_optimizer,
     faulted_run,
     lost_until_reloaded,
 )
@@ -53,62 +59,36 @@ SIZES = [IN, 8, 8, CLASSES]
 FAULTY = 1
 CONFIG = TrainerConfig(OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY)
 
-
-class FaultyStage(StageActor):
-    """Stage 1 fails where its plan says."""
-
-    plan: Plan = Plan()
-
-    def gradient_sq_norm(self) -> float:
-        """Fail in the norm reduction."""
-        if self.index == FAULTY:
-            self.plan.fire("grad_norm")
-        return super().gradient_sq_norm()
-
-    def apply_gradients(self, step_id: int, coef: float) -> None:
-        """Fail with half the stage's weights written."""
-        opt = self.optimizer
-        if self.index != FAULTY or opt is None or not self.plan.due("mid_optimizer"):
-            return super().apply_gradients(step_id, coef)
-
-        def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> None:
-            params_out[: params_out.shape[0] // 2] -= 0.5
-            raise ContextPoisoned("injected failure: mid_optimizer")
-
-        opt.step_into = broken  # type: ignore[method-assign]
-        try:
-            return super().apply_gradients(step_id, coef)
-        finally:
-            del opt.step_into
-
-    async def receive(self, message: Any) -> Any:
-        """Crash the actor itself when a step starts."""
-        if isinstance(message, RunMicroBatches) and message.train and self.index == FAULTY:
-            self.plan.fire("actor_crash", RuntimeError)
-            self.plan.fire("context_poisoned")  # the same, as a lost device context
-        if isinstance(message, Activations) and self.index == FAULTY:
-            self.plan.fire("crash_on_tell", RuntimeError)  # no ask to answer with it
-        return await super().receive(message)
+PLACES: dict[str, str | type] = {
+    "grad_norm": "gradient_sq_norm",  # the norm reduction before the update
+    "actor_crash": RunMicroBatches,  # the actor itself, when a step starts (resumed)
+    "context_poisoned": RunMicroBatches,  # the same, as a lost device context (restarted)
+    "crash_on_tell": Activations,  # no ask to answer with it
+}
+"""Where stage `FAULTY`'s phases fail (`inject_faults`); "mid_optimizer"
+writes half the update first (`dying_optimizer`)."""
 
 
 async def _spawn(system: ActorSystem, plan: Plan, config: TrainerConfig = CONFIG) -> Any:
-    stage_class = type("PlannedStage", (FaultyStage,), {"plan": plan})
-    options = PipelineOptions(6, "1f1b", stage_class=stage_class)
+    stage_class = inject_faults(StageActor, plan, PLACES, worker=FAULTY)
+    options = PipelineOptions(
+        6, "1f1b", stage_class=dying_optimizer(stage_class, plan, worker=FAULTY)
+    )
     return await PipelineParallelTrainer.spawn(
         system, Mlp(SIZES, seed=5), cpu_devices(3), config, options
     )
 
 
-async def _stage_weights(pipe: Any) -> list[np.ndarray]:
-    stages = pipe._cell.instance.stages  # white-box: ask each stage for its own weights
-    return [await s.ask(GetStageWeights(), timeout=T) for s in stages]
+async def _weights(pipe: Any) -> np.ndarray:
+    """Every stage's weights (`GetWeights` asks each stage for its own)."""
+    return await pipe.ask(GetWeights(), timeout=T)
 
 
 async def _check(system: ActorSystem, phase: str, error_type: type[Exception]) -> None:
     plan = Plan()
     data = batches()
     pipe = await _spawn(system, plan)
-    error, views = await faulted_run(pipe, data, plan, phase, lambda: _stage_weights(pipe))
+    error, views = await faulted_run(pipe, data, plan, phase, lambda: _weights(pipe), error_type)
     assert isinstance(error, error_type) and "injected" in str(error), repr(error)
     assert plan.fired == [phase]
     assert_unchanged(views)
@@ -147,7 +127,7 @@ async def test_a_stage_crashing_on_a_told_message_fails_the_step_at_once(
     data = batches()
     forever = dataclasses.replace(CONFIG, worker_timeout=None)  # only the crash can end the step
     pipe = await _spawn(actor_system, plan, forever)
-    run = faulted_run(pipe, data, plan, "crash_on_tell", lambda: _stage_weights(pipe))
+    run = faulted_run(pipe, data, plan, "crash_on_tell", lambda: _weights(pipe), RuntimeError)
     error, views = await asyncio.wait_for(run, 10)
     assert isinstance(error, RuntimeError) and "injected" in str(error), repr(error)
     assert plan.fired == ["crash_on_tell"]

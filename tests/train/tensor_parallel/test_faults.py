@@ -1,10 +1,10 @@
 """Fault injection for `TensorParallelTrainer`: the phases that
 tests/train/tensor_parallel/test_trainer.py does not cover (it covers a device
-failure in `_backward` and after a full `_apply`).
+failure in `backward_stage` and after a full `apply_gradients`).
 
 Here: a device failure before the forward pass, in the loss (the point
 where the shards' outputs are combined), in the partial-sum all-reduce of
-a row-parallel layer (`_combine_sum`), and mid-optimizer with half the
+a row-parallel layer (`sum_partials`), and mid-optimizer with half the
 slice written; and the shard actor itself crashing (not its device), which
 the trainer resumes (its state is intact). Each time no shard's slice
 changes, the asker gets the typed error, and training ends where an
@@ -14,33 +14,38 @@ until a checkpoint is loaded. And a shard whose `ShardApply` outlives the
 trainer's ask timeout (it applies after the trainer gave up) is rolled back
 with the others. Last, a shard crashing while it loads a checkpoint: every
 shard keeps (gets back) its state from before the load.
+
+The faults go in through public seams: `atomr.testkit.inject_faults` on the
+shard's hooks and messages, a `shard_class` that tells the test its ref.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from atomr import ActorSystem, AskTimeoutError
+from atomr import ActorRef, ActorSystem, AskTimeoutError
 from atomr.accel import ContextPoisoned, cpu_devices
+from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
     SaveCheckpoint,
+    ShardActor,
     Step,
     TensorParallelTrainer,
     Trainer,
     TrainerConfig,
+    load_checkpoint,
 )
-from atomr.train.tensor_parallel import ShardActor
+from atomr.train.tensor_parallel import TensorParallelOptions
 from atomr.train.tensor_parallel.messages import (
     ShardForward,
     ShardGather,
@@ -52,13 +57,13 @@ from tests.reliability.faults import (
     CLASSES,
     FAULT_AT,
     IN,
-    Plan,
     T,
     assert_same_optimizer_state,
     assert_same_training,
     assert_unchanged,
     batches,
     clean_run,
+    dying_optimizer,
     faulted_run,
     lost_until_reloaded,
 )
@@ -66,75 +71,74 @@ from tests.reliability.faults import (
 SIZES = [IN, 8, 8, CLASSES]
 FAULTY_RANK = 1
 CONFIG = TrainerConfig(OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY)
+SLOW = 2.5
+"""Seconds the slow shard stalls in its apply: the injected fault, longer
+than the 1 s timeout its trainer is given."""
+
+PLACES: dict[str, str | type] = {
+    "before_forward": "forward_stage",  # a device failure before the forward
+    "loss": "compute_loss",  # where the shards' outputs are combined
+    "all_reduce": "sum_partials",  # a row-parallel layer's partial sums
+    "slow_apply": "apply_gradients",  # applies after the trainer's ask timed out
+    "actor_crash": ShardForward,  # raised in the actor, not answered (resumed)
+    "context_poisoned": ShardForward,  # the same, as a lost device context (restarted)
+    "load_crash": ShardSetState,  # the other shard loads meanwhile
+}
+"""Where shard `FAULTY_RANK`'s phases fail (`inject_faults`); "mid_optimizer"
+writes half the update first (`dying_optimizer`)."""
 
 
-def _install(monkeypatch: pytest.MonkeyPatch, plan: Plan) -> None:
-    """Hook the built-in shard's device-side methods on rank `FAULTY_RANK`."""
+class Spawned:
+    """A trainer whose shards fail where `plan` says (shard `FAULTY_RANK`)
+    and tell the test their refs, so it can ask each for its own state."""
 
-    def wrap(name: str, phase: str) -> None:
-        original = getattr(ShardActor, name)
+    def __init__(self, plan: Plan) -> None:
+        self.refs: dict[int, ActorRef] = {}
+        refs = self.refs
 
-        def hooked(self: ShardActor, *args: Any) -> Any:
-            if self.layout.rank == FAULTY_RANK:
-                plan.fire(phase)
-            return original(self, *args)
+        class KnownShard(ShardActor):
+            def pre_start(self) -> Any:
+                refs[self.worker_index] = self.context.self_ref
+                return super().pre_start()
 
-        monkeypatch.setattr(ShardActor, name, hooked)
+        faulty = inject_faults(KnownShard, plan, PLACES, worker=FAULTY_RANK)
+        self.options = TensorParallelOptions(
+            shard_class=dying_optimizer(faulty, plan, worker=FAULTY_RANK)
+        )
+        self.trainer: Any = None
 
-    wrap("_forward", "before_forward")
-    wrap("_loss", "loss")
-    wrap("_combine_sum", "all_reduce")
-    original_apply = ShardActor._apply
+    async def spawn(self, system: ActorSystem, config: TrainerConfig = CONFIG) -> Any:
+        """Spawn the trainer; returns its ref."""
+        model = Mlp(SIZES, activation="tanh", seed=4)
+        self.trainer = await TensorParallelTrainer.spawn(
+            system, model, cpu_devices(2), config, self.options
+        )
+        return self.trainer
 
-    def apply(self: ShardActor, scale: float) -> None:
-        opt = self.optimizer
-        if self.layout.rank != FAULTY_RANK or not plan.due("mid_optimizer") or opt is None:
-            return original_apply(self, scale)
+    async def slices(self) -> list[np.ndarray]:
+        """Each shard's own slice of the weights (once it is done)."""
+        refs = [self.refs[r] for r in sorted(self.refs)]
+        return [(await s.ask(ShardGather("params"), timeout=T)).values for s in refs]
 
-        def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> None:
-            params_out[: params_out.shape[0] // 2] -= 0.5
-            raise ContextPoisoned("injected failure: mid_optimizer")
-
-        opt.step_into = broken  # type: ignore[method-assign]
-        try:
-            return original_apply(self, scale)
-        finally:
-            del opt.step_into
-
-    monkeypatch.setattr(ShardActor, "_apply", apply)
-    original_receive = ShardActor.receive
-
-    async def receive(self: ShardActor, message: Any) -> Any:
-        if isinstance(message, ShardForward) and self.layout.rank == FAULTY_RANK:
-            plan.fire("actor_crash", RuntimeError)  # raised in the actor, not answered
-            plan.fire("context_poisoned")  # the same, as a lost device context
-        if isinstance(message, ShardSetState) and self.layout.rank == FAULTY_RANK:
-            plan.fire("load_crash", RuntimeError)  # the other shard loads meanwhile
-        return await original_receive(self, message)
-
-    monkeypatch.setattr(ShardActor, "receive", receive)
+    async def states(self) -> list[ShardSliceState]:
+        """Each shard's own state: its slice, optimizer state and step count."""
+        refs = [self.refs[r] for r in sorted(self.refs)]
+        return list(await asyncio.gather(*(s.ask(ShardGetState(), timeout=T) for s in refs)))
 
 
-async def _spawn(system: ActorSystem) -> Any:
-    return await TensorParallelTrainer.spawn(
-        system, Mlp(SIZES, activation="tanh", seed=4), cpu_devices(2), CONFIG
-    )
-
-
-async def _slices(tp: Any) -> list[np.ndarray]:
-    shards = tp._cell.instance._shards  # white-box: ask each shard for its own slice
-    return [(await s.ask(ShardGather("params"), timeout=T)).values for s in shards]
+async def _spawn(system: ActorSystem, plan: Plan | None = None) -> Any:
+    return await Spawned(plan or Plan()).spawn(system)
 
 
 @pytest.mark.parametrize("phase", ["before_forward", "loss", "all_reduce", "mid_optimizer"])
 async def test_a_device_fault_in_any_phase_changes_no_shard(
-    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch, phase: str
+    actor_system: ActorSystem, phase: str
 ) -> None:
     plan = Plan()
-    _install(monkeypatch, plan)
     data = batches()
-    tp = await _spawn(actor_system)
-    error, views = await faulted_run(tp, data, plan, phase, lambda: _slices(tp))
+    spawned = Spawned(plan)
+    tp = await spawned.spawn(actor_system)
+    error, views = await faulted_run(tp, data, plan, phase, spawned.slices)
     assert isinstance(error, ContextPoisoned) and "injected" in str(error), repr(error)
     assert plan.fired == [phase]
     assert_unchanged(views)
@@ -145,13 +149,13 @@ async def test_a_device_fault_in_any_phase_changes_no_shard(
 
 
 async def test_a_crashed_shard_actor_is_resumed_and_training_continues(
-    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+    actor_system: ActorSystem,
 ) -> None:
     plan = Plan()
-    _install(monkeypatch, plan)
     data = batches()
-    tp = await _spawn(actor_system)
-    error, views = await faulted_run(tp, data, plan, "actor_crash", lambda: _slices(tp))
+    spawned = Spawned(plan)
+    tp = await spawned.spawn(actor_system)
+    error, views = await faulted_run(tp, data, plan, "actor_crash", spawned.slices, RuntimeError)
     assert isinstance(error, RuntimeError) and "injected" in str(error), repr(error)
     assert_unchanged(views)
     clean = await _spawn(actor_system)
@@ -160,11 +164,10 @@ async def test_a_crashed_shard_actor_is_resumed_and_training_continues(
 
 
 async def test_a_poisoned_shard_context_refuses_until_a_checkpoint_is_loaded(
-    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    actor_system: ActorSystem, tmp_path: Path
 ) -> None:
     plan = Plan()
-    _install(monkeypatch, plan)
-    tp = await _spawn(actor_system)
+    tp = await _spawn(actor_system, plan)
     model = Mlp(SIZES, activation="tanh", seed=4)
     single = await Trainer.spawn(actor_system, model, "cpu:0", CONFIG)
     await lost_until_reloaded(
@@ -173,50 +176,32 @@ async def test_a_poisoned_shard_context_refuses_until_a_checkpoint_is_loaded(
 
 
 async def test_a_shard_applying_after_the_ask_timed_out_is_rolled_back_too(
-    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+    actor_system: ActorSystem,
 ) -> None:
-    slow = Plan()
-    original_apply = ShardActor._apply
-
-    def apply(self: ShardActor, scale: float) -> None:
-        if self.layout.rank == FAULTY_RANK and slow.due("slow_apply"):
-            time.sleep(2.5)  # longer than the trainer's ask timeout; then it applies
-        return original_apply(self, scale)
-
-    monkeypatch.setattr(ShardActor, "_apply", apply)
     data = batches()
     clean = await _spawn(actor_system)  # first: it also warms up the kernels
     await clean_run(clean, data)
-    config = dataclasses.replace(CONFIG, worker_timeout=1.0)
-    model = Mlp(SIZES, activation="tanh", seed=4)
-    tp = await TensorParallelTrainer.spawn(actor_system, model, cpu_devices(2), config)
+    slow = Plan()
+    spawned = Spawned(slow)
+    tp = await spawned.spawn(actor_system, dataclasses.replace(CONFIG, worker_timeout=1.0))
     error, views = await faulted_run(
-        tp, data[: FAULT_AT + 1], slow, "slow_apply", lambda: _slices(tp)
+        tp, data[: FAULT_AT + 1], slow, "slow_apply", spawned.slices, None, delay=SLOW
     )
     assert isinstance(error, AskTimeoutError), repr(error)
     assert_unchanged(views)  # asked after the slow apply: each shard's settled slice
-    shards = tp._cell.instance._shards
-    states = await asyncio.wait_for(asyncio.gather(*(s.ask(ShardGetState()) for s in shards)), 5)
-    assert [s.step for s in states] == [FAULT_AT, FAULT_AT]
+    assert [s.step for s in await spawned.states()] == [FAULT_AT, FAULT_AT]
     for x, y in data[FAULT_AT + 1 :]:
         await asyncio.wait_for(tp.ask(Step(x, y)), 5)
     await assert_same_training(tp, clean)
 
 
-async def _states(tp: Any) -> list[ShardSliceState]:
-    shards = tp._cell.instance._shards  # white-box: each shard's own state
-    return list(
-        await asyncio.wait_for(asyncio.gather(*(s.ask(ShardGetState()) for s in shards)), 5)
-    )
-
-
 async def test_a_shard_crashing_mid_load_leaves_every_shard_as_before_the_load(
-    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    actor_system: ActorSystem, tmp_path: Path
 ) -> None:
     plan = Plan()
-    _install(monkeypatch, plan)
     data = batches()
-    tp = await _spawn(actor_system)
+    spawned = Spawned(plan)
+    tp = await spawned.spawn(actor_system)
     clean = await _spawn(actor_system)
     ckpt = tmp_path / "old.ckpt"
     for i, (x, y) in enumerate(data[: FAULT_AT + 2]):
@@ -224,17 +209,19 @@ async def test_a_shard_crashing_mid_load_leaves_every_shard_as_before_the_load(
             await asyncio.wait_for(trainer.ask(Step(x, y)), 5)
         if i == 0:
             await asyncio.wait_for(tp.ask(SaveCheckpoint(ckpt)), 5)
-    before = await _states(tp)
-    plan.arm("load_crash")
+    before = await spawned.states()
+    plan.arm("load_crash", RuntimeError)
     with pytest.raises(RuntimeError, match="injected") as info:
         await asyncio.wait_for(tp.ask(LoadCheckpoint(ckpt)), 5)
     assert plan.fired == ["load_crash"]
-    after = await _states(tp)
+    after = await spawned.states()
+    assert len(after) == len(before) == 2
     for b, a in zip(before, after, strict=True):  # weights, optimizer state, step count
         assert a.step == b.step == FAULT_AT + 2
         np.testing.assert_array_equal(a.params, b.params)
         assert_same_optimizer_state(a.optimizer, b.optimizer)
-    assert tp._cell.instance.steps == FAULT_AT + 2  # white-box: the trainer's count too
+    await asyncio.wait_for(tp.ask(SaveCheckpoint(tmp_path / "after.ckpt")), 5)
+    assert load_checkpoint(tmp_path / "after.ckpt").step == FAULT_AT + 2  # the trainer's count
     assert getattr(info.value, "worker_index", None) == FAULTY_RANK
     assert f"shard {FAULTY_RANK}" in "\n".join(getattr(info.value, "__notes__", []))
     for x, y in data[FAULT_AT + 2 :]:  # and it trains on as if no load was asked

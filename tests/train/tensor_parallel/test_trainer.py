@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 
 from atomr import ActorSystem
 from atomr.accel import OutOfMemory
+from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     CheckpointError,
     Evaluate,
@@ -32,6 +33,7 @@ from atomr.train import (
 from atomr.train.tensor_parallel import ShardActor, TensorParallelOptions, TensorParallelTrainer
 from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.tensor_parallel.messages import ShardDescribe, ShardGather, ShardInfo
+from tests.reliability.faults import dying_optimizer
 
 CE = LossKind.CROSS_ENTROPY
 # widths not divisible by 2, 3 or 4; even depth (last layer row-parallel) and
@@ -217,52 +219,32 @@ async def test_bad_input_is_answered_and_changes_nothing(actor_system: ActorSyst
     assert stats.samples == 12
 
 
-def _fail_once_on(monkeypatch: pytest.MonkeyPatch, method: str, rank: int) -> list[int]:
-    """Make `ShardActor.<method>` raise OutOfMemory once on shard `rank`."""
-    original = getattr(ShardActor, method)
-    calls: list[int] = []
-
-    def flaky(self: ShardActor, *args: object) -> object:
-        if self.layout.rank != rank or calls:
-            return original(self, *args)
-        calls.append(rank)
-        if method != "_apply":
-            raise OutOfMemory("injected", str(self.device))
-        # fail midway through the apply: after the optimizer has written
-        opt = self.optimizer
-        real_step_into = opt.step_into
-
-        def broken(params: object, grads: object, params_out: object, spare: object) -> None:
-            real_step_into(params, grads, params_out, spare)
-            raise OutOfMemory("injected after the update", str(self.device))
-
-        opt.step_into = broken
-        try:
-            return original(self, *args)
-        finally:
-            del opt.step_into
-
-    monkeypatch.setattr(ShardActor, method, flaky)
-    return calls
+def _failing_shard(plan: Plan) -> type[ShardActor]:
+    """Shard 1 fails where `plan` says: in its backward ("backward"), or
+    in its apply once the optimizer has written the whole update ("apply")."""
+    shard = inject_faults(ShardActor, plan, {"backward": "backward_stage"}, worker=1)
+    return dying_optimizer(shard, plan, "apply", worker=1, whole=True)
 
 
-@pytest.mark.parametrize("method", ["_backward", "_apply"])
+@pytest.mark.parametrize("phase", ["backward", "apply"])
 async def test_a_shard_failing_mid_step_leaves_no_shard_updated(
-    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch, method: str
+    actor_system: ActorSystem, phase: str
 ) -> None:
     model = Mlp(ODD, activation="tanh", seed=6)
     config = TrainerConfig(OptimizerKind.adamw(0.05), CE)
-    tp = await TensorParallelTrainer.spawn(actor_system, model, _devices(3), config)
+    plan = Plan()
+    options = TensorParallelOptions(shard_class=_failing_shard(plan))
+    tp = await TensorParallelTrainer.spawn(actor_system, model, _devices(3), config, options)
     ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
     x0, y0 = _batch(ODD, seed=0)
     await tp.ask(Step(x0, y0), timeout=10)
     await ref.ask(Step(x0, y0), timeout=10)
     before = await tp.ask(GetWeights())
-    calls = _fail_once_on(monkeypatch, method, rank=1)
+    plan.arm(phase, OutOfMemory)
     x, y = _batch(ODD, seed=1)
     with pytest.raises(OutOfMemory, match="injected") as info:
         await tp.ask(Step(x, y), timeout=10)
-    assert calls == [1]
+    assert plan.fired == [phase]
     assert getattr(info.value, "worker_index", None) == 1
     np.testing.assert_array_equal(await tp.ask(GetWeights()), before)
     # optimizer state was not advanced either: the next steps still equal the reference
@@ -310,7 +292,7 @@ async def test_spawn_refuses_bad_arguments_before_spawning(actor_system: ActorSy
     cases: list[tuple[type[Exception], str, dict[str, object]]] = [
         (TypeError, "model must be an Mlp", {"model": EVEN}),
         (TypeError, "devices must be a sequence", {"devices": "cpu:0"}),
-        (TypeError, "must be a Device or a device name", {"devices": [0, 1]}),
+        (TypeError, r"devices\[0\] must be a Device", {"devices": [0, 1]}),
         (ValueError, "devices is empty", {"devices": []}),
         (ValueError, "unknown device 'gpu:0'", {"devices": ["cpu:0", "gpu:0"]}),
         (TypeError, "config must be a TrainerConfig", {"config": OptimizerKind.sgd(0.1)}),
@@ -362,9 +344,9 @@ class CountingShard(ShardActor):
 
     applied: ClassVar[list[int]] = []
 
-    def _apply(self, scale: float) -> None:
-        super()._apply(scale)
-        CountingShard.applied.append(self.layout.rank)
+    def apply_gradients(self, scale: float) -> None:
+        super().apply_gradients(scale)
+        CountingShard.applied.append(self.worker_index)
 
 
 async def test_spawn_builds_the_shard_class_of_its_options(actor_system: ActorSystem) -> None:
@@ -402,20 +384,33 @@ async def test_users_can_bring_their_own_shards(actor_system: ActorSystem) -> No
         await shards[0].ask("nonsense", timeout=10)
 
 
-async def test_shard_math_runs_on_the_device_threads(
-    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    seen: set[str] = set()
-    for name in ("_forward", "_loss", "_backward", "_apply"):
-        original = getattr(ShardActor, name)
+class ThreadSpyShard(ShardActor):
+    """Notes the thread each of its math hooks runs on."""
 
-        def spy(self: ShardActor, *args: object, _original=original) -> object:
-            seen.add(threading.current_thread().name)
-            return _original(self, *args)
+    seen: ClassVar[set[str]] = set()
 
-        monkeypatch.setattr(ShardActor, name, spy)
+    def forward_stage(self, *args: Any) -> Any:
+        self.seen.add(threading.current_thread().name)
+        return super().forward_stage(*args)
+
+    def compute_loss(self, *args: Any) -> Any:
+        self.seen.add(threading.current_thread().name)
+        return super().compute_loss(*args)
+
+    def backward_stage(self, *args: Any) -> Any:
+        self.seen.add(threading.current_thread().name)
+        return super().backward_stage(*args)
+
+    def apply_gradients(self, scale: float) -> None:
+        self.seen.add(threading.current_thread().name)
+        super().apply_gradients(scale)
+
+
+async def test_shard_math_runs_on_the_device_threads(actor_system: ActorSystem) -> None:
+    seen = ThreadSpyShard.seen = set()
     config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
-    tp = await TensorParallelTrainer.spawn(actor_system, Mlp(EVEN), _devices(2), config)
+    options = TensorParallelOptions(shard_class=ThreadSpyShard)
+    tp = await TensorParallelTrainer.spawn(actor_system, Mlp(EVEN), _devices(2), config, options)
     await tp.ask(Step(*_batch(EVEN)), timeout=10)
     assert threading.main_thread().name not in seen
     assert {s.split("_")[0] for s in seen} == {"atomr-cpu:0", "atomr-cpu:1"}

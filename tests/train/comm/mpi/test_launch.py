@@ -191,19 +191,33 @@ def _launcher_interrupted(out: Path, mode: str, interrupts: int) -> int:
     )
     launcher = subprocess.Popen([sys.executable, "-c", code])
     try:
-        deadline = time.monotonic() + 60
-        while not all((out / f"up{r}").exists() for r in (0, 1)):
-            assert time.monotonic() < deadline, "the ranks never started"
-            assert launcher.poll() is None, "the launcher ended early"
-            time.sleep(0.05)
-        time.sleep(0.2)
-        for _ in range(interrupts):
+        _wait_for(out, "up", "1", launcher, "the ranks never started")
+        for k in range(1, interrupts + 1):
             launcher.send_signal(signal.SIGINT)  # what the terminal does on Ctrl-C
-            time.sleep(0.5)
+            if k < interrupts:  # passed on before the next press: every rank saw it
+                _wait_for(out, "got", str(k), launcher, f"Ctrl-C {k} never reached the ranks")
         return launcher.wait(timeout=60)
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def _wait_for(
+    out: Path, name: str, text: str, launcher: subprocess.Popen[bytes], what: str
+) -> None:
+    """Poll (under a 60 s deadline) until both ranks wrote `{name}{rank}`
+    (for "got": holding `text`, the number of Ctrl-C seen)."""
+    deadline = time.monotonic() + 60
+    files = [out / f"{name}{r}" for r in (0, 1)]
+
+    def written(f: Path) -> bool:
+        return f.exists() and (name == "up" or f.read_text() == text)
+
+    while not all(written(f) for f in files):
+        assert time.monotonic() < deadline, what
+        if name == "up":
+            assert launcher.poll() is None, "the launcher ended early"
+        time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,339 @@
+"""Fault injection: fail worker k at phase p.
+
+A `Plan` says which phase fails next, how (the error to raise, a delay
+before it, whether the phase's own work runs first) and how often. It is
+shared by reference between a test and the workers it makes faulty: actors
+are built from `Props`, so the test keeps the plan and arms it between
+requests.
+
+`inject_faults(worker_class, plan, phases, worker=k)` derives from a worker
+class a subclass whose phases consult the plan. A phase is named after a
+step of the worker's protocol and placed either on a message (the fault
+fires in `receive` when such a message arrives: the actor itself fails and
+its supervisor decides what follows) or on a public hook method (the fault
+fires when the hook is called, on whatever thread the worker runs it, and
+the worker handles the error as any failure there). The subclass goes where
+the worker class would: a trainer's `worker_class` / `shard_class` /
+`stage_class` option, or `Props` handed to a trainer's `props`.
+
+    plan = Plan()
+    Shard = inject_faults(ShardActor, plan, {"loss": "compute_loss"}, worker=1)
+    trainer = await TensorParallelTrainer.spawn(
+        system, model, devices, config, TensorParallelOptions(shard_class=Shard)
+    )
+    plan.arm("loss", ContextPoisoned)      # shard 1's next loss fails
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+__all__ = ["Plan", "inject_faults"]
+
+W = TypeVar("W", bound=type)
+
+ErrorSpec = type[BaseException] | BaseException | None
+
+
+@dataclass
+class _Armed:
+    """One armed phase: what it does when it fires, and how often still."""
+
+    error: ErrorSpec
+    times: int
+    delay: float
+    after: bool
+
+    def raise_error(self, phase: str) -> None:
+        """Raise the armed error (nothing when only a delay was armed)."""
+        if self.error is None:
+            return
+        if isinstance(self.error, BaseException):
+            raise self.error
+        raise self.error(f"injected failure: {phase}")
+
+
+class Plan:
+    """Which phases fail, how, and how often; shared by a test and its
+    faulty workers (thread-safe: device hooks fire on worker threads).
+
+    Attributes:
+        fired: the phases that fired, in order (a test asserts on it to see
+            that its fault really was injected).
+    """
+
+    def __init__(self) -> None:
+        self._armed: dict[str, _Armed] = {}
+        self._lock = threading.Lock()
+        self.fired: list[str] = []
+
+    def arm(
+        self,
+        phase: str,
+        error: ErrorSpec = RuntimeError,
+        *,
+        times: int = 1,
+        delay: float = 0.0,
+        after: bool = False,
+    ) -> None:
+        """Make the next `times` passes through `phase` fail (replacing
+        whatever `phase` was armed with).
+
+        Args:
+            phase: the phase's name (as given to `inject_faults`, or to
+                `fire` / `due` in a hand-written hook).
+            error: the exception to raise: a class (built with the message
+                "injected failure: <phase>") or an instance; None for a
+                delay only.
+            times: how many passes fail.
+            delay: seconds to stall first (a slow worker): blocking the
+                thread a hook method runs on, or awaited in `receive`.
+            after: let the phase's own work run first, then raise (a
+                failure after the work wrote its results); in `receive`,
+                the message is handled and the actor fails instead of
+                replying.
+
+        Raises:
+            TypeError: `phase` is not a str, `error` is not an exception
+                class or instance, `times` not an int.
+            ValueError: `times < 1`, a negative or infinite `delay`, or
+                neither an error nor a delay.
+        """
+        if not isinstance(phase, str):
+            raise TypeError(f"phase must be a str, got {type(phase).__name__}")
+        _check_error(error)
+        if isinstance(times, bool) or not isinstance(times, int):
+            raise TypeError(f"times must be an int, got {times!r}")
+        if times < 1:
+            raise ValueError(f"times must be >= 1, got {times}")
+        if not (math.isfinite(delay) and delay >= 0.0):
+            raise ValueError(f"delay must be finite and >= 0, got {delay}")
+        if error is None and delay == 0.0:
+            raise ValueError(f"arming {phase!r} with neither an error nor a delay injects nothing")
+        with self._lock:
+            self._armed[phase] = _Armed(error, times, float(delay), bool(after))
+
+    def _take(self, phase: str) -> _Armed | None:
+        """Use up one arming of `phase`: its fault (recorded in `fired`),
+        or None when `phase` is not armed."""
+        with self._lock:
+            armed = self._armed.get(phase)
+            if armed is None:
+                return None
+            armed.times -= 1
+            if armed.times == 0:
+                del self._armed[phase]
+            self.fired.append(phase)
+            return armed
+
+    def fire(self, phase: str) -> None:
+        """In a hand-written hook: if `phase` is armed, stall for its delay,
+        then raise its error (`after` is the hook's own business).
+
+        Raises:
+            BaseException: the armed error.
+        """
+        armed = self._take(phase)
+        if armed is not None:
+            if armed.delay:
+                time.sleep(armed.delay)  # the injected slowness
+            armed.raise_error(phase)
+
+    def due(self, phase: str) -> bool:
+        """In a hand-written hook that does something else than raise (e.g.
+        corrupts state first): True, using up one arming, if `phase` is armed."""
+        return self._take(phase) is not None
+
+    def armed(self, phase: str) -> int:
+        """How many more passes through `phase` will fail."""
+        with self._lock:
+            armed = self._armed.get(phase)
+            return 0 if armed is None else armed.times
+
+
+def _check_error(error: object) -> None:
+    if error is None or isinstance(error, BaseException):
+        return
+    if not (isinstance(error, type) and issubclass(error, BaseException)):
+        raise TypeError(f"error must be an exception class or instance, got {error!r}")
+
+
+def inject_faults(
+    worker_class: W,
+    plan: Plan,
+    phases: Mapping[str, str | type],
+    *,
+    worker: int | None = None,
+) -> W:
+    """A subclass of `worker_class` whose phases fail when `plan` says so.
+
+    Args:
+        worker_class: the worker (an actor class such as `ShardActor`,
+            `StageActor`, `ReplicaActor`, a user's own; or any class whose
+            public methods are its steps, e.g. a `Collective`).
+        plan: the plan the phases consult (armed by the test).
+        phases: phase name -> where it fires:
+            - a message class: when the worker's `receive` gets such a
+              message, before handling it (the actor fails: its supervisor
+              decides what follows);
+            - the name of a public method (a documented hook such as
+              `StageActor.apply_gradients`): when it is called, before it
+              runs (or after, see `Plan.arm`), sync or async as the method is.
+            Several phases may share a place; the first armed one fires.
+        worker: fail only the instance whose `worker_index` is `worker`
+            (the trainers' workers number themselves); None: every instance.
+
+    Returns:
+        The subclass (named "Faulty" + the class's name), used wherever
+        `worker_class` would be.
+
+    Raises:
+        TypeError: `worker_class` is not a class, `plan` not a `Plan`, a
+            place is neither a str nor a class, a message phase on a class
+            without `receive`, or `worker` given for a class without a
+            `worker_index`.
+        ValueError: no phases, or a method name that is private (starts
+            with "_") or not a method of the class.
+    """
+    if not isinstance(worker_class, type):
+        raise TypeError(f"worker_class must be a class, got {worker_class!r}")
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a Plan, got {type(plan).__name__}")
+    if worker is not None and not hasattr(worker_class, "worker_index"):
+        raise TypeError(
+            f"{worker_class.__name__} has no worker_index, so worker={worker} cannot pick one "
+            "instance: make only that worker's Props from the faulty class (worker=None)"
+        )
+    receive = getattr(worker_class, "receive", None)
+    on_message, on_method = _places(worker_class, phases, callable(receive))
+
+    def take(instance: Any, names: list[str]) -> tuple[str, _Armed] | None:
+        if worker is not None and getattr(instance, "worker_index", None) != worker:
+            return None
+        for name in names:
+            armed = plan._take(name)
+            if armed is not None:
+                return name, armed
+        return None
+
+    namespace: dict[str, Any] = {"__module__": worker_class.__module__}
+    for method, names in on_method.items():
+        namespace[method] = _hooked(getattr(worker_class, method), names, take)
+    if on_message and receive is not None:
+        namespace["receive"] = _hooked_receive(receive, on_message, take)
+    name = f"Faulty{worker_class.__name__}"
+    namespace["__qualname__"] = name
+    return type(name, (worker_class,), namespace)  # type: ignore[return-value]
+
+
+def _places(
+    worker_class: type, phases: Mapping[str, str | type], has_receive: bool
+) -> tuple[list[tuple[str, type]], dict[str, list[str]]]:
+    """`phases` split into message phases `(phase, message class)` and hook
+    phases `{method name: [phase, ...]}`, checked (see `inject_faults`)."""
+    if not phases:
+        raise ValueError("phases is empty: name at least one phase to fail")
+    on_message: list[tuple[str, type]] = []
+    on_method: dict[str, list[str]] = {}
+    for phase, place in phases.items():
+        if isinstance(place, type):
+            if not has_receive:
+                raise TypeError(
+                    f"{worker_class.__name__} has no receive for message phase {phase!r}"
+                )
+            on_message.append((phase, place))
+        elif isinstance(place, str):
+            _check_hook(worker_class, place)
+            on_method.setdefault(place, []).append(phase)
+        else:
+            raise TypeError(
+                f"phase {phase!r}: place must be a message class or a method name, got {place!r}"
+            )
+    return on_message, on_method
+
+
+def _check_hook(worker_class: type, name: str) -> None:
+    if name.startswith("_"):
+        raise ValueError(
+            f"{name!r} is private: put phases on messages or documented public hooks "
+            f"of {worker_class.__name__}"
+        )
+    if not inspect.isfunction(inspect.getattr_static(worker_class, name, None)):
+        raise ValueError(f"{worker_class.__name__} has no public method {name!r}")
+
+
+Taker = Callable[[Any, list[str]], "tuple[str, _Armed] | None"]
+
+
+def _hooked(original: Callable[..., Any], names: list[str], take: Taker) -> Callable[..., Any]:
+    """`original`, consulting the plan first (async if `original` is).
+
+    A fault stalls for its delay, then raises before the work, or with
+    `after` once the work is done (a delay-only fault raises nothing)."""
+    if inspect.iscoroutinefunction(original):
+
+        async def hooked_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+            fault = take(self, names)
+            if fault is None:
+                return await original(self, *args, **kwargs)
+            phase, armed = fault
+            if armed.delay:
+                await asyncio.sleep(armed.delay)  # the injected slowness
+            if not armed.after:
+                armed.raise_error(phase)
+            result = await original(self, *args, **kwargs)
+            armed.raise_error(phase)
+            return result
+
+        return _named_like(hooked_async, original)
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        fault = take(self, names)
+        if fault is None:
+            return original(self, *args, **kwargs)
+        phase, armed = fault
+        if armed.delay:
+            time.sleep(armed.delay)  # the injected slowness, on the hook's own thread
+        if not armed.after:
+            armed.raise_error(phase)
+        result = original(self, *args, **kwargs)
+        armed.raise_error(phase)
+        return result
+
+    return _named_like(hooked, original)
+
+
+def _hooked_receive(
+    original: Callable[..., Any], on_message: list[tuple[str, type]], take: Taker
+) -> Callable[..., Any]:
+    """`receive`, consulting the plan for the message phases first (as `_hooked`)."""
+
+    async def receive(self: Any, message: Any) -> Any:
+        names = [phase for phase, kind in on_message if isinstance(message, kind)]
+        fault = take(self, names) if names else None
+        if fault is not None:
+            if fault[1].delay:
+                await asyncio.sleep(fault[1].delay)  # the injected slowness
+            if not fault[1].after:
+                fault[1].raise_error(fault[0])
+        result = original(self, message)
+        if inspect.isawaitable(result):
+            result = await result
+        if fault is not None:
+            fault[1].raise_error(fault[0])
+        return result
+
+    return _named_like(receive, original)
+
+
+def _named_like(hook: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    hook.__name__ = hook.__qualname__ = original.__name__
+    hook.__doc__ = original.__doc__
+    return hook

@@ -1,0 +1,1 @@
+"""Tests of the testkit (atomr.testkit) beyond the probe: fault injection."""

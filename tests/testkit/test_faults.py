@@ -1,0 +1,170 @@
+"""`atomr.testkit.faults`: a `Plan` fails the armed phase as often as armed,
+and `inject_faults` makes only the named worker fail, at a message or at a
+public hook, before or after the work, and refuses private hooks."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from atomr import Actor, ActorSystem, Props
+from atomr.testkit import Plan, inject_faults
+
+
+class Worker(Actor):
+    """Counts what it did; `worker_index` numbers it; `step` is its hook."""
+
+    def __init__(self, index: int, log: list[str]) -> None:
+        super().__init__()
+        self.index, self.log = index, log
+
+    @property
+    def worker_index(self) -> int:
+        return self.index
+
+    def step(self, what: str) -> str:
+        self.log.append(f"{self.index}:{what}")
+        return what
+
+    async def fetch(self, what: str) -> str:
+        self.log.append(f"{self.index}:fetch {what}")
+        return what
+
+    def receive(self, message: Any) -> Any:
+        if isinstance(message, tuple):
+            return self.step(message[1])
+        self.log.append(f"{self.index}:got {message}")
+        return message
+
+
+def test_a_plan_fails_a_phase_as_often_as_armed() -> None:
+    plan = Plan()
+    plan.fire("p")  # not armed: nothing
+    plan.arm("p", KeyError, times=2)
+    assert plan.armed("p") == 2 and not plan.due("q")
+    with pytest.raises(KeyError, match="injected failure: p"):
+        plan.fire("p")
+    assert plan.due("p")
+    plan.fire("p")  # used up
+    assert plan.armed("p") == 0 and plan.fired == ["p", "p"]
+    error = OSError("this one")
+    plan.arm("p", error)
+    with pytest.raises(OSError) as info:
+        plan.fire("p")
+    assert info.value is error
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error"),
+    [
+        ((1,), {}, TypeError),
+        (("p", "boom"), {}, TypeError),
+        (("p", int), {}, TypeError),
+        (("p",), {"times": 0}, ValueError),
+        (("p",), {"times": 1.5}, TypeError),
+        (("p",), {"delay": -1.0}, ValueError),
+        (("p",), {"delay": float("inf")}, ValueError),
+        (("p", None), {}, ValueError),
+    ],
+)
+def test_arm_refuses_bad_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], error: type
+) -> None:
+    with pytest.raises(error):
+        Plan().arm(*args, **kwargs)
+
+
+def test_a_hook_fails_only_in_the_named_worker_before_or_after_its_work() -> None:
+    plan, log = Plan(), []
+    faulty = inject_faults(Worker, plan, {"step": "step"}, worker=1)
+    assert issubclass(faulty, Worker) and faulty.__name__ == "FaultyWorker"
+    zero, one = faulty(0, log), faulty(1, log)
+    plan.arm("step", ValueError)
+    assert zero.step("a") == "a"  # worker 0 does not use up the arming
+    with pytest.raises(ValueError, match="injected failure: step"):
+        one.step("b")
+    assert log == ["0:a"]  # raised before the work
+    plan.arm("step", ValueError, after=True)
+    with pytest.raises(ValueError):
+        one.step("c")
+    assert log == ["0:a", "1:c"]  # the work ran, then it failed
+    assert one.step("d") == "d" and plan.fired == ["step", "step"]
+
+
+async def test_an_async_hook_stalls_and_fails_as_armed() -> None:
+    plan, log = Plan(), []
+    faulty = inject_faults(Worker, plan, {"slow": "fetch", "bad": "fetch"})
+    worker = faulty(0, log)
+    plan.arm("slow", None, delay=0.01)  # the injected slowness, then it works
+    assert await worker.fetch("x") == "x"
+    plan.arm("bad", RuntimeError)
+    with pytest.raises(RuntimeError, match="bad"):
+        await worker.fetch("y")
+    assert log == ["0:fetch x"] and plan.fired == ["slow", "bad"]
+
+
+async def test_a_message_phase_fails_the_actor_in_receive(actor_system: ActorSystem) -> None:
+    plan, log = Plan(), []
+    faulty = inject_faults(Worker, plan, {"tuple": tuple, "late": str}, worker=0)
+    ref = actor_system.spawn(Props(faulty, 0, log))
+    plan.arm("tuple", ConnectionError)
+    with pytest.raises(ConnectionError, match="injected failure: tuple"):
+        await ref.ask(("step", "a"), timeout=5)
+    assert log == []  # failed before handling it
+    plan.arm("late", ConnectionError, after=True)
+    with pytest.raises(ConnectionError):
+        await ref.ask("hello", timeout=5)
+    assert log == ["0:got hello"]  # handled, then the actor failed instead of replying
+    assert await ref.ask(("step", "b"), timeout=5) == "b"  # restarted, serving
+    assert plan.fired == ["tuple", "late"]
+
+
+def test_a_plan_is_shared_safely_between_threads() -> None:
+    plan = Plan()
+    plan.arm("p", RuntimeError, times=100)
+    failures: list[int] = []
+
+    def hammer() -> None:
+        for _ in range(50):
+            try:
+                plan.fire("p")
+            except RuntimeError:
+                failures.append(1)
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(failures) == 100 and plan.armed("p") == 0
+
+
+class NoIndex:
+    def work(self) -> None:
+        """Public work."""
+
+    def _hidden(self) -> None:
+        """Private work."""
+
+
+@pytest.mark.parametrize(
+    ("cls", "phases", "kwargs", "error", "match"),
+    [
+        ("not a class", {"p": "work"}, {}, TypeError, "must be a class"),
+        (NoIndex, {}, {}, ValueError, "phases is empty"),
+        (NoIndex, {"p": "_hidden"}, {}, ValueError, "private"),
+        (NoIndex, {"p": "missing"}, {}, ValueError, "no public method"),
+        (NoIndex, {"p": 3}, {}, TypeError, "message class or a method name"),
+        (NoIndex, {"p": str}, {}, TypeError, "no receive"),
+        (NoIndex, {"p": "work"}, {"worker": 1}, TypeError, "no worker_index"),
+    ],
+)
+def test_inject_faults_refuses_what_it_cannot_hook(
+    cls: Any, phases: dict[str, Any], kwargs: dict[str, Any], error: type, match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        inject_faults(cls, Plan(), phases, **kwargs)
+    with pytest.raises(TypeError, match="plan must be a Plan"):
+        inject_faults(NoIndex, object(), {"p": "work"})  # type: ignore[arg-type]

@@ -209,8 +209,10 @@ class Backend(abc.ABC):
         self.matmul_unchecked(a, b, out, bool(trans_a), bool(trans_b), bool(accumulate))
 
     @abc.abstractmethod
-    def matmul_unchecked(self, a: Any, b: Any, out: Any, ta: bool, tb: bool, acc: bool) -> None:
-        """``matmul`` without the checks (``ta``, ``tb``, ``acc``: the transposes and ``accumulate``). See "Unchecked entries" in the class docstring."""
+    def matmul_unchecked(
+        self, a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool, accumulate: bool
+    ) -> None:
+        """``matmul`` without the checks. See "Unchecked entries" in the class docstring."""
 
     # ------------------------------------------------------------ bias
 
@@ -262,7 +264,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def bias_grad_unchecked(self, dy: Any, out: Any, acc: bool) -> None:
-        """``bias_grad`` without the checks (``acc``: ``accumulate``). See "Unchecked entries" in the class docstring."""
+        """``bias_grad`` without the checks. See "Unchecked entries" in the class docstring."""
 
     # ------------------------------------------------------------ activations
 
@@ -613,7 +615,7 @@ class Backend(abc.ABC):
         p: Any,
         g: Any,
         buf: Any,
-        hyperparameters: SgdHyperparameters,
+        hyper: SgdHyperparameters,
         step: int,
         p_out: Any,
         buf_out: Any,
@@ -692,7 +694,7 @@ class Backend(abc.ABC):
         g: Any,
         m: Any,
         v: Any,
-        hyperparameters: AdamHyperparameters,
+        hyper: AdamHyperparameters,
         step: int,
         p_out: Any,
         m_out: Any,

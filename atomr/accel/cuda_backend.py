@@ -130,8 +130,10 @@ class CudaBackend(Backend):
 
     # kernels
 
-    def matmul_unchecked(self, a: Any, b: Any, out: Any, ta: bool, tb: bool, acc: bool) -> None:
-        matmul.matmul_cuda(a, b, out, ta, tb, acc)
+    def matmul_unchecked(
+        self, a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool, accumulate: bool
+    ) -> None:
+        matmul.matmul_cuda(a, b, out, trans_a, trans_b, accumulate)
 
     def bias_add_unchecked(self, x: Any, bias: Any) -> None:
         elementwise.bias_add_cuda(x, bias)
@@ -189,12 +191,12 @@ class CudaBackend(Backend):
         p: Any,
         g: Any,
         buf: Any,
-        hyperparameters: SgdHyperparameters,
+        hyper: SgdHyperparameters,
         step: int,
         p_out: Any,
         buf_out: Any,
     ) -> None:
-        optim.sgd_step_cuda(p, g, buf, hyperparameters, step, p_out, buf_out)
+        optim.sgd_step_cuda(p, g, buf, hyper, step, p_out, buf_out)
 
     def adam_step_unchecked(
         self,
@@ -202,10 +204,10 @@ class CudaBackend(Backend):
         g: Any,
         m: Any,
         v: Any,
-        hyperparameters: AdamHyperparameters,
+        hyper: AdamHyperparameters,
         step: int,
         p_out: Any,
         m_out: Any,
         v_out: Any,
     ) -> None:
-        optim.adam_step_cuda(p, g, m, v, hyperparameters, step, p_out, m_out, v_out)
+        optim.adam_step_cuda(p, g, m, v, hyper, step, p_out, m_out, v_out)

@@ -35,6 +35,20 @@ class Backend(abc.ABC):
     All ops validate their inputs first and raise ``TypeError`` (wrong array type
     or dtype) or ``ValueError`` (wrong shape, non-contiguous, read-only, bad
     argument value) without touching any buffer.
+
+    Unchecked entries: each op ``name`` is ``validate``, then
+    ``name_unchecked``, which launches the kernel at once. A caller that made
+    and shaped its buffers itself (a model's forward and backward over its own
+    parameters and activations, a loss on the model's output with targets
+    validated at the trainer's boundary, an optimizer over buffers it checked
+    once) may call ``name_unchecked`` directly and skip the checks it already
+    knows hold. Such a caller guarantees what the checks would: buffers of this
+    backend, C-contiguous, of one float dtype, shapes that fit, writable
+    outputs that do not overlap the inputs where the op forbids it; element-wise
+    ops and reductions take flat (1-D) buffers and scalars of the buffers'
+    dtype. Nothing is checked, so a wrong argument may give wrong numbers or a
+    numba error instead of a clear ``TypeError`` / ``ValueError``: users'
+    code should call the checked ops.
     """
 
     #: the float dtypes this backend computes in (float32 first: the default)
@@ -139,12 +153,13 @@ class Backend(abc.ABC):
             TypeError: not buffers of this backend, or dtypes differ.
             ValueError: shapes differ, or a buffer is not contiguous.
         """
-        self._check("copy", src=src, dst=dst, any_dtype=True, read_only=("src",))
+        self.validate("copy", src=src, dst=dst, any_dtype=True, read_only=("src",))
         self._same_shape("copy", ("src", src), ("dst", dst))
-        self._copy(src, dst)
+        self.copy_unchecked(src, dst)
 
     @abc.abstractmethod
-    def _copy(self, src: Any, dst: Any) -> None: ...
+    def copy_unchecked(self, src: Any, dst: Any) -> None:
+        """``copy`` without the checks: ``dst[...] = src``. See "Unchecked entries" in the class docstring."""
 
     def synchronize(self) -> None:
         """Wait until all work queued on this device is done (a no-op on the CPU)."""
@@ -177,7 +192,7 @@ class Backend(abc.ABC):
             ValueError: not 2-D, inner or output dimensions mismatch, not contiguous,
                 out overlaps a or b.
         """
-        self._check("matmul", a=a, b=b, out=out, read_only=("a", "b"))
+        self.validate("matmul", a=a, b=b, out=out, read_only=("a", "b"))
         self._ndim("matmul", 2, a=a, b=b, out=out)
         m, ka = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
         kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
@@ -191,10 +206,13 @@ class Backend(abc.ABC):
         for name, x in (("a", a), ("b", b)):
             if self._overlaps(out, x):
                 raise ValueError(f"matmul: out overlaps {name}; write to a separate buffer")
-        self._matmul(a, b, out, bool(trans_a), bool(trans_b), bool(accumulate))
+        self.matmul_unchecked(a, b, out, bool(trans_a), bool(trans_b), bool(accumulate))
 
     @abc.abstractmethod
-    def _matmul(self, a: Any, b: Any, out: Any, ta: bool, tb: bool, acc: bool) -> None: ...
+    def matmul_unchecked(
+        self, a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool, accumulate: bool
+    ) -> None:
+        """``matmul`` without the checks. See "Unchecked entries" in the class docstring."""
 
     # ------------------------------------------------------------ bias
 
@@ -209,7 +227,7 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
             ValueError: shapes do not match, not contiguous.
         """
-        self._check("bias_add", x=x, bias=bias, read_only=("bias",))
+        self.validate("bias_add", x=x, bias=bias, read_only=("bias",))
         self._ndim("bias_add", 2, x=x)
         self._ndim("bias_add", 1, bias=bias)
         if bias.shape[0] != x.shape[1]:
@@ -217,10 +235,11 @@ class Backend(abc.ABC):
                 f"bias_add: bias has shape {tuple(bias.shape)}, expected ({x.shape[1]},)"
                 f" for x of shape {tuple(x.shape)}"
             )
-        self._bias_add(x, bias)
+        self.bias_add_unchecked(x, bias)
 
     @abc.abstractmethod
-    def _bias_add(self, x: Any, bias: Any) -> None: ...
+    def bias_add_unchecked(self, x: Any, bias: Any) -> None:
+        """``bias_add`` without the checks. See "Unchecked entries" in the class docstring."""
 
     def bias_grad(self, dy: Any, out: Any, accumulate: bool = False) -> None:
         """``out (+)= dy.sum(axis=0)``: the bias gradient.
@@ -234,17 +253,18 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
             ValueError: shapes do not match, not contiguous.
         """
-        self._check("bias_grad", dy=dy, out=out, read_only=("dy",))
+        self.validate("bias_grad", dy=dy, out=out, read_only=("dy",))
         self._ndim("bias_grad", 2, dy=dy)
         self._ndim("bias_grad", 1, out=out)
         if out.shape[0] != dy.shape[1]:
             raise ValueError(
                 f"bias_grad: out has shape {tuple(out.shape)}, expected ({dy.shape[1]},)"
             )
-        self._bias_grad(dy, out, bool(accumulate))
+        self.bias_grad_unchecked(dy, out, bool(accumulate))
 
     @abc.abstractmethod
-    def _bias_grad(self, dy: Any, out: Any, acc: bool) -> None: ...
+    def bias_grad_unchecked(self, dy: Any, out: Any, acc: bool) -> None:
+        """``bias_grad`` without the checks. See "Unchecked entries" in the class docstring."""
 
     # ------------------------------------------------------------ activations
 
@@ -261,9 +281,9 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
         """
         code = self._activation("activation_forward", kind)
-        self._check("activation_forward", x=x, out=out, read_only=("x",))
+        self.validate("activation_forward", x=x, out=out, read_only=("x",))
         self._same_shape("activation_forward", ("x", x), ("out", out))
-        self._activation_forward(code, self._flat(x), self._flat(out))
+        self.activation_forward_unchecked(code, self._flat(x), self._flat(out))
 
     def activation_backward(self, kind: str, x: Any, dy: Any, dx: Any) -> None:
         """``dx = dy * f'(x)``, x the pre-activation.
@@ -279,15 +299,17 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
         """
         code = self._activation("activation_backward", kind)
-        self._check("activation_backward", x=x, dy=dy, dx=dx, read_only=("x", "dy"))
+        self.validate("activation_backward", x=x, dy=dy, dx=dx, read_only=("x", "dy"))
         self._same_shape("activation_backward", ("x", x), ("dy", dy), ("dx", dx))
-        self._activation_backward(code, self._flat(x), self._flat(dy), self._flat(dx))
+        self.activation_backward_unchecked(code, self._flat(x), self._flat(dy), self._flat(dx))
 
     @abc.abstractmethod
-    def _activation_forward(self, code: int, x: Any, out: Any) -> None: ...
+    def activation_forward_unchecked(self, code: int, x: Any, out: Any) -> None:
+        """``activation_forward`` without the checks, on flat buffers; ``code`` is ``ACTIVATIONS[kind]``. See "Unchecked entries" in the class docstring."""
 
     @abc.abstractmethod
-    def _activation_backward(self, code: int, x: Any, dy: Any, dx: Any) -> None: ...
+    def activation_backward_unchecked(self, code: int, x: Any, dy: Any, dx: Any) -> None:
+        """``activation_backward`` without the checks, on flat buffers; ``code`` is ``ACTIVATIONS[kind]``. See "Unchecked entries" in the class docstring."""
 
     # ------------------------------------------------------------ losses
 
@@ -316,7 +338,7 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype, labels not integers.
             ValueError: shape mismatch, not contiguous, a label out of range.
         """
-        self._check("softmax_cross_entropy", logits=logits, grad=grad, read_only=("logits",))
+        self.validate("softmax_cross_entropy", logits=logits, grad=grad, read_only=("logits",))
         self._ndim("softmax_cross_entropy", 2, logits=logits)
         self._same_shape("softmax_cross_entropy", ("logits", logits), ("grad", grad))
         n, c = logits.shape
@@ -354,13 +376,15 @@ class Backend(abc.ABC):
                     f"softmax_cross_entropy: weights have shape {tuple(weights.shape)},"
                     f" expected ({c},) (one per class)"
                 )
-        loss, wsum = self._softmax_cross_entropy(logits, labels, weights, grad)
+        loss, wsum = self.softmax_cross_entropy_unchecked(logits, labels, weights, grad)
         return float(loss), float(wsum)
 
     @abc.abstractmethod
-    def _softmax_cross_entropy(
+    def softmax_cross_entropy_unchecked(
         self, logits: Any, labels: Any, weights: Any | None, grad: Any
-    ) -> tuple[float, float]: ...
+    ) -> tuple[float, float]:
+        """``softmax_cross_entropy`` without the checks: labels in range, of an integer
+        dtype; ``weights`` None or one per class. See "Unchecked entries"."""
 
     def mse(self, pred: Any, target: Any, grad: Any) -> float:
         """Fused squared error, forward and backward, as a sum.
@@ -380,12 +404,13 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
             ValueError: shapes differ, not contiguous.
         """
-        self._check("mse", pred=pred, target=target, grad=grad, read_only=("pred", "target"))
+        self.validate("mse", pred=pred, target=target, grad=grad, read_only=("pred", "target"))
         self._same_shape("mse", ("pred", pred), ("target", target), ("grad", grad))
-        return float(self._mse(self._flat(pred), self._flat(target), self._flat(grad)))
+        return float(self.mse_unchecked(self._flat(pred), self._flat(target), self._flat(grad)))
 
     @abc.abstractmethod
-    def _mse(self, pred: Any, target: Any, grad: Any) -> float: ...
+    def mse_unchecked(self, pred: Any, target: Any, grad: Any) -> float:
+        """``mse`` without the checks, on flat buffers. See "Unchecked entries" in the class docstring."""
 
     # ------------------------------------------------------------ blas-1 and reductions
 
@@ -402,12 +427,13 @@ class Backend(abc.ABC):
             ValueError: shapes differ, not contiguous.
         """
         alpha = _real("axpy", "alpha", alpha)
-        self._check("axpy", x=x, y=y, read_only=("x",))
+        self.validate("axpy", x=x, y=y, read_only=("x",))
         self._same_shape("axpy", ("x", x), ("y", y))
-        self._axpy(y.dtype.type(alpha), self._flat(x), self._flat(y))
+        self.axpy_unchecked(y.dtype.type(alpha), self._flat(x), self._flat(y))
 
     @abc.abstractmethod
-    def _axpy(self, alpha: Any, x: Any, y: Any) -> None: ...
+    def axpy_unchecked(self, alpha: Any, x: Any, y: Any) -> None:
+        """``axpy`` without the checks, on flat buffers; ``alpha`` a scalar of their dtype. See "Unchecked entries" in the class docstring."""
 
     def scale(self, x: Any, alpha: float) -> None:
         """``x *= alpha`` in place.
@@ -421,11 +447,12 @@ class Backend(abc.ABC):
             ValueError: not contiguous.
         """
         alpha = _real("scale", "alpha", alpha)
-        self._check("scale", x=x)
-        self._scale(self._flat(x), x.dtype.type(alpha))
+        self.validate("scale", x=x)
+        self.scale_unchecked(self._flat(x), x.dtype.type(alpha))
 
     @abc.abstractmethod
-    def _scale(self, x: Any, alpha: Any) -> None: ...
+    def scale_unchecked(self, x: Any, alpha: Any) -> None:
+        """``scale`` without the checks, on a flat buffer; ``alpha`` a scalar of its dtype. See "Unchecked entries" in the class docstring."""
 
     def sum_into(self, out: Any, buffers: Sequence[Any]) -> None:
         """``out = sum(buffers)`` element-wise (the reference all-reduce).
@@ -445,14 +472,13 @@ class Backend(abc.ABC):
         if len(buffers) == 0:
             raise ValueError("sum_into: needs at least one buffer")
         named = {f"buffers[{k}]": b for k, b in enumerate(buffers)}
-        self._check("sum_into", out=out, read_only=tuple(named), **named)
+        self.validate("sum_into", out=out, read_only=tuple(named), **named)
         self._same_shape("sum_into", ("out", out), *named.items())
-        self._sum_into(self._flat(out), [self._flat(b) for b in buffers], buffers, out)
+        self.sum_into_unchecked(self._flat(out), [self._flat(b) for b in buffers])
 
     @abc.abstractmethod
-    def _sum_into(
-        self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any
-    ) -> None: ...
+    def sum_into_unchecked(self, out: Any, buffers: Sequence[Any]) -> None:
+        """``sum_into`` on trusted flat buffers (see "Unchecked entries")."""
 
     def sum_scale_norm(self, out: Any, buffers: Sequence[Any], alpha: float) -> float:
         """``out = sum(buffers) * alpha`` and its ``sum(out^2)`` (float64), fused.
@@ -483,22 +509,18 @@ class Backend(abc.ABC):
         if len(buffers) == 0:
             raise ValueError("sum_scale_norm: needs at least one buffer")
         named = {f"buffers[{k}]": b for k, b in enumerate(buffers)}
-        self._check("sum_scale_norm", out=out, read_only=tuple(named), **named)
+        self.validate("sum_scale_norm", out=out, read_only=tuple(named), **named)
         self._same_shape("sum_scale_norm", ("out", out), *named.items())
         return float(
-            self._sum_scale_norm(
-                self._flat(out),
-                [self._flat(b) for b in buffers],
-                buffers,
-                out,
-                out.dtype.type(alpha),
+            self.sum_scale_norm_unchecked(
+                self._flat(out), [self._flat(b) for b in buffers], out.dtype.type(alpha)
             )
         )
 
     @abc.abstractmethod
-    def _sum_scale_norm(
-        self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any, alpha: Any
-    ) -> float: ...
+    def sum_scale_norm_unchecked(self, out: Any, buffers: Sequence[Any], alpha: Any) -> float:
+        """``sum_scale_norm`` on trusted flat buffers, ``alpha`` a scalar of their
+        dtype; returns the raw sum (see "Unchecked entries")."""
 
     def squared_norm(self, x: Any) -> float:
         """``sum(x^2)`` accumulated in float64 (gradient clipping: norm = sqrt of it).
@@ -513,11 +535,12 @@ class Backend(abc.ABC):
             TypeError: wrong array type or dtype.
             ValueError: not contiguous.
         """
-        self._check("squared_norm", x=x, read_only=("x",))
-        return float(self._squared_norm(self._flat(x)))
+        self.validate("squared_norm", x=x, read_only=("x",))
+        return float(self.squared_norm_unchecked(self._flat(x)))
 
     @abc.abstractmethod
-    def _squared_norm(self, x: Any) -> float: ...
+    def squared_norm_unchecked(self, x: Any) -> float:
+        """``squared_norm`` without the checks, on a flat buffer. See "Unchecked entries" in the class docstring."""
 
     # ------------------------------------------------------------ optimizers
 
@@ -574,7 +597,7 @@ class Backend(abc.ABC):
             bufs["momentum_out"] = momentum_out
         read_only = ["grads"] + ["params"] * (params_out is not None)
         read_only += ["momentum_buf"] * (momentum_out is not None)
-        self._check("sgd_step", read_only=read_only, **bufs)
+        self.validate("sgd_step", read_only=read_only, **bufs)
         self._same_shape("sgd_step", *bufs.items())
         flat_p = self._flat(params)
         flat_buf = self._flat(momentum_buf) if momentum_buf is not None else flat_p
@@ -582,19 +605,22 @@ class Backend(abc.ABC):
         out_buf = self._flat(momentum_out) if momentum_out is not None else flat_buf
         if momentum_buf is None:
             out_buf = out_p
-        self._sgd_step(flat_p, self._flat(grads), flat_buf, hyperparameters, step, out_p, out_buf)
+        self.sgd_step_unchecked(
+            flat_p, self._flat(grads), flat_buf, hyperparameters, step, out_p, out_buf
+        )
 
     @abc.abstractmethod
-    def _sgd_step(
+    def sgd_step_unchecked(
         self,
         p: Any,
         g: Any,
         buf: Any,
-        hyperparameters: SgdHyperparameters,
+        hyper: SgdHyperparameters,
         step: int,
         p_out: Any,
         buf_out: Any,
-    ) -> None: ...
+    ) -> None:
+        """``sgd_step`` without the checks, on flat buffers; every output given (the input itself for in place; ``buf`` and ``buf_out`` may be ``p`` and ``p_out`` when momentum is 0). See "Unchecked entries" in the class docstring."""
 
     def adam_step(
         self,
@@ -646,10 +672,10 @@ class Backend(abc.ABC):
             if out is not None:
                 bufs[f"{name}_out"] = out
         read_only = ["grads"] + [name for name, out in outs.items() if out is not None]
-        self._check("adam_step", read_only=read_only, **bufs)
+        self.validate("adam_step", read_only=read_only, **bufs)
         self._same_shape("adam_step", *bufs.items())
         flat = {name: self._flat(bufs[name] if out is None else out) for name, out in outs.items()}
-        self._adam_step(
+        self.adam_step_unchecked(
             self._flat(params),
             self._flat(grads),
             self._flat(exp_avg),
@@ -662,18 +688,19 @@ class Backend(abc.ABC):
         )
 
     @abc.abstractmethod
-    def _adam_step(
+    def adam_step_unchecked(
         self,
         p: Any,
         g: Any,
         m: Any,
         v: Any,
-        hyperparameters: AdamHyperparameters,
+        hyper: AdamHyperparameters,
         step: int,
         p_out: Any,
         m_out: Any,
         v_out: Any,
-    ) -> None: ...
+    ) -> None:
+        """``adam_step`` without the checks, on flat buffers; every output given (the input itself for in place). See "Unchecked entries" in the class docstring."""
 
     # ------------------------------------------------------------ validation helpers
 
@@ -688,11 +715,23 @@ class Backend(abc.ABC):
             )
         return ACTIVATIONS[kind.lower()]
 
-    def _check(
+    def validate(
         self, op: str, any_dtype: bool = False, read_only: Collection[str] = (), **buffers: Any
     ) -> None:
-        """Type, dtype (shared by all) and contiguity of ``buffers``, and writeability
-        of those not named in ``read_only`` (the inputs an op only reads)."""
+        """Check the buffers of one call of op ``op`` (what every checked op does first).
+
+        Args:
+            op: the op's name, for the messages.
+            any_dtype: accept any dtype (else only ``float_dtypes``); all must share one.
+            read_only: the names of the buffers the op only reads (the others
+                must be writable).
+            **buffers: the buffers by name.
+
+        Raises:
+            TypeError: not a buffer of this backend, a dtype not accepted, or
+                mixed dtypes.
+            ValueError: not C-contiguous, or a buffer to write that is read-only.
+        """
         dtype = None
         for name, x in buffers.items():
             if not self._is_buffer(x):

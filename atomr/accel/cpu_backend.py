@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from atomr.accel.backend import Backend
-from atomr.accel.hyperparameters import AdamHyperparameters, SgdHyperparameters
 from atomr.accel.kernels import elementwise, loss, matmul, optim, reduce
 
 __all__ = ["CpuBackend"]
@@ -68,27 +67,25 @@ class CpuBackend(Backend):
             raise TypeError(f"to_host: buf must be a NumPy array, got {type(buf).__name__}")
         return buf.copy()
 
-    def _copy(self, src: Any, dst: Any) -> None:
+    def copy_unchecked(self, src: Any, dst: Any) -> None:
         np.copyto(dst, src)
 
-    # kernels
+    # kernels: those whose arguments are the unchecked op's, as they are
+    matmul_unchecked = staticmethod(matmul.matmul_cpu)
+    bias_add_unchecked = staticmethod(elementwise.bias_add_cpu)
+    bias_grad_unchecked = staticmethod(reduce.bias_grad_cpu)
+    axpy_unchecked = staticmethod(elementwise.axpy_cpu)
+    scale_unchecked = staticmethod(elementwise.scale_cpu)
+    sgd_step_unchecked = staticmethod(optim.sgd_step_cpu)
+    adam_step_unchecked = staticmethod(optim.adam_step_cpu)
 
-    def _matmul(self, a: Any, b: Any, out: Any, ta: bool, tb: bool, acc: bool) -> None:
-        matmul.matmul_cpu(a, b, out, ta, tb, acc)
-
-    def _bias_add(self, x: Any, bias: Any) -> None:
-        elementwise.bias_add_cpu(x, bias)
-
-    def _bias_grad(self, dy: Any, out: Any, acc: bool) -> None:
-        reduce.bias_grad_cpu(dy, out, acc)
-
-    def _activation_forward(self, code: int, x: Any, out: Any) -> None:
+    def activation_forward_unchecked(self, code: int, x: Any, out: Any) -> None:
         elementwise.activation_forward_cpu(code, x, out, x.dtype == np.float32)
 
-    def _activation_backward(self, code: int, x: Any, dy: Any, dx: Any) -> None:
+    def activation_backward_unchecked(self, code: int, x: Any, dy: Any, dx: Any) -> None:
         elementwise.activation_backward_cpu(code, x, dy, dx, x.dtype == np.float32)
 
-    def _softmax_cross_entropy(
+    def softmax_cross_entropy_unchecked(
         self, logits: Any, labels: Any, weights: Any | None, grad: Any
     ) -> tuple[float, float]:
         w = (
@@ -100,68 +97,37 @@ class CpuBackend(Backend):
         total, wsum, bad = loss.softmax_cross_entropy_cpu(
             logits, labels, w, weights is not None, grad, logits.dtype == np.float32
         )
-        if bad >= 0:  # pragma: no cover - labels are checked before the launch
+        if bad >= 0:  # pragma: no cover - checked and trusted callers pass labels in range
             raise ValueError(f"softmax_cross_entropy: label at row {bad} is out of range")
         return total, wsum
 
-    def _mse(self, pred: Any, target: Any, grad: Any) -> float:
+    def mse_unchecked(self, pred: Any, target: Any, grad: Any) -> float:
         return float(loss.mse_cpu(pred, target, grad))
 
-    def _axpy(self, alpha: Any, x: Any, y: Any) -> None:
-        elementwise.axpy_cpu(alpha, x, y)
+    def sum_into_unchecked(self, out: Any, buffers: Sequence[Any]) -> None:
+        reduce.sum_into_cpu(out, _uniform(buffers))
 
-    def _scale(self, x: Any, alpha: Any) -> None:
-        elementwise.scale_cpu(x, alpha)
-
-    def _sum_into(self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any) -> None:
-        reduce.sum_into_cpu(out, _uniform(flats))
-
-    def _squared_norm(self, x: Any) -> float:
+    def squared_norm_unchecked(self, x: Any) -> float:
         return float(reduce.squared_norm_cpu(x))
 
-    def _sum_scale_norm(
-        self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any, alpha: Any
-    ) -> float:
-        if len(flats) == 2:
-            return float(reduce.sum2_scale_norm_cpu(out, flats[0], flats[1], alpha))
-        if len(flats) == 1:
-            if buffers[0] is not raw_out:
-                np.copyto(out, flats[0])
+    def sum_scale_norm_unchecked(self, out: Any, buffers: Sequence[Any], alpha: Any) -> float:
+        if len(buffers) == 2:
+            return float(reduce.sum2_scale_norm_cpu(out, buffers[0], buffers[1], alpha))
+        if len(buffers) == 1:
+            if buffers[0] is not out:
+                np.copyto(out, buffers[0])
         else:
-            reduce.sum_into_cpu(out, _uniform(flats))
+            reduce.sum_into_cpu(out, _uniform(buffers))
         return float(reduce.scale_norm_cpu(out, alpha))
 
-    def _sgd_step(
-        self,
-        p: Any,
-        g: Any,
-        buf: Any,
-        hyperparameters: SgdHyperparameters,
-        step: int,
-        p_out: Any,
-        buf_out: Any,
-    ) -> None:
-        optim.sgd_step_cpu(p, g, buf, hyperparameters, step, p_out, buf_out)
 
-    def _adam_step(
-        self,
-        p: Any,
-        g: Any,
-        m: Any,
-        v: Any,
-        hyperparameters: AdamHyperparameters,
-        step: int,
-        p_out: Any,
-        m_out: Any,
-        v_out: Any,
-    ) -> None:
-        optim.adam_step_cpu(p, g, m, v, hyperparameters, step, p_out, m_out, v_out)
-
-
-def _uniform(flats: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+def _uniform(flats: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
     """The arrays as one tuple numba can loop over: when some are read-only (a
     distinct numba type), read-only views of all of them."""
-    if all(f.flags.writeable for f in flats):
+    for f in flats:
+        if not f.flags.writeable:
+            break
+    else:
         return tuple(flats)
     views = tuple(f.view() for f in flats)
     for v in views:

@@ -119,7 +119,7 @@ class CudaBackend(Backend):
         with launch_lock():
             return np.array(buf.copy_to_host(), copy=True)
 
-    def _copy(self, src: Any, dst: Any) -> None:
+    def copy_unchecked(self, src: Any, dst: Any) -> None:
         with launch_lock():
             dst.copy_to_device(src)
 
@@ -130,22 +130,24 @@ class CudaBackend(Backend):
 
     # kernels
 
-    def _matmul(self, a: Any, b: Any, out: Any, ta: bool, tb: bool, acc: bool) -> None:
-        matmul.matmul_cuda(a, b, out, ta, tb, acc)
+    def matmul_unchecked(
+        self, a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool, accumulate: bool
+    ) -> None:
+        matmul.matmul_cuda(a, b, out, trans_a, trans_b, accumulate)
 
-    def _bias_add(self, x: Any, bias: Any) -> None:
+    def bias_add_unchecked(self, x: Any, bias: Any) -> None:
         elementwise.bias_add_cuda(x, bias)
 
-    def _bias_grad(self, dy: Any, out: Any, acc: bool) -> None:
+    def bias_grad_unchecked(self, dy: Any, out: Any, acc: bool) -> None:
         reduce.bias_grad_cuda(dy, out, acc)
 
-    def _activation_forward(self, code: int, x: Any, out: Any) -> None:
+    def activation_forward_unchecked(self, code: int, x: Any, out: Any) -> None:
         elementwise.activation_forward_cuda(code, x, out)
 
-    def _activation_backward(self, code: int, x: Any, dy: Any, dx: Any) -> None:
+    def activation_backward_unchecked(self, code: int, x: Any, dy: Any, dx: Any) -> None:
         elementwise.activation_backward_cuda(code, x, dy, dx)
 
-    def _softmax_cross_entropy(
+    def softmax_cross_entropy_unchecked(
         self, logits: Any, labels: Any, weights: Any | None, grad: Any
     ) -> tuple[float, float]:
         if isinstance(labels, np.ndarray):
@@ -164,50 +166,48 @@ class CudaBackend(Backend):
             )
         return total, wsum
 
-    def _mse(self, pred: Any, target: Any, grad: Any) -> float:
+    def mse_unchecked(self, pred: Any, target: Any, grad: Any) -> float:
         return loss.mse_cuda(pred, target, grad)
 
-    def _axpy(self, alpha: Any, x: Any, y: Any) -> None:
+    def axpy_unchecked(self, alpha: Any, x: Any, y: Any) -> None:
         elementwise.axpy_cuda(alpha, x, y)
 
-    def _scale(self, x: Any, alpha: Any) -> None:
+    def scale_unchecked(self, x: Any, alpha: Any) -> None:
         elementwise.scale_cuda(x, alpha)
 
-    def _sum_into(self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any) -> None:
-        alias = next((k for k, b in enumerate(buffers) if self._same_memory(b, raw_out)), None)
-        reduce.sum_into_cuda(out, flats, alias)
+    def sum_into_unchecked(self, out: Any, buffers: Sequence[Any]) -> None:
+        alias = next((k for k, b in enumerate(buffers) if self._same_memory(b, out)), None)
+        reduce.sum_into_cuda(out, buffers, alias)
 
-    def _squared_norm(self, x: Any) -> float:
+    def squared_norm_unchecked(self, x: Any) -> float:
         return reduce.squared_norm_cuda(x)
 
-    def _sum_scale_norm(
-        self, out: Any, flats: list[Any], buffers: Sequence[Any], raw_out: Any, alpha: Any
-    ) -> float:
-        alias = next((k for k, b in enumerate(buffers) if self._same_memory(b, raw_out)), None)
-        return reduce.sum_scale_norm_cuda(out, flats, alpha, alias)
+    def sum_scale_norm_unchecked(self, out: Any, buffers: Sequence[Any], alpha: Any) -> float:
+        alias = next((k for k, b in enumerate(buffers) if self._same_memory(b, out)), None)
+        return reduce.sum_scale_norm_cuda(out, buffers, alpha, alias)
 
-    def _sgd_step(
+    def sgd_step_unchecked(
         self,
         p: Any,
         g: Any,
         buf: Any,
-        hyperparameters: SgdHyperparameters,
+        hyper: SgdHyperparameters,
         step: int,
         p_out: Any,
         buf_out: Any,
     ) -> None:
-        optim.sgd_step_cuda(p, g, buf, hyperparameters, step, p_out, buf_out)
+        optim.sgd_step_cuda(p, g, buf, hyper, step, p_out, buf_out)
 
-    def _adam_step(
+    def adam_step_unchecked(
         self,
         p: Any,
         g: Any,
         m: Any,
         v: Any,
-        hyperparameters: AdamHyperparameters,
+        hyper: AdamHyperparameters,
         step: int,
         p_out: Any,
         m_out: Any,
         v_out: Any,
     ) -> None:
-        optim.adam_step_cuda(p, g, m, v, hyperparameters, step, p_out, m_out, v_out)
+        optim.adam_step_cuda(p, g, m, v, hyper, step, p_out, m_out, v_out)

@@ -90,12 +90,10 @@ async def ask_all_settled(
             raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
     else:
         messages = [messages] * len(refs)
-    return list(
-        await asyncio.gather(
-            *(ref.ask(message, timeout) for ref, message in zip(refs, messages, strict=True)),
-            return_exceptions=True,
-        )
-    )
+    asks = []
+    for ref, message in zip(refs, messages, strict=True):
+        asks.append(ref.ask(message, timeout))
+    return list(await asyncio.gather(*asks, return_exceptions=True))
 
 
 def failed_indices(results: Sequence[Any]) -> list[int]:
@@ -107,7 +105,11 @@ def failed_indices(results: Sequence[Any]) -> list[int]:
     Returns:
         The indices whose entry is an exception, in order.
     """
-    return [i for i, r in enumerate(results) if isinstance(r, BaseException)]
+    failed = []
+    for i, r in enumerate(results):
+        if isinstance(r, BaseException):
+            failed.append(i)
+    return failed
 
 
 async def ask_all_or_abort(

@@ -119,10 +119,9 @@ class DoubleBuffer:
             return
         self._old = None
         _owner, _attr, optimizer, params, bufs, _step = old
-        current = [id(b) for b in optimizer.buffers().values() if b is not None]
         self._spare_params = params
         # a buffer the step did not replace (SGD without momentum) is still current
-        self._spare = {k: b for k, b in bufs.items() if b is not None and id(b) not in current}
+        self._spare = _others(bufs, optimizer.buffers())
 
     def rollback(self) -> None:
         """Undo the pending step: the old set becomes current again (the new
@@ -139,9 +138,20 @@ class DoubleBuffer:
         new_params, new_bufs = getattr(owner, attr), optimizer.buffers()
         setattr(owner, attr, params)
         optimizer.adopt(bufs, step)
-        old_ids = [id(b) for b in bufs.values() if b is not None]
         self._spare_params = new_params
-        self._spare = {k: b for k, b in new_bufs.items() if b is not None and id(b) not in old_ids}
+        self._spare = _others(new_bufs, bufs)
+
+
+def _others(buffers: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """The buffers (by name) that exist and are none of `current`'s (by identity)."""
+    ids = set()
+    for b in current.values():
+        ids.add(id(b))
+    found = {}
+    for name, b in buffers.items():
+        if b is not None and id(b) not in ids:
+            found[name] = b
+    return found
 
 
 def worker_decider(error: BaseException) -> Directive:

@@ -47,13 +47,13 @@ def test_mlp_loss_and_optimizer_on_cuda_equal_cpu() -> None:
 
 async def test_trainer_on_cuda_equals_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     launches = {"matmul": 0}
-    original = CudaBackend.matmul
+    original = CudaBackend.matmul_unchecked
 
     def counting(self: CudaBackend, *args: Any, **kwargs: Any) -> Any:
         launches["matmul"] += 1
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(CudaBackend, "matmul", counting)
+    monkeypatch.setattr(CudaBackend, "matmul_unchecked", counting)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((4, 3)).astype(np.float32)
     y = rng.integers(0, 2, size=4)

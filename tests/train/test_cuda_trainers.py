@@ -92,7 +92,8 @@ Driver = Callable[[ActorSystem, Sequence[str]], Awaitable[Handle]]
 
 @pytest.fixture(autouse=True)
 def cuda_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Counts of CudaBackend matmuls and optimizer steps, to prove the CUDA
+    """Counts of CudaBackend matmuls and optimizer steps (the unchecked entries
+    the models and optimizers call), to prove the CUDA
     runs really ran on the GPU (and the CPU runs did not)."""
     counts = {"matmul": 0, "optimizer": 0}
 
@@ -105,9 +106,9 @@ def cuda_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
         monkeypatch.setattr(CudaBackend, name, wrapper)
 
-    counting("matmul", "matmul")
-    counting("sgd_step", "optimizer")
-    counting("adam_step", "optimizer")
+    counting("matmul_unchecked", "matmul")
+    counting("sgd_step_unchecked", "optimizer")
+    counting("adam_step_unchecked", "optimizer")
     return counts
 
 

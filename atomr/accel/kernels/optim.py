@@ -260,7 +260,7 @@ def sgd_step_cpu(
     The results go to ``p_out`` / ``buf_out`` (default: ``p`` / ``buf``, in place).
     """
     args = hyper.kernel_args(step)
-    if _in_place((p, p_out), (buf, buf_out)):
+    if (p_out is None or p_out is p) and (buf_out is None or buf_out is buf):
         _sgd_loop(p, g, buf, *args)
     else:
         outs = (p if p_out is None else p_out, buf if buf_out is None else buf_out)
@@ -283,13 +283,12 @@ def adam_step_cpu(
     The results go to ``p_out`` / ``m_out`` / ``v_out`` (default: in place).
     """
     coeffs = hyper.kernel_args(step, p.dtype)
-    if _in_place((p, p_out), (m, m_out), (v, v_out)):
+    if (
+        (p_out is None or p_out is p)
+        and (m_out is None or m_out is m)
+        and (v_out is None or v_out is v)
+    ):
         _adam_loop(p, g, m, v, *coeffs)
     else:
         outs = (m if m_out is None else m_out, v if v_out is None else v_out)
         _adam_loop_out(p, g, m, v, p if p_out is None else p_out, *outs, *coeffs)
-
-
-def _in_place(*pairs: tuple[Any, Any]) -> bool:
-    """True when every output is omitted or is its input."""
-    return all(out is None or out is arr for arr, out in pairs)

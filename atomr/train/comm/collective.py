@@ -211,11 +211,23 @@ class HostCollective(Collective):
         return out
 
     def _sum(self, buffers: list[np.ndarray]) -> np.ndarray:
+        """The sum of buffers `check_buffers` passed, into the collective's own
+        output: the backend's unchecked kernel over flat views (copies where a
+        buffer is not contiguous).
+
+        Raises:
+            TypeError: a dtype the backend does not compute in.
+        """
         out = self._out_for(buffers[0])
         if len(buffers) == 1:
             np.copyto(out, buffers[0])
-        else:
-            self.backend.sum_into(out, buffers)
+            return out
+        if out.dtype not in self.backend.float_dtypes:
+            raise TypeError(f"all_reduce: the buffers' dtype {out.dtype} is not a float dtype")
+        flats = []
+        for b in buffers:
+            flats.append(b.reshape(-1))
+        self.backend.sum_into_unchecked(out.reshape(-1), flats)
         return out
 
     async def all_reduce(self, buffers: Sequence[Any], *, scale: float | None = None) -> np.ndarray:

@@ -15,7 +15,6 @@ which keeps them exact for any split of the batch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -90,24 +89,35 @@ class LossKind:
     def sums(self, backend: Any, outputs: Any, targets: Any, grad: Any) -> tuple[float, float]:
         """Loss sum and normaliser on a device, with the gradient of the sum.
 
+        The buffers go to the backend's unchecked kernels (`Backend`
+        docstring): they are the model's output, a buffer made for its
+        gradient, and targets that `validate_targets` (a trainer's boundary)
+        has passed.
+
         Args:
             backend: the device's kernels (`atomr.accel.backend_for(device)`).
-            outputs: model outputs `(batch, out_width)` in the backend's memory.
-            targets: int64 labels `(batch,)` (cross-entropy) or targets shaped
-                like `outputs` (MSE), in the backend's memory.
-            grad: buffer shaped like `outputs`; receives d(sum)/d(outputs).
+            outputs: model outputs `(batch, out_width)` in the backend's
+                memory, C-contiguous.
+            targets: validated int64 labels `(batch,)` (cross-entropy) or
+                targets shaped like `outputs` (MSE), in the backend's memory
+                (CE labels may also be a host array).
+            grad: contiguous buffer shaped like `outputs`; receives
+                d(sum)/d(outputs).
 
         Returns:
             `(loss_sum, normaliser)`; the mean loss is their quotient and its
             gradient is `grad / normaliser`.
         """
         if self.name == "mse":
-            loss_sum = float(backend.mse(outputs, targets, grad))
-            return loss_sum, float(math.prod(outputs.shape))
+            flat = outputs.reshape(-1)
+            loss_sum = backend.mse_unchecked(flat, targets.reshape(-1), grad.reshape(-1))
+            return float(loss_sum), float(flat.shape[0])
         weights = None
         if self.class_weights is not None:
             weights = np.asarray(self.class_weights, dtype=np.dtype(outputs.dtype))
-        loss_sum, weight_sum = backend.softmax_cross_entropy(outputs, targets, weights, grad)
+        loss_sum, weight_sum = backend.softmax_cross_entropy_unchecked(
+            outputs, targets, weights, grad
+        )
         return float(loss_sum), float(weight_sum)
 
     def validate_targets(

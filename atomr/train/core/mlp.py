@@ -155,6 +155,14 @@ class Mlp:
         self.activate_last = bool(activate_last)
         self._offsets = _layout(self.sizes)
         self.n_params = self._offsets[-1].stop
+        # per layer: where W and b sit, and the activation code that follows (None: none)
+        self._slices = [
+            (slice(o.w_offset, o.b_offset), o.w_shape, slice(o.b_offset, o.stop))
+            for o in self._offsets
+        ]
+        last = len(self._offsets) - 1
+        code = None if activation == "identity" else ACTIVATIONS[activation]
+        self._codes = [code if k < last or self.activate_last else None for k in range(last + 1)]
         self.seed = None  # None when built from given parameters
 
     def _allocate(self, host: np.ndarray) -> None:
@@ -293,25 +301,26 @@ class Mlp:
         """
         return list(self._offsets)
 
+    def _layer(self, vector: Any, layer: int) -> tuple[Any, Any]:
+        """Layer `layer`'s `(W, b)`: views into `vector` (`params` or `grads`)."""
+        w, shape, b = self._slices[layer]
+        return vector[w].reshape(shape), vector[b]
+
     def weights(self, layer: int) -> Any:
         """`W_layer`, a `(in, out)` view into `params`."""
-        off = self._offsets[layer]
-        return self.params[off.w_offset : off.b_offset].reshape(off.w_shape)
+        return self._layer(self.params, layer)[0]
 
     def bias(self, layer: int) -> Any:
         """`b_layer`, a `(out,)` view into `params`."""
-        off = self._offsets[layer]
-        return self.params[off.b_offset : off.stop]
+        return self._layer(self.params, layer)[1]
 
     def grad_weights(self, layer: int) -> Any:
         """dLoss/dW_layer, a `(in, out)` view into `grads`."""
-        off = self._offsets[layer]
-        return self.grads[off.w_offset : off.b_offset].reshape(off.w_shape)
+        return self._layer(self.grads, layer)[0]
 
     def grad_bias(self, layer: int) -> Any:
         """dLoss/db_layer, a `(out,)` view into `grads`."""
-        off = self._offsets[layer]
-        return self.grads[off.b_offset : off.stop]
+        return self._layer(self.grads, layer)[1]
 
     def get_params(self) -> np.ndarray:
         """A host copy of the flat parameter vector."""
@@ -334,9 +343,6 @@ class Mlp:
 
     # -- math ---------------------------------------------------------------
 
-    def _activated(self, layer: int) -> bool:
-        return layer < self.n_layers - 1 or self.activate_last
-
     def forward(self, x: Any) -> Any:
         """Inference: the model output for a batch (keeps nothing for backward).
 
@@ -351,8 +357,13 @@ class Mlp:
     def forward_train(self, x: Any) -> Tape:
         """Forward pass that keeps what `backward` needs.
 
+        The model's own buffers go to the backend's unchecked kernels
+        (`Backend` docstring): `x` is the one input it does not make, so it
+        must be what `Mlp` documents (the trainers validate it at their
+        boundary).
+
         Args:
-            x: `(batch, in_width)` in the device's memory, of `dtype`.
+            x: `(batch, in_width)` in the device's memory, of `dtype`, C-contiguous.
 
         Returns:
             The `Tape`; `tape.output` is the model output.
@@ -361,15 +372,15 @@ class Mlp:
         tape = Tape()
         a = x
         batch = x.shape[0]
-        for layer in range(self.n_layers):
-            out = self.sizes[layer + 1]
+        for layer, code in enumerate(self._codes):
+            w, b = self._layer(self.params, layer)
             tape.inputs.append(a)
-            z = be.empty((batch, out), dtype=self.dtype)
-            be.matmul(a, self.weights(layer), z)
-            be.bias_add(z, self.bias(layer))
-            if self._activated(layer) and self.activation != "identity":
-                a = be.empty((batch, out), dtype=self.dtype)
-                be.activation_forward(self.activation, z, a)
+            z = be.empty((batch, w.shape[1]), dtype=self.dtype)
+            be.matmul_unchecked(a, w, z, False, False, False)
+            be.bias_add_unchecked(z, b)
+            if code is not None:
+                a = be.empty(z.shape, dtype=self.dtype)
+                be.activation_forward_unchecked(code, z.reshape(-1), a.reshape(-1))
                 tape.pre_activations.append(z)
             else:
                 a = z
@@ -384,7 +395,8 @@ class Mlp:
 
         Args:
             tape: from `forward_train` on this model.
-            d_output: dLoss/d(output), shaped like `tape.output`, device memory.
+            d_output: dLoss/d(output), shaped like `tape.output`, device memory,
+                C-contiguous (it goes to the unchecked kernels, as in `forward_train`).
             accumulate: add into `grads` instead of overwriting them.
             input_grad: also compute dLoss/dx (a pipeline stage passes it on).
 
@@ -392,24 +404,22 @@ class Mlp:
             dLoss/dx `(batch, in_width)` when `input_grad`, else None.
         """
         be = self.backend
-        batch = d_output.shape[0]
+        acc = bool(accumulate)
         dz = d_output
-        for layer in range(self.n_layers - 1, -1, -1):
+        for layer in range(len(self._codes) - 1, -1, -1):
             z = tape.pre_activations[layer]
             if z is not None:
                 dz_pre = be.empty(z.shape, dtype=self.dtype)
-                be.activation_backward(self.activation, z, dz, dz_pre)
+                be.activation_backward_unchecked(
+                    self._codes[layer], z.reshape(-1), dz.reshape(-1), dz_pre.reshape(-1)
+                )
                 dz = dz_pre
-            be.matmul(
-                tape.inputs[layer],
-                dz,
-                self.grad_weights(layer),
-                trans_a=True,
-                accumulate=accumulate,
-            )
-            be.bias_grad(dz, self.grad_bias(layer), accumulate=accumulate)
+            gw, gb = self._layer(self.grads, layer)
+            be.matmul_unchecked(tape.inputs[layer], dz, gw, True, False, acc)
+            be.bias_grad_unchecked(dz, gb, acc)
             if layer > 0 or input_grad:
-                da = be.empty((batch, self.sizes[layer]), dtype=self.dtype)
-                be.matmul(dz, self.weights(layer), da, trans_b=True)
+                w = self._layer(self.params, layer)[0]
+                da = be.empty((dz.shape[0], w.shape[0]), dtype=self.dtype)
+                be.matmul_unchecked(dz, w, da, False, True, False)
                 dz = da
         return dz if input_grad else None

@@ -233,12 +233,16 @@ class Optimizer:
         self.dtype = dtype
         self.step_count = 0
 
-    def _check_args(self, params: Any, grads: Any) -> None:
-        for name, arr in (("params", params), ("grads", grads)):
+    def _check_args(self, op: str, read_only: tuple[str, ...], **buffers: Any) -> None:
+        """The caller's buffers, checked once: `(n,)`, this optimizer's dtype,
+        and what the backend's kernels need (`Backend.validate`); the steps
+        then launch the unchecked kernels over them and the optimizer's own state."""
+        for name, arr in buffers.items():
             if tuple(arr.shape) != (self.n,):
                 raise ValueError(f"{name} must have shape ({self.n},), got {tuple(arr.shape)}")
             if np.dtype(arr.dtype) != self.dtype:
                 raise ValueError(f"{name} must be {self.dtype}, got {arr.dtype}")
+        self.backend.validate(op, read_only=read_only, **buffers)
 
     def step(self, params: Any, grads: Any) -> None:
         """Apply one update to `params` in place (one fused kernel pass).
@@ -249,6 +253,7 @@ class Optimizer:
 
         Raises:
             ValueError: wrong shape or dtype (nothing is changed).
+            TypeError: not buffers of the optimizer's backend.
         """
         self._step_in_place(params, grads)
         self.step_count += 1
@@ -273,22 +278,18 @@ class Optimizer:
 
         Raises:
             ValueError: wrong shape or dtype (nothing is changed).
+            TypeError: not buffers of the optimizer's backend.
         """
-        return self._step_out_of_place(params, grads, params_out, spare)
-
-    def _step_in_place(self, params: Any, grads: Any) -> None:
         raise NotImplementedError
 
-    def _step_out_of_place(
-        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _step_in_place(self, params: Any, grads: Any) -> None:
         raise NotImplementedError
 
     def adopt(self, buffers: dict[str, Any], step_count: int) -> None:
         """Make `buffers` (by name, as from `buffers()` or `step_into`) and
         `step_count` the current state; no data is copied."""
         for name in self._buffers:
-            self.set_buffer(name, buffers.get(name))
+            setattr(self, name, buffers.get(name))
         self.step_count = int(step_count)
 
     def _spare(self, spare: dict[str, Any], name: str) -> Any:
@@ -305,7 +306,10 @@ class Optimizer:
         Returns:
             A new dict; the buffers themselves are not copied.
         """
-        return {name: getattr(self, name) for name in self._buffers}
+        found = {}
+        for name in self._buffers:
+            found[name] = getattr(self, name)
+        return found
 
     def set_buffer(self, name: str, buffer: Any) -> None:
         """Replace the state buffer `name` (one of `buffers()`) with `buffer`
@@ -370,7 +374,7 @@ class Sgd(Optimizer):
         self.momentum_buffer: Any = None
 
     def _step_in_place(self, params: Any, grads: Any) -> None:
-        self._check_args(params, grads)
+        self._check_args("Sgd.step", ("grads",), params=params, grads=grads)
         k = self.kind
         step = self.step_count + 1
         if k.momentum != 0.0 and self.momentum_buffer is None:
@@ -378,13 +382,19 @@ class Sgd(Optimizer):
             # the kernel does the same when `step == 1`, so zeros suffice here.
             self.momentum_buffer = self.backend.zeros((self.n,), dtype=self.dtype)
             step = 1
-        self.backend.sgd_step(params, grads, self.momentum_buffer, k.hyperparameters, step)
+        buf = params if self.momentum_buffer is None else self.momentum_buffer
+        self.backend.sgd_step_unchecked(params, grads, buf, k.hyperparameters, step, params, buf)
 
-    def _step_out_of_place(
+    def step_into(
         self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
     ) -> dict[str, Any]:
-        self._check_args(params, grads)
-        self._check_args(params_out, grads)
+        self._check_args(
+            "Sgd.step_into",
+            ("params", "grads"),
+            params=params,
+            grads=grads,
+            params_out=params_out,
+        )
         k = self.kind
         step = self.step_count + 1
         buf, out = self.momentum_buffer, None
@@ -392,8 +402,14 @@ class Sgd(Optimizer):
             out = self._spare(spare, "momentum_buffer")
             if buf is None:  # torch's first step: the kernel ignores buf when step == 1
                 buf, step = out, 1
-        self.backend.sgd_step(
-            params, grads, buf, k.hyperparameters, step, params_out=params_out, momentum_out=out
+        self.backend.sgd_step_unchecked(
+            params,
+            grads,
+            params if buf is None else buf,
+            k.hyperparameters,
+            step,
+            params_out,
+            params_out if out is None else out,
         )
         return {"momentum_buffer": out if out is not None else self.momentum_buffer}
 
@@ -414,25 +430,31 @@ class Adam(Optimizer):
         self.exp_avg_sq: Any = backend.zeros((n,), dtype=dtype)
 
     def _step_in_place(self, params: Any, grads: Any) -> None:
-        self._check_args(params, grads)
+        self._check_args("Adam.step", ("grads",), params=params, grads=grads)
+        m, v = self.exp_avg, self.exp_avg_sq
         hyper, step = self.kind.hyperparameters, self.step_count + 1
-        self.backend.adam_step(params, grads, self.exp_avg, self.exp_avg_sq, hyper, step)
+        self.backend.adam_step_unchecked(params, grads, m, v, hyper, step, params, m, v)
 
-    def _step_out_of_place(
+    def step_into(
         self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
     ) -> dict[str, Any]:
-        self._check_args(params, grads)
-        self._check_args(params_out, grads)
+        self._check_args(
+            "Adam.step_into",
+            ("params", "grads"),
+            params=params,
+            grads=grads,
+            params_out=params_out,
+        )
         m, v = self._spare(spare, "exp_avg"), self._spare(spare, "exp_avg_sq")
-        self.backend.adam_step(
+        self.backend.adam_step_unchecked(
             params,
             grads,
             self.exp_avg,
             self.exp_avg_sq,
             self.kind.hyperparameters,
             self.step_count + 1,
-            params_out=params_out,
-            exp_avg_out=m,
-            exp_avg_sq_out=v,
+            params_out,
+            m,
+            v,
         )
         return {"exp_avg": m, "exp_avg_sq": v}

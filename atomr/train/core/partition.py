@@ -46,7 +46,7 @@ def split_sizes(n: int, parts: int) -> list[int]:
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
     size, extra = divmod(n, parts)
-    return [size + 1 if i < extra else size for i in range(parts)]
+    return [size + 1] * extra + [size] * (parts - extra)
 
 
 def split_bounds(n: int, parts: int) -> list[tuple[int, int]]:

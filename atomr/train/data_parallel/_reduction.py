@@ -92,7 +92,8 @@ def check_totals(loss_sum: float, normaliser: float) -> Failure | None:
 def _finalize(grads: np.ndarray, scale: float, clip: float | None) -> float:
     """On the host thread: `grads *= scale` and its norm (one fused pass), then
     clip to `clip` if set and the norm is finite. Returns the norm."""
-    norm = math.sqrt(cpu_backend().sum_scale_norm(grads, [grads], scale))
+    flat = grads.reshape(-1)  # the collective's own output: the unchecked kernel
+    norm = math.sqrt(cpu_backend().sum_scale_norm_unchecked(flat, (flat,), flat.dtype.type(scale)))
     if clip is not None and math.isfinite(norm):
         clip_grad_norm(cpu_backend(), grads, clip, norm)
     return norm
@@ -154,7 +155,10 @@ class GradientReduction:
             if isinstance(summed, Failure):
                 return summed
         else:
-            summed = await self.collective.all_reduce([g.gradients for g in grads])
+            buffers = []
+            for g in grads:
+                buffers.append(g.gradients)
+            summed = await self.collective.all_reduce(buffers)
         if self.processes is not None:
             loss_sum, normaliser, summed = await self._across_processes(
                 loss_sum, normaliser, summed

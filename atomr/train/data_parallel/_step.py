@@ -114,8 +114,11 @@ class StepRunner:
         """One contiguous `(features, labels)` shard per replica."""
         rows, n = int(x.shape[0]), max(1, len(self.replicas.refs))
         sizes = self.balancer().split(rows) if rows > 0 else split_sizes(0, n)
-        bounds = np.cumsum([0, *sizes])
-        return [(x[lo:hi], y[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+        shards, lo = [], 0
+        for size in sizes:
+            shards.append((x[lo : lo + size], y[lo : lo + size]))
+            lo += size
+        return shards
 
     async def step(self, x: np.ndarray, y: np.ndarray, samples: int) -> StepStats | Failure:
         """One `Step` on this process's rows `x`, `y`.
@@ -130,23 +133,23 @@ class StepRunner:
         """
         t0 = time.perf_counter_ns()
         last = self.window.micro + 1 >= self.config.accumulation_steps
-        msgs = [
-            ComputeGradients(
-                xs,
-                ys,
-                accumulate=self.window.micro > 0,
-                return_gradients=last and self.reduction.wants_gradients,
-            )
-            for xs, ys in self.shards(x, y)
-        ]
+        accumulate = self.window.micro > 0
+        hand_over = last and self.reduction.wants_gradients
+        msgs = []
+        for xs, ys in self.shards(x, y):
+            msgs.append(ComputeGradients(xs, ys, accumulate, hand_over))
         results = await self.replicas.ask_each(msgs)
         if failed_indices(results):
             self.window.reset()
             return await self.replicas.repair(results)
         grads: list[GradientResult] = results
-        self.balancer().record([r.samples for r in grads], [r.micros for r in grads])
-        loss_sum = sum(r.loss_sum for r in grads)
-        normaliser = sum(r.normaliser for r in grads)
+        balancer = self.balancer()
+        if balancer.enabled:  # it learns the replicas' speeds
+            balancer.record([r.samples for r in grads], [r.micros for r in grads])
+        loss_sum, normaliser = 0.0, 0.0
+        for r in grads:
+            loss_sum += r.loss_sum
+            normaliser += r.normaliser
         if not last:
             self.window.micro += 1
             self.window.loss_sum += loss_sum

@@ -94,13 +94,13 @@ class ReplicaActor(Trainer):
     async def receive(self, message: Any) -> Any:
         """Answer a `ReplicaProtocol` or ring message; other trainer messages
         as `Trainer` does, except `Step` (answered with a `TypeError`)."""
-        if RingMember.handles(message):
-            await self._ready()
-            return self._ring.receive(message, self.context)
-        if isinstance(message, Step):
-            return Failure(TypeError("a replica does not take Step; step its trainer instead"))
         handler = self._handlers.get(type(message))
         if handler is None:
+            if RingMember.handles(message):
+                await self._ready()
+                return self._ring.receive(message, self.context)
+            if isinstance(message, Step):
+                return Failure(TypeError("a replica does not take Step; step its trainer instead"))
             return await super().receive(message)
         await self._ready()
         work, checked = handler
@@ -124,6 +124,7 @@ class ReplicaActor(Trainer):
         return int(self.model.n_params)
 
     def _dev(self, host: np.ndarray) -> Any:
+        """`host` in the device's memory (on a CPU device, itself: no copy)."""
         be = self.backend
         return host if isinstance(be, CpuBackend) else be.to_device(host)
 
@@ -177,9 +178,9 @@ class ReplicaActor(Trainer):
             if not msg.accumulate:
                 model.zero_grads()
         else:
-            tape = model.forward_train(be.to_device(x))
+            tape = model.forward_train(self._dev(x))
             d_out = be.empty(tape.output.shape, dtype=model.dtype)
-            loss_sum, norm = self.config.loss.sums(be, tape.output, be.to_device(y), d_out)
+            loss_sum, norm = self.config.loss.sums(be, tape.output, self._dev(y), d_out)
             check_loss(loss_sum)
             model.backward(tape, d_out, accumulate=msg.accumulate)
         be.synchronize()
@@ -210,8 +211,8 @@ class ReplicaActor(Trainer):
         be = model.backend
         grad_norm: float | None = None
         if msg.gradients is None:
-            g = model.grads
-            grad_norm = math.sqrt(be.sum_scale_norm(g, [g], float(msg.scale)))
+            g = model.grads  # its own buffer: the unchecked kernel
+            grad_norm = math.sqrt(be.sum_scale_norm_unchecked(g, (g,), g.dtype.type(msg.scale)))
             check_gradient(grad_norm)
             if msg.clip is not None:
                 clip_grad_norm(be, g, msg.clip, grad_norm)

@@ -35,13 +35,11 @@ from atomr.accel import ContextPoisoned, OutOfMemory
 from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     DataParallelTrainer,
-    GetReplicaWeights,
     GetWeights,
     LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
-    ReplicaActor,
     SaveCheckpoint,
     Step,
     Trainer,
@@ -51,7 +49,7 @@ from atomr.train import (
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.ring import RingChunk, RingPing
 from atomr.train.core.checkpoint import CheckpointError
-from atomr.train.data_parallel import DataParallelOptions
+from atomr.train.data_parallel import DataParallelOptions, GetReplicaWeights, ReplicaActor
 from atomr.train.data_parallel.messages import ComputeGradients, GetState, ReplicaState, SetState
 from tests.reliability.faults import (
     CLASSES,

@@ -36,11 +36,10 @@ from atomr.train import (
     Mlp,
     OptimizerKind,
     PipelineParallelTrainer,
-    StageActor,
     Trainer,
     TrainerConfig,
 )
-from atomr.train.pipeline import PipelineOptions
+from atomr.train.pipeline import PipelineOptions, StageActor
 from atomr.train.pipeline.messages import Activations, RunMicroBatches
 from tests.reliability.faults import (
     CLASSES,

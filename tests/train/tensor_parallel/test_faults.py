@@ -38,14 +38,13 @@ from atomr.train import (
     Mlp,
     OptimizerKind,
     SaveCheckpoint,
-    ShardActor,
     Step,
     TensorParallelTrainer,
     Trainer,
     TrainerConfig,
     load_checkpoint,
 )
-from atomr.train.tensor_parallel import TensorParallelOptions
+from atomr.train.tensor_parallel import ShardActor, TensorParallelOptions
 from atomr.train.tensor_parallel.messages import (
     ShardForward,
     ShardGather,

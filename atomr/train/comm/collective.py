@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr.train.comm._checks import check_buffers
+from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.partition import split_bounds
 
 __all__ = ["Collective", "HostCollective"]
@@ -189,8 +190,6 @@ class HostCollective(Collective):
 
     def __init__(self, backend: Any = None) -> None:
         if backend is None:
-            from atomr.train.core._cpu import cpu_backend
-
             backend = cpu_backend()
         self.backend = backend
         self._out: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atomr.train.comm.collective import Collective
+from atomr.train.comm.mpi.collective import MpiCollective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.data_parallel.speed_balancer import check_balance_settings
 
@@ -162,8 +163,6 @@ class DataParallelOptions:
         if not isinstance(job, DistributedTrainConfig):
             raise TypeError(f"job must be a DistributedTrainConfig, got {type(job).__name__}")
         if process_collective is None and job.backend == "mpi":
-            from atomr.train.comm.mpi.collective import MpiCollective
-
             process_collective = MpiCollective.from_config(job)
         return cls(
             process_collective=process_collective,

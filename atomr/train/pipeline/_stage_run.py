@@ -13,24 +13,56 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from atomr.actor import Failure, Reply
+from atomr.actor import ActorRef, Context, Failure, Reply
 from atomr.train.core.loss import LossKind
 from atomr.train.pipeline.messages import (
     Activations,
+    BusyInterval,
     Gradients,
     RunMicroBatches,
     StageAborted,
     StageReport,
 )
 from atomr.train.pipeline.schedule import Op, OpKind
-from atomr.train.pipeline.timeline import BusyInterval
 
-if TYPE_CHECKING:
-    from atomr.train.pipeline.stage import StageActor
+
+class RunnableStage(Protocol):
+    """What a `StageRunner` needs of its stage (`StageActor` is one): its
+    place in the pipeline, its device thread and its device-side hooks."""
+
+    index: int
+    previous: ActorRef | None
+    next: ActorRef | None
+
+    @property
+    def context(self) -> Context: ...
+
+    @property
+    def is_first(self) -> bool: ...
+
+    @property
+    def is_last(self) -> bool: ...
+
+    async def on_device(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    def forward_micro(
+        self, micro: int, x: np.ndarray, target: np.ndarray | None, normaliser: float, train: bool
+    ) -> tuple[np.ndarray | None, float, int]: ...
+
+    def backward_micro(
+        self, micro: int, dy: np.ndarray | None, accumulate: bool
+    ) -> np.ndarray | None: ...
+
+    def held_activations(self) -> int: ...
+
+    def drop_activations(self) -> None: ...
+
+    def gradient_sq_norm(self) -> float: ...
+
 
 __all__ = ["StageRunner"]
 
@@ -72,7 +104,7 @@ class StageRunner:
             (`previous`, `next`) receive its outputs.
     """
 
-    def __init__(self, stage: StageActor) -> None:
+    def __init__(self, stage: RunnableStage) -> None:
         self.stage = stage
         self._run: _Run | None = None
         self._closed = 0  # every step_id <= this is finished or aborted

@@ -24,9 +24,9 @@ from atomr.actor import ActorRef
 from atomr.train.core.loss import LossKind
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.pipeline.schedule import Op
-from atomr.train.pipeline.timeline import BusyInterval
 
 __all__ = [
+    "BusyInterval",
     "AbortStep",
     "Activations",
     "ApplyStageGradients",
@@ -48,6 +48,30 @@ __all__ = [
 ]
 
 # -- what the trainer answers besides the common trainer messages --------------
+
+
+@dataclass(frozen=True, slots=True)
+class BusyInterval:
+    """One op a stage ran on its device.
+
+    Attributes:
+        stage: the stage index.
+        kind: "F" (forward) or "B" (backward).
+        micro: the micro-batch index.
+        start: start, in seconds since the step began.
+        end: end, in seconds since the step began.
+    """
+
+    stage: int
+    kind: str
+    micro: int
+    start: float
+    end: float
+
+    @property
+    def duration(self) -> float:
+        """`end - start`, in seconds."""
+        return self.end - self.start
 
 
 @dataclass(frozen=True, slots=True)

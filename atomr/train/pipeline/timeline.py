@@ -10,38 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from atomr.train.pipeline.messages import BusyInterval, StageReport
 from atomr.train.pipeline.schedule import ideal_bubble_fraction
 
-if TYPE_CHECKING:
-    from atomr.train.pipeline.messages import StageReport
-
 __all__ = ["BusyInterval", "Timeline"]
-
-
-@dataclass(frozen=True, slots=True)
-class BusyInterval:
-    """One op a stage ran on its device.
-
-    Attributes:
-        stage: the stage index.
-        kind: "F" (forward) or "B" (backward).
-        micro: the micro-batch index.
-        start: start, in seconds since the step began.
-        end: end, in seconds since the step began.
-    """
-
-    stage: int
-    kind: str
-    micro: int
-    start: float
-    end: float
-
-    @property
-    def duration(self) -> float:
-        """`end - start`, in seconds."""
-        return self.end - self.start
 
 
 @dataclass(frozen=True)

@@ -79,9 +79,10 @@ def main() -> None:
     parser.add_argument("script")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900.0)
-    parser.add_argument("args", nargs=argparse.REMAINDER)
-    ns = parser.parse_args()
-    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    ns = parser.parse_args(argv[:cut])
+    args = argv[cut + 1 :]  # the benchmark script's own arguments
     a_runs, b_runs = [], []
     for _ in range(ns.rounds):
         a_runs.append(run_once(ns.tree_a.resolve(), ns.script, args, ns.timeout))

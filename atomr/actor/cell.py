@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import actor as _actor_module
@@ -20,6 +21,7 @@ from .errors import (
     ActorStoppedError,
     InvalidActorNameError,
     MailboxFullError,
+    bounded_repr,
 )
 from .mailbox import Mailbox, OverflowPolicy
 from .messages import DeadLetter, PoisonPill, ReceiveTimeout, Terminated
@@ -27,7 +29,7 @@ from .props import Props
 from .ref import ActorRef
 from .reply import Failure, Reply
 from .supervision import Directive, SupervisorStrategy
-from .timers import TimerSet
+from .timers import Cancellable, Scheduler, TimerSet
 
 if TYPE_CHECKING:
     from .system import ActorSystem
@@ -64,14 +66,14 @@ async def _maybe_await(value: Any) -> None:
 def decide(strategy: SupervisorStrategy, child: ActorCell, error: BaseException) -> Directive:
     """Apply ``strategy`` to ``child``'s failure, turning RESTART into STOP past the window."""
     try:
-        directive = strategy.decide(error)
+        directive = strategy.directive_for(child.ref, error)
     except Exception:
-        logger.exception("supervisor decider failed for %s; escalating", child.path)
+        logger.exception("supervisor decider failed for %s; escalating", child.label)
         return Directive.ESCALATE
     if directive is Directive.RESTART and not strategy.allows_restart(
-        child.restart_times, child.loop.time()
+        child.restart_times, child.scheduler.time()
     ):
-        logger.warning("%s exceeded %s; stopping it", child.path, strategy)
+        logger.warning("%s exceeded %s; stopping it", child.label, strategy)
         return Directive.STOP
     return directive
 
@@ -113,7 +115,12 @@ def spawn_cell(
         _check_name(name)
     if name in supervisor.children:
         raise ActorNameTakenError(f"an actor named {name!r} already exists under {base_path}")
-    cell = ActorCell(system, props, name, f"{base_path}/{name}", parent, supervisor)
+    path = f"{base_path}/{name}"
+    try:
+        cell = ActorCell(system, props, name, path, parent, supervisor)
+    except Exception as error:
+        error.add_note(f"raised while creating {path} ({props.class_name})")
+        raise
     supervisor.children[name] = cell
     cell.start()
     return cell.ref
@@ -133,9 +140,12 @@ class ActorCell:
     ) -> None:
         self.system = system
         self.loop: asyncio.AbstractEventLoop = system.loop
+        self.scheduler: Scheduler = system.scheduler
+        self.thread_id = threading.get_ident()
         self.props = props
         self.name = name
         self.path = path
+        self.class_name = props.class_name
         self.parent = parent
         self.supervisor = supervisor
         mailbox = props.mailbox.copy() if props.mailbox is not None else Mailbox()
@@ -144,6 +154,7 @@ class ActorCell:
         self.bounded = mailbox.capacity is not None
         self.sysq: deque[tuple[str, Any]] = deque()
         self.waiter: asyncio.Future[None] | None = None
+        self.wake_pending = False
         self.accepting = True
         self.stop_requested = False
         self.dead = False
@@ -155,6 +166,7 @@ class ActorCell:
         self.watchers: set[ActorCell] = set()
         self.watching: set[ActorCell] = set()
         self.stash: deque[Envelope] = deque()
+        self.stashed_current: Envelope | None = None  # what stash() left as current
         self.current: Envelope | None = None
         self.replies: set[Reply] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -169,22 +181,25 @@ class ActorCell:
         try:
             self.instance: Actor = self._new_instance()
         except BaseException:
-            self.discard()
+            self.discard("failed to start")
             raise
 
     # ------------------------------------------------------------------ setup
     def _new_instance(self) -> Actor:
-        _actor_module._creating.append(self.context)
+        creating = _actor_module._creating
+        outer = creating[0]
+        creating[0] = self.context  # taken by the first Actor.__new__
         try:
             instance = self.props.create()
         finally:
-            _actor_module._creating.pop()
+            creating[0] = outer
         instance._context = self.context
         self._bind(instance)
         return instance
 
     def _bind(self, instance: Actor) -> None:
         self.instance = instance
+        self.class_name = type(instance).__name__
         self.receive_fn = instance.receive
         self.receive_async = inspect.iscoroutinefunction(instance.receive)
         self.strategy = None
@@ -193,10 +208,16 @@ class ActorCell:
         """Schedule the actor's loop on the event loop."""
         self.task = self.loop.create_task(self._run(), name=f"atomr {self.path}")
 
-    def discard(self) -> None:
-        """Drop this cell, which never ran, with the children it spawned: its
-        construction (or its parent's) failed. No hook runs; messages told to
-        it meanwhile become dead letters.
+    @property
+    def label(self) -> str:
+        """The actor's path and class, as error texts name it."""
+        return f"{self.path} ({self.class_name})"
+
+    def discard(self, reason: str) -> None:
+        """Drop this cell and its children without running any more of their
+        code: its construction (or its parent's) failed, or ``terminate`` gave
+        up waiting for it. Messages told to it become dead letters; its asks
+        and deferred replies fail with ``ActorStoppedError(reason)``.
         """
         self.accepting = False
         self.stop_requested = True
@@ -207,9 +228,9 @@ class ActorCell:
             task.cancel()
         self.timers.cancel_all()
         for child in list(self.children.values()):
-            child.discard()
+            child.discard(reason)
         self.children.clear()
-        self._fail_pending(ActorStoppedError(f"{self.path} failed to start"))
+        self._fail_pending(ActorStoppedError(f"{self.label} {reason}"))
         self._unwatch_all()
         if not self.stopped.done():
             self.stopped.set_result(None)
@@ -224,12 +245,16 @@ class ActorCell:
                 waiter.set_result(None)
 
     def deliver(self, env: Envelope) -> None:
-        """Queue ``env`` (dead letter / ActorStoppedError if stopped)."""
+        """Queue ``env`` (dead letter / ActorStoppedError if stopped); on the loop thread.
+
+        Raises:
+            MailboxFullError: if a bounded mailbox refuses it (FAIL, BACK_PRESSURE).
+        """
         if not self.accepting:
-            message, sender, reply = env
-            self.dead_letter(message, sender, "stopped")
+            self.dead_letter(env[0], env[1], "stopped")
+            reply = env[2]
             if reply is not None and not reply.done():
-                reply.set_exception(ActorStoppedError(f"{self.path} is stopped"))
+                reply.set_exception(ActorStoppedError(f"{self.label} is stopped"))
             return
         if self.bounded:
             self.offer(env)
@@ -241,11 +266,11 @@ class ActorCell:
         """Queue ``env`` in a bounded mailbox, applying its overflow policy."""
         dropped = self.mailbox.offer(env)
         if dropped is not None:
-            message, sender, reply = dropped
-            self.dead_letter(message, sender, "mailbox full")
+            self.dead_letter(dropped[0], dropped[1], "mailbox full")
+            reply = dropped[2]
             if reply is not None and not reply.done():
                 reply.set_exception(
-                    MailboxFullError(f"mailbox of {self.path} is full; message dropped")
+                    MailboxFullError(f"mailbox of {self.label} is full; message dropped")
                 )
             if dropped is env:
                 return
@@ -259,12 +284,87 @@ class ActorCell:
                 await mailbox.wait_for_room()
 
     def post_internal(self, message: Any) -> None:
-        """Queue a runtime-made message (timer, Terminated, ReceiveTimeout), ignoring capacity."""
+        """Queue a runtime-made message (Terminated, ReceiveTimeout), ignoring capacity."""
         if self.accepting:
             self.queue.append((message, None, None))
             self.wake()
         else:
             self.dead_letter(message, None, "stopped")
+
+    def post_tick(self, message: Any, timer: Cancellable) -> None:
+        """Queue a timer's message, ignoring capacity; ``timer`` can take it back."""
+        if self.accepting:
+            self.queue.append((message, None, None, timer))
+            self.wake()
+        else:
+            self.dead_letter(message, None, "stopped")
+
+    def _take_out(self, match: Callable[[Envelope], bool]) -> list[Envelope]:
+        """Remove the queued envelopes that ``match`` picks; on the loop thread.
+
+        Other threads only ever append, so the positions found in the snapshot
+        (``list`` of a deque is one C call) stay valid while they are deleted.
+        """
+        queue = self.queue
+        found = [i for i, env in enumerate(list(queue)) if match(env)]
+        taken = []
+        for i in reversed(found):
+            taken.append(queue[i])
+            del queue[i]
+            if self.mailbox.waiters:
+                self.mailbox.wake_one()
+        return taken
+
+    def remove_ticks(self, match: Callable[[Cancellable], bool]) -> list[Cancellable]:
+        """Take the queued messages of the timers ``match`` picks back out of the
+        mailbox (a cancelled or replaced timer's message is never received).
+
+        Returns:
+            The timer of each message taken back.
+        """
+        taken = self._take_out(lambda env: len(env) == 4 and match(env[3]))
+        return [env[3] for env in taken if len(env) == 4]
+
+    def remove_terminated(self, target: ActorCell) -> None:
+        """Discard a queued ``Terminated`` of ``target`` (``unwatch``, as in Akka)."""
+        self._take_out(lambda env: env[0].__class__ is Terminated and env[0].ref._cell is target)
+
+    # --------------------------------------------------------- other threads
+    def call_threadsafe(self, callback: Callable[..., object], *args: Any) -> None:
+        """Run ``callback(*args)`` on this actor's loop, from any thread.
+
+        Raises:
+            ActorStoppedError: if that loop is closed.
+        """
+        try:
+            self.loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed
+            raise ActorStoppedError(f"{self.label}: its event loop is closed") from None
+
+    def wake_threadsafe(self) -> None:
+        """Wake the idle actor from another thread (one wake-up for a burst of tells)."""
+        if not self.wake_pending:
+            self.wake_pending = True
+            self.call_threadsafe(self._wake_from_thread)
+
+    def _wake_from_thread(self) -> None:
+        self.wake_pending = False
+        self.wake()
+
+    def deliver_from_thread(self, env: Envelope) -> None:
+        """``tell`` from another thread to a bounded or stopped actor: delivered on
+        the loop; a refusal of a full mailbox becomes a dead letter there.
+
+        Raises:
+            ActorStoppedError: if the actor's loop is closed.
+        """
+        self.call_threadsafe(self._deliver_told, env)
+
+    def _deliver_told(self, env: Envelope) -> None:
+        try:
+            self.deliver(env)
+        except MailboxFullError:
+            self.dead_letter(env[0], env[1], "mailbox full")
 
     def post_system(self, item: tuple[str, Any]) -> None:
         """Queue a system message; it overtakes user messages."""
@@ -313,7 +413,7 @@ class ActorCell:
         if isinstance(error, Exception) and not self.stop_requested:
             self.post_system(("failed", error))
         else:
-            logger.error("task of %s died with %r", self.path, error, exc_info=error)
+            logger.error("task of %s died with %s", self.label, bounded_repr(error), exc_info=error)
 
     # -------------------------------------------------------------- the loop
     async def _run(self) -> None:
@@ -321,14 +421,34 @@ class ActorCell:
             if not await self._start():
                 return
             await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            self._died(error)
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                raise  # asyncio stops the loop with it, as Python would
         finally:
             await self._shutdown()
+
+    def _died(self, error: BaseException) -> None:
+        """A ``BaseException`` escaped a handler or hook: log it and stop.
+
+        It is not an ``Exception``, so supervision does not handle it (as in
+        Akka for fatal errors); the ask being answered gets ``ActorStoppedError``.
+        """
+        logger.critical(
+            "%s stopped: %s escaped its handler", self.label, bounded_repr(error), exc_info=error
+        )
+        current = self.current
+        if current is not None and current[2] is not None and not current[2].done():
+            stopped = ActorStoppedError(f"{self.label} stopped: {type(error).__name__} escaped")
+            current[2].set_exception(stopped)
 
     async def _start(self) -> bool:
         try:
             await _maybe_await(self.instance.pre_start())
         except Exception:
-            logger.exception("pre_start of %s failed; stopping it", self.path)
+            logger.exception("pre_start of %s failed; stopping it", self.label)
             return False
         self.started = True
         return True
@@ -350,10 +470,13 @@ class ActorCell:
             if not queue or self.suspended:
                 waiter = loop.create_future()
                 self.waiter = waiter
+                if queue and not self.suspended:
+                    self.waiter = None  # told from another thread meanwhile
+                    continue
                 timeout = self.receive_timeout
                 handle = None
                 if timeout is not None and not self.suspended:
-                    handle = loop.call_later(timeout, self._receive_timed_out)
+                    handle = self.scheduler.call_later(timeout, self._receive_timed_out)
                 try:
                     await waiter
                 finally:
@@ -386,11 +509,9 @@ class ActorCell:
                     else:
                         result = receive(message)
                 except Exception as error:
-                    reply = self.current[2]
-                    self.current = None
-                    if reply is not None and not reply.done():
-                        reply.set_exception(error)
-                    await self._handle_failure(error, message)
+                    await self._failed(error)
+                    if self.stop_requested:
+                        return  # post_stop still sees the failed message's sender
                     break
                 except asyncio.CancelledError:
                     task = self.task
@@ -400,14 +521,16 @@ class ActorCell:
                         task.uncancel()
                         if reply is not None and not reply.done():
                             reply.set_exception(
-                                ActorStoppedError(f"{self.path} stopped while handling {message!r}")
+                                ActorStoppedError(
+                                    f"{self.label} stopped while handling {bounded_repr(message)}"
+                                )
                             )
                         break
                     if task is not None and not task.cancelling():
                         logger.error(
-                            "receive of %s let CancelledError escape on %r; stopping it",
-                            self.path,
-                            message,
+                            "receive of %s let CancelledError escape on %s; stopping it",
+                            self.label,
+                            bounded_repr(message),
                         )
                     raise  # _shutdown fails the current ask
                 reply = self.current[2]
@@ -421,6 +544,20 @@ class ActorCell:
             self.current = None
             if n == 0 and queue and not self.interrupt:
                 await _sleep0(0)
+
+    async def _failed(self, error: Exception) -> None:
+        """The handler raised: answer its ask with ``error``, then supervision.
+
+        The message and its sender stay current (without the ask), so
+        ``context.sender`` works in ``pre_restart`` and ``post_stop``, as in Akka.
+        """
+        current = self.current
+        assert current is not None
+        reply = current[2]
+        self.current = (current[0], current[1], None)
+        if reply is not None and not reply.done():
+            reply.set_exception(error)
+        await self._handle_failure(error, current[0])
 
     def _receive_timed_out(self) -> None:
         if self.receive_timeout is not None and not self.queue:
@@ -467,7 +604,13 @@ class ActorCell:
                 child.post_system(("resume", None))
 
     async def _handle_failure(self, error: Exception, message: Any) -> None:
-        logger.warning("%s failed on %r: %r", self.path, message, error, exc_info=error)
+        logger.warning(
+            "%s failed on %s: %s",
+            self.label,
+            bounded_repr(message),
+            bounded_repr(error),
+            exc_info=error,
+        )
         if self.stop_requested:
             return
         supervisor = self.supervisor
@@ -495,7 +638,7 @@ class ActorCell:
         if self.stop_requested:
             return
         old = self.instance
-        self.timers.cancel_all()
+        self.timers.cancel_all(self)  # and the queued messages of this incarnation's timers
         self.receive_timeout = None
         await self._cancel_tasks()
         await self._stop_children()
@@ -508,7 +651,7 @@ class ActorCell:
         try:
             await _maybe_await(old.pre_restart(error, message))
         except Exception:
-            logger.exception("pre_restart of %s failed", self.path)
+            logger.exception("pre_restart of %s failed", self.label)
         if self.stash:
             self.queue.extendleft(reversed(self.stash))
             self.stash.clear()
@@ -516,7 +659,7 @@ class ActorCell:
             instance = self._new_instance()
             await _maybe_await(instance.post_restart(error))
         except Exception:
-            logger.exception("restart of %s failed; stopping it", self.path)
+            logger.exception("restart of %s failed; stopping it", self.label)
             # pre_restart already cleaned up the old instance and the new one did
             # not start (as when pre_start fails): no post_stop
             self.started = False
@@ -556,9 +699,9 @@ class ActorCell:
             try:
                 await _maybe_await(self.instance.post_stop())
             except Exception:
-                logger.exception("post_stop of %s failed", self.path)
+                logger.exception("post_stop of %s failed", self.label)
         self.dead = True
-        stopped = ActorStoppedError(f"{self.path} stopped before answering")
+        stopped = ActorStoppedError(f"{self.label} stopped before answering")
         current = self.current
         self.current = None
         if current is not None and current[2] is not None and not current[2].done():
@@ -580,9 +723,10 @@ class ActorCell:
         replies get `stopped`, senders blocked on a full mailbox are woken."""
         for queue in (self.queue, self.stash):
             while queue:
-                message, sender, reply = queue.popleft()
-                if message.__class__ is not PoisonPill:
-                    self.dead_letter(message, sender, "stopped")
+                env = queue.popleft()
+                if env[0].__class__ is not PoisonPill:
+                    self.dead_letter(env[0], env[1], "stopped")
+                reply = env[2]
                 if reply is not None and not reply.done():
                     reply.set_exception(stopped)
         self.sysq.clear()

@@ -5,7 +5,12 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+from .errors import bounded_repr
+
+if TYPE_CHECKING:
+    from .ref import ActorRef
 
 __all__ = [
     "AllForOneStrategy",
@@ -74,15 +79,25 @@ class SupervisorStrategy:
         """
         directive = self.decider(error)
         if not isinstance(directive, Directive):
-            raise TypeError(f"decider returned {directive!r}, expected a Directive")
+            raise TypeError(f"decider returned {bounded_repr(directive)}, expected a Directive")
         return directive
+
+    def directive_for(self, child: ActorRef, error: BaseException) -> Directive:
+        """The directive for ``child``'s failure with ``error``: by default
+        ``decide(error)``. Override it to take the child into account (Akka's
+        ``handleFailure`` sees the child too).
+
+        Raises:
+            TypeError: if the decider returns something other than a ``Directive``.
+        """
+        return self.decide(error)
 
     def allows_restart(self, history: deque[float], now: float) -> bool:
         """Record a restart at ``now`` in ``history`` if the window allows it.
 
         Args:
             history: the child's restart times (mutated).
-            now: the current loop time.
+            now: the current time of the system's scheduler.
         Returns:
             False when ``max_restarts`` restarts already happened within ``within``.
         """

@@ -1,5 +1,8 @@
-"""Test helpers: ``TestProbe`` and the ``actor_system`` pytest fixture (plugin)."""
+"""Test helpers: ``TestProbe``, ``ManualClock``, ``expect_log``, and the
+``actor_system`` pytest fixture (plugin)."""
 
-from .probe import TestProbe
+from .clock import ManualClock
+from .logs import expect_log
+from .probe import ChildFailed, TestProbe
 
-__all__ = ["TestProbe"]
+__all__ = ["ChildFailed", "ManualClock", "TestProbe", "expect_log"]

@@ -62,8 +62,10 @@ class ActorSystem:
         scheduler: the clock of timers, receive timeouts and supervision's
             restart windows (default: the event loop; a test passes
             ``atomr.testkit.ManualClock()``). Ask timeouts use the loop.
+        terminate_timeout: seconds leaving ``async with`` waits for the
+            actors to stop (``terminate(timeout=...)``); None: no deadline.
     Raises:
-        ValueError: for an empty name.
+        ValueError: for an empty name or a bad terminate_timeout.
         TypeError: for a non-string name, a bad strategy or a bad scheduler.
     """
 
@@ -73,6 +75,7 @@ class ActorSystem:
         *,
         guardian_strategy: SupervisorStrategy | None = None,
         scheduler: Scheduler | None = None,
+        terminate_timeout: float | None = DEFAULT_TERMINATE_TIMEOUT,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"system name must be a str, got {type(name).__name__}")
@@ -85,7 +88,9 @@ class ActorSystem:
             and callable(getattr(scheduler, "time", None))
         ):
             raise TypeError("scheduler must have call_later(delay, callback, *args) and time()")
+        check_timeout(terminate_timeout)
         self.name = name
+        self.terminate_timeout = terminate_timeout
         self._scheduler = scheduler
         self.dead_letters = DeadLetters()
         self._guardian = _Guardian(self, guardian_strategy or OneForOneStrategy())
@@ -246,7 +251,7 @@ class ActorSystem:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.terminate()
+        await self.terminate(self.terminate_timeout)
 
     def __repr__(self) -> str:
         state = "terminated" if self._terminating else f"{len(self._guardian.children)} actors"

@@ -83,7 +83,7 @@ class Cancellable:
             return
         if self._interval is None:
             self._handle = None
-            self.timers.forget(self)
+            self.timers.fired(self)
         else:
             self._handle = self._scheduler.call_later(self._interval, self._fire)
         self._target.post_tick(self._message, self)
@@ -183,12 +183,21 @@ class TimerSet:
         return timer
 
     def cancel(self, key: Hashable) -> bool:
-        """Cancel the live timer started with ``key``; False if there is none."""
+        """Cancel the timer started with ``key`` (see ``Cancellable.cancel``).
+
+        Returns:
+            False if there is none, or its message was already received.
+        """
         timer = self._keyed.get(key)
         return timer.cancel() if timer is not None else False
 
+    def fired(self, timer: Cancellable) -> None:
+        """A one-shot ``timer`` fired: no longer live, but its key still finds it
+        (its message may wait in the mailbox, to be taken back if it is replaced)."""
+        self._timers.discard(timer)
+
     def forget(self, timer: Cancellable) -> None:
-        """Drop ``timer`` from the live ones (it fired once for good, or was cancelled)."""
+        """Drop ``timer`` for good (cancelled)."""
         self._timers.discard(timer)
         if timer.key is not None and self._keyed.get(timer.key) is timer:
             del self._keyed[timer.key]

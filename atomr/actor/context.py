@@ -220,8 +220,6 @@ class Context:
         reply = Reply(fut, cell if fut is not None else None)
         if fut is not None:
             cell.replies.add(reply)
-            # an ask that timed out frees its reply at once, not when the actor stops
-            fut.add_done_callback(lambda _: cell.replies.discard(reply))
         return reply
 
     def create_task(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:

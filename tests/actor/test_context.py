@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from atomr import (
     ActorRef,
     ActorStoppedError,
     ActorSystem,
+    AskTimeoutError,
     BoundedMailbox,
     Failure,
     MailboxFullError,
@@ -325,3 +328,86 @@ async def test_context_methods_refuse_a_non_ref_with_type_error(actor_system, me
     assert await ref.ask("go") == "done"
     assert len(seen) == 1 and isinstance(seen[0], TypeError), seen
     assert f"{method}() takes an ActorRef, got str" in str(seen[0])
+
+
+class StashesTwice(Actor):
+    """Stashes ("twice", x) twice in one handling (the second is refused), until "open"."""
+
+    def __init__(self, probe: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def receive(self, message: Any) -> Any:
+        if message == "open":
+            return self.context.unstash_all()
+        if message[0] == "twice":
+            self.context.stash()
+            try:
+                self.context.stash()
+            except RuntimeError as error:
+                self.probe.tell(str(error))
+            return None
+        self.probe.tell(message)
+        return None
+
+
+async def test_a_message_is_stashed_at_most_once(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(StashesTwice, probe.ref))
+    ref.tell(("twice", 1))
+    assert "already stashed" in await probe.expect_msg_type(str)
+    assert await ref.ask("open") == 1  # was: 2, and the message handled twice
+    assert "already stashed" in await probe.expect_msg_type(str)  # its one new handling
+    assert await ref.ask("open") == 1
+
+
+class GatedWatcher(Actor):
+    """Watches ``target``; on ("hold", gate) waits for ``gate``, then unwatches it."""
+
+    def __init__(self, probe: ActorRef, target: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+        self.target = self.context.watch(target)
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, Terminated):
+            self.probe.tell(("terminated", message.ref))
+        elif message[0] == "hold":
+            self.probe.tell("holding")
+            await message[1]
+            self.context.unwatch(self.target)
+        return None
+
+
+async def test_unwatch_discards_a_terminated_already_queued(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    target = actor_system.spawn(Props(Echo))
+    watcher = actor_system.spawn(Props(GatedWatcher, probe.ref, target))
+    gate = asyncio.get_running_loop().create_future()
+    watcher.tell(("hold", gate))
+    await probe.expect_msg("holding")
+    await target.stop()  # Terminated(target) is now queued behind "hold"
+    gate.set_result(None)  # the handler unwatches: the queued Terminated goes
+    await watcher.ask(("sync",))
+    await probe.expect_no_msg(0.01)
+
+
+class Payload:
+    """A message a weak reference can follow."""
+
+
+async def test_a_timed_out_deferred_reply_is_freed_at_once(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Coordinator))
+    payload = Payload()
+    alive = weakref.ref(payload)
+    try:
+        await ref.ask(("get", "key", payload), timeout=0.01)  # the actor keeps the Reply
+    except AskTimeoutError:
+        pass
+    else:
+        raise AssertionError("the deferred ask was answered")
+    del payload
+    await ref.ask(("next",))  # the actor's loop holds only the last message it handled
+    gc.collect()
+    assert alive() is None  # was: kept (with its ask) until the actor stopped
+    assert ref.is_alive

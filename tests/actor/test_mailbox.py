@@ -11,6 +11,7 @@ from atomr import (
     Actor,
     ActorRef,
     ActorSystem,
+    AskTimeoutError,
     BoundedMailbox,
     DeadLetter,
     MailboxFullError,
@@ -213,3 +214,25 @@ async def test_back_pressure_room_passes_on_when_woken_sender_is_cancelled(
     gate.set()  # "cancel" is taken out, waking "a", which is then cancelled
     assert await asyncio.wait_for(waiting, 3.0) == "b"
     assert victim[0].cancelled()
+
+
+async def test_ask_timeout_counts_from_the_call_under_back_pressure(
+    actor_system: ActorSystem,
+) -> None:
+    gate, _, ref = await gated(actor_system, 1, OverflowPolicy.BACK_PRESSURE)
+    await ref.send("a")  # full: "first" is being handled, "a" waits
+    asked = asyncio.ensure_future(ref.ask("b", timeout=0.2))
+    done, _ = await asyncio.wait([asked], timeout=5)  # was: still pending after 5 s
+    assert done, "the ask did not end"
+    with pytest.raises(AskTimeoutError, match="timed out after 0.2"):
+        await asked
+    gate.set()
+
+
+async def test_send_waits_for_room_at_most_its_timeout(actor_system: ActorSystem) -> None:
+    gate, _, ref = await gated(actor_system, 1, OverflowPolicy.BACK_PRESSURE)
+    await ref.send("a")
+    with pytest.raises(MailboxFullError, match="still full after 0.05 s"):
+        await asyncio.wait_for(ref.send("b", timeout=0.05), 5)
+    gate.set()
+    await ref.send("c", timeout=None)  # None: waits as long as it takes

@@ -12,9 +12,13 @@ from atomr import (
     ActorRef,
     ActorSystem,
     AllForOneStrategy,
+    BoundedMailbox,
     BroadcastPool,
+    DeadLetter,
     Directive,
+    MailboxFullError,
     OneForOneStrategy,
+    OverflowPolicy,
     PoisonPill,
     Props,
     RoundRobinPool,
@@ -153,3 +157,74 @@ async def test_restarted_router_does_not_route_terminated_of_old_routees(
     pool.tell("after")
     assert (await probe.expect_msg())[1] == "after"  # was: Terminated(old routee)
     await probe.expect_no_msg(0.05)
+
+
+class Blocked(Actor):
+    """Tells ``probe`` it started; every message waits for ``gate``, then is answered."""
+
+    def __init__(self, probe: ActorRef, gate: asyncio.Event) -> None:
+        super().__init__()
+        self.probe = probe
+        self.gate = gate
+
+    def pre_start(self) -> None:
+        self.probe.tell("started")
+
+    async def receive(self, message: Any) -> Any:
+        await self.gate.wait()
+        return message
+
+
+@pytest.mark.parametrize("policy", [OverflowPolicy.FAIL, OverflowPolicy.BACK_PRESSURE])
+async def test_full_routees_do_not_fail_the_router(
+    actor_system: ActorSystem, policy: OverflowPolicy
+) -> None:
+    probe = TestProbe(actor_system)
+    gate = asyncio.Event()
+    routee = Props(Blocked, probe.ref, gate).with_mailbox(BoundedMailbox(2, policy))
+    pool = actor_system.spawn(RoundRobinPool(4, routee))
+    assert await probe.receive_n(4) == ["started"] * 4
+    asks = [asyncio.ensure_future(pool.ask(i, timeout=10)) for i in range(200)]
+    full = [a for a in await _settled(asks, 150) if isinstance(a.exception(), MailboxFullError)]
+    assert len(full) >= 150  # each routee holds one in hand and two queued at most
+    gate.set()
+    await asyncio.wait(asks, timeout=10)
+    answers = [a.result() for a in asks if a.exception() is None]
+    others = [a.exception() for a in asks if a.exception() is not None]
+    assert len(answers) + len(full) == 200, others  # was: 176 ActorStoppedError
+    assert len(answers) >= 4
+    await probe.expect_no_msg(0.05)  # no routee was restarted
+    assert await pool.ask("still routing", timeout=5) == "still routing"
+
+
+async def _settled(futures: list[asyncio.Future[Any]], count: int) -> list[asyncio.Future[Any]]:
+    """Wait (at most 10 s) until ``count`` of ``futures`` are done; return those."""
+    pending = set(futures)
+    done: list[asyncio.Future[Any]] = []
+    while len(done) < count and pending:
+        finished, pending = await asyncio.wait(
+            pending, timeout=10, return_when=asyncio.FIRST_COMPLETED
+        )
+        assert finished, f"only {len(done)} of {count} asks ended"
+        done += finished
+    return done
+
+
+async def test_a_tell_no_routee_has_room_for_is_a_dead_letter(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    gate = asyncio.Event()
+    routee = Props(Blocked, probe.ref, gate).with_mailbox(BoundedMailbox(1))
+    pool = actor_system.spawn(RoundRobinPool(1, routee))
+    await probe.expect_msg("started")
+    refused = asyncio.get_running_loop().create_future()
+
+    def on_dead_letter(letter: DeadLetter) -> None:
+        if letter.reason == "mailbox full" and not refused.done():
+            refused.set_result(letter)
+
+    actor_system.dead_letters.subscribe(on_dead_letter)
+    for i in range(3):  # at most one in hand and one queued
+        pool.tell(i)
+    letter = await asyncio.wait_for(refused, 5)
+    assert letter.message in (1, 2) and letter.recipient is pool
+    gate.set()

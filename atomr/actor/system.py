@@ -225,9 +225,8 @@ class ActorSystem:
             self._guardian.child_stopped(cell)
 
     def _give_up(self, timeout: float | None) -> str:
-        """At terminate's deadline: abandon every actor still stopping."""
-        assert self._terminated is not None
-        self._terminated.cancel()
+        """At terminate's deadline: abandon every actor still stopping (the
+        shutdown task, waiting on one of them, then finishes by itself)."""
         stuck = list(self._guardian.children.values())
         self._guardian.children.clear()
         for cell in stuck:

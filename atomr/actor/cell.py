@@ -1,5 +1,7 @@
-"""``ActorCell``: the runtime engine behind one actor (mailbox loop, lifecycle,
-supervision of its children). Internal; users see ``ActorRef`` and ``Context``.
+"""``ActorCell``: the runtime engine behind one actor (its state, what comes in,
+its mailbox loop, stopping). Internal; users see ``ActorRef`` and ``Context``.
+Handling a failure is in ``supervise``, creating a cell in ``spawn``, reaching
+one from another thread in ``threads``.
 """
 
 from __future__ import annotations
@@ -10,31 +12,28 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from . import actor as _actor_module
 from .actor import Actor
 from .context import Context
 from .envelope import Envelope
-from .errors import (
-    ActorNameTakenError,
-    ActorStoppedError,
-    InvalidActorNameError,
-    MailboxFullError,
-    bounded_repr,
-)
+from .errors import ActorStoppedError, MailboxFullError, bounded_repr
 from .mailbox import Mailbox, OverflowPolicy
 from .messages import DeadLetter, PoisonPill, ReceiveTimeout, Terminated
 from .props import Props
 from .ref import ActorRef
 from .reply import Failure, Reply
+from .stopping import discard, maybe_await, shutdown
+from .supervise import decide, failed, process_system
 from .supervision import Directive, SupervisorStrategy
 from .timers import Cancellable, Scheduler, TimerSet
 
 if TYPE_CHECKING:
+    from .supervise import Supervisor
     from .system import ActorSystem
 
-__all__ = ["ActorCell", "Supervisor", "spawn_cell"]
+__all__ = ["ActorCell"]
 
 logger = logging.getLogger("atomr.actor")
 
@@ -42,88 +41,6 @@ THROUGHPUT = 1024
 """Messages an actor handles before yielding the loop to others."""
 
 _sleep0 = asyncio.sleep
-
-
-class Supervisor(Protocol):
-    """What a cell needs from whoever supervises it (a parent cell or the guardian)."""
-
-    children: dict[str, ActorCell]
-
-    def decide_for(
-        self, child: ActorCell, error: BaseException
-    ) -> tuple[Directive, SupervisorStrategy | None]: ...
-
-    def escalate(self, child: ActorCell, error: BaseException) -> None: ...
-
-    def child_stopped(self, child: ActorCell) -> None: ...
-
-
-async def _maybe_await(value: Any) -> None:
-    if inspect.isawaitable(value):
-        await value
-
-
-def decide(strategy: SupervisorStrategy, child: ActorCell, error: BaseException) -> Directive:
-    """Apply ``strategy`` to ``child``'s failure, turning RESTART into STOP past the window."""
-    try:
-        directive = strategy.directive_for(child.ref, error)
-    except Exception:
-        logger.exception("supervisor decider failed for %s; escalating", child.label)
-        return Directive.ESCALATE
-    if directive is Directive.RESTART and not strategy.allows_restart(
-        child.restart_times, child.scheduler.time()
-    ):
-        logger.warning("%s exceeded %s; stopping it", child.label, strategy)
-        return Directive.STOP
-    return directive
-
-
-def _check_name(name: Any) -> str:
-    if not isinstance(name, str):
-        raise InvalidActorNameError(f"actor name must be a str, got {type(name).__name__}")
-    if not name or "/" in name or name.startswith("$") or name != name.strip():
-        raise InvalidActorNameError(
-            f"invalid actor name {name!r}: non-empty, no '/', no surrounding spaces, "
-            "no leading '$' (reserved for generated names)"
-        )
-    return name
-
-
-def spawn_cell(
-    system: ActorSystem,
-    supervisor: Supervisor,
-    parent: ActorCell | None,
-    props: Props,
-    name: str | None,
-    base_path: str,
-) -> ActorRef:
-    """Create, register and start an actor; returns its ref at once.
-
-    Raises:
-        TypeError: if ``props`` is not ``Props``.
-        InvalidActorNameError, ActorNameTakenError: for a bad or taken name.
-    """
-    if not isinstance(props, Props):
-        hint = ""
-        if isinstance(props, type) and issubclass(props, Actor):
-            hint = f"; wrap the class: Props({props.__name__})"
-        raise TypeError(f"spawn expects Props, got {type(props).__name__}{hint}")
-    if name is None:
-        system._name_counter += 1
-        name = f"${system._name_counter}"
-    else:
-        _check_name(name)
-    if name in supervisor.children:
-        raise ActorNameTakenError(f"an actor named {name!r} already exists under {base_path}")
-    path = f"{base_path}/{name}"
-    try:
-        cell = ActorCell(system, props, name, path, parent, supervisor)
-    except Exception as error:
-        error.add_note(f"raised while creating {path} ({props.class_name})")
-        raise
-    supervisor.children[name] = cell
-    cell.start()
-    return cell.ref
 
 
 class ActorCell:
@@ -179,13 +96,14 @@ class ActorCell:
         self.stopped: asyncio.Future[None] = self.loop.create_future()
         self.task: asyncio.Task[None] | None = None
         try:
-            self.instance: Actor = self._new_instance()
+            self.instance: Actor = self.new_instance()
         except BaseException:
-            self.discard("failed to start")
+            discard(self, "failed to start")
             raise
 
     # ------------------------------------------------------------------ setup
-    def _new_instance(self) -> Actor:
+    def new_instance(self) -> Actor:
+        """Build the actor from its Props (on spawn and on every restart)."""
         creating = _actor_module._creating
         outer = creating[0]
         creating[0] = self.context  # taken by the first Actor.__new__
@@ -212,28 +130,6 @@ class ActorCell:
     def label(self) -> str:
         """The actor's path and class, as error texts name it."""
         return f"{self.path} ({self.class_name})"
-
-    def discard(self, reason: str) -> None:
-        """Drop this cell and its children without running any more of their
-        code: its construction (or its parent's) failed, or ``terminate`` gave
-        up waiting for it. Messages told to it become dead letters; its asks
-        and deferred replies fail with ``ActorStoppedError(reason)``.
-        """
-        self.accepting = False
-        self.stop_requested = True
-        self.dead = True
-        if self.task is not None:
-            self.task.cancel()  # before its first step: _run never starts
-        for task in self.tasks:
-            task.cancel()
-        self.timers.cancel_all()
-        for child in list(self.children.values()):
-            child.discard(reason)
-        self.children.clear()
-        self._fail_pending(ActorStoppedError(f"{self.label} {reason}"))
-        self._unwatch_all()
-        if not self.stopped.done():
-            self.stopped.set_result(None)
 
     # ---------------------------------------------------------------- inbound
     def wake(self) -> None:
@@ -329,43 +225,6 @@ class ActorCell:
         """Discard a queued ``Terminated`` of ``target`` (``unwatch``, as in Akka)."""
         self._take_out(lambda env: env[0].__class__ is Terminated and env[0].ref._cell is target)
 
-    # --------------------------------------------------------- other threads
-    def call_threadsafe(self, callback: Callable[..., object], *args: Any) -> None:
-        """Run ``callback(*args)`` on this actor's loop, from any thread.
-
-        Raises:
-            ActorStoppedError: if that loop is closed.
-        """
-        try:
-            self.loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # the loop is closed
-            raise ActorStoppedError(f"{self.label}: its event loop is closed") from None
-
-    def wake_threadsafe(self) -> None:
-        """Wake the idle actor from another thread (one wake-up for a burst of tells)."""
-        if not self.wake_pending:
-            self.wake_pending = True
-            self.call_threadsafe(self._wake_from_thread)
-
-    def _wake_from_thread(self) -> None:
-        self.wake_pending = False
-        self.wake()
-
-    def deliver_from_thread(self, env: Envelope) -> None:
-        """``tell`` from another thread to a bounded or stopped actor: delivered on
-        the loop; a refusal of a full mailbox becomes a dead letter there.
-
-        Raises:
-            ActorStoppedError: if the actor's loop is closed.
-        """
-        self.call_threadsafe(self._deliver_told, env)
-
-    def _deliver_told(self, env: Envelope) -> None:
-        try:
-            self.deliver(env)
-        except MailboxFullError:
-            self.dead_letter(env[0], env[1], "mailbox full")
-
     def post_system(self, item: tuple[str, Any]) -> None:
         """Queue a system message; it overtakes user messages."""
         if self.dead:
@@ -428,7 +287,7 @@ class ActorCell:
             if isinstance(error, KeyboardInterrupt | SystemExit):
                 raise  # asyncio stops the loop with it, as Python would
         finally:
-            await self._shutdown()
+            await shutdown(self)
 
     def _died(self, error: BaseException) -> None:
         """A ``BaseException`` escaped a handler or hook: log it and stop.
@@ -446,7 +305,7 @@ class ActorCell:
 
     async def _start(self) -> bool:
         try:
-            await _maybe_await(self.instance.pre_start())
+            await maybe_await(self.instance.pre_start())
         except Exception:
             logger.exception("pre_start of %s failed; stopping it", self.label)
             return False
@@ -464,7 +323,7 @@ class ActorCell:
                 if self.stop_requested:
                     return
                 if sysq:
-                    await self._process_system()
+                    await process_system(self)
                     self.interrupt = True
                     continue
             if not queue or self.suspended:
@@ -509,7 +368,7 @@ class ActorCell:
                     else:
                         result = receive(message)
                 except Exception as error:
-                    await self._failed(error)
+                    await failed(self, error)
                     if self.stop_requested:
                         return  # post_stop still sees the failed message's sender
                     break
@@ -532,7 +391,7 @@ class ActorCell:
                             self.label,
                             bounded_repr(message),
                         )
-                    raise  # _shutdown fails the current ask
+                    raise  # shutdown fails the current ask
                 reply = self.current[2]
                 if reply is not None and not reply.done():
                     if result.__class__ is Failure:
@@ -545,34 +404,9 @@ class ActorCell:
             if n == 0 and queue and not self.interrupt:
                 await _sleep0(0)
 
-    async def _failed(self, error: Exception) -> None:
-        """The handler raised: answer its ask with ``error``, then supervision.
-
-        The message and its sender stay current (without the ask), so
-        ``context.sender`` works in ``pre_restart`` and ``post_stop``, as in Akka.
-        """
-        current = self.current
-        assert current is not None
-        reply = current[2]
-        self.current = (current[0], current[1], None)
-        if reply is not None and not reply.done():
-            reply.set_exception(error)
-        await self._handle_failure(error, current[0])
-
     def _receive_timed_out(self) -> None:
         if self.receive_timeout is not None and not self.queue:
             self.post_internal(ReceiveTimeout())
-
-    async def _process_system(self) -> None:
-        sysq = self.sysq
-        while sysq and not self.stop_requested:
-            kind, arg = sysq.popleft()
-            if kind == "failed":
-                await self._handle_failure(arg, None)
-            elif kind == "restart":
-                await self._restart(arg, None)
-            elif kind == "resume":
-                self._resume()
 
     # ----------------------------------------------------------- supervision
     def decide_for(
@@ -595,151 +429,6 @@ class ActorCell:
         """Forget a child that has stopped."""
         if self.children.get(child.name) is child:
             del self.children[child.name]
-
-    def _resume(self) -> None:
-        self.suspended = False
-        self.interrupt = True
-        for child in self.children.values():
-            if child.suspended:
-                child.post_system(("resume", None))
-
-    async def _handle_failure(self, error: Exception, message: Any) -> None:
-        logger.warning(
-            "%s failed on %s: %s",
-            self.label,
-            bounded_repr(message),
-            bounded_repr(error),
-            exc_info=error,
-        )
-        if self.stop_requested:
-            return
-        supervisor = self.supervisor
-        directive, strategy = supervisor.decide_for(self, error)
-        all_children = strategy is not None and strategy.applies_to_all
-        if directive is Directive.RESUME:
-            self._resume()
-        elif directive is Directive.RESTART:
-            if all_children:
-                for sibling in list(supervisor.children.values()):
-                    if sibling is not self:
-                        sibling.post_system(("restart", error))
-            await self._restart(error, message)
-        elif directive is Directive.STOP:
-            if all_children:
-                for sibling in list(supervisor.children.values()):
-                    sibling.request_stop()
-            self.request_stop()
-        else:
-            self.suspended = True
-            self.interrupt = True
-            supervisor.escalate(self, error)
-
-    async def _restart(self, error: BaseException, message: Any) -> None:
-        if self.stop_requested:
-            return
-        old = self.instance
-        self.timers.cancel_all(self)  # and the queued messages of this incarnation's timers
-        self.receive_timeout = None
-        await self._cancel_tasks()
-        await self._stop_children()
-        # deferred replies belonged to the discarded instance: fail them now
-        # (with the error that caused the restart) instead of leaving the
-        # askers to hang until their timeouts
-        for deferred in list(self.replies):
-            deferred.set_exception(error)
-        self.replies.clear()
-        try:
-            await _maybe_await(old.pre_restart(error, message))
-        except Exception:
-            logger.exception("pre_restart of %s failed", self.label)
-        if self.stash:
-            self.queue.extendleft(reversed(self.stash))
-            self.stash.clear()
-        try:
-            instance = self._new_instance()
-            await _maybe_await(instance.post_restart(error))
-        except Exception:
-            logger.exception("restart of %s failed; stopping it", self.label)
-            # pre_restart already cleaned up the old instance and the new one did
-            # not start (as when pre_start fails): no post_stop
-            self.started = False
-            self.request_stop()
-            return
-        self.suspended = False
-        self.interrupt = True
-
-    # -------------------------------------------------------------- stopping
-    async def _cancel_tasks(self) -> None:
-        tasks = [t for t in self.tasks if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-
-    async def _stop_children(self) -> None:
-        children = list(self.children.values())
-        for child in children:
-            child.request_stop()
-        tasks = [c.task for c in children if c.task is not None]
-        if tasks:
-            await asyncio.wait(tasks)
-
-    async def _shutdown(self) -> None:
-        self.stop_requested = True
-        self.accepting = False
-        task = self.task
-        if task is not None:
-            while task.cancelling():
-                task.uncancel()
-        self.timers.cancel_all()
-        self.receive_timeout = None
-        await self._cancel_tasks()
-        await self._stop_children()
-        if self.started:
-            try:
-                await _maybe_await(self.instance.post_stop())
-            except Exception:
-                logger.exception("post_stop of %s failed", self.label)
-        self.dead = True
-        stopped = ActorStoppedError(f"{self.label} stopped before answering")
-        current = self.current
-        self.current = None
-        if current is not None and current[2] is not None and not current[2].done():
-            current[2].set_exception(stopped)  # the loop died in the handler
-        self._fail_pending(stopped)
-        self.supervisor.child_stopped(self)
-        self._unwatch_all()
-        terminated = Terminated(self.ref)
-        for watcher in list(self.watchers):
-            watcher.watching.discard(self)
-            watcher.post_internal(terminated)
-        self.watchers.clear()
-        if not self.stopped.done():
-            self.stopped.set_result(None)
-
-    def _fail_pending(self, stopped: ActorStoppedError) -> None:
-        """Fail what still waits on this dead actor: queued and stashed messages
-        become dead letters (a PoisonPill is no loss), their asks and deferred
-        replies get `stopped`, senders blocked on a full mailbox are woken."""
-        for queue in (self.queue, self.stash):
-            while queue:
-                env = queue.popleft()
-                if env[0].__class__ is not PoisonPill:
-                    self.dead_letter(env[0], env[1], "stopped")
-                reply = env[2]
-                if reply is not None and not reply.done():
-                    reply.set_exception(stopped)
-        self.sysq.clear()
-        for deferred in list(self.replies):
-            deferred.set_exception(stopped)
-        self.replies.clear()
-        self.mailbox.wake_all()
-
-    def _unwatch_all(self) -> None:
-        """Stop watching every actor this one watches."""
-        for target in self.watching:
-            target.watchers.discard(self)
-        self.watching.clear()
 
     def __repr__(self) -> str:
         return f"<ActorCell {self.path}>"

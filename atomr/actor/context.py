@@ -79,7 +79,7 @@ class Context:
             InvalidActorNameError, ActorNameTakenError: for a bad or taken name.
             ActorStoppedError: if this actor is stopping.
         """
-        from .cell import spawn_cell
+        from .spawn import spawn_cell
 
         cell = self._cell
         if not cell.accepting:

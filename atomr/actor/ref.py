@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ActorStoppedError, AskTimeoutError, MailboxFullError, bounded_repr
 from .mailbox import OverflowPolicy
+from .threads import deliver_from_thread, wake_from_thread
 
 if TYPE_CHECKING:
     from .cell import ActorCell
@@ -119,9 +120,9 @@ class ActorRef:
                     if not waiter.done():
                         waiter.set_result(None)
                 else:
-                    cell.wake_threadsafe()
+                    wake_from_thread(cell)
         elif get_ident() != cell.thread_id:
-            cell.deliver_from_thread((message, sender, None))
+            deliver_from_thread(cell, (message, sender, None))
         elif cell.accepting:
             cell.offer((message, sender, None))
         else:

@@ -7,11 +7,14 @@ import logging
 from types import TracebackType
 from typing import Any
 
-from .cell import ActorCell, decide, spawn_cell
+from .cell import ActorCell
 from .dead_letters import DeadLetters
 from .errors import bounded_repr
 from .props import Props
 from .ref import ActorRef, check_timeout
+from .spawn import spawn_cell
+from .stopping import discard
+from .supervise import decide
 from .supervision import Directive, OneForOneStrategy, SupervisorStrategy
 from .timers import Cancellable, Scheduler, TimerSet
 
@@ -230,7 +233,7 @@ class ActorSystem:
         stuck = list(self._guardian.children.values())
         self._guardian.children.clear()
         for cell in stuck:
-            cell.discard("abandoned by terminate")
+            discard(cell, "abandoned by terminate")
         names = ", ".join(cell.label for cell in stuck[:10])
         more = f" and {len(stuck) - 10} more" if len(stuck) > 10 else ""
         text = (

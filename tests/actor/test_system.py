@@ -350,7 +350,7 @@ async def test_async_with_exit_has_a_deadline() -> None:
             await entered.wait()
 
     try:
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError, match=r"still stopping after 0.2 s.*\(Stuck\)"):
             await asyncio.wait_for(body(), 10)
     finally:
         release.set()

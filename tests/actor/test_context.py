@@ -76,7 +76,7 @@ async def test_deferred_reply_exceptions(actor_system: ActorSystem) -> None:
 async def test_outstanding_deferred_reply_fails_when_actor_stops(actor_system: ActorSystem) -> None:
     ref = actor_system.spawn(Props(Coordinator))
     pending = asyncio.ensure_future(ref.ask(("get", "x"), timeout=None))
-    await asyncio.sleep(0.01)
+    await ref.ask(("sync",))  # the get was handled before: its reply is deferred
     await ref.stop()
     with pytest.raises(ActorStoppedError):
         await pending
@@ -146,14 +146,17 @@ async def test_create_task_rejects_non_coroutines(actor_system: ActorSystem) -> 
 
 
 class Parent(Actor):
+    """Spawns children that answer "parent" with their context's parent."""
+
     def receive(self, message: Any) -> Any:
-        if message == "spawn":
-            child = self.context.spawn(Props(Echo), name="kid")
-            return child
+        if message in ("spawn", "dup"):
+            return self.context.spawn(Props(Parent), name="kid")
         if message == "children":
             return self.context.children
-        if message == "dup":
-            self.context.spawn(Props(Echo), name="kid")
+        if message == "parent":
+            return self.context.parent
+        if message == "context":
+            return self.context  # to use outside its handler
         return None
 
 
@@ -162,8 +165,8 @@ async def test_children_and_parent(actor_system: ActorSystem) -> None:
     child = await parent.ask("spawn")
     assert child.path == "atomr://test/user/p/kid"
     assert await parent.ask("children") == [child]
-    assert child._cell.context.parent == parent
-    assert parent._cell.context.parent is None
+    assert await child.ask("parent") is parent
+    assert await parent.ask("parent") is None
     with pytest.raises(ValueError, match="already exists"):
         await parent.ask("dup")
 
@@ -281,8 +284,8 @@ async def test_forward_refused_by_full_mailbox_fails_the_ask(actor_system: Actor
 async def test_context_outside_handler_errors(actor_system: ActorSystem) -> None:
     with pytest.raises(RuntimeError, match="not created by spawn"):
         _ = Echo().context
-    ref = actor_system.spawn(Props(Echo))
-    ctx = ref._cell.context
+    ref = actor_system.spawn(Props(Parent))
+    ctx = await ref.ask("context")
     with pytest.raises(RuntimeError, match="while handling"):
         ctx.defer()
     with pytest.raises(RuntimeError, match="while handling"):

@@ -24,24 +24,28 @@ from atomr.testkit import TestProbe
 class Gated(Actor):
     """Blocks on the first message until ``gate`` is set, then records everything."""
 
-    def __init__(self, gate: asyncio.Event, probe: ActorRef) -> None:
+    def __init__(
+        self, gate: asyncio.Event, probe: ActorRef, entered: asyncio.Event | None = None
+    ) -> None:
         super().__init__()
         self.gate = gate
         self.probe = probe
+        self.entered = entered or asyncio.Event()
 
     async def receive(self, message: Any) -> Any:
+        self.entered.set()
         await self.gate.wait()
         self.probe.tell(message)
         return message
 
 
 async def gated(system: ActorSystem, capacity: int, policy: OverflowPolicy):
-    gate = asyncio.Event()
+    gate, entered = asyncio.Event(), asyncio.Event()
     probe = TestProbe(system)
-    props = Props(Gated, gate, probe.ref).with_mailbox(BoundedMailbox(capacity, policy))
-    ref = system.spawn(props)
+    mailbox = BoundedMailbox(capacity, policy)
+    ref = system.spawn(Props(Gated, gate, probe.ref, entered).with_mailbox(mailbox))
     ref.tell("first")
-    await asyncio.sleep(0.01)  # "first" is being handled, mailbox empty
+    await asyncio.wait_for(entered.wait(), 5)  # "first" is being handled, mailbox empty
     return gate, probe, ref
 
 
@@ -127,7 +131,7 @@ async def test_back_pressure_waiter_released_when_actor_stops(actor_system: Acto
     gate, probe, ref = await gated(actor_system, 1, OverflowPolicy.BACK_PRESSURE)
     await ref.send("a")
     blocked = asyncio.ensure_future(ref.send("b"))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one turn: the send is waiting for room
     await ref.stop()
     await asyncio.wait_for(blocked, 1)  # returns: "b" became a dead letter
     assert actor_system.dead_letters.recent[-1].message == "b"

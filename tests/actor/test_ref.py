@@ -112,7 +112,7 @@ async def test_ask_to_stopped_actor_raises_at_once(actor_system: ActorSystem) ->
 async def test_pending_asks_fail_when_actor_stops(actor_system: ActorSystem) -> None:
     ref = actor_system.spawn(Props(Silent))
     pending = asyncio.ensure_future(ref.ask("x", timeout=None))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one turn: the ask is queued
     ref.stop()
     with pytest.raises(ActorStoppedError):
         await pending

@@ -22,6 +22,7 @@ from atomr import (
     PoisonPill,
     Props,
     RoundRobinPool,
+    Terminated,
 )
 from atomr.testkit import TestProbe
 
@@ -35,6 +36,8 @@ class Worker(Actor):
     def receive(self, message: Any) -> Any:
         if isinstance(message, BaseException):
             raise message
+        if message == "ref":
+            return self.context.self_ref
         self.handled += 1
         me = self.context.self_ref.name
         self.probe.tell((me, message))
@@ -86,7 +89,7 @@ async def test_pool_supervises_routees(actor_system: ActorSystem) -> None:
 async def test_poison_pill_stops_router_and_routees(actor_system: ActorSystem) -> None:
     probe = TestProbe(actor_system)
     pool = actor_system.spawn(RoundRobinPool(2, Props(Worker, probe.ref)))
-    routees = pool._cell.context.children
+    routees = {await pool.ask("ref") for _ in range(2)}
     assert len(routees) == 2
     probe.watch(pool)
     pool.tell(PoisonPill())
@@ -125,12 +128,19 @@ class Failing(Actor):
         raise RuntimeError("sibling fails")
 
 
+class Announcing(Worker):
+    """A Worker that tells its probe when it starts."""
+
+    def pre_start(self) -> None:
+        self.probe.tell(("started", self.context.self_ref))
+
+
 class PoolOwner(Actor):
     """Restarts all its children (the pool included) when one fails."""
 
     def __init__(self, probe: ActorRef) -> None:
         super().__init__()
-        self.context.spawn(RoundRobinPool(2, Props(Worker, probe)), name="pool")
+        self.context.spawn(RoundRobinPool(2, Props(Announcing, probe)), name="pool")
         self.context.spawn(Props(Failing), name="failing")
 
     def supervisor_strategy(self) -> AllForOneStrategy:
@@ -145,15 +155,15 @@ async def test_restarted_router_does_not_route_terminated_of_old_routees(
 ) -> None:
     probe = TestProbe(actor_system)
     owner = actor_system.spawn(Props(PoolOwner, probe.ref))
+    old_routees = {ref for _, ref in await probe.receive_n(2)}
+    for routee in old_routees:
+        probe.watch(routee)
     pool, failing = await owner.ask("pool"), await owner.ask("failing")
-    old_instance = pool._cell.instance  # white-box: to see the restart happen
-    old_routees = list(old_instance.routees)
     failing.tell("boom")  # AllForOne: the router restarts, its old routees stop
-    deadline = asyncio.get_running_loop().time() + 5
-    while pool._cell.instance is old_instance or any(r.is_alive for r in old_routees):
-        assert asyncio.get_running_loop().time() < deadline, "the pool never restarted"
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)  # the old routees' Terminated reach the new instance
+    events = await probe.receive_n(4)  # two new routees start, the two old ones stop
+    assert sorted(type(e).__name__ for e in events) == ["Terminated"] * 2 + ["tuple"] * 2
+    assert {e.ref for e in events if isinstance(e, Terminated)} == old_routees
+    # the router's own Terminated of the old routees were queued when the probe's were
     pool.tell("after")
     assert (await probe.expect_msg())[1] == "after"  # was: Terminated(old routee)
     await probe.expect_no_msg(0.05)

@@ -22,13 +22,13 @@ DEFAULT_ASK_TIMEOUT = 60.0
 """Seconds an ``ask`` (or a ``send`` waiting for room) waits by default."""
 
 
-def _timed_out(ref: ActorRef, timeout: float, message: Any) -> AskTimeoutError:
+def _timed_out(ref: ActorRef, timeout: float | None, message: Any) -> AskTimeoutError:
     return AskTimeoutError(
         f"ask to {ref._cell.label} timed out after {timeout} s (message {bounded_repr(message)})"
     )
 
 
-def _expire(fut: asyncio.Future[Any], timeout: float, ref: ActorRef, message: Any) -> None:
+def _expire(fut: asyncio.Future[Any], timeout: float | None, ref: ActorRef, message: Any) -> None:
     if not fut.done():
         fut.set_exception(_timed_out(ref, timeout, message))
 
@@ -192,28 +192,39 @@ class ActorRef:
             except AskTimeoutError:
                 raise
             except TimeoutError:
-                raise _timed_out(self, timeout or 0.0, message) from None
+                raise _timed_out(self, timeout, message) from None
         if not cell.accepting:
             raise self._stopped(message)
-        if cell.bounded:
-            return await self._ask_bounded(message, timeout)
         loop = cell.loop
-        fut = loop.create_future()
-        cell.queue.append((message, None, fut))
-        waiter = cell.waiter
-        if waiter is not None:
-            cell.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-        if timeout is None:
+        if cell.bounded:
+            fut, delay = await self._offer_bounded(message, timeout)
+        else:
+            fut = loop.create_future()
+            cell.queue.append((message, None, fut))
+            waiter = cell.waiter
+            if waiter is not None:
+                cell.waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
+            delay = timeout
+        if delay is None:
             return await fut
-        handle = loop.call_later(timeout, _expire, fut, timeout, self, message)
+        handle = loop.call_later(delay, _expire, fut, timeout, self, message)
         try:
             return await fut
         finally:
             handle.cancel()
 
-    async def _ask_bounded(self, message: Any, timeout: float | None) -> Any:
+    async def _offer_bounded(
+        self, message: Any, timeout: float | None
+    ) -> tuple[asyncio.Future[Any], float | None]:
+        """Queue an ask in a bounded mailbox (waiting for room under BACK_PRESSURE,
+        within the ask's timeout). Returns its future and the time left.
+
+        Raises:
+            AskTimeoutError: no room within ``timeout``.
+            ActorStoppedError, MailboxFullError: as ``ask``.
+        """
         cell = self._cell
         loop = cell.loop
         deadline = None if timeout is None else loop.time() + timeout
@@ -222,18 +233,12 @@ class ActorRef:
                 async with asyncio.timeout_at(deadline):
                     await cell.wait_for_room()
             except TimeoutError:
-                raise _timed_out(self, timeout or 0.0, message) from None
+                raise _timed_out(self, timeout, message) from None
             if not cell.accepting:
                 raise self._stopped(message)
         fut = loop.create_future()
         cell.offer((message, None, fut))
-        if timeout is None or deadline is None:
-            return await fut
-        handle = loop.call_at(deadline, _expire, fut, timeout, self, message)
-        try:
-            return await fut
-        finally:
-            handle.cancel()
+        return fut, None if deadline is None else max(deadline - loop.time(), 0.0)
 
     def _stopped(self, message: Any) -> ActorStoppedError:
         cell = self._cell

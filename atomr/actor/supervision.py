@@ -62,9 +62,11 @@ class SupervisorStrategy:
         decider: Callable[[BaseException], Directive] | None = None,
     ) -> None:
         if max_restarts is not None and (not isinstance(max_restarts, int) or max_restarts < 0):
-            raise ValueError(f"max_restarts must be an int >= 0 or None, got {max_restarts!r}")
+            raise ValueError(
+                f"max_restarts must be an int >= 0 or None, got {bounded_repr(max_restarts)}"
+            )
         if within is not None and not within > 0:
-            raise ValueError(f"within must be > 0 seconds or None, got {within!r}")
+            raise ValueError(f"within must be > 0 seconds or None, got {bounded_repr(within)}")
         if decider is not None and not callable(decider):
             raise TypeError(f"decider must be callable, got {type(decider).__name__}")
         self.max_restarts = max_restarts

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
+from .errors import bounded_repr
+
 __all__ = ["Cancellable", "Scheduler", "TickTarget", "TimerSet"]
 
 
@@ -127,7 +129,7 @@ class Cancellable:
         return True
 
     def __repr__(self) -> str:
-        key = "" if self.key is None else f"key={self.key!r}, "
+        key = "" if self.key is None else f"key={bounded_repr(self.key)}, "
         return f"Cancellable({key}active={self.active}, cancelled={self._cancelled})"
 
 

@@ -62,7 +62,7 @@ async def expect_log(
         raise ValueError(f"count must be >= 0, got {count}")
     number = logging.getLevelName(level) if isinstance(level, str) else level
     if not isinstance(number, int):
-        raise ValueError(f"unknown log level {level!r}")
+        raise ValueError(f"unknown log level {bounded_repr(level)}")
     target = logging.getLogger(logger)
     recorder = _Recorder(number, re.compile(pattern), max(count, 1))
     saved_level = target.level

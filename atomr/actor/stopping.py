@@ -43,7 +43,7 @@ def discard(cell: ActorCell, reason: str) -> None:
     cell.stop_requested = True
     cell.dead = True
     if cell.task is not None:
-        cell.task.cancel()  # before its first step: _run never starts
+        cell.task.cancel()  # before its first step _run never starts; a stuck one is left
     for task in cell.tasks:
         task.cancel()
     cell.timers.cancel_all()

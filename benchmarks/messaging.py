@@ -4,10 +4,15 @@ Prints JSON. Each atomr figure is measured in the same run as its reference:
 - tell: N fire-and-forget messages to one actor vs N ``put_nowait`` to an
   ``asyncio.Queue`` drained by one consumer task;
 - ask: N sequential ask round trips vs N sequential raw round trips (a future
-  put on an ``asyncio.Queue``, answered by a consumer task).
-Best of ``--repeat`` runs each, interleaved.
+  put on an ``asyncio.Queue``, answered by a consumer task);
+- thread tell: N tells from a plain thread to one actor vs N
+  ``loop.call_soon_threadsafe`` calls of a counting callback, each until the
+  loop has seen all N.
+``--repeat`` runs of each, interleaved; the best and the median of each are
+printed, and the ratios of both (the ``ratio`` fields: of the best).
 
-    python benchmarks/messaging.py [--tells 500000] [--asks 50000] [--repeat 5] [--asyncio]
+    python benchmarks/messaging.py [--tells 500000] [--asks 50000] [--thread-tells 200000]
+                                   [--repeat 5] [--asyncio]
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ import argparse
 import asyncio
 import json
 import platform
+import statistics
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import atomr
@@ -112,32 +120,82 @@ async def atomr_ask(system: ActorSystem, n: int) -> float:
     return elapsed / n * 1e6
 
 
+async def _from_thread(n: int, send: Callable[[int], None], done: asyncio.Future[float]) -> float:
+    """Messages per second: ``send(i)`` N times from a plain thread, until ``done``."""
+    start = time.perf_counter()
+    thread = threading.Thread(target=lambda: [send(i) for i in range(n)])
+    thread.start()
+    end = await done
+    await asyncio.to_thread(thread.join)
+    return n / (end - start)
+
+
+async def raw_thread_tell(n: int) -> float:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[float] = loop.create_future()
+    seen = [0]
+
+    def count(i: int) -> None:
+        seen[0] += 1
+        if seen[0] == n:
+            done.set_result(time.perf_counter())
+
+    call = loop.call_soon_threadsafe
+    return await _from_thread(n, lambda i: call(count, i), done)
+
+
+async def atomr_thread_tell(system: ActorSystem, n: int) -> float:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[float] = loop.create_future()
+    ref = system.spawn(Props(_Counter, n, done))
+    await asyncio.sleep(0)
+    rate = await _from_thread(n, ref.tell, done)
+    await ref.stop()
+    return rate
+
+
+def _best_and_median(values: list[float], higher_is_better: bool) -> tuple[float, float]:
+    best = max(values) if higher_is_better else min(values)
+    return best, statistics.median(values)
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    results: dict[str, list[float]] = {k: [] for k in ("raw_tell", "tell", "raw_ask", "ask")}
+    names = ("raw_tell", "tell", "raw_ask", "ask", "raw_thread_tell", "thread_tell")
+    results: dict[str, list[float]] = {k: [] for k in names}
     async with ActorSystem("bench") as system:
         for _ in range(args.repeat):
             results["raw_tell"].append(await raw_tell(args.tells))
             results["tell"].append(await atomr_tell(system, args.tells))
             results["raw_ask"].append(await raw_ask(args.asks))
             results["ask"].append(await atomr_ask(system, args.asks))
-    raw_tell_best = max(results["raw_tell"])
-    tell_best = max(results["tell"])
-    raw_ask_best = min(results["raw_ask"])
-    ask_best = min(results["ask"])
+            results["raw_thread_tell"].append(await raw_thread_tell(args.thread_tells))
+            results["thread_tell"].append(await atomr_thread_tell(system, args.thread_tells))
+    raw_q, tell = (_best_and_median(results[k], True) for k in ("raw_tell", "tell"))
+    raw_rt, ask = (_best_and_median(results[k], False) for k in ("raw_ask", "ask"))
+    raw_thread, thread = (
+        _best_and_median(results[k], True) for k in ("raw_thread_tell", "thread_tell")
+    )
     return {
         "benchmark": "messaging",
         "loop": f"{type(loop).__module__}.{type(loop).__name__}",
         "python": platform.python_version(),
         "tells": args.tells,
         "asks": args.asks,
+        "thread_tells": args.thread_tells,
         "repeat": args.repeat,
-        "raw_queue_msgs_per_s": round(raw_tell_best),
-        "atomr_tell_msgs_per_s": round(tell_best),
-        "tell_ratio": round(tell_best / raw_tell_best, 3),
-        "raw_round_trip_us": round(raw_ask_best, 3),
-        "atomr_ask_us": round(ask_best, 3),
-        "ask_ratio": round(raw_ask_best / ask_best, 3),
+        "raw_queue_msgs_per_s": round(raw_q[0]),
+        "atomr_tell_msgs_per_s": round(tell[0]),
+        "tell_ratio": round(tell[0] / raw_q[0], 3),
+        "tell_ratio_median": round(tell[1] / raw_q[1], 3),
+        "raw_round_trip_us": round(raw_rt[0], 3),
+        "atomr_ask_us": round(ask[0], 3),
+        "ask_ratio": round(raw_rt[0] / ask[0], 3),
+        "ask_ratio_median": round(raw_rt[1] / ask[1], 3),
+        "call_soon_threadsafe_msgs_per_s": round(raw_thread[0]),
+        "atomr_thread_tell_msgs_per_s": round(thread[0]),
+        "thread_tell_ratio": round(thread[0] / raw_thread[0], 3),
+        "thread_tell_ratio_median": round(thread[1] / raw_thread[1], 3),
     }
 
 
@@ -145,12 +203,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--tells", type=int, default=500_000, help="messages per tell run")
     parser.add_argument("--asks", type=int, default=50_000, help="round trips per ask run")
+    parser.add_argument(
+        "--thread-tells", type=int, default=200_000, help="messages per thread-tell run"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="runs of each, best kept")
     parser.add_argument("--asyncio", action="store_true", help="plain asyncio instead of uvloop")
     args = parser.parse_args(argv)
-    for name in ("tells", "asks", "repeat"):
+    for name in ("tells", "asks", "thread_tells", "repeat"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
 
 

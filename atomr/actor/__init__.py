@@ -1,4 +1,11 @@
-"""The actor runtime: actors, refs, props, supervision, mailboxes, timers, routers."""
+"""The actor runtime: actors, refs, props, supervision, mailboxes, timers, routers.
+
+The runtime logs on the ``atomr`` logger tree, which carries a ``NullHandler``
+as a library's should: nothing is printed until the application configures
+logging.
+"""
+
+import logging as _logging
 
 from .actor import Actor
 from .context import Context
@@ -26,6 +33,8 @@ from .supervision import (
 )
 from .system import ActorSystem
 from .timers import Cancellable
+
+_logging.getLogger("atomr").addHandler(_logging.NullHandler())
 
 __all__ = [
     "DEFAULT_ASK_TIMEOUT",

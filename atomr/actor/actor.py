@@ -10,9 +10,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Actor"]
 
-# The context of the actor being built by the runtime, so that ``self.context``
-# already works inside ``__init__``. Only the event-loop thread touches it.
-_creating: list[Context] = []
+# The context of the actor the runtime is building, so that ``self.context``
+# already works inside ``__init__``. The first ``Actor.__new__`` takes it: an
+# actor instantiated directly inside that constructor gets none, as at top
+# level. Only the event-loop thread touches it.
+_creating: list[Context | None] = [None]
 
 
 class Actor:
@@ -29,7 +31,8 @@ class Actor:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Actor:
         obj = super().__new__(cls)
-        obj._context = _creating[-1] if _creating else None
+        obj._context = _creating[0]
+        _creating[0] = None
         return obj
 
     @property
@@ -42,8 +45,9 @@ class Actor:
         ctx = self._context
         if ctx is None:
             raise RuntimeError(
-                f"{type(self).__name__} was not created by spawn; "
-                "use system.spawn(Props(...)) to start an actor"
+                f"{type(self).__name__} was not created by spawn (an actor instantiated "
+                "directly, at top level or inside another actor's constructor, has no "
+                "context); use system.spawn(Props(...)) or self.context.spawn(Props(...))"
             )
         return ctx
 

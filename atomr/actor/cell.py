@@ -1,5 +1,7 @@
-"""``ActorCell``: the runtime engine behind one actor (mailbox loop, lifecycle,
-supervision of its children). Internal; users see ``ActorRef`` and ``Context``.
+"""``ActorCell``: the runtime engine behind one actor (its state, what comes in,
+its mailbox loop, stopping). Internal; users see ``ActorRef`` and ``Context``.
+Handling a failure is in ``supervise``, creating a cell in ``spawn``, reaching
+one from another thread in ``threads``.
 """
 
 from __future__ import annotations
@@ -7,32 +9,31 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 from collections import deque
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from . import actor as _actor_module
 from .actor import Actor
 from .context import Context
 from .envelope import Envelope
-from .errors import (
-    ActorNameTakenError,
-    ActorStoppedError,
-    InvalidActorNameError,
-    MailboxFullError,
-)
+from .errors import ActorStoppedError, MailboxFullError, bounded_repr
 from .mailbox import Mailbox, OverflowPolicy
 from .messages import DeadLetter, PoisonPill, ReceiveTimeout, Terminated
 from .props import Props
 from .ref import ActorRef
 from .reply import Failure, Reply
+from .stopping import discard, maybe_await, shutdown
+from .supervise import decide, failed, process_system
 from .supervision import Directive, SupervisorStrategy
-from .timers import TimerSet
+from .timers import Cancellable, Scheduler, TimerSet
 
 if TYPE_CHECKING:
+    from .supervise import Supervisor
     from .system import ActorSystem
 
-__all__ = ["ActorCell", "Supervisor", "spawn_cell"]
+__all__ = ["ActorCell"]
 
 logger = logging.getLogger("atomr.actor")
 
@@ -40,83 +41,6 @@ THROUGHPUT = 1024
 """Messages an actor handles before yielding the loop to others."""
 
 _sleep0 = asyncio.sleep
-
-
-class Supervisor(Protocol):
-    """What a cell needs from whoever supervises it (a parent cell or the guardian)."""
-
-    children: dict[str, ActorCell]
-
-    def decide_for(
-        self, child: ActorCell, error: BaseException
-    ) -> tuple[Directive, SupervisorStrategy | None]: ...
-
-    def escalate(self, child: ActorCell, error: BaseException) -> None: ...
-
-    def child_stopped(self, child: ActorCell) -> None: ...
-
-
-async def _maybe_await(value: Any) -> None:
-    if inspect.isawaitable(value):
-        await value
-
-
-def decide(strategy: SupervisorStrategy, child: ActorCell, error: BaseException) -> Directive:
-    """Apply ``strategy`` to ``child``'s failure, turning RESTART into STOP past the window."""
-    try:
-        directive = strategy.decide(error)
-    except Exception:
-        logger.exception("supervisor decider failed for %s; escalating", child.path)
-        return Directive.ESCALATE
-    if directive is Directive.RESTART and not strategy.allows_restart(
-        child.restart_times, child.loop.time()
-    ):
-        logger.warning("%s exceeded %s; stopping it", child.path, strategy)
-        return Directive.STOP
-    return directive
-
-
-def _check_name(name: Any) -> str:
-    if not isinstance(name, str):
-        raise InvalidActorNameError(f"actor name must be a str, got {type(name).__name__}")
-    if not name or "/" in name or name.startswith("$") or name != name.strip():
-        raise InvalidActorNameError(
-            f"invalid actor name {name!r}: non-empty, no '/', no surrounding spaces, "
-            "no leading '$' (reserved for generated names)"
-        )
-    return name
-
-
-def spawn_cell(
-    system: ActorSystem,
-    supervisor: Supervisor,
-    parent: ActorCell | None,
-    props: Props,
-    name: str | None,
-    base_path: str,
-) -> ActorRef:
-    """Create, register and start an actor; returns its ref at once.
-
-    Raises:
-        TypeError: if ``props`` is not ``Props``.
-        InvalidActorNameError, ActorNameTakenError: for a bad or taken name.
-    """
-    if not isinstance(props, Props):
-        hint = ""
-        if isinstance(props, type) and issubclass(props, Actor):
-            hint = f"; wrap the class: Props({props.__name__})"
-        raise TypeError(f"spawn expects Props, got {type(props).__name__}{hint}")
-    if name is None:
-        system._name_counter += 1
-        name = f"${system._name_counter}"
-    else:
-        _check_name(name)
-    if name in supervisor.children:
-        raise ActorNameTakenError(f"an actor named {name!r} already exists under {base_path}")
-    cell = ActorCell(system, props, name, f"{base_path}/{name}", parent, supervisor)
-    supervisor.children[name] = cell
-    cell.start()
-    return cell.ref
 
 
 class ActorCell:
@@ -133,9 +57,12 @@ class ActorCell:
     ) -> None:
         self.system = system
         self.loop: asyncio.AbstractEventLoop = system.loop
+        self.scheduler: Scheduler = system.scheduler
+        self.thread_id = threading.get_ident()
         self.props = props
         self.name = name
         self.path = path
+        self.class_name = props.class_name
         self.parent = parent
         self.supervisor = supervisor
         mailbox = props.mailbox.copy() if props.mailbox is not None else Mailbox()
@@ -144,6 +71,7 @@ class ActorCell:
         self.bounded = mailbox.capacity is not None
         self.sysq: deque[tuple[str, Any]] = deque()
         self.waiter: asyncio.Future[None] | None = None
+        self.wake_pending = False
         self.accepting = True
         self.stop_requested = False
         self.dead = False
@@ -155,6 +83,7 @@ class ActorCell:
         self.watchers: set[ActorCell] = set()
         self.watching: set[ActorCell] = set()
         self.stash: deque[Envelope] = deque()
+        self.stashed_current: Envelope | None = None  # what stash() left as current
         self.current: Envelope | None = None
         self.replies: set[Reply] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -167,24 +96,28 @@ class ActorCell:
         self.stopped: asyncio.Future[None] = self.loop.create_future()
         self.task: asyncio.Task[None] | None = None
         try:
-            self.instance: Actor = self._new_instance()
+            self.instance: Actor = self.new_instance()
         except BaseException:
-            self.discard()
+            discard(self, "failed to start")
             raise
 
     # ------------------------------------------------------------------ setup
-    def _new_instance(self) -> Actor:
-        _actor_module._creating.append(self.context)
+    def new_instance(self) -> Actor:
+        """Build the actor from its Props (on spawn and on every restart)."""
+        creating = _actor_module._creating
+        outer = creating[0]
+        creating[0] = self.context  # taken by the first Actor.__new__
         try:
             instance = self.props.create()
         finally:
-            _actor_module._creating.pop()
+            creating[0] = outer
         instance._context = self.context
         self._bind(instance)
         return instance
 
     def _bind(self, instance: Actor) -> None:
         self.instance = instance
+        self.class_name = type(instance).__name__
         self.receive_fn = instance.receive
         self.receive_async = inspect.iscoroutinefunction(instance.receive)
         self.strategy = None
@@ -193,26 +126,10 @@ class ActorCell:
         """Schedule the actor's loop on the event loop."""
         self.task = self.loop.create_task(self._run(), name=f"atomr {self.path}")
 
-    def discard(self) -> None:
-        """Drop this cell, which never ran, with the children it spawned: its
-        construction (or its parent's) failed. No hook runs; messages told to
-        it meanwhile become dead letters.
-        """
-        self.accepting = False
-        self.stop_requested = True
-        self.dead = True
-        if self.task is not None:
-            self.task.cancel()  # before its first step: _run never starts
-        for task in self.tasks:
-            task.cancel()
-        self.timers.cancel_all()
-        for child in list(self.children.values()):
-            child.discard()
-        self.children.clear()
-        self._fail_pending(ActorStoppedError(f"{self.path} failed to start"))
-        self._unwatch_all()
-        if not self.stopped.done():
-            self.stopped.set_result(None)
+    @property
+    def label(self) -> str:
+        """The actor's path and class, as error texts name it."""
+        return f"{self.path} ({self.class_name})"
 
     # ---------------------------------------------------------------- inbound
     def wake(self) -> None:
@@ -224,12 +141,16 @@ class ActorCell:
                 waiter.set_result(None)
 
     def deliver(self, env: Envelope) -> None:
-        """Queue ``env`` (dead letter / ActorStoppedError if stopped)."""
+        """Queue ``env`` (dead letter / ActorStoppedError if stopped); on the loop thread.
+
+        Raises:
+            MailboxFullError: if a bounded mailbox refuses it (FAIL, BACK_PRESSURE).
+        """
         if not self.accepting:
-            message, sender, reply = env
-            self.dead_letter(message, sender, "stopped")
+            self.dead_letter(env[0], env[1], "stopped")
+            reply = env[2]
             if reply is not None and not reply.done():
-                reply.set_exception(ActorStoppedError(f"{self.path} is stopped"))
+                reply.set_exception(ActorStoppedError(f"{self.label} is stopped"))
             return
         if self.bounded:
             self.offer(env)
@@ -241,11 +162,11 @@ class ActorCell:
         """Queue ``env`` in a bounded mailbox, applying its overflow policy."""
         dropped = self.mailbox.offer(env)
         if dropped is not None:
-            message, sender, reply = dropped
-            self.dead_letter(message, sender, "mailbox full")
+            self.dead_letter(dropped[0], dropped[1], "mailbox full")
+            reply = dropped[2]
             if reply is not None and not reply.done():
                 reply.set_exception(
-                    MailboxFullError(f"mailbox of {self.path} is full; message dropped")
+                    MailboxFullError(f"mailbox of {self.label} is full; message dropped")
                 )
             if dropped is env:
                 return
@@ -259,12 +180,50 @@ class ActorCell:
                 await mailbox.wait_for_room()
 
     def post_internal(self, message: Any) -> None:
-        """Queue a runtime-made message (timer, Terminated, ReceiveTimeout), ignoring capacity."""
+        """Queue a runtime-made message (Terminated, ReceiveTimeout), ignoring capacity."""
         if self.accepting:
             self.queue.append((message, None, None))
             self.wake()
         else:
             self.dead_letter(message, None, "stopped")
+
+    def post_tick(self, message: Any, timer: Cancellable) -> None:
+        """Queue a timer's message, ignoring capacity; ``timer`` can take it back."""
+        if self.accepting:
+            self.queue.append((message, None, None, timer))
+            self.wake()
+        else:
+            self.dead_letter(message, None, "stopped")
+
+    def _take_out(self, match: Callable[[Envelope], bool]) -> list[Envelope]:
+        """Remove the queued envelopes that ``match`` picks; on the loop thread.
+
+        Other threads only ever append, so the positions found in the snapshot
+        (``list`` of a deque is one C call) stay valid while they are deleted.
+        """
+        queue = self.queue
+        found = [i for i, env in enumerate(list(queue)) if match(env)]
+        taken = []
+        for i in reversed(found):
+            taken.append(queue[i])
+            del queue[i]
+            if self.mailbox.waiters:
+                self.mailbox.wake_one()
+        return taken
+
+    def remove_ticks(self, match: Callable[[Cancellable], bool]) -> list[Cancellable]:
+        """Take the queued messages of the timers ``match`` picks back out of the
+        mailbox (a cancelled or replaced timer's message is never received).
+
+        Returns:
+            The timer of each message taken back.
+        """
+        taken = self._take_out(lambda env: len(env) == 4 and match(env[3]))
+        return [env[3] for env in taken if len(env) == 4]
+
+    def remove_terminated(self, target: ActorCell) -> None:
+        """Discard a queued ``Terminated`` of ``target`` (``unwatch``, as in Akka)."""
+        self._take_out(lambda env: env[0].__class__ is Terminated and env[0].ref._cell is target)
 
     def post_system(self, item: tuple[str, Any]) -> None:
         """Queue a system message; it overtakes user messages."""
@@ -313,7 +272,7 @@ class ActorCell:
         if isinstance(error, Exception) and not self.stop_requested:
             self.post_system(("failed", error))
         else:
-            logger.error("task of %s died with %r", self.path, error, exc_info=error)
+            logger.error("task of %s died with %s", self.label, bounded_repr(error), exc_info=error)
 
     # -------------------------------------------------------------- the loop
     async def _run(self) -> None:
@@ -321,14 +280,34 @@ class ActorCell:
             if not await self._start():
                 return
             await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            self._died(error)
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                raise  # asyncio stops the loop with it, as Python would
         finally:
-            await self._shutdown()
+            await shutdown(self)
+
+    def _died(self, error: BaseException) -> None:
+        """A ``BaseException`` escaped a handler or hook: log it and stop.
+
+        It is not an ``Exception``, so supervision does not handle it (as in
+        Akka for fatal errors); the ask being answered gets ``ActorStoppedError``.
+        """
+        logger.critical(
+            "%s stopped: %s escaped its handler", self.label, bounded_repr(error), exc_info=error
+        )
+        current = self.current
+        if current is not None and current[2] is not None and not current[2].done():
+            stopped = ActorStoppedError(f"{self.label} stopped: {type(error).__name__} escaped")
+            current[2].set_exception(stopped)
 
     async def _start(self) -> bool:
         try:
-            await _maybe_await(self.instance.pre_start())
+            await maybe_await(self.instance.pre_start())
         except Exception:
-            logger.exception("pre_start of %s failed; stopping it", self.path)
+            logger.exception("pre_start of %s failed; stopping it", self.label)
             return False
         self.started = True
         return True
@@ -344,16 +323,19 @@ class ActorCell:
                 if self.stop_requested:
                     return
                 if sysq:
-                    await self._process_system()
+                    await process_system(self)
                     self.interrupt = True
                     continue
             if not queue or self.suspended:
                 waiter = loop.create_future()
                 self.waiter = waiter
+                if queue and not self.suspended:
+                    self.waiter = None  # told from another thread meanwhile
+                    continue
                 timeout = self.receive_timeout
                 handle = None
                 if timeout is not None and not self.suspended:
-                    handle = loop.call_later(timeout, self._receive_timed_out)
+                    handle = self.scheduler.call_later(timeout, self._receive_timed_out)
                 try:
                     await waiter
                 finally:
@@ -386,11 +368,9 @@ class ActorCell:
                     else:
                         result = receive(message)
                 except Exception as error:
-                    reply = self.current[2]
-                    self.current = None
-                    if reply is not None and not reply.done():
-                        reply.set_exception(error)
-                    await self._handle_failure(error, message)
+                    await failed(self, error)
+                    if self.stop_requested:
+                        return  # post_stop still sees the failed message's sender
                     break
                 except asyncio.CancelledError:
                     task = self.task
@@ -400,16 +380,18 @@ class ActorCell:
                         task.uncancel()
                         if reply is not None and not reply.done():
                             reply.set_exception(
-                                ActorStoppedError(f"{self.path} stopped while handling {message!r}")
+                                ActorStoppedError(
+                                    f"{self.label} stopped while handling {bounded_repr(message)}"
+                                )
                             )
                         break
                     if task is not None and not task.cancelling():
                         logger.error(
-                            "receive of %s let CancelledError escape on %r; stopping it",
-                            self.path,
-                            message,
+                            "receive of %s let CancelledError escape on %s; stopping it",
+                            self.label,
+                            bounded_repr(message),
                         )
-                    raise  # _shutdown fails the current ask
+                    raise  # shutdown fails the current ask
                 reply = self.current[2]
                 if reply is not None and not reply.done():
                     if result.__class__ is Failure:
@@ -425,17 +407,6 @@ class ActorCell:
     def _receive_timed_out(self) -> None:
         if self.receive_timeout is not None and not self.queue:
             self.post_internal(ReceiveTimeout())
-
-    async def _process_system(self) -> None:
-        sysq = self.sysq
-        while sysq and not self.stop_requested:
-            kind, arg = sysq.popleft()
-            if kind == "failed":
-                await self._handle_failure(arg, None)
-            elif kind == "restart":
-                await self._restart(arg, None)
-            elif kind == "resume":
-                self._resume()
 
     # ----------------------------------------------------------- supervision
     def decide_for(
@@ -458,144 +429,6 @@ class ActorCell:
         """Forget a child that has stopped."""
         if self.children.get(child.name) is child:
             del self.children[child.name]
-
-    def _resume(self) -> None:
-        self.suspended = False
-        self.interrupt = True
-        for child in self.children.values():
-            if child.suspended:
-                child.post_system(("resume", None))
-
-    async def _handle_failure(self, error: Exception, message: Any) -> None:
-        logger.warning("%s failed on %r: %r", self.path, message, error, exc_info=error)
-        if self.stop_requested:
-            return
-        supervisor = self.supervisor
-        directive, strategy = supervisor.decide_for(self, error)
-        all_children = strategy is not None and strategy.applies_to_all
-        if directive is Directive.RESUME:
-            self._resume()
-        elif directive is Directive.RESTART:
-            if all_children:
-                for sibling in list(supervisor.children.values()):
-                    if sibling is not self:
-                        sibling.post_system(("restart", error))
-            await self._restart(error, message)
-        elif directive is Directive.STOP:
-            if all_children:
-                for sibling in list(supervisor.children.values()):
-                    sibling.request_stop()
-            self.request_stop()
-        else:
-            self.suspended = True
-            self.interrupt = True
-            supervisor.escalate(self, error)
-
-    async def _restart(self, error: BaseException, message: Any) -> None:
-        if self.stop_requested:
-            return
-        old = self.instance
-        self.timers.cancel_all()
-        self.receive_timeout = None
-        await self._cancel_tasks()
-        await self._stop_children()
-        # deferred replies belonged to the discarded instance: fail them now
-        # (with the error that caused the restart) instead of leaving the
-        # askers to hang until their timeouts
-        for deferred in list(self.replies):
-            deferred.set_exception(error)
-        self.replies.clear()
-        try:
-            await _maybe_await(old.pre_restart(error, message))
-        except Exception:
-            logger.exception("pre_restart of %s failed", self.path)
-        if self.stash:
-            self.queue.extendleft(reversed(self.stash))
-            self.stash.clear()
-        try:
-            instance = self._new_instance()
-            await _maybe_await(instance.post_restart(error))
-        except Exception:
-            logger.exception("restart of %s failed; stopping it", self.path)
-            # pre_restart already cleaned up the old instance and the new one did
-            # not start (as when pre_start fails): no post_stop
-            self.started = False
-            self.request_stop()
-            return
-        self.suspended = False
-        self.interrupt = True
-
-    # -------------------------------------------------------------- stopping
-    async def _cancel_tasks(self) -> None:
-        tasks = [t for t in self.tasks if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-
-    async def _stop_children(self) -> None:
-        children = list(self.children.values())
-        for child in children:
-            child.request_stop()
-        tasks = [c.task for c in children if c.task is not None]
-        if tasks:
-            await asyncio.wait(tasks)
-
-    async def _shutdown(self) -> None:
-        self.stop_requested = True
-        self.accepting = False
-        task = self.task
-        if task is not None:
-            while task.cancelling():
-                task.uncancel()
-        self.timers.cancel_all()
-        self.receive_timeout = None
-        await self._cancel_tasks()
-        await self._stop_children()
-        if self.started:
-            try:
-                await _maybe_await(self.instance.post_stop())
-            except Exception:
-                logger.exception("post_stop of %s failed", self.path)
-        self.dead = True
-        stopped = ActorStoppedError(f"{self.path} stopped before answering")
-        current = self.current
-        self.current = None
-        if current is not None and current[2] is not None and not current[2].done():
-            current[2].set_exception(stopped)  # the loop died in the handler
-        self._fail_pending(stopped)
-        self.supervisor.child_stopped(self)
-        self._unwatch_all()
-        terminated = Terminated(self.ref)
-        for watcher in list(self.watchers):
-            watcher.watching.discard(self)
-            watcher.post_internal(terminated)
-        self.watchers.clear()
-        if not self.stopped.done():
-            self.stopped.set_result(None)
-
-    def _fail_pending(self, stopped: ActorStoppedError) -> None:
-        """Fail what still waits on this dead actor: queued and stashed messages
-        become dead letters (a PoisonPill is no loss), their asks and deferred
-        replies get `stopped`, senders blocked on a full mailbox are woken."""
-        for queue in (self.queue, self.stash):
-            while queue:
-                message, sender, reply = queue.popleft()
-                if message.__class__ is not PoisonPill:
-                    self.dead_letter(message, sender, "stopped")
-                if reply is not None and not reply.done():
-                    reply.set_exception(stopped)
-        self.sysq.clear()
-        for deferred in list(self.replies):
-            deferred.set_exception(stopped)
-        self.replies.clear()
-        self.mailbox.wake_all()
-
-    def _unwatch_all(self) -> None:
-        """Stop watching every actor this one watches."""
-        for target in self.watching:
-            target.watchers.discard(self)
-        self.watching.clear()
 
     def __repr__(self) -> str:
         return f"<ActorCell {self.path}>"

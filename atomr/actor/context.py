@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ActorStoppedError
+from .errors import ActorStoppedError, MailboxFullError, bounded_repr
 from .messages import Terminated
 from .ref import ActorRef
 from .reply import Reply
-from .timers import Cancellable, _check_delay
+from .timers import Cancellable, check_delay
 
 if TYPE_CHECKING:
     from .cell import ActorCell
@@ -42,7 +42,11 @@ class Context:
 
     @property
     def sender(self) -> ActorRef | None:
-        """Sender of the message being handled (None for asks and anonymous tells)."""
+        """Sender of the message being handled (None for asks and anonymous tells).
+
+        In ``pre_restart`` and ``post_stop`` after a handler failed, the failed
+        message's sender (as in Akka); None in any other hook.
+        """
         env = self._cell.current
         return env[1] if env is not None else None
 
@@ -75,7 +79,7 @@ class Context:
             InvalidActorNameError, ActorNameTakenError: for a bad or taken name.
             ActorStoppedError: if this actor is stopping.
         """
-        from .cell import spawn_cell
+        from .spawn import spawn_cell
 
         cell = self._cell
         if not cell.accepting:
@@ -112,31 +116,40 @@ class Context:
         return ref
 
     def unwatch(self, ref: ActorRef) -> ActorRef:
-        """Stop watching ``ref``. Returns ``ref``.
+        """Stop watching ``ref``; a ``Terminated(ref)`` already queued is discarded
+        (as in Akka). Returns ``ref``.
 
         Raises:
             TypeError: if ``ref`` is not an ``ActorRef``.
         """
         _require_ref("unwatch", ref)
+        me = self._cell
         target = ref._cell
-        target.watchers.discard(self._cell)
-        self._cell.watching.discard(target)
+        target.watchers.discard(me)
+        me.watching.discard(target)
+        me.remove_terminated(target)
         return ref
 
     def stash(self) -> None:
         """Put the message being handled aside until ``unstash_all()``.
 
-        A stashed ask is answered when the message is handled again.
+        A stashed ask is answered when the message is handled again. A message
+        is stashed at most once per handling (as in Akka).
 
         Raises:
-            RuntimeError: outside message handling.
+            RuntimeError: outside message handling, or if this message is
+                already stashed.
         """
         cell = self._cell
         env = cell.current
         if env is None:
             raise RuntimeError("stash() must be called while handling a message")
+        if env is cell.stashed_current:
+            raise RuntimeError(
+                f"stash(): {bounded_repr(env[0])} is already stashed; a message is stashed once"
+            )
         cell.stash.append(env)
-        cell.current = (env[0], env[1], None)
+        cell.current = cell.stashed_current = (env[0], env[1], None)
 
     def unstash_all(self) -> int:
         """Put every stashed message back at the front of the mailbox, in order.
@@ -157,13 +170,14 @@ class Context:
         sender and its ask (the first of them to answer answers the asker; this
         handler's return value is ignored).
 
-        If a delivery raises (a full ``FAIL`` mailbox), the ask stays with this
-        handler, so the asker gets the error.
+        A ref whose bounded mailbox refuses the message (``FAIL``,
+        ``BACK_PRESSURE``) is skipped, with a dead letter; if every ref refuses,
+        ``MailboxFullError`` is raised and the ask stays with this handler.
 
         Raises:
             RuntimeError: outside message handling.
             TypeError: without any ref, or with something that is not an ``ActorRef``.
-            MailboxFullError: if a bounded mailbox refuses the message.
+            MailboxFullError: if every ref's bounded mailbox refuses the message.
         """
         cell = self._cell
         env = cell.current
@@ -173,8 +187,18 @@ class Context:
             raise TypeError("forward() needs at least one ActorRef")
         for ref in refs:
             _require_ref("forward", ref)
+        refused: MailboxFullError | None = None
+        accepted = 0
         for ref in refs:
-            ref._cell.deliver(env)
+            try:
+                ref._cell.deliver(env)
+                accepted += 1
+            except MailboxFullError as error:
+                refused = error
+                if len(refs) > 1:
+                    ref._cell.dead_letter(env[0], env[1], "mailbox full")
+        if not accepted and refused is not None:
+            raise refused
         cell.current = (env[0], env[1], None)
 
     def defer(self) -> Reply:
@@ -216,19 +240,31 @@ class Context:
             raise ActorStoppedError(f"{cell.path} is stopping; cannot create tasks")
         return cell.create_task(coro, name)
 
-    def schedule_once(self, delay: float, message: Any) -> Cancellable:
+    def schedule_once(self, delay: float, message: Any, key: Hashable | None = None) -> Cancellable:
         """Tell ``message`` to this actor after ``delay`` seconds.
 
+        A cancelled or replaced timer's message is never received, even if it
+        was already queued; timers are cancelled on stop and restart.
+
+        Args:
+            delay: seconds (>= 0).
+            message: what to send.
+            key: a live timer of this actor with the same key is replaced.
         Returns:
-            A handle with ``cancel()``; timers are cancelled on stop and restart.
+            A handle with ``cancel()``.
         Raises:
-            ValueError, TypeError: for a negative or non-numeric delay.
+            ValueError, TypeError: for a negative or non-numeric delay, or an
+                unhashable key.
         """
         cell = self._cell
-        return cell.timers.schedule_once(cell.loop, delay, lambda: cell.post_internal(message))
+        return cell.timers.schedule(cell.scheduler, cell, message, delay, key=key)
 
     def schedule_repeatedly(
-        self, interval: float, message: Any, initial_delay: float | None = None
+        self,
+        interval: float,
+        message: Any,
+        initial_delay: float | None = None,
+        key: Hashable | None = None,
     ) -> Cancellable:
         """Tell ``message`` to this actor every ``interval`` seconds.
 
@@ -236,15 +272,24 @@ class Context:
             interval: seconds between messages (> 0).
             message: what to send.
             initial_delay: seconds before the first one (default ``interval``).
+            key: a live timer of this actor with the same key is replaced.
         Returns:
-            A handle with ``cancel()``; timers are cancelled on stop and restart.
+            A handle with ``cancel()`` (see ``schedule_once``).
         Raises:
-            ValueError, TypeError: for bad interval or delay.
+            ValueError, TypeError: for bad interval or delay, or an unhashable key.
         """
         cell = self._cell
-        return cell.timers.schedule_repeatedly(
-            cell.loop, interval, lambda: cell.post_internal(message), initial_delay
-        )
+        delay = interval if initial_delay is None else initial_delay
+        return cell.timers.schedule(cell.scheduler, cell, message, delay, interval, key)
+
+    def cancel_timer(self, key: Hashable) -> bool:
+        """Cancel this actor's live timer started with ``key`` (its queued message
+        is taken back).
+
+        Returns:
+            False if there is no such timer.
+        """
+        return self._cell.timers.cancel(key)
 
     @property
     def receive_timeout(self) -> float | None:
@@ -258,7 +303,7 @@ class Context:
             ValueError, TypeError: for a value that is not a number > 0 or None.
         """
         if seconds is not None:
-            seconds = _check_delay("receive timeout", seconds, allow_zero=False)
+            seconds = check_delay("receive timeout", seconds, allow_zero=False)
         self._cell.receive_timeout = seconds
 
     def __repr__(self) -> str:
@@ -267,4 +312,6 @@ class Context:
 
 def _require_ref(method: str, ref: object) -> None:
     if not isinstance(ref, ActorRef):
-        raise TypeError(f"{method}() takes an ActorRef, got {type(ref).__name__}: {ref!r}")
+        raise TypeError(
+            f"{method}() takes an ActorRef, got {type(ref).__name__}: {bounded_repr(ref)}"
+        )

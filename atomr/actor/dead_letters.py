@@ -6,6 +6,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from .errors import bounded_repr
 from .messages import DeadLetter
 
 __all__ = ["DeadLetters"]
@@ -30,11 +31,15 @@ class DeadLetters:
         self.count = 0
         self.recent: deque[DeadLetter] = deque(maxlen=keep)
         self._subscribers: list[Callable[[DeadLetter], object]] = []
+        self._publishing = False
 
     def subscribe(self, callback: Callable[[DeadLetter], object]) -> Callable[[], None]:
         """Call ``callback(dead_letter)`` for every future dead letter.
 
         ``probe.ref.tell`` is a fine callback. Errors in a callback are logged.
+        A dead letter that a callback itself causes (say, ``tell`` to a
+        stopped actor) is recorded but not passed to the callbacks again, so
+        a subscriber can never loop.
 
         Returns:
             A function that unsubscribes the callback.
@@ -52,12 +57,19 @@ class DeadLetters:
         return unsubscribe
 
     def publish(self, letter: DeadLetter) -> None:
-        """Record ``letter`` and pass it to every subscriber."""
+        """Record ``letter`` and pass it to every subscriber (unless a subscriber
+        is what caused it)."""
         self.count += 1
         self.recent.append(letter)
         logger.debug("dead letter: %r", letter)
-        for callback in list(self._subscribers):
-            try:
-                callback(letter)
-            except Exception:
-                logger.exception("dead-letter subscriber %r failed", callback)
+        if self._publishing:
+            return
+        self._publishing = True
+        try:
+            for callback in list(self._subscribers):
+                try:
+                    callback(letter)
+                except Exception:
+                    logger.exception("dead-letter subscriber %s failed", bounded_repr(callback))
+        finally:
+            self._publishing = False

@@ -7,7 +7,7 @@ import enum
 from collections import deque
 
 from .envelope import Envelope
-from .errors import MailboxFullError
+from .errors import MailboxFullError, bounded_repr
 
 __all__ = ["BoundedMailbox", "Mailbox", "OverflowPolicy"]
 
@@ -118,7 +118,7 @@ class BoundedMailbox(Mailbox):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         if not isinstance(policy, OverflowPolicy):
-            raise TypeError(f"policy must be an OverflowPolicy, got {policy!r}")
+            raise TypeError(f"policy must be an OverflowPolicy, got {bounded_repr(policy)}")
         self.capacity: int = capacity
         self.policy: OverflowPolicy = policy
 

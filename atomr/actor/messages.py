@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .errors import bounded_repr
+
 if TYPE_CHECKING:
     from .ref import ActorRef
 
@@ -37,6 +39,12 @@ class DeadLetter:
     sender: ActorRef | None
     recipient: ActorRef
     reason: str = "stopped"
+
+    def __repr__(self) -> str:
+        return (
+            f"DeadLetter(message={bounded_repr(self.message)}, sender={self.sender!r}, "
+            f"recipient={self.recipient!r}, reason={self.reason!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .actor import Actor
+from .errors import bounded_repr
 from .mailbox import Mailbox
 from .supervision import SupervisorStrategy
 
@@ -41,9 +42,15 @@ class Props:
         instance = self.factory(*self.args, **self.kwargs)
         if not isinstance(instance, Actor):
             raise TypeError(
-                f"Props factory {self.factory!r} returned {type(instance).__name__}, not an Actor"
+                f"Props factory {bounded_repr(self.factory)} returned "
+                f"{type(instance).__name__}, not an Actor"
             )
         return instance
+
+    @property
+    def class_name(self) -> str:
+        """The factory's name (usually the actor's class), as error texts show it."""
+        return getattr(self.factory, "__name__", type(self.factory).__name__)
 
     def with_mailbox(self, mailbox: Mailbox) -> Props:
         """Return a copy using ``mailbox`` (a template; each actor gets its own copy).
@@ -73,5 +80,4 @@ class Props:
         return new
 
     def __repr__(self) -> str:
-        name = getattr(self.factory, "__name__", repr(self.factory))
-        return f"Props({name})"
+        return f"Props({self.class_name})"

@@ -1,30 +1,40 @@
-"""``ActorRef``: the handle used to message an actor."""
+"""``ActorRef``: the handle used to message an actor, from any thread."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from threading import get_ident
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ActorStoppedError, AskTimeoutError
+from .errors import ActorStoppedError, AskTimeoutError, MailboxFullError, bounded_repr
+from .mailbox import OverflowPolicy
+from .threads import deliver_from_thread, wake_from_thread
 
 if TYPE_CHECKING:
     from .cell import ActorCell
 
-__all__ = ["DEFAULT_ASK_TIMEOUT", "ActorRef"]
+__all__ = ["DEFAULT_ASK_TIMEOUT", "ActorRef", "check_timeout"]
+
+T = TypeVar("T")
 
 DEFAULT_ASK_TIMEOUT = 60.0
-"""Seconds an ``ask`` waits by default."""
+"""Seconds an ``ask`` (or a ``send`` waiting for room) waits by default."""
 
 
-def _expire(fut: asyncio.Future[Any], timeout: float, ref: ActorRef, message: Any) -> None:
+def _timed_out(ref: ActorRef, timeout: float | None, message: Any) -> AskTimeoutError:
+    return AskTimeoutError(
+        f"ask to {ref._cell.label} timed out after {timeout} s (message {bounded_repr(message)})"
+    )
+
+
+def _expire(fut: asyncio.Future[Any], timeout: float | None, ref: ActorRef, message: Any) -> None:
     if not fut.done():
-        fut.set_exception(
-            AskTimeoutError(f"ask to {ref.path} timed out after {timeout} s (message {message!r})")
-        )
+        fut.set_exception(_timed_out(ref, timeout, message))
 
 
 def check_timeout(timeout: float | None) -> None:
-    """Validate an ask timeout.
+    """Validate a timeout in seconds (None: wait without a deadline).
 
     Raises:
         TypeError: if it is not a number or None.
@@ -40,11 +50,29 @@ def check_timeout(timeout: float | None) -> None:
         raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
 
 
+async def _on_actor_loop(cell: ActorCell, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+    """Run ``coro`` on ``cell``'s loop and wait for it here (another thread's
+    loop), at most ``timeout`` seconds (then it is cancelled there).
+
+    Raises:
+        ActorStoppedError: if the actor's loop is closed.
+        TimeoutError: past ``timeout``.
+    """
+    try:
+        future = asyncio.run_coroutine_threadsafe(coro, cell.loop)
+    except RuntimeError:  # the loop is closed
+        coro.close()
+        raise ActorStoppedError(f"{cell.label}: its event loop is closed") from None
+    async with asyncio.timeout(timeout):
+        return await asyncio.wrap_future(future)
+
+
 class ActorRef:
     """Handle to one actor. Messages from one sender to one receiver arrive in order.
 
     Refs compare by identity of the actor; they stay valid after the actor
-    stops (messages then go to dead letters).
+    stops (messages then go to dead letters). ``tell``, ``ask`` and ``send``
+    work from any thread and any event loop; ``stop`` refuses other threads.
     """
 
     __slots__ = ("_cell",)
@@ -68,53 +96,89 @@ class ActorRef:
         return self._cell.accepting
 
     def tell(self, message: Any, sender: ActorRef | None = None) -> None:
-        """Send ``message`` without waiting (fire and forget).
+        """Send ``message`` without waiting (fire and forget); from any thread.
 
-        A message to a stopped actor becomes a dead letter.
+        A message to a stopped actor becomes a dead letter. From another
+        thread, a message that a full bounded mailbox refuses becomes a dead
+        letter too (the thread is not told).
 
         Args:
             message: any object.
             sender: who to reply to (``context.sender`` in the receiver).
         Raises:
-            MailboxFullError: if the bounded mailbox is full under FAIL or
-                BACK_PRESSURE (use ``await send`` to wait for room).
+            MailboxFullError: on the actor's loop, if the bounded mailbox is
+                full under FAIL or BACK_PRESSURE (use ``await send`` to wait for room).
+            ActorStoppedError: from another thread, if the actor's loop is closed.
         """
         cell = self._cell
-        if cell.accepting:
-            if cell.bounded:
-                cell.offer((message, sender, None))
-                return
+        if cell.accepting and not cell.bounded:
             cell.queue.append((message, sender, None))
             waiter = cell.waiter
-            if waiter is not None:
-                cell.waiter = None
-                if not waiter.done():
-                    waiter.set_result(None)
+            if waiter is not None:  # the actor sleeps: wake it, on its own loop
+                if get_ident() == cell.thread_id:
+                    cell.waiter = None
+                    if not waiter.done():
+                        waiter.set_result(None)
+                else:
+                    wake_from_thread(cell)
+        elif get_ident() != cell.thread_id:
+            deliver_from_thread(cell, (message, sender, None))
+        elif cell.accepting:
+            cell.offer((message, sender, None))
         else:
             cell.dead_letter(message, sender, "stopped")
 
-    async def send(self, message: Any, sender: ActorRef | None = None) -> None:
+    async def send(
+        self,
+        message: Any,
+        sender: ActorRef | None = None,
+        timeout: float | None = DEFAULT_ASK_TIMEOUT,
+    ) -> None:
         """Like ``tell``, but waits for room in a BACK_PRESSURE mailbox.
-
-        Raises:
-            MailboxFullError: if the mailbox is full under FAIL.
-        """
-        cell = self._cell
-        if cell.bounded:
-            await cell.wait_for_room()
-        self.tell(message, sender)
-
-    async def ask(self, message: Any, timeout: float | None = DEFAULT_ASK_TIMEOUT) -> Any:
-        """Send ``message`` and wait for the reply.
 
         Args:
             message: any object.
-            timeout: seconds to wait (> 0), or None to wait forever.
+            sender: who to reply to.
+            timeout: seconds to wait for room (> 0), or None to wait as long as it takes.
+        Raises:
+            MailboxFullError: if the mailbox is full under FAIL, or still full
+                after ``timeout`` seconds.
+            ValueError, TypeError: for a bad timeout.
+        """
+        check_timeout(timeout)
+        cell = self._cell
+        if get_ident() != cell.thread_id:
+            try:
+                return await _on_actor_loop(cell, self.send(message, sender, timeout), timeout)
+            except TimeoutError:
+                raise self._still_full(timeout) from None
+        if cell.bounded and cell.mailbox.policy is OverflowPolicy.BACK_PRESSURE:
+            try:
+                async with asyncio.timeout(timeout):
+                    await cell.wait_for_room()
+            except TimeoutError:
+                raise self._still_full(timeout) from None
+        self.tell(message, sender)
+
+    def _still_full(self, timeout: float | None) -> MailboxFullError:
+        return MailboxFullError(
+            f"mailbox of {self._cell.label} still full after {timeout} s; message not sent"
+        )
+
+    async def ask(self, message: Any, timeout: float | None = DEFAULT_ASK_TIMEOUT) -> Any:
+        """Send ``message`` and wait for the reply; from any thread or event loop.
+
+        Args:
+            message: any object.
+            timeout: seconds to wait (> 0), counted from this call (time spent
+                waiting for room in a BACK_PRESSURE mailbox included), or None
+                to wait forever.
         Returns:
             The receiver's return value (or what it set on a deferred ``Reply``).
         Raises:
             AskTimeoutError: no reply within ``timeout``.
-            ActorStoppedError: the actor is stopped, or stopped before answering.
+            ActorStoppedError: the actor is stopped, or stopped before answering,
+                or its event loop is closed.
             MailboxFullError: the bounded mailbox refused the message.
             ValueError, TypeError: for a bad timeout.
             Exception: whatever the handler raised (or answered with ``Failure``).
@@ -122,42 +186,86 @@ class ActorRef:
         if timeout is not None and (timeout.__class__ is not float or not timeout > 0):
             check_timeout(timeout)
         cell = self._cell
+        if get_ident() != cell.thread_id:
+            try:
+                return await _on_actor_loop(cell, self.ask(message, timeout), timeout)
+            except AskTimeoutError:
+                raise
+            except TimeoutError:
+                raise _timed_out(self, timeout, message) from None
         if not cell.accepting:
-            cell.dead_letter(message, None, "stopped")
-            raise ActorStoppedError(f"ask to stopped actor {cell.path} (message {message!r})")
+            raise self._stopped(message)
         loop = cell.loop
-        fut = loop.create_future()
         if cell.bounded:
-            await cell.wait_for_room()
-            if not cell.accepting:
-                cell.dead_letter(message, None, "stopped")
-                raise ActorStoppedError(f"ask to stopped actor {cell.path} (message {message!r})")
-            cell.offer((message, None, fut))
+            fut, delay = await self._offer_bounded(message, timeout)
         else:
+            fut = loop.create_future()
             cell.queue.append((message, None, fut))
             waiter = cell.waiter
             if waiter is not None:
                 cell.waiter = None
                 if not waiter.done():
                     waiter.set_result(None)
-        if timeout is None:
+            delay = timeout
+        if delay is None:
             return await fut
-        handle = loop.call_later(timeout, _expire, fut, timeout, self, message)
+        handle = loop.call_later(delay, _expire, fut, timeout, self, message)
         try:
             return await fut
         finally:
             handle.cancel()
+
+    async def _offer_bounded(
+        self, message: Any, timeout: float | None
+    ) -> tuple[asyncio.Future[Any], float | None]:
+        """Queue an ask in a bounded mailbox (waiting for room under BACK_PRESSURE,
+        within the ask's timeout). Returns its future and the time left.
+
+        Raises:
+            AskTimeoutError: no room within ``timeout``.
+            ActorStoppedError, MailboxFullError: as ``ask``.
+        """
+        cell = self._cell
+        loop = cell.loop
+        deadline = None if timeout is None else loop.time() + timeout
+        if cell.mailbox.policy is OverflowPolicy.BACK_PRESSURE:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await cell.wait_for_room()
+            except TimeoutError:
+                raise _timed_out(self, timeout, message) from None
+            if not cell.accepting:
+                raise self._stopped(message)
+        fut = loop.create_future()
+        cell.offer((message, None, fut))
+        return fut, None if deadline is None else max(deadline - loop.time(), 0.0)
+
+    def _stopped(self, message: Any) -> ActorStoppedError:
+        cell = self._cell
+        cell.dead_letter(message, None, "stopped")
+        return ActorStoppedError(
+            f"ask to stopped actor {cell.label} (message {bounded_repr(message)})"
+        )
 
     def stop(self) -> asyncio.Future[None]:
         """Ask the actor to stop (after its current message; an awaiting async
         handler is cancelled). Children stop first, then ``post_stop`` runs.
 
         Returns:
-            A future done once the actor has fully stopped (await it or not).
+            A future done once the actor has fully stopped, or once
+            ``system.terminate`` gave up waiting for it (await it or not).
+        Raises:
+            RuntimeError: if called from another thread than the actor's loop
+                (there, ``tell(PoisonPill())`` stops it).
         """
         cell = self._cell
+        if get_ident() != cell.thread_id:
+            raise RuntimeError(
+                f"stop() of {cell.label} called from another thread than its event loop's; "
+                "tell it PoisonPill() instead, or use loop.call_soon_threadsafe(ref.stop)"
+            )
         cell.request_stop()
         return cell.stopped
 
     def __repr__(self) -> str:
-        return f"<ActorRef {self._cell.path}>"
+        return f"<ActorRef {self._cell.label}>"

@@ -44,6 +44,16 @@ class Reply:
     def __init__(self, future: asyncio.Future[Any] | None, cell: ActorCell | None) -> None:
         self._future = future
         self._cell = cell
+        if future is not None:
+            # an ask that ends otherwise (its timeout) frees the reply at once,
+            # not when the actor stops, even if the actor keeps this handle
+            future.add_done_callback(self._ended)
+
+    def _ended(self, future: asyncio.Future[Any]) -> None:
+        self._future = None
+        if self._cell is not None:
+            self._cell.replies.discard(self)
+            self._cell = None
 
     @property
     def done(self) -> bool:

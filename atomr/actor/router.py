@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from .actor import Actor
-from .messages import Terminated
+from .errors import MailboxFullError
+from .messages import DeadLetter, Terminated
 from .props import Props
 from .ref import ActorRef
+from .reply import Failure
 from .supervision import SupervisorStrategy
 
 __all__ = ["BroadcastPool", "RoundRobinPool"]
@@ -23,7 +25,13 @@ def _check(nr_of_instances: int, routee_props: Props) -> None:
 
 
 class _PoolRouter(Actor):
-    """Spawns the routees as children and forwards each message (sender and ask kept)."""
+    """Spawns the routees as children and forwards each message (sender and ask kept).
+
+    A routee whose bounded mailbox refuses a message is skipped: round robin
+    tries the next one. When every routee refuses, an ask is answered with
+    ``MailboxFullError`` and a tell becomes a dead letter; the router itself
+    never fails for it (so it does not restart its routees).
+    """
 
     def __init__(self, nr_of_instances: int, routee_props: Props, broadcast: bool) -> None:
         super().__init__()
@@ -42,13 +50,37 @@ class _PoolRouter(Actor):
                 if not self.routees:
                     self.context.stop(self.context.self_ref)
             return None
-        if self.broadcast:
-            self.context.forward(*self.routees)  # every routee gets the ask
-            return None
-        routee = self.routees[self.next % len(self.routees)]
-        self.next += 1
-        self.context.forward(routee)
+        try:
+            if self.broadcast:
+                self.context.forward(*self.routees)  # every routee gets the ask
+            else:
+                self._forward_round_robin()
+        except MailboxFullError as error:
+            ctx = self.context
+            ctx.system.dead_letters.publish(
+                DeadLetter(message, ctx.sender, ctx.self_ref, "mailbox full")
+            )
+            return Failure(
+                MailboxFullError(f"every routee of {ctx.self_ref.path} is full: {error}")
+            )
         return None
+
+    def _forward_round_robin(self) -> None:
+        """Forward to the next routee with room.
+
+        Raises:
+            MailboxFullError: if every routee refuses.
+        """
+        count = len(self.routees)
+        for _ in range(count):
+            routee = self.routees[self.next % count]
+            self.next += 1
+            try:
+                self.context.forward(routee)
+                return
+            except MailboxFullError:
+                continue
+        raise MailboxFullError(f"all {count} routees refused the message")
 
 
 class RoundRobinPool(Props):

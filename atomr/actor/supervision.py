@@ -5,7 +5,12 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+from .errors import bounded_repr
+
+if TYPE_CHECKING:
+    from .ref import ActorRef
 
 __all__ = [
     "AllForOneStrategy",
@@ -57,9 +62,11 @@ class SupervisorStrategy:
         decider: Callable[[BaseException], Directive] | None = None,
     ) -> None:
         if max_restarts is not None and (not isinstance(max_restarts, int) or max_restarts < 0):
-            raise ValueError(f"max_restarts must be an int >= 0 or None, got {max_restarts!r}")
+            raise ValueError(
+                f"max_restarts must be an int >= 0 or None, got {bounded_repr(max_restarts)}"
+            )
         if within is not None and not within > 0:
-            raise ValueError(f"within must be > 0 seconds or None, got {within!r}")
+            raise ValueError(f"within must be > 0 seconds or None, got {bounded_repr(within)}")
         if decider is not None and not callable(decider):
             raise TypeError(f"decider must be callable, got {type(decider).__name__}")
         self.max_restarts = max_restarts
@@ -74,15 +81,25 @@ class SupervisorStrategy:
         """
         directive = self.decider(error)
         if not isinstance(directive, Directive):
-            raise TypeError(f"decider returned {directive!r}, expected a Directive")
+            raise TypeError(f"decider returned {bounded_repr(directive)}, expected a Directive")
         return directive
+
+    def directive_for(self, child: ActorRef, error: BaseException) -> Directive:
+        """The directive for ``child``'s failure with ``error``: by default
+        ``decide(error)``. Override it to take the child into account (Akka's
+        ``handleFailure`` sees the child too).
+
+        Raises:
+            TypeError: if the decider returns something other than a ``Directive``.
+        """
+        return self.decide(error)
 
     def allows_restart(self, history: deque[float], now: float) -> bool:
         """Record a restart at ``now`` in ``history`` if the window allows it.
 
         Args:
             history: the child's restart times (mutated).
-            now: the current loop time.
+            now: the current time of the system's scheduler.
         Returns:
             False when ``max_restarts`` restarts already happened within ``within``.
         """

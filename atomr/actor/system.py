@@ -7,16 +7,23 @@ import logging
 from types import TracebackType
 from typing import Any
 
-from .cell import ActorCell, decide, spawn_cell
+from .cell import ActorCell
 from .dead_letters import DeadLetters
+from .errors import bounded_repr
 from .props import Props
-from .ref import ActorRef
+from .ref import ActorRef, check_timeout
+from .spawn import spawn_cell
+from .stopping import discard
+from .supervise import decide
 from .supervision import Directive, OneForOneStrategy, SupervisorStrategy
-from .timers import Cancellable, TimerSet
+from .timers import Cancellable, Scheduler, TimerSet
 
-__all__ = ["ActorSystem"]
+__all__ = ["DEFAULT_TERMINATE_TIMEOUT", "ActorSystem"]
 
 logger = logging.getLogger("atomr.actor")
+
+DEFAULT_TERMINATE_TIMEOUT = 60.0
+"""Seconds ``terminate()`` (and leaving ``async with``) waits for actors to stop."""
 
 
 class _Guardian:
@@ -35,7 +42,9 @@ class _Guardian:
         return decide(self.strategy, child, error), self.strategy
 
     def escalate(self, child: ActorCell, error: BaseException) -> None:
-        logger.error("%s escalated %r to the guardian; stopping it", child.path, error)
+        logger.error(
+            "%s escalated %s to the guardian; stopping it", child.label, bounded_repr(error)
+        )
         child.request_stop()
 
     def child_stopped(self, child: ActorCell) -> None:
@@ -53,13 +62,23 @@ class ActorSystem:
         name: the system's name (first element of actor paths).
         guardian_strategy: how failed top-level actors are supervised
             (default: restart, as in Akka).
+        scheduler: the clock of timers, receive timeouts and supervision's
+            restart windows (default: the event loop; a test passes
+            ``atomr.testkit.ManualClock()``). Ask timeouts use the loop.
+        terminate_timeout: seconds leaving ``async with`` waits for the
+            actors to stop (``terminate(timeout=...)``); None: no deadline.
     Raises:
-        ValueError: for an empty name.
-        TypeError: for a non-string name or a bad strategy.
+        ValueError: for an empty name or a bad terminate_timeout.
+        TypeError: for a non-string name, a bad strategy or a bad scheduler.
     """
 
     def __init__(
-        self, name: str = "atomr", *, guardian_strategy: SupervisorStrategy | None = None
+        self,
+        name: str = "atomr",
+        *,
+        guardian_strategy: SupervisorStrategy | None = None,
+        scheduler: Scheduler | None = None,
+        terminate_timeout: float | None = DEFAULT_TERMINATE_TIMEOUT,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"system name must be a str, got {type(name).__name__}")
@@ -67,7 +86,15 @@ class ActorSystem:
             raise ValueError(f"invalid system name {name!r}")
         if guardian_strategy is not None and not isinstance(guardian_strategy, SupervisorStrategy):
             raise TypeError("guardian_strategy must be a SupervisorStrategy")
+        if scheduler is not None and not (
+            callable(getattr(scheduler, "call_later", None))
+            and callable(getattr(scheduler, "time", None))
+        ):
+            raise TypeError("scheduler must have call_later(delay, callback, *args) and time()")
+        check_timeout(terminate_timeout)
         self.name = name
+        self.terminate_timeout = terminate_timeout
+        self._scheduler = scheduler
         self.dead_letters = DeadLetters()
         self._guardian = _Guardian(self, guardian_strategy or OneForOneStrategy())
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,6 +117,8 @@ class ActorSystem:
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
+            if self._loop is not None and self._loop.is_running():
+                raise RuntimeError(self._elsewhere()) from None
             raise RuntimeError(
                 "ActorSystem needs a running event loop: use it inside a coroutine "
                 "(e.g. atomr.run(main()))"
@@ -97,8 +126,24 @@ class ActorSystem:
         if self._loop is None or (self._loop.is_closed() and not self._guardian.children):
             self._loop = running
         elif running is not self._loop:
-            raise RuntimeError(f"ActorSystem {self.name!r} belongs to another event loop")
+            raise RuntimeError(self._elsewhere())
         return self._loop
+
+    def _elsewhere(self) -> str:
+        return (
+            f"ActorSystem {self.name!r} runs on another event loop (another thread): call "
+            "this there, e.g. with asyncio.run_coroutine_threadsafe or "
+            "loop.call_soon_threadsafe; ActorRef.tell / ask / send work from anywhere"
+        )
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The clock of timers and receive timeouts (the loop unless one was given).
+
+        Raises:
+            RuntimeError: as ``loop`` does, when it is the loop.
+        """
+        return self._scheduler if self._scheduler is not None else self.loop
 
     @property
     def is_terminated(self) -> bool:
@@ -135,18 +180,30 @@ class ActorSystem:
         Raises:
             ValueError, TypeError: for a bad delay.
         """
-        return self._timers.schedule_once(
-            self.loop, delay, lambda: ref._cell.post_internal(message)
-        )
+        return self._timers.schedule(self.scheduler, ref._cell, message, delay)
 
-    async def terminate(self) -> None:
-        """Stop every actor (children before parents, every ``post_stop`` run) and
-        wait until all their tasks are done. Safe to call more than once.
+    async def terminate(self, timeout: float | None = DEFAULT_TERMINATE_TIMEOUT) -> None:
+        """Stop every actor and wait until all their tasks are done. Safe to call
+        more than once.
 
-        The shutdown runs in a task of its own, so cancelling a caller does not
-        cut it short, and an actor may call it from its handler (that handler
-        is then cancelled as its actor stops).
+        Top-level actors stop one at a time, the last started first (as in
+        Pykka), so an actor may use those started before it in its
+        ``post_stop``; each stops its children first, and every ``post_stop``
+        runs. The shutdown runs in a task of its own, so cancelling a caller
+        does not cut it short, and an actor may call it from its handler (that
+        handler is then cancelled as its actor stops).
+
+        Args:
+            timeout: seconds to wait (> 0), or None to wait as long as it takes.
+        Raises:
+            TimeoutError: if actors were still stopping after ``timeout``
+                seconds (a ``post_stop`` that never returns, a handler that
+                swallows cancellation): they are named in the error and the
+                log, their tasks cancelled and abandoned, and every wait on
+                them ends.
+            ValueError, TypeError: for a bad timeout.
         """
+        check_timeout(timeout)
         if self._terminated is None:
             loop = self.loop
             self._terminating = True
@@ -154,18 +211,37 @@ class ActorSystem:
             self._terminated = loop.create_task(
                 self._stop_all(), name=f"atomr terminate {self.name}"
             )
-        await asyncio.shield(self._terminated)
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self._terminated)
+        except TimeoutError:
+            if self._terminated.done():
+                return
+            raise TimeoutError(self._give_up(timeout)) from None
 
     async def _stop_all(self) -> None:
-        while self._guardian.children:
-            cells = list(self._guardian.children.values())
-            for cell in cells:
-                cell.request_stop()
-            tasks = [c.task for c in cells if c.task is not None]
-            if tasks:
-                await asyncio.wait(tasks)
-            for cell in cells:
-                self._guardian.child_stopped(cell)
+        children = self._guardian.children
+        while children:
+            cell = children[next(reversed(children))]  # the last started
+            cell.request_stop()
+            await asyncio.wait((cell.stopped,))
+            self._guardian.child_stopped(cell)
+
+    def _give_up(self, timeout: float | None) -> str:
+        """At terminate's deadline: abandon every actor still stopping (the
+        shutdown task, waiting on one of them, then finishes by itself)."""
+        stuck = list(self._guardian.children.values())
+        self._guardian.children.clear()
+        for cell in stuck:
+            discard(cell, "abandoned by terminate")
+        names = ", ".join(cell.label for cell in stuck[:10])
+        more = f" and {len(stuck) - 10} more" if len(stuck) > 10 else ""
+        text = (
+            f"terminate of ActorSystem {self.name!r}: {len(stuck)} actor(s) still stopping "
+            f"after {timeout} s, abandoned with their children (tasks cancelled): {names}{more}"
+        )
+        logger.error(text)
+        return text
 
     async def __aenter__(self) -> ActorSystem:
         self.loop  # noqa: B018 - bind to the running loop now
@@ -177,7 +253,7 @@ class ActorSystem:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.terminate()
+        await self.terminate(self.terminate_timeout)
 
     def __repr__(self) -> str:
         state = "terminated" if self._terminating else f"{len(self._guardian.children)} actors"

@@ -1,64 +1,145 @@
-"""Timers: one-shot and repeating messages, cancellable, owned by an actor."""
+"""Timers: one-shot and repeating messages, cancellable, keyed, owned by an actor.
+
+A timer's message (its *tick*) travels as a 4-tuple envelope
+``(message, None, None, timer)``: the runtime reads only the first three items,
+and ``cancel()`` uses the fourth to take a tick that is already queued back out
+of the mailbox. So a cancelled or replaced timer's message is never received,
+as Akka guarantees, at no cost to other messages.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
 
-__all__ = ["Cancellable", "TimerSet"]
+from .errors import bounded_repr
+
+__all__ = ["Cancellable", "Scheduler", "TickTarget", "TimerSet"]
+
+
+class TimerHandle(Protocol):
+    """What ``Scheduler.call_later`` returns."""
+
+    def cancel(self) -> None: ...
+
+
+class Scheduler(Protocol):
+    """The clock behind timers, receive timeouts and supervision's restart window.
+
+    An asyncio event loop is one (the default); ``atomr.testkit.ManualClock``
+    is another, whose time moves only when a test says so.
+    """
+
+    def time(self) -> float: ...
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Any: ...
+
+
+class TickTarget(Protocol):
+    """The actor a timer tells (an ``ActorCell``)."""
+
+    def post_tick(self, message: Any, timer: Cancellable) -> None: ...
+
+    def remove_ticks(self, match: Callable[[Cancellable], bool]) -> list[Cancellable]: ...
 
 
 class Cancellable:
-    """Handle of a scheduled message; ``cancel()`` stops it from (re)firing."""
+    """Handle of a scheduled message.
 
-    __slots__ = ("_callback", "_handle", "_interval", "_loop", "_owner", "cancelled")
+    ``cancel()`` stops the timer and takes its message back if it is already
+    queued, so a cancelled timer's message is never received.
+    """
+
+    __slots__ = (
+        "_cancelled",
+        "_handle",
+        "_interval",
+        "_message",
+        "_scheduler",
+        "_target",
+        "key",
+        "timers",
+    )
 
     def __init__(
         self,
-        loop: asyncio.AbstractEventLoop,
+        timers: TimerSet,
+        scheduler: Scheduler,
+        target: TickTarget,
+        message: Any,
         delay: float,
-        callback: Callable[[], None],
         interval: float | None,
-        owner: TimerSet | None,
+        key: Hashable | None,
     ) -> None:
-        self._loop = loop
-        self._callback = callback
+        self.timers = timers
+        self.key = key
+        self._scheduler = scheduler
+        self._target = target
+        self._message = message
         self._interval = interval
-        self._owner = owner
-        self.cancelled = False
-        self._handle: asyncio.TimerHandle | None = loop.call_later(delay, self._fire)
+        self._cancelled = False
+        self._handle: TimerHandle | None = scheduler.call_later(delay, self._fire)
 
     def _fire(self) -> None:
-        if self.cancelled:
+        if self._cancelled:
             return
         if self._interval is None:
             self._handle = None
-            if self._owner is not None:
-                self._owner.discard(self)
+            self.timers.fired(self)
         else:
-            self._handle = self._loop.call_later(self._interval, self._fire)
-        self._callback()
+            self._handle = self._scheduler.call_later(self._interval, self._fire)
+        self._target.post_tick(self._message, self)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once ``cancel()`` prevented a message: the timer had not fired, or
+        its message was still queued (Akka's ``isCancelled``). A one-shot timer
+        whose message was already received stays False."""
+        return self._cancelled
 
     @property
     def active(self) -> bool:
         """True while the timer may still fire."""
-        return not self.cancelled and self._handle is not None
+        return not self._cancelled and self._handle is not None
 
-    def cancel(self) -> None:
-        """Stop the timer; safe to call more than once."""
-        self.cancelled = True
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        if self._owner is not None:
-            self._owner.discard(self)
-            self._owner = None
+    def cancel(self) -> bool:
+        """Stop the timer and take its queued message, if any, back out of the mailbox.
+
+        Returns:
+            True if this call prevented a message (see ``cancelled``); False if
+            it was already cancelled, or was a one-shot timer whose message was
+            already received.
+        """
+        if self._cancelled:
+            return False
+        pending = self._stop()
+        taken = self._target.remove_ticks(lambda timer: timer is self)
+        self._cancelled = pending or bool(taken)
+        return self._cancelled
+
+    def _stop(self) -> bool:
+        """Cancel the scheduled call; True if there was one."""
+        handle = self._handle
+        self.timers.forget(self)
+        if handle is None:
+            return False
+        handle.cancel()
+        self._handle = None
+        self._cancelled = True
+        return True
 
     def __repr__(self) -> str:
-        return f"Cancellable(active={self.active})"
+        key = "" if self.key is None else f"key={bounded_repr(self.key)}, "
+        return f"Cancellable({key}active={self.active}, cancelled={self._cancelled})"
 
 
-def _check_delay(name: str, value: float, allow_zero: bool) -> float:
+def check_delay(name: str, value: float, allow_zero: bool) -> float:
+    """Validate a delay in seconds.
+
+    Raises:
+        TypeError: for a value that is not a number.
+        ValueError: for a negative or NaN value (or zero, unless ``allow_zero``).
+    """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     if value < 0 or (value == 0 and not allow_zero) or value != value:
@@ -72,53 +153,69 @@ class TimerSet:
 
     def __init__(self) -> None:
         self._timers: set[Cancellable] = set()
+        self._keyed: dict[Hashable, Cancellable] = {}
 
-    def schedule_once(
-        self, loop: asyncio.AbstractEventLoop, delay: float, callback: Callable[[], None]
-    ) -> Cancellable:
-        """Call ``callback`` once after ``delay`` seconds.
-
-        Raises:
-            ValueError: for a negative or NaN delay.
-            TypeError: for a delay that is not a number.
-        """
-        delay = _check_delay("delay", delay, allow_zero=True)
-        timer = Cancellable(loop, delay, callback, None, self)
-        self._timers.add(timer)
-        return timer
-
-    def schedule_repeatedly(
+    def schedule(
         self,
-        loop: asyncio.AbstractEventLoop,
-        interval: float,
-        callback: Callable[[], None],
-        initial_delay: float | None = None,
+        scheduler: Scheduler,
+        target: TickTarget,
+        message: Any,
+        delay: float,
+        interval: float | None = None,
+        key: Hashable | None = None,
     ) -> Cancellable:
-        """Call ``callback`` every ``interval`` seconds (first after ``initial_delay``).
+        """Tell ``message`` to ``target`` after ``delay`` seconds, then every
+        ``interval`` seconds if given. A live timer with the same ``key`` is
+        replaced: cancelled, its queued message taken back.
 
         Raises:
-            ValueError: for an interval <= 0 or a negative initial delay.
-            TypeError: for values that are not numbers.
+            ValueError: for a negative or NaN delay, or an interval <= 0.
+            TypeError: for values that are not numbers, or an unhashable key.
         """
-        interval = _check_delay("interval", interval, allow_zero=False)
-        first = (
-            interval
-            if initial_delay is None
-            else _check_delay("initial_delay", initial_delay, True)
-        )
-        timer = Cancellable(loop, first, callback, interval, self)
+        if interval is not None:
+            interval = check_delay("interval", interval, allow_zero=False)
+        delay = check_delay("delay", delay, allow_zero=True)
+        if key is not None:
+            hash(key)
+            self.cancel(key)
+        timer = Cancellable(self, scheduler, target, message, delay, interval, key)
         self._timers.add(timer)
+        if key is not None:
+            self._keyed[key] = timer
         return timer
 
-    def discard(self, timer: Cancellable) -> None:
-        """Forget ``timer`` (it fired or was cancelled)."""
+    def cancel(self, key: Hashable) -> bool:
+        """Cancel the timer started with ``key`` (see ``Cancellable.cancel``).
+
+        Returns:
+            False if there is none, or its message was already received.
+        """
+        timer = self._keyed.get(key)
+        return timer.cancel() if timer is not None else False
+
+    def fired(self, timer: Cancellable) -> None:
+        """A one-shot ``timer`` fired: no longer live, but its key still finds it
+        (its message may wait in the mailbox, to be taken back if it is replaced)."""
         self._timers.discard(timer)
 
-    def cancel_all(self) -> None:
-        """Cancel every live timer."""
+    def forget(self, timer: Cancellable) -> None:
+        """Drop ``timer`` for good (cancelled)."""
+        self._timers.discard(timer)
+        if timer.key is not None and self._keyed.get(timer.key) is timer:
+            del self._keyed[timer.key]
+
+    def cancel_all(self, target: TickTarget | None = None) -> None:
+        """Cancel every live timer; with ``target``, also take back, in one pass
+        over its mailbox, every queued message of a timer of this set (those of
+        one-shot timers that already fired included: an actor's restart).
+        """
         for timer in list(self._timers):
-            timer.cancel()
+            timer._stop()
         self._timers.clear()
+        self._keyed.clear()
+        if target is not None:
+            for timer in target.remove_ticks(lambda timer: timer.timers is self):
+                timer._cancelled = True
 
     def __len__(self) -> int:
         return len(self._timers)

@@ -3,20 +3,56 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from atomr.actor.actor import Actor
+from atomr.actor.errors import bounded_repr
 from atomr.actor.messages import Terminated
 from atomr.actor.props import Props
 from atomr.actor.ref import ActorRef
 from atomr.actor.reply import Reply
+from atomr.actor.supervision import Directive, OneForOneStrategy, SupervisorStrategy
 from atomr.actor.system import ActorSystem
 
-__all__ = ["TestProbe"]
+__all__ = ["ChildFailed", "TestProbe"]
 
 T = TypeVar("T")
 
 _MISSING: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class ChildFailed:
+    """What a probe receives when a child it supervises fails.
+
+    Attributes:
+        child: the failed child.
+        error: what its handler raised.
+        directive: the strategy's directive (a restart past ``max_restarts``
+            still stops the child).
+    """
+
+    child: ActorRef
+    error: BaseException
+    directive: Directive
+
+
+class _ReportingStrategy(SupervisorStrategy):
+    """The probe's strategy for its children: ``inner`` decides, the probe is told."""
+
+    def __init__(self, probe: TestProbe, inner: SupervisorStrategy) -> None:
+        super().__init__(inner.max_restarts, inner.within, inner.decider)
+        self.applies_to_all = inner.applies_to_all  # type: ignore[misc]
+        self.probe = probe
+        self.inner = inner
+
+    def directive_for(self, child: ActorRef, error: BaseException) -> Directive:
+        directive = self.inner.directive_for(child, error)
+        self.probe._received(ChildFailed(child, error, directive), None, Reply(None, None))
+        return directive
 
 
 class _ProbeActor(Actor):
@@ -34,29 +70,62 @@ class _ProbeActor(Actor):
 class TestProbe:
     """A test actor: everything told or asked to ``probe.ref`` is queued for assertions.
 
-    Asks to the probe are answered with ``probe.reply(value)``.
+    Asks to the probe are answered with ``probe.reply(value)``. The probe can
+    also be the parent and supervisor of the actor under test
+    (``spawn_child``): it then gets what the child tells ``context.parent``,
+    and a ``ChildFailed`` for each of its failures.
+
+    Attributes:
+        ref: the probe's ``ActorRef``.
+        last_sender: the sender of the message the last ``expect_*``,
+            ``receive_n`` or ``fish_for_message`` returned: the ref given to
+            ``tell(..., sender=ref)`` (or ``context.sender`` of the actor that
+            told it), None for an ask or an anonymous tell. Reply to it with
+            ``probe.last_sender.tell(...)``, or to an ask with ``probe.reply``.
 
     Args:
         system: the system to spawn the probe in (needs a running loop).
         name: optional actor name.
+        supervisor_strategy: how the probe supervises its children
+            (default: restart, as any actor).
     """
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, system: ActorSystem, name: str | None = None) -> None:
+    def __init__(
+        self,
+        system: ActorSystem,
+        name: str | None = None,
+        supervisor_strategy: SupervisorStrategy | None = None,
+    ) -> None:
         self._queue: asyncio.Queue[tuple[Any, ActorRef | None, Reply]] = asyncio.Queue()
+        self._ignore: Callable[[Any], bool] | None = None
+        self._deadline: float | None = None
         self.last_sender: ActorRef | None = None
         self._last_reply: Reply | None = None
-        self.ref: ActorRef = system.spawn(Props(_ProbeActor, self), name=name)
+        strategy = _ReportingStrategy(self, supervisor_strategy or OneForOneStrategy())
+        props = Props(_ProbeActor, self).with_supervisor_strategy(strategy)
+        self.ref: ActorRef = system.spawn(props, name=name)
 
     def _received(self, message: Any, sender: ActorRef | None, reply: Reply) -> None:
+        ignore = self._ignore
+        if ignore is not None and ignore(message):
+            return
         self._queue.put_nowait((message, sender, reply))
 
+    def _bound(self, timeout: float) -> float:
+        """``timeout``, cut to what is left of an enclosing ``within`` block."""
+        if self._deadline is None:
+            return timeout
+        left = self._deadline - asyncio.get_running_loop().time()
+        return max(min(timeout, left), 0.0)
+
     async def _next(self, timeout: float, what: str) -> Any:
+        timeout = self._bound(timeout)
         try:
             message, sender, reply = await asyncio.wait_for(self._queue.get(), timeout)
         except TimeoutError:
-            raise AssertionError(f"timeout ({timeout} s) waiting for {what}") from None
+            raise AssertionError(f"timeout ({timeout:.3g} s) waiting for {what}") from None
         self.last_sender = sender
         self._last_reply = reply
         return message
@@ -69,10 +138,10 @@ class TestProbe:
         Raises:
             AssertionError: on timeout or a different message.
         """
-        what = "any message" if expected is _MISSING else repr(expected)
+        what = "any message" if expected is _MISSING else bounded_repr(expected)
         message = await self._next(timeout, what)
         if expected is not _MISSING and message != expected:
-            raise AssertionError(f"expected {expected!r}, got {message!r}")
+            raise AssertionError(f"expected {bounded_repr(expected)}, got {bounded_repr(message)}")
         return message
 
     async def expect_msg_type(self, cls: type[T], timeout: float = 3.0) -> T:
@@ -83,7 +152,7 @@ class TestProbe:
         """
         message = await self._next(timeout, cls.__name__)
         if not isinstance(message, cls):
-            raise AssertionError(f"expected a {cls.__name__}, got {message!r}")
+            raise AssertionError(f"expected a {cls.__name__}, got {bounded_repr(message)}")
         return message
 
     async def expect_no_msg(self, duration: float = 0.1) -> None:
@@ -93,10 +162,10 @@ class TestProbe:
             AssertionError: if one arrives.
         """
         try:
-            message, _, _ = await asyncio.wait_for(self._queue.get(), duration)
+            message, _, _ = await asyncio.wait_for(self._queue.get(), self._bound(duration))
         except TimeoutError:
             return
-        raise AssertionError(f"expected no message, got {message!r}")
+        raise AssertionError(f"expected no message, got {bounded_repr(message)}")
 
     async def receive_n(self, n: int, timeout: float = 3.0) -> list[Any]:
         """Wait for the next ``n`` messages (``timeout`` for all of them together).
@@ -110,12 +179,82 @@ class TestProbe:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + self._bound(timeout)
         out: list[Any] = []
         for i in range(n):
             remaining = max(deadline - loop.time(), 0.0)
-            out.append(await self._next(remaining, f"message {i + 1} of {n} (got {out!r})"))
+            got = bounded_repr(out)
+            out.append(await self._next(remaining, f"message {i + 1} of {n} (got {got})"))
         return out
+
+    async def fish_for_message(self, predicate: Callable[[Any], bool], timeout: float = 3.0) -> Any:
+        """Take messages until ``predicate(message)`` is true (Akka's ``fishForMessage``);
+        those for which it is false are dropped.
+
+        Returns:
+            The first message the predicate accepts.
+        Raises:
+            AssertionError: if none comes within ``timeout`` (for all of them).
+            Exception: whatever ``predicate`` raises (use it to fail on a
+                message that must not come).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._bound(timeout)
+        skipped = 0
+        while True:
+            remaining = max(deadline - loop.time(), 0.0)
+            message = await self._next(remaining, f"a fish (skipped {skipped} message(s))")
+            if predicate(message):
+                return message
+            skipped += 1
+
+    def ignore_msg(self, predicate: Callable[[Any], bool] | None) -> None:
+        """Drop, from now on, every arriving message for which ``predicate`` is
+        true (Akka's ``ignoreMsg``); None stops ignoring. Messages already
+        queued stay. An ignored ask is never answered.
+        """
+        self._ignore = predicate
+
+    @asynccontextmanager
+    async def within(self, max: float, min: float = 0.0) -> AsyncIterator[None]:
+        """Assert that the block takes between ``min`` and ``max`` seconds (Akka's
+        ``within``); inside it, every wait of this probe ends by ``max`` at the latest.
+
+        ``async with probe.within(0.5): ...``; blocks nest (the inner one ends
+        no later than the outer).
+
+        Raises:
+            AssertionError: if the block finishes after ``max`` or before ``min``.
+            ValueError: if ``max`` < ``min`` or ``min`` < 0.
+        """
+        if min < 0 or max < min:
+            raise ValueError(f"need 0 <= min <= max, got min={min}, max={max}")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        outer = self._deadline
+        end = start + max
+        self._deadline = end if outer is None else (end if end < outer else outer)
+        try:
+            yield
+        finally:
+            self._deadline = outer
+        elapsed = loop.time() - start
+        if elapsed > max:
+            raise AssertionError(f"block took {elapsed:.3f} s, more than within's max {max} s")
+        if elapsed < min:
+            raise AssertionError(f"block took {elapsed:.3f} s, less than within's min {min} s")
+
+    def spawn_child(self, props: Props, name: str | None = None) -> ActorRef:
+        """Start an actor as a child of the probe, which supervises it with the
+        probe's ``supervisor_strategy`` and receives a ``ChildFailed`` for each of
+        its failures; what it tells ``context.parent`` comes to the probe.
+
+        Returns:
+            The child's ref.
+        Raises:
+            TypeError, InvalidActorNameError, ActorNameTakenError: as ``spawn``.
+        """
+        return self.ref._cell.context.spawn(props, name)
 
     def watch(self, ref: ActorRef) -> ActorRef:
         """Get ``Terminated(ref)`` on this probe when ``ref`` stops. Returns ``ref``."""
@@ -129,7 +268,7 @@ class TestProbe:
         """
         message = await self.expect_msg_type(Terminated, timeout)
         if message.ref is not ref:
-            raise AssertionError(f"expected Terminated({ref}), got {message!r}")
+            raise AssertionError(f"expected Terminated({ref}), got {bounded_repr(message)}")
         return message
 
     def reply(self, value: Any) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from atomr import (
     ActorRef,
     ActorStoppedError,
     ActorSystem,
+    AskTimeoutError,
     BoundedMailbox,
     Failure,
     MailboxFullError,
@@ -73,7 +76,7 @@ async def test_deferred_reply_exceptions(actor_system: ActorSystem) -> None:
 async def test_outstanding_deferred_reply_fails_when_actor_stops(actor_system: ActorSystem) -> None:
     ref = actor_system.spawn(Props(Coordinator))
     pending = asyncio.ensure_future(ref.ask(("get", "x"), timeout=None))
-    await asyncio.sleep(0.01)
+    await ref.ask(("sync",))  # the get was handled before: its reply is deferred
     await ref.stop()
     with pytest.raises(ActorStoppedError):
         await pending
@@ -143,14 +146,17 @@ async def test_create_task_rejects_non_coroutines(actor_system: ActorSystem) -> 
 
 
 class Parent(Actor):
+    """Spawns children that answer "parent" with their context's parent."""
+
     def receive(self, message: Any) -> Any:
-        if message == "spawn":
-            child = self.context.spawn(Props(Echo), name="kid")
-            return child
+        if message in ("spawn", "dup"):
+            return self.context.spawn(Props(Parent), name="kid")
         if message == "children":
             return self.context.children
-        if message == "dup":
-            self.context.spawn(Props(Echo), name="kid")
+        if message == "parent":
+            return self.context.parent
+        if message == "context":
+            return self.context  # to use outside its handler
         return None
 
 
@@ -159,8 +165,8 @@ async def test_children_and_parent(actor_system: ActorSystem) -> None:
     child = await parent.ask("spawn")
     assert child.path == "atomr://test/user/p/kid"
     assert await parent.ask("children") == [child]
-    assert child._cell.context.parent == parent
-    assert parent._cell.context.parent is None
+    assert await child.ask("parent") is parent
+    assert await parent.ask("parent") is None
     with pytest.raises(ValueError, match="already exists"):
         await parent.ask("dup")
 
@@ -278,8 +284,8 @@ async def test_forward_refused_by_full_mailbox_fails_the_ask(actor_system: Actor
 async def test_context_outside_handler_errors(actor_system: ActorSystem) -> None:
     with pytest.raises(RuntimeError, match="not created by spawn"):
         _ = Echo().context
-    ref = actor_system.spawn(Props(Echo))
-    ctx = ref._cell.context
+    ref = actor_system.spawn(Props(Parent))
+    ctx = await ref.ask("context")
     with pytest.raises(RuntimeError, match="while handling"):
         ctx.defer()
     with pytest.raises(RuntimeError, match="while handling"):
@@ -325,3 +331,86 @@ async def test_context_methods_refuse_a_non_ref_with_type_error(actor_system, me
     assert await ref.ask("go") == "done"
     assert len(seen) == 1 and isinstance(seen[0], TypeError), seen
     assert f"{method}() takes an ActorRef, got str" in str(seen[0])
+
+
+class StashesTwice(Actor):
+    """Stashes ("twice", x) twice in one handling (the second is refused), until "open"."""
+
+    def __init__(self, probe: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def receive(self, message: Any) -> Any:
+        if message == "open":
+            return self.context.unstash_all()
+        if message[0] == "twice":
+            self.context.stash()
+            try:
+                self.context.stash()
+            except RuntimeError as error:
+                self.probe.tell(str(error))
+            return None
+        self.probe.tell(message)
+        return None
+
+
+async def test_a_message_is_stashed_at_most_once(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(StashesTwice, probe.ref))
+    ref.tell(("twice", 1))
+    assert "already stashed" in await probe.expect_msg_type(str)
+    assert await ref.ask("open") == 1  # was: 2, and the message handled twice
+    assert "already stashed" in await probe.expect_msg_type(str)  # its one new handling
+    assert await ref.ask("open") == 1
+
+
+class GatedWatcher(Actor):
+    """Watches ``target``; on ("hold", gate) waits for ``gate``, then unwatches it."""
+
+    def __init__(self, probe: ActorRef, target: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+        self.target = self.context.watch(target)
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, Terminated):
+            self.probe.tell(("terminated", message.ref))
+        elif message[0] == "hold":
+            self.probe.tell("holding")
+            await message[1]
+            self.context.unwatch(self.target)
+        return None
+
+
+async def test_unwatch_discards_a_terminated_already_queued(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    target = actor_system.spawn(Props(Echo))
+    watcher = actor_system.spawn(Props(GatedWatcher, probe.ref, target))
+    gate = asyncio.get_running_loop().create_future()
+    watcher.tell(("hold", gate))
+    await probe.expect_msg("holding")
+    await target.stop()  # Terminated(target) is now queued behind "hold"
+    gate.set_result(None)  # the handler unwatches: the queued Terminated goes
+    await watcher.ask(("sync",))
+    await probe.expect_no_msg(0.01)
+
+
+class Payload:
+    """A message a weak reference can follow."""
+
+
+async def test_a_timed_out_deferred_reply_is_freed_at_once(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Coordinator))
+    payload = Payload()
+    alive = weakref.ref(payload)
+    try:
+        await ref.ask(("get", "key", payload), timeout=0.01)  # the actor keeps the Reply
+    except AskTimeoutError:
+        pass
+    else:
+        raise AssertionError("the deferred ask was answered")
+    del payload
+    await ref.ask(("next",))  # the actor's loop holds only the last message it handled
+    gc.collect()
+    assert alive() is None  # was: kept (with its ask) until the actor stopped
+    assert ref.is_alive

@@ -63,3 +63,15 @@ async def test_failing_subscriber_does_not_break_publishing() -> None:
     assert [d.message for d in letters.recent] == [1, 2]
     with pytest.raises(TypeError):
         letters.subscribe("not callable")  # type: ignore[arg-type]
+
+
+async def test_a_stopped_subscriber_cannot_loop(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    await probe.ref.stop()
+    actor_system.dead_letters.subscribe(probe.ref.tell)  # as a test might leave it
+    ref = actor_system.spawn(Props(Echo))
+    await ref.stop()
+    ref.tell("lost")
+    # the letter, and the one the subscriber's tell to the stopped probe made
+    assert actor_system.dead_letters.count == 2  # was: 330, nested 329 deep
+    assert [d.message for d in actor_system.dead_letters.recent][-1].message == "lost"

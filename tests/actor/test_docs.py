@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,3 +23,19 @@ def test_doc_has_programs() -> None:
 def test_snippet_runs(source: str, capsys: pytest.CaptureFixture[str]) -> None:
     exec(compile(source, str(DOC), "exec"), {"__name__": "__doc_snippet__"})
     assert capsys.readouterr().out.strip()  # each program prints its result
+
+
+def test_testing_snippet_passes_under_pytest_with_the_documented_config(tmp_path: Path) -> None:
+    """The Testing section's tests pass in a fresh project configured as it says."""
+    config = re.search(r"```toml\n(.*?)```", DOC.read_text(), flags=re.S)
+    tests = [b for b in BLOCKS if "actor_system" in b and "async def test_" in b]
+    assert config and len(tests) == 1
+    (tmp_path / "pyproject.toml").write_text(config.group(1))
+    (tmp_path / "test_snippet.py").write_text(tests[0])
+    env = {**os.environ, "PYTHONPATH": str(DOC.parents[1])}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout

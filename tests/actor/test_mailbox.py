@@ -11,6 +11,7 @@ from atomr import (
     Actor,
     ActorRef,
     ActorSystem,
+    AskTimeoutError,
     BoundedMailbox,
     DeadLetter,
     MailboxFullError,
@@ -23,24 +24,28 @@ from atomr.testkit import TestProbe
 class Gated(Actor):
     """Blocks on the first message until ``gate`` is set, then records everything."""
 
-    def __init__(self, gate: asyncio.Event, probe: ActorRef) -> None:
+    def __init__(
+        self, gate: asyncio.Event, probe: ActorRef, entered: asyncio.Event | None = None
+    ) -> None:
         super().__init__()
         self.gate = gate
         self.probe = probe
+        self.entered = entered or asyncio.Event()
 
     async def receive(self, message: Any) -> Any:
+        self.entered.set()
         await self.gate.wait()
         self.probe.tell(message)
         return message
 
 
 async def gated(system: ActorSystem, capacity: int, policy: OverflowPolicy):
-    gate = asyncio.Event()
+    gate, entered = asyncio.Event(), asyncio.Event()
     probe = TestProbe(system)
-    props = Props(Gated, gate, probe.ref).with_mailbox(BoundedMailbox(capacity, policy))
-    ref = system.spawn(props)
+    mailbox = BoundedMailbox(capacity, policy)
+    ref = system.spawn(Props(Gated, gate, probe.ref, entered).with_mailbox(mailbox))
     ref.tell("first")
-    await asyncio.sleep(0.01)  # "first" is being handled, mailbox empty
+    await asyncio.wait_for(entered.wait(), 5)  # "first" is being handled, mailbox empty
     return gate, probe, ref
 
 
@@ -126,7 +131,7 @@ async def test_back_pressure_waiter_released_when_actor_stops(actor_system: Acto
     gate, probe, ref = await gated(actor_system, 1, OverflowPolicy.BACK_PRESSURE)
     await ref.send("a")
     blocked = asyncio.ensure_future(ref.send("b"))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one turn: the send is waiting for room
     await ref.stop()
     await asyncio.wait_for(blocked, 1)  # returns: "b" became a dead letter
     assert actor_system.dead_letters.recent[-1].message == "b"
@@ -213,3 +218,25 @@ async def test_back_pressure_room_passes_on_when_woken_sender_is_cancelled(
     gate.set()  # "cancel" is taken out, waking "a", which is then cancelled
     assert await asyncio.wait_for(waiting, 3.0) == "b"
     assert victim[0].cancelled()
+
+
+async def test_ask_timeout_counts_from_the_call_under_back_pressure(
+    actor_system: ActorSystem,
+) -> None:
+    gate, _, ref = await gated(actor_system, 1, OverflowPolicy.BACK_PRESSURE)
+    await ref.send("a")  # full: "first" is being handled, "a" waits
+    asked = asyncio.ensure_future(ref.ask("b", timeout=0.2))
+    done, _ = await asyncio.wait([asked], timeout=5)  # was: still pending after 5 s
+    assert done, "the ask did not end"
+    with pytest.raises(AskTimeoutError, match="timed out after 0.2"):
+        await asked
+    gate.set()
+
+
+async def test_send_waits_for_room_at_most_its_timeout(actor_system: ActorSystem) -> None:
+    gate, _, ref = await gated(actor_system, 1, OverflowPolicy.BACK_PRESSURE)
+    await ref.send("a")
+    with pytest.raises(MailboxFullError, match="still full after 0.05 s"):
+        await asyncio.wait_for(ref.send("b", timeout=0.05), 5)
+    gate.set()
+    await ref.send("c", timeout=None)  # None: waits as long as it takes

@@ -112,7 +112,7 @@ async def test_ask_to_stopped_actor_raises_at_once(actor_system: ActorSystem) ->
 async def test_pending_asks_fail_when_actor_stops(actor_system: ActorSystem) -> None:
     ref = actor_system.spawn(Props(Silent))
     pending = asyncio.ensure_future(ref.ask("x", timeout=None))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one turn: the ask is queued
     ref.stop()
     with pytest.raises(ActorStoppedError):
         await pending
@@ -205,3 +205,23 @@ async def test_handler_letting_cancelled_error_escape_fails_ask_and_logs(
         await ref.ask("go", timeout=5)  # was: no answer until the ask timed out
     assert not ref.is_alive
     assert any("CancelledError" in r.getMessage() for r in caplog.records)
+
+
+class RaisingRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+async def test_ask_timeout_text_is_bounded_even_for_hostile_messages(
+    actor_system: ActorSystem,
+) -> None:
+    ref = actor_system.spawn(Props(Silent))
+    with pytest.raises(AskTimeoutError, match="RaisingRepr"):  # was: never ended
+        await asyncio.wait_for(ref.ask(RaisingRepr(), timeout=0.01), 5)
+    with pytest.raises(AskTimeoutError) as caught:
+        await ref.ask(list(range(1_000_000)), timeout=0.01)
+    assert len(str(caught.value)) < 400
+    await ref.stop()
+    with pytest.raises(ActorStoppedError) as stopped:
+        await ref.ask(list(range(1_000_000)))
+    assert len(str(stopped.value)) < 400

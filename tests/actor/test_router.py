@@ -12,12 +12,17 @@ from atomr import (
     ActorRef,
     ActorSystem,
     AllForOneStrategy,
+    BoundedMailbox,
     BroadcastPool,
+    DeadLetter,
     Directive,
+    MailboxFullError,
     OneForOneStrategy,
+    OverflowPolicy,
     PoisonPill,
     Props,
     RoundRobinPool,
+    Terminated,
 )
 from atomr.testkit import TestProbe
 
@@ -31,6 +36,8 @@ class Worker(Actor):
     def receive(self, message: Any) -> Any:
         if isinstance(message, BaseException):
             raise message
+        if message == "ref":
+            return self.context.self_ref
         self.handled += 1
         me = self.context.self_ref.name
         self.probe.tell((me, message))
@@ -82,7 +89,7 @@ async def test_pool_supervises_routees(actor_system: ActorSystem) -> None:
 async def test_poison_pill_stops_router_and_routees(actor_system: ActorSystem) -> None:
     probe = TestProbe(actor_system)
     pool = actor_system.spawn(RoundRobinPool(2, Props(Worker, probe.ref)))
-    routees = pool._cell.context.children
+    routees = {await pool.ask("ref") for _ in range(2)}
     assert len(routees) == 2
     probe.watch(pool)
     pool.tell(PoisonPill())
@@ -121,12 +128,19 @@ class Failing(Actor):
         raise RuntimeError("sibling fails")
 
 
+class Announcing(Worker):
+    """A Worker that tells its probe when it starts."""
+
+    def pre_start(self) -> None:
+        self.probe.tell(("started", self.context.self_ref))
+
+
 class PoolOwner(Actor):
     """Restarts all its children (the pool included) when one fails."""
 
     def __init__(self, probe: ActorRef) -> None:
         super().__init__()
-        self.context.spawn(RoundRobinPool(2, Props(Worker, probe)), name="pool")
+        self.context.spawn(RoundRobinPool(2, Props(Announcing, probe)), name="pool")
         self.context.spawn(Props(Failing), name="failing")
 
     def supervisor_strategy(self) -> AllForOneStrategy:
@@ -141,15 +155,86 @@ async def test_restarted_router_does_not_route_terminated_of_old_routees(
 ) -> None:
     probe = TestProbe(actor_system)
     owner = actor_system.spawn(Props(PoolOwner, probe.ref))
+    old_routees = {ref for _, ref in await probe.receive_n(2)}
+    for routee in old_routees:
+        probe.watch(routee)
     pool, failing = await owner.ask("pool"), await owner.ask("failing")
-    old_instance = pool._cell.instance  # white-box: to see the restart happen
-    old_routees = list(old_instance.routees)
     failing.tell("boom")  # AllForOne: the router restarts, its old routees stop
-    deadline = asyncio.get_running_loop().time() + 5
-    while pool._cell.instance is old_instance or any(r.is_alive for r in old_routees):
-        assert asyncio.get_running_loop().time() < deadline, "the pool never restarted"
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)  # the old routees' Terminated reach the new instance
+    events = await probe.receive_n(4)  # two new routees start, the two old ones stop
+    assert sorted(type(e).__name__ for e in events) == ["Terminated"] * 2 + ["tuple"] * 2
+    assert {e.ref for e in events if isinstance(e, Terminated)} == old_routees
+    # the router's own Terminated of the old routees were queued when the probe's were
     pool.tell("after")
     assert (await probe.expect_msg())[1] == "after"  # was: Terminated(old routee)
     await probe.expect_no_msg(0.05)
+
+
+class Blocked(Actor):
+    """Tells ``probe`` it started; every message waits for ``gate``, then is answered."""
+
+    def __init__(self, probe: ActorRef, gate: asyncio.Event) -> None:
+        super().__init__()
+        self.probe = probe
+        self.gate = gate
+
+    def pre_start(self) -> None:
+        self.probe.tell("started")
+
+    async def receive(self, message: Any) -> Any:
+        await self.gate.wait()
+        return message
+
+
+@pytest.mark.parametrize("policy", [OverflowPolicy.FAIL, OverflowPolicy.BACK_PRESSURE])
+async def test_full_routees_do_not_fail_the_router(
+    actor_system: ActorSystem, policy: OverflowPolicy
+) -> None:
+    probe = TestProbe(actor_system)
+    gate = asyncio.Event()
+    routee = Props(Blocked, probe.ref, gate).with_mailbox(BoundedMailbox(2, policy))
+    pool = actor_system.spawn(RoundRobinPool(4, routee))
+    assert await probe.receive_n(4) == ["started"] * 4
+    asks = [asyncio.ensure_future(pool.ask(i, timeout=10)) for i in range(200)]
+    full = [a for a in await _settled(asks, 150) if isinstance(a.exception(), MailboxFullError)]
+    assert len(full) >= 150  # each routee holds one in hand and two queued at most
+    gate.set()
+    await asyncio.wait(asks, timeout=10)
+    answers = [a.result() for a in asks if a.exception() is None]
+    others = [a.exception() for a in asks if a.exception() is not None]
+    assert len(answers) + len(full) == 200, others  # was: 176 ActorStoppedError
+    assert len(answers) >= 4
+    await probe.expect_no_msg(0.05)  # no routee was restarted
+    assert await pool.ask("still routing", timeout=5) == "still routing"
+
+
+async def _settled(futures: list[asyncio.Future[Any]], count: int) -> list[asyncio.Future[Any]]:
+    """Wait (at most 10 s) until ``count`` of ``futures`` are done; return those."""
+    pending = set(futures)
+    done: list[asyncio.Future[Any]] = []
+    while len(done) < count and pending:
+        finished, pending = await asyncio.wait(
+            pending, timeout=10, return_when=asyncio.FIRST_COMPLETED
+        )
+        assert finished, f"only {len(done)} of {count} asks ended"
+        done += finished
+    return done
+
+
+async def test_a_tell_no_routee_has_room_for_is_a_dead_letter(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    gate = asyncio.Event()
+    routee = Props(Blocked, probe.ref, gate).with_mailbox(BoundedMailbox(1))
+    pool = actor_system.spawn(RoundRobinPool(1, routee))
+    await probe.expect_msg("started")
+    refused = asyncio.get_running_loop().create_future()
+
+    def on_dead_letter(letter: DeadLetter) -> None:
+        if letter.reason == "mailbox full" and not refused.done():
+            refused.set_result(letter)
+
+    actor_system.dead_letters.subscribe(on_dead_letter)
+    for i in range(3):  # at most one in hand and one queued
+        pool.tell(i)
+    letter = await asyncio.wait_for(refused, 5)
+    assert letter.message in (1, 2) and letter.recipient is pool
+    gate.set()

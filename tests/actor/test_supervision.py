@@ -17,7 +17,7 @@ from atomr import (
     Props,
     SupervisorStrategy,
 )
-from atomr.testkit import TestProbe
+from atomr.testkit import ChildFailed, ManualClock, TestProbe
 
 
 class Stateful(Actor):
@@ -162,15 +162,18 @@ async def test_restart_window_then_stop(actor_system: ActorSystem) -> None:
     await probe.expect_terminated(child)
 
 
-async def test_restart_window_slides(actor_system: ActorSystem) -> None:
+async def test_restart_window_slides() -> None:
+    clock = ManualClock()  # the restart window runs on the system's scheduler
+    system = ActorSystem("window", scheduler=clock)
     strategy = OneForOneStrategy(max_restarts=1, within=0.05)
-    probe, _, (child,) = await start(actor_system, strategy, "a")
+    probe, _, (child,) = await start(system, strategy, "a")
     for _ in range(3):
         with pytest.raises(RuntimeError):
             await child.ask(RuntimeError("spaced"))
-        await asyncio.sleep(0.08)  # the earlier restart falls out of the window
+        clock.advance(0.08)  # the earlier restart falls out of the window
         assert await child.ask("alive") == 1
     assert child.is_alive
+    await system.terminate(timeout=10)
 
 
 async def test_all_for_one_restarts_siblings(actor_system: ActorSystem) -> None:
@@ -338,3 +341,50 @@ async def test_handler_error_while_stopping_is_logged(
     ref.tell("go")
     await probe.expect_terminated(ref)
     assert any("failed while stopping" in r.getMessage() for r in caplog.records)  # was: silent
+
+
+class ReportsSender(Actor):
+    """Raises what it is sent; its hooks tell the failed message's sender."""
+
+    def receive(self, message: Any) -> Any:
+        raise message
+
+    def pre_restart(self, error: BaseException, message: Any) -> None:
+        sender = self.context.sender
+        assert sender is not None, "no sender in pre_restart"
+        sender.tell(("pre_restart", message))
+
+    def post_stop(self) -> None:
+        sender = self.context.sender
+        if sender is not None:
+            sender.tell("post_stop")
+
+
+async def test_sender_of_the_failed_message_in_pre_restart(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(ReportsSender))
+    error = RuntimeError("restart")
+    ref.tell(error, sender=probe.ref)
+    assert await probe.expect_msg(("pre_restart", error)) == ("pre_restart", error)
+
+
+async def test_sender_of_the_failed_message_in_post_stop(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system, supervisor_strategy=OneForOneStrategy(decider=stop_all))
+    child = probe.spawn_child(Props(ReportsSender))
+    child.tell(KeyError("stop"), sender=probe.ref)
+    failed = await probe.expect_msg_type(ChildFailed)
+    assert failed.child is child and failed.directive is Directive.STOP
+    await probe.expect_msg("post_stop")
+
+
+async def test_no_sender_in_post_stop_of_a_plain_stop(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    ref = probe.watch(actor_system.spawn(Props(ReportsSender)))
+    ref.tell("hello?", sender=probe.ref)  # raises: the guardian restarts it
+    await probe.expect_msg(("pre_restart", "hello?"))
+    await ref.stop()
+    await probe.expect_terminated(ref)  # and no "post_stop": no sender then
+
+
+def stop_all(error: BaseException) -> Directive:
+    return Directive.STOP

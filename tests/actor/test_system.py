@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -265,3 +266,106 @@ async def test_failed_spawn_leaves_no_orphan_children() -> None:
     await asyncio.wait_for(system.terminate(), 5.0)
     pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert pending == []  # was: the child (and its own child) kept running
+
+
+class StopsInOrder(Actor):
+    """Its post_stop asks ``before`` (an actor started earlier) and logs its name."""
+
+    def __init__(self, log: list[str], before: ActorRef | None) -> None:
+        super().__init__()
+        self.log = log
+        self.before = before
+
+    async def post_stop(self) -> None:
+        if self.before is not None:
+            await self.before.ask("still there?", timeout=2)  # must still be alive
+        self.log.append(self.context.self_ref.name)
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+
+async def test_terminate_stops_top_level_actors_in_reverse_start_order() -> None:
+    log: list[str] = []
+    system = ActorSystem("t")
+    before = None
+    for i in range(4):
+        before = system.spawn(Props(StopsInOrder, log, before), name=f"a{i}")
+    await system.terminate(timeout=10)
+    assert log == ["a3", "a2", "a1", "a0"]
+
+
+class Stuck(Actor):
+    """``post_stop`` never returns, or the handler swallows cancellation until
+    ``release`` is set (so the test can end its task afterwards)."""
+
+    def __init__(self, how: str, entered: asyncio.Event, release: asyncio.Event) -> None:
+        super().__init__()
+        self.how = how
+        self.entered = entered
+        self.release = release
+
+    async def receive(self, message: Any) -> Any:
+        if self.how == "swallow":
+            self.entered.set()
+            while not self.release.is_set():
+                with contextlib.suppress(asyncio.CancelledError):  # the bug under test
+                    await self.release.wait()
+        return message
+
+    async def post_stop(self) -> None:
+        if self.how == "post_stop":
+            self.entered.set()
+            await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("how", ["post_stop", "swallow"])
+async def test_terminate_has_a_deadline(how: str, caplog: pytest.LogCaptureFixture) -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+    system = ActorSystem("t")
+    fine = system.spawn(Props(Echo), name="fine")
+    stuck = system.spawn(Props(Stuck, how, entered, release), name="stuck")
+    stopped = stuck.stop() if how == "post_stop" else None
+    stuck.tell("go")
+    await asyncio.wait_for(entered.wait(), 5)
+    try:
+        with pytest.raises(TimeoutError, match=r"stuck \(Stuck\)"):
+            await asyncio.wait_for(system.terminate(timeout=0.2), 10)
+        assert "abandoned" in caplog.text
+        assert not fine.is_alive and system.actors == []
+        with pytest.raises(ActorStoppedError):
+            await stuck.ask("anyone?")
+        if stopped is not None:
+            await asyncio.wait_for(stopped, 5)  # a wait on the stuck actor ends too
+    finally:
+        release.set()
+
+
+async def test_async_with_exit_has_a_deadline() -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def body() -> None:
+        async with ActorSystem("t", terminate_timeout=0.2) as system:
+            system.spawn(Props(Stuck, "swallow", entered, release)).tell("go")
+            await entered.wait()
+
+    try:
+        with pytest.raises(TimeoutError, match=r"still stopping after 0.2 s.*\(Stuck\)"):
+            await asyncio.wait_for(body(), 10)
+    finally:
+        release.set()
+
+
+async def test_errors_and_refs_name_the_actor_path_and_class(actor_system: ActorSystem) -> None:
+    class Broken(Actor):
+        def __init__(self) -> None:
+            raise ValueError("bad config")
+
+    with pytest.raises(ValueError, match="bad config") as caught:
+        actor_system.spawn(Props(Broken), name="broken")
+    assert "atomr://test/user/broken (Broken)" in "".join(caught.value.__notes__)
+    ref = actor_system.spawn(Props(Echo), name="echo")
+    assert repr(ref) == str(ref) == "<ActorRef atomr://test/user/echo (Echo)>"
+    await ref.stop()
+    with pytest.raises(ActorStoppedError, match=r"atomr://test/user/echo \(Echo\)"):
+        await ref.ask("late")

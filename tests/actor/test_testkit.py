@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from atomr import ActorSystem, Props
-from atomr.testkit import TestProbe
+from atomr import Actor, ActorSystem, Directive, OneForOneStrategy, Props
+from atomr.testkit import ChildFailed, ManualClock, TestProbe, expect_log
 
 from .actors import Echo
 
@@ -59,3 +60,129 @@ async def test_watch_and_expect_terminated(actor_system: ActorSystem) -> None:
     ref = probe.watch(actor_system.spawn(Props(Echo)))
     ref.stop()
     await probe.expect_terminated(ref)
+
+
+async def test_last_sender_is_the_sender_of_the_last_message(actor_system: ActorSystem) -> None:
+    probe, other = TestProbe(actor_system), TestProbe(actor_system)
+    probe.ref.tell("hi", sender=other.ref)
+    await probe.expect_msg("hi")
+    assert probe.last_sender is other.ref
+    probe.last_sender.tell("back")
+    await other.expect_msg("back")
+    probe.ref.tell("anonymous")
+    await probe.expect_msg("anonymous")
+    assert probe.last_sender is None
+
+
+async def test_fish_for_message_skips_until_the_predicate_accepts(
+    actor_system: ActorSystem,
+) -> None:
+    probe = TestProbe(actor_system)
+    for message in ("noise", 1, "noise", 2):
+        probe.ref.tell(message)
+    assert await probe.fish_for_message(lambda m: isinstance(m, int)) == 1
+    assert await probe.fish_for_message(lambda m: m == 2) == 2
+    with pytest.raises(AssertionError, match=r"skipped 1 message"):
+        probe.ref.tell("more noise")
+        await probe.fish_for_message(lambda m: m == 3, timeout=0.05)
+
+
+async def test_ignore_msg_drops_matching_messages(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    probe.ignore_msg(lambda m: m == "tick")
+    for message in ("tick", "a", "tick", "b"):
+        probe.ref.tell(message)
+    assert await probe.receive_n(2) == ["a", "b"]
+    probe.ignore_msg(None)
+    probe.ref.tell("tick")
+    await probe.expect_msg("tick")
+
+
+async def test_within_bounds_every_wait_inside_it(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(AssertionError, match="timeout"):
+        async with probe.within(0.05):
+            await probe.expect_msg(timeout=30)  # cut to what is left of 0.05 s
+    assert loop.time() - start < 10  # not the 30 s the call asked for
+    probe.ref.tell("quick")
+    async with probe.within(5):
+        await probe.expect_msg("quick")
+    with pytest.raises(AssertionError, match="less than within's min"):
+        async with probe.within(10, min=5):
+            pass
+    with pytest.raises(ValueError):
+        async with probe.within(1, min=2):
+            pass
+
+
+async def test_within_fails_a_block_that_overruns_its_max(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    with pytest.raises(AssertionError, match="more than within's max"):
+        async with probe.within(0.01):
+            await asyncio.sleep(0.02)  # the overrun under test (no probe wait to cut)
+
+
+async def test_expect_log_counts_matching_records(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(Echo), name="fragile")
+    async with expect_log(r"fragile \(Echo\) failed", level="WARNING") as records:
+        ref.tell(ValueError("bad"))
+    assert records[0].levelname == "WARNING"
+    with pytest.raises(AssertionError, match="expected 1 log record"):
+        async with expect_log("never logged", timeout=0.05):
+            pass
+    with pytest.raises(AssertionError, match="expected 0 log record"):
+        async with expect_log("fragile", count=0):
+            ref.tell(ValueError("again"))
+            await ref.ask("sync")
+    with pytest.raises(ValueError):
+        async with expect_log(level="LOUD"):
+            pass
+
+
+class ChildOfProbe(Actor):
+    """Tells its parent hello; raises what it is sent."""
+
+    def pre_start(self) -> None:
+        parent = self.context.parent
+        assert parent is not None
+        parent.tell(("hello", self.context.self_ref.name))
+
+    def receive(self, message: Any) -> Any:
+        if isinstance(message, BaseException):
+            raise message
+        return message
+
+
+async def test_probe_as_parent_and_supervisor(actor_system: ActorSystem) -> None:
+    def decider(error: BaseException) -> Directive:
+        return Directive.STOP if isinstance(error, KeyError) else Directive.RESTART
+
+    probe = TestProbe(actor_system, supervisor_strategy=OneForOneStrategy(decider=decider))
+    child = probe.watch(probe.spawn_child(Props(ChildOfProbe), name="kid"))
+    assert child.path == f"{probe.ref.path}/kid"
+    await probe.expect_msg(("hello", "kid"))
+    child.tell(RuntimeError("restart"))
+    failed = await probe.expect_msg_type(ChildFailed)
+    assert failed.child is child and failed.directive is Directive.RESTART
+    assert isinstance(failed.error, RuntimeError)
+    await probe.expect_msg(("hello", "kid"))  # restarted: pre_start again
+    child.tell(KeyError("stop"))
+    assert (await probe.expect_msg_type(ChildFailed)).directive is Directive.STOP
+    await probe.expect_terminated(child)
+
+
+async def test_manual_clock_runs_due_callbacks_in_time_order() -> None:
+    clock = ManualClock(start=10.0)
+    ran: list[tuple[float, str]] = []
+    clock.call_later(2, lambda: ran.append((clock.time(), "b")))
+    clock.call_later(1, lambda: ran.append((clock.time(), "a")))
+    dropped = clock.call_later(1.5, lambda: ran.append((clock.time(), "x")))
+    dropped.cancel()
+    assert clock.pending == 2
+    assert clock.advance(0.5) == 0 and clock.time() == 10.5
+    assert clock.advance(5) == 2
+    assert ran == [(11.0, "a"), (12.0, "b")] and clock.time() == 15.5
+    with pytest.raises(ValueError):
+        clock.advance(-1)

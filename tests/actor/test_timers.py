@@ -1,116 +1,254 @@
-"""Timers: schedule_once, schedule_repeatedly, cancellation, receive timeout."""
+"""Timers: schedule_once, schedule_repeatedly, keys, cancellation, receive timeout.
+
+They run on a ``ManualClock``: time moves only when the test advances it, and
+``advance`` queues the due ticks at once, so a test can act while a tick
+waits in the mailbox.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from atomr import Actor, ActorRef, ActorSystem, Cancellable, Props, ReceiveTimeout
-from atomr.testkit import TestProbe
+from atomr.testkit import ManualClock, TestProbe
 
 
 class Scheduler(Actor):
-    def __init__(self, probe: ActorRef) -> None:
+    """Runs timer commands and answers with their result (a ``Cancellable``);
+    tells ``probe`` every other message as ``(incarnation, message)``.
+
+    ``("hold", gate, command)`` waits for ``gate`` inside the handler, then
+    runs ``command``: ticks can queue up behind it meanwhile.
+    """
+
+    def __init__(self, probe: ActorRef, incarnations: list[int]) -> None:
         super().__init__()
         self.probe = probe
-        self.timers: dict[str, Cancellable] = {}
+        self.incarnation = len(incarnations)
+        incarnations.append(self.incarnation)
 
-    def receive(self, message: Any) -> Any:
-        ctx = self.context
-        if isinstance(message, tuple):
-            kind, *args = message
-            if kind == "once":
-                self.timers[args[1]] = ctx.schedule_once(args[0], args[1])
-            elif kind == "every":
-                self.timers[args[1]] = ctx.schedule_repeatedly(args[0], args[1])
-            elif kind == "cancel":
-                self.timers[args[0]].cancel()
-            elif kind == "timeout":
-                ctx.set_receive_timeout(args[0])
-            return None
+    async def receive(self, message: Any) -> Any:
         if isinstance(message, ReceiveTimeout):
             self.probe.tell("timeout")
             return None
-        self.probe.tell(message)
-        return None
+        if not isinstance(message, tuple):
+            self.probe.tell((self.incarnation, message))
+            return None
+        if message[0] == "hold":
+            _, gate, command = message
+            self.probe.tell("holding")
+            await gate
+            return self.run(command)
+        return self.run(message)
+
+    def run(self, command: tuple[Any, ...]) -> Any:
+        ctx = self.context
+        kind, *args = command
+        if kind == "once":
+            key = args[2] if len(args) > 2 else None
+            return ctx.schedule_once(args[0], args[1], key=key)
+        if kind == "every":
+            return ctx.schedule_repeatedly(args[0], args[1])
+        if kind == "cancel key":
+            return ctx.cancel_timer(args[0])
+        if kind == "timeout":
+            return ctx.set_receive_timeout(args[0])
+        if kind == "fail":
+            raise RuntimeError("restart me")
+        return None  # ("sync",): everything queued before it was handled
 
 
-async def make(system: ActorSystem) -> tuple[TestProbe, ActorRef]:
-    probe = TestProbe(system)
-    return probe, system.spawn(Props(Scheduler, probe.ref))
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
 
 
-async def test_schedule_once_fires_once(actor_system: ActorSystem) -> None:
-    probe, ref = await make(actor_system)
-    await ref.ask(("once", 0.02, "tick"))
-    await probe.expect_msg("tick", timeout=1)
-    await probe.expect_no_msg(0.05)
+@pytest.fixture
+async def system(clock: ManualClock) -> AsyncIterator[ActorSystem]:
+    system = ActorSystem("timers", scheduler=clock)
+    try:
+        yield system
+    finally:
+        await system.terminate(timeout=10)
 
 
-async def test_schedule_once_cancelled(actor_system: ActorSystem) -> None:
-    probe, ref = await make(actor_system)
-    await ref.ask(("once", 0.2, "tick"))
-    await ref.ask(("cancel", "tick"))
-    await probe.expect_no_msg(0.3)
+@pytest.fixture
+def incarnations() -> list[int]:
+    return []
 
 
-async def test_schedule_repeatedly_and_cancel(actor_system: ActorSystem) -> None:
-    probe, ref = await make(actor_system)
-    await ref.ask(("every", 0.01, "beat"))
-    assert await probe.receive_n(3, timeout=1) == ["beat"] * 3
-    await ref.ask(("cancel", "beat"))
-    await asyncio.sleep(0.02)
-    while not probe._queue.empty():  # drain beats that were already queued
-        probe._queue.get_nowait()
-    await probe.expect_no_msg(0.05)
+@pytest.fixture
+async def probe(system: ActorSystem) -> TestProbe:
+    return TestProbe(system)
 
 
-async def test_timers_cancelled_when_actor_stops(actor_system: ActorSystem) -> None:
-    probe, ref = await make(actor_system)
+@pytest.fixture
+async def ref(system: ActorSystem, probe: TestProbe, incarnations: list[int]) -> ActorRef:
+    return system.spawn(Props(Scheduler, probe.ref, incarnations))
+
+
+async def quiet(ref: ActorRef, probe: TestProbe) -> None:
+    """Assert the actor received nothing more: it has handled all it had once
+    it answers ("sync",), and it tells the probe before that answer."""
+    await ref.ask(("sync",))
+    await probe.expect_no_msg(0.01)
+
+
+async def test_schedule_once_fires_once(
+    clock: ManualClock, ref: ActorRef, probe: TestProbe
+) -> None:
+    await ref.ask(("once", 0.5, "tick"))
+    assert clock.advance(0.4) == 0
+    assert clock.advance(0.1) == 1
+    await probe.expect_msg((0, "tick"))
+    assert clock.advance(10) == 0
+    await quiet(ref, probe)
+
+
+async def test_schedule_repeatedly_fires_every_interval(
+    clock: ManualClock, ref: ActorRef, probe: TestProbe
+) -> None:
+    timer = await ref.ask(("every", 0.1, "beat"))
+    assert clock.advance(0.35) == 3
+    assert await probe.receive_n(3) == [(0, "beat")] * 3
+    assert timer.active and timer.cancel() and not timer.active
+    assert clock.advance(1) == 0
+    await quiet(ref, probe)
+
+
+async def test_cancelled_before_firing(clock: ManualClock, ref: ActorRef, probe: TestProbe) -> None:
+    timer = await ref.ask(("once", 0.2, "tick"))
+    assert timer.active and not timer.cancelled
+    assert timer.cancel() is True
+    assert timer.cancelled and not timer.active
+    assert timer.cancel() is False  # already cancelled
+    assert clock.advance(1) == 0
+    await quiet(ref, probe)
+
+
+async def test_a_tick_already_queued_is_not_received_after_cancel(
+    clock: ManualClock, ref: ActorRef, probe: TestProbe
+) -> None:
+    once: Cancellable = await ref.ask(("once", 0.1, "tick"))
+    every: Cancellable = await ref.ask(("every", 0.1, "beat"))
+    assert clock.advance(0.35) == 4  # "tick" and three beats wait in the mailbox
+    assert once.cancel() is True and once.cancelled
+    assert every.cancel() is True and every.cancelled
+    await quiet(ref, probe)
+
+
+async def test_a_received_one_shot_is_not_cancelled_by_cancel(
+    clock: ManualClock, ref: ActorRef, probe: TestProbe
+) -> None:
+    timer: Cancellable = await ref.ask(("once", 0.1, "tick"))
+    clock.advance(0.1)
+    await probe.expect_msg((0, "tick"))
+    assert not timer.active
+    assert timer.cancel() is False  # Akka: cancel() of a timer that already fired
+    assert not timer.cancelled
+
+
+async def test_a_replaced_timer_is_not_received(
+    clock: ManualClock, ref: ActorRef, probe: TestProbe
+) -> None:
+    await ref.ask(("once", 0.1, "old", "key"))
+    gate = asyncio.get_running_loop().create_future()
+    ref.tell(("hold", gate, ("once", 0.5, "new", "key")))
+    await probe.expect_msg("holding")
+    assert clock.advance(0.1) == 1  # "old" is queued behind the handler
+    gate.set_result(None)  # which now replaces the timer of "key"
+    await quiet(ref, probe)
+    assert clock.advance(0.5) == 1
+    await probe.expect_msg((0, "new"))
+
+
+async def test_cancel_timer_by_key(clock: ManualClock, ref: ActorRef, probe: TestProbe) -> None:
+    await ref.ask(("once", 0.1, "tick", "k"))
+    assert await ref.ask(("cancel key", "k")) is True
+    assert await ref.ask(("cancel key", "k")) is False
+    assert clock.advance(1) == 0
+    await quiet(ref, probe)
+
+
+async def test_a_restarted_actor_never_receives_the_old_incarnation_ticks(
+    clock: ManualClock, ref: ActorRef, probe: TestProbe, incarnations: list[int]
+) -> None:
+    await ref.ask(("every", 0.1, "beat"))
+    await ref.ask(("once", 0.1, "tick"))
+    gate = asyncio.get_running_loop().create_future()
+    ref.tell(("hold", gate, ("fail",)))
+    await probe.expect_msg("holding")
+    assert clock.advance(0.35) == 4  # queued behind the handler that will fail
+    gate.set_result(None)
+    await quiet(ref, probe)
+    assert incarnations == [0, 1]
+    assert clock.advance(1) == 0  # the old timers are gone too
+
+
+async def test_timers_cancelled_when_actor_stops(
+    clock: ManualClock, system: ActorSystem, ref: ActorRef
+) -> None:
     await ref.ask(("every", 0.01, "beat"))
     await ref.ask(("once", 0.05, "late"))
-    cell = ref._cell
     await ref.stop()
-    assert len(cell.timers) == 0
-    await asyncio.sleep(0.07)
-    letters = [d.message for d in actor_system.dead_letters.recent]
-    assert "late" not in letters
+    assert clock.pending == 0
+    assert clock.advance(1) == 0
 
 
-async def test_receive_timeout_fires_when_idle_and_resets(actor_system: ActorSystem) -> None:
-    probe, ref = await make(actor_system)
+async def test_receive_timeout_fires_when_idle_and_resets(
+    clock: ManualClock, ref: ActorRef, probe: TestProbe
+) -> None:
     await ref.ask(("timeout", 0.15))
-    for _ in range(4):  # messages every 30 ms keep it from firing
-        await asyncio.sleep(0.03)
+    for _ in range(3):  # a message every 0.1 s keeps it from firing
+        clock.advance(0.1)
         ref.tell("busy")
-        await probe.expect_msg("busy")
-    await probe.expect_msg("timeout", timeout=1)
-    await probe.expect_msg("timeout", timeout=1)  # repeats while idle
+        await probe.expect_msg((0, "busy"))
+    clock.advance(0.14)
+    await probe.expect_no_msg(0.01)
+    clock.advance(0.01)
+    await probe.expect_msg("timeout")
+    clock.advance(0.15)
+    await probe.expect_msg("timeout")  # again after each idle period
     await ref.ask(("timeout", None))
-    while not probe._queue.empty():
-        probe._queue.get_nowait()
-    await probe.expect_no_msg(0.2)
+    assert clock.advance(1) == 0
+    await quiet(ref, probe)
 
 
-async def test_bad_delays_rejected(actor_system: ActorSystem) -> None:
-    _, ref = await make(actor_system)
+async def test_bad_delays_rejected(ref: ActorRef) -> None:
     with pytest.raises(ValueError, match="delay must be >= 0"):
         await ref.ask(("once", -1, "x"))
     with pytest.raises(ValueError, match="interval must be > 0"):
         await ref.ask(("every", 0, "x"))
+    with pytest.raises(TypeError, match="interval must be a number"):
+        await ref.ask(("every", "often", "x"))
     with pytest.raises(TypeError):
         await ref.ask(("timeout", "soon"))
     with pytest.raises(ValueError):
         await ref.ask(("timeout", -0.5))
+    with pytest.raises(TypeError):
+        await ref.ask(("once", 1, "x", ["unhashable key"]))
 
 
-async def test_system_schedule_once(actor_system: ActorSystem) -> None:
-    probe = TestProbe(actor_system)
-    actor_system.schedule_once(0.01, probe.ref, "hello")
+async def test_system_schedule_once(clock: ManualClock, system: ActorSystem) -> None:
+    probe = TestProbe(system)
+    system.schedule_once(0.01, probe.ref, "hello")
+    clock.advance(0.01)
     await probe.expect_msg("hello")
-    timer = actor_system.schedule_once(0.01, probe.ref, "never")
-    timer.cancel()
-    assert not timer.active
-    await probe.expect_no_msg(0.03)
+    timer = system.schedule_once(0.01, probe.ref, "never")
+    assert timer.cancel() and not timer.active
+    queued = system.schedule_once(0.01, probe.ref, "taken back")
+    clock.advance(0.01)
+    assert queued.cancel() is True  # it was queued at the probe: taken back
+    await probe.expect_no_msg(0.02)
+
+
+async def test_real_loop_timers_still_work(actor_system: ActorSystem) -> None:
+    """Without a ManualClock, timers run on the event loop."""
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(Scheduler, probe.ref, []))
+    await ref.ask(("once", 0.01, "tick"))
+    await probe.expect_msg((0, "tick"), timeout=5)

@@ -1,0 +1,65 @@
+"""Creating an actor: its name, its place under its supervisor, its start."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .actor import Actor
+from .cell import ActorCell
+from .errors import ActorNameTakenError, InvalidActorNameError
+from .props import Props
+from .ref import ActorRef
+
+if TYPE_CHECKING:
+    from .supervise import Supervisor
+    from .system import ActorSystem
+
+__all__ = ["spawn_cell"]
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise InvalidActorNameError(f"actor name must be a str, got {type(name).__name__}")
+    if not name or "/" in name or name.startswith("$") or name != name.strip():
+        raise InvalidActorNameError(
+            f"invalid actor name {name!r}: non-empty, no '/', no surrounding spaces, "
+            "no leading '$' (reserved for generated names)"
+        )
+    return name
+
+
+def spawn_cell(
+    system: ActorSystem,
+    supervisor: Supervisor,
+    parent: ActorCell | None,
+    props: Props,
+    name: str | None,
+    base_path: str,
+) -> ActorRef:
+    """Create, register and start an actor; returns its ref at once.
+
+    Raises:
+        TypeError: if ``props`` is not ``Props``.
+        InvalidActorNameError, ActorNameTakenError: for a bad or taken name.
+    """
+    if not isinstance(props, Props):
+        hint = ""
+        if isinstance(props, type) and issubclass(props, Actor):
+            hint = f"; wrap the class: Props({props.__name__})"
+        raise TypeError(f"spawn expects Props, got {type(props).__name__}{hint}")
+    if name is None:
+        system._name_counter += 1
+        name = f"${system._name_counter}"
+    else:
+        _check_name(name)
+    if name in supervisor.children:
+        raise ActorNameTakenError(f"an actor named {name!r} already exists under {base_path}")
+    path = f"{base_path}/{name}"
+    try:
+        cell = ActorCell(system, props, name, path, parent, supervisor)
+    except Exception as error:
+        error.add_note(f"raised while creating {path} ({props.class_name})")
+        raise
+    supervisor.children[name] = cell
+    cell.start()
+    return cell.ref

@@ -1,0 +1,137 @@
+"""Stopping an actor: its children first, then ``post_stop``; what still
+waits on it fails, its watchers get ``Terminated``. Internal."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .errors import ActorStoppedError
+from .messages import PoisonPill, Terminated
+
+if TYPE_CHECKING:
+    from .cell import ActorCell
+
+__all__ = [
+    "cancel_tasks",
+    "discard",
+    "fail_pending",
+    "maybe_await",
+    "shutdown",
+    "stop_children",
+    "unwatch_all",
+]
+
+logger = logging.getLogger("atomr.actor")
+
+
+async def maybe_await(value: Any) -> None:
+    """Await ``value`` if it is awaitable (a hook may be plain or async)."""
+    if inspect.isawaitable(value):
+        await value
+
+
+def discard(cell: ActorCell, reason: str) -> None:
+    """Drop ``cell`` and its children without running any more of their
+    code: its construction (or its parent's) failed, or ``terminate`` gave
+    up waiting for it. Messages told to it become dead letters; its asks
+    and deferred replies fail with ``ActorStoppedError(reason)``.
+    """
+    cell.accepting = False
+    cell.stop_requested = True
+    cell.dead = True
+    if cell.task is not None:
+        cell.task.cancel()  # before its first step _run never starts; a stuck one is left
+    for task in cell.tasks:
+        task.cancel()
+    cell.timers.cancel_all()
+    for child in list(cell.children.values()):
+        discard(child, reason)
+    cell.children.clear()
+    fail_pending(cell, ActorStoppedError(f"{cell.label} {reason}"))
+    unwatch_all(cell)
+    if not cell.stopped.done():
+        cell.stopped.set_result(None)
+
+
+async def cancel_tasks(cell: ActorCell) -> None:
+    """Cancel the actor's tasks (not the calling one) and wait for them."""
+    tasks = [t for t in cell.tasks if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+
+
+async def stop_children(cell: ActorCell) -> None:
+    """Stop every child and wait until they have stopped."""
+    children = list(cell.children.values())
+    for child in children:
+        child.request_stop()
+    tasks = [c.task for c in children if c.task is not None]
+    if tasks:
+        await asyncio.wait(tasks)
+
+
+async def shutdown(cell: ActorCell) -> None:
+    """The end of the actor's task: tasks and children stopped, ``post_stop``
+    (if it started), pending asks failed, watchers told ``Terminated``."""
+    cell.stop_requested = True
+    cell.accepting = False
+    task = cell.task
+    if task is not None:
+        while task.cancelling():
+            task.uncancel()
+    cell.timers.cancel_all()
+    cell.receive_timeout = None
+    await cancel_tasks(cell)
+    await stop_children(cell)
+    if cell.started:
+        try:
+            await maybe_await(cell.instance.post_stop())
+        except Exception:
+            logger.exception("post_stop of %s failed", cell.label)
+    cell.dead = True
+    stopped = ActorStoppedError(f"{cell.label} stopped before answering")
+    current = cell.current
+    cell.current = None
+    if current is not None and current[2] is not None and not current[2].done():
+        current[2].set_exception(stopped)  # the loop died in the handler
+    fail_pending(cell, stopped)
+    cell.supervisor.child_stopped(cell)
+    unwatch_all(cell)
+    terminated = Terminated(cell.ref)
+    for watcher in list(cell.watchers):
+        watcher.watching.discard(cell)
+        watcher.post_internal(terminated)
+    cell.watchers.clear()
+    if not cell.stopped.done():
+        cell.stopped.set_result(None)
+
+
+def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
+    """Fail what still waits on the dead ``cell``: queued and stashed messages
+    become dead letters (a PoisonPill is no loss), their asks and deferred
+    replies get `stopped`, senders blocked on a full mailbox are woken."""
+    for queue in (cell.queue, cell.stash):
+        while queue:
+            env = queue.popleft()
+            if env[0].__class__ is not PoisonPill:
+                cell.dead_letter(env[0], env[1], "stopped")
+            reply = env[2]
+            if reply is not None and not reply.done():
+                reply.set_exception(stopped)
+    cell.sysq.clear()
+    for deferred in list(cell.replies):
+        deferred.set_exception(stopped)
+    cell.replies.clear()
+    cell.mailbox.wake_all()
+
+
+def unwatch_all(cell: ActorCell) -> None:
+    """Stop watching every actor this one watches."""
+    for target in cell.watching:
+        target.watchers.discard(cell)
+    cell.watching.clear()

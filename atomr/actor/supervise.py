@@ -1,0 +1,163 @@
+"""How a cell handles a failure: the supervisor decides, then resume, restart,
+stop or escalate (Akka's fault handling). Internal."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .errors import bounded_repr
+from .stopping import cancel_tasks, maybe_await, stop_children
+from .supervision import Directive, SupervisorStrategy
+
+if TYPE_CHECKING:
+    from .cell import ActorCell
+
+__all__ = [
+    "Supervisor",
+    "decide",
+    "failed",
+    "handle_failure",
+    "process_system",
+    "restart",
+    "resume",
+]
+
+logger = logging.getLogger("atomr.actor")
+
+
+class Supervisor(Protocol):
+    """What a cell needs from whoever supervises it (a parent cell or the guardian)."""
+
+    children: dict[str, ActorCell]
+
+    def decide_for(
+        self, child: ActorCell, error: BaseException
+    ) -> tuple[Directive, SupervisorStrategy | None]: ...
+
+    def escalate(self, child: ActorCell, error: BaseException) -> None: ...
+
+    def child_stopped(self, child: ActorCell) -> None: ...
+
+
+def decide(strategy: SupervisorStrategy, child: ActorCell, error: BaseException) -> Directive:
+    """Apply ``strategy`` to ``child``'s failure, turning RESTART into STOP past the window."""
+    try:
+        directive = strategy.directive_for(child.ref, error)
+    except Exception:
+        logger.exception("supervisor decider failed for %s; escalating", child.label)
+        return Directive.ESCALATE
+    if directive is Directive.RESTART and not strategy.allows_restart(
+        child.restart_times, child.scheduler.time()
+    ):
+        logger.warning("%s exceeded %s; stopping it", child.label, strategy)
+        return Directive.STOP
+    return directive
+
+
+async def failed(cell: ActorCell, error: Exception) -> None:
+    """The handler raised: answer its ask with ``error``, then supervision.
+
+    The message and its sender stay current (without the ask), so
+    ``context.sender`` works in ``pre_restart`` and ``post_stop``, as in Akka.
+    """
+    current = cell.current
+    assert current is not None
+    reply = current[2]
+    cell.current = (current[0], current[1], None)
+    if reply is not None and not reply.done():
+        reply.set_exception(error)
+    await handle_failure(cell, error, current[0])
+
+
+async def process_system(cell: ActorCell) -> None:
+    """Handle the queued system messages (failed task, restart, resume)."""
+    sysq = cell.sysq
+    while sysq and not cell.stop_requested:
+        kind, arg = sysq.popleft()
+        if kind == "failed":
+            await handle_failure(cell, arg, None)
+        elif kind == "restart":
+            await restart(cell, arg, None)
+        elif kind == "resume":
+            resume(cell)
+
+
+def resume(cell: ActorCell) -> None:
+    """Go on with the same instance (and resume the children an escalation suspended)."""
+    cell.suspended = False
+    cell.interrupt = True
+    for child in cell.children.values():
+        if child.suspended:
+            child.post_system(("resume", None))
+
+
+async def handle_failure(cell: ActorCell, error: Exception, message: Any) -> None:
+    """Log the failure, ask the supervisor, and carry out its directive."""
+    logger.warning(
+        "%s failed on %s: %s",
+        cell.label,
+        bounded_repr(message),
+        bounded_repr(error),
+        exc_info=error,
+    )
+    if cell.stop_requested:
+        return
+    supervisor = cell.supervisor
+    directive, strategy = supervisor.decide_for(cell, error)
+    all_children = strategy is not None and strategy.applies_to_all
+    if directive is Directive.RESUME:
+        resume(cell)
+    elif directive is Directive.RESTART:
+        if all_children:
+            for sibling in list(supervisor.children.values()):
+                if sibling is not cell:
+                    sibling.post_system(("restart", error))
+        await restart(cell, error, message)
+    elif directive is Directive.STOP:
+        if all_children:
+            for sibling in list(supervisor.children.values()):
+                sibling.request_stop()
+        cell.request_stop()
+    else:
+        cell.suspended = True
+        cell.interrupt = True
+        supervisor.escalate(cell, error)
+
+
+async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
+    """Replace the instance by a new one from Props (Akka's restart): timers,
+    tasks, children and deferred replies of the old one go; the mailbox and
+    the stash stay."""
+    if cell.stop_requested:
+        return
+    old = cell.instance
+    cell.timers.cancel_all(cell)  # and the queued messages of this incarnation's timers
+    cell.receive_timeout = None
+    await cancel_tasks(cell)
+    await stop_children(cell)
+    # deferred replies belonged to the discarded instance: fail them now
+    # (with the error that caused the restart) instead of leaving the
+    # askers to hang until their timeouts
+    for deferred in list(cell.replies):
+        deferred.set_exception(error)
+    cell.replies.clear()
+    try:
+        await maybe_await(old.pre_restart(error, message))
+    except Exception:
+        logger.exception("pre_restart of %s failed", cell.label)
+    if cell.stash:
+        cell.queue.extendleft(reversed(cell.stash))
+        cell.stash.clear()
+    try:
+        instance = cell.new_instance()
+        await maybe_await(instance.post_restart(error))
+    except Exception:
+        logger.exception("restart of %s failed; stopping it", cell.label)
+        # pre_restart already cleaned up the old instance and the new one did
+        # not start (as when pre_start fails): no post_stop
+        cell.started = False
+        cell.request_stop()
+        return
+    cell.suspended = False
+    cell.interrupt = True

@@ -1,0 +1,57 @@
+"""Reaching an actor from another thread: work is handed to its loop with
+``call_soon_threadsafe``. ``ActorRef`` uses these; the rest of the runtime
+runs on the actor's loop only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .envelope import Envelope
+from .errors import ActorStoppedError, MailboxFullError
+
+if TYPE_CHECKING:
+    from .cell import ActorCell
+
+__all__ = ["call_threadsafe", "deliver_from_thread", "wake_from_thread"]
+
+
+def call_threadsafe(cell: ActorCell, callback: Callable[..., object], *args: Any) -> None:
+    """Run ``callback(*args)`` on this actor's loop, from any thread.
+
+    Raises:
+        ActorStoppedError: if that loop is closed.
+    """
+    try:
+        cell.loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the loop is closed
+        raise ActorStoppedError(f"{cell.label}: its event loop is closed") from None
+
+
+def wake_from_thread(cell: ActorCell) -> None:
+    """Wake the idle actor from another thread (one wake-up for a burst of tells)."""
+    if not cell.wake_pending:
+        cell.wake_pending = True
+        call_threadsafe(cell, _woken, cell)
+
+
+def _woken(cell: ActorCell) -> None:
+    cell.wake_pending = False
+    cell.wake()
+
+
+def deliver_from_thread(cell: ActorCell, env: Envelope) -> None:
+    """``tell`` from another thread to a bounded or stopped actor: delivered on
+    the loop; a refusal of a full mailbox becomes a dead letter there.
+
+    Raises:
+        ActorStoppedError: if the actor's loop is closed.
+    """
+    call_threadsafe(cell, _deliver_told, cell, env)
+
+
+def _deliver_told(cell: ActorCell, env: Envelope) -> None:
+    try:
+        cell.deliver(env)
+    except MailboxFullError:
+        cell.dead_letter(env[0], env[1], "mailbox full")

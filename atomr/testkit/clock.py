@@ -1,0 +1,95 @@
+"""``ManualClock``: a scheduler whose time moves only when a test says so."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from atomr.actor.timers import check_delay
+
+__all__ = ["ManualClock"]
+
+
+class _Call:
+    """One scheduled callback; ``cancel()`` keeps it from running."""
+
+    __slots__ = ("args", "callback", "cancelled", "due")
+
+    def __init__(self, due: float, callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+        self.due = due
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualClock:
+    """A clock for ``ActorSystem(scheduler=clock)`` (Akka's explicitly triggered
+    scheduler): timers, receive timeouts and supervision's restart windows
+    then run on it, and nothing fires until ``advance``. Ask timeouts and
+    ``asyncio.sleep`` keep real time.
+
+    ``advance`` runs what is due at once, in time order; the actors then handle
+    the messages on their next turn, so await what they do (``probe.expect_msg``).
+    A receive timeout is set when its actor goes idle: advance once the actor
+    has handled what was sent to it (after an ``ask`` it has).
+
+    Args:
+        start: the clock's time at first.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+        self._calls: list[tuple[float, int, _Call]] = []
+        self._order = itertools.count()
+
+    def time(self) -> float:
+        """The clock's current time in seconds."""
+        return self._now
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> _Call:
+        """Schedule ``callback(*args)`` at ``time() + delay`` (what the runtime calls).
+
+        Returns:
+            A handle with ``cancel()``.
+        Raises:
+            ValueError, TypeError: for a negative or non-numeric delay.
+        """
+        delay = check_delay("delay", delay, allow_zero=True)
+        call = _Call(self._now + delay, callback, args)
+        heapq.heappush(self._calls, (call.due, next(self._order), call))
+        return call
+
+    @property
+    def pending(self) -> int:
+        """How many scheduled callbacks are waiting (cancelled ones excluded)."""
+        return sum(1 for _, _, call in self._calls if not call.cancelled)
+
+    def advance(self, seconds: float) -> int:
+        """Move time forward by ``seconds``, running every callback that falls
+        due on the way, in time order (a repeating timer fires once per interval).
+
+        Returns:
+            How many callbacks ran.
+        Raises:
+            ValueError, TypeError: for a negative or non-numeric ``seconds``.
+        """
+        target = self._now + check_delay("seconds", seconds, allow_zero=True)
+        ran = 0
+        calls = self._calls
+        while calls and calls[0][0] <= target:
+            due, _, call = heapq.heappop(calls)
+            if call.cancelled:
+                continue
+            self._now = due
+            call.callback(*call.args)
+            ran += 1
+        self._now = target
+        return ran
+
+    def __repr__(self) -> str:
+        return f"ManualClock(time={self._now}, pending={self.pending})"

@@ -98,13 +98,14 @@ def check_name(name: object) -> None:
         raise TypeError(f"name must be a str or None, got {_kind(name)}")
 
 
-def parse_devices(devices: Any, *, single: bool = False) -> list[Device]:
+def parse_devices(devices: Any, *, single: bool = False, name: str = "devices") -> list[Device]:
     """The devices a trainer was given, parsed.
 
     Args:
         devices: a sequence of `Device`s or device names; with `single`,
             also one `Device` or name.
         single: the trainer runs on exactly one device.
+        name: the argument's name, for the messages ("server_devices").
 
     Returns:
         The devices, in order (exactly one with `single`).
@@ -120,14 +121,14 @@ def parse_devices(devices: Any, *, single: bool = False) -> list[Device]:
         devices = [devices]
     if isinstance(devices, str | Device) or not isinstance(devices, Sequence):
         raise TypeError(
-            f"devices must be a sequence of Device or device names (e.g. cpu_devices(2)), "
+            f"{name} must be a sequence of Device or device names (e.g. cpu_devices(2)), "
             f"got {_kind(devices)}"
         )
     for k, device in enumerate(devices):
         if not isinstance(device, Device | str):
-            raise TypeError(f"devices[{k}] must be a Device or a device name, got {_kind(device)}")
+            raise TypeError(f"{name}[{k}] must be a Device or a device name, got {_kind(device)}")
     if not devices:
-        raise ValueError("devices is empty: give at least one device")
+        raise ValueError(f"{name} is empty: give at least one device")
     if single and len(devices) != 1:
         raise ValueError(
             f"this trainer runs on one device, got {len(devices)}: use a parallel "

@@ -9,9 +9,9 @@ from typing import Any, cast
 
 from atomr.accel import Device
 from atomr.actor import ActorRef, Props
+from atomr.train._contract import parse_devices
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.mlp import Mlp
-from atomr.train.parameter_server._devices import parse_devices
 from atomr.train.parameter_server.client import split_ranges
 from atomr.train.parameter_server.options import ParameterServerOptions
 from atomr.train.parameter_server.server import ServerShard
@@ -67,7 +67,7 @@ class Layout:
         """
         if not isinstance(model, Mlp):
             raise TypeError(f"model must be an Mlp, got {type(model).__name__}")
-        devs = parse_devices(devices, "devices")
+        devs = tuple(parse_devices(devices))
         if not isinstance(config, TrainerConfig):
             raise TypeError(f"config must be a TrainerConfig, got {type(config).__name__}")
         options = ParameterServerOptions() if options is None else options

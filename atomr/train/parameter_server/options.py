@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from atomr.accel import Device
-from atomr.train.parameter_server._devices import parse_devices
+from atomr.train._contract import parse_devices
 from atomr.train.parameter_server.consistency import Consistency, check_staleness_bound
 from atomr.train.parameter_server.worker import ParameterServerWorker
 
@@ -77,5 +77,7 @@ class ParameterServerOptions:
             )
         if self.server_devices is not None:
             object.__setattr__(
-                self, "server_devices", parse_devices(self.server_devices, "server_devices")
+                self,
+                "server_devices",
+                tuple(parse_devices(self.server_devices, name="server_devices")),
             )

@@ -31,6 +31,7 @@ from atomr.train._contract import (
     parse_devices,
     refuse_options,
 )
+from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -80,6 +81,7 @@ class Trainer(DeviceActor):
         self.config = check_config(config)
         self.model: Mlp | None = None
         self.optimizer: Optimizer | None = None
+        self._updates = DoubleBuffer()  # out of place: a refused update changes nothing
         self.steps = 0
         self._reset_accumulation()
 
@@ -252,8 +254,8 @@ class Trainer(DeviceActor):
         assert model is not None and opt is not None
         if self.config.gradient_clip is not None:
             clip_grad_norm(model.backend, model.grads, self.config.gradient_clip, grad_norm)
-        opt.step(model.params, model.grads)
-        model.backend.synchronize()
+        self._updates.apply(model.backend, model, "params", opt, model.grads)
+        self._updates.commit()
         self.steps += 1
         micros = (time.perf_counter_ns() - t0) // 1000
         return StepStats(float(loss), float(grad_norm), int(micros), int(samples))

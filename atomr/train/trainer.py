@@ -46,7 +46,7 @@ from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, Save
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import Optimizer
 from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
+from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser, evaluation
 from atomr.train.core.validation import validate_batch
 
 __all__ = ["Trainer"]
@@ -267,11 +267,10 @@ class Trainer(DeviceActor):
         out = model.forward(be.to_device(x))
         d_out = be.empty(out.shape, dtype=model.dtype)
         loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)
-        check_normaliser(norm)
         accuracy = float("nan")
         if self.config.loss.is_classification:
             accuracy = float(np.mean(np.argmax(be.to_host(out), axis=1) == y))
-        return EvalResult(loss_sum / norm, accuracy, x.shape[0])
+        return evaluation(loss_sum, norm, accuracy, x.shape[0])
 
     def _save(self, path: Any) -> None:
         model, opt = self.model, self.optimizer

@@ -8,6 +8,7 @@ import pytest
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import (
+    Evaluate,
     GetWeights,
     LossKind,
     Mlp,
@@ -46,3 +47,17 @@ async def test_an_overflowing_update_is_refused_and_changes_nothing(optimizer, s
             np.testing.assert_array_equal(await ref.ask(GetWeights(), timeout=10), before)
         stats = await ref.ask(Step(x / 1e4, y), timeout=10)  # a sane batch still trains
         assert stats.applied and np.isfinite(await ref.ask(GetWeights(), timeout=10)).all()
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_evaluate_never_answers_a_non_finite_loss(strategy) -> None:
+    trainer_class, options, n = STRATEGIES[strategy]
+    x, y = synthetic_classification(32, SIZES[0], SIZES[-1], seed=0)
+    huge = np.full_like(x, 3e38)  # finite input; the logits overflow
+    async with ActorSystem() as system:
+        config = _config(OptimizerKind.sgd(0.1))
+        ref = await trainer_class.spawn(system, Mlp(SIZES, seed=1), cpu_devices(n), config, options)
+        with pytest.raises(NonFiniteError, match="evaluation loss is not finite"):
+            await ref.ask(Evaluate(huge, y), timeout=10)
+        result = await ref.ask(Evaluate(x, y), timeout=10)  # not restarted, still answers
+        assert np.isfinite(result.loss)

@@ -16,9 +16,14 @@ from typing import Any
 
 from atomr.train.fit import EpochRecord
 
-__all__ = ["History"]
+__all__ = ["History", "history_path_for"]
 
 FORMAT = "atomr-history/1"
+
+
+def history_path_for(checkpoint: Path) -> Path:
+    """Where the history written next to `checkpoint` lives (`--resume` reads it)."""
+    return checkpoint.with_name(checkpoint.name + ".history.json")
 
 
 def _record(raw: dict[str, Any]) -> EpochRecord:

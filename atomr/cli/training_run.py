@@ -19,7 +19,7 @@ import numpy as np
 from atomr.actor import ActorRef, ActorSystem
 from atomr.cli.dataset import Dataset
 from atomr.cli.errors import CliError
-from atomr.cli.history import History
+from atomr.cli.history import History, history_path_for
 from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
 from atomr.cli.strategies import min_batch_size, spawn_trainer
@@ -27,14 +27,9 @@ from atomr.train import CheckpointError, Evaluate, GetWeights, Mlp, load_checkpo
 from atomr.train.core import Checkpoint
 from atomr.train.fit import Evaluator, FitCallback, FitPosition, StopFlag, batch_bounds, fit
 
-__all__ = ["history_path_for", "train_epochs"]
+__all__ = ["train_epochs"]
 
 _ASK_TIMEOUT = 600.0  # generous: one step of a large synthetic run may take a while
-
-
-def history_path_for(checkpoint: Path) -> Path:
-    """Where the history written next to `checkpoint` lives."""
-    return checkpoint.with_name(checkpoint.name + ".history.json")
 
 
 def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:

@@ -13,10 +13,10 @@ import pytest
 
 import atomr
 from atomr.cli.dataset import load_dataset
-from atomr.cli.history import History
+from atomr.cli.history import History, history_path_for
 from atomr.cli.parser import build_parser
 from atomr.cli.run_config import RunConfig
-from atomr.cli.training_run import history_path_for, train_epochs
+from atomr.cli.training_run import train_epochs
 from atomr.train import StepStats, load_checkpoint
 from atomr.train.fit import FitCallback, FitPosition, StopFlag
 

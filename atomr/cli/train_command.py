@@ -13,6 +13,7 @@ from atomr.cli.dataset import load_dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History
 from atomr.cli.interrupt import stop_on_sigint
+from atomr.cli.memory import check_memory
 from atomr.cli.outputs import check_outputs, output_paths
 from atomr.cli.plotting import save_curves
 from atomr.cli.progress import Progress
@@ -43,6 +44,7 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
     plot_path, history_path = output_paths(run)
     if run.dist is None:  # the ranks of a job would wait for one that stopped here
         check_outputs(run, plot_path, history_path)
+    check_memory(run)
     data = load_dataset(run)
     flag = stop if stop is not None else StopFlag()
     history = History(config=run.to_json())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import atomr
+from atomr.cli.compiling import say_when_compiling
 from atomr.cli.dataset import load_dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History
@@ -53,7 +54,7 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
         return Progress(total, done, enabled=not run.quiet)
 
     async def go() -> History:
-        with stop_on_sigint(flag):
+        with stop_on_sigint(flag), say_when_compiling(enabled=not run.quiet):
             return await train_epochs(run, data, history, flag, progress_factory=progress)
 
     atomr.run(go())

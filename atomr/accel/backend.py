@@ -554,7 +554,7 @@ class Backend(abc.ABC):
         *,
         params_out: Any | None = None,
         momentum_out: Any | None = None,
-    ) -> None:
+    ) -> bool:
         """One fused torch.optim.SGD step over a flat parameter buffer, in place
         or (``params_out`` / ``momentum_out``) out of place.
 
@@ -572,6 +572,10 @@ class Backend(abc.ABC):
             momentum_out: where the new momentum buffer goes (default ``momentum_buf``).
                 With ``params_out``, the inputs are left as they were and the results
                 are bit-identical to the in-place step's.
+
+        Returns:
+            True when every new parameter is finite (checked in the same pass;
+            the results are written either way).
 
         Raises:
             TypeError: wrong array type or dtype, or ``hyperparameters`` is not an
@@ -605,7 +609,7 @@ class Backend(abc.ABC):
         out_buf = self._flat(momentum_out) if momentum_out is not None else flat_buf
         if momentum_buf is None:
             out_buf = out_p
-        self.sgd_step_unchecked(
+        return self.sgd_step_unchecked(
             flat_p, self._flat(grads), flat_buf, hyperparameters, step, out_p, out_buf
         )
 
@@ -619,7 +623,7 @@ class Backend(abc.ABC):
         step: int,
         p_out: Any,
         buf_out: Any,
-    ) -> None:
+    ) -> bool:
         """``sgd_step`` without the checks, on flat buffers; every output given (the input itself for in place; ``buf`` and ``buf_out`` may be ``p`` and ``p_out`` when momentum is 0). See "Unchecked entries" in the class docstring."""
 
     def adam_step(
@@ -634,7 +638,7 @@ class Backend(abc.ABC):
         params_out: Any | None = None,
         exp_avg_out: Any | None = None,
         exp_avg_sq_out: Any | None = None,
-    ) -> None:
+    ) -> bool:
         """One fused torch.optim.Adam (or AdamW, ``decoupled=True``) step, in place
         or (the ``*_out`` buffers) out of place.
 
@@ -654,6 +658,10 @@ class Backend(abc.ABC):
                 moments go (same shape; each defaults to its input, in place). Out of
                 place, the inputs are left as they were and the results are
                 bit-identical to the in-place step's.
+
+        Returns:
+            True when every new parameter is finite (checked in the same pass;
+            the results are written either way).
 
         Raises:
             TypeError: wrong array type or dtype, or ``hyperparameters`` is not an
@@ -675,7 +683,7 @@ class Backend(abc.ABC):
         self.validate("adam_step", read_only=read_only, **bufs)
         self._same_shape("adam_step", *bufs.items())
         flat = {name: self._flat(bufs[name] if out is None else out) for name, out in outs.items()}
-        self.adam_step_unchecked(
+        return self.adam_step_unchecked(
             self._flat(params),
             self._flat(grads),
             self._flat(exp_avg),
@@ -699,7 +707,7 @@ class Backend(abc.ABC):
         p_out: Any,
         m_out: Any,
         v_out: Any,
-    ) -> None:
+    ) -> bool:
         """``adam_step`` without the checks, on flat buffers; every output given (the input itself for in place). See "Unchecked entries" in the class docstring."""
 
     # ------------------------------------------------------------ validation helpers

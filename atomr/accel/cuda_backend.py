@@ -195,8 +195,8 @@ class CudaBackend(Backend):
         step: int,
         p_out: Any,
         buf_out: Any,
-    ) -> None:
-        optim.sgd_step_cuda(p, g, buf, hyper, step, p_out, buf_out)
+    ) -> bool:
+        return optim.sgd_step_cuda(p, g, buf, hyper, step, p_out, buf_out)
 
     def adam_step_unchecked(
         self,
@@ -209,5 +209,5 @@ class CudaBackend(Backend):
         p_out: Any,
         m_out: Any,
         v_out: Any,
-    ) -> None:
-        optim.adam_step_cuda(p, g, m, v, hyper, step, p_out, m_out, v_out)
+    ) -> bool:
+        return optim.adam_step_cuda(p, g, m, v, hyper, step, p_out, m_out, v_out)

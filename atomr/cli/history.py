@@ -16,9 +16,14 @@ from typing import Any
 
 from atomr.train.fit import EpochRecord
 
-__all__ = ["History"]
+__all__ = ["History", "history_path_for"]
 
 FORMAT = "atomr-history/1"
+
+
+def history_path_for(checkpoint: Path) -> Path:
+    """Where the history written next to `checkpoint` lives (`--resume` reads it)."""
+    return checkpoint.with_name(checkpoint.name + ".history.json")
 
 
 def _record(raw: dict[str, Any]) -> EpochRecord:
@@ -76,7 +81,9 @@ class History:
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the history as JSON to `path` (parent folders are created).
+        """Write the history as JSON to `path` (parent folders are created),
+        atomically: a temp file beside it replaces it, so a kill mid-write
+        leaves the old file or the new one, never a torn one.
 
         Returns:
             The path written.
@@ -86,7 +93,17 @@ class History:
         """
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(self.to_json(), indent=2) + "\n"
+        temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            with open(temp, "w", encoding="utf-8") as out:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, target)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
         return target
 
     @classmethod

@@ -144,6 +144,18 @@ def parse_devices(
     return tuple(devices)
 
 
+def _is_plain_name(name: str) -> bool:
+    """True for one file name that stays inside its folder: not empty, no
+    separator, not "." or "..", no NUL."""
+    return (
+        bool(name.strip())
+        and Path(name).name == name
+        and name != ".."
+        and not (os.altsep and os.altsep in name)
+        and "\0" not in name
+    )
+
+
 def _positive(name: str, value: int | None) -> None:
     if value is not None and value < 1:
         raise CliError(f"--{name} must be >= 1, got {value}")
@@ -237,8 +249,10 @@ class RunConfig:
                 f"--strategy single trains on one device, got {len(devices)} "
                 f"({', '.join(map(str, devices))})"
             )
-        if args.name is not None and (not args.name.strip() or os.sep in args.name):
-            raise CliError(f"--name must be a plain, non-empty file name, got {args.name!r}")
+        if args.name is not None and not _is_plain_name(args.name):
+            raise CliError(
+                f"--name must be a plain file name inside the runs folder, got {args.name!r}"
+            )
         return cls(
             strategy=args.strategy,
             devices=devices,

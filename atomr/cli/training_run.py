@@ -9,6 +9,7 @@ position, which `--resume` reads back).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 from atomr.actor import ActorRef, ActorSystem
 from atomr.cli.dataset import Dataset
 from atomr.cli.errors import CliError
-from atomr.cli.history import History
+from atomr.cli.history import History, history_path_for
 from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
 from atomr.cli.strategies import min_batch_size, spawn_trainer
@@ -26,14 +27,9 @@ from atomr.train import CheckpointError, Evaluate, GetWeights, Mlp, load_checkpo
 from atomr.train.core import Checkpoint
 from atomr.train.fit import Evaluator, FitCallback, FitPosition, StopFlag, batch_bounds, fit
 
-__all__ = ["history_path_for", "train_epochs"]
+__all__ = ["train_epochs"]
 
 _ASK_TIMEOUT = 600.0  # generous: one step of a large synthetic run may take a while
-
-
-def history_path_for(checkpoint: Path) -> Path:
-    """Where the history written next to `checkpoint` lives."""
-    return checkpoint.with_name(checkpoint.name + ".history.json")
 
 
 def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:
@@ -46,28 +42,49 @@ def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:
 
 
 def _resume_position(run: RunConfig, path: Path, steps: int, history: History) -> FitPosition:
-    """Read where the checkpoint stands; restore the earlier epoch records."""
+    """Where the checkpoint stands (from its own step: the checkpoint is the
+    truth); restore the earlier epoch records from its history file when that
+    file agrees with it, else warn on stderr and go on without them.
+
+    Raises:
+        CliError: an unusable checkpoint, another model or optimizer, or a
+            history file (agreeing with the checkpoint) of other data options.
+    """
     try:
         ckpt = load_checkpoint(path)
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
     _check_model_options(run, ckpt, list(history.config["sizes"]))
     _check_optimizer_options(run, ckpt)
+    position = FitPosition(ckpt.step // steps, ckpt.step % steps, ckpt.step)
     side = history_path_for(path)
-    if not side.is_file():  # a checkpoint saved by a script: infer from its step count
-        return FitPosition(ckpt.step // steps, ckpt.step % steps, ckpt.step)
+    if not side.is_file():  # a checkpoint saved by a script: nothing more to restore
+        return position
     try:
         earlier = History.load(side)
-    except (OSError, ValueError) as exc:
-        raise CliError(f"--resume: {exc}") from None
-    pos = earlier.position or {}
-    if pos.get("data") != run.data_options():
+        sidecar_step = int((earlier.position or {})["step"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _warn(f"--resume: ignoring {side} ({exc}); earlier epochs are not restored")
+        return position
+    if sidecar_step != ckpt.step:
+        _warn(
+            f"--resume: ignoring {side}: it is of step {sidecar_step}, the checkpoint of "
+            f"step {ckpt.step}; earlier epochs are not restored"
+        )
+        return position
+    data = (earlier.position or {}).get("data")
+    if data != run.data_options():
         raise CliError(
-            f"--resume: the checkpoint was made with {pos.get('data')}; "
+            f"--resume: the checkpoint was made with {data}; "
             f"resume with the same data options (got {run.data_options()})"
         )
-    history.epochs = list(earlier.epochs)
-    return FitPosition(int(pos["epoch"]), int(pos["batch"]), int(pos["step"]))
+    history.epochs = [r for r in earlier.epochs if r.epoch <= position.epoch]
+    return position
+
+
+def _warn(message: str) -> None:
+    """One warning line on stderr (the run goes on)."""
+    print(f"atomr: warning: {message}", file=sys.stderr)
 
 
 def _check_model_options(run: RunConfig, ckpt: Checkpoint, sizes: list[int]) -> None:

@@ -31,6 +31,7 @@ from atomr.train._contract import (
     parse_devices,
     refuse_options,
 )
+from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -45,7 +46,7 @@ from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, Save
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import Optimizer
 from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
+from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser, evaluation
 from atomr.train.core.validation import validate_batch
 
 __all__ = ["Trainer"]
@@ -80,6 +81,7 @@ class Trainer(DeviceActor):
         self.config = check_config(config)
         self.model: Mlp | None = None
         self.optimizer: Optimizer | None = None
+        self._updates = DoubleBuffer()  # out of place: a refused update changes nothing
         self.steps = 0
         self._reset_accumulation()
 
@@ -252,8 +254,8 @@ class Trainer(DeviceActor):
         assert model is not None and opt is not None
         if self.config.gradient_clip is not None:
             clip_grad_norm(model.backend, model.grads, self.config.gradient_clip, grad_norm)
-        opt.step(model.params, model.grads)
-        model.backend.synchronize()
+        self._updates.apply(model.backend, model, "params", opt, model.grads)
+        self._updates.commit()
         self.steps += 1
         micros = (time.perf_counter_ns() - t0) // 1000
         return StepStats(float(loss), float(grad_norm), int(micros), int(samples))
@@ -265,11 +267,10 @@ class Trainer(DeviceActor):
         out = model.forward(be.to_device(x))
         d_out = be.empty(out.shape, dtype=model.dtype)
         loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)
-        check_normaliser(norm)
         accuracy = float("nan")
         if self.config.loss.is_classification:
             accuracy = float(np.mean(np.argmax(be.to_host(out), axis=1) == y))
-        return EvalResult(loss_sum / norm, accuracy, x.shape[0])
+        return evaluation(loss_sum, norm, accuracy, x.shape[0])
 
     def _save(self, path: Any) -> None:
         model, opt = self.model, self.optimizer

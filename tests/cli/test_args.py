@@ -165,7 +165,7 @@ def test_unwritable_output_fails_before_training(
     monkeypatch.setattr(train_command, "load_dataset", no_training)
     blocker = tmp_path / "file"
     blocker.write_text("a file, not a folder")
-    target = blocker / ("run" if flag == "--run-dir" else "out")
+    target = blocker / {"--run-dir": "run", "--plot": "out.png"}.get(flag, "out")
     argv = ["train", "--quiet", "--epochs", "1", "--run-dir", str(tmp_path / "run")]
     code, out, err = _run(capsys, *argv, flag, str(target))
     assert code == 1

@@ -24,12 +24,18 @@ compiled for both targets; the hyperparameters arrive validated, as an
 ``SgdHyperparameters`` / ``AdamHyperparameters`` (``atomr.accel.hyperparameters``),
 whose ``kernel_args`` gives the kernel's scalars (Adam's bias corrections
 computed once per step on the host). Gradients are read, never written.
+
+Every step reports, from the same pass, whether all the new weights are
+finite (``x - x != 0`` is true exactly for NaN and +-Inf): the caller refuses a
+non-finite update without a second pass over the weights.
 """
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from atomr.accel.kernels._compile import (
     cpu_loop,
@@ -114,7 +120,9 @@ _adam_gpu = gpu_scalar(adam_update)
 
 
 @gpu_kernel
-def _sgd_kernel(p, g, buf, p_out, buf_out, lr, momentum, dampening, weight_decay, nesterov, first):
+def _sgd_kernel(
+    p, g, buf, p_out, buf_out, nonfinite, lr, momentum, dampening, weight_decay, nesterov, first
+):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     has_buf = momentum != 0.0
@@ -124,12 +132,31 @@ def _sgd_kernel(p, g, buf, p_out, buf_out, lr, momentum, dampening, weight_decay
         p_out[i] = np_
         if has_buf:
             buf_out[i] = nb
+        q = p_out[i]  # as stored: a float64 result may overflow only in the cast
+        if q - q != 0.0:  # inf - inf and NaN - NaN are NaN; a racy store of 1 is benign
+            nonfinite[0] = 1
         i += stride
 
 
 @gpu_kernel
 def _adam_kernel(
-    p, g, m, v, p_out, m_out, v_out, b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps
+    p,
+    g,
+    m,
+    v,
+    p_out,
+    m_out,
+    v_out,
+    nonfinite,
+    b1,
+    omb1,
+    b2,
+    omb2,
+    l2,
+    decay,
+    step_size,
+    inv_bc2,
+    eps,
 ):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
@@ -152,6 +179,9 @@ def _adam_kernel(
         p_out[i] = np_
         m_out[i] = nm
         v_out[i] = nv
+        q = p_out[i]
+        if q - q != 0.0:
+            nonfinite[0] = 1
         i += stride
 
 
@@ -163,13 +193,16 @@ def sgd_step_cuda(
     step: int,
     p_out: Any = None,
     buf_out: Any = None,
-) -> None:
+) -> bool:
     """Fused SGD on flat device arrays (buf unused, may be any array, when momentum == 0).
 
     The results go to ``p_out`` / ``buf_out`` (default: ``p`` / ``buf``, in place).
+    Returns True when every new weight is finite (checked in the same pass).
     """
     outs = (p if p_out is None else p_out, buf if buf_out is None else buf_out)
-    launch_1d(_sgd_kernel, p.size, p, g, buf, *outs, *hyper.kernel_args(step))
+    nonfinite = _flag()
+    launch_1d(_sgd_kernel, p.size, p, g, buf, *outs, nonfinite, *hyper.kernel_args(step))
+    return _all_finite(nonfinite)
 
 
 def adam_step_cuda(
@@ -182,14 +215,28 @@ def adam_step_cuda(
     p_out: Any = None,
     m_out: Any = None,
     v_out: Any = None,
-) -> None:
+) -> bool:
     """Fused Adam / AdamW on flat device arrays, step t >= 1.
 
     The results go to ``p_out`` / ``m_out`` / ``v_out`` (default: in place).
+    Returns True when every new weight is finite (checked in the same pass).
     """
     coeffs = hyper.kernel_args(step, p.dtype)
     outs = (p if p_out is None else p_out, m if m_out is None else m_out)
-    launch_1d(_adam_kernel, p.size, p, g, m, v, *outs, v if v_out is None else v_out, *coeffs)
+    v_new = v if v_out is None else v_out
+    nonfinite = _flag()
+    launch_1d(_adam_kernel, p.size, p, g, m, v, *outs, v_new, nonfinite, *coeffs)
+    return _all_finite(nonfinite)
+
+
+def _flag() -> Any:
+    """A zeroed one-element device flag the kernels set to 1 on a non-finite weight."""
+    return cuda.to_device(np.zeros(1, dtype=np.int32))
+
+
+def _all_finite(nonfinite: Any) -> bool:
+    """Read the flag back (this waits for the kernel): True when no weight was non-finite."""
+    return bool(nonfinite.copy_to_host()[0] == 0)
 
 
 # ---------------------------------------------------------------- CPU twins
@@ -201,12 +248,16 @@ def adam_step_cuda(
 @cpu_loop
 def _sgd_loop(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first):
     has_buf = momentum != 0.0
+    bad = False
     for i in range(p.size):
         b = buf[i] if has_buf else 0.0
         np_, nb = _sgd_cpu(p[i], g[i], b, lr, momentum, dampening, weight_decay, nesterov, first)
         p[i] = np_
         if has_buf:
             buf[i] = nb
+        q = p[i]  # as stored: a float64 result may overflow only in the cast
+        bad |= q - q != 0.0
+    return not bad
 
 
 @cpu_loop
@@ -214,16 +265,21 @@ def _sgd_loop_out(
     p, g, buf, p_out, buf_out, lr, momentum, dampening, weight_decay, nesterov, first
 ):
     has_buf = momentum != 0.0
+    bad = False
     for i in range(p.size):
         b = buf[i] if has_buf else 0.0
         np_, nb = _sgd_cpu(p[i], g[i], b, lr, momentum, dampening, weight_decay, nesterov, first)
         p_out[i] = np_
         if has_buf:
             buf_out[i] = nb
+        q = p_out[i]
+        bad |= q - q != 0.0
+    return not bad
 
 
 @cpu_loop
 def _adam_loop(p, g, m, v, b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps):
+    bad = False
     for i in range(p.size):
         np_, nm, nv = _adam_cpu(
             p[i], g[i], m[i], v[i], b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps
@@ -231,12 +287,16 @@ def _adam_loop(p, g, m, v, b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, ep
         p[i] = np_
         m[i] = nm
         v[i] = nv
+        q = p[i]
+        bad |= q - q != 0.0
+    return not bad
 
 
 @cpu_loop
 def _adam_loop_out(
     p, g, m, v, p_out, m_out, v_out, b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps
 ):
+    bad = False
     for i in range(p.size):
         np_, nm, nv = _adam_cpu(
             p[i], g[i], m[i], v[i], b1, omb1, b2, omb2, l2, decay, step_size, inv_bc2, eps
@@ -244,6 +304,9 @@ def _adam_loop_out(
         p_out[i] = np_
         m_out[i] = nm
         v_out[i] = nv
+        q = p_out[i]
+        bad |= q - q != 0.0
+    return not bad
 
 
 def sgd_step_cpu(
@@ -254,17 +317,17 @@ def sgd_step_cpu(
     step: int,
     p_out: Any = None,
     buf_out: Any = None,
-) -> None:
+) -> bool:
     """Fused SGD on flat arrays (buf unused, may be any array, when momentum == 0).
 
     The results go to ``p_out`` / ``buf_out`` (default: ``p`` / ``buf``, in place).
+    Returns True when every new weight is finite (checked in the same pass).
     """
     args = hyper.kernel_args(step)
     if (p_out is None or p_out is p) and (buf_out is None or buf_out is buf):
-        _sgd_loop(p, g, buf, *args)
-    else:
-        outs = (p if p_out is None else p_out, buf if buf_out is None else buf_out)
-        _sgd_loop_out(p, g, buf, *outs, *args)
+        return bool(_sgd_loop(p, g, buf, *args))
+    outs = (p if p_out is None else p_out, buf if buf_out is None else buf_out)
+    return bool(_sgd_loop_out(p, g, buf, *outs, *args))
 
 
 def adam_step_cpu(
@@ -277,10 +340,11 @@ def adam_step_cpu(
     p_out: Any = None,
     m_out: Any = None,
     v_out: Any = None,
-) -> None:
+) -> bool:
     """Fused Adam / AdamW on flat arrays, step t >= 1.
 
     The results go to ``p_out`` / ``m_out`` / ``v_out`` (default: in place).
+    Returns True when every new weight is finite (checked in the same pass).
     """
     coeffs = hyper.kernel_args(step, p.dtype)
     if (
@@ -288,7 +352,6 @@ def adam_step_cpu(
         and (m_out is None or m_out is m)
         and (v_out is None or v_out is v)
     ):
-        _adam_loop(p, g, m, v, *coeffs)
-    else:
-        outs = (m if m_out is None else m_out, v if v_out is None else v_out)
-        _adam_loop_out(p, g, m, v, p if p_out is None else p_out, *outs, *coeffs)
+        return bool(_adam_loop(p, g, m, v, *coeffs))
+    outs = (m if m_out is None else m_out, v if v_out is None else v_out)
+    return bool(_adam_loop_out(p, g, m, v, p if p_out is None else p_out, *outs, *coeffs))

@@ -24,6 +24,7 @@ import numpy as np
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.step_checks import check_normaliser
+from atomr.train.core.validation import cast_finite, refuse_masked
 
 __all__ = ["LossKind"]
 
@@ -142,6 +143,7 @@ class LossKind:
         """
         if not isinstance(labels, np.ndarray):
             raise InvalidBatchError(f"labels must be a numpy array, got {type(labels).__name__}")
+        refuse_masked(labels, "labels")
         if self.is_classification:
             if labels.dtype.kind not in "iu":
                 raise InvalidBatchError(
@@ -165,9 +167,7 @@ class LossKind:
             raise InvalidBatchError(
                 f"MSE targets must have shape ({batch}, {out_width}), got {labels.shape}"
             )
-        if not np.isfinite(labels).all():
-            raise InvalidBatchError("targets contain NaN or Inf")
-        return np.ascontiguousarray(labels, dtype=dtype)
+        return cast_finite(labels, dtype, "targets")
 
     def compute(self, outputs: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
         """Mean loss and its gradient on host arrays (CPU kernels).

@@ -31,6 +31,7 @@ import numpy as np
 
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
 from atomr.train.core._cpu import cpu_backend
+from atomr.train.core.errors import NonFiniteError
 
 __all__ = ["Adam", "Optimizer", "OptimizerKind", "Sgd"]
 
@@ -254,9 +255,20 @@ class Optimizer:
         Raises:
             ValueError: wrong shape or dtype (nothing is changed).
             TypeError: not buffers of the optimizer's backend.
+            NonFiniteError: the update made a weight non-finite. In place it
+                cannot be undone: `params` and the state hold it (the step is
+                counted). Use `step_into` to refuse it with nothing changed.
         """
-        self._step_in_place(params, grads)
+        finite = self._step_in_place(params, grads)
         self.step_count += 1
+        if not finite:
+            raise self._non_finite(self.step_count, "applied in place")
+
+    def _non_finite(self, step: int, outcome: str = "not applied") -> NonFiniteError:
+        return NonFiniteError(
+            f"update {step} ({self.kind.name}, lr={self.kind.lr:g}) makes a weight"
+            f" non-finite; {outcome}"
+        )
 
     def step_into(
         self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
@@ -279,10 +291,14 @@ class Optimizer:
         Raises:
             ValueError: wrong shape or dtype (nothing is changed).
             TypeError: not buffers of the optimizer's backend.
+            NonFiniteError: a new weight would be non-finite (checked in the
+                kernel's pass); nothing is changed (`params_out` and the spare
+                buffers hold garbage).
         """
         raise NotImplementedError
 
-    def _step_in_place(self, params: Any, grads: Any) -> None:
+    def _step_in_place(self, params: Any, grads: Any) -> bool:
+        """The in-place update; True when every new weight is finite."""
         raise NotImplementedError
 
     def adopt(self, buffers: dict[str, Any], step_count: int) -> None:
@@ -373,7 +389,7 @@ class Sgd(Optimizer):
         super().__init__(kind, n, backend, dtype)
         self.momentum_buffer: Any = None
 
-    def _step_in_place(self, params: Any, grads: Any) -> None:
+    def _step_in_place(self, params: Any, grads: Any) -> bool:
         self._check_args("Sgd.step", ("grads",), params=params, grads=grads)
         k = self.kind
         step = self.step_count + 1
@@ -383,7 +399,11 @@ class Sgd(Optimizer):
             self.momentum_buffer = self.backend.zeros((self.n,), dtype=self.dtype)
             step = 1
         buf = params if self.momentum_buffer is None else self.momentum_buffer
-        self.backend.sgd_step_unchecked(params, grads, buf, k.hyperparameters, step, params, buf)
+        return bool(
+            self.backend.sgd_step_unchecked(
+                params, grads, buf, k.hyperparameters, step, params, buf
+            )
+        )
 
     def step_into(
         self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
@@ -402,7 +422,7 @@ class Sgd(Optimizer):
             out = self._spare(spare, "momentum_buffer")
             if buf is None:  # torch's first step: the kernel ignores buf when step == 1
                 buf, step = out, 1
-        self.backend.sgd_step_unchecked(
+        finite = self.backend.sgd_step_unchecked(
             params,
             grads,
             params if buf is None else buf,
@@ -411,6 +431,8 @@ class Sgd(Optimizer):
             params_out,
             params_out if out is None else out,
         )
+        if not finite:
+            raise self._non_finite(self.step_count + 1)
         return {"momentum_buffer": out if out is not None else self.momentum_buffer}
 
 
@@ -429,11 +451,13 @@ class Adam(Optimizer):
         self.exp_avg: Any = backend.zeros((n,), dtype=dtype)
         self.exp_avg_sq: Any = backend.zeros((n,), dtype=dtype)
 
-    def _step_in_place(self, params: Any, grads: Any) -> None:
+    def _step_in_place(self, params: Any, grads: Any) -> bool:
         self._check_args("Adam.step", ("grads",), params=params, grads=grads)
         m, v = self.exp_avg, self.exp_avg_sq
         hyper, step = self.kind.hyperparameters, self.step_count + 1
-        self.backend.adam_step_unchecked(params, grads, m, v, hyper, step, params, m, v)
+        return bool(
+            self.backend.adam_step_unchecked(params, grads, m, v, hyper, step, params, m, v)
+        )
 
     def step_into(
         self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
@@ -446,7 +470,7 @@ class Adam(Optimizer):
             params_out=params_out,
         )
         m, v = self._spare(spare, "exp_avg"), self._spare(spare, "exp_avg_sq")
-        self.backend.adam_step_unchecked(
+        finite = self.backend.adam_step_unchecked(
             params,
             grads,
             self.exp_avg,
@@ -457,4 +481,6 @@ class Adam(Optimizer):
             m,
             v,
         )
+        if not finite:
+            raise self._non_finite(self.step_count + 1)
         return {"exp_avg": m, "exp_avg_sq": v}

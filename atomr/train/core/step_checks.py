@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError
+from atomr.train.core.stats import EvalResult
 
-__all__ = ["check_gradient", "check_loss", "check_normaliser"]
+__all__ = ["check_gradient", "check_loss", "check_normaliser", "evaluation"]
 
 
 def check_loss(loss_sum: float) -> None:
@@ -55,3 +56,26 @@ def check_gradient(grad_norm: float, what: str = "step") -> None:
     """
     if not math.isfinite(grad_norm):
         raise NonFiniteError(f"gradient is not finite; {what} not applied")
+
+
+def evaluation(loss_sum: float, normaliser: float, accuracy: float, samples: int) -> EvalResult:
+    """The answer to an `Evaluate`, never a NaN or infinite loss.
+
+    Args:
+        loss_sum: the batch's loss sum.
+        normaliser: its normaliser (see `check_normaliser`).
+        accuracy: the fraction of correct arg-maxes (NaN without class labels).
+        samples: the batch size.
+
+    Returns:
+        `EvalResult(loss_sum / normaliser, accuracy, samples)`.
+
+    Raises:
+        InvalidBatchError: `normaliser <= 0`.
+        NonFiniteError: the mean loss is NaN or infinite (the message shows it).
+    """
+    check_normaliser(normaliser)
+    loss = float(loss_sum) / float(normaliser)
+    if not math.isfinite(loss):
+        raise NonFiniteError(f"evaluation loss is not finite ({loss}); the weights overflow it")
+    return EvalResult(loss, float(accuracy), int(samples))

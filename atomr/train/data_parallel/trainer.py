@@ -52,7 +52,7 @@ from atomr.train.core.config import TrainerConfig
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.step_checks import check_normaliser
+from atomr.train.core.step_checks import evaluation
 from atomr.train.core.validation import validate_batch
 from atomr.train.data_parallel._checkpoints import Checkpoints
 from atomr.train.data_parallel._host_thread import HostThread
@@ -342,8 +342,7 @@ class DataParallelTrainer(Actor):
         msgs = [EvaluateShard(xs, ys) for xs, ys in self._runner.shards(x, y)]
         parts: list[ShardEval] = await self.replicas.gather_each(msgs)
         norm = sum(p.normaliser for p in parts)
-        check_normaliser(norm)
         accuracy = float("nan")
         if self.config.loss.is_classification:
             accuracy = sum(p.correct for p in parts) / x.shape[0]
-        return EvalResult(sum(p.loss_sum for p in parts) / norm, accuracy, int(x.shape[0]))
+        return evaluation(sum(p.loss_sum for p in parts), norm, accuracy, x.shape[0])

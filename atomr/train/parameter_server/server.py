@@ -283,10 +283,11 @@ class ServerShard(DeviceActor):
         """Apply `parts` atomically: any failure in `_apply` (aggregation, a device
         error mid-optimizer) changes nothing and is returned, so the pusher gets the typed
         error and the shard keeps its weights, optimizer state and version."""
-        try:
-            return await self.on_device(self._apply, parts)
+        try:  # a refused update (NonFiniteError) comes back as itself
+            result = await self.on_device(guarded, self._apply, parts, errors=(NonFiniteError,))
         except Exception as exc:  # nothing was changed; answered, never a restart
             return exc
+        return result.error if isinstance(result, Rejected) else result
 
     def _apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
         """On the device thread: `sum(coef * g)`, checked finite, then one optimizer step.

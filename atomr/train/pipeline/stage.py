@@ -24,6 +24,7 @@ import numpy as np
 from atomr.accel import Device, DeviceActor
 from atomr.actor import ActorRef, Failure, Props
 from atomr.train._recovery import DoubleBuffer
+from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
 from atomr.train.core.mlp import Mlp, Tape
@@ -290,11 +291,13 @@ class StageActor(DeviceActor):
         model = self.model
         assert model is not None
         if isinstance(message, ApplyStageGradients):
-            try:
-                await self.on_device(self.apply_gradients, message.step_id, float(message.coef))
+            try:  # a refused update (NonFiniteError) comes back as itself
+                result = await self.on_device(
+                    guarded, self.apply_gradients, message.step_id, float(message.coef)
+                )
             except Exception as exc:  # the trainer rolls every stage back (RollbackStep)
                 return Failure(exc)
-            return None
+            return Failure(result.error) if isinstance(result, Rejected) else None
         if isinstance(message, RollbackStep):
             await self.on_device(self.rollback, message.step_id)
             return None

@@ -64,7 +64,7 @@ from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
+from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser, evaluation
 from atomr.train.core.validation import validate_batch
 from atomr.train.pipeline._checkpoint import split_checkpoint
 from atomr.train.pipeline.group import StageGroup
@@ -332,7 +332,7 @@ class PipelineParallelTrainer(Actor):
         accuracy = float("nan")
         if self.config.loss.is_classification:
             accuracy = reports[-1].correct / samples
-        return EvalResult(reports[-1].loss_sum / norm, accuracy, samples)
+        return evaluation(reports[-1].loss_sum, norm, accuracy, samples)
 
     # -- checkpoints --------------------------------------------------------
 

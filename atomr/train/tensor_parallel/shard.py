@@ -260,7 +260,8 @@ class ShardActor(DeviceActor):
         y = labels  # validated by the trainer (`validate_batch`)
         grad = be.empty(out.shape, dtype=self.dtype)
         loss_sum, norm = self.loss.sums(be, out, be.to_device(y), grad)
-        check_loss(loss_sum)
+        if train:  # an evaluation's loss is checked where its answer is made (`evaluation`)
+            check_loss(loss_sum)
         check_normaliser(norm)
         correct = -1
         if not train and self.loss.is_classification:

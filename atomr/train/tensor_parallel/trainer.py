@@ -52,7 +52,7 @@ from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, Save
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.step_checks import check_gradient
+from atomr.train.core.step_checks import check_gradient, evaluation
 from atomr.train.core.validation import validate_batch
 from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.tensor_parallel.options import TensorParallelOptions
@@ -239,7 +239,7 @@ class TensorParallelTrainer(Actor):
         accuracy = float("nan")
         if self.config.loss.is_classification:
             accuracy = result.correct / x.shape[0]
-        return EvalResult(result.loss_sum / result.normaliser, accuracy, x.shape[0])
+        return evaluation(result.loss_sum, result.normaliser, accuracy, x.shape[0])
 
     async def _save(self, group: ShardGroup, message: SaveCheckpoint) -> None:
         weights, optimizer, step = await group.state()

@@ -52,3 +52,22 @@ def test_bad_mse_targets() -> None:
         validate_batch(_x(), np.zeros((3, 2), dtype=np.int64), 4, LossKind.MSE, out_width=2)
     with pytest.raises(InvalidBatchError, match="NaN"):
         validate_batch(_x(), np.full((3, 2), np.nan), 4, LossKind.MSE, out_width=2)
+
+
+def test_values_are_checked_after_the_cast_to_the_models_dtype() -> None:
+    huge = _x(dtype=np.float64) * 1e300  # finite in float64, infinite in float32
+    with pytest.raises(InvalidBatchError, match="too large for float32"):
+        validate_batch(huge, np.array([0, 1, 2]), 4, CE, out_width=3)
+    with pytest.raises(InvalidBatchError, match="targets hold values too large for float32"):
+        validate_batch(_x(), np.full((3, 2), 1e300), 4, LossKind.MSE, out_width=2)
+    x, _ = validate_batch(huge, np.array([0, 1, 2]), 4, CE, out_width=3, dtype=np.float64)
+    assert x.dtype == np.float64  # a float64 model takes them
+
+
+def test_masked_arrays_are_refused() -> None:
+    masked = np.ma.masked_array(_x(), mask=np.zeros((3, 4), dtype=bool))
+    with pytest.raises(InvalidBatchError, match="features must be a plain numpy array"):
+        validate_batch(masked, np.array([0, 1, 2]), 4, CE, out_width=3)
+    labels = np.ma.masked_array(np.array([0, 1, 2]), mask=[False, True, False])
+    with pytest.raises(InvalidBatchError, match="labels must be a plain numpy array"):
+        validate_batch(_x(), labels, 4, CE, out_width=3)

@@ -1,0 +1,125 @@
+"""The files an `atomr train` run writes, and the checks made on them
+before any training: they must be distinct, of the right kind, and
+writable (probed with a real write, so EPERM or EIO show up now, not after
+the whole run)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from atomr.cli.errors import CliError
+from atomr.cli.history import history_path_for
+from atomr.cli.run_config import RunConfig
+
+__all__ = ["RUNS_DIR", "check_outputs", "output_paths"]
+
+RUNS_DIR = Path("atomr-runs")
+
+
+def output_paths(run: RunConfig) -> tuple[Path, Path]:
+    """The PNG and JSON paths of a run.
+
+    `--plot` and `--history` win; otherwise both go into `--run-dir`, or
+    `./atomr-runs/<--name or timestamp-strategy>/` (a suffix keeps two runs
+    started in the same second apart).
+
+    Returns:
+        `(plot_path, history_path)`.
+    """
+    if run.plot is not None and run.history is not None:
+        return run.plot, run.history
+    run_dir = run.run_dir
+    if run_dir is None:
+        name = run.name or f"{time.strftime('%Y%m%d-%H%M%S')}-{run.strategy}"
+        run_dir = RUNS_DIR / name
+        if run.name is None:
+            suffix = 1
+            while run_dir.exists():
+                suffix += 1
+                run_dir = RUNS_DIR / f"{name}-{suffix}"
+    plot = run.plot if run.plot is not None else run_dir / "curves.png"
+    history = run.history if run.history is not None else run_dir / "history.json"
+    return plot, history
+
+
+def _probe(path: Path) -> str | None:
+    """Why a file cannot be written at `path`, or None when a real write
+    worked: an existing file is opened for appending (nothing written); a new
+    one is tried as a one-byte temp file, synced and removed, in the nearest
+    existing folder."""
+    if path.is_dir():
+        return "it is a directory"
+    if path.exists():
+        if not path.is_file():
+            return "it is not a regular file"
+        try:
+            with open(path, "ab"):
+                return None
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    probe = parent / f".atomr-probe-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        return f"{parent}: {exc.strerror or exc}"
+    try:
+        os.write(fd, b"\0")
+        os.fsync(fd)
+    except OSError as exc:
+        return f"{parent}: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    return None
+
+
+def _named_outputs(run: RunConfig, plot: Path, history: Path) -> list[tuple[str, Path]]:
+    """(option, path) of every file the run writes."""
+    targets = [
+        ("--plot" if run.plot is not None else "--run-dir", plot),
+        ("--history" if run.history is not None else "--run-dir", history),
+    ]
+    if run.checkpoint is not None:
+        targets.append(("--checkpoint", run.checkpoint))
+        targets.append(("--checkpoint (its history file)", history_path_for(run.checkpoint)))
+    return targets
+
+
+def _check_distinct(run: RunConfig, targets: list[tuple[str, Path]]) -> None:
+    """Two outputs, or an output and the `--resume` checkpoint (other than
+    `--checkpoint`, which may continue it), must not be the same file."""
+    seen: dict[Path, str] = {}
+    if run.resume is not None:
+        seen[run.resume.resolve()] = "--resume"
+    for flag, path in targets:
+        key = path.resolve()
+        other = seen.get(key)
+        if other is not None and not (flag == "--checkpoint" and other == "--resume"):
+            raise CliError(f"{flag} {path} is the same file as {other}; give each output its own")
+        seen[key] = flag
+
+
+def check_outputs(run: RunConfig, plot: Path, history: Path) -> None:
+    """Refuse outputs that would clash or fail, before any training.
+
+    Raises:
+        CliError: naming the option to change: `--plot` not ending in .png
+            (exit 2), two outputs on one file (exit 2), a path that cannot be
+            written (exit 1).
+    """
+    if run.plot is not None and run.plot.suffix.lower() != ".png":
+        raise CliError(f"--plot writes a PNG: give a path ending in .png, got {run.plot}")
+    targets = _named_outputs(run, plot, history)
+    _check_distinct(run, targets)
+    for flag, path in targets:
+        reason = _probe(path)
+        if reason is not None:
+            flag = flag.split(" ")[0]
+            raise CliError(f"{flag}: cannot write {path}: {reason}; choose another {flag}", 1)

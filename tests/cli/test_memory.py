@@ -1,0 +1,73 @@
+"""Sizes that cannot fit are refused up front, in one line, from a memory
+estimate: no `MemoryError` traceback, no OOM kill after minutes."""
+
+from __future__ import annotations
+
+import pytest
+
+from atomr.cli import main, train_command
+from atomr.cli.memory import available_memory, check_memory, estimate_memory
+from atomr.cli.parser import build_parser
+from atomr.cli.run_config import RunConfig
+
+
+def _run_config(*argv: str) -> RunConfig:
+    return RunConfig.from_args(build_parser("test").parse_args(["train", "--quiet", *argv]))
+
+
+@pytest.fixture
+def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise AssertionError("the data set was loaded before the memory was checked")
+
+    monkeypatch.setattr(train_command, "load_dataset", refuse)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--hidden", "1000000,1000000", "--devices", "cpu:0"],  # 10^12 parameters: terabytes
+        ["--dataset", "synthetic", "--samples", "100000000000"],  # 10^11 samples
+        ["--dataset", "synthetic", "--features", "100000000000"],
+    ],
+    ids=["hidden", "samples", "features"],
+)
+def test_sizes_that_cannot_fit_are_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: object,
+    no_training: None,
+    argv: list[str],
+) -> None:
+    code = main(["train", "--quiet", "--epochs", "1", "--run-dir", f"{tmp_path}/run", *argv])
+    out, err = capsys.readouterr()
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1, err
+    assert lines[0].startswith("atomr: error: this run needs about ")
+    for part in ("parameters", "optimizer state", "activations", "data", "is available"):
+        assert part in lines[0]
+
+
+def test_the_estimate_counts_each_part() -> None:
+    """A 10-4-3 model, Adam, two data-parallel replicas, 100 synthetic samples."""
+    run = _run_config(
+        "--strategy", "data", "--devices", "cpu:0,cpu:1", "--hidden", "4",
+        "--dataset", "synthetic", "--samples", "100", "--features", "10", "--classes", "3",
+        "--batch-size", "8", "--optimizer", "adam",
+    )  # fmt: skip
+    est = estimate_memory(run)
+    params = 10 * 4 + 4 + 4 * 3 + 3
+    assert est.parameters == 4 * params * (2 * 2 + 1)  # weights + grads per replica, host model
+    assert est.optimizer == 2 * 4 * params * 2  # two Adam moments per replica
+    assert est.activations == 2 * 4 * (4 + 3) * (8 + 100)
+    assert est.data == 100 * (10 * 28 + 8)
+    assert est.total == est.parameters + est.optimizer + est.activations + est.data
+
+
+def test_a_run_that_fits_passes() -> None:
+    run = _run_config("--strategy", "single")
+    check_memory(run, available=estimate_memory(run).total)
+    with pytest.raises(Exception, match="needs about"):
+        check_memory(run, available=estimate_memory(run).total - 1)
+    free = available_memory()
+    assert free is None or free > 0

@@ -1,0 +1,123 @@
+"""Output paths are checked against each other and probed with a real write
+before any training: clashes, a non-PNG `--plot`, a `--name` leaving the runs
+folder, EPERM and EIO all fail at once in one line."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from atomr.cli import main, train_command
+
+
+@pytest.fixture
+def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise AssertionError("training started before the outputs were checked")
+
+    monkeypatch.setattr(train_command, "load_dataset", refuse)
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], code: int) -> str:
+    assert main(["train", "--quiet", "--epochs", "1", *argv]) == code
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1 and lines[0].startswith("atomr: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--checkpoint", "X", "--history", "X"], "--checkpoint X is the same file as --history"),
+        (
+            ["--checkpoint", "X.png", "--plot", "X.png"],
+            "--checkpoint X.png is the same file as --plot",
+        ),
+        (["--plot", "X.png", "--history", "X.png"], "--history X.png is the same file as --plot"),
+        (["--plot", "X.png", "--history", "./d/../X.png"], "is the same file as --plot"),
+        (["--checkpoint", "c", "--history", "c.history.json"], "is the same file as --history"),
+        (["--resume", "R", "--history", "R"], "--history R is the same file as --resume"),
+        (["--plot", "out.txt"], "--plot writes a PNG: give a path ending in .png"),
+        (["--name", ".."], "--name must be a plain file name inside the runs folder"),
+        (["--name", "."], "--name must be a plain file name inside the runs folder"),
+        (["--name", "../elsewhere"], "--name must be a plain file name inside the runs folder"),
+    ],
+)
+def test_clashing_or_misnamed_outputs_are_refused(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    no_training: None,
+    argv: list[str],
+    needle: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "R").write_bytes(b"a checkpoint, not read: the outputs are checked first")
+    line = _one_line_error(capsys, argv, 2)
+    assert needle in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["R", "d"]  # nothing written
+
+
+def test_resume_may_continue_into_its_own_checkpoint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_training: None
+) -> None:
+    """`--resume c --checkpoint c` is allowed: the outputs check lets it through."""
+    (tmp_path / "c").write_bytes(b"x")
+    with pytest.raises(AssertionError, match="training started"):
+        main(
+            [
+                "train",
+                "--quiet",
+                "--resume",
+                str(tmp_path / "c"),
+                "--checkpoint",
+                str(tmp_path / "c"),
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+
+
+def test_an_output_that_fails_with_eio_is_refused_before_training(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    no_training: None,
+) -> None:
+    """A disk that fails writes (EIO on sync) is found by the probe, not after the run."""
+
+    def eio(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", eio)
+    line = _one_line_error(capsys, ["--run-dir", str(tmp_path / "run")], 1)
+    assert "--run-dir: cannot write " in line and os.strerror(errno.EIO) in line
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone
+
+
+def test_an_immutable_output_fails_with_eperm_before_training(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, no_training: None
+) -> None:
+    """`chattr +i` makes even root's writes fail with EPERM (where supported)."""
+    target = tmp_path / "history.json"
+    target.write_text("{}")
+    chattr = shutil.which("chattr")
+    if (
+        chattr is None
+        or subprocess.run([chattr, "+i", str(target)], capture_output=True).returncode
+    ):
+        pytest.skip("this file system cannot make a file immutable (chattr +i)")
+    try:
+        argv = ["--history", str(target), "--run-dir", str(tmp_path / "run")]
+        line = _one_line_error(capsys, argv, 1)
+    finally:
+        subprocess.run([chattr, "-i", str(target)], check=True)
+    assert line.startswith(f"atomr: error: --history: cannot write {target}: ")
+    assert os.strerror(errno.EPERM) in line

@@ -1,0 +1,142 @@
+"""`--resume` trusts the checkpoint, not its history file: a history file
+that disagrees with the checkpoint's step, is empty or is corrupt is ignored
+with one warning line, and the history file is written atomically."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import atomr
+from atomr.cli.dataset import load_dataset
+from atomr.cli.history import History, history_path_for
+from atomr.cli.parser import build_parser
+from atomr.cli.run_config import RunConfig
+from atomr.cli.training_run import train_epochs
+from atomr.train import StepStats, load_checkpoint
+from atomr.train.fit import FitCallback, FitPosition, StopFlag
+
+
+def _run_config(*argv: str) -> RunConfig:
+    return RunConfig.from_args(build_parser("test").parse_args(["train", "--quiet", *argv]))
+
+
+class _OnStep(FitCallback):
+    """Calls `action(position)` after every step."""
+
+    def __init__(self, action: Callable[[FitPosition], None]) -> None:
+        self.action = action
+
+    def on_step(
+        self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
+    ) -> None:
+        self.action(position)
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint (and its history file) of a run stopped at epoch 2, batch 5."""
+    ckpt = tmp_path_factory.mktemp("stopped") / "run.ckpt"
+    run = _run_config("--strategy", "single", "--epochs", "3", "--checkpoint", str(ckpt))
+    stop = StopFlag()
+
+    def at(position: FitPosition) -> None:
+        if (position.epoch, position.batch) == (1, 5):
+            stop.request()
+
+    atomr.run(
+        train_epochs(run, load_dataset(run), History(config={}), stop, callbacks=[_OnStep(at)])
+    )
+    return ckpt
+
+
+def _resume(ckpt: Path) -> tuple[list[tuple[int, int, int]], History]:
+    """Resume `ckpt` to the end of epoch 3; (epoch, batch, step) after each step taken."""
+    run = _run_config("--strategy", "single", "--epochs", "3", "--resume", str(ckpt))
+    seen: list[tuple[int, int, int]] = []
+    history = History(config={})
+
+    def record(p: FitPosition) -> None:
+        seen.append((p.epoch, p.batch, p.step))
+
+    atomr.run(
+        train_epochs(run, load_dataset(run), history, StopFlag(), callbacks=[_OnStep(record)])
+    )
+    return seen, history
+
+
+def _copy(stopped: Path, tmp_path: Path) -> Path:
+    ckpt = tmp_path / stopped.name
+    shutil.copy(stopped, ckpt)
+    shutil.copy(history_path_for(stopped), history_path_for(ckpt))
+    return ckpt
+
+
+def test_an_agreeing_history_file_restores_the_earlier_epochs(
+    stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = _copy(stopped, tmp_path)
+    seen, history = _resume(ckpt)
+    step = load_checkpoint(ckpt).step
+    assert seen[0][2] == step + 1
+    assert [r.epoch for r in history.epochs] == [1, 2, 3]
+    assert "warning" not in capsys.readouterr().err
+
+
+def _older_step(side: Path) -> None:
+    """The history file of an earlier checkpoint (killed before the new one was written)."""
+    earlier = History.load(side)
+    assert earlier.position is not None
+    earlier.position.update(epoch=0, batch=3, step=3)
+    earlier.epochs = []
+    earlier.save(side)
+
+
+@pytest.mark.parametrize(
+    ("spoil", "why"),
+    [
+        (_older_step, "it is of step 3"),
+        (lambda side: side.write_text(""), "not an atomr history file"),
+        (lambda side: side.write_text('{"format": "atomr-hist'), "not an atomr history file"),
+    ],
+    ids=["older-step", "empty", "corrupt"],
+)
+def test_the_checkpoint_step_wins_over_a_bad_history_file(
+    stopped: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    spoil: Callable[[Path], None],
+    why: str,
+) -> None:
+    ckpt = _copy(stopped, tmp_path)
+    spoil(history_path_for(ckpt))
+    seen, history = _resume(ckpt)
+    step = load_checkpoint(ckpt).step
+    steps_per_epoch = step - 5  # stopped at epoch 2 (index 1), batch 5
+    assert seen[0] == (1, 6, step + 1)  # no replayed batch, no skipped one
+    assert seen[-1][2] == 3 * steps_per_epoch
+    assert [r.epoch for r in history.epochs] == [2, 3]  # epoch 1's record is lost, not faked
+    lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(lines) == 1
+    assert lines[0].startswith("atomr: warning: --resume: ignoring ")
+    assert why in lines[0]
+
+
+def test_history_save_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that fails half-way leaves the previous file whole, and no temp file."""
+    path = tmp_path / "h.json"
+    History(config={"a": 1}).save(path)
+    before = path.read_text()
+
+    def fail(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(OSError):
+        History(config={"a": 2}, status="finished").save(path)
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json"]

@@ -45,7 +45,7 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
     plot_path, history_path = output_paths(run)
     if run.dist is None:  # the ranks of a job would wait for one that stopped here
         check_outputs(run, plot_path, history_path)
-    check_memory(run)
+        check_memory(run)
     data = load_dataset(run)
     flag = stop if stop is not None else StopFlag()
     history = History(config=run.to_json())

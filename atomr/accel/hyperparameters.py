@@ -5,7 +5,8 @@ the arguments of the fused `sgd_step` / `adam_step` kernels. Each is checked
 when it is built, in float32 (the narrowest dtype the kernels compute in), so
 a value such as `lr=1e39`, finite in float64 but infinite in float32, is
 refused there and never reaches a kernel. A step then only asks the object
-for `kernel_args(step)`, the scalars its kernel takes, with no check.
+for `kernel_args(step, dtype)`, the scalars its kernel takes in the
+buffers' dtype, with no check.
 """
 
 from __future__ import annotations

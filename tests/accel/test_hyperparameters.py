@@ -96,10 +96,13 @@ def test_adam_kernel_args_are_torchs_coefficients_in_the_buffer_dtype() -> None:
     assert all(type(a) is np.float64 for a in h.kernel_args(1, np.float64))
 
 
-def test_sgd_kernel_args_mark_the_first_step() -> None:
+def test_sgd_kernel_args_mark_the_first_step_in_the_buffer_dtype() -> None:
     h = SgdHyperparameters(0.1, momentum=0.9, dampening=0.0, weight_decay=0.01, nesterov=True)
-    assert h.kernel_args(1) == (0.1, 0.9, 0.0, 0.01, True, True)
-    assert h.kernel_args(2)[-1] is False
+    args = h.kernel_args(1, np.float32)
+    assert args == (np.float32(0.1), np.float32(0.9), 1.0, np.float32(0.01), True, True)
+    assert all(type(a) is np.float32 for a in args[:4])  # float32 math, as torch's
+    assert all(type(a) is np.float64 for a in h.kernel_args(1, np.float64)[:4])
+    assert h.kernel_args(2, np.float32)[-1] is False
 
 
 def test_frozen() -> None:

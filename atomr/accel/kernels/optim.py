@@ -65,16 +65,20 @@ def sgd_update(
     buf: float,
     lr: float,
     momentum: float,
-    dampening: float,
+    one_minus_dampening: float,
     weight_decay: float,
     nesterov: bool,
     first: bool,
 ) -> tuple[float, float]:
-    """One SGD element: returns (new p, new momentum buffer)."""
+    """One SGD element: returns (new p, new momentum buffer).
+
+    The host passes the scalars in the buffers' dtype (``1 - dampening``
+    computed there), so float32 buffers are updated in float32 math.
+    """
     d = g + weight_decay * p if weight_decay != 0.0 else g
     b = buf
     if momentum != 0.0:
-        b = d if first else momentum * buf + (1.0 - dampening) * d
+        b = d if first else momentum * buf + one_minus_dampening * d
         d = d + momentum * b if nesterov else b
     return p - lr * d, b
 
@@ -121,14 +125,27 @@ _adam_gpu = gpu_scalar(adam_update)
 
 @gpu_kernel
 def _sgd_kernel(
-    p, g, buf, p_out, buf_out, nonfinite, lr, momentum, dampening, weight_decay, nesterov, first
+    p,
+    g,
+    buf,
+    p_out,
+    buf_out,
+    nonfinite,
+    lr,
+    momentum,
+    one_minus_dampening,
+    weight_decay,
+    nesterov,
+    first,
 ):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     has_buf = momentum != 0.0
     while i < p.size:
-        b = buf[i] if has_buf else 0.0
-        np_, nb = _sgd_gpu(p[i], g[i], b, lr, momentum, dampening, weight_decay, nesterov, first)
+        b = buf[i] if has_buf else g[i]  # unused; keeps b in the buffers' dtype
+        np_, nb = _sgd_gpu(
+            p[i], g[i], b, lr, momentum, one_minus_dampening, weight_decay, nesterov, first
+        )
         p_out[i] = np_
         if has_buf:
             buf_out[i] = nb
@@ -201,7 +218,7 @@ def sgd_step_cuda(
     """
     outs = (p if p_out is None else p_out, buf if buf_out is None else buf_out)
     nonfinite = _flag()
-    launch_1d(_sgd_kernel, p.size, p, g, buf, *outs, nonfinite, *hyper.kernel_args(step))
+    launch_1d(_sgd_kernel, p.size, p, g, buf, *outs, nonfinite, *hyper.kernel_args(step, p.dtype))
     return _all_finite(nonfinite)
 
 
@@ -246,12 +263,14 @@ def _all_finite(nonfinite: Any) -> bool:
 
 
 @cpu_loop
-def _sgd_loop(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first):
+def _sgd_loop(p, g, buf, lr, momentum, one_minus_dampening, weight_decay, nesterov, first):
     has_buf = momentum != 0.0
     bad = False
     for i in range(p.size):
-        b = buf[i] if has_buf else 0.0
-        np_, nb = _sgd_cpu(p[i], g[i], b, lr, momentum, dampening, weight_decay, nesterov, first)
+        b = buf[i] if has_buf else g[i]  # unused; keeps b in the buffers' dtype
+        np_, nb = _sgd_cpu(
+            p[i], g[i], b, lr, momentum, one_minus_dampening, weight_decay, nesterov, first
+        )
         p[i] = np_
         if has_buf:
             buf[i] = nb
@@ -262,13 +281,15 @@ def _sgd_loop(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first)
 
 @cpu_loop
 def _sgd_loop_out(
-    p, g, buf, p_out, buf_out, lr, momentum, dampening, weight_decay, nesterov, first
+    p, g, buf, p_out, buf_out, lr, momentum, one_minus_dampening, weight_decay, nesterov, first
 ):
     has_buf = momentum != 0.0
     bad = False
     for i in range(p.size):
-        b = buf[i] if has_buf else 0.0
-        np_, nb = _sgd_cpu(p[i], g[i], b, lr, momentum, dampening, weight_decay, nesterov, first)
+        b = buf[i] if has_buf else g[i]  # unused; keeps b in the buffers' dtype
+        np_, nb = _sgd_cpu(
+            p[i], g[i], b, lr, momentum, one_minus_dampening, weight_decay, nesterov, first
+        )
         p_out[i] = np_
         if has_buf:
             buf_out[i] = nb
@@ -323,7 +344,7 @@ def sgd_step_cpu(
     The results go to ``p_out`` / ``buf_out`` (default: ``p`` / ``buf``, in place).
     Returns True when every new weight is finite (checked in the same pass).
     """
-    args = hyper.kernel_args(step)
+    args = hyper.kernel_args(step, p.dtype)
     if (p_out is None or p_out is p) and (buf_out is None or buf_out is buf):
         return bool(_sgd_loop(p, g, buf, *args))
     outs = (p if p_out is None else p_out, buf if buf_out is None else buf_out)

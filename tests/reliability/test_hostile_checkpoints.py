@@ -22,20 +22,31 @@ import numpy as np
 import pytest
 
 from atomr import ActorSystem
+from atomr.accel import cpu_devices
 from atomr.train import (
+    AsyncParameterServer,
     CheckpointError,
+    DataParallelOptions,
+    DataParallelTrainer,
     GetWeights,
     LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
+    ParameterServerOptions,
+    PipelineOptions,
+    PipelineParallelTrainer,
     SaveCheckpoint,
+    Step,
+    TensorParallelTrainer,
     Trainer,
     TrainerConfig,
     load_checkpoint,
+    synthetic_classification,
 )
 from atomr.train.core import Checkpoint, save_checkpoint
 from atomr.train.core.checkpoint import MAGIC
+from atomr.train.parameter_server import Consistency
 
 N = 10
 
@@ -267,3 +278,56 @@ async def test_a_trainer_keeps_its_state_when_a_hostile_load_fails(
         assert after.step == saved.step, what
         for key, value in saved.optimizer.items():
             np.testing.assert_array_equal(after.optimizer[key], value, what)
+
+
+STRATEGIES: dict[str, tuple[Any, Any, int]] = {
+    "single": (Trainer, None, 1),
+    "data": (DataParallelTrainer, DataParallelOptions(collective="ring"), 2),
+    "tensor": (TensorParallelTrainer, None, 2),
+    "pipeline": (PipelineParallelTrainer, PipelineOptions(micro_batch_size=8), 2),
+    "ps": (
+        AsyncParameterServer,
+        ParameterServerOptions(workers=1, consistency=Consistency.synchronous()),
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_every_trainer_answers_a_bad_load_with_a_checkpoint_error_and_keeps_its_state(
+    strategy: str, tmp_path: Path
+) -> None:
+    trainer_class, options, n = STRATEGIES[strategy]
+    config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+    x, y = synthetic_classification(32, 6, 3, seed=5)
+    async with ActorSystem("hostile") as system:
+        model = Mlp([6, 8, 3], seed=1)
+        ref = await trainer_class.spawn(system, model, cpu_devices(n), config, options)
+        await ref.ask(Step(x, y), timeout=30)
+        good = tmp_path / "good.ckpt"
+        await ref.ask(SaveCheckpoint(good), timeout=30)
+        saved = load_checkpoint(good)
+        before = await ref.ask(GetWeights(), timeout=30)
+        hostile = {
+            "kind not a dict": {"optimizer": {**saved.optimizer, "kind": 5}},
+            "no optimizer state": {"optimizer": {}},
+            "buffer not an array": {"optimizer": {**saved.optimizer, "exp_avg": "abc"}},
+            "negative second moment": {
+                "optimizer": {**saved.optimizer, "exp_avg_sq": -np.ones(before.size, np.float32)}
+            },
+            "micro not a number": {"extra": {**saved.extra, "micro": "x"}},
+            "micro a list": {"extra": {**saved.extra, "micro": [3]}},
+        }
+        for what, changes in hostile.items():
+            bad = tmp_path / "bad.ckpt"
+            save_checkpoint(bad, Checkpoint(**{**saved.__dict__, **changes}))
+            with pytest.raises(CheckpointError):
+                await ref.ask(LoadCheckpoint(bad), timeout=30)
+            np.testing.assert_array_equal(await ref.ask(GetWeights(), timeout=30), before, what)
+            again = tmp_path / "again.ckpt"
+            await ref.ask(SaveCheckpoint(again), timeout=30)
+            after = load_checkpoint(again)
+            assert after.step == saved.step, what
+            for key, value in saved.optimizer.items():
+                np.testing.assert_array_equal(after.optimizer[key], value, what)
+        await ref.stop()

@@ -34,17 +34,22 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from atomr.train.core.checkpoint_members import read_members
 from atomr.train.core.errors import CheckpointError
 
+if TYPE_CHECKING:
+    from atomr.train.core.optimizer import OptimizerKind
+
 __all__ = [
     "Checkpoint",
     "CheckpointError",
     "check_model_matches",
+    "check_optimizer_state",
+    "pending_micro_steps",
     "load_checkpoint",
     "save_checkpoint",
 ]
@@ -370,3 +375,34 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
         raise CheckpointError(
             f"checkpoint weights have dtype {ckpt.weights.dtype}, not a real number"
         )
+
+
+def pending_micro_steps(ckpt: Checkpoint) -> int:
+    """How many micro-steps into a gradient accumulation the checkpoint was saved.
+
+    Raises:
+        CheckpointError: `extra["micro"]` is not a non-negative integer.
+    """
+    micro = ckpt.extra.get("micro", 0)
+    if isinstance(micro, np.ndarray) and micro.ndim == 0 and micro.dtype.kind in "iu":
+        micro = int(micro)
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 0:
+        raise CheckpointError(f"extra.micro must be a non-negative integer, got {micro!r}")
+    return micro
+
+
+def check_optimizer_state(ckpt: Checkpoint, kind: OptimizerKind, n_params: int) -> None:
+    """Check that the checkpoint's optimizer state loads into `kind` over `n_params`.
+
+    Loads it into a throwaway optimizer on the host, so nothing of a trainer
+    changes.
+
+    Raises:
+        CheckpointError: another optimizer kind, or state that is missing,
+            malformed, of the wrong shape or out of range.
+    """
+    probe = kind.create(n_params)
+    try:
+        probe.load_state_dict(ckpt.optimizer)
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc

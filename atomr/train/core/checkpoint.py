@@ -34,15 +34,13 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from atomr.train.core.checkpoint_members import read_members
 from atomr.train.core.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.optimizer import OptimizerKind
 
 __all__ = [
     "Checkpoint",

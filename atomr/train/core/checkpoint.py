@@ -25,7 +25,10 @@ import errno
 import hashlib
 import io
 import json
+import math
 import os
+import re
+import stat
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -35,12 +38,16 @@ from typing import Any
 
 import numpy as np
 
+from atomr.train.core.checkpoint_members import read_members
 from atomr.train.core.errors import CheckpointError
+from atomr.train.core.optimizer import OptimizerKind
 
 __all__ = [
     "Checkpoint",
     "CheckpointError",
     "check_model_matches",
+    "check_optimizer_state",
+    "pending_micro_steps",
     "load_checkpoint",
     "save_checkpoint",
 ]
@@ -48,6 +55,8 @@ __all__ = [
 MAGIC = b"ATOMRCK1"
 _DIGEST = 32
 _LEN = struct.Struct("<Q")
+_TEMP_TAIL = re.compile(r"[A-Za-z0-9_]{8}\.tmp")
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -129,6 +138,41 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _temp_prefix(name: str) -> str:
+    return f".{name}."
+
+
+def _refuse_special_target(target: Path) -> None:
+    """Raise CheckpointError if `target` exists and is not a regular file."""
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(
+            f"{target}: exists and is not a regular file (refusing to replace it)"
+        )
+
+
+def _remove_stale_temps(directory: Path, name: str) -> None:
+    """Delete temp files a killed save of `name` left behind (our naming only).
+
+    A name matches `.{name}.<8 mkstemp characters>.tmp` exactly and must be a
+    regular file; anything else in the directory is left alone.
+    """
+    prefix = _temp_prefix(name)
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            rest = entry.name[len(prefix) :]
+            if (
+                entry.name.startswith(prefix)
+                and _TEMP_TAIL.fullmatch(rest)
+                and entry.is_file(follow_symlinks=False)
+            ):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
 def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
     """Write `ckpt` to `path` atomically and durably.
 
@@ -142,6 +186,8 @@ def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
             without pickles (object arrays, non-JSON scalars).
         FileNotFoundError: the directory of `path` does not exist (its
             `filename` is that directory).
+        CheckpointError: `path` exists and is not a regular file (a symlink,
+            device, FIFO or directory is never replaced).
         OSError: the file system refused (the previous checkpoint, if any, is
             left intact and no temporary file remains).
     """
@@ -152,7 +198,9 @@ def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
         raise FileNotFoundError(
             errno.ENOENT, "checkpoint directory does not exist", os.fspath(directory)
         )
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    _refuse_special_target(target)
+    _remove_stale_temps(directory, target.name)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -169,6 +217,14 @@ def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read and verify a checkpoint written by `save_checkpoint`.
 
+    The file is untrusted: a valid checksum proves integrity, not intent. Only
+    a regular file is read (a FIFO or device is refused without blocking);
+    only uncompressed `.npy` members of the names this format writes are
+    accepted, and each one's dtype and shape are checked against its size
+    before it is read. Every array must hold finite real numbers; the weights
+    and optimizer buffers must also be finite in float32, and so must every
+    number among the optimizer's scalars (its hyper-parameters).
+
     Args:
         path: the checkpoint file.
 
@@ -177,11 +233,11 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 
     Raises:
         FileNotFoundError: `path` does not exist.
-        CheckpointError: not a checkpoint, truncated, checksum mismatch, or
-            malformed content.
+        CheckpointError: not a regular file, not a checkpoint, truncated,
+            checksum mismatch, or a malformed field (the message names it).
     """
-    raw = Path(path).read_bytes()
     where = os.fspath(path)
+    raw = _read_regular_file(where)
     min_len = len(MAGIC) + _LEN.size + _DIGEST
     if len(raw) < min_len or raw[: len(MAGIC)] != MAGIC:
         raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
@@ -190,32 +246,107 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
     (header_len,) = _LEN.unpack_from(body, len(MAGIC))
     start = len(MAGIC) + _LEN.size
+    if header_len > len(body) - start:
+        raise CheckpointError(f"{where}: header_len {header_len} exceeds the file")
     try:
-        header = json.loads(body[start : start + header_len].decode("utf-8"))
-        payload = body[start + header_len :]
-        if len(payload) != header["payload_len"]:
-            raise CheckpointError(f"{where}: payload length mismatch")
-        with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
-        optimizer: dict[str, Any] = dict(header["optimizer"])
-        extra: dict[str, Any] = dict(header["extra"])
-        for name, value in arrays.items():
-            section, _, key = name.partition("/")
-            if section == "optimizer":
-                optimizer[key] = value
-            elif section == "extra":
-                extra[key] = value
-        return Checkpoint(
-            model=dict(header["model"]),
-            weights=arrays["weights"],
-            step=int(header["step"]),
-            optimizer=optimizer,
-            extra=extra,
-        )
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        raise CheckpointError(f"{where}: malformed checkpoint: {exc}") from exc
+        header = _parse_header(body[start : start + header_len], len(body) - start - header_len)
+        arrays = read_members(body[start + header_len :])
+        return _assemble(header, arrays)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{where}: {exc}") from exc
+
+
+def _read_regular_file(where: str) -> bytes:
+    """The bytes of `where`, which must be a regular file (symlinks followed).
+
+    Opened non-blocking, so a FIFO is refused instead of waited on.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(where, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"{where}: not a regular file (a device, FIFO or socket)")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(info.st_size + 1)
+    finally:
+        os.close(fd)
+
+
+def _parse_header(text: bytes, payload_len: int) -> dict[str, Any]:
+    """The header's JSON, with every field's type and range checked."""
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CheckpointError("header is not a JSON object")
+    for key in ("model", "optimizer", "extra"):
+        if not isinstance(header.get(key), dict):
+            raise CheckpointError(f"header field {key!r} is missing or not an object")
+    _check_count("step", header.get("step"))
+    if header.get("payload_len") != payload_len or isinstance(header["payload_len"], bool):
+        raise CheckpointError(f"payload_len {header.get('payload_len')!r} != {payload_len}")
+    if "step" in header["optimizer"]:
+        _check_count("optimizer.step", header["optimizer"]["step"])
+    _check_float32_numbers("optimizer", header["optimizer"])
+    return header
+
+
+def _check_count(what: str, value: object) -> None:
+    """Raise CheckpointError unless `value` is an int in [0, 2**63)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise CheckpointError(f"{what} must be an integer in [0, 2**63), got {value!r}")
+
+
+def _check_float32_numbers(what: str, value: object) -> None:
+    """Raise CheckpointError if any number inside `value` is not finite in float32."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_float32_numbers(f"{what}.{key}", item)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_float32_numbers(f"{what}[{i}]", item)
+    elif (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and not (math.isfinite(value) and abs(value) <= _F32_MAX)
+    ):
+        raise CheckpointError(f"{what} = {value!r} is not finite in float32")
+
+
+def _assemble(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Checkpoint:
+    """The Checkpoint from a checked header and checked arrays."""
+    weights = arrays.get("weights")
+    if weights is None or weights.ndim != 1 or weights.dtype.kind != "f":
+        shown = "missing" if weights is None else f"{weights.dtype} {weights.shape}"
+        raise CheckpointError(f"weights must be a 1-D float array, got {shown}")
+    optimizer: dict[str, Any] = dict(header["optimizer"])
+    extra: dict[str, Any] = dict(header["extra"])
+    for name, value in arrays.items():
+        section, _, key = name.partition("/")
+        target = optimizer if section == "optimizer" else extra if section == "extra" else None
+        if target is not None:
+            if key in target:
+                raise CheckpointError(f"{section}[{key!r}] is both a scalar and an array")
+            target[key] = value
+    for key, value in optimizer.items():
+        if isinstance(value, np.ndarray):
+            _check_float32_range(f"optimizer[{key!r}]", value)
+    _check_float32_range("weights", weights)
+    return Checkpoint(
+        model=header["model"],
+        weights=weights,
+        step=header["step"],
+        optimizer=optimizer,
+        extra=extra,
+    )
+
+
+def _check_float32_range(what: str, value: np.ndarray) -> None:
+    """Raise CheckpointError if `value` would not be finite as float32."""
+    if value.size and float(np.max(np.abs(value), initial=0)) > _F32_MAX:
+        raise CheckpointError(f"{what} holds values beyond float32 range")
 
 
 def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_params: int) -> None:
@@ -242,3 +373,34 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
         raise CheckpointError(
             f"checkpoint weights have dtype {ckpt.weights.dtype}, not a real number"
         )
+
+
+def pending_micro_steps(ckpt: Checkpoint) -> int:
+    """How many micro-steps into a gradient accumulation the checkpoint was saved.
+
+    Raises:
+        CheckpointError: `extra["micro"]` is not a non-negative integer.
+    """
+    micro = ckpt.extra.get("micro", 0)
+    if isinstance(micro, np.ndarray) and micro.ndim == 0 and micro.dtype.kind in "iu":
+        micro = int(micro)
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 0:
+        raise CheckpointError(f"extra.micro must be a non-negative integer, got {micro!r}")
+    return micro
+
+
+def check_optimizer_state(ckpt: Checkpoint, kind: OptimizerKind, n_params: int) -> None:
+    """Check that the checkpoint's optimizer state loads into `kind` over `n_params`.
+
+    Loads it into a throwaway optimizer on the host, so nothing of a trainer
+    changes.
+
+    Raises:
+        CheckpointError: another optimizer kind, or state that is missing,
+            malformed, of the wrong shape or out of range.
+    """
+    probe = kind.create(n_params)
+    try:
+        probe.load_state_dict(ckpt.optimizer)
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc

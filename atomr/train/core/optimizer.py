@@ -226,6 +226,7 @@ class Optimizer:
     """
 
     _buffers: tuple[str, ...] = ()
+    _nonnegative_buffers: tuple[str, ...] = ()
 
     def __init__(self, kind: OptimizerKind, n: int, backend: Any, dtype: np.dtype) -> None:
         self.kind = kind
@@ -353,12 +354,16 @@ class Optimizer:
         taken from `state["kind"]` too, so a learning-rate schedule survives).
 
         Raises:
-            ValueError: another optimizer kind, or buffers of the wrong size.
+            ValueError: another optimizer kind, a step that is not a
+                non-negative integer, buffers of the wrong size, non-finite
+                buffers, or a negative value in a buffer that cannot hold one.
         """
         kind = OptimizerKind.from_config(state["kind"])
         if kind.name != self.kind.name:
             raise ValueError(f"state is for {kind.name!r}, this optimizer is {self.kind.name!r}")
-        step = int(state["step"])
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
         loaded: dict[str, Any] = {}
         for name in self._buffers:
             host = state.get(name)
@@ -368,9 +373,14 @@ class Optimizer:
             host = np.asarray(host)
             if host.shape != (self.n,):
                 raise ValueError(f"buffer {name!r} has shape {host.shape}, expected ({self.n},)")
-            loaded[name] = self.backend.to_device(np.ascontiguousarray(host, dtype=self.dtype))
+            host = np.ascontiguousarray(host, dtype=self.dtype)
+            if not np.isfinite(host).all():
+                raise ValueError(f"buffer {name!r} holds NaN or infinity")
+            if name in self._nonnegative_buffers and (host < 0).any():
+                raise ValueError(f"buffer {name!r} holds negative values")
+            loaded[name] = self.backend.to_device(host)
         self.kind = kind
-        self.step_count = step
+        self.step_count = int(step)
         for name, buf in loaded.items():
             setattr(self, name, buf)
 
@@ -445,6 +455,7 @@ class Adam(Optimizer):
     """
 
     _buffers = ("exp_avg", "exp_avg_sq")
+    _nonnegative_buffers = ("exp_avg_sq",)
 
     def __init__(self, kind: OptimizerKind, n: int, backend: Any, dtype: np.dtype) -> None:
         super().__init__(kind, n, backend, dtype)

@@ -22,7 +22,9 @@ from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_model_matches,
+    check_optimizer_state,
     load_checkpoint,
+    pending_micro_steps,
     save_checkpoint,
 )
 from atomr.train.core.config import TrainerConfig
@@ -116,16 +118,12 @@ class Checkpoints:
         """
         ckpt: Checkpoint = await self.host.run(load_checkpoint, path)
         check_model_matches(ckpt, self.replicas.model, self.replicas.n_params)
-        if int(ckpt.extra.get("micro", 0)) > 0:
+        if pending_micro_steps(ckpt) > 0:
             raise CheckpointError(
                 "checkpoint was saved in the middle of an accumulation window; "
                 "DataParallelTrainer cannot resume it"
             )
-        probe = self.config.optimizer.create(self.replicas.n_params)
-        try:
-            probe.load_state_dict(ckpt.optimizer)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
+        check_optimizer_state(ckpt, self.config.optimizer, self.replicas.n_params)
         return ckpt
 
     async def load(self, path: Path) -> Failure | None:

@@ -13,7 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from atomr.train.core.checkpoint import Checkpoint, CheckpointError, check_model_matches
+from atomr.train.core.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    check_model_matches,
+    check_optimizer_state,
+    pending_micro_steps,
+)
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.parameter_server.messages import ServerState
 
@@ -67,7 +73,7 @@ def server_states(
     """
     n = ranges[-1][1]
     check_model_matches(ckpt, model_config, n)
-    if int(ckpt.extra.get("micro", 0)) != 0:
+    if pending_micro_steps(ckpt) != 0:
         raise CheckpointError("checkpoint is in the middle of a gradient accumulation")
     try:
         kind = OptimizerKind.from_config(ckpt.optimizer["kind"])
@@ -77,9 +83,7 @@ def server_states(
         raise CheckpointError(
             f"checkpoint optimizer is {kind.name!r}, these servers run {optimizer.name!r}"
         )
-    for key, value in ckpt.optimizer.items():
-        if isinstance(value, np.ndarray) and value.shape != (n,):
-            raise CheckpointError(f"optimizer buffer {key!r} has shape {value.shape}")
+    check_optimizer_state(ckpt, optimizer, n)
     return [
         ServerState(
             ckpt.weights[lo:hi],

@@ -55,7 +55,9 @@ from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_model_matches,
+    check_optimizer_state,
     load_checkpoint,
+    pending_micro_steps,
     save_checkpoint,
 )
 from atomr.train.core.clip import clip_coefficient
@@ -353,12 +355,10 @@ class PipelineParallelTrainer(Actor):
         ckpt = await asyncio.to_thread(load_checkpoint, path)
         n = group.offsets[-1]
         check_model_matches(ckpt, group.model_config, n)
-        if int(ckpt.extra.get("micro", 0)) > 0:
+        if pending_micro_steps(ckpt) > 0:
             raise CheckpointError("checkpoint is in the middle of a gradient accumulation")
-        try:  # validate the optimizer state on the whole vector before touching any stage
-            self.config.optimizer.create(n).load_state_dict(ckpt.optimizer)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
+        # validate the optimizer state on the whole vector before touching any stage
+        check_optimizer_state(ckpt, self.config.optimizer, n)
         await group.load(split_checkpoint(ckpt, group.offsets))
         self.steps = int(ckpt.step)
 

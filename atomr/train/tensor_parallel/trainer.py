@@ -44,6 +44,7 @@ from atomr.train.core.checkpoint import (
     CheckpointError,
     check_model_matches,
     load_checkpoint,
+    pending_micro_steps,
     save_checkpoint,
 )
 from atomr.train.core.clip import clip_coefficient
@@ -306,7 +307,7 @@ def _checked_optimizer_step(ckpt: Checkpoint, optimizer: OptimizerKind, total: i
             raise CheckpointError(
                 f"optimizer buffer {key!r} has shape {value.shape}, expected ({total},)"
             )
-    if int(ckpt.extra.get("micro", 0)) > 0:
+    if pending_micro_steps(ckpt) > 0:
         raise CheckpointError(
             "checkpoint is in the middle of a gradient accumulation; "
             "the tensor-parallel trainer does not accumulate"

@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from atomr.train.comm.mpi.watchdog import LAUNCHER_PID_ENV
+
 __all__ = [
     "INTERRUPTED_EXIT_CODE",
     "TIMEOUT_EXIT_CODE",
@@ -138,7 +140,9 @@ def run_mpiexec(
     by a second Ctrl-C returns `INTERRUPTED_EXIT_CODE` (130). A SIGTERM or
     SIGHUP on this process (when it runs on the main thread) ends the whole
     job: SIGTERM to its process group, SIGKILL after `TERMINATE_GRACE_S`;
-    the return code is then 128 + the signal number.
+    the return code is then 128 + the signal number. The job's environment
+    names this process (`LAUNCHER_PID_ENV`): if it is SIGKILLed, each rank's
+    `watch_launcher` ends that rank.
 
     Args:
         n: number of processes, >= 1.
@@ -161,7 +165,7 @@ def run_mpiexec(
         stdout=pipe,
         stderr=pipe,
         text=True,
-        env=None if env is None else dict(env),
+        env={**(os.environ if env is None else env), LAUNCHER_PID_ENV: str(os.getpid())},
         start_new_session=True,
     ) as proc:
         try:

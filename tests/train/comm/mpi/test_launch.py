@@ -264,6 +264,32 @@ def test_sigterm_or_sighup_on_the_launcher_ends_every_rank(tmp_path: Path, signu
     assert not any(_alive(p) for p in pids), "a rank outlived the job"
 
 
+def test_ranks_exit_when_the_launcher_is_sigkilled(tmp_path: Path) -> None:
+    """SIGKILL cannot be caught, so the launcher cannot end the job: each
+    rank's watchdog must notice its launcher is gone and exit."""
+    require_mpi()
+    code = (
+        "import sys\n"
+        "from atomr.train.comm.mpi.launch import run_mpiexec\n"
+        f"run_mpiexec(2, [sys.executable, {str(HERE / 'orphaned.py')!r}, {str(tmp_path)!r}], "
+        "timeout=150)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        _wait_for(tmp_path, "up", "1", launcher, "the ranks never started")
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=60)
+    pids = [int((tmp_path / f"up{r}").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leaked = [p for p in pids if _alive(p)]
+    for p in leaked:  # do not leave them to the next test
+        os.kill(p, signal.SIGKILL)
+    assert not leaked, "a rank outlived its SIGKILLed launcher"
+
+
 def test_module_exports() -> None:
     assert {"DistributedTrainConfig", "shard_for_rank", "NotLaunchedError"} <= set(
         distributed.__all__

@@ -54,6 +54,7 @@ from atomr.train.comm.mpi._buffers import (
 from atomr.train.comm.mpi._driver import OperationDriver
 from atomr.train.comm.mpi._notes import FailureNotes
 from atomr.train.comm.mpi.errors import CollectiveError, CollectiveTimeoutError, RankFailedError
+from atomr.train.comm.mpi.watchdog import watch_launcher
 from atomr.train.core.partition import split_bounds
 
 __all__ = [
@@ -108,6 +109,7 @@ class MpiCollective(Collective):
     def __init__(self, comm: Any = None, *, timeout: float | None = 300.0) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive or None, got {timeout}")
+        watch_launcher()  # exit if the `atomr launch` that started this rank dies
         mpi = import_mpi()
         self._mpi = mpi
         level = mpi.Query_thread()

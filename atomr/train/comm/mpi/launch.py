@@ -22,9 +22,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+
+from atomr.train.comm.mpi.watchdog import LAUNCHER_PID_ENV
 
 __all__ = [
     "INTERRUPTED_EXIT_CODE",
@@ -39,6 +42,18 @@ __all__ = [
 TIMEOUT_EXIT_CODE = 124
 # Exit code `launch` returns when a second Ctrl-C ended the job (as `atomr train`).
 INTERRUPTED_EXIT_CODE = 130
+# Seconds the job gets to exit after SIGTERM before its whole group is SIGKILLed.
+TERMINATE_GRACE_S = 10.0
+# Signals on the launcher that end the whole job (the launcher then exits 128 + signum).
+_ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _JobEnded(Exception):
+    """Raised in the launcher by a SIGTERM / SIGHUP handler."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def find_mpiexec() -> str:
@@ -122,7 +137,12 @@ def run_mpiexec(
     is `TIMEOUT_EXIT_CODE` (124). A Ctrl-C (SIGINT) on this process is
     passed on to the job (hydra forwards the first to every rank and
     force-aborts the job on the second) and the wait goes on; a job ended
-    by a second Ctrl-C returns `INTERRUPTED_EXIT_CODE` (130).
+    by a second Ctrl-C returns `INTERRUPTED_EXIT_CODE` (130). A SIGTERM or
+    SIGHUP on this process (when it runs on the main thread) ends the whole
+    job: SIGTERM to its process group, SIGKILL after `TERMINATE_GRACE_S`;
+    the return code is then 128 + the signal number. The job's environment
+    names this process (`LAUNCHER_PID_ENV`): if it is SIGKILLed, each rank's
+    `watch_launcher` ends that rank.
 
     Args:
         n: number of processes, >= 1.
@@ -145,14 +165,18 @@ def run_mpiexec(
         stdout=pipe,
         stderr=pipe,
         text=True,
-        env=None if env is None else dict(env),
+        env={**(os.environ if env is None else env), LAUNCHER_PID_ENV: str(os.getpid())},
         start_new_session=True,
     ) as proc:
         try:
-            out, err, interrupts = _wait_passing_on_ctrl_c(proc, timeout)
+            with _signals_end_the_job():
+                out, err, interrupts = _wait_passing_on_ctrl_c(proc, timeout)
             code = proc.returncode
             if interrupts >= 2:  # hydra's forced abort reports 0 or 1
                 code = INTERRUPTED_EXIT_CODE
+        except _JobEnded as ended:
+            out, err = _end_job(proc)
+            code = 128 + ended.signum
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -162,6 +186,41 @@ def run_mpiexec(
             if not capture:
                 print(err.strip(), file=sys.stderr)
     return subprocess.CompletedProcess(cmd, code, out, err)
+
+
+@contextlib.contextmanager
+def _signals_end_the_job() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise `_JobEnded` (main thread only:
+    elsewhere Python cannot install handlers and the defaults stay)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ended(signum: int, frame: object) -> None:
+        raise _JobEnded(signum)
+
+    previous = {sig: signal.signal(sig, ended) for sig in _ENDING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _end_job(proc: subprocess.Popen[str]) -> tuple[str | None, str | None]:
+    """SIGTERM the job's process group (launcher and ranks), SIGKILL it after
+    `TERMINATE_GRACE_S`; returns the output collected."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=TERMINATE_GRACE_S)
+    except subprocess.TimeoutExpired:
+        out, err = None, None
+    with contextlib.suppress(ProcessLookupError):  # ranks hydra left behind, or a stuck job
+        os.killpg(proc.pid, signal.SIGKILL)
+    if out is None and err is None:
+        out, err = proc.communicate()
+    return out, err
 
 
 def _wait_passing_on_ctrl_c(
@@ -210,6 +269,7 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
         (or `MPI_Abort`'s) code otherwise, `TIMEOUT_EXIT_CODE` after a timeout.
         A Ctrl-C is passed on to every rank (`atomr train` stops after the
         epoch, saving its checkpoint: 130); a second one ends the job (130).
+        A SIGTERM or SIGHUP ends every rank (128 + the signal number).
 
     Raises:
         ValueError: `n < 1`.

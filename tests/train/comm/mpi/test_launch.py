@@ -178,10 +178,12 @@ def test_mpiexec_command_and_exit_codes(tmp_path) -> None:
     assert "timeout" in done.stderr
 
 
-def _launcher_interrupted(out: Path, mode: str, interrupts: int) -> int:
+def _launcher_interrupted(
+    out: Path, mode: str, interrupts: int, signum: int = signal.SIGINT
+) -> int:
     """Run `interrupted.py` on 2 ranks through `run_mpiexec` in a child
-    process, press Ctrl-C on that launcher `interrupts` times once both
-    ranks are up; returns the launcher's exit code."""
+    process, send `signum` (Ctrl-C by default) to that launcher `interrupts`
+    times once both ranks are up; returns the launcher's exit code."""
     code = (
         "import sys\n"
         "from atomr.train.comm.mpi.launch import run_mpiexec\n"
@@ -193,7 +195,7 @@ def _launcher_interrupted(out: Path, mode: str, interrupts: int) -> int:
     try:
         _wait_for(out, "up", "1", launcher, "the ranks never started")
         for k in range(1, interrupts + 1):
-            launcher.send_signal(signal.SIGINT)  # what the terminal does on Ctrl-C
+            launcher.send_signal(signum)  # SIGINT: what the terminal does on Ctrl-C
             if k < interrupts:  # passed on before the next press: every rank saw it
                 _wait_for(out, "got", str(k), launcher, f"Ctrl-C {k} never reached the ranks")
         return launcher.wait(timeout=60)
@@ -246,6 +248,46 @@ def test_ctrl_c_on_the_launcher_reaches_every_rank(tmp_path: Path) -> None:
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids), "a rank outlived the job"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_on_the_launcher_ends_every_rank(tmp_path: Path, signum: int) -> None:
+    """A scheduler's SIGTERM (or a closed terminal's SIGHUP) reaches only the
+    launcher (the job has its own session): it must end the whole job, not
+    leave the ranks running, and exit 128 + signum."""
+    require_mpi()
+    assert _launcher_interrupted(tmp_path, "ignore", 1, signum) == 128 + signum
+    pids = [int((tmp_path / f"up{r}").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids), "a rank outlived the job"
+
+
+def test_ranks_exit_when_the_launcher_is_sigkilled(tmp_path: Path) -> None:
+    """SIGKILL cannot be caught, so the launcher cannot end the job: each
+    rank's watchdog must notice its launcher is gone and exit."""
+    require_mpi()
+    code = (
+        "import sys\n"
+        "from atomr.train.comm.mpi.launch import run_mpiexec\n"
+        f"run_mpiexec(2, [sys.executable, {str(HERE / 'orphaned.py')!r}, {str(tmp_path)!r}], "
+        "timeout=150)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        _wait_for(tmp_path, "up", "1", launcher, "the ranks never started")
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=60)
+    pids = [int((tmp_path / f"up{r}").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leaked = [p for p in pids if _alive(p)]
+    for p in leaked:  # do not leave them to the next test
+        os.kill(p, signal.SIGKILL)
+    assert not leaked, "a rank outlived its SIGKILLed launcher"
 
 
 def test_module_exports() -> None:

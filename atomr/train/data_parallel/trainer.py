@@ -38,11 +38,8 @@ from atomr.actor import (
 )
 from atomr.train._contract import (
     check_config,
-    check_model,
-    check_name,
     check_options,
-    check_system,
-    parse_devices,
+    check_spawn_args,
 )
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
 from atomr.train.comm.collective import Collective, HostCollective
@@ -219,12 +216,8 @@ class DataParallelTrainer(Actor):
             Exception: what the replicas or the process collective raised
                 while starting (the trainer is stopped then).
         """
-        check_system(system)
-        check_model(model)
-        devs = parse_devices(devices)
-        check_config(config)
+        model, devs, config = check_spawn_args(system, model, devices, config, name)
         check_options(options, DataParallelOptions, cls.__name__)
-        check_name(name)
         if len({d.kind for d in devs}) > 1:
             raise ValueError(
                 f"devices {[str(d) for d in devs]} mix CPU and CUDA; their kernels round "

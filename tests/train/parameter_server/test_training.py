@@ -275,6 +275,11 @@ async def test_asynchronous_training_learns_digits(actor_system) -> None:
         ["cpu:0", "cpu:1"],
         config(OptimizerKind.sgd(0.05, momentum=0.9)),
         workers=4,
+        # Unbounded staleness with momentum makes the last epoch's accuracy a
+        # matter of scheduling (0.86 once on a loaded CI machine); a bound of 2
+        # kept the lowest of the last five epochs in 0.947..0.969 over 8 runs
+        # (unbounded: 0.927..0.944).
+        max_staleness=2,
     )
     request = TrainEpochs(x_tr, y_tr, 15, 128, test=(x_te, y_te))
     history = await ps.ask(request, timeout=10 * T)
@@ -285,7 +290,7 @@ async def test_asynchronous_training_learns_digits(actor_system) -> None:
     batches_per_epoch = -(-len(y_tr) // 128)
     assert stats.gradients_applied == stats.version == 15 * 4 * batches_per_epoch
     # 4 workers pull, compute and push concurrently: pushes overtake each other
-    assert stats.max_staleness_seen > 0
+    assert 0 < stats.max_staleness_seen <= 2
     assert 0.0 < stats.avg_staleness <= stats.max_staleness_seen
 
 

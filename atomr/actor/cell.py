@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import actor as _actor_module
 from .actor import Actor
+from .ask_deadlines import AskDeadlines
 from .context import Context
 from .envelope import Envelope
 from .errors import ActorStoppedError, MailboxFullError, bounded_repr
@@ -86,6 +87,7 @@ class ActorCell:
         self.stashed_current: Envelope | None = None  # what stash() left as current
         self.current: Envelope | None = None
         self.replies: set[Reply] = set()
+        self.ask_lanes: dict[float, AskDeadlines] | None = None  # made by the first timed ask
         self.tasks: set[asyncio.Task[Any]] = set()
         self.timers = TimerSet()
         self.receive_timeout: float | None = None

@@ -127,6 +127,10 @@ def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
     for deferred in list(cell.replies):
         deferred.set_exception(stopped)
     cell.replies.clear()
+    if cell.ask_lanes is not None:
+        for lane in cell.ask_lanes.values():
+            lane.close()
+        cell.ask_lanes = None
     cell.mailbox.wake_all()
 
 

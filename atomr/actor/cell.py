@@ -43,9 +43,23 @@ THROUGHPUT = 1024
 
 _sleep0 = asyncio.sleep
 
+_ASYNC_RECEIVE: dict[type, bool] = {}
+"""Whether an actor class's ``receive`` is a coroutine function (asked once per class)."""
+
 
 class ActorCell:
     """Mailbox, instance, lifecycle and children of one actor."""
+
+    # slots: an idle actor is mostly this object, and a __dict__ would add 1.8 KB
+    __slots__ = (
+        "accepting", "ask_lanes", "bounded", "children", "class_name", "context",
+        "current", "dead", "in_handler", "instance", "interrupt", "loop", "mailbox",
+        "name", "parent", "path", "props", "queue", "receive_async", "receive_fn",
+        "receive_timeout", "ref", "replies", "restart_times", "scheduler", "started",
+        "stash", "stashed_current", "stop_requested", "stopped", "strategy",
+        "supervisor", "suspended", "sysq", "system", "task", "tasks", "thread_id",
+        "timers", "waiter", "wake_pending", "watchers", "watching",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -70,7 +84,7 @@ class ActorCell:
         self.mailbox = mailbox
         self.queue: deque[Envelope] = mailbox.queue
         self.bounded = mailbox.capacity is not None
-        self.sysq: deque[tuple[str, Any]] = deque()
+        self.sysq: list[tuple[str, Any]] = []
         self.waiter: asyncio.Future[None] | None = None
         self.wake_pending = False
         self.accepting = True
@@ -83,7 +97,7 @@ class ActorCell:
         self.children: dict[str, ActorCell] = {}
         self.watchers: set[ActorCell] = set()
         self.watching: set[ActorCell] = set()
-        self.stash: deque[Envelope] = deque()
+        self.stash: list[Envelope] = []
         self.stashed_current: Envelope | None = None  # what stash() left as current
         self.current: Envelope | None = None
         self.replies: set[Reply] = set()
@@ -91,7 +105,7 @@ class ActorCell:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.timers = TimerSet()
         self.receive_timeout: float | None = None
-        self.restart_times: deque[float] = deque()
+        self.restart_times: list[float] = []
         self.strategy: SupervisorStrategy | None = None
         self.ref = ActorRef(self)
         self.context = Context(self)
@@ -121,7 +135,12 @@ class ActorCell:
         self.instance = instance
         self.class_name = type(instance).__name__
         self.receive_fn = instance.receive
-        self.receive_async = inspect.iscoroutinefunction(instance.receive)
+        receive_type = type(instance)
+        receive_async = _ASYNC_RECEIVE.get(receive_type)
+        if receive_async is None or "receive" in getattr(instance, "__dict__", ()):
+            receive_async = inspect.iscoroutinefunction(instance.receive)
+            _ASYNC_RECEIVE[receive_type] = receive_async
+        self.receive_async = receive_async
         self.strategy = None
 
     def start(self) -> None:
@@ -307,7 +326,9 @@ class ActorCell:
 
     async def _start(self) -> bool:
         try:
-            await maybe_await(self.instance.pre_start())
+            started = self.instance.pre_start()
+            if started is not None:  # an async hook's coroutine
+                await maybe_await(started)
         except Exception:
             logger.exception("pre_start of %s failed; stopping it", self.label)
             return False

@@ -115,14 +115,16 @@ def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
     """Fail what still waits on the dead ``cell``: queued and stashed messages
     become dead letters (a PoisonPill is no loss), their asks and deferred
     replies get `stopped`, senders blocked on a full mailbox are woken."""
-    for queue in (cell.queue, cell.stash):
-        while queue:
-            env = queue.popleft()
-            if env[0].__class__ is not PoisonPill:
-                cell.dead_letter(env[0], env[1], "stopped")
-            reply = env[2]
-            if reply is not None and not reply.done():
-                reply.set_exception(stopped)
+    pending = list(cell.queue)
+    pending += cell.stash
+    cell.queue.clear()
+    cell.stash.clear()
+    for env in pending:
+        if env[0].__class__ is not PoisonPill:
+            cell.dead_letter(env[0], env[1], "stopped")
+        reply = env[2]
+        if reply is not None and not reply.done():
+            reply.set_exception(stopped)
     cell.sysq.clear()
     for deferred in list(cell.replies):
         deferred.set_exception(stopped)

@@ -74,7 +74,7 @@ async def process_system(cell: ActorCell) -> None:
     """Handle the queued system messages (failed task, restart, resume)."""
     sysq = cell.sysq
     while sysq and not cell.stop_requested:
-        kind, arg = sysq.popleft()
+        kind, arg = sysq.pop(0)
         if kind == "failed":
             await handle_failure(cell, arg, None)
         elif kind == "restart":

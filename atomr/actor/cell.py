@@ -10,6 +10,7 @@ import asyncio
 import inspect
 import logging
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -55,7 +56,7 @@ class ActorCell:
         "accepting", "ask_lanes", "bounded", "children", "class_name", "context",
         "current", "dead", "in_handler", "instance", "interrupt", "loop", "mailbox",
         "name", "parent", "path", "props", "queue", "receive_async", "receive_fn",
-        "receive_timeout", "ref", "replies", "restart_times", "scheduler", "started",
+        "receive_timeout", "_ref", "_ref_weak", "replies", "restart_times", "scheduler", "started",
         "stash", "stashed_current", "stop_requested", "stopped", "strategy",
         "supervisor", "suspended", "sysq", "system", "task", "tasks", "thread_id",
         "timers", "waiter", "wake_pending", "watchers", "watching",
@@ -107,7 +108,8 @@ class ActorCell:
         self.receive_timeout: float | None = None
         self.restart_times: list[float] = []
         self.strategy: SupervisorStrategy | None = None
-        self.ref = ActorRef(self)
+        self._ref: ActorRef | None = ActorRef(self)
+        self._ref_weak: weakref.ref[ActorRef] | None = None
         self.context = Context(self)
         self.stopped: asyncio.Future[None] = self.loop.create_future()
         self.task: asyncio.Task[None] | None = None
@@ -146,6 +148,30 @@ class ActorCell:
     def start(self) -> None:
         """Schedule the actor's loop on the event loop."""
         self.task = self.loop.create_task(self._run(), name=f"atomr {self.path}")
+
+    @property
+    def ref(self) -> ActorRef:
+        """The actor's ``ActorRef``: held strongly while it lives, weakly once it
+        is dead (``release``), so that a dead cell is freed by reference counting
+        alone; whoever still holds the ref gets that same ref back."""
+        ref = self._ref
+        if ref is None:
+            ref = self._ref_weak() if self._ref_weak is not None else None
+            if ref is None:
+                ref = ActorRef(self)
+                self._ref_weak = weakref.ref(ref)
+        return ref
+
+    def release(self) -> None:
+        """Break the reference cycles of a dead cell (its ref, context and
+        instance point back at it), so that it is freed without the cyclic
+        garbage collector, whose passes over many live actors are costly."""
+        if self._ref is not None:
+            self._ref_weak = weakref.ref(self._ref)
+            self._ref = None
+        for name in ("instance", "receive_fn", "context"):
+            if hasattr(self, name):
+                delattr(self, name)
 
     @property
     def label(self) -> str:

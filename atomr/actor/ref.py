@@ -97,7 +97,7 @@ class ActorRef:
     work from any thread and any event loop; ``stop`` refuses other threads.
     """
 
-    __slots__ = ("_cell",)
+    __slots__ = ("__weakref__", "_cell")
 
     def __init__(self, cell: ActorCell) -> None:
         self._cell = cell

@@ -54,6 +54,7 @@ def discard(cell: ActorCell, reason: str) -> None:
     unwatch_all(cell)
     if not cell.stopped.done():
         cell.stopped.set_result(None)
+    cell.release()
 
 
 async def cancel_tasks(cell: ActorCell) -> None:
@@ -109,6 +110,7 @@ async def shutdown(cell: ActorCell) -> None:
     cell.watchers.clear()
     if not cell.stopped.done():
         cell.stopped.set_result(None)
+    cell.release()
 
 
 def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:

@@ -8,6 +8,7 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .empty import NONE
 from .errors import ActorStoppedError
 from .messages import PoisonPill, Terminated
 
@@ -52,8 +53,7 @@ def discard(cell: ActorCell, reason: str) -> None:
     cell.children.clear()
     fail_pending(cell, ActorStoppedError(f"{cell.label} {reason}"))
     unwatch_all(cell)
-    if not cell.stopped.done():
-        cell.stopped.set_result(None)
+    cell.mark_stopped()
     cell.release()
 
 
@@ -105,11 +105,10 @@ async def shutdown(cell: ActorCell) -> None:
     unwatch_all(cell)
     terminated = Terminated(cell.ref)
     for watcher in list(cell.watchers):
-        watcher.watching.discard(cell)
+        watcher.watching.discard(cell)  # type: ignore[union-attr]
         watcher.post_internal(terminated)
-    cell.watchers.clear()
-    if not cell.stopped.done():
-        cell.stopped.set_result(None)
+    cell.watchers = NONE
+    cell.mark_stopped()
     cell.release()
 
 
@@ -120,17 +119,17 @@ def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
     pending = list(cell.queue)
     pending += cell.stash
     cell.queue.clear()
-    cell.stash.clear()
+    cell.stash = ()
     for env in pending:
         if env[0].__class__ is not PoisonPill:
             cell.dead_letter(env[0], env[1], "stopped")
         reply = env[2]
         if reply is not None and not reply.done():
             reply.set_exception(stopped)
-    cell.sysq.clear()
+    cell.sysq = ()
     for deferred in list(cell.replies):
         deferred.set_exception(stopped)
-    cell.replies.clear()
+    cell.replies = NONE
     if cell.ask_lanes is not None:
         for lane in cell.ask_lanes.values():
             lane.close()
@@ -141,5 +140,5 @@ def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
 def unwatch_all(cell: ActorCell) -> None:
     """Stop watching every actor this one watches."""
     for target in cell.watching:
-        target.watchers.discard(cell)
-    cell.watching.clear()
+        target.watchers.discard(cell)  # type: ignore[union-attr]
+    cell.watching = NONE

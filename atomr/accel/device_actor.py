@@ -122,7 +122,7 @@ class DeviceActor(Actor):
     def _stop_worker(self) -> None:
         worker, self._worker = self._worker, None
         if worker is not None:
-            worker.shutdown()
+            worker.close()
         if self._holds_blas_share:
             self._holds_blas_share = False
             BLAS_SHARE.release()
@@ -151,9 +151,8 @@ class DeviceActor(Actor):
         worker = self._worker
         if worker is None:
             raise RuntimeError(f"DeviceActor on {self.device}: the worker thread is not running")
-        future = worker.submit(functools.partial(fn, *args, **kwargs) if args or kwargs else fn)
         try:
-            return await future
+            return await worker.submit(functools.partial(fn, *args, **kwargs))
         except Exception as exc:
             error = translate_error(exc, str(self.device))
             if error is exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -40,58 +41,74 @@ def _reject(fut: asyncio.Future[Any], error: BaseException) -> None:
 class SerialWorker:
     """A daemon thread running submitted jobs one at a time, in order.
 
+    The thread starts with the first job; after ``close`` the next job
+    starts a new one.
+
     Args:
         name: the thread's name.
-        initializer: called once on the thread before the first job (say, to
-            select a CUDA device); if it raises, every job fails with its error.
+        initializer: called once on each thread before its first job (say, to
+            select a CUDA device); if it raises, every job of that thread fails
+            with its error.
 
     The thread is a daemon: a process that exits while a job runs does not
     wait for it (a second Ctrl-C must end the process at once).
     """
 
     def __init__(self, name: str, initializer: Callable[[], Any] | None = None) -> None:
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.name = name
         self._initializer = initializer
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._jobs: queue.SimpleQueue[_Job | None] | None = None
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Queue ``fn()`` and return a future of the running loop for its result.
 
         Raises:
-            RuntimeError: after ``shutdown``, or without a running event loop.
+            RuntimeError: without a running event loop.
         """
-        if self._closed:
-            raise RuntimeError(f"{self._thread.name}: the worker thread has been shut down")
         loop = asyncio.get_running_loop()
+        jobs = self._jobs
+        if jobs is None:
+            jobs = self._jobs = queue.SimpleQueue()
+            thread = threading.Thread(target=self._serve, args=(jobs,), name=self.name, daemon=True)
+            thread.start()
         fut: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((fut, loop, fn))
+        jobs.put((fut, loop, fn))
         return fut
 
-    def shutdown(self) -> None:
-        """Stop taking jobs: those not started are cancelled, the running one
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the thread.
+
+        Returns:
+            What ``fn`` returned.
+
+        Raises:
+            BaseException: what ``fn`` raised.
+        """
+        return await self.submit(functools.partial(fn, *args) if args else fn)
+
+    def close(self) -> None:
+        """Stop the thread: jobs not started are cancelled, the running one
         finishes, then the thread ends. Does not wait for it."""
-        if self._closed:
+        jobs, self._jobs = self._jobs, None
+        if jobs is None:
             return
-        self._closed = True
         while True:
             try:
-                job = self._jobs.get_nowait()
+                job = jobs.get_nowait()
             except queue.Empty:
                 break
             if job is not None:
                 job[0].cancel()
-        self._jobs.put(None)
+        jobs.put(None)
 
-    def _run(self) -> None:
+    def _serve(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
         failed: BaseException | None = None
         if self._initializer is not None:
             try:
                 self._initializer()
             except BaseException as error:
                 failed = error
-        get = self._jobs.get
+        get = jobs.get
         while True:
             job = get()
             if job is None:
@@ -106,17 +123,17 @@ class SerialWorker:
                     raise failed
                 result = fn()
             except BaseException as error:
-                self._hand_back(loop, _reject, fut, error)
+                _hand_back(loop, _reject, fut, error)
             else:
-                self._hand_back(loop, _resolve, fut, result)
+                _hand_back(loop, _resolve, fut, result)
 
-    @staticmethod
-    def _hand_back(
-        loop: asyncio.AbstractEventLoop,
-        settle: Callable[[asyncio.Future[Any], Any], None],
-        fut: asyncio.Future[Any],
-        value: Any,
-    ) -> None:
-        # a closed loop raises RuntimeError: nobody is left to await the result
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(settle, fut, value)
+
+def _hand_back(
+    loop: asyncio.AbstractEventLoop,
+    settle: Callable[[asyncio.Future[Any], Any], None],
+    fut: asyncio.Future[Any],
+    value: Any,
+) -> None:
+    # a closed loop raises RuntimeError: nobody is left to await the result
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(settle, fut, value)

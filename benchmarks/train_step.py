@@ -14,7 +14,7 @@ Figures (median seconds per step over `--repeat` steps, after a warm-up):
 
 Ratios are atomr / NumPy (lower is better; target <= 1.05).
 
-    python benchmarks/train_step.py [--repeat 20] [--batch 512]
+    python benchmarks/train_step.py [--repeat 20] [--batch 512] [--sizes 784,1024,1024,10]
 """
 
 from __future__ import annotations
@@ -132,7 +132,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument(
+        "--sizes", default=",".join(map(str, SIZES)), help="layer widths, e.g. 64,128,10"
+    )
     args = parser.parse_args()
+    SIZES[:] = [int(s) for s in args.sizes.split(",")]
     rng = np.random.default_rng(0)
     x = rng.random((args.batch, SIZES[0]), dtype=np.float32)
     y = rng.integers(0, SIZES[-1], size=args.batch)

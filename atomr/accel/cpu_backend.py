@@ -43,6 +43,19 @@ class CpuBackend(Backend):
     def _address(self, x: Any) -> int:
         return int(x.__array_interface__["data"][0])
 
+    # NumPy's own bounds test costs 0.4 us against 1.8 us for each address
+    # read through __array_interface__, and the checked kernels ask it several
+    # times per call (issue 22)
+    def _overlaps(self, x: Any, y: Any) -> bool:
+        return bool(np.may_share_memory(x, y))
+
+    def _same_memory(self, x: Any, y: Any) -> bool:
+        return (
+            x.nbytes == y.nbytes
+            and bool(np.may_share_memory(x, y))
+            and self._address(x) == self._address(y)
+        )
+
     # memory
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:

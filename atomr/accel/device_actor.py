@@ -18,14 +18,13 @@ and call ``on_device`` themselves (calling ``super().receive`` for
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from atomr.accel.backend import Backend, backend_for
 from atomr.accel.device import Device
+from atomr.accel.serial_worker import SerialWorker
 from atomr.accel.threads import BLAS_SHARE
 from atomr.accel.translate import translate_error
 from atomr.actor import Actor, Failure
@@ -88,7 +87,7 @@ class DeviceActor(Actor):
         super().__init__()
         self.device: Device = Device.parse(device)
         self.backend: Backend = backend_for(self.device)
-        self._executor: ThreadPoolExecutor | None = None
+        self._worker: SerialWorker | None = None
         self._holds_blas_share = False
 
     # ------------------------------------------------------------ life cycle
@@ -110,24 +109,20 @@ class DeviceActor(Actor):
         return None
 
     def _start_worker(self) -> None:
-        if self._executor is not None:
+        if self._worker is not None:
             return
+        name = f"atomr-{self.device}"
         if self.device.is_cuda:
-            self._executor = ThreadPoolExecutor(
-                1,
-                thread_name_prefix=f"atomr-{self.device}",
-                initializer=_select_cuda,
-                initargs=(self.device.index,),
-            )
+            self._worker = SerialWorker(name, functools.partial(_select_cuda, self.device.index))
         else:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"atomr-{self.device}")
+            self._worker = SerialWorker(name)
             BLAS_SHARE.acquire()
             self._holds_blas_share = True
 
     def _stop_worker(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
         if self._holds_blas_share:
             self._holds_blas_share = False
             BLAS_SHARE.release()
@@ -153,13 +148,11 @@ class DeviceActor(Actor):
             ValueError, TypeError: as raised by fn (input validation).
             RuntimeError: the worker is not running (before ``pre_start`` or after stop).
         """
-        executor = self._executor
-        if executor is None:
+        worker = self._worker
+        if worker is None:
             raise RuntimeError(f"DeviceActor on {self.device}: the worker thread is not running")
-        call = functools.partial(fn, *args, **kwargs)
-        future = asyncio.get_running_loop().run_in_executor(executor, call)
         try:
-            return await future
+            return await worker.submit(functools.partial(fn, *args, **kwargs))
         except Exception as exc:
             error = translate_error(exc, str(self.device))
             if error is exc:

@@ -10,13 +10,16 @@ import asyncio
 import inspect
 import logging
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from . import actor as _actor_module
 from .actor import Actor
+from .ask_deadlines import AskDeadlines
 from .context import Context
+from .empty import NONE
 from .envelope import Envelope
 from .errors import ActorStoppedError, MailboxFullError, bounded_repr
 from .mailbox import Mailbox, OverflowPolicy
@@ -42,9 +45,23 @@ THROUGHPUT = 1024
 
 _sleep0 = asyncio.sleep
 
+_ASYNC_RECEIVE: dict[type, bool] = {}
+"""Whether an actor class's ``receive`` is a coroutine function (asked once per class)."""
+
 
 class ActorCell:
     """Mailbox, instance, lifecycle and children of one actor."""
+
+    # slots: an idle actor is mostly this object, and a __dict__ would add 1.8 KB
+    __slots__ = (
+        "accepting", "ask_lanes", "bounded", "children", "class_name", "context",
+        "current", "dead", "in_handler", "instance", "interrupt", "loop", "mailbox",
+        "name", "parent", "path", "props", "queue", "receive_async", "receive_fn",
+        "receive_timeout", "_ref", "_ref_weak", "replies", "restart_times", "scheduler", "started",
+        "stash", "stashed_current", "stop_requested", "_stopped", "has_stopped", "strategy",
+        "supervisor", "suspended", "sysq", "system", "task", "tasks", "thread_id",
+        "timers", "waiter", "wake_pending", "watchers", "watching",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -69,7 +86,9 @@ class ActorCell:
         self.mailbox = mailbox
         self.queue: deque[Envelope] = mailbox.queue
         self.bounded = mailbox.capacity is not None
-        self.sysq: deque[tuple[str, Any]] = deque()
+        # containers most actors never fill start as shared empty immutables and
+        # are made on first use: fewer objects per actor for the cyclic collector
+        self.sysq: list[tuple[str, Any]] | tuple[()] = ()
         self.waiter: asyncio.Future[None] | None = None
         self.wake_pending = False
         self.accepting = True
@@ -80,20 +99,23 @@ class ActorCell:
         self.interrupt = False
         self.in_handler = False
         self.children: dict[str, ActorCell] = {}
-        self.watchers: set[ActorCell] = set()
-        self.watching: set[ActorCell] = set()
-        self.stash: deque[Envelope] = deque()
+        self.watchers: set[ActorCell] | frozenset[ActorCell] = NONE
+        self.watching: set[ActorCell] | frozenset[ActorCell] = NONE
+        self.stash: list[Envelope] | tuple[()] = ()
         self.stashed_current: Envelope | None = None  # what stash() left as current
         self.current: Envelope | None = None
-        self.replies: set[Reply] = set()
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.replies: set[Reply] | frozenset[Reply] = NONE
+        self.ask_lanes: dict[float, AskDeadlines] | None = None  # made by the first timed ask
+        self.tasks: set[asyncio.Task[Any]] | frozenset[asyncio.Task[Any]] = NONE
         self.timers = TimerSet()
         self.receive_timeout: float | None = None
-        self.restart_times: deque[float] = deque()
+        self.restart_times: list[float] | tuple[()] = ()
         self.strategy: SupervisorStrategy | None = None
-        self.ref = ActorRef(self)
+        self._ref: ActorRef | None = ActorRef(self)
+        self._ref_weak: weakref.ref[ActorRef] | None = None
         self.context = Context(self)
-        self.stopped: asyncio.Future[None] = self.loop.create_future()
+        self._stopped: asyncio.Future[None] | None = None  # made when first awaited
+        self.has_stopped = False
         self.task: asyncio.Task[None] | None = None
         try:
             self.instance: Actor = self.new_instance()
@@ -119,12 +141,58 @@ class ActorCell:
         self.instance = instance
         self.class_name = type(instance).__name__
         self.receive_fn = instance.receive
-        self.receive_async = inspect.iscoroutinefunction(instance.receive)
+        receive_type = type(instance)
+        receive_async = _ASYNC_RECEIVE.get(receive_type)
+        if receive_async is None or "receive" in getattr(instance, "__dict__", ()):
+            receive_async = inspect.iscoroutinefunction(instance.receive)
+            _ASYNC_RECEIVE[receive_type] = receive_async
+        self.receive_async = receive_async
         self.strategy = None
 
     def start(self) -> None:
         """Schedule the actor's loop on the event loop."""
         self.task = self.loop.create_task(self._run(), name=f"atomr {self.path}")
+
+    @property
+    def ref(self) -> ActorRef:
+        """The actor's ``ActorRef``: held strongly while it lives, weakly once it
+        is dead (``release``), so that a dead cell is freed by reference counting
+        alone; whoever still holds the ref gets that same ref back."""
+        ref = self._ref
+        if ref is None:
+            ref = self._ref_weak() if self._ref_weak is not None else None
+            if ref is None:
+                ref = ActorRef(self)
+                self._ref_weak = weakref.ref(ref)
+        return ref
+
+    def release(self) -> None:
+        """Break the reference cycles of a dead cell (its ref, context and
+        instance point back at it), so that it is freed without the cyclic
+        garbage collector, whose passes over many live actors are costly."""
+        if self._ref is not None:
+            self._ref_weak = weakref.ref(self._ref)
+            self._ref = None
+        for name in ("instance", "receive_fn", "context"):
+            if hasattr(self, name):
+                delattr(self, name)
+
+    @property
+    def stopped(self) -> asyncio.Future[None]:
+        """A future done once the actor has fully stopped."""
+        fut = self._stopped
+        if fut is None:
+            fut = self._stopped = self.loop.create_future()
+            if self.has_stopped:
+                fut.set_result(None)
+        return fut
+
+    def mark_stopped(self) -> None:
+        """The actor has fully stopped: resolve ``stopped``."""
+        self.has_stopped = True
+        fut = self._stopped
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     @property
     def label(self) -> str:
@@ -229,7 +297,9 @@ class ActorCell:
         """Queue a system message; it overtakes user messages."""
         if self.dead:
             return
-        self.sysq.append(item)
+        if self.sysq.__class__ is tuple:
+            self.sysq = []
+        self.sysq.append(item)  # type: ignore[union-attr]
         self.interrupt = True
         self.wake()
 
@@ -258,12 +328,15 @@ class ActorCell:
     def create_task(self, coro: Coroutine[Any, Any, Any], name: str | None) -> asyncio.Task[Any]:
         """Start a task owned by this actor (see ``Context.create_task``)."""
         task = self.loop.create_task(coro, name=name)
-        self.tasks.add(task)
+        if not self.tasks:
+            self.tasks = set()
+        self.tasks.add(task)  # type: ignore[union-attr]
         task.add_done_callback(self._task_done)
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self.tasks.discard(task)
+        if task in self.tasks:
+            self.tasks.discard(task)  # type: ignore[union-attr]
         if task.cancelled():
             return
         error = task.exception()
@@ -305,7 +378,9 @@ class ActorCell:
 
     async def _start(self) -> bool:
         try:
-            await maybe_await(self.instance.pre_start())
+            started = self.instance.pre_start()
+            if started is not None:  # an async hook's coroutine
+                await maybe_await(started)
         except Exception:
             logger.exception("pre_start of %s failed; stopping it", self.label)
             return False
@@ -315,14 +390,13 @@ class ActorCell:
     async def _loop(self) -> None:
         loop = self.loop
         queue = self.queue
-        sysq = self.sysq
         room_waiters = self.mailbox.waiters
         while True:
             if self.interrupt:
                 self.interrupt = False
                 if self.stop_requested:
                     return
-                if sysq:
+                if self.sysq:
                     await process_system(self)
                     self.interrupt = True
                     continue

@@ -111,8 +111,12 @@ class Context:
         if target.dead:
             me.post_internal(Terminated(ref))
         else:
-            target.watchers.add(me)
-            me.watching.add(target)
+            if not target.watchers:
+                target.watchers = set()
+            if not me.watching:
+                me.watching = set()
+            target.watchers.add(me)  # type: ignore[union-attr]
+            me.watching.add(target)  # type: ignore[union-attr]
         return ref
 
     def unwatch(self, ref: ActorRef) -> ActorRef:
@@ -125,8 +129,9 @@ class Context:
         _require_ref("unwatch", ref)
         me = self._cell
         target = ref._cell
-        target.watchers.discard(me)
-        me.watching.discard(target)
+        if target in me.watching:
+            target.watchers.discard(me)  # type: ignore[union-attr]
+            me.watching.discard(target)  # type: ignore[union-attr]
         me.remove_terminated(target)
         return ref
 
@@ -148,7 +153,9 @@ class Context:
             raise RuntimeError(
                 f"stash(): {bounded_repr(env[0])} is already stashed; a message is stashed once"
             )
-        cell.stash.append(env)
+        if cell.stash.__class__ is tuple:
+            cell.stash = []
+        cell.stash.append(env)  # type: ignore[union-attr]
         cell.current = cell.stashed_current = (env[0], env[1], None)
 
     def unstash_all(self) -> int:
@@ -161,7 +168,7 @@ class Context:
         count = len(cell.stash)
         if count:
             cell.queue.extendleft(reversed(cell.stash))
-            cell.stash.clear()
+            cell.stash = ()
             cell.wake()
         return count
 
@@ -219,7 +226,9 @@ class Context:
         cell.current = (env[0], env[1], None)
         reply = Reply(fut, cell if fut is not None else None)
         if fut is not None:
-            cell.replies.add(reply)
+            if not cell.replies:
+                cell.replies = set()
+            cell.replies.add(reply)  # type: ignore[union-attr]
         return reply
 
     def create_task(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:

@@ -25,6 +25,11 @@ class OverflowPolicy(enum.Enum):
     """``await ref.send(msg)`` and ``ask`` wait for room; a plain ``tell`` raises."""
 
 
+_NO_WAITERS: deque[asyncio.Future[None]] = deque(maxlen=0)
+"""The shared, always-empty waiter queue of unbounded mailboxes (nothing is
+ever appended: an unbounded mailbox is never full)."""
+
+
 class Mailbox:
     """An unbounded FIFO mailbox (the default).
 
@@ -35,9 +40,13 @@ class Mailbox:
     capacity: int | None = None
     policy: OverflowPolicy | None = None
 
+    __slots__ = ("queue", "waiters")
+
     def __init__(self) -> None:
         self.queue: deque[Envelope] = deque()
-        self.waiters: deque[asyncio.Future[None]] = deque()
+        # senders waiting for room: an unbounded mailbox never has any, and an
+        # empty deque per actor would cost 600 bytes
+        self.waiters: deque[asyncio.Future[None]] = _NO_WAITERS
 
     def copy(self) -> Mailbox:
         """Return an empty mailbox with the same settings."""
@@ -111,8 +120,11 @@ class BoundedMailbox(Mailbox):
         TypeError: if ``capacity`` is not an int or ``policy`` not an ``OverflowPolicy``.
     """
 
+    __slots__ = ("capacity", "policy")
+
     def __init__(self, capacity: int, policy: OverflowPolicy = OverflowPolicy.FAIL) -> None:
         super().__init__()
+        self.waiters = deque()
         if not isinstance(capacity, int) or isinstance(capacity, bool):
             raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
         if capacity < 1:

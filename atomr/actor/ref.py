@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .ask_deadlines import AskDeadlines
 from .errors import ActorStoppedError, AskTimeoutError, MailboxFullError, bounded_repr
 from .mailbox import OverflowPolicy
 from .threads import deliver_from_thread, wake_from_thread
@@ -22,15 +24,35 @@ DEFAULT_ASK_TIMEOUT = 60.0
 """Seconds an ``ask`` (or a ``send`` waiting for room) waits by default."""
 
 
-def _timed_out(ref: ActorRef, timeout: float | None, message: Any) -> AskTimeoutError:
+_MAX_ASK_LANES = 8
+"""Distinct ask timeouts per actor served by one shared timer each; asks with
+further timeouts get a timer of their own."""
+
+
+def _timed_out(label: str, timeout: float | None, message: Any) -> AskTimeoutError:
     return AskTimeoutError(
-        f"ask to {ref._cell.label} timed out after {timeout} s (message {bounded_repr(message)})"
+        f"ask to {label} timed out after {timeout} s (message {bounded_repr(message)})"
     )
 
 
 def _expire(fut: asyncio.Future[Any], timeout: float | None, ref: ActorRef, message: Any) -> None:
     if not fut.done():
-        fut.set_exception(_timed_out(ref, timeout, message))
+        fut.set_exception(_timed_out(ref._cell.label, timeout, message))
+
+
+def _ask_lane(cell: ActorCell, timeout: float) -> AskDeadlines | None:
+    """The actor's shared deadline timer for asks of ``timeout`` seconds (made on
+    first use), or None when it already has ``_MAX_ASK_LANES`` of them."""
+    lanes = cell.ask_lanes
+    if lanes is None:
+        lanes = cell.ask_lanes = {}
+    lane = lanes.get(timeout)
+    if lane is None and len(lanes) < _MAX_ASK_LANES:
+        # the error builder holds the label, not the ref: no cycle through the cell
+        lane = lanes[timeout] = AskDeadlines(
+            cell.loop, timeout, partial(_timed_out, cell.label, timeout)
+        )
+    return lane
 
 
 def check_timeout(timeout: float | None) -> None:
@@ -75,7 +97,7 @@ class ActorRef:
     work from any thread and any event loop; ``stop`` refuses other threads.
     """
 
-    __slots__ = ("_cell",)
+    __slots__ = ("__weakref__", "_cell")
 
     def __init__(self, cell: ActorCell) -> None:
         self._cell = cell
@@ -192,7 +214,7 @@ class ActorRef:
             except AskTimeoutError:
                 raise
             except TimeoutError:
-                raise _timed_out(self, timeout, message) from None
+                raise _timed_out(self._cell.label, timeout, message) from None
         if not cell.accepting:
             raise self._stopped(message)
         loop = cell.loop
@@ -209,11 +231,23 @@ class ActorRef:
             delay = timeout
         if delay is None:
             return await fut
-        handle = loop.call_later(delay, _expire, fut, timeout, self, message)
+        lane = None
+        if delay == timeout:  # not shortened by waiting for room
+            lanes = cell.ask_lanes
+            lane = lanes.get(delay) if lanes is not None else None
+            if lane is None:
+                lane = _ask_lane(cell, delay)
+        if lane is None:
+            handle = loop.call_later(delay, _expire, fut, timeout, self, message)
+            try:
+                return await fut
+            finally:
+                handle.cancel()
+        lane.add(fut, message)
         try:
             return await fut
         finally:
-            handle.cancel()
+            lane.settle()
 
     async def _offer_bounded(
         self, message: Any, timeout: float | None
@@ -233,7 +267,7 @@ class ActorRef:
                 async with asyncio.timeout_at(deadline):
                     await cell.wait_for_room()
             except TimeoutError:
-                raise _timed_out(self, timeout, message) from None
+                raise _timed_out(self._cell.label, timeout, message) from None
             if not cell.accepting:
                 raise self._stopped(message)
         fut = loop.create_future()

@@ -52,7 +52,8 @@ class Reply:
     def _ended(self, future: asyncio.Future[Any]) -> None:
         self._future = None
         if self._cell is not None:
-            self._cell.replies.discard(self)
+            if self in self._cell.replies:
+                self._cell.replies.discard(self)  # type: ignore[union-attr]
             self._cell = None
 
     @property
@@ -93,7 +94,8 @@ class Reply:
     def _release(self) -> asyncio.Future[Any] | None:
         fut = self._future
         if self._cell is not None:
-            self._cell.replies.discard(self)
+            if self in self._cell.replies:
+                self._cell.replies.discard(self)  # type: ignore[union-attr]
             self._cell = None
         if fut is None or fut.done():
             return None

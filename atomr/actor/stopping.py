@@ -8,6 +8,7 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .empty import NONE
 from .errors import ActorStoppedError
 from .messages import PoisonPill, Terminated
 
@@ -52,8 +53,8 @@ def discard(cell: ActorCell, reason: str) -> None:
     cell.children.clear()
     fail_pending(cell, ActorStoppedError(f"{cell.label} {reason}"))
     unwatch_all(cell)
-    if not cell.stopped.done():
-        cell.stopped.set_result(None)
+    cell.mark_stopped()
+    cell.release()
 
 
 async def cancel_tasks(cell: ActorCell) -> None:
@@ -104,34 +105,40 @@ async def shutdown(cell: ActorCell) -> None:
     unwatch_all(cell)
     terminated = Terminated(cell.ref)
     for watcher in list(cell.watchers):
-        watcher.watching.discard(cell)
+        watcher.watching.discard(cell)  # type: ignore[union-attr]
         watcher.post_internal(terminated)
-    cell.watchers.clear()
-    if not cell.stopped.done():
-        cell.stopped.set_result(None)
+    cell.watchers = NONE
+    cell.mark_stopped()
+    cell.release()
 
 
 def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
     """Fail what still waits on the dead ``cell``: queued and stashed messages
     become dead letters (a PoisonPill is no loss), their asks and deferred
     replies get `stopped`, senders blocked on a full mailbox are woken."""
-    for queue in (cell.queue, cell.stash):
-        while queue:
-            env = queue.popleft()
-            if env[0].__class__ is not PoisonPill:
-                cell.dead_letter(env[0], env[1], "stopped")
-            reply = env[2]
-            if reply is not None and not reply.done():
-                reply.set_exception(stopped)
-    cell.sysq.clear()
+    pending = list(cell.queue)
+    pending += cell.stash
+    cell.queue.clear()
+    cell.stash = ()
+    for env in pending:
+        if env[0].__class__ is not PoisonPill:
+            cell.dead_letter(env[0], env[1], "stopped")
+        reply = env[2]
+        if reply is not None and not reply.done():
+            reply.set_exception(stopped)
+    cell.sysq = ()
     for deferred in list(cell.replies):
         deferred.set_exception(stopped)
-    cell.replies.clear()
+    cell.replies = NONE
+    if cell.ask_lanes is not None:
+        for lane in cell.ask_lanes.values():
+            lane.close()
+        cell.ask_lanes = None
     cell.mailbox.wake_all()
 
 
 def unwatch_all(cell: ActorCell) -> None:
     """Stop watching every actor this one watches."""
     for target in cell.watching:
-        target.watchers.discard(cell)
-    cell.watching.clear()
+        target.watchers.discard(cell)  # type: ignore[union-attr]
+    cell.watching = NONE

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .empty import NONE
 from .errors import bounded_repr
 from .stopping import cancel_tasks, maybe_await, stop_children
 from .supervision import Directive, SupervisorStrategy
@@ -47,8 +48,11 @@ def decide(strategy: SupervisorStrategy, child: ActorCell, error: BaseException)
     except Exception:
         logger.exception("supervisor decider failed for %s; escalating", child.label)
         return Directive.ESCALATE
+    if child.restart_times.__class__ is tuple:
+        child.restart_times = []
     if directive is Directive.RESTART and not strategy.allows_restart(
-        child.restart_times, child.scheduler.time()
+        child.restart_times,  # type: ignore[arg-type]
+        child.scheduler.time(),
     ):
         logger.warning("%s exceeded %s; stopping it", child.label, strategy)
         return Directive.STOP
@@ -74,7 +78,7 @@ async def process_system(cell: ActorCell) -> None:
     """Handle the queued system messages (failed task, restart, resume)."""
     sysq = cell.sysq
     while sysq and not cell.stop_requested:
-        kind, arg = sysq.popleft()
+        kind, arg = sysq.pop(0)
         if kind == "failed":
             await handle_failure(cell, arg, None)
         elif kind == "restart":
@@ -141,14 +145,14 @@ async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
     # askers to hang until their timeouts
     for deferred in list(cell.replies):
         deferred.set_exception(error)
-    cell.replies.clear()
+    cell.replies = NONE
     try:
         await maybe_await(old.pre_restart(error, message))
     except Exception:
         logger.exception("pre_restart of %s failed", cell.label)
     if cell.stash:
         cell.queue.extendleft(reversed(cell.stash))
-        cell.stash.clear()
+        cell.stash = ()
     try:
         instance = cell.new_instance()
         await maybe_await(instance.post_restart(error))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
@@ -94,7 +93,7 @@ class SupervisorStrategy:
         """
         return self.decide(error)
 
-    def allows_restart(self, history: deque[float], now: float) -> bool:
+    def allows_restart(self, history: list[float], now: float) -> bool:
         """Record a restart at ``now`` in ``history`` if the window allows it.
 
         Args:
@@ -107,8 +106,10 @@ class SupervisorStrategy:
             return True
         if self.within is not None:
             horizon = now - self.within
-            while history and history[0] < horizon:
-                history.popleft()
+            expired = 0
+            while expired < len(history) and history[expired] < horizon:
+                expired += 1
+            del history[:expired]
         if len(history) >= self.max_restarts:
             return False
         history.append(now)

@@ -151,9 +151,12 @@ def check_delay(name: str, value: float, allow_zero: bool) -> float:
 class TimerSet:
     """The live timers of one owner (an actor or the system), cancelled together."""
 
+    __slots__ = ("_keyed", "_timers")
+
     def __init__(self) -> None:
-        self._timers: set[Cancellable] = set()
-        self._keyed: dict[Hashable, Cancellable] = {}
+        # made on the first schedule: most actors never start a timer
+        self._timers: set[Cancellable] | None = None
+        self._keyed: dict[Hashable, Cancellable] | None = None
 
     def schedule(
         self,
@@ -179,9 +182,11 @@ class TimerSet:
             hash(key)
             self.cancel(key)
         timer = Cancellable(self, scheduler, target, message, delay, interval, key)
+        if self._timers is None:
+            self._timers, self._keyed = set(), {}
         self._timers.add(timer)
         if key is not None:
-            self._keyed[key] = timer
+            self._keyed[key] = timer  # type: ignore[index]
         return timer
 
     def cancel(self, key: Hashable) -> bool:
@@ -190,16 +195,19 @@ class TimerSet:
         Returns:
             False if there is none, or its message was already received.
         """
-        timer = self._keyed.get(key)
+        timer = self._keyed.get(key) if self._keyed is not None else None
         return timer.cancel() if timer is not None else False
 
     def fired(self, timer: Cancellable) -> None:
         """A one-shot ``timer`` fired: no longer live, but its key still finds it
         (its message may wait in the mailbox, to be taken back if it is replaced)."""
-        self._timers.discard(timer)
+        if self._timers is not None:
+            self._timers.discard(timer)
 
     def forget(self, timer: Cancellable) -> None:
         """Drop ``timer`` for good (cancelled)."""
+        if self._timers is None or self._keyed is None:
+            return
         self._timers.discard(timer)
         if timer.key is not None and self._keyed.get(timer.key) is timer:
             del self._keyed[timer.key]
@@ -209,13 +217,13 @@ class TimerSet:
         over its mailbox, every queued message of a timer of this set (those of
         one-shot timers that already fired included: an actor's restart).
         """
-        for timer in list(self._timers):
-            timer._stop()
-        self._timers.clear()
-        self._keyed.clear()
+        if self._timers is not None:
+            for timer in list(self._timers):
+                timer._stop()
+            self._timers = self._keyed = None
         if target is not None:
             for timer in target.remove_ticks(lambda timer: timer.timers is self):
                 timer._cancelled = True
 
     def __len__(self) -> int:
-        return len(self._timers)
+        return len(self._timers) if self._timers is not None else 0

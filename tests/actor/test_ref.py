@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
 import pytest
@@ -99,6 +100,73 @@ async def test_ask_timeout_raises(actor_system: ActorSystem) -> None:
     with pytest.raises(AskTimeoutError, match="timed out after 0.05"):
         await ref.ask("x", timeout=0.05)
     assert isinstance(AskTimeoutError(), TimeoutError)
+
+
+class HoldsFirst(Actor):
+    """Defers its answer to "hold" (until "release"); echoes everything else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: Any = None
+
+    def receive(self, message: Any) -> Any:
+        if message == "hold":
+            self.held = self.context.defer()
+            return None
+        if message == "release":
+            self.held.set_result("held")
+        return message
+
+
+async def test_asks_sharing_a_timeout_each_expire_at_their_own_deadline(
+    actor_system: ActorSystem,
+) -> None:
+    # Asks with one timeout share one timer: answered ones must not move the
+    # deadline of those still pending, and each times out on time.
+    loop = asyncio.get_running_loop()
+    ref = actor_system.spawn(Props(HoldsFirst))
+    held = asyncio.ensure_future(ref.ask("hold", timeout=0.3))
+    for i in range(50):
+        assert await ref.ask(i, timeout=0.3) == i
+    await asyncio.sleep(0.05)
+    started = loop.time()
+    late = asyncio.ensure_future(ref.ask("hold", timeout=0.3))
+    with pytest.raises(AskTimeoutError, match="timed out after 0.3"):
+        await held
+    with pytest.raises(AskTimeoutError, match="timed out after 0.3"):
+        await late
+    assert 0.29 <= loop.time() - started < 0.45  # the second one's own deadline
+
+
+async def test_answered_asks_are_not_kept_behind_a_pending_one(
+    actor_system: ActorSystem,
+) -> None:
+    # A deferred ask at the head of the shared deadline queue must not keep
+    # the messages of the thousands answered after it alive until it ends.
+    class Message:
+        pass
+
+    ref = actor_system.spawn(Props(HoldsFirst))
+    held = asyncio.ensure_future(ref.ask("hold", timeout=30.0))
+    alive = weakref.WeakSet[Message]()
+    for _ in range(5000):
+        message = Message()
+        alive.add(message)
+        await ref.ask(message, timeout=30.0)
+        del message
+    assert len(alive) < 200  # bounded by the compaction threshold, not by 5000
+    ref.tell("release")
+    assert await held == "held"
+
+
+async def test_ask_timeouts_of_many_values_all_hold(actor_system: ActorSystem) -> None:
+    # More distinct timeouts than shared timers: each still times out.
+    ref = actor_system.spawn(Props(Silent))
+    timeouts = [0.05 + 0.01 * k for k in range(12)]
+    results = await asyncio.gather(
+        *(ref.ask(k, timeout=t) for k, t in enumerate(timeouts)), return_exceptions=True
+    )
+    assert all(isinstance(r, AskTimeoutError) for r in results)
 
 
 async def test_ask_to_stopped_actor_raises_at_once(actor_system: ActorSystem) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from atomr import (
     ActorStoppedError,
     ActorSystem,
     InvalidActorNameError,
+    PoisonPill,
     Props,
 )
 
@@ -369,3 +372,48 @@ async def test_errors_and_refs_name_the_actor_path_and_class(actor_system: Actor
     await ref.stop()
     with pytest.raises(ActorStoppedError, match=r"atomr://test/user/echo \(Echo\)"):
         await ref.ask("late")
+
+
+class _ReportsItself(Actor):
+    def receive(self, message: Any) -> Any:
+        return weakref.ref(self)
+
+
+@pytest.mark.parametrize("ending", ["stop", "poison", "terminate"])
+async def test_a_stopped_actor_is_freed_by_reference_counting_alone(ending: str) -> None:
+    # The cyclic collector's passes over 100 k live actors cost whatever runs
+    # next, so a dead actor must not be left in reference cycles.
+    system = ActorSystem("freed")
+    gc.collect()
+    gc.disable()
+    try:
+        ref = system.spawn(Props(_ReportsItself))
+        instance = await ref.ask("who")
+        ref_alive = weakref.ref(ref)
+        if ending == "stop":
+            await ref.stop()
+        elif ending == "poison":
+            ref.tell(PoisonPill())
+            for _ in range(100):
+                if instance() is None:
+                    break
+                await asyncio.sleep(0.01)
+        else:
+            await system.terminate()
+        del ref
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert instance() is None
+        assert ref_alive() is None
+    finally:
+        gc.enable()
+        await system.terminate()
+
+
+async def test_a_dead_actors_ref_still_names_it_in_dead_letters(actor_system: ActorSystem) -> None:
+    ref = actor_system.spawn(Props(_ReportsItself))
+    await ref.stop()
+    seen: list[Any] = []
+    actor_system.dead_letters.subscribe(seen.append)
+    ref.tell("late")
+    assert seen and seen[-1].recipient is ref and seen[-1].message == "late"

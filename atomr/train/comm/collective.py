@@ -35,13 +35,12 @@ optionally, a second one (`process_collective`) between processes.
 from __future__ import annotations
 
 import abc
-import asyncio
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import numpy as np
 
+from atomr.accel.serial_worker import SerialWorker
 from atomr.train.comm._checks import check_buffers
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.partition import split_bounds
@@ -193,14 +192,12 @@ class HostCollective(Collective):
             backend = cpu_backend()
         self.backend = backend
         self._out: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
-        self._executor: ThreadPoolExecutor | None = None
+        self._thread = SerialWorker("atomr-host-collective")
         self.last_squared_norm = 0.0
         """The squared norm measured by the last `all_reduce(..., scale=s)`."""
 
     async def _run(self, fn: Any, *args: Any) -> Any:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="atomr-host-collective")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await self._thread.run(fn, *args)
 
     def _out_for(self, like: np.ndarray) -> np.ndarray:
         key = (like.shape, like.dtype)
@@ -366,7 +363,5 @@ class HostCollective(Collective):
     def close(self) -> None:
         """Stop the worker thread and drop the output buffers (a later call
         starts a new thread)."""
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False)
+        self._thread.close()
         self._out.clear()

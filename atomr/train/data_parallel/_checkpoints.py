@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorStoppedError, AskTimeoutError, Failure
 from atomr.train._fanout import failed_indices
 from atomr.train.core.checkpoint import (
@@ -28,7 +29,6 @@ from atomr.train.core.checkpoint import (
     save_checkpoint,
 )
 from atomr.train.core.config import TrainerConfig
-from atomr.train.data_parallel._host_thread import HostThread
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import GetState, ReplicaState, SetState
@@ -56,7 +56,7 @@ class Checkpoints:
         options: DataParallelOptions,
         replicas: ReplicaGroup,
         runner: StepRunner,
-        host: HostThread,
+        host: SerialWorker,
     ) -> None:
         self.config = config
         self.options = options

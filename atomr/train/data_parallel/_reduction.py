@@ -28,6 +28,7 @@ from typing import Protocol, cast
 
 import numpy as np
 
+from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef, Failure
 from atomr.train._recovery import ResumedCrashWatch
 from atomr.train.comm.collective import Collective
@@ -35,7 +36,6 @@ from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
-from atomr.train.data_parallel._host_thread import HostThread
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel.messages import GradientResult
 
@@ -117,7 +117,7 @@ class GradientReduction:
         processes: Collective | None,
         replicas: ReplicaGroup,
         watch: ResumedCrashWatch,
-        host: HostThread,
+        host: SerialWorker,
         clip: float | None,
     ) -> None:
         self.collective = collective

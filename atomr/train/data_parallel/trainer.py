@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device
+from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import (
     Actor,
     ActorRef,
@@ -52,7 +53,6 @@ from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.step_checks import evaluation
 from atomr.train.core.validation import validate_batch
 from atomr.train.data_parallel._checkpoints import Checkpoints
-from atomr.train.data_parallel._host_thread import HostThread
 from atomr.train.data_parallel._reduction import GradientReduction
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel._step import StepRunner
@@ -144,7 +144,7 @@ class DataParallelTrainer(Actor):
         self.config, self._initial, self.options = _checked(config, replicas, options)
         self.replicas = ReplicaGroup(worker_deadline(config))
         self._collective, self._close_collective = _collective(self.options, config)
-        self._host = HostThread("atomr-dp-host")
+        self._host = SerialWorker("atomr-dp-host")
         self._resumed = ResumedCrashWatch()
         reduction = GradientReduction(
             self._collective,

@@ -1,0 +1,68 @@
+"""SerialWorker: jobs in order on one thread, errors handed back, close."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from atomr.accel.serial_worker import SerialWorker
+
+
+async def test_jobs_run_in_order_on_one_thread_off_the_loop() -> None:
+    worker = SerialWorker("test-serial")
+    seen: list[tuple[int, int]] = []
+    results = await asyncio.gather(
+        *(worker.run(lambda k=k: seen.append((k, threading.get_ident())) or k) for k in range(50))
+    )
+    worker.close()
+    assert results == list(range(50))
+    assert [k for k, _ in seen] == list(range(50))
+    threads = {t for _, t in seen}
+    assert len(threads) == 1 and threading.get_ident() not in threads
+
+
+async def test_an_error_reaches_the_awaiting_caller() -> None:
+    worker = SerialWorker("test-serial")
+
+    def fails() -> None:
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):
+        await worker.run(fails)
+    assert await worker.run(lambda: 7) == 7  # the thread survives
+    worker.close()
+
+
+async def test_close_cancels_jobs_not_started_and_a_later_job_starts_a_new_thread() -> None:
+    worker = SerialWorker("test-serial")
+    release = threading.Event()
+    started = threading.Event()
+
+    def blocks() -> str:
+        started.set()
+        assert release.wait(30)
+        return "ran"
+
+    running = worker.submit(blocks)
+    queued = worker.submit(lambda: "never")
+    assert await asyncio.to_thread(started.wait, 30)
+    worker.close()
+    release.set()
+    assert await running == "ran"  # the running job finishes
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert await worker.run(lambda: "again") == "again"
+    worker.close()
+
+
+async def test_a_failed_initializer_fails_every_job() -> None:
+    def no_device() -> None:
+        raise RuntimeError("no such device")
+
+    worker = SerialWorker("test-serial", no_device)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="no such device"):
+            await worker.run(lambda: 1)
+    worker.close()

@@ -54,6 +54,7 @@ from atomr.train.comm.mpi._buffers import (
 from atomr.train.comm.mpi._driver import OperationDriver
 from atomr.train.comm.mpi._notes import FailureNotes
 from atomr.train.comm.mpi.errors import CollectiveError, CollectiveTimeoutError, RankFailedError
+from atomr.train.comm.mpi.startup import StartupDeadline
 from atomr.train.comm.mpi.watchdog import watch_launcher
 from atomr.train.core.partition import split_bounds
 
@@ -97,7 +98,10 @@ class MpiCollective(Collective):
         timeout: seconds an operation may take, from the moment it starts
             (after the operations queued before it), before it fails with
             `CollectiveTimeoutError` naming the ranks that never joined; None
-            waits forever.
+            waits forever. It also bounds start-up (MPI's init and the
+            communicator duplication, which wait for every rank): past it,
+            this process writes which ranks never arrived to stderr and exits
+            with `STARTUP_TIMEOUT_EXIT_CODE` (`startup.py`).
 
     Raises:
         ImportError: mpi4py is not installed (`pip install 'atomr[mpi]'`).
@@ -110,6 +114,8 @@ class MpiCollective(Collective):
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive or None, got {timeout}")
         watch_launcher()  # exit if the `atomr launch` that started this rank dies
+        # MPI's init and the Dups below block until every rank gets there
+        startup = StartupDeadline(timeout)
         mpi = import_mpi()
         self._mpi = mpi
         level = mpi.Query_thread()
@@ -121,6 +127,7 @@ class MpiCollective(Collective):
         base = mpi.COMM_WORLD if comm is None else comm
         self._comm = base.Dup()
         self._ctl = base.Dup()
+        startup.done()
         for c in (self._comm, self._ctl):
             c.Set_errhandler(mpi.ERRORS_RETURN)
         self.rank: int = self._comm.Get_rank()

@@ -22,11 +22,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from atomr.train.comm.mpi.startup import (
+    STARTUP_DIR_ENV,
+    STARTUP_TIMEOUT_EXIT_CODE,
+    failure_reports,
+)
 from atomr.train.comm.mpi.watchdog import LAUNCHER_PID_ENV
 
 __all__ = [
@@ -46,6 +52,22 @@ INTERRUPTED_EXIT_CODE = 130
 TERMINATE_GRACE_S = 10.0
 # Signals on the launcher that end the whole job (the launcher then exits 128 + signum).
 _ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+# How often the launcher looks for start-up failures while the job runs.
+_STARTUP_POLL_S = 0.5
+
+
+def _poll_s(remaining: float | None) -> float:
+    return _STARTUP_POLL_S if remaining is None else min(remaining, _STARTUP_POLL_S)
+
+
+class _StartupFailed(Exception):
+    """A rank's MPI start-up ran out of time (see `startup.py`)."""
+
+    def __init__(self, reports: list[str]) -> None:
+        super().__init__("; ".join(reports))
+        self.reports = reports
 
 
 class _JobEnded(Exception):
@@ -142,7 +164,12 @@ def run_mpiexec(
     job: SIGTERM to its process group, SIGKILL after `TERMINATE_GRACE_S`;
     the return code is then 128 + the signal number. The job's environment
     names this process (`LAUNCHER_PID_ENV`): if it is SIGKILLed, each rank's
-    `watch_launcher` ends that rank.
+    `watch_launcher` ends that rank. It also names a fresh directory
+    (`STARTUP_DIR_ENV`) where ranks mark their MPI start-up: when a rank's
+    start-up runs past its deadline (`startup.py`: a rank frozen before MPI's
+    init blocks the others inside it), the job is ended and the return code
+    is `STARTUP_TIMEOUT_EXIT_CODE`, with the ranks that never arrived named
+    on stderr.
 
     Args:
         n: number of processes, >= 1.
@@ -160,23 +187,38 @@ def run_mpiexec(
     """
     cmd = mpiexec_command(n, program, report_failures=report_failures)
     pipe = subprocess.PIPE if capture else None
-    with subprocess.Popen(
-        cmd,
-        stdout=pipe,
-        stderr=pipe,
-        text=True,
-        env={**(os.environ if env is None else env), LAUNCHER_PID_ENV: str(os.getpid())},
-        start_new_session=True,
-    ) as proc:
+    with (
+        tempfile.TemporaryDirectory(prefix="atomr-startup-") as startup_dir,
+        subprocess.Popen(
+            cmd,
+            stdout=pipe,
+            stderr=pipe,
+            text=True,
+            env={
+                **(os.environ if env is None else env),
+                LAUNCHER_PID_ENV: str(os.getpid()),
+                STARTUP_DIR_ENV: startup_dir,
+            },
+            start_new_session=True,
+        ) as proc,
+    ):
         try:
             with _signals_end_the_job():
-                out, err, interrupts = _wait_passing_on_ctrl_c(proc, timeout)
+                out, err, interrupts = _wait_passing_on_ctrl_c(proc, timeout, Path(startup_dir))
             code = proc.returncode
             if interrupts >= 2:  # hydra's forced abort reports 0 or 1
                 code = INTERRUPTED_EXIT_CODE
+            elif failure_reports(Path(startup_dir)):
+                code = STARTUP_TIMEOUT_EXIT_CODE  # hydra ended the job itself
         except _JobEnded as ended:
             out, err = _end_job(proc)
             code = 128 + ended.signum
+        except _StartupFailed as failed:
+            out, err = _end_job(proc)
+            code = STARTUP_TIMEOUT_EXIT_CODE
+            err = (err or "") + "\n" + "\n".join(failed.reports) + "\n"
+            if not capture:
+                print("\n".join(failed.reports), file=sys.stderr)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -224,9 +266,10 @@ def _end_job(proc: subprocess.Popen[str]) -> tuple[str | None, str | None]:
 
 
 def _wait_passing_on_ctrl_c(
-    proc: subprocess.Popen[str], timeout: float | None
+    proc: subprocess.Popen[str], timeout: float | None, startup_dir: Path
 ) -> tuple[str | None, str | None, int]:
-    """`proc.communicate(timeout)`, passing each Ctrl-C on to the job.
+    """`proc.communicate(timeout)`, passing each Ctrl-C on to the job, and
+    watching `startup_dir` for ranks whose MPI start-up ran out of time.
 
     The job runs in its own session, so the terminal's Ctrl-C reaches only
     this process: without this the ranks would go on running unseen.
@@ -236,13 +279,21 @@ def _wait_passing_on_ctrl_c(
 
     Raises:
         subprocess.TimeoutExpired: the job outlived `timeout`.
+        _StartupFailed: a rank reported a start-up timeout.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     interrupts = 0
     while True:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            out, err = proc.communicate(timeout=remaining)
+            out, err = proc.communicate(timeout=_poll_s(remaining))
+        except subprocess.TimeoutExpired:
+            reports = failure_reports(startup_dir)
+            if reports:
+                raise _StartupFailed(reports) from None
+            if remaining is not None and remaining <= _STARTUP_POLL_S:
+                raise
+            continue
         except KeyboardInterrupt:
             interrupts += 1
             with contextlib.suppress(ProcessLookupError):

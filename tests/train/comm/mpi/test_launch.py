@@ -15,6 +15,7 @@ import pytest
 from atomr.train.comm.mpi import job as distributed
 from atomr.train.comm.mpi import launch
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError, shard_for_rank
+from atomr.train.comm.mpi.startup import STARTUP_TIMEOUT_EXIT_CODE
 from tests.train.mpi_scripts.harness import HERE, require_mpi
 
 pytestmark = pytest.mark.mpi
@@ -295,3 +296,43 @@ def test_module_exports() -> None:
         distributed.__all__
     )
     assert "launch" in launch.__all__
+
+
+@pytest.mark.mpi
+def test_a_rank_frozen_before_mpi_start_up_is_named_and_the_job_ends(tmp_path: Path) -> None:
+    # Rank 1 freezes before MPI's init; rank 0 would wait inside MPI_Init for
+    # ever. Its start-up deadline (the collective's timeout) must end the job
+    # and name rank 1, long before the launcher's own timeout.
+    require_mpi()
+    script = tmp_path / "frozen.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['PMI_RANK'] == '1':\n"
+        "    time.sleep(600)\n"
+        "from atomr.train.comm.mpi.collective import MpiCollective\n"
+        "MpiCollective(timeout=3)\n"
+        "print('started', flush=True)\n"
+    )
+    started = time.monotonic()
+    done = launch.run_mpiexec(2, [sys.executable, str(script)], timeout=120, capture=True)
+    assert done.returncode == STARTUP_TIMEOUT_EXIT_CODE
+    assert time.monotonic() - started < 60
+    assert "rank 0: MPI start-up did not finish within 3 s" in done.stderr
+    assert "rank 1 never reached it" in done.stderr
+    assert "started" not in done.stdout
+
+
+@pytest.mark.mpi
+def test_start_up_within_the_deadline_leaves_the_job_alone(tmp_path: Path) -> None:
+    require_mpi()
+    script = tmp_path / "fine.py"
+    script.write_text(
+        "import asyncio, sys, numpy as np\n"
+        "from atomr.train.comm.mpi.collective import MpiCollective\n"
+        "coll = MpiCollective(timeout=30)\n"
+        "out = asyncio.run(coll.all_reduce(np.ones(4, dtype=np.float32)))\n"
+        "sys.stdout.write(f'sum {out[0]}\\n')  # one write: ranks' lines interleave\n"
+    )
+    done = launch.run_mpiexec(2, [sys.executable, str(script)], timeout=120, capture=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("sum 2.0") == 2

@@ -11,6 +11,11 @@ Figures (median seconds per step over `--repeat` steps, after a warm-up):
   directly on the main thread.
 - `trainer_step`: `await trainer.ask(Step(x, y))` on a `Trainer` actor on
   "cpu:0": validation, the math on the device's worker thread, messaging.
+- `update_s`: the optimizer's fused update alone, out of place as the
+  `Trainer` applies it (`Optimizer.step_into`). The
+  check that every new weight is finite is one compare per weight inside
+  that kernel's loop, so `finiteness_check_share_at_most` (update / step)
+  bounds the check's share of a step from above (issue 17 asks <= 2 %).
 
 Ratios are atomr / NumPy (lower is better; target <= 1.05).
 
@@ -152,12 +157,19 @@ def main() -> None:
     # interleave the measurements so drifts in machine load hit both alike
     params = model.get_params()
     work = Mlp.from_params(SIZES, params)
-    results: dict[str, list[float]] = {"numpy": [], "mlp": [], "trainer": []}
+    spare_out = np.empty_like(work.params)  # the Trainer's update is out of place
+    results: dict[str, list[float]] = {"numpy": [], "mlp": [], "trainer": [], "update": []}
     for _ in range(3):
         results["numpy"].append(timed(lambda: numpy_step(params, x, y), args.repeat))
         results["mlp"].append(timed(lambda: mlp_step(work, opt, x, y), args.repeat))
         results["trainer"].append(asyncio.run(trainer_time(model, x, y, args.repeat)))
+        results["update"].append(
+            timed(lambda: opt.step_into(work.params, work.grads, spare_out, {}), args.repeat)
+        )
     t_np, t_mlp, t_tr = (min(results[k]) for k in ("numpy", "mlp", "trainer"))
+    # The finiteness check is one compare per weight inside the optimizer
+    # kernel's own loop: the whole fused update bounds its cost from above.
+    t_update = min(results["update"])
     print(
         json.dumps(
             {
@@ -173,6 +185,8 @@ def main() -> None:
                 "trainer_step_s": round(t_tr, 6),
                 "mlp_ratio": round(t_mlp / t_np, 3),
                 "trainer_ratio": round(t_tr / t_np, 3),
+                "update_s": round(t_update, 6),
+                "finiteness_check_share_at_most": round(t_update / t_mlp, 4),
                 "check": {
                     "loss": [loss_a, loss_b],
                     "grad_norm": [norm_a, norm_b],

@@ -25,6 +25,7 @@ __all__ = [
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LOSSES = ("cross_entropy", "mse")
 SCHEDULES = ("gpipe", "1f1b")
+LR_SCHEDULES = ("constant", "cosine", "step")
 DATASETS = ("digits", "synthetic")
 BENCH_SUITES = ("messaging", "kernels", "train", "all")
 ACTIVATIONS = ("relu", "tanh", "gelu")
@@ -125,6 +126,20 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     opt.add_argument(
         "--seed", type=int, default=0, help="model init, split and shuffle seed (>= 0)"
+    )
+    opt.add_argument(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        default="constant",
+        help="learning-rate schedule over the run, stepped every update: cosine (to 0 at "
+        "the last step), step (x0.1 at each third of the epochs), constant (default)",
+    )
+    opt.add_argument(
+        "--warmup-epochs",
+        type=int,
+        default=0,
+        metavar="K",
+        help="linear warm-up from 0.1 x --lr over the first K epochs (default: 0)",
     )
 
     data = p.add_argument_group("data")

@@ -18,6 +18,13 @@ from atomr.cli.errors import CliError
 from atomr.cli.strategies import STRATEGIES
 from atomr.train import LossKind, OptimizerKind, TrainerConfig
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
+from atomr.train.core.schedule import (
+    CosineAnnealingLR,
+    LinearLR,
+    LrSchedule,
+    SequentialLR,
+    StepLR,
+)
 
 __all__ = ["RunConfig", "default_lr", "parse_devices", "parse_hidden"]
 
@@ -190,6 +197,8 @@ class RunConfig:
     loss: str
     clip: float | None
     seed: int
+    lr_schedule: str
+    warmup_epochs: int
     dataset: str
     samples: int
     features: int
@@ -223,6 +232,10 @@ class RunConfig:
         momentum = _DEFAULT_MOMENTUM if args.momentum is None else args.momentum
         if not (math.isfinite(momentum) and 0 <= momentum < 1):
             raise CliError(f"--momentum must be in [0, 1), got {args.momentum}")
+        if not 0 <= args.warmup_epochs < args.epochs:
+            raise CliError(
+                f"--warmup-epochs must be >= 0 and less than --epochs, got {args.warmup_epochs}"
+            )
         if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
             raise CliError(f"--clip must be positive and finite, got {args.clip}")
         if args.distributed and args.strategy not in ("data", "single"):
@@ -270,6 +283,8 @@ class RunConfig:
             loss=args.loss,
             clip=args.clip,
             seed=args.seed,
+            lr_schedule=args.lr_schedule,
+            warmup_epochs=args.warmup_epochs,
             dataset=args.dataset,
             **{
                 k: v if getattr(args, k) is None else getattr(args, k)
@@ -285,8 +300,26 @@ class RunConfig:
             dist=dist,
         )
 
-    def trainer_config(self) -> TrainerConfig:
-        """The `TrainerConfig` (optimizer, loss, clipping) of this run."""
+    def lr_schedule_for(self, steps_per_epoch: int) -> LrSchedule | None:
+        """The learning-rate schedule of `--lr-schedule` and `--warmup-epochs`
+        over `epochs * steps_per_epoch` updates (None: constant)."""
+        total = self.epochs * steps_per_epoch
+        warm = self.warmup_epochs * steps_per_epoch
+        after: LrSchedule | None = None
+        if self.lr_schedule == "cosine":
+            after = CosineAnnealingLR(total - warm)
+        elif self.lr_schedule == "step":
+            after = StepLR(max(1, (total - warm) // 3), 0.1)
+        if not warm:
+            return after
+        warmup = LinearLR(0.1, 1.0, warm)
+        if after is None:
+            return warmup
+        return SequentialLR((warmup, after), (warm,))
+
+    def trainer_config(self, steps_per_epoch: int = 1) -> TrainerConfig:
+        """The `TrainerConfig` (optimizer, loss, clipping, learning-rate
+        schedule over `steps_per_epoch` updates an epoch) of this run."""
         if self.optimizer == "sgd":
             opt = OptimizerKind.sgd(self.lr, momentum=self.momentum)
         elif self.optimizer == "adam":
@@ -294,7 +327,8 @@ class RunConfig:
         else:
             opt = OptimizerKind.adamw(self.lr)
         loss = LossKind.MSE if self.loss == "mse" else LossKind.CROSS_ENTROPY
-        return TrainerConfig(opt, loss, gradient_clip=self.clip)
+        schedule = self.lr_schedule_for(steps_per_epoch)
+        return TrainerConfig(opt, loss, gradient_clip=self.clip, schedule=schedule)
 
     def data_options(self) -> dict[str, Any]:
         """The options that fix the data and its order (a resumed run must match them)."""

@@ -55,7 +55,7 @@ def _resume_position(run: RunConfig, path: Path, steps: int, history: History) -
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
     _check_model_options(run, ckpt, list(history.config["sizes"]))
-    _check_optimizer_options(run, ckpt)
+    _check_optimizer_options(run, ckpt, steps)
     position = FitPosition(ckpt.step // steps, ckpt.step % steps, ckpt.step)
     side = history_path_for(path)
     if not side.is_file():  # a checkpoint saved by a script: nothing more to restore
@@ -109,15 +109,21 @@ def _check_model_options(run: RunConfig, ckpt: Checkpoint, sizes: list[int]) -> 
     )
 
 
-def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint) -> None:
-    """Refuse to resume with other `--optimizer`, `--lr` or (SGD) `--momentum`
-    values than the checkpoint's: loading a checkpoint restores its optimizer's
-    hyper-parameters, so different values would be silently ignored."""
+def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint, steps: int) -> None:
+    """Refuse to resume with other `--optimizer`, `--lr`, (SGD) `--momentum`
+    or learning-rate schedule than the checkpoint's: loading a checkpoint
+    restores its optimizer's hyper-parameters and schedule, so different
+    values would be silently ignored."""
     saved = ckpt.optimizer.get("kind")
     if not isinstance(saved, dict):
         return  # malformed state: the trainer's LoadCheckpoint reports it
-    mine = run.trainer_config().optimizer
-    flags = {"--optimizer": ("name", mine.name), "--lr": ("lr", mine.lr)}
+    mine = run.trainer_config(steps).optimizer
+    schedule = None if mine.schedule is None else mine.schedule.to_config()
+    flags = {
+        "--optimizer": ("name", mine.name),
+        "--lr": ("lr", mine.lr),
+        "--lr-schedule, --warmup-epochs and --epochs": ("schedule", schedule),
+    }
     if mine.name == "sgd":
         flags["--momentum"] = ("momentum", mine.momentum)
     for flag, (key, value) in flags.items():
@@ -193,7 +199,8 @@ async def _train(
     stop: StopFlag,
 ) -> str:
     model = Mlp(list(history.config["sizes"]), activation=run.activation, seed=run.seed)
-    trainer, job = await spawn_trainer(system, run, model, run.trainer_config())
+    config = run.trainer_config(_steps_per_epoch(run, data))
+    trainer, job = await spawn_trainer(system, run, model, config)
     if run.resume is not None:
         await job.load(trainer, run.resume)
     keeper = _HistoryKeeper(run, history, job.is_root)

@@ -7,6 +7,7 @@ from numbers import Real
 
 from atomr.train.core.loss import LossKind
 from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.schedule import LrSchedule
 
 __all__ = ["TrainerConfig", "check_update_rule"]
 
@@ -54,13 +55,19 @@ class TrainerConfig:
         worker_timeout: seconds a trainer waits for any one reply of its
             workers (replicas, shards, stages, servers) before it fails the
             request; None waits forever, explicitly.
+        schedule: a learning-rate schedule (`atomr.train.core.schedule`),
+            stepped once per optimizer update by every trainer; it is folded
+            into `optimizer` (`optimizer.schedule`), which every worker's
+            optimizer and every checkpoint carries, so a resumed run goes on
+            with the schedule exactly.
 
     Raises:
-        TypeError: `optimizer` or `loss` has the wrong type, or
-            `worker_timeout` is not a number or None.
+        TypeError: `optimizer` or `loss` has the wrong type,
+            `worker_timeout` is not a number or None, or `schedule` is not an
+            `LrSchedule`.
         ValueError: `gradient_clip` is not positive and finite,
-            `accumulation_steps < 1`, or `worker_timeout` is not positive
-            and finite.
+            `accumulation_steps < 1`, `worker_timeout` is not positive
+            and finite, or both `schedule` and `optimizer.schedule` are set.
     """
 
     optimizer: OptimizerKind
@@ -68,9 +75,16 @@ class TrainerConfig:
     gradient_clip: float | None = None
     accumulation_steps: int = 1
     worker_timeout: float | None = 120.0
+    schedule: LrSchedule | None = None
 
     def __post_init__(self) -> None:
         check_update_rule(self.optimizer, self.loss, self.gradient_clip)
+        if self.schedule is not None:
+            if self.optimizer.schedule not in (None, self.schedule):
+                raise ValueError(
+                    "schedule given twice (TrainerConfig.schedule and optimizer.schedule)"
+                )
+            object.__setattr__(self, "optimizer", self.optimizer.with_schedule(self.schedule))
         if (
             isinstance(self.accumulation_steps, bool)
             or not isinstance(self.accumulation_steps, int)

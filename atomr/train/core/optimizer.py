@@ -32,6 +32,7 @@ import numpy as np
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.errors import NonFiniteError
+from atomr.train.core.schedule import LrSchedule, schedule_from_config
 
 __all__ = ["Adam", "Optimizer", "OptimizerKind", "Sgd"]
 
@@ -55,14 +56,18 @@ class OptimizerKind:
         momentum, dampening, nesterov: SGD only.
         betas, eps: Adam and AdamW only.
         weight_decay: L2 penalty (SGD, Adam) or decoupled decay (AdamW).
-        hyperparameters: the validated values, as the update kernel takes them.
+        schedule: a learning-rate schedule (`atomr.train.core.schedule`), or
+            None for a constant `lr`; update `t` uses `schedule.lr(lr, t - 1)`.
+        hyperparameters: the validated values, as the update kernel takes them
+            (at the base `lr`; `hyperparameters_at` gives an update's own).
 
     Raises:
         ValueError: an unknown name; a value that is negative, NaN or
             infinite in float32; betas outside [0, 1); nesterov without
             momentum or with dampening; a setting of the other rule
             (momentum for Adam, betas for SGD) that is not its default.
-        TypeError: a value that is not a number.
+        TypeError: a value that is not a number; a schedule that is not an
+            `LrSchedule`.
     """
 
     name: str
@@ -73,9 +78,12 @@ class OptimizerKind:
     nesterov: bool = False
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    schedule: LrSchedule | None = None
     hyperparameters: SgdHyperparameters | AdamHyperparameters = field(
         init=False, repr=False, compare=False
     )
+    # the hyper-parameters of the last scheduled learning rate asked for
+    _scheduled: tuple[float, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.name not in _KINDS:
@@ -95,6 +103,9 @@ class OptimizerKind:
                 self.lr, b1, b2, self.eps, self.weight_decay, decoupled=self.name == "adamw"
             )
         object.__setattr__(self, "hyperparameters", hyper)
+        object.__setattr__(self, "_scheduled", (self.lr, hyper))
+        if self.schedule is not None and not isinstance(self.schedule, LrSchedule):
+            raise TypeError(f"schedule must be an LrSchedule, got {type(self.schedule).__name__}")
 
     def _refuse_settings_of_other_rule(self, defaults: dict[str, Any]) -> None:
         for setting, default in defaults.items():
@@ -168,6 +179,38 @@ class OptimizerKind:
         """The same rule with another learning rate."""
         return replace(self, lr=float(lr))
 
+    def with_schedule(self, schedule: LrSchedule | None) -> OptimizerKind:
+        """The same rule with a learning-rate schedule (None: constant `lr`).
+
+        Raises:
+            TypeError: not an `LrSchedule`.
+        """
+        return replace(self, schedule=schedule)
+
+    def lr_at(self, epoch: int) -> float:
+        """The learning rate of the update made after `epoch` updates."""
+        return self.lr if self.schedule is None else self.schedule.lr(self.lr, epoch)
+
+    def hyperparameters_at(self, epoch: int) -> SgdHyperparameters | AdamHyperparameters:
+        """The kernel's hyper-parameters for the update made after `epoch`
+        updates (the base ones without a schedule).
+
+        Raises:
+            ValueError: the scheduled learning rate is out of range in float32
+                (a growing schedule); nothing is updated.
+        """
+        if self.schedule is None:
+            return self.hyperparameters
+        lr = self.schedule.lr(self.lr, epoch)
+        last_lr, hyper = self._scheduled
+        if lr != last_lr:
+            try:
+                hyper = replace(self.hyperparameters, lr=lr)
+            except ValueError as exc:
+                raise ValueError(f"update {epoch + 1}: scheduled {exc}") from None
+            object.__setattr__(self, "_scheduled", (lr, hyper))
+        return hyper
+
     def create(self, n: int, backend: Any = None, dtype: Any = np.float32) -> Optimizer:
         """The optimizer state for `n` parameters.
 
@@ -192,8 +235,9 @@ class OptimizerKind:
         return Adam(self, n, backend, np.dtype(dtype))
 
     def to_config(self) -> dict[str, Any]:
-        """A JSON-serialisable description (checkpoints, the CLI)."""
-        return {
+        """A JSON-serialisable description (checkpoints, the CLI); the
+        schedule's key is present only when there is one."""
+        config: dict[str, Any] = {
             "name": self.name,
             "lr": self.lr,
             "momentum": self.momentum,
@@ -203,6 +247,9 @@ class OptimizerKind:
             "betas": list(self.betas),
             "eps": self.eps,
         }
+        if self.schedule is not None:
+            config["schedule"] = self.schedule.to_config()
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> OptimizerKind:
@@ -213,6 +260,8 @@ class OptimizerKind:
         """
         cfg = dict(config)
         cfg["betas"] = tuple(cfg.get("betas", (0.9, 0.999)))
+        if cfg.get("schedule") is not None:
+            cfg["schedule"] = schedule_from_config(cfg["schedule"])
         return cls(**cfg)
 
 
@@ -267,7 +316,7 @@ class Optimizer:
 
     def _non_finite(self, step: int, outcome: str = "not applied") -> NonFiniteError:
         return NonFiniteError(
-            f"update {step} ({self.kind.name}, lr={self.kind.lr:g}) makes a weight"
+            f"update {step} ({self.kind.name}, lr={self.kind.lr_at(step - 1):g}) makes a weight"
             f" non-finite; {outcome}"
         )
 
@@ -411,7 +460,7 @@ class Sgd(Optimizer):
         buf = params if self.momentum_buffer is None else self.momentum_buffer
         return bool(
             self.backend.sgd_step_unchecked(
-                params, grads, buf, k.hyperparameters, step, params, buf
+                params, grads, buf, k.hyperparameters_at(self.step_count), step, params, buf
             )
         )
 
@@ -436,7 +485,7 @@ class Sgd(Optimizer):
             params,
             grads,
             params if buf is None else buf,
-            k.hyperparameters,
+            k.hyperparameters_at(self.step_count),
             step,
             params_out,
             params_out if out is None else out,
@@ -465,7 +514,7 @@ class Adam(Optimizer):
     def _step_in_place(self, params: Any, grads: Any) -> bool:
         self._check_args("Adam.step", ("grads",), params=params, grads=grads)
         m, v = self.exp_avg, self.exp_avg_sq
-        hyper, step = self.kind.hyperparameters, self.step_count + 1
+        hyper, step = self.kind.hyperparameters_at(self.step_count), self.step_count + 1
         return bool(
             self.backend.adam_step_unchecked(params, grads, m, v, hyper, step, params, m, v)
         )
@@ -486,7 +535,7 @@ class Adam(Optimizer):
             grads,
             self.exp_avg,
             self.exp_avg_sq,
-            self.kind.hyperparameters,
+            self.kind.hyperparameters_at(self.step_count),
             self.step_count + 1,
             params_out,
             m,

@@ -1,0 +1,303 @@
+"""Learning-rate schedules with `torch.optim.lr_scheduler`'s semantics.
+
+A schedule maps the optimizer's base learning rate and an *epoch* to the
+learning rate of an update. As in torch, the epoch counts scheduler steps,
+and the schedule is stepped once per optimizer update: update `t` (1-based)
+uses epoch `t - 1`, so the first update uses the base rate times the
+schedule's factor at 0. Schedules are pure functions of the epoch (the closed
+forms torch documents), so an optimizer's step count is all the state they
+need: replicas, shards, stages and servers agree without messages, and a
+checkpoint (which stores the optimizer's config and step) resumes a schedule
+exactly.
+
+| schedule | learning rate at epoch `e` |
+|---|---|
+| `StepLR(step_size, gamma)` | `base * gamma ** (e // step_size)` |
+| `MultiStepLR(milestones, gamma)` | `base * gamma ** (number of milestones <= e)` |
+| `CosineAnnealingLR(t_max, eta_min)` | `eta_min + (base - eta_min) * (1 + cos(pi * e / t_max)) / 2` |
+| `LinearLR(start_factor, end_factor, total_iters)` | `base * (start + (end - start) * min(e, total_iters) / total_iters)` |
+| `SequentialLR(schedules, milestones)` | schedule `i` from milestone `i - 1` on, its epoch counted from there |
+| `ChainedScheduler(schedules)` | `base *` the product of each schedule's factor (multiplicative ones only) |
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = [
+    "ChainedScheduler",
+    "CosineAnnealingLR",
+    "LinearLR",
+    "LrSchedule",
+    "MultiStepLR",
+    "SequentialLR",
+    "StepLR",
+    "schedule_from_config",
+]
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _finite(name: str, value: object, *, low: float = 0.0, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < low or (strict and number == low):
+        bound = f"> {low:g}" if strict else f">= {low:g}"
+        raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
+    return number
+
+
+class LrSchedule:
+    """The interface of every schedule (see the module docstring)."""
+
+    kind: ClassVar[str]
+    multiplicative: ClassVar[bool] = True  # lr = base * factor(epoch)
+
+    def lr(self, base: float, epoch: int) -> float:
+        """The learning rate at `epoch` (>= 0) for base rate `base`."""
+        raise NotImplementedError
+
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-serialisable description (`schedule_from_config` reverses it)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class StepLR(LrSchedule):
+    """Decay by `gamma` every `step_size` epochs (torch's `StepLR`).
+
+    Raises:
+        ValueError: `step_size` not an integer >= 1, `gamma` negative or not finite.
+    """
+
+    step_size: int
+    gamma: float = 0.1
+    kind: ClassVar[str] = "step"
+
+    def __post_init__(self) -> None:
+        _positive_int("step_size", self.step_size)
+        object.__setattr__(self, "gamma", _finite("gamma", self.gamma))
+
+    def lr(self, base: float, epoch: int) -> float:
+        return base * self.gamma ** (epoch // self.step_size)
+
+    def to_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step_size": self.step_size, "gamma": self.gamma}
+
+
+@dataclass(frozen=True)
+class MultiStepLR(LrSchedule):
+    """Decay by `gamma` at each milestone epoch (torch's `MultiStepLR`).
+
+    Raises:
+        ValueError: milestones empty, not integers >= 1 or not increasing;
+            `gamma` negative or not finite.
+    """
+
+    milestones: tuple[int, ...]
+    gamma: float = 0.1
+    kind: ClassVar[str] = "multistep"
+
+    def __post_init__(self) -> None:
+        milestones = tuple(_positive_int("a milestone", m) for m in self.milestones)
+        if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:], strict=False)):
+            raise ValueError(f"milestones must be increasing and non-empty, got {milestones}")
+        object.__setattr__(self, "milestones", milestones)
+        object.__setattr__(self, "gamma", _finite("gamma", self.gamma))
+
+    def lr(self, base: float, epoch: int) -> float:
+        return base * self.gamma ** bisect.bisect_right(self.milestones, epoch)
+
+    def to_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "milestones": list(self.milestones), "gamma": self.gamma}
+
+
+@dataclass(frozen=True)
+class CosineAnnealingLR(LrSchedule):
+    """Cosine from the base rate down to `eta_min` over `t_max` epochs, then
+    back up (the closed form of torch's `CosineAnnealingLR`).
+
+    Raises:
+        ValueError: `t_max` not an integer >= 1, `eta_min` negative or not finite.
+    """
+
+    t_max: int
+    eta_min: float = 0.0
+    kind: ClassVar[str] = "cosine"
+    multiplicative: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        _positive_int("t_max", self.t_max)
+        object.__setattr__(self, "eta_min", _finite("eta_min", self.eta_min))
+
+    def lr(self, base: float, epoch: int) -> float:
+        cos = math.cos(math.pi * epoch / self.t_max)
+        return self.eta_min + (base - self.eta_min) * (1.0 + cos) / 2.0
+
+    def to_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "t_max": self.t_max, "eta_min": self.eta_min}
+
+
+@dataclass(frozen=True)
+class LinearLR(LrSchedule):
+    """Scale the base rate linearly from `start_factor` to `end_factor` over
+    `total_iters` epochs, then hold it (torch's `LinearLR`; a warm-up).
+
+    Raises:
+        ValueError: `start_factor` not in (0, 1], `end_factor` not in [0, 1],
+            `total_iters` not an integer >= 1 (torch's bounds).
+    """
+
+    start_factor: float = 1.0 / 3.0
+    end_factor: float = 1.0
+    total_iters: int = 5
+    kind: ClassVar[str] = "linear"
+
+    def __post_init__(self) -> None:
+        start = _finite("start_factor", self.start_factor, strict=True)
+        end = _finite("end_factor", self.end_factor)
+        if start > 1.0 or end > 1.0:
+            raise ValueError(f"start_factor and end_factor must be <= 1, got {start}, {end}")
+        _positive_int("total_iters", self.total_iters)
+        object.__setattr__(self, "start_factor", start)
+        object.__setattr__(self, "end_factor", end)
+
+    def lr(self, base: float, epoch: int) -> float:
+        done = min(epoch, self.total_iters) / self.total_iters
+        return base * (self.start_factor + (self.end_factor - self.start_factor) * done)
+
+    def to_config(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "start_factor": self.start_factor,
+            "end_factor": self.end_factor,
+            "total_iters": self.total_iters,
+        }
+
+
+def _schedules(value: Sequence[LrSchedule]) -> tuple[LrSchedule, ...]:
+    schedules = tuple(value)
+    if not schedules or not all(isinstance(s, LrSchedule) for s in schedules):
+        raise TypeError(f"schedules must be a non-empty sequence of schedules, got {value!r}")
+    return schedules
+
+
+@dataclass(frozen=True)
+class SequentialLR(LrSchedule):
+    """Schedule `i` runs from milestone `i - 1` (or 0) to milestone `i`, its
+    epochs counted from its start (torch's `SequentialLR`: warm-up, then decay).
+
+    Raises:
+        TypeError: `schedules` not schedules.
+        ValueError: not exactly `len(schedules) - 1` increasing milestones >= 1.
+    """
+
+    schedules: tuple[LrSchedule, ...]
+    milestones: tuple[int, ...]
+    kind: ClassVar[str] = "sequential"
+    multiplicative: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        schedules = _schedules(self.schedules)
+        milestones = tuple(_positive_int("a milestone", m) for m in self.milestones)
+        if len(milestones) != len(schedules) - 1 or any(
+            b <= a for a, b in zip(milestones, milestones[1:], strict=False)
+        ):
+            raise ValueError(
+                f"SequentialLR needs {len(schedules) - 1} increasing milestones "
+                f"(one between each two schedules), got {milestones}"
+            )
+        object.__setattr__(self, "schedules", schedules)
+        object.__setattr__(self, "milestones", milestones)
+
+    def lr(self, base: float, epoch: int) -> float:
+        index = bisect.bisect_right(self.milestones, epoch)
+        start = self.milestones[index - 1] if index else 0
+        return self.schedules[index].lr(base, epoch - start)
+
+    def to_config(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "schedules": [s.to_config() for s in self.schedules],
+            "milestones": list(self.milestones),
+        }
+
+
+@dataclass(frozen=True)
+class ChainedScheduler(LrSchedule):
+    """Several multiplicative schedules at once: their factors multiply
+    (torch's `ChainedScheduler`, e.g. a `LinearLR` warm-up with a `StepLR`).
+
+    Raises:
+        TypeError: `schedules` not schedules.
+        ValueError: a schedule that is not multiplicative (`CosineAnnealingLR`,
+            `SequentialLR`): put those in a `SequentialLR` instead.
+    """
+
+    schedules: tuple[LrSchedule, ...]
+    kind: ClassVar[str] = "chained"
+
+    def __post_init__(self) -> None:
+        schedules = _schedules(self.schedules)
+        for schedule in schedules:
+            if not schedule.multiplicative:
+                raise ValueError(
+                    f"{type(schedule).__name__} is not multiplicative and cannot be chained; "
+                    "use SequentialLR to run it after another schedule"
+                )
+        object.__setattr__(self, "schedules", schedules)
+
+    def lr(self, base: float, epoch: int) -> float:
+        factor = 1.0
+        for schedule in self.schedules:
+            factor *= schedule.lr(1.0, epoch)
+        return base * factor
+
+    def to_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "schedules": [s.to_config() for s in self.schedules]}
+
+
+_KINDS: dict[str, type[LrSchedule]] = {
+    cls.kind: cls
+    for cls in (StepLR, MultiStepLR, CosineAnnealingLR, LinearLR, SequentialLR, ChainedScheduler)
+}
+_MAX_DEPTH = 4  # nesting a checkpoint may hold (sequential of chained of ...)
+
+
+def schedule_from_config(config: Any, depth: int = 0) -> LrSchedule:
+    """Rebuild a schedule from `to_config()`'s output.
+
+    Raises:
+        ValueError: an unknown kind, unknown or missing fields, bad values, or
+            nesting deeper than a few levels (a hostile checkpoint).
+        TypeError: not a dict, or values of the wrong type.
+    """
+    if not isinstance(config, dict) or not isinstance(config.get("kind"), str):
+        raise TypeError(f"a schedule config must be a dict with a 'kind', got {config!r}")
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"schedule nested deeper than {_MAX_DEPTH} levels")
+    cls = _KINDS.get(config["kind"])
+    if cls is None:
+        raise ValueError(f"unknown schedule {config['kind']!r}; expected one of {sorted(_KINDS)}")
+    fields = {k: v for k, v in config.items() if k != "kind"}
+    if "schedules" in fields:
+        if not isinstance(fields["schedules"], list):
+            raise TypeError("a schedule's 'schedules' must be a list")
+        fields["schedules"] = [schedule_from_config(c, depth + 1) for c in fields["schedules"]]
+    if "milestones" in fields:
+        if not isinstance(fields["milestones"], list):
+            raise TypeError("a schedule's 'milestones' must be a list")
+        fields["milestones"] = tuple(fields["milestones"])
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise ValueError(f"bad fields for schedule {config['kind']!r}: {exc}") from None

@@ -1,0 +1,53 @@
+"""`--lr-schedule` and `--warmup-epochs`: the schedule reaches the trainer
+(and its checkpoint), bad values are one line, and a resume with another
+schedule is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from atomr.cli import main
+from atomr.cli.parser import build_parser
+from atomr.cli.run_config import RunConfig
+from atomr.train import load_checkpoint
+from atomr.train.core.schedule import CosineAnnealingLR, LinearLR, SequentialLR, StepLR
+
+
+def _run(*argv: str) -> RunConfig:
+    return RunConfig.from_args(build_parser("test").parse_args(["train", "--quiet", *argv]))
+
+
+def test_the_flags_build_torch_like_schedules_over_the_whole_run() -> None:
+    assert _run("--epochs", "4").trainer_config(10).optimizer.schedule is None
+    cosine = _run("--epochs", "4", "--lr-schedule", "cosine").trainer_config(10)
+    assert cosine.optimizer.schedule == CosineAnnealingLR(40)
+    warm = _run("--epochs", "4", "--lr-schedule", "step", "--warmup-epochs", "1")
+    assert warm.trainer_config(10).optimizer.schedule == SequentialLR(
+        (LinearLR(0.1, 1.0, 10), StepLR(10, 0.1)), (10,)
+    )
+    only_warm = _run("--epochs", "4", "--warmup-epochs", "2").trainer_config(5)
+    assert only_warm.optimizer.schedule == LinearLR(0.1, 1.0, 10)
+
+
+@pytest.mark.parametrize("warmup", ["-1", "4"])
+def test_bad_warmup_is_one_line(warmup: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--epochs", "4", "--warmup-epochs", warmup]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--warmup-epochs" in err
+
+
+def test_the_checkpoint_carries_the_schedule_and_a_resume_must_match(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = tmp_path / "run.ckpt"
+    common = ["train", "--quiet", "--strategy", "single", "--run-dir", str(tmp_path / "r")]
+    argv = [*common, "--epochs", "2", "--lr-schedule", "cosine", "--checkpoint", str(ckpt)]
+    assert main(argv) == 0
+    schedule = load_checkpoint(ckpt).optimizer["kind"]["schedule"]
+    assert schedule["kind"] == "cosine" and schedule["t_max"] > 0
+    code = main([*common, "--epochs", "3", "--lr-schedule", "cosine", "--resume", str(ckpt)])
+    assert code != 0  # --epochs changes the cosine's length
+    err = capsys.readouterr().err
+    assert "--lr-schedule" in err and "schedule" in err

@@ -1,11 +1,15 @@
 """`fit`: the one epoch loop, for every trainer.
 
 Any trainer that speaks the contract (`Step`, `Evaluate`, `SaveCheckpoint`)
-trains the same way: each epoch shuffles the training set with
-`default_rng([seed, epoch])`, sends one `Step` per batch, then evaluates on
-the training and validation sets. Because the order depends only on the seed
-and the epoch, a run resumed from a `FitPosition` continues at exactly the
-batch where its checkpoint was taken.
+trains the same way: each epoch takes its batches from the training data
+(arrays, a map-style dataset or an iterable of batches: `core/sources.py`;
+arrays and datasets are shuffled with `default_rng([seed, epoch])`), sends
+one `Step` per batch, then evaluates on the training and validation sets.
+Because the order depends only on the seed and the epoch, a run resumed from
+a `FitPosition` continues at exactly the batch where its checkpoint was
+taken. If the data raises part way through an epoch, the trainer first saves
+its checkpoint at the position reached (nothing trained on is lost), then
+`fit` raises `DataSourceError`.
 
 With `checkpoint=path`, the trainer saves after every epoch, at the end and
 when the run is stopped; `FitCallback.on_checkpoint` hears of each save with
@@ -26,6 +30,7 @@ import numpy as np
 from atomr.actor import ActorRef
 from atomr.train.core.data import epoch_order
 from atomr.train.core.messages import Evaluate, SaveCheckpoint, Step
+from atomr.train.core.sources import BatchSource, InvalidDataError, as_source, batch_bounds
 from atomr.train.core.stats import EvalResult, StepStats
 
 __all__ = [
@@ -34,6 +39,7 @@ __all__ = [
     "FitCallback",
     "FitPosition",
     "FitResult",
+    "DataSourceError",
     "StopFlag",
     "batch_bounds",
     "epoch_order",
@@ -136,38 +142,6 @@ class FitCallback:
         """The trainer saved a checkpoint at `path`; resume it from `position`."""
 
 
-def batch_bounds(n: int, batch_size: int, min_batch_size: int = 1) -> list[tuple[int, int]]:
-    """The `[start, stop)` bounds of an epoch's batches; a tail batch smaller
-    than `min_batch_size` is dropped.
-
-    Raises:
-        ValueError: `batch_size < min_batch_size`, or `n` holds no batch.
-    """
-    if batch_size < min_batch_size:
-        raise ValueError(f"batch_size {batch_size} is below the smallest usable {min_batch_size}")
-    bounds = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
-    if bounds and bounds[-1][1] - bounds[-1][0] < min_batch_size:
-        bounds.pop()
-    if not bounds:
-        raise ValueError(f"the training set ({n} samples) is smaller than one batch")
-    return bounds
-
-
-def _check_arrays(name: str, data: Any) -> tuple[np.ndarray, np.ndarray]:
-    """A `(features, labels)` pair of equal length.
-
-    Raises:
-        TypeError: not a pair of arrays.
-        ValueError: the lengths differ.
-    """
-    if not (isinstance(data, tuple | list) and len(data) == 2):
-        raise TypeError(f"{name} must be a (features, labels) pair, got {type(data).__name__}")
-    x, y = (np.asarray(a) for a in data)
-    if x.ndim < 1 or y.ndim < 1 or x.shape[0] != y.shape[0]:
-        raise ValueError(f"{name}: features and labels differ in length ({x.shape}, {y.shape})")
-    return x, y
-
-
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     """Raises TypeError / ValueError unless `value` is an int >= `minimum`."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -192,17 +166,20 @@ class _Tally:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
+class DataSourceError(RuntimeError):
+    """The training data raised part way through an epoch; the trainer saved
+    its checkpoint at the position reached first (see `FitCallback.on_checkpoint`)."""
+
+
 @dataclass
 class _Run:
     """One `fit` call's state and settings (internal)."""
 
     trainer: ActorRef
-    x: np.ndarray
-    y: np.ndarray
-    validation: tuple[np.ndarray, np.ndarray] | None
+    train: BatchSource
+    validation: BatchSource | None
     epochs: int
-    seed: int
-    bounds: list[tuple[int, int]]
+    batch_size: int
     position: FitPosition
     callbacks: Sequence[FitCallback]
     stop: StopFlag
@@ -220,15 +197,30 @@ class _Run:
             cb.on_checkpoint(self.checkpoint, FitPosition(**vars(self.position)))
 
     async def train_epoch(self) -> bool:
-        """The rest of the current epoch's steps; False when stopped part way."""
-        order = epoch_order(self.x.shape[0], self.seed, self.position.epoch)
+        """The rest of the current epoch's steps; False when stopped part way.
+
+        Raises:
+            DataSourceError: the data raised (after the checkpoint is saved).
+        """
         tally = _Tally()
-        while self.position.batch < len(self.bounds):
-            start, stop_at = self.bounds[self.position.batch]
-            idx = order[start:stop_at]
+        batches = self.train.batches(self.position.epoch, self.position.batch)
+        while True:
+            try:
+                batch = next(batches, None)
+            except InvalidDataError:
+                await self.save()
+                raise
+            except Exception as exc:
+                await self.save()
+                raise DataSourceError(
+                    f"the training data raised at epoch {self.position.epoch + 1}, batch "
+                    f"{self.position.batch}: {exc!r}; the checkpoint holds the {self.position.step} "
+                    "steps before it"
+                ) from exc
+            if batch is None:
+                break
             t0 = time.perf_counter()
-            step = Step(np.ascontiguousarray(self.x[idx]), np.ascontiguousarray(self.y[idx]))
-            stats: StepStats = await self.trainer.ask(step, timeout=self.timeout)
+            stats: StepStats = await self.trainer.ask(Step(*batch), timeout=self.timeout)
             tally.seconds += time.perf_counter() - t0
             tally.loss_sum += stats.loss * stats.samples
             tally.samples += stats.samples
@@ -241,11 +233,25 @@ class _Run:
         await self.finish_epoch(tally)
         return True
 
+    async def evaluate_source(self, source: BatchSource) -> tuple[float, float]:
+        """Loss and accuracy over a whole data set: one request for arrays,
+        else batch by batch, weighted by their sizes."""
+        if source.arrays is not None:
+            return await self.evaluate(*source.arrays)
+        loss = correct = 0.0
+        samples = 0
+        for x, y in _in_order(source, self.batch_size):
+            batch_loss, batch_acc = await self.evaluate(x, y)
+            loss += batch_loss * len(y)
+            correct += batch_acc * len(y)
+            samples += len(y)
+        return loss / samples, correct / samples
+
     async def finish_epoch(self, tally: _Tally) -> None:
-        _, train_acc = await self.evaluate(self.x, self.y)
+        _, train_acc = await self.evaluate_source(self.train)
         test_loss, test_acc = math.nan, math.nan
         if self.validation is not None:
-            test_loss, test_acc = await self.evaluate(*self.validation)
+            test_loss, test_acc = await self.evaluate_source(self.validation)
         record = EpochRecord(
             epoch=self.position.epoch + 1,
             step=self.position.step,
@@ -282,6 +288,12 @@ class _Run:
         return "finished"
 
 
+def _in_order(source: BatchSource, batch_size: int) -> Any:
+    """A data set's batches for evaluation: its own order, or epoch 0's."""
+    in_order = getattr(source, "in_order", None)
+    return in_order(batch_size) if in_order is not None else source.batches(0, 0)
+
+
 def _asking_evaluator(trainer: ActorRef, timeout: float | None) -> Evaluator:
     async def evaluate(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         result: EvalResult = await trainer.ask(Evaluate(x, y), timeout=timeout)
@@ -292,12 +304,13 @@ def _asking_evaluator(trainer: ActorRef, timeout: float | None) -> Evaluator:
 
 async def fit(
     trainer: ActorRef,
-    train: tuple[np.ndarray, np.ndarray],
+    train: Any,
     *,
     epochs: int,
     batch_size: int,
     seed: int = 0,
-    validation: tuple[np.ndarray, np.ndarray] | None = None,
+    validation: Any = None,
+    drop_last: bool = False,
     start: FitPosition | None = None,
     checkpoint: str | Path | None = None,
     callbacks: Sequence[FitCallback] = (),
@@ -312,11 +325,18 @@ async def fit(
 
     Args:
         trainer: any trainer's `ActorRef` (every strategy speaks the contract).
-        train: `(features, labels)` arrays of equal length.
+        train: `(features, labels)` arrays of equal length, a map-style
+            dataset, an iterable of `(features, labels)` batches, or a
+            callable `epoch -> iterable` (`atomr.train.core.sources`).
         epochs: total epochs, counting those before `start`.
-        batch_size: samples per `Step`.
-        seed: the shuffle seed (epoch `e` uses `default_rng([seed, e])`).
-        validation: `(features, labels)` evaluated after every epoch, or None.
+        batch_size: samples per `Step` (arrays and datasets; an iterable's
+            batches are taken as they come).
+        seed: the shuffle seed of arrays and datasets (epoch `e` uses
+            `default_rng([seed, e])`).
+        validation: evaluated after every epoch (the same kinds as `train`),
+            or None.
+        drop_last: drop the last batch of an epoch when it is smaller than
+            `batch_size` (arrays and datasets).
         start: the position to resume from (the trainer already holds the
             checkpoint's state); None starts at the beginning.
         checkpoint: save here after every epoch, at the end and on a stop.
@@ -336,28 +356,35 @@ async def fit(
         The `FitResult`: status, final position, the epochs' records.
 
     Raises:
-        TypeError, ValueError: bad arguments (checked before any step).
+        TypeError, ValueError: bad arguments (checked before any step), or
+            a dataset or batch of the wrong length or shape.
+        DataSourceError: the training data raised part way through an
+            epoch; the checkpoint (if any) was saved at the position reached.
         Exception: whatever the trainer answered a request with (a
             `NonFiniteError`, an `AskTimeoutError`, ...).
     """
-    x, y = _check_arrays("train", train)
-    val = None if validation is None else _check_arrays("validation", validation)
     _positive_int("epochs", epochs)
     _positive_int("seed", seed, minimum=0)
-    bounds = batch_bounds(x.shape[0], _positive_int("batch_size", batch_size), min_batch_size)
+    _positive_int("batch_size", batch_size)
+    source = as_source(
+        "train", train, batch_size=batch_size, seed=seed, min_batch_size=min_batch_size,
+        drop_last=drop_last,
+    )  # fmt: skip
+    val = None
+    if validation is not None:
+        val = as_source("validation", validation, batch_size=batch_size, seed=seed)
     position = FitPosition(**vars(start)) if start is not None else FitPosition()
     if position.epoch >= epochs:
         raise ValueError(f"start is at epoch {position.epoch}: pass epochs > {position.epoch}")
-    if position.batch >= len(bounds):
-        raise ValueError(f"start.batch {position.batch} is past the epoch's {len(bounds)} batches")
+    count = source.count()
+    if count is not None and position.batch >= count:
+        raise ValueError(f"start.batch {position.batch} is past the epoch's {count} batches")
     run = _Run(
         trainer=trainer,
-        x=x,
-        y=y,
+        train=source,
         validation=val,
         epochs=epochs,
-        seed=seed,
-        bounds=bounds,
+        batch_size=batch_size,
         position=position,
         callbacks=list(callbacks),
         stop=stop if stop is not None else StopFlag(),

@@ -1,0 +1,271 @@
+"""Where `fit` takes its batches from: arrays, map-style datasets, or any
+iterable of batches.
+
+- **Arrays** `(features, labels)`: each epoch is shuffled with
+  `epoch_order(n, seed, epoch)` and cut into `batch_bounds`.
+- **A map-style dataset**: an object with `__len__` and either
+  `get_batch(indices) -> (features, labels)` or `__getitem__(i) ->
+  (features, label)` (one sample; `fit` stacks them). It is shuffled and cut
+  exactly as arrays of the same length are, so the same seed gives the same
+  batches.
+- **Any other iterable** of `(features, labels)` batches (a list, a
+  generator function's result...), or a callable `epoch -> iterable`: taken
+  as it comes, once per epoch (an iterable that is its own iterator, such as
+  a generator, cannot be read twice: pass the callable). `fit` does not
+  shuffle it; resuming mid-epoch skips the batches already trained on.
+
+Every batch is checked: features and labels of equal length, every batch's
+sample shape like the first one's. A bad dataset gives a `ValueError` that
+names the sample or batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from atomr.train.core.data import epoch_order
+
+__all__ = ["BatchSource", "InvalidDataError", "as_source", "batch_bounds", "check_arrays"]
+
+Batch = tuple[np.ndarray, np.ndarray]
+
+
+def batch_bounds(
+    n: int, batch_size: int, min_batch_size: int = 1, drop_last: bool = False
+) -> list[tuple[int, int]]:
+    """The `[start, stop)` bounds of an epoch's batches; a tail batch smaller
+    than `min_batch_size` (or than `batch_size` with `drop_last`) is dropped.
+
+    Raises:
+        ValueError: `batch_size < min_batch_size`, or `n` holds no batch.
+    """
+    if batch_size < min_batch_size:
+        raise ValueError(f"batch_size {batch_size} is below the smallest usable {min_batch_size}")
+    bounds = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+    smallest = batch_size if drop_last else min_batch_size
+    if bounds and bounds[-1][1] - bounds[-1][0] < smallest:
+        bounds.pop()
+    if not bounds:
+        raise ValueError(f"the training set ({n} samples) is smaller than one batch")
+    return bounds
+
+
+def check_arrays(name: str, data: Any) -> Batch:
+    """A `(features, labels)` pair of equal length.
+
+    Raises:
+        TypeError: not a pair of arrays.
+        ValueError: the lengths differ.
+    """
+    if not (isinstance(data, tuple | list) and len(data) == 2):
+        raise TypeError(f"{name} must be a (features, labels) pair, got {type(data).__name__}")
+    x, y = (np.asarray(a) for a in data)
+    if x.ndim < 1 or y.ndim < 1 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"{name}: features and labels differ in length ({x.shape}, {y.shape})")
+    return x, y
+
+
+class InvalidDataError(ValueError):
+    """A dataset or batch of the wrong length or shape (it names which)."""
+
+
+class BatchSource:
+    """The batches of one data set, epoch by epoch (see the module docstring).
+
+    Attributes:
+        arrays: the whole set as `(features, labels)` when it is in memory
+            (evaluated in one request), else None (evaluated batch by batch).
+    """
+
+    arrays: Batch | None = None
+
+    def batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        """Epoch `epoch`'s batches from batch `start` on."""
+        raise NotImplementedError
+
+    def count(self) -> int | None:
+        """Batches per epoch, or None when only reading tells (iterables)."""
+        return None
+
+
+class _Shape:
+    """The sample shapes of the first batch; later batches must match."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    def check(self, x: np.ndarray, y: np.ndarray, where: str) -> Batch:
+        if x.ndim < 1 or y.ndim < 1 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
+            raise InvalidDataError(
+                f"{self.name}: {where} has {x.shape[0] if x.ndim else 0} features and "
+                f"{y.shape[0] if y.ndim else 0} labels; a batch needs as many of each, >= 1"
+            )
+        shapes = (x.shape[1:], y.shape[1:])
+        if self.shapes is None:
+            self.shapes = shapes
+        elif shapes != self.shapes:
+            raise InvalidDataError(
+                f"{self.name}: {where} has samples of shape {shapes}, the first batch "
+                f"{self.shapes} (features, labels)"
+            )
+        return np.ascontiguousarray(x), np.ascontiguousarray(y)
+
+
+class _Indexed(BatchSource):
+    """Arrays or a map-style dataset: shuffled by the seed, cut into bounds."""
+
+    def __init__(
+        self, name: str, n: int, fetch: Callable[[np.ndarray], Batch], seed: int, bounds: Any
+    ) -> None:
+        self._name, self._n, self._fetch, self._seed = name, n, fetch, seed
+        self._bounds: list[tuple[int, int]] = bounds
+        self._shape = _Shape(name)
+
+    def batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        order = epoch_order(self._n, self._seed, epoch)
+        for k in range(start, len(self._bounds)):
+            lo, hi = self._bounds[k]
+            x, y = self._fetch(order[lo:hi])
+            yield self._shape.check(np.asarray(x), np.asarray(y), f"batch {k} of epoch {epoch}")
+
+    def count(self) -> int | None:
+        return len(self._bounds)
+
+    def probe(self) -> None:
+        """Fetch the first and the last sample before training: a wrong
+        `len()` or a shape that changes fails here, with nothing trained.
+
+        Raises:
+            InvalidDataError: see `_Shape.check` and the fetchers.
+        """
+        x, y = self._fetch(np.array([0, self._n - 1]))
+        self._shape.check(np.asarray(x), np.asarray(y), "the first and last samples")
+
+    def in_order(self, batch_size: int) -> Iterator[Batch]:
+        """The whole set in its own order (evaluation)."""
+        for lo in range(0, self._n, batch_size):
+            x, y = self._fetch(np.arange(lo, min(lo + batch_size, self._n)))
+            yield self._shape.check(np.asarray(x), np.asarray(y), f"samples {lo}..")
+
+
+def _dataset_length(name: str, dataset: Any) -> int:
+    try:
+        n = len(dataset)
+    except TypeError as exc:
+        raise TypeError(f"{name}: a dataset needs __len__ ({exc})") from None
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name}: len(dataset) must be an int >= 1, got {n!r}")
+    return n
+
+
+def _sample_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
+    if callable(getattr(dataset, "get_batch", None)):
+        return lambda idx: dataset.get_batch(idx)
+
+    def fetch(idx: np.ndarray) -> Batch:
+        features, labels = [], []
+        for i in idx.tolist():
+            try:
+                sample = dataset[i]
+            except IndexError as exc:
+                raise InvalidDataError(
+                    f"{name}: sample {i} is out of range although len(dataset) is "
+                    f"{len(dataset)} ({exc})"
+                ) from None
+            if not (isinstance(sample, tuple | list) and len(sample) == 2):
+                raise InvalidDataError(f"{name}: sample {i} must be a (features, label) pair")
+            features.append(np.asarray(sample[0]))
+            labels.append(np.asarray(sample[1]))
+        try:
+            return np.stack(features), np.stack(labels)
+        except ValueError as exc:
+            raise InvalidDataError(
+                f"{name}: samples {idx[:8].tolist()}.. differ in shape ({exc})"
+            ) from None
+
+    return fetch
+
+
+class _Streamed(BatchSource):
+    """Any iterable of batches, read once per epoch."""
+
+    def __init__(self, name: str, make: Callable[[int], Iterable[Any]], min_batch: int) -> None:
+        self._name, self._make, self._min_batch = name, make, min_batch
+        self._shape = _Shape(name)
+
+    def batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        for k, batch in enumerate(self._make(epoch)):
+            if not (isinstance(batch, tuple | list) and len(batch) == 2):
+                raise InvalidDataError(f"{self._name}: batch {k} of epoch {epoch} is not a pair")
+            if k < start:
+                continue  # trained on before the resume
+            x, y = self._shape.check(np.asarray(batch[0]), np.asarray(batch[1]), f"batch {k}")
+            if x.shape[0] < self._min_batch:
+                raise InvalidDataError(
+                    f"{self._name}: batch {k} of epoch {epoch} has {x.shape[0]} samples; "
+                    f"this trainer needs at least {self._min_batch}"
+                )
+            yield x, y
+
+
+def _is_array_pair(data: Any) -> bool:
+    """`(features, labels)`, not a list of two `(features, labels)` batches."""
+    if not (isinstance(data, tuple | list) and len(data) == 2):
+        return False
+    return not any(
+        isinstance(a, tuple | list) and len(a) == 2 and isinstance(a[0], np.ndarray) for a in data
+    )
+
+
+def as_source(
+    name: str,
+    data: Any,
+    *,
+    batch_size: int,
+    seed: int,
+    min_batch_size: int = 1,
+    drop_last: bool = False,
+) -> BatchSource:
+    """The `BatchSource` for `data` (see the module docstring).
+
+    Raises:
+        TypeError: not arrays, a dataset, an iterable or a callable.
+        ValueError: arrays of different lengths, an empty dataset, or fewer
+            samples than one batch.
+    """
+    if isinstance(data, np.ndarray):
+        raise TypeError(f"{name} must be a (features, labels) pair of arrays, got one ndarray")
+    if _is_array_pair(data):
+        x, y = check_arrays(name, data)
+        bounds = batch_bounds(x.shape[0], batch_size, min_batch_size, drop_last)
+        source = _Indexed(name, x.shape[0], lambda idx: (x[idx], y[idx]), seed, bounds)
+        source.arrays = (x, y)
+        return source
+    if isinstance(data, list | tuple):  # a list of batches, not a dataset of samples
+        return _Streamed(name, lambda epoch: data, min_batch_size)
+    if hasattr(data, "__len__") and (
+        hasattr(data, "__getitem__") or callable(getattr(data, "get_batch", None))
+    ):
+        n = _dataset_length(name, data)
+        bounds = batch_bounds(n, batch_size, min_batch_size, drop_last)
+        source = _Indexed(name, n, _sample_fetcher(name, data), seed, bounds)
+        source.probe()
+        return source
+    if callable(data):
+        return _Streamed(name, data, min_batch_size)
+    if isinstance(data, Iterable):
+        if iter(data) is data:
+            raise TypeError(
+                f"{name}: this iterable is its own iterator (a generator?) and can be read "
+                "only once; pass a callable epoch -> iterable instead"
+            )
+        return _Streamed(name, lambda epoch: data, min_batch_size)
+    raise TypeError(
+        f"{name} must be (features, labels) arrays, a dataset (__len__ and __getitem__ or "
+        f"get_batch), an iterable of batches or a callable epoch -> iterable; "
+        f"got {type(data).__name__}"
+    )

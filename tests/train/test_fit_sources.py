@@ -1,0 +1,191 @@
+"""`fit` over a user's data: a map-style dataset (with `__getitem__` or
+`get_batch`) and an iterable of batches train exactly as arrays do with the
+same seed; `drop_last`; bad datasets are clear errors; a data source that
+raises mid-epoch keeps the checkpointed position."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorRef, ActorSystem
+from atomr.train import (
+    GetWeights,
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    Trainer,
+    TrainerConfig,
+    synthetic_classification,
+)
+from atomr.train.fit import DataSourceError, FitCallback, FitPosition, epoch_order, fit
+
+CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+X, Y = synthetic_classification(90, 6, 3, seed=1)
+XV, YV = synthetic_classification(30, 6, 3, seed=2)
+
+
+class Samples:
+    """A map-style dataset of single samples."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.int64]:
+        return self.x[i], self.y[i]
+
+
+class Batches:
+    """A map-style dataset with a batch getter (no per-sample calls)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def get_batch(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[idx], self.y[idx]
+
+
+def same_batches_as_arrays(epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """What the array loop feeds, as a user's own generator would."""
+    order = epoch_order(len(Y), 3, epoch)
+    for lo in range(0, len(Y), 16):
+        idx = order[lo : lo + 16]
+        yield X[idx], Y[idx]
+
+
+async def _train(system: ActorSystem, data: Any, **kwargs: Any) -> tuple[np.ndarray, Any]:
+    ref = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+    result = await fit(ref, data, epochs=2, batch_size=16, seed=3, **kwargs)
+    weights = await ref.ask(GetWeights())
+    await ref.stop()
+    return weights, result
+
+
+async def test_datasets_and_iterables_train_exactly_as_arrays_do() -> None:
+    async with ActorSystem("sources") as system:
+        expected, reference = await _train(system, (X, Y), validation=(XV, YV))
+        for data in (Samples(X, Y), Batches(X, Y), same_batches_as_arrays):
+            weights, result = await _train(system, data, validation=Batches(XV, YV))
+            np.testing.assert_array_equal(weights, expected)
+            assert [r.step for r in result.epochs] == [r.step for r in reference.epochs]
+            np.testing.assert_allclose(
+                [r.test_accuracy for r in result.epochs],
+                [r.test_accuracy for r in reference.epochs],
+            )
+            np.testing.assert_allclose(
+                [r.train_loss for r in result.epochs],
+                [r.train_loss for r in reference.epochs],
+                rtol=1e-6,
+            )
+
+
+async def test_drop_last_drops_the_short_tail() -> None:
+    async with ActorSystem("sources") as system:
+        _, kept = await _train(system, (X, Y))
+        _, dropped = await _train(system, Samples(X, Y), drop_last=True)
+    assert [r.step for r in kept.epochs] == [6, 12]  # 90 = 5 x 16 + 10
+    assert [r.step for r in dropped.epochs] == [5, 10]
+
+
+class _Short(Samples):
+    def __len__(self) -> int:
+        return len(self.y) + 5  # claims more samples than it has
+
+
+class _Ragged(Samples):
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.int64]:
+        x, y = super().__getitem__(i)
+        return (x[:3] if i == 7 else x), y
+
+
+class _RaggedEnd(Samples):
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.int64]:
+        x, y = super().__getitem__(i)
+        return (x[:3] if i == len(self.y) - 1 else x), y
+
+
+@pytest.mark.parametrize(
+    "data, error, needle",
+    [
+        (_Short(X, Y), ValueError, "out of range although len(dataset) is 95"),
+        (_RaggedEnd(X, Y), ValueError, "differ in shape"),
+        ([(X[:4], Y[:3])], ValueError, "4 features and 3 labels"),
+        (iter([(X, Y)]), TypeError, "read only once"),
+        (42, TypeError, "must be (features, labels) arrays, a dataset"),
+    ],
+    ids=["length", "last-shape", "pair", "generator", "number"],
+)
+async def test_bad_data_is_a_clear_error_and_trains_nothing(
+    data: Any, error: type, needle: str
+) -> None:
+    async with ActorSystem("sources") as system:
+        ref = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        before = await ref.ask(GetWeights())
+        with pytest.raises(error, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            await fit(ref, data, epochs=1, batch_size=16)
+        after = await ref.ask(GetWeights())
+    np.testing.assert_array_equal(after, before)
+
+
+async def test_a_bad_sample_found_mid_epoch_is_named_and_the_position_saved(
+    tmp_path: Path,
+) -> None:
+    saved = _Saved()
+    async with ActorSystem("sources") as system:
+        ref = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        with pytest.raises(ValueError, match="differ in shape"):
+            await fit(ref, _Ragged(X, Y), epochs=1, batch_size=16, checkpoint=tmp_path / "c",
+                      callbacks=[saved])  # fmt: skip
+    position = saved.positions[-1]
+    assert (position.epoch, position.step) == (0, position.batch)  # the steps before it
+
+
+async def test_a_batch_of_another_shape_is_named_when_reached() -> None:
+    async with ActorSystem("sources") as system:
+        ref = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        with pytest.raises(ValueError, match=r"batch 1 has samples of shape \(\(5,\), \(\)\)"):
+            await fit(ref, [(X[:4], Y[:4]), (X[:4, :5], Y[:4])], epochs=1, batch_size=4)
+
+
+class _Saved(FitCallback):
+    def __init__(self) -> None:
+        self.positions: list[FitPosition] = []
+
+    def on_checkpoint(self, path: Path, position: FitPosition) -> None:
+        self.positions.append(position)
+
+
+async def test_a_source_that_raises_mid_epoch_keeps_the_checkpointed_position(
+    tmp_path: Path,
+) -> None:
+    def flaky(epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for k, batch in enumerate(same_batches_as_arrays(epoch)):
+            if epoch == 1 and k == 2:
+                raise OSError("the network share went away")
+            yield batch
+
+    ckpt = tmp_path / "run.ckpt"
+    saved = _Saved()
+    async with ActorSystem("sources") as system:
+        expected, _ = await _train(system, same_batches_as_arrays)
+        ref: ActorRef = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        with pytest.raises(DataSourceError, match="epoch 2, batch 2.*network share"):
+            await fit(ref, flaky, epochs=2, batch_size=16, checkpoint=ckpt, callbacks=[saved])
+        assert saved.positions[-1] == FitPosition(epoch=1, batch=2, step=8)
+        # resume from the saved position with data that works: the same weights
+        resumed = await Trainer.spawn(system, Mlp([6, 8, 3], seed=5), "cpu:0", CONFIG)
+        await resumed.ask(LoadCheckpoint(ckpt))
+        await fit(resumed, same_batches_as_arrays, epochs=2, batch_size=16,
+                  start=saved.positions[-1])  # fmt: skip
+        np.testing.assert_array_equal(await resumed.ask(GetWeights()), expected)

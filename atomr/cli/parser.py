@@ -175,6 +175,18 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     out.add_argument("--plot", default=None, metavar="PATH", help="write the curves PNG here")
     out.add_argument("--history", default=None, metavar="PATH", help="write the JSON history here")
     out.add_argument(
+        "--metrics",
+        default=None,
+        metavar="PATH",
+        help="append every step, evaluation and epoch here as JSON Lines",
+    )
+    out.add_argument(
+        "--tensorboard",
+        default=None,
+        metavar="DIR",
+        help="write TensorBoard event files here (needs atomr[tensorboard])",
+    )
+    out.add_argument(
         "--quiet",
         action="store_true",
         help="no progress bar and no table: one result line",

@@ -209,6 +209,8 @@ class RunConfig:
     name: str | None
     plot: Path | None
     history: Path | None
+    metrics: Path | None
+    tensorboard: Path | None
     quiet: bool
     dist: DistributedTrainConfig | None = None
 
@@ -296,6 +298,8 @@ class RunConfig:
             name=args.name,
             plot=_path(args.plot),
             history=_path(args.history),
+            metrics=_path(args.metrics),
+            tensorboard=_path(args.tensorboard),
             quiet=args.quiet or (dist is not None and not dist.is_root),
             dist=dist,
         )

@@ -22,10 +22,32 @@ from atomr.cli.run_config import RunConfig
 from atomr.cli.summary import summary_table
 from atomr.cli.training_run import train_epochs
 from atomr.train.fit import StopFlag
+from atomr.train.metrics import JsonLinesLog, TensorBoardLog
 
 __all__ = ["EXIT_INTERRUPTED", "run_train"]
 
 EXIT_INTERRUPTED = 130
+
+
+def _metrics_logs(run: RunConfig) -> list[JsonLinesLog | TensorBoardLog]:
+    """The `--metrics` and `--tensorboard` logs (the root process writes them).
+
+    Raises:
+        CliError: a log that cannot be opened, or tensorboardX missing.
+    """
+    if run.dist is not None and not run.dist.is_root:
+        return []
+    logs: list[JsonLinesLog | TensorBoardLog] = []
+    try:
+        if run.metrics is not None:
+            logs.append(JsonLinesLog(run.metrics))
+        if run.tensorboard is not None:
+            logs.append(TensorBoardLog(run.tensorboard))
+    except (OSError, ImportError) as exc:
+        for log in logs:
+            log.close()
+        raise CliError(f"--metrics/--tensorboard: {exc}", 1) from None
+    return logs
 
 
 def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
@@ -53,11 +75,19 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
     def progress(total: int, done: int) -> Progress:
         return Progress(total, done, enabled=not run.quiet)
 
+    logs = _metrics_logs(run)
+
     async def go() -> History:
         with stop_on_sigint(flag), say_when_compiling(enabled=not run.quiet):
-            return await train_epochs(run, data, history, flag, progress_factory=progress)
+            return await train_epochs(
+                run, data, history, flag, progress_factory=progress, callbacks=logs
+            )
 
-    atomr.run(go())
+    try:
+        atomr.run(go())
+    finally:
+        for log in logs:
+            log.close()
     if run.dist is not None and not run.dist.is_root:
         return EXIT_INTERRUPTED if history.status == "interrupted" else 0
     try:

@@ -135,6 +135,9 @@ class FitCallback:
     ) -> None:
         """A step finished; `mean_loss` and `rate` (samples/s) are the epoch's so far."""
 
+    def on_evaluate(self, split: str, loss: float, accuracy: float, position: FitPosition) -> None:
+        """After an epoch, `split` ("train" or "validation") was evaluated."""
+
     def on_epoch_end(self, record: EpochRecord, epochs: int) -> None:
         """An epoch finished and was evaluated."""
 
@@ -233,6 +236,10 @@ class _Run:
         await self.finish_epoch(tally)
         return True
 
+    def heard(self, split: str, loss: float, accuracy: float) -> None:
+        for cb in self.callbacks:
+            cb.on_evaluate(split, loss, accuracy, FitPosition(**vars(self.position)))
+
     async def evaluate_source(self, source: BatchSource) -> tuple[float, float]:
         """Loss and accuracy over a whole data set: one request for arrays,
         else batch by batch, weighted by their sizes."""
@@ -248,10 +255,12 @@ class _Run:
         return loss / samples, correct / samples
 
     async def finish_epoch(self, tally: _Tally) -> None:
-        _, train_acc = await self.evaluate_source(self.train)
+        train_loss, train_acc = await self.evaluate_source(self.train)
+        self.heard("train", train_loss, train_acc)
         test_loss, test_acc = math.nan, math.nan
         if self.validation is not None:
             test_loss, test_acc = await self.evaluate_source(self.validation)
+            self.heard("validation", test_loss, test_acc)
         record = EpochRecord(
             epoch=self.position.epoch + 1,
             step=self.position.step,

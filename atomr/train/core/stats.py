@@ -21,6 +21,9 @@ class StepStats:
         samples: number of samples in this message's batch.
         applied: True when the optimizer updated the weights on this step
             (always True without gradient accumulation).
+        comm_micros: of `step_micros`, the time spent reducing gradients
+            across workers (the data-parallel all-reduce); 0 where a strategy
+            has no such phase.
     """
 
     loss: float
@@ -28,6 +31,7 @@ class StepStats:
     step_micros: int
     samples: int
     applied: bool = True
+    comm_micros: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,12 +159,16 @@ class StepRunner:
         loss_sum += self.window.loss_sum
         normaliser += self.window.normaliser
         self.window.reset()
+        reduce_started = time.perf_counter_ns()
         reduced = await self.reduction.reduce(grads, loss_sum, normaliser)
         if isinstance(reduced, Failure):
             return reduced
-        return await self._apply(reduced, samples, t0)
+        comm = _micros_since(reduce_started)
+        return await self._apply(reduced, samples, t0, comm)
 
-    async def _apply(self, reduced: Reduced, samples: int, t0: int) -> StepStats | Failure:
+    async def _apply(
+        self, reduced: Reduced, samples: int, t0: int, comm_micros: int
+    ) -> StepStats | Failure:
         """Phase 2: every replica applies, or none keeps the step."""
         token = next(self._tokens)
         if reduced.gradients is None:  # each replica finalises its own buffer
@@ -188,4 +192,6 @@ class StepRunner:
         if check is not None and self.steps % check == 0:
             await self.replicas.check_identical(self.steps)
         loss = reduced.loss_sum / reduced.normaliser
-        return StepStats(float(loss), float(grad_norm), _micros_since(t0), samples)
+        return StepStats(
+            float(loss), float(grad_norm), _micros_since(t0), samples, True, comm_micros
+        )

@@ -1,0 +1,103 @@
+"""Metrics logs of `fit`: JSON Lines, and TensorBoard event files read back
+with tensorboardX's own protobuf definitions."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.train import (
+    DataParallelOptions,
+    DataParallelTrainer,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    Trainer,
+    TrainerConfig,
+    fit,
+    synthetic_classification,
+)
+from atomr.train.metrics import JsonLinesLog, TensorBoardLog
+
+CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+X, Y = synthetic_classification(64, 6, 3, seed=1)
+
+
+async def _fit(trainer_class, devices, options, callbacks) -> None:  # type: ignore[no-untyped-def]
+    async with ActorSystem("metrics") as system:
+        model = Mlp([6, 8, 3], seed=0)
+        ref = await trainer_class.spawn(system, model, devices, CONFIG, options)
+        await fit(ref, (X, Y), validation=(X[:16], Y[:16]), epochs=2, batch_size=16,
+                  callbacks=callbacks)  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["single", "data"])
+async def test_the_json_lines_log_holds_every_step_evaluation_and_epoch(
+    strategy: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "deep" / "metrics.jsonl"
+    with JsonLinesLog(path) as log:
+        if strategy == "single":
+            await _fit(Trainer, "cpu:0", None, [log])
+        else:
+            await _fit(DataParallelTrainer, cpu_devices(2), DataParallelOptions(), [log])
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    steps = [e for e in events if e["event"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, 9))
+    assert all(e["samples"] == 16 and e["samples_per_s"] > 0 for e in steps)
+    shares = [e["allreduce_share"] for e in steps]
+    if strategy == "single":
+        assert shares == [0.0] * 8
+    else:
+        assert all(0.0 < s < 1.0 for s in shares)  # the all-reduce is part of the step
+    evaluations = [(e["split"], e["step"]) for e in events if e["event"] == "evaluate"]
+    assert evaluations == [("train", 4), ("validation", 4), ("train", 8), ("validation", 8)]
+    epochs = [e for e in events if e["event"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [1, 2] and epochs[1]["test_accuracy"] is not None
+
+
+def _read_events(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the event files, by tag: TFRecord framing, decoded with
+    tensorboardX's own `Event` message."""
+    event_pb2 = pytest.importorskip(
+        "tensorboardX.proto.event_pb2", reason="tensorboardX (atomr[tensorboard]) not installed"
+    )
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+async def test_tensorboard_event_files_hold_the_curves(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboardX", reason="tensorboardX (atomr[tensorboard]) not installed")
+    jsonl = tmp_path / "m.jsonl"
+    with TensorBoardLog(tmp_path / "tb") as board, JsonLinesLog(jsonl) as log:
+        await _fit(Trainer, "cpu:0", None, [board, log])
+    scalars = _read_events(tmp_path / "tb")
+    losses = [e["loss"] for e in map(json.loads, jsonl.read_text().splitlines())
+              if e["event"] == "step"]  # fmt: skip
+    assert [s for s, _ in scalars["step/loss"]] == list(range(1, 9))
+    np.testing.assert_allclose([v for _, v in scalars["step/loss"]], losses, rtol=1e-6)
+    assert [s for s, _ in scalars["validation/accuracy"]] == [4, 8]
+    assert [s for s, _ in scalars["epoch/train_loss"]] == [4, 8]
+
+
+def test_tensorboard_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with pytest.raises(ImportError, match=r"atomr\[tensorboard\]"):
+        TensorBoardLog("unused")

@@ -38,6 +38,10 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         from atomr.cli.devices import list_devices_command
 
         return list_devices_command(as_json=args.json)
+    if args.command == "warmup":
+        from atomr.cli.warmup_command import warmup_command
+
+        return warmup_command()
     if args.command == "bench":
         from atomr.cli.bench import run_bench
 

@@ -6,6 +6,7 @@ import json
 import os
 
 from atomr.accel import cuda_device_count, cuda_is_simulated, list_devices
+from atomr.accel.cuda_target import cuda_target
 from atomr.cli.summary import format_table
 
 __all__ = ["device_rows", "list_devices_command"]
@@ -31,8 +32,13 @@ def device_rows() -> list[dict[str, str]]:
 def list_devices_command(as_json: bool = False) -> int:
     """Print the devices as a table (or JSON); returns exit status 0."""
     rows = device_rows()
+    target = cuda_target()
     if as_json:
-        print(json.dumps({"devices": rows, "cuda_devices": cuda_device_count()}, indent=2))
+        cuda = {"target": target.target, "driver": target.driver, "note": target.note}
+        report = {"devices": rows, "cuda_devices": cuda_device_count(), "cuda": cuda}
+        print(json.dumps(report, indent=2))
         return 0
     print(format_table([(r["device"], r["note"]) for r in rows], title="atomr devices"))
+    driver = f"driver {target.driver}" if target.driver else "no driver"
+    print(f"CUDA: {target.target}, {driver} ({target.note})")
     return 0

@@ -225,7 +225,7 @@ def _add_launch(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def build_parser(version: str) -> argparse.ArgumentParser:
-    """The parser of the whole command (subcommands train, devices, bench, launch).
+    """The parser of the whole command (subcommands train, devices, warmup, bench, launch).
 
     Args:
         version: what `atomr --version` prints after "atomr ".
@@ -243,6 +243,11 @@ def build_parser(version: str) -> argparse.ArgumentParser:
     _add_train(sub)
     devices = sub.add_parser("devices", help="list the devices atomr can use")
     devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sub.add_parser(
+        "warmup",
+        help="compile and cache every kernel now (the first run then starts at once)",
+        description="Compile and cache every training kernel of the installed backends.",
+    )
     _add_bench(sub)
     _add_launch(sub)
     return parser

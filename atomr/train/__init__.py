@@ -28,7 +28,14 @@ from atomr.train.core.errors import (
     WorkerStateLost,
 )
 from atomr.train.core.loss import LossKind
-from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.core.messages import (
+    Evaluate,
+    GetWeights,
+    LoadCheckpoint,
+    SaveCheckpoint,
+    SetLearningRate,
+    Step,
+)
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats
@@ -58,6 +65,7 @@ __all__ = [
     "PipelineOptions",
     "PipelineParallelTrainer",
     "SaveCheckpoint",
+    "SetLearningRate",
     "Step",
     "StepStats",
     "TensorParallelOptions",

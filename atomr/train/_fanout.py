@@ -164,3 +164,17 @@ async def ask_all_or_abort(
         for t in tasks:
             if not t.done():
                 t.cancel()
+
+
+async def set_learning_rate(
+    optimizer: Any, refs: Sequence[ActorRef], message: Any, timeout: float | None
+) -> None:
+    """A trainer's `SetLearningRate`: check the rate against its `OptimizerKind`
+    first (a bad one changes nothing anywhere), then set it on every worker.
+
+    Raises:
+        ValueError, TypeError: a bad rate.
+        Exception: the first failing worker's own exception.
+    """
+    optimizer.with_lr(message.lr)
+    await ask_all(refs, message, timeout, per_worker=False)

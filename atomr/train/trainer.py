@@ -42,7 +42,14 @@ from atomr.train.core.checkpoint import (
 from atomr.train.core.clip import clip_grad_norm, global_norm
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
-from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.core.messages import (
+    Evaluate,
+    GetWeights,
+    LoadCheckpoint,
+    SaveCheckpoint,
+    SetLearningRate,
+    Step,
+)
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import Optimizer
 from atomr.train.core.stats import EvalResult, StepStats
@@ -193,6 +200,9 @@ class Trainer(DeviceActor):
                 result = await self.on_device(guarded, work, x, y)
             elif isinstance(message, GetWeights):
                 result = await self.on_device(model.get_params)
+            elif isinstance(message, SetLearningRate):
+                assert self.optimizer is not None
+                result = await self.on_device(self.optimizer.set_lr, message.lr)
             elif isinstance(message, SaveCheckpoint):
                 result = await self.on_device(guarded, self._save, message.path)
             elif isinstance(message, LoadCheckpoint):

@@ -19,6 +19,7 @@ from atomr.train import (
     Mlp,
     OptimizerKind,
     SaveCheckpoint,
+    SetLearningRate,
     Step,
     Trainer,
     TrainerConfig,
@@ -90,3 +91,43 @@ async def test_a_checkpoint_saved_mid_schedule_resumes_it_exactly(tmp_path: Path
             await resumed.ask(Step(x, y))
         expected, got = await unbroken.ask(GetWeights()), await resumed.ask(GetWeights())
     np.testing.assert_array_equal(got, expected)
+
+
+async def _set_rate_run(system: ActorSystem, trainer_class: Any, options: Any, n: int) -> Any:
+    config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+    ref = await trainer_class.spawn(
+        system, Mlp([6, 16, 3], seed=0), cpu_devices(n), config, options
+    )
+    batches = _batches()
+    for x, y in batches[:3]:
+        await ref.ask(Step(x, y))
+    with pytest.raises(ValueError, match="lr"):
+        await ref.ask(SetLearningRate(float("nan")))  # refused everywhere: nothing changed
+    await ref.ask(SetLearningRate(0.001))
+    for x, y in batches[3:6]:
+        await ref.ask(Step(x, y))
+    weights = await ref.ask(GetWeights())
+    await ref.stop()
+    return weights
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_set_learning_rate_reaches_every_worker(strategy: str) -> None:
+    trainer_class, options, n = STRATEGIES[strategy]
+    async with ActorSystem("set-lr") as system:
+        got = await _set_rate_run(system, trainer_class, options, n)
+        # the reference: one device, the rate changed by hand between steps
+        config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+        ref = await Trainer.spawn(system, Mlp([6, 16, 3], seed=0), "cpu:0", config)
+        for k, (x, y) in enumerate(_batches()[:6]):
+            if k == 3:
+                await ref.ask(SetLearningRate(0.001))
+            await ref.ask(Step(x, y))
+        expected = await ref.ask(GetWeights())
+        # and without the change the weights differ: the message did something
+        plain = await Trainer.spawn(system, Mlp([6, 16, 3], seed=0), "cpu:0", config)
+        for x, y in _batches()[:6]:
+            await plain.ask(Step(x, y))
+        unchanged = await plain.ask(GetWeights())
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(expected, unchanged, rtol=1e-4, atol=1e-5)

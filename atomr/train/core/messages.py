@@ -24,6 +24,7 @@ __all__ = [
     "GetWeights",
     "LoadCheckpoint",
     "SaveCheckpoint",
+    "SetLearningRate",
     "Step",
 ]
 
@@ -40,6 +41,20 @@ class Step:
 
     features: np.ndarray
     labels: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class SetLearningRate:
+    """Set the optimizer's base learning rate on every worker; answered with
+    None. Under a schedule, the schedule goes on multiplying the new base
+    rate (`OptimizerKind.lr_at`). Checkpoints store the new rate.
+
+    Attributes:
+        lr: the new base learning rate (checked in float32, as
+            `OptimizerKind` checks it: a bad one is refused, nothing changed).
+    """
+
+    lr: float
 
 
 @dataclass(frozen=True, slots=True)

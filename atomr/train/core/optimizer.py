@@ -284,6 +284,14 @@ class Optimizer:
         self.dtype = dtype
         self.step_count = 0
 
+    def set_lr(self, lr: float) -> None:
+        """Use `lr` as the base learning rate from the next update on.
+
+        Raises:
+            ValueError, TypeError: as `OptimizerKind` for a bad `lr` (nothing changed).
+        """
+        self.kind = self.kind.with_lr(lr)
+
     def _check_args(self, op: str, read_only: tuple[str, ...], **buffers: Any) -> None:
         """The caller's buffers, checked once: `(n,)`, this optimizer's dtype,
         and what the backend's kernels need (`Backend.validate`); the steps

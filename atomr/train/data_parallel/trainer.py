@@ -42,12 +42,20 @@ from atomr.train._contract import (
     check_options,
     check_spawn_args,
 )
+from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.mpi.job import shard_for_rank
 from atomr.train.comm.ring import RingCollective
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.core.messages import (
+    Evaluate,
+    GetWeights,
+    LoadCheckpoint,
+    SaveCheckpoint,
+    SetLearningRate,
+    Step,
+)
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.step_checks import evaluation
@@ -284,6 +292,9 @@ class DataParallelTrainer(Actor):
             return await self.replicas.refs[0].ask(GetWeights(), timeout=self.replicas.timeout)
         if isinstance(message, GetReplicaWeights):
             return await self.replicas.gather(GetWeights())
+        if isinstance(message, SetLearningRate):
+            refs, timeout = self.replicas.refs, self.replicas.timeout
+            return await set_learning_rate(self.config.optimizer, refs, message, timeout)
         if isinstance(message, Evaluate):
             return await self._evaluate(message)
         if isinstance(message, SaveCheckpoint):

@@ -44,7 +44,7 @@ from atomr.train.core.checkpoint import CheckpointError, load_checkpoint, save_c
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError
-from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint
+from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint, SetLearningRate
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
 from atomr.train.parameter_server._clocks import WorkerClocks
@@ -198,6 +198,8 @@ class ServerShard(DeviceActor):
             return self.stats()
         if isinstance(message, GetWeights):
             return await self.on_device(self.backend.to_host, self.weights)
+        if isinstance(message, SetLearningRate):
+            return await self.on_device(self._set_lr, message.lr)
         if isinstance(message, GetServerState):
             return await self.on_device(self._server_state)
         if isinstance(message, SetServerState):
@@ -207,6 +209,13 @@ class ServerShard(DeviceActor):
         if isinstance(message, LoadCheckpoint):
             return await self._load(message.path)
         return await super().receive(message)
+
+    def _set_lr(self, lr: float) -> None:
+        """`SetLearningRate` (device thread): the rate of the later updates,
+        and of an optimizer rebuilt after a failed step."""
+        assert self.optimizer is not None
+        self.optimizer.set_lr(lr)
+        self.kind = self.optimizer.kind
 
     async def _push(self, msg: PushGradient) -> Any:
         try:

@@ -28,12 +28,19 @@ import numpy as np
 
 from atomr.accel import Device
 from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
-from atomr.train._fanout import ask_all
+from atomr.train._fanout import ask_all, set_learning_rate
 from atomr.train._recovery import state_keeping_decider
 from atomr.train.core.checkpoint import load_checkpoint, save_checkpoint
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.data import epoch_order
-from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.core.messages import (
+    Evaluate,
+    GetWeights,
+    LoadCheckpoint,
+    SaveCheckpoint,
+    SetLearningRate,
+    Step,
+)
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.stats import StepStats
 from atomr.train.core.validation import validate_batch
@@ -175,6 +182,11 @@ class AsyncParameterServer(Actor):
                 return await self._load(message.path)
             if isinstance(message, GetServerStats):
                 return await self._stats()
+            if isinstance(message, SetLearningRate):
+                timeout = self.config.worker_timeout
+                return await set_learning_rate(
+                    self.config.optimizer, self.servers, message, timeout
+                )
             if isinstance(message, TrainEpochs):
                 return await self._train_epochs(message)
         except Exception as exc:  # answered; the shards and workers are supervised

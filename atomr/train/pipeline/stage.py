@@ -27,6 +27,7 @@ from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
+from atomr.train.core.messages import SetLearningRate
 from atomr.train.core.mlp import Mlp, Tape
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
 from atomr.train.pipeline._stage_run import StageRunner
@@ -290,6 +291,9 @@ class StageActor(DeviceActor):
         """The messages about the stage's weights and optimizer state."""
         model = self.model
         assert model is not None
+        if isinstance(message, SetLearningRate):
+            assert self.optimizer is not None
+            return await self.on_device(self.optimizer.set_lr, message.lr)
         if isinstance(message, ApplyStageGradients):
             try:  # a refused update (NonFiniteError) comes back as itself
                 result = await self.on_device(

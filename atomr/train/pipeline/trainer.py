@@ -50,6 +50,7 @@ from atomr.train._contract import (
     check_workers,
     refuse_accumulation,
 )
+from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import ResumedCrashWatch, StateLossWatch
 from atomr.train.core.checkpoint import (
     Checkpoint,
@@ -63,7 +64,14 @@ from atomr.train.core.checkpoint import (
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.loss import LossKind
-from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.core.messages import (
+    Evaluate,
+    GetWeights,
+    LoadCheckpoint,
+    SaveCheckpoint,
+    SetLearningRate,
+    Step,
+)
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser, evaluation
@@ -252,6 +260,10 @@ class PipelineParallelTrainer(Actor):
             return np.concatenate(await group.all(GetStageWeights()))
         if isinstance(message, GetGradients):
             return np.concatenate(await group.all(GetStageGradients()))
+        if isinstance(message, SetLearningRate):
+            return await set_learning_rate(
+                self.config.optimizer, group.refs, message, group.timeout
+            )
         if isinstance(message, GetTimeline):
             return self._timeline
         if isinstance(message, SaveCheckpoint):

@@ -19,6 +19,7 @@ from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
+from atomr.train.core.messages import SetLearningRate
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
 from atomr.train.core.step_checks import check_loss, check_normaliser
@@ -438,7 +439,14 @@ class ShardActor(DeviceActor):
             return self._configure, (message.optimizer, message.loss)
         if isinstance(message, ShardDescribe):
             return self._info, ()
+        if isinstance(message, SetLearningRate):
+            return self._set_lr, (message.lr,)
         return None
+
+    def _set_lr(self, lr: float) -> None:
+        if self.optimizer is None:
+            raise RuntimeError("shard not configured: send ShardConfigure first")
+        self.optimizer.set_lr(lr)
 
     async def receive(self, message: Any) -> Any:
         """Answer a `ShardProtocol` message (see the module docstring).

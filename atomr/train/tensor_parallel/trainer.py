@@ -38,6 +38,7 @@ from atomr.train._contract import (
     check_workers,
     refuse_accumulation,
 )
+from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import StateLossWatch
 from atomr.train.core.checkpoint import (
     Checkpoint,
@@ -49,7 +50,14 @@ from atomr.train.core.checkpoint import (
 )
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.core.messages import (
+    Evaluate,
+    GetWeights,
+    LoadCheckpoint,
+    SaveCheckpoint,
+    SetLearningRate,
+    Step,
+)
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats
@@ -201,6 +209,10 @@ class TensorParallelTrainer(Actor):
             return await self._evaluate(group, message)
         if isinstance(message, GetWeights):
             return await group.gather("params")
+        if isinstance(message, SetLearningRate):
+            return await set_learning_rate(
+                self.config.optimizer, group.refs, message, group.timeout
+            )
         if isinstance(message, SaveCheckpoint):
             return await self._save(group, message)
         if isinstance(message, LoadCheckpoint):

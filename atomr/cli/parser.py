@@ -128,6 +128,13 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--seed", type=int, default=0, help="model init, split and shuffle seed (>= 0)"
     )
     opt.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop after N optimizer steps in all (the checkpoint keeps the position)",
+    )
+    opt.add_argument(
         "--lr-schedule",
         choices=LR_SCHEDULES,
         default="constant",

@@ -199,6 +199,7 @@ class RunConfig:
     seed: int
     lr_schedule: str
     warmup_epochs: int
+    max_steps: int | None
     dataset: str
     samples: int
     features: int
@@ -234,6 +235,8 @@ class RunConfig:
         momentum = _DEFAULT_MOMENTUM if args.momentum is None else args.momentum
         if not (math.isfinite(momentum) and 0 <= momentum < 1):
             raise CliError(f"--momentum must be in [0, 1), got {args.momentum}")
+        if args.max_steps is not None and args.max_steps < 1:
+            raise CliError(f"--max-steps must be >= 1, got {args.max_steps}")
         if not 0 <= args.warmup_epochs < args.epochs:
             raise CliError(
                 f"--warmup-epochs must be >= 0 and less than --epochs, got {args.warmup_epochs}"
@@ -287,6 +290,7 @@ class RunConfig:
             seed=args.seed,
             lr_schedule=args.lr_schedule,
             warmup_epochs=args.warmup_epochs,
+            max_steps=args.max_steps,
             dataset=args.dataset,
             **{
                 k: v if getattr(args, k) is None else getattr(args, k)
@@ -332,7 +336,9 @@ class RunConfig:
             opt = OptimizerKind.adamw(self.lr)
         loss = LossKind.MSE if self.loss == "mse" else LossKind.CROSS_ENTROPY
         schedule = self.lr_schedule_for(steps_per_epoch)
-        return TrainerConfig(opt, loss, gradient_clip=self.clip, schedule=schedule)
+        return TrainerConfig(
+            opt, loss, gradient_clip=self.clip, schedule=schedule, max_steps=self.max_steps
+        )
 
     def data_options(self) -> dict[str, Any]:
         """The options that fix the data and its order (a resumed run must match them)."""

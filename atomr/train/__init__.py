@@ -30,6 +30,7 @@ from atomr.train.core.errors import (
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import (
     Evaluate,
+    GetTrainingState,
     GetWeights,
     LoadCheckpoint,
     SaveCheckpoint,
@@ -38,7 +39,7 @@ from atomr.train.core.messages import (
 )
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
-from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.data_parallel import DataParallelOptions, DataParallelTrainer
 from atomr.train.fit import FitCallback, fit
 from atomr.train.parameter_server import AsyncParameterServer, ParameterServerOptions
@@ -66,6 +67,8 @@ __all__ = [
     "PipelineParallelTrainer",
     "SaveCheckpoint",
     "SetLearningRate",
+    "GetTrainingState",
+    "TrainingState",
     "Step",
     "StepStats",
     "TensorParallelOptions",

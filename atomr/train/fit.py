@@ -29,9 +29,10 @@ import numpy as np
 
 from atomr.actor import ActorRef
 from atomr.train.core.data import epoch_order
-from atomr.train.core.messages import Evaluate, SaveCheckpoint, Step
+from atomr.train.core.messages import Evaluate, GetTrainingState, SaveCheckpoint, Step
 from atomr.train.core.sources import BatchSource, InvalidDataError, as_source, batch_bounds
-from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.stats import EvalResult, StepStats, TrainingState
+from atomr.train.fit_events import EpochRecord, FitCallback, FitPosition, FitResult, StopFlag
 
 __all__ = [
     "EpochRecord",
@@ -48,101 +49,6 @@ __all__ = [
 
 Evaluator = Callable[[np.ndarray, np.ndarray], Awaitable[tuple[float, float]]]
 """`(features, labels) -> (loss, accuracy)`; the default asks the trainer to `Evaluate`."""
-
-
-@dataclass
-class FitPosition:
-    """Where training stands.
-
-    Attributes:
-        epoch: 0-based epoch in progress (or next to start).
-        batch: next batch of that epoch.
-        step: optimizer steps applied so far (all runs).
-    """
-
-    epoch: int = 0
-    batch: int = 0
-    step: int = 0
-
-
-@dataclass(frozen=True)
-class EpochRecord:
-    """The figures of one finished epoch.
-
-    Attributes:
-        epoch: 1-based epoch number.
-        step: optimizer steps applied since the start of training (all runs).
-        train_loss: mean of the step losses of this epoch (weighted by samples).
-        train_accuracy: accuracy on the training set after the epoch.
-        test_loss: loss on the validation set after the epoch (NaN without one).
-        test_accuracy: accuracy on the validation set (NaN without one).
-        samples_per_s: training throughput of this epoch (steps only).
-        seconds: wall time of this epoch's steps.
-    """
-
-    epoch: int
-    step: int
-    train_loss: float
-    train_accuracy: float
-    test_loss: float
-    test_accuracy: float
-    samples_per_s: float
-    seconds: float
-
-
-@dataclass
-class FitResult:
-    """What `fit` did.
-
-    Attributes:
-        status: "finished", or "interrupted" when a stop was requested.
-        position: where training stands now (resume from it).
-        epochs: the records of the epochs this call finished.
-    """
-
-    status: str
-    position: FitPosition
-    epochs: list[EpochRecord] = field(default_factory=list)
-
-
-class StopFlag:
-    """Set when a run should stop after the step in flight (Ctrl-C, or a test)."""
-
-    def __init__(self) -> None:
-        self._requested = False
-
-    @property
-    def requested(self) -> bool:
-        """True once `request` was called."""
-        return self._requested
-
-    def request(self) -> None:
-        """Ask the run to stop after the current step."""
-        self._requested = True
-
-
-class FitCallback:
-    """Hooks `fit` calls; override the ones you need (each does nothing here).
-
-    A callback that raises ends the run with that exception.
-    """
-
-    def on_epoch_start(self, epoch: int, epochs: int) -> None:
-        """Epoch `epoch` (1-based) of `epochs` starts."""
-
-    def on_step(
-        self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
-    ) -> None:
-        """A step finished; `mean_loss` and `rate` (samples/s) are the epoch's so far."""
-
-    def on_evaluate(self, split: str, loss: float, accuracy: float, position: FitPosition) -> None:
-        """After an epoch, `split` ("train" or "validation") was evaluated."""
-
-    def on_epoch_end(self, record: EpochRecord, epochs: int) -> None:
-        """An epoch finished and was evaluated."""
-
-    def on_checkpoint(self, path: Path, position: FitPosition) -> None:
-        """The trainer saved a checkpoint at `path`; resume it from `position`."""
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -190,7 +96,11 @@ class _Run:
     evaluate: Evaluator
     checkpoint: Path | None
     timeout: float | None
+    max_steps: int | None = None
     records: list[EpochRecord] = field(default_factory=list)
+
+    def reached_max_steps(self) -> bool:
+        return self.max_steps is not None and self.position.step >= self.max_steps
 
     async def save(self) -> None:
         if self.checkpoint is None:
@@ -231,6 +141,8 @@ class _Run:
             self.position.step += int(stats.applied)
             for cb in self.callbacks:
                 cb.on_step(self.position, stats, tally.mean_loss, tally.rate)
+            if self.reached_max_steps():
+                return False
             if self.stop.requested and self.agree_to_stop is None:
                 return False
         await self.finish_epoch(tally)
@@ -285,16 +197,28 @@ class _Run:
 
     async def loop(self) -> str:
         while self.position.epoch < self.epochs:
+            if self.reached_max_steps():
+                return "reached max_steps"
             for cb in self.callbacks:
                 cb.on_epoch_start(self.position.epoch + 1, self.epochs)
             if not await self.train_epoch():
-                return "interrupted"
+                return "reached max_steps" if self.reached_max_steps() else "interrupted"
             if self.position.epoch >= self.epochs:
                 break
             if await self.stop_now():
                 return "interrupted"
             await self.save()
         return "finished"
+
+
+async def _max_steps(trainer: ActorRef, timeout: float | None) -> int | None:
+    """The trainer's `TrainerConfig.max_steps` (None for a trainer of one's
+    own that does not answer `GetTrainingState`)."""
+    try:
+        state = await trainer.ask(GetTrainingState(), timeout=timeout)
+    except TypeError:
+        return None
+    return state.max_steps if isinstance(state, TrainingState) else None
 
 
 def _in_order(source: BatchSource, batch_size: int) -> Any:
@@ -402,6 +326,7 @@ async def fit(
         checkpoint=Path(checkpoint) if checkpoint is not None else None,
         timeout=timeout,
     )
+    run.max_steps = await _max_steps(trainer, timeout)
     status = await run.loop()
     await run.save()
     return FitResult(status, position, run.records)

@@ -44,6 +44,7 @@ from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.core.messages import (
     Evaluate,
+    GetTrainingState,
     GetWeights,
     LoadCheckpoint,
     SaveCheckpoint,
@@ -52,8 +53,14 @@ from atomr.train.core.messages import (
 )
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import Optimizer
-from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser, evaluation
+from atomr.train.core.stats import EvalResult, StepStats, TrainingState
+from atomr.train.core.step_checks import (
+    check_gradient,
+    check_loss,
+    check_normaliser,
+    check_step_limit,
+    evaluation,
+)
 from atomr.train.core.validation import validate_batch
 
 __all__ = ["Trainer"]
@@ -187,6 +194,10 @@ class Trainer(DeviceActor):
         """Dispatch a trainer message (see the class docstring)."""
         model = await self._ready()
         try:
+            if isinstance(message, GetTrainingState):
+                return TrainingState(self.steps, self.config.max_steps)
+            if isinstance(message, Step):
+                check_step_limit(self.steps, self.config.max_steps)
             if isinstance(message, Step | Evaluate):
                 x, y = validate_batch(
                     message.features,

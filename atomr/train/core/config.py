@@ -55,6 +55,10 @@ class TrainerConfig:
         worker_timeout: seconds a trainer waits for any one reply of its
             workers (replicas, shards, stages, servers) before it fails the
             request; None waits forever, explicitly.
+        max_steps: the most optimizer steps this trainer applies (entrenar's
+            step limit; every strategy): a `Step` past it is refused with
+            `StepLimitError`, `GetTrainingState` reports it, and `fit` stops
+            there. None: no limit.
         schedule: a learning-rate schedule (`atomr.train.core.schedule`),
             stepped once per optimizer update by every trainer; it is folded
             into `optimizer` (`optimizer.schedule`), which every worker's
@@ -67,7 +71,8 @@ class TrainerConfig:
             `LrSchedule`.
         ValueError: `gradient_clip` is not positive and finite,
             `accumulation_steps < 1`, `worker_timeout` is not positive
-            and finite, or both `schedule` and `optimizer.schedule` are set.
+            and finite, `max_steps` is not an int >= 1 or None, or both
+            `schedule` and `optimizer.schedule` are set.
     """
 
     optimizer: OptimizerKind
@@ -76,6 +81,7 @@ class TrainerConfig:
     accumulation_steps: int = 1
     worker_timeout: float | None = 120.0
     schedule: LrSchedule | None = None
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         check_update_rule(self.optimizer, self.loss, self.gradient_clip)
@@ -94,6 +100,12 @@ class TrainerConfig:
                 f"accumulation_steps must be an int >= 1, got {self.accumulation_steps}"
             )
         _check_timeout(self.worker_timeout)
+        if self.max_steps is not None and (
+            isinstance(self.max_steps, bool)
+            or not isinstance(self.max_steps, int)
+            or self.max_steps < 1
+        ):
+            raise ValueError(f"max_steps must be an int >= 1 or None, got {self.max_steps!r}")
 
 
 def _check_timeout(timeout: object) -> None:

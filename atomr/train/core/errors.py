@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "InvalidBatchError", "NonFiniteError", "WorkerStateLost"]
+__all__ = [
+    "StepLimitError",
+    "CheckpointError",
+    "InvalidBatchError",
+    "NonFiniteError",
+    "WorkerStateLost",
+]
 
 
 class InvalidBatchError(ValueError):
@@ -47,3 +53,7 @@ class WorkerStateLost(RuntimeError):
         self.kind = kind
         self.worker = worker
         self.__cause__ = cause
+
+
+class StepLimitError(ValueError):
+    """A `Step` past `TrainerConfig.max_steps`: refused, nothing changed."""

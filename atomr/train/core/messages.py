@@ -21,6 +21,7 @@ import numpy as np
 
 __all__ = [
     "Evaluate",
+    "GetTrainingState",
     "GetWeights",
     "LoadCheckpoint",
     "SaveCheckpoint",
@@ -41,6 +42,12 @@ class Step:
 
     features: np.ndarray
     labels: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class GetTrainingState:
+    """Ask a trainer where it stands; answered with a `TrainingState` (steps
+    applied, `max_steps`, whether this process coordinates the job)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EvalResult", "StepStats"]
+__all__ = ["EvalResult", "ShardStepResult", "StepStats", "TrainingState"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +48,29 @@ class EvalResult:
     loss: float
     accuracy: float
     samples: int
+
+
+ShardStepResult = StepStats
+"""The seed crate's name for what one step returns: here every trainer's
+`Step` answers a `StepStats` (loss, gradient norm, time, samples)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingState:
+    """Where a trainer stands: the answer to `GetTrainingState`.
+
+    Attributes:
+        step: optimizer steps applied so far (a loaded checkpoint's included).
+        max_steps: `TrainerConfig.max_steps` (None: no limit).
+        is_coordinator: True for the process that coordinates the job (rank
+            0 of a multi-process data-parallel job; a single process always).
+    """
+
+    step: int
+    max_steps: int | None
+    is_coordinator: bool = True
+
+    @property
+    def reached_max_steps(self) -> bool:
+        """True once `step` has reached `max_steps`."""
+        return self.max_steps is not None and self.step >= self.max_steps

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import math
 
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError
+from atomr.train.core.errors import InvalidBatchError, NonFiniteError, StepLimitError
 from atomr.train.core.stats import EvalResult
 
-__all__ = ["check_gradient", "check_loss", "check_normaliser", "evaluation"]
+__all__ = [
+    "check_gradient",
+    "check_loss",
+    "check_normaliser",
+    "check_step_limit",
+    "evaluation",
+]
 
 
 def check_loss(loss_sum: float) -> None:
@@ -79,3 +85,16 @@ def evaluation(loss_sum: float, normaliser: float, accuracy: float, samples: int
     if not math.isfinite(loss):
         raise NonFiniteError(f"evaluation loss is not finite ({loss}); the weights overflow it")
     return EvalResult(loss, float(accuracy), int(samples))
+
+
+def check_step_limit(steps: int, max_steps: int | None) -> None:
+    """Refuse a `Step` once `steps` applied steps reached `max_steps`.
+
+    Raises:
+        StepLimitError: the limit is reached (nothing is changed).
+    """
+    if max_steps is not None and steps >= max_steps:
+        raise StepLimitError(
+            f"the trainer reached max_steps ({max_steps}); raise TrainerConfig.max_steps "
+            "to train further"
+        )

@@ -50,6 +50,7 @@ from atomr.train.comm.ring import RingCollective
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.messages import (
     Evaluate,
+    GetTrainingState,
     GetWeights,
     LoadCheckpoint,
     SaveCheckpoint,
@@ -57,8 +58,8 @@ from atomr.train.core.messages import (
     Step,
 )
 from atomr.train.core.mlp import Mlp
-from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.step_checks import evaluation
+from atomr.train.core.stats import EvalResult, StepStats, TrainingState
+from atomr.train.core.step_checks import check_step_limit, evaluation
 from atomr.train.core.validation import validate_batch
 from atomr.train.data_parallel._checkpoints import Checkpoints
 from atomr.train.data_parallel._reduction import GradientReduction
@@ -292,6 +293,9 @@ class DataParallelTrainer(Actor):
             return await self.replicas.refs[0].ask(GetWeights(), timeout=self.replicas.timeout)
         if isinstance(message, GetReplicaWeights):
             return await self.replicas.gather(GetWeights())
+        if isinstance(message, GetTrainingState):
+            coordinator = self.options.process_rank == 0
+            return TrainingState(self._runner.steps, self.config.max_steps, coordinator)
         if isinstance(message, SetLearningRate):
             refs, timeout = self.replicas.refs, self.replicas.timeout
             return await set_learning_rate(self.config.optimizer, refs, message, timeout)
@@ -328,6 +332,7 @@ class DataParallelTrainer(Actor):
 
     async def _step(self, message: Step) -> StepStats | Failure:
         """Validate the batch; in a job, take this process's share of it."""
+        check_step_limit(self._runner.steps, self.config.max_steps)
         x, y = self._validate(message)
         rows = int(x.shape[0])
         o = self.options

@@ -35,6 +35,7 @@ from atomr.train.core.config import TrainerConfig
 from atomr.train.core.data import epoch_order
 from atomr.train.core.messages import (
     Evaluate,
+    GetTrainingState,
     GetWeights,
     LoadCheckpoint,
     SaveCheckpoint,
@@ -42,7 +43,8 @@ from atomr.train.core.messages import (
     Step,
 )
 from atomr.train.core.mlp import Mlp
-from atomr.train.core.stats import StepStats
+from atomr.train.core.stats import StepStats, TrainingState
+from atomr.train.core.step_checks import check_step_limit
 from atomr.train.core.validation import validate_batch
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
 from atomr.train.parameter_server._pool import WorkerPool, combine, split_among
@@ -170,7 +172,11 @@ class AsyncParameterServer(Actor):
     async def receive(self, message: Any) -> Any:
         """Dispatch a trainer message (see the class docstring)."""
         try:
+            if isinstance(message, GetTrainingState):
+                return TrainingState(await self._applied(), self.config.max_steps)
             if isinstance(message, Step):
+                if self.config.max_steps is not None:
+                    check_step_limit(await self._applied(), self.config.max_steps)
                 return await self._step(message)
             if isinstance(message, Evaluate):
                 return await self.pool.ask(0, message)
@@ -213,6 +219,10 @@ class AsyncParameterServer(Actor):
     async def _step(self, msg: Step) -> StepStats:
         x, y = self._validate(msg.features, msg.labels)
         return combine(await self.pool.train(split_among(x, y, len(self.pool))))
+
+    async def _applied(self) -> int:
+        """Updates the server applied (its version: one per pushed gradient)."""
+        return int((await self._stats())[0].version)
 
     async def _stats(self) -> list[ParameterServerStats]:
         timeout = self.config.worker_timeout

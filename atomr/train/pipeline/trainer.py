@@ -66,6 +66,7 @@ from atomr.train.core.config import TrainerConfig
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import (
     Evaluate,
+    GetTrainingState,
     GetWeights,
     LoadCheckpoint,
     SaveCheckpoint,
@@ -73,8 +74,14 @@ from atomr.train.core.messages import (
     Step,
 )
 from atomr.train.core.mlp import Mlp
-from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser, evaluation
+from atomr.train.core.stats import EvalResult, StepStats, TrainingState
+from atomr.train.core.step_checks import (
+    check_gradient,
+    check_loss,
+    check_normaliser,
+    check_step_limit,
+    evaluation,
+)
 from atomr.train.core.validation import validate_batch
 from atomr.train.pipeline._checkpoint import split_checkpoint
 from atomr.train.pipeline.group import StageGroup
@@ -252,7 +259,10 @@ class PipelineParallelTrainer(Actor):
 
     async def _dispatch(self, message: Any) -> Any:
         group = await self._ready()
+        if isinstance(message, GetTrainingState):
+            return TrainingState(self.steps, self.config.max_steps)
         if isinstance(message, Step):
+            check_step_limit(self.steps, self.config.max_steps)
             return await self._step(group, message)
         if isinstance(message, Evaluate):
             return await self._evaluate(group, message)

@@ -52,6 +52,7 @@ from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.messages import (
     Evaluate,
+    GetTrainingState,
     GetWeights,
     LoadCheckpoint,
     SaveCheckpoint,
@@ -60,8 +61,8 @@ from atomr.train.core.messages import (
 )
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
-from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.step_checks import check_gradient, evaluation
+from atomr.train.core.stats import EvalResult, StepStats, TrainingState
+from atomr.train.core.step_checks import check_gradient, check_step_limit, evaluation
 from atomr.train.core.validation import validate_batch
 from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.tensor_parallel.options import TensorParallelOptions
@@ -203,7 +204,10 @@ class TensorParallelTrainer(Actor):
 
     async def _dispatch(self, message: Any) -> Any:
         group = await self._ready()
+        if isinstance(message, GetTrainingState):
+            return TrainingState(self.steps, self.config.max_steps)
         if isinstance(message, Step):
+            check_step_limit(self.steps, self.config.max_steps)
             return await self._step(group, message)
         if isinstance(message, Evaluate):
             return await self._evaluate(group, message)

@@ -44,6 +44,7 @@ _LAUNCHERS: tuple[tuple[str, str, str, str, str], ...] = (
 )
 
 BACKENDS = ("mpi", "none")
+ROLES = ("coordinator", "worker")
 
 
 class NotLaunchedError(RuntimeError):
@@ -69,6 +70,13 @@ class DistributedTrainConfig:
         collective_timeout: seconds a collective may wait for the other ranks
             before failing with an error that names the missing rank(s)
             (`CollectiveTimeoutError`), or None to wait forever.
+        role: "coordinator" (rank 0) or "worker" (every other rank), as in
+            entrenar's config; derived from the rank, and checked when given.
+            There is no coordinator address to set: the MPI launcher does the
+            rendezvous (hydra's PMI server, or the scheduler's), so the
+            coordinator is simply rank 0 of `MPI_COMM_WORLD`. The step limit
+            of entrenar's config is `TrainerConfig.max_steps`, for every
+            strategy.
 
     Raises:
         ValueError: a field is out of range or inconsistent.
@@ -80,6 +88,7 @@ class DistributedTrainConfig:
     local_world_size: int = 1
     backend: str = "none"
     collective_timeout: float | None = 120.0
+    role: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("world_size", "rank", "local_rank", "local_world_size"):
@@ -101,6 +110,7 @@ class DistributedTrainConfig:
             raise ValueError(
                 f"local_world_size {self.local_world_size} exceeds world_size {self.world_size}"
             )
+        self._check_role()
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.collective_timeout is not None and not (
@@ -110,6 +120,22 @@ class DistributedTrainConfig:
                 f"collective_timeout must be positive and finite or None, "
                 f"got {self.collective_timeout}"
             )
+
+    def _check_role(self) -> None:
+        derived = "coordinator" if self.rank == 0 else "worker"
+        if self.role is not None and self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES} or None, got {self.role!r}")
+        if self.role is not None and self.role != derived:
+            raise ValueError(
+                f"role {self.role!r} contradicts rank {self.rank}: rank 0 is the coordinator, "
+                "every other rank a worker"
+            )
+        object.__setattr__(self, "role", derived)
+
+    @property
+    def is_coordinator(self) -> bool:
+        """True for the coordinator (rank 0; the same as `is_root`)."""
+        return self.role == "coordinator"
 
     @property
     def is_distributed(self) -> bool:

@@ -1,0 +1,108 @@
+"""What `fit` reports: its position, epoch records, result, stop flag and
+the `FitCallback` hooks (`fit.py` is the loop itself)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atomr.train.core.stats import StepStats
+
+__all__ = ["EpochRecord", "FitCallback", "FitPosition", "FitResult", "StopFlag"]
+
+
+@dataclass
+class FitPosition:
+    """Where training stands.
+
+    Attributes:
+        epoch: 0-based epoch in progress (or next to start).
+        batch: next batch of that epoch.
+        step: optimizer steps applied so far (all runs).
+    """
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """The figures of one finished epoch.
+
+    Attributes:
+        epoch: 1-based epoch number.
+        step: optimizer steps applied since the start of training (all runs).
+        train_loss: mean of the step losses of this epoch (weighted by samples).
+        train_accuracy: accuracy on the training set after the epoch.
+        test_loss: loss on the validation set after the epoch (NaN without one).
+        test_accuracy: accuracy on the validation set (NaN without one).
+        samples_per_s: training throughput of this epoch (steps only).
+        seconds: wall time of this epoch's steps.
+    """
+
+    epoch: int
+    step: int
+    train_loss: float
+    train_accuracy: float
+    test_loss: float
+    test_accuracy: float
+    samples_per_s: float
+    seconds: float
+
+
+@dataclass
+class FitResult:
+    """What `fit` did.
+
+    Attributes:
+        status: "finished"; "interrupted" when a stop was requested; "reached
+            max_steps" when the trainer's `TrainerConfig.max_steps` was reached
+            (its `GetTrainingState` says so).
+        position: where training stands now (resume from it).
+        epochs: the records of the epochs this call finished.
+    """
+
+    status: str
+    position: FitPosition
+    epochs: list[EpochRecord] = field(default_factory=list)
+
+
+class StopFlag:
+    """Set when a run should stop after the step in flight (Ctrl-C, or a test)."""
+
+    def __init__(self) -> None:
+        self._requested = False
+
+    @property
+    def requested(self) -> bool:
+        """True once `request` was called."""
+        return self._requested
+
+    def request(self) -> None:
+        """Ask the run to stop after the current step."""
+        self._requested = True
+
+
+class FitCallback:
+    """Hooks `fit` calls; override the ones you need (each does nothing here).
+
+    A callback that raises ends the run with that exception.
+    """
+
+    def on_epoch_start(self, epoch: int, epochs: int) -> None:
+        """Epoch `epoch` (1-based) of `epochs` starts."""
+
+    def on_step(
+        self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
+    ) -> None:
+        """A step finished; `mean_loss` and `rate` (samples/s) are the epoch's so far."""
+
+    def on_evaluate(self, split: str, loss: float, accuracy: float, position: FitPosition) -> None:
+        """After an epoch, `split` ("train" or "validation") was evaluated."""
+
+    def on_epoch_end(self, record: EpochRecord, epochs: int) -> None:
+        """An epoch finished and was evaluated."""
+
+    def on_checkpoint(self, path: Path, position: FitPosition) -> None:
+        """The trainer saved a checkpoint at `path`; resume it from `position`."""

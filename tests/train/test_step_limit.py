@@ -1,0 +1,76 @@
+"""`TrainerConfig.max_steps` under every strategy: `GetTrainingState` reports
+it, `fit` stops there, and a `Step` past it is refused with nothing changed.
+Roles of a job's processes, and the seed's `ShardStepResult` name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.train import (
+    GetTrainingState,
+    GetWeights,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    Step,
+    StepStats,
+    TrainerConfig,
+    TrainingState,
+    fit,
+    synthetic_classification,
+)
+from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.core.errors import StepLimitError
+from atomr.train.core.stats import ShardStepResult
+from tests.train.test_contract import STRATEGIES
+
+CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, max_steps=5)
+X, Y = synthetic_classification(64, 6, 3, seed=1)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_every_strategy_stops_at_max_steps(strategy: str, tmp_path: Path) -> None:
+    trainer_class, options, n = STRATEGIES[strategy]
+    async with ActorSystem("limit") as system:
+        ref = await trainer_class.spawn(system, Mlp([6, 8, 3], seed=0), cpu_devices(n), CONFIG,
+                                        options)  # fmt: skip
+        assert await ref.ask(GetTrainingState()) == TrainingState(0, 5, True)
+        result = await fit(ref, (X, Y), epochs=10, batch_size=16, checkpoint=tmp_path / "c")
+        assert result.status == "reached max_steps"
+        assert result.position.step == 5 and (result.position.epoch, result.position.batch) == (
+            1,
+            1,
+        )
+        state = await ref.ask(GetTrainingState())
+        assert state.reached_max_steps and state.step == 5
+        before = await ref.ask(GetWeights())
+        with pytest.raises(StepLimitError, match="max_steps"):
+            await ref.ask(Step(X[:16], Y[:16]))
+        np.testing.assert_array_equal(await ref.ask(GetWeights()), before)
+
+
+def test_max_steps_is_checked() -> None:
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="max_steps"):
+            TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, max_steps=bad)  # type: ignore[arg-type]
+
+
+def test_roles_follow_the_rank_and_a_contradiction_is_refused() -> None:
+    assert DistributedTrainConfig().role == "coordinator"
+    worker = DistributedTrainConfig(world_size=3, rank=2, local_world_size=3, local_rank=2)
+    assert (worker.role, worker.is_coordinator) == ("worker", False)
+    assert DistributedTrainConfig(world_size=2, rank=0, role="coordinator").is_coordinator
+    with pytest.raises(ValueError, match="contradicts rank 1"):
+        DistributedTrainConfig(world_size=2, rank=1, local_world_size=2, local_rank=1,
+                               role="coordinator")  # fmt: skip
+    with pytest.raises(ValueError, match="role must be one of"):
+        DistributedTrainConfig(role="boss")
+
+
+def test_the_seed_name_shard_step_result_is_step_stats() -> None:
+    assert ShardStepResult is StepStats

@@ -97,6 +97,16 @@ class ReplicaGroup:
         """
         if self._synced:
             return
+        await self.broadcast_first(processes)
+        self._synced = True
+
+    async def broadcast_first(self, processes: Collective | None) -> None:
+        """Give every replica replica 0's state (in a job, process 0's replica
+        0's weights through `processes`); learn the model config.
+
+        Raises:
+            Exception: a replica's or the collective's failure.
+        """
         state: ReplicaState = await self.refs[0].ask(GetState(), timeout=self.timeout)
         targets = self.refs[1:]
         if processes is not None:
@@ -108,7 +118,6 @@ class ReplicaGroup:
             await ask_all(targets, SetState(state), self.timeout, per_worker=False)
         self.model = dict(state.model)
         self.n_params = int(np.asarray(state.weights).size)
-        self._synced = True
 
     async def repair(
         self, results: list[Any], outcome: str = "the step was not applied"

@@ -164,9 +164,9 @@ class StepRunner:
         if isinstance(reduced, Failure):
             return reduced
         comm = _micros_since(reduce_started)
-        return await self._apply(reduced, samples, t0, comm)
+        return await self.apply(reduced, samples, t0, comm)
 
-    async def _apply(
+    async def apply(
         self, reduced: Reduced, samples: int, t0: int, comm_micros: int
     ) -> StepStats | Failure:
         """Phase 2: every replica applies, or none keeps the step."""

@@ -19,18 +19,28 @@ import numpy as np
 from atomr.train.core.messages import GetWeights
 
 __all__ = [
+    "AllReduceGradients",
+    "ApplyGradients",
     "ApplyReducedGradients",
     "ComputeGradients",
+    "ComputeReplicaGradients",
     "EvaluateShard",
+    "GetDevice",
+    "GetDevices",
+    "GetGradients",
     "GetReplicaWeights",
     "GetState",
+    "GetWorldSize",
     "GradientResult",
     "ReplicaProtocol",
     "ReplicaState",
     "Rollback",
+    "SetGradients",
     "SetReplicas",
     "SetState",
     "ShardEval",
+    "SyncParams",
+    "WeightedAllReduceGradients",
 ]
 
 
@@ -56,6 +66,85 @@ class SetReplicas:
 
 
 # ---------------------------------------------------------------- ReplicaProtocol
+
+
+# ------------------------------------ the manual verbs (hand-written loops)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncParams:
+    """Give every replica replica 0's weights and optimizer state (in a job,
+    process 0's); answered with None."""
+
+
+@dataclass(frozen=True, eq=False)
+class ComputeReplicaGradients:
+    """Replica `i` computes the mean gradient of `batches[i]` into its own
+    gradient buffer, no weight changed; answered with each replica's mean loss.
+
+    Attributes:
+        batches: one `(features, labels)` batch per local replica.
+    """
+
+    batches: Sequence[tuple[Any, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduceGradients:
+    """Every replica's gradient buffer becomes the average of all of them
+    (across the job's processes too); answered with the result's L2 norm."""
+
+
+@dataclass(frozen=True, eq=False)
+class WeightedAllReduceGradients:
+    """Every replica's gradient buffer becomes `sum(n_i * g_i) / sum(n_i)`
+    over all replicas (of every process): the mean gradient of every sample
+    when each `g_i` is its replica's mean over `n_i` samples; answered with
+    the result's L2 norm.
+
+    Attributes:
+        batch_counts: one count per local replica, each >= 0, not all 0.
+    """
+
+    batch_counts: Sequence[float]
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyGradients:
+    """Every replica's optimizer steps by its own gradient buffer (clipped to
+    `TrainerConfig.gradient_clip`), all or none; answered with the gradient's
+    norm before clipping."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetWorldSize:
+    """Answered with the number of replicas in the job (local replicas times processes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetDevices:
+    """Answered with this process's replicas' devices, in replica order."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetDevice:
+    """Replica protocol: answered with the replica's `Device` (`GetDevices`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetGradients:
+    """Replica protocol: answered with a host copy of the gradient buffer."""
+
+
+@dataclass(frozen=True, eq=False)
+class SetGradients:
+    """Replica protocol: overwrite the gradient buffer; answered with None.
+
+    Attributes:
+        gradients: the flat gradient (the parameter vector's length, finite).
+    """
+
+    gradients: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -206,6 +295,8 @@ class ReplicaProtocol:
     | `SetState(state)` | None | re-sync target, initial broadcast, checkpoint load (and its undo) |
     | `GetWeights()` | `ndarray` (flat, `Mlp.params` layout) | `GetWeights`, `GetReplicaWeights`, checks |
     | `EvaluateShard(features, labels)` | `ShardEval` | `Evaluate` |
+    | `GetGradients()` / `SetGradients(g)` | `ndarray` / None | the manual verbs (`AllReduceGradients`, ...) |
+    | `GetDevice()` | `Device` | `GetDevices` |
     | the ring messages (`atomr.train.comm.ring`) | | only with a collective whose members hold the buffers (`"ring"`) |
 
     The gradient: `ComputeGradients` leaves in the replica's gradient buffer
@@ -244,6 +335,9 @@ class ReplicaProtocol:
         SetState,
         GetWeights,
         EvaluateShard,
+        GetGradients,
+        SetGradients,
+        GetDevice,
     )
 
     @classmethod

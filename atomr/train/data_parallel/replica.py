@@ -28,10 +28,13 @@ from atomr.train.data_parallel.messages import (
     ApplyReducedGradients,
     ComputeGradients,
     EvaluateShard,
+    GetDevice,
+    GetGradients,
     GetState,
     GradientResult,
     ReplicaState,
     Rollback,
+    SetGradients,
     SetState,
     ShardEval,
 )
@@ -87,6 +90,9 @@ class ReplicaActor(Trainer):
             GetState: (lambda _: self._get_state(), False),
             SetState: (lambda m: self.set_state(m.state), True),
             EvaluateShard: (self._evaluate_shard, True),
+            GetGradients: (lambda _: self._gradients(), False),
+            SetGradients: (lambda m: self._set_gradients(m.gradients), True),
+            GetDevice: (lambda _: self.device, False),
         }
 
     # -- dispatch -----------------------------------------------------------
@@ -151,6 +157,25 @@ class ReplicaActor(Trainer):
         await self.on_device(lambda: self.backend.copy(self._dev(data), grads[lo:hi]))
 
     # -- device-side work -----------------------------------------------------
+
+    def _gradients(self) -> np.ndarray:
+        """A host copy of the gradient buffer (worker thread)."""
+        assert self.model is not None
+        return np.array(self.backend.to_host(self.model.grads), copy=True)
+
+    def _set_gradients(self, gradients: Any) -> None:
+        """Overwrite the gradient buffer (worker thread).
+
+        Raises:
+            ValueError: not a finite vector of the parameters' length.
+        """
+        assert self.model is not None
+        flat = np.asarray(gradients, dtype=self.model.dtype).reshape(-1)
+        if flat.shape[0] != self.model.n_params or not np.isfinite(flat).all():
+            raise ValueError(
+                f"gradients must be {self.model.n_params} finite values, got {flat.shape[0]}"
+            )
+        self.backend.copy(self.backend.to_device(np.ascontiguousarray(flat)), self.model.grads)
 
     def compute_gradients(self, msg: ComputeGradients) -> GradientResult:
         """The gradient of one shard of a batch (worker thread): forward,

@@ -62,14 +62,22 @@ from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.step_checks import check_step_limit, evaluation
 from atomr.train.core.validation import validate_batch
 from atomr.train.data_parallel._checkpoints import Checkpoints
+from atomr.train.data_parallel._manual import MANUAL_VERBS, ManualVerbs
 from atomr.train.data_parallel._reduction import GradientReduction
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import (
+    AllReduceGradients,
+    ApplyGradients,
+    ComputeReplicaGradients,
     EvaluateShard,
+    GetDevice,
     GetReplicaWeights,
+    GetWorldSize,
     SetReplicas,
     ShardEval,
+    SyncParams,
+    WeightedAllReduceGradients,
 )
 from atomr.train.data_parallel.options import DataParallelOptions
 from atomr.train.data_parallel.replica import ReplicaActor, worker_deadline
@@ -167,6 +175,7 @@ class DataParallelTrainer(Actor):
         self._checkpoints = Checkpoints(
             config, self.options, self.replicas, self._runner, self._host
         )
+        self._manual = ManualVerbs(config, self.options, self.replicas, self._runner)
 
     # -- construction -------------------------------------------------------
 
@@ -293,6 +302,8 @@ class DataParallelTrainer(Actor):
             return await self.replicas.refs[0].ask(GetWeights(), timeout=self.replicas.timeout)
         if isinstance(message, GetReplicaWeights):
             return await self.replicas.gather(GetWeights())
+        if isinstance(message, MANUAL_VERBS):
+            return await self._manual_verb(message)
         if isinstance(message, GetTrainingState):
             coordinator = self.options.process_rank == 0
             return TrainingState(self._runner.steps, self.config.max_steps, coordinator)
@@ -306,6 +317,22 @@ class DataParallelTrainer(Actor):
         if isinstance(message, LoadCheckpoint):
             return await self._checkpoints.load(message.path)
         return Failure(TypeError(f"DataParallelTrainer does not handle {type(message).__name__}"))
+
+    async def _manual_verb(self, message: Any) -> Any:
+        """The verbs of a hand-written loop (`_manual.py`)."""
+        if isinstance(message, SyncParams):
+            return await self.replicas.broadcast_first(self.options.process_collective)
+        if isinstance(message, ComputeReplicaGradients):
+            return await self._manual.compute(list(message.batches))
+        if isinstance(message, AllReduceGradients):
+            return await self._manual.all_reduce()
+        if isinstance(message, WeightedAllReduceGradients):
+            return await self._manual.all_reduce(message.batch_counts)
+        if isinstance(message, ApplyGradients):
+            return await self._manual.apply()
+        if isinstance(message, GetWorldSize):
+            return len(self.replicas.refs) * self.options.process_count
+        return tuple(await self.replicas.gather(GetDevice()))
 
     async def _on_set_replicas(self, message: SetReplicas) -> None:
         refs = list(message.replicas)

@@ -1,0 +1,149 @@
+"""`ManualVerbs`: the data-parallel trainer's verbs for a hand-written loop.
+
+flodl's `Ddp` lets a user who writes their own loop (GANs, RL, progressive
+training) call each part of a step: broadcast the parameters from rank 0,
+all-reduce the gradients (plain, or weighted by per-replica batch counts),
+step, and ask the world size and devices. Here they are messages of the
+`DataParallelTrainer` (`SyncParams`, `ComputeReplicaGradients`,
+`AllReduceGradients`, `WeightedAllReduceGradients`, `ApplyGradients`,
+`GetWorldSize`, `GetDevices`). The reductions go through the host (the
+gradient buffers are gathered, combined, written back), and across the
+processes of a job through the process collective; `ApplyGradients` is the
+trainer's own two-phase apply, so a failure on any replica changes no
+weights anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr.actor import Failure
+from atomr.train._fanout import ask_all
+from atomr.train.core.config import TrainerConfig
+from atomr.train.core.validation import validate_batch
+from atomr.train.data_parallel._reduction import Reduced
+from atomr.train.data_parallel._replicas import ReplicaGroup
+from atomr.train.data_parallel._step import StepRunner
+from atomr.train.data_parallel.messages import (
+    AllReduceGradients,
+    ApplyGradients,
+    ComputeGradients,
+    ComputeReplicaGradients,
+    GetDevices,
+    GetGradients,
+    GetWorldSize,
+    GradientResult,
+    SetGradients,
+    SyncParams,
+    WeightedAllReduceGradients,
+)
+from atomr.train.data_parallel.options import DataParallelOptions
+
+__all__ = ["MANUAL_VERBS", "ManualVerbs", "check_batch_counts"]
+
+MANUAL_VERBS = (
+    SyncParams,
+    ComputeReplicaGradients,
+    AllReduceGradients,
+    WeightedAllReduceGradients,
+    ApplyGradients,
+    GetWorldSize,
+    GetDevices,
+)
+"""The messages of a hand-written loop, which the trainer passes to `ManualVerbs`."""
+
+
+def check_batch_counts(counts: Any, replicas: int) -> np.ndarray:
+    """The per-replica batch counts of a weighted all-reduce, as float64.
+
+    Raises:
+        TypeError: not a sequence of numbers.
+        ValueError: empty, not one per replica, negative, not finite, or all 0.
+    """
+    if isinstance(counts, str | bytes) or not isinstance(counts, Sequence | np.ndarray):
+        raise TypeError(f"batch_counts must be a sequence of numbers, got {counts!r}")
+    if len(counts) != replicas:
+        raise ValueError(
+            f"batch_counts needs one count per replica ({replicas}), got {len(counts)}"
+        )
+    try:
+        values = np.asarray(counts, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"batch_counts must be numbers, got {counts!r}") from None
+    if not np.isfinite(values).all() or (values < 0).any() or not values.sum() > 0:
+        raise ValueError(f"batch_counts must be finite, >= 0 and not all 0, got {list(counts)}")
+    return values
+
+
+class ManualVerbs:
+    """The verbs, over one trainer's replicas and (in a job) process collective."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        options: DataParallelOptions,
+        replicas: ReplicaGroup,
+        runner: StepRunner,
+    ) -> None:
+        self.config, self.options, self.replicas, self.runner = config, options, replicas, runner
+
+    async def compute(self, batches: Sequence[tuple[Any, Any]]) -> list[float]:
+        """Replica `i`'s buffer: the mean gradient of `batches[i]`; their mean losses.
+
+        Raises:
+            ValueError, InvalidBatchError: not one valid batch per replica.
+        """
+        if len(batches) != len(self.replicas.refs):
+            raise ValueError(
+                f"ComputeReplicaGradients needs one batch per replica "
+                f"({len(self.replicas.refs)}), got {len(batches)}"
+            )
+        width = int(self.replicas.model["sizes"][0])
+        out_width = int(self.replicas.model["sizes"][-1])
+        messages = []
+        for x, y in batches:
+            x, y = validate_batch(x, y, width, self.config.loss, out_width=out_width)
+            messages.append(ComputeGradients(x, y, return_gradients=True))
+        results: list[GradientResult] = await self.replicas.gather_each(messages)
+        means = [np.asarray(r.gradients) / r.normaliser for r in results]
+        await ask_all(self.replicas.refs, [SetGradients(m) for m in means], self.replicas.timeout)
+        return [r.loss_sum / r.normaliser for r in results]
+
+    async def all_reduce(self, counts: Any = None) -> float:
+        """Every buffer := the (count-weighted) mean of all; the result's norm.
+
+        Raises:
+            TypeError, ValueError: bad `counts` (nothing changed).
+        """
+        weights = None if counts is None else check_batch_counts(counts, len(self.replicas.refs))
+        grads = await self.replicas.gather(GetGradients())
+        total = np.zeros(np.asarray(grads[0]).shape, dtype=np.float64)
+        for k, g in enumerate(grads):
+            total += np.asarray(g, dtype=np.float64) * (1.0 if weights is None else weights[k])
+        divisor = np.array([float(len(grads)) if weights is None else weights.sum()])
+        processes = self.options.process_collective
+        if processes is not None:
+            await processes.all_reduce([total])
+            await processes.all_reduce([divisor])
+        mean = (total / divisor[0]).astype(np.float32)
+        await ask_all(
+            self.replicas.refs, SetGradients(mean), self.replicas.timeout, per_worker=False
+        )
+        return float(math.sqrt(float(np.dot(mean, mean))))
+
+    async def apply(self) -> float:
+        """Every replica steps by its own buffer, all or none; the norm before clipping.
+
+        Raises:
+            Exception: what a replica answered (nothing applied anywhere).
+        """
+        reduced = Reduced(gradients=None, grad_norm=None, loss_sum=0.0, normaliser=1.0)
+        stats = await self.runner.apply(reduced, 0, time.perf_counter_ns(), 0)
+        if isinstance(stats, Failure):
+            raise stats.exception  # the replicas were repaired; nothing applied
+        return float(stats.grad_norm)

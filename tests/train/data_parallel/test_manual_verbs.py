@@ -1,0 +1,121 @@
+"""The verbs of a hand-written loop on `DataParallelTrainer` (flodl's manual
+`Ddp`): compute per replica, all-reduce (plain or weighted by batch counts),
+apply; sync the parameters; world size and devices. One hand-written step
+equals the single-device Trainer's step on the union of the batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem
+from atomr.accel import Device, cpu_devices
+from atomr.train import (
+    GetWeights,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    Step,
+    Trainer,
+    TrainerConfig,
+    synthetic_classification,
+)
+from atomr.train.data_parallel import (
+    AllReduceGradients,
+    ApplyGradients,
+    ComputeReplicaGradients,
+    DataParallelTrainer,
+    GetDevices,
+    GetReplicaWeights,
+    GetWorldSize,
+    SyncParams,
+    WeightedAllReduceGradients,
+)
+
+CONFIG = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY, gradient_clip=0.5)
+X, Y = synthetic_classification(64, 6, 3, seed=3)
+
+
+async def _pair(system: ActorSystem) -> tuple[Any, Any]:
+    dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3], seed=0), cpu_devices(2), CONFIG)
+    one = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+    return dp, one
+
+
+async def test_a_weighted_step_by_hand_equals_one_device_on_the_union() -> None:
+    async with ActorSystem("manual") as system:
+        dp, one = await _pair(system)
+        for lo, cut, hi in ((0, 5, 24), (24, 40, 44)):  # uneven: 5 + 19, then 16 + 4 rows
+            batches = [(X[lo:cut], Y[lo:cut]), (X[cut:hi], Y[cut:hi])]
+            losses = await dp.ask(ComputeReplicaGradients(batches))
+            assert len(losses) == 2
+            await dp.ask(WeightedAllReduceGradients([cut - lo, hi - cut]))
+            await dp.ask(ApplyGradients())
+            await one.ask(Step(X[lo:hi], Y[lo:hi]))
+        replicas = await dp.ask(GetReplicaWeights())
+        np.testing.assert_array_equal(replicas[0], replicas[1])
+        np.testing.assert_allclose(replicas[0], await one.ask(GetWeights()), rtol=1e-5, atol=1e-6)
+
+
+async def test_a_plain_all_reduce_averages_equal_batches() -> None:
+    async with ActorSystem("manual") as system:
+        dp, one = await _pair(system)
+        await dp.ask(ComputeReplicaGradients([(X[:16], Y[:16]), (X[16:32], Y[16:32])]))
+        norm = await dp.ask(AllReduceGradients())
+        stats = await one.ask(Step(X[:32], Y[:32]))
+        assert norm == pytest.approx(stats.grad_norm, rel=1e-5)
+        assert await dp.ask(ApplyGradients()) == pytest.approx(stats.grad_norm, rel=1e-5)
+        np.testing.assert_allclose(
+            await dp.ask(GetWeights()), await one.ask(GetWeights()), rtol=1e-5, atol=1e-6
+        )
+
+
+async def test_sync_params_makes_diverged_replicas_identical_again() -> None:
+    async with ActorSystem("manual") as system:
+        dp, _ = await _pair(system)
+        await dp.ask(ComputeReplicaGradients([(X[:8], Y[:8]), (X[8:40], Y[8:40])]))
+        await dp.ask(ApplyGradients())  # each its own gradient: they diverge
+        a, b = await dp.ask(GetReplicaWeights())
+        assert not np.array_equal(a, b)
+        await dp.ask(SyncParams())
+        a2, b2 = await dp.ask(GetReplicaWeights())
+        np.testing.assert_array_equal(a2, a)
+        np.testing.assert_array_equal(b2, a)
+
+
+@pytest.mark.parametrize(
+    "counts, error, match",
+    [
+        ([], ValueError, "one count per replica"),
+        ([3], ValueError, "one count per replica"),
+        ([3, -1], ValueError, ">= 0"),
+        ([3, float("nan")], ValueError, "finite"),
+        ([0, 0], ValueError, "not all 0"),
+        ("12", TypeError, "sequence of numbers"),
+    ],
+)
+async def test_bad_batch_counts_change_nothing(counts: Any, error: type, match: str) -> None:
+    async with ActorSystem("manual") as system:
+        dp, one = await _pair(system)
+        batches = [(X[:16], Y[:16]), (X[16:32], Y[16:32])]
+        await dp.ask(ComputeReplicaGradients(batches))
+        with pytest.raises(error, match=match):
+            await dp.ask(WeightedAllReduceGradients(counts))
+        # the buffers are as they were: a good reduction still gives the union's step
+        await dp.ask(WeightedAllReduceGradients([16, 16]))
+        await dp.ask(ApplyGradients())
+        await one.ask(Step(X[:32], Y[:32]))
+        np.testing.assert_allclose(
+            await dp.ask(GetWeights()), await one.ask(GetWeights()), rtol=1e-5, atol=1e-6
+        )
+
+
+async def test_world_size_and_devices() -> None:
+    async with ActorSystem("manual") as system:
+        dp, _ = await _pair(system)
+        assert await dp.ask(GetWorldSize()) == 2
+        assert await dp.ask(GetDevices()) == (Device.parse("cpu:0"), Device.parse("cpu:1"))
+        with pytest.raises(ValueError, match="one batch per replica"):
+            await dp.ask(ComputeReplicaGradients([(X[:4], Y[:4])]))

@@ -20,6 +20,7 @@ from atomr.accel.device import (
     cuda_is_simulated,
     default_device,
     list_devices,
+    training_devices,
 )
 from atomr.accel.errors import (
     ContextPoisoned,
@@ -62,6 +63,7 @@ __all__ = [
     "default_device",
     "device_supervisor_strategy",
     "list_devices",
+    "training_devices",
     "translate_error",
 ]
 

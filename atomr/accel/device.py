@@ -24,7 +24,11 @@ __all__ = [
     "cuda_is_simulated",
     "default_device",
     "list_devices",
+    "training_devices",
 ]
+
+DEFAULT_CPU_DEVICES = 2
+"""Logical CPU devices a run uses by default when there is no GPU."""
 
 DeviceKind = Literal["cpu", "cuda"]
 _KINDS: tuple[str, ...] = ("cpu", "cuda")
@@ -175,3 +179,13 @@ def default_device() -> Device:
     if not cuda_is_simulated() and cuda_device_count() > 0:
         return Device("cuda", 0)
     return Device("cpu", 0)
+
+
+def training_devices() -> tuple[Device, ...]:
+    """The devices a run uses by default: every CUDA device of this machine
+    (the simulator does not count), else `DEFAULT_CPU_DEVICES` logical CPU
+    devices (each with its own worker thread). Never raises."""
+    gpus = 0 if cuda_is_simulated() else cuda_device_count()
+    if gpus > 0:
+        return tuple(Device("cuda", i) for i in range(gpus))
+    return tuple(Device("cpu", i) for i in range(DEFAULT_CPU_DEVICES))

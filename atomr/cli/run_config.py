@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from atomr.accel import Device, cuda_device_count, cuda_is_simulated
+from atomr.accel import Device, cuda_device_count, cuda_is_simulated, training_devices
 from atomr.cli.errors import CliError
 from atomr.cli.strategies import STRATEGIES
 from atomr.train import LossKind, OptimizerKind, TrainerConfig
@@ -28,7 +28,6 @@ from atomr.train.core.schedule import (
 
 __all__ = ["RunConfig", "default_lr", "parse_devices", "parse_hidden"]
 
-_DEFAULT_CPU_DEVICES = 2
 _SYNTHETIC_DEFAULTS = {"samples": 20_000, "features": 64, "classes": 10}
 _DEFAULT_MOMENTUM = 0.9
 
@@ -114,10 +113,8 @@ def parse_devices(
             return (Device("cuda", dist.local_rank),)
         return (Device("cpu", 0),)
     if spec is None:
-        all_gpus_or_cpus = gpus if gpus > 0 else _DEFAULT_CPU_DEVICES
-        count = 1 if strategy == "single" else all_gpus_or_cpus
-        kind = "cuda" if gpus > 0 else "cpu"
-        return tuple(Device(kind, i) for i in range(count))  # type: ignore[arg-type]
+        found = training_devices()
+        return found[:1] if strategy == "single" else found
     text = spec.strip()
     if text.isdigit():
         count = int(text)

@@ -44,6 +44,7 @@ from atomr.train.data_parallel import DataParallelOptions, DataParallelTrainer
 from atomr.train.fit import FitCallback, fit
 from atomr.train.parameter_server import AsyncParameterServer, ParameterServerOptions
 from atomr.train.pipeline import PipelineOptions, PipelineParallelTrainer
+from atomr.train.setup import setup
 from atomr.train.tensor_parallel import TensorParallelOptions, TensorParallelTrainer
 from atomr.train.trainer import Trainer
 
@@ -79,5 +80,6 @@ __all__ = [
     "fit",
     "load_checkpoint",
     "load_digits_split",
+    "setup",
     "synthetic_classification",
 ]

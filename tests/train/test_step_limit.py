@@ -74,3 +74,22 @@ def test_roles_follow_the_rank_and_a_contradiction_is_refused() -> None:
 
 def test_the_seed_name_shard_step_result_is_step_stats() -> None:
     assert ShardStepResult is StepStats
+
+
+async def test_setup_finds_devices_chooses_the_trainer_and_says_so() -> None:
+    import io
+
+    from atomr.train import GetTrainingState, Step, setup
+    from atomr.train.data_parallel import GetWorldSize
+
+    out = io.StringIO()
+    async with ActorSystem("setup") as system:
+        ref = await setup(system, Mlp([6, 8, 3], seed=0), OptimizerKind.sgd(0.1), out=out)
+        assert await ref.ask(GetWorldSize()) == 2  # two logical CPU devices here
+        stats = await ref.ask(Step(X[:16], Y[:16]))
+        assert isinstance(stats, StepStats)
+        assert (await ref.ask(GetTrainingState())).step == 1
+        single = await setup(system, Mlp([6, 8, 3]), devices=["cpu:0"], out=None)
+        assert isinstance(await single.ask(Step(X[:8], Y[:8])), StepStats)
+    line = out.getvalue().strip()
+    assert line == "atomr: 2 logical CPU devices (cpu:0, cpu:1): DataParallelTrainer, sgd lr 0.1"

@@ -26,6 +26,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 LOSSES = ("cross_entropy", "mse")
 SCHEDULES = ("gpipe", "1f1b")
 LR_SCHEDULES = ("constant", "cosine", "step")
+POLICIES = ("sync", "async")
 DATASETS = ("digits", "synthetic")
 BENCH_SUITES = ("messaging", "kernels", "train", "all")
 ACTIVATIONS = ("relu", "tanh", "gelu")
@@ -90,6 +91,20 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         default=None,
         metavar="N",
         help="parameter-server workers (--strategy ps; default: one per device)",
+    )
+    model.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=None,
+        help="--strategy data: sync (default: reduce every step) or async (local SGD: each "
+        "replica steps alone, weights averaged every --average-every steps)",
+    )
+    model.add_argument(
+        "--average-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="--policy async: steps between two averaging rounds (default: 4)",
     )
     model.add_argument(
         "--distributed",

@@ -44,6 +44,8 @@ def _refuse_flags_that_do_not_apply(args: argparse.Namespace) -> None:
             "--schedule": args.schedule,
             "--micro-batch-size": args.micro_batch_size,
             "--workers": args.workers,
+            "--policy": args.policy,
+            "--average-every": args.average_every,
         }
     )
     if args.dataset != "synthetic":
@@ -197,6 +199,8 @@ class RunConfig:
     lr_schedule: str
     warmup_epochs: int
     max_steps: int | None
+    policy: str | None
+    average_every: int | None
     dataset: str
     samples: int
     features: int
@@ -220,7 +224,10 @@ class RunConfig:
             CliError: any option out of range or inconsistent with another.
         """
         _refuse_flags_that_do_not_apply(args)
-        for name in ("epochs", "batch_size", "micro_batch_size", "workers", "samples", "features"):
+        for name in (
+            "epochs", "batch_size", "micro_batch_size", "workers", "samples", "features",
+            "average_every",
+        ):  # fmt: skip
             _positive(name.replace("_", "-"), getattr(args, name))
         if args.classes is not None and args.classes < 2:
             raise CliError(f"--classes must be >= 2, got {args.classes}")
@@ -288,6 +295,8 @@ class RunConfig:
             lr_schedule=args.lr_schedule,
             warmup_epochs=args.warmup_epochs,
             max_steps=args.max_steps,
+            policy=args.policy,
+            average_every=args.average_every,
             dataset=args.dataset,
             **{
                 k: v if getattr(args, k) is None else getattr(args, k)

@@ -30,7 +30,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.comm.mpi.errors import CollectiveError
-from atomr.train.data_parallel import DataParallelOptions
+from atomr.train.data_parallel import ApplyPolicy, DataParallelOptions
 from atomr.train.parameter_server import ParameterServerOptions
 from atomr.train.pipeline import PipelineOptions, Schedule
 
@@ -85,6 +85,20 @@ def _pipeline_options(run: RunConfig) -> PipelineOptions:
     )
 
 
+def _data_settings(run: RunConfig) -> dict[str, Any]:
+    """`--policy` and `--average-every` as `DataParallelOptions` fields."""
+    settings: dict[str, Any] = {}
+    if run.policy is not None:
+        settings["policy"] = ApplyPolicy(run.policy)
+    if run.average_every is not None:
+        settings["average_every"] = run.average_every
+    return settings
+
+
+def _data_options(run: RunConfig) -> DataParallelOptions:
+    return DataParallelOptions(**_data_settings(run))
+
+
 def _ps_options(run: RunConfig) -> ParameterServerOptions:
     return ParameterServerOptions(workers=run.workers)
 
@@ -97,6 +111,8 @@ STRATEGIES: dict[str, Strategy] = {
             "data",
             "data parallel: replicas all-reduce their gradients",
             DataParallelTrainer,
+            flags=("--policy", "--average-every"),
+            options=_data_options,
             min_batch=lambda run: len(run.devices),
         ),
         Strategy("tensor", "tensor parallel: layers split across devices", TensorParallelTrainer),
@@ -178,7 +194,7 @@ async def _spawn_distributed(
 ) -> tuple[ActorRef, Job]:
     assert run.dist is not None
     try:
-        options = DataParallelOptions.for_job(run.dist)
+        options = DataParallelOptions.for_job(run.dist, **_data_settings(run))
     except ImportError:
         raise CliError("--distributed needs mpi4py: pip install -e '.[mpi]'", 1) from None
     ref = await DataParallelTrainer.spawn(system, model, list(run.devices), config, options)

@@ -51,3 +51,28 @@ def test_the_checkpoint_carries_the_schedule_and_a_resume_must_match(
     assert code != 0  # --epochs changes the cosine's length
     err = capsys.readouterr().err
     assert "--lr-schedule" in err and "schedule" in err
+
+
+def test_policy_flags_reach_the_data_parallel_options() -> None:
+    from atomr.cli.strategies import STRATEGIES
+    from atomr.train.data_parallel import ApplyPolicy
+
+    run = _run("--strategy", "data", "--policy", "async", "--average-every", "3")
+    options = STRATEGIES["data"].options(run)
+    assert (options.policy, options.average_every) == (ApplyPolicy.ASYNC, 3)
+    assert STRATEGIES["data"].options(_run("--strategy", "data")).policy is ApplyPolicy.SYNC
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--strategy", "tensor", "--policy", "async"], "--policy only applies to --strategy data"),
+        (["--average-every", "0"], "--average-every must be >= 1"),
+    ],
+)
+def test_bad_policy_flags_are_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", "--epochs", "1", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err

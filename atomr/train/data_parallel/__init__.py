@@ -28,13 +28,14 @@ from atomr.train.data_parallel.messages import (
     SyncParams,
     WeightedAllReduceGradients,
 )
-from atomr.train.data_parallel.options import DataParallelOptions
+from atomr.train.data_parallel.options import ApplyPolicy, DataParallelOptions
 from atomr.train.data_parallel.replica import ReplicaActor
 from atomr.train.data_parallel.speed_balancer import SpeedBalancer
 from atomr.train.data_parallel.trainer import DataParallelTrainer
 
 __all__ = [
     "AllReduceGradients",
+    "ApplyPolicy",
     "ApplyGradients",
     "ComputeReplicaGradients",
     "GetDevices",

@@ -62,6 +62,19 @@ class ReplicaGroup:
         self.generation += 1
         self._synced = False
 
+    async def average_weights(self) -> None:
+        """Every replica's weights become the mean of all of them (each keeps
+        its own optimizer state): local SGD's averaging round.
+
+        Raises:
+            Exception: the first failing replica's own exception.
+        """
+        states: list[ReplicaState] = await self.gather(GetState())
+        mean = np.mean([np.asarray(s.weights, dtype=np.float64) for s in states], axis=0)
+        weights = mean.astype(np.asarray(states[0].weights).dtype)
+        updates = [SetState(ReplicaState(s.model, weights, s.optimizer, s.steps)) for s in states]
+        await ask_all(self.refs, updates, self.timeout)
+
     async def ask_each(self, messages: Sequence[Any]) -> list[Any]:
         """One message per replica; every outcome, exceptions included."""
         return await ask_all_settled(self.refs, messages, self.timeout)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -166,17 +167,23 @@ class StepRunner:
         comm = _micros_since(reduce_started)
         return await self.apply(reduced, samples, t0, comm)
 
-    async def apply(
-        self, reduced: Reduced, samples: int, t0: int, comm_micros: int
-    ) -> StepStats | Failure:
-        """Phase 2: every replica applies, or none keeps the step."""
-        token = next(self._tokens)
-        if reduced.gradients is None:  # each replica finalises its own buffer
-            clip = self.config.gradient_clip
-            apply = ApplyReducedGradients(None, scale=reduced.scale, clip=clip, token=token)
+    def next_token(self) -> int:
+        """A fresh token for one apply (`Rollback` names it)."""
+        return next(self._tokens)
+
+    async def apply_all(
+        self, applies: ApplyReducedGradients | list[ApplyReducedGradients], token: int
+    ) -> list[Any] | Failure:
+        """Every replica applies (one message for all, or one each), or none
+        keeps the step: a failure anywhere rolls the others back and repairs.
+
+        Returns:
+            The replies, or the `Failure` to answer with.
+        """
+        if isinstance(applies, list):
+            results = await self.replicas.ask_each(applies)
         else:
-            apply = ApplyReducedGradients(reduced.gradients, token=token)
-        results = await self.replicas.ask_every(apply)
+            results = await self.replicas.ask_every(applies)
         if failed_indices(results):
             # a replica whose ask timed out may still apply: its Rollback waits behind it
             undo = [
@@ -186,6 +193,21 @@ class StepRunner:
             ]
             await self.replicas.ask_every(Rollback(token), undo)
             return await self.replicas.repair(results)
+        return results
+
+    async def apply(
+        self, reduced: Reduced, samples: int, t0: int, comm_micros: int
+    ) -> StepStats | Failure:
+        """Phase 2: every replica applies, or none keeps the step."""
+        token = self.next_token()
+        if reduced.gradients is None:  # each replica finalises its own buffer
+            clip = self.config.gradient_clip
+            apply = ApplyReducedGradients(None, scale=reduced.scale, clip=clip, token=token)
+        else:
+            apply = ApplyReducedGradients(reduced.gradients, token=token)
+        results = await self.apply_all(apply, token)
+        if isinstance(results, Failure):
+            return results
         grad_norm = reduced.grad_norm if reduced.grad_norm is not None else float(results[0])
         self.steps += 1
         check = self.options.check_every

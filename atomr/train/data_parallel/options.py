@@ -3,6 +3,7 @@ strategy has (what every trainer shares is in `TrainerConfig`)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ from atomr.train.comm.mpi.collective import MpiCollective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.data_parallel.speed_balancer import check_balance_settings
 
-__all__ = ["COLLECTIVES", "DataParallelOptions"]
+__all__ = ["ApplyPolicy", "COLLECTIVES", "DataParallelOptions"]
 
 COLLECTIVES = ("host", "ring")
 """The collectives `DataParallelOptions.collective` names."""
@@ -22,6 +23,23 @@ def _check_int(name: str, value: object, low: int) -> None:
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+class ApplyPolicy(enum.Enum):
+    """When replicas average (flodl's policies).
+
+    SYNC: every step, the gradients of all replicas are reduced and applied
+    once (the replicas stay identical; equals one device).
+    ASYNC: local SGD. Each replica applies its own shard's mean gradient with
+    its own optimizer; every `average_every` steps the replicas' weights are
+    averaged (each keeps its optimizer state), after which they are identical
+    again. The averaging is a round every replica joins; between rounds the
+    replicas train without exchanging anything. It is not the single-device
+    step: with plain SGD, `average_every=1` and equal shards it is.
+    """
+
+    SYNC = "sync"
+    ASYNC = "async"
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,9 @@ class DataParallelOptions:
         process_rank: this process's rank in the job, in `[0, process_count)`.
         process_count: the number of processes in the job (> 1 needs a
             `process_collective`).
+        policy: `ApplyPolicy.SYNC` (default) or `ApplyPolicy.ASYNC` (local
+            SGD: one process, no divergence checks, no gradient accumulation).
+        average_every: with ASYNC, the steps between two averaging rounds (>= 1).
 
     Raises:
         TypeError: a setting has the wrong type.
@@ -70,6 +91,8 @@ class DataParallelOptions:
     process_collective: Collective | None = None
     process_rank: int = 0
     process_count: int = 1
+    policy: ApplyPolicy = ApplyPolicy.SYNC
+    average_every: int = 4
 
     def __post_init__(self) -> None:
         if isinstance(self.collective, str):
@@ -91,6 +114,19 @@ class DataParallelOptions:
         if self.check_every is not None:
             _check_int("check_every", self.check_every, 1)
         self._check_processes()
+        self._check_policy()
+
+    def _check_policy(self) -> None:
+        if not isinstance(self.policy, ApplyPolicy):
+            raise TypeError(f"policy must be an ApplyPolicy, got {self.policy!r}")
+        _check_int("average_every", self.average_every, 1)
+        if self.policy is ApplyPolicy.ASYNC:
+            if self.process_count > 1:
+                raise ValueError("ApplyPolicy.ASYNC averages within one process; use SYNC in a job")
+            if self.check_every is not None:
+                raise ValueError(
+                    "check_every applies to SYNC: ASYNC replicas differ between averaging rounds"
+                )
 
     def _check_processes(self) -> None:
         pc = self.process_collective

@@ -41,6 +41,7 @@ from atomr.train._contract import (
     check_config,
     check_options,
     check_spawn_args,
+    refuse_accumulation,
 )
 from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
@@ -62,6 +63,7 @@ from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.step_checks import check_step_limit, evaluation
 from atomr.train.core.validation import validate_batch
 from atomr.train.data_parallel._checkpoints import Checkpoints
+from atomr.train.data_parallel._local_sgd import LocalSgd
 from atomr.train.data_parallel._manual import MANUAL_VERBS, ManualVerbs
 from atomr.train.data_parallel._reduction import GradientReduction
 from atomr.train.data_parallel._replicas import ReplicaGroup
@@ -79,7 +81,7 @@ from atomr.train.data_parallel.messages import (
     SyncParams,
     WeightedAllReduceGradients,
 )
-from atomr.train.data_parallel.options import DataParallelOptions
+from atomr.train.data_parallel.options import ApplyPolicy, DataParallelOptions
 from atomr.train.data_parallel.replica import ReplicaActor, worker_deadline
 
 __all__ = ["DataParallelTrainer", "replica_decider"]
@@ -111,7 +113,8 @@ def _checked(
 
     Raises:
         TypeError: an argument has the wrong type.
-        ValueError: `options.speed_hint` does not have one entry per replica.
+        ValueError: `options.speed_hint` does not have one entry per replica,
+            or ASYNC with gradient accumulation.
     """
     trainer_config = check_config(config)
     if not isinstance(replicas, Sequence):
@@ -123,6 +126,8 @@ def _checked(
     checked = options if isinstance(options, DataParallelOptions) else DataParallelOptions()
     if replicas:
         checked.replica_count_fits(len(replicas))
+    if checked.policy is ApplyPolicy.ASYNC:
+        refuse_accumulation(trainer_config, "data-parallel (ApplyPolicy.ASYNC)")
     return trainer_config, list(replicas), checked
 
 
@@ -176,6 +181,7 @@ class DataParallelTrainer(Actor):
             config, self.options, self.replicas, self._runner, self._host
         )
         self._manual = ManualVerbs(config, self.options, self.replicas, self._runner)
+        self._local = LocalSgd(self._runner, self.options.average_every)
 
     # -- construction -------------------------------------------------------
 
@@ -366,6 +372,8 @@ class DataParallelTrainer(Actor):
         if o.process_collective is not None:
             share = shard_for_rank(rows, o.process_rank, o.process_count)
             x, y = x[share], y[share]
+        if o.policy is ApplyPolicy.ASYNC:
+            return await self._local.step(x, y, rows)
         return await self._runner.step(x, y, rows)
 
     async def _evaluate(self, message: Evaluate) -> EvalResult:

@@ -11,6 +11,8 @@ Figures (median seconds per step over `--repeat` steps, after a warm-up):
   directly on the main thread.
 - `trainer_step`: `await trainer.ask(Step(x, y))` on a `Trainer` actor on
   "cpu:0": validation, the math on the device's worker thread, messaging.
+- `inline_trainer_step_s`: the same with `Trainer.inline_below_s` set
+  (`INLINE_BELOW_S`): short jobs run on the event loop's thread (opt-in).
 - `update_s`: the optimizer's fused update alone, out of place as the
   `Trainer` applies it (`Optimizer.step_into`). The
   check that every new weight is finite is one compare per weight inside
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from atomr import ActorSystem
+from atomr.accel.job_timing import INLINE_BELOW_S
 from atomr.accel.threads import blas_threads
 from atomr.train import LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
 from atomr.train.core import global_norm
@@ -117,11 +120,19 @@ def timed(fn: Callable[[], Any], repeat: int) -> float:
     return statistics.median(samples)
 
 
-async def trainer_time(model: Mlp, x: np.ndarray, y: np.ndarray, repeat: int) -> float:
+class InlineTrainer(Trainer):
+    """A Trainer whose short jobs run on the event loop's thread (opt-in)."""
+
+    inline_below_s = INLINE_BELOW_S
+
+
+async def trainer_time(
+    model: Mlp, x: np.ndarray, y: np.ndarray, repeat: int, trainer: type[Trainer] = Trainer
+) -> float:
     """Median seconds of `ask(Step)` on a Trainer on cpu:0."""
     config = TrainerConfig(OptimizerKind.sgd(LR), LossKind.CROSS_ENTROPY)
     async with ActorSystem("bench") as system:
-        ref = await Trainer.spawn(system, model, "cpu:0", config)
+        ref = await trainer.spawn(system, model, "cpu:0", config)
         for _ in range(2):
             await ref.ask(Step(x, y), timeout=60)
         samples = []
@@ -158,11 +169,15 @@ def main() -> None:
     params = model.get_params()
     work = Mlp.from_params(SIZES, params)
     spare_out = np.empty_like(work.params)  # the Trainer's update is out of place
-    results: dict[str, list[float]] = {"numpy": [], "mlp": [], "trainer": [], "update": []}
+    results: dict[str, list[float]] = {
+        "numpy": [], "mlp": [], "trainer": [], "inline": [], "update": []
+    }  # fmt: skip
     for _ in range(3):
         results["numpy"].append(timed(lambda: numpy_step(params, x, y), args.repeat))
         results["mlp"].append(timed(lambda: mlp_step(work, opt, x, y), args.repeat))
         results["trainer"].append(asyncio.run(trainer_time(model, x, y, args.repeat)))
+        inline = trainer_time(model, x, y, args.repeat, InlineTrainer)
+        results["inline"].append(asyncio.run(inline))
         results["update"].append(
             timed(lambda: opt.step_into(work.params, work.grads, spare_out, {}), args.repeat)
         )
@@ -185,6 +200,8 @@ def main() -> None:
                 "trainer_step_s": round(t_tr, 6),
                 "mlp_ratio": round(t_mlp / t_np, 3),
                 "trainer_ratio": round(t_tr / t_np, 3),
+                "inline_trainer_step_s": round(min(results["inline"]), 6),
+                "inline_trainer_ratio": round(min(results["inline"]) / t_np, 3),
                 "update_s": round(t_update, 6),
                 "finiteness_check_share_at_most": round(t_update / t_mlp, 4),
                 "check": {

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from atomr.accel.backend import Backend, backend_for
 from atomr.accel.device import Device
+from atomr.accel.job_timing import JobTiming
 from atomr.accel.serial_worker import SerialWorker
 from atomr.accel.threads import BLAS_SHARE
 from atomr.accel.translate import translate_error
@@ -81,7 +82,17 @@ class DeviceActor(Actor):
     Attributes:
         device: the Device.
         backend: its Backend (kernels and memory).
+        inline_below_s: class attribute, 0 (off) by default. Above 0, on a CPU
+            device, jobs that ran shorter than this (seconds) their last times
+            run on the event loop's thread when the worker is idle: a small
+            model's step then costs no thread hops (`JobTiming`). Off by
+            default because a job that is usually short but turns slow (a far
+            larger batch, a stall) then blocks the event loop, and every
+            deadline on it fires late. Set it on a subclass
+            (`class FastTrainer(Trainer): inline_below_s = 2e-4`).
     """
+
+    inline_below_s: float = 0.0
 
     def __init__(self, device: Device | str = "cpu:0") -> None:
         super().__init__()
@@ -89,6 +100,10 @@ class DeviceActor(Actor):
         self.backend: Backend = backend_for(self.device)
         self._worker: SerialWorker | None = None
         self._holds_blas_share = False
+        # CPU jobs known to be short may run inline (`job_timing.py`); a CUDA
+        # device's jobs stay on the thread that holds its context
+        inline = self.inline_below_s > 0 and not self.device.is_cuda
+        self._timing = JobTiming(self.inline_below_s) if inline else None
 
     # ------------------------------------------------------------ life cycle
 
@@ -133,7 +148,10 @@ class DeviceActor(Actor):
         """Run ``fn(*args, **kwargs)`` on this actor's worker thread and await its result.
 
         Jobs run one at a time, in the order they were submitted; the event loop
-        keeps running meanwhile.
+        keeps running meanwhile. Opt-in (`inline_below_s > 0`, CPU devices): a
+        job whose function has run shorter than that its last times runs on the
+        event loop's thread instead, when the worker is idle, since two thread
+        wake-ups cost more than such a job (`atomr/accel/job_timing.py`).
 
         Args:
             fn: the function.
@@ -151,8 +169,18 @@ class DeviceActor(Actor):
         worker = self._worker
         if worker is None:
             raise RuntimeError(f"DeviceActor on {self.device}: the worker thread is not running")
+        job = functools.partial(fn, *args, **kwargs)
+        timing = self._timing
         try:
-            return await worker.submit(functools.partial(fn, *args, **kwargs))
+            if timing is not None and timing.inline(fn):
+                return timing.timed(job, fn)()  # short, and the worker is idle
+            if timing is None:
+                return await worker.submit(job)
+            timing.in_flight += 1
+            try:
+                return await worker.submit(timing.timed(job, fn))
+            finally:
+                timing.in_flight -= 1
         except Exception as exc:
             error = translate_error(exc, str(self.device))
             if error is exc:

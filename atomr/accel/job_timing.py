@@ -1,0 +1,73 @@
+"""`JobTiming`: which jobs of a CPU device actor are short enough to run inline.
+
+Handing a job to the device's worker thread and its result back costs two
+thread wake-ups: about 140 us on this 2-core VM under a training step's
+load, more than the whole step of a small model (a 64-128-10 MLP at batch 32
+takes 50 us). With `DeviceActor.inline_below_s` set (opt-in), a job known to be short (its
+last runs averaged less than that) runs on the event loop's thread when the
+worker is idle. Every job's time is tracked by the function it runs (an
+exponential average), so a checkpoint save or a big step keeps going to the
+worker thread; but a usually-short job that turns slow blocks the loop while
+it runs, which is why this is off by default.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["INLINE_BELOW_S", "JobTiming"]
+
+T = TypeVar("T")
+
+INLINE_BELOW_S = 200e-6
+"""A threshold that suits small models here (the measurement in docs/benchmarks.md)."""
+
+_WEIGHT = 0.2  # of the newest run in the average
+_RUNS_BEFORE_INLINE = 3  # timed on the worker first
+
+
+def _key(fn: Callable[..., Any]) -> Any:
+    """Jobs are told apart by the function they run (a bound method's function)."""
+    inner = getattr(fn, "func", fn)  # functools.partial
+    return getattr(inner, "__func__", inner)
+
+
+class JobTiming:
+    """Average run time by job function, and whether a job may run inline.
+
+    Args:
+        threshold: `INLINE_BELOW_S` by default; 0 disables inline runs.
+    """
+
+    def __init__(self, threshold: float = INLINE_BELOW_S) -> None:
+        self.threshold = threshold
+        self._average: dict[Any, tuple[float, int]] = {}
+        self.in_flight = 0  # jobs handed to the worker and not finished
+
+    def inline(self, fn: Callable[..., Any]) -> bool:
+        """True when `fn` has been short its last runs and the worker is idle."""
+        if self.threshold <= 0 or self.in_flight:
+            return False
+        average, runs = self._average.get(_key(fn), (0.0, 0))
+        return runs >= _RUNS_BEFORE_INLINE and average < self.threshold
+
+    def timed(self, fn: Callable[[], T], key: Callable[..., Any]) -> Callable[[], T]:
+        """`fn`, recording its run time under `key`'s job."""
+
+        def run() -> T:
+            started = time.perf_counter()
+            try:
+                return fn()
+            finally:
+                self.record(key, time.perf_counter() - started)
+
+        return run
+
+    def record(self, fn: Callable[..., Any], seconds: float) -> None:
+        """Fold one run of `fn` into its average (from any thread: a dict
+        assignment is atomic, and a lost update only delays the decision)."""
+        k = _key(fn)
+        average, runs = self._average.get(k, (seconds, 0))
+        self._average[k] = ((1.0 - _WEIGHT) * average + _WEIGHT * seconds, runs + 1)

@@ -1,0 +1,60 @@
+"""Opt-in inline runs of short CPU jobs (`DeviceActor.inline_below_s`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from atomr import ActorSystem, Props
+from atomr.accel import DeviceActor
+from atomr.accel.job_timing import INLINE_BELOW_S
+from atomr.train import GetWeights, LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
+
+
+def _slow() -> int:
+    time.sleep(0.01)
+    return threading.get_ident()
+
+
+class _Probe(DeviceActor):
+    inline_below_s = 2e-3
+
+    async def receive(self, message: str) -> int:
+        return await self.on_device(threading.get_ident if message == "short" else _slow)
+
+
+class _Default(_Probe):
+    inline_below_s = 0.0
+
+
+async def test_a_short_job_runs_inline_once_timed_and_a_long_one_never() -> None:
+    loop_thread = threading.get_ident()
+    async with ActorSystem("inline") as system:
+        probe = system.spawn(Props(_Probe, "cpu:0"))
+        threads = [await probe.ask("short") for _ in range(6)]
+        assert all(t != loop_thread for t in threads[:3])  # timed on the worker first
+        assert all(t == loop_thread for t in threads[3:])
+        slow = [await probe.ask("long") for _ in range(6)]
+        assert all(t != loop_thread for t in slow)
+        default = system.spawn(Props(_Default, "cpu:0"))
+        assert all([await default.ask("short") != loop_thread for _ in range(6)])
+
+
+class _FastTrainer(Trainer):
+    inline_below_s = INLINE_BELOW_S
+
+
+async def test_an_inline_trainer_computes_the_same_bits() -> None:
+    x = np.random.default_rng(0).random((32, 8), dtype=np.float32)
+    y = np.arange(32) % 3
+    config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+    async with ActorSystem("inline") as system:
+        fast = await _FastTrainer.spawn(system, Mlp([8, 16, 3]), "cpu:0", config)
+        plain = await Trainer.spawn(system, Mlp([8, 16, 3]), "cpu:0", config)
+        for _ in range(10):
+            a = await fast.ask(Step(x, y))
+            b = await plain.ask(Step(x, y))
+            assert a.loss == b.loss
+        np.testing.assert_array_equal(await fast.ask(GetWeights()), await plain.ask(GetWeights()))

@@ -52,7 +52,7 @@ from atomr.train.core.messages import (
     Step,
 )
 from atomr.train.core.mlp import Mlp
-from atomr.train.core.optimizer import Optimizer
+from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.step_checks import (
     check_gradient,

@@ -2,7 +2,8 @@
 data, validation and the messages every trainer answers. No actors live here.
 
 - `Mlp` (`mlp.py`): the model, one flat float32 parameter vector.
-- `LossKind` (`loss.py`), `OptimizerKind` and `Optimizer` (`optimizer.py`),
+- `LossKind` (`loss.py`), `OptimizerKind` (`optimizer.py`) and the state it
+  creates, `Optimizer` (`optimizer_state.py`),
   `clip_grad_norm` / `global_norm` (`clip.py`).
 - `TrainerConfig` (`config.py`): what every strategy shares.
 - The contract's messages (`messages.py`) and replies (`stats.py`).
@@ -25,7 +26,8 @@ from atomr.train.core.errors import (
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
 from atomr.train.core.mlp import LayerOffsets, Mlp, Tape
-from atomr.train.core.optimizer import Optimizer, OptimizerKind
+from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.partition import split_bounds, split_sizes
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.validation import validate_batch, validate_features

@@ -31,12 +31,13 @@ import numpy as np
 
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
 from atomr.train.core._cpu import cpu_backend
-from atomr.train.core.errors import NonFiniteError
+from atomr.train.core.optimizer_state import Adam, Optimizer, Sgd
 from atomr.train.core.schedule import LrSchedule, schedule_from_config
 
-__all__ = ["Adam", "Optimizer", "OptimizerKind", "Sgd"]
+__all__ = ["OptimizerKind"]
 
 _KINDS = ("sgd", "adam", "adamw")
+
 _ADAM_DEFAULTS = {"betas": (0.9, 0.999), "eps": 1e-8}
 _SGD_DEFAULTS = {"momentum": 0.0, "dampening": 0.0, "nesterov": False}
 
@@ -144,14 +145,7 @@ class OptimizerKind:
         Raises:
             ValueError: betas outside [0, 1), negative or non-finite values.
         """
-        b1, b2 = betas
-        return cls(
-            "adam",
-            float(lr),
-            weight_decay=float(weight_decay),
-            betas=(float(b1), float(b2)),
-            eps=float(eps),
-        )
+        return cls._adam_family("adam", lr, betas, eps, weight_decay)
 
     @classmethod
     def adamw(
@@ -166,9 +160,15 @@ class OptimizerKind:
         Raises:
             ValueError: betas outside [0, 1), negative or non-finite values.
         """
+        return cls._adam_family("adamw", lr, betas, eps, weight_decay)
+
+    @classmethod
+    def _adam_family(
+        cls, name: str, lr: float, betas: tuple[float, float], eps: float, weight_decay: float
+    ) -> OptimizerKind:
         b1, b2 = betas
         return cls(
-            "adamw",
+            name,
             float(lr),
             weight_decay=float(weight_decay),
             betas=(float(b1), float(b2)),
@@ -230,9 +230,8 @@ class OptimizerKind:
             raise ValueError(f"n must be >= 1, got {n}")
         if backend is None:
             backend = cpu_backend()
-        if self.name == "sgd":
-            return Sgd(self, n, backend, np.dtype(dtype))
-        return Adam(self, n, backend, np.dtype(dtype))
+        state = Sgd if self.name == "sgd" else Adam
+        return state(self, n, backend, np.dtype(dtype))
 
     def to_config(self) -> dict[str, Any]:
         """A JSON-serialisable description (checkpoints, the CLI); the
@@ -263,292 +262,3 @@ class OptimizerKind:
         if cfg.get("schedule") is not None:
             cfg["schedule"] = schedule_from_config(cfg["schedule"])
         return cls(**cfg)
-
-
-class Optimizer:
-    """Optimizer state over a flat parameter vector; see `OptimizerKind.create`.
-
-    Attributes:
-        kind: the rule and hyper-parameters.
-        n: number of parameters.
-        step_count: steps applied so far.
-    """
-
-    _buffers: tuple[str, ...] = ()
-    _nonnegative_buffers: tuple[str, ...] = ()
-
-    def __init__(self, kind: OptimizerKind, n: int, backend: Any, dtype: np.dtype) -> None:
-        self.kind = kind
-        self.n = int(n)
-        self.backend = backend
-        self.dtype = dtype
-        self.step_count = 0
-
-    def set_lr(self, lr: float) -> None:
-        """Use `lr` as the base learning rate from the next update on.
-
-        Raises:
-            ValueError, TypeError: as `OptimizerKind` for a bad `lr` (nothing changed).
-        """
-        self.kind = self.kind.with_lr(lr)
-
-    def _check_args(self, op: str, read_only: tuple[str, ...], **buffers: Any) -> None:
-        """The caller's buffers, checked once: `(n,)`, this optimizer's dtype,
-        and what the backend's kernels need (`Backend.validate`); the steps
-        then launch the unchecked kernels over them and the optimizer's own state."""
-        for name, arr in buffers.items():
-            if tuple(arr.shape) != (self.n,):
-                raise ValueError(f"{name} must have shape ({self.n},), got {tuple(arr.shape)}")
-            if np.dtype(arr.dtype) != self.dtype:
-                raise ValueError(f"{name} must be {self.dtype}, got {arr.dtype}")
-        self.backend.validate(op, read_only=read_only, **buffers)
-
-    def step(self, params: Any, grads: Any) -> None:
-        """Apply one update to `params` in place (one fused kernel pass).
-
-        Args:
-            params: flat parameter vector `(n,)` in the backend's memory.
-            grads: flat gradient vector `(n,)`, same memory and dtype.
-
-        Raises:
-            ValueError: wrong shape or dtype (nothing is changed).
-            TypeError: not buffers of the optimizer's backend.
-            NonFiniteError: the update made a weight non-finite. In place it
-                cannot be undone: `params` and the state hold it (the step is
-                counted). Use `step_into` to refuse it with nothing changed.
-        """
-        finite = self._step_in_place(params, grads)
-        self.step_count += 1
-        if not finite:
-            raise self._non_finite(self.step_count, "applied in place")
-
-    def _non_finite(self, step: int, outcome: str = "not applied") -> NonFiniteError:
-        return NonFiniteError(
-            f"update {step} ({self.kind.name}, lr={self.kind.lr_at(step - 1):g}) makes a weight"
-            f" non-finite; {outcome}"
-        )
-
-    def step_into(
-        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
-    ) -> dict[str, Any]:
-        """One update out of place: the new parameters go to `params_out`,
-        the new state to buffers taken from `spare` (by name; allocated where
-        missing or of the wrong size). `params`, the current buffers and the
-        step count are left as they were; `adopt` the returned buffers with
-        `step_count + 1` to commit. Bit-identical to `step`.
-
-        Args:
-            params: flat parameter vector `(n,)` (read only).
-            grads: flat gradient vector `(n,)`.
-            params_out: `(n,)` for the new parameters (not `params`).
-            spare: buffers to reuse, by name (see `buffers`); not modified.
-
-        Returns:
-            The new state buffers by name (as `buffers()` would give after `step`).
-
-        Raises:
-            ValueError: wrong shape or dtype (nothing is changed).
-            TypeError: not buffers of the optimizer's backend.
-            NonFiniteError: a new weight would be non-finite (checked in the
-                kernel's pass); nothing is changed (`params_out` and the spare
-                buffers hold garbage).
-        """
-        raise NotImplementedError
-
-    def _step_in_place(self, params: Any, grads: Any) -> bool:
-        """The in-place update; True when every new weight is finite."""
-        raise NotImplementedError
-
-    def adopt(self, buffers: dict[str, Any], step_count: int) -> None:
-        """Make `buffers` (by name, as from `buffers()` or `step_into`) and
-        `step_count` the current state; no data is copied."""
-        for name in self._buffers:
-            setattr(self, name, buffers.get(name))
-        self.step_count = int(step_count)
-
-    def _spare(self, spare: dict[str, Any], name: str) -> Any:
-        buf = spare.get(name)
-        if buf is None or tuple(buf.shape) != (self.n,) or np.dtype(buf.dtype) != self.dtype:
-            buf = self.backend.empty((self.n,), dtype=self.dtype)
-        return buf
-
-    def buffers(self) -> dict[str, Any]:
-        """The state buffers by name (SGD: `momentum_buffer`; Adam and AdamW:
-        `exp_avg`, `exp_avg_sq`), each in the backend's memory, or None while
-        not created yet (SGD's momentum before its first step).
-
-        Returns:
-            A new dict; the buffers themselves are not copied.
-        """
-        found = {}
-        for name in self._buffers:
-            found[name] = getattr(self, name)
-        return found
-
-    def set_buffer(self, name: str, buffer: Any) -> None:
-        """Replace the state buffer `name` (one of `buffers()`) with `buffer`
-        (`(n,)` in the backend's memory, or None: not created yet).
-
-        Raises:
-            ValueError: `name` is not one of this optimizer's buffers.
-        """
-        if name not in self._buffers:
-            raise ValueError(f"{type(self).__name__} has no buffer {name!r}")
-        setattr(self, name, buffer)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The state as host data: `kind` (config dict), `step` (int) and one
-        ndarray per buffer. Suitable for `save_checkpoint`."""
-        state: dict[str, Any] = {"kind": self.kind.to_config(), "step": self.step_count}
-        for name in self._buffers:
-            buf = getattr(self, name)
-            if buf is not None:
-                state[name] = np.asarray(self.backend.to_host(buf))
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore state from `state_dict()` output (hyper-parameters are
-        taken from `state["kind"]` too, so a learning-rate schedule survives).
-
-        Raises:
-            ValueError: another optimizer kind, a step that is not a
-                non-negative integer, buffers of the wrong size, non-finite
-                buffers, or a negative value in a buffer that cannot hold one.
-        """
-        kind = OptimizerKind.from_config(state["kind"])
-        if kind.name != self.kind.name:
-            raise ValueError(f"state is for {kind.name!r}, this optimizer is {self.kind.name!r}")
-        step = state["step"]
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"step must be a non-negative integer, got {step!r}")
-        loaded: dict[str, Any] = {}
-        for name in self._buffers:
-            host = state.get(name)
-            if host is None:
-                loaded[name] = None
-                continue
-            host = np.asarray(host)
-            if host.shape != (self.n,):
-                raise ValueError(f"buffer {name!r} has shape {host.shape}, expected ({self.n},)")
-            host = np.ascontiguousarray(host, dtype=self.dtype)
-            if not np.isfinite(host).all():
-                raise ValueError(f"buffer {name!r} holds NaN or infinity")
-            if name in self._nonnegative_buffers and (host < 0).any():
-                raise ValueError(f"buffer {name!r} holds negative values")
-            loaded[name] = self.backend.to_device(host)
-        self.kind = kind
-        self.step_count = int(step)
-        for name, buf in loaded.items():
-            setattr(self, name, buf)
-
-
-class Sgd(Optimizer):
-    """torch.optim.SGD over a flat vector (see the module docstring).
-
-    Attributes:
-        momentum_buffer: the momentum buffer (None until the first step with
-            momentum, as in torch).
-    """
-
-    _buffers = ("momentum_buffer",)
-
-    def __init__(self, kind: OptimizerKind, n: int, backend: Any, dtype: np.dtype) -> None:
-        super().__init__(kind, n, backend, dtype)
-        self.momentum_buffer: Any = None
-
-    def _step_in_place(self, params: Any, grads: Any) -> bool:
-        self._check_args("Sgd.step", ("grads",), params=params, grads=grads)
-        k = self.kind
-        step = self.step_count + 1
-        if k.momentum != 0.0 and self.momentum_buffer is None:
-            # torch creates the buffer on the first step as a copy of the gradient;
-            # the kernel does the same when `step == 1`, so zeros suffice here.
-            self.momentum_buffer = self.backend.zeros((self.n,), dtype=self.dtype)
-            step = 1
-        buf = params if self.momentum_buffer is None else self.momentum_buffer
-        return bool(
-            self.backend.sgd_step_unchecked(
-                params, grads, buf, k.hyperparameters_at(self.step_count), step, params, buf
-            )
-        )
-
-    def step_into(
-        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
-    ) -> dict[str, Any]:
-        self._check_args(
-            "Sgd.step_into",
-            ("params", "grads"),
-            params=params,
-            grads=grads,
-            params_out=params_out,
-        )
-        k = self.kind
-        step = self.step_count + 1
-        buf, out = self.momentum_buffer, None
-        if k.momentum != 0.0:
-            out = self._spare(spare, "momentum_buffer")
-            if buf is None:  # torch's first step: the kernel ignores buf when step == 1
-                buf, step = out, 1
-        finite = self.backend.sgd_step_unchecked(
-            params,
-            grads,
-            params if buf is None else buf,
-            k.hyperparameters_at(self.step_count),
-            step,
-            params_out,
-            params_out if out is None else out,
-        )
-        if not finite:
-            raise self._non_finite(self.step_count + 1)
-        return {"momentum_buffer": out if out is not None else self.momentum_buffer}
-
-
-class Adam(Optimizer):
-    """torch.optim.Adam / AdamW over a flat vector (see the module docstring).
-
-    Attributes:
-        exp_avg: first-moment buffer `m`.
-        exp_avg_sq: second-moment buffer `v`.
-    """
-
-    _buffers = ("exp_avg", "exp_avg_sq")
-    _nonnegative_buffers = ("exp_avg_sq",)
-
-    def __init__(self, kind: OptimizerKind, n: int, backend: Any, dtype: np.dtype) -> None:
-        super().__init__(kind, n, backend, dtype)
-        self.exp_avg: Any = backend.zeros((n,), dtype=dtype)
-        self.exp_avg_sq: Any = backend.zeros((n,), dtype=dtype)
-
-    def _step_in_place(self, params: Any, grads: Any) -> bool:
-        self._check_args("Adam.step", ("grads",), params=params, grads=grads)
-        m, v = self.exp_avg, self.exp_avg_sq
-        hyper, step = self.kind.hyperparameters_at(self.step_count), self.step_count + 1
-        return bool(
-            self.backend.adam_step_unchecked(params, grads, m, v, hyper, step, params, m, v)
-        )
-
-    def step_into(
-        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
-    ) -> dict[str, Any]:
-        self._check_args(
-            "Adam.step_into",
-            ("params", "grads"),
-            params=params,
-            grads=grads,
-            params_out=params_out,
-        )
-        m, v = self._spare(spare, "exp_avg"), self._spare(spare, "exp_avg_sq")
-        finite = self.backend.adam_step_unchecked(
-            params,
-            grads,
-            self.exp_avg,
-            self.exp_avg_sq,
-            self.kind.hyperparameters_at(self.step_count),
-            self.step_count + 1,
-            params_out,
-            m,
-            v,
-        )
-        if not finite:
-            raise self._non_finite(self.step_count + 1)
-        return {"exp_avg": m, "exp_avg_sq": v}

@@ -45,7 +45,8 @@ from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint, SetLearningRate
-from atomr.train.core.optimizer import Optimizer, OptimizerKind
+from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
 from atomr.train.parameter_server._clocks import WorkerClocks
 from atomr.train.parameter_server._push_checks import check_push, check_staleness, check_worker

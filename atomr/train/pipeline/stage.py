@@ -29,7 +29,8 @@ from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import SetLearningRate
 from atomr.train.core.mlp import Mlp, Tape
-from atomr.train.core.optimizer import Optimizer, OptimizerKind
+from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.pipeline._stage_run import StageRunner
 from atomr.train.pipeline.messages import (
     AbortStep,

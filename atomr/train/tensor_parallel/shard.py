@@ -21,7 +21,8 @@ from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import SetLearningRate
 from atomr.train.core.mlp import Mlp
-from atomr.train.core.optimizer import Optimizer, OptimizerKind
+from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.step_checks import check_loss, check_normaliser
 from atomr.train.tensor_parallel.messages import (
     LossResult,

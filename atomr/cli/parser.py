@@ -26,7 +26,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 LOSSES = ("cross_entropy", "mse")
 SCHEDULES = ("gpipe", "1f1b")
 LR_SCHEDULES = ("constant", "cosine", "step")
-POLICIES = ("sync", "async")
+POLICIES = ("sync", "cadence", "async")
 DATASETS = ("digits", "synthetic")
 BENCH_SUITES = ("messaging", "kernels", "train", "all")
 ACTIVATIONS = ("relu", "tanh", "gelu")
@@ -96,8 +96,9 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--policy",
         choices=POLICIES,
         default=None,
-        help="--strategy data: sync (default: reduce every step) or async (local SGD: each "
-        "replica steps alone, weights averaged every --average-every steps)",
+        help="--strategy data: sync (default: reduce every step), cadence (El Che: faster "
+        "devices take more batches per round) or async (local SGD: each replica steps "
+        "alone, weights averaged every --average-every steps)",
     )
     model.add_argument(
         "--average-every",

@@ -30,6 +30,13 @@ class ApplyPolicy(enum.Enum):
 
     SYNC: every step, the gradients of all replicas are reduced and applied
     once (the replicas stay identical; equals one device).
+    CADENCE: El Che. A round spans several `Step`s; each batch goes whole to
+    one replica, a replica k times faster taking k times as many (the slowest
+    takes `cadence_anchor`), all computing side by side; once every quota is
+    met the gradients are reduced, weighted by what each replica saw, and
+    applied once: the round equals one single-device step on the union of
+    its batches. The anchor is auto-tuned to keep the reduction's share of a
+    round near `cadence_target`.
     ASYNC: local SGD. Each replica applies its own shard's mean gradient with
     its own optimizer; every `average_every` steps the replicas' weights are
     averaged (each keeps its optimizer state), after which they are identical
@@ -39,6 +46,7 @@ class ApplyPolicy(enum.Enum):
     """
 
     SYNC = "sync"
+    CADENCE = "cadence"
     ASYNC = "async"
 
 
@@ -76,6 +84,12 @@ class DataParallelOptions:
         policy: `ApplyPolicy.SYNC` (default) or `ApplyPolicy.ASYNC` (local
             SGD: one process, no divergence checks, no gradient accumulation).
         average_every: with ASYNC, the steps between two averaging rounds (>= 1).
+        cadence_anchor: with CADENCE, the slowest replica's batches per round
+            (>= 1; the start value when auto-tuned). Speeds start from
+            `speed_hint` (equal without one) and are measured every round.
+        cadence_target: with CADENCE, the reduction's share of a round the
+            tuner aims at (in (0, 1); 0.10 as in flodl).
+        cadence_auto_tune: with CADENCE, tune the anchor to the target.
 
     Raises:
         TypeError: a setting has the wrong type.
@@ -93,6 +107,9 @@ class DataParallelOptions:
     process_count: int = 1
     policy: ApplyPolicy = ApplyPolicy.SYNC
     average_every: int = 4
+    cadence_anchor: int = 1
+    cadence_target: float = 0.10
+    cadence_auto_tune: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.collective, str):
@@ -120,13 +137,20 @@ class DataParallelOptions:
         if not isinstance(self.policy, ApplyPolicy):
             raise TypeError(f"policy must be an ApplyPolicy, got {self.policy!r}")
         _check_int("average_every", self.average_every, 1)
-        if self.policy is ApplyPolicy.ASYNC:
-            if self.process_count > 1:
-                raise ValueError("ApplyPolicy.ASYNC averages within one process; use SYNC in a job")
-            if self.check_every is not None:
-                raise ValueError(
-                    "check_every applies to SYNC: ASYNC replicas differ between averaging rounds"
-                )
+        _check_int("cadence_anchor", self.cadence_anchor, 1)
+        if not isinstance(self.cadence_auto_tune, bool):
+            raise TypeError(f"cadence_auto_tune must be a bool, got {self.cadence_auto_tune!r}")
+        target = self.cadence_target
+        if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < 1:
+            raise ValueError(f"cadence_target must be in (0, 1), got {target!r}")
+        if self.policy is not ApplyPolicy.SYNC and self.process_count > 1:
+            raise ValueError(
+                f"ApplyPolicy.{self.policy.name} runs within one process; use SYNC in a job"
+            )
+        if self.policy is ApplyPolicy.ASYNC and self.check_every is not None:
+            raise ValueError(
+                "check_every applies to SYNC: ASYNC replicas differ between averaging rounds"
+            )
 
     def _check_processes(self) -> None:
         pc = self.process_collective

@@ -62,6 +62,7 @@ from atomr.train.core.mlp import Mlp
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.step_checks import check_step_limit, evaluation
 from atomr.train.core.validation import validate_batch
+from atomr.train.data_parallel._cadence import Cadence
 from atomr.train.data_parallel._checkpoints import Checkpoints
 from atomr.train.data_parallel._local_sgd import LocalSgd
 from atomr.train.data_parallel._manual import MANUAL_VERBS, ManualVerbs
@@ -126,8 +127,8 @@ def _checked(
     checked = options if isinstance(options, DataParallelOptions) else DataParallelOptions()
     if replicas:
         checked.replica_count_fits(len(replicas))
-    if checked.policy is ApplyPolicy.ASYNC:
-        refuse_accumulation(trainer_config, "data-parallel (ApplyPolicy.ASYNC)")
+    if checked.policy is not ApplyPolicy.SYNC:
+        refuse_accumulation(trainer_config, f"data-parallel (ApplyPolicy.{checked.policy.name})")
     return trainer_config, list(replicas), checked
 
 
@@ -182,6 +183,7 @@ class DataParallelTrainer(Actor):
         )
         self._manual = ManualVerbs(config, self.options, self.replicas, self._runner)
         self._local = LocalSgd(self._runner, self.options.average_every)
+        self._cadence = Cadence(self._runner, self.options)
 
     # -- construction -------------------------------------------------------
 
@@ -319,8 +321,10 @@ class DataParallelTrainer(Actor):
         if isinstance(message, Evaluate):
             return await self._evaluate(message)
         if isinstance(message, SaveCheckpoint):
+            await self._cadence.close()  # a checkpoint holds every batch it was given
             return await self._checkpoints.save(message.path)
         if isinstance(message, LoadCheckpoint):
+            await self._cadence.close()
             return await self._checkpoints.load(message.path)
         return Failure(TypeError(f"DataParallelTrainer does not handle {type(message).__name__}"))
 
@@ -374,6 +378,8 @@ class DataParallelTrainer(Actor):
             x, y = x[share], y[share]
         if o.policy is ApplyPolicy.ASYNC:
             return await self._local.step(x, y, rows)
+        if o.policy is ApplyPolicy.CADENCE:
+            return await self._cadence.step(x, y, rows)
         return await self._runner.step(x, y, rows)
 
     async def _evaluate(self, message: Evaluate) -> EvalResult:

@@ -1,0 +1,143 @@
+"""`ApplyPolicy.CADENCE` (flodl's El Che): a round of several `Step`s equals
+one single-device step on the union of its batches, with equal speeds and
+with a 3:1 speed split; checkpoints close an open round; bad options."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem, Props
+from atomr.accel import DeviceActor, cpu_devices
+from atomr.train import (
+    GetWeights,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    SaveCheckpoint,
+    Step,
+    Trainer,
+    TrainerConfig,
+    fit,
+    load_checkpoint,
+    load_digits_split,
+    synthetic_classification,
+)
+from atomr.train.data_parallel import (
+    ApplyPolicy,
+    DataParallelOptions,
+    DataParallelTrainer,
+    GetReplicaWeights,
+)
+
+CONFIG = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
+X, Y = synthetic_classification(160, 6, 3, seed=4)
+B = [(X[16 * k : 16 * k + 16], Y[16 * k : 16 * k + 16]) for k in range(10)]
+
+
+def _cadence(**kw: object) -> DataParallelOptions:
+    return DataParallelOptions(policy=ApplyPolicy.CADENCE, cadence_auto_tune=False, **kw)  # type: ignore[arg-type]
+
+
+async def test_equal_speeds_and_anchor_one_equal_sync_on_pairs_of_batches() -> None:
+    async with ActorSystem("cadence") as system:
+        dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), CONFIG,
+                                             _cadence())  # fmt: skip
+        sync = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), CONFIG)
+        for k in range(0, 6, 2):
+            first = await dp.ask(Step(*B[k]))
+            assert (first.applied, first.samples) == (False, 0)  # dispatched, answered at once
+            closing = await dp.ask(Step(*B[k + 1]))
+            assert closing.applied and closing.samples == 32
+            both = (np.concatenate([B[k][0], B[k + 1][0]]), np.concatenate([B[k][1], B[k + 1][1]]))
+            reference = await sync.ask(Step(*both))
+            assert closing.loss == pytest.approx(reference.loss, rel=1e-5)
+        np.testing.assert_allclose(
+            await dp.ask(GetWeights()), await sync.ask(GetWeights()), rtol=1e-5, atol=1e-6
+        )
+        a, b = await dp.ask(GetReplicaWeights())
+        np.testing.assert_array_equal(a, b)
+
+
+async def test_a_three_to_one_round_equals_one_device_on_the_union() -> None:
+    async with ActorSystem("cadence") as system:
+        dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), CONFIG,
+                                             _cadence(speed_hint=(3.0, 1.0)))  # fmt: skip
+        one = await Trainer.spawn(system, Mlp([6, 8, 3]), "cpu:0", CONFIG)
+        replies = [await dp.ask(Step(*b)) for b in B[:4]]  # quotas 3 and 1: one round
+        assert [r.applied for r in replies] == [False, False, False, True]
+        union = (np.concatenate([b[0] for b in B[:4]]), np.concatenate([b[1] for b in B[:4]]))
+        await one.ask(Step(*union))
+        np.testing.assert_allclose(
+            await dp.ask(GetWeights()), await one.ask(GetWeights()), rtol=1e-5, atol=1e-6
+        )
+
+
+async def test_a_checkpoint_closes_the_open_round(tmp_path: Path) -> None:
+    async with ActorSystem("cadence") as system:
+        dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), CONFIG,
+                                             _cadence(cadence_anchor=2))  # fmt: skip
+        one = await Trainer.spawn(system, Mlp([6, 8, 3]), "cpu:0", CONFIG)
+        for b in B[:3]:  # quotas 2 and 2: the round is open after 3
+            assert not (await dp.ask(Step(*b))).applied
+        await dp.ask(SaveCheckpoint(tmp_path / "c.ckpt"))
+        union = (np.concatenate([b[0] for b in B[:3]]), np.concatenate([b[1] for b in B[:3]]))
+        await one.ask(Step(*union))
+        saved = load_checkpoint(tmp_path / "c.ckpt")
+        assert saved.step == 1
+        np.testing.assert_allclose(saved.weights, await one.ask(GetWeights()), rtol=1e-5, atol=1e-6)
+
+
+async def test_cadence_trains_digits_through_fit() -> None:
+    x_tr, y_tr, x_te, y_te = load_digits_split(seed=0)
+    config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+    options = DataParallelOptions(policy=ApplyPolicy.CADENCE)  # auto-tuned anchor
+    async with ActorSystem("cadence") as system:
+        dp = await DataParallelTrainer.spawn(system, Mlp([64, 64, 10], seed=0), cpu_devices(2),
+                                             config, options)  # fmt: skip
+        result = await fit(dp, (x_tr, y_tr), validation=(x_te, y_te), epochs=8, batch_size=32)
+    assert result.epochs[-1].test_accuracy >= 0.9
+
+
+def test_bad_cadence_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="cadence_anchor must be >= 1"):
+        DataParallelOptions(policy=ApplyPolicy.CADENCE, cadence_anchor=0)
+    with pytest.raises(ValueError, match="cadence_target must be in"):
+        DataParallelOptions(policy=ApplyPolicy.CADENCE, cadence_target=1.5)
+    with pytest.raises(TypeError, match="cadence_auto_tune must be a bool"):
+        DataParallelOptions(cadence_auto_tune=1)  # type: ignore[arg-type]
+
+
+class _Sleeper(DeviceActor):
+    async def receive(self, message: float) -> float:
+        started = time.perf_counter()
+        await self.on_device(time.sleep, message)
+        return time.perf_counter() - started
+
+
+async def test_a_slowed_device_takes_factor_times_as_long() -> None:
+    # a lower bound that holds on any machine: the job sleeps 10 ms, then the
+    # slowed worker sleeps twice that again
+    from atomr.accel.slowdown import slow_down
+
+    slow_down("cpu:1", 3.0)
+    try:
+        async with ActorSystem("slow") as system:
+            slowed = system.spawn(Props(_Sleeper, "cpu:1"))
+            normal = system.spawn(Props(_Sleeper, "cpu:0"))
+            assert await slowed.ask(0.01) >= 0.03
+            assert await normal.ask(0.01) >= 0.01
+    finally:
+        slow_down("cpu:1", 1.0)
+
+
+def test_slow_down_is_refused_for_bad_arguments() -> None:
+    from atomr.accel.slowdown import slow_down
+
+    with pytest.raises(ValueError, match="CPU devices only"):
+        slow_down("cuda:0", 2.0)
+    with pytest.raises(ValueError, match=">= 1"):
+        slow_down("cpu:1", 0.5)

@@ -135,7 +135,9 @@ async def test_asks_sharing_a_timeout_each_expire_at_their_own_deadline(
         await held
     with pytest.raises(AskTimeoutError, match="timed out after 0.3"):
         await late
-    assert 0.29 <= loop.time() - started < 0.45  # the second one's own deadline
+    # the second one's own deadline, not the first's (which is earlier); the upper
+    # bound only catches a deadline that never fires
+    assert 0.29 <= loop.time() - started < 2.0
 
 
 async def test_answered_asks_are_not_kept_behind_a_pending_one(

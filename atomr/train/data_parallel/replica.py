@@ -40,7 +40,7 @@ from atomr.train.data_parallel.messages import (
 )
 from atomr.train.trainer import Trainer
 
-__all__ = ["ReplicaActor", "worker_deadline"]
+__all__ = ["ReplicaActor", "evaluate_shard", "worker_deadline"]
 
 
 def worker_deadline(config: TrainerConfig) -> float:
@@ -296,16 +296,30 @@ class ReplicaActor(Trainer):
         self._reset_accumulation()
 
     def _evaluate_shard(self, msg: EvaluateShard) -> ShardEval:
-        model = self.model
-        assert model is not None
-        be = model.backend
-        x, y = msg.features, msg.labels  # validated by the trainer (`validate_batch`)
-        if x.shape[0] == 0:
-            return ShardEval(0.0, 0.0, 0, 0)
-        out = model.forward(be.to_device(x))
-        d_out = be.empty(out.shape, dtype=model.dtype)
-        loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)
-        correct = 0
-        if self.config.loss.is_classification:
-            correct = int(np.sum(np.argmax(be.to_host(out), axis=1) == y))
-        return ShardEval(float(loss_sum), float(norm), correct, int(x.shape[0]))
+        assert self.model is not None
+        return evaluate_shard(self.model, self.config.loss, msg)
+
+
+def evaluate_shard(model: Mlp, loss: Any, msg: EvaluateShard) -> ShardEval:
+    """The loss sums and correct rows of one shard of a batch, validated by
+    the trainer (worker thread; any replica with a whole model).
+
+    Args:
+        model: the replica's model.
+        loss: the trainer's `LossKind`.
+        msg: the shard.
+
+    Returns:
+        Its `ShardEval`.
+    """
+    be = model.backend
+    x, y = msg.features, msg.labels
+    if x.shape[0] == 0:
+        return ShardEval(0.0, 0.0, 0, 0)
+    out = model.forward(be.to_device(x))
+    d_out = be.empty(out.shape, dtype=model.dtype)
+    loss_sum, norm = loss.sums(be, out, be.to_device(y), d_out)
+    correct = 0
+    if loss.is_classification:
+        correct = int(np.sum(np.argmax(be.to_host(out), axis=1) == y))
+    return ShardEval(float(loss_sum), float(norm), correct, int(x.shape[0]))

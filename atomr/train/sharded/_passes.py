@@ -1,0 +1,247 @@
+"""The trainer's side of a sharded step and of an evaluation.
+
+A step is atomic: phase 1 (forward, loss, backward, reduce-scatter) writes
+no piece anywhere; phase 2 asks every replica to update its piece out of
+place (`ApplyShard`), then commits everywhere, or rolls back the replicas
+that applied if any failed. Stages 1 and 2 then all-gather the new
+parameters into every replica's working copy.
+
+Stages 1 and 2 compute each replica's whole gradient in one message and
+reduce-scatter the whole vector. Stage 3 gathers each layer before its
+forward and again before its backward (`ShardLayerParams` + all-gather),
+and reduce-scatters each layer's gradient as soon as the layer's backward
+is done.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atomr.accel.serial_worker import SerialWorker
+from atomr.actor import ActorRef, AskTimeoutError
+from atomr.train._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
+from atomr.train.core.clip import clip_coefficient
+from atomr.train.core.config import TrainerConfig
+from atomr.train.core.partition import split_bounds
+from atomr.train.core.stats import StepStats
+from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
+from atomr.train.sharded._exchange import ShardExchange
+from atomr.train.sharded.messages import (
+    ApplyShard,
+    BackwardLayer,
+    CommitShard,
+    ComputeShardGradients,
+    ForwardLayer,
+    Handed,
+    LayerForwardResult,
+    RollbackShard,
+    SetFullParams,
+    ShardGradients,
+    ShardLayerParams,
+)
+
+__all__ = ["ShardedPasses"]
+
+
+@dataclass
+class _Reduced:
+    """Phase 1's outcome: totals, the owned squared norm, and what each replica
+    is sent with its `ApplyShard` (None: its handed buffer was reduced in place)."""
+
+    loss_sum: float
+    normaliser: float
+    squared: float
+    reduced_for: list[np.ndarray | None]
+
+
+class ShardedPasses:
+    """Runs steps and evaluations over a trainer's replicas.
+
+    Args:
+        config: the trainer's config (loss, clipping, deadline).
+        stage: the ZeRO stage.
+        exchange: the collectives over the layout.
+        refs: the local replicas, in order.
+        host: the thread for the host-side norms.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        stage: int,
+        exchange: ShardExchange,
+        refs: list[ActorRef],
+        host: SerialWorker,
+    ) -> None:
+        self.config = config
+        self.stage = stage
+        self.exchange = exchange
+        self.refs = refs
+        self.host = host
+        self.timeout = config.worker_timeout
+        self._token = 0
+
+    def shards(self, x: np.ndarray, y: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One contiguous part of the rows per local replica."""
+        return [(x[lo:hi], y[lo:hi]) for lo, hi in split_bounds(int(x.shape[0]), len(self.refs))]
+
+    async def _ask(self, messages: list[Any]) -> list[Any]:
+        return await ask_all(self.refs, messages, self.timeout)
+
+    async def step(self, x: np.ndarray, y: np.ndarray, samples: int) -> StepStats:
+        """One step on this process's rows (module docstring).
+
+        Raises:
+            NonFiniteError, ValueError: a non-finite loss or gradient, or a
+                zero normaliser (nothing applied).
+            Exception: the first failing replica's own error (nothing applied).
+        """
+        t0 = time.perf_counter_ns()
+        if self.stage == 3:
+            reduced = await self._layered_gradients(x, y)
+        else:
+            reduced = await self._whole_gradients(x, y)
+        totals = [reduced.loss_sum, reduced.normaliser, reduced.squared]
+        loss_sum, normaliser, squared = await self.exchange.sum_scalars(totals)
+        check_loss(loss_sum)
+        check_normaliser(normaliser)
+        grad_norm = math.sqrt(squared) / normaliser
+        check_gradient(grad_norm)
+        comm = int((time.perf_counter_ns() - t0) // 1000)
+        coefficient = clip_coefficient(grad_norm, self.config.gradient_clip)
+        await self._apply(reduced.reduced_for, 1.0 / normaliser, coefficient)
+        micros = int((time.perf_counter_ns() - t0) // 1000)
+        loss = loss_sum / normaliser
+        return StepStats(float(loss), float(grad_norm), micros, samples, True, comm)
+
+    async def _whole_gradients(self, x: np.ndarray, y: np.ndarray) -> _Reduced:
+        """Stages 1 and 2: every replica's gradient at once, one reduce-scatter."""
+        msgs = [ComputeShardGradients(xs, ys) for xs, ys in self.shards(x, y)]
+        results: list[ShardGradients] = await self._ask(msgs)
+        handed = [r.handed for r in results]
+        assert all(h is not None for h in handed)
+        squared = await self._reduce(0, handed)  # type: ignore[arg-type]
+        return _Reduced(
+            sum(r.loss_sum for r in results),
+            sum(r.normaliser for r in results),
+            squared,
+            _returned(handed),  # type: ignore[arg-type]
+        )
+
+    async def _reduce(self, unit: int, handed: list[Handed]) -> float:
+        """Reduce-scatter one unit; the squared norm of the local replicas' parts."""
+        buffers = [h.buffer for h in handed]
+        await self.exchange.reduce_scatter(buffers)
+        return float(await self.host.run(self._owned_squares, unit, buffers))
+
+    def _owned_squares(self, unit: int, buffers: list[np.ndarray]) -> float:
+        total = 0.0
+        for k, buffer in enumerate(buffers):
+            lo, hi = self.exchange.layout.unit_bounds(buffer.size, k)
+            part = buffer[lo:hi].astype(np.float64)
+            total += float(np.dot(part, part))
+        return total
+
+    async def _gather_layer(self, layer: int) -> list[np.ndarray | None]:
+        """Stage 3: every replica's buffer of layer `layer`, all-gathered."""
+        handed: list[Handed] = await self._ask([ShardLayerParams(layer)] * len(self.refs))
+        await self.exchange.all_gather([h.buffer for h in handed])
+        return _returned(handed)
+
+    async def _forward(self, x: np.ndarray, y: np.ndarray, train: bool) -> list[Any]:
+        """Stage 3: the layers forward, one gathered at a time; the last
+        layer's results."""
+        shards = self.shards(x, y)
+        n_layers = len(self.exchange.layout.units)
+        results: list[Any] = []
+        for layer in range(n_layers):
+            gathered = await self._gather_layer(layer)
+            msgs = []
+            for k, (xs, ys) in enumerate(shards):
+                first, last = layer == 0, layer == n_layers - 1
+                msgs.append(
+                    ForwardLayer(
+                        layer, gathered[k], xs if first else None, ys if last else None, train
+                    )
+                )
+            results = await self._ask(msgs)
+        return results
+
+    async def _layered_gradients(self, x: np.ndarray, y: np.ndarray) -> _Reduced:
+        """Stage 3: forward, then backward layer by layer, each layer's
+        gradient reduce-scattered as soon as it is done."""
+        results: list[LayerForwardResult] = await self._forward(x, y, train=True)
+        squared = 0.0
+        reduced_above: list[np.ndarray | None] = [None] * len(self.refs)
+        for layer in range(len(self.exchange.layout.units) - 1, -1, -1):
+            gathered = await self._gather_layer(layer)
+            msgs = [
+                BackwardLayer(layer, g, r) for g, r in zip(gathered, reduced_above, strict=True)
+            ]
+            handed: list[Handed] = await self._ask(msgs)
+            squared += await self._reduce(layer, handed)
+            reduced_above = _returned(handed)
+        return _Reduced(
+            sum(r.loss_sum for r in results),
+            sum(r.normaliser for r in results),
+            squared,
+            reduced_above,
+        )
+
+    async def _apply(
+        self, reduced_for: list[np.ndarray | None], scale: float, coefficient: float
+    ) -> None:
+        """Phase 2: every replica updates its piece and keeps it, or none does.
+
+        Raises:
+            Exception: the first failing replica's own error (the others
+                rolled back).
+        """
+        self._token += 1
+        token = self._token
+        msgs = [ApplyShard(r, scale, coefficient, token) for r in reduced_for]
+        results = await ask_all_settled(self.refs, msgs, self.timeout)
+        if failed_indices(results):
+            # a replica whose ask timed out may still apply: its rollback waits behind it
+            undo = [
+                ref
+                for ref, res in zip(self.refs, results, strict=True)
+                if not isinstance(res, BaseException) or isinstance(res, AskTimeoutError)
+            ]
+            await ask_all_settled(undo, RollbackShard(token), self.timeout, per_worker=False)
+            raise_first_failure(results)
+        committed = await self._ask([CommitShard(token)] * len(self.refs))
+        if self.stage < 3:
+            await self.exchange.all_gather([h.buffer for h in committed])
+            await self._send_back(
+                [
+                    (ref, h.buffer)
+                    for ref, h in zip(self.refs, committed, strict=True)
+                    if not h.shared
+                ]
+            )
+
+    async def _send_back(self, copies: list[tuple[ActorRef, np.ndarray]]) -> None:
+        if copies:
+            refs = [ref for ref, _ in copies]
+            await ask_all(refs, [SetFullParams(buf) for _, buf in copies], self.timeout)
+
+    async def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float, int]:
+        """Stage 3's evaluation: the layers forward, one gathered at a time.
+
+        Returns:
+            The loss sum, normaliser and correct rows over the local replicas.
+        """
+        results: list[LayerForwardResult] = await self._forward(x, y, train=False)
+        loss_sum = sum(r.loss_sum for r in results)
+        return loss_sum, sum(r.normaliser for r in results), sum(r.correct for r in results)
+
+
+def _returned(handed: list[Handed]) -> list[np.ndarray | None]:
+    """What each replica must be sent back: None where its buffer was its own memory."""
+    return [None if h.shared else h.buffer for h in handed]

@@ -1,0 +1,134 @@
+"""`ShardLayout`: which positions of the flat parameter vector each replica owns.
+
+The vector is cut into *units*: the whole vector for stages 1 and 2, one
+unit per layer (`W` then `b`) for stage 3, whose layers are gathered one at
+a time. Each unit is split the way the collectives split a buffer
+(`core/partition.py`), on two levels: first across the processes of a job
+(process `p` gets chunk `p` of `split_bounds(unit_len, P)`: what an MPI
+reduce-scatter leaves it), then that chunk across the process's `M` local
+replicas (replica `k` gets chunk `k` of the chunk). With one process this is
+exactly chunk `k` of `split_bounds(unit_len, M)`, the chunk the local
+collective's `reduce_scatter` leaves participant `k`. Neither `P` nor `M`
+need divide anything; a replica may own nothing of a short unit.
+
+A replica keeps what it owns as one *piece*: its positions of every unit,
+concatenated in unit order. Its optimizer state covers exactly its piece;
+optimizer updates are element-wise, so updating pieces equals updating the
+whole vector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from atomr.train.core.mlp import Mlp
+from atomr.train.core.partition import split_bounds
+
+__all__ = ["ShardLayout", "model_units"]
+
+
+def model_units(model_sizes: Sequence[int], per_layer: bool) -> tuple[tuple[int, int], ...]:
+    """The units of an MLP with these sizes: one per layer, or the whole vector.
+
+    Args:
+        model_sizes: the MLP's `sizes`.
+        per_layer: one unit per layer (stage 3) instead of one for all.
+
+    Returns:
+        `(start, stop)` of each unit in the flat vector, in order, tiling it.
+    """
+    units, pos = [], 0
+    for fan_in, fan_out in zip(model_sizes[:-1], model_sizes[1:], strict=True):
+        units.append((pos, pos + fan_in * fan_out + fan_out))
+        pos = units[-1][1]
+    return tuple(units) if per_layer else ((0, pos),)
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """The owned positions of every local replica of one process.
+
+    Attributes:
+        units: `(start, stop)` of each unit in the flat vector.
+        replicas: the local replicas `M` (>= 1).
+        processes: the processes of the job `P` (>= 1).
+        process_rank: this process's rank in `[0, P)`.
+    """
+
+    units: tuple[tuple[int, int], ...]
+    replicas: int
+    processes: int = 1
+    process_rank: int = 0
+
+    @classmethod
+    def for_model(
+        cls, model: Mlp, stage: int, replicas: int, processes: int = 1, process_rank: int = 0
+    ) -> ShardLayout:
+        """The layout of `model` for a ZeRO `stage` (per-layer units for 3)."""
+        units = model_units(model.sizes, per_layer=stage == 3)
+        return cls(units, replicas, processes, process_rank)
+
+    @property
+    def n_params(self) -> int:
+        """The length of the flat vector."""
+        return self.units[-1][1]
+
+    def process_chunk(self, unit_len: int) -> tuple[int, int]:
+        """This process's `(lo, hi)` within a unit of `unit_len`."""
+        return split_bounds(unit_len, self.processes)[self.process_rank]
+
+    def unit_bounds(self, unit_len: int, replica: int) -> tuple[int, int]:
+        """Replica `replica`'s `(lo, hi)` within a unit of `unit_len`."""
+        lo, hi = self.process_chunk(unit_len)
+        sub_lo, sub_hi = split_bounds(hi - lo, self.replicas)[replica]
+        return lo + sub_lo, lo + sub_hi
+
+    def owned(self, replica: int) -> list[tuple[int, int]]:
+        """Replica `replica`'s `(lo, hi)` in the flat vector, one per unit."""
+        found = []
+        for start, stop in self.units:
+            lo, hi = self.unit_bounds(stop - start, replica)
+            found.append((start + lo, start + hi))
+        return found
+
+    def piece_offsets(self, replica: int) -> list[int]:
+        """Where each unit's part starts in replica `replica`'s piece (and,
+        last, the piece's length)."""
+        offsets = [0]
+        for lo, hi in self.owned(replica):
+            offsets.append(offsets[-1] + hi - lo)
+        return offsets
+
+    def piece_len(self, replica: int) -> int:
+        """Elements replica `replica` owns."""
+        return self.piece_offsets(replica)[-1]
+
+    def take(self, vector: np.ndarray, replica: int) -> np.ndarray:
+        """Replica `replica`'s piece of a full host vector (a new array)."""
+        parts = [vector[lo:hi] for lo, hi in self.owned(replica)]
+        return np.concatenate(parts) if parts else vector[:0].copy()
+
+    def put(self, vector: np.ndarray, replica: int, piece: np.ndarray) -> None:
+        """Write replica `replica`'s piece into its positions of `vector`.
+
+        Raises:
+            ValueError: `piece` has another length than the replica owns.
+        """
+        offsets = self.piece_offsets(replica)
+        if piece.shape[0] != offsets[-1]:
+            raise ValueError(
+                f"piece has {piece.shape[0]} values, replica {replica} owns {offsets[-1]}"
+            )
+        for (lo, hi), at in zip(self.owned(replica), offsets, strict=False):
+            vector[lo:hi] = piece[at : at + hi - lo]
+
+    def assemble(self, pieces: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+        """The full vector from every local replica's piece (positions other
+        processes own are 0)."""
+        full = np.zeros(self.n_params, dtype=dtype)
+        for k, piece in enumerate(pieces):
+            self.put(full, k, np.asarray(piece))
+        return full

@@ -1,0 +1,306 @@
+"""`ShardedDataParallelTrainer`: data parallel with the model's state sharded
+across the replicas, as in ZeRO (stages 1-3), PyTorch FSDP and DeepSpeed.
+
+Every replica trains on its shard of the batch, as in `DataParallelTrainer`,
+but each owns only a piece of the flat parameter vector (`ShardLayout`) and
+the optimizer state of that piece; stage 2 also keeps only its piece of the
+reduced gradient, and stage 3 only its piece of the parameters, gathering
+each layer when it runs (`ShardedReplica`, docs/sharded.md). Gradients are
+reduce-scattered and parameters all-gathered through the `Collective`
+interface (`_exchange`), across the processes of a job too.
+
+It speaks the one trainer contract: `Step -> StepStats`, `Evaluate`,
+`GetWeights` (the full vector), `SaveCheckpoint` / `LoadCheckpoint` (the
+full format, so checkpoints move between it and every other trainer;
+`ShardedOptions.shard_checkpoints` writes one file per replica),
+`GetTrainingState`, `SetLearningRate`; and its own `GetShardMemory ->
+list[ShardMemory]`.
+
+Faults: a step is atomic (`_passes`), so a failure anywhere changes no
+piece and the asker gets the failing replica's own error. A replica that
+raised is resumed with its piece intact. No replica holds another's piece,
+so one whose device context was poisoned (restarted, its piece lost) makes
+the trainer answer `WorkerStateLost` until a `LoadCheckpoint` re-syncs
+every replica from the checkpointable state (`StateLossWatch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atomr.accel import Device
+from atomr.accel.serial_worker import SerialWorker
+from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
+from atomr.train._contract import check_options, check_spawn_args, refuse_accumulation
+from atomr.train._fanout import ask_all, set_learning_rate
+from atomr.train._recovery import StateLossWatch
+from atomr.train.comm.collective import Collective, HostCollective
+from atomr.train.comm.mpi.job import shard_for_rank
+from atomr.train.core.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    check_model_matches,
+    check_optimizer_state,
+    pending_micro_steps,
+    save_checkpoint,
+)
+from atomr.train.core.config import TrainerConfig
+from atomr.train.core.messages import (
+    Evaluate,
+    GetTrainingState,
+    GetWeights,
+    LoadCheckpoint,
+    SaveCheckpoint,
+    SetLearningRate,
+    Step,
+)
+from atomr.train.core.mlp import Mlp
+from atomr.train.core.stats import EvalResult, StepStats, TrainingState
+from atomr.train.core.step_checks import check_step_limit, evaluation
+from atomr.train.core.validation import validate_batch
+from atomr.train.data_parallel.messages import EvaluateShard, ShardEval
+from atomr.train.sharded._exchange import ShardExchange
+from atomr.train.sharded._passes import ShardedPasses
+from atomr.train.sharded.checkpoints import assemble_state, merge_shards, split_state, write_shards
+from atomr.train.sharded.layout import ShardLayout
+from atomr.train.sharded.messages import GetShardMemory, GetShardState, SetShardState, ShardMemory
+from atomr.train.sharded.options import ShardedOptions
+from atomr.train.sharded.replica import ShardedReplica
+
+__all__ = ["ShardedDataParallelTrainer"]
+
+
+class ShardedDataParallelTrainer(Actor):
+    """Sharded data-parallel training (module docstring); build it with `spawn`.
+
+    Args:
+        model: the model (its config and initial weights).
+        replicas: one `ShardedReplica` `Props` per local replica, in order.
+        config: optimizer, loss, clipping, `worker_timeout` (each replica
+            reply's deadline; None: forever); `accumulation_steps` must be 1.
+        layout: the owned positions.
+        options: the stage, collectives and job.
+    """
+
+    def __init__(
+        self,
+        model: Mlp,
+        replicas: Sequence[Props],
+        config: TrainerConfig,
+        layout: ShardLayout,
+        options: ShardedOptions,
+    ) -> None:
+        super().__init__()
+        self.model_config = model.config()
+        self.dtype = model.dtype
+        self.config, self.layout, self.options = config, layout, options
+        self._props = list(replicas)
+        self.refs: list[ActorRef] = []
+        self._watch = StateLossWatch("replica")
+        self._host = SerialWorker("atomr-zero-host")
+        self._collective, self._own_collective = _collective(options)
+        self._exchange = ShardExchange(
+            self._collective, options.process_collective, layout, self._host
+        )
+        self._passes: ShardedPasses | None = None
+        self.steps = 0
+
+    @classmethod
+    async def spawn(
+        cls,
+        system: Any,
+        model: Mlp,
+        devices: Sequence[Device | str],
+        config: TrainerConfig,
+        options: ShardedOptions | None = None,
+        name: str | None = None,
+    ) -> ActorRef:
+        """Spawn a trainer with one `ShardedReplica` per device and wait until
+        every replica holds its piece. Every argument is checked first.
+
+        Args:
+            system: the `ActorSystem` (or a `Context`) to spawn in.
+            model: the model (not modified).
+            devices: one device per local replica, all CPU or all CUDA.
+            config: as for the class.
+            options: `ShardedOptions` (None: stage 1, one process).
+            name: the trainer's actor name, or None.
+
+        Returns:
+            The trainer's `ActorRef`.
+
+        Raises:
+            TypeError: an argument of the wrong type (the message names it).
+            ValueError: no devices, a bad device name, CPU and CUDA mixed, or
+                `config.accumulation_steps > 1`.
+            Exception: what a replica raised while starting.
+        """
+        model, devs, config = check_spawn_args(system, model, devices, config, name)
+        options = check_options(options, ShardedOptions, cls.__name__)
+        refuse_accumulation(config, "sharded data-parallel")
+        if len({d.kind for d in devs}) > 1:
+            raise ValueError("devices mix CPU and CUDA: their kernels round differently")
+        o = options
+        layout = ShardLayout.for_model(model, o.stage, len(devs), o.process_count, o.process_rank)
+        replicas = [
+            Props(ShardedReplica, model, d, config, o.stage, layout, k) for k, d in enumerate(devs)
+        ]
+        props = Props(cls, model, replicas, config, layout, options)
+        ref: ActorRef = system.spawn(props, name=name)
+        try:
+            await ref.ask(GetShardMemory(), timeout=config.worker_timeout)
+        except BaseException:
+            ref.stop()
+            raise
+        return ref
+
+    def supervisor_strategy(self) -> SupervisorStrategy:
+        """Resume a replica that raised (its piece is intact); restart one whose
+        device context was poisoned and remember its piece is lost."""
+        return OneForOneStrategy(decider=self._watch.decide)
+
+    def pre_start(self) -> None:
+        """Spawn the replicas as children."""
+        self.refs = [self.context.spawn(p, name=f"replica-{k}") for k, p in enumerate(self._props)]
+        o = self.options
+        self._passes = ShardedPasses(self.config, o.stage, self._exchange, self.refs, self._host)
+
+    def post_stop(self) -> None:
+        """Close the host thread and the collective this trainer made."""
+        if self._own_collective:
+            assert isinstance(self._collective, HostCollective)
+            self._collective.close()
+        self._host.close()
+
+    async def receive(self, message: Any) -> Any:
+        """Dispatch a trainer message; while a replica's piece is lost only
+        `LoadCheckpoint` is served (`StateLossWatch.serve`)."""
+        return await self._watch.serve(message, self._dispatch, self._load)
+
+    async def _dispatch(self, message: Any) -> Any:
+        passes = self._passes
+        assert passes is not None
+        if isinstance(message, Step):
+            check_step_limit(self.steps, self.config.max_steps)
+            return await self._step(passes, message)
+        if isinstance(message, Evaluate):
+            return await self._evaluate(passes, message)
+        if isinstance(message, GetWeights):
+            return (await self._full_state())[0]
+        if isinstance(message, GetShardMemory):
+            memory: list[ShardMemory] = await ask_all(self.refs, [message] * len(self.refs))
+            return memory
+        if isinstance(message, GetTrainingState):
+            return TrainingState(self.steps, self.config.max_steps, self.options.process_rank == 0)
+        if isinstance(message, SetLearningRate):
+            timeout = self.config.worker_timeout
+            return await set_learning_rate(self.config.optimizer, self.refs, message, timeout)
+        if isinstance(message, SaveCheckpoint):
+            return await self._save(Path(message.path))
+        if isinstance(message, LoadCheckpoint):
+            return await self._load(message)
+        return Failure(TypeError(f"{type(self).__name__} does not handle {type(message).__name__}"))
+
+    def _validate(self, message: Step | Evaluate) -> tuple[np.ndarray, np.ndarray]:
+        sizes = self.model_config["sizes"]
+        return validate_batch(
+            message.features,
+            message.labels,
+            sizes[0],
+            self.config.loss,
+            out_width=sizes[-1],
+            dtype=self.dtype,
+        )
+
+    async def _step(self, passes: ShardedPasses, message: Step) -> StepStats:
+        x, y = self._validate(message)
+        rows = int(x.shape[0])
+        o = self.options
+        if o.process_count > 1:
+            share = shard_for_rank(rows, o.process_rank, o.process_count)
+            x, y = x[share], y[share]
+        stats = await passes.step(x, y, rows)
+        self.steps += 1
+        return stats
+
+    async def _evaluate(self, passes: ShardedPasses, message: Evaluate) -> EvalResult:
+        x, y = self._validate(message)
+        if self.options.stage == 3:
+            loss_sum, norm, correct = await passes.evaluate(x, y)
+        else:
+            msgs = [EvaluateShard(xs, ys) for xs, ys in passes.shards(x, y)]
+            parts: list[ShardEval] = await ask_all(self.refs, msgs, self.config.worker_timeout)
+            loss_sum = sum(p.loss_sum for p in parts)
+            norm, correct = sum(p.normaliser for p in parts), sum(p.correct for p in parts)
+        accuracy = correct / x.shape[0] if self.config.loss.is_classification else float("nan")
+        return evaluation(loss_sum, norm, accuracy, x.shape[0])
+
+    # -- checkpoints ---------------------------------------------------------
+
+    async def _states(self) -> list[Any]:
+        return await ask_all(self.refs, [GetShardState()] * len(self.refs))
+
+    async def _full_state(self) -> tuple[np.ndarray, dict[str, Any]]:
+        """The full weights and optimizer state, assembled from every piece."""
+        weights, optimizer = assemble_state(self.layout, await self._states(), self.dtype)
+        weights = await self._exchange.assemble(weights)
+        for key, value in optimizer.items():
+            if isinstance(value, np.ndarray):
+                optimizer[key] = await self._exchange.assemble(value)
+        return weights, optimizer
+
+    async def _save(self, path: Path) -> None:
+        extra = {"trainer": type(self).__name__, "stage": self.options.stage}
+        if self.options.shard_checkpoints:
+            states = await self._states()
+            await self._host.run(write_shards, path, self.layout, states, self.model_config, extra)
+            return
+        weights, optimizer = await self._full_state()
+        if self.options.process_rank == 0:
+            ckpt = Checkpoint(self.model_config, weights, self.steps, optimizer, extra)
+            await self._host.run(save_checkpoint, path, ckpt)
+
+    async def _read(self, path: Path) -> Checkpoint:
+        ckpt: Checkpoint = await self._host.run(merge_shards, path)
+        check_model_matches(ckpt, self.model_config, self.layout.n_params)
+        if pending_micro_steps(ckpt) > 0:
+            raise CheckpointError(
+                "checkpoint was saved in the middle of an accumulation window; "
+                "the sharded trainer cannot resume it"
+            )
+        check_optimizer_state(ckpt, self.config.optimizer, self.layout.n_params)
+        return ckpt
+
+    async def _load(self, message: LoadCheckpoint) -> None:
+        """Check the checkpoint, then give every replica its part, all or none
+        (a replica that refuses gets the old state back, as do the others)."""
+        generation = self._watch.generation
+        ckpt = await self._read(Path(message.path))
+        old = None if self._watch.lost() is not None else await self._states()
+        weights = np.asarray(ckpt.weights, dtype=self.dtype)
+        full = weights if self.options.stage < 3 else None
+        parts = split_state(self.layout, weights, ckpt.optimizer, int(ckpt.step))
+        try:
+            await ask_all(self.refs, [SetShardState(p, full) for p in parts])
+        except Exception:
+            if old is not None:
+                back = _full_from(self.layout, old, self.dtype) if full is not None else None
+                await ask_all(self.refs, [SetShardState(s, back) for s in old])
+            raise
+        self.steps = int(ckpt.step)
+        self._watch.clear(generation)
+
+
+def _full_from(layout: ShardLayout, states: list[Any], dtype: np.dtype) -> np.ndarray:
+    return assemble_state(layout, states, dtype)[0]
+
+
+def _collective(options: ShardedOptions) -> tuple[Collective, bool]:
+    """The local collective, and whether this trainer made it (and closes it)."""
+    if isinstance(options.collective, Collective):
+        return options.collective, False
+    return HostCollective(), True

@@ -1,4 +1,4 @@
-"""Training: one contract, five strategies, one fit loop (see docs/training.md).
+"""Training: one contract, six strategies, one fit loop (see docs/training.md).
 
 Every trainer is an actor: `ref = await X.spawn(system, model, devices,
 config, options=None)` and it answers `Step`, `Evaluate`, `GetWeights`,
@@ -11,6 +11,7 @@ config, options=None)` and it answers `Step`, `Evaluate`, `GetWeights`,
 | tensor parallel | `TensorParallelTrainer` | `TensorParallelOptions` |
 | pipeline parallel | `PipelineParallelTrainer` | `PipelineOptions` |
 | parameter server | `AsyncParameterServer` | `ParameterServerOptions` |
+| sharded data parallel (ZeRO 1-3) | `ShardedDataParallelTrainer` | `ShardedOptions` |
 
 `fit(ref, (x, y), epochs=..., batch_size=...)` trains any of them. Everything
 else lives in the packages: `atomr.train.core` (model, losses, optimizers,
@@ -45,6 +46,7 @@ from atomr.train.fit import FitCallback, fit
 from atomr.train.parameter_server import AsyncParameterServer, ParameterServerOptions
 from atomr.train.pipeline import PipelineOptions, PipelineParallelTrainer
 from atomr.train.setup import setup
+from atomr.train.sharded import ShardedDataParallelTrainer, ShardedOptions
 from atomr.train.tensor_parallel import TensorParallelOptions, TensorParallelTrainer
 from atomr.train.trainer import Trainer
 
@@ -68,6 +70,8 @@ __all__ = [
     "PipelineParallelTrainer",
     "SaveCheckpoint",
     "SetLearningRate",
+    "ShardedDataParallelTrainer",
+    "ShardedOptions",
     "GetTrainingState",
     "TrainingState",
     "Step",

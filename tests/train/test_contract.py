@@ -27,6 +27,8 @@ from atomr.train import (
     PipelineOptions,
     PipelineParallelTrainer,
     SaveCheckpoint,
+    ShardedDataParallelTrainer,
+    ShardedOptions,
     Step,
     StepStats,
     TensorParallelOptions,
@@ -45,6 +47,8 @@ STRATEGIES: dict[str, tuple[Any, Any, int]] = {
     "data": (DataParallelTrainer, DataParallelOptions(collective="ring"), 2),
     "tensor": (TensorParallelTrainer, TensorParallelOptions(), 2),
     "pipeline": (PipelineParallelTrainer, PipelineOptions(micro_batch_size=8), 2),
+    "zero-1": (ShardedDataParallelTrainer, ShardedOptions(stage=1), 2),
+    "zero-3": (ShardedDataParallelTrainer, ShardedOptions(stage=3), 3),
     "ps": (
         AsyncParameterServer,
         ParameterServerOptions(workers=1, consistency=Consistency.synchronous()),

@@ -59,6 +59,11 @@ _TEMP_TAIL = re.compile(r"[A-Za-z0-9_]{8}\.tmp")
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
+SHARDED_INDEX_KEY = "sharded"
+"""The `extra` key that marks the index of a checkpoint saved one file per
+replica (`atomr.train.sharded.checkpoints`)."""
+
+
 @dataclass
 class Checkpoint:
     """The content of a checkpoint file.
@@ -358,9 +363,15 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
         n_params: the receiving model's parameter count.
 
     Raises:
-        CheckpointError: sizes, activation or parameter count differ, or the
-            weights are not real numbers.
+        CheckpointError: sizes, activation or parameter count differ, the
+            weights are not real numbers, or the file is a sharded index.
     """
+    if SHARDED_INDEX_KEY in ckpt.extra:
+        raise CheckpointError(
+            "this file is the index of a checkpoint saved one file per replica: load it "
+            "into a ShardedDataParallelTrainer, or merge it first "
+            "(atomr.train.sharded.merge_shards, then save_checkpoint)"
+        )
     mine = {k: model_config.get(k) for k in ("sizes", "activation")}
     theirs = {k: ckpt.model.get(k) for k in ("sizes", "activation")}
     if mine != theirs:

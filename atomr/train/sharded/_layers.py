@@ -12,18 +12,34 @@ and hands it over for the reduce-scatter.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from atomr.train.core.config import TrainerConfig
 from atomr.train.core.mlp import Mlp, Tape
 from atomr.train.core.step_checks import check_loss
+from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import BackwardLayer, ForwardLayer, Handed, LayerForwardResult
 
-if TYPE_CHECKING:  # the replica imports this module
-    from atomr.train.sharded.replica import ShardedReplica
+__all__ = ["LayerOwner", "LayerRunner"]
 
-__all__ = ["LayerRunner"]
+
+class LayerOwner(Protocol):
+    """What `LayerRunner` needs of its replica (`ShardedReplica`)."""
+
+    layout: ShardLayout
+    index: int
+    piece: Any
+    config: TrainerConfig
+
+    @property
+    def backend(self) -> Any: ...
+
+    @property
+    def device(self) -> Any: ...
+
+    def hand(self, buffer: Any, unit: int | None = None) -> Handed: ...
 
 
 class LayerRunner:
@@ -34,7 +50,7 @@ class LayerRunner:
         template: the model (sizes, activation, dtype).
     """
 
-    def __init__(self, replica: ShardedReplica, template: Mlp) -> None:
+    def __init__(self, replica: LayerOwner, template: Mlp) -> None:
         self.replica = replica
         self.sizes = template.sizes
         self.activation = template.activation

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
-from atomr.actor import ActorRef, AskTimeoutError
+from atomr.actor import ActorRef
 from atomr.train._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
@@ -207,13 +207,9 @@ class ShardedPasses:
         msgs = [ApplyShard(r, scale, coefficient, token) for r in reduced_for]
         results = await ask_all_settled(self.refs, msgs, self.timeout)
         if failed_indices(results):
-            # a replica whose ask timed out may still apply: its rollback waits behind it
-            undo = [
-                ref
-                for ref, res in zip(self.refs, results, strict=True)
-                if not isinstance(res, BaseException) or isinstance(res, AskTimeoutError)
-            ]
-            await ask_all_settled(undo, RollbackShard(token), self.timeout, per_worker=False)
+            # every replica: one that timed out may still apply (its rollback waits
+            # behind it), one that raised after applying was resumed with it pending
+            await ask_all_settled(self.refs, RollbackShard(token), self.timeout, per_worker=False)
             raise_first_failure(results)
         committed = await self._ask([CommitShard(token)] * len(self.refs))
         if self.stage < 3:

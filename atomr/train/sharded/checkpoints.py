@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from atomr.train.core.checkpoint import (
+    SHARDED_INDEX_KEY,
     Checkpoint,
     CheckpointError,
     load_checkpoint,
@@ -34,8 +35,6 @@ from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import ShardReplicaState
 
 __all__ = ["assemble_state", "merge_shards", "shard_path", "split_state", "write_shards"]
-
-_INDEX_KEY = "sharded"
 
 
 def shard_path(path: str | Path, index: int, count: int) -> Path:
@@ -95,7 +94,7 @@ def write_shards(
         shard = Checkpoint(model, state.piece, state.steps, state.optimizer, {"owned": owned})
         save_checkpoint(shard_path(path, first + k, count), shard)
     if layout.process_rank == 0:
-        index = {_INDEX_KEY: {"count": count, "n_params": layout.n_params}, **extra}
+        index = {SHARDED_INDEX_KEY: {"count": count, "n_params": layout.n_params}, **extra}
         save_checkpoint(
             path, Checkpoint(model, np.zeros(0, np.float32), states[0].steps, {}, index)
         )
@@ -117,7 +116,7 @@ def merge_shards(path: str | Path, index: Checkpoint | None = None) -> Checkpoin
             step, or the shards do not tile the vector exactly once.
     """
     ckpt = load_checkpoint(path) if index is None else index
-    info = ckpt.extra.get(_INDEX_KEY)
+    info = ckpt.extra.get(SHARDED_INDEX_KEY)
     if info is None:
         return ckpt
     try:
@@ -139,7 +138,7 @@ def merge_shards(path: str | Path, index: Checkpoint | None = None) -> Checkpoin
                 optimizer.setdefault(key, value)
     if weights is None or not (covered == 1).all():
         raise CheckpointError(f"the shards of {path} do not cover the parameters exactly once")
-    extra = {k: v for k, v in ckpt.extra.items() if k != _INDEX_KEY}
+    extra = {k: v for k, v in ckpt.extra.items() if k != SHARDED_INDEX_KEY}
     return Checkpoint(ckpt.model, weights, ckpt.step, optimizer, extra)
 
 

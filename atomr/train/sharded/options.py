@@ -8,6 +8,7 @@ from typing import Any
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.data_parallel.options import DataParallelOptions
+from atomr.train.sharded.replica import ShardedReplica
 
 __all__ = ["ShardedOptions"]
 
@@ -30,6 +31,9 @@ class ShardedOptions:
         shard_checkpoints: `SaveCheckpoint` writes one file per replica (and
             a small index at the path) instead of the full checkpoint
             (`atomr.train.sharded.checkpoints`); `LoadCheckpoint` reads either.
+        replica_class: the replica actor `spawn` builds: `ShardedReplica` or a
+            subclass (an instrumented or fault-injected one,
+            `atomr.testkit.inject_faults`).
 
     Raises:
         TypeError: a field of the wrong type.
@@ -44,6 +48,7 @@ class ShardedOptions:
     process_rank: int = 0
     process_count: int = 1
     shard_checkpoints: bool = False
+    replica_class: type[ShardedReplica] = ShardedReplica
 
     def __post_init__(self) -> None:
         if isinstance(self.stage, bool) or self.stage not in (1, 2, 3):
@@ -64,6 +69,9 @@ class ShardedOptions:
         self._check_processes()
         if not isinstance(self.shard_checkpoints, bool):
             raise TypeError("shard_checkpoints must be a bool")
+        rc = self.replica_class
+        if not (isinstance(rc, type) and issubclass(rc, ShardedReplica)):
+            raise TypeError(f"replica_class must be ShardedReplica or a subclass, got {rc!r}")
 
     def _check_processes(self) -> None:
         for name in ("process_rank", "process_count"):

@@ -134,6 +134,11 @@ class ShardedReplica(DeviceActor):
         return self._layers
 
     @property
+    def worker_index(self) -> int:
+        """This replica's index (how `atomr.testkit.inject_faults(worker=k)` finds it)."""
+        return self.index
+
+    @property
     def shares_memory(self) -> bool:
         """The device's memory is host memory: buffers are handed without a copy."""
         return isinstance(self.backend, CpuBackend)

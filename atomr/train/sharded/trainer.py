@@ -69,7 +69,6 @@ from atomr.train.sharded.checkpoints import assemble_state, merge_shards, split_
 from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import GetShardMemory, GetShardState, SetShardState, ShardMemory
 from atomr.train.sharded.options import ShardedOptions
-from atomr.train.sharded.replica import ShardedReplica
 
 __all__ = ["ShardedDataParallelTrainer"]
 
@@ -147,7 +146,7 @@ class ShardedDataParallelTrainer(Actor):
         o = options
         layout = ShardLayout.for_model(model, o.stage, len(devs), o.process_count, o.process_rank)
         replicas = [
-            Props(ShardedReplica, model, d, config, o.stage, layout, k) for k, d in enumerate(devs)
+            Props(o.replica_class, model, d, config, o.stage, layout, k) for k, d in enumerate(devs)
         ]
         props = Props(cls, model, replicas, config, layout, options)
         ref: ActorRef = system.spawn(props, name=name)

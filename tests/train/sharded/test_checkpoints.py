@@ -1,0 +1,109 @@
+"""Sharded checkpoints: the full format moves between the sharded trainer (any
+stage, any replica count) and the single-device `Trainer` both ways; the
+one-file-per-replica option merges back on load, into another stage and
+replica count; a missing shard is refused with nothing changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorRef, ActorSystem
+from atomr.accel import cpu_devices
+from atomr.train import (
+    CheckpointError,
+    GetWeights,
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    SaveCheckpoint,
+    ShardedDataParallelTrainer,
+    ShardedOptions,
+    Step,
+    Trainer,
+    TrainerConfig,
+    load_checkpoint,
+)
+from atomr.train.sharded import merge_shards
+from atomr.train.sharded.checkpoints import shard_path
+
+SIZES = [6, 10, 4]
+CONFIG = TrainerConfig(OptimizerKind.adamw(0.02), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
+
+
+def _batches(n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.standard_normal((11, SIZES[0])).astype(np.float32), rng.integers(0, 4, 11))
+        for _ in range(n)
+    ]
+
+
+async def _steps(ref: ActorRef, seed: int) -> list[float]:
+    return [(await ref.ask(Step(x, y))).loss for x, y in _batches(5, seed)]
+
+
+async def _sharded(system: ActorSystem, n: int, **options: Any) -> ActorRef:
+    model = Mlp(SIZES, seed=2)
+    return await ShardedDataParallelTrainer.spawn(
+        system, model, cpu_devices(n), CONFIG, ShardedOptions(**options)
+    )
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+async def test_the_full_format_moves_both_ways(stage: int, tmp_path: Path) -> None:
+    async with ActorSystem("zero-ckpt") as system:
+        sharded = await _sharded(system, 3, stage=stage)
+        single = await Trainer.spawn(system, Mlp(SIZES, seed=2), ["cpu:0"], CONFIG)
+        await _steps(sharded, 1)
+        await sharded.ask(SaveCheckpoint(tmp_path / "zero.ckpt"))
+        assert load_checkpoint(tmp_path / "zero.ckpt").step == 5
+        await single.ask(LoadCheckpoint(tmp_path / "zero.ckpt"))
+        np.testing.assert_array_equal(await single.ask(GetWeights()), await sharded.ask(GetWeights()))
+        # on from the same state, optimizer moments included
+        ref_losses, losses = await _steps(single, 2), await _steps(sharded, 2)
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+        await single.ask(SaveCheckpoint(tmp_path / "single.ckpt"))
+        other = await _sharded(system, 2, stage=4 - stage if stage != 2 else 2)
+        await other.ask(LoadCheckpoint(tmp_path / "single.ckpt"))
+        np.testing.assert_array_equal(await other.ask(GetWeights()), await single.ask(GetWeights()))
+        np.testing.assert_allclose(await _steps(other, 3), await _steps(single, 3), rtol=1e-5)
+
+
+async def test_one_file_per_replica_merges_into_another_layout(tmp_path: Path) -> None:
+    path = tmp_path / "sharded.ckpt"
+    async with ActorSystem("zero-ckpt") as system:
+        writer = await _sharded(system, 3, stage=3, shard_checkpoints=True)
+        await _steps(writer, 1)
+        await writer.ask(SaveCheckpoint(path))
+        assert all(shard_path(path, g, 3).is_file() for g in range(3))
+        single = await Trainer.spawn(system, Mlp(SIZES, seed=2), ["cpu:0"], CONFIG)
+        with pytest.raises(CheckpointError, match="merge_shards"):
+            await single.ask(LoadCheckpoint(path))
+        merged = merge_shards(path)
+        np.testing.assert_array_equal(merged.weights, await writer.ask(GetWeights()))
+        assert merged.step == 5 and merged.optimizer["step"] == 5
+        reader = await _sharded(system, 2, stage=1)
+        await reader.ask(LoadCheckpoint(path))
+        np.testing.assert_array_equal(await reader.ask(GetWeights()), merged.weights)
+        np.testing.assert_allclose(await _steps(reader, 4), await _steps(writer, 4), rtol=1e-5)
+
+
+async def test_a_missing_shard_is_refused_with_nothing_changed(tmp_path: Path) -> None:
+    path = tmp_path / "sharded.ckpt"
+    async with ActorSystem("zero-ckpt") as system:
+        writer = await _sharded(system, 2, stage=2, shard_checkpoints=True)
+        await _steps(writer, 1)
+        await writer.ask(SaveCheckpoint(path))
+        shard_path(path, 1, 2).unlink()
+        reader = await _sharded(system, 2, stage=2)
+        before = await reader.ask(GetWeights())
+        with pytest.raises((CheckpointError, OSError)):
+            await reader.ask(LoadCheckpoint(path))
+        np.testing.assert_array_equal(await reader.ask(GetWeights()), before)
+        with pytest.raises(FileNotFoundError):
+            merge_shards(tmp_path / "nothing-here.ckpt")

@@ -1,0 +1,104 @@
+"""Faults in `ShardedDataParallelTrainer`, injected through public seams
+(`atomr.testkit.inject_faults` on the replica's hooks and messages,
+`ShardedOptions.replica_class`): a failure in any phase changes no piece
+anywhere, the asker gets the replica's own error, and training goes on to
+end where a run without that step ends; a replica whose device context is
+poisoned loses its piece, and the trainer answers `WorkerStateLost` until a
+checkpoint is loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.testkit import inject_faults
+from atomr.train import (
+    GetWeights,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    ShardedDataParallelTrainer,
+    ShardedOptions,
+    Trainer,
+    TrainerConfig,
+)
+from atomr.train.sharded import ShardedReplica
+from atomr.train.sharded.messages import ForwardLayer, ShardLayerParams
+from tests.reliability.faults import (
+    CLASSES,
+    IN,
+    T,
+    Plan,
+    assert_same_training,
+    assert_unchanged,
+    batches,
+    clean_run,
+    faulted_run,
+    lost_until_reloaded,
+)
+
+CONFIG = TrainerConfig(OptimizerKind.adamw(0.05), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
+FAULTY = 1
+PHASES: dict[str, str | type] = {
+    "compute": "compute_gradients",  # stages 1 and 2: forward and backward
+    "gather": ShardLayerParams,  # stage 3: a layer's gather
+    "forward": ForwardLayer,  # stage 3: a layer's forward
+    "apply": "apply_shard",  # every stage: the piece's update
+}
+
+
+async def _spawn(system: ActorSystem, stage: int, plan: Plan) -> Any:
+    faulty = inject_faults(ShardedReplica, plan, PHASES, worker=FAULTY)
+    options = ShardedOptions(stage=stage, replica_class=faulty)
+    model = Mlp([IN, 9, CLASSES], seed=0)
+    return await ShardedDataParallelTrainer.spawn(system, model, cpu_devices(3), CONFIG, options)
+
+
+@pytest.mark.parametrize(
+    ("stage", "phase", "after"),
+    [
+        (1, "compute", False),
+        (2, "apply", False),
+        (2, "apply", True),  # the update was written, then the replica failed
+        (3, "gather", False),
+        (3, "forward", False),
+        (3, "apply", True),
+    ],
+)
+async def test_a_failure_changes_no_piece_and_training_goes_on(
+    stage: int, phase: str, after: bool
+) -> None:
+    plan = Plan()
+    data = batches()
+    async with ActorSystem("zero-faults") as system:
+        trainer = await _spawn(system, stage, plan)
+        clean = await Trainer.spawn(system, Mlp([IN, 9, CLASSES], seed=0), ["cpu:0"], CONFIG)
+
+        async def weights() -> Any:
+            return await trainer.ask(GetWeights(), timeout=T)
+
+        error, views = await faulted_run(
+            trainer, data, plan, phase, weights, RuntimeError, after=after
+        )
+        assert plan.fired == [phase]
+        assert "injected failure" in str(error)
+        assert_unchanged(views)
+        await clean_run(clean, data)
+        await assert_same_training(trainer, clean)
+
+
+@pytest.mark.parametrize(("stage", "phase"), [(2, "compute"), (3, "forward")])
+async def test_a_poisoned_replica_is_lost_until_a_checkpoint_is_loaded(
+    stage: int, phase: str, tmp_path: Path
+) -> None:
+    plan = Plan()
+    async with ActorSystem("zero-faults") as system:
+        trainer = await _spawn(system, stage, plan)
+        reference = await Trainer.spawn(system, Mlp([IN, 9, CLASSES], seed=0), ["cpu:0"], CONFIG)
+        await lost_until_reloaded(
+            trainer, reference, batches(), plan, phase, "replica", FAULTY, tmp_path
+        )

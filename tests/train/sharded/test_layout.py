@@ -1,0 +1,56 @@
+"""`ShardLayout`: every position of the vector is owned exactly once across
+the job, one process's owners are the chunks its collective's
+reduce-scatter leaves each replica, and pieces round-trip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atomr.train import Mlp
+from atomr.train.core.partition import split_bounds
+from atomr.train.sharded import ShardLayout
+from atomr.train.sharded.layout import model_units
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+@pytest.mark.parametrize(("processes", "replicas"), [(1, 1), (1, 3), (2, 2), (3, 4), (2, 5)])
+def test_every_position_is_owned_exactly_once(per_layer: bool, processes: int, replicas: int) -> None:
+    units = model_units([5, 3, 2], per_layer)  # 18 + 8 = 26 parameters: no N divides it
+    covered = np.zeros(26, dtype=int)
+    for rank in range(processes):
+        layout = ShardLayout(units, replicas, processes, rank)
+        for k in range(replicas):
+            for lo, hi in layout.owned(k):
+                covered[lo:hi] += 1
+            assert layout.piece_len(k) == sum(hi - lo for lo, hi in layout.owned(k))
+    assert (covered == 1).all()
+
+
+def test_one_process_owns_what_the_collective_scatters() -> None:
+    layout = ShardLayout(((0, 26),), 4)
+    assert [layout.owned(k)[0] for k in range(4)] == split_bounds(26, 4)
+
+
+def test_stage_3_units_are_the_layers() -> None:
+    model = Mlp([5, 3, 2])
+    layout = ShardLayout.for_model(model, stage=3, replicas=2)
+    offsets = model.layer_offsets()
+    assert layout.units == tuple((o.w_offset, o.stop) for o in offsets)
+    assert ShardLayout.for_model(model, stage=2, replicas=2).units == ((0, model.n_params),)
+
+
+def test_take_put_and_assemble_round_trip() -> None:
+    layout = ShardLayout(model_units([5, 3, 2], True), 3)
+    full = np.arange(26, dtype=np.float32)
+    pieces = [layout.take(full, k) for k in range(3)]
+    assert sum(p.size for p in pieces) == 26
+    np.testing.assert_array_equal(layout.assemble(pieces, np.dtype(np.float32)), full)
+    with pytest.raises(ValueError, match="owns"):
+        layout.put(full.copy(), 0, pieces[0][:-1])
+
+
+def test_a_replica_may_own_nothing_of_a_short_unit() -> None:
+    layout = ShardLayout(((0, 2), (2, 9)), 4)
+    assert layout.owned(3)[0] == (2, 2)  # empty part of the 2-long unit
+    assert layout.piece_len(3) == 1

@@ -1,0 +1,160 @@
+"""`ShardedDataParallelTrainer` equals the single-device `Trainer`: ZeRO stages
+1, 2 and 3, N = 1..4 replicas with uneven splits (neither the parameter
+count nor the batch divides by N), SGD with momentum and AdamW, clipping on,
+20 steps; and each stage holds the memory it promises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.train import (
+    Evaluate,
+    GetTrainingState,
+    GetWeights,
+    InvalidBatchError,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    SetLearningRate,
+    ShardedDataParallelTrainer,
+    ShardedOptions,
+    Step,
+    Trainer,
+    TrainerConfig,
+)
+from atomr.train.sharded import GetShardMemory, ShardMemory
+
+SIZES = [7, 9, 5, 3]  # 72 + 9 + 45 + 5 + 15 + 3 = 149 parameters (prime)
+OPTIMIZERS = {
+    "sgd-momentum": OptimizerKind.sgd(0.1, momentum=0.9),
+    "adamw": OptimizerKind.adamw(0.01, weight_decay=0.05),
+}
+
+
+def _batches(n: int, rows: int = 13) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(4)
+    return [
+        (rng.standard_normal((rows, SIZES[0])).astype(np.float32), rng.integers(0, 3, rows))
+        for _ in range(n)
+    ]
+
+
+async def _train(system: ActorSystem, cls: Any, n: int, config: TrainerConfig, options: Any) -> Any:
+    model = Mlp(SIZES, "tanh", seed=3)
+    devices = cpu_devices(n) if cls is not Trainer else ["cpu:0"]
+    ref = await cls.spawn(system, model, devices, config, options)
+    losses, norms = [], []
+    for x, y in _batches(20):
+        stats = await ref.ask(Step(x, y))
+        losses.append(stats.loss)
+        norms.append(stats.grad_norm)
+    x, y = _batches(1, rows=31)[0]
+    evaluation = await ref.ask(Evaluate(x, y))
+    return losses, norms, await ref.ask(GetWeights()), evaluation
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize("stage", [1, 2, 3])
+async def test_twenty_steps_equal_one_device(stage: int, optimizer: str) -> None:
+    config = TrainerConfig(OPTIMIZERS[optimizer], LossKind.CROSS_ENTROPY, gradient_clip=0.3)
+    async with ActorSystem("zero") as system:
+        ref_losses, ref_norms, ref_weights, ref_eval = await _train(
+            system, Trainer, 1, config, None
+        )
+        assert max(ref_norms) > 0.3  # clipping really happens
+        for n in (1, 2, 3, 4):
+            options = ShardedOptions(stage=stage)
+            losses, norms, weights, evaluation = await _train(
+                system, ShardedDataParallelTrainer, n, config, options
+            )
+            np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(norms, ref_norms, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(weights, ref_weights, rtol=1e-5, atol=1e-6)
+            assert evaluation.loss == pytest.approx(ref_eval.loss, rel=1e-5)
+            assert evaluation.accuracy == ref_eval.accuracy
+
+
+async def _memory(stage: int, n: int) -> list[ShardMemory]:
+    config = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY)
+    async with ActorSystem("zero") as system:
+        ref = await ShardedDataParallelTrainer.spawn(
+            system, Mlp(SIZES, seed=1), cpu_devices(n), config, ShardedOptions(stage=stage)
+        )
+        x, y = _batches(1)[0]
+        await ref.ask(Step(x, y))
+        memory: list[ShardMemory] = await ref.ask(GetShardMemory())
+        return memory
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+async def test_each_stage_keeps_the_memory_it_promises(stage: int) -> None:
+    full = Mlp(SIZES).n_params * 4  # float32 bytes of one full vector
+    n = 4
+    memory = await _memory(stage, n)
+    # the longest piece: 1/N rounded up, once per unit (stage 3 splits each layer)
+    units = len(SIZES) - 1 if stage == 3 else 1
+    piece = (-(-Mlp(SIZES).n_params // n) + units) * 4
+    for m in memory:
+        assert m.optimizer <= 2 * piece  # Adam's two moments over the piece only
+        if stage == 1:
+            assert m.gradients == full
+        else:
+            assert m.gradients <= piece
+        if stage == 3:
+            assert m.weights <= piece
+            largest_layer = max(a * b + b for a, b in zip(SIZES[:-1], SIZES[1:], strict=False))
+            assert m.gathered_peak == largest_layer * 4
+        else:
+            assert m.weights >= full  # the working copy
+    total_state = sum(m.optimizer for m in memory)
+    assert total_state == 2 * full  # the shards together hold one copy of the state
+
+
+async def test_the_contract_messages_and_bad_input() -> None:
+    config = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY, max_steps=3)
+    async with ActorSystem("zero") as system:
+        ref = await ShardedDataParallelTrainer.spawn(
+            system, Mlp(SIZES, seed=1), cpu_devices(2), config, ShardedOptions(stage=3)
+        )
+        before = await ref.ask(GetWeights())
+        x, y = _batches(1)[0]
+        bad = x.copy()
+        bad[2, 1] = np.nan
+        with pytest.raises(InvalidBatchError):
+            await ref.ask(Step(bad, y))
+        with pytest.raises(ValueError):
+            await ref.ask(SetLearningRate(float("nan")))
+        np.testing.assert_array_equal(await ref.ask(GetWeights()), before)
+        await ref.ask(SetLearningRate(0.05))
+        for _ in range(3):
+            await ref.ask(Step(x, y))
+        state = await ref.ask(GetTrainingState())
+        assert state.step == 3 and state.reached_max_steps and state.is_coordinator
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="stage"):
+        ShardedOptions(stage=4)
+    with pytest.raises(ValueError, match="stage"):
+        ShardedOptions(stage=True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="collective"):
+        ShardedOptions(collective="ring")
+    with pytest.raises(ValueError, match="process_collective"):
+        ShardedOptions(process_count=2, process_rank=1)
+    with pytest.raises(TypeError, match="replica_class"):
+        ShardedOptions(replica_class=int)  # type: ignore[arg-type]
+
+
+async def test_accumulation_is_refused_before_anything_is_spawned() -> None:
+    config = TrainerConfig(
+        OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, accumulation_steps=2
+    )
+    async with ActorSystem("zero") as system:
+        with pytest.raises(ValueError, match="accumulat"):
+            await ShardedDataParallelTrainer.spawn(system, Mlp(SIZES), cpu_devices(2), config)
+        assert list(system.actors) == []

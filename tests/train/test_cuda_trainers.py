@@ -33,6 +33,8 @@ from atomr.train import (
     Mlp,
     OptimizerKind,
     SaveCheckpoint,
+    ShardedDataParallelTrainer,
+    ShardedOptions,
     Step,
     StepStats,
     Trainer,
@@ -371,3 +373,27 @@ async def test_checkpoint_and_evaluate_on_cuda(
         got, want = await trainer.evaluate(x0, y0), await reference.evaluate(x0, y0)
     assert got.loss == pytest.approx(want.loss, rel=RTOL, abs=ATOL)
     assert got.accuracy == want.accuracy and got.samples == want.samples == BATCH
+
+
+# ------------------------------------------------------- sharded data parallel
+
+ZERO_SIZES = [3, 4, 3]
+
+
+def _zero_driver(stage: int) -> Driver:
+    config = TrainerConfig(OptimizerKind.adamw(0.05), LossKind.CROSS_ENTROPY, worker_timeout=T)
+
+    async def spawn(system: ActorSystem, devices: Sequence[str]) -> Any:
+        return await ShardedDataParallelTrainer.spawn(
+            system, Mlp(ZERO_SIZES, seed=1), list(devices), config, ShardedOptions(stage=stage)
+        )
+
+    return _actor_driver(spawn)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+async def test_sharded_data_parallel_on_cuda_equals_cpu(stage: int, cuda_launches) -> None:
+    # CUDA replicas hand host copies to the collectives (the CPU ones their own
+    # memory), so this runs the copy-back path: reduced gradients and gathered
+    # parameters sent back in the next message
+    await _assert_cuda_equals_cpu(_zero_driver(stage), ZERO_SIZES, cuda_launches)

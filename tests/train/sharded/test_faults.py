@@ -31,8 +31,8 @@ from atomr.train.sharded.messages import ForwardLayer, ShardLayerParams
 from tests.reliability.faults import (
     CLASSES,
     IN,
-    T,
     Plan,
+    T,
     assert_same_training,
     assert_unchanged,
     batches,

@@ -108,6 +108,15 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="--policy async: steps between two averaging rounds (default: 4)",
     )
     model.add_argument(
+        "--zero-stage",
+        type=int,
+        choices=(1, 2, 3),
+        default=None,
+        metavar="K",
+        help="--strategy zero: shard the optimizer state (1), and the gradients (2), and "
+        "the parameters, gathered layer by layer (3) (default: 1)",
+    )
+    model.add_argument(
         "--distributed",
         action="store_true",
         help="one process of an MPI job (started by 'atomr launch' or mpiexec): "

@@ -46,6 +46,7 @@ def _refuse_flags_that_do_not_apply(args: argparse.Namespace) -> None:
             "--workers": args.workers,
             "--policy": args.policy,
             "--average-every": args.average_every,
+            "--zero-stage": args.zero_stage,
         }
     )
     if args.dataset != "synthetic":
@@ -201,6 +202,7 @@ class RunConfig:
     max_steps: int | None
     policy: str | None
     average_every: int | None
+    zero_stage: int | None
     dataset: str
     samples: int
     features: int
@@ -247,10 +249,10 @@ class RunConfig:
             )
         if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
             raise CliError(f"--clip must be positive and finite, got {args.clip}")
-        if args.distributed and args.strategy not in ("data", "single"):
+        if args.distributed and args.strategy not in ("data", "single", "zero"):
             raise CliError(
-                "--distributed runs data parallel across MPI ranks; it cannot be combined "
-                f"with --strategy {args.strategy}"
+                "--distributed runs data parallel (plain or sharded) across MPI ranks; it "
+                f"cannot be combined with --strategy {args.strategy}"
             )
         if args.resume is not None and not os.path.isfile(args.resume):
             raise CliError(f"--resume: no such checkpoint file {args.resume!r}")
@@ -297,6 +299,7 @@ class RunConfig:
             max_steps=args.max_steps,
             policy=args.policy,
             average_every=args.average_every,
+            zero_stage=args.zero_stage,
             dataset=args.dataset,
             **{
                 k: v if getattr(args, k) is None else getattr(args, k)

@@ -25,6 +25,8 @@ from atomr.train import (
     LoadCheckpoint,
     Mlp,
     PipelineParallelTrainer,
+    ShardedDataParallelTrainer,
+    ShardedOptions,
     TensorParallelTrainer,
     Trainer,
     TrainerConfig,
@@ -99,6 +101,10 @@ def _data_options(run: RunConfig) -> DataParallelOptions:
     return DataParallelOptions(**_data_settings(run))
 
 
+def _zero_options(run: RunConfig) -> ShardedOptions:
+    return ShardedOptions(stage=run.zero_stage or 1)
+
+
 def _ps_options(run: RunConfig) -> ParameterServerOptions:
     return ParameterServerOptions(workers=run.workers)
 
@@ -113,6 +119,14 @@ STRATEGIES: dict[str, Strategy] = {
             DataParallelTrainer,
             flags=("--policy", "--average-every"),
             options=_data_options,
+            min_batch=lambda run: len(run.devices),
+        ),
+        Strategy(
+            "zero",
+            "sharded data parallel (ZeRO): optimizer state, gradients, parameters split",
+            ShardedDataParallelTrainer,
+            flags=("--zero-stage",),
+            options=_zero_options,
             min_batch=lambda run: len(run.devices),
         ),
         Strategy("tensor", "tensor parallel: layers split across devices", TensorParallelTrainer),
@@ -193,11 +207,17 @@ async def _spawn_distributed(
     system: Any, run: RunConfig, model: Mlp, config: TrainerConfig
 ) -> tuple[ActorRef, Job]:
     assert run.dist is not None
+    options: DataParallelOptions | ShardedOptions
+    trainer: Any = DataParallelTrainer
     try:
-        options = DataParallelOptions.for_job(run.dist, **_data_settings(run))
+        if run.strategy == "zero":
+            trainer = ShardedDataParallelTrainer
+            options = ShardedOptions.for_job(run.dist, stage=run.zero_stage or 1)
+        else:
+            options = DataParallelOptions.for_job(run.dist, **_data_settings(run))
     except ImportError:
         raise CliError("--distributed needs mpi4py: pip install -e '.[mpi]'", 1) from None
-    ref = await DataParallelTrainer.spawn(system, model, list(run.devices), config, options)
+    ref = await trainer.spawn(system, model, list(run.devices), config, options)
     return ref, _MpiJob(options.process_collective, run.dist.is_root)
 
 

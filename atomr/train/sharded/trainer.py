@@ -136,7 +136,9 @@ class ShardedDataParallelTrainer(Actor):
             TypeError: an argument of the wrong type (the message names it).
             ValueError: no devices, a bad device name, CPU and CUDA mixed, or
                 `config.accumulation_steps > 1`.
-            Exception: what a replica raised while starting.
+            Exception: what a replica raised while starting, or the process
+                collective's error (in a job, every process starts from
+                process 0's weights: a broadcast every process joins).
         """
         model, devs, config = check_spawn_args(system, model, devices, config, name)
         options = check_options(options, ShardedOptions, cls.__name__)
@@ -144,6 +146,8 @@ class ShardedDataParallelTrainer(Actor):
         if len({d.kind for d in devs}) > 1:
             raise ValueError("devices mix CPU and CUDA: their kernels round differently")
         o = options
+        if o.process_collective is not None:  # every process starts from process 0's weights
+            model = await _from_process_zero(model, o.process_collective)
         layout = ShardLayout.for_model(model, o.stage, len(devs), o.process_count, o.process_rank)
         replicas = [
             Props(o.replica_class, model, d, config, o.stage, layout, k) for k, d in enumerate(devs)
@@ -292,6 +296,13 @@ class ShardedDataParallelTrainer(Actor):
             raise
         self.steps = int(ckpt.step)
         self._watch.clear(generation)
+
+
+async def _from_process_zero(model: Mlp, processes: Collective) -> Mlp:
+    """`model` with process 0's weights (a broadcast every process joins)."""
+    params = model.get_params()
+    await processes.broadcast([params], 0)
+    return Mlp.from_config(model.config(), params)
 
 
 def _full_from(layout: ShardLayout, states: list[Any], dtype: np.dtype) -> np.ndarray:

@@ -63,7 +63,9 @@ async def test_the_full_format_moves_both_ways(stage: int, tmp_path: Path) -> No
         await sharded.ask(SaveCheckpoint(tmp_path / "zero.ckpt"))
         assert load_checkpoint(tmp_path / "zero.ckpt").step == 5
         await single.ask(LoadCheckpoint(tmp_path / "zero.ckpt"))
-        np.testing.assert_array_equal(await single.ask(GetWeights()), await sharded.ask(GetWeights()))
+        np.testing.assert_array_equal(
+            await single.ask(GetWeights()), await sharded.ask(GetWeights())
+        )
         # on from the same state, optimizer moments included
         ref_losses, losses = await _steps(single, 2), await _steps(sharded, 2)
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)

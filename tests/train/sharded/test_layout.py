@@ -15,7 +15,9 @@ from atomr.train.sharded.layout import model_units
 
 @pytest.mark.parametrize("per_layer", [False, True])
 @pytest.mark.parametrize(("processes", "replicas"), [(1, 1), (1, 3), (2, 2), (3, 4), (2, 5)])
-def test_every_position_is_owned_exactly_once(per_layer: bool, processes: int, replicas: int) -> None:
+def test_every_position_is_owned_exactly_once(
+    per_layer: bool, processes: int, replicas: int
+) -> None:
     units = model_units([5, 3, 2], per_layer)  # 18 + 8 = 26 parameters: no N divides it
     covered = np.zeros(26, dtype=int)
     for rank in range(processes):

@@ -116,7 +116,9 @@ async def test_each_stage_keeps_the_memory_it_promises(stage: int) -> None:
 
 
 async def test_the_contract_messages_and_bad_input() -> None:
-    config = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY, max_steps=3)
+    config = TrainerConfig(
+        OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY, max_steps=3
+    )
     async with ActorSystem("zero") as system:
         ref = await ShardedDataParallelTrainer.spawn(
             system, Mlp(SIZES, seed=1), cpu_devices(2), config, ShardedOptions(stage=3)
@@ -151,9 +153,7 @@ def test_bad_options_are_refused() -> None:
 
 
 async def test_accumulation_is_refused_before_anything_is_spawned() -> None:
-    config = TrainerConfig(
-        OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, accumulation_steps=2
-    )
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, accumulation_steps=2)
     async with ActorSystem("zero") as system:
         with pytest.raises(ValueError, match="accumulat"):
             await ShardedDataParallelTrainer.spawn(system, Mlp(SIZES), cpu_devices(2), config)

@@ -25,7 +25,7 @@ from atomr.train.core.errors import (
 )
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
-from atomr.train.core.mlp import LayerOffsets, Mlp, Tape
+from atomr.train.core.mlp import LayerOffsets, Mlp
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.partition import split_bounds, split_sizes
@@ -49,7 +49,6 @@ __all__ = [
     "SaveCheckpoint",
     "Step",
     "StepStats",
-    "Tape",
     "TrainerConfig",
     "WorkerStateLost",
     "clip_grad_norm",

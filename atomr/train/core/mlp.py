@@ -1,4 +1,5 @@
-"""`Mlp`: a multi-layer perceptron whose parameters live in one flat vector.
+"""`Mlp`: a multi-layer perceptron, the `Sequential` of `Linear` and
+`Activation` layers that atomr has always trained.
 
 Layout (internals.md section 3): layer `l` has `W_l` of shape
 `(sizes[l], sizes[l+1])` then `b_l` of shape `(sizes[l+1],)`, stored in that
@@ -6,10 +7,14 @@ order, layer after layer, in one contiguous vector `params`; `grads` has the
 same layout. Layer `l` computes `z = x @ W_l + b_l` and, except for the last
 layer (whose output are the logits), `a = activation(z)`.
 
-Forward and backward run as the kernels of the model's device
-(`atomr.accel.backend_for(device)`): on a CPU device they work on NumPy
-arrays, on a CUDA device on numba device arrays. Call them from the device's
-worker thread (`DeviceActor.on_device`) when the model belongs to an actor.
+It is a `Sequential` (`atomr.train.core.model`): forward and backward are
+the layers', which run the kernels the MLP always ran, in the same order,
+so its numbers are unchanged. Forward and backward run as the kernels of the
+model's device (`atomr.accel.backend_for(device)`): on a CPU device they
+work on NumPy arrays, on a CUDA device on numba device arrays. Call them
+from the device's worker thread (`DeviceActor.on_device`) when the model
+belongs to an actor. Its config keeps the MLP's own keys (sizes, activation,
+dtype, activate_last, seed), so its checkpoints are what they always were.
 
     z_l   = a_{l-1} @ W_l + b_l              dW_l   = a_{l-1}^T @ dz_l
     a_l   = f(z_l)                           db_l   = sum_rows(dz_l)
@@ -19,17 +24,18 @@ worker thread (`DeviceActor.on_device`) when the model belongs to an actor.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from atomr.accel import ACTIVATIONS, Device, backend_for
-from atomr.train.core._cpu import cpu_backend
+from atomr.accel import ACTIVATIONS
+from atomr.train.core.model.layer import Layer
+from atomr.train.core.model.linear import Activation, Linear
+from atomr.train.core.model.sequential import Sequential
 
-__all__ = ["LayerOffsets", "Mlp", "Tape"]
+__all__ = ["LayerOffsets", "Mlp"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,21 +61,6 @@ class LayerOffsets:
         return self.b_offset + self.b_shape[0]
 
 
-@dataclass
-class Tape:
-    """What a training forward pass keeps for its backward pass.
-
-    Attributes:
-        inputs: the input of each layer (`x`, then each activation output).
-        pre_activations: `z_l` of each layer (None where no activation follows).
-        output: the model output (the last layer's `z`, or its activation).
-    """
-
-    inputs: list[Any] = field(default_factory=list)
-    pre_activations: list[Any] = field(default_factory=list)
-    output: Any = None
-
-
 def _layout(sizes: Sequence[int]) -> list[LayerOffsets]:
     offsets = []
     pos = 0
@@ -81,7 +72,7 @@ def _layout(sizes: Sequence[int]) -> list[LayerOffsets]:
     return offsets
 
 
-class Mlp:
+class Mlp(Sequential):
     """A multi-layer perceptron with flat parameters on one device.
 
     Args:
@@ -114,20 +105,13 @@ class Mlp:
         device: Any = None,
         activate_last: bool = False,
     ) -> None:
-        self._setup(sizes, activation, dtype, device, activate_last)
-        rng = np.random.default_rng(seed)
-        host = np.empty(self.n_params, dtype=self.dtype)
-        for off in self._offsets:
-            bound = 1.0 / math.sqrt(off.w_shape[0])
-            n_w = off.w_shape[0] * off.w_shape[1]
-            host[off.w_offset : off.w_offset + n_w] = rng.uniform(-bound, bound, size=n_w)
-            host[off.b_offset : off.stop] = rng.uniform(-bound, bound, size=off.b_shape[0])
+        self._setup_mlp(sizes, activation, dtype, device, activate_last)
+        self._allocate(self._initial(np.random.default_rng(seed)))
         self.seed = int(seed)
-        self._allocate(host)
 
     # -- construction -------------------------------------------------------
 
-    def _setup(
+    def _setup_mlp(
         self, sizes: Sequence[int], activation: str, dtype: Any, device: Any, activate_last: bool
     ) -> None:
         sizes = [int(s) for s in sizes]
@@ -137,37 +121,22 @@ class Mlp:
             raise ValueError(
                 f"unknown activation {activation!r}; expected one of {tuple(ACTIVATIONS)}"
             )
-        try:
-            dt = np.dtype(dtype)
-        except TypeError as exc:
-            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}") from exc
-        if dt not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dt}")
-        if device is None:
-            self.device: Any = None
-            self.backend: Any = cpu_backend()
-        else:
-            self.device = Device.parse(device)
-            self.backend = backend_for(self.device)
         self.sizes: tuple[int, ...] = tuple(sizes)
         self.activation = activation
-        self.dtype = dt
         self.activate_last = bool(activate_last)
         self._offsets = _layout(self.sizes)
-        self.n_params = self._offsets[-1].stop
-        # per layer: where W and b sit, and the activation code that follows (None: none)
+        # per layer: where W and b sit
         self._slices = [
             (slice(o.w_offset, o.b_offset), o.w_shape, slice(o.b_offset, o.stop))
             for o in self._offsets
         ]
+        layers: list[Layer] = []
         last = len(self._offsets) - 1
-        code = None if activation == "identity" else ACTIVATIONS[activation]
-        self._codes = [code if k < last or self.activate_last else None for k in range(last + 1)]
-        self.seed = None  # None when built from given parameters
-
-    def _allocate(self, host: np.ndarray) -> None:
-        self.params: Any = self.backend.to_device(np.ascontiguousarray(host, dtype=self.dtype))
-        self.grads: Any = self.backend.zeros((self.n_params,), dtype=self.dtype)
+        for k, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+            layers.append(Linear(fan_in, fan_out))
+            if activation != "identity" and (k < last or self.activate_last):
+                layers.append(Activation(activation))
+        self._setup(layers, (sizes[0],), "float", dtype, device)
 
     @classmethod
     def from_params(
@@ -193,11 +162,8 @@ class Mlp:
             ValueError: bad sizes/activation/dtype, or `params` of the wrong length.
         """
         model = cls.__new__(cls)
-        model._setup(sizes, activation, dtype, device, activate_last)
-        flat = np.asarray(params).reshape(-1)
-        if flat.shape[0] != model.n_params:
-            raise ValueError(f"params has {flat.shape[0]} values, sizes need {model.n_params}")
-        model._allocate(flat)
+        model._setup_mlp(sizes, activation, dtype, device, activate_last)
+        model._load(params)
         return model
 
     @classmethod
@@ -227,7 +193,7 @@ class Mlp:
             ValueError: bad sizes/activation, or buffers of the wrong length.
         """
         model = cls.__new__(cls)
-        model._setup(sizes, activation, params.dtype, device, activate_last)
+        model._setup_mlp(sizes, activation, params.dtype, device, activate_last)
         for name, buffer in (("params", params), ("grads", grads)):
             if buffer is not None and tuple(buffer.shape) != (model.n_params,):
                 raise ValueError(
@@ -266,19 +232,6 @@ class Mlp:
             "activate_last": self.activate_last,
             "seed": self.seed,
         }
-
-    def to(self, device: Any) -> Mlp:
-        """A copy of this model (parameters; gradients zeroed) on `device`.
-
-        Args:
-            device: a `Device` or its name.
-
-        Returns:
-            The new model; this one is unchanged.
-        """
-        model = Mlp.from_config(self.config(), self.get_params(), device=device)
-        model.seed = self.seed
-        return model
 
     def slice_layers(self, start: int, stop: int) -> Mlp:
         """The sub-model made of layers `start..stop-1` (a pipeline stage).
@@ -357,105 +310,3 @@ class Mlp:
     def grad_bias(self, layer: int) -> Any:
         """dLoss/db_layer, a `(out,)` view into `grads`."""
         return self._layer(self.grads, layer)[1]
-
-    def get_params(self) -> np.ndarray:
-        """A host copy of the flat parameter vector."""
-        return np.asarray(self.backend.to_host(self.params), dtype=self.dtype)
-
-    def set_params(self, host: np.ndarray) -> None:
-        """Overwrite the parameters with a host vector (copied, cast to `dtype`).
-
-        Raises:
-            ValueError: wrong length.
-        """
-        flat = np.ascontiguousarray(np.asarray(host).reshape(-1), dtype=self.dtype)
-        if flat.shape[0] != self.n_params:
-            raise ValueError(f"got {flat.shape[0]} values, the model has {self.n_params}")
-        self.backend.copy(self.backend.to_device(flat), self.params)
-
-    def zero_grads(self) -> None:
-        """Set every gradient to 0."""
-        self.backend.scale(self.grads, 0.0)
-
-    # -- math ---------------------------------------------------------------
-
-    def forward(self, x: Any) -> Any:
-        """Inference: the model output for a batch (keeps nothing for backward).
-
-        Args:
-            x: `(batch, in_width)` in the device's memory, of `dtype`.
-
-        Returns:
-            `(batch, out_width)` output in the device's memory.
-        """
-        return self.forward_train(x).output
-
-    def forward_train(self, x: Any) -> Tape:
-        """Forward pass that keeps what `backward` needs.
-
-        The model's own buffers go to the backend's unchecked kernels
-        (`Backend` docstring): `x` is the one input it does not make, so it
-        must be what `Mlp` documents (the trainers validate it at their
-        boundary).
-
-        Args:
-            x: `(batch, in_width)` in the device's memory, of `dtype`, C-contiguous.
-
-        Returns:
-            The `Tape`; `tape.output` is the model output.
-        """
-        be = self.backend
-        tape = Tape()
-        a = x
-        batch = x.shape[0]
-        for layer, code in enumerate(self._codes):
-            w, b = self._layer(self.params, layer)
-            tape.inputs.append(a)
-            z = be.empty((batch, w.shape[1]), dtype=self.dtype)
-            be.matmul_unchecked(a, w, z, False, False, False)
-            be.bias_add_unchecked(z, b)
-            if code is not None:
-                a = be.empty(z.shape, dtype=self.dtype)
-                be.activation_forward_unchecked(code, z.reshape(-1), a.reshape(-1))
-                tape.pre_activations.append(z)
-            else:
-                a = z
-                tape.pre_activations.append(None)
-        tape.output = a
-        return tape
-
-    def backward(
-        self, tape: Tape, d_output: Any, *, accumulate: bool = False, input_grad: bool = False
-    ) -> Any:
-        """Backward pass: gradients of the parameters into `grads`.
-
-        Args:
-            tape: from `forward_train` on this model.
-            d_output: dLoss/d(output), shaped like `tape.output`, device memory,
-                C-contiguous (it goes to the unchecked kernels, as in `forward_train`).
-            accumulate: add into `grads` instead of overwriting them.
-            input_grad: also compute dLoss/dx (a pipeline stage passes it on).
-
-        Returns:
-            dLoss/dx `(batch, in_width)` when `input_grad`, else None.
-        """
-        be = self.backend
-        acc = bool(accumulate)
-        dz = d_output
-        for layer in range(len(self._codes) - 1, -1, -1):
-            z = tape.pre_activations[layer]
-            if z is not None:
-                dz_pre = be.empty(z.shape, dtype=self.dtype)
-                be.activation_backward_unchecked(
-                    self._codes[layer], z.reshape(-1), dz.reshape(-1), dz_pre.reshape(-1)
-                )
-                dz = dz_pre
-            gw, gb = self._layer(self.grads, layer)
-            be.matmul_unchecked(tape.inputs[layer], dz, gw, True, False, acc)
-            be.bias_grad_unchecked(dz, gb, acc)
-            if layer > 0 or input_grad:
-                w = self._layer(self.params, layer)[0]
-                da = be.empty((dz.shape[0], w.shape[0]), dtype=self.dtype)
-                be.matmul_unchecked(dz, w, da, False, True, False)
-                dz = da
-        return dz if input_grad else None

@@ -28,7 +28,8 @@ from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import SetLearningRate
-from atomr.train.core.mlp import Mlp, Tape
+from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import SequentialTape as Tape
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.pipeline._stage_run import StageRunner

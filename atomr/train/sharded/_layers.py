@@ -17,7 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.mlp import Mlp, Tape
+from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import SequentialTape as Tape
 from atomr.train.core.step_checks import check_loss
 from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import BackwardLayer, ForwardLayer, Handed, LayerForwardResult

@@ -1,0 +1,285 @@
+"""`Sequential`: a model made of `Layer`s over one flat parameter vector.
+
+Layer `i`'s parameters occupy `layer_ranges()[i]` of `params`, each array in
+row-major order, in the layer's `param_shapes` order; `grads` has the same
+layout. The initial values are drawn layer by layer from one
+`np.random.default_rng(seed)` (in float64, then cast), so a seed gives the
+same model on every device and in every process.
+
+Forward and backward run the layers' kernels on the model's device (the
+backend of `atomr.accel.backend_for(device)`); call them from the device's
+worker thread when the model belongs to an actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+import numpy as np
+
+from atomr.accel import Device, backend_for
+from atomr.train.core._cpu import cpu_backend
+from atomr.train.core.model.layer import INFERENCE, ForwardContext, Layer
+from atomr.train.core.model.registry import layer_from_config
+
+__all__ = ["INPUT_KINDS", "Sequential", "SequentialTape"]
+
+INPUT_KINDS = ("float", "tokens")
+"""What a model takes: float features (of the model's dtype) or int64 token ids."""
+
+TRAIN = ForwardContext(train=True)
+
+
+@dataclass
+class SequentialTape:
+    """What a training forward pass keeps for its backward pass.
+
+    Attributes:
+        saved: each layer's saved state, in order.
+        output: the model's output.
+    """
+
+    saved: list[Any] = field(default_factory=list)
+    output: Any = None
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}") from exc
+    if dt not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dt}")
+    return dt
+
+
+class Sequential:
+    """Layers applied in order, their parameters in one flat vector.
+
+    Args:
+        layers: the layers (`atomr.train.core.model`'s, or your own).
+        input_shape: the per-sample input shape (features `(in,)`, token
+            ids `(T,)`).
+        input_kind: "float" (features) or "tokens" (int ids).
+        seed: the seed of the initialisation.
+        dtype: float32 (default) or float64.
+        device: where the parameters live (a `Device` or its name; default
+            the CPU).
+
+    Raises:
+        ValueError: no layers, a layer that refuses its input shape, an
+            unknown input kind or dtype.
+    """
+
+    seed: int | None
+
+    def __init__(
+        self,
+        layers: Sequence[Layer],
+        input_shape: Sequence[int],
+        *,
+        input_kind: str = "float",
+        seed: int = 0,
+        dtype: Any = np.float32,
+        device: Any = None,
+    ) -> None:
+        self._setup(layers, input_shape, input_kind, dtype, device)
+        self._allocate(self._initial(np.random.default_rng(seed)))
+        self.seed = int(seed)
+
+    # -- construction -------------------------------------------------------
+
+    def _setup(
+        self,
+        layers: Sequence[Layer],
+        input_shape: Sequence[int],
+        input_kind: str,
+        dtype: Any,
+        device: Any,
+    ) -> None:
+        self.layers: list[Layer] = list(layers)
+        if not self.layers or not all(isinstance(layer, Layer) for layer in self.layers):
+            raise ValueError("a model needs a non-empty list of Layers")
+        if input_kind not in INPUT_KINDS:
+            raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {input_kind!r}")
+        self.input_kind = input_kind
+        self.dtype = _dtype(dtype)
+        self.device: Any = None
+        self.backend: Any = cpu_backend()
+        if device is not None:
+            self.device = Device.parse(device)
+            self.backend = backend_for(self.device)
+        self.in_shape = tuple(int(s) for s in input_shape)
+        self._slots: list[list[tuple[int, tuple[int, ...]]]] = []
+        shape, pos = self.in_shape, 0
+        for layer in self.layers:
+            shape = layer.out_shape(shape)
+            slots = []
+            for s in layer.param_shapes():
+                slots.append((pos, tuple(s)))
+                pos += int(np.prod(s))
+            self._slots.append(slots)
+        self.out_shape: tuple[int, ...] = shape
+        self.n_params = pos
+        self.seed = None
+
+    def _initial(self, rng: np.random.Generator) -> np.ndarray:
+        """The flat initial vector, each layer drawing from `rng` in turn."""
+        host = np.empty(self.n_params, dtype=self.dtype)
+        for layer, slots in zip(self.layers, self._slots, strict=True):
+            arrays = layer.init_params(rng)
+            if [tuple(np.shape(a)) for a in arrays] != [s for _, s in slots]:
+                raise ValueError(
+                    f"{type(layer).__name__}.init_params does not match its param_shapes"
+                )
+            for (at, shape), a in zip(slots, arrays, strict=True):
+                host[at : at + int(np.prod(shape))] = np.asarray(a).reshape(-1)
+        return host
+
+    def _allocate(self, host: np.ndarray) -> None:
+        self.params: Any = self.backend.to_device(np.ascontiguousarray(host, dtype=self.dtype))
+        self.grads: Any = self.backend.zeros((self.n_params,), dtype=self.dtype)
+
+    @classmethod
+    def from_config(
+        cls, config: dict[str, Any], params: np.ndarray, device: Any = None
+    ) -> Sequential:
+        """Rebuild a model from `config()` and a host parameter vector.
+
+        Raises:
+            ValueError: a config that does not build, or `params` of the wrong length.
+        """
+        layers = config.get("layers")
+        if not isinstance(layers, list):
+            raise ValueError("a sequential model config needs a 'layers' list")
+        model = cls.__new__(cls)
+        model._setup(
+            [layer_from_config(c) for c in layers],
+            config.get("input_shape", ()),
+            config.get("input_kind", "float"),
+            config.get("dtype", "float32"),
+            device,
+        )
+        model._load(params)
+        return model
+
+    def _load(self, params: np.ndarray) -> None:
+        flat = np.asarray(params).reshape(-1)
+        if flat.shape[0] != self.n_params:
+            raise ValueError(f"params has {flat.shape[0]} values, the model needs {self.n_params}")
+        self._allocate(flat)
+
+    def config(self) -> dict[str, Any]:
+        """JSON-serialisable description: the layers' configs, input shape and
+        kind, dtype and seed (what `from_config` and checkpoints need)."""
+        return {
+            "kind": "sequential",
+            "layers": [layer.config() for layer in self.layers],
+            "input_shape": list(self.in_shape),
+            "input_kind": self.input_kind,
+            "dtype": self.dtype.name,
+            "seed": self.seed,
+        }
+
+    def to(self, device: Any) -> Self:
+        """A copy (parameters; gradients zeroed) on `device`; this one is unchanged."""
+        model = type(self).from_config(self.config(), self.get_params(), device=device)
+        model.seed = self.seed
+        return model  # type: ignore[return-value]
+
+    # -- layout -------------------------------------------------------------
+
+    def layer_ranges(self) -> list[tuple[int, int]]:
+        """`(start, stop)` of each layer's parameters in the flat vector
+        (`start == stop` for a layer without parameters)."""
+        ranges, pos = [], 0
+        for layer in self.layers:
+            ranges.append((pos, pos + layer.n_params))
+            pos += layer.n_params
+        return ranges
+
+    def layer_costs(self) -> list[float]:
+        """Each layer's work per sample (`Layer.cost`), to balance pipeline stages."""
+        costs, shape = [], self.in_shape
+        for layer in self.layers:
+            costs.append(layer.cost(shape))
+            shape = layer.out_shape(shape)
+        return costs
+
+    def views(self, vector: Any, index: int) -> list[Any]:
+        """Layer `index`'s arrays as views into `vector` (`params` or `grads`)."""
+        return [vector[at : at + int(np.prod(s))].reshape(s) for at, s in self._slots[index]]
+
+    def get_params(self) -> np.ndarray:
+        """A host copy of the flat parameter vector."""
+        return np.asarray(self.backend.to_host(self.params), dtype=self.dtype)
+
+    def set_params(self, host: np.ndarray) -> None:
+        """Overwrite the parameters with a host vector (copied, cast to `dtype`).
+
+        Raises:
+            ValueError: wrong length.
+        """
+        flat = np.ascontiguousarray(np.asarray(host).reshape(-1), dtype=self.dtype)
+        if flat.shape[0] != self.n_params:
+            raise ValueError(f"got {flat.shape[0]} values, the model has {self.n_params}")
+        self.backend.copy(self.backend.to_device(flat), self.params)
+
+    def zero_grads(self) -> None:
+        """Set every gradient to 0."""
+        self.backend.scale(self.grads, 0.0)
+
+    # -- math ---------------------------------------------------------------
+
+    def forward(self, x: Any, ctx: ForwardContext = INFERENCE) -> Any:
+        """The output for a batch (keeps nothing for backward)."""
+        for i, layer in enumerate(self.layers):
+            x, _ = layer.forward(self.backend, self.views(self.params, i), x, ctx)
+        return x
+
+    def forward_train(self, x: Any, ctx: ForwardContext = TRAIN) -> SequentialTape:
+        """Forward pass that keeps what `backward` needs.
+
+        Args:
+            x: `(batch, *in_shape)` on the device (the model's dtype, or
+                int64 ids), C-contiguous; the trainers validate it at their boundary.
+            ctx: the step and batch offset (dropout); training by default.
+
+        Returns:
+            The tape; `tape.output` is the model output.
+        """
+        tape = SequentialTape()
+        for i, layer in enumerate(self.layers):
+            x, saved = layer.forward(self.backend, self.views(self.params, i), x, ctx)
+            tape.saved.append(saved)
+        tape.output = x
+        return tape
+
+    def backward(
+        self,
+        tape: SequentialTape,
+        d_output: Any,
+        *,
+        accumulate: bool = False,
+        input_grad: bool = False,
+    ) -> Any:
+        """Backward pass: the parameters' gradients into `grads`.
+
+        Args:
+            tape: from `forward_train` on this model.
+            d_output: dLoss/d(output), shaped like `tape.output`, on the device.
+            accumulate: add into `grads` instead of overwriting them.
+            input_grad: also return dLoss/dx (a pipeline stage passes it on).
+
+        Returns:
+            dLoss/dx when `input_grad`, else None.
+        """
+        be, g = self.backend, d_output
+        for i in range(len(self.layers) - 1, -1, -1):
+            views = self.views(self.params, i)
+            grads = self.views(self.grads, i)
+            wants = i > 0 or input_grad
+            g = self.layers[i].backward(be, views, grads, tape.saved[i], g, accumulate, wants)
+        return g if input_grad else None

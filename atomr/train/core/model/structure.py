@@ -1,0 +1,198 @@
+"""`Residual` (a block added to its input) and `Dropout` (seeded by step and sample)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr.accel import sequence_ops as ops
+from atomr.train.core.model.layer import ForwardContext, Layer
+from atomr.train.core.model.registry import layer_from_config, register_layer
+
+__all__ = ["Dropout", "Residual"]
+
+
+def param_counts(layers: Sequence[Layer]) -> list[int]:
+    """How many parameter arrays each layer has."""
+    return [len(layer.param_shapes()) for layer in layers]
+
+
+@register_layer
+class Residual(Layer):
+    """`y = x + f(x)`, `f` the given layers in order (a transformer block's halves).
+
+    Args:
+        layers: the block; each must keep the input's shape overall.
+
+    Raises:
+        ValueError: no layers, or something that is not a `Layer`.
+    """
+
+    kind = "residual"
+
+    def __init__(self, layers: Sequence[Layer]) -> None:
+        self.layers = list(layers)
+        if not self.layers or not all(isinstance(layer, Layer) for layer in self.layers):
+            raise ValueError("Residual needs a non-empty list of Layers")
+        self._counts = param_counts(self.layers)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Residual:
+        """Rebuild from `config()` (each inner layer by its kind).
+
+        Raises:
+            ValueError: no `layers` list, or an inner config that does not build.
+        """
+        inner = config.get("layers")
+        if not isinstance(inner, list):
+            raise ValueError("a residual config needs a 'layers' list")
+        return cls([layer_from_config(c) for c in inner])
+
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        """The inner layers' shapes, in order."""
+        return [s for layer in self.layers for s in layer.param_shapes()]
+
+    def init_params(self, rng: np.random.Generator) -> list[np.ndarray]:
+        """The inner layers' initial values, in order."""
+        return [a for layer in self.layers for a in layer.init_params(rng)]
+
+    def _split(self, arrays: list[Any]) -> list[list[Any]]:
+        parts, at = [], 0
+        for count in self._counts:
+            parts.append(arrays[at : at + count])
+            at += count
+        return parts
+
+    def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The input's shape.
+
+        Raises:
+            ValueError: an inner layer refuses its input, or the block changes the shape.
+        """
+        shape = in_shape
+        for layer in self.layers:
+            shape = layer.out_shape(shape)
+        if shape != in_shape:
+            raise ValueError(f"a residual block must keep its shape {in_shape}, it gives {shape}")
+        return in_shape
+
+    def forward(self, be: Any, params: list[Any], x: Any, ctx: ForwardContext) -> tuple[Any, Any]:
+        """`x + f(x)`; keeps each inner layer's saved state."""
+        saved, h = [], x
+        for layer, p in zip(self.layers, self._split(params), strict=True):
+            h, s = layer.forward(be, p, h, ctx)
+            saved.append(s)
+        y = be.empty(x.shape, dtype=h.dtype)
+        be.copy_unchecked(x, y)
+        be.axpy_unchecked(y.dtype.type(1.0), h.reshape(-1), y.reshape(-1))
+        return y, saved
+
+    def backward(
+        self,
+        be: Any,
+        params: list[Any],
+        grads: list[Any],
+        saved: Any,
+        dy: Any,
+        accumulate: bool,
+        input_grad: bool,
+    ) -> Any:
+        """The inner layers backward; `dx = dy + df/dx`."""
+        g = dy
+        pairs = list(zip(self.layers, self._split(params), self._split(grads), saved, strict=True))
+        for layer, p, gr, s in reversed(pairs):
+            g = layer.backward(be, p, gr, s, g, accumulate, True)
+        if not input_grad:
+            return None
+        be.axpy_unchecked(g.dtype.type(1.0), dy.reshape(-1), g.reshape(-1))
+        return g
+
+    def cost(self, in_shape: tuple[int, ...]) -> float:
+        """The inner layers' costs."""
+        total, shape = 0.0, in_shape
+        for layer in self.layers:
+            total += layer.cost(shape)
+            shape = layer.out_shape(shape)
+        return total
+
+    def config(self) -> dict[str, Any]:
+        """`kind` and the inner layers' configs."""
+        return {"kind": self.kind, "layers": [layer.config() for layer in self.layers]}
+
+
+@register_layer
+class Dropout(Layer):
+    """Zero each element with probability `p` in training (scale the rest by
+    `1 / (1 - p)`); the identity in evaluation.
+
+    The mask is a function of `(seed, step, sample, position)`
+    (`kernels/dropout.py`): sample is the row's index in the whole batch
+    (`ForwardContext.sample_offset` + its row), so data, pipeline and tensor
+    parallel draw the masks one device draws.
+
+    Args:
+        p: the drop probability, in [0, 1).
+        seed: this layer's seed (layers with different seeds drop differently).
+
+    Raises:
+        ValueError: `p` out of range, or `seed` not a non-negative int.
+    """
+
+    kind = "dropout"
+
+    def __init__(self, p: float, seed: int = 0) -> None:
+        if not (isinstance(p, (int, float)) and math.isfinite(p) and 0.0 <= p < 1.0):
+            raise ValueError(f"p must be in [0, 1), got {p!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        self.p = float(p)
+        self.seed = seed
+
+    def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The input's shape."""
+        return in_shape
+
+    def forward(self, be: Any, params: list[Any], x: Any, ctx: ForwardContext) -> tuple[Any, Any]:
+        """Masked and scaled in training; `x` itself otherwise."""
+        if not ctx.train or self.p == 0.0:
+            return x, None
+        per_sample = int(np.prod(x.shape[1:]))
+        y = be.empty(x.shape, dtype=x.dtype)
+        self._apply(be, x, y, (per_sample, ctx.sample_offset, ctx.step))
+        return y, (per_sample, ctx.sample_offset, ctx.step)
+
+    def _apply(self, be: Any, x: Any, y: Any, key: tuple[int, int, int]) -> None:
+        per_sample, offset, step = key
+        ops.dropout_apply(
+            be, x.reshape(-1), y.reshape(-1), per_sample, offset, step, self.seed, self.p
+        )
+
+    def backward(
+        self,
+        be: Any,
+        params: list[Any],
+        grads: list[Any],
+        saved: Any,
+        dy: Any,
+        accumulate: bool,
+        input_grad: bool,
+    ) -> Any:
+        """The same mask on the gradient."""
+        if not input_grad:
+            return None
+        if saved is None:
+            return dy
+        dx = be.empty(dy.shape, dtype=dy.dtype)
+        self._apply(be, dy, dx, saved)
+        return dx
+
+    def cost(self, in_shape: tuple[int, ...]) -> float:
+        """One operation per element."""
+        return float(np.prod(in_shape))
+
+    def config(self) -> dict[str, Any]:
+        """`kind`, `p` and `seed`."""
+        return {"kind": self.kind, "p": self.p, "seed": self.seed}

@@ -15,6 +15,7 @@ from atomr.accel import Device
 from atomr.actor import ActorRef, ActorSystem, Context, Props
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
 
 __all__ = [
     "check_config",
@@ -24,6 +25,7 @@ __all__ = [
     "check_spawn_args",
     "check_system",
     "check_workers",
+    "require_mlp",
     "parse_devices",
     "refuse_accumulation",
     "refuse_options",
@@ -42,10 +44,22 @@ def check_system(system: object) -> None:
         raise TypeError(f"system must be an ActorSystem or a Context, got {_kind(system)}")
 
 
-def check_model(model: object) -> Mlp:
-    """Returns: `model`. Raises: TypeError: it is not an `Mlp`."""
+def check_model(model: object) -> Sequential:
+    """Returns: `model`. Raises: TypeError: it is not a model (a `Sequential`,
+    such as an `Mlp`)."""
+    if not isinstance(model, Sequential):
+        raise TypeError(f"model must be a Sequential (an Mlp, a gpt(...), ...), got {_kind(model)}")
+    return model
+
+
+def require_mlp(model: Sequential, strategy: str) -> Mlp:
+    """Returns: `model`. Raises: TypeError: a strategy that splits an MLP's
+    layers itself was given another model."""
     if not isinstance(model, Mlp):
-        raise TypeError(f"model must be an Mlp, got {_kind(model)}")
+        raise TypeError(
+            f"the {strategy} trainer splits an Mlp's layers; {_kind(model)} models train with "
+            "Trainer, DataParallelTrainer or ShardedDataParallelTrainer (stages 1 and 2)"
+        )
     return model
 
 
@@ -139,7 +153,7 @@ def parse_devices(devices: Any, *, single: bool = False, name: str = "devices") 
 
 def check_spawn_args(
     system: Any, model: Any, devices: Any, config: Any, name: Any
-) -> tuple[Mlp, list[Device], TrainerConfig]:
+) -> tuple[Sequential, list[Device], TrainerConfig]:
     """Check the arguments every parallel trainer's `spawn` shares.
 
     Returns:

@@ -51,7 +51,7 @@ from atomr.train.core.messages import (
     SetLearningRate,
     Step,
 )
-from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.step_checks import (
@@ -61,13 +61,14 @@ from atomr.train.core.step_checks import (
     check_step_limit,
     evaluation,
 )
-from atomr.train.core.validation import validate_batch
+from atomr.train.core.model.layer import ForwardContext
+from atomr.train.core.models import batch_spec
 
 __all__ = ["Trainer"]
 
 
 class Trainer(DeviceActor):
-    """Trains one `Mlp` on one device.
+    """Trains one model (an `Mlp`, a `gpt(...)`, any `Sequential`) on one device.
 
     Answers `Step -> StepStats`, `GetWeights -> ndarray`,
     `Evaluate -> EvalResult`, `SaveCheckpoint -> None`,
@@ -84,16 +85,16 @@ class Trainer(DeviceActor):
         config: optimizer, loss, clipping and accumulation.
 
     Raises:
-        TypeError: `model` is not an `Mlp` or `config` not a `TrainerConfig`.
+        TypeError: `model` is not a `Sequential` or `config` not a `TrainerConfig`.
         ValueError: a bad device name.
     """
 
-    def __init__(self, model: Mlp, device: Device | str, config: TrainerConfig) -> None:
+    def __init__(self, model: Sequential, device: Device | str, config: TrainerConfig) -> None:
         super().__init__(device)
         self._device = self.device
         self._template = check_model(model)
         self.config = check_config(config)
-        self.model: Mlp | None = None
+        self.model: Sequential | None = None
         self.optimizer: Optimizer | None = None
         self._updates = DoubleBuffer()  # out of place: a refused update changes nothing
         self.steps = 0
@@ -104,7 +105,7 @@ class Trainer(DeviceActor):
     @classmethod
     def props(
         cls,
-        model: Mlp,
+        model: Sequential,
         devices: Device | str | Sequence[Device | str],
         config: TrainerConfig,
         options: None = None,
@@ -134,7 +135,7 @@ class Trainer(DeviceActor):
     async def spawn(
         cls,
         system: Any,
-        model: Mlp,
+        model: Sequential,
         devices: Device | str | Sequence[Device | str],
         config: TrainerConfig,
         options: None = None,
@@ -179,10 +180,11 @@ class Trainer(DeviceActor):
     def _build(self) -> None:
         """On the device thread: the model and optimizer state on this device."""
         model = self._template.to(self._device)
+        self._spec = batch_spec(model.config())
         self.optimizer = self.config.optimizer.create(model.n_params, model.backend, model.dtype)
         self.model = model
 
-    async def _ready(self) -> Mlp:
+    async def _ready(self) -> Sequential:
         if self.model is None:
             await self.on_device(self._build)
         assert self.model is not None
@@ -199,14 +201,7 @@ class Trainer(DeviceActor):
             if isinstance(message, Step):
                 check_step_limit(self.steps, self.config.max_steps)
             if isinstance(message, Step | Evaluate):
-                x, y = validate_batch(
-                    message.features,
-                    message.labels,
-                    model.in_width,
-                    self.config.loss,
-                    out_width=model.out_width,
-                    dtype=model.dtype,
-                )
+                x, y = self._spec.validate(message.features, message.labels, self.config.loss)
                 work = self._step if isinstance(message, Step) else self._evaluate
                 result = await self.on_device(guarded, work, x, y)
             elif isinstance(message, GetWeights):
@@ -234,7 +229,7 @@ class Trainer(DeviceActor):
         be = model.backend
         t0 = time.perf_counter_ns()
         xd, yd = be.to_device(x), be.to_device(y)
-        tape = model.forward_train(xd)
+        tape = model.forward_train(xd, ForwardContext(True, self.steps))
         d_out = be.empty(tape.output.shape, dtype=model.dtype)
         loss_sum, norm = cfg.loss.sums(be, tape.output, yd, d_out)
         check_loss(loss_sum)
@@ -290,7 +285,7 @@ class Trainer(DeviceActor):
         loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)
         accuracy = float("nan")
         if self.config.loss.is_classification:
-            accuracy = float(np.mean(np.argmax(be.to_host(out), axis=1) == y))
+            accuracy = float(np.mean(np.argmax(be.to_host(out), axis=-1) == y))
         return evaluation(loss_sum, norm, accuracy, x.shape[0])
 
     def _save(self, path: Any) -> None:

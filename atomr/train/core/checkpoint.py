@@ -372,8 +372,9 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
             "into a ShardedDataParallelTrainer, or merge it first "
             "(atomr.train.sharded.merge_shards, then save_checkpoint)"
         )
-    mine = {k: model_config.get(k) for k in ("sizes", "activation")}
-    theirs = {k: ckpt.model.get(k) for k in ("sizes", "activation")}
+    keys = ("sizes", "activation", "layers", "input_shape", "input_kind")
+    mine = {k: model_config.get(k) for k in keys if model_config.get(k) is not None}
+    theirs = {k: ckpt.model.get(k) for k in keys if ckpt.model.get(k) is not None}
     if mine != theirs:
         raise CheckpointError(f"checkpoint is for model {theirs}, this model is {mine}")
     if ckpt.weights.ndim != 1 or ckpt.weights.shape[0] != n_params:

@@ -98,7 +98,8 @@ class LossKind:
         Args:
             backend: the device's kernels (`atomr.accel.backend_for(device)`).
             outputs: model outputs `(batch, out_width)` in the backend's
-                memory, C-contiguous.
+                memory, C-contiguous; `(batch, T, out_width)` for a sequence
+                model (cross-entropy over every position: labels `(batch, T)`).
             targets: validated int64 labels `(batch,)` (cross-entropy) or
                 targets shaped like `outputs` (MSE), in the backend's memory
                 (CE labels may also be a host array).
@@ -113,6 +114,10 @@ class LossKind:
             flat = outputs.reshape(-1)
             loss_sum = backend.mse_unchecked(flat, targets.reshape(-1), grad.reshape(-1))
             return float(loss_sum), float(flat.shape[0])
+        if outputs.ndim > 2:  # a sequence: every position is a row
+            outputs = outputs.reshape(-1, outputs.shape[-1])
+            grad = grad.reshape(outputs.shape)
+            targets = targets.reshape(-1)
         weights = None
         if self.class_weights is not None:
             weights = np.asarray(self.class_weights, dtype=np.dtype(outputs.dtype))

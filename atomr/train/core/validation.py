@@ -13,7 +13,14 @@ import numpy as np
 
 from atomr.train.core.errors import InvalidBatchError
 
-__all__ = ["cast_finite", "refuse_masked", "validate_batch", "validate_features"]
+__all__ = [
+    "BatchSpec",
+    "cast_finite",
+    "refuse_masked",
+    "validate_batch",
+    "validate_features",
+    "validate_tokens",
+]
 
 _FLOATS = (np.float32, np.float64)
 
@@ -120,3 +127,89 @@ def validate_batch(
     x = validate_features(features, in_width, dtype)
     y = loss.validate_targets(labels, x.shape[0], out_width, dtype)
     return x, y
+
+
+def validate_tokens(
+    features: Any, labels: Any, t_len: int, vocab: int, loss: TargetValidator, classes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Check a batch of token sequences and their next-token labels.
+
+    Args:
+        features: int ids `(batch, t_len)` in `[0, vocab)`, batch >= 1.
+        labels: int labels `(batch, t_len)` in `[0, classes)` (cross-entropy).
+        t_len: the model's sequence length.
+        vocab: the number of token ids.
+        loss: the loss kind; must be a classification loss.
+        classes: the model's output width.
+
+    Returns:
+        `(ids, labels)`, contiguous int64.
+
+    Raises:
+        InvalidBatchError: any check fails; nothing has been computed.
+    """
+    if not isinstance(features, np.ndarray):
+        raise InvalidBatchError(f"token ids must be a numpy array, got {type(features).__name__}")
+    refuse_masked(features, "token ids")
+    if features.dtype.kind not in "iu":
+        raise InvalidBatchError(f"token ids must be integers, got {features.dtype}")
+    if features.ndim != 2 or features.shape[0] < 1 or features.shape[1] != t_len:
+        raise InvalidBatchError(
+            f"token ids must have shape (batch >= 1, {t_len}), got {features.shape}"
+        )
+    if int(features.min()) < 0 or int(features.max()) >= vocab:
+        raise InvalidBatchError(
+            f"token ids must be in [0, {vocab}), got [{int(features.min())}, {int(features.max())}]"
+        )
+    if not getattr(loss, "is_classification", False):
+        raise InvalidBatchError("a token model is trained with cross-entropy over the next tokens")
+    if not isinstance(labels, np.ndarray) or labels.shape != features.shape:
+        shape = getattr(labels, "shape", type(labels).__name__)
+        raise InvalidBatchError(f"labels must be an array of shape {features.shape}, got {shape}")
+    flat = loss.validate_targets(labels.reshape(-1), labels.size, classes)
+    return np.ascontiguousarray(features, dtype=np.int64), flat.reshape(labels.shape)
+
+
+class BatchSpec:
+    """What a model takes and gives, from its config: the one place a trainer
+    checks a batch against its model (any model: an `Mlp`, any `Sequential`).
+
+    Args:
+        in_shape, out_shape: per-sample shapes.
+        input_kind: "float" or "tokens".
+        vocab: the token ids' range (tokens only).
+        dtype: the model's float dtype.
+    """
+
+    def __init__(
+        self,
+        in_shape: tuple[int, ...],
+        out_shape: tuple[int, ...],
+        input_kind: str,
+        vocab: int | None,
+        dtype: Any,
+    ) -> None:
+        self.in_shape, self.out_shape = in_shape, out_shape
+        self.input_kind, self.vocab, self.dtype = input_kind, vocab, np.dtype(dtype)
+
+    def validate(
+        self, features: Any, labels: Any, loss: TargetValidator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The batch, checked and cast (`validate_batch` or `validate_tokens`).
+
+        Raises:
+            InvalidBatchError: any check fails; nothing has been computed.
+        """
+        if self.input_kind == "tokens":
+            assert self.vocab is not None
+            return validate_tokens(
+                features, labels, self.in_shape[0], self.vocab, loss, self.out_shape[-1]
+            )
+        return validate_batch(
+            features,
+            labels,
+            self.in_shape[-1],
+            loss,
+            out_width=self.out_shape[-1],
+            dtype=self.dtype,
+        )

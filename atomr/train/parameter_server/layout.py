@@ -11,7 +11,7 @@ from atomr.accel import Device
 from atomr.actor import ActorRef, Props
 from atomr.train._contract import parse_devices
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
 from atomr.train.parameter_server.client import split_ranges
 from atomr.train.parameter_server.options import ParameterServerOptions
 from atomr.train.parameter_server.server import ServerShard
@@ -32,7 +32,7 @@ class Layout:
         ranges: `(start, stop)` of each shard's range.
     """
 
-    model: Mlp
+    model: Sequential
     config: TrainerConfig
     options: ParameterServerOptions
     worker_devices: tuple[Device, ...]
@@ -65,8 +65,8 @@ class Layout:
                 does not accumulate), or gradient clipping with several
                 shards (it needs the global norm).
         """
-        if not isinstance(model, Mlp):
-            raise TypeError(f"model must be an Mlp, got {type(model).__name__}")
+        if not isinstance(model, Sequential):
+            raise TypeError(f"model must be a Sequential (an Mlp, ...), got {type(model).__name__}")
         devs = tuple(parse_devices(devices))
         if not isinstance(config, TrainerConfig):
             raise TypeError(f"config must be a TrainerConfig, got {type(config).__name__}")

@@ -42,10 +42,10 @@ from atomr.train.core.messages import (
     SetLearningRate,
     Step,
 )
-from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
+from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import StepStats, TrainingState
 from atomr.train.core.step_checks import check_step_limit
-from atomr.train.core.validation import validate_batch
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
 from atomr.train.parameter_server._pool import WorkerPool, combine, split_among
 from atomr.train.parameter_server.layout import Layout
@@ -88,6 +88,7 @@ class AsyncParameterServer(Actor):
     def __init__(self, layout: Layout) -> None:
         super().__init__()
         self.layout = layout
+        self._spec = batch_spec(layout.model.config())
         self.config = layout.config
         self.model_config = layout.model.config()
         self.servers: list[ActorRef] = []
@@ -99,7 +100,7 @@ class AsyncParameterServer(Actor):
     @classmethod
     def props(
         cls,
-        model: Mlp,
+        model: Sequential,
         devices: Sequence[Device | str],
         config: TrainerConfig,
         options: ParameterServerOptions | None = None,
@@ -107,7 +108,7 @@ class AsyncParameterServer(Actor):
         """The `Props` of a trainer; every argument is checked here.
 
         Args:
-            model: the `Mlp` to train (its weights are the initial weights).
+            model: the `Sequential` to train (its weights are the initial weights).
             devices: the workers' devices, used round-robin (and the server
                 shards', unless `options.server_devices` says otherwise).
             config: optimizer, loss, clipping (one shard only) and
@@ -126,7 +127,7 @@ class AsyncParameterServer(Actor):
     async def spawn(
         cls,
         system: Any,
-        model: Mlp,
+        model: Sequential,
         devices: Sequence[Device | str],
         config: TrainerConfig,
         options: ParameterServerOptions | None = None,
@@ -206,15 +207,7 @@ class AsyncParameterServer(Actor):
         Raises:
             InvalidBatchError: it does not fit the model.
         """
-        model = self.layout.model
-        return validate_batch(
-            features,
-            labels,
-            model.in_width,
-            self.config.loss,
-            out_width=model.out_width,
-            dtype=model.dtype,
-        )
+        return self._spec.validate(features, labels, self.config.loss)
 
     async def _step(self, msg: Step) -> StepStats:
         x, y = self._validate(msg.features, msg.labels)

@@ -27,10 +27,10 @@ from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError
 from atomr.train.core.messages import Evaluate
-from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
+from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser, evaluation
-from atomr.train.core.validation import validate_batch
 from atomr.train.parameter_server.client import ShardedClient
 from atomr.train.parameter_server.messages import BatchResult, StaleGradientError, TrainBatch
 
@@ -59,7 +59,7 @@ class ParameterServerWorker(DeviceActor):
     def __init__(
         self,
         worker_id: int,
-        model: Mlp,
+        model: Sequential,
         device: Device | str,
         config: TrainerConfig,
         servers: Sequence[ActorRef],
@@ -73,7 +73,7 @@ class ParameterServerWorker(DeviceActor):
         self.config = config
         self.client = ShardedClient(servers, ranges, synchronous, config.worker_timeout)
         self.stale_retries = stale_retries
-        self.model: Mlp | None = None
+        self.model: Sequential | None = None
         self.stale_pushes = 0
 
     @classmethod
@@ -85,7 +85,7 @@ class ParameterServerWorker(DeviceActor):
         """
         return Props(cls, *args, **kwargs)
 
-    async def _ready(self) -> Mlp:
+    async def _ready(self) -> Sequential:
         if self.model is None:
             self.model = await self.on_device(self._template.to, self.device)
         return self.model
@@ -98,10 +98,8 @@ class ParameterServerWorker(DeviceActor):
             return await self._evaluate(message)
         return await super().receive(message)
 
-    def _validate(self, model: Mlp, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
-        return validate_batch(
-            features, labels, model.in_width, self.config.loss, out_width=model.out_width
-        )
+    def _validate(self, model: Sequential, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+        return batch_spec(model.config()).validate(features, labels, self.config.loss)
 
     async def _train(self, msg: TrainBatch) -> Any:
         model = await self._ready()

@@ -49,6 +49,7 @@ from atomr.train._contract import (
     check_spawn_args,
     check_workers,
     refuse_accumulation,
+    require_mlp,
 )
 from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import ResumedCrashWatch, StateLossWatch
@@ -212,7 +213,8 @@ class PipelineParallelTrainer(Actor):
                 `config.accumulation_steps > 1`; all raised before anything is
                 spawned.
         """
-        model, devs, config = check_spawn_args(system, model, devices, config, name)
+        checked, devs, config = check_spawn_args(system, model, devices, config, name)
+        model = require_mlp(checked, "pipeline")
         options = check_options(options, PipelineOptions, "PipelineParallelTrainer")
         refuse_accumulation(config, "pipeline")
         counts = stage_layer_counts(model, len(devs), options.split)

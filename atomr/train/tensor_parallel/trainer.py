@@ -37,6 +37,7 @@ from atomr.train._contract import (
     check_spawn_args,
     check_workers,
     refuse_accumulation,
+    require_mlp,
 )
 from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import StateLossWatch
@@ -165,7 +166,8 @@ class TensorParallelTrainer(Actor):
                 the shard count, or a model with `activate_last`; all raised
                 before anything is spawned.
         """
-        model, devs, config = check_spawn_args(system, model, devices, config, name)
+        checked, devs, config = check_spawn_args(system, model, devices, config, name)
+        model = require_mlp(checked, "tensor-parallel")
         options = check_options(options, TensorParallelOptions, "TensorParallelTrainer")
         refuse_accumulation(config, "tensor-parallel")
         if model.activate_last:

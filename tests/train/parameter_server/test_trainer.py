@@ -177,7 +177,7 @@ async def test_spawn_refuses_bad_arguments_before_spawning_anything(
     assert actor_system.actors == []
 
 
-async def test_spawn_refuses_a_model_that_is_not_an_mlp(actor_system) -> None:
+async def test_spawn_refuses_something_that_is_not_a_model(actor_system) -> None:
     cfg = TrainerConfig(OptimizerKind.sgd(0.1), config().loss)
-    with pytest.raises(TypeError, match="model must be an Mlp"):
+    with pytest.raises(TypeError, match="model must be a Sequential"):
         await AsyncParameterServer.spawn(actor_system, [64, 32, 10], ["cpu:0"], cfg)

@@ -374,7 +374,7 @@ async def test_spawn_refuses_bad_arguments_before_spawning(actor_system) -> None
     config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
     before = list(actor_system.actors)
     cases = [
-        (TypeError, "model must be an Mlp", {"model": SIZES}),
+        (TypeError, "model must be a Sequential", {"model": SIZES}),
         (TypeError, "devices must be a sequence", {"devices": "cpu:0"}),
         (TypeError, r"devices\[0\] must be a Device", {"devices": [None]}),
         (ValueError, "unknown device 'tpu'", {"devices": ["cpu:0", "tpu"]}),

@@ -290,7 +290,7 @@ async def test_spawn_refuses_bad_arguments_before_spawning(actor_system: ActorSy
     before = list(actor_system.actors)
     spawn = TensorParallelTrainer.spawn
     cases: list[tuple[type[Exception], str, dict[str, object]]] = [
-        (TypeError, "model must be an Mlp", {"model": EVEN}),
+        (TypeError, "model must be a Sequential", {"model": EVEN}),
         (TypeError, "devices must be a sequence", {"devices": "cpu:0"}),
         (TypeError, r"devices\[0\] must be a Device", {"devices": [0, 1]}),
         (ValueError, "devices is empty", {"devices": []}),

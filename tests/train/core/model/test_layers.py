@@ -1,0 +1,130 @@
+"""Every built-in layer against float64 references: the backward pass against
+central differences (`gradient_check`), attention and LayerNorm forward
+against NumPy written out, the embedding's lookups, and dropout's mask (a
+function of step and sample only: a split batch draws the whole batch's
+mask)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from atomr.train.core._cpu import cpu_backend
+from atomr.train.core.model import (
+    Activation,
+    CausalSelfAttention,
+    Dropout,
+    Embedding,
+    ForwardContext,
+    LayerNorm,
+    Linear,
+    Residual,
+    layer_from_config,
+)
+from atomr.train.core.model.gradcheck import gradient_check
+
+TOL = 1e-6
+
+
+@pytest.mark.parametrize(
+    ("layer", "in_shape"),
+    [
+        (Linear(5, 3), (5,)),
+        (Linear(4, 6), (3, 4)),  # a sequence: rows x features
+        (Activation("gelu"), (7,)),
+        (Activation("tanh"), (2, 3)),
+        (LayerNorm(6), (3, 6)),
+        (CausalSelfAttention(8, 2), (5, 8)),
+        (Residual([LayerNorm(4), Linear(4, 4), Activation("gelu")]), (3, 4)),
+        (Dropout(0.3, seed=5), (4, 5)),
+    ],
+    ids=lambda v: type(v).__name__ if not isinstance(v, tuple) else str(v),
+)
+def test_backward_equals_finite_differences(layer, in_shape) -> None:
+    assert gradient_check(layer, in_shape, batch=3) < TOL
+
+
+def test_the_embedding_tables_gradient_equals_finite_differences() -> None:
+    assert gradient_check(Embedding(7, 4, context=6), (5,), tokens=7) < TOL
+
+
+def _reference_attention(x: np.ndarray, params: list[np.ndarray], heads: int) -> np.ndarray:
+    w_qkv, b_qkv, w_o, b_o = params
+    batch, t_len, d = x.shape
+    dh = d // heads
+    qkv = x @ w_qkv + b_qkv
+    q, k, v = (qkv[..., i * d : (i + 1) * d].reshape(batch, t_len, heads, dh).transpose(0, 2, 1, 3) for i in range(3))
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh)
+    scores = scores + np.triu(np.full((t_len, t_len), -np.inf), 1)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    out = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, t_len, d)
+    return out @ w_o + b_o
+
+
+def test_attention_is_causal_softmax_attention() -> None:
+    rng = np.random.default_rng(1)
+    layer = CausalSelfAttention(12, 3)
+    params = layer.init_params(rng)
+    x = rng.standard_normal((2, 6, 12))
+    y, _ = layer.forward(cpu_backend(), params, x, ForwardContext())
+    np.testing.assert_allclose(y, _reference_attention(x, params, 3), rtol=1e-12, atol=1e-12)
+    later = x.copy()
+    later[:, 4:] += 1.0  # the future does not reach the past
+    y2, _ = layer.forward(cpu_backend(), params, later, ForwardContext())
+    np.testing.assert_array_equal(y2[:, :4], y[:, :4])
+
+
+def test_layernorm_is_torch_layernorm() -> None:
+    rng = np.random.default_rng(2)
+    layer = LayerNorm(5)
+    gamma, beta = rng.standard_normal(5), rng.standard_normal(5)
+    x = rng.standard_normal((4, 5)) * 3 + 2
+    y, _ = layer.forward(cpu_backend(), [gamma, beta], x, ForwardContext())
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    np.testing.assert_allclose(y, (x - mean) / np.sqrt(var + 1e-5) * gamma + beta, rtol=1e-12)
+
+
+def test_the_embedding_adds_token_and_position_rows() -> None:
+    rng = np.random.default_rng(3)
+    layer = Embedding(9, 4, context=8)
+    tokens, positions = layer.init_params(rng)
+    ids = rng.integers(0, 9, size=(2, 5)).astype(np.int64)
+    y, _ = layer.forward(cpu_backend(), [tokens, positions], ids, ForwardContext())
+    np.testing.assert_array_equal(y, tokens[ids] + positions[:5])
+    with pytest.raises(ValueError, match="T <= 8"):
+        layer.out_shape((9,))
+
+
+def test_dropout_depends_on_step_and_sample_only() -> None:
+    layer = Dropout(0.5, seed=3)
+    x = np.ones((8, 50), dtype=np.float32)
+    be = cpu_backend()
+    whole, _ = layer.forward(be, [], x, ForwardContext(step=4))
+    assert 0.4 < float(np.mean(whole == 0)) < 0.6
+    assert set(np.unique(whole)) == {0.0, 2.0}
+    top, _ = layer.forward(be, [], x[:3], ForwardContext(step=4))
+    rest, _ = layer.forward(be, [], x[3:], ForwardContext(step=4, sample_offset=3))
+    np.testing.assert_array_equal(np.concatenate([top, rest]), whole)  # a split batch: the same mask
+    other, _ = layer.forward(be, [], x, ForwardContext(step=5))
+    assert not np.array_equal(other, whole)
+    same, _ = layer.forward(be, [], x, ForwardContext(train=False))
+    assert same is x
+
+
+def test_configs_round_trip_and_bad_ones_are_refused() -> None:
+    block = Residual([LayerNorm(4, eps=1e-6), CausalSelfAttention(4, 2), Dropout(0.1, seed=2)])
+    rebuilt = layer_from_config(block.config())
+    assert rebuilt.config() == block.config()
+    with pytest.raises(ValueError, match="unknown layer kind"):
+        layer_from_config({"kind": "conv9d"})
+    with pytest.raises(ValueError):
+        layer_from_config({"kind": "linear", "in_features": 0, "out_features": 3})
+    with pytest.raises(ValueError):
+        layer_from_config({"kind": "linear", "in_features": 2, "out_features": 3, "bogus": 1})
+    with pytest.raises(ValueError, match="divide"):
+        CausalSelfAttention(6, 4)
+    with pytest.raises(ValueError):
+        Dropout(1.0)

@@ -51,7 +51,9 @@ from atomr.train.core.messages import (
     SetLearningRate,
     Step,
 )
+from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
+from atomr.train.core.models import batch_spec
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.step_checks import (
@@ -61,8 +63,6 @@ from atomr.train.core.step_checks import (
     check_step_limit,
     evaluation,
 )
-from atomr.train.core.model.layer import ForwardContext
-from atomr.train.core.models import batch_spec
 
 __all__ = ["Trainer"]
 

@@ -376,7 +376,7 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
     mine = {k: model_config.get(k) for k in keys if model_config.get(k) is not None}
     theirs = {k: ckpt.model.get(k) for k in keys if ckpt.model.get(k) is not None}
     if mine != theirs:
-        raise CheckpointError(f"checkpoint is for model {theirs}, this model is {mine}")
+        raise CheckpointError(_model_difference(theirs, mine))
     if ckpt.weights.ndim != 1 or ckpt.weights.shape[0] != n_params:
         raise CheckpointError(
             f"checkpoint holds {ckpt.weights.shape} weights, this model has {n_params} parameters"
@@ -385,6 +385,23 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
         raise CheckpointError(
             f"checkpoint weights have dtype {ckpt.weights.dtype}, not a real number"
         )
+
+
+def _model_difference(theirs: dict[str, Any], mine: dict[str, Any]) -> str:
+    """What differs between two model descriptions, shortly."""
+    for key in sorted(set(theirs) | set(mine)):
+        a, b = theirs.get(key), mine.get(key)
+        if a == b:
+            continue
+        if key == "layers" and isinstance(a, list) and isinstance(b, list):
+            for i, (la, lb) in enumerate(zip(a, b, strict=False)):
+                if la != lb:
+                    return f"checkpoint is for another model: its layer {i} is {la}, this model's is {lb}"[
+                        :500
+                    ]
+            return f"checkpoint is for another model: {len(a)} layers, this model has {len(b)}"
+        return f"checkpoint is for model {theirs}, this model is {mine}"[:500]
+    return "checkpoint is for another model"
 
 
 def pending_micro_steps(ckpt: Checkpoint) -> int:

@@ -25,7 +25,6 @@ import numpy as np
 from atomr.actor import Failure
 from atomr.train._fanout import ask_all
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.validation import validate_batch
 from atomr.train.data_parallel._reduction import Reduced
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel._step import StepRunner
@@ -103,11 +102,10 @@ class ManualVerbs:
                 f"ComputeReplicaGradients needs one batch per replica "
                 f"({len(self.replicas.refs)}), got {len(batches)}"
             )
-        width = int(self.replicas.model["sizes"][0])
-        out_width = int(self.replicas.model["sizes"][-1])
+        spec = self.replicas.spec()
         messages = []
         for x, y in batches:
-            x, y = validate_batch(x, y, width, self.config.loss, out_width=out_width)
+            x, y = spec.validate(x, y, self.config.loss)
             messages.append(ComputeGradients(x, y, return_gradients=True))
         results: list[GradientResult] = await self.replicas.gather_each(messages)
         means = [np.asarray(r.gradients) / r.normaliser for r in results]

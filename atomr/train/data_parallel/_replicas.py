@@ -17,6 +17,8 @@ from atomr.train._recovery import resync
 from atomr.train.comm.collective import Collective
 from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.messages import GetWeights
+from atomr.train.core.models import batch_spec
+from atomr.train.core.validation import BatchSpec
 from atomr.train.data_parallel.messages import GetState, ReplicaState, SetState
 
 __all__ = ["ReplicaDivergenceError", "ReplicaGroup"]
@@ -53,6 +55,7 @@ class ReplicaGroup:
         self.lost: BaseException | None = None
         self.model: dict[str, Any] = {}
         self.n_params = 0
+        self._spec: BatchSpec | None = None
         self.generation = 0
         self._synced = False
 
@@ -130,7 +133,14 @@ class ReplicaGroup:
         if targets:
             await ask_all(targets, SetState(state), self.timeout, per_worker=False)
         self.model = dict(state.model)
+        self._spec = None
         self.n_params = int(np.asarray(state.weights).size)
+
+    def spec(self) -> BatchSpec:
+        """What the replicas' model takes and gives (from its config, once)."""
+        if self._spec is None:
+            self._spec = batch_spec(self.model)
+        return self._spec
 
     async def repair(
         self, results: list[Any], outcome: str = "the step was not applied"

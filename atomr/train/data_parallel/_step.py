@@ -121,13 +121,16 @@ class StepRunner:
             lo += size
         return shards
 
-    async def step(self, x: np.ndarray, y: np.ndarray, samples: int) -> StepStats | Failure:
+    async def step(
+        self, x: np.ndarray, y: np.ndarray, samples: int, offset: int = 0
+    ) -> StepStats | Failure:
         """One `Step` on this process's rows `x`, `y`.
 
         Args:
             x, y: the validated rows (in a multi-process job: this process's
                 shard of the global batch).
             samples: the rows of the whole batch, for `StepStats.samples`.
+            offset: the index of `x`'s first row in the whole batch.
 
         Returns:
             The `StepStats`, or a `Failure` (nothing applied anywhere).
@@ -136,9 +139,10 @@ class StepRunner:
         last = self.window.micro + 1 >= self.config.accumulation_steps
         accumulate = self.window.micro > 0
         hand_over = last and self.reduction.wants_gradients
-        msgs = []
+        msgs, lo = [], offset
         for xs, ys in self.shards(x, y):
-            msgs.append(ComputeGradients(xs, ys, accumulate, hand_over))
+            msgs.append(ComputeGradients(xs, ys, accumulate, hand_over, lo))
+            lo += int(xs.shape[0])
         results = await self.replicas.ask_each(msgs)
         if failed_indices(results):
             self.window.reset()

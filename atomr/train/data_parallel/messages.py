@@ -153,17 +153,20 @@ class ComputeGradients:
     with `GradientResult`.
 
     Attributes:
-        features: `(rows, in_width)` float array (rows may be 0).
+        features: `(rows, in_width)` float array (rows may be 0), or token ids.
         labels: labels or targets of the rows, as for `Step`.
         accumulate: add the gradient to the buffer instead of replacing it.
         return_gradients: put a host view of the gradient buffer in the reply
             (the host collective sums them).
+        sample_offset: the first row's index in the whole batch (dropout
+            masks depend on it, so replicas draw one device's masks).
     """
 
     features: np.ndarray
     labels: np.ndarray
     accumulate: bool = False
     return_gradients: bool = False
+    sample_offset: int = 0
 
 
 @dataclass(frozen=True, eq=False)

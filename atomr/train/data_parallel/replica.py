@@ -1,4 +1,4 @@
-"""`ReplicaActor`: the built-in data-parallel replica, an `Mlp` with its
+"""`ReplicaActor`: the built-in data-parallel replica, a model with its
 optimizer and gradient buffer on one device, answering `ReplicaProtocol`
 (`atomr.train.data_parallel.messages`) and the ring messages.
 """
@@ -22,7 +22,8 @@ from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.messages import Step
-from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.layer import ForwardContext
+from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.step_checks import check_gradient, check_loss
 from atomr.train.data_parallel.messages import (
     ApplyReducedGradients,
@@ -50,7 +51,7 @@ def worker_deadline(config: TrainerConfig) -> float:
 
 
 class ReplicaActor(Trainer):
-    """The built-in replica: an `Mlp`, its optimizer and its gradient buffer
+    """The built-in replica: a model (any `Sequential`), its optimizer and its gradient buffer
     on one device, answering `ReplicaProtocol` and the ring messages.
 
     It is a `Trainer` (same construction and `props`, same `GetWeights`,
@@ -72,11 +73,11 @@ class ReplicaActor(Trainer):
             one ring chunk (None: forever).
 
     Raises:
-        TypeError: `model` is not an `Mlp` or `config` not a `TrainerConfig`.
+        TypeError: `model` is not a `Sequential` or `config` not a `TrainerConfig`.
         ValueError: a bad device name.
     """
 
-    def __init__(self, model: Mlp, device: Device | str, config: TrainerConfig) -> None:
+    def __init__(self, model: Sequential, device: Device | str, config: TrainerConfig) -> None:
         super().__init__(model, device, config)
         self._ring = RingMember(self, timeout=worker_deadline(config))
         # the weights and optimizer state before the last apply are kept, for `Rollback`
@@ -203,7 +204,8 @@ class ReplicaActor(Trainer):
             if not msg.accumulate:
                 model.zero_grads()
         else:
-            tape = model.forward_train(self._dev(x))
+            ctx = ForwardContext(True, self.steps, msg.sample_offset)
+            tape = model.forward_train(self._dev(x), ctx)
             d_out = be.empty(tape.output.shape, dtype=model.dtype)
             loss_sum, norm = self.config.loss.sums(be, tape.output, self._dev(y), d_out)
             check_loss(loss_sum)
@@ -300,7 +302,7 @@ class ReplicaActor(Trainer):
         return evaluate_shard(self.model, self.config.loss, msg)
 
 
-def evaluate_shard(model: Mlp, loss: Any, msg: EvaluateShard) -> ShardEval:
+def evaluate_shard(model: Sequential, loss: Any, msg: EvaluateShard) -> ShardEval:
     """The loss sums and correct rows of one shard of a batch, validated by
     the trainer (worker thread; any replica with a whole model).
 
@@ -321,5 +323,5 @@ def evaluate_shard(model: Mlp, loss: Any, msg: EvaluateShard) -> ShardEval:
     loss_sum, norm = loss.sums(be, out, be.to_device(y), d_out)
     correct = 0
     if loss.is_classification:
-        correct = int(np.sum(np.argmax(be.to_host(out), axis=1) == y))
+        correct = int(np.sum(np.argmax(be.to_host(out), axis=-1) == y))
     return ShardEval(float(loss_sum), float(norm), correct, int(x.shape[0]))

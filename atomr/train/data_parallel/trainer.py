@@ -58,10 +58,9 @@ from atomr.train.core.messages import (
     SetLearningRate,
     Step,
 )
-from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.step_checks import check_step_limit, evaluation
-from atomr.train.core.validation import validate_batch
 from atomr.train.data_parallel._cadence import Cadence
 from atomr.train.data_parallel._checkpoints import Checkpoints
 from atomr.train.data_parallel._local_sgd import LocalSgd
@@ -210,7 +209,7 @@ class DataParallelTrainer(Actor):
     async def spawn(
         cls,
         system: Any,
-        model: Mlp,
+        model: Sequential,
         devices: Sequence[Device | str],
         config: TrainerConfig,
         options: DataParallelOptions | None = None,
@@ -357,30 +356,22 @@ class DataParallelTrainer(Actor):
             await self.replicas.sync(self.options.process_collective)
 
     def _validate(self, message: Step | Evaluate) -> tuple[np.ndarray, np.ndarray]:
-        sizes = self.replicas.model["sizes"]
-        return validate_batch(
-            message.features,
-            message.labels,
-            sizes[0],
-            self.config.loss,
-            out_width=sizes[-1],
-            dtype=np.dtype(self.replicas.model.get("dtype", "float32")),
-        )
+        return self.replicas.spec().validate(message.features, message.labels, self.config.loss)
 
     async def _step(self, message: Step) -> StepStats | Failure:
         """Validate the batch; in a job, take this process's share of it."""
         check_step_limit(self._runner.steps, self.config.max_steps)
         x, y = self._validate(message)
         rows = int(x.shape[0])
-        o = self.options
+        o, offset = self.options, 0
         if o.process_collective is not None:
             share = shard_for_rank(rows, o.process_rank, o.process_count)
-            x, y = x[share], y[share]
+            x, y, offset = x[share], y[share], int(share.start or 0)
         if o.policy is ApplyPolicy.ASYNC:
             return await self._local.step(x, y, rows)
         if o.policy is ApplyPolicy.CADENCE:
             return await self._cadence.step(x, y, rows)
-        return await self._runner.step(x, y, rows)
+        return await self._runner.step(x, y, rows, offset)
 
     async def _evaluate(self, message: Evaluate) -> EvalResult:
         """Loss and accuracy of the whole batch, sharded over the local replicas.
@@ -394,5 +385,5 @@ class DataParallelTrainer(Actor):
         norm = sum(p.normaliser for p in parts)
         accuracy = float("nan")
         if self.config.loss.is_classification:
-            accuracy = sum(p.correct for p in parts) / x.shape[0]
+            accuracy = sum(p.correct for p in parts) / y.size  # rows, or every token
         return evaluation(sum(p.loss_sum for p in parts), norm, accuracy, x.shape[0])

@@ -116,10 +116,11 @@ class WorkerPool:
         Raises:
             Exception: the first failure in worker order, once every worker answered.
         """
-        results = await asyncio.gather(
-            *(self.ask(i, TrainBatch(x, y)) for i, (x, y) in enumerate(parts)),
-            return_exceptions=True,
-        )
+        asks, offset = [], 0
+        for i, (x, y) in enumerate(parts):
+            asks.append(self.ask(i, TrainBatch(x, y, offset)))
+            offset += len(x)
+        results = await asyncio.gather(*asks, return_exceptions=True)
         raise_first_failure(results)
         return [r for r in results if not isinstance(r, BaseException)]
 

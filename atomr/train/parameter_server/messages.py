@@ -206,12 +206,15 @@ class TrainBatch:
     A batch of zero rows pushes an empty clock tick.
 
     Attributes:
-        features: float array `(batch, in_width)`.
+        features: float array `(batch, in_width)` (or token ids).
         labels: labels or targets, as for `Step`.
+        sample_offset: the first row's index in the whole batch (dropout
+            masks depend on it).
     """
 
     features: np.ndarray
     labels: np.ndarray
+    sample_offset: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError
 from atomr.train.core.messages import Evaluate
+from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import EvalResult, StepStats
@@ -98,7 +99,9 @@ class ParameterServerWorker(DeviceActor):
             return await self._evaluate(message)
         return await super().receive(message)
 
-    def _validate(self, model: Sequential, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _validate(
+        self, model: Sequential, features: Any, labels: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
         return batch_spec(model.config()).validate(features, labels, self.config.loss)
 
     async def _train(self, msg: TrainBatch) -> Any:
@@ -117,7 +120,8 @@ class ParameterServerWorker(DeviceActor):
             return Failure(exc)
         for _attempt in range(self.stale_retries + 1):
             weights, versions = await self.client.pull(self.worker_id)
-            result = await self.on_device(guarded, self._gradient, weights, x, y)
+            ctx = ForwardContext(True, min(versions, default=0), msg.sample_offset)
+            result = await self.on_device(guarded, self._gradient, weights, x, y, ctx)
             if isinstance(result, Rejected):
                 await self._abort(versions, result.error)
                 return Failure(result.error)
@@ -144,9 +148,10 @@ class ParameterServerWorker(DeviceActor):
             await self.client.abort(self.worker_id, versions, str(error))
 
     def _gradient(
-        self, weights: np.ndarray, x: np.ndarray, y: np.ndarray
+        self, weights: np.ndarray, x: np.ndarray, y: np.ndarray, ctx: ForwardContext
     ) -> tuple[np.ndarray, float, float, float]:
-        """On the device thread: the mean gradient of the batch at `weights`.
+        """On the device thread: the mean gradient of the batch at `weights`
+        (`ctx`: the server's version as the step, the batch's offset).
 
         Returns `(gradient, normaliser, mean loss, gradient norm)`; raises
         `NonFiniteError` (non-finite loss or gradient) or `InvalidBatchError`
@@ -159,7 +164,7 @@ class ParameterServerWorker(DeviceActor):
         be = model.backend
         with np.errstate(over="ignore", invalid="ignore"):
             model.set_params(weights)
-            tape = model.forward_train(be.to_device(x))
+            tape = model.forward_train(be.to_device(x), ctx)
             d_out = be.empty(tape.output.shape, dtype=model.dtype)
             loss_sum, norm = self.config.loss.sums(be, tape.output, be.to_device(y), d_out)
             check_loss(loss_sum)
@@ -194,5 +199,5 @@ class ParameterServerWorker(DeviceActor):
         loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)
         accuracy = float("nan")
         if self.config.loss.is_classification:
-            accuracy = float(np.mean(np.argmax(be.to_host(out), axis=1) == y))
+            accuracy = float(np.mean(np.argmax(be.to_host(out), axis=-1) == y))
         return evaluation(loss_sum, norm, accuracy, x.shape[0])

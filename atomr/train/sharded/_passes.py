@@ -93,8 +93,9 @@ class ShardedPasses:
     async def _ask(self, messages: list[Any]) -> list[Any]:
         return await ask_all(self.refs, messages, self.timeout)
 
-    async def step(self, x: np.ndarray, y: np.ndarray, samples: int) -> StepStats:
-        """One step on this process's rows (module docstring).
+    async def step(self, x: np.ndarray, y: np.ndarray, samples: int, offset: int = 0) -> StepStats:
+        """One step on this process's rows (module docstring); `offset`: the
+        index of `x`'s first row in the whole batch.
 
         Raises:
             NonFiniteError, ValueError: a non-finite loss or gradient, or a
@@ -105,7 +106,7 @@ class ShardedPasses:
         if self.stage == 3:
             reduced = await self._layered_gradients(x, y)
         else:
-            reduced = await self._whole_gradients(x, y)
+            reduced = await self._whole_gradients(x, y, offset)
         totals = [reduced.loss_sum, reduced.normaliser, reduced.squared]
         loss_sum, normaliser, squared = await self.exchange.sum_scalars(totals)
         check_loss(loss_sum)
@@ -119,9 +120,13 @@ class ShardedPasses:
         loss = loss_sum / normaliser
         return StepStats(float(loss), float(grad_norm), micros, samples, True, comm)
 
-    async def _whole_gradients(self, x: np.ndarray, y: np.ndarray) -> _Reduced:
+    async def _whole_gradients(self, x: np.ndarray, y: np.ndarray, offset: int) -> _Reduced:
         """Stages 1 and 2: every replica's gradient at once, one reduce-scatter."""
-        msgs = [ComputeShardGradients(xs, ys) for xs, ys in self.shards(x, y)]
+        msgs = []
+        for (xs, ys), (lo, _) in zip(
+            self.shards(x, y), split_bounds(len(x), len(self.refs)), strict=True
+        ):
+            msgs.append(ComputeShardGradients(xs, ys, offset + lo))
         results: list[ShardGradients] = await self._ask(msgs)
         handed = [r.handed for r in results]
         assert all(h is not None for h in handed)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.partition import split_bounds
 
 __all__ = ["ShardLayout", "model_units"]
@@ -65,10 +66,13 @@ class ShardLayout:
 
     @classmethod
     def for_model(
-        cls, model: Mlp, stage: int, replicas: int, processes: int = 1, process_rank: int = 0
+        cls, model: Sequential, stage: int, replicas: int, processes: int = 1, process_rank: int = 0
     ) -> ShardLayout:
-        """The layout of `model` for a ZeRO `stage` (per-layer units for 3)."""
-        units = model_units(model.sizes, per_layer=stage == 3)
+        """The layout of `model` for a ZeRO `stage` (per-layer units for 3: an `Mlp`)."""
+        if stage < 3:
+            return cls(((0, model.n_params),), replicas, processes, process_rank)
+        assert isinstance(model, Mlp)
+        units = model_units(model.sizes, per_layer=True)
         return cls(units, replicas, processes, process_rank)
 
     @property

@@ -51,10 +51,12 @@ class Handed:
 class ComputeShardGradients:
     """Stages 1 and 2: the gradient *sum* of one shard of a batch into the
     replica's full gradient buffer; no weight changes. Answered with
-    `ShardGradients`."""
+    `ShardGradients`. `sample_offset`: the first row's index in the whole
+    batch (dropout masks depend on it)."""
 
     features: np.ndarray
     labels: np.ndarray
+    sample_offset: int = 0
 
 
 @dataclass(frozen=True, eq=False)

@@ -30,6 +30,8 @@ from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.core.messages import SetLearningRate
 from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.layer import ForwardContext
+from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.step_checks import check_loss
 from atomr.train.data_parallel.messages import EvaluateShard, ShardEval
@@ -72,7 +74,7 @@ class ShardedReplica(DeviceActor):
 
     def __init__(
         self,
-        model: Mlp,
+        model: Sequential,
         device: Device | str,
         config: TrainerConfig,
         stage: int,
@@ -85,7 +87,7 @@ class ShardedReplica(DeviceActor):
         self.stage = stage
         self.layout = layout
         self.index = index
-        self.model: Mlp | None = None  # stages 1 and 2: the full working copy
+        self.model: Sequential | None = None  # stages 1 and 2: the full working copy
         self.piece: Any = None
         self.grad_piece: Any = None
         self.optimizer: Optimizer | None = None
@@ -130,6 +132,7 @@ class ShardedReplica(DeviceActor):
 
     def _layer_runner(self) -> LayerRunner:
         if self._layers is None:
+            assert isinstance(self._template, Mlp)  # stage 3 takes an Mlp (the trainer checks)
             self._layers = LayerRunner(self, self._template)
         return self._layers
 
@@ -189,7 +192,8 @@ class ShardedReplica(DeviceActor):
         if x.shape[0] == 0:
             model.zero_grads()
         else:
-            tape = model.forward_train(be.to_device(x))
+            ctx = ForwardContext(True, self.steps, msg.sample_offset)
+            tape = model.forward_train(be.to_device(x), ctx)
             d_out = be.empty(tape.output.shape, dtype=model.dtype)
             loss_sum, norm = self.config.loss.sums(be, tape.output, be.to_device(y), d_out)
             check_loss(loss_sum)

@@ -35,7 +35,12 @@ import numpy as np
 from atomr.accel import Device
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
-from atomr.train._contract import check_options, check_spawn_args, refuse_accumulation
+from atomr.train._contract import (
+    check_options,
+    check_spawn_args,
+    refuse_accumulation,
+    require_mlp,
+)
 from atomr.train._fanout import ask_all, set_learning_rate
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm.collective import Collective, HostCollective
@@ -58,10 +63,10 @@ from atomr.train.core.messages import (
     SetLearningRate,
     Step,
 )
-from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
+from atomr.train.core.models import batch_spec, model_from_config
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.step_checks import check_step_limit, evaluation
-from atomr.train.core.validation import validate_batch
 from atomr.train.data_parallel.messages import EvaluateShard, ShardEval
 from atomr.train.sharded._exchange import ShardExchange
 from atomr.train.sharded._passes import ShardedPasses
@@ -87,7 +92,7 @@ class ShardedDataParallelTrainer(Actor):
 
     def __init__(
         self,
-        model: Mlp,
+        model: Sequential,
         replicas: Sequence[Props],
         config: TrainerConfig,
         layout: ShardLayout,
@@ -95,6 +100,7 @@ class ShardedDataParallelTrainer(Actor):
     ) -> None:
         super().__init__()
         self.model_config = model.config()
+        self._spec = batch_spec(self.model_config)
         self.dtype = model.dtype
         self.config, self.layout, self.options = config, layout, options
         self._props = list(replicas)
@@ -112,7 +118,7 @@ class ShardedDataParallelTrainer(Actor):
     async def spawn(
         cls,
         system: Any,
-        model: Mlp,
+        model: Sequential,
         devices: Sequence[Device | str],
         config: TrainerConfig,
         options: ShardedOptions | None = None,
@@ -142,6 +148,8 @@ class ShardedDataParallelTrainer(Actor):
         """
         model, devs, config = check_spawn_args(system, model, devices, config, name)
         options = check_options(options, ShardedOptions, cls.__name__)
+        if options.stage == 3:  # layer by layer: the Sequential's layers
+            require_mlp(model, "stage-3 sharded")
         refuse_accumulation(config, "sharded data-parallel")
         if len({d.kind for d in devs}) > 1:
             raise ValueError("devices mix CPU and CUDA: their kernels round differently")
@@ -209,24 +217,17 @@ class ShardedDataParallelTrainer(Actor):
         return Failure(TypeError(f"{type(self).__name__} does not handle {type(message).__name__}"))
 
     def _validate(self, message: Step | Evaluate) -> tuple[np.ndarray, np.ndarray]:
-        sizes = self.model_config["sizes"]
-        return validate_batch(
-            message.features,
-            message.labels,
-            sizes[0],
-            self.config.loss,
-            out_width=sizes[-1],
-            dtype=self.dtype,
-        )
+        return self._spec.validate(message.features, message.labels, self.config.loss)
 
     async def _step(self, passes: ShardedPasses, message: Step) -> StepStats:
         x, y = self._validate(message)
         rows = int(x.shape[0])
         o = self.options
+        offset = 0
         if o.process_count > 1:
             share = shard_for_rank(rows, o.process_rank, o.process_count)
-            x, y = x[share], y[share]
-        stats = await passes.step(x, y, rows)
+            x, y, offset = x[share], y[share], int(share.start or 0)
+        stats = await passes.step(x, y, rows, offset)
         self.steps += 1
         return stats
 
@@ -239,7 +240,7 @@ class ShardedDataParallelTrainer(Actor):
             parts: list[ShardEval] = await ask_all(self.refs, msgs, self.config.worker_timeout)
             loss_sum = sum(p.loss_sum for p in parts)
             norm, correct = sum(p.normaliser for p in parts), sum(p.correct for p in parts)
-        accuracy = correct / x.shape[0] if self.config.loss.is_classification else float("nan")
+        accuracy = correct / y.size if self.config.loss.is_classification else float("nan")
         return evaluation(loss_sum, norm, accuracy, x.shape[0])
 
     # -- checkpoints ---------------------------------------------------------
@@ -298,11 +299,11 @@ class ShardedDataParallelTrainer(Actor):
         self._watch.clear(generation)
 
 
-async def _from_process_zero(model: Mlp, processes: Collective) -> Mlp:
+async def _from_process_zero(model: Sequential, processes: Collective) -> Sequential:
     """`model` with process 0's weights (a broadcast every process joins)."""
     params = model.get_params()
     await processes.broadcast([params], 0)
-    return Mlp.from_config(model.config(), params)
+    return model_from_config(model.config(), params)
 
 
 def _full_from(layout: ShardLayout, states: list[Any], dtype: np.dtype) -> np.ndarray:

@@ -210,12 +210,12 @@ class _NonFiniteOnWorker1(ParameterServerWorker):
 
     batches = 0
 
-    def _gradient(self, weights, x, y):
+    def _gradient(self, weights, x, y, ctx):
         if self.worker_id == 1:
             type(self).batches += 1
             if type(self).batches == 2:
                 raise NonFiniteError("loss is not finite (inf)")
-        return super()._gradient(weights, x, y)
+        return super()._gradient(weights, x, y, ctx)
 
 
 @pytest.mark.parametrize("consistency", [Consistency.bounded(1), Consistency.synchronous()])
@@ -323,10 +323,10 @@ class _SlowWorker0(ParameterServerWorker):
 
     delay = 0.02  # seconds; an unslowed gradient of this model takes well under 1 ms
 
-    def _gradient(self, weights, x, y):
+    def _gradient(self, weights, x, y, ctx):
         if self.worker_id == 0:
             time.sleep(self.delay)
-        return super()._gradient(weights, x, y)
+        return super()._gradient(weights, x, y, ctx)
 
 
 async def _clock_gap_run(actor_system, consistency: Consistency):
@@ -369,13 +369,13 @@ class _CrashOnce(ParameterServerWorker):
     crashed = 0
     batches = 0
 
-    def _gradient(self, weights, x, y):
+    def _gradient(self, weights, x, y, ctx):
         if self.worker_id == 1:
             type(self).batches += 1
             if type(self).batches == 3 and not type(self).crashed:
                 type(self).crashed += 1
                 raise ContextPoisoned("injected: illegal address")
-        return super()._gradient(weights, x, y)
+        return super()._gradient(weights, x, y, ctx)
 
 
 @pytest.mark.parametrize("consistency", [Consistency.asynchronous(), Consistency.synchronous()])

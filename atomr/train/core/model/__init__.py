@@ -1,6 +1,8 @@
 """Models as layers over one flat parameter vector: the `Layer` protocol,
 `Sequential`, the built-in layers and the GPT decoder (docs/models.md)."""
 
+from atomr.train.core.model.gpt import gpt
+from atomr.train.core.model.gradcheck import gradient_check
 from atomr.train.core.model.layer import ForwardContext, Layer, TpRule
 from atomr.train.core.model.linear import Activation, Linear
 from atomr.train.core.model.registry import LAYERS, layer_from_config, register_layer
@@ -22,6 +24,8 @@ __all__ = [
     "Sequential",
     "SequentialTape",
     "TpRule",
+    "gpt",
+    "gradient_check",
     "layer_from_config",
     "register_layer",
 ]

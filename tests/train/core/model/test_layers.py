@@ -55,7 +55,10 @@ def _reference_attention(x: np.ndarray, params: list[np.ndarray], heads: int) ->
     batch, t_len, d = x.shape
     dh = d // heads
     qkv = x @ w_qkv + b_qkv
-    q, k, v = (qkv[..., i * d : (i + 1) * d].reshape(batch, t_len, heads, dh).transpose(0, 2, 1, 3) for i in range(3))
+    q, k, v = (
+        qkv[..., i * d : (i + 1) * d].reshape(batch, t_len, heads, dh).transpose(0, 2, 1, 3)
+        for i in range(3)
+    )
     scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh)
     scores = scores + np.triu(np.full((t_len, t_len), -np.inf), 1)
     weights = np.exp(scores - scores.max(-1, keepdims=True))
@@ -107,7 +110,9 @@ def test_dropout_depends_on_step_and_sample_only() -> None:
     assert set(np.unique(whole)) == {0.0, 2.0}
     top, _ = layer.forward(be, [], x[:3], ForwardContext(step=4))
     rest, _ = layer.forward(be, [], x[3:], ForwardContext(step=4, sample_offset=3))
-    np.testing.assert_array_equal(np.concatenate([top, rest]), whole)  # a split batch: the same mask
+    np.testing.assert_array_equal(
+        np.concatenate([top, rest]), whole
+    )  # a split batch: the same mask
     other, _ = layer.forward(be, [], x, ForwardContext(step=5))
     assert not np.array_equal(other, whole)
     same, _ = layer.forward(be, [], x, ForwardContext(train=False))

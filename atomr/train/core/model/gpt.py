@@ -1,0 +1,80 @@
+"""`gpt(...)`: a GPT-style decoder as a `Sequential`.
+
+    Embedding (token + position)
+    n_layer x [ Residual(LayerNorm, CausalSelfAttention, Dropout),
+                Residual(LayerNorm, Linear d->4d (column), GELU, Linear 4d->d (row), Dropout) ]
+    LayerNorm, Linear d->vocab
+
+The pre-LayerNorm block of GPT-2, without weight tying. It takes `(B, T)`
+token ids and gives `(B, T, vocab)` logits; train it with cross-entropy over
+every position (labels: the next tokens, `(B, T)`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from atomr.train.core.model.layer import Layer
+from atomr.train.core.model.linear import Activation, Linear
+from atomr.train.core.model.sequential import Sequential
+from atomr.train.core.model.structure import Dropout, Residual
+from atomr.train.core.model.transformer import CausalSelfAttention, Embedding, LayerNorm
+
+__all__ = ["gpt"]
+
+
+def _block(d: int, n_head: int, dropout: float, seed: int) -> list[Layer]:
+    attention: list[Layer] = [LayerNorm(d), CausalSelfAttention(d, n_head)]
+    mlp: list[Layer] = [
+        LayerNorm(d),
+        Linear(d, 4 * d),
+        Activation("gelu"),
+        Linear(4 * d, d, tp="row"),
+    ]
+    if dropout > 0:
+        attention.append(Dropout(dropout, seed=seed))
+        mlp.append(Dropout(dropout, seed=seed + 1))
+    return [Residual(attention), Residual(mlp)]
+
+
+def gpt(
+    vocab: int,
+    context: int,
+    *,
+    n_layer: int = 2,
+    n_head: int = 4,
+    d_model: int = 64,
+    dropout: float = 0.0,
+    seed: int = 0,
+    dtype: Any = np.float32,
+    device: Any = None,
+) -> Sequential:
+    """A GPT-style decoder (module docstring).
+
+    Args:
+        vocab: token ids (and output classes).
+        context: the sequence length it takes.
+        n_layer: transformer blocks.
+        n_head: attention heads; must divide `d_model`.
+        d_model: the width.
+        dropout: the dropout probability after attention and after each
+            block's MLP (0: none).
+        seed: the initialisation's seed (and the dropout layers' seeds).
+        dtype, device: as for `Sequential`.
+
+    Returns:
+        The model.
+
+    Raises:
+        ValueError: a size that is not a positive int, `n_head` not dividing
+            `d_model`, or `dropout` outside [0, 1).
+    """
+    layers: list[Layer] = [Embedding(vocab, d_model, context)]
+    for i in range(n_layer):
+        layers += _block(d_model, n_head, dropout, seed + 2 * i)
+    layers += [LayerNorm(d_model), Linear(d_model, vocab)]
+    return Sequential(
+        layers, (context,), input_kind="tokens", seed=seed, dtype=dtype, device=device
+    )

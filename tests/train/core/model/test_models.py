@@ -1,0 +1,136 @@
+"""Models as `Sequential`s: the `Mlp` is one (same layout, same bits as a
+hand-built stack of `Linear` and `Activation` layers), a GPT trains with
+every trainer that takes any model and equals one device (dropout on), and
+configs and checkpoints round-trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.train import (
+    AsyncParameterServer,
+    DataParallelTrainer,
+    Evaluate,
+    GetWeights,
+    InvalidBatchError,
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    ParameterServerOptions,
+    SaveCheckpoint,
+    ShardedDataParallelTrainer,
+    ShardedOptions,
+    Step,
+    TensorParallelTrainer,
+    Trainer,
+    TrainerConfig,
+)
+from atomr.train.core.model import Activation, Linear, Sequential, gpt
+from atomr.train.core.models import model_from_config
+from atomr.train.parameter_server import Consistency
+
+VOCAB, T = 11, 6
+
+
+def test_an_mlp_is_a_stack_of_linear_and_activation_layers() -> None:
+    mlp = Mlp([5, 7, 3], "tanh", seed=4)
+    stack = Sequential([Linear(5, 7), Activation("tanh"), Linear(7, 3)], (5,), seed=4)
+    np.testing.assert_array_equal(mlp.get_params(), stack.get_params())
+    x = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(mlp.forward(x), stack.forward(x))
+    assert mlp.layer_ranges() == stack.layer_ranges()
+    assert [o.stop for o in mlp.layer_offsets()] == [
+        r[1] for r in mlp.layer_ranges() if r[1] > r[0]
+    ]
+
+
+def test_a_config_rebuilds_the_model() -> None:
+    model = gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2, dropout=0.1, seed=3)
+    rebuilt = model_from_config(model.config(), model.get_params())
+    assert rebuilt.config() == {**model.config(), "seed": None}  # built from given weights
+    ids = np.random.default_rng(1).integers(0, VOCAB, size=(2, T))
+    np.testing.assert_array_equal(rebuilt.forward(ids), model.forward(ids))
+    assert isinstance(model_from_config(Mlp([3, 2]).config(), Mlp([3, 2]).get_params()), Mlp)
+    with pytest.raises(ValueError):
+        model_from_config({"layers": [{"kind": "nope"}]}, np.zeros(0))
+
+
+def _data(steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    text = rng.integers(0, VOCAB, size=steps * 10 * (T + 1))
+    windows = text.reshape(steps, 10, T + 1)
+    return [(w[:, :-1].copy(), w[:, 1:].copy()) for w in windows]
+
+
+CONFIG = TrainerConfig(
+    OptimizerKind.sgd(0.3, momentum=0.9), LossKind.CROSS_ENTROPY, gradient_clip=1.0
+)
+"""SGD, not Adam: the key bias of attention has a gradient of exactly 0 in
+exact arithmetic (softmax ignores a shift of a whole row of scores), so its
+float gradient is rounding noise, which Adam's normalisation would turn into
+steps of size lr that differ between one device and several."""
+STRATEGIES: dict[str, tuple[Any, Any, int]] = {
+    "data": (DataParallelTrainer, None, 3),
+    "zero-2": (ShardedDataParallelTrainer, ShardedOptions(stage=2), 3),
+    "ps": (
+        AsyncParameterServer,
+        ParameterServerOptions(workers=1, consistency=Consistency.synchronous()),
+        1,
+    ),
+}
+
+
+async def _train(system: ActorSystem, cls: Any, options: Any, n: int, tmp: Path) -> Any:
+    model = gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2, dropout=0.2, seed=5)
+    devices = ["cpu:0"] if cls is Trainer else cpu_devices(n)
+    ref = await cls.spawn(system, model, devices, CONFIG, options)
+    losses = [(await ref.ask(Step(x, y))).loss for x, y in _data(6)]
+    x, y = _data(1)[0]
+    result = await ref.ask(Evaluate(x, y))
+    await ref.ask(SaveCheckpoint(tmp))
+    return losses, await ref.ask(GetWeights()), result
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_a_gpt_with_dropout_trains_as_on_one_device(strategy: str, tmp_path: Path) -> None:
+    cls, options, n = STRATEGIES[strategy]
+    async with ActorSystem("gpt") as system:
+        ref_losses, ref_weights, ref_eval = await _train(system, Trainer, None, 1, tmp_path / "one")
+        losses, weights, evaluation = await _train(system, cls, options, n, tmp_path / "many")
+        assert ref_losses[-1] < ref_losses[0]
+        np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(weights, ref_weights, rtol=2e-4, atol=2e-6)
+        assert evaluation.accuracy == ref_eval.accuracy
+        # the checkpoint holds the GPT's own config: it loads into the other trainer
+        same = gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2, dropout=0.2, seed=5)
+        single = await Trainer.spawn(system, same, ["cpu:0"], CONFIG)
+        await single.ask(LoadCheckpoint(tmp_path / "many"))
+        np.testing.assert_array_equal(await single.ask(GetWeights()), weights)
+
+
+async def test_a_gpt_refuses_bad_tokens_and_strategies_that_split_mlps() -> None:
+    model = gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2)
+    async with ActorSystem("gpt") as system:
+        ref = await Trainer.spawn(system, model, ["cpu:0"], CONFIG)
+        x, y = _data(1)[0]
+        for bad_x, bad_y in [
+            (x + VOCAB, y),
+            (x[:, :-1], y),
+            (x.astype(np.float32), y),
+            (x, y[:, :-1]),
+        ]:
+            with pytest.raises(InvalidBatchError):
+                await ref.ask(Step(bad_x, bad_y))
+        with pytest.raises(TypeError, match="splits an Mlp"):
+            await TensorParallelTrainer.spawn(system, model, cpu_devices(2), CONFIG)
+        with pytest.raises(TypeError, match="splits an Mlp"):
+            await ShardedDataParallelTrainer.spawn(
+                system, model, cpu_devices(2), CONFIG, ShardedOptions(stage=3)
+            )

@@ -9,6 +9,7 @@ import numpy as np
 from atomr.cli.errors import CliError
 from atomr.cli.run_config import RunConfig
 from atomr.train import load_digits_split, synthetic_classification
+from atomr.train.core.text import CharVocab, char_lm_split, pydoc_text
 
 __all__ = ["Dataset", "load_dataset"]
 
@@ -21,9 +22,11 @@ class Dataset:
 
     Attributes:
         name: "digits" or "synthetic".
-        x_train, y_train: float32 features `(n, features)`, int64 labels `(n,)`.
+        x_train, y_train: float32 features `(n, features)`, int64 labels `(n,)`
+            (pydoc: int64 character ids and next characters, `(n, context)`).
         x_test, y_test: the held-out part, same layout.
-        classes: number of classes.
+        classes: number of classes (pydoc: characters).
+        vocab: pydoc's characters (None for the others).
     """
 
     name: str
@@ -32,6 +35,7 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     classes: int
+    vocab: CharVocab | None = None
 
     @property
     def features(self) -> int:
@@ -42,7 +46,8 @@ class Dataset:
 def load_dataset(run: RunConfig) -> Dataset:
     """Load the data set named by `run.dataset`.
 
-    digits is scikit-learn's bundled 8x8 digits (1797 samples, no download;
+    pydoc is the Python documentation that ships with the interpreter, as
+    `--context`-character windows (the last tenth held out); digits is scikit-learn's bundled 8x8 digits (1797 samples, no download;
     a quarter held out); synthetic is `run.samples` Gaussian blobs with
     `run.features` features and `run.classes` classes (a fifth held out),
     both shuffled with `run.seed`.
@@ -50,6 +55,10 @@ def load_dataset(run: RunConfig) -> Dataset:
     Raises:
         CliError: scikit-learn is missing, or the set is too small to split.
     """
+    if run.dataset == "pydoc":
+        assert run.gpt is not None
+        x_tr, y_tr, x_te, y_te, vocab = char_lm_split(pydoc_text(), run.gpt.context)
+        return Dataset("pydoc", x_tr, y_tr, x_te, y_te, len(vocab), vocab)
     if run.dataset == "digits":
         try:
             x_tr, y_tr, x_te, y_te = load_digits_split(seed=run.seed)

@@ -11,6 +11,7 @@ import argparse
 from typing import NoReturn
 
 from atomr.cli.errors import CliError
+from atomr.cli.model_options import add_model_arguments
 from atomr.cli.strategies import STRATEGIES
 
 __all__ = [
@@ -27,7 +28,7 @@ LOSSES = ("cross_entropy", "mse")
 SCHEDULES = ("gpipe", "1f1b")
 LR_SCHEDULES = ("constant", "cosine", "step")
 POLICIES = ("sync", "cadence", "async")
-DATASETS = ("digits", "synthetic")
+DATASETS = ("digits", "synthetic", "pydoc")
 BENCH_SUITES = ("messaging", "kernels", "train", "all")
 ACTIVATIONS = ("relu", "tanh", "gelu")
 
@@ -51,6 +52,7 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         ),
     )
     model = p.add_argument_group("model and strategy")
+    add_model_arguments(model)
     model.add_argument(
         "--strategy",
         choices=list(STRATEGIES),
@@ -124,7 +126,9 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
 
     opt = p.add_argument_group("optimisation")
-    opt.add_argument("--epochs", type=int, default=20, help="total epochs (default: 20)")
+    opt.add_argument(
+        "--epochs", type=int, default=None, help="total epochs (default: 20; 2 for --model gpt)"
+    )
     opt.add_argument("--batch-size", type=int, default=32, help="samples per step (default: 32)")
     opt.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="(default: adam)")
     opt.add_argument(
@@ -175,7 +179,12 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
 
     data = p.add_argument_group("data")
-    data.add_argument("--dataset", choices=DATASETS, default="digits", help="(default: digits)")
+    data.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default=None,
+        help="(default: digits; pydoc, the Python documentation as text, for --model gpt)",
+    )
     data.add_argument(
         "--samples", type=int, default=None, help="synthetic: number of samples (default: 20000)"
     )

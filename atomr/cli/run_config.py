@@ -15,6 +15,7 @@ from typing import Any
 
 from atomr.accel import Device, cuda_device_count, cuda_is_simulated, training_devices
 from atomr.cli.errors import CliError
+from atomr.cli.model_options import GptShape, resolve_model
 from atomr.cli.strategies import STRATEGIES
 from atomr.train import LossKind, OptimizerKind, TrainerConfig
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
@@ -217,6 +218,8 @@ class RunConfig:
     tensorboard: Path | None
     quiet: bool
     dist: DistributedTrainConfig | None = None
+    model: str = "mlp"
+    gpt: GptShape | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunConfig:
@@ -225,6 +228,7 @@ class RunConfig:
         Raises:
             CliError: any option out of range or inconsistent with another.
         """
+        gpt = resolve_model(args)
         _refuse_flags_that_do_not_apply(args)
         for name in (
             "epochs", "batch_size", "micro_batch_size", "workers", "samples", "features",
@@ -315,6 +319,8 @@ class RunConfig:
             tensorboard=_path(args.tensorboard),
             quiet=args.quiet or (dist is not None and not dist.is_root),
             dist=dist,
+            model=args.model,
+            gpt=gpt,
         )
 
     def lr_schedule_for(self, steps_per_epoch: int) -> LrSchedule | None:

@@ -23,7 +23,6 @@ from atomr.train import (
     CheckpointError,
     DataParallelTrainer,
     LoadCheckpoint,
-    Mlp,
     PipelineParallelTrainer,
     ShardedDataParallelTrainer,
     ShardedOptions,
@@ -32,6 +31,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.comm.mpi.errors import CollectiveError
+from atomr.train.core.model import Sequential
 from atomr.train.data_parallel import ApplyPolicy, DataParallelOptions
 from atomr.train.parameter_server import ParameterServerOptions
 from atomr.train.pipeline import PipelineOptions, Schedule
@@ -204,7 +204,7 @@ class _MpiJob(Job):
 
 
 async def _spawn_distributed(
-    system: Any, run: RunConfig, model: Mlp, config: TrainerConfig
+    system: Any, run: RunConfig, model: Sequential, config: TrainerConfig
 ) -> tuple[ActorRef, Job]:
     assert run.dist is not None
     options: DataParallelOptions | ShardedOptions
@@ -222,7 +222,7 @@ async def _spawn_distributed(
 
 
 async def spawn_trainer(
-    system: Any, run: RunConfig, model: Mlp, config: TrainerConfig
+    system: Any, run: RunConfig, model: Sequential, config: TrainerConfig
 ) -> tuple[ActorRef, Job]:
     """Spawn the trainer of `run.strategy` on `run.devices`.
 

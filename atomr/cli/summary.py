@@ -48,6 +48,15 @@ def _steps(history: History) -> int:
     return history.last.step if history.last else 0
 
 
+def _model(cfg: dict[str, Any]) -> str:
+    """The model in a few words: the MLP's widths, or the GPT's shape."""
+    gpt = cfg.get("gpt")
+    if isinstance(gpt, dict):
+        return (f"gpt: {gpt.get('n_layer')} blocks of width {gpt.get('d_model')}, "
+                f"{gpt.get('n_head')} heads, context {gpt.get('context')}")  # fmt: skip
+    return "-".join(str(w) for w in cfg.get("sizes", []))
+
+
 def summary_table(history: History, outputs: dict[str, str]) -> str:
     """The run's summary: setup, final figures and where the files went.
 
@@ -65,7 +74,7 @@ def summary_table(history: History, outputs: dict[str, str]) -> str:
         ("strategy", str(cfg.get("strategy"))),
         ("devices", _devices(cfg)),
         ("dataset", str(cfg.get("dataset"))),
-        ("model", "-".join(str(w) for w in cfg.get("sizes", []))),
+        ("model", _model(cfg)),
         ("optimizer", f"{cfg.get('optimizer')} (lr {cfg.get('lr')})"),
         ("epochs", str(last.epoch if last else 0)),
         ("steps", str(_steps(history))),

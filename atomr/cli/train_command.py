@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
 import atomr
 from atomr.cli.compiling import say_when_compiling
-from atomr.cli.dataset import load_dataset
+from atomr.cli.dataset import Dataset, load_dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History
 from atomr.cli.interrupt import stop_on_sigint
@@ -21,6 +23,7 @@ from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
 from atomr.cli.summary import summary_table
 from atomr.cli.training_run import train_epochs
+from atomr.train.core.text import generate
 from atomr.train.fit import StopFlag
 from atomr.train.metrics import JsonLinesLog, TensorBoardLog
 
@@ -50,6 +53,19 @@ def _metrics_logs(run: RunConfig) -> list[JsonLinesLog | TensorBoardLog]:
     return logs
 
 
+SAMPLE_PROMPT = "The "
+SAMPLE_LENGTH = 240
+
+
+def _sample(run: RunConfig, data: Dataset, weights: np.ndarray) -> str:
+    """A sample of the trained GPT's text, after `SAMPLE_PROMPT`."""
+    assert run.gpt is not None and data.vocab is not None
+    model = run.gpt.build(data.classes, run.seed)
+    model.set_params(weights)
+    text = generate(model, data.vocab, SAMPLE_PROMPT, SAMPLE_LENGTH, seed=run.seed)
+    return f"sample (temperature 0.8):\n{SAMPLE_PROMPT}{text}"
+
+
 def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
     """Train as `run` says, write the outputs and print the summary.
 
@@ -76,11 +92,18 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
         return Progress(total, done, enabled=not run.quiet)
 
     logs = _metrics_logs(run)
+    trained: list[np.ndarray] = []
 
     async def go() -> History:
         with stop_on_sigint(flag), say_when_compiling(enabled=not run.quiet):
             return await train_epochs(
-                run, data, history, flag, progress_factory=progress, callbacks=logs
+                run,
+                data,
+                history,
+                flag,
+                progress_factory=progress,
+                callbacks=logs,
+                on_weights=trained.append if data.vocab is not None else None,
             )
 
     try:
@@ -104,6 +127,8 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
         print(f"{history.status}: test accuracy {acc}; wrote {plot_path} and {history_path}")
     else:
         print(summary_table(history, outputs))
+    if trained and data.vocab is not None:
+        print(_sample(run, data, trained[-1]))
     if history.status == "interrupted":
         where = f"; checkpoint saved to {run.checkpoint}" if run.checkpoint else ""
         print(f"atomr: interrupted{where}", file=sys.stderr)

@@ -25,6 +25,7 @@ from atomr.cli.run_config import RunConfig
 from atomr.cli.strategies import min_batch_size, spawn_trainer
 from atomr.train import CheckpointError, Evaluate, GetWeights, Mlp, load_checkpoint
 from atomr.train.core import Checkpoint
+from atomr.train.core.model import Sequential
 from atomr.train.fit import Evaluator, FitCallback, FitPosition, StopFlag, batch_bounds, fit
 
 __all__ = ["train_epochs"]
@@ -54,7 +55,8 @@ def _resume_position(run: RunConfig, path: Path, steps: int, history: History) -
         ckpt = load_checkpoint(path)
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
-    _check_model_options(run, ckpt, list(history.config["sizes"]))
+    if run.gpt is None:  # a GPT's layers are checked by the trainer's LoadCheckpoint
+        _check_model_options(run, ckpt, list(history.config["sizes"]))
     _check_optimizer_options(run, ckpt, steps)
     position = FitPosition(ckpt.step // steps, ckpt.step % steps, ckpt.step)
     side = history_path_for(path)
@@ -197,8 +199,9 @@ async def _train(
     progress: Callable[[], Progress],
     callbacks: Sequence[FitCallback],
     stop: StopFlag,
+    on_weights: Callable[[np.ndarray], None] | None,
 ) -> str:
-    model = Mlp(list(history.config["sizes"]), activation=run.activation, seed=run.seed)
+    model = _model(run, data, history)
     config = run.trainer_config(_steps_per_epoch(run, data))
     trainer, job = await spawn_trainer(system, run, model, config)
     if run.resume is not None:
@@ -221,10 +224,14 @@ async def _train(
             callbacks=callbacks,
             stop=stop,
             agree_to_stop=job.agree_to_stop,
-            evaluate=_mse_evaluator(trainer, run, model) if run.loss == "mse" else None,
+            evaluate=_mse_evaluator(trainer, run, model)
+            if isinstance(model, Mlp) and run.loss == "mse"
+            else None,
             min_batch_size=min_batch_size(run),
             timeout=_ASK_TIMEOUT,
         )
+        if on_weights is not None:
+            on_weights(await trainer.ask(GetWeights(), timeout=_ASK_TIMEOUT))
     except Exception as exc:
         job.abort(exc)
         raise
@@ -234,6 +241,13 @@ async def _train(
     return result.status
 
 
+def _model(run: RunConfig, data: Dataset, history: History) -> Sequential:
+    """The run's initial model: its GPT (`--model gpt`) or its MLP."""
+    if run.gpt is not None:
+        return run.gpt.build(data.classes, run.seed)
+    return Mlp(list(history.config["sizes"]), activation=run.activation, seed=run.seed)
+
+
 async def train_epochs(
     run: RunConfig,
     data: Dataset,
@@ -241,6 +255,7 @@ async def train_epochs(
     stop: StopFlag,
     progress_factory: Callable[[int, int], Progress] | None = None,
     callbacks: Sequence[FitCallback] = (),
+    on_weights: Callable[[np.ndarray], None] | None = None,
 ) -> History:
     """Train `run.epochs` epochs (in total, counting a resumed run's) on `data`.
 
@@ -254,6 +269,7 @@ async def train_epochs(
         progress_factory: `(total_steps, done_steps) -> Progress`, or None
             for no progress output.
         callbacks: more `FitCallback`s (after the progress bar).
+        on_weights: given the trained weights at the end (the GPT's sample).
 
     Returns:
         `history`.
@@ -284,6 +300,7 @@ async def train_epochs(
             lambda: _progress(history, start, steps, run.epochs, progress_factory),
             callbacks,
             stop,
+            on_weights,
         )
     history.wall_seconds = time.perf_counter() - started
     return history

@@ -1,0 +1,48 @@
+"""`atomr train --model gpt`: a character-level GPT on the Python
+documentation, with the summary, the curves and a generated sample; its
+flags are refused with the MLP, and the MLP's data sets with the GPT."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from atomr.cli import main
+
+
+def test_a_short_gpt_run_learns_and_prints_a_sample(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    argv = ["train", "--model", "gpt", "--strategy", "data", "--max-steps", "40", "--context", "32"]
+    argv += ["--d-model", "32", "--run-dir", str(run), "--lr", "0.01"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "gpt: 2 blocks of width 32, 4 heads, context 32" in out
+    assert "sample (temperature 0.8):\nThe " in out
+    assert (run / "curves.png").is_file()
+    history = json.loads((run / "history.json").read_text())
+    assert history["config"]["gpt"]["context"] == 32
+    assert history["status"] == "reached max_steps"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--n-layer", "3"], "--n-layer only applies to --model gpt"),
+        (["--dataset", "pydoc"], "--dataset pydoc is text"),
+        (["--model", "gpt", "--dataset", "digits"], "--model gpt trains on --dataset pydoc"),
+        (["--model", "gpt", "--n-head", "3"], "must divide --d-model"),
+        (["--model", "gpt", "--dropout", "1.5"], "--dropout"),
+        (["--model", "gpt", "--loss", "mse"], "cross_entropy"),
+        (["--model", "gpt", "--strategy", "tensor"], "splits an Mlp"),
+    ],
+)
+def test_bad_model_flags_are_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["train", "--quiet", "--run-dir", str(tmp_path), *argv]) != 0
+    err = capsys.readouterr().err.strip()
+    assert message in err.splitlines()[-1]

@@ -1,0 +1,45 @@
+"""Character-level text: the Python documentation as windows with a held-out
+tail, the vocabulary round trip, and generation from a model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atomr.train.core.model import gpt
+from atomr.train.core.text import CharVocab, char_lm_split, generate, pydoc_text
+
+
+def test_pydoc_is_split_into_windows_and_next_characters() -> None:
+    text = pydoc_text()
+    assert len(text) > 400_000
+    x_tr, y_tr, x_val, y_val, vocab = char_lm_split(text, 32)
+    assert x_tr.shape[1] == 32 and x_tr.dtype == np.int64
+    np.testing.assert_array_equal(x_tr[:, 1:], y_tr[:, :-1])  # labels: the next characters
+    assert vocab.decode(x_tr[0]) == text[:32]
+    assert vocab.decode(y_tr[0]) == text[1:33]
+    held_out = len(x_val) * 32 / (len(x_tr) * 32 + len(x_val) * 32)
+    assert 0.09 < held_out < 0.11
+    cut = int(len(text) * 0.9)
+    assert vocab.decode(x_val[0]) == text[cut : cut + 32]  # the tail, after every training window
+
+
+def test_the_vocabulary_round_trips_and_refuses_strangers() -> None:
+    vocab = CharVocab.of("hello world")
+    assert vocab.decode(vocab.encode("low")) == "low"
+    assert len(vocab) == 8
+    with pytest.raises(ValueError, match="'z'"):
+        vocab.encode("zebra")
+    with pytest.raises(ValueError):
+        char_lm_split("short", 32)
+
+
+def test_generation_is_seeded_and_stays_in_the_vocabulary() -> None:
+    vocab = CharVocab.of("abcdefgh ")
+    model = gpt(len(vocab), 8, n_layer=1, d_model=8, n_head=2, seed=1)
+    first = generate(model, vocab, "abc", 20, seed=3)
+    assert len(first) == 20 and set(first) <= set(vocab.chars)
+    assert generate(model, vocab, "abc", 20, seed=3) == first
+    assert generate(model, vocab, "abcdefgh abc", 5, seed=3)  # longer than the context
+    with pytest.raises(ValueError):
+        generate(model, vocab, "", 5)

@@ -281,6 +281,10 @@ class Mlp(Sequential):
         """Output width (`sizes[-1]`)."""
         return self.sizes[-1]
 
+    def stage_costs(self) -> list[float]:
+        """Each linear layer's parameter count, to balance pipeline stages."""
+        return [float(o.stop - o.w_offset) for o in self._offsets]
+
     def layer_offsets(self) -> list[LayerOffsets]:
         """Offsets and shapes of each layer's `W` and `b` in the flat vector.
 

@@ -22,14 +22,19 @@ def model_config(infos: Sequence[StageInfo]) -> dict[str, Any]:
         infos: every stage's `StageInfo`, in pipeline order.
 
     Returns:
-        The config a single-device `Mlp` of the same layers would report.
+        The config the single-device model of the same layers reports (an
+        `Mlp`'s when the stages are `Mlp` slices).
     """
-    sizes = list(infos[0].sizes)
+    first = infos[0].model
+    if "sizes" not in first:
+        layers = [layer for info in infos for layer in info.model["layers"]]
+        return {**first, "layers": layers, "seed": None}
+    sizes = list(first["sizes"])
     for info in infos[1:]:
-        sizes += list(info.sizes[1:])
+        sizes += list(info.model["sizes"][1:])
     return {
         "sizes": sizes,
-        "activation": infos[0].activation,
+        "activation": first["activation"],
         "dtype": infos[0].dtype,
         "activate_last": False,
         "seed": None,

@@ -84,10 +84,10 @@ class StageGroup:
             if not isinstance(info, StageInfo):
                 raise TypeError(f"stage {i} answered ConnectStage with {type(info).__name__}")
         for i in range(p - 1):
-            if infos[i].sizes[-1] != infos[i + 1].sizes[0]:
+            if tuple(infos[i].out_shape) != tuple(infos[i + 1].in_shape):
                 raise ValueError(
-                    f"stage {i} outputs width {infos[i].sizes[-1]}, stage {i + 1} takes "
-                    f"{infos[i + 1].sizes[0]}"
+                    f"stage {i} outputs {tuple(infos[i].out_shape)} per sample, stage {i + 1} "
+                    f"takes {tuple(infos[i + 1].in_shape)}"
                 )
         return cls(refs, infos, config.worker_timeout)
 

@@ -116,16 +116,19 @@ class StageInfo:
     """What a stage holds; the answer to `ConnectStage`.
 
     Attributes:
-        sizes: its layer widths, input first (the Mlp slice's `sizes`).
-        activation: the model's activation name.
+        model: its sub-model's config (`Sequential.config()`; an `Mlp`
+            slice's has `sizes`).
         n_params: its number of parameters.
         dtype: its parameters' dtype name ("float32").
+        in_shape: what it takes, per sample.
+        out_shape: what it gives, per sample.
     """
 
-    sizes: tuple[int, ...]
-    activation: str
+    model: dict[str, Any]
     n_params: int
     dtype: str
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,6 +149,8 @@ class RunMicroBatches:
             accumulated gradients are those of the whole-batch mean.
         inputs: first stage only: the features of every micro-batch.
         targets: last stage only: the labels / targets of every micro-batch.
+        step: the optimizer steps applied so far (dropout masks depend on it).
+        micro_offsets: each micro-batch's first row in the whole batch.
     """
 
     step_id: int
@@ -155,6 +160,8 @@ class RunMicroBatches:
     normaliser: float
     inputs: tuple[np.ndarray, ...] | None = None
     targets: tuple[np.ndarray, ...] | None = None
+    step: int = 0
+    micro_offsets: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
 
 __all__ = ["balanced_split", "stage_layer_counts"]
 
 
-def balanced_split(layer_params: Sequence[int], n_stages: int) -> list[int]:
+def balanced_split(layer_params: Sequence[float], n_stages: int) -> list[int]:
     """Cut consecutive layers into stages with the smallest largest stage.
 
     Args:
@@ -34,9 +34,9 @@ def balanced_split(layer_params: Sequence[int], n_stages: int) -> list[int]:
             f"{n_stages} stages for a model of {n} layers: every stage needs at least one "
             "layer; use at most as many devices as layers"
         )
-    prefix = [0]
+    prefix: list[float] = [0.0]
     for c in layer_params:
-        prefix.append(prefix[-1] + int(c))
+        prefix.append(prefix[-1] + c)
     inf = float("inf")
     # best[k][i]: smallest max stage cost of the first i layers in k stages
     best = [[inf] * (n + 1) for _ in range(n_stages + 1)]
@@ -57,14 +57,15 @@ def balanced_split(layer_params: Sequence[int], n_stages: int) -> list[int]:
     return counts[::-1]
 
 
-def stage_layer_counts(model: Mlp, n_stages: int, split: Sequence[int] | None) -> list[int]:
+def stage_layer_counts(model: Sequential, n_stages: int, split: Sequence[int] | None) -> list[int]:
     """The number of layers of each stage.
 
     Args:
         model: the model to cut.
         n_stages: the number of stages (devices), >= 1.
         split: layers per stage, or None for `balanced_split` over the
-            layers' parameter counts.
+            layers' costs (`stage_costs`: an `Mlp`'s parameter counts, any
+            other model's `Layer.cost`; a `Residual` block is one layer).
 
     Returns:
         One count per stage, each >= 1, summing to `model.n_layers`.
@@ -74,8 +75,7 @@ def stage_layer_counts(model: Mlp, n_stages: int, split: Sequence[int] | None) -
             each of the `n_stages` stages at least one layer and cover the model.
     """
     if split is None:
-        layer_params = [lay.stop - lay.w_offset for lay in model.layer_offsets()]
-        return balanced_split(layer_params, n_stages)
+        return balanced_split(model.stage_costs(), n_stages)
     counts = [int(c) for c in split]
     if len(counts) != n_stages or any(c < 1 for c in counts) or sum(counts) != model.n_layers:
         raise ValueError(

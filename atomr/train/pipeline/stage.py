@@ -1,4 +1,4 @@
-"""`StageActor`: the built-in pipeline stage, consecutive layers of an `Mlp`
+"""`StageActor`: the built-in pipeline stage, consecutive layers of a model
 on one device, answering `PipelineStageProtocol`
 (`atomr.train.pipeline.messages`).
 
@@ -28,7 +28,8 @@ from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import SetLearningRate
-from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.layer import ForwardContext
+from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.model.sequential import SequentialTape as Tape
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
@@ -53,7 +54,7 @@ __all__ = ["StageActor"]
 
 
 class StageActor(DeviceActor):
-    """A pipeline stage holding consecutive layers of an `Mlp` on one device.
+    """A pipeline stage holding consecutive layers of a model on one device.
 
     Speaks `PipelineStageProtocol`. Its math runs on the device's worker
     thread (`on_device`), in the hooks below, which subclasses may override
@@ -63,22 +64,22 @@ class StageActor(DeviceActor):
     `drop_activations`, `gradient_sq_norm`, `apply_gradients`, `rollback`.
 
     Args:
-        model: the stage's sub-model (e.g. `Mlp.slice_layers(a, b)`); copied
+        model: the stage's sub-model (`model.slice_layers(a, b)`); copied
             onto `device` when the actor starts (the given object is not
             modified).
         device: the device (a `Device` or its name).
 
     Raises:
-        TypeError: `model` is not an `Mlp`.
+        TypeError: `model` is not a `Sequential`.
         ValueError: bad device name.
     """
 
-    def __init__(self, model: Mlp, device: Device | str) -> None:
+    def __init__(self, model: Sequential, device: Device | str) -> None:
         super().__init__(device)
-        if not isinstance(model, Mlp):
-            raise TypeError(f"model must be an Mlp, got {type(model).__name__}")
+        if not isinstance(model, Sequential):
+            raise TypeError(f"model must be a Sequential, got {type(model).__name__}")
         self._template = model
-        self.model: Mlp | None = None
+        self.model: Sequential | None = None
         self.optimizer: Optimizer | None = None
         self.index = 0
         self.n_stages = 1
@@ -89,9 +90,12 @@ class StageActor(DeviceActor):
         self._undo = DoubleBuffer()  # the old state of the last apply, for rollback
         self._undo_step: int | None = None
         self._loss_kind: LossKind = LossKind.MSE
+        # the optimizer step and micro-batch offsets of the running pass (dropout)
+        self._pass_step = 0
+        self._pass_offsets: dict[int, int] = {}
 
     @classmethod
-    def props(cls, model: Mlp, device: Device | str) -> Props:
+    def props(cls, model: Sequential, device: Device | str) -> Props:
         """The `Props` of a stage (see the class docstring for the arguments)."""
         return Props(cls, model, device)
 
@@ -142,8 +146,10 @@ class StageActor(DeviceActor):
         model = self.model
         assert model is not None
         be = model.backend
-        xd = be.to_device(np.ascontiguousarray(x, dtype=model.dtype))
-        tape = model.forward_train(xd) if train else None
+        dtype = np.int64 if model.input_kind == "tokens" else model.dtype
+        xd = be.to_device(np.ascontiguousarray(x, dtype=dtype))
+        ctx = ForwardContext(train, self._pass_step, self._pass_offsets.get(micro, 0))
+        tape = model.forward_train(xd, ctx) if train else None
         out = tape.output if tape is not None else model.forward(xd)
         if target is None:
             if tape is not None:
@@ -154,7 +160,7 @@ class StageActor(DeviceActor):
         loss_sum, _ = loss.sums(be, out, be.to_device(target), d_out)
         correct = 0
         if loss.is_classification:
-            correct = int(np.sum(np.argmax(be.to_host(out), axis=1) == target))
+            correct = int(np.sum(np.argmax(be.to_host(out), axis=-1) == target))
         if tape is not None:
             be.scale(d_out, 1.0 / normaliser)
             self._tapes[micro] = (tape, d_out)
@@ -229,7 +235,9 @@ class StageActor(DeviceActor):
         self.optimizer = optimizer.create(model.n_params, model.backend, model.dtype)
         self._undo.commit()
         self._undo_step = None
-        return StageInfo(model.sizes, model.activation, model.n_params, model.dtype.name)
+        return StageInfo(
+            model.config(), model.n_params, model.dtype.name, model.in_shape, model.out_shape
+        )
 
     def _get_state(self) -> StageState:
         model, opt = self.model, self.optimizer
@@ -275,6 +283,8 @@ class StageActor(DeviceActor):
             if self.optimizer is None:
                 return Failure(RuntimeError("stage not connected: send ConnectStage first"))
             self._loss_kind = message.loss
+            self._pass_step = message.step
+            self._pass_offsets = dict(enumerate(message.micro_offsets))
             return await self._runner.start(message)
         if isinstance(message, AbortStep):
             self._runner.abort(message.step_id)

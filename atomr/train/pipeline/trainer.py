@@ -49,7 +49,6 @@ from atomr.train._contract import (
     check_spawn_args,
     check_workers,
     refuse_accumulation,
-    require_mlp,
 )
 from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import ResumedCrashWatch, StateLossWatch
@@ -74,7 +73,8 @@ from atomr.train.core.messages import (
     SetLearningRate,
     Step,
 )
-from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
+from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.step_checks import (
     check_gradient,
@@ -83,7 +83,7 @@ from atomr.train.core.step_checks import (
     check_step_limit,
     evaluation,
 )
-from atomr.train.core.validation import validate_batch
+from atomr.train.core.validation import BatchSpec
 from atomr.train.pipeline._checkpoint import split_checkpoint
 from atomr.train.pipeline.group import StageGroup
 from atomr.train.pipeline.messages import (
@@ -104,11 +104,10 @@ __all__ = ["PipelineParallelTrainer"]
 
 def _normaliser(loss: LossKind, labels: np.ndarray, out_width: int) -> float:
     """The whole batch's loss normaliser, computed from the labels alone."""
-    batch = labels.shape[0]
     if loss.name == "mse":
-        return float(batch * out_width)
+        return float(labels.shape[0] * out_width)
     if loss.class_weights is None:
-        return float(batch)
+        return float(labels.size)  # rows, or every token of a sequence
     return float(np.asarray(loss.class_weights, dtype=np.float64)[labels].sum())
 
 
@@ -116,7 +115,7 @@ class PipelineParallelTrainer(Actor):
     """Trains a model cut into pipeline stages, one stage actor per device.
 
     Answers `Step -> StepStats`, `GetWeights -> ndarray` (the stages'
-    parameters concatenated: the `Mlp.params` layout), `GetGradients ->
+    parameters concatenated: the model's flat layout), `GetGradients ->
     ndarray`, `Evaluate -> EvalResult`, `GetTimeline -> Timeline | None`,
     `SaveCheckpoint` / `LoadCheckpoint -> None` (the checkpoint format of
     every trainer). Bad input, non-finite losses or gradients, bad
@@ -185,7 +184,7 @@ class PipelineParallelTrainer(Actor):
     async def spawn(
         cls,
         system: Any,
-        model: Mlp,
+        model: Sequential,
         devices: Sequence[Device | str],
         config: TrainerConfig,
         options: PipelineOptions | None = None,
@@ -213,8 +212,7 @@ class PipelineParallelTrainer(Actor):
                 `config.accumulation_steps > 1`; all raised before anything is
                 spawned.
         """
-        checked, devs, config = check_spawn_args(system, model, devices, config, name)
-        model = require_mlp(checked, "pipeline")
+        model, devs, config = check_spawn_args(system, model, devices, config, name)
         options = check_options(options, PipelineOptions, "PipelineParallelTrainer")
         refuse_accumulation(config, "pipeline")
         counts = stage_layer_counts(model, len(devs), options.split)
@@ -296,15 +294,12 @@ class PipelineParallelTrainer(Actor):
             InvalidBatchError: bad input, or every target of weight 0.
         """
         first, last = group.infos[0], group.infos[-1]
-        x, y = validate_batch(
-            features,
-            labels,
-            first.sizes[0],
-            self.config.loss,
-            out_width=last.sizes[-1],
-            dtype=np.dtype(first.dtype),
+        takes = batch_spec(first.model)
+        spec = BatchSpec(
+            takes.in_shape, tuple(last.out_shape), takes.input_kind, takes.vocab, first.dtype
         )
-        norm = _normaliser(self.config.loss, y, last.sizes[-1])
+        x, y = spec.validate(features, labels, self.config.loss)
+        norm = _normaliser(self.config.loss, y, last.out_shape[-1])
         check_normaliser(norm)
         bounds = np.cumsum([0, *self.options.micro_batch_sizes(x.shape[0])])
         xs = tuple(x[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
@@ -322,6 +317,7 @@ class PipelineParallelTrainer(Actor):
         if not train:
             plan = tuple(tuple(op for op in ops if op.kind is OpKind.FORWARD) for ops in plan)
         loss = self.config.loss
+        offsets = tuple(int(o) for o in np.cumsum([0, *(len(x) for x in xs[:-1])]))
         return [
             RunMicroBatches(
                 self._step_id,
@@ -331,6 +327,8 @@ class PipelineParallelTrainer(Actor):
                 norm,
                 xs if s == 0 else None,
                 ys if s == p - 1 else None,
+                self.steps,
+                offsets,
             )
             for s in range(p)
         ]
@@ -357,7 +355,7 @@ class PipelineParallelTrainer(Actor):
         samples = sum(len(x) for x in xs)
         accuracy = float("nan")
         if self.config.loss.is_classification:
-            accuracy = reports[-1].correct / samples
+            accuracy = reports[-1].correct / sum(y.size for y in ys)  # rows, or every token
         return evaluation(reports[-1].loss_sum, norm, accuracy, samples)
 
     # -- checkpoints --------------------------------------------------------

@@ -191,6 +191,35 @@ class Sequential:
 
     # -- layout -------------------------------------------------------------
 
+    @property
+    def n_layers(self) -> int:
+        """The top-level layers (a `Residual` block counts as one): the units
+        a pipeline cuts between."""
+        return len(self.layers)
+
+    def stage_costs(self) -> list[float]:
+        """The cost of each top-level layer, to balance pipeline stages."""
+        return self.layer_costs()
+
+    def slice_layers(self, start: int, stop: int) -> Sequential:
+        """The sub-model of top-level layers `start..stop-1` (a pipeline stage):
+        their parameters (a copy), taking what layer `start` takes.
+
+        Raises:
+            ValueError: an empty or out-of-range layer range.
+        """
+        if not 0 <= start < stop <= self.n_layers:
+            raise ValueError(f"need 0 <= start < stop <= {self.n_layers}, got {start}, {stop}")
+        shape = self.in_shape
+        for layer in self.layers[:start]:
+            shape = layer.out_shape(shape)
+        ranges = self.layer_ranges()
+        part = Sequential.__new__(Sequential)
+        kind = self.input_kind if start == 0 else "float"
+        part._setup(self.layers[start:stop], shape, kind, self.dtype, self.device)
+        part._load(self.get_params()[ranges[start][0] : ranges[stop - 1][1]])
+        return part
+
     def layer_ranges(self) -> list[tuple[int, int]]:
         """`(start, stop)` of each layer's parameters in the flat vector
         (`start == stop` for a layer without parameters)."""

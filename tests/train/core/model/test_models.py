@@ -24,6 +24,8 @@ from atomr.train import (
     Mlp,
     OptimizerKind,
     ParameterServerOptions,
+    PipelineOptions,
+    PipelineParallelTrainer,
     SaveCheckpoint,
     ShardedDataParallelTrainer,
     ShardedOptions,
@@ -35,6 +37,7 @@ from atomr.train import (
 from atomr.train.core.model import Activation, Linear, Sequential, gpt
 from atomr.train.core.models import model_from_config
 from atomr.train.parameter_server import Consistency
+from atomr.train.pipeline.split import stage_layer_counts
 
 VOCAB, T = 11, 6
 
@@ -79,6 +82,7 @@ steps of size lr that differ between one device and several."""
 STRATEGIES: dict[str, tuple[Any, Any, int]] = {
     "data": (DataParallelTrainer, None, 3),
     "zero-2": (ShardedDataParallelTrainer, ShardedOptions(stage=2), 3),
+    "pipeline": (PipelineParallelTrainer, PipelineOptions(micro_batch_size=4), 3),
     "ps": (
         AsyncParameterServer,
         ParameterServerOptions(workers=1, consistency=Consistency.synchronous()),
@@ -134,3 +138,24 @@ async def test_a_gpt_refuses_bad_tokens_and_strategies_that_split_mlps() -> None
             await ShardedDataParallelTrainer.spawn(
                 system, model, cpu_devices(2), CONFIG, ShardedOptions(stage=3)
             )
+
+
+def test_pipeline_stages_are_cut_at_blocks_balanced_by_cost() -> None:
+    model = gpt(VOCAB, T, n_layer=2, d_model=8, n_head=2)
+    costs = model.stage_costs()
+    assert len(costs) == model.n_layers == 7  # embedding, 2 x 2 residual blocks, norm, head
+    counts = stage_layer_counts(model, 3, None)
+    assert sum(counts) == 7 and all(c >= 1 for c in counts)
+    bounds = np.cumsum([0, *counts])
+    largest = max(sum(costs[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    assert (
+        largest
+        == min(  # no other cut into 3 stages has a smaller largest stage
+            max(sum(costs[:i]), sum(costs[i:j]), sum(costs[j:]))
+            for i in range(1, 6)
+            for j in range(i + 1, 7)
+        )
+    )
+    stage = model.slice_layers(1, 3)
+    assert stage.in_shape == (T, 8) and stage.input_kind == "float"
+    assert stage.n_params == sum(b - a for a, b in model.layer_ranges()[1:3])

@@ -40,6 +40,7 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
+from atomr.train.core.model import gpt
 from atomr.train.data_parallel import GetReplicaWeights, ReplicaActor
 from atomr.train.parameter_server import (
     AsyncParameterServer,
@@ -397,3 +398,39 @@ async def test_sharded_data_parallel_on_cuda_equals_cpu(stage: int, cuda_launche
     # memory), so this runs the copy-back path: reduced gradients and gathered
     # parameters sent back in the next message
     await _assert_cuda_equals_cpu(_zero_driver(stage), ZERO_SIZES, cuda_launches)
+
+
+# ------------------------------------------------------------------- a GPT
+
+GPT_VOCAB, GPT_T = 5, 4
+
+
+def _gpt_driver(trainer: Any, n: int) -> Driver:
+    config = TrainerConfig(
+        OptimizerKind.sgd(0.2, momentum=0.9), LossKind.CROSS_ENTROPY, worker_timeout=T
+    )
+
+    async def spawn(system: ActorSystem, devices: Sequence[str]) -> Any:
+        model = gpt(GPT_VOCAB, GPT_T, n_layer=1, n_head=2, d_model=4, dropout=0.2, seed=1)
+        return await trainer.spawn(system, model, list(devices)[:n], config)
+
+    return _actor_driver(spawn)
+
+
+async def _gpt_losses(driver: Driver, devices: Sequence[str]) -> tuple[list[float], np.ndarray]:
+    rng = np.random.default_rng(0)
+    text = rng.integers(0, GPT_VOCAB, size=(STEPS, 3, GPT_T + 1))
+    return await _run(driver, devices, [(w[:, :-1].copy(), w[:, 1:].copy()) for w in text])
+
+
+@pytest.mark.parametrize(("trainer", "n"), [("single", 1), ("tensor", 2)])
+async def test_a_gpt_on_cuda_equals_cpu(trainer: str, n: int, cuda_launches) -> None:
+    # LayerNorm, attention, embedding and dropout kernels on the GPU, and the
+    # tensor-parallel shards meeting mid-pass through host copies
+    cls = Trainer if trainer == "single" else TensorParallelTrainer
+    driver = _gpt_driver(cls, n)
+    cpu_losses, cpu_w = await _gpt_losses(driver, CPU2)
+    gpu_losses, gpu_w = await _gpt_losses(driver, CUDA2)
+    assert cuda_launches["matmul"] > 0 and cuda_launches["optimizer"] > 0
+    assert gpu_losses == pytest.approx(cpu_losses, rel=1e-4, abs=1e-5)
+    np.testing.assert_allclose(gpu_w, cpu_w, rtol=1e-4, atol=1e-5)

@@ -115,7 +115,7 @@ class LossKind:
             loss_sum = backend.mse_unchecked(flat, targets.reshape(-1), grad.reshape(-1))
             return float(loss_sum), float(flat.shape[0])
         if outputs.ndim > 2:  # a sequence: every position is a row
-            outputs = outputs.reshape(-1, outputs.shape[-1])
+            outputs = outputs.reshape(-1, outputs.shape[outputs.ndim - 1])
             grad = grad.reshape(outputs.shape)
             targets = targets.reshape(-1)
         weights = None

@@ -37,7 +37,6 @@ from atomr.train._contract import (
     check_spawn_args,
     check_workers,
     refuse_accumulation,
-    require_mlp,
 )
 from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import StateLossWatch
@@ -61,13 +60,16 @@ from atomr.train.core.messages import (
     Step,
 )
 from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.step_checks import check_gradient, check_step_limit, evaluation
 from atomr.train.core.validation import validate_batch
 from atomr.train.tensor_parallel.group import ShardGroup
+from atomr.train.tensor_parallel.layer_trainer import LayerTensorParallelTrainer
 from atomr.train.tensor_parallel.options import TensorParallelOptions
 from atomr.train.tensor_parallel.shard import ShardActor
+from atomr.train.tensor_parallel.shard_plan import plan_shards
 from atomr.train.tensor_parallel.sharding import check_shardable
 
 __all__ = ["TensorParallelTrainer"]
@@ -139,7 +141,7 @@ class TensorParallelTrainer(Actor):
     async def spawn(
         cls,
         system: Any,
-        model: Mlp,
+        model: Sequential,
         devices: Sequence[Device | str],
         config: TrainerConfig,
         options: TensorParallelOptions | None = None,
@@ -167,9 +169,12 @@ class TensorParallelTrainer(Actor):
                 before anything is spawned.
         """
         checked, devs, config = check_spawn_args(system, model, devices, config, name)
-        model = require_mlp(checked, "tensor-parallel")
         options = check_options(options, TensorParallelOptions, "TensorParallelTrainer")
         refuse_accumulation(config, "tensor-parallel")
+        if not isinstance(checked, Mlp):  # any other model: the layers' own rules
+            plan = plan_shards(checked, len(devs))
+            return await LayerTensorParallelTrainer.spawn_for(system, plan, devs, config, name)
+        model = checked
         if model.activate_last:
             raise ValueError("tensor parallelism does not support models with activate_last")
         n = len(devs)

@@ -165,6 +165,27 @@ class Sequential:
         model._load(params)
         return model
 
+    @classmethod
+    def from_layers(
+        cls,
+        layers: Sequence[Layer],
+        input_shape: Sequence[int],
+        params: np.ndarray,
+        *,
+        input_kind: str = "float",
+        device: Any = None,
+    ) -> Sequential:
+        """A model of these layers holding `params` (no initialisation drawn);
+        its dtype is `params`'s.
+
+        Raises:
+            ValueError: as for the class, or `params` of the wrong length.
+        """
+        model = cls.__new__(cls)
+        model._setup(layers, input_shape, input_kind, np.asarray(params).dtype, device)
+        model._load(params)
+        return model
+
     def _load(self, params: np.ndarray) -> None:
         flat = np.asarray(params).reshape(-1)
         if flat.shape[0] != self.n_params:

@@ -82,6 +82,7 @@ steps of size lr that differ between one device and several."""
 STRATEGIES: dict[str, tuple[Any, Any, int]] = {
     "data": (DataParallelTrainer, None, 3),
     "zero-2": (ShardedDataParallelTrainer, ShardedOptions(stage=2), 3),
+    "tensor": (TensorParallelTrainer, None, 2),
     "pipeline": (PipelineParallelTrainer, PipelineOptions(micro_batch_size=4), 3),
     "ps": (
         AsyncParameterServer,
@@ -132,8 +133,8 @@ async def test_a_gpt_refuses_bad_tokens_and_strategies_that_split_mlps() -> None
         ]:
             with pytest.raises(InvalidBatchError):
                 await ref.ask(Step(bad_x, bad_y))
-        with pytest.raises(TypeError, match="splits an Mlp"):
-            await TensorParallelTrainer.spawn(system, model, cpu_devices(2), CONFIG)
+        with pytest.raises(ValueError, match="heads"):
+            await TensorParallelTrainer.spawn(system, model, cpu_devices(3), CONFIG)
         with pytest.raises(TypeError, match="splits an Mlp"):
             await ShardedDataParallelTrainer.spawn(
                 system, model, cpu_devices(2), CONFIG, ShardedOptions(stage=3)

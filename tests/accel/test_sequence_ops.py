@@ -27,7 +27,10 @@ def _run(
     be: Any, layer: Layer, params: list[np.ndarray], x: np.ndarray, dy: np.ndarray, dtype: Any
 ) -> list[np.ndarray]:
     """Forward and backward of `layer` on `be` in `dtype`: output, input grad, param grads."""
-    to = lambda a: be.to_device(np.ascontiguousarray(a, dtype=dtype))
+
+    def to(a: np.ndarray) -> Any:
+        return be.to_device(np.ascontiguousarray(a, dtype=dtype))
+
     p = [to(a) for a in params]
     xd = be.to_device(x) if x.dtype.kind == "i" else to(x)
     y, saved = layer.forward(be, p, xd, CTX)

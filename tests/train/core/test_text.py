@@ -43,3 +43,30 @@ def test_generation_is_seeded_and_stays_in_the_vocabulary() -> None:
     assert generate(model, vocab, "abcdefgh abc", 5, seed=3)  # longer than the context
     with pytest.raises(ValueError):
         generate(model, vocab, "", 5)
+
+
+async def test_a_small_gpt_beats_the_unigram_baseline_on_held_out_text() -> None:
+    from atomr import ActorSystem
+    from atomr.accel import cpu_devices
+    from atomr.train import (
+        DataParallelTrainer,
+        Evaluate,
+        LossKind,
+        OptimizerKind,
+        Step,
+        TrainerConfig,
+    )
+
+    x_tr, y_tr, x_val, y_val, vocab = char_lm_split(pydoc_text(), 32)
+    counts = np.bincount(y_tr.reshape(-1), minlength=len(vocab)) / y_tr.size
+    unigram = float(-np.mean(np.log(counts[y_val.reshape(-1)])))  # about 3.24 nats
+    model = gpt(len(vocab), 32, n_layer=1, n_head=2, d_model=32, seed=0)
+    config = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
+    order = np.random.default_rng(0).permutation(len(x_tr))
+    async with ActorSystem("char-lm") as system:
+        trainer = await DataParallelTrainer.spawn(system, model, cpu_devices(2), config)
+        for step in range(150):
+            rows = order[(step * 32) % len(order) :][:32]
+            await trainer.ask(Step(x_tr[rows], y_tr[rows]), timeout=120)
+        result = await trainer.ask(Evaluate(x_val[:512], y_val[:512]), timeout=120)
+    assert result.loss < unigram - 0.5, (result.loss, unigram)

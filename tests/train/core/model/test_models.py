@@ -37,6 +37,7 @@ from atomr.train import (
 from atomr.train.core.model import Activation, Linear, Sequential, gpt
 from atomr.train.core.models import model_from_config
 from atomr.train.parameter_server import Consistency
+from atomr.train.pipeline import Schedule
 from atomr.train.pipeline.split import stage_layer_counts
 
 VOCAB, T = 11, 6
@@ -160,3 +161,43 @@ def test_pipeline_stages_are_cut_at_blocks_balanced_by_cost() -> None:
     stage = model.slice_layers(1, 3)
     assert stage.in_shape == (T, 8) and stage.input_kind == "float"
     assert stage.n_params == sum(b - a for a, b in model.layer_ranges()[1:3])
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+async def test_tensor_parallel_gpt_equals_one_device_for_n_shards(n: int, tmp_path: Path) -> None:
+    config = TrainerConfig(OptimizerKind.sgd(0.3, momentum=0.9), LossKind.CROSS_ENTROPY)
+
+    def model() -> Sequential:  # 4 heads; the vocabulary of 11 splits unevenly
+        return gpt(VOCAB, T, n_layer=1, d_model=8, n_head=4, dropout=0.1, seed=2)
+
+    async with ActorSystem("gpt-tp") as system:
+        one = await Trainer.spawn(system, model(), ["cpu:0"], config)
+        tp = await TensorParallelTrainer.spawn(system, model(), cpu_devices(n), config)
+        for x, y in _data(4):
+            a, b = await one.ask(Step(x, y)), await tp.ask(Step(x, y))
+            assert b.loss == pytest.approx(a.loss, rel=2e-5)
+            assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-4)
+        np.testing.assert_allclose(
+            await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
+        )
+        with pytest.raises(ValueError, match="cannot split 4 attention heads"):
+            await TensorParallelTrainer.spawn(system, model(), cpu_devices(3), config)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+async def test_pipeline_gpt_equals_one_device_with_uneven_micro_batches(schedule: str) -> None:
+    config = TrainerConfig(OptimizerKind.sgd(0.3, momentum=0.9), LossKind.CROSS_ENTROPY)
+
+    def model() -> Sequential:
+        return gpt(VOCAB, T, n_layer=2, d_model=8, n_head=2, dropout=0.1, seed=3)
+
+    options = PipelineOptions(micro_batch_size=3, schedule=Schedule.parse(schedule))  # 10 = 3+3+3+1
+    async with ActorSystem("gpt-pp") as system:
+        one = await Trainer.spawn(system, model(), ["cpu:0"], config)
+        pipe = await PipelineParallelTrainer.spawn(system, model(), cpu_devices(3), config, options)
+        for x, y in _data(4):
+            a, b = await one.ask(Step(x, y)), await pipe.ask(Step(x, y))
+            assert b.loss == pytest.approx(a.loss, rel=2e-5)
+        np.testing.assert_allclose(
+            await pipe.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
+        )

@@ -11,10 +11,10 @@ zero above the diagonal). One work item is one query row `(b, h, i)`.
     dq_i = scale * sum_j dS_ij k_j        (per query row i)
     dk_j = scale * sum_i dS_ij q_i        dv_j = sum_i P_ij do_i    (per key row j: no atomics)
 
-The forward and the query-side backward are row functions over `(b, h, i)`,
-the key-side backward one over `(b, h, j)`; each is written once and
-compiled as the CPU twin's loop body and as a CUDA thread's work. Sums
-accumulate in float64.
+On CUDA the forward and the query-side backward are row functions over
+`(b, h, i)`, the key-side backward one over `(b, h, j)` (a thread each; sums
+in float64). The CPU twin is batched BLAS over every (batch, head), as the
+CPU matmul is BLAS: the same formulas, one `np.matmul` per product.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from atomr.accel.kernels._compile import (
-    cpu_loop,
-    cpu_scalar,
     cuda,
     gpu_kernel,
     gpu_scalar,
@@ -119,29 +119,57 @@ def _key_row(qkv, p, dout, ds, dqkv, heads, scale, idx):
         dqkv[kj, 2 * d + h * dh + e] = dv
 
 
-_forward_cpu = cpu_scalar(_forward_row)
-_query_cpu = cpu_scalar(_query_row)
-_key_cpu = cpu_scalar(_key_row)
 _forward_gpu = gpu_scalar(_forward_row)
 _query_gpu = gpu_scalar(_query_row)
 _key_gpu = gpu_scalar(_key_row)
 
 
-@cpu_loop
-def attention_forward_cpu(qkv, p, o, heads, scale):
-    """o = causal attention of `qkv`; `P` (the weights) kept for the backward."""
-    for idx in range(p.shape[0] * p.shape[1]):
-        _forward_cpu(qkv, p, o, heads, scale, idx)
+def _heads(qkv: np.ndarray, part: int, heads: int, t_len: int) -> np.ndarray:
+    """q (part 0), k (1) or v (2) of `qkv` as `(B*H, T, dh)`, contiguous."""
+    d = qkv.shape[1] // 3
+    block = qkv[:, part * d : (part + 1) * d].reshape(-1, t_len, heads, d // heads)
+    return np.ascontiguousarray(block.transpose(0, 2, 1, 3)).reshape(-1, t_len, d // heads)
 
 
-@cpu_loop
-def attention_backward_cpu(qkv, p, dout, ds, dqkv, heads, scale):
-    """dqkv (overwritten) from `do`; `ds` is scratch shaped like `P`."""
-    n = p.shape[0] * p.shape[1]
-    for idx in range(n):
-        _query_cpu(qkv, p, dout, ds, dqkv, heads, scale, idx)
-    for idx in range(n):
-        _key_cpu(qkv, p, dout, ds, dqkv, heads, scale, idx)
+def _merge(x: np.ndarray, heads: int, out: np.ndarray) -> None:
+    """`(B*H, T, dh)` back into the `(B*T, H*dh)` columns of `out`."""
+    bh, t_len, dh = x.shape
+    out[...] = x.reshape(bh // heads, heads, t_len, dh).transpose(0, 2, 1, 3).reshape(out.shape)
+
+
+def attention_forward_cpu(qkv: Any, p: Any, o: Any, heads: int, scale: float) -> None:
+    """o = causal attention of `qkv`; `P` (the weights) kept for the backward.
+
+    The CPU twin is batched BLAS (`np.matmul` over every (batch, head)), as
+    the CPU matmul is: the scores, the masked softmax, the weighted sum.
+    """
+    t_len = p.shape[1]
+    q, k, v = (_heads(qkv, i, heads, t_len) for i in range(3))
+    np.matmul(q, k.transpose(0, 2, 1), out=p)
+    p *= p.dtype.type(scale)
+    p[:, ~np.tril(np.ones((t_len, t_len), dtype=bool))] = -np.inf
+    p -= p.max(axis=2, keepdims=True)
+    np.exp(p, out=p)
+    p /= p.sum(axis=2, keepdims=True)
+    _merge(np.matmul(p, v), heads, o)
+
+
+def attention_backward_cpu(
+    qkv: Any, p: Any, dout: Any, ds: Any, dqkv: Any, heads: int, scale: float
+) -> None:
+    """dqkv (overwritten) from `do`; `ds` is scratch shaped like `P` (batched BLAS)."""
+    t_len, d = p.shape[1], dout.shape[1]
+    q, k, v = (_heads(qkv, i, heads, t_len) for i in range(3))
+    do = np.ascontiguousarray(
+        dout.reshape(-1, t_len, heads, d // heads).transpose(0, 2, 1, 3)
+    ).reshape(-1, t_len, d // heads)
+    np.matmul(do, v.transpose(0, 2, 1), out=ds)
+    ds -= np.sum(p * ds, axis=2, keepdims=True)
+    ds *= p
+    ds *= ds.dtype.type(scale)
+    _merge(np.matmul(ds, k), heads, dqkv[:, :d])
+    _merge(np.matmul(ds.transpose(0, 2, 1), q), heads, dqkv[:, d : 2 * d])
+    _merge(np.matmul(p.transpose(0, 2, 1), do), heads, dqkv[:, 2 * d :])
 
 
 @gpu_kernel

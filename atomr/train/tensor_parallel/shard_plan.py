@@ -110,7 +110,10 @@ class HeadsRule(Rule):
     def __init__(self, layer: CausalSelfAttention, n: int) -> None:
         super().__init__(layer)
         if layer.n_head % n:
-            raise ValueError(f"{n} shards cannot split {layer.n_head} attention heads evenly")
+            raise ValueError(
+                f"{n} shards cannot split {layer.n_head} attention heads evenly: use a shard "
+                "count that divides n_head"
+            )
         self.n, self.dh = n, layer.d_model // layer.n_head
         self.heads = layer.n_head // n
 

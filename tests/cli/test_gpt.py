@@ -37,7 +37,7 @@ def test_a_short_gpt_run_learns_and_prints_a_sample(
         (["--model", "gpt", "--n-head", "3"], "must divide --d-model"),
         (["--model", "gpt", "--dropout", "1.5"], "--dropout"),
         (["--model", "gpt", "--loss", "mse"], "cross_entropy"),
-        (["--model", "gpt", "--strategy", "zero", "--zero-stage", "3"], "splits an Mlp"),
+        (["--model", "gpt", "--strategy", "tensor", "--devices", "3"], "divides n_head"),
     ],
 )
 def test_bad_model_flags_are_one_line(

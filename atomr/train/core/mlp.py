@@ -167,42 +167,6 @@ class Mlp(Sequential):
         return model
 
     @classmethod
-    def wrap(
-        cls,
-        sizes: Sequence[int],
-        params: Any,
-        grads: Any,
-        activation: str = "relu",
-        *,
-        device: Any = None,
-        activate_last: bool = False,
-    ) -> Mlp:
-        """A model over buffers already on `device`, without a copy (a
-        gathered layer of a sharded replica).
-
-        Args:
-            sizes, activation, device, activate_last: as for `Mlp`.
-            params: the flat parameters in the device's memory; their dtype
-                is the model's.
-            grads: a gradient buffer like `params`, or None (forward only).
-
-        Returns:
-            The model; it reads and writes the given buffers.
-
-        Raises:
-            ValueError: bad sizes/activation, or buffers of the wrong length.
-        """
-        model = cls.__new__(cls)
-        model._setup_mlp(sizes, activation, params.dtype, device, activate_last)
-        for name, buffer in (("params", params), ("grads", grads)):
-            if buffer is not None and tuple(buffer.shape) != (model.n_params,):
-                raise ValueError(
-                    f"{name} has shape {tuple(buffer.shape)}, sizes need ({model.n_params},)"
-                )
-        model.params, model.grads = params, grads
-        return model
-
-    @classmethod
     def from_config(cls, config: dict[str, Any], params: np.ndarray, device: Any = None) -> Mlp:
         """Rebuild a model from `config()` and a host parameter vector.
 

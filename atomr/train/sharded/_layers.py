@@ -1,13 +1,14 @@
 """Stage 3's forward and backward, one gathered layer at a time, on a replica's
 device thread.
 
-The trainer drives the passes (`sharded/_layered.py`): before a layer runs,
+The trainer drives the passes (`sharded/_passes.py`): before a layer runs,
 each replica hands over a buffer of the layer's length holding its own part
 (`hand_params`), the trainer all-gathers it, and the replica runs the layer
-on the whole of it (an `Mlp` of one layer over the buffer, no copy), then
-drops it. The forward keeps each layer's `Tape`; the backward gathers each
-layer again, writes the layer's gradient sum into a fresh buffer of its own
-and hands it over for the reduce-scatter.
+(`Layer.forward` / `backward` over views of that buffer, no copy), then
+drops it. The forward keeps each layer's saved state; the backward gathers
+each layer again, writes the layer's gradient sum into a fresh buffer of its
+own and hands it over for the reduce-scatter. A layer without parameters
+gathers nothing. Any `Sequential` works: its top-level layers are the units.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.mlp import Mlp
-from atomr.train.core.model.sequential import SequentialTape as Tape
+from atomr.train.core.model.layer import ForwardContext, Layer
+from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.step_checks import check_loss
 from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import BackwardLayer, ForwardLayer, Handed, LayerForwardResult
@@ -33,35 +34,40 @@ class LayerOwner(Protocol):
     index: int
     piece: Any
     config: TrainerConfig
+    steps: int
 
     @property
     def backend(self) -> Any: ...
 
-    @property
-    def device(self) -> Any: ...
-
     def hand(self, buffer: Any, unit: int | None = None) -> Handed: ...
+
+
+def _views(layer: Layer, buffer: Any) -> list[Any]:
+    """The layer's parameter arrays as views of its flat (gathered) buffer."""
+    views, at = [], 0
+    for shape in layer.param_shapes():
+        size = int(np.prod(shape))
+        views.append(buffer[at : at + size].reshape(shape))
+        at += size
+    return views
 
 
 class LayerRunner:
     """One stage-3 replica's passes (module docstring).
 
     Args:
-        replica: the replica (its piece, layout, backend, loss).
-        template: the model (sizes, activation, dtype).
+        replica: the replica (its piece, layout, backend, loss, steps).
+        template: the model (its layers).
     """
 
-    def __init__(self, replica: LayerOwner, template: Mlp) -> None:
+    def __init__(self, replica: LayerOwner, template: Sequential) -> None:
         self.replica = replica
-        self.sizes = template.sizes
-        self.activation = template.activation
-        self.activate_last = template.activate_last
-        self.n_layers = template.n_layers
+        self.layers = template.layers
         self._gathered: Any = None
-        self._tapes: dict[int, Tape] = {}
+        self._saved: dict[int, Any] = {}
         self._activation: Any = None
-        self._labels: Any = None
         self._d_out: Any = None
+        self._ctx = ForwardContext()
         self._rows = 0
 
     def hand_params(self, layer: int) -> Handed:
@@ -72,33 +78,27 @@ class LayerRunner:
             ValueError: no such layer.
         """
         r = self.replica
-        if not 0 <= layer < self.n_layers:
-            raise ValueError(f"layer must be in [0, {self.n_layers}), got {layer}")
+        if not 0 <= layer < len(self.layers):
+            raise ValueError(f"layer must be in [0, {len(self.layers)}), got {layer}")
         start, stop = r.layout.units[layer]
         lo, hi = r.layout.owned(r.index)[layer]
         at = r.layout.piece_offsets(r.index)[layer]
         buffer = r.backend.empty((stop - start,), dtype=r.piece.dtype)
-        r.backend.copy(r.piece[at : at + hi - lo], buffer[lo - start : hi - start])
+        if hi > lo:
+            r.backend.copy(r.piece[at : at + hi - lo], buffer[lo - start : hi - start])
         r.backend.synchronize()
         self._gathered = buffer
         return r.hand(buffer)
 
-    def _layer_model(self, layer: int, gathered: np.ndarray | None, grads: Any = None) -> Mlp:
-        """Layer `layer` as a one-layer `Mlp` over the gathered parameters."""
-        r = self.replica
+    def _params(self, layer: int, gathered: np.ndarray | None) -> list[Any]:
+        """Layer `layer`'s arrays over the gathered buffer (then dropped)."""
         params = self._gathered
         if gathered is not None:  # the handed buffer was a copy: the gathered one comes back
-            params = r.backend.to_device(np.ascontiguousarray(gathered, dtype=params.dtype))
+            params = self.replica.backend.to_device(
+                np.ascontiguousarray(gathered, dtype=params.dtype)
+            )
         self._gathered = None  # freed after this layer
-        last = layer == self.n_layers - 1
-        return Mlp.wrap(
-            self.sizes[layer : layer + 2],
-            params,
-            grads,
-            self.activation,
-            device=r.device,
-            activate_last=self.activate_last if last else True,
-        )
+        return _views(self.layers[layer], params)
 
     def forward(self, msg: ForwardLayer) -> LayerForwardResult | None:
         """Run layer `msg.layer` forward; the last layer computes the loss.
@@ -107,25 +107,26 @@ class LayerRunner:
             The shard's loss sums at the last layer, else None.
 
         Raises:
-            ValueError: a layer out of order, or no parameters gathered.
+            ValueError: no parameters gathered.
             NonFiniteError: the loss is not finite (training; nothing changed).
         """
         r, layer = self.replica, msg.layer
         if self._gathered is None:
             raise ValueError(f"layer {layer}: its parameters were not gathered first")
-        model = self._layer_model(layer, msg.gathered)
+        params = self._params(layer, msg.gathered)
         be = r.backend
         if layer == 0:
             assert msg.features is not None
-            self._tapes.clear()
+            self._saved.clear()
+            self._ctx = ForwardContext(msg.train, r.steps, msg.sample_offset)
             self._rows = int(msg.features.shape[0])
             self._activation = be.to_device(msg.features) if self._rows else None
         if self._rows:
-            tape = model.forward_train(self._activation)
+            y, saved = self.layers[layer].forward(be, params, self._activation, self._ctx)
             if msg.train:
-                self._tapes[layer] = tape
-            self._activation = tape.output
-        if layer < self.n_layers - 1:
+                self._saved[layer] = saved
+            self._activation = y
+        if layer < len(self.layers) - 1:
             return None
         return self._loss(msg)
 
@@ -142,7 +143,7 @@ class LayerRunner:
             check_loss(loss_sum)
             self._d_out = d_out
         elif r.config.loss.is_classification:
-            correct = int(np.sum(np.argmax(be.to_host(out), axis=1) == msg.labels))
+            correct = int(np.sum(np.argmax(be.to_host(out), axis=-1) == msg.labels))
         return LayerForwardResult(float(loss_sum), float(norm), correct, self._rows)
 
     def backward(self, msg: BackwardLayer) -> Handed:
@@ -156,11 +157,14 @@ class LayerRunner:
             raise ValueError(f"layer {layer}: its parameters were not gathered first")
         start, stop = r.layout.units[layer]
         grads = r.backend.zeros((stop - start,), dtype=r.piece.dtype)
-        model = self._layer_model(layer, msg.gathered, grads)
+        params = self._params(layer, msg.gathered)
         if self._rows:
-            tape = self._tapes.pop(layer, None)
-            if tape is None or self._d_out is None:
+            if layer not in self._saved or self._d_out is None:
                 raise ValueError(f"layer {layer}: no forward pass to take the gradient of")
-            self._d_out = model.backward(tape, self._d_out, input_grad=layer > 0)
+            saved = self._saved.pop(layer)
+            gviews = _views(self.layers[layer], grads)
+            self._d_out = self.layers[layer].backward(
+                r.backend, params, gviews, saved, self._d_out, False, layer > 0
+            )
         r.backend.synchronize()
         return r.hand(grads, unit=layer)

@@ -104,7 +104,7 @@ class ShardedPasses:
         """
         t0 = time.perf_counter_ns()
         if self.stage == 3:
-            reduced = await self._layered_gradients(x, y)
+            reduced = await self._layered_gradients(x, y, offset)
         else:
             reduced = await self._whole_gradients(x, y, offset)
         totals = [reduced.loss_sum, reduced.normaliser, reduced.squared]
@@ -141,6 +141,8 @@ class ShardedPasses:
     async def _reduce(self, unit: int, handed: list[Handed]) -> float:
         """Reduce-scatter one unit; the squared norm of the local replicas' parts."""
         buffers = [h.buffer for h in handed]
+        if buffers[0].size == 0:  # a layer without parameters
+            return 0.0
         await self.exchange.reduce_scatter(buffers)
         return float(await self.host.run(self._owned_squares, unit, buffers))
 
@@ -155,13 +157,17 @@ class ShardedPasses:
     async def _gather_layer(self, layer: int) -> list[np.ndarray | None]:
         """Stage 3: every replica's buffer of layer `layer`, all-gathered."""
         handed: list[Handed] = await self._ask([ShardLayerParams(layer)] * len(self.refs))
-        await self.exchange.all_gather([h.buffer for h in handed])
+        if handed[0].buffer.size:
+            await self.exchange.all_gather([h.buffer for h in handed])
         return _returned(handed)
 
-    async def _forward(self, x: np.ndarray, y: np.ndarray, train: bool) -> list[Any]:
+    async def _forward(
+        self, x: np.ndarray, y: np.ndarray, train: bool, offset: int = 0
+    ) -> list[Any]:
         """Stage 3: the layers forward, one gathered at a time; the last
         layer's results."""
         shards = self.shards(x, y)
+        starts = [offset + lo for lo, _ in split_bounds(len(x), len(self.refs))]
         n_layers = len(self.exchange.layout.units)
         results: list[Any] = []
         for layer in range(n_layers):
@@ -171,16 +177,21 @@ class ShardedPasses:
                 first, last = layer == 0, layer == n_layers - 1
                 msgs.append(
                     ForwardLayer(
-                        layer, gathered[k], xs if first else None, ys if last else None, train
+                        layer,
+                        gathered[k],
+                        xs if first else None,
+                        ys if last else None,
+                        train,
+                        starts[k],
                     )
                 )
             results = await self._ask(msgs)
         return results
 
-    async def _layered_gradients(self, x: np.ndarray, y: np.ndarray) -> _Reduced:
+    async def _layered_gradients(self, x: np.ndarray, y: np.ndarray, offset: int) -> _Reduced:
         """Stage 3: forward, then backward layer by layer, each layer's
         gradient reduce-scattered as soon as it is done."""
-        results: list[LayerForwardResult] = await self._forward(x, y, train=True)
+        results: list[LayerForwardResult] = await self._forward(x, y, True, offset)
         squared = 0.0
         reduced_above: list[np.ndarray | None] = [None] * len(self.refs)
         for layer in range(len(self.exchange.layout.units) - 1, -1, -1):

@@ -1,8 +1,8 @@
 """`ShardLayout`: which positions of the flat parameter vector each replica owns.
 
 The vector is cut into *units*: the whole vector for stages 1 and 2, one
-unit per layer (`W` then `b`) for stage 3, whose layers are gathered one at
-a time. Each unit is split the way the collectives split a buffer
+unit per top-level layer (`Sequential.layer_ranges`; empty for a layer
+without parameters) for stage 3, whose layers are gathered one at a time. Each unit is split the way the collectives split a buffer
 (`core/partition.py`), on two levels: first across the processes of a job
 (process `p` gets chunk `p` of `split_bounds(unit_len, P)`: what an MPI
 reduce-scatter leaves it), then that chunk across the process's `M` local
@@ -24,28 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from atomr.train.core.mlp import Mlp
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.partition import split_bounds
 
-__all__ = ["ShardLayout", "model_units"]
-
-
-def model_units(model_sizes: Sequence[int], per_layer: bool) -> tuple[tuple[int, int], ...]:
-    """The units of an MLP with these sizes: one per layer, or the whole vector.
-
-    Args:
-        model_sizes: the MLP's `sizes`.
-        per_layer: one unit per layer (stage 3) instead of one for all.
-
-    Returns:
-        `(start, stop)` of each unit in the flat vector, in order, tiling it.
-    """
-    units, pos = [], 0
-    for fan_in, fan_out in zip(model_sizes[:-1], model_sizes[1:], strict=True):
-        units.append((pos, pos + fan_in * fan_out + fan_out))
-        pos = units[-1][1]
-    return tuple(units) if per_layer else ((0, pos),)
+__all__ = ["ShardLayout"]
 
 
 @dataclass(frozen=True)
@@ -68,11 +50,10 @@ class ShardLayout:
     def for_model(
         cls, model: Sequential, stage: int, replicas: int, processes: int = 1, process_rank: int = 0
     ) -> ShardLayout:
-        """The layout of `model` for a ZeRO `stage` (per-layer units for 3: an `Mlp`)."""
+        """The layout of `model` for a ZeRO `stage` (one unit per top-level layer for 3)."""
         if stage < 3:
             return cls(((0, model.n_params),), replicas, processes, process_rank)
-        assert isinstance(model, Mlp)
-        units = model_units(model.sizes, per_layer=True)
+        units = tuple(model.layer_ranges())  # a layer without parameters: an empty unit
         return cls(units, replicas, processes, process_rank)
 
     @property

@@ -97,6 +97,8 @@ class ForwardLayer:
         features, labels: the replica's shard of the batch (layer 0 takes the
             features; the last layer computes the loss against the labels).
         train: keep what the backward pass needs.
+        sample_offset: the shard's first row in the whole batch (layer 0's
+            message; dropout masks depend on it).
     """
 
     layer: int
@@ -104,6 +106,7 @@ class ForwardLayer:
     features: np.ndarray | None = None
     labels: np.ndarray | None = None
     train: bool = True
+    sample_offset: int = 0
 
 
 @dataclass(frozen=True, eq=False)

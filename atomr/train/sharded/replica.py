@@ -29,7 +29,6 @@ from atomr.train.core.checkpoint import CheckpointError
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.core.messages import SetLearningRate
-from atomr.train.core.mlp import Mlp
 from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.optimizer_state import Optimizer
@@ -132,7 +131,6 @@ class ShardedReplica(DeviceActor):
 
     def _layer_runner(self) -> LayerRunner:
         if self._layers is None:
-            assert isinstance(self._template, Mlp)  # stage 3 takes an Mlp (the trainer checks)
             self._layers = LayerRunner(self, self._template)
         return self._layers
 
@@ -216,13 +214,15 @@ class ShardedReplica(DeviceActor):
             raise ValueError("no gradient was handed over to reduce")
         unit, buffer = self._handed
         self._handed = None
+        lo, hi = self._owned[unit]
+        if hi == lo and self.stage == 3:  # nothing of this layer is this replica's
+            return
         source = buffer
         if reduced is not None:
             if reduced.shape != tuple(buffer.shape):
                 raise ValueError(f"reduced has shape {reduced.shape}, expected {buffer.shape}")
             source = self.backend.to_device(np.ascontiguousarray(reduced, dtype=buffer.dtype))
         start = self.layout.units[unit][0]
-        lo, hi = self._owned[unit]
         at = self._offsets[unit]
         if self.stage == 1:
             if reduced is not None:

@@ -39,7 +39,6 @@ from atomr.train._contract import (
     check_options,
     check_spawn_args,
     refuse_accumulation,
-    require_mlp,
 )
 from atomr.train._fanout import ask_all, set_learning_rate
 from atomr.train._recovery import StateLossWatch
@@ -148,8 +147,6 @@ class ShardedDataParallelTrainer(Actor):
         """
         model, devs, config = check_spawn_args(system, model, devices, config, name)
         options = check_options(options, ShardedOptions, cls.__name__)
-        if options.stage == 3:  # layer by layer: the Sequential's layers
-            require_mlp(model, "stage-3 sharded")
         refuse_accumulation(config, "sharded data-parallel")
         if len({d.kind for d in devs}) > 1:
             raise ValueError("devices mix CPU and CUDA: their kernels round differently")

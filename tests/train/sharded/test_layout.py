@@ -10,15 +10,15 @@ import pytest
 from atomr.train import Mlp
 from atomr.train.core.partition import split_bounds
 from atomr.train.sharded import ShardLayout
-from atomr.train.sharded.layout import model_units
+
+WHOLE = ((0, 26),)
+LAYERS = ((0, 18), (18, 18), (18, 26))  # Mlp([5, 3, 2]): Linear, Activation (no parameters), Linear
 
 
-@pytest.mark.parametrize("per_layer", [False, True])
+@pytest.mark.parametrize("units", [WHOLE, LAYERS], ids=["whole", "layers"])
 @pytest.mark.parametrize(("processes", "replicas"), [(1, 1), (1, 3), (2, 2), (3, 4), (2, 5)])
-def test_every_position_is_owned_exactly_once(
-    per_layer: bool, processes: int, replicas: int
-) -> None:
-    units = model_units([5, 3, 2], per_layer)  # 18 + 8 = 26 parameters: no N divides it
+def test_every_position_is_owned_exactly_once(units, processes: int, replicas: int) -> None:
+    # 26 parameters: no N divides it
     covered = np.zeros(26, dtype=int)
     for rank in range(processes):
         layout = ShardLayout(units, replicas, processes, rank)
@@ -34,16 +34,15 @@ def test_one_process_owns_what_the_collective_scatters() -> None:
     assert [layout.owned(k)[0] for k in range(4)] == split_bounds(26, 4)
 
 
-def test_stage_3_units_are_the_layers() -> None:
+def test_stage_3_units_are_the_top_level_layers() -> None:
     model = Mlp([5, 3, 2])
     layout = ShardLayout.for_model(model, stage=3, replicas=2)
-    offsets = model.layer_offsets()
-    assert layout.units == tuple((o.w_offset, o.stop) for o in offsets)
+    assert layout.units == LAYERS == tuple(model.layer_ranges())
     assert ShardLayout.for_model(model, stage=2, replicas=2).units == ((0, model.n_params),)
 
 
 def test_take_put_and_assemble_round_trip() -> None:
-    layout = ShardLayout(model_units([5, 3, 2], True), 3)
+    layout = ShardLayout(LAYERS, 3)
     full = np.arange(26, dtype=np.float32)
     pieces = [layout.take(full, k) for k in range(3)]
     assert sum(p.size for p in pieces) == 26

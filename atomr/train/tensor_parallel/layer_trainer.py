@@ -83,11 +83,19 @@ class LayerTensorParallelTrainer(Actor):
         devices: one device per shard.
         config: optimizer, loss, clipping, `worker_timeout` (each shard's
             reply, and each mid-pass wait); `accumulation_steps` must be 1.
+        shard_class: `LayerShardActor` or a subclass.
     """
 
-    def __init__(self, plan: ShardPlan, devices: Sequence[Device], config: TrainerConfig) -> None:
+    def __init__(
+        self,
+        plan: ShardPlan,
+        devices: Sequence[Device],
+        config: TrainerConfig,
+        shard_class: type[LayerShardActor] = LayerShardActor,
+    ) -> None:
         super().__init__()
         self.plan, self.devices, self.config = plan, list(devices), config
+        self.shard_class = shard_class
         self.group = ThreadGroup(len(self.devices), config.worker_timeout)
         self.spec = batch_spec(plan.model.config())
         self.refs: list[ActorRef] = []
@@ -103,13 +111,16 @@ class LayerTensorParallelTrainer(Actor):
         devices: Sequence[Device],
         config: TrainerConfig,
         name: str | None,
+        shard_class: type[LayerShardActor] = LayerShardActor,
     ) -> ActorRef:
         """Spawn the trainer and its shards; wait until every shard holds its part.
 
         Raises:
             Exception: what a shard raised while starting (the trainer is stopped).
         """
-        ref: ActorRef = system.spawn(Props(cls, plan, list(devices), config), name=name)
+        ref: ActorRef = system.spawn(
+            Props(cls, plan, list(devices), config, shard_class), name=name
+        )
         try:
             await ref.ask(GetWeights(), timeout=config.worker_timeout)
         except BaseException:
@@ -124,7 +135,7 @@ class LayerTensorParallelTrainer(Actor):
     def pre_start(self) -> None:
         """Spawn the shards as children."""
         for k, device in enumerate(self.devices):
-            props = Props(LayerShardActor, self.plan, k, self.group, device, self.config)
+            props = Props(self.shard_class, self.plan, k, self.group, device, self.config)
             self.refs.append(self.context.spawn(props, name=f"shard-{k}"))
 
     async def receive(self, message: Any) -> Any:
@@ -182,6 +193,7 @@ class LayerTensorParallelTrainer(Actor):
             self.refs, ShardApply(coefficient, token), timeout, per_worker=False
         )
         if failed_indices(results):
+            self.group.reset()  # the failing shard aborted it
             await ask_all_settled(self.refs, ShardRollback(token), timeout, per_worker=False)
             raise _first_own_error(results)
         await ask_all(self.refs, ShardCommit(token), timeout, per_worker=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atomr.train.tensor_parallel.layer_shard import LayerShardActor
 from atomr.train.tensor_parallel.shard import ShardActor
 
 __all__ = ["TensorParallelOptions"]
@@ -22,14 +23,21 @@ class TensorParallelOptions:
             `ShardActor` or a subclass of it (an instrumented shard, say).
             `props` takes shards that are already built, so there it must
             stay `ShardActor`.
+        layer_shard_class: the shard actor `spawn` starts for any model other
+            than an `Mlp` (split by its layers' rules): `LayerShardActor` or a
+            subclass (a fault-injected one: `atomr.testkit.inject_faults`).
 
     Raises:
-        TypeError: `shard_class` is not `ShardActor` or a subclass of it.
+        TypeError: a shard class that is not the right actor or a subclass of it.
     """
 
     shard_class: type[ShardActor] = ShardActor
+    layer_shard_class: type[LayerShardActor] = LayerShardActor
 
     def __post_init__(self) -> None:
         cls = self.shard_class
         if not (isinstance(cls, type) and issubclass(cls, ShardActor)):
             raise TypeError(f"shard_class must be a ShardActor subclass, got {cls!r}")
+        layer = self.layer_shard_class
+        if not (isinstance(layer, type) and issubclass(layer, LayerShardActor)):
+            raise TypeError(f"layer_shard_class must be a LayerShardActor subclass, got {layer!r}")

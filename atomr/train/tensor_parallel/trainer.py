@@ -173,7 +173,10 @@ class TensorParallelTrainer(Actor):
         refuse_accumulation(config, "tensor-parallel")
         if not isinstance(checked, Mlp):  # any other model: the layers' own rules
             plan = plan_shards(checked, len(devs))
-            return await LayerTensorParallelTrainer.spawn_for(system, plan, devs, config, name)
+            shard_class = options.layer_shard_class
+            return await LayerTensorParallelTrainer.spawn_for(
+                system, plan, devs, config, name, shard_class
+            )
         model = checked
         if model.activate_last:
             raise ValueError("tensor parallelism does not support models with activate_last")

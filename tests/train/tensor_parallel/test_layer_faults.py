@@ -1,0 +1,79 @@
+"""Faults in tensor parallelism of any model (the layer-rule path), injected
+with `atomr.testkit.inject_faults` on `LayerShardActor` through
+`TensorParallelOptions.layer_shard_class`: a shard failing mid-pass wakes
+the others at once (no wait for the deadline), the asker gets that shard's
+own error, no shard changed, and training goes on to end where a run
+without that step ends; a failed apply rolls every shard back."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.testkit import Plan, inject_faults
+from atomr.train import (
+    GetWeights,
+    LossKind,
+    OptimizerKind,
+    Step,
+    TensorParallelOptions,
+    TensorParallelTrainer,
+    Trainer,
+    TrainerConfig,
+)
+from atomr.train.core.model import gpt
+from atomr.train.tensor_parallel.layer_shard import LayerShardActor
+
+CONFIG = TrainerConfig(
+    OptimizerKind.sgd(0.3, momentum=0.9),
+    LossKind.CROSS_ENTROPY,
+    gradient_clip=1.0,
+    worker_timeout=30.0,
+)
+"""SGD: the attention key bias's gradient is 0 in exact arithmetic, rounding noise
+in float32, which Adam would turn into layout-dependent steps (test_models.py)."""
+VOCAB, T = 9, 6
+
+
+def _model() -> Any:
+    return gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2, dropout=0.1, seed=3)
+
+
+def _data(n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(5)
+    w = rng.integers(0, VOCAB, size=(n, 8, T + 1))
+    return [(b[:, :-1].copy(), b[:, 1:].copy()) for b in w]
+
+
+@pytest.mark.parametrize(("phase", "after"), [("pass", False), ("apply", True)])
+async def test_a_failing_shard_changes_nothing_and_training_goes_on(
+    phase: str, after: bool
+) -> None:
+    plan = Plan()
+    faulty = inject_faults(LayerShardActor, plan, {"pass": "run_pass", "apply": "apply"}, worker=1)
+    options = TensorParallelOptions(layer_shard_class=faulty)
+    data = _data(5)
+    async with ActorSystem("tp-faults") as system:
+        tp = await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), CONFIG, options)
+        one = await Trainer.spawn(system, _model(), ["cpu:0"], CONFIG)
+        for i, (x, y) in enumerate(data):
+            if i == 2:
+                before = await tp.ask(GetWeights())
+                plan.arm(phase, RuntimeError, after=after)
+                started = time.perf_counter()
+                with pytest.raises(Exception, match="injected failure"):
+                    await tp.ask(Step(x, y))
+                assert time.perf_counter() - started < 10  # not the 30 s deadline
+                np.testing.assert_array_equal(await tp.ask(GetWeights()), before)
+                continue
+            await tp.ask(Step(x, y))
+            await one.ask(Step(x, y))
+        assert plan.fired == [phase]
+        np.testing.assert_allclose(
+            await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
+        )

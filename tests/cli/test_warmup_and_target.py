@@ -18,6 +18,7 @@ def test_warmup_reports_each_part_and_compiles_nothing_twice(
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("atomr warmup: compiling")
     assert any("cpu:0 float32 training steps" in line for line in out)
+    assert any("cpu:0 float32 sequence layers" in line for line in out)  # a GPT's kernels
     assert out[-1].startswith("atomr warmup: done")
     parts = warmup_module.warm_up()  # everything is in numba's cache now
     assert [p.name for p in parts][:2] == ["cpu:0 float32 training steps",

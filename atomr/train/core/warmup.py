@@ -6,7 +6,8 @@ therefore spends its first seconds compiling. `warm_up` makes those first
 calls ahead of time, on tiny arrays, for each backend: the training step of
 every optimizer, loss and activation (forward, backward, loss, norm,
 clipping, the out-of-place update the trainers apply), in float32 and in
-float64 (gradient checks), and the host reductions of data parallel. `atomr
+float64 (gradient checks), the host reductions of data parallel, and the
+sequence layers of a GPT (embedding, LayerNorm, attention, dropout). `atomr
 warmup` runs it and reports each part.
 """
 
@@ -26,6 +27,8 @@ from atomr.accel import ACTIVATIONS, backend_for, cuda_available, cuda_is_simula
 from atomr.train.core.clip import clip_grad_norm, global_norm
 from atomr.train.core.loss import LossKind
 from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.gpt import gpt
+from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.optimizer import OptimizerKind
 
 __all__ = ["WarmupPart", "warm_up"]
@@ -102,11 +105,25 @@ def _host_reductions(device: str, dtype: Any) -> None:
     be.synchronize()
 
 
+def _sequence_layers(device: str, dtype: Any) -> None:
+    """A tiny GPT with dropout forward and backward: the embedding,
+    LayerNorm, attention and dropout kernels (`atomr train --model gpt`)."""
+    model = gpt(5, 4, n_layer=1, n_head=2, d_model=4, dropout=0.1, dtype=dtype, device=device)
+    be = model.backend
+    ids = be.to_device(np.array([[0, 1, 2, 3], [4, 3, 2, 1]]))
+    tape = model.forward_train(ids, ForwardContext(train=True))
+    d_out = be.empty(tape.output.shape, dtype=dtype)
+    LossKind.CROSS_ENTROPY.sums(be, tape.output, be.to_device(np.array([[1, 2, 3, 4]] * 2)), d_out)
+    model.backward(tape, d_out)
+    be.synchronize()
+
+
 def _parts(device: str) -> Iterator[tuple[str, Callable[[], None]]]:
     for dtype in (np.float32, np.float64) if device == "cpu:0" else (np.float32,):
         name = np.dtype(dtype).name
         yield f"{device} {name} training steps", functools.partial(_training_steps, device, dtype)
         yield f"{device} {name} host reductions", functools.partial(_host_reductions, device, dtype)
+        yield f"{device} {name} sequence layers", functools.partial(_sequence_layers, device, dtype)
 
 
 def warm_up(report: Callable[[WarmupPart], None] = lambda part: None) -> list[WarmupPart]:

@@ -2,8 +2,9 @@
 
 Each replica computes its shard's gradient and applies its mean with its own
 optimizer (all or none, as a synchronous step applies); every
-`average_every` steps the replicas' weights are averaged. Nothing is
-exchanged between two averaging rounds.
+`average_every` steps, or at the first step that ends `average_seconds`
+after the last round, the replicas' weights are averaged (the mean computed
+on the trainer's host thread). Nothing is exchanged between two rounds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 
 import numpy as np
 
+from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import Failure
 from atomr.train._fanout import failed_indices
 from atomr.train.core.stats import StepStats
@@ -31,11 +33,25 @@ class LocalSgd:
     Args:
         runner: the trainer's step runner (its shards, apply and step count).
         every: steps between two averaging rounds.
+        seconds: also a round once this long has passed since the last (None: never).
+        host: the thread the mean is computed on.
     """
 
-    def __init__(self, runner: StepRunner, every: int) -> None:
+    def __init__(
+        self, runner: StepRunner, every: int, seconds: float | None, host: SerialWorker
+    ) -> None:
         self.runner = runner
         self.every = every
+        self.seconds = seconds
+        self.host = host
+        self.last_round = time.monotonic()
+        self.rounds = 0
+
+    def _due(self) -> bool:
+        """Whether this step ends with a round (by steps, or by time)."""
+        if self.runner.steps % self.every == 0:
+            return True
+        return self.seconds is not None and time.monotonic() - self.last_round >= self.seconds
 
     async def step(self, x: np.ndarray, y: np.ndarray, samples: int) -> StepStats | Failure:
         """One local step of every replica on its shard, then maybe a round.
@@ -70,8 +86,10 @@ class LocalSgd:
             return norms
         runner.steps += 1
         started = time.perf_counter_ns()
-        if runner.steps % self.every == 0:
-            await replicas.average_weights()
+        if self._due():
+            await replicas.average_weights(self.host)
+            self.last_round = time.monotonic()
+            self.rounds += 1
         comm = (time.perf_counter_ns() - started) // 1000
         loss = sum(r.loss_sum for r in grads) / sum(r.normaliser for r in grads)
         norm = float(np.mean([float(n) for n in norms]))

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef, Failure
 from atomr.train._fanout import ask_all, ask_all_settled, failed_indices
 from atomr.train._recovery import resync
@@ -65,16 +66,16 @@ class ReplicaGroup:
         self.generation += 1
         self._synced = False
 
-    async def average_weights(self) -> None:
+    async def average_weights(self, host: SerialWorker) -> None:
         """Every replica's weights become the mean of all of them (each keeps
-        its own optimizer state): local SGD's averaging round.
+        its own optimizer state): local SGD's averaging round. The mean is
+        computed on `host`, not on the event loop.
 
         Raises:
             Exception: the first failing replica's own exception.
         """
         states: list[ReplicaState] = await self.gather(GetState())
-        mean = np.mean([np.asarray(s.weights, dtype=np.float64) for s in states], axis=0)
-        weights = mean.astype(np.asarray(states[0].weights).dtype)
+        weights = await host.run(_mean_weights, [s.weights for s in states])
         updates = [SetState(ReplicaState(s.model, weights, s.optimizer, s.steps)) for s in states]
         await ask_all(self.refs, updates, self.timeout)
 
@@ -198,3 +199,9 @@ class ReplicaGroup:
                 f"after step {steps}, replicas {differ} hold weights different from "
                 f"replica 0's (max abs difference {worst:.3g})"
             )
+
+
+def _mean_weights(weights: list[np.ndarray]) -> np.ndarray:
+    """The mean of the replicas' weight vectors (in float64, then their dtype)."""
+    mean = np.mean([np.asarray(w, dtype=np.float64) for w in weights], axis=0)
+    return mean.astype(np.asarray(weights[0]).dtype)

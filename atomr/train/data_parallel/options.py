@@ -4,6 +4,7 @@ strategy has (what every trainer shares is in `TrainerConfig`)."""
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,9 +39,10 @@ class ApplyPolicy(enum.Enum):
     its batches. The anchor is auto-tuned to keep the reduction's share of a
     round near `cadence_target`.
     ASYNC: local SGD. Each replica applies its own shard's mean gradient with
-    its own optimizer; every `average_every` steps the replicas' weights are
-    averaged (each keeps its optimizer state), after which they are identical
-    again. The averaging is a round every replica joins; between rounds the
+    its own optimizer; every `average_every` steps, or once `average_seconds`
+    have passed since the last round (whichever comes first), the replicas'
+    weights are averaged (each keeps its optimizer state), after which they
+    are identical again. The averaging is a round every replica joins; between rounds the
     replicas train without exchanging anything. It is not the single-device
     step: with plain SGD, `average_every=1` and equal shards it is.
     """
@@ -84,6 +86,8 @@ class DataParallelOptions:
         policy: `ApplyPolicy.SYNC` (default) or `ApplyPolicy.ASYNC` (local
             SGD: one process, no divergence checks, no gradient accumulation).
         average_every: with ASYNC, the steps between two averaging rounds (>= 1).
+        average_seconds: with ASYNC, also average at the first step that ends
+            this many seconds (> 0) after the last round; None: by steps only.
         cadence_anchor: with CADENCE, the slowest replica's batches per round
             (>= 1; the start value when auto-tuned). Speeds start from
             `speed_hint` (equal without one) and are measured every round.
@@ -107,6 +111,7 @@ class DataParallelOptions:
     process_count: int = 1
     policy: ApplyPolicy = ApplyPolicy.SYNC
     average_every: int = 4
+    average_seconds: float | None = None
     cadence_anchor: int = 1
     cadence_target: float = 0.10
     cadence_auto_tune: bool = True
@@ -137,6 +142,14 @@ class DataParallelOptions:
         if not isinstance(self.policy, ApplyPolicy):
             raise TypeError(f"policy must be an ApplyPolicy, got {self.policy!r}")
         _check_int("average_every", self.average_every, 1)
+        seconds = self.average_seconds
+        if seconds is not None and (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or seconds <= 0
+        ):
+            raise ValueError(f"average_seconds must be a positive number or None, got {seconds!r}")
         _check_int("cadence_anchor", self.cadence_anchor, 1)
         if not isinstance(self.cadence_auto_tune, bool):
             raise TypeError(f"cadence_auto_tune must be a bool, got {self.cadence_auto_tune!r}")

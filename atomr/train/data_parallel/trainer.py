@@ -181,7 +181,8 @@ class DataParallelTrainer(Actor):
             config, self.options, self.replicas, self._runner, self._host
         )
         self._manual = ManualVerbs(config, self.options, self.replicas, self._runner)
-        self._local = LocalSgd(self._runner, self.options.average_every)
+        o = self.options
+        self._local = LocalSgd(self._runner, o.average_every, o.average_seconds, self._host)
         self._cadence = Cadence(self._runner, self.options)
 
     # -- construction -------------------------------------------------------

@@ -1,5 +1,5 @@
 """`ApplyPolicy.ASYNC` (local SGD): each replica steps by its own shard, the
-weights are averaged every `average_every` steps, after which the replicas
+weights are averaged every `average_every` steps (or `average_seconds`), after which the replicas
 are identical; with plain SGD, averaging every step and equal shards it is the
 synchronous step; it trains digits; bad combinations are refused."""
 
@@ -43,6 +43,33 @@ async def test_replicas_are_identical_after_each_averaging_round_only() -> None:
             a, b = await dp.ask(GetReplicaWeights())
             identical.append(bool(np.array_equal(a, b)))
     assert identical == [False, False, True, False, False, True]
+
+
+@pytest.mark.parametrize(("seconds", "expected"), [(1e-9, [True] * 3), (3600.0, [False] * 3)])
+async def test_a_round_also_comes_after_average_seconds(
+    seconds: float, expected: list[bool]
+) -> None:
+    # by steps alone no round would come (average_every 1000): only the clock decides
+    config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+    options = DataParallelOptions(
+        policy=ApplyPolicy.ASYNC, average_every=1000, average_seconds=seconds
+    )
+    async with ActorSystem("local-sgd") as system:
+        dp = await DataParallelTrainer.spawn(
+            system, Mlp([6, 8, 3]), cpu_devices(2), config, options
+        )
+        identical = []
+        for k in range(3):
+            await dp.ask(Step(X[16 * k : 16 * k + 16], Y[16 * k : 16 * k + 16]))
+            a, b = await dp.ask(GetReplicaWeights())
+            identical.append(bool(np.array_equal(a, b)))
+    assert identical == expected
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1"])
+def test_bad_average_seconds_are_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="average_seconds"):
+        DataParallelOptions(policy=ApplyPolicy.ASYNC, average_seconds=bad)  # type: ignore[arg-type]
 
 
 async def test_plain_sgd_averaged_every_step_equals_the_synchronous_step() -> None:

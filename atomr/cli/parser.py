@@ -44,10 +44,12 @@ class _Parser(argparse.ArgumentParser):
 def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "train",
-        help="train an Mlp (digits by default) with a progress bar, a plot and a JSON history",
+        help="train an Mlp (digits by default) or a GPT (--model gpt) with a progress bar, "
+        "a plot and a JSON history",
         description=(
             "Train an Mlp on scikit-learn's bundled digits (no download) or a synthetic "
-            "data set, with one of atomr's trainers. Writes curves.png and history.json "
+            "data set, or a character-level GPT on the Python documentation (--model gpt), "
+            "with one of atomr's trainers. Writes curves.png and history.json "
             "into ./atomr-runs/<name>/ unless --plot/--history/--run-dir say otherwise."
         ),
     )

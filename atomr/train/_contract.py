@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 from atomr.accel import Device
 from atomr.actor import ActorRef, ActorSystem, Context, Props
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.mlp import Mlp
 from atomr.train.core.model.sequential import Sequential
 
 __all__ = [
@@ -25,7 +24,6 @@ __all__ = [
     "check_spawn_args",
     "check_system",
     "check_workers",
-    "require_mlp",
     "parse_devices",
     "refuse_accumulation",
     "refuse_options",
@@ -49,17 +47,6 @@ def check_model(model: object) -> Sequential:
     such as an `Mlp`)."""
     if not isinstance(model, Sequential):
         raise TypeError(f"model must be a Sequential (an Mlp, a gpt(...), ...), got {_kind(model)}")
-    return model
-
-
-def require_mlp(model: Sequential, strategy: str) -> Mlp:
-    """Returns: `model`. Raises: TypeError: a strategy that splits an MLP's
-    layers itself was given another model."""
-    if not isinstance(model, Mlp):
-        raise TypeError(
-            f"the {strategy} trainer splits an Mlp's layers; {_kind(model)} models train with "
-            "Trainer, DataParallelTrainer or ShardedDataParallelTrainer (stages 1 and 2)"
-        )
     return model
 
 

@@ -5,7 +5,7 @@
 The others are `ReplicaProtocol`: what the trainer sends a replica. The
 trainer never looks inside a replica; any actor that answers these is one
 (bring your own model, device or framework). `ReplicaActor` is the built-in
-replica of an `Mlp`.
+replica of any model (a `Sequential`: an `Mlp`, a `gpt(...)`, ...).
 """
 
 from __future__ import annotations

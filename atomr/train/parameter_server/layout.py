@@ -50,7 +50,7 @@ class Layout:
         """Check the trainer's arguments and place every actor.
 
         Args:
-            model: an `Mlp`.
+            model: the model (any `Sequential`).
             devices: the workers' devices (a sequence), used round-robin.
             config: a `TrainerConfig`.
             options: a `ParameterServerOptions`, or None for the defaults.

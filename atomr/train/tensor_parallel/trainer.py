@@ -76,7 +76,9 @@ __all__ = ["TensorParallelTrainer"]
 
 
 class TensorParallelTrainer(Actor):
-    """Trains an `Mlp` whose layers are split across N shard actors.
+    """Trains an `Mlp` whose layers are split across N shard actors (any other
+    model: `spawn` builds a `LayerTensorParallelTrainer`, split by its layers'
+    rules).
 
     Answers `Step -> StepStats`, `GetWeights -> ndarray` (the full flat
     vector), `Evaluate -> EvalResult`, `SaveCheckpoint -> None` and

@@ -29,6 +29,7 @@ import numpy as np
 
 from atomr.actor import ActorRef
 from atomr.train.core.data import epoch_order
+from atomr.train.core.errors import StepLimitError
 from atomr.train.core.messages import Evaluate, GetTrainingState, SaveCheckpoint, Step
 from atomr.train.core.sources import BatchSource, InvalidDataError, as_source, batch_bounds
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
@@ -98,8 +99,11 @@ class _Run:
     timeout: float | None
     max_steps: int | None = None
     records: list[EpochRecord] = field(default_factory=list)
+    refused: bool = False  # the trainer refused a Step at its own limit
 
     def reached_max_steps(self) -> bool:
+        if self.refused:
+            return True
         return self.max_steps is not None and self.position.step >= self.max_steps
 
     async def save(self) -> None:
@@ -133,7 +137,13 @@ class _Run:
             if batch is None:
                 break
             t0 = time.perf_counter()
-            stats: StepStats = await self.trainer.ask(Step(*batch), timeout=self.timeout)
+            try:
+                stats: StepStats = await self.trainer.ask(Step(*batch), timeout=self.timeout)
+            except StepLimitError:
+                # a trainer that counts its own updates (a parameter server: one per
+                # worker's push) can reach max_steps before fit's count of Steps does
+                self.refused = True
+                return False
             tally.seconds += time.perf_counter() - t0
             tally.loss_sum += stats.loss * stats.samples
             tally.samples += stats.samples

@@ -12,11 +12,13 @@ import pytest
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import (
+    AsyncParameterServer,
     GetTrainingState,
     GetWeights,
     LossKind,
     Mlp,
     OptimizerKind,
+    ParameterServerOptions,
     Step,
     StepStats,
     TrainerConfig,
@@ -93,3 +95,18 @@ async def test_setup_finds_devices_chooses_the_trainer_and_says_so() -> None:
         assert isinstance(await single.ask(Step(X[:8], Y[:8])), StepStats)
     line = out.getvalue().strip()
     assert line == "atomr: 2 logical CPU devices (cpu:0, cpu:1): DataParallelTrainer, sgd lr 0.1"
+
+
+async def test_fit_stops_where_a_trainer_counting_its_own_updates_refuses(tmp_path: Path) -> None:
+    # an asynchronous parameter server with 2 workers applies 2 updates per Step: it
+    # reaches max_steps=5 on fit's third Step, refuses the next, and fit stops there
+    options = ParameterServerOptions(workers=2)
+    async with ActorSystem("limit") as system:
+        ref = await AsyncParameterServer.spawn(system, Mlp([6, 8, 3], seed=0), cpu_devices(2),
+                                               CONFIG, options)  # fmt: skip
+        result = await fit(ref, (X, Y), epochs=10, batch_size=16, checkpoint=tmp_path / "c")
+        state = await ref.ask(GetTrainingState())
+    assert result.status == "reached max_steps"
+    assert state.reached_max_steps
+    assert result.position.step < 5  # fit's Steps, fewer than the server's updates
+    assert (tmp_path / "c").is_file()

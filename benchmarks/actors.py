@@ -7,7 +7,9 @@ Prints JSON. Each atomr figure is measured in the same run as its reference:
 - memory: bytes per idle actor (``tracemalloc``, after the first message) vs
   per idle task + queue;
 - import: ``import atomr`` vs ``import pykka`` (when installed), each in a
-  fresh interpreter.
+  fresh interpreter; and the first use of the runtime
+  (``from atomr import ActorSystem``, which imports asyncio) vs the same
+  ``import pykka``.
 ``--repeat`` runs of each, interleaved; the best and the median are printed,
 and the ratios of both (``ratio``: of the best).
 
@@ -131,11 +133,15 @@ async def atomr_memory(n: int) -> float:
     return per
 
 
-def import_seconds(module: str) -> float | None:
-    """Wall time of ``import module`` in a fresh interpreter (None: not installed)."""
+def import_seconds(module: str, statement: str = "") -> float | None:
+    """Wall time of ``statement`` (default ``import module``) in a fresh interpreter.
+
+    None: ``module`` is not installed.
+    """
     if importlib.util.find_spec(module) is None:
         return None
-    code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+    statement = statement or f"import {module}"
+    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip())
 
@@ -145,7 +151,15 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    names = ("raw_spawn", "spawn", "raw_bytes", "bytes", "pykka_import", "atomr_import")
+    names = (
+        "raw_spawn",
+        "spawn",
+        "raw_bytes",
+        "bytes",
+        "pykka_import",
+        "atomr_import",
+        "atomr_first_use",
+    )
     results: dict[str, list[float]] = {k: [] for k in names}
     for _ in range(args.repeat):
         results["raw_spawn"].append(await raw_spawn(args.actors))
@@ -156,6 +170,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             seconds = import_seconds(module)
             if seconds is not None:
                 results[f"{module}_import"].append(seconds)
+        first_use = import_seconds("atomr", "from atomr import ActorSystem")
+        results["atomr_first_use"].append(first_use or 0.0)
     report: dict[str, Any] = {
         "benchmark": "actors",
         "loop": type(asyncio.get_running_loop()).__name__,
@@ -167,6 +183,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         ("raw_spawn", "spawn", "spawn_us"),
         ("raw_bytes", "bytes", "bytes_per_idle_actor"),
         ("pykka_import", "atomr_import", "import_s"),
+        ("pykka_import", "atomr_first_use", "first_use_s"),
     ):
         if not results[ref_name] or not results[name]:
             report[f"{label}_ratio"] = f"reference {ref_name} not installed"

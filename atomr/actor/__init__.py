@@ -1,11 +1,8 @@
 """The actor runtime: actors, refs, props, supervision, mailboxes, timers, routers.
 
-The runtime logs on the ``atomr`` logger tree, which carries a ``NullHandler``
-as a library's should: nothing is printed until the application configures
-logging.
+The runtime logs on the ``atomr`` logger tree (its ``NullHandler`` is added
+by the ``atomr`` package).
 """
-
-import logging as _logging
 
 from .actor import Actor
 from .context import Context
@@ -33,8 +30,6 @@ from .supervision import (
 )
 from .system import ActorSystem
 from .timers import Cancellable
-
-_logging.getLogger("atomr").addHandler(_logging.NullHandler())
 
 __all__ = [
     "DEFAULT_ASK_TIMEOUT",

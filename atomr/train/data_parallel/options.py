@@ -38,13 +38,16 @@ class ApplyPolicy(enum.Enum):
     applied once: the round equals one single-device step on the union of
     its batches. The anchor is auto-tuned to keep the reduction's share of a
     round near `cadence_target`.
-    ASYNC: local SGD. Each replica applies its own shard's mean gradient with
-    its own optimizer; every `average_every` steps, or once `average_seconds`
-    have passed since the last round (whichever comes first), the replicas'
-    weights are averaged (each keeps its optimizer state), after which they
-    are identical again. The averaging is a round every replica joins; between rounds the
-    replicas train without exchanging anything. It is not the single-device
-    step: with plain SGD, `average_every=1` and equal shards it is.
+    ASYNC: local SGD. Each batch goes whole to one replica, which applies its
+    mean gradient with its own optimizer; the replicas train side by side,
+    each at its own pace (a replica k times faster takes about k times as
+    many batches), and none waits for another. Every `average_every`
+    batches, or once `average_seconds` have passed since the last round
+    (whichever comes first), the round closes: the replicas' weights are
+    averaged (each keeps its optimizer state), after which they are
+    identical again. It is not the single-device step: with plain SGD and
+    one batch per replica in a round, it is the synchronous step on the
+    round's batches.
     """
 
     SYNC = "sync"
@@ -66,8 +69,8 @@ class DataParallelOptions:
             the two ways it works.
         balance: split batches by measured replica speed (`SpeedBalancer`);
             off: as evenly as possible.
-        speed_hint: initial relative speed of each replica (with `balance`),
-            one per replica.
+        speed_hint: initial relative speed of each replica (with `balance`,
+            CADENCE or ASYNC), one per replica.
         recalibrate_every: steps between re-computations of the split.
         min_share: smallest fraction of a batch given to any replica.
         check_every: every K applied steps, check that all replicas hold
@@ -85,9 +88,11 @@ class DataParallelOptions:
             `process_collective`).
         policy: `ApplyPolicy.SYNC` (default) or `ApplyPolicy.ASYNC` (local
             SGD: one process, no divergence checks, no gradient accumulation).
-        average_every: with ASYNC, the steps between two averaging rounds (>= 1).
-        average_seconds: with ASYNC, also average at the first step that ends
-            this many seconds (> 0) after the last round; None: by steps only.
+        average_every: with ASYNC, the batches (`Step`s) between two
+            averaging rounds (>= 1).
+        average_seconds: with ASYNC, also average at the first `Step` that
+            comes this many seconds (> 0) after the last round; None: by
+            batches only.
         cadence_anchor: with CADENCE, the slowest replica's batches per round
             (>= 1; the start value when auto-tuned). Speeds start from
             `speed_hint` (equal without one) and are measured every round.

@@ -182,7 +182,9 @@ class DataParallelTrainer(Actor):
         )
         self._manual = ManualVerbs(config, self.options, self.replicas, self._runner)
         o = self.options
-        self._local = LocalSgd(self._runner, o.average_every, o.average_seconds, self._host)
+        self._local = LocalSgd(
+            self._runner, o.average_every, o.average_seconds, self._host, o.speed_hint
+        )
         self._cadence = Cadence(self._runner, self.options)
 
     # -- construction -------------------------------------------------------
@@ -306,15 +308,20 @@ class DataParallelTrainer(Actor):
     async def _answer(self, message: Any) -> Any:
         if isinstance(message, Step):
             return await self._step(message)
-        if isinstance(message, GetWeights):
-            return await self.replicas.refs[0].ask(GetWeights(), timeout=self.replicas.timeout)
         if isinstance(message, GetReplicaWeights):
+            await self._local.drain()
             return await self.replicas.gather(GetWeights())
-        if isinstance(message, MANUAL_VERBS):
-            return await self._manual_verb(message)
         if isinstance(message, GetTrainingState):
             coordinator = self.options.process_rank == 0
             return TrainingState(self._runner.steps, self.config.max_steps, coordinator)
+        # every other message sees the replicas averaged (ASYNC)
+        closed = await self._local.close()
+        if isinstance(closed, Failure):
+            return closed
+        if isinstance(message, GetWeights):
+            return await self.replicas.refs[0].ask(GetWeights(), timeout=self.replicas.timeout)
+        if isinstance(message, MANUAL_VERBS):
+            return await self._manual_verb(message)
         if isinstance(message, SetLearningRate):
             refs, timeout = self.replicas.refs, self.replicas.timeout
             return await set_learning_rate(self.config.optimizer, refs, message, timeout)
@@ -350,6 +357,7 @@ class DataParallelTrainer(Actor):
             if not isinstance(r, ActorRef):
                 raise TypeError(f"replicas[{k}] must be an ActorRef, got {type(r).__name__}")
         self.options.replica_count_fits(len(refs))
+        await self._local.close()  # a failed round is repaired; the new replicas are synced below
         self.replicas.replace(refs)
         self.replicas.lost = None
         self._runner.window.reset()

@@ -1,21 +1,27 @@
-"""`ApplyPolicy.ASYNC` (local SGD): each replica steps by its own shard, the
-weights are averaged every `average_every` steps (or `average_seconds`), after which the replicas
-are identical; with plain SGD, averaging every step and equal shards it is the
-synchronous step; it trains digits; bad combinations are refused."""
+"""`ApplyPolicy.ASYNC` (local SGD): each batch goes whole to one replica,
+which steps by it with its own optimizer; the weights are averaged every
+`average_every` batches (or `average_seconds`), after which the replicas are
+identical; with plain SGD and one batch per replica it is the synchronous step
+on the round's batches; a slow replica does not hold the others back; it
+trains digits; a failed local step is answered; bad combinations are refused."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
 
-from atomr import ActorSystem
+from atomr import ActorSystem, Props
 from atomr.accel import cpu_devices
 from atomr.train import (
     GetWeights,
     LossKind,
     Mlp,
+    NonFiniteError,
     OptimizerKind,
     Step,
+    Trainer,
     TrainerConfig,
     fit,
     load_digits_split,
@@ -26,6 +32,7 @@ from atomr.train.data_parallel import (
     DataParallelOptions,
     DataParallelTrainer,
     GetReplicaWeights,
+    ReplicaActor,
 )
 
 X, Y = synthetic_classification(96, 6, 3, seed=2)
@@ -36,13 +43,15 @@ async def test_replicas_are_identical_after_each_averaging_round_only() -> None:
     config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
     async with ActorSystem("local-sgd") as system:
         dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), config, ASYNC)
-        identical = []
+        identical, applied = [], []
         for k in range(6):
             stats = await dp.ask(Step(X[16 * k : 16 * k + 16], Y[16 * k : 16 * k + 16]))
-            assert stats.applied and stats.samples == 16
+            applied.append((stats.applied, stats.samples))
             a, b = await dp.ask(GetReplicaWeights())
             identical.append(bool(np.array_equal(a, b)))
     assert identical == [False, False, True, False, False, True]
+    # a round's Step answers for the round's three batches
+    assert applied == [(False, 0), (False, 0), (True, 48)] * 2
 
 
 @pytest.mark.parametrize(("seconds", "expected"), [(1e-9, [True] * 3), (3600.0, [False] * 3)])
@@ -72,20 +81,103 @@ def test_bad_average_seconds_are_refused(bad: object) -> None:
         DataParallelOptions(policy=ApplyPolicy.ASYNC, average_seconds=bad)  # type: ignore[arg-type]
 
 
-async def test_plain_sgd_averaged_every_step_equals_the_synchronous_step() -> None:
+async def test_plain_sgd_with_one_batch_per_replica_is_the_synchronous_step() -> None:
+    # one round of two batches: each replica steps by one batch from the same
+    # weights, and their mean is one synchronous step on both batches
     config = TrainerConfig(OptimizerKind.sgd(0.2), LossKind.CROSS_ENTROPY)
-    every_step = DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=1)
+    per_replica = DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=2)
     async with ActorSystem("local-sgd") as system:
         local = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), config,
-                                                every_step)  # fmt: skip
+                                                per_replica)  # fmt: skip
         sync = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), config)
-        for k in range(5):
-            batch = (X[16 * k : 16 * k + 16], Y[16 * k : 16 * k + 16])
-            await local.ask(Step(*batch))
-            await sync.ask(Step(*batch))
+        await local.ask(Step(X[:16], Y[:16]))
+        stats = await local.ask(Step(X[16:32], Y[16:32]))
+        await sync.ask(Step(X[:32], Y[:32]))
+        assert stats.applied and stats.samples == 32
         np.testing.assert_allclose(
             await local.ask(GetWeights()), await sync.ask(GetWeights()), rtol=1e-5, atol=1e-6
         )
+
+
+async def test_one_replica_is_the_single_device_trainer() -> None:
+    config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+    async with ActorSystem("local-sgd") as system:
+        local = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(1), config,
+                                                ASYNC)  # fmt: skip
+        single = await Trainer.spawn(system, Mlp([6, 8, 3]), "cpu:0", config)
+        for k in range(5):
+            batch = (X[16 * k : 16 * k + 16], Y[16 * k : 16 * k + 16])
+            await local.ask(Step(*batch))
+            await single.ask(Step(*batch))
+        np.testing.assert_array_equal(await local.ask(GetWeights()), await single.ask(GetWeights()))
+
+
+class CountingReplica(ReplicaActor):
+    """Appends its index to `log` for every batch it computes, after sleeping
+    `delay` seconds (a slow device)."""
+
+    def __init__(self, model, device, config, index: int, log: list[int], delay: float = 0.0):
+        super().__init__(model, device, config)
+        self.index, self.log, self.delay = index, log, delay
+
+    def compute_gradients(self, msg):
+        time.sleep(self.delay)
+        self.log.append(self.index)
+        return super().compute_gradients(msg)
+
+
+async def test_a_slow_replica_does_not_hold_the_others_back() -> None:
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    options = DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=12)
+    model, log = Mlp([6, 8, 3]), []
+    props = [
+        Props(CountingReplica, model, dev, config, k, log, delay=0.05 * k)
+        for k, dev in enumerate(cpu_devices(2))
+    ]
+    async with ActorSystem("local-sgd") as system:
+        dp = system.spawn(DataParallelTrainer.props(config, props, options))
+        answers = [
+            await dp.ask(Step(X[8 * k : 8 * k + 8], Y[8 * k : 8 * k + 8])) for k in range(12)
+        ]
+        a, b = await dp.ask(GetReplicaWeights())
+    np.testing.assert_array_equal(a, b)  # the twelfth Step closed the round
+    assert [s.applied for s in answers] == [False] * 11 + [True]
+    assert answers[-1].samples == 96
+    # the fast replica took the batches the slow one could not: at most two queued there
+    assert log.count(0) >= 8 and 1 <= log.count(1) <= 4, log
+
+
+class RefusingReplica(ReplicaActor):
+    """Refuses a batch whose first feature is 99, as a non-finite gradient would."""
+
+    def compute_gradients(self, msg):
+        if msg.features.shape[0] and msg.features[0, 0] == 99.0:
+            raise NonFiniteError("the loss is not finite")
+        return super().compute_gradients(msg)
+
+
+async def test_a_failed_local_step_is_answered_when_its_round_closes() -> None:
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    options = DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=2)
+    model = Mlp([6, 8, 3])
+    props = [Props(RefusingReplica, model, dev, config) for dev in cpu_devices(2)]
+    marked = X[16:32].copy()
+    marked[0, 0] = 99.0
+    async with ActorSystem("local-sgd") as system:
+        dp = system.spawn(DataParallelTrainer.props(config, props, options))
+        before = await dp.ask(GetReplicaWeights())
+        await dp.ask(Step(X[:16], Y[:16]))  # replica 0 steps
+        with pytest.raises(NonFiniteError) as raised:
+            await dp.ask(Step(marked, Y[16:32]))  # replica 1 refuses; the round closes
+        assert "replica 1; the round was not averaged" in str(raised.value.__notes__)
+        a, b = await dp.ask(GetReplicaWeights())
+        assert not np.array_equal(a, before[0])  # replica 0's local step stands
+        np.testing.assert_array_equal(b, before[1])  # replica 1 unchanged
+        await dp.ask(Step(X[32:48], Y[32:48]))
+        stats = await dp.ask(Step(X[48:64], Y[48:64]))  # the next round averages
+        a, b = await dp.ask(GetReplicaWeights())
+    assert stats.applied and stats.samples == 32
+    np.testing.assert_array_equal(a, b)
 
 
 async def test_local_sgd_trains_digits() -> None:
@@ -94,9 +186,11 @@ async def test_local_sgd_trains_digits() -> None:
     async with ActorSystem("local-sgd") as system:
         dp = await DataParallelTrainer.spawn(system, Mlp([64, 64, 10], seed=0), cpu_devices(2),
                                              config, ASYNC)  # fmt: skip
-        result = await fit(dp, (x_tr, y_tr), validation=(x_te, y_te), epochs=8, batch_size=32)
-    # deterministic (the rounds are synchronous): 0.962 here
-    assert result.epochs[-1].test_accuracy >= 0.95
+        result = await fit(dp, (x_tr, y_tr), validation=(x_te, y_te), epochs=12, batch_size=32)
+    # which replica takes which batch depends on timing: over 8 runs here the
+    # last three epochs each gave 0.955-0.964 (the last epoch 0.960-0.962)
+    accuracies = [e.test_accuracy for e in result.epochs[-3:]]
+    assert max(accuracies) >= 0.95 and accuracies[-1] >= 0.94, accuracies
 
 
 def test_bad_combinations_are_refused() -> None:
@@ -108,7 +202,7 @@ def test_bad_combinations_are_refused() -> None:
         DataParallelOptions(policy="async")  # type: ignore[arg-type]
 
 
-async def test_async_refuses_accumulation_and_a_batch_smaller_than_the_replicas() -> None:
+async def test_async_refuses_accumulation_and_takes_a_batch_smaller_than_the_replicas() -> None:
     accumulating = TrainerConfig(
         OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, accumulation_steps=2
     )
@@ -118,9 +212,8 @@ async def test_async_refuses_accumulation_and_a_batch_smaller_than_the_replicas(
                                             ASYNC)  # fmt: skip
         config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
         dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), config, ASYNC)
-        before = await dp.ask(GetReplicaWeights())
-        with pytest.raises(ValueError, match="a sample for each of the 2 replicas"):
-            await dp.ask(Step(X[:1], Y[:1]))
-        after = await dp.ask(GetReplicaWeights())
-    for a, b in zip(before, after, strict=True):
-        np.testing.assert_array_equal(a, b)
+        for k in range(3):  # a batch goes whole to one replica: one row is enough
+            stats = await dp.ask(Step(X[k : k + 1], Y[k : k + 1]))
+        a, b = await dp.ask(GetReplicaWeights())
+    assert stats.applied and stats.samples == 3
+    np.testing.assert_array_equal(a, b)

@@ -1,0 +1,41 @@
+"""``import atomr``: cheap, and every public name still importable from it."""
+
+import subprocess
+import sys
+
+import pytest
+
+import atomr
+import atomr.actor
+
+
+def _modules_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(out.stdout.split())
+
+
+def test_import_atomr_loads_neither_asyncio_nor_numba_nor_the_training_layer() -> None:
+    loaded = _modules_after("import atomr")
+    assert not {"asyncio", "numba", "numpy", "atomr.actor", "atomr.accel", "atomr.train"} & loaded
+
+
+def test_the_first_use_of_a_runtime_name_loads_the_runtime() -> None:
+    loaded = _modules_after("from atomr import ActorSystem")
+    assert {"asyncio", "atomr.actor"} <= loaded
+    assert not {"numba", "atomr.train"} & loaded
+
+
+def test_every_public_name_is_the_runtime_s_own() -> None:
+    for name in atomr.__all__:
+        if name != "__version__":
+            assert getattr(atomr, name) is getattr(atomr.actor, name)
+    assert set(atomr.__all__) <= set(dir(atomr))
+
+
+def test_an_unknown_name_raises_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        atomr.Nope  # noqa: B018
+    assert not hasattr(atomr, "_private")

@@ -6,9 +6,10 @@ a `DataParallelTrainer` over `cpu:0, cpu:1` trains a 64-64-10 MLP (Adam) epoch
 by epoch until its test accuracy reaches `--target`, under each policy:
 SYNC (every batch split evenly: the fast replica waits), CADENCE (El Che: the
 fast replica takes more batches per round, anchor auto-tuned) and ASYNC
-(local SGD, averaged every 4 steps). Prints JSON: seconds to the target
-(min and median over `--repeat` interleaved runs), the ratio SYNC / policy
-(higher is faster), and the all-reduce share of CADENCE's rounds.
+(local SGD: each batch whole to the first free replica, averaged every 4
+batches). Prints JSON: seconds to the target (min and median over `--repeat`
+interleaved runs), the ratio SYNC / policy (higher is faster), and the
+all-reduce share of CADENCE's rounds.
 
     python benchmarks/policies.py [--slow 3] [--target 0.95] [--repeat 3]
 """

@@ -101,15 +101,15 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         choices=POLICIES,
         default=None,
         help="--strategy data: sync (default: reduce every step), cadence (El Che: faster "
-        "devices take more batches per round) or async (local SGD: each replica steps "
-        "alone, weights averaged every --average-every steps)",
+        "devices take more batches per round) or async (local SGD: each batch goes whole "
+        "to one replica, which steps alone; weights averaged every --average-every batches)",
     )
     model.add_argument(
         "--average-every",
         type=int,
         default=None,
         metavar="K",
-        help="--policy async: steps between two averaging rounds (default: 4)",
+        help="--policy async: batches between two averaging rounds (default: 4)",
     )
     model.add_argument(
         "--zero-stage",

@@ -14,9 +14,10 @@ Figures, each over `--steps` global batches after a warm-up:
   gradients folded into the weights per second.
 
 Ratios are parameter server / data parallel, in gradients per second
-(higher is better).
+(higher is better), taken within each of `--repeat` interleaved rounds;
+gradients/s and ratios are printed as [best, median].
 
-    python benchmarks/parameter_server.py [--steps 60] [--workers 4] [--batch 256]
+    python benchmarks/parameter_server.py [--steps 60] [--workers 4] [--batch 256] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import json
 import platform
+import statistics
 import time
 from typing import Any
 
@@ -100,26 +102,49 @@ async def bench_ps(
     }
 
 
+CASES = [
+    ("ps_sync", Consistency.synchronous(), 1),
+    ("ps_async", Consistency.asynchronous(), 1),
+    ("ps_async_2_shards", Consistency.asynchronous(), 2),
+]
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per case: gradients/s (best, median) and the ratio to data parallel
+    taken within each round (best, median), plus the last round's counters."""
+    out: dict[str, Any] = {}
+    for name in ["data_parallel", *(c[0] for c in CASES)]:
+        rates = [r[name]["gradients_per_s"] for r in rounds]
+        ratios = [
+            r[name]["gradients_per_s"] / r["data_parallel"]["gradients_per_s"] for r in rounds
+        ]
+        last = {k: v for k, v in rounds[-1][name].items() if k not in ("seconds",)}
+        out[name] = {
+            **last,
+            "gradients_per_s": [round(max(rates), 1), round(statistics.median(rates), 1)],
+            "ratio_vs_data_parallel": [round(max(ratios), 3), round(statistics.median(ratios), 3)],
+        }
+    return out
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds of every case")
     args = parser.parse_args()
     x, y = synthetic_classification(args.batch * (args.steps + 1), SIZES[0], SIZES[-1], seed=0)
     config = TrainerConfig(OptimizerKind.sgd(0.01, momentum=0.9), LossKind.CROSS_ENTROPY)
-    results: dict[str, Any] = {}
+    rounds: list[dict[str, Any]] = []
     async with ActorSystem("bench-ps") as system:
-        results["data_parallel"] = await bench_data_parallel(system, config, args, x, y)
-        for name, consistency, shards in [
-            ("ps_sync", Consistency.synchronous(), 1),
-            ("ps_async", Consistency.asynchronous(), 1),
-            ("ps_async_2_shards", Consistency.asynchronous(), 2),
-        ]:
-            results[name] = await bench_ps(system, config, args, x, y, consistency, shards)
-    reference = results["data_parallel"]["gradients_per_s"]
-    for name in ("ps_sync", "ps_async", "ps_async_2_shards"):
-        results[name]["ratio_vs_data_parallel"] = results[name]["gradients_per_s"] / reference
+        for _ in range(args.repeat):
+            results: dict[str, Any] = {}
+            results["data_parallel"] = await bench_data_parallel(system, config, args, x, y)
+            for name, consistency, shards in CASES:
+                results[name] = await bench_ps(system, config, args, x, y, consistency, shards)
+            rounds.append(results)
+    summary = _summary(rounds)
     print(
         json.dumps(
             {
@@ -128,11 +153,12 @@ async def main() -> None:
                 "workers": args.workers,
                 "global_batch": args.batch,
                 "steps": args.steps,
+                "repeat": args.repeat,
                 "python": platform.python_version(),
                 "numpy": np.__version__,
                 "results": {
                     k: {m: round(v, 4) if isinstance(v, float) else v for m, v in r.items()}
-                    for k, r in results.items()
+                    for k, r in summary.items()
                 },
             },
             indent=2,

@@ -21,6 +21,7 @@ from atomr.train._fanout import raise_first_failure
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import StepStats
+from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.messages import BatchResult, StaleGradientError, TrainBatch
 
 __all__ = ["WorkerPool", "combine", "split_among"]
@@ -69,21 +70,53 @@ def combine(results: Sequence[BatchResult]) -> StepStats:
 class WorkerPool:
     """The trainer's workers.
 
+    A worker may start a batch from the weights its previous push returned
+    instead of pulling (`TrainBatch.reuse_generation`) where that is what a
+    pull would give or nearly: in synchronous mode always (the weights stay
+    as the round left them until every worker has pushed again), until the
+    trainer says the weights changed otherwise (`weights_changed`); in
+    asynchronous mode within one run of batches (`train_in_order`: the push
+    answer is the pull a moment earlier; every `Step` pulls fresh); in
+    bounded-staleness mode never (a pull may have to wait).
+
     Args:
         refs: the worker actors (worker ids are their indices).
         max_retries: how many times one request is sent again to a worker
             that failed on it.
         timeout: each ask's timeout in seconds (None: wait forever).
+        consistency: the servers' consistency model.
 
     Attributes:
         retries: requests sent again so far.
     """
 
-    def __init__(self, refs: Sequence[ActorRef], max_retries: int, timeout: float | None) -> None:
+    def __init__(
+        self,
+        refs: Sequence[ActorRef],
+        max_retries: int,
+        timeout: float | None,
+        consistency: Consistency | None = None,
+    ) -> None:
         self.refs = list(refs)
         self.max_retries = max_retries
         self.timeout = timeout
         self.retries = 0
+        self.consistency = consistency or Consistency.asynchronous()
+        self._generation = 0
+
+    def weights_changed(self) -> None:
+        """The servers' weights were replaced (a checkpoint): no worker may
+        start from weights it was given before."""
+        self._generation += 1
+
+    def _reuse(self, in_order: bool) -> int | None:
+        """The `reuse_generation` of the batches of one call (None: pull)."""
+        if self.consistency.is_synchronous:
+            return self._generation
+        if self.consistency.is_bounded or not in_order:
+            return None
+        self._generation += 1  # a fresh pull starts every run of batches
+        return self._generation
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -116,9 +149,9 @@ class WorkerPool:
         Raises:
             Exception: the first failure in worker order, once every worker answered.
         """
-        asks, offset = [], 0
+        asks, offset, reuse = [], 0, self._reuse(in_order=False)
         for i, (x, y) in enumerate(parts):
-            asks.append(self.ask(i, TrainBatch(x, y, offset)))
+            asks.append(self.ask(i, TrainBatch(x, y, offset, reuse)))
             offset += len(x)
         results = await asyncio.gather(*asks, return_exceptions=True)
         raise_first_failure(results)
@@ -139,23 +172,23 @@ class WorkerPool:
                 every other one stops after its current part, and the failure
                 is raised once all have stopped (none waits for a stopped one).
         """
-        failed = asyncio.Event()
+        failed, reuse = asyncio.Event(), self._reuse(in_order=True)
         results = await asyncio.gather(
-            *(self._train_each(i, own, failed) for i, own in enumerate(parts)),
+            *(self._train_each(i, own, failed, reuse) for i, own in enumerate(parts)),
             return_exceptions=True,
         )
         raise_first_failure(results)
         return [r for own in results if not isinstance(own, BaseException) for r in own]
 
     async def _train_each(
-        self, index: int, parts: Sequence[Part], failed: asyncio.Event
+        self, index: int, parts: Sequence[Part], failed: asyncio.Event, reuse: int | None
     ) -> list[BatchResult]:
         done: list[BatchResult] = []
         for x, y in parts:
             if failed.is_set():
                 break
             try:
-                done.append(await self.ask(index, TrainBatch(x, y)))
+                done.append(await self.ask(index, TrainBatch(x, y, 0, reuse)))
             except BaseException:
                 failed.set()
                 raise

@@ -30,12 +30,14 @@ class PendingPush:
         weight: the batch's loss normaliser (0 for an empty batch or an abort).
         reply: the pusher's deferred reply.
         abort: the reason of an `AbortPush`, else None.
+        wants_weights: answer with `PushedWeights` (the push's `return_weights`).
     """
 
     gradient: np.ndarray | None
     weight: float
     reply: Reply
     abort: str | None = None
+    wants_weights: bool = False
 
 
 class SynchronousRound:

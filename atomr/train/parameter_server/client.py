@@ -18,6 +18,7 @@ so every shard drops the same round.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,12 @@ from atomr.actor import ActorRef
 from atomr.train._fanout import ask_all
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.partition import split_bounds
-from atomr.train.parameter_server.messages import AbortPush, PullWeights, PushGradient
+from atomr.train.parameter_server.messages import (
+    AbortPush,
+    PullWeights,
+    PushedWeights,
+    PushGradient,
+)
 
 __all__ = ["ShardedClient", "split_ranges"]
 
@@ -115,6 +121,35 @@ class ShardedClient:
             StaleGradientError: the first shard refused it (nothing applied).
             Exception: a server's failure.
         """
+        return [int(r) for r in await self._push(worker, versions, gradient, weight, False)]
+
+    async def push_and_pull(
+        self, worker: int, versions: Sequence[int], gradient: np.ndarray, weight: float = 1.0
+    ) -> tuple[np.ndarray, list[int]]:
+        """`push`, each server answering with the weights the push left
+        (`PushGradient.return_weights`): what a `pull` right after would give
+        in synchronous mode, without asking for it.
+
+        Returns:
+            `(weights, versions)`, as `pull` returns them.
+
+        Raises:
+            As `push`.
+        """
+        replies: list[PushedWeights] = await self._push(worker, versions, gradient, weight, True)
+        if len(replies) == 1:
+            return replies[0].weights, [int(replies[0].version)]
+        weights = np.concatenate([r.weights for r in replies])
+        return weights, [int(r.version) for r in replies]
+
+    async def _push(
+        self,
+        worker: int,
+        versions: Sequence[int],
+        gradient: np.ndarray,
+        weight: float,
+        return_weights: bool,
+    ) -> list[Any]:
         grad = np.asarray(gradient)
         if grad.ndim != 1 or grad.shape[0] != self.n:
             raise ValueError(f"gradient has shape {grad.shape}, the servers hold {self.n} weights")
@@ -123,19 +158,16 @@ class ShardedClient:
         if not np.isfinite(grad).all():
             raise NonFiniteError("gradient holds NaN or Inf; not pushed")
         msgs = [
-            PushGradient(worker, int(v), grad[lo:hi], weight)
+            PushGradient(worker, int(v), grad[lo:hi], weight, return_weights=return_weights)
             for v, (lo, hi) in zip(versions, self.ranges, strict=True)
         ]
         if self.synchronous or len(msgs) == 1:
-            return [int(v) for v in await ask_all(self.servers, msgs, self.timeout)]
-        kwargs: dict[str, Any] = {"timeout": self.timeout}
-        first = int(await self.servers[0].ask(msgs[0], **kwargs))
-        staleness = first - 1 - msgs[0].worker_version if weight > 0.0 else 0
-        rest = [
-            PushGradient(m.worker, m.worker_version, m.gradient, m.weight, staleness)
-            for m in msgs[1:]
-        ]
-        return [first, *(int(v) for v in await ask_all(self.servers[1:], rest, self.timeout))]
+            return list(await ask_all(self.servers, msgs, self.timeout))
+        first = await self.servers[0].ask(msgs[0], timeout=self.timeout)
+        version = first.version if return_weights else int(first)
+        staleness = version - 1 - msgs[0].worker_version if weight > 0.0 else 0
+        rest = [replace(m, arbitrated_staleness=staleness) for m in msgs[1:]]
+        return [first, *await ask_all(self.servers[1:], rest, self.timeout)]
 
     async def abort(self, worker: int, versions: Sequence[int], reason: str) -> list[int]:
         """Tell every server that this worker has no gradient for its batch

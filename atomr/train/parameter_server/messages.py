@@ -41,6 +41,7 @@ __all__ = [
     "ParameterServerStats",
     "PullWeights",
     "PushGradient",
+    "PushedWeights",
     "ServerState",
     "SetServerState",
     "StaleGradientError",
@@ -88,6 +89,10 @@ class PushGradient:
             push: the staleness the first shard accepted. A follower then
             applies the push without its own staleness check (so that every
             shard applies the same pushes) and counts this staleness.
+        return_weights: answer with `PushedWeights` (the version and the
+            weights this push left, copied on the server's device thread in
+            the same job as the update) instead of the version alone: the
+            worker's next pull, saved.
     """
 
     worker: int
@@ -95,6 +100,21 @@ class PushGradient:
     gradient: np.ndarray
     weight: float = 1.0
     arbitrated_staleness: int | None = None
+    return_weights: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class PushedWeights:
+    """The answer to a `PushGradient` with `return_weights`.
+
+    Attributes:
+        version: the server's version after the push (as a plain push answers).
+        weights: the server's weights at that version (read-only: in
+            synchronous mode every worker of the round shares one copy).
+    """
+
+    version: int
+    weights: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +175,8 @@ class ParameterServerStats:
         max_staleness_seen: the largest staleness applied.
         gradients_rejected: pushes refused as stale.
         max_clock_gap: the largest lead (in pushes) over the slowest worker
-            with which a pull was answered (bounded staleness keeps it <= s).
+            with which weights were given (a pull, or a push answered with
+            `PushedWeights`; bounded staleness keeps it <= s).
     """
 
     version: int
@@ -210,11 +231,19 @@ class TrainBatch:
         labels: labels or targets, as for `Step`.
         sample_offset: the first row's index in the whole batch (dropout
             masks depend on it).
+        reuse_generation: None: pull fresh weights first. An int: the worker
+            may start from the weights its previous push returned, if that
+            push was made for a batch of the same generation, and asks its
+            push to return the weights for the next one. The trainer gives a
+            new generation whenever the server's weights may have changed
+            otherwise (a checkpoint loaded; in asynchronous mode every run of
+            batches, so that each starts from a fresh pull).
     """
 
     features: np.ndarray
     labels: np.ndarray
     sample_offset: int = 0
+    reuse_generation: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

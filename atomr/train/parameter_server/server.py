@@ -57,6 +57,7 @@ from atomr.train.parameter_server.messages import (
     GetServerState,
     ParameterServerStats,
     PullWeights,
+    PushedWeights,
     PushGradient,
     ServerState,
     SetServerState,
@@ -224,28 +225,36 @@ class ServerShard(DeviceActor):
         except (ValueError, TypeError) as exc:
             return Failure(exc)
         if self.consistency.is_synchronous:
-            return await self._push_sync(worker, grad, weight, staleness)
+            return await self._push_sync(worker, grad, weight, staleness, msg.return_weights)
         bound = self.max_staleness
         if msg.arbitrated_staleness is not None:
             staleness = int(msg.arbitrated_staleness)
         elif bound is not None and staleness > bound:
             self.rejected += 1
             return Failure(StaleGradientError(staleness, bound))
+        weights = None
         if weight > 0.0:
-            error = await self._apply_or_undo([(grad, 1.0)])
+            error, weights = await self._apply_or_undo([(grad, 1.0)], msg.return_weights)
             if error is not None:
                 return Failure(error)
             self._count_applied([staleness])
         await self._batch_done(worker)
-        return self.version
+        if not msg.return_weights:
+            return self.version
+        self._note_lead(worker)  # the answer serves as this worker's next pull
+        if weights is None:
+            weights = await self.on_device(self.backend.to_host, self.weights)
+        return PushedWeights(self.version, weights)
 
-    async def _push_sync(self, worker: int, grad: np.ndarray, weight: float, staleness: int) -> Any:
+    async def _push_sync(self, worker: int, grad: np.ndarray, weight: float, staleness: int,
+                         return_weights: bool) -> Any:  # fmt: skip
         if staleness != 0:
             self.rejected += 1
             return Failure(StaleGradientError(staleness, 0, "synchronous mode"))
         if not np.isfinite(grad).all():
             return Failure(NonFiniteError("gradient holds NaN or Inf; nothing applied"))
-        pending = PendingPush(grad.astype(np.float32, copy=True), weight, self.context.defer())
+        grad = grad.astype(np.float32, copy=True)
+        pending = PendingPush(grad, weight, self.context.defer(), wants_weights=return_weights)
         await self._join_round(worker, pending)
         return None
 
@@ -271,6 +280,7 @@ class ServerShard(DeviceActor):
         ordered = self._round.join(worker, entry)
         if ordered is None:
             return
+        weights = None
         try:
             parts = round_update(ordered)
         except NonFiniteError as exc:  # a fresh error per reply: each pusher raises its own
@@ -280,24 +290,47 @@ class ServerShard(DeviceActor):
         except ValueError as exc:
             error: Exception | None = exc
         else:
-            error = await self._apply_or_undo(parts)
+            wanted = any(p.wants_weights for _, p in ordered)
+            error, weights = await self._apply_or_undo(parts, wanted)
             if error is None:
                 self._count_applied([0] * len(parts))
         for _, p in ordered:
-            if error is None:
-                p.reply.set_result(self.version)
-            else:
+            if error is not None:
                 p.reply.set_exception(error)
+            elif p.wants_weights and weights is not None:
+                p.reply.set_result(PushedWeights(self.version, weights))
+            else:
+                p.reply.set_result(self.version)
 
-    async def _apply_or_undo(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
+    async def _apply_or_undo(
+        self, parts: list[tuple[np.ndarray, float]], copy_out: bool = False
+    ) -> tuple[Exception | None, np.ndarray | None]:
         """Apply `parts` atomically: any failure in `_apply` (aggregation, a device
         error mid-optimizer) changes nothing and is returned, so the pusher gets the typed
-        error and the shard keeps its weights, optimizer state and version."""
+        error and the shard keeps its weights, optimizer state and version.
+
+        Returns:
+            `(error or None, the new weights (read-only) when copy_out, else None)`.
+        """
+        job = self._apply_and_copy if copy_out else self._apply
         try:  # a refused update (NonFiniteError) comes back as itself
-            result = await self.on_device(guarded, self._apply, parts, errors=(NonFiniteError,))
+            result = await self.on_device(guarded, job, parts, errors=(NonFiniteError,))
         except Exception as exc:  # nothing was changed; answered, never a restart
-            return exc
-        return result.error if isinstance(result, Rejected) else result
+            return exc, None
+        if isinstance(result, Rejected):
+            return result.error, None
+        if isinstance(result, Exception) or result is None:
+            return result, None
+        return None, result
+
+    def _apply_and_copy(self, parts: list[tuple[np.ndarray, float]]) -> Exception | np.ndarray:
+        """`_apply`, then (if applied) a read-only host copy of the new weights."""
+        error = self._apply(parts)
+        if error is not None:
+            return error
+        weights = self.backend.to_host(self.weights)
+        weights.flags.writeable = False
+        return weights
 
     def _apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
         """On the device thread: `sum(coef * g)`, checked finite, then one optimizer step.
@@ -348,8 +381,12 @@ class ServerShard(DeviceActor):
             return None
         return await self._answer_pull(worker)
 
-    async def _answer_pull(self, worker: int) -> tuple[np.ndarray, int]:
+    def _note_lead(self, worker: int) -> None:
+        """Weights go to `worker`: keep the largest lead over the slowest worker."""
         self.max_clock_gap = max(self.max_clock_gap, self._clocks.lead(worker))
+
+    async def _answer_pull(self, worker: int) -> tuple[np.ndarray, int]:
+        self._note_lead(worker)
         weights = await self.on_device(self.backend.to_host, self.weights)
         self.pulled += 1
         return np.asarray(weights), self.version

@@ -166,7 +166,10 @@ class AsyncParameterServer(Actor):
             self.context.spawn(props, name=f"worker-{i}")
             for i, props in enumerate(layout.worker_props(self.servers))
         ]
-        self.pool = WorkerPool(workers, layout.options.max_retries, layout.config.worker_timeout)
+        options = layout.options
+        self.pool = WorkerPool(
+            workers, options.max_retries, layout.config.worker_timeout, options.consistency
+        )
 
     # -- messages -------------------------------------------------------------
 
@@ -237,6 +240,7 @@ class AsyncParameterServer(Actor):
         ckpt = await asyncio.to_thread(load_checkpoint, path)
         ranges = self.layout.ranges
         states = server_states(ckpt, ranges, self.config.optimizer, self.model_config)
+        self.pool.weights_changed()  # also when the load fails half-way
         messages = [SetServerState(s) for s in states]
         await ask_all(self.servers, messages, self.config.worker_timeout)
 

@@ -2,7 +2,9 @@
 
 For every `TrainBatch` it pulls the weights of every server range, computes
 the mean gradient of its batch on its device's worker thread (never on the
-event loop) and pushes it with the versions it pulled. A push refused as
+event loop) and pushes it with the versions it pulled. When the batch allows
+it (`TrainBatch.reuse_generation`), the push answers with the weights it left
+and the next batch of the same generation starts from them instead of a pull. A push refused as
 stale is retried with fresh weights. A batch without a usable gradient
 (non-finite loss or gradient) sends `AbortPush` instead, so that a
 synchronous round fails for every worker rather than waiting for this one,
@@ -76,6 +78,8 @@ class ParameterServerWorker(DeviceActor):
         self.stale_retries = stale_retries
         self.model: Sequential | None = None
         self.stale_pushes = 0
+        # the weights and versions the last push returned, and its batch's generation
+        self._pushed: tuple[np.ndarray, list[int], int] | None = None
 
     @classmethod
     def props(cls, *args: Any, **kwargs: Any) -> Props:
@@ -109,6 +113,7 @@ class ParameterServerWorker(DeviceActor):
         t0 = time.perf_counter_ns()
         features = msg.features
         if isinstance(features, np.ndarray) and features.ndim == 2 and features.shape[0] == 0:
+            self._pushed = None
             _, versions = await self.client.pull(self.worker_id)
             zeros = np.zeros(self.client.n, dtype=np.float32)
             await self.client.push(self.worker_id, versions, zeros, 0.0)
@@ -118,8 +123,9 @@ class ParameterServerWorker(DeviceActor):
             x, y = self._validate(model, features, msg.labels)
         except InvalidBatchError as exc:
             return Failure(exc)
-        for _attempt in range(self.stale_retries + 1):
-            weights, versions = await self.client.pull(self.worker_id)
+        reuse = msg.reuse_generation
+        for attempt in range(self.stale_retries + 1):
+            weights, versions = await self._weights_for(reuse if attempt == 0 else None)
             ctx = ForwardContext(True, min(versions, default=0), msg.sample_offset)
             result = await self.on_device(guarded, self._gradient, weights, x, y, ctx)
             if isinstance(result, Rejected):
@@ -127,7 +133,11 @@ class ParameterServerWorker(DeviceActor):
                 return Failure(result.error)
             grad, norm, loss, grad_norm = result
             try:
-                await self.client.push(self.worker_id, versions, grad, norm)
+                if reuse is None:
+                    await self.client.push(self.worker_id, versions, grad, norm)
+                else:  # the next batch of this generation starts from what it returns
+                    pushed = await self.client.push_and_pull(self.worker_id, versions, grad, norm)
+                    self._pushed = (*pushed, reuse)
             except StaleGradientError:
                 self.stale_pushes += 1
                 continue
@@ -138,6 +148,14 @@ class ParameterServerWorker(DeviceActor):
         return Failure(
             StaleGradientError(-1, -1, f"still stale after {self.stale_retries} retries")
         )
+
+    async def _weights_for(self, generation: int | None) -> tuple[np.ndarray, list[int]]:
+        """The weights to compute from: those the last push returned when it
+        was made for a batch of `generation`, else freshly pulled."""
+        pushed, self._pushed = self._pushed, None
+        if pushed is not None and generation is not None and pushed[2] == generation:
+            return pushed[0], pushed[1]
+        return await self.client.pull(self.worker_id)
 
     async def _abort(self, versions: list[int], error: Exception) -> None:
         """Take part in the round without a gradient (`AbortPush`): a synchronous

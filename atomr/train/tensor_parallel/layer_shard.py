@@ -69,7 +69,9 @@ class LayerShardActor(DeviceActor):
         self.steps = 0
         self._undo = DoubleBuffer()
         self._token = 0
-        self._owned: Any = None  # the gradient entries this shard counts in the norm
+        # the gradient ranges this shard counts in the norm (the replicated
+        # parameters only on shard 0)
+        self._owned: list[tuple[int, int]] = []
 
     @property
     def worker_index(self) -> int:
@@ -81,7 +83,7 @@ class LayerShardActor(DeviceActor):
         model.set_params(self.plan.split(self.plan.model.get_params())[self.rank])
         self.optimizer = self.config.optimizer.create(model.n_params, model.backend, model.dtype)
         mask = self.plan.replicated_mask(self.rank)
-        self._owned = np.ones_like(mask) if self.rank == 0 else ~mask
+        self._owned = _runs(np.ones_like(mask) if self.rank == 0 else ~mask)
         self.model = model
 
     async def receive(self, message: Any) -> Any:
@@ -140,8 +142,8 @@ class LayerShardActor(DeviceActor):
             check_normaliser(norm)
             be.scale(d_out, 1.0 / norm)
             model.backward(tape, d_out)
-            grads = np.asarray(be.to_host(model.grads), dtype=np.float64)[self._owned]
-            squared = float(np.dot(grads, grads))
+            grads = model.grads
+            squared = sum(be.squared_norm_unchecked(grads[lo:hi]) for lo, hi in self._owned)
         return PassResult(float(loss_sum), float(norm), correct, squared)
 
     def apply(self, msg: ShardApply) -> None:
@@ -184,3 +186,9 @@ class LayerShardActor(DeviceActor):
         self.optimizer = fresh
         self.steps = int(state.steps)
         self._undo = DoubleBuffer()
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """The `(start, stop)` of every run of True in a 1-D boolean mask."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return [(int(lo), int(hi)) for lo, hi in zip(edges[::2], edges[1::2], strict=True)]

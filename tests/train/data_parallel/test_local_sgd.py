@@ -15,11 +15,14 @@ import pytest
 from atomr import ActorSystem, Props
 from atomr.accel import cpu_devices
 from atomr.train import (
+    Evaluate,
     GetWeights,
+    LoadCheckpoint,
     LossKind,
     Mlp,
     NonFiniteError,
     OptimizerKind,
+    SaveCheckpoint,
     Step,
     Trainer,
     TrainerConfig,
@@ -217,3 +220,32 @@ async def test_async_refuses_accumulation_and_takes_a_batch_smaller_than_the_rep
         a, b = await dp.ask(GetReplicaWeights())
     assert stats.applied and stats.samples == 3
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("closer", ["save", "evaluate", "weights"])
+async def test_a_checkpoint_an_evaluation_or_the_weights_close_the_open_round(
+    closer: str, tmp_path
+) -> None:
+    config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+    options = DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=100)
+    async with ActorSystem("local-sgd") as system:
+        dp = await DataParallelTrainer.spawn(
+            system, Mlp([6, 8, 3]), cpu_devices(2), config, options
+        )
+        for k in range(3):
+            await dp.ask(Step(X[16 * k : 16 * k + 16], Y[16 * k : 16 * k + 16]))
+        a, b = await dp.ask(GetReplicaWeights())
+        assert not np.array_equal(a, b)  # the round is still open
+        mean = ((a.astype(np.float64) + b) / 2).astype(np.float32)
+        if closer == "save":
+            await dp.ask(SaveCheckpoint(tmp_path / "c.npz"))
+            single = await Trainer.spawn(system, Mlp([6, 8, 3]), "cpu:0", config)
+            await single.ask(LoadCheckpoint(tmp_path / "c.npz"))
+            np.testing.assert_array_equal(await single.ask(GetWeights()), mean)
+        elif closer == "evaluate":
+            await dp.ask(Evaluate(X, Y))
+        else:
+            np.testing.assert_array_equal(await dp.ask(GetWeights()), mean)
+        a, b = await dp.ask(GetReplicaWeights())
+    np.testing.assert_array_equal(a, mean)
+    np.testing.assert_array_equal(b, mean)

@@ -22,7 +22,7 @@ from .context import Context
 from .empty import NONE
 from .envelope import Envelope
 from .errors import ActorStoppedError, MailboxFullError, bounded_repr
-from .mailbox import Mailbox, OverflowPolicy
+from .mailbox import DEFAULT_MAILBOX, Mailbox, OverflowPolicy
 from .messages import DeadLetter, PoisonPill, ReceiveTimeout, Terminated
 from .props import Props
 from .ref import ActorRef
@@ -49,6 +49,11 @@ _ASYNC_RECEIVE: dict[type, bool] = {}
 """Whether an actor class's ``receive`` is a coroutine function (asked once per class)."""
 
 
+def _idle(message: Any) -> Any:
+    """Stands in for ``receive`` while an actor waits (never called)."""
+    raise AssertionError("an idle actor's receive was called")
+
+
 class ActorCell:
     """Mailbox, instance, lifecycle and children of one actor."""
 
@@ -56,7 +61,7 @@ class ActorCell:
     __slots__ = (
         "accepting", "ask_lanes", "bounded", "children", "class_name", "context",
         "current", "dead", "in_handler", "instance", "interrupt", "loop", "mailbox",
-        "name", "parent", "path", "props", "queue", "receive_async", "receive_fn",
+        "name", "parent", "path", "props", "queue", "receive_async",
         "receive_timeout", "_ref", "_ref_weak", "replies", "restart_times", "scheduler", "started",
         "stash", "stashed_current", "stop_requested", "_stopped", "has_stopped", "strategy",
         "supervisor", "suspended", "sysq", "system", "task", "tasks", "thread_id",
@@ -82,10 +87,13 @@ class ActorCell:
         self.class_name = props.class_name
         self.parent = parent
         self.supervisor = supervisor
-        mailbox = props.mailbox.copy() if props.mailbox is not None else Mailbox()
-        self.mailbox = mailbox
-        self.queue: deque[Envelope] = mailbox.queue
-        self.bounded = mailbox.capacity is not None
+        if props.mailbox is None:  # one shared settings object, and a queue of its own
+            self.mailbox: Mailbox = DEFAULT_MAILBOX
+            self.queue: deque[Envelope] = deque()
+        else:
+            self.mailbox = props.mailbox.copy()
+            self.queue = self.mailbox.queue
+        self.bounded = self.mailbox.capacity is not None
         # containers most actors never fill start as shared empty immutables and
         # are made on first use: fewer objects per actor for the cyclic collector
         self.sysq: list[tuple[str, Any]] | tuple[()] = ()
@@ -107,7 +115,7 @@ class ActorCell:
         self.replies: set[Reply] | frozenset[Reply] = NONE
         self.ask_lanes: dict[float, AskDeadlines] | None = None  # made by the first timed ask
         self.tasks: set[asyncio.Task[Any]] | frozenset[asyncio.Task[Any]] = NONE
-        self.timers = TimerSet()
+        self.timers: TimerSet | None = None  # made by the first timer (`timer_set`)
         self.receive_timeout: float | None = None
         self.restart_times: list[float] | tuple[()] = ()
         self.strategy: SupervisorStrategy | None = None
@@ -140,7 +148,6 @@ class ActorCell:
     def _bind(self, instance: Actor) -> None:
         self.instance = instance
         self.class_name = type(instance).__name__
-        self.receive_fn = instance.receive
         receive_type = type(instance)
         receive_async = _ASYNC_RECEIVE.get(receive_type)
         if receive_async is None or "receive" in getattr(instance, "__dict__", ()):
@@ -152,6 +159,13 @@ class ActorCell:
     def start(self) -> None:
         """Schedule the actor's loop on the event loop."""
         self.task = self.loop.create_task(self._run(), name=f"atomr {self.path}")
+
+    def timer_set(self) -> TimerSet:
+        """The actor's timers, made on the first one (most actors never start one)."""
+        timers = self.timers
+        if timers is None:
+            timers = self.timers = TimerSet()
+        return timers
 
     @property
     def ref(self) -> ActorRef:
@@ -173,7 +187,7 @@ class ActorCell:
         if self._ref is not None:
             self._ref_weak = weakref.ref(self._ref)
             self._ref = None
-        for name in ("instance", "receive_fn", "context"):
+        for name in ("instance", "context"):
             if hasattr(self, name):
                 delattr(self, name)
 
@@ -401,6 +415,7 @@ class ActorCell:
                     self.interrupt = True
                     continue
             if not queue or self.suspended:
+                receive = _idle  # no bound method kept by an idle actor
                 waiter = loop.create_future()
                 self.waiter = waiter
                 if queue and not self.suspended:
@@ -417,7 +432,7 @@ class ActorCell:
                     if handle is not None:
                         handle.cancel()
                 continue
-            receive = self.receive_fn
+            receive = self.instance.receive
             is_async = self.receive_async
             n = len(queue)
             if n > THROUGHPUT:

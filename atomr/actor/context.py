@@ -266,7 +266,7 @@ class Context:
                 unhashable key.
         """
         cell = self._cell
-        return cell.timers.schedule(cell.scheduler, cell, message, delay, key=key)
+        return cell.timer_set().schedule(cell.scheduler, cell, message, delay, key=key)
 
     def schedule_repeatedly(
         self,
@@ -289,7 +289,7 @@ class Context:
         """
         cell = self._cell
         delay = interval if initial_delay is None else initial_delay
-        return cell.timers.schedule(cell.scheduler, cell, message, delay, interval, key)
+        return cell.timer_set().schedule(cell.scheduler, cell, message, delay, interval, key)
 
     def cancel_timer(self, key: Hashable) -> bool:
         """Cancel this actor's live timer started with ``key`` (its queued message
@@ -298,7 +298,8 @@ class Context:
         Returns:
             False if there is no such timer.
         """
-        return self._cell.timers.cancel(key)
+        timers = self._cell.timers
+        return timers is not None and timers.cancel(key)
 
     @property
     def receive_timeout(self) -> float | None:

@@ -9,7 +9,7 @@ from collections import deque
 from .envelope import Envelope
 from .errors import MailboxFullError, bounded_repr
 
-__all__ = ["BoundedMailbox", "Mailbox", "OverflowPolicy"]
+__all__ = ["DEFAULT_MAILBOX", "BoundedMailbox", "Mailbox", "OverflowPolicy"]
 
 
 class OverflowPolicy(enum.Enum):
@@ -107,6 +107,25 @@ class Mailbox:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class _DefaultMailbox(Mailbox):
+    """The settings of every default (unbounded) mailbox, one object shared by
+    all: the queue is each actor's own (``ActorCell.queue``), so this one has
+    none, and anything that would queue into it fails loudly."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:  # no queue: see the class docstring
+        self.waiters = _NO_WAITERS
+
+    def copy(self) -> Mailbox:
+        """Return an empty unbounded mailbox."""
+        return Mailbox()
+
+
+DEFAULT_MAILBOX: Mailbox = _DefaultMailbox()
+"""What an actor spawned without ``Props.with_mailbox`` has (shared)."""
 
 
 class BoundedMailbox(Mailbox):

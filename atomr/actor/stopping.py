@@ -47,7 +47,8 @@ def discard(cell: ActorCell, reason: str) -> None:
         cell.task.cancel()  # before its first step _run never starts; a stuck one is left
     for task in cell.tasks:
         task.cancel()
-    cell.timers.cancel_all()
+    if cell.timers is not None:
+        cell.timers.cancel_all()
     for child in list(cell.children.values()):
         discard(child, reason)
     cell.children.clear()
@@ -85,7 +86,8 @@ async def shutdown(cell: ActorCell) -> None:
     if task is not None:
         while task.cancelling():
             task.uncancel()
-    cell.timers.cancel_all()
+    if cell.timers is not None:
+        cell.timers.cancel_all()
     cell.receive_timeout = None
     await cancel_tasks(cell)
     await stop_children(cell)

@@ -136,7 +136,8 @@ async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
     if cell.stop_requested:
         return
     old = cell.instance
-    cell.timers.cancel_all(cell)  # and the queued messages of this incarnation's timers
+    if cell.timers is not None:  # and the queued messages of this incarnation's timers
+        cell.timers.cancel_all(cell)
     cell.receive_timeout = None
     await cancel_tasks(cell)
     await stop_children(cell)

@@ -35,6 +35,7 @@ from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import Failure
 from atomr.train._fanout import failed_indices
 from atomr.train.core.stats import StepStats
+from atomr.train.core.step_checks import check_normaliser
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import ApplyReducedGradients, ComputeGradients
 
@@ -129,6 +130,7 @@ class LocalSgd:
         replicas, runner = self.runner.replicas, self.runner
         ref = replicas.refs[i]
         result = await ref.ask(ComputeGradients(x, y), timeout=replicas.timeout)
+        check_normaliser(result.normaliser)  # every target of weight 0: nothing to apply
         clip = runner.config.gradient_clip
         apply = ApplyReducedGradients(
             None, scale=1.0 / result.normaliser, clip=clip, token=runner.next_token()
@@ -136,10 +138,10 @@ class LocalSgd:
         norm = await ref.ask(apply, timeout=replicas.timeout)
         return float(result.loss_sum), float(result.normaliser), float(norm)
 
-    def _finished(self, i: int, rows: int, task: asyncio.Task[Any]) -> None:
-        """Replica `i` finished a batch of `rows`: learn its speed."""
+    def _finished(self, i: int, rows: int, dispatched: float, task: asyncio.Task[Any]) -> None:
+        """Replica `i` finished a batch of `rows` handed out at `dispatched`: learn its speed."""
         now = time.perf_counter()
-        started = max(self._free_at[i], getattr(task, "atomr_dispatched", now))
+        started = max(self._free_at[i], dispatched)
         self._queued[i].remove(task)
         if rows and not task.cancelled() and task.exception() is None and now > started:
             measured = (now - started) / rows
@@ -159,9 +161,8 @@ class LocalSgd:
             self._free_at[i] = time.perf_counter()
         after = self._queued[i][-1] if self._queued[i] else None
         task = asyncio.ensure_future(self._local_step(i, x, y, after))
-        task.atomr_dispatched = time.perf_counter()  # type: ignore[attr-defined]
-        rows = int(x.shape[0])
-        task.add_done_callback(lambda t: self._finished(i, rows, t))
+        rows, dispatched = int(x.shape[0]), time.perf_counter()
+        task.add_done_callback(lambda t: self._finished(i, rows, dispatched, t))
         self._queued[i].append(task)
         self._round.append((i, task))
         self._assigned[i] += 1

@@ -17,6 +17,7 @@ from atomr.accel import cpu_devices
 from atomr.train import (
     Evaluate,
     GetWeights,
+    InvalidBatchError,
     LoadCheckpoint,
     LossKind,
     Mlp,
@@ -249,3 +250,22 @@ async def test_a_checkpoint_an_evaluation_or_the_weights_close_the_open_round(
         a, b = await dp.ask(GetReplicaWeights())
     np.testing.assert_array_equal(a, mean)
     np.testing.assert_array_equal(b, mean)
+
+
+async def test_a_batch_of_weight_zero_is_answered_as_a_bad_request_at_its_round() -> None:
+    # its mean gradient is undefined: refused by the replica's local step,
+    # which changes nothing, and the replica is not re-synced (not a crash)
+    loss = LossKind.weighted_cross_entropy([0.0, 1.0, 1.0])
+    config = TrainerConfig(OptimizerKind.sgd(0.1), loss)
+    options = DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=2)
+    async with ActorSystem("local-sgd") as system:
+        dp = await DataParallelTrainer.spawn(
+            system, Mlp([6, 8, 3]), cpu_devices(2), config, options
+        )
+        before = await dp.ask(GetReplicaWeights())
+        await dp.ask(Step(X[:16], np.where(Y[:16] == 0, 1, Y[:16])))  # replica 0 steps
+        with pytest.raises(InvalidBatchError, match="class weight 0"):
+            await dp.ask(Step(X[16:32], np.zeros(16, dtype=np.int64)))  # replica 1 refuses
+        a, b = await dp.ask(GetReplicaWeights())
+    assert not np.array_equal(a, before[0])
+    np.testing.assert_array_equal(b, before[1])

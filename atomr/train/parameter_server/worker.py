@@ -5,12 +5,12 @@ the mean gradient of its batch on its device's worker thread (never on the
 event loop) and pushes it with the versions it pulled. When the batch allows
 it (`TrainBatch.reuse_generation`), the push answers with the weights it left
 and the next batch of the same generation starts from them instead of a
-pull. A push refused as stale is retried with fresh weights. A batch without a usable gradient
-(non-finite loss or gradient) sends `AbortPush` instead, so that a
-synchronous round fails for every worker rather than waiting for this one,
-and answers the error. The worker keeps no state between batches besides
-its model buffers, so a restarted worker simply pulls fresh weights on its
-next batch.
+pull. A push refused as stale is retried with fresh weights. A batch
+without a usable gradient (non-finite loss or gradient) sends `AbortPush`
+instead, so that a synchronous round fails for every worker rather than
+waiting for this one, and answers the error. Between batches the worker
+keeps its model buffers and at most the weights its last push returned, so
+a restarted worker simply pulls fresh weights on its next batch.
 """
 
 from __future__ import annotations

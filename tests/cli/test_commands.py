@@ -12,7 +12,7 @@ import atomr
 from atomr.cli import main
 from atomr.train.comm.mpi.launch import find_mpiexec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/cli/ is two levels down
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

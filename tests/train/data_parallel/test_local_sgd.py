@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from atomr import ActorSystem, Props
-from atomr.accel import cpu_devices
+from atomr.accel import DriverError, cpu_devices
+from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     Evaluate,
     GetWeights,
@@ -269,3 +270,31 @@ async def test_a_batch_of_weight_zero_is_answered_as_a_bad_request_at_its_round(
         a, b = await dp.ask(GetReplicaWeights())
     assert not np.array_equal(a, before[0])
     np.testing.assert_array_equal(b, before[1])
+
+
+async def test_a_replica_that_crashes_mid_round_is_resynced_and_the_next_round_averages() -> None:
+    # a crash (not a bad request) in replica 1's local step: its supervisor
+    # restarts it, the round's close answers the error and copies a healthy
+    # replica's state into it; the next round then averages as usual
+    plan = Plan()
+    faulty = inject_faults(ReplicaActor, plan, {"apply": "apply_gradients"})
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    options = DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=2)
+    model = Mlp([6, 8, 3])
+    first, second = cpu_devices(2)
+    props = [Props(ReplicaActor, model, first, config), Props(faulty, model, second, config)]
+    async with ActorSystem("local-sgd") as system:
+        dp = system.spawn(DataParallelTrainer.props(config, props, options))
+        await dp.ask(GetReplicaWeights())
+        plan.arm("apply", RuntimeError)
+        await dp.ask(Step(X[:16], Y[:16]))  # replica 0
+        with pytest.raises(DriverError, match="injected failure") as raised:
+            await dp.ask(Step(X[16:32], Y[16:32]))  # replica 1 crashes
+        assert "replica 1; the round was not averaged" in str(raised.value.__notes__)
+        a, b = await dp.ask(GetReplicaWeights())
+        np.testing.assert_array_equal(a, b)  # re-synced from replica 0
+        await dp.ask(Step(X[32:48], Y[32:48]))
+        stats = await dp.ask(Step(X[48:64], Y[48:64]))
+        a, b = await dp.ask(GetReplicaWeights())
+    assert stats.applied and stats.samples == 32
+    np.testing.assert_array_equal(a, b)

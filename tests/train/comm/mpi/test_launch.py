@@ -275,7 +275,10 @@ def test_ranks_exit_when_the_launcher_is_sigkilled(tmp_path: Path) -> None:
         f"run_mpiexec(2, [sys.executable, {str(HERE / 'orphaned.py')!r}, {str(tmp_path)!r}], "
         "timeout=150)\n"
     )
-    launcher = subprocess.Popen([sys.executable, "-c", code])
+    # the killed launcher cannot remove its start-up directory: keep it in tmp_path
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    launcher = subprocess.Popen([sys.executable, "-c", code], env=env)
     try:
         _wait_for(tmp_path, "up", "1", launcher, "the ranks never started")
     finally:

@@ -34,10 +34,10 @@ from atomr.train.data_parallel.messages import (
     SetGradients,
 )
 from atomr.train.data_parallel.options import DataParallelOptions
+from atomr.train.data_parallel.speed_balancer import initial_seconds_per_sample, smoothed
 
 __all__ = ["Cadence"]
 
-_SMOOTHING = 0.5  # weight of the newest round in a replica's speed
 _MAX_ANCHOR = 64
 
 
@@ -64,10 +64,8 @@ class Cadence:
 
     def _open_round(self) -> None:
         n = len(self.runner.replicas.refs)
-        hint = self.options.speed_hint
         if self.seconds_per_sample is None or len(self.seconds_per_sample) != n:
-            speeds = list(hint) if hint is not None and len(hint) == n else [1.0] * n
-            self.seconds_per_sample = [1.0 / s for s in speeds]
+            self.seconds_per_sample = initial_seconds_per_sample(self.options.speed_hint, n)
         slowest = max(self.seconds_per_sample)
         self.quotas = [max(1, round(self.anchor * slowest / t)) for t in self.seconds_per_sample]
         self._pending = [[] for _ in range(n)]
@@ -166,8 +164,7 @@ class Cadence:
             started, ended = self._busy[i]
             if rows and ended > started:
                 measured = (ended - started) / rows
-                old = self.seconds_per_sample[i]
-                self.seconds_per_sample[i] = (1 - _SMOOTHING) * old + _SMOOTHING * measured
+                self.seconds_per_sample[i] = smoothed(self.seconds_per_sample[i], measured)
 
     def _tune(self, stats: StepStats) -> None:
         share = stats.comm_micros / stats.step_micros if stats.step_micros else 0.0

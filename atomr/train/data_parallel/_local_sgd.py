@@ -38,11 +38,11 @@ from atomr.train.core.stats import StepStats
 from atomr.train.core.step_checks import check_normaliser
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import ApplyReducedGradients, ComputeGradients
+from atomr.train.data_parallel.speed_balancer import initial_seconds_per_sample, smoothed
 
 __all__ = ["LocalSgd"]
 
 _IN_FLIGHT = 2  # batches queued at one replica: it never idles between two Steps
-_SMOOTHING = 0.5  # weight of the newest batch in a replica's measured speed
 
 
 class LocalSgd:
@@ -54,10 +54,6 @@ class LocalSgd:
         seconds: also a round once this long has passed since the last (None: never).
         host: the thread the mean is computed on.
         speed_hint: each replica's initial relative speed (None: equal).
-
-    Attributes:
-        rounds: averaging rounds done.
-        batches: each replica's batches since the trainer started.
     """
 
     def __init__(
@@ -73,8 +69,6 @@ class LocalSgd:
         self.seconds = seconds
         self.host = host
         self.speed_hint = speed_hint
-        self.rounds = 0
-        self.batches: list[int] = []
         self._seconds_per_sample: list[float] = []
         self._queued: list[list[asyncio.Task[Any]]] = []
         self._free_at: list[float] = []  # when each replica's queue last emptied
@@ -89,12 +83,10 @@ class LocalSgd:
         n = len(self.runner.replicas.refs)
         if len(self._queued) == n:
             return
-        hint = self.speed_hint if self.speed_hint and len(self.speed_hint) == n else (1.0,) * n
-        self._seconds_per_sample = [1.0 / s for s in hint]
+        self._seconds_per_sample = initial_seconds_per_sample(self.speed_hint, n)
         self._queued = [[] for _ in range(n)]
         self._free_at = [time.perf_counter()] * n
         self._assigned = [0] * n
-        self.batches = [0] * n
 
     def _due(self) -> bool:
         """Whether this `Step` closes a round (by batches, or by time)."""
@@ -145,8 +137,7 @@ class LocalSgd:
         self._queued[i].remove(task)
         if rows and not task.cancelled() and task.exception() is None and now > started:
             measured = (now - started) / rows
-            old = self._seconds_per_sample[i]
-            self._seconds_per_sample[i] = (1 - _SMOOTHING) * old + _SMOOTHING * measured
+            self._seconds_per_sample[i] = smoothed(self._seconds_per_sample[i], measured)
         self._free_at[i] = now
 
     async def _dispatch(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -166,7 +157,6 @@ class LocalSgd:
         self._queued[i].append(task)
         self._round.append((i, task))
         self._assigned[i] += 1
-        self.batches[i] += 1
 
     async def step(self, x: np.ndarray, y: np.ndarray, samples: int) -> StepStats | Failure:
         """Hand this batch to a replica; close the round when it is due.
@@ -218,7 +208,6 @@ class LocalSgd:
         steps: list[tuple[float, float, float]] = results  # type: ignore[assignment]  # no errors
         started = time.perf_counter_ns()
         await self.runner.replicas.average_weights(self.host)
-        self.rounds += 1
         comm = (time.perf_counter_ns() - started) // 1000
         loss = sum(r[0] for r in steps) / sum(r[1] for r in steps)
         norm = float(np.mean([r[2] for r in steps]))

@@ -20,7 +20,28 @@ import numpy as np
 
 from atomr.train.core.partition import split_sizes
 
-__all__ = ["SpeedBalancer", "check_balance_settings"]
+__all__ = [
+    "WALL_SMOOTHING",
+    "SpeedBalancer",
+    "check_balance_settings",
+    "initial_seconds_per_sample",
+    "smoothed",
+]
+
+WALL_SMOOTHING = 0.5
+"""Weight of the newest wall-time measurement of a replica's speed (CADENCE, ASYNC)."""
+
+
+def initial_seconds_per_sample(hint: tuple[float, ...] | None, replicas: int) -> list[float]:
+    """Each replica's seconds per sample before any is measured: from the
+    relative speeds in `hint` when it has one per replica, else equal."""
+    speeds = hint if hint is not None and len(hint) == replicas else (1.0,) * replicas
+    return [1.0 / s for s in speeds]
+
+
+def smoothed(old: float, measured: float, weight: float = WALL_SMOOTHING) -> float:
+    """The moving average `old` after one more measurement."""
+    return (1.0 - weight) * old + weight * measured
 
 
 def _apportion(batch: int, shares: np.ndarray, minimum: int) -> list[int]:

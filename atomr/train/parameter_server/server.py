@@ -246,8 +246,9 @@ class ServerShard(DeviceActor):
             weights = await self.on_device(self.backend.to_host, self.weights)
         return PushedWeights(self.version, weights)
 
-    async def _push_sync(self, worker: int, grad: np.ndarray, weight: float, staleness: int,
-                         return_weights: bool) -> Any:  # fmt: skip
+    async def _push_sync(
+        self, worker: int, grad: np.ndarray, weight: float, staleness: int, return_weights: bool
+    ) -> Any:
         if staleness != 0:
             self.rejected += 1
             return Failure(StaleGradientError(staleness, 0, "synchronous mode"))

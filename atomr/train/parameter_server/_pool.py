@@ -71,13 +71,12 @@ class WorkerPool:
     """The trainer's workers.
 
     A worker may start a batch from the weights its previous push returned
-    instead of pulling (`TrainBatch.reuse_generation`) where that is what a
-    pull would give or nearly: in synchronous mode always (the weights stay
-    as the round left them until every worker has pushed again), until the
-    trainer says the weights changed otherwise (`weights_changed`); in
-    asynchronous mode within one run of batches (`train_in_order`: the push
-    answer is the pull a moment earlier; every `Step` pulls fresh); in
-    bounded-staleness mode never (a pull may have to wait).
+    instead of pulling (`TrainBatch.reuse_generation`) where that is exactly
+    what a pull would give: in synchronous mode (the weights stay as the round
+    left them until every worker has pushed again), until the trainer says the
+    weights changed otherwise (`weights_changed`). In the asynchronous and
+    bounded models every batch pulls: there the push's answer can be older
+    than a pull, and the extra staleness made training worse.
 
     Args:
         refs: the worker actors (worker ids are their indices).
@@ -109,14 +108,9 @@ class WorkerPool:
         start from weights it was given before."""
         self._generation += 1
 
-    def _reuse(self, in_order: bool) -> int | None:
-        """The `reuse_generation` of the batches of one call (None: pull)."""
-        if self.consistency.is_synchronous:
-            return self._generation
-        if self.consistency.is_bounded or not in_order:
-            return None
-        self._generation += 1  # a fresh pull starts every run of batches
-        return self._generation
+    def _reuse(self) -> int | None:
+        """The `reuse_generation` of the batches (None: pull)."""
+        return self._generation if self.consistency.is_synchronous else None
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -149,7 +143,7 @@ class WorkerPool:
         Raises:
             Exception: the first failure in worker order, once every worker answered.
         """
-        asks, offset, reuse = [], 0, self._reuse(in_order=False)
+        asks, offset, reuse = [], 0, self._reuse()
         for i, (x, y) in enumerate(parts):
             asks.append(self.ask(i, TrainBatch(x, y, offset, reuse)))
             offset += len(x)
@@ -172,7 +166,7 @@ class WorkerPool:
                 every other one stops after its current part, and the failure
                 is raised once all have stopped (none waits for a stopped one).
         """
-        failed, reuse = asyncio.Event(), self._reuse(in_order=True)
+        failed, reuse = asyncio.Event(), self._reuse()
         results = await asyncio.gather(
             *(self._train_each(i, own, failed, reuse) for i, own in enumerate(parts)),
             return_exceptions=True,

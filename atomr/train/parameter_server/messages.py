@@ -234,10 +234,9 @@ class TrainBatch:
         reuse_generation: None: pull fresh weights first. An int: the worker
             may start from the weights its previous push returned, if that
             push was made for a batch of the same generation, and asks its
-            push to return the weights for the next one. The trainer gives a
-            new generation whenever the server's weights may have changed
-            otherwise (a checkpoint loaded; in asynchronous mode every run of
-            batches, so that each starts from a fresh pull).
+            push to return the weights for the next one. The trainer sets it
+            in synchronous mode only, and gives a new generation whenever the
+            server's weights may have changed otherwise (a checkpoint loaded).
     """
 
     features: np.ndarray

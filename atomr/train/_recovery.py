@@ -49,7 +49,7 @@ class DoubleBuffer:
     """Atomic optimizer updates without a copy: two sets of buffers (the
     parameters and the optimizer's state), one current, one spare.
 
-    `apply` runs the optimizer out of place (`Optimizer.step_into`) from the
+    `apply` runs the optimizer out of place (`Optimizer.step_into_unchecked`) from the
     current set into the spare one (the same memory traffic as an in-place
     step), synchronizes, then swaps: the new set becomes current (the owner's
     parameter attribute and the optimizer's buffers and step count point at
@@ -93,7 +93,9 @@ class DoubleBuffer:
                 `Mlp` and "params", a shard and "params", a server and "weights").
             attr: that attribute's name.
             optimizer: the parameters' `Optimizer`.
-            grads: the flat gradient vector.
+            grads: the flat gradient vector: `(n,)` in the optimizer's dtype on
+                `backend`, as the parameters. Not checked here (it is the
+                worker's own buffer, or was checked where it came in).
 
         Raises:
             Whatever the step raises; then nothing has changed.
@@ -104,7 +106,7 @@ class DoubleBuffer:
         if out is None or tuple(out.shape) != tuple(params.shape) or out.dtype != params.dtype:
             out = backend.empty(tuple(params.shape), dtype=params.dtype)
         self._spare_params = out  # kept for reuse should the step fail
-        new = optimizer.step_into(params, grads, out, self._spare)
+        new = optimizer.step_into_unchecked(params, grads, out, self._spare)
         backend.synchronize()
         step = optimizer.step_count
         self._old = (owner, attr, optimizer, params, optimizer.buffers(), step)

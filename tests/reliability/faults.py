@@ -56,10 +56,10 @@ class Plan(testkit.Plan):
 
 @contextmanager
 def _dying(optimizer: Any, plan: testkit.Plan, phase: str, whole: bool) -> Iterator[None]:
-    """While inside: `optimizer`'s out-of-place update (`step_into`, what
+    """While inside: `optimizer`'s out-of-place update (`step_into_unchecked`, what
     every worker's apply runs) writes half of the new weights (all of them
     with `whole`), then raises the error `phase` is armed with."""
-    real = optimizer.step_into
+    real = optimizer.step_into_unchecked
 
     def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> Any:
         if whole:
@@ -69,11 +69,11 @@ def _dying(optimizer: Any, plan: testkit.Plan, phase: str, whole: bool) -> Itera
         plan.fire(phase)
         raise AssertionError(f"{phase} was not armed")
 
-    optimizer.step_into = broken
+    optimizer.step_into_unchecked = broken
     try:
         yield
     finally:
-        del optimizer.step_into
+        del optimizer.step_into_unchecked
 
 
 W = TypeVar("W", bound=type)

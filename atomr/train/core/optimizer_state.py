@@ -123,6 +123,25 @@ class Optimizer:
                 kernel's pass); nothing is changed (`params_out` and the spare
                 buffers hold garbage).
         """
+        self._check_args(
+            f"{type(self).__name__}.step_into",
+            ("params", "grads"),
+            params=params,
+            grads=grads,
+            params_out=params_out,
+        )
+        return self.step_into_unchecked(params, grads, params_out, spare)
+
+    def step_into_unchecked(
+        self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
+    ) -> dict[str, Any]:
+        """`step_into` without checking the buffers: for a worker stepping
+        buffers it owns (an atomic apply, `DoubleBuffer`), checked where they
+        came in, so that a step does not check them again every time.
+
+        Raises:
+            NonFiniteError: as `step_into`.
+        """
         raise NotImplementedError
 
     def _step_in_place(self, params: Any, grads: Any) -> bool:
@@ -242,16 +261,9 @@ class Sgd(Optimizer):
             )
         )
 
-    def step_into(
+    def step_into_unchecked(
         self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
     ) -> dict[str, Any]:
-        self._check_args(
-            "Sgd.step_into",
-            ("params", "grads"),
-            params=params,
-            grads=grads,
-            params_out=params_out,
-        )
         k = self.kind
         step = self.step_count + 1
         buf, out = self.momentum_buffer, None
@@ -297,16 +309,9 @@ class Adam(Optimizer):
             self.backend.adam_step_unchecked(params, grads, m, v, hyper, step, params, m, v)
         )
 
-    def step_into(
+    def step_into_unchecked(
         self, params: Any, grads: Any, params_out: Any, spare: dict[str, Any]
     ) -> dict[str, Any]:
-        self._check_args(
-            "Adam.step_into",
-            ("params", "grads"),
-            params=params,
-            grads=grads,
-            params_out=params_out,
-        )
         m, v = self._spare(spare, "exp_avg"), self._spare(spare, "exp_avg_sq")
         finite = self.backend.adam_step_unchecked(
             params,

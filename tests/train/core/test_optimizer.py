@@ -211,3 +211,33 @@ def test_step_into_equals_step_and_leaves_the_state(kind: OptimizerKind) -> None
         np.testing.assert_array_equal(pb, pa)
         for k, v in a.buffers().items():
             np.testing.assert_array_equal(b.buffers()[k], v)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [OptimizerKind.sgd(0.05, momentum=0.9), OptimizerKind.adam(0.01)],
+    ids=["sgd", "adam"],
+)
+def test_step_into_checks_its_buffers_and_the_unchecked_step_gives_the_same_bits(
+    kind: OptimizerKind,
+) -> None:
+    """`step_into` refuses a wrong shape, dtype or read-only output with the
+    state untouched; `step_into_unchecked` (the atomic apply's) equals it."""
+    checked, trusted = kind.create(N), kind.create(N)
+    params, g = _start(), _grads(3)[0]
+    bad = {
+        "shape": (params, g[:-1], np.empty_like(params)),
+        "dtype": (params, g.astype(np.float64), np.empty_like(params)),
+        "read-only": (params, g, np.empty_like(params)),
+    }
+    bad["read-only"][2].flags.writeable = False
+    for what, (p, grads, out) in bad.items():
+        with pytest.raises((ValueError, TypeError)):
+            checked.step_into(p, grads, out, {})
+        assert checked.step_count == 0, what
+    out_a, out_b = np.empty_like(params), np.empty_like(params)
+    new_a = checked.step_into(params, g, out_a, {})
+    new_b = trusted.step_into_unchecked(params, g, out_b, {})
+    np.testing.assert_array_equal(out_a, out_b)
+    for name, buf in new_a.items():
+        np.testing.assert_array_equal(buf, new_b[name])

@@ -45,11 +45,11 @@ class FaultyServer(ServerShard):
             params_out[: params_out.shape[0] // 2] -= 0.5
             raise ContextPoisoned("injected failure: mid_optimizer")
 
-        opt.step_into = broken  # type: ignore[method-assign]
+        opt.step_into_unchecked = broken  # type: ignore[method-assign]
         try:
             return super()._apply(parts)
         finally:
-            del opt.step_into
+            del opt.step_into_unchecked
 
 
 def _grads(seed: int = 0) -> list[np.ndarray]:

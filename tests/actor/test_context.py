@@ -121,7 +121,9 @@ async def test_create_task_cancelled_on_stop(actor_system: ActorSystem) -> None:
     ref = actor_system.spawn(Props(Tasker, probe.ref))
     await probe.expect_msg("started")
     ref.tell((100.0, False))
-    await asyncio.sleep(0.01)
+    # messages are handled in order: once the second task is done, the first runs
+    assert await ref.ask((0.0, False), timeout=1) == "finished"
+    await probe.expect_msg("task done")
     await ref.stop()
     await probe.expect_msg("task cancelled")
 

@@ -188,10 +188,23 @@ async def test_pending_asks_fail_when_actor_stops(actor_system: ActorSystem) -> 
         await pending
 
 
+class Blocks(Actor):
+    """Says it started handling, then waits for ever."""
+
+    def __init__(self, started: asyncio.Event) -> None:
+        super().__init__()
+        self.started = started
+
+    async def receive(self, message: Any) -> Any:
+        self.started.set()
+        await asyncio.sleep(3600)
+
+
 async def test_stop_cancels_awaiting_handler_and_fails_its_ask(actor_system: ActorSystem) -> None:
-    ref = actor_system.spawn(Props(Slow))
-    pending = asyncio.ensure_future(ref.ask(1000.0, timeout=None))
-    await asyncio.sleep(0.01)
+    started = asyncio.Event()
+    ref = actor_system.spawn(Props(Blocks, started))
+    pending = asyncio.ensure_future(ref.ask("x", timeout=None))
+    await asyncio.wait_for(started.wait(), 5)  # the handler is awaiting
     await ref.stop()
     with pytest.raises(ActorStoppedError):
         await pending

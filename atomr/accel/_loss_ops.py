@@ -1,0 +1,137 @@
+"""Backend's fused losses: softmax cross-entropy and mean squared error.
+
+A mixin of ``Backend`` (atomr/accel/backend.py): each checked op validates its
+arguments, then calls the ``*_unchecked`` hook a backend implements.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+
+from atomr.accel._ops_base import OpsBase
+
+__all__ = ["LossOps"]
+
+
+class LossOps(OpsBase, abc.ABC):
+    """``Backend``'s fused loss ops (forward and backward in one pass).
+
+    The checked ops validate, then call their ``*_unchecked`` hook (abstract
+    here, implemented by each backend); "Unchecked entries" in ``Backend``'s
+    docstring says when a caller may call a hook directly.
+    """
+
+    # ------------------------------------------------------------ losses
+
+    def softmax_cross_entropy(
+        self, logits: Any, labels: Any, weights: Any | None, grad: Any
+    ) -> tuple[float, float]:
+        """Fused softmax cross-entropy, forward and backward, as sums.
+
+        ``loss_sum = sum_i w[y_i] * (-log softmax(logits_i)[y_i])``,
+        ``weight_sum = sum_i w[y_i]`` (w = 1 when ``weights`` is None), and
+        ``grad = d(loss_sum)/d(logits)``. Mean reduction (torch's) is
+        ``loss_sum / weight_sum``.
+
+        Args:
+            logits: 2-D (n, c).
+            labels: 1-D (n,) integer class indices in [0, c): a host NumPy array,
+                or (CUDA) a device array.
+            weights: per-class weights (c,) or None; a host array is accepted by
+                both backends.
+            grad: written, (n, c); may be ``logits`` itself.
+
+        Returns:
+            (loss_sum, weight_sum) as Python floats.
+
+        Raises:
+            TypeError: wrong array type or dtype, labels not integers.
+            ValueError: shape mismatch, not contiguous, a label out of range.
+        """
+        self.validate("softmax_cross_entropy", logits=logits, grad=grad, read_only=("logits",))
+        self._ndim("softmax_cross_entropy", 2, logits=logits)
+        self._same_shape("softmax_cross_entropy", ("logits", logits), ("grad", grad))
+        n, c = logits.shape
+        if c == 0:
+            raise ValueError("softmax_cross_entropy: logits need at least one class (c >= 1)")
+        if self._is_buffer(labels) or isinstance(labels, np.ndarray):
+            if labels.dtype.kind not in "iu":
+                raise TypeError(
+                    f"softmax_cross_entropy: labels must be an integer array, got {labels.dtype}"
+                )
+            if tuple(labels.shape) != (n,):
+                raise ValueError(
+                    f"softmax_cross_entropy: labels have shape {tuple(labels.shape)},"
+                    f" expected ({n},) for logits of shape {(n, c)}"
+                )
+        else:
+            raise TypeError(
+                "softmax_cross_entropy: labels must be an integer NumPy array"
+                f" (or a device array), got {type(labels).__name__}"
+            )
+        if isinstance(labels, np.ndarray) and n > 0:
+            _check_labels(labels, c)
+        if weights is not None:
+            if not (self._is_buffer(weights) or isinstance(weights, np.ndarray)):
+                raise TypeError(
+                    "softmax_cross_entropy: weights must be an array or None,"
+                    f" got {type(weights).__name__}"
+                )
+            if weights.dtype.kind != "f":
+                raise TypeError(
+                    f"softmax_cross_entropy: weights must be floating point, got {weights.dtype}"
+                )
+            if tuple(weights.shape) != (c,):
+                raise ValueError(
+                    f"softmax_cross_entropy: weights have shape {tuple(weights.shape)},"
+                    f" expected ({c},) (one per class)"
+                )
+        loss, wsum = self.softmax_cross_entropy_unchecked(logits, labels, weights, grad)
+        return float(loss), float(wsum)
+
+    @abc.abstractmethod
+    def softmax_cross_entropy_unchecked(
+        self, logits: Any, labels: Any, weights: Any | None, grad: Any
+    ) -> tuple[float, float]:
+        """``softmax_cross_entropy`` without the checks: labels in range, of an integer
+        dtype; ``weights`` None or one per class. See "Unchecked entries"."""
+
+    def mse(self, pred: Any, target: Any, grad: Any) -> float:
+        """Fused squared error, forward and backward, as a sum.
+
+        ``loss_sum = sum (pred - target)^2``; ``grad = 2 (pred - target)``.
+        Mean reduction (torch's) is ``loss_sum / pred.size``.
+
+        Args:
+            pred: any shape.
+            target: same shape.
+            grad: written, same shape (may be pred itself).
+
+        Returns:
+            loss_sum as a Python float (float64 accumulation).
+
+        Raises:
+            TypeError: wrong array type or dtype.
+            ValueError: shapes differ, not contiguous.
+        """
+        self.validate("mse", pred=pred, target=target, grad=grad, read_only=("pred", "target"))
+        self._same_shape("mse", ("pred", pred), ("target", target), ("grad", grad))
+        return float(self.mse_unchecked(self._flat(pred), self._flat(target), self._flat(grad)))
+
+    @abc.abstractmethod
+    def mse_unchecked(self, pred: Any, target: Any, grad: Any) -> float:
+        """``mse`` without the checks, on flat buffers. See "Unchecked entries" in the class docstring."""
+
+
+def _check_labels(labels: np.ndarray, classes: int) -> None:
+    """ValueError naming the first label outside [0, classes)."""
+    bad = np.flatnonzero((labels < 0) | (labels >= classes))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"softmax_cross_entropy: label {int(labels[i])} at row {i} is out of range;"
+            f" expected 0 <= label < {classes}"
+        )

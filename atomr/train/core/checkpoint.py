@@ -15,22 +15,19 @@ File layout (all integers little-endian)::
 
 Saving writes a temporary file in the target's directory, fsyncs it,
 `os.replace`s it over the target and fsyncs the directory: a crash at any
-point leaves either the previous checkpoint or the new one, never a mix.
+point leaves either the previous checkpoint or the new one, never a mix
+(`_atomic_write`). Loading trusts nothing in the file: its kind, header and
+numbers are checked in `_checkpoint_validation`, its arrays in
+`checkpoint_members`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import io
 import json
-import math
 import os
-import re
-import stat
 import struct
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +35,12 @@ from typing import Any
 
 import numpy as np
 
+from atomr.train.core._atomic_write import write_atomically
+from atomr.train.core._checkpoint_validation import (
+    check_float32_range,
+    parse_header,
+    read_regular_file,
+)
 from atomr.train.core.checkpoint_members import read_members
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.optimizer import OptimizerKind
@@ -55,8 +58,6 @@ __all__ = [
 MAGIC = b"ATOMRCK1"
 _DIGEST = 32
 _LEN = struct.Struct("<Q")
-_TEMP_TAIL = re.compile(r"[A-Za-z0-9_]{8}\.tmp")
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 SHARDED_INDEX_KEY = "sharded"
@@ -130,54 +131,6 @@ def _encode(ckpt: Checkpoint) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _temp_prefix(name: str) -> str:
-    return f".{name}."
-
-
-def _refuse_special_target(target: Path) -> None:
-    """Raise CheckpointError if `target` exists and is not a regular file."""
-    try:
-        mode = os.lstat(target).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(mode):
-        raise CheckpointError(
-            f"{target}: exists and is not a regular file (refusing to replace it)"
-        )
-
-
-def _remove_stale_temps(directory: Path, name: str) -> None:
-    """Delete temp files a killed save of `name` left behind (our naming only).
-
-    A name matches `.{name}.<8 mkstemp characters>.tmp` exactly and must be a
-    regular file; anything else in the directory is left alone.
-    """
-    prefix = _temp_prefix(name)
-    with contextlib.suppress(OSError), os.scandir(directory) as entries:
-        for entry in entries:
-            rest = entry.name[len(prefix) :]
-            if (
-                entry.name.startswith(prefix)
-                and _TEMP_TAIL.fullmatch(rest)
-                and entry.is_file(follow_symlinks=False)
-            ):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
-
-
 def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
     """Write `ckpt` to `path` atomically and durably.
 
@@ -198,25 +151,7 @@ def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
     """
     target = Path(path)
     data = _encode(ckpt)
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise FileNotFoundError(
-            errno.ENOENT, "checkpoint directory does not exist", os.fspath(directory)
-        )
-    _refuse_special_target(target)
-    _remove_stale_temps(directory, target.name)
-    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
-        raise
-    _fsync_dir(directory)
+    write_atomically(target, data)
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -242,7 +177,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             checksum mismatch, or a malformed field (the message names it).
     """
     where = os.fspath(path)
-    raw = _read_regular_file(where)
+    raw = read_regular_file(where)
     min_len = len(MAGIC) + _LEN.size + _DIGEST
     if len(raw) < min_len or raw[: len(MAGIC)] != MAGIC:
         raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
@@ -254,70 +189,11 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     if header_len > len(body) - start:
         raise CheckpointError(f"{where}: header_len {header_len} exceeds the file")
     try:
-        header = _parse_header(body[start : start + header_len], len(body) - start - header_len)
+        header = parse_header(body[start : start + header_len], len(body) - start - header_len)
         arrays = read_members(body[start + header_len :])
         return _assemble(header, arrays)
     except CheckpointError as exc:
         raise CheckpointError(f"{where}: {exc}") from exc
-
-
-def _read_regular_file(where: str) -> bytes:
-    """The bytes of `where`, which must be a regular file (symlinks followed).
-
-    Opened non-blocking, so a FIFO is refused instead of waited on.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(where, flags)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(f"{where}: not a regular file (a device, FIFO or socket)")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read(info.st_size + 1)
-    finally:
-        os.close(fd)
-
-
-def _parse_header(text: bytes, payload_len: int) -> dict[str, Any]:
-    """The header's JSON, with every field's type and range checked."""
-    try:
-        header = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"header is not JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise CheckpointError("header is not a JSON object")
-    for key in ("model", "optimizer", "extra"):
-        if not isinstance(header.get(key), dict):
-            raise CheckpointError(f"header field {key!r} is missing or not an object")
-    _check_count("step", header.get("step"))
-    if header.get("payload_len") != payload_len or isinstance(header["payload_len"], bool):
-        raise CheckpointError(f"payload_len {header.get('payload_len')!r} != {payload_len}")
-    if "step" in header["optimizer"]:
-        _check_count("optimizer.step", header["optimizer"]["step"])
-    _check_float32_numbers("optimizer", header["optimizer"])
-    return header
-
-
-def _check_count(what: str, value: object) -> None:
-    """Raise CheckpointError unless `value` is an int in [0, 2**63)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise CheckpointError(f"{what} must be an integer in [0, 2**63), got {value!r}")
-
-
-def _check_float32_numbers(what: str, value: object) -> None:
-    """Raise CheckpointError if any number inside `value` is not finite in float32."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_float32_numbers(f"{what}.{key}", item)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_float32_numbers(f"{what}[{i}]", item)
-    elif (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and not (math.isfinite(value) and abs(value) <= _F32_MAX)
-    ):
-        raise CheckpointError(f"{what} = {value!r} is not finite in float32")
 
 
 def _assemble(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Checkpoint:
@@ -337,8 +213,8 @@ def _assemble(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Checkpoi
             target[key] = value
     for key, value in optimizer.items():
         if isinstance(value, np.ndarray):
-            _check_float32_range(f"optimizer[{key!r}]", value)
-    _check_float32_range("weights", weights)
+            check_float32_range(f"optimizer[{key!r}]", value)
+    check_float32_range("weights", weights)
     return Checkpoint(
         model=header["model"],
         weights=weights,
@@ -346,12 +222,6 @@ def _assemble(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Checkpoi
         optimizer=optimizer,
         extra=extra,
     )
-
-
-def _check_float32_range(what: str, value: np.ndarray) -> None:
-    """Raise CheckpointError if `value` would not be finite as float32."""
-    if value.size and float(np.max(np.abs(value), initial=0)) > _F32_MAX:
-        raise CheckpointError(f"{what} holds values beyond float32 range")
 
 
 def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_params: int) -> None:

@@ -23,7 +23,9 @@ A failure during the update itself (the aggregation, a device error, an
 optimizer dying half-way) changes nothing, since the update is written out
 of place and swapped in only once complete (`atomr.train._recovery.DoubleBuffer`),
 and is answered with `Failure(exc)` too: the pusher gets the typed error, the
-shard keeps its weights and version and goes on serving.
+shard keeps its weights and version and goes on serving. That state and its
+atomic update are `ShardStore`'s (`_shard_store.py`), which `ServerShard`
+extends with the consistency models and the messages.
 
 A shard may hold one range of a larger vector: the trainer
 (`AsyncParameterServer`) spawns K of them and its workers push and pull
@@ -37,11 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from atomr.accel import Device, DeviceActor
+from atomr.accel import Device
 from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint, SetLearningRate
@@ -51,6 +52,7 @@ from atomr.train.parameter_server._checkpoint import checkpoint_of, server_state
 from atomr.train.parameter_server._clocks import WorkerClocks
 from atomr.train.parameter_server._push_checks import check_push, check_staleness, check_worker
 from atomr.train.parameter_server._round import PendingPush, SynchronousRound, round_update
+from atomr.train.parameter_server._shard_store import ShardStore
 from atomr.train.parameter_server.consistency import Consistency, check_staleness_bound
 from atomr.train.parameter_server.messages import (
     AbortPush,
@@ -76,7 +78,7 @@ def _as_optimizer_kind(optimizer: OptimizerKind | float) -> OptimizerKind:
     raise TypeError(f"optimizer must be an OptimizerKind or a learning rate, got {optimizer!r}")
 
 
-class ServerShard(DeviceActor):
+class ServerShard(ShardStore):
     """Holds a flat weight vector (or one range of it) and its optimizer;
     answers `PushGradient`, `AbortPush`, `PullWeights`, `Stats`, `GetWeights`,
     `SaveCheckpoint`, `LoadCheckpoint`, `GetServerState`, `SetServerState`.
@@ -160,17 +162,7 @@ class ServerShard(DeviceActor):
         """
         return Props(cls, initial_weights, optimizer, max_staleness, **options)
 
-    # -- state ----------------------------------------------------------------
-
-    def _build(self) -> None:
-        """On the device thread: weights and optimizer state on the device."""
-        be = self.backend
-        self.weights = be.to_device(self._initial)
-        self.optimizer = self.kind.create(self.n, be, np.float32)
-
-    async def _ready(self) -> None:
-        if self.weights is None:
-            await self.on_device(self._build)
+    # -- counters -------------------------------------------------------------
 
     def stats(self) -> ParameterServerStats:
         """This shard's counters (see `ParameterServerStats`)."""
@@ -211,13 +203,6 @@ class ServerShard(DeviceActor):
         if isinstance(message, LoadCheckpoint):
             return await self._load(message.path)
         return await super().receive(message)
-
-    def _set_lr(self, lr: float) -> None:
-        """`SetLearningRate` (device thread): the rate of the later updates,
-        and of an optimizer rebuilt after a failed step."""
-        assert self.optimizer is not None
-        self.optimizer.set_lr(lr)
-        self.kind = self.optimizer.kind
 
     async def _push(self, msg: PushGradient) -> Any:
         try:
@@ -303,67 +288,6 @@ class ServerShard(DeviceActor):
             else:
                 p.reply.set_result(self.version)
 
-    async def _apply_or_undo(
-        self, parts: list[tuple[np.ndarray, float]], copy_out: bool = False
-    ) -> tuple[Exception | None, np.ndarray | None]:
-        """Apply `parts` atomically: any failure in `_apply` (aggregation, a device
-        error mid-optimizer) changes nothing and is returned, so the pusher gets the typed
-        error and the shard keeps its weights, optimizer state and version.
-
-        Returns:
-            `(error or None, the new weights (read-only) when copy_out, else None)`.
-        """
-        job = self._apply_and_copy if copy_out else self._apply
-        try:  # a refused update (NonFiniteError) comes back as itself
-            result = await self.on_device(guarded, job, parts, errors=(NonFiniteError,))
-        except Exception as exc:  # nothing was changed; answered, never a restart
-            return exc, None
-        if isinstance(result, Rejected):
-            return result.error, None
-        if isinstance(result, Exception) or result is None:
-            return result, None
-        return None, result
-
-    def _apply_and_copy(self, parts: list[tuple[np.ndarray, float]]) -> Exception | np.ndarray:
-        """`_apply`, then (if applied) a read-only host copy of the new weights."""
-        error = self._apply(parts)
-        if error is not None:
-            return error
-        weights = self.backend.to_host(self.weights)
-        weights.flags.writeable = False
-        return weights
-
-    def _apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
-        """On the device thread: `sum(coef * g)`, checked finite, then one optimizer step.
-
-        Returns None when applied, else the error (nothing changed).
-        """
-        assert self.optimizer is not None
-        be = self.backend
-        with np.errstate(over="ignore", invalid="ignore"):
-            if len(parts) == 1 and parts[0][1] == 1.0:
-                total = np.ascontiguousarray(parts[0][0], dtype=np.float32)
-            else:
-                acc = np.zeros(self.n, dtype=np.float64)
-                for g, coef in parts:
-                    acc += coef * g.astype(np.float64, copy=False)
-                total = acc.astype(np.float32)
-            if not np.isfinite(total).all():
-                return NonFiniteError("gradient holds NaN or Inf; nothing applied")
-        grads = be.to_device(total)
-        if self.gradient_clip is not None:
-            clip_grad_norm(be, grads, self.gradient_clip)
-        # out of place, swapped in only when complete: a failure changes nothing
-        self._buffers.apply(be, self, "weights", self.optimizer, grads)
-        self._buffers.commit()
-        self.version += 1
-        return None
-
-    def _count_applied(self, stalenesses: list[int]) -> None:
-        self.applied += len(stalenesses)
-        self._staleness_sum += sum(stalenesses)
-        self.max_staleness_seen = max([self.max_staleness_seen, *stalenesses])
-
     # -- pulls and clocks (bounded staleness) ---------------------------------
 
     async def _batch_done(self, worker: int) -> None:
@@ -394,11 +318,6 @@ class ServerShard(DeviceActor):
 
     # -- state transfer and checkpoints ---------------------------------------
 
-    def _server_state(self) -> ServerState:
-        assert self.optimizer is not None
-        weights = np.asarray(self.backend.to_host(self.weights))
-        return ServerState(weights, self.optimizer.state_dict(), self.version)
-
     async def _set_state(self, state: Any) -> Any:
         if self._round.in_progress:
             return Failure(RuntimeError("a synchronous round is in progress; try again after it"))
@@ -408,23 +327,6 @@ class ServerShard(DeviceActor):
             return await self.on_device(self._commit_state, state)
         except (ValueError, TypeError) as exc:
             return Failure(exc)
-
-    def _commit_state(self, state: ServerState) -> None:
-        """On the device thread: check everything, then replace weights, optimizer, version."""
-        w = np.asarray(state.weights, dtype=np.float32).reshape(-1)
-        if w.shape[0] != self.n or not np.isfinite(w).all():
-            raise ValueError(
-                f"state holds {w.shape[0]} weights (finite needed), server has {self.n}"
-            )
-        fresh = self.kind.create(self.n, self.backend, np.float32)
-        try:
-            fresh.load_state_dict(state.optimizer)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"optimizer state does not fit: {exc!r}") from exc
-        self.backend.copy(self.backend.to_device(np.ascontiguousarray(w)), self.weights)
-        self.optimizer = fresh
-        self.kind = fresh.kind
-        self.version = int(state.version)
 
     async def _save(self, path: Any) -> Any:
         ckpt = checkpoint_of([await self.on_device(self._server_state)], self.model_config)

@@ -26,7 +26,6 @@ A step:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -43,12 +42,6 @@ from atomr.actor import (
     OneForOneStrategy,
     Props,
     SupervisorStrategy,
-)
-from atomr.train._contract import (
-    check_options,
-    check_spawn_args,
-    check_workers,
-    refuse_accumulation,
 )
 from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import ResumedCrashWatch, StateLossWatch
@@ -85,6 +78,7 @@ from atomr.train.core.step_checks import (
 )
 from atomr.train.core.validation import BatchSpec
 from atomr.train.pipeline._checkpoint import split_checkpoint
+from atomr.train.pipeline._construction import check_props, spawn_stages
 from atomr.train.pipeline.group import StageGroup
 from atomr.train.pipeline.messages import (
     GetGradients,
@@ -95,8 +89,6 @@ from atomr.train.pipeline.messages import (
 )
 from atomr.train.pipeline.options import PipelineOptions
 from atomr.train.pipeline.schedule import OpKind
-from atomr.train.pipeline.split import stage_layer_counts
-from atomr.train.pipeline.stage import StageActor
 from atomr.train.pipeline.timeline import Timeline
 
 __all__ = ["PipelineParallelTrainer"]
@@ -148,7 +140,7 @@ class PipelineParallelTrainer(Actor):
         options: PipelineOptions | None = None,
     ) -> None:
         super().__init__()
-        self.config, self._given, self.options = _check_props(config, stages, options)
+        self.config, self._given, self.options = check_props(config, stages, options)
         self.stages: list[ActorRef] = []
         self._group: StageGroup | None = None
         self.steps = 0
@@ -177,7 +169,7 @@ class PipelineParallelTrainer(Actor):
             TypeError, ValueError: as the class, checked here before anything
                 is spawned.
         """
-        _check_props(config, stages, options)
+        check_props(config, stages, options)
         return Props(cls, config, list(stages), options)
 
     @classmethod
@@ -212,15 +204,7 @@ class PipelineParallelTrainer(Actor):
                 `config.accumulation_steps > 1`; all raised before anything is
                 spawned.
         """
-        model, devs, config = check_spawn_args(system, model, devices, config, name)
-        options = check_options(options, PipelineOptions, "PipelineParallelTrainer")
-        refuse_accumulation(config, "pipeline")
-        counts = stage_layer_counts(model, len(devs), options.split)
-        stages, start = [], 0
-        for count, dev in zip(counts, devs, strict=True):
-            stages.append(options.stage_class.props(model.slice_layers(start, start + count), dev))
-            start += count
-        built = dataclasses.replace(options, split=None, stage_class=StageActor)
+        config, stages, built = spawn_stages(system, model, devices, config, options, name)
         ref: ActorRef = system.spawn(cls.props(config, stages, built), name=name)
         await ref.ask(GetWeights(), timeout=config.worker_timeout)
         return ref
@@ -401,18 +385,3 @@ class PipelineParallelTrainer(Actor):
         await self._load(group, message.path)
         if self._watch.clear(generation):
             self._group = group
-
-
-def _check_props(
-    config: Any, stages: Any, options: Any
-) -> tuple[TrainerConfig, list[Any], PipelineOptions]:
-    """The checks of `PipelineParallelTrainer.props` (see the class)."""
-    config, items = check_workers(config, stages, "stages")
-    options = check_options(options, PipelineOptions, "PipelineParallelTrainer")
-    refuse_accumulation(config, "pipeline")
-    if options.split is not None or options.stage_class is not StageActor:
-        raise ValueError(
-            "options.split and options.stage_class say how spawn builds its stages; props "
-            "takes stages already built: leave them None and StageActor"
-        )
-    return config, items, options

@@ -1,0 +1,104 @@
+"""Replacing a file atomically and durably, as `save_checkpoint` does.
+
+The new content goes to a temporary file in the target's directory
+(`.{name}.<8 mkstemp characters>.tmp`), which is fsynced, `os.replace`d over
+the target, and the directory fsynced: a crash at any point leaves either
+the previous file or the new one, never a mix. Temporary files a killed
+write left behind are removed by the next write of the same name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+
+from atomr.train.core.errors import CheckpointError
+
+__all__ = ["write_atomically"]
+
+_TEMP_TAIL = re.compile(r"[A-Za-z0-9_]{8}\.tmp")
+
+
+def write_atomically(target: Path, data: bytes) -> None:
+    """Replace `target` with `data`, atomically and durably.
+
+    Raises:
+        FileNotFoundError: the directory of `target` does not exist (its
+            `filename` is that directory).
+        CheckpointError: `target` exists and is not a regular file (a symlink,
+            device, FIFO or directory is never replaced).
+        OSError: the file system refused (the previous file, if any, is left
+            intact and no temporary file remains).
+    """
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            errno.ENOENT, "checkpoint directory does not exist", os.fspath(directory)
+        )
+    _refuse_special_target(target)
+    _remove_stale_temps(directory, target.name)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _temp_prefix(name: str) -> str:
+    return f".{name}."
+
+
+def _refuse_special_target(target: Path) -> None:
+    """Raise CheckpointError if `target` exists and is not a regular file."""
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(
+            f"{target}: exists and is not a regular file (refusing to replace it)"
+        )
+
+
+def _remove_stale_temps(directory: Path, name: str) -> None:
+    """Delete temp files a killed save of `name` left behind (our naming only).
+
+    A name matches `.{name}.<8 mkstemp characters>.tmp` exactly and must be a
+    regular file; anything else in the directory is left alone.
+    """
+    prefix = _temp_prefix(name)
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            rest = entry.name[len(prefix) :]
+            if (
+                entry.name.startswith(prefix)
+                and _TEMP_TAIL.fullmatch(rest)
+                and entry.is_file(follow_symlinks=False)
+            ):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)

@@ -1,0 +1,104 @@
+"""Validation of a checkpoint file being loaded: its kind, its header and the
+range of its numbers.
+
+The file is untrusted (`load_checkpoint`): only a regular file is read, the
+header's JSON is checked field by field, and every number must be finite
+in float32 where the trainers will use it as float32. The arrays' own
+checks are in `checkpoint_members`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from typing import Any
+
+import numpy as np
+
+from atomr.train.core.errors import CheckpointError
+
+__all__ = [
+    "check_count",
+    "check_float32_numbers",
+    "check_float32_range",
+    "parse_header",
+    "read_regular_file",
+]
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def read_regular_file(where: str) -> bytes:
+    """The bytes of `where`, which must be a regular file (symlinks followed).
+
+    Opened non-blocking, so a FIFO is refused instead of waited on.
+
+    Raises:
+        FileNotFoundError: `where` does not exist (OSError: it cannot be opened).
+        CheckpointError: not a regular file.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(where, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"{where}: not a regular file (a device, FIFO or socket)")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(info.st_size + 1)
+    finally:
+        os.close(fd)
+
+
+def parse_header(text: bytes, payload_len: int) -> dict[str, Any]:
+    """The header's JSON, with every field's type and range checked.
+
+    Raises:
+        CheckpointError: not a JSON object, or a field missing, of the wrong
+            type or out of range (the message names it).
+    """
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CheckpointError("header is not a JSON object")
+    for key in ("model", "optimizer", "extra"):
+        if not isinstance(header.get(key), dict):
+            raise CheckpointError(f"header field {key!r} is missing or not an object")
+    check_count("step", header.get("step"))
+    if header.get("payload_len") != payload_len or isinstance(header["payload_len"], bool):
+        raise CheckpointError(f"payload_len {header.get('payload_len')!r} != {payload_len}")
+    if "step" in header["optimizer"]:
+        check_count("optimizer.step", header["optimizer"]["step"])
+    check_float32_numbers("optimizer", header["optimizer"])
+    return header
+
+
+def check_count(what: str, value: object) -> None:
+    """Raise CheckpointError unless `value` is an int in [0, 2**63)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise CheckpointError(f"{what} must be an integer in [0, 2**63), got {value!r}")
+
+
+def check_float32_numbers(what: str, value: object) -> None:
+    """Raise CheckpointError if any number inside `value` is not finite in float32."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_float32_numbers(f"{what}.{key}", item)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_float32_numbers(f"{what}[{i}]", item)
+    elif (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and not (math.isfinite(value) and abs(value) <= _F32_MAX)
+    ):
+        raise CheckpointError(f"{what} = {value!r} is not finite in float32")
+
+
+def check_float32_range(what: str, value: np.ndarray) -> None:
+    """Raise CheckpointError if `value` would not be finite as float32."""
+    if value.size and float(np.max(np.abs(value), initial=0)) > _F32_MAX:
+        raise CheckpointError(f"{what} holds values beyond float32 range")

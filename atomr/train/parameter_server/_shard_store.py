@@ -1,0 +1,160 @@
+"""`ShardStore`: what a server shard holds (the weights, the optimizer's
+state and the version) and the only ways they change: an atomic update and
+a whole-state replacement.
+
+An update sums its parts, checks the sum finite, clips it and runs one
+optimizer step out of place (`atomr.train._recovery.DoubleBuffer`): any
+failure changes nothing, and is handed back to the caller as a value to
+answer with, so the shard is never restarted for it. Everything here but
+`_ready` and `_apply_or_undo` runs on the device's worker thread.
+
+`ServerShard` (server.py) is the actor: it builds the store in its
+constructor and adds the consistency models, the synchronous round, the
+worker clocks and the messages on top.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from atomr.accel import DeviceActor
+from atomr.train._recovery import DoubleBuffer
+from atomr.train.core.clip import clip_grad_norm
+from atomr.train.core.device_guard import Rejected, guarded
+from atomr.train.core.errors import NonFiniteError
+from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.optimizer_state import Optimizer
+from atomr.train.parameter_server.messages import ServerState
+
+__all__ = ["ShardStore"]
+
+
+class ShardStore(DeviceActor):
+    """The state of a server shard and its atomic updates (module docstring).
+
+    It has no constructor of its own: `ServerShard.__init__` sets every
+    attribute below.
+    """
+
+    n: int
+    kind: OptimizerKind
+    gradient_clip: float | None
+    weights: Any
+    optimizer: Optimizer | None
+    version: int
+    applied: int
+    max_staleness_seen: int
+    _initial: np.ndarray
+    _staleness_sum: int
+    _buffers: DoubleBuffer
+
+    def _build(self) -> None:
+        """On the device thread: weights and optimizer state on the device."""
+        be = self.backend
+        self.weights = be.to_device(self._initial)
+        self.optimizer = self.kind.create(self.n, be, np.float32)
+
+    async def _ready(self) -> None:
+        if self.weights is None:
+            await self.on_device(self._build)
+
+    def _set_lr(self, lr: float) -> None:
+        """`SetLearningRate` (device thread): the rate of the later updates,
+        and of an optimizer rebuilt after a failed step."""
+        assert self.optimizer is not None
+        self.optimizer.set_lr(lr)
+        self.kind = self.optimizer.kind
+
+    # -- updates ----------------------------------------------------------------
+
+    async def _apply_or_undo(
+        self, parts: list[tuple[np.ndarray, float]], copy_out: bool = False
+    ) -> tuple[Exception | None, np.ndarray | None]:
+        """Apply `parts` atomically: any failure in `_apply` (aggregation, a device
+        error mid-optimizer) changes nothing and is returned, so the pusher gets the typed
+        error and the shard keeps its weights, optimizer state and version.
+
+        Returns:
+            `(error or None, the new weights (read-only) when copy_out, else None)`.
+        """
+        job = self._apply_and_copy if copy_out else self._apply
+        try:  # a refused update (NonFiniteError) comes back as itself
+            result = await self.on_device(guarded, job, parts, errors=(NonFiniteError,))
+        except Exception as exc:  # nothing was changed; answered, never a restart
+            return exc, None
+        if isinstance(result, Rejected):
+            return result.error, None
+        if isinstance(result, Exception) or result is None:
+            return result, None
+        return None, result
+
+    def _apply_and_copy(self, parts: list[tuple[np.ndarray, float]]) -> Exception | np.ndarray:
+        """`_apply`, then (if applied) a read-only host copy of the new weights."""
+        error = self._apply(parts)
+        if error is not None:
+            return error
+        weights = self.backend.to_host(self.weights)
+        weights.flags.writeable = False
+        return weights
+
+    def _apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
+        """On the device thread: `sum(coef * g)`, checked finite, then one optimizer step.
+
+        Returns None when applied, else the error (nothing changed).
+        """
+        assert self.optimizer is not None
+        be = self.backend
+        with np.errstate(over="ignore", invalid="ignore"):
+            if len(parts) == 1 and parts[0][1] == 1.0:
+                total = np.ascontiguousarray(parts[0][0], dtype=np.float32)
+            else:
+                acc = np.zeros(self.n, dtype=np.float64)
+                for g, coef in parts:
+                    acc += coef * g.astype(np.float64, copy=False)
+                total = acc.astype(np.float32)
+            if not np.isfinite(total).all():
+                return NonFiniteError("gradient holds NaN or Inf; nothing applied")
+        grads = be.to_device(total)
+        if self.gradient_clip is not None:
+            clip_grad_norm(be, grads, self.gradient_clip)
+        # out of place, swapped in only when complete: a failure changes nothing
+        self._buffers.apply(be, self, "weights", self.optimizer, grads)
+        self._buffers.commit()
+        self.version += 1
+        return None
+
+    def _count_applied(self, stalenesses: list[int]) -> None:
+        self.applied += len(stalenesses)
+        self._staleness_sum += sum(stalenesses)
+        self.max_staleness_seen = max([self.max_staleness_seen, *stalenesses])
+
+    # -- whole state ------------------------------------------------------------
+
+    def _server_state(self) -> ServerState:
+        assert self.optimizer is not None
+        weights = np.asarray(self.backend.to_host(self.weights))
+        return ServerState(weights, self.optimizer.state_dict(), self.version)
+
+    def _commit_state(self, state: ServerState) -> None:
+        """On the device thread: check everything, then replace weights, optimizer, version.
+
+        Raises:
+            ValueError: the wrong number of weights, non-finite weights, or an
+                optimizer state that does not fit (nothing changed).
+        """
+        w = np.asarray(state.weights, dtype=np.float32).reshape(-1)
+        if w.shape[0] != self.n or not np.isfinite(w).all():
+            raise ValueError(
+                f"state holds {w.shape[0]} weights (finite needed), server has {self.n}"
+            )
+        fresh = self.kind.create(self.n, self.backend, np.float32)
+        try:
+            fresh.load_state_dict(state.optimizer)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"optimizer state does not fit: {exc!r}") from exc
+        self.backend.copy(self.backend.to_device(np.ascontiguousarray(w)), self.weights)
+        self.optimizer = fresh
+        self.kind = fresh.kind
+        self.version = int(state.version)

@@ -13,6 +13,7 @@ worker thread when the model belongs to an actor.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -112,14 +113,17 @@ class Sequential:
             self.device = Device.parse(device)
             self.backend = backend_for(self.device)
         self.in_shape = tuple(int(s) for s in input_shape)
-        self._slots: list[list[tuple[int, tuple[int, ...]]]] = []
+        # each layer's arrays as (start, stop, shape) in the flat vector, in
+        # Python ints: `views` runs for every layer of every pass
+        self._slots: list[list[tuple[int, int, tuple[int, ...]]]] = []
         shape, pos = self.in_shape, 0
         for layer in self.layers:
             shape = layer.out_shape(shape)
             slots = []
             for s in layer.param_shapes():
-                slots.append((pos, tuple(s)))
-                pos += int(np.prod(s))
+                size = math.prod(int(d) for d in s)
+                slots.append((pos, pos + size, tuple(int(d) for d in s)))
+                pos += size
             self._slots.append(slots)
         self.out_shape: tuple[int, ...] = shape
         self.n_params = pos
@@ -130,12 +134,12 @@ class Sequential:
         host = np.empty(self.n_params, dtype=self.dtype)
         for layer, slots in zip(self.layers, self._slots, strict=True):
             arrays = layer.init_params(rng)
-            if [tuple(np.shape(a)) for a in arrays] != [s for _, s in slots]:
+            if [tuple(np.shape(a)) for a in arrays] != [s for _, _, s in slots]:
                 raise ValueError(
                     f"{type(layer).__name__}.init_params does not match its param_shapes"
                 )
-            for (at, shape), a in zip(slots, arrays, strict=True):
-                host[at : at + int(np.prod(shape))] = np.asarray(a).reshape(-1)
+            for (start, stop, _), a in zip(slots, arrays, strict=True):
+                host[start:stop] = np.asarray(a).reshape(-1)
         return host
 
     def _allocate(self, host: np.ndarray) -> None:
@@ -260,7 +264,7 @@ class Sequential:
 
     def views(self, vector: Any, index: int) -> list[Any]:
         """Layer `index`'s arrays as views into `vector` (`params` or `grads`)."""
-        return [vector[at : at + int(np.prod(s))].reshape(s) for at, s in self._slots[index]]
+        return [vector[start:stop].reshape(shape) for start, stop, shape in self._slots[index]]
 
     def get_params(self) -> np.ndarray:
         """A host copy of the flat parameter vector."""

@@ -58,12 +58,19 @@ def _is_dataclass_signature(cls: type, doc: str) -> bool:
 
 
 def _members(cls: type) -> Iterator[tuple[str, Any]]:
-    for name, value in vars(cls).items():
-        if name.startswith("_"):
+    """Public functions of `cls` and of its atomr bases (a mixin's methods are
+    the class's public surface, wherever the code lives)."""
+    seen: set[str] = set()
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("atomr"):
             continue
-        value = _unwrap(value)
-        if inspect.isfunction(value):
-            yield name, value
+        for name, value in vars(klass).items():
+            if name.startswith("_") or name in seen:
+                continue
+            seen.add(name)
+            value = _unwrap(value)
+            if inspect.isfunction(value):
+                yield name, value
 
 
 def _unwrap(value: Any) -> Any:
@@ -92,8 +99,8 @@ def _public_objects() -> Iterator[tuple[str, Any]]:
             yield f"{obj.__module__}.{obj.__qualname__}", obj
             if inspect.isclass(obj):
                 for member_name, member in _members(obj):
-                    if _inherits_doc(obj, member_name):
-                        continue
+                    if member_name in vars(obj) and _inherits_doc(obj, member_name):
+                        continue  # an override that its base documents
                     yield f"{obj.__module__}.{obj.__qualname__}.{member_name}", member
 
 
@@ -116,6 +123,9 @@ def test_the_walk_sees_the_main_names() -> None:
         "atomr.accel.device.Device",
         "atomr.train.trainer.Trainer",
         "atomr.cli.app.main",
+        # methods a class gets from an atomr base or mixin (another module)
+        "atomr.accel.backend.Backend.matmul",
+        "atomr.train.tensor_parallel.shard.ShardActor.forward_stage",
     ):
         assert expected in names
 

@@ -93,9 +93,10 @@ class DoubleBuffer:
                 `Mlp` and "params", a shard and "params", a server and "weights").
             attr: that attribute's name.
             optimizer: the parameters' `Optimizer`.
-            grads: the flat gradient vector: `(n,)` in the optimizer's dtype on
-                `backend`, as the parameters. Not checked here (it is the
-                worker's own buffer, or was checked where it came in).
+            grads: the flat gradient vector: `(n,)`, C-contiguous, in the
+                optimizer's dtype on `backend`, as the parameters. Not checked
+                here (`Optimizer.step_into_unchecked`): it is the worker's own
+                buffer, or was checked where it came in.
 
         Raises:
             Whatever the step raises; then nothing has changed.

@@ -189,23 +189,28 @@ async def test_pending_asks_fail_when_actor_stops(actor_system: ActorSystem) -> 
 
 
 class Blocks(Actor):
-    """Says it started handling, then waits for ever."""
+    """Says it started handling, then waits for ever; says if it was cancelled."""
 
-    def __init__(self, started: asyncio.Event) -> None:
+    def __init__(self, started: asyncio.Event, cancelled: asyncio.Event) -> None:
         super().__init__()
-        self.started = started
+        self.started, self.cancelled = started, cancelled
 
     async def receive(self, message: Any) -> Any:
         self.started.set()
-        await asyncio.sleep(3600)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
 
 
 async def test_stop_cancels_awaiting_handler_and_fails_its_ask(actor_system: ActorSystem) -> None:
-    started = asyncio.Event()
-    ref = actor_system.spawn(Props(Blocks, started))
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    ref = actor_system.spawn(Props(Blocks, started, cancelled))
     pending = asyncio.ensure_future(ref.ask("x", timeout=None))
     await asyncio.wait_for(started.wait(), 5)  # the handler is awaiting
-    await ref.stop()
+    await asyncio.wait_for(ref.stop(), 5)
+    assert cancelled.is_set()
     with pytest.raises(ActorStoppedError):
         await pending
 

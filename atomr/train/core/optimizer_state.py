@@ -139,6 +139,12 @@ class Optimizer:
         buffers it owns (an atomic apply, `DoubleBuffer`), checked where they
         came in, so that a step does not check them again every time.
 
+        The caller guarantees what `step_into` checks: `params`, `grads` and
+        `params_out` are `(n,)`, C-contiguous, of this optimizer's dtype and
+        in its backend's memory; `params_out` is writable and is none of the
+        inputs. Nothing is checked: a wrong buffer gives wrong numbers or a
+        numba error, not a clear `ValueError`.
+
         Raises:
             NonFiniteError: as `step_into`.
         """

@@ -6,7 +6,8 @@ An update sums its parts, checks the sum finite, clips it and runs one
 optimizer step out of place (`atomr.train._recovery.DoubleBuffer`): any
 failure changes nothing, and is handed back to the caller as a value to
 answer with, so the shard is never restarted for it. Everything here but
-`_ready` and `_apply_or_undo` runs on the device's worker thread.
+`_ready`, `_apply_or_undo` and `_count_applied` (the event loop's) runs on
+the device's worker thread.
 
 `ServerShard` (server.py) is the actor: it builds the store in its
 constructor and adds the consistency models, the synchronous round, the

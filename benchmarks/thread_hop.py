@@ -1,19 +1,25 @@
-"""Benchmark: the round trip of a job between two threads, on one core and
+"""Benchmark: the round trip of a job between two threads, on one vCPU and
 across two, and what it costs a small Trainer step. Prints JSON.
 
 Every device hop (the event loop hands a job to a device's worker thread and
-gets the result back) is two thread wake-ups. On a virtual machine a wake-up
-of a thread on another, idle, vCPU goes through the hypervisor; this measures
-that price, so the small-step, tensor-parallel and parameter-server figures in
+gets the result back) is two thread wake-ups: `SerialWorker` hands the job
+over through a `queue.SimpleQueue` and the result back through the loop's
+`call_soon_threadsafe`. On a virtual machine, waking a thread on another,
+idle, vCPU goes through the hypervisor; this measures that price, so the
+small-step, tensor-parallel and parameter-server figures in
 docs/benchmarks.md can be read against it:
 
 - `same_cpu_us` / `other_cpu_us`: a value sent to an echo thread and back
-  through two `queue.SimpleQueue`s (what `SerialWorker` uses), both threads
-  pinned to one CPU / to two different CPUs; median over `--hops` round
-  trips, then min and median over `--repeat` interleaved rounds.
-- `trainer_step_us` with `one_core` and `all_cores`: the median `ask(Step)`
-  of a `Trainer` (64-128-10 MLP, batch 32, SGD) in a child process pinned to
-  one CPU (the loop and the device thread then share it) or free to use all.
+  through two `SimpleQueue`s, both threads pinned to one CPU / to two
+  different CPUs; median over `--hops` round trips, then min and median over
+  `--repeat` interleaved rounds.
+- `one_core` / `all_cores`: in a child process pinned to one CPU (the event
+  loop and the device thread then share it) or free to use every CPU, each
+  with BLAS at one thread (`OPENBLAS_NUM_THREADS=1`, so that only the
+  placement differs): `device_hop_us`, a no-op `OnDevice` ask to a
+  `DeviceActor` (a whole device hop); `numpy_step_us` and `trainer_step_us`,
+  the 64-128-10 MLP step (batch 32, SGD) of `train_step.py` in plain NumPy
+  and as a `Trainer`'s `ask(Step)`; `trainer_ratio`, their quotient.
 
     python benchmarks/thread_hop.py [--hops 20000] [--repeat 3]
 """
@@ -33,15 +39,35 @@ from pathlib import Path
 from typing import Any
 
 STEP_SCRIPT = """
-import asyncio, json, sys
+import asyncio, json, statistics, sys, time
 sys.path.insert(0, {bench!r})
 import numpy as np
 import train_step
+from atomr import ActorSystem, Props
+from atomr.accel import DeviceActor
+from atomr.accel.device_actor import OnDevice
+
+async def device_hop(repeat):
+    async with ActorSystem("hop") as system:
+        ref = system.spawn(Props(DeviceActor, "cpu:0"))
+        samples = []
+        for i in range(repeat + 100):
+            t0 = time.perf_counter()
+            await ref.ask(OnDevice(int), timeout=60)
+            if i >= 100:
+                samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
 rng = np.random.default_rng(0)
 x = rng.random((32, 64), dtype=np.float32)
 y = rng.integers(0, 10, size=32)
-model = train_step.Mlp([64, 128, 10], seed=0)
-print(json.dumps(asyncio.run(train_step.trainer_time(model, x, y, 500))))
+train_step.SIZES[:] = [64, 128, 10]  # numpy_step reads the widths from there
+model = train_step.Mlp(train_step.SIZES, seed=0)
+params = model.get_params()
+numpy_s = train_step.timed(lambda: train_step.numpy_step(params, x, y), 500)
+trainer_s = asyncio.run(train_step.trainer_time(model, x, y, 500))
+hop_s = asyncio.run(device_hop(2000))
+print(json.dumps([hop_s, numpy_s, trainer_s]))
 """
 
 
@@ -83,14 +109,27 @@ def round_trip_us(hops: int, cpus: tuple[int, int] | None) -> float:
     return statistics.median(samples) * 1e6
 
 
-def trainer_step_us(one_core: bool) -> float:
-    """The small Trainer step's median, in a fresh process (pinned to CPU 0 or not)."""
+def child_figures(cpu: int | None) -> tuple[float, float, float]:
+    """(device hop, NumPy step, Trainer step) in microseconds, measured in a
+    fresh process with BLAS at one thread, pinned to `cpu` (None: not pinned)."""
     bench = str(Path(__file__).resolve().parent)
-    cmd = [sys.executable, "-c", STEP_SCRIPT.format(bench=bench)]
-    if one_core:
-        cmd = ["taskset", "-c", "0", *cmd]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
-    return float(json.loads(out.stdout.strip().splitlines()[-1])) * 1e6
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+
+    def pin() -> None:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+
+    out = subprocess.run(
+        [sys.executable, "-c", STEP_SCRIPT.format(bench=bench)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        preexec_fn=pin,
+    )
+    hop, numpy_step, trainer_step = json.loads(out.stdout.strip().splitlines()[-1])
+    return hop * 1e6, numpy_step * 1e6, trainer_step * 1e6
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -110,22 +149,22 @@ def main() -> None:
         result["skipped"] = "needs two CPUs"
         print(json.dumps(result))
         return
-    runs: dict[str, list[float]] = {k: [] for k in ("same", "other", "one", "all")}
+    runs: dict[str, list[float]] = {"same": [], "other": []}
+    children: dict[str, list[tuple[float, float, float]]] = {"one_core": [], "all_cores": []}
     for _ in range(args.repeat):
         runs["same"].append(round_trip_us(args.hops, (cpus[0], cpus[0])))
         runs["other"].append(round_trip_us(args.hops, (cpus[0], cpus[1])))
-        runs["one"].append(trainer_step_us(one_core=True))
-        runs["all"].append(trainer_step_us(one_core=False))
-    result.update(
-        {
-            "same_cpu_us": summary(runs["same"]),
-            "other_cpu_us": summary(runs["other"]),
-            "trainer_step_us": {
-                "one_core": summary(runs["one"]),
-                "all_cores": summary(runs["all"]),
-            },
+        children["one_core"].append(child_figures(cpus[0]))
+        children["all_cores"].append(child_figures(None))
+    result["same_cpu_us"] = summary(runs["same"])
+    result["other_cpu_us"] = summary(runs["other"])
+    for placement, figures in children.items():
+        result[placement] = {
+            "device_hop_us": summary([f[0] for f in figures]),
+            "numpy_step_us": summary([f[1] for f in figures]),
+            "trainer_step_us": summary([f[2] for f in figures]),
+            "trainer_ratio": summary([f[2] / f[1] for f in figures]),
         }
-    )
     print(json.dumps(result, indent=1))
 
 

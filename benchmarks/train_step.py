@@ -14,7 +14,7 @@ Figures (median seconds per step over `--repeat` steps, after a warm-up):
 - `inline_trainer_step_s`: the same with `Trainer.inline_below_s` set
   (`INLINE_BELOW_S`): short jobs run on the event loop's thread (opt-in).
 - `update_s`: the optimizer's fused update alone, out of place as the
-  `Trainer` applies it (`Optimizer.step_into`). The
+  `Trainer` applies it (`Optimizer.step_into_unchecked`). The
   check that every new weight is finite is one compare per weight inside
   that kernel's loop, so `finiteness_check_share_at_most` (update / step)
   bounds the check's share of a step from above (issue 17 asks <= 2 %).
@@ -179,7 +179,10 @@ def main() -> None:
         inline = trainer_time(model, x, y, args.repeat, InlineTrainer)
         results["inline"].append(asyncio.run(inline))
         results["update"].append(
-            timed(lambda: opt.step_into(work.params, work.grads, spare_out, {}), args.repeat)
+            timed(
+                lambda: opt.step_into_unchecked(work.params, work.grads, spare_out, {}),
+                args.repeat,
+            )
         )
     t_np, t_mlp, t_tr = (min(results[k]) for k in ("numpy", "mlp", "trainer"))
     # The finiteness check is one compare per weight inside the optimizer

@@ -1,7 +1,7 @@
-"""``ActorCell``: the runtime engine behind one actor (its state, what comes in,
-its mailbox loop, stopping). Internal; users see ``ActorRef`` and ``Context``.
-Handling a failure is in ``supervise``, creating a cell in ``spawn``, reaching
-one from another thread in ``threads``.
+"""``ActorCell``: the runtime engine behind one actor (its state, its mailbox
+loop, stopping). Internal; users see ``ActorRef`` and ``Context``. What comes
+in is in ``inbound``, handling a failure in ``supervise``, creating a cell in
+``spawn``, reaching one from another thread in ``threads``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from . import actor as _actor_module
@@ -21,16 +21,17 @@ from .ask_deadlines import AskDeadlines
 from .context import Context
 from .empty import NONE
 from .envelope import Envelope
-from .errors import ActorStoppedError, MailboxFullError, bounded_repr
-from .mailbox import DEFAULT_MAILBOX, Mailbox, OverflowPolicy
-from .messages import DeadLetter, PoisonPill, ReceiveTimeout, Terminated
+from .errors import ActorStoppedError, bounded_repr
+from .inbound import Inbound
+from .mailbox import DEFAULT_MAILBOX, Mailbox
+from .messages import PoisonPill, ReceiveTimeout
 from .props import Props
 from .ref import ActorRef
 from .reply import Failure, Reply
 from .stopping import discard, maybe_await, shutdown
 from .supervise import decide, failed, process_system
 from .supervision import Directive, SupervisorStrategy
-from .timers import Cancellable, Scheduler, TimerSet
+from .timers import Scheduler, TimerSet
 
 if TYPE_CHECKING:
     from .supervise import Supervisor
@@ -54,8 +55,9 @@ def _idle(message: Any) -> Any:
     raise AssertionError("an idle actor's receive was called")
 
 
-class ActorCell:
-    """Mailbox, instance, lifecycle and children of one actor."""
+class ActorCell(Inbound):
+    """Mailbox, instance, lifecycle and children of one actor (what comes in:
+    ``Inbound``, inbound.py)."""
 
     # slots: an idle actor is mostly this object, and a __dict__ would add 1.8 KB
     __slots__ = (
@@ -212,132 +214,6 @@ class ActorCell:
     def label(self) -> str:
         """The actor's path and class, as error texts name it."""
         return f"{self.path} ({self.class_name})"
-
-    # ---------------------------------------------------------------- inbound
-    def wake(self) -> None:
-        """Wake the loop if it is waiting for messages."""
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def deliver(self, env: Envelope) -> None:
-        """Queue ``env`` (dead letter / ActorStoppedError if stopped); on the loop thread.
-
-        Raises:
-            MailboxFullError: if a bounded mailbox refuses it (FAIL, BACK_PRESSURE).
-        """
-        if not self.accepting:
-            self.dead_letter(env[0], env[1], "stopped")
-            reply = env[2]
-            if reply is not None and not reply.done():
-                reply.set_exception(ActorStoppedError(f"{self.label} is stopped"))
-            return
-        if self.bounded:
-            self.offer(env)
-            return
-        self.queue.append(env)
-        self.wake()
-
-    def offer(self, env: Envelope) -> None:
-        """Queue ``env`` in a bounded mailbox, applying its overflow policy."""
-        dropped = self.mailbox.offer(env)
-        if dropped is not None:
-            self.dead_letter(dropped[0], dropped[1], "mailbox full")
-            reply = dropped[2]
-            if reply is not None and not reply.done():
-                reply.set_exception(
-                    MailboxFullError(f"mailbox of {self.label} is full; message dropped")
-                )
-            if dropped is env:
-                return
-        self.wake()
-
-    async def wait_for_room(self) -> None:
-        """Wait for room if the mailbox is bounded with BACK_PRESSURE."""
-        mailbox = self.mailbox
-        if mailbox.policy is OverflowPolicy.BACK_PRESSURE:
-            while self.accepting and mailbox.is_full:
-                await mailbox.wait_for_room()
-
-    def post_internal(self, message: Any) -> None:
-        """Queue a runtime-made message (Terminated, ReceiveTimeout), ignoring capacity."""
-        if self.accepting:
-            self.queue.append((message, None, None))
-            self.wake()
-        else:
-            self.dead_letter(message, None, "stopped")
-
-    def post_tick(self, message: Any, timer: Cancellable) -> None:
-        """Queue a timer's message, ignoring capacity; ``timer`` can take it back."""
-        if self.accepting:
-            self.queue.append((message, None, None, timer))
-            self.wake()
-        else:
-            self.dead_letter(message, None, "stopped")
-
-    def _take_out(self, match: Callable[[Envelope], bool]) -> list[Envelope]:
-        """Remove the queued envelopes that ``match`` picks; on the loop thread.
-
-        Other threads only ever append, so the positions found in the snapshot
-        (``list`` of a deque is one C call) stay valid while they are deleted.
-        """
-        queue = self.queue
-        found = [i for i, env in enumerate(list(queue)) if match(env)]
-        taken = []
-        for i in reversed(found):
-            taken.append(queue[i])
-            del queue[i]
-            if self.mailbox.waiters:
-                self.mailbox.wake_one()
-        return taken
-
-    def remove_ticks(self, match: Callable[[Cancellable], bool]) -> list[Cancellable]:
-        """Take the queued messages of the timers ``match`` picks back out of the
-        mailbox (a cancelled or replaced timer's message is never received).
-
-        Returns:
-            The timer of each message taken back.
-        """
-        taken = self._take_out(lambda env: len(env) == 4 and match(env[3]))
-        return [env[3] for env in taken if len(env) == 4]
-
-    def remove_terminated(self, target: ActorCell) -> None:
-        """Discard a queued ``Terminated`` of ``target`` (``unwatch``, as in Akka)."""
-        self._take_out(lambda env: env[0].__class__ is Terminated and env[0].ref._cell is target)
-
-    def post_system(self, item: tuple[str, Any]) -> None:
-        """Queue a system message; it overtakes user messages."""
-        if self.dead:
-            return
-        if self.sysq.__class__ is tuple:
-            self.sysq = []
-        self.sysq.append(item)  # type: ignore[union-attr]
-        self.interrupt = True
-        self.wake()
-
-    def dead_letter(self, message: Any, sender: ActorRef | None, reason: str) -> None:
-        """Publish an undelivered message on the system's dead letters."""
-        self.system.dead_letters.publish(DeadLetter(message, sender, self.ref, reason))
-
-    def request_stop(self) -> None:
-        """Stop after the current message (an awaiting async handler is cancelled)."""
-        if self.stop_requested:
-            return
-        self.stop_requested = True
-        self.accepting = False
-        self.interrupt = True
-        self.mailbox.wake_all()
-        self.wake()
-        task = self.task
-        if self.in_handler and task is not None:
-            try:
-                current = asyncio.current_task()
-            except RuntimeError:
-                current = None
-            if current is not task:
-                task.cancel()
 
     def create_task(self, coro: Coroutine[Any, Any, Any], name: str | None) -> asyncio.Task[Any]:
         """Start a task owned by this actor (see ``Context.create_task``)."""

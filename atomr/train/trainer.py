@@ -15,6 +15,7 @@ the concatenated batch.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -236,9 +237,10 @@ class Trainer(DeviceActor):
         k = cfg.accumulation_steps
         if k == 1:
             check_normaliser(norm)
-            be.scale(d_out, 1.0 / norm)
+            # its own buffers: the unchecked kernels (flat, scalar in their dtype)
+            be.scale_unchecked(d_out.reshape(-1), d_out.dtype.type(1.0 / norm))
             model.backward(tape, d_out)
-            grad_norm = global_norm(be, model.grads)
+            grad_norm = math.sqrt(be.squared_norm_unchecked(model.grads))
             check_gradient(grad_norm)
             return self._apply(grad_norm, loss_sum / norm, x.shape[0], t0)
         # accumulation: gradients of the *sum*, divided once on the K-th step

@@ -42,6 +42,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`atomr train` and its options, in four groups: model and strategy,
+    optimisation, data, checkpoints and output (the order of `--help`)."""
     p = sub.add_parser(
         "train",
         help="train an Mlp (digits by default) or a GPT (--model gpt) with a progress bar, "
@@ -53,8 +55,25 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
             "into ./atomr-runs/<name>/ unless --plot/--history/--run-dir say otherwise."
         ),
     )
+    _add_model_and_strategy_group(p)
+    _add_optimisation_group(p)
+    _add_data_group(p)
+    _add_output_group(p)
+
+
+def _add_model_and_strategy_group(p: _Parser) -> None:
+    """The "model and strategy" group: the model, the strategy and its devices,
+    the MLP's shape, then the options of each parallel strategy."""
     model = p.add_argument_group("model and strategy")
     add_model_arguments(model)
+    _add_strategy_and_devices(model)
+    _add_mlp_shape(model)
+    _add_pipeline_and_ps_options(model)
+    _add_data_parallel_options(model)
+
+
+def _add_strategy_and_devices(model: argparse._ArgumentGroup) -> None:
+    """`--strategy` and `--devices`."""
     model.add_argument(
         "--strategy",
         choices=list(STRATEGIES),
@@ -69,6 +88,10 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         "comma list such as cpu:0,cpu:1 (default: every GPU, else 2 logical CPUs; "
         "1 device for --strategy single)",
     )
+
+
+def _add_mlp_shape(model: argparse._ArgumentGroup) -> None:
+    """The MLP's `--hidden` widths and `--activation`."""
     model.add_argument(
         "--hidden",
         default="128",
@@ -76,6 +99,11 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="hidden layer widths, comma separated (default: 128)",
     )
     model.add_argument("--activation", choices=ACTIVATIONS, default="relu")
+
+
+def _add_pipeline_and_ps_options(model: argparse._ArgumentGroup) -> None:
+    """`--schedule` and `--micro-batch-size` (--strategy pipeline) and `--workers`
+    (--strategy ps)."""
     model.add_argument(
         "--schedule",
         choices=SCHEDULES,
@@ -96,6 +124,11 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="N",
         help="parameter-server workers (--strategy ps; default: one per device)",
     )
+
+
+def _add_data_parallel_options(model: argparse._ArgumentGroup) -> None:
+    """`--policy` and `--average-every` (--strategy data), `--zero-stage`
+    (--strategy zero) and `--distributed` (MPI ranks)."""
     model.add_argument(
         "--policy",
         choices=POLICIES,
@@ -127,7 +160,18 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         "data parallel across ranks, all-reduce by MPI",
     )
 
+
+def _add_optimisation_group(p: _Parser) -> None:
+    """The "optimisation" group: the optimizer and loss, then the run's length
+    and learning-rate schedule."""
     opt = p.add_argument_group("optimisation")
+    _add_optimizer_options(opt)
+    _add_length_and_schedule(opt)
+
+
+def _add_optimizer_options(opt: argparse._ArgumentGroup) -> None:
+    """`--epochs`, `--batch-size`, the optimizer and its `--lr` and `--momentum`,
+    `--loss`, `--clip` and `--seed`."""
     opt.add_argument(
         "--epochs", type=int, default=None, help="total epochs (default: 20; 2 for --model gpt)"
     )
@@ -158,6 +202,10 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     opt.add_argument(
         "--seed", type=int, default=0, help="model init, split and shuffle seed (>= 0)"
     )
+
+
+def _add_length_and_schedule(opt: argparse._ArgumentGroup) -> None:
+    """`--max-steps`, `--lr-schedule` and `--warmup-epochs`."""
     opt.add_argument(
         "--max-steps",
         type=int,
@@ -180,6 +228,9 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="linear warm-up from 0.1 x --lr over the first K epochs (default: 0)",
     )
 
+
+def _add_data_group(p: _Parser) -> None:
+    """The "data" group: `--dataset` and the synthetic data set's sizes."""
     data = p.add_argument_group("data")
     data.add_argument(
         "--dataset",
@@ -195,7 +246,17 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     data.add_argument("--classes", type=int, default=None, help="synthetic: classes (default: 10)")
 
+
+def _add_output_group(p: _Parser) -> None:
+    """The "checkpoints and output" group: checkpoint and resume, then where the
+    run's plot, history, metrics and TensorBoard files go."""
     out = p.add_argument_group("checkpoints and output")
+    _add_checkpoint_options(out)
+    _add_report_options(out)
+
+
+def _add_checkpoint_options(out: argparse._ArgumentGroup) -> None:
+    """`--checkpoint` and `--resume`."""
     out.add_argument(
         "--checkpoint",
         default=None,
@@ -208,6 +269,11 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="PATH",
         help="continue from this checkpoint (epochs and steps continue; --epochs is the total)",
     )
+
+
+def _add_report_options(out: argparse._ArgumentGroup) -> None:
+    """`--run-dir`, `--name`, `--plot`, `--history`, `--metrics`, `--tensorboard`
+    and `--quiet`: where the run's results go and how much it prints."""
     out.add_argument(
         "--run-dir",
         default=None,

@@ -1,24 +1,22 @@
 """`RunConfig`: the validated options of one `atomr train` run.
 
-Every check that can fail on user input happens here, before an actor is
+Every check that can fail on user input happens when it is built
+(`RunConfig.from_args`, with the checks in run_args.py), before an actor is
 spawned, and fails with a `CliError` that says what to change.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from atomr.accel import Device, cuda_device_count, cuda_is_simulated, training_devices
-from atomr.cli.errors import CliError
-from atomr.cli.model_options import GptShape, resolve_model
-from atomr.cli.strategies import STRATEGIES
+from atomr.accel import Device
+from atomr.cli.model_options import GptShape
+from atomr.cli.run_args import checked_fields
 from atomr.train import LossKind, OptimizerKind, TrainerConfig
-from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
+from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.core.schedule import (
     CosineAnnealingLR,
     LinearLR,
@@ -27,150 +25,7 @@ from atomr.train.core.schedule import (
     StepLR,
 )
 
-__all__ = ["RunConfig", "default_lr", "parse_devices", "parse_hidden"]
-
-_SYNTHETIC_DEFAULTS = {"samples": 20_000, "features": 64, "classes": 10}
-_DEFAULT_MOMENTUM = 0.9
-
-
-def _refuse_flags_that_do_not_apply(args: argparse.Namespace) -> None:
-    """A flag that does not apply to the chosen strategy, data set or
-    optimizer is an error, not silently ignored.
-
-    Raises:
-        CliError: naming the flag and what it applies to.
-    """
-    STRATEGIES[args.strategy].refuse_foreign_flags(
-        {
-            "--schedule": args.schedule,
-            "--micro-batch-size": args.micro_batch_size,
-            "--workers": args.workers,
-            "--policy": args.policy,
-            "--average-every": args.average_every,
-            "--zero-stage": args.zero_stage,
-        }
-    )
-    if args.dataset != "synthetic":
-        for name in _SYNTHETIC_DEFAULTS:
-            if getattr(args, name) is not None:
-                raise CliError(f"--{name} only applies to --dataset synthetic")
-    if args.momentum is not None and args.optimizer != "sgd":
-        raise CliError("--momentum only applies to --optimizer sgd")
-
-
-def default_lr(optimizer: str) -> float:
-    """The learning rate used when `--lr` is not given.
-
-    Args:
-        optimizer: "sgd", "adam" or "adamw".
-
-    Returns:
-        0.05 for SGD (with momentum 0.9), 0.005 for Adam and AdamW.
-    """
-    return 0.05 if optimizer == "sgd" else 0.005
-
-
-def parse_hidden(text: str) -> tuple[int, ...]:
-    """Parse `--hidden`: comma-separated positive widths ("128" or "128,64").
-
-    Raises:
-        CliError: empty, non-integer or non-positive widths.
-    """
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    try:
-        widths = tuple(int(p) for p in parts)
-    except ValueError:
-        raise CliError(f"--hidden must be comma-separated integers, got {text!r}") from None
-    if not widths or any(w < 1 for w in widths):
-        raise CliError(f"--hidden needs at least one width, each >= 1, got {text!r}")
-    return widths
-
-
-def _real_cuda_count() -> int:
-    return 0 if cuda_is_simulated() else cuda_device_count()
-
-
-def parse_devices(
-    spec: str | None, strategy: str, dist: DistributedTrainConfig | None = None
-) -> tuple[Device, ...]:
-    """Parse `--devices`.
-
-    Args:
-        spec: None (the default for `strategy`), "N" (the first N devices:
-            CUDA when the machine has GPUs, else N logical CPU devices), or a
-            comma list of names ("cpu:0,cpu:1", "cuda:0,cuda:1").
-        strategy: the training strategy; "single" defaults to one device.
-        dist: this process's place in a distributed job, or None. By default
-            a rank takes one device: the GPU `local_rank` when the machine has
-            one per local rank, else one logical CPU device.
-
-    Returns:
-        The devices, distinct, in the given order.
-
-    Raises:
-        CliError: a malformed spec, a repeated device, or a CUDA device this
-            machine does not have.
-    """
-    gpus = _real_cuda_count()
-    if spec is None and dist is not None:
-        if gpus >= dist.local_world_size:
-            return (Device("cuda", dist.local_rank),)
-        return (Device("cpu", 0),)
-    if spec is None:
-        found = training_devices()
-        return found[:1] if strategy == "single" else found
-    text = spec.strip()
-    if text.isdigit():
-        count = int(text)
-        if count < 1:
-            raise CliError(f"--devices needs N >= 1, got {spec!r}")
-        if gpus > 0:
-            if count > gpus:
-                raise CliError(
-                    f"--devices {count}: this machine has {gpus} GPU(s); use --devices "
-                    f"{gpus} or fewer, or a list of CPU devices such as cpu:0,cpu:1 "
-                    "(see 'atomr devices')"
-                )
-            return tuple(Device("cuda", i) for i in range(count))
-        return tuple(Device("cpu", i) for i in range(count))
-    devices: list[Device] = []
-    for name in text.split(","):
-        try:
-            device = Device.parse(name)
-        except (ValueError, TypeError) as exc:
-            raise CliError(f"--devices: {exc}") from None
-        if device in devices:
-            raise CliError(f"--devices names {device} twice")
-        if device.is_cuda:
-            available = cuda_device_count()
-            if device.index >= available:
-                raise CliError(
-                    f"--devices: no such device {device} (this machine has {available} "
-                    "CUDA device(s); see 'atomr devices')"
-                )
-        devices.append(device)
-    return tuple(devices)
-
-
-def _is_plain_name(name: str) -> bool:
-    """True for one file name that stays inside its folder: not empty, no
-    separator, not "." or "..", no NUL."""
-    return (
-        bool(name.strip())
-        and Path(name).name == name
-        and name != ".."
-        and not (os.altsep and os.altsep in name)
-        and "\0" not in name
-    )
-
-
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise CliError(f"--{name} must be >= 1, got {value}")
-
-
-def _path(value: str | None) -> Path | None:
-    return None if value is None else Path(value).expanduser()
+__all__ = ["RunConfig"]
 
 
 @dataclass(frozen=True)
@@ -228,100 +83,7 @@ class RunConfig:
         Raises:
             CliError: any option out of range or inconsistent with another.
         """
-        gpt = resolve_model(args)
-        _refuse_flags_that_do_not_apply(args)
-        for name in (
-            "epochs", "batch_size", "micro_batch_size", "workers", "samples", "features",
-            "average_every",
-        ):  # fmt: skip
-            _positive(name.replace("_", "-"), getattr(args, name))
-        if args.classes is not None and args.classes < 2:
-            raise CliError(f"--classes must be >= 2, got {args.classes}")
-        if args.seed < 0:
-            raise CliError(f"--seed must be >= 0, got {args.seed}")
-        lr = default_lr(args.optimizer) if args.lr is None else args.lr
-        if not (math.isfinite(lr) and lr > 0):
-            raise CliError(f"--lr must be positive and finite, got {args.lr}")
-        momentum = _DEFAULT_MOMENTUM if args.momentum is None else args.momentum
-        if not (math.isfinite(momentum) and 0 <= momentum < 1):
-            raise CliError(f"--momentum must be in [0, 1), got {args.momentum}")
-        if args.max_steps is not None and args.max_steps < 1:
-            raise CliError(f"--max-steps must be >= 1, got {args.max_steps}")
-        if not 0 <= args.warmup_epochs < args.epochs:
-            raise CliError(
-                f"--warmup-epochs must be >= 0 and less than --epochs, got {args.warmup_epochs}"
-            )
-        if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
-            raise CliError(f"--clip must be positive and finite, got {args.clip}")
-        if args.distributed and args.strategy not in ("data", "single", "zero"):
-            raise CliError(
-                "--distributed runs data parallel (plain or sharded) across MPI ranks; it "
-                f"cannot be combined with --strategy {args.strategy}"
-            )
-        if args.resume is not None and not os.path.isfile(args.resume):
-            raise CliError(f"--resume: no such checkpoint file {args.resume!r}")
-        dist = None
-        if args.distributed:
-            try:
-                dist = DistributedTrainConfig.from_environment(require=True)
-            except NotLaunchedError:
-                raise CliError(
-                    "--distributed runs under MPI: start it with 'atomr launch -n N -- <train "
-                    "args>' or 'mpiexec -n N python -m atomr.cli train --distributed ...'"
-                ) from None
-            except ValueError as exc:
-                raise CliError(f"--distributed: {exc}") from None
-        devices = parse_devices(args.devices, args.strategy, dist)
-        if args.strategy == "single" and len(devices) != 1:
-            raise CliError(
-                f"--strategy single trains on one device, got {len(devices)} "
-                f"({', '.join(map(str, devices))})"
-            )
-        if args.name is not None and not _is_plain_name(args.name):
-            raise CliError(
-                f"--name must be a plain file name inside the runs folder, got {args.name!r}"
-            )
-        return cls(
-            strategy=args.strategy,
-            devices=devices,
-            hidden=parse_hidden(args.hidden),
-            activation=args.activation,
-            schedule=args.schedule,
-            micro_batch_size=args.micro_batch_size,
-            workers=args.workers,
-            distributed=args.distributed,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            optimizer=args.optimizer,
-            lr=float(lr),
-            momentum=float(momentum),
-            loss=args.loss,
-            clip=args.clip,
-            seed=args.seed,
-            lr_schedule=args.lr_schedule,
-            warmup_epochs=args.warmup_epochs,
-            max_steps=args.max_steps,
-            policy=args.policy,
-            average_every=args.average_every,
-            zero_stage=args.zero_stage,
-            dataset=args.dataset,
-            **{
-                k: v if getattr(args, k) is None else getattr(args, k)
-                for k, v in _SYNTHETIC_DEFAULTS.items()
-            },
-            checkpoint=_path(args.checkpoint),
-            resume=_path(args.resume),
-            run_dir=_path(args.run_dir),
-            name=args.name,
-            plot=_path(args.plot),
-            history=_path(args.history),
-            metrics=_path(args.metrics),
-            tensorboard=_path(args.tensorboard),
-            quiet=args.quiet or (dist is not None and not dist.is_root),
-            dist=dist,
-            model=args.model,
-            gpt=gpt,
-        )
+        return cls(**checked_fields(args))
 
     def lr_schedule_for(self, steps_per_epoch: int) -> LrSchedule | None:
         """The learning-rate schedule of `--lr-schedule` and `--warmup-epochs`

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from atomr.cli import main, run_config, train_command
+from atomr.cli import main, run_args, train_command
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -215,7 +215,7 @@ def test_the_installed_command_prints_no_traceback() -> None:
 def test_more_devices_than_gpus_says_what_to_do(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(run_config, "_real_cuda_count", lambda: 1)
+    monkeypatch.setattr(run_args, "_real_cuda_count", lambda: 1)
     code, out, err = _run(capsys, "train", "--devices", "4")
     assert code == 2 and out == ""
     assert err == (

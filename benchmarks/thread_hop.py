@@ -71,27 +71,25 @@ print(json.dumps([hop_s, numpy_s, trainer_s]))
 """
 
 
-def round_trip_us(hops: int, cpus: tuple[int, int] | None) -> float:
+def round_trip_us(hops: int, cpus: tuple[int, int]) -> float:
     """Median microseconds of one round trip to an echo thread.
 
     Args:
         hops: round trips to time (after 1,000 warm-up ones).
-        cpus: (this thread's CPU, the echo thread's CPU), or None: unpinned.
+        cpus: (this thread's CPU, the echo thread's CPU).
     """
     to_echo: queue.SimpleQueue[int | None] = queue.SimpleQueue()
     back: queue.SimpleQueue[int] = queue.SimpleQueue()
     mask = os.sched_getaffinity(0)
 
     def echo() -> None:
-        if cpus is not None:
-            os.sched_setaffinity(0, {cpus[1]})
+        os.sched_setaffinity(0, {cpus[1]})
         while (item := to_echo.get()) is not None:
             back.put(item)
 
     thread = threading.Thread(target=echo, daemon=True)
     thread.start()
-    if cpus is not None:
-        os.sched_setaffinity(0, {cpus[0]})
+    os.sched_setaffinity(0, {cpus[0]})
     try:
         for i in range(1000):
             to_echo.put(i)

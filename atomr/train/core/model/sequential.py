@@ -121,8 +121,9 @@ class Sequential:
             shape = layer.out_shape(shape)
             slots = []
             for s in layer.param_shapes():
-                size = math.prod(int(d) for d in s)
-                slots.append((pos, pos + size, tuple(int(d) for d in s)))
+                array_shape = tuple(int(d) for d in s)
+                size = math.prod(array_shape)
+                slots.append((pos, pos + size, array_shape))
                 pos += size
             self._slots.append(slots)
         self.out_shape: tuple[int, ...] = shape

@@ -1,10 +1,20 @@
-"""Test helpers: ``TestProbe``, ``ManualClock``, ``expect_log``, fault
-injection (``Plan``, ``inject_faults``), and the ``actor_system`` pytest
-fixture (plugin)."""
+"""Test helpers: ``TestProbe``, ``ManualClock``, ``expect_log``, waits under
+a deadline (``await_condition``, ``wait_until``), fault injection (``Plan``,
+``inject_faults``), and the ``actor_system`` pytest fixture (plugin)."""
 
 from .clock import ManualClock
+from .conditions import await_condition, wait_until
 from .faults import Plan, inject_faults
 from .logs import expect_log
 from .probe import ChildFailed, TestProbe
 
-__all__ = ["ChildFailed", "ManualClock", "Plan", "TestProbe", "expect_log", "inject_faults"]
+__all__ = [
+    "ChildFailed",
+    "ManualClock",
+    "Plan",
+    "TestProbe",
+    "await_condition",
+    "expect_log",
+    "inject_faults",
+    "wait_until",
+]

@@ -12,6 +12,7 @@ from atomr.accel import DeviceActor, GpuError, OutOfMemory, backend_for, cuda_av
 from atomr.accel.device_actor import OnDevice
 from atomr.accel.threads import BLAS_SHARE, blas_threads
 from atomr.actor import Props
+from atomr.testkit import await_condition
 
 
 class Worker(DeviceActor):
@@ -43,9 +44,14 @@ async def test_jobs_run_in_order_on_the_worker_thread(actor_system):
 async def test_on_device_does_not_block_the_event_loop(actor_system):
     """The job waits for an event that only the event loop can set."""
     ref = actor_system.spawn(Props(DeviceActor, "cpu:0"))
-    event = threading.Event()
-    pending = asyncio.ensure_future(ref.ask(OnDevice(event.wait, 5.0), timeout=10))
-    await asyncio.sleep(0.05)
+    started, event = threading.Event(), threading.Event()
+
+    def job() -> bool:
+        started.set()
+        return event.wait(5.0)
+
+    pending = asyncio.ensure_future(ref.ask(OnDevice(job), timeout=10))
+    await await_condition(started.is_set, message="the job started on the device thread")
     event.set()  # runs on the loop while the device thread is blocked in event.wait
     assert await pending is True
 
@@ -130,11 +136,7 @@ async def test_blas_share_follows_live_cpu_devices(actor_system):
     await asyncio.gather(*(r.ask(OnDevice(lambda: None), timeout=10) for r in refs))
     assert BLAS_SHARE.live == before + 3
     refs[0].stop()
-    for _ in range(200):
-        if BLAS_SHARE.live == before + 2:
-            break
-        await asyncio.sleep(0.01)
-    assert BLAS_SHARE.live == before + 2
+    await await_condition(lambda: BLAS_SHARE.live == before + 2, message="the share dropped")
     assert blas_threads() == max(1, BLAS_SHARE.cores // BLAS_SHARE.live)
 
 

@@ -14,7 +14,7 @@ from atomr.train import GetWeights, LossKind, Mlp, OptimizerKind, Step, Trainer,
 
 
 def _slow() -> int:
-    time.sleep(0.01)
+    time.sleep(0.01)  # the job's own work: long enough to be sent to the worker thread
     return threading.get_ident()
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from atomr.accel import (
@@ -17,6 +15,7 @@ from atomr.accel import (
     device_supervisor_strategy,
 )
 from atomr.actor import Actor, ActorStoppedError, Directive, OneForOneStrategy, Props
+from atomr.testkit import await_condition
 
 
 @pytest.mark.parametrize(
@@ -127,11 +126,7 @@ async def test_unrecoverable_stops_the_actor(actor_system):
     _, child = await _child(actor_system)
     with pytest.raises(Unrecoverable):
         await child.ask(("fail", Unrecoverable("device lost")), timeout=5)
-    for _ in range(200):
-        if not child.is_alive:
-            break
-        await asyncio.sleep(0.01)
-    assert not child.is_alive
+    await await_condition(lambda: not child.is_alive, message="the child stopped")
     with pytest.raises(ActorStoppedError):
         await child.ask("inc", timeout=5)
 
@@ -141,9 +136,6 @@ async def test_other_errors_escalate_to_the_grandparent(actor_system):
     parent, child = await _child(actor_system, seen)
     with pytest.raises(DriverError):
         await child.ask(("fail", KeyError("unexpected")), timeout=5)
-    for _ in range(200):
-        if seen:
-            break
-        await asyncio.sleep(0.01)
+    await await_condition(lambda: bool(seen), message="the grandparent saw the failure")
     assert len(seen) == 1 and isinstance(seen[0], DriverError)
     assert isinstance(seen[0].__cause__, KeyError)

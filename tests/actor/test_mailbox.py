@@ -18,7 +18,7 @@ from atomr import (
     OverflowPolicy,
     Props,
 )
-from atomr.testkit import TestProbe
+from atomr.testkit import TestProbe, await_condition
 
 
 class Gated(Actor):
@@ -100,7 +100,7 @@ async def test_back_pressure_send_waits_for_room(actor_system: ActorSystem) -> N
         ref.tell("x")  # a plain tell cannot wait
     blocked = asyncio.ensure_future(ref.send("c"))
     asked = asyncio.ensure_future(ref.ask("d", timeout=2))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # time for a wrong wake-up to show: the mailbox is still full
     assert not blocked.done() and not asked.done()
     gate.set()
     await asyncio.wait_for(blocked, 1)
@@ -138,10 +138,11 @@ async def test_back_pressure_waiter_released_when_actor_stops(actor_system: Acto
 
 
 class Recorder(Actor):
-    def __init__(self, gate: asyncio.Event, log: list[str]) -> None:
+    def __init__(self, gate: asyncio.Event, log: list[str], tasks: list[asyncio.Task]) -> None:
         super().__init__()
         self.gate = gate
         self.log = log
+        self.tasks = tasks
 
     def pre_start(self) -> None:
         self.log.append("start")
@@ -151,7 +152,7 @@ class Recorder(Actor):
 
     async def receive(self, message: Any) -> Any:
         if message == "block":
-            self.context.create_task(self._fail())
+            self.tasks.append(self.context.create_task(self._fail()))
             await self.gate.wait()
         self.log.append(message)
 
@@ -159,9 +160,12 @@ class Recorder(Actor):
 async def test_system_messages_overtake_user_messages(actor_system: ActorSystem) -> None:
     gate = asyncio.Event()
     log: list[str] = []
-    ref = actor_system.spawn(Props(Recorder, gate, log))
+    tasks: list[asyncio.Task] = []
+    ref = actor_system.spawn(Props(Recorder, gate, log, tasks))
     ref.tell("block")
-    await asyncio.sleep(0.01)  # the task failed: a system message is queued
+    await await_condition(lambda: bool(tasks), message="the handler started its task")
+    # the cell's done callback (added first) queues the failure before this wait returns
+    await asyncio.wait(tasks)
     for m in ("u1", "u2"):
         ref.tell(m)
     gate.set()

@@ -128,6 +128,7 @@ async def test_asks_sharing_a_timeout_each_expire_at_their_own_deadline(
     held = asyncio.ensure_future(ref.ask("hold", timeout=0.3))
     for i in range(50):
         assert await ref.ask(i, timeout=0.3) == i
+    # the late ask starts 50 ms after the answered ones, so its deadline differs from theirs
     await asyncio.sleep(0.05)
     started = loop.time()
     late = asyncio.ensure_future(ref.ask("hold", timeout=0.3))

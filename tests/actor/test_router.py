@@ -75,9 +75,14 @@ async def test_pool_supervises_routees(actor_system: ActorSystem) -> None:
     strategy = OneForOneStrategy(decider=lambda e: Directive.STOP)
     pool = actor_system.spawn(RoundRobinPool(2, Props(Worker, probe.ref), strategy))
     probe.watch(pool)
+    first = await pool.ask("ref")
+    assert first.name == "routee-0" and (await pool.ask("ref")).name == "routee-1"
+    probe.watch(first)
     with pytest.raises(RuntimeError):
         await pool.ask(RuntimeError("routee-0 dies"))
-    await asyncio.sleep(0.01)
+    # every watcher is told in the turn the routee stops: the router's
+    # Terminated is queued before the asks below
+    await probe.expect_terminated(first)
     for i in range(3):  # only routee-1 is left
         assert (await pool.ask(i))[0] == "routee-1"
     await probe.receive_n(3)

@@ -22,6 +22,7 @@ from atomr import (
     PoisonPill,
     Props,
 )
+from atomr.testkit import await_condition
 
 from .actors import Echo
 
@@ -394,10 +395,7 @@ async def test_a_stopped_actor_is_freed_by_reference_counting_alone(ending: str)
             await ref.stop()
         elif ending == "poison":
             ref.tell(PoisonPill())
-            for _ in range(100):
-                if instance() is None:
-                    break
-                await asyncio.sleep(0.01)
+            await await_condition(lambda: instance() is None, message="the instance was freed")
         else:
             await system.terminate()
         del ref

@@ -249,7 +249,8 @@ async def test_a_closed_loop_refuses_at_once() -> None:
     host = LoopThread()
     system = await asyncio.to_thread(ActorSystem, "closing")  # not bound to this loop
     echo = host.run(_spawn(system, Props(Echo)))
-    host.run(asyncio.sleep(0.01))  # the actor is idle, waiting for messages
+    # answered: the actor is idle, waiting for the next message
+    assert host.run(echo.ask("hello", timeout=5)) == "hello"
     host.loop.set_exception_handler(lambda loop, context: None)  # its task dies with it
     host.close()  # without terminating the system: its loop is gone
     with pytest.raises(ActorStoppedError, match="event loop is closed"):

@@ -29,7 +29,7 @@ from atomr import (
     OverflowPolicy,
     Props,
 )
-from atomr.testkit import TestProbe, expect_log
+from atomr.testkit import TestProbe, await_condition, expect_log
 
 
 class Silent(Actor):
@@ -109,6 +109,10 @@ async def _within(system: ActorSystem) -> None:
 async def _expect_log(system: ActorSystem) -> None:
     async with expect_log("never logged", timeout=0.05):
         pass
+
+
+async def _await_condition(system: ActorSystem) -> None:
+    await await_condition(lambda: False, timeout=0.05)
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,7 @@ WAITS = [
         "TestProbe.within", "its max: every probe wait inside ends by then", _within, AssertionError
     ),
     Wait("expect_log", "count records, or timeout= (3 s)", _expect_log, AssertionError),
+    Wait("await_condition", "the condition, or timeout= (3 s)", _await_condition, AssertionError),
 ]
 
 

@@ -450,6 +450,7 @@ async def supervision_storm(
         for r in range(rounds + 1):
             boss.tell(range(r * n_messages, (r + 1) * n_messages))
             # while the storm runs: the system must keep answering
+            round_deadline = time.monotonic() + 120.0
             while True:
                 p0 = time.perf_counter()
                 if await ping.ask(r, timeout=30.0) != 2 * r:
@@ -458,7 +459,10 @@ async def supervision_storm(
                 received, _dup = await tally.ask(None, timeout=30.0)
                 if received >= (r + 1) * n_messages:
                     break
-                await asyncio.sleep(0.01)
+                if time.monotonic() > round_deadline:
+                    report.errors.append(f"round {r}: {received} messages handled after 120 s")
+                    break
+                await asyncio.sleep(0.01)  # the pause between two pings of the storm
             gc.collect()
             mem.append(tracemalloc.get_traced_memory()[0])
     finally:

@@ -128,7 +128,7 @@ async def main(out_dir: Path) -> None:
     checks["digest"] = probe.tobytes().hex()[:64] + str(float(probe.sum()))
     # barrier: the last rank to arrive is late by 0.3 s; nobody leaves before it
     if rank == world - 1:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # the late rank: the scenario under test
     before = time.time()
     await coll.barrier()
     checks["barrier_left_at"] = time.time()
@@ -139,12 +139,12 @@ async def main(out_dir: Path) -> None:
     async def ticker() -> None:
         nonlocal ticks
         while True:
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.001)  # one tick of the loop-liveness probe
             ticks += 1
 
     task = asyncio.create_task(ticker())
     if rank == 0:
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # rank 0 comes late: the others wait in the barrier
     await coll.barrier()
     task.cancel()
     checks["ticks_during_barrier"] = ticks

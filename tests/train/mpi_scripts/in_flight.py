@@ -67,12 +67,12 @@ async def late_peer(coll: MpiCollective, checks: dict[str, object]) -> None:
     async def ticker() -> None:
         while True:
             ticks.append(time.monotonic())
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.001)  # one tick of the loop-liveness probe
 
     task = asyncio.create_task(ticker())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # a few ticks before the collective starts
     if rank == world - 1:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # the late peer: the scenario under test
     await coll.all_reduce(mine)
     task.cancel()
     close(mine, np.sum(data, axis=0))
@@ -86,9 +86,9 @@ async def cancelled_caller(coll: MpiCollective, checks: dict[str, object]) -> No
     first, second = parts(5, world, 3000), parts(6, world, 3000)
     mine_first, mine_second = first[rank].copy(), second[rank].copy()
     if rank == world - 1:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # the late peer keeps the others' operation in flight
     caller = asyncio.create_task(coll.all_reduce(mine_first))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the caller is cancelled mid-operation (checked on on-time ranks)
     was_in_flight = not caller.done()
     caller.cancel()
     await coll.all_reduce(mine_second)  # queued behind the cancelled caller's operation
@@ -122,7 +122,7 @@ def stopped_loop(checks: dict[str, object]) -> None:
         await asyncio.sleep(0.1)  # returns with the operation parked: the loop stops
 
     async def join_late() -> None:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # joins after the other loop stopped: the scenario under test
         await coll.all_reduce(buf)
 
     async def use_again() -> str:

@@ -51,7 +51,7 @@ def test_a_failing_shard_wakes_the_others_and_reset_makes_the_group_usable() -> 
 
     def work(rank: int) -> object:
         if rank == 1:
-            time.sleep(0.05)
+            time.sleep(0.05)  # the shard fails late, while the other waits in all_reduce
             group.abort()
             return "failed"
         return group.all_reduce(rank, np.ones(2))

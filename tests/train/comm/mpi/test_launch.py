@@ -3,6 +3,7 @@ helpers (`atomr launch`, `atomr train --distributed`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from atomr.testkit import wait_until
 from atomr.train.comm.mpi import job as distributed
 from atomr.train.comm.mpi import launch
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError, shard_for_rank
@@ -210,17 +212,18 @@ def _wait_for(
 ) -> None:
     """Poll (under a 60 s deadline) until both ranks wrote `{name}{rank}`
     (for "got": holding `text`, the number of Ctrl-C seen)."""
-    deadline = time.monotonic() + 60
     files = [out / f"{name}{r}" for r in (0, 1)]
 
     def written(f: Path) -> bool:
         return f.exists() and (name == "up" or f.read_text() == text)
 
-    while not all(written(f) for f in files):
-        assert time.monotonic() < deadline, what
-        if name == "up":
-            assert launcher.poll() is None, "the launcher ended early"
-        time.sleep(0.05)
+    def both_written() -> bool:
+        if all(written(f) for f in files):
+            return True
+        assert name != "up" or launcher.poll() is None, "the launcher ended early"
+        return False
+
+    wait_until(both_written, timeout=60, interval=0.05, message=what)
 
 
 def _alive(pid: int) -> bool:
@@ -229,6 +232,14 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _survivors(pids: list[int], timeout: float) -> list[int]:
+    """The processes of `pids` still alive after waiting up to `timeout` s
+    for all of them to end."""
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not any(_alive(p) for p in pids), timeout=timeout, interval=0.05)
+    return [p for p in pids if _alive(p)]
 
 
 def test_ctrl_c_on_the_launcher_reaches_every_rank(tmp_path: Path) -> None:
@@ -245,10 +256,7 @@ def test_ctrl_c_on_the_launcher_reaches_every_rank(tmp_path: Path) -> None:
     stuck.mkdir()
     assert _launcher_interrupted(stuck, "ignore", 2) == 130
     pids = [int((stuck / f"up{r}").read_text()) for r in (0, 1)]
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(p) for p in pids), "a rank outlived the job"
+    assert not _survivors(pids, 10), "a rank outlived the job"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
@@ -259,10 +267,7 @@ def test_sigterm_or_sighup_on_the_launcher_ends_every_rank(tmp_path: Path, signu
     require_mpi()
     assert _launcher_interrupted(tmp_path, "ignore", 1, signum) == 128 + signum
     pids = [int((tmp_path / f"up{r}").read_text()) for r in (0, 1)]
-    deadline = time.monotonic() + 30
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(p) for p in pids), "a rank outlived the job"
+    assert not _survivors(pids, 30), "a rank outlived the job"
 
 
 def test_ranks_exit_when_the_launcher_is_sigkilled(tmp_path: Path) -> None:
@@ -285,10 +290,7 @@ def test_ranks_exit_when_the_launcher_is_sigkilled(tmp_path: Path) -> None:
         launcher.kill()
         launcher.wait(timeout=60)
     pids = [int((tmp_path / f"up{r}").read_text()) for r in (0, 1)]
-    deadline = time.monotonic() + 60
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    leaked = [p for p in pids if _alive(p)]
+    leaked = _survivors(pids, 60)
     for p in leaked:  # do not leave them to the next test
         os.kill(p, signal.SIGKILL)
     assert not leaked, "a rank outlived its SIGKILLed launcher"

@@ -7,6 +7,7 @@ writes the history JSON and the curves PNG and prints the summary table.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -113,11 +114,32 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
             log.close()
     if run.dist is not None and not run.dist.is_root:
         return EXIT_INTERRUPTED if history.status == "interrupted" else 0
+    _write_outputs(history, plot_path, history_path)
+    _print_summary(run, history, plot_path, history_path)
+    if trained and data.vocab is not None:
+        print(_sample(run, data, trained[-1]))
+    if history.status == "interrupted":
+        where = f"; checkpoint saved to {run.checkpoint}" if run.checkpoint else ""
+        print(f"atomr: interrupted{where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _write_outputs(history: History, plot_path: Path, history_path: Path) -> None:
+    """Save the run's history (JSON) and its curves (plot).
+
+    Raises:
+        CliError: if either file cannot be written.
+    """
     try:
         history.save(history_path)
         save_curves(history, plot_path)
     except OSError as exc:
         raise CliError(f"cannot write the run's outputs: {exc}", 1) from None
+
+
+def _print_summary(run: RunConfig, history: History, plot_path: Path, history_path: Path) -> None:
+    """Print the run's summary: a table, or one line with ``--quiet``."""
     outputs = {"plot": str(plot_path), "history": str(history_path)}
     if run.checkpoint is not None:
         outputs["checkpoint"] = str(run.checkpoint)
@@ -127,10 +149,3 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
         print(f"{history.status}: test accuracy {acc}; wrote {plot_path} and {history_path}")
     else:
         print(summary_table(history, outputs))
-    if trained and data.vocab is not None:
-        print(_sample(run, data, trained[-1]))
-    if history.status == "interrupted":
-        where = f"; checkpoint saved to {run.checkpoint}" if run.checkpoint else ""
-        print(f"atomr: interrupted{where}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return 0

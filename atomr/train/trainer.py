@@ -38,6 +38,7 @@ from atomr.train.core.checkpoint import (
     CheckpointError,
     check_model_matches,
     load_checkpoint,
+    restored_optimizer,
     save_checkpoint,
 )
 from atomr.train.core.clip import clip_grad_norm, global_norm
@@ -315,11 +316,9 @@ class Trainer(DeviceActor):
         assert model is not None and opt is not None
         ckpt = load_checkpoint(path)
         check_model_matches(ckpt, model.config(), model.n_params)
-        fresh = self.config.optimizer.create(model.n_params, model.backend, model.dtype)
-        try:
-            fresh.load_state_dict(ckpt.optimizer)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
+        fresh = restored_optimizer(
+            self.config.optimizer, model.n_params, ckpt.optimizer, model.backend, model.dtype
+        )
         pending = self._pending_accumulation(ckpt.extra, model.n_params)
         # everything checked: now commit
         model.set_params(ckpt.weights)

@@ -43,7 +43,7 @@ from atomr.train.core._checkpoint_validation import (
 )
 from atomr.train.core.checkpoint_members import read_members
 from atomr.train.core.errors import CheckpointError
-from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.optimizer import Optimizer, OptimizerKind
 
 __all__ = [
     "Checkpoint",
@@ -288,6 +288,35 @@ def pending_micro_steps(ckpt: Checkpoint) -> int:
     return micro
 
 
+def restored_optimizer(
+    kind: OptimizerKind,
+    n_params: int,
+    state: Mapping[str, Any],
+    backend: Any = None,
+    dtype: Any = np.float32,
+    owner: str = "checkpoint",
+) -> Optimizer:
+    """A new `kind` optimizer over `n_params` parameters holding the saved `state`.
+
+    The caller swaps it in only once everything else of the checkpoint is
+    checked, so a state that does not fit changes nothing.
+
+    Args:
+        backend, dtype: as `OptimizerKind.create`.
+        owner: who restores it, first in the error message.
+
+    Raises:
+        CheckpointError: another optimizer kind, or state that is missing,
+            malformed, of the wrong shape or out of range.
+    """
+    fresh = kind.create(n_params, backend, dtype)
+    try:
+        fresh.load_state_dict(state)  # type: ignore[arg-type]
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{owner}: optimizer state does not fit: {exc}") from exc
+    return fresh
+
+
 def check_optimizer_state(ckpt: Checkpoint, kind: OptimizerKind, n_params: int) -> None:
     """Check that the checkpoint's optimizer state loads into `kind` over `n_params`.
 
@@ -295,11 +324,6 @@ def check_optimizer_state(ckpt: Checkpoint, kind: OptimizerKind, n_params: int) 
     changes.
 
     Raises:
-        CheckpointError: another optimizer kind, or state that is missing,
-            malformed, of the wrong shape or out of range.
+        CheckpointError: as `restored_optimizer`.
     """
-    probe = kind.create(n_params)
-    try:
-        probe.load_state_dict(ckpt.optimizer)
-    except (KeyError, ValueError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
+    restored_optimizer(kind, n_params, ckpt.optimizer)

@@ -24,6 +24,7 @@ import numpy as np
 from atomr.accel import Device, DeviceActor
 from atomr.actor import ActorRef, Failure, Props
 from atomr.train._recovery import DoubleBuffer
+from atomr.train.core.checkpoint import restored_optimizer
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
@@ -252,13 +253,14 @@ class StageActor(DeviceActor):
             raise CheckpointError(
                 f"stage {self.index} has {model.n_params} parameters, got {weights.shape[0]}"
             )
-        fresh = opt.kind.create(model.n_params, model.backend, model.dtype)
-        try:
-            fresh.load_state_dict(state.optimizer)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(
-                f"stage {self.index}: optimizer state does not fit: {exc}"
-            ) from exc
+        fresh = restored_optimizer(
+            opt.kind,
+            model.n_params,
+            state.optimizer,
+            model.backend,
+            model.dtype,
+            f"stage {self.index}",
+        )
         model.set_params(weights)
         self.optimizer = fresh
         self._undo.commit()

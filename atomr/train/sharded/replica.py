@@ -25,7 +25,7 @@ import numpy as np
 from atomr.accel import CpuBackend, Device, DeviceActor
 from atomr.actor import Failure
 from atomr.train._recovery import DoubleBuffer
-from atomr.train.core.checkpoint import CheckpointError
+from atomr.train.core.checkpoint import CheckpointError, restored_optimizer
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.core.messages import SetLearningRate
@@ -315,12 +315,14 @@ class ShardedReplica(DeviceActor):
         if piece.shape != (n,):
             raise CheckpointError(f"replica {self.index} owns {n} values, got {piece.shape}")
         dtype = self._template.dtype
-        fresh = self.config.optimizer.create(n, self.backend, dtype)
-        if state.optimizer:
-            try:
-                fresh.load_state_dict(state.optimizer)
-            except (KeyError, ValueError, TypeError) as exc:
-                raise CheckpointError(f"optimizer state does not fit: {exc}") from exc
+        kind = self.config.optimizer
+        fresh = (
+            restored_optimizer(
+                kind, n, state.optimizer, self.backend, dtype, f"replica {self.index}"
+            )
+            if state.optimizer
+            else kind.create(n, self.backend, dtype)
+        )
         if self.model is not None and msg.full is not None:
             self.model.set_params(msg.full)
         self.piece = self.backend.to_device(np.ascontiguousarray(piece, dtype=dtype))

@@ -18,7 +18,7 @@ import numpy as np
 from atomr.accel import Device, DeviceActor
 from atomr.actor import Failure
 from atomr.train._recovery import DoubleBuffer
-from atomr.train.core.checkpoint import CheckpointError
+from atomr.train.core.checkpoint import restored_optimizer
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.core.messages import SetLearningRate
@@ -174,14 +174,14 @@ class LayerShardActor(DeviceActor):
     def _set_state(self, state: LayerShardState) -> None:
         model = self.model
         assert model is not None
-        fresh = self.config.optimizer.create(model.n_params, model.backend, model.dtype)
-        if state.optimizer:
-            try:
-                fresh.load_state_dict(state.optimizer)
-            except (KeyError, ValueError, TypeError) as exc:
-                raise CheckpointError(
-                    f"shard {self.rank}: optimizer state does not fit: {exc}"
-                ) from exc
+        kind, n = self.config.optimizer, model.n_params
+        fresh = (
+            restored_optimizer(
+                kind, n, state.optimizer, model.backend, model.dtype, f"shard {self.rank}"
+            )
+            if state.optimizer
+            else kind.create(n, model.backend, model.dtype)
+        )
         model.set_params(state.params)
         self.optimizer = fresh
         self.steps = int(state.steps)

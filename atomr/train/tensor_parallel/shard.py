@@ -17,6 +17,7 @@ import numpy as np
 from atomr.accel import Device
 from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
+from atomr.train.core.checkpoint import restored_optimizer
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.loss import LossKind
@@ -176,11 +177,14 @@ class ShardActor(ShardMath):
             raise CheckpointError(f"{flat.shape[0]} weights for a model of {total} parameters")
         idx = self.layout.global_index()
         sliced = {**slice_state(optimizer, idx, total), "step": int(step)}
-        fresh = self.optimizer.kind.create(self.layout.n_params, self.backend, self.dtype)
-        try:
-            fresh.load_state_dict(sliced)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"optimizer state does not fit the shard: {exc}") from exc
+        fresh = restored_optimizer(
+            self.optimizer.kind,
+            self.layout.n_params,
+            sliced,
+            self.backend,
+            self.dtype,
+            f"shard {self.layout.rank}",
+        )
         host = np.ascontiguousarray(flat[idx], dtype=self.dtype)
         self.backend.copy(self.backend.to_device(host), self.params)
         self.optimizer = fresh

@@ -10,7 +10,8 @@ import pytest
 
 from atomr.train import CheckpointError, load_checkpoint
 from atomr.train.core import Checkpoint, save_checkpoint
-from atomr.train.core.checkpoint import check_model_matches
+from atomr.train.core.checkpoint import check_model_matches, restored_optimizer
+from atomr.train.core.optimizer import OptimizerKind
 
 
 def _ckpt(seed: int = 0, n: int = 50) -> Checkpoint:
@@ -146,3 +147,21 @@ def test_check_model_matches_refuses_non_numeric_weights() -> None:
     ckpt.weights = np.array(["a"] * 50)
     with pytest.raises(CheckpointError, match="dtype"):
         check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50)
+
+
+def test_restored_optimizer_holds_the_saved_state_or_refuses_naming_its_owner() -> None:
+    saved = OptimizerKind.adam(0.01).create(4)
+    saved.step(np.ones(4, np.float32), np.ones(4, np.float32))
+    state = saved.state_dict()
+    restored = restored_optimizer(OptimizerKind.adam(0.01), 4, state)
+    assert restored.step_count == 1
+    buffers = [k for k in state if k not in ("kind", "step")]
+    assert buffers
+    for key in buffers:
+        np.testing.assert_array_equal(restored.state_dict()[key], state[key])
+    with pytest.raises(CheckpointError, match=r"^stage 1: optimizer state does not fit"):
+        restored_optimizer(OptimizerKind.sgd(0.1), 4, state, owner="stage 1")  # another kind
+    with pytest.raises(CheckpointError, match="does not fit"):
+        restored_optimizer(OptimizerKind.adam(0.01), 5, state)  # another size
+    with pytest.raises(CheckpointError, match="does not fit"):
+        restored_optimizer(OptimizerKind.adam(0.01), 4, "not a dict")  # type: ignore[arg-type]

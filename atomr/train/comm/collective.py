@@ -165,6 +165,14 @@ class Collective(abc.ABC):
                 ignored by the others.
         """
 
+    def close(self) -> None:
+        """Release what the collective holds (threads, buffers); idempotent,
+        and a later operation starts afresh. The default holds nothing.
+
+        Whoever made the collective closes it: a trainer closes the one it
+        made from a name in its options, never one it was given."""
+        return None
+
 
 class HostCollective(Collective):
     """The in-process reference: the five operations on host arrays, one

@@ -180,7 +180,6 @@ class ShardedDataParallelTrainer(Actor):
     def post_stop(self) -> None:
         """Close the host thread and the collective this trainer made."""
         if self._own_collective:
-            assert isinstance(self._collective, HostCollective)
             self._collective.close()
         self._host.close()
 

@@ -27,6 +27,7 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
+from atomr.train.comm import HostCollective
 from atomr.train.sharded import GetShardMemory, ShardMemory
 
 SIZES = [7, 9, 5, 3]  # 72 + 9 + 45 + 5 + 15 + 3 = 149 parameters (prime)
@@ -158,3 +159,28 @@ async def test_accumulation_is_refused_before_anything_is_spawned() -> None:
         with pytest.raises(ValueError, match="accumulat"):
             await ShardedDataParallelTrainer.spawn(system, Mlp(SIZES), cpu_devices(2), config)
         assert list(system.actors) == []
+
+
+class _CountsCloses(HostCollective):
+    closes = 0
+
+    def close(self) -> None:
+        type(self).closes += 1
+        super().close()
+
+
+async def test_the_trainer_closes_only_a_collective_it_made() -> None:
+    given = _CountsCloses()
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    x, y = _batches(1)[0]
+    async with ActorSystem("zero") as system:
+        ref = await ShardedDataParallelTrainer.spawn(
+            system, Mlp(SIZES), cpu_devices(2), config, ShardedOptions(collective=given)
+        )
+        await ref.ask(Step(x, y), timeout=60)
+        await ref.stop()
+    assert _CountsCloses.closes == 0  # the caller's, still open
+    summed = await given.all_reduce([np.ones(3, np.float32), np.ones(3, np.float32)])
+    np.testing.assert_array_equal(summed, np.full(3, 2.0, np.float32))
+    given.close()
+    assert _CountsCloses.closes == 1

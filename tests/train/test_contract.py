@@ -106,7 +106,7 @@ async def test_options_of_another_strategy_are_refused(strategy: str) -> None:
         assert list(system.actors) == before
 
 
-BEFORE = Path(__file__).parent / "core" / "data" / "before_reorganisation.ckpt"
+BEFORE = Path(__file__).parent / "fixtures" / "before_reorganisation.ckpt"
 """A checkpoint the single-device Trainer wrote before `atomr/train` was
 reorganised into packages (commit ec447be): a 6-8-3 Mlp after two AdamW steps."""
 

@@ -30,9 +30,11 @@ REQUEST_ERRORS: tuple[type[Exception], ...] = (
 )
 """The one list of errors that mean "this request was bad" (bad input, a
 non-finite loss, an unreadable checkpoint or path, an argument of the wrong
-value or type, as `DeviceActor` treats them too): the actor answers
-`Failure(exc)` and is not restarted, and the asker does not retry. Anything
-else fails the actor and its parent decides."""
+value or type): the actor answers `Failure(exc)` and is not restarted, and the
+asker does not retry. Anything else fails the actor and its parent decides.
+The accel layer knows nothing of training: a bare `DeviceActor` answering
+`OnDevice` treats only ValueError and TypeError (and so `InvalidBatchError`)
+as bad requests."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from atomr.cli.errors import CliError
 from atomr.cli.run_config import RunConfig
+from atomr.cli.strategies import STRATEGIES
 
 __all__ = ["MemoryEstimate", "available_memory", "check_memory", "estimate_memory"]
 
@@ -40,16 +41,6 @@ class MemoryEstimate:
         return self.parameters + self.optimizer + self.activations + self.data
 
 
-def _replicas(run: RunConfig) -> int:
-    """Full copies of the model the strategy keeps (tensor and pipeline split
-    one; the parameter server keeps one per worker and its own)."""
-    if run.strategy in ("tensor", "pipeline"):
-        return 1
-    if run.strategy == "ps":
-        return (run.workers or len(run.devices)) + 1
-    return len(run.devices)
-
-
 def estimate_memory(run: RunConfig) -> MemoryEstimate:
     """The peak memory of `run`, by kind (float32 model, host devices).
 
@@ -66,7 +57,7 @@ def estimate_memory(run: RunConfig) -> MemoryEstimate:
     sizes = [features, *run.hidden, classes]
     params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     moments = 2 if run.optimizer in ("adam", "adamw") else (1 if run.momentum > 0 else 0)
-    replicas = _replicas(run)
+    replicas = STRATEGIES[run.strategy].replicas(run)
     widths = sum(sizes[1:])
     activations = 2 * _F32 * widths * (run.batch_size + samples)
     per_value = _SYNTHETIC_BYTES_PER_VALUE if run.dataset == "synthetic" else _F32

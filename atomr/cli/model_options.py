@@ -12,15 +12,30 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from atomr.accel import ACTIVATIONS
 from atomr.cli.errors import CliError
 from atomr.train.core.model import gpt
 
-__all__ = ["GPT_FLAGS", "GptShape", "add_model_arguments", "resolve_model"]
+__all__ = ["GPT_FLAGS", "MLP_FLAGS", "GptShape", "add_model_arguments", "resolve_model"]
 
 MODELS = ("mlp", "gpt")
 
+MLP_FLAGS = {"hidden": "128", "activation": "relu"}
+"""The MLP's flags (as attribute names) and their defaults."""
+
 GPT_FLAGS = {"context": 64, "n_layer": 2, "n_head": 4, "d_model": 64, "dropout": 0.0}
 """The GPT's flags (as attribute names) and their defaults."""
+
+_FLAGS_OF: dict[str, dict[str, Any]] = {"mlp": MLP_FLAGS, "gpt": GPT_FLAGS}
+"""Each model's own flags: given with the other model, they are refused."""
+
+_MLP_ACTIVATIONS = tuple(name for name in ACTIVATIONS if name != "identity")
+"""`--activation`'s choices: the kernels' activations (one table,
+`atomr.accel.ACTIVATIONS`) but the identity, which would make the MLP linear."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -40,13 +55,26 @@ class GptShape:
 
 
 def add_model_arguments(group: Any) -> None:
-    """`--model` and the GPT flags, in the parser's model group."""
+    """`--model`, the MLP flags and the GPT flags, in the parser's model group
+    (each defaults to None: `resolve_model` tells given from not given)."""
     group.add_argument(
         "--model",
         choices=MODELS,
         default="mlp",
         help="mlp (default; --hidden, --activation) or gpt: a character-level GPT on the "
         "Python documentation, which prints a generated sample at the end",
+    )
+    group.add_argument(
+        "--hidden",
+        default=None,
+        metavar="W[,W...]",
+        help=f"--model mlp: hidden layer widths, comma separated (default: {MLP_FLAGS['hidden']})",
+    )
+    group.add_argument(
+        "--activation",
+        choices=_MLP_ACTIVATIONS,
+        default=None,
+        help=f"--model mlp: the hidden layers' activation (default: {MLP_FLAGS['activation']})",
     )
     helps = {
         "context": "characters per sequence",
@@ -57,26 +85,67 @@ def add_model_arguments(group: Any) -> None:
     }
     for name, default in GPT_FLAGS.items():
         group.add_argument(
-            "--" + name.replace("_", "-"),
+            _flag(name),
             type=type(default),
             default=None,
             help=f"--model gpt: {helps[name]} (default: {default})",
         )
 
 
-def resolve_model(args: argparse.Namespace) -> GptShape | None:
-    """Check the model flags and fill in the model's defaults (`--epochs`,
-    `--dataset`) in `args`; the GPT's shape, or None for the MLP.
+def _refuse_other_models_flags(args: argparse.Namespace) -> None:
+    """A flag of one model given with the other is an error.
 
     Raises:
-        CliError: a GPT flag without `--model gpt`, a data set the model
-            cannot take, or a GPT size out of range.
+        CliError: naming the flag and the model it applies to.
     """
-    given = {name: getattr(args, name) for name in GPT_FLAGS}
+    for model, flags in _FLAGS_OF.items():
+        if model == args.model:
+            continue
+        for name in flags:
+            if getattr(args, name) is not None:
+                raise CliError(f"{_flag(name)} only applies to --model {model}")
+
+
+def _gpt_shape(args: argparse.Namespace) -> GptShape:
+    """The GPT's shape from its flags, defaults filled in.
+
+    Raises:
+        CliError: a size below 1, `--n-head` not dividing `--d-model`, or
+            `--dropout` outside [0, 1).
+    """
+    value = {k: d if getattr(args, k) is None else getattr(args, k) for k, d in GPT_FLAGS.items()}
+    shape = GptShape(
+        int(value["context"]),
+        int(value["n_layer"]),
+        int(value["n_head"]),
+        int(value["d_model"]),
+        float(value["dropout"]),
+    )
+    for name in ("context", "n_layer", "n_head", "d_model"):
+        if getattr(shape, name) < 1:
+            raise CliError(f"{_flag(name)} must be >= 1")
+    if shape.d_model % shape.n_head:
+        raise CliError(f"--n-head {shape.n_head} must divide --d-model {shape.d_model}")
+    if not 0.0 <= shape.dropout < 1.0:
+        raise CliError(f"--dropout must be in [0, 1), got {shape.dropout}")
+    return shape
+
+
+def resolve_model(args: argparse.Namespace) -> GptShape | None:
+    """Check the model flags and fill in the model's defaults (`--epochs`,
+    `--dataset`, and the MLP's `--hidden` and `--activation`, which a GPT run
+    records unused) in `args`; the GPT's shape, or None for the MLP.
+
+    Raises:
+        CliError: a flag of the other model (an MLP flag with `--model gpt`,
+            a GPT flag without it), a data set the model cannot take, or a
+            GPT size out of range.
+    """
+    _refuse_other_models_flags(args)
+    for name, default in MLP_FLAGS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.model == "mlp":
-        for name, value in given.items():
-            if value is not None:
-                raise CliError(f"--{name.replace('_', '-')} only applies to --model gpt")
         args.epochs = 20 if args.epochs is None else args.epochs
         args.dataset = "digits" if args.dataset is None else args.dataset
         if args.dataset == "pydoc":
@@ -88,19 +157,4 @@ def resolve_model(args: argparse.Namespace) -> GptShape | None:
         raise CliError(f"--model gpt trains on --dataset pydoc, not {args.dataset}")
     if args.loss != "cross_entropy":
         raise CliError("--model gpt trains with --loss cross_entropy")
-    value = {k: GPT_FLAGS[k] if v is None else v for k, v in given.items()}
-    shape = GptShape(
-        int(value["context"]),
-        int(value["n_layer"]),
-        int(value["n_head"]),
-        int(value["d_model"]),
-        float(value["dropout"]),
-    )
-    for name in ("context", "n_layer", "n_head", "d_model"):
-        if getattr(shape, name) < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1")
-    if shape.d_model % shape.n_head:
-        raise CliError(f"--n-head {shape.n_head} must divide --d-model {shape.d_model}")
-    if not 0.0 <= shape.dropout < 1.0:
-        raise CliError(f"--dropout must be in [0, 1), got {shape.dropout}")
-    return shape
+    return _gpt_shape(args)

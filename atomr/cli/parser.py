@@ -30,7 +30,6 @@ LR_SCHEDULES = ("constant", "cosine", "step")
 POLICIES = ("sync", "cadence", "async")
 DATASETS = ("digits", "synthetic", "pydoc")
 BENCH_SUITES = ("messaging", "kernels", "train", "all")
-ACTIVATIONS = ("relu", "tanh", "gelu")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,12 +61,11 @@ def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_model_and_strategy_group(p: _Parser) -> None:
-    """The "model and strategy" group: the model, the strategy and its devices,
-    the MLP's shape, then the options of each parallel strategy."""
+    """The "model and strategy" group: the model and its shape (model_options.py),
+    the strategy and its devices, then the options of each parallel strategy."""
     model = p.add_argument_group("model and strategy")
     add_model_arguments(model)
     _add_strategy_and_devices(model)
-    _add_mlp_shape(model)
     _add_pipeline_and_ps_options(model)
     _add_data_parallel_options(model)
 
@@ -86,19 +84,10 @@ def _add_strategy_and_devices(model: argparse._ArgumentGroup) -> None:
         metavar="SPEC",
         help="N (the first N devices: CUDA when present, else logical CPUs) or a "
         "comma list such as cpu:0,cpu:1 (default: every GPU, else 2 logical CPUs; "
-        "1 device for --strategy single)",
+        "1 device for --strategy "
+        + ", ".join(s.name for s in STRATEGIES.values() if s.one_device)
+        + ")",
     )
-
-
-def _add_mlp_shape(model: argparse._ArgumentGroup) -> None:
-    """The MLP's `--hidden` widths and `--activation`."""
-    model.add_argument(
-        "--hidden",
-        default="128",
-        metavar="W[,W...]",
-        help="hidden layer widths, comma separated (default: 128)",
-    )
-    model.add_argument("--activation", choices=ACTIVATIONS, default="relu")
 
 
 def _add_pipeline_and_ps_options(model: argparse._ArgumentGroup) -> None:
@@ -127,8 +116,9 @@ def _add_pipeline_and_ps_options(model: argparse._ArgumentGroup) -> None:
 
 
 def _add_data_parallel_options(model: argparse._ArgumentGroup) -> None:
-    """`--policy` and `--average-every` (--strategy data), `--zero-stage`
-    (--strategy zero) and `--distributed` (MPI ranks)."""
+    """`--policy` and `--average-every` (--strategy data; the latter with
+    --policy async), `--zero-stage` (--strategy zero) and `--distributed` (MPI
+    ranks, for the strategies that can run across them)."""
     model.add_argument(
         "--policy",
         choices=POLICIES,
@@ -157,7 +147,9 @@ def _add_data_parallel_options(model: argparse._ArgumentGroup) -> None:
         "--distributed",
         action="store_true",
         help="one process of an MPI job (started by 'atomr launch' or mpiexec): "
-        "data parallel across ranks, all-reduce by MPI",
+        "data parallel across ranks, all-reduce by MPI (--strategy "
+        + ", ".join(s.name for s in STRATEGIES.values() if s.job is not None)
+        + ")",
     )
 
 

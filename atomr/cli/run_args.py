@@ -90,7 +90,8 @@ def parse_devices(
         spec: None (the default for `strategy`), "N" (the first N devices:
             CUDA when the machine has GPUs, else N logical CPU devices), or a
             comma list of names ("cpu:0,cpu:1", "cuda:0,cuda:1").
-        strategy: the training strategy; "single" defaults to one device.
+        strategy: the training strategy; one that trains on one device
+            (`Strategy.one_device`) defaults to one.
         dist: this process's place in a distributed job, or None. By default
             a rank takes one device: the GPU `local_rank` when the machine has
             one per local rank, else one logical CPU device.
@@ -109,7 +110,7 @@ def parse_devices(
         return (Device("cpu", 0),)
     if spec is None:
         found = training_devices()
-        return found[:1] if strategy == "single" else found
+        return found[:1] if STRATEGIES[strategy].one_device else found
     text = spec.strip()
     if text.isdigit():
         count = int(text)
@@ -220,10 +221,10 @@ def _check_distributed_and_resume(args: argparse.Namespace) -> None:
     `--resume` checkpoint exists.
 
     Raises:
-        CliError: `--distributed` with a strategy other than data, single or
-            zero, or a `--resume` path that is not a file.
+        CliError: `--distributed` with a strategy that cannot run across MPI
+            ranks (no `Strategy.job`), or a `--resume` path that is not a file.
     """
-    if args.distributed and args.strategy not in ("data", "single", "zero"):
+    if args.distributed and STRATEGIES[args.strategy].job is None:
         raise CliError(
             "--distributed runs data parallel (plain or sharded) across MPI ranks; it "
             f"cannot be combined with --strategy {args.strategy}"
@@ -260,12 +261,12 @@ def _resolve_devices(
 
     Raises:
         CliError: a bad `--devices` (see `parse_devices`), or other than one
-            device for `--strategy single`.
+            device for a strategy that trains on one (`Strategy.one_device`).
     """
     devices = parse_devices(args.devices, args.strategy, dist)
-    if args.strategy == "single" and len(devices) != 1:
+    if STRATEGIES[args.strategy].one_device and len(devices) != 1:
         raise CliError(
-            f"--strategy single trains on one device, got {len(devices)} "
+            f"--strategy {args.strategy} trains on one device, got {len(devices)} "
             f"({', '.join(map(str, devices))})"
         )
     return devices

@@ -3,14 +3,15 @@
 Every trainer speaks one contract (`X.spawn(system, model, devices, config,
 options)` returns an `ActorRef` answering `Step`, `Evaluate`, ...), so an entry
 only says which class trains, which of the command's flags are its own, how
-to build its options from them, and the smallest batch it can split. Adding
-a strategy to `atomr train` is one entry here.
+to build its options from them (alone, or as one rank of an MPI job), the
+smallest batch it can split and the model copies it keeps. Adding a strategy
+to `atomr train` is one entry here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,11 @@ from atomr.train.pipeline import PipelineOptions, Schedule
 
 if TYPE_CHECKING:  # the run's options check their flags against this registry
     from atomr.cli.run_config import RunConfig
+    from atomr.train.comm.mpi.job import DistributedTrainConfig
+
+JobOptions = Callable[["RunConfig", "DistributedTrainConfig"], tuple[Any, Any]]
+"""Builds `(trainer class, options)` for one rank of an MPI job; collective
+(every rank calls it at the same point)."""
 
 __all__ = ["STRATEGIES", "Job", "Strategy", "min_batch_size", "spawn_trainer"]
 
@@ -52,31 +58,49 @@ class Strategy:
         trainer: the trainer class (its `spawn` follows the contract).
         flags: the `atomr train` flags only this strategy takes (a flag of
             another strategy is refused: `RunConfig.from_args`).
+        needs: flag -> (other flag, value): one of `flags` that only applies
+            when the other flag is given with that value (`--average-every`
+            needs `--policy async`).
         options: builds the trainer's options object from the run (None:
             the trainer's defaults).
         min_batch: the smallest batch that gives every worker a sample.
+        replicas: the full copies of the model it keeps, for the memory
+            estimate (tensor and pipeline split one; the parameter server
+            keeps one per worker and its own).
+        one_device: it trains on exactly one device (the default `--devices`).
+        job: builds `(trainer class, options)` for one rank of an MPI job
+            (`--distributed`); None: it cannot run across ranks.
     """
 
     name: str
     help: str
     trainer: Any
     flags: tuple[str, ...] = ()
+    needs: dict[str, tuple[str, str]] = field(default_factory=dict)
     options: Callable[[RunConfig], Any] = lambda run: None
     min_batch: Callable[[RunConfig], int] = lambda run: 1
+    replicas: Callable[[RunConfig], int] = lambda run: len(run.devices)
+    one_device: bool = False
+    job: JobOptions | None = None
 
     def refuse_foreign_flags(self, given: dict[str, object]) -> None:
-        """Refuse strategy flags that belong to another strategy.
+        """Refuse strategy flags that belong to another strategy, or that
+        this one takes only under another flag's value it was not given.
 
         Args:
             given: flag -> value for every strategy flag (None: not given).
 
         Raises:
-            CliError: a flag was given that this strategy does not take.
+            CliError: a flag was given that this strategy does not take, or
+                without the value of another flag it needs.
         """
         for flag, value in given.items():
             if value is not None and flag not in self.flags:
                 owners = [s.name for s in STRATEGIES.values() if flag in s.flags]
                 raise CliError(f"{flag} only applies to --strategy {' or '.join(owners)}")
+        for flag, (other, needed) in self.needs.items():
+            if given.get(flag) is not None and given.get(other) != needed:
+                raise CliError(f"{flag} only applies to {other} {needed}")
 
 
 def _pipeline_options(run: RunConfig) -> PipelineOptions:
@@ -101,8 +125,20 @@ def _data_options(run: RunConfig) -> DataParallelOptions:
     return DataParallelOptions(**_data_settings(run))
 
 
+def _data_job(run: RunConfig, dist: DistributedTrainConfig) -> tuple[Any, Any]:
+    return DataParallelTrainer, DataParallelOptions.for_job(dist, **_data_settings(run))
+
+
 def _zero_options(run: RunConfig) -> ShardedOptions:
     return ShardedOptions(stage=run.zero_stage or 1)
+
+
+def _zero_job(run: RunConfig, dist: DistributedTrainConfig) -> tuple[Any, Any]:
+    return ShardedDataParallelTrainer, ShardedOptions.for_job(dist, stage=run.zero_stage or 1)
+
+
+def _ps_workers(run: RunConfig) -> int:
+    return run.workers or len(run.devices)
 
 
 def _ps_options(run: RunConfig) -> ParameterServerOptions:
@@ -112,14 +148,16 @@ def _ps_options(run: RunConfig) -> ParameterServerOptions:
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
-        Strategy("single", "one device", Trainer),
+        Strategy("single", "one device", Trainer, one_device=True, job=_data_job),
         Strategy(
             "data",
             "data parallel: replicas all-reduce their gradients",
             DataParallelTrainer,
             flags=("--policy", "--average-every"),
+            needs={"--average-every": ("--policy", "async")},
             options=_data_options,
             min_batch=lambda run: len(run.devices),
+            job=_data_job,
         ),
         Strategy(
             "zero",
@@ -128,14 +166,21 @@ STRATEGIES: dict[str, Strategy] = {
             flags=("--zero-stage",),
             options=_zero_options,
             min_batch=lambda run: len(run.devices),
+            job=_zero_job,
         ),
-        Strategy("tensor", "tensor parallel: layers split across devices", TensorParallelTrainer),
+        Strategy(
+            "tensor",
+            "tensor parallel: layers split across devices",
+            TensorParallelTrainer,
+            replicas=lambda run: 1,
+        ),
         Strategy(
             "pipeline",
             "pipeline parallel: stages with micro-batches",
             PipelineParallelTrainer,
             flags=("--schedule", "--micro-batch-size"),
             options=_pipeline_options,
+            replicas=lambda run: 1,
         ),
         Strategy(
             "ps",
@@ -143,7 +188,8 @@ STRATEGIES: dict[str, Strategy] = {
             AsyncParameterServer,
             flags=("--workers",),
             options=_ps_options,
-            min_batch=lambda run: run.workers or len(run.devices),
+            min_batch=_ps_workers,
+            replicas=lambda run: _ps_workers(run) + 1,
         ),
     )
 }
@@ -207,14 +253,10 @@ async def _spawn_distributed(
     system: Any, run: RunConfig, model: Sequential, config: TrainerConfig
 ) -> tuple[ActorRef, Job]:
     assert run.dist is not None
-    options: DataParallelOptions | ShardedOptions
-    trainer: Any = DataParallelTrainer
+    job = STRATEGIES[run.strategy].job
+    assert job is not None  # run_args refuses --distributed with the others
     try:
-        if run.strategy == "zero":
-            trainer = ShardedDataParallelTrainer
-            options = ShardedOptions.for_job(run.dist, stage=run.zero_stage or 1)
-        else:
-            options = DataParallelOptions.for_job(run.dist, **_data_settings(run))
+        trainer, options = job(run, run.dist)
     except ImportError:
         raise CliError("--distributed needs mpi4py: pip install -e '.[mpi]'", 1) from None
     ref = await trainer.spawn(system, model, list(run.devices), config, options)

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from atomr.accel import ACTIVATIONS
 from atomr.cli import main, run_args, train_command
+from atomr.cli.errors import CliError
+from atomr.cli.parser import build_parser
+from atomr.cli.run_config import RunConfig
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -50,6 +54,24 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["train", "--seed", "-1"], "--seed must be >= 0"),
         (["train", "--optimizer", "lion"], "invalid choice: 'lion'"),
         (["train", "--distributed", "--strategy", "pipeline"], "cannot be combined"),
+        (["train", "--model", "gpt", "--hidden", "256"], "--hidden only applies to --model mlp"),
+        (
+            ["train", "--model", "gpt", "--activation", "tanh"],
+            "--activation only applies to --model mlp",
+        ),
+        (["train", "--average-every", "3"], "--average-every only applies to --policy async"),
+        (
+            ["train", "--policy", "sync", "--average-every", "3"],
+            "--average-every only applies to --policy async",
+        ),
+        (
+            ["train", "--policy", "cadence", "--average-every", "3"],
+            "--average-every only applies to --policy async",
+        ),
+        (
+            ["train", "--strategy", "zero", "--average-every", "3"],
+            "--average-every only applies to --strategy data",
+        ),
         (["train", "--distributed"], "--distributed runs under MPI: start it with 'atomr launch"),
         (["bench", "gpu"], "invalid choice: 'gpu'"),
         (["bench", "all", "--benchmarks-dir", "/nonexistent"], "no such folder"),
@@ -222,3 +244,44 @@ def test_more_devices_than_gpus_says_what_to_do(
         "atomr: error: --devices 4: this machine has 1 GPU(s); use --devices 1 or fewer, "
         "or a list of CPU devices such as cpu:0,cpu:1 (see 'atomr devices')\n"
     )
+
+
+def _run_config(*argv: str) -> RunConfig:
+    return RunConfig.from_args(build_parser("test").parse_args(["train", "--quiet", *argv]))
+
+
+def test_the_mlp_flags_parse_with_the_mlp_and_default_without_them() -> None:
+    run = _run_config("--hidden", "256,64", "--activation", "tanh")
+    assert (run.hidden, run.activation) == ((256, 64), "tanh")
+    default = _run_config()
+    assert (default.hidden, default.activation) == ((128,), "relu")
+    gpt = _run_config("--model", "gpt", "--context", "32")
+    assert gpt.gpt is not None and gpt.gpt.context == 32
+    assert (gpt.hidden, gpt.activation) == ((128,), "relu")
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+def test_the_activations_are_the_kernels_table_but_the_identity(activation: str) -> None:
+    argv = ["train", "--activation", activation]
+    if activation == "identity":
+        with pytest.raises(CliError, match="invalid choice: 'identity'"):
+            build_parser("test").parse_args(argv)
+    else:
+        assert _run_config("--activation", activation).activation == activation
+
+
+@pytest.mark.parametrize(
+    ("strategy", "across_ranks"),
+    [("single", True), ("data", True), ("zero", True), ("tensor", False),
+     ("pipeline", False), ("ps", False)],
+)  # fmt: skip
+def test_distributed_takes_the_strategies_that_run_across_ranks(
+    capsys: pytest.CaptureFixture[str], strategy: str, across_ranks: bool
+) -> None:
+    # outside mpiexec: a strategy that can run across ranks gets as far as the launcher check
+    code, _, err = _run(capsys, "train", "--distributed", "--strategy", strategy)
+    assert code == 2
+    if across_ranks:
+        assert "--distributed runs under MPI" in err
+    else:
+        assert f"cannot be combined with --strategy {strategy}" in err

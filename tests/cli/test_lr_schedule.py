@@ -67,7 +67,7 @@ def test_policy_flags_reach_the_data_parallel_options() -> None:
     "argv, needle",
     [
         (["--strategy", "tensor", "--policy", "async"], "--policy only applies to --strategy data"),
-        (["--average-every", "0"], "--average-every must be >= 1"),
+        (["--policy", "async", "--average-every", "0"], "--average-every must be >= 1"),
     ],
 )
 def test_bad_policy_flags_are_one_line(

@@ -64,6 +64,22 @@ def test_the_estimate_counts_each_part() -> None:
     assert est.total == est.parameters + est.optimizer + est.activations + est.data
 
 
+@pytest.mark.parametrize(
+    ("argv", "copies"),
+    [
+        (["--strategy", "data"], 2),
+        (["--strategy", "tensor"], 1),
+        (["--strategy", "pipeline"], 1),
+        (["--strategy", "ps"], 3),  # a worker per device and the server's own
+        (["--strategy", "ps", "--workers", "3"], 4),
+    ],
+)
+def test_the_estimate_counts_the_model_copies_of_the_strategy(argv: list[str], copies: int) -> None:
+    run = _run_config("--devices", "cpu:0,cpu:1", "--hidden", "4", "--optimizer", "adam", *argv)
+    params = 64 * 4 + 4 + 4 * 10 + 10  # the digits: 64 features, 10 classes
+    assert estimate_memory(run).optimizer == 2 * 4 * params * copies
+
+
 def test_a_run_that_fits_passes() -> None:
     run = _run_config("--strategy", "single")
     check_memory(run, available=estimate_memory(run).total)

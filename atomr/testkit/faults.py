@@ -1,7 +1,8 @@
 """Fault injection: fail worker k at phase p.
 
 A `Plan` says which phase fails next, how (the error to raise, a delay
-before it, whether the phase's own work runs first) and how often. It is
+before it, whether the phase's own work runs first), how many passes it
+lets through first and how often it fails. It is
 shared by reference between a test and the workers it makes faulty: actors
 are built from `Props`, so the test keeps the plan and arms it between
 requests.
@@ -13,8 +14,9 @@ fires in `receive` when such a message arrives: the actor itself fails and
 its supervisor decides what follows) or on a public hook method (the fault
 fires when the hook is called, on whatever thread the worker runs it, and
 the worker handles the error as any failure there). The subclass goes where
-the worker class would: a trainer's `worker_class` / `shard_class` /
-`stage_class` option, or `Props` handed to a trainer's `props`.
+the worker class would: a trainer's `replica_class` / `shard_class` /
+`stage_class` / `worker_class` option, or `Props` handed to a trainer's
+`props`.
 
     plan = Plan()
     Shard = inject_faults(ShardActor, plan, {"loss": "compute_loss"}, worker=1)
@@ -50,6 +52,7 @@ class _Armed:
     times: int
     delay: float
     after: bool
+    skip: int
 
     def raise_error(self, phase: str) -> None:
         """Raise the armed error (nothing when only a delay was armed)."""
@@ -82,9 +85,10 @@ class Plan:
         times: int = 1,
         delay: float = 0.0,
         after: bool = False,
+        skip: int = 0,
     ) -> None:
-        """Make the next `times` passes through `phase` fail (replacing
-        whatever `phase` was armed with).
+        """Make the next `times` passes through `phase` fail, after letting
+        `skip` passes through (replacing whatever `phase` was armed with).
 
         Args:
             phase: the phase's name (as given to `inject_faults`, or to
@@ -99,33 +103,37 @@ class Plan:
                 failure after the work wrote its results); in `receive`,
                 the message is handled and the actor fails instead of
                 replying.
+            skip: how many passes to let through first (worker k's third
+                batch fails: `skip=2`); `fire`, `due` and the hooks of
+                `inject_faults` count them (of worker k only, with `worker=k`).
 
         Raises:
             TypeError: `phase` is not a str, `error` is not an exception
-                class or instance, `times` not an int.
-            ValueError: `times < 1`, a negative or infinite `delay`, or
-                neither an error nor a delay.
+                class or instance, `times` or `skip` not an int.
+            ValueError: `times < 1`, `skip < 0`, a negative or infinite
+                `delay`, or neither an error nor a delay.
         """
         if not isinstance(phase, str):
             raise TypeError(f"phase must be a str, got {type(phase).__name__}")
         _check_error(error)
-        if isinstance(times, bool) or not isinstance(times, int):
-            raise TypeError(f"times must be an int, got {times!r}")
-        if times < 1:
-            raise ValueError(f"times must be >= 1, got {times}")
+        _check_count("times", times, 1)
+        _check_count("skip", skip, 0)
         if not (math.isfinite(delay) and delay >= 0.0):
             raise ValueError(f"delay must be finite and >= 0, got {delay}")
         if error is None and delay == 0.0:
             raise ValueError(f"arming {phase!r} with neither an error nor a delay injects nothing")
         with self._lock:
-            self._armed[phase] = _Armed(error, times, float(delay), bool(after))
+            self._armed[phase] = _Armed(error, times, float(delay), bool(after), skip)
 
     def _take(self, phase: str) -> _Armed | None:
-        """Use up one arming of `phase`: its fault (recorded in `fired`),
-        or None when `phase` is not armed."""
+        """Use up one pass through `phase`: its fault (recorded in `fired`),
+        or None when `phase` is not armed or this pass is let through (`skip`)."""
         with self._lock:
             armed = self._armed.get(phase)
             if armed is None:
+                return None
+            if armed.skip:
+                armed.skip -= 1
                 return None
             armed.times -= 1
             if armed.times == 0:
@@ -152,10 +160,19 @@ class Plan:
         return self._take(phase) is not None
 
     def armed(self, phase: str) -> int:
-        """How many more passes through `phase` will fail."""
+        """How many more passes through `phase` will fail (after those still
+        to be let through: a hook written by hand that checks this before
+        `fire` must not be armed with `skip`)."""
         with self._lock:
             armed = self._armed.get(phase)
             return 0 if armed is None else armed.times
+
+
+def _check_count(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
 
 
 def _check_error(error: object) -> None:
@@ -175,9 +192,10 @@ def inject_faults(
     """A subclass of `worker_class` whose phases fail when `plan` says so.
 
     Args:
-        worker_class: the worker (an actor class such as `ShardActor`,
-            `StageActor`, `ReplicaActor`, a user's own; or any class whose
-            public methods are its steps, e.g. a `Collective`).
+        worker_class: the worker (an actor class such as `ReplicaActor`,
+            `ShardActor`, `StageActor`, `ParameterServerWorker`,
+            `ServerShard`, a user's own; or any class whose public methods
+            are its steps, e.g. a `Collective`).
         plan: the plan the phases consult (armed by the test).
         phases: phase name -> where it fires:
             - a message class: when the worker's `receive` gets such a

@@ -5,8 +5,7 @@ equals the unfaulted run" comparisons. The injection itself is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,35 +44,31 @@ class Plan(testkit.Plan):
         self,
         phase: str,
         error: type[BaseException] | BaseException | None = ContextPoisoned,
-        *,
-        times: int = 1,
-        delay: float = 0.0,
-        after: bool = False,
+        **how: Any,
     ) -> None:
-        """`atomr.testkit.Plan.arm`, `ContextPoisoned` by default."""
-        super().arm(phase, error, times=times, delay=delay, after=after)
+        """`atomr.testkit.Plan.arm` (`how`: its keywords), `ContextPoisoned` by default."""
+        super().arm(phase, error, **how)
 
 
-@contextmanager
-def _dying(optimizer: Any, plan: testkit.Plan, phase: str, whole: bool) -> Iterator[None]:
-    """While inside: `optimizer`'s out-of-place update (`step_into_unchecked`, what
-    every worker's apply runs) writes half of the new weights (all of them
-    with `whole`), then raises the error `phase` is armed with."""
-    real = optimizer.step_into_unchecked
+class _DyingOptimizer:
+    """A worker's optimizer for one update, dying in it: its out-of-place
+    step (`step_into_unchecked`, what every worker's apply runs) writes half
+    of the new weights (all of them with `whole`), then raises the error
+    `phase` is armed with. Everything else is the real optimizer's."""
 
-    def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> Any:
-        if whole:
-            real(params, grads, params_out, spare)
+    def __init__(self, real: Any, plan: testkit.Plan, phase: str, whole: bool) -> None:
+        self.real, self.plan, self.phase, self.whole = real, plan, phase, whole
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def step_into_unchecked(self, params: Any, grads: Any, params_out: Any, spare: Any) -> Any:
+        if self.whole:
+            self.real.step_into_unchecked(params, grads, params_out, spare)
         else:
             params_out[: params_out.shape[0] // 2] -= 0.5
-        plan.fire(phase)
-        raise AssertionError(f"{phase} was not armed")
-
-    optimizer.step_into_unchecked = broken
-    try:
-        yield
-    finally:
-        del optimizer.step_into_unchecked
+        self.plan.fire(self.phase)
+        raise AssertionError(f"{self.phase} was not armed")
 
 
 W = TypeVar("W", bound=type)
@@ -87,21 +82,26 @@ def dying_optimizer(
     worker: int | None = None,
     whole: bool = False,
 ) -> W:
-    """A subclass of a worker class (any with the `apply_gradients` hook and
-    an `optimizer`: `ReplicaActor`, `ShardActor`, `StageActor`) whose
-    optimizer dies in the middle of an update when `phase` is armed: half
-    the new weights written (all with `whole`), then the armed error. The
-    update is out of place, so no weight may change.
+    """A subclass of a worker class (any with the public `apply_gradients`
+    hook and an `optimizer`: `ReplicaActor`, `ShardActor`, `StageActor`,
+    `ServerShard`) whose optimizer dies in the middle of an update when
+    `phase` is armed: for that update the hook's worker holds a
+    `_DyingOptimizer` (half the new weights written, all with `whole`, then
+    the armed error). The update is out of place, so no weight may change.
 
     `worker`: only the worker with that `worker_index` (None: every one).
     """
 
     def apply_gradients(self: Any, *args: Any) -> Any:
         mine = worker is None or self.worker_index == worker
-        if mine and plan.armed(phase) and self.optimizer is not None:
-            with _dying(self.optimizer, plan, phase, whole):
-                return worker_class.apply_gradients(self, *args)
-        return worker_class.apply_gradients(self, *args)
+        real = self.optimizer
+        if not (mine and plan.armed(phase) and real is not None):
+            return worker_class.apply_gradients(self, *args)
+        self.optimizer = _DyingOptimizer(real, plan, phase, whole)
+        try:
+            return worker_class.apply_gradients(self, *args)
+        finally:
+            self.optimizer = real
 
     return type(
         f"Dying{worker_class.__name__}", (worker_class,), {"apply_gradients": apply_gradients}

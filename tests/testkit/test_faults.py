@@ -1,16 +1,47 @@
 """`atomr.testkit.faults`: a `Plan` fails the armed phase as often as armed,
-and `inject_faults` makes only the named worker fail, at a message or at a
-public hook, before or after the work, and refuses private hooks."""
+after the passes it lets through, and `inject_faults` makes only the named
+worker fail, at a message or at a public hook, before or after the work, and
+refuses private hooks. With `worker=k` through a trainer's options it fails
+exactly worker k of the data-parallel trainer (`replica_class`) and of the
+parameter server (`worker_class`), and each trainer then recovers or fails
+as it documents."""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 
 from atomr import Actor, ActorSystem, Props
+from atomr.accel import ContextPoisoned, OutOfMemory, cpu_devices
 from atomr.testkit import Plan, inject_faults
+from atomr.train import LossKind, Mlp, OptimizerKind, Step, TrainerConfig
+from atomr.train.core.errors import NonFiniteError
+from atomr.train.data_parallel import (
+    DataParallelOptions,
+    DataParallelTrainer,
+    GetReplicaWeights,
+    ReplicaActor,
+)
+from atomr.train.data_parallel.messages import ComputeGradients
+from atomr.train.parameter_server import (
+    AsyncParameterServer,
+    GetServerStats,
+    ParameterServerOptions,
+    ParameterServerWorker,
+)
+from tests.reliability.faults import (
+    CLASSES,
+    IN,
+    T,
+    assert_same_training,
+    assert_unchanged,
+    batches,
+    clean_run,
+    faulted_run,
+)
 
 
 class Worker(Actor):
@@ -56,6 +87,30 @@ def test_a_plan_fails_a_phase_as_often_as_armed() -> None:
     assert info.value is error
 
 
+def test_a_plan_lets_the_skipped_passes_through_first() -> None:
+    plan = Plan()
+    plan.arm("p", KeyError, skip=2)
+    plan.fire("p")
+    assert not plan.due("p")  # the two passes let through
+    assert plan.armed("p") == 1 and plan.fired == []
+    with pytest.raises(KeyError):
+        plan.fire("p")
+    assert plan.armed("p") == 0 and plan.fired == ["p"]
+
+
+def test_skip_counts_only_the_named_workers_passes() -> None:
+    plan, log = Plan(), []
+    faulty = inject_faults(Worker, plan, {"step": "step"}, worker=1)
+    zero, one = faulty(0, log), faulty(1, log)
+    plan.arm("step", ValueError, skip=1)
+    zero.step("a")
+    one.step("b")  # worker 1's first pass: let through
+    zero.step("c")
+    with pytest.raises(ValueError):
+        one.step("d")  # its second fails
+    assert log == ["0:a", "1:b", "0:c"]
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "error"),
     [
@@ -67,6 +122,8 @@ def test_a_plan_fails_a_phase_as_often_as_armed() -> None:
         (("p",), {"delay": -1.0}, ValueError),
         (("p",), {"delay": float("inf")}, ValueError),
         (("p", None), {}, ValueError),
+        (("p",), {"skip": -1}, ValueError),
+        (("p",), {"skip": True}, TypeError),
     ],
 )
 def test_arm_refuses_bad_arguments(
@@ -168,3 +225,85 @@ def test_inject_faults_refuses_what_it_cannot_hook(
         inject_faults(cls, Plan(), phases, **kwargs)
     with pytest.raises(TypeError, match="plan must be a Plan"):
         inject_faults(NoIndex, object(), {"p": "work"})  # type: ignore[arg-type]
+
+
+# -- the trainers' own workers, worker k faulted through the trainer's options --
+
+CONFIG = TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY)
+DP_PHASES: dict[str, str | type] = {"compute": "compute_gradients", "crash": ComputeGradients}
+
+
+@pytest.mark.parametrize(
+    ("worker", "phase", "error"),
+    [(1, "compute", ContextPoisoned), (2, "crash", RuntimeError), (0, "compute", OutOfMemory)],
+)
+async def test_replica_k_fails_and_the_data_parallel_trainer_recovers(
+    actor_system: ActorSystem, worker: int, phase: str, error: type[Exception]
+) -> None:
+    # documented: the step fails with replica k's own error and changes no
+    # replica; k is restarted (or resumed) and re-synced; training then ends
+    # where a run that skipped the failed batch ends
+    plan = Plan()
+    faulty = inject_faults(ReplicaActor, plan, DP_PHASES, worker=worker)
+    model, devices = Mlp([IN, 8, CLASSES], seed=3), cpu_devices(3)
+    dp = await DataParallelTrainer.spawn(
+        actor_system, model, devices, CONFIG, DataParallelOptions(replica_class=faulty)
+    )
+    clean = await DataParallelTrainer.spawn(actor_system, model, devices, CONFIG)
+
+    async def replica_weights() -> list[np.ndarray]:
+        return await dp.ask(GetReplicaWeights(), timeout=T)
+
+    data = batches()
+    raised, views = await faulted_run(dp, data, plan, phase, replica_weights, error)
+    assert isinstance(raised, error) and "injected failure" in str(raised), repr(raised)
+    assert getattr(raised, "worker_index", None) == worker and plan.fired == [phase]
+    assert_unchanged(views)
+    await clean_run(clean, data)
+    await assert_same_training(dp, clean)
+    np.testing.assert_array_equal(  # bit for bit
+        await dp.ask(GetReplicaWeights(), timeout=T),
+        await clean.ask(GetReplicaWeights(), timeout=T),
+    )
+
+
+PS_FAULTS: dict[str, tuple[dict[str, Any], type[Exception] | None]] = {
+    # fault: (how worker k's gradient phase is armed, what the step raises)
+    "crash once": ({"error": ContextPoisoned}, None),  # restarted, its part sent again
+    "crash every try": ({"error": ContextPoisoned, "times": 2}, ContextPoisoned),  # 1 retry
+    "non-finite": ({"error": NonFiniteError}, NonFiniteError),  # a bad batch: not sent again
+}
+
+
+@pytest.mark.parametrize("worker", [0, 2])
+@pytest.mark.parametrize("fault", list(PS_FAULTS))
+async def test_worker_k_fails_and_the_parameter_server_retries_or_fails_as_documented(
+    actor_system: ActorSystem, worker: int, fault: str
+) -> None:
+    plan = Plan()
+    faulty = inject_faults(
+        ParameterServerWorker, plan, {"gradient": "compute_gradients"}, worker=worker
+    )
+    options = ParameterServerOptions(workers=3, max_retries=1, worker_class=faulty)
+    ps = await AsyncParameterServer.spawn(
+        actor_system, Mlp([IN, 8, CLASSES], seed=3), cpu_devices(2), CONFIG, options
+    )
+
+    async def version() -> int:
+        return (await ps.ask(GetServerStats(), timeout=T))[0].version
+
+    (x, y), later = batches(2)
+    how, expected = PS_FAULTS[fault]
+    plan.arm("gradient", **how)
+    if expected is None:  # the part is sent again: every worker's push is applied
+        assert (await ps.ask(Step(x, y), timeout=T)).samples == len(y)
+        assert await version() == 3
+    else:  # only worker k's part is lost: the two others' pushes are applied
+        with pytest.raises(expected, match="injected failure") as info:
+            await ps.ask(Step(x, y), timeout=T)
+        assert getattr(info.value, "worker_index", None) == worker
+        assert await version() == 2
+    assert plan.fired == ["gradient"] * how.get("times", 1)
+    applied = await version()
+    assert (await ps.ask(Step(*later), timeout=T)).samples == len(later[1])  # serving
+    assert await version() == applied + 3

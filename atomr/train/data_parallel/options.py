@@ -11,6 +11,7 @@ from typing import Any
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.collective import MpiCollective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.data_parallel.replica import ReplicaActor
 from atomr.train.data_parallel.speed_balancer import check_balance_settings
 
 __all__ = ["ApplyPolicy", "COLLECTIVES", "DataParallelOptions"]
@@ -99,6 +100,10 @@ class DataParallelOptions:
         cadence_target: with CADENCE, the reduction's share of a round the
             tuner aims at (in (0, 1); 0.10 as in flodl).
         cadence_auto_tune: with CADENCE, tune the anchor to the target.
+        replica_class: the replica actor `spawn` starts on each device:
+            `ReplicaActor` or a subclass (an instrumented or fault-injected
+            one, `atomr.testkit.inject_faults`). `props` takes replicas
+            already built, so there it must stay `ReplicaActor`.
 
     Raises:
         TypeError: a setting has the wrong type.
@@ -120,6 +125,7 @@ class DataParallelOptions:
     cadence_anchor: int = 1
     cadence_target: float = 0.10
     cadence_auto_tune: bool = True
+    replica_class: type[ReplicaActor] = ReplicaActor
 
     def __post_init__(self) -> None:
         if isinstance(self.collective, str):
@@ -142,6 +148,9 @@ class DataParallelOptions:
             _check_int("check_every", self.check_every, 1)
         self._check_processes()
         self._check_policy()
+        rc = self.replica_class
+        if not (isinstance(rc, type) and issubclass(rc, ReplicaActor)):
+            raise TypeError(f"replica_class must be ReplicaActor or a subclass, got {rc!r}")
 
     def _check_policy(self) -> None:
         if not isinstance(self.policy, ApplyPolicy):

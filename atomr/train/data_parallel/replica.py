@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from atomr.accel import CpuBackend, Device
-from atomr.actor import Failure
+from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.comm.ring import RingMember
 from atomr.train.core.checkpoint import Checkpoint, CheckpointError, check_model_matches
@@ -60,9 +60,10 @@ class ReplicaActor(Trainer):
 
     Its work runs on the device's worker thread in hooks that subclasses may
     override (an instrumented replica, a fault-injected one:
-    `atomr.testkit.inject_faults`): `compute_gradients`, `apply_gradients`,
-    `set_state`, and the ring buffer's `read_chunk`, `add_chunk`,
-    `write_chunk` (on the event loop, awaiting the device).
+    `atomr.testkit.inject_faults`, given to `DataParallelOptions.replica_class`):
+    `compute_gradients`, `apply_gradients`, `set_state`, and the ring
+    buffer's `read_chunk`, `add_chunk`, `write_chunk` (on the event loop,
+    awaiting the device).
 
     Args:
         model: the initial model (copied onto `device` at start; the trainer
@@ -71,14 +72,19 @@ class ReplicaActor(Trainer):
         config: optimizer, loss and clipping (accumulation is driven by the
             trainer); `worker_timeout` is also how long the replica waits for
             one ring chunk (None: forever).
+        index: this replica's rank among its trainer's replicas, its
+            `worker_index` (`DataParallelTrainer.spawn` numbers them).
 
     Raises:
         TypeError: `model` is not a `Sequential` or `config` not a `TrainerConfig`.
         ValueError: a bad device name.
     """
 
-    def __init__(self, model: Sequential, device: Device | str, config: TrainerConfig) -> None:
+    def __init__(
+        self, model: Sequential, device: Device | str, config: TrainerConfig, index: int = 0
+    ) -> None:
         super().__init__(model, device, config)
+        self.index = index
         self._ring = RingMember(self, timeout=worker_deadline(config))
         # the weights and optimizer state before the last apply are kept, for `Rollback`
         self._undo = DoubleBuffer()
@@ -95,6 +101,32 @@ class ReplicaActor(Trainer):
             SetGradients: (lambda m: self._set_gradients(m.gradients), True),
             GetDevice: (lambda _: self.device, False),
         }
+
+    @classmethod
+    def props(
+        cls,
+        model: Sequential,
+        devices: Device | str | Sequence[Device | str],
+        config: TrainerConfig,
+        options: None = None,
+        *,
+        index: int = 0,
+    ) -> Props:
+        """The `Props` of replica `index`, its arguments checked as `Trainer.props` does.
+
+        Returns:
+            The Props.
+
+        Raises:
+            TypeError, ValueError: as `Trainer.props`.
+        """
+        checked = super().props(model, devices, config, options)
+        return Props(cls, *checked.args, index=index)
+
+    @property
+    def worker_index(self) -> int:
+        """This replica's rank: how `atomr.testkit.inject_faults(worker=k)` finds it."""
+        return self.index
 
     # -- dispatch -----------------------------------------------------------
 

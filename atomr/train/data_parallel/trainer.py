@@ -21,6 +21,7 @@ collective, so N processes x M replicas equal one device on the global batch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -114,7 +115,8 @@ def _checked(
     Raises:
         TypeError: an argument has the wrong type.
         ValueError: `options.speed_hint` does not have one entry per replica,
-            or ASYNC with gradient accumulation.
+            ASYNC with gradient accumulation, or an `options.replica_class`
+            other than `ReplicaActor` (it is for `spawn`).
     """
     trainer_config = check_config(config)
     if not isinstance(replicas, Sequence):
@@ -124,6 +126,11 @@ def _checked(
             raise TypeError(f"replicas[{k}] must be an ActorRef or Props, got {type(r).__name__}")
     check_options(options, DataParallelOptions, "DataParallelTrainer")
     checked = options if isinstance(options, DataParallelOptions) else DataParallelOptions()
+    if checked.replica_class is not ReplicaActor:
+        raise ValueError(
+            "options.replica_class is how spawn builds its replicas; props takes replicas "
+            "already built: leave it ReplicaActor"
+        )
     if replicas:
         checked.replica_count_fits(len(replicas))
     if checked.policy is not ApplyPolicy.SYNC:
@@ -153,7 +160,9 @@ class DataParallelTrainer(Actor):
 
     Raises:
         TypeError: an argument has the wrong type; the message names it.
-        ValueError: `options.speed_hint` does not have one entry per replica.
+        ValueError: `options.speed_hint` does not have one entry per replica,
+            or `options.replica_class` is not `ReplicaActor` (it says how
+            `spawn` builds replicas; these are built already).
     """
 
     def __init__(
@@ -218,9 +227,10 @@ class DataParallelTrainer(Actor):
         options: DataParallelOptions | None = None,
         name: str | None = None,
     ) -> ActorRef:
-        """Spawn a trainer with one `ReplicaActor` of `model` per device and
-        wait until the replicas hold replica 0's weights (in a job: process
-        0's). Every argument is checked before anything is spawned.
+        """Spawn a trainer with one replica (`options.replica_class`) of
+        `model` per device, numbered in device order (`index`), and wait
+        until the replicas hold replica 0's weights (in a job: process 0's).
+        Every argument is checked before anything is spawned.
 
         Args:
             system: the `ActorSystem` (or a `Context`) to spawn in.
@@ -245,15 +255,17 @@ class DataParallelTrainer(Actor):
                 while starting (the trainer is stopped then).
         """
         model, devs, config = check_spawn_args(system, model, devices, config, name)
-        check_options(options, DataParallelOptions, cls.__name__)
+        options = check_options(options, DataParallelOptions, cls.__name__)
         if len({d.kind for d in devs}) > 1:
             raise ValueError(
                 f"devices {[str(d) for d in devs]} mix CPU and CUDA; their kernels round "
                 "differently, so the replicas would not stay bit-identical: put every "
                 "replica on the same kind of device"
             )
-        replica_props = [ReplicaActor.props(model, d, config) for d in devs]
-        ref: ActorRef = system.spawn(cls.props(config, replica_props, options), name=name)
+        rc = options.replica_class
+        replica_props = [rc.props(model, d, config, index=k) for k, d in enumerate(devs)]
+        built = dataclasses.replace(options, replica_class=ReplicaActor)
+        ref: ActorRef = system.spawn(cls.props(config, replica_props, built), name=name)
         try:
             await ref.ask(GetWeights(), timeout=None)
         except BaseException:

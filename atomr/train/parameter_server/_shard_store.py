@@ -7,7 +7,9 @@ optimizer step out of place (`atomr.train._recovery.DoubleBuffer`): any
 failure changes nothing, and is handed back to the caller as a value to
 answer with, so the shard is never restarted for it. Everything here but
 `_ready`, `_apply_or_undo` and `_count_applied` (the event loop's) runs on
-the device's worker thread.
+the device's worker thread. The update is a hook subclasses may override
+(an instrumented server, a fault-injected one: `atomr.testkit.inject_faults`):
+`apply_gradients`.
 
 `ServerShard` (server.py) is the actor: it builds the store in its
 constructor and adds the consistency models, the synchronous round, the
@@ -73,14 +75,15 @@ class ShardStore(DeviceActor):
     async def _apply_or_undo(
         self, parts: list[tuple[np.ndarray, float]], copy_out: bool = False
     ) -> tuple[Exception | None, np.ndarray | None]:
-        """Apply `parts` atomically: any failure in `_apply` (aggregation, a device
-        error mid-optimizer) changes nothing and is returned, so the pusher gets the typed
-        error and the shard keeps its weights, optimizer state and version.
+        """Apply `parts` atomically: any failure in `apply_gradients`
+        (aggregation, a device error mid-optimizer) changes nothing and is
+        returned, so the pusher gets the typed error and the shard keeps its
+        weights, optimizer state and version.
 
         Returns:
             `(error or None, the new weights (read-only) when copy_out, else None)`.
         """
-        job = self._apply_and_copy if copy_out else self._apply
+        job = self._apply_and_copy if copy_out else self.apply_gradients
         try:  # a refused update (NonFiniteError) comes back as itself
             result = await self.on_device(guarded, job, parts, errors=(NonFiniteError,))
         except Exception as exc:  # nothing was changed; answered, never a restart
@@ -92,18 +95,25 @@ class ShardStore(DeviceActor):
         return None, result
 
     def _apply_and_copy(self, parts: list[tuple[np.ndarray, float]]) -> Exception | np.ndarray:
-        """`_apply`, then (if applied) a read-only host copy of the new weights."""
-        error = self._apply(parts)
+        """`apply_gradients`, then (if applied) a read-only host copy of the new weights."""
+        error = self.apply_gradients(parts)
         if error is not None:
             return error
         weights = self.backend.to_host(self.weights)
         weights.flags.writeable = False
         return weights
 
-    def _apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
-        """On the device thread: `sum(coef * g)`, checked finite, then one optimizer step.
+    def apply_gradients(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
+        """On the device thread: `sum(coef * g)`, checked finite, then one
+        optimizer step, out of place: an exception raised here changes nothing
+        (the pusher gets it).
 
-        Returns None when applied, else the error (nothing changed).
+        Args:
+            parts: the gradients of the update and their coefficients.
+
+        Returns:
+            None when applied, else the `NonFiniteError` it was refused with
+            (nothing changed).
         """
         assert self.optimizer is not None
         be = self.backend

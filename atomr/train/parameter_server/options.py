@@ -36,7 +36,8 @@ class ParameterServerOptions:
         max_retries: how many times a batch is sent again to a worker that
             failed (and was restarted) on it.
         worker_class: the worker actor class (`ParameterServerWorker` or a
-            subclass).
+            subclass: an instrumented or fault-injected one,
+            `atomr.testkit.inject_faults`).
 
     Raises:
         TypeError: `consistency` is not a `Consistency`, `worker_class` not

@@ -83,6 +83,10 @@ class ServerShard(ShardStore):
     answers `PushGradient`, `AbortPush`, `PullWeights`, `Stats`, `GetWeights`,
     `SaveCheckpoint`, `LoadCheckpoint`, `GetServerState`, `SetServerState`.
 
+    Its update runs on the device's worker thread in a hook that subclasses
+    may override (an instrumented server, a fault-injected one:
+    `atomr.testkit.inject_faults`): `apply_gradients`.
+
     Args:
         initial_weights: 1-D float array (copied, cast to float32).
         optimizer: an `OptimizerKind`, or a float learning rate for plain SGD

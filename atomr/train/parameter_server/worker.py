@@ -44,6 +44,11 @@ class ParameterServerWorker(DeviceActor):
     """Answers `TrainBatch -> BatchResult` and `Evaluate -> EvalResult`
     (with freshly pulled weights); other messages go to `DeviceActor`.
 
+    Its gradient is computed on the device's worker thread in a hook that
+    subclasses may override (an instrumented worker, a fault-injected one:
+    `atomr.testkit.inject_faults`, given to
+    `ParameterServerOptions.worker_class`): `compute_gradients`.
+
     Args:
         worker_id: this worker's id on the server shards.
         model: the model (copied onto `device` when first needed).
@@ -90,6 +95,11 @@ class ParameterServerWorker(DeviceActor):
         """
         return Props(cls, *args, **kwargs)
 
+    @property
+    def worker_index(self) -> int:
+        """This worker's id: how `atomr.testkit.inject_faults(worker=k)` finds it."""
+        return self.worker_id
+
     async def _ready(self) -> Sequential:
         if self.model is None:
             self.model = await self.on_device(self._template.to, self.device)
@@ -127,7 +137,7 @@ class ParameterServerWorker(DeviceActor):
         for attempt in range(self.stale_retries + 1):
             weights, versions = await self._weights_for(reuse if attempt == 0 else None)
             ctx = ForwardContext(True, min(versions, default=0), msg.sample_offset)
-            result = await self.on_device(guarded, self._gradient, weights, x, y, ctx)
+            result = await self.on_device(guarded, self.compute_gradients, weights, x, y, ctx)
             if isinstance(result, Rejected):
                 await self._abort(versions, result.error)
                 return Failure(result.error)
@@ -165,17 +175,22 @@ class ParameterServerWorker(DeviceActor):
         with contextlib.suppress(NonFiniteError, StaleGradientError):
             await self.client.abort(self.worker_id, versions, str(error))
 
-    def _gradient(
+    def compute_gradients(
         self, weights: np.ndarray, x: np.ndarray, y: np.ndarray, ctx: ForwardContext
     ) -> tuple[np.ndarray, float, float, float]:
         """On the device thread: the mean gradient of the batch at `weights`
-        (`ctx`: the server's version as the step, the batch's offset).
-
-        Returns `(gradient, normaliser, mean loss, gradient norm)`; raises
-        `NonFiniteError` (non-finite loss or gradient) or `InvalidBatchError`
-        (undefined loss). In synchronous mode a batch whose targets all have class weight 0 gives
+        (`ctx`: the server's version as the step, the batch's offset). In
+        synchronous mode a batch whose targets all have class weight 0 gives
         a zero gradient of normaliser 0 (it adds nothing to the round's mean,
         like an empty batch) instead of an error.
+
+        Returns:
+            `(gradient, normaliser, mean loss, gradient norm)`.
+
+        Raises:
+            NonFiniteError: a non-finite loss or gradient (the batch sends
+                `AbortPush` and answers the error).
+            InvalidBatchError: an undefined loss (answered likewise).
         """
         model = self.model
         assert model is not None

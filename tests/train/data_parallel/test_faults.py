@@ -79,8 +79,8 @@ class KnownReplica(ReplicaActor):
     def __init__(
         self, model: Mlp, device: str, config: TrainerConfig, refs: dict[int, Any], index: int
     ) -> None:
-        super().__init__(model, device, config)
-        self.refs, self.index = refs, index
+        super().__init__(model, device, config, index)
+        self.refs = refs
 
     def pre_start(self) -> Any:
         self.refs[self.index] = self.context.self_ref

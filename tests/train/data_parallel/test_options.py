@@ -8,9 +8,17 @@ from typing import Any
 
 import pytest
 
-from atomr.train import DataParallelOptions
+from atomr.train import (
+    DataParallelOptions,
+    DataParallelTrainer,
+    LossKind,
+    OptimizerKind,
+    Trainer,
+    TrainerConfig,
+)
 from atomr.train.comm import HostCollective, RingCollective
 from atomr.train.comm.mpi import DistributedTrainConfig
+from atomr.train.data_parallel import ReplicaActor
 
 MISTAKES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "collective name": ({"collective": "nccl"}, ValueError, "collective"),
@@ -37,6 +45,8 @@ MISTAKES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
         ValueError,
         "process_rank",
     ),
+    "replica_class not a replica": ({"replica_class": Trainer}, TypeError, "replica_class"),
+    "replica_class not a class": ({"replica_class": "ReplicaActor"}, TypeError, "replica_class"),
 }
 
 
@@ -49,6 +59,7 @@ def test_each_setting_is_checked_when_built(mistake: str) -> None:
 
 def test_defaults_and_a_collective_instance() -> None:
     assert DataParallelOptions().collective == "host"
+    assert DataParallelOptions().replica_class is ReplicaActor
     ring = RingCollective(5.0)
     assert DataParallelOptions(collective=ring).collective is ring
     assert DataParallelOptions(speed_hint=[1, 3]).speed_hint == (1.0, 3.0)
@@ -67,3 +78,14 @@ def test_for_job_places_the_process() -> None:
         DataParallelOptions.for_job(job)  # 3 processes, no MPI backend, no collective
     with pytest.raises(TypeError, match="job"):
         DataParallelOptions.for_job({"rank": 0})  # type: ignore[arg-type]
+
+
+def test_props_refuses_a_replica_class_it_would_not_use() -> None:
+    class Mine(ReplicaActor):
+        pass
+
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.MSE)
+    options = DataParallelOptions(replica_class=Mine)
+    assert options.replica_class is Mine
+    with pytest.raises(ValueError, match="replica_class is how spawn builds its replicas"):
+        DataParallelTrainer.props(config, [], options)

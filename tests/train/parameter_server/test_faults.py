@@ -8,6 +8,9 @@ asynchronous and synchronous models. The pusher must get the typed error;
 the server's weights and version must be unchanged; the server must keep
 serving; and the pushes after the fault must end exactly where a server
 that never saw the failed push ends.
+
+The faults go in through the server's public hook `apply_gradients`
+(`atomr.testkit.inject_faults`, `tests.reliability.faults.dying_optimizer`).
 """
 
 from __future__ import annotations
@@ -19,37 +22,21 @@ import pytest
 
 from atomr import ActorSystem, Props
 from atomr.accel import ContextPoisoned
+from atomr.testkit import inject_faults
 from atomr.train import GetWeights, OptimizerKind
 from atomr.train.parameter_server import Consistency, ServerShard
 from atomr.train.parameter_server.messages import PullWeights, PushGradient
-from tests.reliability.faults import FAULT_AT, Plan, T
+from tests.reliability.faults import FAULT_AT, Plan, T, dying_optimizer
 
 N = 64
 PUSHES = 8
 
 
-class FaultyServer(ServerShard):
-    """A server whose aggregation or optimizer fails when its plan says."""
-
-    def __init__(self, *args: Any, plan: Plan, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.plan = plan
-
-    def _apply(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
-        self.plan.fire("aggregate")
-        opt = self.optimizer
-        if opt is None or not self.plan.due("mid_optimizer"):
-            return super()._apply(parts)
-
-        def broken(params: Any, grads: Any, params_out: Any, spare: Any) -> None:
-            params_out[: params_out.shape[0] // 2] -= 0.5
-            raise ContextPoisoned("injected failure: mid_optimizer")
-
-        opt.step_into_unchecked = broken  # type: ignore[method-assign]
-        try:
-            return super()._apply(parts)
-        finally:
-            del opt.step_into_unchecked
+def faulty_server(plan: Plan) -> type[ServerShard]:
+    """A server whose update fails when `plan` says: "aggregate" before it
+    sums the pushed gradients, "mid_optimizer" with half the new weights
+    written (`dying_optimizer`)."""
+    return dying_optimizer(inject_faults(ServerShard, plan, {"aggregate": "apply_gradients"}), plan)
 
 
 def _grads(seed: int = 0) -> list[np.ndarray]:
@@ -61,10 +48,9 @@ def _server(system: ActorSystem, plan: Plan, consistency: Consistency) -> Any:
     init = np.linspace(-1, 1, N, dtype=np.float32)
     return system.spawn(
         Props(
-            FaultyServer,
+            faulty_server(plan),
             init,
             OptimizerKind.adam(0.01),
-            plan=plan,
             consistency=consistency,
             workers=1,
         )

@@ -6,13 +6,13 @@ the Trainer's."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from atomr.accel import ContextPoisoned
+from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     GetWeights,
     LoadCheckpoint,
@@ -205,17 +205,12 @@ async def test_bounded_non_finite_worker_does_not_hold_the_others_back(actor_sys
     assert st.max_clock_gap <= 1
 
 
-class _NonFiniteOnWorker1(ParameterServerWorker):
-    """Worker 1's second batch gives a non-finite loss."""
-
-    batches = 0
-
-    def _gradient(self, weights, x, y, ctx):
-        if self.worker_id == 1:
-            type(self).batches += 1
-            if type(self).batches == 2:
-                raise NonFiniteError("loss is not finite (inf)")
-        return super()._gradient(weights, x, y, ctx)
+def _faulty_worker(plan: Plan, worker: int) -> type[ParameterServerWorker]:
+    """A worker class whose worker `worker` fails (or stalls) in its gradient
+    computation (phase "gradient") when `plan` says."""
+    return inject_faults(
+        ParameterServerWorker, plan, {"gradient": "compute_gradients"}, worker=worker
+    )
 
 
 @pytest.mark.parametrize("consistency", [Consistency.bounded(1), Consistency.synchronous()])
@@ -223,7 +218,8 @@ async def test_epochs_stop_every_worker_on_a_non_finite_batch(actor_system, cons
     """`TrainEpochs`: worker 1's second batch is not finite. The request fails
     with NonFiniteError once every worker has stopped (none goes on pushing
     after it, none is left waiting for worker 1), so the trainer keeps working."""
-    _NonFiniteOnWorker1.batches = 0
+    plan = Plan()
+    plan.arm("gradient", NonFiniteError("loss is not finite (inf)"), skip=1)
     x_tr, y_tr, _, _ = load_digits_split(seed=0)
     ps = await spawn(
         actor_system,
@@ -232,10 +228,11 @@ async def test_epochs_stop_every_worker_on_a_non_finite_batch(actor_system, cons
         config(OptimizerKind.sgd(0.05)),
         workers=4,
         consistency=consistency,
-        worker_class=_NonFiniteOnWorker1,
+        worker_class=_faulty_worker(plan, 1),
     )
     with pytest.raises(NonFiniteError):
         await ps.ask(TrainEpochs(x_tr[:640], y_tr[:640], 1, 32), timeout=4 * _HANG)
+    assert plan.fired == ["gradient"]
     version = (await server_stats(ps))[0].version
     x, y = next(batches(1, 8))
     stats = await ps.ask(Step(x, y), timeout=_HANG)
@@ -316,20 +313,16 @@ async def test_asynchronous_staleness_is_reported_and_bounded(actor_system, max_
 _SLACKS = (1, 2)  # the bounds `s` tested below
 
 
-class _SlowWorker0(ParameterServerWorker):
-    """Worker 0 sleeps in every gradient (on its own device thread), so it is
-    many times slower than the others and only the consistency model stops
-    them from running ahead of it."""
-
-    delay = 0.02  # seconds; an unslowed gradient of this model takes well under 1 ms
-
-    def _gradient(self, weights, x, y, ctx):
-        if self.worker_id == 0:
-            time.sleep(self.delay)
-        return super()._gradient(weights, x, y, ctx)
+_SLOW = 0.02
+"""Seconds worker 0 stalls in every gradient (on its own device thread), so
+it is many times slower than the others and only the consistency model
+stops them from running ahead of it; an unslowed gradient of this model
+takes well under 1 ms."""
 
 
 async def _clock_gap_run(actor_system, consistency: Consistency):
+    plan = Plan()
+    plan.arm("gradient", None, delay=_SLOW, times=20)  # each of worker 0's 20 batches
     x_tr, y_tr, _, _ = load_digits_split(seed=0)
     ps = await spawn(
         actor_system,
@@ -338,9 +331,10 @@ async def _clock_gap_run(actor_system, consistency: Consistency):
         config(OptimizerKind.sgd(0.05)),
         workers=4,
         consistency=consistency,
-        worker_class=_SlowWorker0,
+        worker_class=_faulty_worker(plan, 0),
     )
     await ps.ask(TrainEpochs(x_tr[:640], y_tr[:640], 1, 32), timeout=T)  # 20 batches each
+    assert plan.fired == ["gradient"] * 20
     st = (await server_stats(ps))[0]
     assert st.gradients_applied == 80
     return st
@@ -363,24 +357,11 @@ async def test_bounded_staleness_keeps_workers_within_s(actor_system, s) -> None
     assert st.max_staleness_seen <= (workers - 1) * (2 * s + 1)
 
 
-class _CrashOnce(ParameterServerWorker):
-    """Worker 1 fails on the device during its 3rd batch, once."""
-
-    crashed = 0
-    batches = 0
-
-    def _gradient(self, weights, x, y, ctx):
-        if self.worker_id == 1:
-            type(self).batches += 1
-            if type(self).batches == 3 and not type(self).crashed:
-                type(self).crashed += 1
-                raise ContextPoisoned("injected: illegal address")
-        return super()._gradient(weights, x, y, ctx)
-
-
 @pytest.mark.parametrize("consistency", [Consistency.asynchronous(), Consistency.synchronous()])
 async def test_killed_worker_is_restarted_and_training_continues(actor_system, consistency) -> None:
-    _CrashOnce.crashed = _CrashOnce.batches = 0
+    # worker 1 fails on the device during its 3rd batch, once
+    plan = Plan()
+    plan.arm("gradient", ContextPoisoned("injected: illegal address"), skip=2)
     x_tr, y_tr, x_te, y_te = load_digits_split(seed=0)
     ps = await spawn(
         actor_system,
@@ -389,11 +370,11 @@ async def test_killed_worker_is_restarted_and_training_continues(actor_system, c
         config(OptimizerKind.sgd(0.05, momentum=0.9)),
         workers=3,
         consistency=consistency,
-        worker_class=_CrashOnce,
+        worker_class=_faulty_worker(plan, 1),
     )
     request = TrainEpochs(x_tr, y_tr, 5, 96, test=(x_te, y_te))
     history = await ps.ask(request, timeout=5 * T)
-    assert _CrashOnce.crashed == 1
+    assert plan.fired == ["gradient"]
     assert sum(h.retries for h in history) == 1
     st = (await server_stats(ps))[0]
     batches_per_epoch = -(-len(y_tr) // 96)

@@ -1,7 +1,7 @@
 """Data-parallel averaging policies on heterogeneous devices: wall time to a
 test accuracy on digits, with one of two logical CPU devices slowed down.
 
-`cpu:1` is made `--slow` times slower (`atomr.accel.slowdown.slow_down`), then
+`cpu:1` is made `--slow` times slower (`atomr.testkit.slow_device`), then
 a `DataParallelTrainer` over `cpu:0, cpu:1` trains a 64-64-10 MLP (Adam) epoch
 by epoch until its test accuracy reaches `--target`, under each policy:
 SYNC (every batch split evenly: the fast replica waits), CADENCE (El Che: the
@@ -25,7 +25,7 @@ from typing import Any
 import atomr
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
-from atomr.accel.slowdown import slow_down
+from atomr.testkit import slow_device
 from atomr.train import (
     LossKind,
     Mlp,
@@ -36,12 +36,13 @@ from atomr.train import (
     load_digits_split,
 )
 from atomr.train.data_parallel import ApplyPolicy, DataParallelOptions, DataParallelTrainer
+from atomr.train.data_parallel.replica import ReplicaActor
 from atomr.train.fit import FitCallback, FitPosition
 
-POLICIES = {
-    "sync": DataParallelOptions(),
-    "cadence": DataParallelOptions(policy=ApplyPolicy.CADENCE),
-    "async": DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=4),
+POLICIES: dict[str, dict[str, Any]] = {
+    "sync": {},
+    "cadence": {"policy": ApplyPolicy.CADENCE},
+    "async": {"policy": ApplyPolicy.ASYNC, "average_every": 4},
 }
 
 
@@ -58,14 +59,18 @@ class _Shares(FitCallback):
             self.shares.append(stats.comm_micros / stats.step_micros)
 
 
-async def time_to_target(policy: str, target: float, max_epochs: int) -> tuple[float, list[float]]:
+async def time_to_target(
+    policy: str, slow: float, target: float, max_epochs: int
+) -> tuple[float, list[float]]:
     """Seconds until the test accuracy reaches `target` (inf if never), and the shares."""
     x_tr, y_tr, x_te, y_te = load_digits_split(seed=0)
     config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
     shares = _Shares()
+    replica = slow_device(ReplicaActor, "cpu:1", slow)
+    options = DataParallelOptions(replica_class=replica, **POLICIES[policy])
     async with ActorSystem("policies") as system:
         dp = await DataParallelTrainer.spawn(
-            system, Mlp([64, 64, 10], seed=0), cpu_devices(2), config, POLICIES[policy]
+            system, Mlp([64, 64, 10], seed=0), cpu_devices(2), config, options
         )
         started = time.perf_counter()
         position = FitPosition()
@@ -81,12 +86,11 @@ async def time_to_target(policy: str, target: float, max_epochs: int) -> tuple[f
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    slow_down("cpu:1", args.slow)
     seconds: dict[str, list[float]] = {p: [] for p in POLICIES}
     cadence_shares: list[float] = []
     for _ in range(args.repeat):
         for policy in POLICIES:
-            took, shares = await time_to_target(policy, args.target, args.max_epochs)
+            took, shares = await time_to_target(policy, args.slow, args.target, args.max_epochs)
             seconds[policy].append(took)
             if policy == "cadence":
                 cadence_shares += shares

@@ -26,7 +26,6 @@ from atomr.accel.backend import Backend, backend_for
 from atomr.accel.device import Device
 from atomr.accel.job_timing import JobTiming
 from atomr.accel.serial_worker import SerialWorker
-from atomr.accel.slowdown import slowdown_factor, slowed
 from atomr.accel.threads import BLAS_SHARE
 from atomr.accel.translate import translate_error
 from atomr.actor import Actor, Failure
@@ -105,7 +104,6 @@ class DeviceActor(Actor):
         # device's jobs stay on the thread that holds its context
         inline = self.inline_below_s > 0 and not self.device.is_cuda
         self._timing = JobTiming(self.inline_below_s) if inline else None
-        self._slowdown = slowdown_factor(self.device)
 
     # ------------------------------------------------------------ life cycle
 
@@ -172,8 +170,6 @@ class DeviceActor(Actor):
         if worker is None:
             raise RuntimeError(f"DeviceActor on {self.device}: the worker thread is not running")
         job: Callable[[], T] = functools.partial(fn, *args, **kwargs)
-        if self._slowdown > 1.0:  # a test or benchmark made this device slow
-            job = slowed(job, self._slowdown)
         timing = self._timing
         try:
             if timing is not None and timing.inline(fn):

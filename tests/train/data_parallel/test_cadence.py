@@ -12,6 +12,7 @@ import pytest
 
 from atomr import ActorSystem, Props
 from atomr.accel import DeviceActor, cpu_devices
+from atomr.testkit import slow_device
 from atomr.train import (
     GetWeights,
     LossKind,
@@ -121,23 +122,21 @@ class _Sleeper(DeviceActor):
 async def test_a_slowed_device_takes_factor_times_as_long() -> None:
     # a lower bound that holds on any machine: the job sleeps 10 ms, then the
     # slowed worker sleeps twice that again
-    from atomr.accel.slowdown import slow_down
-
-    slow_down("cpu:1", 3.0)
-    try:
-        async with ActorSystem("slow") as system:
-            slowed = system.spawn(Props(_Sleeper, "cpu:1"))
-            normal = system.spawn(Props(_Sleeper, "cpu:0"))
-            assert await slowed.ask(0.01) >= 0.03
-            assert await normal.ask(0.01) >= 0.01
-    finally:
-        slow_down("cpu:1", 1.0)
+    async with ActorSystem("slow") as system:
+        slowed = system.spawn(Props(slow_device(_Sleeper, "cpu:1", 3.0), "cpu:1"))
+        assert await slowed.ask(0.01) >= 0.03
+        # 200x on cpu:1 would make a 1 ms job take >= 0.2 s: other devices and
+        # the class itself are untouched
+        very_slow = slow_device(_Sleeper, "cpu:1", 200.0)
+        assert await system.spawn(Props(very_slow, "cpu:0")).ask(0.001) < 0.15
+        assert await system.spawn(Props(_Sleeper, "cpu:1")).ask(0.001) < 0.15
 
 
-def test_slow_down_is_refused_for_bad_arguments() -> None:
-    from atomr.accel.slowdown import slow_down
-
+def test_slow_device_is_refused_for_bad_arguments() -> None:
     with pytest.raises(ValueError, match="CPU devices only"):
-        slow_down("cuda:0", 2.0)
-    with pytest.raises(ValueError, match=">= 1"):
-        slow_down("cpu:1", 0.5)
+        slow_device(_Sleeper, "cuda:0", 2.0)
+    for factor in (0.5, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match=">= 1"):
+            slow_device(_Sleeper, "cpu:1", factor)
+    with pytest.raises(TypeError, match="DeviceActor"):
+        slow_device(int, "cpu:1", 2.0)  # type: ignore[type-var]

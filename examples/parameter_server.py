@@ -8,26 +8,29 @@ the weights split across 2 server shards.
 
 `AsyncParameterServer.spawn` returns the trainer's `ActorRef`: it answers
 `Step`, `Evaluate`, `GetWeights`, `SaveCheckpoint`, `LoadCheckpoint` like
-every trainer, and `TrainEpochs`, which lets every worker run through its
-parts of the epoch at its own pace.
+every trainer, so `fit`, the library's one epoch loop, trains it as it
+trains the others: one `Step` per global batch of 128, split among the
+workers, and the test set evaluated after every epoch. A `Step` waits for
+every worker's part, so the asynchronous workers drift apart only within
+one batch; the trainer's own `TrainEpochs` message lets each worker run
+through its parts of a whole epoch at its own pace (docs/parameter_server.md).
 
 Run: python examples/parameter_server.py
 Prints one line per mode, e.g.
-    async: epochs=15 applied=660 avg_staleness=1.06 test_accuracy=0.969
-    sync (2 shards): epochs=15 applied=660 versions=[165, 165] test_accuracy=0.964
+    async: epochs=15 applied=660 avg_staleness=0.75 test_accuracy=0.962
+    sync (2 shards): epochs=15 applied=660 versions=[165, 165] test_accuracy=0.958
 """
 
 from __future__ import annotations
 
 import atomr
 from atomr import ActorSystem
-from atomr.train import LossKind, Mlp, OptimizerKind, TrainerConfig, load_digits_split
+from atomr.train import LossKind, Mlp, OptimizerKind, TrainerConfig, fit, load_digits_split
 from atomr.train.parameter_server import (
     AsyncParameterServer,
     Consistency,
     GetServerStats,
     ParameterServerOptions,
-    TrainEpochs,
 )
 
 
@@ -48,17 +51,18 @@ async def main() -> None:
             ps = await AsyncParameterServer.spawn(
                 system, Mlp([64, 64, 10], seed=0), ["cpu:0", "cpu:1"], config, options
             )
-            request = TrainEpochs(x_train, y_train, 15, 128, test=(x_test, y_test))
-            history = await ps.ask(request, timeout=600.0)
-            stats = await ps.ask(GetServerStats())
-            last = history[-1]
+            result = await fit(
+                ps, (x_train, y_train), epochs=15, batch_size=128, validation=(x_test, y_test)
+            )
+            stats = await ps.ask(GetServerStats())  # one ParameterServerStats per shard
+            last = result.epochs[-1]
             detail = (
                 f"avg_staleness={stats[0].avg_staleness:.2f}"
                 if shards == 1
                 else f"versions={[s.version for s in stats]}"
             )
             print(
-                f"{label}: epochs={len(history)} applied={stats[0].gradients_applied} "
+                f"{label}: epochs={len(result.epochs)} applied={stats[0].gradients_applied} "
                 f"{detail} test_accuracy={last.test_accuracy:.3f}"
             )
             await ps.stop()

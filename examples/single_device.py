@@ -1,6 +1,8 @@
 """The single-device Trainer on scikit-learn's digits: spawn it, train a few
-epochs with Step messages, evaluate, save a checkpoint and load it into a
-fresh trainer that then answers exactly as the first one.
+epochs with `fit` (the library's one epoch loop: it shuffles, sends one
+`Step` per batch, evaluates the validation set after every epoch and saves
+the checkpoint), print each epoch from a `FitCallback`, then load the
+checkpoint into a fresh trainer that answers exactly as the first one.
 
 Run: python examples/single_device.py   (needs the [train] extra for digits)
 
@@ -22,20 +24,31 @@ import atomr
 from atomr import ActorSystem
 from atomr.train import (
     Evaluate,
+    FitCallback,
     GetWeights,
     LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
-    SaveCheckpoint,
-    Step,
     Trainer,
     TrainerConfig,
+    fit,
     load_digits_split,
 )
+from atomr.train.fit import EpochRecord
 
 EPOCHS = 5
 BATCH = 32
+
+
+class PrintEpochs(FitCallback):
+    """Progress: one line per finished epoch (`fit` evaluated it already)."""
+
+    def on_epoch_end(self, record: EpochRecord, epochs: int) -> None:
+        print(
+            f"epoch {record.epoch} loss {record.train_loss:.4f} "
+            f"test accuracy {record.test_accuracy:.4f}"
+        )
 
 
 async def main() -> None:
@@ -48,28 +61,27 @@ async def main() -> None:
     )
     async with ActorSystem("single-device") as system:
         trainer = await Trainer.spawn(system, model, ["cpu:0"], config, name="trainer")
-        steps = 0
-        for epoch in range(1, EPOCHS + 1):
-            order = np.random.default_rng(epoch).permutation(len(y_train))
-            losses = []
-            for start in range(0, len(order), BATCH):
-                idx = order[start : start + BATCH]
-                stats = await trainer.ask(Step(x_train[idx], y_train[idx]))
-                losses.append(stats.loss)
-                steps += 1
-            result = await trainer.ask(Evaluate(x_test, y_test))
-            print(f"epoch {epoch} loss {np.mean(losses):.4f} test accuracy {result.accuracy:.4f}")
-        print(f"steps {steps}")
-
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "digits.ckpt"
-            await trainer.ask(SaveCheckpoint(path))
+            result = await fit(
+                trainer,
+                (x_train, y_train),
+                epochs=EPOCHS,
+                batch_size=BATCH,
+                seed=0,
+                validation=(x_test, y_test),
+                checkpoint=path,  # saved after every epoch and at the end
+                callbacks=[PrintEpochs()],
+            )
+            # result.epochs is the run's history: one EpochRecord per epoch
+            print(f"steps {result.position.step}")
             fresh = await Trainer.spawn(system, Mlp([64, 64, 10], seed=1), "cpu:0", config)
             await fresh.ask(LoadCheckpoint(path))
         same_weights = np.array_equal(
             await trainer.ask(GetWeights()), await fresh.ask(GetWeights())
         )
-        same_accuracy = (await fresh.ask(Evaluate(x_test, y_test))).accuracy == result.accuracy
+        reloaded = await fresh.ask(Evaluate(x_test, y_test))
+        same_accuracy = reloaded.accuracy == result.epochs[-1].test_accuracy
         print(
             f"checkpoint reloaded: same weights {same_weights}, same test accuracy {same_accuracy}"
         )

@@ -5,7 +5,8 @@ options)` returns an `ActorRef` answering `Step`, `Evaluate`, ...), so an entry
 only says which class trains, which of the command's flags are its own, how
 to build its options from them (alone, or as one rank of an MPI job), the
 smallest batch it can split and the model copies it keeps. Adding a strategy
-to `atomr train` is one entry here.
+to `atomr train` is one entry here; a flag of its own is also declared in
+`parser.py` and carried by `RunConfig` (see docs/internals.md).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import Any
 
 from atomr.accel import ContextPoisoned, OutOfMemory, Unrecoverable
 from atomr.actor import ActorRef, ActorStoppedError, Directive, Failure
-from atomr.train._fanout import ask_all_settled
+from atomr.train.comm._fanout import ask_all_settled
 from atomr.train.core.errors import WorkerStateLost
 from atomr.train.core.messages import LoadCheckpoint
 

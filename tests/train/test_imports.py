@@ -83,3 +83,21 @@ def test_no_import_cycles_between_modules() -> None:
 def test_the_cycle_finder_finds_one() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def _reaches_outside(package: str, allowed: tuple[str, ...]) -> list[str]:
+    """Imports by modules of `package` of atomr.train modules outside it and `allowed`."""
+    inside = (package, *allowed)
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in _graph().items()
+        if module.startswith(package)
+        for target in targets
+        if not target.startswith(inside)
+    )
+
+
+def test_the_layers_import_only_downwards() -> None:
+    """core imports nothing else of atomr.train; comm only core (docs/internals.md)."""
+    assert _reaches_outside("atomr.train.core", ()) == []
+    assert _reaches_outside("atomr.train.comm", ("atomr.train.core",)) == []

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import Failure
-from atomr.train._fanout import failed_indices
+from atomr.train.comm._fanout import failed_indices
 from atomr.train.core.stats import StepStats
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import (

@@ -18,7 +18,7 @@ import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorStoppedError, AskTimeoutError, Failure
-from atomr.train._fanout import failed_indices
+from atomr.train.comm._fanout import failed_indices
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,

@@ -33,7 +33,7 @@ import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import Failure
-from atomr.train._fanout import failed_indices
+from atomr.train.comm._fanout import failed_indices
 from atomr.train.core.stats import StepStats
 from atomr.train.core.step_checks import check_normaliser
 from atomr.train.data_parallel._step import StepRunner

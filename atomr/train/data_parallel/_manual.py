@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import Failure
-from atomr.train._fanout import ask_all
+from atomr.train.comm._fanout import ask_all
 from atomr.train.core.config import TrainerConfig
 from atomr.train.data_parallel._reduction import Reduced
 from atomr.train.data_parallel._replicas import ReplicaGroup

@@ -13,8 +13,8 @@ import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef, Failure
-from atomr.train._fanout import ask_all, ask_all_settled, failed_indices
 from atomr.train._recovery import resync
+from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices
 from atomr.train.comm.collective import Collective
 from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.messages import GetWeights

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import AskTimeoutError, Failure
-from atomr.train._fanout import failed_indices
+from atomr.train.comm._fanout import failed_indices
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.partition import split_sizes
 from atomr.train.core.stats import StepStats

@@ -44,8 +44,8 @@ from atomr.train._contract import (
     check_spawn_args,
     refuse_accumulation,
 )
-from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
+from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.mpi.job import shard_for_rank
 from atomr.train.comm.ring import RingCollective

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import ActorRef, ActorStoppedError
-from atomr.train._fanout import raise_first_failure
+from atomr.train.comm._fanout import raise_first_failure
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import StepStats

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import ActorRef
-from atomr.train._fanout import ask_all
+from atomr.train.comm._fanout import ask_all
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.partition import split_bounds
 from atomr.train.parameter_server.messages import (

@@ -28,8 +28,8 @@ import numpy as np
 
 from atomr.accel import Device
 from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
-from atomr.train._fanout import ask_all, set_learning_rate
 from atomr.train._recovery import state_keeping_decider
+from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.core.checkpoint import load_checkpoint, save_checkpoint
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.data import epoch_order

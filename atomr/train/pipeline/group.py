@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import ActorRef
-from atomr.train._fanout import ask_all, ask_all_or_abort, ask_all_settled, failed_indices
 from atomr.train._recovery import ResumedCrashWatch
+from atomr.train.comm._fanout import ask_all, ask_all_or_abort, ask_all_settled, failed_indices
 from atomr.train.core.config import TrainerConfig
 from atomr.train.pipeline._checkpoint import merge_stage_states, model_config
 from atomr.train.pipeline.messages import (

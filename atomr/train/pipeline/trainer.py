@@ -43,8 +43,8 @@ from atomr.actor import (
     Props,
     SupervisorStrategy,
 )
-from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import ResumedCrashWatch, StateLossWatch
+from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,

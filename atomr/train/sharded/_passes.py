@@ -24,7 +24,7 @@ import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef
-from atomr.train._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
+from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.partition import split_bounds

@@ -40,8 +40,8 @@ from atomr.train._contract import (
     check_spawn_args,
     refuse_accumulation,
 )
-from atomr.train._fanout import ask_all, set_learning_rate
 from atomr.train._recovery import StateLossWatch
+from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.mpi.job import shard_for_rank
 from atomr.train.core.checkpoint import (

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import ActorRef, AskTimeoutError
-from atomr.train._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
+from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
 from atomr.train.core.config import TrainerConfig
 from atomr.train.tensor_parallel.messages import (
     LossResult,

@@ -27,8 +27,8 @@ import numpy as np
 
 from atomr.accel import Device
 from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
-from atomr.train._fanout import ask_all, ask_all_settled, failed_indices, set_learning_rate
 from atomr.train._recovery import StateLossWatch
+from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, set_learning_rate
 from atomr.train.core.checkpoint import (
     Checkpoint,
     check_model_matches,

@@ -38,8 +38,8 @@ from atomr.train._contract import (
     check_workers,
     refuse_accumulation,
 )
-from atomr.train._fanout import set_learning_rate
 from atomr.train._recovery import StateLossWatch
+from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr.actor import ActorRef
-from atomr.train._fanout import failed_indices
+from atomr.train.comm._fanout import failed_indices
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.ring.errors import RingAbortedError
 from atomr.train.comm.ring.messages import (

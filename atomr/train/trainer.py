@@ -33,6 +33,13 @@ from atomr.train._contract import (
     refuse_options,
 )
 from atomr.train._recovery import DoubleBuffer
+from atomr.train.core._step_checks import (
+    check_gradient,
+    check_loss,
+    check_normaliser,
+    check_step_limit,
+    evaluation,
+)
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -58,13 +65,6 @@ from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
-from atomr.train.core.step_checks import (
-    check_gradient,
-    check_loss,
-    check_normaliser,
-    check_step_limit,
-    evaluation,
-)
 
 __all__ = ["Trainer"]
 

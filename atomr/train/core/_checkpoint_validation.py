@@ -4,7 +4,7 @@ range of its numbers.
 The file is untrusted (`load_checkpoint`): only a regular file is read, the
 header's JSON is checked field by field, and every number must be finite
 in float32 where the trainers will use it as float32. The arrays' own
-checks are in `checkpoint_members`.
+checks are in `_checkpoint_members`.
 """
 
 from __future__ import annotations

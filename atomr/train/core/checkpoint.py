@@ -18,7 +18,7 @@ Saving writes a temporary file in the target's directory, fsyncs it,
 point leaves either the previous checkpoint or the new one, never a mix
 (`_atomic_write`). Loading trusts nothing in the file: its kind, header and
 numbers are checked in `_checkpoint_validation`, its arrays in
-`checkpoint_members`.
+`_checkpoint_members`.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from atomr.train.core._atomic_write import write_atomically
+from atomr.train.core._checkpoint_members import read_members
 from atomr.train.core._checkpoint_validation import (
     check_float32_range,
     parse_header,
     read_regular_file,
 )
-from atomr.train.core.checkpoint_members import read_members
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
 

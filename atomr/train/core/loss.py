@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr.train.core._cpu import cpu_backend
+from atomr.train.core._step_checks import check_normaliser
 from atomr.train.core.errors import InvalidBatchError
-from atomr.train.core.step_checks import check_normaliser
 from atomr.train.core.validation import cast_finite, refuse_masked
 
 __all__ = ["LossKind"]

@@ -34,8 +34,8 @@ import numpy as np
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import Failure
 from atomr.train.comm._fanout import failed_indices
+from atomr.train.core._step_checks import check_normaliser
 from atomr.train.core.stats import StepStats
-from atomr.train.core.step_checks import check_normaliser
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import ApplyReducedGradients, ComputeGradients
 from atomr.train.data_parallel.speed_balancer import initial_seconds_per_sample, smoothed

@@ -33,9 +33,9 @@ from atomr.actor import ActorRef, Failure
 from atomr.train._recovery import ResumedCrashWatch
 from atomr.train.comm.collective import Collective
 from atomr.train.core._cpu import cpu_backend
+from atomr.train.core._step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.device_guard import REQUEST_ERRORS
-from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel.messages import GradientResult
 

@@ -16,6 +16,7 @@ from atomr.accel import CpuBackend, Device
 from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.comm.ring import RingMember
+from atomr.train.core._step_checks import check_gradient, check_loss
 from atomr.train.core.checkpoint import Checkpoint, CheckpointError, check_model_matches
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.config import TrainerConfig
@@ -24,7 +25,6 @@ from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.messages import Step
 from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
-from atomr.train.core.step_checks import check_gradient, check_loss
 from atomr.train.data_parallel.messages import (
     ApplyReducedGradients,
     ComputeGradients,

@@ -49,6 +49,7 @@ from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.mpi.job import shard_for_rank
 from atomr.train.comm.ring import RingCollective
+from atomr.train.core._step_checks import check_step_limit, evaluation
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.messages import (
     Evaluate,
@@ -61,7 +62,6 @@ from atomr.train.core.messages import (
 )
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
-from atomr.train.core.step_checks import check_step_limit, evaluation
 from atomr.train.data_parallel._cadence import Cadence
 from atomr.train.data_parallel._checkpoints import Checkpoints
 from atomr.train.data_parallel._local_sgd import LocalSgd

@@ -30,6 +30,7 @@ from atomr.accel import Device
 from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
 from atomr.train._recovery import state_keeping_decider
 from atomr.train.comm._fanout import ask_all, set_learning_rate
+from atomr.train.core._step_checks import check_step_limit
 from atomr.train.core.checkpoint import load_checkpoint, save_checkpoint
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.data import epoch_order
@@ -45,10 +46,9 @@ from atomr.train.core.messages import (
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import StepStats, TrainingState
-from atomr.train.core.step_checks import check_step_limit
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
+from atomr.train.parameter_server._layout import Layout
 from atomr.train.parameter_server._pool import WorkerPool, combine, split_among
-from atomr.train.parameter_server.layout import Layout
 from atomr.train.parameter_server.messages import (
     EpochReport,
     GetServerState,

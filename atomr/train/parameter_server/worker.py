@@ -24,6 +24,7 @@ import numpy as np
 
 from atomr.accel import Device, DeviceActor
 from atomr.actor import ActorRef, Failure, Props
+from atomr.train.core._step_checks import check_gradient, check_loss, check_normaliser, evaluation
 from atomr.train.core.clip import global_norm
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import Rejected, guarded
@@ -33,8 +34,7 @@ from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser, evaluation
-from atomr.train.parameter_server.client import ShardedClient
+from atomr.train.parameter_server._client import ShardedClient
 from atomr.train.parameter_server.messages import BatchResult, StaleGradientError, TrainBatch
 
 __all__ = ["ParameterServerWorker"]

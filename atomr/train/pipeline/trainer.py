@@ -45,6 +45,13 @@ from atomr.actor import (
 )
 from atomr.train._recovery import ResumedCrashWatch, StateLossWatch
 from atomr.train.comm._fanout import set_learning_rate
+from atomr.train.core._step_checks import (
+    check_gradient,
+    check_loss,
+    check_normaliser,
+    check_step_limit,
+    evaluation,
+)
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -69,13 +76,6 @@ from atomr.train.core.messages import (
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
-from atomr.train.core.step_checks import (
-    check_gradient,
-    check_loss,
-    check_normaliser,
-    check_step_limit,
-    evaluation,
-)
 from atomr.train.core.validation import BatchSpec
 from atomr.train.pipeline._checkpoint import split_checkpoint
 from atomr.train.pipeline._construction import check_props, spawn_stages

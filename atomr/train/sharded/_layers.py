@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from atomr.train.core._step_checks import check_loss
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.model.layer import ForwardContext, Layer
 from atomr.train.core.model.sequential import Sequential
-from atomr.train.core.step_checks import check_loss
 from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import BackwardLayer, ForwardLayer, Handed, LayerForwardResult
 

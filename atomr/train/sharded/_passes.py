@@ -25,11 +25,11 @@ import numpy as np
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef
 from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
+from atomr.train.core._step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import StepStats
-from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.sharded._exchange import ShardExchange
 from atomr.train.sharded.messages import (
     ApplyShard,

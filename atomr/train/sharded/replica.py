@@ -25,6 +25,7 @@ import numpy as np
 from atomr.accel import CpuBackend, Device, DeviceActor
 from atomr.actor import Failure
 from atomr.train._recovery import DoubleBuffer
+from atomr.train.core._step_checks import check_loss
 from atomr.train.core.checkpoint import CheckpointError, restored_optimizer
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
@@ -32,7 +33,6 @@ from atomr.train.core.messages import SetLearningRate
 from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.optimizer_state import Optimizer
-from atomr.train.core.step_checks import check_loss
 from atomr.train.data_parallel.messages import EvaluateShard, ShardEval
 from atomr.train.data_parallel.replica import evaluate_shard
 from atomr.train.sharded._layers import LayerRunner

@@ -44,6 +44,7 @@ from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.mpi.job import shard_for_rank
+from atomr.train.core._step_checks import check_step_limit, evaluation
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -65,7 +66,6 @@ from atomr.train.core.messages import (
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec, model_from_config
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
-from atomr.train.core.step_checks import check_step_limit, evaluation
 from atomr.train.data_parallel.messages import EvaluateShard, ShardEval
 from atomr.train.sharded._exchange import ShardExchange
 from atomr.train.sharded._passes import ShardedPasses

@@ -21,8 +21,8 @@ import numpy as np
 
 from atomr.accel import DeviceActor
 from atomr.train._recovery import DoubleBuffer
+from atomr.train.core._step_checks import check_loss, check_normaliser
 from atomr.train.core.loss import LossKind
-from atomr.train.core.step_checks import check_loss, check_normaliser
 from atomr.train.tensor_parallel.messages import LossResult, ShardGrad
 from atomr.train.tensor_parallel.sharding import LayerShard, ShardLayout
 

@@ -2,7 +2,7 @@
 
 The shards of a `LayerTensorParallelTrainer` live in one process, each
 computing on its device's worker thread. A layer that splits its work
-(`layer_rules`) meets the other shards in the middle of a forward or
+(`_layer_rules`) meets the other shards in the middle of a forward or
 backward pass: every shard's thread hands in its host array and waits until
 all have; the sum (in shard order, so every shard gets the same bits) or the
 concatenation is then read by all. The reduction is host-side, as every

@@ -18,6 +18,7 @@ import numpy as np
 from atomr.accel import Device, DeviceActor
 from atomr.actor import Failure
 from atomr.train._recovery import DoubleBuffer
+from atomr.train.core._step_checks import check_loss, check_normaliser
 from atomr.train.core.checkpoint import restored_optimizer
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
@@ -25,7 +26,7 @@ from atomr.train.core.messages import SetLearningRate
 from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.optimizer_state import Optimizer
-from atomr.train.core.step_checks import check_loss, check_normaliser
+from atomr.train.tensor_parallel._layer_rules import Meeting
 from atomr.train.tensor_parallel._thread_group import GroupBroken, ThreadGroup
 from atomr.train.tensor_parallel.layer_messages import (
     LayerShardState,
@@ -37,7 +38,6 @@ from atomr.train.tensor_parallel.layer_messages import (
     ShardStateGet,
     ShardStateSet,
 )
-from atomr.train.tensor_parallel.layer_rules import Meeting
 from atomr.train.tensor_parallel.shard_plan import ShardPlan
 
 __all__ = ["LayerShardActor"]

@@ -1,6 +1,6 @@
 """`ShardPlan`: how `n` tensor-parallel shards hold a `Sequential`.
 
-Each layer gets a rule from its `tp_rule` and its neighbours (`layer_rules`
+Each layer gets a rule from its `tp_rule` and its neighbours (`_layer_rules`
 has the table): a column `Linear` followed, past element-wise layers, by a
 row `Linear` keeps its output split; any other column `Linear` gathers it;
 attention is split by heads; the rest is replicated. A rule builds shard
@@ -25,7 +25,7 @@ from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.model.structure import Residual, param_counts
 from atomr.train.core.model.transformer import CausalSelfAttention
 from atomr.train.core.partition import split_bounds
-from atomr.train.tensor_parallel.layer_rules import HeadAttention, Meeting, ShardedLinear
+from atomr.train.tensor_parallel._layer_rules import HeadAttention, Meeting, ShardedLinear
 
 __all__ = ["ShardPlan", "plan_shards"]
 

@@ -40,6 +40,7 @@ from atomr.train._contract import (
 )
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import set_learning_rate
+from atomr.train.core._step_checks import check_gradient, check_step_limit, evaluation
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -63,10 +64,9 @@ from atomr.train.core.mlp import Mlp
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
-from atomr.train.core.step_checks import check_gradient, check_step_limit, evaluation
 from atomr.train.core.validation import validate_batch
+from atomr.train.tensor_parallel._layer_trainer import LayerTensorParallelTrainer
 from atomr.train.tensor_parallel.group import ShardGroup
-from atomr.train.tensor_parallel.layer_trainer import LayerTensorParallelTrainer
 from atomr.train.tensor_parallel.options import TensorParallelOptions
 from atomr.train.tensor_parallel.shard import ShardActor
 from atomr.train.tensor_parallel.shard_plan import plan_shards

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from atomr.train.core._step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError
 from atomr.train.core.loss import LossKind
-from atomr.train.core.step_checks import check_gradient, check_loss, check_normaliser
 
 
 @pytest.mark.parametrize("value", [0.0, -3.5, 1e300])

@@ -12,7 +12,7 @@ from atomr.actor import ActorRef, Props
 from atomr.train._contract import parse_devices
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.model.sequential import Sequential
-from atomr.train.parameter_server.client import split_ranges
+from atomr.train.parameter_server._client import split_ranges
 from atomr.train.parameter_server.options import ParameterServerOptions
 from atomr.train.parameter_server.server import ServerShard
 

@@ -29,6 +29,7 @@ from atomr.accel import Device
 from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, set_learning_rate
+from atomr.train.core._step_checks import check_gradient, check_step_limit, evaluation
 from atomr.train.core.checkpoint import (
     Checkpoint,
     check_model_matches,
@@ -49,7 +50,6 @@ from atomr.train.core.messages import (
 )
 from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
-from atomr.train.core.step_checks import check_gradient, check_step_limit, evaluation
 from atomr.train.tensor_parallel._thread_group import GroupBroken, ThreadGroup
 from atomr.train.tensor_parallel.layer_messages import (
     LayerShardState,

@@ -3,7 +3,9 @@ workers pull, compute and push gradients, and the trainer actor
 (`AsyncParameterServer`) spawns and drives them (see docs/parameter_server.md).
 
 The protocol between them (`PushGradient`, `PullWeights`, `TrainBatch`, ...)
-is in `atomr.train.parameter_server.messages`.
+is in `atomr.train.parameter_server.messages`: `ServerShardProtocol` lists
+what a server shard answers, `ParameterServerWorkerProtocol` what a worker
+answers.
 """
 
 from atomr.train.parameter_server.consistency import Consistency
@@ -11,6 +13,8 @@ from atomr.train.parameter_server.messages import (
     EpochReport,
     GetServerStats,
     ParameterServerStats,
+    ParameterServerWorkerProtocol,
+    ServerShardProtocol,
     StaleGradientError,
     TrainEpochs,
 )
@@ -27,7 +31,9 @@ __all__ = [
     "ParameterServerOptions",
     "ParameterServerStats",
     "ParameterServerWorker",
+    "ParameterServerWorkerProtocol",
     "ServerShard",
+    "ServerShardProtocol",
     "StaleGradientError",
     "TrainEpochs",
 ]

@@ -4,14 +4,19 @@ A *handed* buffer (`Handed`) is a host array of one unit's length that a
 replica gives its trainer for a collective: on a CPU device the replica's own
 memory (the collective then works in it directly, `shared`), else a host
 copy, whose result the trainer sends back in the next message.
+
+`ShardedReplicaProtocol` lists what a replica answers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+
+from atomr.train.core.messages import SetLearningRate
+from atomr.train.data_parallel.messages import EvaluateShard
 
 __all__ = [
     "ApplyShard",
@@ -30,6 +35,7 @@ __all__ = [
     "ShardLayerParams",
     "ShardMemory",
     "ShardReplicaState",
+    "ShardedReplicaProtocol",
 ]
 
 
@@ -253,3 +259,58 @@ class ShardMemory:
     def persistent(self) -> int:
         """Weights, gradients, optimizer state and undo set together."""
         return self.weights + self.gradients + self.optimizer + self.undo
+
+
+class ShardedReplicaProtocol:
+    """The messages a sharded (ZeRO) replica answers (`ShardedReplica`).
+
+    | message | reply | stage | meaning |
+    |---|---|---|---|
+    | `ComputeShardGradients(features, labels, sample_offset)` | `ShardGradients` (with the full gradient buffer `Handed`) | 1, 2 | forward, loss and backward of the replica's shard of the batch: the gradient *sum*; no weight changes |
+    | `ShardLayerParams(layer)` | `Handed` | 3 | a fresh buffer of the layer's length holding the replica's part of it, for the all-gather |
+    | `ForwardLayer(layer, gathered, features, labels, train, sample_offset)` | `LayerForwardResult` (last layer) or None | 3 | the layer forward on its gathered parameters, which are then freed; the last layer computes the loss |
+    | `BackwardLayer(layer, gathered, reduced_above)` | `Handed` (the layer's gradient sum) | 3 | keep the replica's part of the reduced gradient of layer `layer + 1`, then the layer backward |
+    | `ApplyShard(reduced, scale, coefficient, token)` | None | all | keep the replica's part of the last handed unit's reduced sum, scale it by `scale` (and `coefficient` when below 1), optimizer step of the piece out of place, pending under `token` |
+    | `CommitShard(token)` | `Handed` (full parameters, stages 1 and 2) or None (stage 3) | all | keep the pending update `token`; stages 1 and 2 write the new piece into the working copy and hand it over for the all-gather |
+    | `RollbackShard(token)` | `bool` (something undone) | all | undo the pending update, if `token` names it |
+    | `SetFullParams(params)` | None | 1, 2 | the all-gathered parameters, for a replica whose handed buffer was a copy |
+    | `GetShardState()` | `ShardReplicaState` | all | the piece, its optimizer `state_dict()` and the step count (checkpoint save) |
+    | `SetShardState(state, full)` | None | all | load a piece, its optimizer state, the step count and (stages 1 and 2) the full parameters; drops a pending update |
+    | `GetShardMemory()` | `ShardMemory` | all | bytes held, by role, measured from the arrays |
+    | `EvaluateShard(features, labels)` | `ShardEval` | 1, 2 | loss sums and correct rows of one shard (stage 3 evaluates through `ForwardLayer(train=False)`) |
+    | `SetLearningRate(lr)` | None | all | the piece optimizer's learning rate |
+
+    The handing: a `Handed` buffer is the replica's own memory on a CPU
+    device (`shared`: the collective works in it, and no result comes
+    back), else a host copy whose reduced or gathered result the trainer
+    sends back in the next message (`ApplyShard.reduced`,
+    `BackwardLayer.reduced_above`, `ForwardLayer.gathered`,
+    `BackwardLayer.gathered`, `SetFullParams`).
+
+    Rules a replica keeps: forward and backward never touch the piece; an
+    update is atomic (`ApplyShard` out of place, `CommitShard` keeps it,
+    `RollbackShard` undoes it; a `CommitShard` of another token is answered
+    with `Failure(ValueError)`). A bad request (a non-finite loss, a wrong
+    length, a state that does not fit, a message it does not handle) is
+    answered with `Failure(exc)` and changes nothing; a device failure fails
+    the actor, and its supervisor decides.
+
+    Attributes:
+        messages: the message types above.
+    """
+
+    messages: ClassVar[tuple[type, ...]] = (
+        ComputeShardGradients,
+        ShardLayerParams,
+        ForwardLayer,
+        BackwardLayer,
+        ApplyShard,
+        CommitShard,
+        RollbackShard,
+        SetFullParams,
+        GetShardState,
+        SetShardState,
+        GetShardMemory,
+        EvaluateShard,
+        SetLearningRate,
+    )

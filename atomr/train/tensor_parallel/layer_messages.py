@@ -1,14 +1,20 @@
 """The messages between the tensor-parallel trainer of any model
-(`LayerTensorParallelTrainer`) and its `LayerShardActor`s."""
+(`LayerTensorParallelTrainer`) and its `LayerShardActor`s.
+
+`LayerShardProtocol` lists what a shard answers.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from atomr.train.core.messages import SetLearningRate
+
 __all__ = [
+    "LayerShardProtocol",
     "LayerShardState",
     "PassResult",
     "ShardApply",
@@ -91,3 +97,44 @@ class ShardStateSet:
     """Load a `LayerShardState` into the shard."""
 
     state: LayerShardState
+
+
+class LayerShardProtocol:
+    """The messages a layer-sharded tensor-parallel shard answers (`LayerShardActor`).
+
+    Every shard holds its part of every layer of the model and the optimizer
+    state of that part; a pass runs on all shards at once, and the layers
+    meet the other shards mid-pass (the trainer's `ThreadGroup`).
+
+    | message | reply | meaning |
+    |---|---|---|
+    | `ShardPass(features, labels, train, step)` | `PassResult` | forward of the whole batch, the loss sums (and correct rows of a classification loss); with `train` the backward by d(mean loss)/d(output), keeping the gradients, and the squared norm of the entries this shard counts (replicated ones only on shard 0); no weight changes |
+    | `ShardApply(coefficient, token)` | None | scale the gradients by `coefficient` when it is below 1, optimizer step out of place, pending under `token` |
+    | `ShardCommit(token)` | None | keep the pending update `token` (any other token changes nothing) |
+    | `ShardRollback(token)` | `bool` (something undone) | undo the pending update, if `token` names it |
+    | `ShardStateGet()` | `LayerShardState` | the shard's flat parameters, optimizer `state_dict()` and step count |
+    | `ShardStateSet(state)` | None | load a `LayerShardState` (a checkpoint); drops a pending update |
+    | `SetLearningRate(lr)` | None | the optimizer's learning rate |
+
+    Rules a shard keeps: a pass never touches the weights, and an update is
+    atomic (`ShardApply` out of place, `ShardCommit` keeps it,
+    `ShardRollback` undoes it). If a message fails on a shard, it aborts the
+    group first, so that the other shards stop waiting mid-pass at once
+    (they answer `Failure(GroupBroken)`). A bad request (a non-finite loss,
+    a zero normaliser, a state that does not fit, a message it does not
+    handle) is answered with `Failure(exc)` and changes nothing; a device
+    failure fails the actor, and its supervisor decides.
+
+    Attributes:
+        messages: the message types above.
+    """
+
+    messages: ClassVar[tuple[type, ...]] = (
+        ShardPass,
+        ShardApply,
+        ShardCommit,
+        ShardRollback,
+        ShardStateGet,
+        ShardStateSet,
+        SetLearningRate,
+    )

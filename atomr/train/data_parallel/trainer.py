@@ -21,8 +21,7 @@ collective, so N processes x M replicas equal one device on the global batch.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,17 +37,9 @@ from atomr.actor import (
     Props,
     SupervisorStrategy,
 )
-from atomr.train._contract import (
-    check_config,
-    check_options,
-    check_spawn_args,
-    refuse_accumulation,
-)
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
 from atomr.train.comm._fanout import set_learning_rate
-from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.mpi.job import shard_for_rank
-from atomr.train.comm.ring import RingCollective
 from atomr.train.core._step_checks import check_step_limit, evaluation
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.messages import (
@@ -64,6 +55,7 @@ from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.data_parallel._cadence import Cadence
 from atomr.train.data_parallel._checkpoints import Checkpoints
+from atomr.train.data_parallel._construction import check_props, made_collective, spawn_replicas
 from atomr.train.data_parallel._local_sgd import LocalSgd
 from atomr.train.data_parallel._manual import MANUAL_VERBS, ManualVerbs
 from atomr.train.data_parallel._reduction import GradientReduction
@@ -83,7 +75,7 @@ from atomr.train.data_parallel.messages import (
     WeightedAllReduceGradients,
 )
 from atomr.train.data_parallel.options import ApplyPolicy, DataParallelOptions
-from atomr.train.data_parallel.replica import ReplicaActor, worker_deadline
+from atomr.train.data_parallel.replica import worker_deadline
 
 __all__ = ["DataParallelTrainer", "replica_decider"]
 
@@ -91,51 +83,6 @@ replica_decider = worker_decider
 """How the trainer supervises the replicas it spawned (`_recovery.worker_decider`):
 STOP for `Unrecoverable` (the trainer goes on with the others), RESUME for
 `OutOfMemory` (the replica is re-synced anyway), RESTART for anything else."""
-
-
-def _collective(
-    options: DataParallelOptions, config: TrainerConfig
-) -> tuple[Collective, Callable[[], None] | None]:
-    """The collective `options.collective` names (or is), and how to close
-    it when the trainer made it (None: the caller owns it, or nothing to close)."""
-    if isinstance(options.collective, Collective):
-        return options.collective, None
-    if options.collective == "host":
-        host = HostCollective()
-        return host, host.close
-    return RingCollective(worker_deadline(config)), None
-
-
-def _checked(
-    config: object, replicas: object, options: object
-) -> tuple[TrainerConfig, list[ActorRef | Props], DataParallelOptions]:
-    """The trainer's arguments, checked (see `DataParallelTrainer`); None
-    options become the defaults.
-
-    Raises:
-        TypeError: an argument has the wrong type.
-        ValueError: `options.speed_hint` does not have one entry per replica,
-            ASYNC with gradient accumulation, or an `options.replica_class`
-            other than `ReplicaActor` (it is for `spawn`).
-    """
-    trainer_config = check_config(config)
-    if not isinstance(replicas, Sequence):
-        raise TypeError(f"replicas must be a sequence, got {type(replicas).__name__}")
-    for k, r in enumerate(replicas):
-        if not isinstance(r, ActorRef | Props):
-            raise TypeError(f"replicas[{k}] must be an ActorRef or Props, got {type(r).__name__}")
-    check_options(options, DataParallelOptions, "DataParallelTrainer")
-    checked = options if isinstance(options, DataParallelOptions) else DataParallelOptions()
-    if checked.replica_class is not ReplicaActor:
-        raise ValueError(
-            "options.replica_class is how spawn builds its replicas; props takes replicas "
-            "already built: leave it ReplicaActor"
-        )
-    if replicas:
-        checked.replica_count_fits(len(replicas))
-    if checked.policy is not ApplyPolicy.SYNC:
-        refuse_accumulation(trainer_config, f"data-parallel (ApplyPolicy.{checked.policy.name})")
-    return trainer_config, list(replicas), checked
 
 
 class DataParallelTrainer(Actor):
@@ -172,9 +119,9 @@ class DataParallelTrainer(Actor):
         options: DataParallelOptions | None = None,
     ) -> None:
         super().__init__()
-        self.config, self._initial, self.options = _checked(config, replicas, options)
+        self.config, self._initial, self.options = check_props(config, replicas, options)
         self.replicas = ReplicaGroup(worker_deadline(config))
-        self._collective, self._close_collective = _collective(self.options, config)
+        self._collective, self._owns_collective = made_collective(self.options, config)
         self._host = SerialWorker("atomr-dp-host")
         self._resumed = ResumedCrashWatch()
         reduction = GradientReduction(
@@ -214,7 +161,7 @@ class DataParallelTrainer(Actor):
         Raises:
             TypeError, ValueError: as for the class.
         """
-        _, checked, _ = _checked(config, replicas, options)
+        _, checked, _ = check_props(config, replicas, options)
         return Props(cls, config, checked, options)
 
     @classmethod
@@ -254,17 +201,9 @@ class DataParallelTrainer(Actor):
             Exception: what the replicas or the process collective raised
                 while starting (the trainer is stopped then).
         """
-        model, devs, config = check_spawn_args(system, model, devices, config, name)
-        options = check_options(options, DataParallelOptions, cls.__name__)
-        if len({d.kind for d in devs}) > 1:
-            raise ValueError(
-                f"devices {[str(d) for d in devs]} mix CPU and CUDA; their kernels round "
-                "differently, so the replicas would not stay bit-identical: put every "
-                "replica on the same kind of device"
-            )
-        rc = options.replica_class
-        replica_props = [rc.props(model, d, config, index=k) for k, d in enumerate(devs)]
-        built = dataclasses.replace(options, replica_class=ReplicaActor)
+        config, replica_props, built = spawn_replicas(
+            system, model, devices, config, options, name, cls.__name__
+        )
         ref: ActorRef = system.spawn(cls.props(config, replica_props, built), name=name)
         try:
             await ref.ask(GetWeights(), timeout=None)
@@ -291,8 +230,8 @@ class DataParallelTrainer(Actor):
 
     def post_stop(self) -> None:
         """Stop the host thread (and the host collective this trainer made)."""
-        if self._close_collective is not None:
-            self._close_collective()
+        if self._owns_collective:
+            self._collective.close()
         self._host.close()
 
     # -- messages -----------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 __all__ = ["await_condition", "wait_until"]
 
@@ -31,9 +31,23 @@ def _deadline(timeout: float, interval: float) -> float:
     return time.monotonic() + timeout
 
 
-def _timed_out(condition: Callable[[], object], timeout: float, message: str) -> AssertionError:
-    what = message or getattr(condition, "__name__", repr(condition))
-    return AssertionError(f"condition not met within {timeout} s: {what}")
+def _pauses(
+    condition: Callable[[], object], timeout: float, interval: float, message: str
+) -> Iterator[float]:
+    """The pauses to sleep between checks of `condition`, until it is true
+    (the checks of both waits: only how they sleep differs).
+
+    Raises:
+        AssertionError: the condition is still false at the deadline.
+        ValueError: as `_deadline`.
+    """
+    deadline = _deadline(timeout, interval)
+    while not condition():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            what = message or getattr(condition, "__name__", repr(condition))
+            raise AssertionError(f"condition not met within {timeout} s: {what}")
+        yield min(interval, left)
 
 
 async def await_condition(
@@ -56,12 +70,8 @@ async def await_condition(
         ValueError: if ``timeout`` or ``interval`` is not a finite number > 0.
         Exception: whatever ``condition`` raises, at once.
     """
-    deadline = _deadline(timeout, interval)
-    while not condition():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _timed_out(condition, timeout, message)
-        await asyncio.sleep(min(interval, left))
+    for pause in _pauses(condition, timeout, interval, message):
+        await asyncio.sleep(pause)
 
 
 def wait_until(
@@ -80,9 +90,5 @@ def wait_until(
         ValueError: if ``timeout`` or ``interval`` is not a finite number > 0.
         Exception: whatever ``condition`` raises, at once.
     """
-    deadline = _deadline(timeout, interval)
-    while not condition():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _timed_out(condition, timeout, message)
-        time.sleep(min(interval, left))
+    for pause in _pauses(condition, timeout, interval, message):
+        time.sleep(pause)

@@ -291,8 +291,9 @@ class ShardedReplicaProtocol:
     update is atomic (`ApplyShard` out of place, `CommitShard` keeps it,
     `RollbackShard` undoes it; a `CommitShard` of another token is answered
     with `Failure(ValueError)`). A bad request (a non-finite loss, a wrong
-    length, a state that does not fit, a message it does not handle) is
-    answered with `Failure(exc)` and changes nothing; a device failure fails
+    length, a state that does not fit, a message it does not handle or one
+    of another stage's column, `TypeError`) is answered with `Failure(exc)`
+    and changes nothing; a device failure fails
     the actor, and its supervisor decides.
 
     Attributes:

@@ -57,6 +57,10 @@ from atomr.train.sharded.messages import (
 
 __all__ = ["ShardedReplica"]
 
+# the messages of one pass design only (`ShardedReplicaProtocol`'s stage column)
+_STAGES_1_2_ONLY = (ComputeShardGradients, SetFullParams, EvaluateShard)
+_STAGE_3_ONLY = (ShardLayerParams, ForwardLayer, BackwardLayer)
+
 
 class ShardedReplica(DeviceActor):
     """One sharded replica (module docstring); its trainer drives it.
@@ -161,6 +165,9 @@ class ShardedReplica(DeviceActor):
         handler = self._handlers.get(type(message))
         if handler is None:
             return Failure(TypeError(f"ShardedReplica does not handle {type(message).__name__}"))
+        wrong_stage = self._wrong_stage(message)
+        if wrong_stage is not None:
+            return Failure(wrong_stage)
         if self.optimizer is None:
             await self.on_device(self._build)
         try:
@@ -170,6 +177,19 @@ class ShardedReplica(DeviceActor):
         if isinstance(result, Rejected):
             return Failure(result.error)
         return result
+
+    def _wrong_stage(self, message: Any) -> TypeError | None:
+        """Why `message` does not apply at this replica's stage, or None."""
+        if self.stage == 3 and isinstance(message, _STAGES_1_2_ONLY):
+            only = "1 and 2"
+        elif self.stage < 3 and isinstance(message, _STAGE_3_ONLY):
+            only = "3"
+        else:
+            return None
+        return TypeError(
+            f"{type(message).__name__} is for ZeRO stage {only} only; "
+            f"this replica runs stage {self.stage}"
+        )
 
     # -- stages 1 and 2 -------------------------------------------------------
 

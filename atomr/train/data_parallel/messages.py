@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from atomr.train.core.messages import GetWeights
+from atomr.train.core.messages import GetWeights, SetLearningRate
 
 __all__ = [
     "AllReduceGradients",
@@ -300,6 +300,7 @@ class ReplicaProtocol:
     | `EvaluateShard(features, labels)` | `ShardEval` | `Evaluate` |
     | `GetGradients()` / `SetGradients(g)` | `ndarray` / None | the manual verbs (`AllReduceGradients`, ...) |
     | `GetDevice()` | `Device` | `GetDevices` |
+    | `SetLearningRate(lr)` | None | `SetLearningRate` |
     | the ring messages (`atomr.train.comm.ring`) | | only with a collective whose members hold the buffers (`"ring"`) |
 
     The gradient: `ComputeGradients` leaves in the replica's gradient buffer
@@ -326,6 +327,8 @@ class ReplicaProtocol:
     device failure fails the actor (its supervisor restarts it and the
     trainer re-syncs it with `SetState` from a healthy replica).
 
+    The built-in replica is `ReplicaActor`.
+
     Attributes:
         messages: the message types of the table (the ring's aside).
     """
@@ -341,6 +344,7 @@ class ReplicaProtocol:
         GetGradients,
         SetGradients,
         GetDevice,
+        SetLearningRate,
     )
 
     @classmethod

@@ -139,7 +139,11 @@ class ReplicaActor(Trainer):
                 await self._ready()
                 return self._ring.receive(message, self.context)
             if isinstance(message, Step):
-                return Failure(TypeError("a replica does not take Step; step its trainer instead"))
+                return Failure(
+                    TypeError(
+                        f"{type(self).__name__} does not handle Step; step its trainer instead"
+                    )
+                )
             return await super().receive(message)
         await self._ready()
         work, checked = handler

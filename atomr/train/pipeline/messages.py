@@ -22,6 +22,7 @@ import numpy as np
 
 from atomr.actor import ActorRef
 from atomr.train.core.loss import LossKind
+from atomr.train.core.messages import SetLearningRate
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.pipeline.schedule import Op
 
@@ -319,6 +320,7 @@ class PipelineStageProtocol:
     | `RollbackStep(step_id)` | trainer -> stage, ask | None |
     | `GetStageWeights()` / `GetStageGradients()` | trainer -> stage, ask | ndarray |
     | `GetStageState()` / `SetStageState(state)` | trainer -> stage, ask | `StageState` / None |
+    | `SetLearningRate(lr)` | trainer -> stage, ask | None |
 
     Rules a stage keeps: it runs the ops of `RunMicroBatches` in order, each
     once its input is there (`inputs[k]` or an `Activations` for F; the
@@ -327,6 +329,8 @@ class PipelineStageProtocol:
     and must be buffered; messages of a finished or aborted step are
     dropped. It never changes its weights before `ApplyStageGradients`. Bad
     requests are answered with a failure, without failing the actor.
+
+    The built-in stage is `StageActor`.
 
     Attributes:
         messages: the message types above.
@@ -344,4 +348,5 @@ class PipelineStageProtocol:
         GetStageGradients,
         GetStageState,
         SetStageState,
+        SetLearningRate,
     )

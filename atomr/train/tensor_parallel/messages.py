@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr.train.core.loss import LossKind
+from atomr.train.core.messages import SetLearningRate
 from atomr.train.core.optimizer import OptimizerKind
 
 __all__ = [
@@ -261,11 +262,14 @@ class ShardProtocol:
     | `ShardGather(what)` | `ShardSlice` | `what` = "params" or "grads": the positions in the full flat vector and their values |
     | `ShardGetState()` | `ShardSliceState` | positions, parameters, optimizer `state_dict()` of the slice, step count |
     | `ShardSetState(params, optimizer, step)` | `None` | take this shard's slice of full vectors (a checkpoint) |
+    | `SetLearningRate(lr)` | `None` | the optimizer's learning rate |
 
     Rules a shard keeps: errors are answered with `Failure(exc)`; a shard is
     never restarted by a bad request, because its weights are one part of a
     distributed state that a restart would reset. Phase-1 messages
     (`ShardForward`, `ShardLoss`, `ShardBackward`) never touch the weights.
+
+    The built-in shard is `ShardActor`.
 
     Attributes:
         messages: the message types above.
@@ -282,4 +286,5 @@ class ShardProtocol:
         ShardGather,
         ShardGetState,
         ShardSetState,
+        SetLearningRate,
     )

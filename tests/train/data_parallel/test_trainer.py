@@ -293,7 +293,7 @@ async def test_a_trainer_without_replicas_refuses_steps(actor_system) -> None:
 
 async def test_replica_refuses_step(actor_system) -> None:
     rep = actor_system.spawn(ReplicaActor.props(Mlp(SIZES), "cpu:0", _config()))
-    with pytest.raises(TypeError, match="does not take Step"):
+    with pytest.raises(TypeError, match="ReplicaActor does not handle Step; step its trainer"):
         await rep.ask(Step(*_data()))
 
 

@@ -122,9 +122,9 @@ async def _dp_rank(out: Path, steps: int) -> None:
         OptimizerKind,
         Step,
         TrainerConfig,
-        synthetic_classification,
     )
     from atomr.train.comm.mpi import DistributedTrainConfig
+    from atomr.train.core import synthetic_classification
 
     dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=120.0)
     config = TrainerConfig(OptimizerKind.sgd(0.01), LossKind.CROSS_ENTROPY)

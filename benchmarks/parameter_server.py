@@ -34,7 +34,8 @@ import numpy as np
 
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
-from atomr.train import LossKind, Mlp, OptimizerKind, Step, TrainerConfig, synthetic_classification
+from atomr.train import LossKind, Mlp, OptimizerKind, Step, TrainerConfig
+from atomr.train.core import synthetic_classification
 from atomr.train.data_parallel.trainer import DataParallelTrainer
 from atomr.train.parameter_server import (
     AsyncParameterServer,

@@ -26,15 +26,8 @@ import atomr
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.testkit import slow_device
-from atomr.train import (
-    LossKind,
-    Mlp,
-    OptimizerKind,
-    StepStats,
-    TrainerConfig,
-    fit,
-    load_digits_split,
-)
+from atomr.train import LossKind, Mlp, OptimizerKind, StepStats, TrainerConfig, fit
+from atomr.train.core import load_digits_split
 from atomr.train.data_parallel import ApplyPolicy, DataParallelOptions, DataParallelTrainer
 from atomr.train.data_parallel.replica import ReplicaActor
 from atomr.train.fit import FitCallback, FitPosition

@@ -41,8 +41,8 @@ from atomr.train import (
     TensorParallelTrainer,
     Trainer,
     TrainerConfig,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.tensor_parallel import ShardActor
 
 SIZES = [256, 1024, 1024, 256]

@@ -24,8 +24,8 @@ from atomr.train import (
     Step,
     Trainer,
     TrainerConfig,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.core.model import (
     Activation,
     ForwardContext,

@@ -26,8 +26,8 @@ from atomr.train import (
     Step,
     Trainer,
     TrainerConfig,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.data_parallel import GetReplicaWeights
 
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import atomr
 from atomr import ActorSystem
-from atomr.train import LossKind, Mlp, OptimizerKind, TrainerConfig, fit, load_digits_split
+from atomr.train import LossKind, Mlp, OptimizerKind, TrainerConfig, fit
+from atomr.train.core import load_digits_split
 from atomr.train.parameter_server import (
     AsyncParameterServer,
     Consistency,

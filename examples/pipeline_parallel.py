@@ -15,16 +15,8 @@ import numpy as np
 import atomr
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
-from atomr.train import (
-    GetWeights,
-    LossKind,
-    Mlp,
-    OptimizerKind,
-    Step,
-    Trainer,
-    TrainerConfig,
-    synthetic_classification,
-)
+from atomr.train import GetWeights, LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
+from atomr.train.core import synthetic_classification
 from atomr.train.pipeline import GetTimeline, PipelineOptions, PipelineParallelTrainer, Schedule
 
 

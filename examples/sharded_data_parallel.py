@@ -27,8 +27,8 @@ from atomr.train import (
     Step,
     Trainer,
     TrainerConfig,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.sharded import GetShardMemory
 
 

@@ -33,8 +33,8 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
     fit,
-    load_digits_split,
 )
+from atomr.train.core import load_digits_split
 from atomr.train.fit import EpochRecord
 
 EPOCHS = 5

@@ -23,8 +23,8 @@ from atomr.train import (
     TensorParallelTrainer,
     Trainer,
     TrainerConfig,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.tensor_parallel.sharding import shard_layout
 
 

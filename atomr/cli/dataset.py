@@ -8,7 +8,7 @@ import numpy as np
 
 from atomr.cli.errors import CliError
 from atomr.cli.run_config import RunConfig
-from atomr.train import load_digits_split, synthetic_classification
+from atomr.train.core import load_digits_split, synthetic_classification
 from atomr.train.core.text import CharVocab, char_lm_split, pydoc_text
 
 __all__ = ["Dataset", "load_dataset"]

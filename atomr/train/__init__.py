@@ -21,7 +21,6 @@ processes), and one package per strategy.
 
 from atomr.train.core.checkpoint import load_checkpoint
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.data import load_digits_split, synthetic_classification
 from atomr.train.core.errors import (
     CheckpointError,
     InvalidBatchError,
@@ -31,7 +30,6 @@ from atomr.train.core.errors import (
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import (
     Evaluate,
-    GetTrainingState,
     GetWeights,
     LoadCheckpoint,
     SaveCheckpoint,
@@ -40,7 +38,7 @@ from atomr.train.core.messages import (
 )
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.optimizer import OptimizerKind
-from atomr.train.core.stats import EvalResult, StepStats, TrainingState
+from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.data_parallel import DataParallelOptions, DataParallelTrainer
 from atomr.train.fit import FitCallback, fit
 from atomr.train.parameter_server import AsyncParameterServer, ParameterServerOptions
@@ -72,8 +70,6 @@ __all__ = [
     "SetLearningRate",
     "ShardedDataParallelTrainer",
     "ShardedOptions",
-    "GetTrainingState",
-    "TrainingState",
     "Step",
     "StepStats",
     "TensorParallelOptions",
@@ -83,7 +79,5 @@ __all__ = [
     "WorkerStateLost",
     "fit",
     "load_checkpoint",
-    "load_digits_split",
     "setup",
-    "synthetic_classification",
 ]

@@ -22,8 +22,8 @@ from atomr.train import (
     SaveCheckpoint,
     Step,
     WorkerStateLost,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 
 T = 30.0
 """Ask timeout of these tests (never reached unless something hangs)."""

@@ -42,9 +42,8 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
     load_checkpoint,
-    synthetic_classification,
 )
-from atomr.train.core import Checkpoint, save_checkpoint
+from atomr.train.core import Checkpoint, save_checkpoint, synthetic_classification
 from atomr.train.core.checkpoint import MAGIC
 from atomr.train.parameter_server import Consistency
 

@@ -36,8 +36,8 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
     fit,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.parameter_server import Consistency
 
 CONFIG = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY, gradient_clip=1.0)

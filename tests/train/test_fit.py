@@ -18,8 +18,8 @@ from atomr.train import (
     StepStats,
     Trainer,
     TrainerConfig,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.fit import (
     EpochRecord,
     FitCallback,

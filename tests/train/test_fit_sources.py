@@ -21,8 +21,8 @@ from atomr.train import (
     OptimizerKind,
     Trainer,
     TrainerConfig,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.fit import DataSourceError, FitCallback, FitPosition, epoch_order, fit
 
 CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)

@@ -101,3 +101,38 @@ def test_the_layers_import_only_downwards() -> None:
     """core imports nothing else of atomr.train; comm only core (docs/internals.md)."""
     assert _reaches_outside("atomr.train.core", ()) == []
     assert _reaches_outside("atomr.train.comm", ("atomr.train.core",)) == []
+
+
+def test_the_public_surface_is_the_contract() -> None:
+    """`atomr.train` keeps about 30 names: the six trainers and their options,
+    the contract's messages and replies, `fit`, the config and its
+    vocabulary, the errors a caller catches; each is a re-export of a
+    subpackage, where everything else lives."""
+    names = set(train.__all__)
+    assert len(names) <= 31, sorted(names)
+    contract = {
+        "Trainer",
+        "DataParallelTrainer",
+        "TensorParallelTrainer",
+        "PipelineParallelTrainer",
+        "AsyncParameterServer",
+        "ShardedDataParallelTrainer",
+        "DataParallelOptions",
+        "TensorParallelOptions",
+        "PipelineOptions",
+        "ParameterServerOptions",
+        "ShardedOptions",
+        "TrainerConfig",
+        "Step",
+        "Evaluate",
+        "GetWeights",
+        "SaveCheckpoint",
+        "LoadCheckpoint",
+        "StepStats",
+        "EvalResult",
+        "fit",
+    }
+    assert contract <= names, sorted(contract - names)
+    for name in names:
+        defined_in = getattr(train, name).__module__
+        assert defined_in.startswith("atomr.train."), (name, defined_in)

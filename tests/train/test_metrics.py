@@ -21,8 +21,8 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
     fit,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.metrics import JsonLinesLog, TensorBoardLog
 
 CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)

@@ -23,8 +23,8 @@ from atomr.train import (
     Step,
     Trainer,
     TrainerConfig,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.core.schedule import CosineAnnealingLR, LinearLR, SequentialLR
 from tests.train.test_contract import STRATEGIES
 

@@ -13,7 +13,6 @@ from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import (
     AsyncParameterServer,
-    GetTrainingState,
     GetWeights,
     LossKind,
     Mlp,
@@ -22,11 +21,10 @@ from atomr.train import (
     Step,
     StepStats,
     TrainerConfig,
-    TrainingState,
     fit,
-    synthetic_classification,
 )
 from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.core import GetTrainingState, TrainingState, synthetic_classification
 from atomr.train.core.errors import StepLimitError
 from atomr.train.core.stats import ShardStepResult
 from tests.train.test_contract import STRATEGIES
@@ -81,7 +79,8 @@ def test_the_seed_name_shard_step_result_is_step_stats() -> None:
 async def test_setup_finds_devices_chooses_the_trainer_and_says_so() -> None:
     import io
 
-    from atomr.train import GetTrainingState, Step, setup
+    from atomr.train import Step, setup
+    from atomr.train.core import GetTrainingState
     from atomr.train.data_parallel import GetWorldSize
 
     out = io.StringIO()

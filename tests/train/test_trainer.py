@@ -26,9 +26,8 @@ from atomr.train import (
     StepStats,
     Trainer,
     TrainerConfig,
-    load_digits_split,
-    synthetic_classification,
 )
+from atomr.train.core import load_digits_split, synthetic_classification
 from tests.train.train_reference import ref_cross_entropy
 
 SIZES = [6, 16, 4]

@@ -16,8 +16,8 @@ from atomr.train import (
     OptimizerKind,
     Step,
     TrainerConfig,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from tests.train.test_contract import STRATEGIES
 
 SIZES = [6, 16, 16, 3]

@@ -24,12 +24,20 @@ from atomr.train.core.errors import (
     WorkerStateLost,
 )
 from atomr.train.core.loss import LossKind
-from atomr.train.core.messages import Evaluate, GetWeights, LoadCheckpoint, SaveCheckpoint, Step
+from atomr.train.core.messages import (
+    Evaluate,
+    GetTrainingState,
+    GetWeights,
+    LoadCheckpoint,
+    SaveCheckpoint,
+    SetLearningRate,
+    Step,
+)
 from atomr.train.core.mlp import LayerOffsets, Mlp
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.partition import split_bounds, split_sizes
-from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.validation import validate_batch, validate_features
 
 __all__ = [
@@ -37,6 +45,7 @@ __all__ = [
     "CheckpointError",
     "EvalResult",
     "Evaluate",
+    "GetTrainingState",
     "GetWeights",
     "InvalidBatchError",
     "LayerOffsets",
@@ -47,9 +56,11 @@ __all__ = [
     "Optimizer",
     "OptimizerKind",
     "SaveCheckpoint",
+    "SetLearningRate",
     "Step",
     "StepStats",
     "TrainerConfig",
+    "TrainingState",
     "WorkerStateLost",
     "clip_grad_norm",
     "global_norm",

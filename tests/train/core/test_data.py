@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atomr.train import load_digits_split, synthetic_classification
+from atomr.train.core import load_digits_split, synthetic_classification
 
 
 def test_digits_split_shapes_dtypes_and_range() -> None:

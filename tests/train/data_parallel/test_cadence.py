@@ -24,9 +24,8 @@ from atomr.train import (
     TrainerConfig,
     fit,
     load_checkpoint,
-    load_digits_split,
-    synthetic_classification,
 )
+from atomr.train.core import load_digits_split, synthetic_classification
 from atomr.train.data_parallel import (
     ApplyPolicy,
     DataParallelOptions,

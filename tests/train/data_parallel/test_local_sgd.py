@@ -29,9 +29,8 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
     fit,
-    load_digits_split,
-    synthetic_classification,
 )
+from atomr.train.core import load_digits_split, synthetic_classification
 from atomr.train.data_parallel import (
     ApplyPolicy,
     DataParallelOptions,

@@ -12,16 +12,8 @@ import pytest
 
 from atomr import ActorSystem
 from atomr.accel import Device, cpu_devices
-from atomr.train import (
-    GetWeights,
-    LossKind,
-    Mlp,
-    OptimizerKind,
-    Step,
-    Trainer,
-    TrainerConfig,
-    synthetic_classification,
-)
+from atomr.train import GetWeights, LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
+from atomr.train.core import synthetic_classification
 from atomr.train.data_parallel import (
     AllReduceGradients,
     ApplyGradients,

@@ -32,9 +32,9 @@ from atomr.train import (
     Step,
     Trainer,
     TrainerConfig,
-    synthetic_classification,
 )
 from atomr.train.comm import Collective
+from atomr.train.core import synthetic_classification
 from atomr.train.data_parallel import (
     GetReplicaWeights,
     ReplicaActor,

@@ -51,7 +51,7 @@ def config() -> TrainerConfig:
 
 
 def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
-    from atomr.train import synthetic_classification
+    from atomr.train.core import synthetic_classification
 
     return synthetic_classification(BATCH, SIZES[0], SIZES[-1], seed=500 + step)
 

@@ -30,9 +30,9 @@ from atomr.train import (
     ShardedOptions,
     Step,
     TrainerConfig,
-    synthetic_classification,
 )
 from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.core import synthetic_classification
 
 SIZES = [6, 11, 4]  # 77 + 11 + 44 + 4 = 136 parameters: 4 replicas split each layer unevenly
 BATCH = 26

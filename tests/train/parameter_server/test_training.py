@@ -23,8 +23,8 @@ from atomr.train import (
     Step,
     Trainer,
     TrainerConfig,
-    load_digits_split,
 )
+from atomr.train.core import load_digits_split
 from atomr.train.core.errors import CheckpointError, InvalidBatchError, NonFiniteError
 from atomr.train.data_parallel.trainer import DataParallelTrainer
 from atomr.train.parameter_server import Consistency, ParameterServerWorker, TrainEpochs

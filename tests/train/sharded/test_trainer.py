@@ -14,7 +14,6 @@ from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import (
     Evaluate,
-    GetTrainingState,
     GetWeights,
     InvalidBatchError,
     LossKind,
@@ -28,6 +27,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.comm import HostCollective
+from atomr.train.core import GetTrainingState
 from atomr.train.sharded import GetShardMemory, ShardMemory
 
 SIZES = [7, 9, 5, 3]  # 72 + 9 + 45 + 5 + 15 + 3 = 149 parameters (prime)

@@ -28,8 +28,8 @@ from atomr.train import (
     StepStats,
     Trainer,
     TrainerConfig,
-    synthetic_classification,
 )
+from atomr.train.core import synthetic_classification
 from atomr.train.tensor_parallel import ShardActor, TensorParallelOptions, TensorParallelTrainer
 from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.tensor_parallel.messages import ShardDescribe, ShardGather, ShardInfo

@@ -21,14 +21,14 @@ from .ask_deadlines import AskDeadlines
 from .context import Context
 from .empty import NONE
 from .envelope import Envelope
-from .errors import ActorStoppedError, bounded_repr
+from .errors import bounded_repr
 from .inbound import Inbound
 from .mailbox import DEFAULT_MAILBOX, Mailbox
 from .messages import PoisonPill, ReceiveTimeout
 from .props import Props
 from .ref import ActorRef
 from .reply import Failure, Reply
-from .stopping import discard, maybe_await, shutdown
+from .stopping import died, discard, maybe_await, shutdown, stopped_in_handler
 from .supervise import decide, failed, process_system
 from .supervision import Directive, SupervisorStrategy
 from .timers import Scheduler, TimerSet
@@ -246,25 +246,11 @@ class ActorCell(Inbound):
         except asyncio.CancelledError:
             raise
         except BaseException as error:
-            self._died(error)
+            died(self, error)
             if isinstance(error, KeyboardInterrupt | SystemExit):
                 raise  # asyncio stops the loop with it, as Python would
         finally:
             await shutdown(self)
-
-    def _died(self, error: BaseException) -> None:
-        """A ``BaseException`` escaped a handler or hook: log it and stop.
-
-        It is not an ``Exception``, so supervision does not handle it (as in
-        Akka for fatal errors); the ask being answered gets ``ActorStoppedError``.
-        """
-        logger.critical(
-            "%s stopped: %s escaped its handler", self.label, bounded_repr(error), exc_info=error
-        )
-        current = self.current
-        if current is not None and current[2] is not None and not current[2].done():
-            stopped = ActorStoppedError(f"{self.label} stopped: {type(error).__name__} escaped")
-            current[2].set_exception(stopped)
 
     async def _start(self) -> bool:
         try:
@@ -339,7 +325,7 @@ class ActorCell(Inbound):
                         return  # post_stop still sees the failed message's sender
                     break
                 except asyncio.CancelledError:
-                    if self._stopped_in_handler(message):
+                    if stopped_in_handler(self, message):
                         break
                     raise  # shutdown fails the current ask
                 reply = self.current[2]
@@ -353,31 +339,6 @@ class ActorCell(Inbound):
             self.current = None
             if n == 0 and queue and not self.interrupt:
                 await _sleep0(0)
-
-    def _stopped_in_handler(self, message: Any) -> bool:
-        """A handler was cancelled. True when this actor's stop cancelled it:
-        the ask it was answering gets ``ActorStoppedError``. False otherwise,
-        after logging a handler that let a ``CancelledError`` of its own
-        escape (the loop then re-raises it and the actor stops)."""
-        task = self.task
-        if self.stop_requested and task is not None and task.cancelling():
-            reply = self.current[2] if self.current is not None else None
-            self.current = None
-            task.uncancel()
-            if reply is not None and not reply.done():
-                reply.set_exception(
-                    ActorStoppedError(
-                        f"{self.label} stopped while handling {bounded_repr(message)}"
-                    )
-                )
-            return True
-        if task is not None and not task.cancelling():
-            logger.error(
-                "receive of %s let CancelledError escape on %s; stopping it",
-                self.label,
-                bounded_repr(message),
-            )
-        return False
 
     def _receive_timed_out(self) -> None:
         if self.receive_timeout is not None and not self.queue:

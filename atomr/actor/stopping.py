@@ -1,5 +1,7 @@
 """Stopping an actor: its children first, then ``post_stop``; what still
-waits on it fails, its watchers get ``Terminated``. Internal."""
+waits on it fails, its watchers get ``Terminated``. Also what the mailbox
+loop does when a handler is cancelled or lets a ``BaseException`` escape.
+Internal."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from .empty import NONE
-from .errors import ActorStoppedError
+from .errors import ActorStoppedError, bounded_repr
 from .messages import PoisonPill, Terminated
 
 if TYPE_CHECKING:
@@ -17,11 +19,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "cancel_tasks",
+    "died",
     "discard",
     "fail_pending",
     "maybe_await",
     "shutdown",
     "stop_children",
+    "stopped_in_handler",
     "unwatch_all",
 ]
 
@@ -144,3 +148,43 @@ def unwatch_all(cell: ActorCell) -> None:
     for target in cell.watching:
         target.watchers.discard(cell)  # type: ignore[union-attr]
     cell.watching = NONE
+
+
+def died(cell: ActorCell, error: BaseException) -> None:
+    """A ``BaseException`` escaped a handler or hook of ``cell``: log it; the
+    loop then stops the actor.
+
+    It is not an ``Exception``, so supervision does not handle it (as in
+    Akka for fatal errors); the ask being answered gets ``ActorStoppedError``.
+    """
+    logger.critical(
+        "%s stopped: %s escaped its handler", cell.label, bounded_repr(error), exc_info=error
+    )
+    current = cell.current
+    if current is not None and current[2] is not None and not current[2].done():
+        stopped = ActorStoppedError(f"{cell.label} stopped: {type(error).__name__} escaped")
+        current[2].set_exception(stopped)
+
+
+def stopped_in_handler(cell: ActorCell, message: Any) -> bool:
+    """A handler of ``cell`` was cancelled. True when the actor's stop
+    cancelled it: the ask it was answering gets ``ActorStoppedError``. False
+    otherwise, after logging a handler that let a ``CancelledError`` of its
+    own escape (the loop then re-raises it and the actor stops)."""
+    task = cell.task
+    if cell.stop_requested and task is not None and task.cancelling():
+        reply = cell.current[2] if cell.current is not None else None
+        cell.current = None
+        task.uncancel()
+        if reply is not None and not reply.done():
+            reply.set_exception(
+                ActorStoppedError(f"{cell.label} stopped while handling {bounded_repr(message)}")
+            )
+        return True
+    if task is not None and not task.cancelling():
+        logger.error(
+            "receive of %s let CancelledError escape on %s; stopping it",
+            cell.label,
+            bounded_repr(message),
+        )
+    return False

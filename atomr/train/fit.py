@@ -29,7 +29,7 @@ import numpy as np
 
 from atomr.actor import ActorRef
 from atomr.train.core.data import epoch_order
-from atomr.train.core.errors import StepLimitError
+from atomr.train.core.errors import InvalidBatchError, NonFiniteError, StepLimitError
 from atomr.train.core.messages import Evaluate, GetTrainingState, SaveCheckpoint, Step
 from atomr.train.core.sources import BatchSource, InvalidDataError, as_source, batch_bounds
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
@@ -137,12 +137,8 @@ class _Run:
             if batch is None:
                 break
             t0 = time.perf_counter()
-            try:
-                stats: StepStats = await self.trainer.ask(Step(*batch), timeout=self.timeout)
-            except StepLimitError:
-                # a trainer that counts its own updates (a parameter server: one per
-                # worker's push) can reach max_steps before fit's count of Steps does
-                self.refused = True
+            stats = await self.step(batch)
+            if stats is None:
                 return False
             tally.seconds += time.perf_counter() - t0
             tally.loss_sum += stats.loss * stats.samples
@@ -158,30 +154,80 @@ class _Run:
         await self.finish_epoch(tally)
         return True
 
+    async def step(self, batch: tuple[Any, Any]) -> StepStats | None:
+        """One `Step`; None when the trainer is at its own step limit.
+
+        Raises:
+            InvalidBatchError, NonFiniteError: the trainer refused the batch
+                (nothing of it was applied); the checkpoint is saved first.
+        """
+        try:
+            stats: StepStats = await self.trainer.ask(Step(*batch), timeout=self.timeout)
+        except StepLimitError:
+            # a trainer that counts its own updates (a parameter server: one per
+            # worker's push) can reach max_steps before fit's count of Steps does
+            self.refused = True
+            return None
+        except (InvalidBatchError, NonFiniteError) as exc:
+            await self.save()
+            p = self.position
+            exc.add_note(
+                f"the trainer refused epoch {p.epoch + 1}, batch {p.batch} of the training "
+                "data; nothing of that batch was applied"
+                + (
+                    f"; the checkpoint holds the {p.step} steps before it"
+                    if self.checkpoint
+                    else ""
+                )
+            )
+            raise
+        return stats
+
+    async def probe_validation(self) -> None:
+        """Evaluate the validation set's first batch before any step (as
+        Lightning's sanity check does): a set the trainer refuses fails
+        before training, not after the first epoch."""
+        if self.validation is not None:
+            await self.evaluate_source("validation", self.validation, first_only=True)
+
     def heard(self, split: str, loss: float, accuracy: float) -> None:
         for cb in self.callbacks:
             cb.on_evaluate(split, loss, accuracy, FitPosition(**vars(self.position)))
 
-    async def evaluate_source(self, source: BatchSource) -> tuple[float, float]:
-        """Loss and accuracy over a whole data set: one request for arrays,
-        else batch by batch, weighted by their sizes."""
-        if source.arrays is not None:
-            return await self.evaluate(*source.arrays)
-        loss = correct = 0.0
-        samples = 0
-        for x, y in _in_order(source, self.batch_size):
-            batch_loss, batch_acc = await self.evaluate(x, y)
-            loss += batch_loss * len(y)
-            correct += batch_acc * len(y)
-            samples += len(y)
+    async def evaluate_source(
+        self, split: str, source: BatchSource, *, first_only: bool = False
+    ) -> tuple[float, float]:
+        """Loss and accuracy over a whole data set (or its first batch): one
+        request for arrays, else batch by batch, weighted by their sizes.
+
+        Raises:
+            InvalidBatchError: the trainer refused it (a note names `split`).
+        """
+        try:
+            if source.arrays is not None and not first_only:
+                return await self.evaluate(*source.arrays)
+            loss = correct = 0.0
+            samples = 0
+            for x, y in _in_order(source, self.batch_size):
+                batch_loss, batch_acc = await self.evaluate(x, y)
+                loss += batch_loss * len(y)
+                correct += batch_acc * len(y)
+                samples += len(y)
+                if first_only:
+                    break
+        except InvalidBatchError as exc:
+            exc.add_note(f"in the {split} set (epoch {self.position.epoch + 1})")
+            raise
+        if samples == 0:
+            return math.nan, math.nan
         return loss / samples, correct / samples
 
     async def finish_epoch(self, tally: _Tally) -> None:
-        train_loss, train_acc = await self.evaluate_source(self.train)
+        train_loss, train_acc = await self.evaluate_source("train", self.train)
         self.heard("train", train_loss, train_acc)
         test_loss, test_acc = math.nan, math.nan
         if self.validation is not None:
-            test_loss, test_acc = await self.evaluate_source(self.validation)
+            test_loss, test_acc = await self.evaluate_source("validation", self.validation)
             self.heard("validation", test_loss, test_acc)
         record = EpochRecord(
             epoch=self.position.epoch + 1,
@@ -303,6 +349,11 @@ async def fit(
             a dataset or batch of the wrong length or shape.
         DataSourceError: the training data raised part way through an
             epoch; the checkpoint (if any) was saved at the position reached.
+        InvalidBatchError, NonFiniteError: the trainer refused a training
+            batch (nothing of it applied; the checkpoint, if any, was saved
+            at it, and a note says which), or a validation or training set
+            at evaluation (the validation set's first batch is evaluated
+            before any step, so a set of the wrong shape fails at once).
         Exception: whatever the trainer answered a request with (a
             `NonFiniteError`, an `AskTimeoutError`, ...).
     """
@@ -337,6 +388,7 @@ async def fit(
         timeout=timeout,
     )
     run.max_steps = await _max_steps(trainer, timeout)
+    await run.probe_validation()
     status = await run.loop()
     await run.save()
     return FitResult(status, position, run.records)

@@ -19,7 +19,7 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
-from atomr.train.core import synthetic_classification
+from atomr.train.core import InvalidBatchError, synthetic_classification
 from atomr.train.fit import (
     EpochRecord,
     FitCallback,
@@ -162,3 +162,59 @@ async def test_bad_arguments_are_refused_before_any_step(
         with pytest.raises(error, match=needle.replace("(", r"\(").replace(")", r"\)")):
             await fit(trainer, **args)  # type: ignore[arg-type]
         np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
+
+
+@pytest.mark.parametrize(
+    "validation",
+    [
+        pytest.param(lambda x, y: (x[:, :5], y), id="narrow-arrays"),
+        pytest.param(lambda x, y: [(x[:8, :5], y[:8])], id="narrow-batches"),
+        pytest.param(lambda x, y: (x, y.astype(np.float32)), id="float-labels"),
+    ],
+)
+async def test_a_validation_set_the_trainer_refuses_fails_before_any_step(
+    validation: object,
+) -> None:
+    x, y = _data()
+    async with ActorSystem("fit") as system:
+        trainer = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        before = await trainer.ask(GetWeights())
+        rec = _Recorder()
+        with pytest.raises(InvalidBatchError) as caught:
+            await fit(
+                trainer, (x, y), validation=validation(x, y), epochs=1, batch_size=16,  # type: ignore[operator]
+                callbacks=[rec],
+            )  # fmt: skip
+        assert "in the validation set" in "".join(caught.value.__notes__)
+        assert rec.steps == []
+        np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
+
+
+async def test_a_refused_training_batch_saves_the_checkpoint_at_it(tmp_path: Path) -> None:
+    """A bad sample part way through: the steps before it are kept in the
+    checkpoint, a note says which batch, and a resume with the data mended
+    ends where a run on mended data ends."""
+    x, y = _data()
+    bad = y.copy()
+    order = epoch_order(len(y), 5, 0)
+    bad[order[16 * 3 + 2]] = 7  # a label out of range in the fourth batch of epoch 1
+    ckpt = tmp_path / "r.ckpt"
+    async with ActorSystem("fit") as system:
+        straight = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        await fit(straight, (x, y), epochs=1, batch_size=16, seed=5)
+        first = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        rec = _Recorder()
+        with pytest.raises(InvalidBatchError, match="labels must be in") as caught:
+            await fit(
+                first, (x, bad), epochs=1, batch_size=16, seed=5, checkpoint=ckpt,
+                callbacks=[rec],
+            )  # fmt: skip
+        note = "".join(caught.value.__notes__)
+        assert "epoch 1, batch 3" in note and "holds the 3 steps" in note
+        assert rec.saved == [FitPosition(epoch=0, batch=3, step=3)]
+        second = await Trainer.spawn(system, Mlp([6, 8, 3], seed=9), "cpu:0", CONFIG)
+        await second.ask(LoadCheckpoint(str(ckpt)))
+        await fit(second, (x, y), epochs=1, batch_size=16, seed=5, start=rec.saved[0])
+        np.testing.assert_array_equal(
+            await second.ask(GetWeights()), await straight.ask(GetWeights())
+        )

@@ -193,6 +193,11 @@ def test_special_files_are_refused_on_load_without_blocking(tmp_path: Path) -> N
     assert isinstance(_load_in_thread(fifo), CheckpointError)
 
 
+def test_a_directory_is_refused_on_load_and_named_so(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="a directory, not a checkpoint file"):
+        load_checkpoint(tmp_path)
+
+
 def test_a_symlink_to_a_regular_checkpoint_still_loads(tmp_path: Path) -> None:
     real = _craft(tmp_path / "real.ckpt")
     link = tmp_path / "link.ckpt"

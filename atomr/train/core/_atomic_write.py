@@ -19,7 +19,7 @@ from pathlib import Path
 
 from atomr.train.core.errors import CheckpointError
 
-__all__ = ["write_atomically"]
+__all__ = ["check_target", "write_atomically"]
 
 _TEMP_TAIL = re.compile(r"[A-Za-z0-9_]{8}\.tmp")
 
@@ -35,12 +35,7 @@ def write_atomically(target: Path, data: bytes) -> None:
         OSError: the file system refused (the previous file, if any, is left
             intact and no temporary file remains).
     """
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise FileNotFoundError(
-            errno.ENOENT, "checkpoint directory does not exist", os.fspath(directory)
-        )
-    _refuse_special_target(target)
+    directory = check_target(target)
     _remove_stale_temps(directory, target.name)
     fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=directory)
     try:
@@ -73,16 +68,28 @@ def _temp_prefix(name: str) -> str:
     return f".{name}."
 
 
-def _refuse_special_target(target: Path) -> None:
-    """Raise CheckpointError if `target` exists and is not a regular file."""
+def check_target(target: Path) -> Path:
+    """What `write_atomically` refuses about `target` itself, checked before
+    anything is written; returns its directory.
+
+    Raises:
+        FileNotFoundError: the directory of `target` does not exist.
+        CheckpointError: `target` exists and is not a regular file.
+    """
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            errno.ENOENT, "checkpoint directory does not exist", os.fspath(directory)
+        )
     try:
         mode = os.lstat(target).st_mode
     except FileNotFoundError:
-        return
+        return directory
     if not stat.S_ISREG(mode):
         raise CheckpointError(
             f"{target}: exists and is not a regular file (refusing to replace it)"
         )
+    return directory
 
 
 def _remove_stale_temps(directory: Path, name: str) -> None:

@@ -43,6 +43,8 @@ def read_regular_file(where: str) -> bytes:
     fd = os.open(where, flags)
     try:
         info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise CheckpointError(f"{where}: a directory, not a checkpoint file")
         if not stat.S_ISREG(info.st_mode):
             raise CheckpointError(f"{where}: not a regular file (a device, FIFO or socket)")
         with os.fdopen(os.dup(fd), "rb") as fh:

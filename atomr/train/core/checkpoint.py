@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr.train.core._atomic_write import write_atomically
+from atomr.train.core._atomic_write import check_target, write_atomically
 from atomr.train.core._checkpoint_members import read_members
 from atomr.train.core._checkpoint_validation import (
     check_float32_range,
@@ -49,6 +49,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "check_model_matches",
+    "check_save_target",
     "check_optimizer_state",
     "pending_micro_steps",
     "load_checkpoint",
@@ -152,6 +153,18 @@ def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
     target = Path(path)
     data = _encode(ckpt)
     write_atomically(target, data)
+
+
+def check_save_target(path: str | os.PathLike[str]) -> None:
+    """What `save_checkpoint(path, ...)` refuses about `path` itself, checked
+    before anything is written (a save of several files checks every one
+    first, so a refused save leaves none behind).
+
+    Raises:
+        FileNotFoundError: the directory of `path` does not exist.
+        CheckpointError: `path` exists and is not a regular file.
+    """
+    check_target(Path(path))
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:

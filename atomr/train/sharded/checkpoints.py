@@ -28,6 +28,7 @@ from atomr.train.core.checkpoint import (
     SHARDED_INDEX_KEY,
     Checkpoint,
     CheckpointError,
+    check_save_target,
     load_checkpoint,
     save_checkpoint,
 )
@@ -85,14 +86,18 @@ def write_shards(
     """Write this process's replicas' files, then (process 0) the index.
 
     Raises:
-        CheckpointError, OSError: as `save_checkpoint`.
+        CheckpointError, OSError: as `save_checkpoint`; what it refuses about
+            a path is checked for every file before any is written.
     """
     count = layout.replicas * layout.processes
     first = layout.process_rank * layout.replicas
+    targets = [shard_path(path, first + k, count) for k in range(len(states))]
+    for target in [*targets, Path(path)] if layout.process_rank == 0 else targets:
+        check_save_target(target)
     for k, state in enumerate(states):
         owned = [list(r) for r in layout.owned(k)]
         shard = Checkpoint(model, state.piece, state.steps, state.optimizer, {"owned": owned})
-        save_checkpoint(shard_path(path, first + k, count), shard)
+        save_checkpoint(targets[k], shard)
     if layout.process_rank == 0:
         index = {SHARDED_INDEX_KEY: {"count": count, "n_params": layout.n_params}, **extra}
         save_checkpoint(

@@ -109,3 +109,19 @@ async def test_a_missing_shard_is_refused_with_nothing_changed(tmp_path: Path) -
         np.testing.assert_array_equal(await reader.ask(GetWeights()), before)
         with pytest.raises(FileNotFoundError):
             merge_shards(tmp_path / "nothing-here.ckpt")
+
+
+@pytest.mark.parametrize("blocked", ["index", "shard"])
+async def test_a_refused_save_of_one_file_per_replica_writes_none(
+    blocked: str, tmp_path: Path
+) -> None:
+    """A target that cannot be replaced (here a directory) is found before any
+    file is written: no replica's file is left beside a missing index."""
+    path = tmp_path / "sharded.ckpt"
+    (path if blocked == "index" else shard_path(path, 1, 2)).mkdir()
+    async with ActorSystem("zero-ckpt") as system:
+        writer = await _sharded(system, 2, stage=2, shard_checkpoints=True)
+        with pytest.raises(CheckpointError, match="not a regular file"):
+            await writer.ask(SaveCheckpoint(path))
+    written = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert written == []

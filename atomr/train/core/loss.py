@@ -24,12 +24,11 @@ import numpy as np
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core._step_checks import check_normaliser
 from atomr.train.core.errors import InvalidBatchError
-from atomr.train.core.validation import cast_finite, refuse_masked
+from atomr.train.core.validation import cast_finite, is_float32_or_64, refuse_masked
 
 __all__ = ["LossKind"]
 
 _NAMES = ("mse", "cross_entropy")
-_FLOATS = (np.float32, np.float64)
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,7 @@ class LossKind:
                     f"[{int(labels.min())}, {int(labels.max())}]"
                 )
             return np.ascontiguousarray(labels, dtype=np.int64)
-        if labels.dtype not in _FLOATS:
+        if not is_float32_or_64(labels.dtype):
             raise InvalidBatchError(f"MSE targets must be float32 or float64, got {labels.dtype}")
         if labels.shape != (batch, out_width):
             raise InvalidBatchError(
@@ -194,7 +193,7 @@ class LossKind:
                 every target of a weighted cross-entropy has weight 0.
         """
         outputs = np.asarray(outputs)
-        if outputs.ndim != 2 or outputs.dtype not in _FLOATS:
+        if outputs.ndim != 2 or not is_float32_or_64(outputs.dtype):
             raise InvalidBatchError(
                 f"outputs must be a 2-D float32/float64 array, got {outputs.dtype} {outputs.shape}"
             )

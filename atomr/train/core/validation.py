@@ -16,13 +16,17 @@ from atomr.train.core.errors import InvalidBatchError
 __all__ = [
     "BatchSpec",
     "cast_finite",
+    "is_float32_or_64",
     "refuse_masked",
     "validate_batch",
     "validate_features",
     "validate_tokens",
 ]
 
-_FLOATS = (np.float32, np.float64)
+
+def is_float32_or_64(dtype: np.dtype) -> bool:
+    """float32 or float64, in either byte order (`cast_finite` makes it native)."""
+    return dtype.kind == "f" and dtype.itemsize in (4, 8)
 
 
 class TargetValidator(Protocol):
@@ -88,7 +92,7 @@ def validate_features(features: Any, in_width: int, dtype: Any = np.float32) -> 
     if not isinstance(features, np.ndarray):
         raise InvalidBatchError(f"features must be a numpy array, got {type(features).__name__}")
     refuse_masked(features, "features")
-    if features.dtype not in _FLOATS:
+    if not is_float32_or_64(features.dtype):
         raise InvalidBatchError(f"features must be float32 or float64, got {features.dtype}")
     if features.ndim != 2 or features.shape[0] < 1:
         raise InvalidBatchError(f"features must be 2-D with batch >= 1, got shape {features.shape}")

@@ -71,3 +71,19 @@ def test_masked_arrays_are_refused() -> None:
     labels = np.ma.masked_array(np.array([0, 1, 2]), mask=[False, True, False])
     with pytest.raises(InvalidBatchError, match="labels must be a plain numpy array"):
         validate_batch(_x(), labels, 4, CE, out_width=3)
+
+
+def test_big_endian_floats_are_taken_as_their_values() -> None:
+    """A `>f4` / `>f8` array (read from a file written on another machine)
+    holds float32 / float64 values: it is cast to native, not refused."""
+    rng = np.random.default_rng(0)
+    native = rng.standard_normal((3, 4)).astype(np.float32)
+    targets = rng.standard_normal((3, 2))
+    for big in (native.astype(">f4"), native.astype(">f8")):
+        x, _ = validate_batch(big, np.array([0, 1, 2]), 4, CE, out_width=3)
+        assert x.dtype == np.float32 and x.dtype.isnative
+        np.testing.assert_array_equal(x, native)
+    _, t = validate_batch(native, targets.astype(">f8"), 4, LossKind.MSE, out_width=2)
+    np.testing.assert_array_equal(t, targets.astype(np.float32))
+    with pytest.raises(InvalidBatchError, match="float32 or float64, got >f2"):
+        validate_batch(native.astype(">f2"), np.array([0, 1, 2]), 4, CE, out_width=3)

@@ -28,7 +28,7 @@ from atomr.accel.job_timing import JobTiming
 from atomr.accel.serial_worker import SerialWorker
 from atomr.accel.threads import BLAS_SHARE
 from atomr.accel.translate import translate_error
-from atomr.actor import Actor, Failure
+from atomr.actor import Actor, Failure, not_handled
 
 __all__ = ["DeviceActor", "OnDevice"]
 
@@ -206,4 +206,4 @@ class DeviceActor(Actor):
                 return await self.on_device(message.fn, *message.args, **message.kwargs)
             except (ValueError, TypeError) as exc:
                 return Failure(exc)  # bad input: answer the asker, keep the actor
-        return Failure(TypeError(f"{type(self).__name__} does not handle {type(message).__name__}"))
+        return not_handled(type(self).__name__, message)

@@ -19,7 +19,7 @@ from .mailbox import BoundedMailbox, Mailbox, OverflowPolicy
 from .messages import DeadLetter, PoisonPill, ReceiveTimeout, Terminated
 from .props import Props
 from .ref import DEFAULT_ASK_TIMEOUT, ActorRef
-from .reply import Failure, Reply
+from .reply import Failure, Reply, not_handled
 from .router import BroadcastPool, RoundRobinPool
 from .runner import run
 from .supervision import (
@@ -61,5 +61,6 @@ __all__ = [
     "RoundRobinPool",
     "SupervisorStrategy",
     "Terminated",
+    "not_handled",
     "run",
 ]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .cell import ActorCell
 
-__all__ = ["Failure", "Reply"]
+__all__ = ["Failure", "Reply", "not_handled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,24 @@ class Failure:
             raise TypeError(
                 f"Failure expects an exception instance, got {type(self.exception).__name__}"
             )
+
+
+def not_handled(receiver: str, message: Any) -> Failure:
+    """The ``Failure(TypeError)`` an actor answers a message it does not
+    handle with; a message class sent instead of an instance is named so.
+
+    Args:
+        receiver: what the actor is called in the message (its class name).
+        message: what it was sent.
+    """
+    if isinstance(message, type):
+        return Failure(
+            TypeError(
+                f"{receiver} does not handle the class {message.__name__}: "
+                f"send an instance, {message.__name__}(...)"
+            )
+        )
+    return Failure(TypeError(f"{receiver} does not handle {type(message).__name__}"))
 
 
 class Reply:

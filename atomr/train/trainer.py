@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device, DeviceActor
-from atomr.actor import ActorRef, Failure, Props
+from atomr.actor import ActorRef, Failure, Props, not_handled
 from atomr.train._contract import (
     check_config,
     check_model,
@@ -216,7 +216,7 @@ class Trainer(DeviceActor):
             elif isinstance(message, LoadCheckpoint):
                 result = await self.on_device(guarded, self._load, message.path)
             else:
-                return Failure(TypeError(f"Trainer does not handle {type(message).__name__}"))
+                return not_handled("Trainer", message)
         except REQUEST_ERRORS as exc:
             return Failure(exc)
         if isinstance(result, Rejected):

@@ -130,3 +130,17 @@ async def test_a_checkpoint_from_before_the_reorganisation_loads(strategy: str) 
         after = [await ref.ask(GetWeights()) for ref in refs]
     assert stats[1].loss == pytest.approx(stats[0].loss, rel=1e-5)
     np.testing.assert_allclose(after[1], after[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_every_trainer_refuses_what_it_does_not_handle_alike(strategy: str) -> None:
+    """An unknown message, and a message class sent without its `()`, are
+    refused with a `TypeError` that says which; the trainer goes on."""
+    trainer_class, options, n = STRATEGIES[strategy]
+    async with ActorSystem("contract") as system:
+        ref = await trainer_class.spawn(system, Mlp([6, 8, 3]), cpu_devices(n), CONFIG, options)
+        with pytest.raises(TypeError, match=r"does not handle str$"):
+            await ref.ask("hello")
+        with pytest.raises(TypeError, match=r"the class GetWeights: send an instance"):
+            await ref.ask(GetWeights)
+        assert (await ref.ask(GetWeights())).shape == (Mlp([6, 8, 3]).n_params,)

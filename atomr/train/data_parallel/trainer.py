@@ -36,6 +36,7 @@ from atomr.actor import (
     OneForOneStrategy,
     Props,
     SupervisorStrategy,
+    not_handled,
 )
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
 from atomr.train.comm._fanout import set_learning_rate
@@ -284,7 +285,7 @@ class DataParallelTrainer(Actor):
         if isinstance(message, LoadCheckpoint):
             await self._cadence.close()
             return await self._checkpoints.load(message.path)
-        return Failure(TypeError(f"DataParallelTrainer does not handle {type(message).__name__}"))
+        return not_handled("DataParallelTrainer", message)
 
     async def _manual_verb(self, message: Any) -> Any:
         """The verbs of a hand-written loop (`_manual.py`)."""

@@ -27,7 +27,15 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device
-from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
+from atomr.actor import (
+    Actor,
+    ActorRef,
+    Failure,
+    OneForOneStrategy,
+    Props,
+    SupervisorStrategy,
+    not_handled,
+)
 from atomr.train._recovery import state_keeping_decider
 from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.core._step_checks import check_step_limit
@@ -201,7 +209,7 @@ class AsyncParameterServer(Actor):
                 return await self._train_epochs(message)
         except Exception as exc:  # answered; the shards and workers are supervised
             return Failure(exc)
-        return Failure(TypeError(f"AsyncParameterServer does not handle {type(message).__name__}"))
+        return not_handled("AsyncParameterServer", message)
 
     def _validate(self, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
         """The whole batch checked before any worker gets a part of it, so that

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device, DeviceActor
-from atomr.actor import ActorRef, Failure, Props
+from atomr.actor import ActorRef, Failure, Props, not_handled
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.checkpoint import restored_optimizer
 from atomr.train.core.device_guard import Rejected, guarded
@@ -330,7 +330,7 @@ class StageActor(DeviceActor):
                 return await self.on_device(self._set_state, message.state)
             except CheckpointError as exc:
                 return Failure(exc)
-        return Failure(TypeError(f"{type(self).__name__} does not handle {type(message).__name__}"))
+        return not_handled(type(self).__name__, message)
 
     @property
     def path_name(self) -> str:

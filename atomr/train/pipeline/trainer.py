@@ -38,10 +38,10 @@ from atomr.actor import (
     Actor,
     ActorRef,
     Directive,
-    Failure,
     OneForOneStrategy,
     Props,
     SupervisorStrategy,
+    not_handled,
 )
 from atomr.train._recovery import ResumedCrashWatch, StateLossWatch
 from atomr.train.comm._fanout import set_learning_rate
@@ -264,9 +264,7 @@ class PipelineParallelTrainer(Actor):
             return await self._save(group, message.path)
         if isinstance(message, LoadCheckpoint):
             return await self._load(group, message.path)
-        return Failure(
-            TypeError(f"PipelineParallelTrainer does not handle {type(message).__name__}")
-        )
+        return not_handled("PipelineParallelTrainer", message)
 
     def _batch(
         self, group: StageGroup, features: Any, labels: Any

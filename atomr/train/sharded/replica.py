@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import CpuBackend, Device, DeviceActor
-from atomr.actor import Failure
+from atomr.actor import Failure, not_handled
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core._step_checks import check_loss
 from atomr.train.core.checkpoint import CheckpointError, restored_optimizer
@@ -164,7 +164,7 @@ class ShardedReplica(DeviceActor):
         """Answer a message of `atomr.train.sharded.messages` on the device thread."""
         handler = self._handlers.get(type(message))
         if handler is None:
-            return Failure(TypeError(f"ShardedReplica does not handle {type(message).__name__}"))
+            return not_handled("ShardedReplica", message)
         wrong_stage = self._wrong_stage(message)
         if wrong_stage is not None:
             return Failure(wrong_stage)

@@ -34,7 +34,14 @@ import numpy as np
 
 from atomr.accel import Device
 from atomr.accel.serial_worker import SerialWorker
-from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
+from atomr.actor import (
+    Actor,
+    ActorRef,
+    OneForOneStrategy,
+    Props,
+    SupervisorStrategy,
+    not_handled,
+)
 from atomr.train._contract import (
     check_options,
     check_spawn_args,
@@ -210,7 +217,7 @@ class ShardedDataParallelTrainer(Actor):
             return await self._save(Path(message.path))
         if isinstance(message, LoadCheckpoint):
             return await self._load(message)
-        return Failure(TypeError(f"{type(self).__name__} does not handle {type(message).__name__}"))
+        return not_handled(type(self).__name__, message)
 
     def _validate(self, message: Step | Evaluate) -> tuple[np.ndarray, np.ndarray]:
         return self._spec.validate(message.features, message.labels, self.config.loss)

@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device
-from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props, SupervisorStrategy
+from atomr.actor import (
+    Actor,
+    ActorRef,
+    OneForOneStrategy,
+    Props,
+    SupervisorStrategy,
+    not_handled,
+)
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, set_learning_rate
 from atomr.train.core._step_checks import check_gradient, check_step_limit, evaluation
@@ -160,7 +167,7 @@ class LayerTensorParallelTrainer(Actor):
             return await self._save(message)
         if isinstance(message, LoadCheckpoint):
             return await self._load(message)
-        return Failure(TypeError(f"TensorParallelTrainer does not handle {type(message).__name__}"))
+        return not_handled("TensorParallelTrainer", message)
 
     async def _pass(self, x: np.ndarray, y: np.ndarray, train: bool) -> list[PassResult]:
         """Every shard's pass; a failure is raised once all settled (the group reset)."""

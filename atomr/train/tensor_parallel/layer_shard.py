@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device, DeviceActor
-from atomr.actor import Failure
+from atomr.actor import Failure, not_handled
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core._step_checks import check_loss, check_normaliser
 from atomr.train.core.checkpoint import restored_optimizer
@@ -100,7 +100,7 @@ class LayerShardActor(DeviceActor):
             SetLearningRate: lambda m: self.optimizer.set_lr(m.lr),  # type: ignore[union-attr]
         }.get(type(message))
         if handler is None:
-            return Failure(TypeError(f"LayerShardActor does not handle {type(message).__name__}"))
+            return not_handled("LayerShardActor", message)
         try:
             # a pass another shard broke is answered, not a failure of this actor
             errors = (*REQUEST_ERRORS, GroupBroken)

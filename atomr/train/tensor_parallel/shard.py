@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device
-from atomr.actor import Failure, Props
+from atomr.actor import Failure, Props, not_handled
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.checkpoint import restored_optimizer
 from atomr.train.core.device_guard import Rejected, guarded
@@ -253,7 +253,7 @@ class ShardActor(ShardMath):
         """
         handler = self._handler(message)
         if handler is None:
-            return Failure(TypeError(f"ShardActor does not handle {type(message).__name__}"))
+            return not_handled("ShardActor", message)
         fn, args = handler
         try:
             if self.params is None:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device
-from atomr.actor import Actor, ActorRef, Failure, OneForOneStrategy, Props
+from atomr.actor import Actor, ActorRef, OneForOneStrategy, Props, not_handled
 from atomr.actor.supervision import SupervisorStrategy
 from atomr.train._contract import (
     check_options,
@@ -233,7 +233,7 @@ class TensorParallelTrainer(Actor):
             return await self._save(group, message)
         if isinstance(message, LoadCheckpoint):
             return await self._load(group, message)
-        return Failure(TypeError(f"TensorParallelTrainer does not handle {type(message).__name__}"))
+        return not_handled("TensorParallelTrainer", message)
 
     def _validate(
         self, group: ShardGroup, features: Any, labels: Any

@@ -89,6 +89,8 @@ def _named_outputs(run: RunConfig, plot: Path, history: Path) -> list[tuple[str,
     if run.checkpoint is not None:
         targets.append(("--checkpoint", run.checkpoint))
         targets.append(("--checkpoint (its history file)", history_path_for(run.checkpoint)))
+    if run.metrics is not None:
+        targets.append(("--metrics", run.metrics))
     return targets
 
 
@@ -117,7 +119,8 @@ def check_outputs(run: RunConfig, plot: Path, history: Path) -> None:
     if run.plot is not None and run.plot.suffix.lower() != ".png":
         raise CliError(f"--plot writes a PNG: give a path ending in .png, got {run.plot}")
     targets = _named_outputs(run, plot, history)
-    _check_distinct(run, targets)
+    folders = [("--tensorboard", run.tensorboard)] if run.tensorboard is not None else []
+    _check_distinct(run, targets + folders)  # the event files' folder is not probed as a file
     for flag, path in targets:
         reason = _probe(path)
         if reason is not None:

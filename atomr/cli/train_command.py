@@ -42,15 +42,19 @@ def _metrics_logs(run: RunConfig) -> list[JsonLinesLog | TensorBoardLog]:
     if run.dist is not None and not run.dist.is_root:
         return []
     logs: list[JsonLinesLog | TensorBoardLog] = []
-    try:
-        if run.metrics is not None:
-            logs.append(JsonLinesLog(run.metrics))
-        if run.tensorboard is not None:
-            logs.append(TensorBoardLog(run.tensorboard))
-    except (OSError, ImportError) as exc:
-        for log in logs:
-            log.close()
-        raise CliError(f"--metrics/--tensorboard: {exc}", 1) from None
+    wanted: list[tuple[str, Path | None, type[JsonLinesLog | TensorBoardLog]]] = [
+        ("--metrics", run.metrics, JsonLinesLog),
+        ("--tensorboard", run.tensorboard, TensorBoardLog),
+    ]
+    for flag, path, log_class in wanted:
+        if path is None:
+            continue
+        try:
+            logs.append(log_class(path))
+        except (OSError, ImportError) as exc:
+            for log in logs:
+                log.close()
+            raise CliError(f"{flag}: {exc}", 1) from None
     return logs
 
 

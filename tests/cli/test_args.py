@@ -171,7 +171,7 @@ def test_unwritable_checkpoint_is_one_line(
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("flag", ["--run-dir", "--checkpoint", "--plot", "--history"])
+@pytest.mark.parametrize("flag", ["--run-dir", "--checkpoint", "--plot", "--history", "--metrics"])
 def test_unwritable_output_fails_before_training(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,

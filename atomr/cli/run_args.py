@@ -229,6 +229,8 @@ def _check_distributed_and_resume(args: argparse.Namespace) -> None:
             "--distributed runs data parallel (plain or sharded) across MPI ranks; it "
             f"cannot be combined with --strategy {args.strategy}"
         )
+    if args.resume is not None and os.path.isdir(args.resume):
+        raise CliError(f"--resume: {args.resume!r} is a directory, not a checkpoint file")
     if args.resume is not None and not os.path.isfile(args.resume):
         raise CliError(f"--resume: no such checkpoint file {args.resume!r}")
 

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,7 @@ def _resume_position(run: RunConfig, path: Path, steps: int, history: History) -
         ckpt = load_checkpoint(path)
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
+    _check_model_kind(run, ckpt)
     if run.gpt is None:  # a GPT's layers are checked by the trainer's LoadCheckpoint
         _check_model_options(run, ckpt, list(history.config["sizes"]))
     _check_optimizer_options(run, ckpt, steps)
@@ -84,9 +86,40 @@ def _resume_position(run: RunConfig, path: Path, steps: int, history: History) -
     return position
 
 
+def _check_something_left(run: RunConfig, start: FitPosition) -> None:
+    """Refuse a resume with nothing left to train (no epoch, or no step
+    under `--max-steps`)."""
+    if start.epoch >= run.epochs:
+        scheduled = run.lr_schedule != "constant" or run.warmup_epochs > 0
+        schedule = " (the end of its --lr-schedule)" if scheduled else ""
+        raise CliError(
+            f"--resume: the checkpoint has finished {start.epoch} epoch(s){schedule}; "
+            f"pass --epochs greater than {start.epoch} to train further"
+            + ("" if not schedule else ", without a schedule or with a new one from the start")
+        )
+    if run.max_steps is not None and start.step >= run.max_steps:
+        raise CliError(
+            f"--resume: the checkpoint is at step {start.step}, at or past --max-steps "
+            f"{run.max_steps}; pass a larger --max-steps to train further"
+        )
+
+
 def _warn(message: str) -> None:
     """One warning line on stderr (the run goes on)."""
     print(f"atomr: warning: {message}", file=sys.stderr)
+
+
+def _check_model_kind(run: RunConfig, ckpt: Checkpoint) -> None:
+    """Refuse a checkpoint of the other `--model` (an Mlp's config has its
+    `sizes`; a GPT's is a `Sequential` of layers)."""
+    is_mlp = "sizes" in ckpt.model
+    if is_mlp == (run.gpt is None):
+        return
+    saved, mine = ("mlp", "gpt") if is_mlp else ("gpt", "mlp")
+    raise CliError(
+        f"--resume: the checkpoint is of a --model {saved} model, not --model {mine}; "
+        f"resume with --model {saved} and the options it was trained with"
+    )
 
 
 def _check_model_options(run: RunConfig, ckpt: Checkpoint, sizes: list[int]) -> None:
@@ -129,12 +162,36 @@ def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint, steps: int) -> No
     if mine.name == "sgd":
         flags["--momentum"] = ("momentum", mine.momentum)
     for flag, (key, value) in flags.items():
-        if saved.get(key) != value:
+        if saved.get(key) == value:
+            continue
+        if key == "schedule":
             raise CliError(
-                f"--resume: the checkpoint was trained with {key} {saved.get(key)!r}, "
-                f"not {value!r}; resume with the same {flag} (a checkpoint keeps its "
-                "optimizer's hyper-parameters)"
+                f"--resume: the checkpoint's learning-rate schedule is "
+                f"{_described(saved.get(key))}, this run's {_described(value)}; resume with "
+                f"the same {flag} (a schedule's length comes from --epochs, so a run with "
+                "one cannot be extended past its end)"
             )
+        raise CliError(
+            f"--resume: the checkpoint was trained with {flag} {saved.get(key)}, not "
+            f"{value}; resume with {flag} {saved.get(key)} (a checkpoint keeps its "
+            "optimizer's hyper-parameters)"
+        )
+
+
+def _described(schedule: Any) -> str:
+    """A schedule's config in words: `cosine (eta_min=0.0, t_max=86)`, or "none"."""
+    if schedule is None:
+        return "none"
+    if isinstance(schedule, list):
+        return ", then ".join(_described(s) for s in schedule)
+    if not isinstance(schedule, dict):
+        return str(schedule)
+    settings = ", ".join(
+        f"{k}={_described(v) if isinstance(v, dict | list) else v}"
+        for k, v in sorted(schedule.items())
+        if k != "kind"
+    )
+    return f"{schedule.get('kind', 'schedule')} ({settings})"
 
 
 class _HistoryKeeper(FitCallback):
@@ -286,11 +343,7 @@ async def train_epochs(
         if run.resume is not None:
             start = _resume_position(run, run.resume, steps, history)
             history.resumed_from = str(run.resume)
-            if start.epoch >= run.epochs:
-                raise CliError(
-                    f"--resume: the checkpoint has finished {start.epoch} epoch(s); "
-                    f"pass --epochs greater than {start.epoch} to train further"
-                )
+            _check_something_left(run, start)
         history.status = await _train(
             system,
             run,

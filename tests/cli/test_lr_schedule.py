@@ -51,6 +51,10 @@ def test_the_checkpoint_carries_the_schedule_and_a_resume_must_match(
     assert code != 0  # --epochs changes the cosine's length
     err = capsys.readouterr().err
     assert "--lr-schedule" in err and "schedule" in err
+    assert "cannot be extended past its end" in err and "{'" not in err
+    code = main([*common, "--epochs", "2", "--lr-schedule", "cosine", "--resume", str(ckpt)])
+    assert code == 2
+    assert "(the end of its --lr-schedule)" in capsys.readouterr().err
 
 
 def test_policy_flags_reach_the_data_parallel_options() -> None:

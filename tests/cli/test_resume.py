@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import atomr
+import atomr.cli
 from atomr.cli.dataset import load_dataset
 from atomr.cli.history import History, history_path_for
 from atomr.cli.parser import build_parser
@@ -140,3 +141,43 @@ def test_history_save_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         History(config={"a": 2}, status="finished").save(path)
     assert path.read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (
+            ["--optimizer", "sgd"],
+            "trained with --optimizer adam, not sgd; resume with --optimizer adam",
+        ),
+        (["--model", "gpt"], "is of a --model mlp model, not --model gpt; resume with --model mlp"),
+        (["--max-steps", "10"], "at or past --max-steps 10; pass a larger --max-steps"),
+        (["--lr-schedule", "cosine"], "learning-rate schedule is none, this run's cosine (eta_min"),
+    ],
+)
+def test_a_resume_that_cannot_continue_says_which_option_to_change(
+    stopped: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    code = atomr.cli.main(
+        [
+            "train",
+            "--quiet",
+            "--strategy",
+            "single",
+            "--epochs",
+            "3",
+            "--resume",
+            str(stopped),
+            *argv,
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert needle in err and "{'" not in err  # words, not the config's dict
+
+
+def test_a_directory_given_to_resume_is_named_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert atomr.cli.main(["train", "--quiet", "--resume", str(tmp_path)]) == 2
+    assert "is a directory, not a checkpoint file" in capsys.readouterr().err

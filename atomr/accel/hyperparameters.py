@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AdamHyperparameters", "SgdHyperparameters"]
+__all__ = ["AdamHyperparameters", "SgdHyperparameters", "real_in_float32"]
 
 
-def _real(name: str, value: Any) -> float:
+def real_in_float32(name: str, value: Any) -> float:
     """`value` as a float that is finite in float32.
 
     Raises:
@@ -74,7 +74,7 @@ class SgdHyperparameters:
 
     def __post_init__(self) -> None:
         for name in ("lr", "momentum", "dampening", "weight_decay"):
-            object.__setattr__(self, name, _real(name, getattr(self, name)))
+            object.__setattr__(self, name, real_in_float32(name, getattr(self, name)))
         if not isinstance(self.nesterov, bool | np.bool_):
             raise TypeError(f"nesterov must be a bool, got {type(self.nesterov).__name__}")
         object.__setattr__(self, "nesterov", bool(self.nesterov))
@@ -122,7 +122,7 @@ class AdamHyperparameters:
 
     def __post_init__(self) -> None:
         for name in ("lr", "beta1", "beta2", "eps", "weight_decay"):
-            object.__setattr__(self, name, _real(name, getattr(self, name)))
+            object.__setattr__(self, name, real_in_float32(name, getattr(self, name)))
         if not isinstance(self.decoupled, bool | np.bool_):
             raise TypeError(f"decoupled must be a bool, got {type(self.decoupled).__name__}")
         object.__setattr__(self, "decoupled", bool(self.decoupled))

@@ -88,11 +88,17 @@ class SaveCheckpoint:
     """Write weights, optimizer state, step count and model config to `path`
     atomically; answered with None once durable.
 
+    Raises:
+        TypeError, ValueError: `path` is not a str or path, or is empty.
+
     Attributes:
         path: file to write (replaced atomically if it exists).
     """
 
     path: str | os.PathLike[str]
+
+    def __post_init__(self) -> None:
+        _check_path("SaveCheckpoint", self.path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +107,22 @@ class LoadCheckpoint:
     with None, or a `CheckpointError` failure (corrupted, truncated, or made
     for another model shape) that leaves the trainer unchanged.
 
+    Raises:
+        TypeError, ValueError: `path` is not a str or path, or is empty.
+
     Attributes:
         path: file written by `SaveCheckpoint` (from any trainer).
     """
 
     path: str | os.PathLike[str]
+
+    def __post_init__(self) -> None:
+        _check_path("LoadCheckpoint", self.path)
+
+
+def _check_path(message: str, path: object) -> None:
+    """Raises: TypeError: not a str or path; ValueError: the empty path."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"{message}.path must be a str or os.PathLike, got {type(path).__name__}")
+    if os.fspath(path) == "":
+        raise ValueError(f"{message}.path is empty")

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
+from atomr.accel.hyperparameters import real_in_float32
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.optimizer_state import Adam, Optimizer, Sgd
 from atomr.train.core.schedule import LrSchedule, schedule_from_config
@@ -128,8 +129,15 @@ class OptimizerKind:
             ValueError: negative or non-finite values; nesterov without
                 momentum or with dampening.
         """
+        if not isinstance(nesterov, bool):
+            raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
         return cls(
-            "sgd", float(lr), float(momentum), float(dampening), float(weight_decay), bool(nesterov)
+            "sgd",
+            real_in_float32("lr", lr),
+            real_in_float32("momentum", momentum),
+            real_in_float32("dampening", dampening),
+            real_in_float32("weight_decay", weight_decay),
+            nesterov,
         )
 
     @classmethod
@@ -169,15 +177,20 @@ class OptimizerKind:
         b1, b2 = betas
         return cls(
             name,
-            float(lr),
-            weight_decay=float(weight_decay),
-            betas=(float(b1), float(b2)),
-            eps=float(eps),
+            real_in_float32("lr", lr),
+            weight_decay=real_in_float32("weight_decay", weight_decay),
+            betas=(real_in_float32("beta1", b1), real_in_float32("beta2", b2)),
+            eps=real_in_float32("eps", eps),
         )
 
     def with_lr(self, lr: float) -> OptimizerKind:
-        """The same rule with another learning rate."""
-        return replace(self, lr=float(lr))
+        """The same rule with another learning rate.
+
+        Raises:
+            TypeError: `lr` is not a real number (a str or bool included).
+            ValueError: `lr` is not valid for the rule (checked as when built).
+        """
+        return replace(self, lr=real_in_float32("lr", lr))
 
     def with_schedule(self, schedule: LrSchedule | None) -> OptimizerKind:
         """The same rule with a learning-rate schedule (None: constant `lr`).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -246,3 +248,20 @@ def test_step_into_checks_its_buffers_and_the_unchecked_step_gives_the_same_bits
     np.testing.assert_array_equal(out_a, out_b)
     for name, buf in new_a.items():
         np.testing.assert_array_equal(buf, new_b[name])
+
+
+@pytest.mark.parametrize(
+    ("build", "needle"),
+    [
+        (lambda: OptimizerKind.sgd("0.1"), "lr must be a real number, got str"),
+        (lambda: OptimizerKind.sgd(0.1, momentum=None), "momentum must be a real number"),
+        (lambda: OptimizerKind.sgd(0.1, momentum=0.9, nesterov="no"), "nesterov must be a bool"),
+        (lambda: OptimizerKind.adam(True), "lr must be a real number, got bool"),
+        (lambda: OptimizerKind.adamw(0.1, betas=("0.9", 0.99)), "beta1 must be a real number"),
+        (lambda: OptimizerKind.adam(0.1).with_lr("0.2"), "lr must be a real number, got str"),
+    ],
+)
+def test_settings_that_are_not_numbers_are_refused_not_converted(build: Any, needle: str) -> None:
+    """`float("0.1")` would take a string: the rule is built from numbers only."""
+    with pytest.raises(TypeError, match=needle):
+        build()

@@ -171,7 +171,8 @@ def _check_counts(args: argparse.Namespace) -> None:
     and `--seed`.
 
     Raises:
-        CliError: a count below 1 (`--classes` below 2), or a negative seed.
+        CliError: a count below 1 (`--classes` below 2), a negative seed, or
+            a `--micro-batch-size` larger than `--batch-size`.
     """
     for name in (
         "epochs", "batch_size", "micro_batch_size", "workers", "samples", "features",
@@ -180,6 +181,12 @@ def _check_counts(args: argparse.Namespace) -> None:
         _positive(name.replace("_", "-"), getattr(args, name))
     if args.classes is not None and args.classes < 2:
         raise CliError(f"--classes must be >= 2, got {args.classes}")
+    micro = args.micro_batch_size
+    if micro is not None and micro > args.batch_size:
+        raise CliError(
+            f"--micro-batch-size {micro} is larger than --batch-size {args.batch_size}: each "
+            "batch would be one micro-batch, with nothing to pipeline"
+        )
     if args.seed < 0:
         raise CliError(f"--seed must be >= 0, got {args.seed}")
 

@@ -39,6 +39,10 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
             ["train", "--strategy", "ps", "--micro-batch-size", "4"],
             "--micro-batch-size only applies to --strategy pipeline",
         ),
+        (
+            ["train", "--strategy", "pipeline", "--batch-size", "32", "--micro-batch-size", "100"],
+            "--micro-batch-size 100 is larger than --batch-size 32",
+        ),
         (["train", "--features", "3"], "--features only applies to --dataset synthetic"),
         (["train", "--samples", "100"], "--samples only applies to --dataset synthetic"),
         (["train", "--hidden", "64,abc"], "--hidden must be comma-separated integers"),

@@ -26,7 +26,10 @@ def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
 def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser(atomr.__version__)
     own, passed = _split_passthrough(list(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(own)
+    args, extra = parser.parse_known_args(own)
+    if extra:  # named after the command, whose --help lists what it takes
+        command = f"atomr {args.command}" if args.command else "atomr"
+        raise CliError(f"unrecognized arguments: {' '.join(extra)} (see '{command} --help')")
     if passed and args.command not in ("bench", "launch"):
         raise CliError(f"'atomr {args.command}' takes no arguments after '--'")
     if args.command == "train":

@@ -28,6 +28,10 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["train", "--strategy", "magic"], "invalid choice: 'magic'"),
         (["train", "--epochs", "ten"], "invalid int value: 'ten'"),
+        (
+            ["train", "--epochs", "1", "extra"],
+            "unrecognized arguments: extra (see 'atomr train --help')",
+        ),
         (["train", "--epochs", "0"], "--epochs must be >= 1"),
         (["train", "--batch-size", "-4"], "--batch-size must be >= 1"),
         (["train", "--lr", "-0.1"], "--lr must be positive"),

@@ -3,12 +3,18 @@ the `FitCallback` hooks (`fit.py` is the loop itself)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from atomr.train.core.stats import StepStats
 
-__all__ = ["EpochRecord", "FitCallback", "FitPosition", "FitResult", "StopFlag"]
+__all__ = ["EpochRecord", "Evaluator", "FitCallback", "FitPosition", "FitResult", "StopFlag"]
+
+Evaluator = Callable[[np.ndarray, np.ndarray], Awaitable[tuple[float, float]]]
+"""`(features, labels) -> (loss, accuracy)`; the default asks the trainer to `Evaluate`."""
 
 
 @dataclass

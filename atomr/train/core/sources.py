@@ -28,7 +28,14 @@ import numpy as np
 
 from atomr.train.core.data import epoch_order
 
-__all__ = ["BatchSource", "InvalidDataError", "as_source", "batch_bounds", "check_arrays"]
+__all__ = [
+    "BatchSource",
+    "DataSourceError",
+    "InvalidDataError",
+    "as_source",
+    "batch_bounds",
+    "check_arrays",
+]
 
 Batch = tuple[np.ndarray, np.ndarray]
 
@@ -70,6 +77,11 @@ def check_arrays(name: str, data: Any) -> Batch:
 
 class InvalidDataError(ValueError):
     """A dataset or batch of the wrong length or shape (it names which)."""
+
+
+class DataSourceError(RuntimeError):
+    """The training data raised part way through an epoch; the trainer saved
+    its checkpoint at the position reached first (see `FitCallback.on_checkpoint`)."""
 
 
 class BatchSource:

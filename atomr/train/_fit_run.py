@@ -1,0 +1,227 @@
+"""`FitRun`: the state of one `fit` call and its epoch loop (`fit.py`
+checks the arguments and builds it)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atomr.actor import ActorRef
+from atomr.train.core.errors import InvalidBatchError, NonFiniteError, StepLimitError
+from atomr.train.core.messages import SaveCheckpoint, Step
+from atomr.train.core.sources import BatchSource, DataSourceError, InvalidDataError
+from atomr.train.core.stats import StepStats
+from atomr.train.fit_events import EpochRecord, Evaluator, FitCallback, FitPosition, StopFlag
+
+__all__ = ["FitRun"]
+
+
+@dataclass
+class _Tally:
+    loss_sum: float = 0.0
+    samples: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.samples if self.samples else math.nan
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class FitRun:
+    """One `fit` call's state and settings, and its epoch loop."""
+
+    trainer: ActorRef
+    train: BatchSource
+    validation: BatchSource | None
+    epochs: int
+    batch_size: int
+    position: FitPosition
+    callbacks: Sequence[FitCallback]
+    stop: StopFlag
+    agree_to_stop: Callable[[bool], Awaitable[bool]] | None
+    evaluate: Evaluator
+    checkpoint: Path | None
+    timeout: float | None
+    max_steps: int | None = None
+    records: list[EpochRecord] = field(default_factory=list)
+    refused: bool = False  # the trainer refused a Step at its own limit
+
+    def reached_max_steps(self) -> bool:
+        if self.refused:
+            return True
+        return self.max_steps is not None and self.position.step >= self.max_steps
+
+    async def save(self) -> None:
+        if self.checkpoint is None:
+            return
+        await self.trainer.ask(SaveCheckpoint(str(self.checkpoint)), timeout=self.timeout)
+        for cb in self.callbacks:
+            cb.on_checkpoint(self.checkpoint, FitPosition(**vars(self.position)))
+
+    async def train_epoch(self) -> bool:
+        """The rest of the current epoch's steps; False when stopped part way.
+
+        Raises:
+            DataSourceError: the data raised (after the checkpoint is saved).
+        """
+        tally = _Tally()
+        batches = self.train.batches(self.position.epoch, self.position.batch)
+        while True:
+            try:
+                batch = next(batches, None)
+            except InvalidDataError:
+                await self.save()
+                raise
+            except Exception as exc:
+                await self.save()
+                raise DataSourceError(
+                    f"the training data raised at epoch {self.position.epoch + 1}, batch "
+                    f"{self.position.batch}: {exc!r}; the checkpoint holds the {self.position.step} "
+                    "steps before it"
+                ) from exc
+            if batch is None:
+                break
+            t0 = time.perf_counter()
+            stats = await self.step(batch)
+            if stats is None:
+                return False
+            tally.seconds += time.perf_counter() - t0
+            tally.loss_sum += stats.loss * stats.samples
+            tally.samples += stats.samples
+            self.position.batch += 1
+            self.position.step += int(stats.applied)
+            for cb in self.callbacks:
+                cb.on_step(self.position, stats, tally.mean_loss, tally.rate)
+            if self.reached_max_steps():
+                return False
+            if self.stop.requested and self.agree_to_stop is None:
+                return False
+        await self.finish_epoch(tally)
+        return True
+
+    async def step(self, batch: tuple[Any, Any]) -> StepStats | None:
+        """One `Step`; None when the trainer is at its own step limit.
+
+        Raises:
+            InvalidBatchError, NonFiniteError: the trainer refused the batch
+                (nothing of it was applied); the checkpoint is saved first.
+        """
+        try:
+            stats: StepStats = await self.trainer.ask(Step(*batch), timeout=self.timeout)
+        except StepLimitError:
+            # a trainer that counts its own updates (a parameter server: one per
+            # worker's push) can reach max_steps before fit's count of Steps does
+            self.refused = True
+            return None
+        except (InvalidBatchError, NonFiniteError) as exc:
+            await self.save()
+            p = self.position
+            exc.add_note(
+                f"the trainer refused epoch {p.epoch + 1}, batch {p.batch} of the training "
+                "data; nothing of that batch was applied"
+                + (
+                    f"; the checkpoint holds the {p.step} steps before it"
+                    if self.checkpoint
+                    else ""
+                )
+            )
+            raise
+        return stats
+
+    async def probe_validation(self) -> None:
+        """Evaluate the validation set's first batch before any step (as
+        Lightning's sanity check does): a set the trainer refuses fails
+        before training, not after the first epoch."""
+        if self.validation is not None:
+            await self.evaluate_source("validation", self.validation, first_only=True)
+
+    def heard(self, split: str, loss: float, accuracy: float) -> None:
+        for cb in self.callbacks:
+            cb.on_evaluate(split, loss, accuracy, FitPosition(**vars(self.position)))
+
+    async def evaluate_source(
+        self, split: str, source: BatchSource, *, first_only: bool = False
+    ) -> tuple[float, float]:
+        """Loss and accuracy over a whole data set (or its first batch): one
+        request for arrays, else batch by batch, weighted by their sizes.
+
+        Raises:
+            InvalidBatchError: the trainer refused it (a note names `split`).
+        """
+        try:
+            if source.arrays is not None and not first_only:
+                return await self.evaluate(*source.arrays)
+            loss = correct = 0.0
+            samples = 0
+            for x, y in _in_order(source, self.batch_size):
+                batch_loss, batch_acc = await self.evaluate(x, y)
+                loss += batch_loss * len(y)
+                correct += batch_acc * len(y)
+                samples += len(y)
+                if first_only:
+                    break
+        except InvalidBatchError as exc:
+            exc.add_note(f"in the {split} set (epoch {self.position.epoch + 1})")
+            raise
+        if samples == 0:
+            return math.nan, math.nan
+        return loss / samples, correct / samples
+
+    async def finish_epoch(self, tally: _Tally) -> None:
+        train_loss, train_acc = await self.evaluate_source("train", self.train)
+        self.heard("train", train_loss, train_acc)
+        test_loss, test_acc = math.nan, math.nan
+        if self.validation is not None:
+            test_loss, test_acc = await self.evaluate_source("validation", self.validation)
+            self.heard("validation", test_loss, test_acc)
+        record = EpochRecord(
+            epoch=self.position.epoch + 1,
+            step=self.position.step,
+            train_loss=tally.mean_loss,
+            train_accuracy=train_acc,
+            test_loss=test_loss,
+            test_accuracy=test_acc,
+            samples_per_s=tally.rate,
+            seconds=tally.seconds,
+        )
+        self.records.append(record)
+        for cb in self.callbacks:
+            cb.on_epoch_end(record, self.epochs)
+        self.position.epoch += 1
+        self.position.batch = 0
+
+    async def stop_now(self) -> bool:
+        """At an epoch's end: whether to stop (every process agrees, in a job)."""
+        if self.agree_to_stop is not None:
+            return await self.agree_to_stop(self.stop.requested)
+        return self.stop.requested
+
+    async def loop(self) -> str:
+        while self.position.epoch < self.epochs:
+            if self.reached_max_steps():
+                return "reached max_steps"
+            for cb in self.callbacks:
+                cb.on_epoch_start(self.position.epoch + 1, self.epochs)
+            if not await self.train_epoch():
+                return "reached max_steps" if self.reached_max_steps() else "interrupted"
+            if self.position.epoch >= self.epochs:
+                break
+            if await self.stop_now():
+                return "interrupted"
+            await self.save()
+        return "finished"
+
+
+def _in_order(source: BatchSource, batch_size: int) -> Any:
+    """A data set's batches for evaluation: its own order, or epoch 0's."""
+    in_order = getattr(source, "in_order", None)
+    return in_order(batch_size) if in_order is not None else source.batches(0, 0)

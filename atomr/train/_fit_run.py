@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,28 +68,18 @@ class FitRun:
             cb.on_checkpoint(self.checkpoint, FitPosition(**vars(self.position)))
 
     async def train_epoch(self) -> bool:
-        """The rest of the current epoch's steps; False when stopped part way.
+        """The rest of the current epoch's steps, then its evaluation; False
+        when stopped part way. A stop on the epoch's last batch finishes the
+        epoch first, so that the position saved is the next epoch's start.
 
         Raises:
             DataSourceError: the data raised (after the checkpoint is saved).
+            InvalidDataError: a bad batch, or an epoch without batches.
         """
         tally = _Tally()
         batches = self.train.batches(self.position.epoch, self.position.batch)
-        while True:
-            try:
-                batch = next(batches, None)
-            except InvalidDataError:
-                await self.save()
-                raise
-            except Exception as exc:
-                await self.save()
-                raise DataSourceError(
-                    f"the training data raised at epoch {self.position.epoch + 1}, batch "
-                    f"{self.position.batch}: {exc!r}; the checkpoint holds the {self.position.step} "
-                    "steps before it"
-                ) from exc
-            if batch is None:
-                break
+        count = self.train.count()
+        while (batch := await self.next_batch(batches)) is not None:
             t0 = time.perf_counter()
             stats = await self.step(batch)
             if stats is None:
@@ -101,12 +91,32 @@ class FitRun:
             self.position.step += int(stats.applied)
             for cb in self.callbacks:
                 cb.on_step(self.position, stats, tally.mean_loss, tally.rate)
-            if self.reached_max_steps():
-                return False
-            if self.stop.requested and self.agree_to_stop is None:
+            if self.reached_max_steps() or (self.stop.requested and self.agree_to_stop is None):
+                if self.position.batch == count:
+                    await self.finish_epoch(tally)
                 return False
         await self.finish_epoch(tally)
         return True
+
+    async def next_batch(self, batches: Iterator[Any]) -> Any:
+        """The epoch's next batch, or None at its end.
+
+        Raises:
+            InvalidDataError: a bad batch (after the checkpoint is saved).
+            DataSourceError: the data raised (after the checkpoint is saved).
+        """
+        try:
+            return next(batches, None)
+        except InvalidDataError:
+            await self.save()
+            raise
+        except Exception as exc:
+            await self.save()
+            p, saved = self.position, self.checkpoint is not None
+            raise DataSourceError(
+                f"the training data raised at epoch {p.epoch + 1}, batch {p.batch}: {exc!r}"
+                + (f"; the checkpoint holds the {p.step} steps before it" if saved else "")
+            ) from exc
 
     async def step(self, batch: tuple[Any, Any]) -> StepStats | None:
         """One `Step`; None when the trainer is at its own step limit.
@@ -177,12 +187,22 @@ class FitRun:
         return loss / samples, correct / samples
 
     async def finish_epoch(self, tally: _Tally) -> None:
-        train_loss, train_acc = await self.evaluate_source("train", self.train)
-        self.heard("train", train_loss, train_acc)
-        test_loss, test_acc = math.nan, math.nan
-        if self.validation is not None:
-            test_loss, test_acc = await self.evaluate_source("validation", self.validation)
-            self.heard("validation", test_loss, test_acc)
+        """Evaluate, record and close the epoch just trained.
+
+        Raises:
+            Exception: what the evaluation raised; the epoch's training is
+                kept (`keep_trained_epoch`).
+        """
+        try:
+            train_loss, train_acc = await self.evaluate_source("train", self.train)
+            self.heard("train", train_loss, train_acc)
+            test_loss, test_acc = math.nan, math.nan
+            if self.validation is not None:
+                test_loss, test_acc = await self.evaluate_source("validation", self.validation)
+                self.heard("validation", test_loss, test_acc)
+        except Exception as exc:
+            await self.keep_trained_epoch(exc)
+            raise
         record = EpochRecord(
             epoch=self.position.epoch + 1,
             step=self.position.step,
@@ -199,6 +219,23 @@ class FitRun:
         self.position.epoch += 1
         self.position.batch = 0
 
+    async def keep_trained_epoch(self, error: Exception) -> None:
+        """The evaluation after an epoch failed: its training is kept. The
+        position moves to the next epoch (without a record) and the
+        checkpoint is saved; `error` gets a note saying so."""
+        self.position.epoch += 1
+        self.position.batch = 0
+        epoch, steps = self.position.epoch, self.position.step
+        try:
+            await self.save()
+        except Exception as failed:  # the evaluation's error is the one to raise
+            error.add_note(f"saving the checkpoint after epoch {epoch} failed too: {failed!r}")
+            return
+        error.add_note(
+            f"evaluating after epoch {epoch} failed; its training is kept"
+            + (f" (the checkpoint holds its {steps} steps)" if self.checkpoint else "")
+        )
+
     async def stop_now(self) -> bool:
         """At an epoch's end: whether to stop (every process agrees, in a job)."""
         if self.agree_to_stop is not None:
@@ -212,7 +249,9 @@ class FitRun:
             for cb in self.callbacks:
                 cb.on_epoch_start(self.position.epoch + 1, self.epochs)
             if not await self.train_epoch():
-                return "reached max_steps" if self.reached_max_steps() else "interrupted"
+                if self.reached_max_steps():
+                    return "reached max_steps"
+                return "finished" if self.position.epoch >= self.epochs else "interrupted"
             if self.position.epoch >= self.epochs:
                 break
             if await self.stop_now():

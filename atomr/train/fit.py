@@ -26,6 +26,7 @@ import numpy as np
 
 from atomr.actor import ActorRef
 from atomr.train._fit_run import FitRun
+from atomr.train.core.checkpoint import check_save_target
 from atomr.train.core.data import epoch_order
 from atomr.train.core.messages import Evaluate, GetTrainingState
 from atomr.train.core.sources import DataSourceError, as_source, batch_bounds
@@ -60,6 +61,32 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+_FITTING: set[ActorRef] = set()
+"""The trainers a `fit` is training now: a second one would interleave its
+steps with the first's, and both positions would be wrong."""
+
+
+def _start_position(start: Any, epochs: int, count: int | None) -> FitPosition:
+    """A copy of `start` (None: the beginning), checked against the run.
+
+    Raises:
+        TypeError: not a `FitPosition`, or a field that is not an int.
+        ValueError: a negative field, an epoch at or past `epochs`, or a
+            batch past the epoch's `count` batches.
+    """
+    if start is None:
+        return FitPosition()
+    if not isinstance(start, FitPosition):
+        raise TypeError(f"start must be a FitPosition, got {type(start).__name__}")
+    for name in ("epoch", "batch", "step"):
+        _positive_int(f"start.{name}", getattr(start, name), minimum=0)
+    if start.epoch >= epochs:
+        raise ValueError(f"start is at epoch {start.epoch}: pass epochs > {start.epoch}")
+    if count is not None and start.batch >= count:
+        raise ValueError(f"start.batch {start.batch} is past the epoch's {count} batches")
+    return FitPosition(start.epoch, start.batch, start.step)
 
 
 async def _max_steps(trainer: ActorRef, timeout: float | None) -> int | None:
@@ -134,8 +161,11 @@ async def fit(
         The `FitResult`: status, final position, the epochs' records.
 
     Raises:
-        TypeError, ValueError: bad arguments (checked before any step), or
-            a dataset or batch of the wrong length or shape.
+        TypeError, ValueError: bad arguments (checked before any step: a
+            `start` that does not fit, a `checkpoint` whose folder is missing
+            or that is not a file), or a dataset or batch of the wrong
+            length or shape.
+        RuntimeError: another `fit` is training `trainer` now.
         DataSourceError: the training data raised part way through an
             epoch; the checkpoint (if any) was saved at the position reached.
         InvalidBatchError, NonFiniteError: the trainer refused a training
@@ -149,6 +179,8 @@ async def fit(
     _positive_int("epochs", epochs)
     _positive_int("seed", seed, minimum=0)
     _positive_int("batch_size", batch_size)
+    if checkpoint is not None:
+        check_save_target(checkpoint)  # not after the first epoch's training
     source = as_source(
         "train", train, batch_size=batch_size, seed=seed, min_batch_size=min_batch_size,
         drop_last=drop_last,
@@ -156,12 +188,7 @@ async def fit(
     val = None
     if validation is not None:
         val = as_source("validation", validation, batch_size=batch_size, seed=seed)
-    position = FitPosition(**vars(start)) if start is not None else FitPosition()
-    if position.epoch >= epochs:
-        raise ValueError(f"start is at epoch {position.epoch}: pass epochs > {position.epoch}")
-    count = source.count()
-    if count is not None and position.batch >= count:
-        raise ValueError(f"start.batch {position.batch} is past the epoch's {count} batches")
+    position = _start_position(start, epochs, source.count())
     run = FitRun(
         trainer=trainer,
         train=source,
@@ -176,8 +203,14 @@ async def fit(
         checkpoint=Path(checkpoint) if checkpoint is not None else None,
         timeout=timeout,
     )
-    run.max_steps = await _max_steps(trainer, timeout)
-    await run.probe_validation()
-    status = await run.loop()
-    await run.save()
+    if trainer in _FITTING:
+        raise RuntimeError("fit is already training this trainer: one fit per trainer at a time")
+    _FITTING.add(trainer)
+    try:
+        run.max_steps = await _max_steps(trainer, timeout)
+        await run.probe_validation()
+        status = await run.loop()
+        await run.save()
+    finally:
+        _FITTING.discard(trainer)
     return FitResult(status, position, run.records)

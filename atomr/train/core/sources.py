@@ -167,8 +167,8 @@ class _Indexed(BatchSource):
 def _dataset_length(name: str, dataset: Any) -> int:
     try:
         n = len(dataset)
-    except TypeError as exc:
-        raise TypeError(f"{name}: a dataset needs __len__ ({exc})") from None
+    except (TypeError, ValueError) as exc:  # Python's own checks of what __len__ returned
+        raise InvalidDataError(f"{name}: len(dataset) failed: {exc}") from None
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"{name}: len(dataset) must be an int >= 1, got {n!r}")
     return n
@@ -176,7 +176,7 @@ def _dataset_length(name: str, dataset: Any) -> int:
 
 def _sample_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
     if callable(getattr(dataset, "get_batch", None)):
-        return lambda idx: dataset.get_batch(idx)
+        return _batch_fetcher(name, dataset)
 
     def fetch(idx: np.ndarray) -> Batch:
         features, labels = [], []
@@ -202,6 +202,28 @@ def _sample_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
     return fetch
 
 
+def _batch_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
+    """`dataset.get_batch(indices)`, checked: an index past a wrong `len()`
+    and a reply that is not a pair are named, like the samples' fetcher."""
+
+    def fetch(idx: np.ndarray) -> Batch:
+        try:
+            batch = dataset.get_batch(idx)
+        except IndexError as exc:
+            raise InvalidDataError(
+                f"{name}: get_batch of samples up to {int(idx.max())} failed although "
+                f"len(dataset) is {len(dataset)} ({exc})"
+            ) from None
+        if not (isinstance(batch, tuple | list) and len(batch) == 2):
+            raise InvalidDataError(
+                f"{name}: get_batch must return a (features, labels) pair, "
+                f"got {type(batch).__name__}"
+            )
+        return batch[0], batch[1]
+
+    return fetch
+
+
 class _Streamed(BatchSource):
     """Any iterable of batches, read once per epoch."""
 
@@ -210,7 +232,16 @@ class _Streamed(BatchSource):
         self._shape = _Shape(name)
 
     def batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        """The epoch's batches from `start` on.
+
+        Raises:
+            InvalidDataError: a batch that is not a pair, of another shape or
+                too small; an epoch without batches; fewer batches than
+                `start` (a resume position past the epoch's end).
+        """
+        seen = 0
         for k, batch in enumerate(self._make(epoch)):
+            seen = k + 1
             if not (isinstance(batch, tuple | list) and len(batch) == 2):
                 raise InvalidDataError(f"{self._name}: batch {k} of epoch {epoch} is not a pair")
             if k < start:
@@ -222,6 +253,13 @@ class _Streamed(BatchSource):
                     f"this trainer needs at least {self._min_batch}"
                 )
             yield x, y
+        if seen == 0:
+            raise InvalidDataError(f"{self._name}: epoch {epoch} has no batches")
+        if seen < start:
+            raise InvalidDataError(
+                f"{self._name}: the resume position (batch {start}) is past epoch "
+                f"{epoch}'s {seen} batches"
+            )
 
 
 def _is_array_pair(data: Any) -> bool:

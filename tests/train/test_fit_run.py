@@ -1,0 +1,212 @@
+"""The edges of `fit`'s loop: a stop on an epoch's last batch saves a
+position that resumes; a failed evaluation keeps the epoch's training; bad
+`start`, `checkpoint` and data are refused before any step or named; one
+`fit` per trainer at a time."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorRef, ActorSystem
+from atomr.train import (
+    GetWeights,
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    Trainer,
+    TrainerConfig,
+)
+from atomr.train.core import synthetic_classification
+from atomr.train.core.sources import InvalidDataError
+from atomr.train.fit import DataSourceError, FitCallback, FitPosition, StopFlag, fit
+
+CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+X, Y = synthetic_classification(40, 6, 3, seed=1)  # batch 8: five batches an epoch
+
+
+async def _trainer(system: ActorSystem, seed: int = 0) -> ActorRef:
+    return await Trainer.spawn(system, Mlp([6, 8, 3], seed=seed), "cpu:0", CONFIG)
+
+
+class _StopAt(FitCallback):
+    def __init__(self, stop: StopFlag, step: int) -> None:
+        self.stop, self.step, self.saved = stop, step, []  # type: ignore[var-annotated]
+
+    def on_step(self, position: FitPosition, *_: Any) -> None:
+        if position.step == self.step:
+            self.stop.request()
+
+    def on_checkpoint(self, path: Path, position: FitPosition) -> None:
+        self.saved.append(position)
+
+
+@pytest.mark.parametrize("how", ["stop", "max_steps"])
+async def test_a_stop_on_an_epochs_last_batch_resumes(how: str, tmp_path: Path) -> None:
+    ckpt = tmp_path / "c.ckpt"
+    async with ActorSystem("fit-run") as system:
+        straight = await _trainer(system)
+        await fit(straight, (X, Y), epochs=2, batch_size=8, seed=4)
+        stop = StopFlag()
+        cb = _StopAt(stop, 5 if how == "stop" else -1)
+        config = TrainerConfig(CONFIG.optimizer, CONFIG.loss, max_steps=5)
+        first = await Trainer.spawn(
+            system, Mlp([6, 8, 3], seed=0), "cpu:0", config if how == "max_steps" else CONFIG
+        )
+        result = await fit(
+            first, (X, Y), epochs=2, batch_size=8, seed=4, checkpoint=ckpt, stop=stop,
+            callbacks=[cb],
+        )  # fmt: skip
+        assert result.position == FitPosition(epoch=1, batch=0, step=5)
+        assert [r.epoch for r in result.epochs] == [1]  # the epoch was finished first
+        second = await _trainer(system, seed=7)
+        await second.ask(LoadCheckpoint(str(ckpt)))
+        await fit(second, (X, Y), epochs=2, batch_size=8, seed=4, start=result.position)
+        np.testing.assert_array_equal(
+            await second.ask(GetWeights()), await straight.ask(GetWeights())
+        )
+
+
+class _Flaky:
+    """A validation dataset whose reads fail from the `fail_from`-th on."""
+
+    def __init__(self, fail_from: int) -> None:
+        self.reads, self.fail_from = 0, fail_from
+
+    def __len__(self) -> int:
+        return 8
+
+    def get_batch(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.reads += 1
+        if self.reads >= self.fail_from:
+            raise OSError("the share went away")
+        return X[idx], Y[idx]
+
+
+async def test_a_failed_evaluation_keeps_the_epochs_training(tmp_path: Path) -> None:
+    ckpt = tmp_path / "c.ckpt"
+    async with ActorSystem("fit-run") as system:
+        trainer = await _trainer(system)
+        saved: list[FitPosition] = []
+
+        class Heard(FitCallback):
+            def on_checkpoint(self, path: Path, position: FitPosition) -> None:
+                saved.append(position)
+
+        # reads 1 and 2: the source's and fit's probes; 3: after epoch 1; 4: fails after epoch 2
+        with pytest.raises(OSError, match="the share went away") as caught:
+            await fit(
+                trainer, (X, Y), validation=_Flaky(4), epochs=3, batch_size=8, seed=4,
+                checkpoint=ckpt, callbacks=[Heard()],
+            )  # fmt: skip
+        assert saved[-1] == FitPosition(epoch=2, batch=0, step=10)
+        assert "evaluating after epoch 2 failed; its training is kept" in "".join(
+            caught.value.__notes__
+        )
+        weights = await trainer.ask(GetWeights())
+        again = await _trainer(system, seed=9)
+        await again.ask(LoadCheckpoint(str(ckpt)))
+        np.testing.assert_array_equal(await again.ask(GetWeights()), weights)
+
+
+@pytest.mark.parametrize(
+    ("start", "error", "needle"),
+    [
+        ({"epoch": 0}, TypeError, "start must be a FitPosition, got dict"),
+        (FitPosition(epoch=-1), ValueError, "start.epoch must be >= 0"),
+        (FitPosition(batch=-1), ValueError, "start.batch must be >= 0"),
+        (FitPosition(step=-5), ValueError, "start.step must be >= 0"),
+        (FitPosition(batch=1.5), TypeError, "start.batch must be an int"),  # type: ignore[arg-type]
+    ],
+)
+async def test_a_start_that_does_not_fit_is_refused_before_any_step(
+    start: Any, error: type[Exception], needle: str
+) -> None:
+    async with ActorSystem("fit-run") as system:
+        trainer = await _trainer(system)
+        before = await trainer.ask(GetWeights())
+        with pytest.raises(error, match=needle):
+            await fit(trainer, (X, Y), epochs=2, batch_size=8, start=start)
+        np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
+
+
+async def test_a_checkpoint_that_cannot_be_written_is_refused_before_any_step(
+    tmp_path: Path,
+) -> None:
+    async with ActorSystem("fit-run") as system:
+        trainer = await _trainer(system)
+        before = await trainer.ask(GetWeights())
+        with pytest.raises(FileNotFoundError):
+            await fit(trainer, (X, Y), epochs=1, batch_size=8, checkpoint=tmp_path / "no" / "c")
+        with pytest.raises(Exception, match="not a regular file"):
+            await fit(trainer, (X, Y), epochs=1, batch_size=8, checkpoint=tmp_path)
+        np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
+
+
+async def test_one_fit_per_trainer_at_a_time() -> None:
+    async with ActorSystem("fit-run") as system:
+        trainer = await _trainer(system)
+        first = asyncio.ensure_future(fit(trainer, (X, Y), epochs=3, batch_size=8))
+        await asyncio.sleep(0)  # the first has registered the trainer
+        with pytest.raises(RuntimeError, match="fit is already training this trainer"):
+            await fit(trainer, (X, Y), epochs=1, batch_size=8)
+        assert (await first).position.step == 15  # undisturbed
+        assert (await fit(trainer, (X, Y), epochs=1, batch_size=8)).status == "finished"
+
+
+class _LyingBatches:
+    def __init__(self, length: Any, reply: Any = None) -> None:
+        self.length, self.reply = length, reply
+
+    def __len__(self) -> Any:
+        return self.length
+
+    def get_batch(self, idx: np.ndarray) -> Any:
+        return self.reply if self.reply is not None else (X[idx], Y[idx])
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (_LyingBatches(41), "get_batch of samples up to 40 failed although len"),
+        (_LyingBatches(40, reply="oops"), "get_batch must return a \\(features, labels\\) pair"),
+        (_LyingBatches(-1), "train: len\\(dataset\\) failed"),
+        (_LyingBatches(40.0), "train: len\\(dataset\\) failed"),
+        ([], "train: epoch 0 has no batches"),
+        (lambda epoch: [], "train: epoch 0 has no batches"),
+    ],
+)
+async def test_bad_data_is_named_before_any_step(data: Any, needle: str) -> None:
+    async with ActorSystem("fit-run") as system:
+        trainer = await _trainer(system)
+        before = await trainer.ask(GetWeights())
+        with pytest.raises(InvalidDataError, match=needle):
+            await fit(trainer, data, epochs=1, batch_size=8)
+        np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
+
+
+async def test_a_resume_past_a_streamed_epochs_end_is_refused() -> None:
+    batches = [(X[i : i + 8], Y[i : i + 8]) for i in range(0, 40, 8)]
+    async with ActorSystem("fit-run") as system:
+        trainer = await _trainer(system)
+        with pytest.raises(InvalidDataError, match="resume position \\(batch 9\\) is past"):
+            await fit(trainer, batches, epochs=2, batch_size=8, start=FitPosition(batch=9))
+        result = await fit(trainer, batches, epochs=2, batch_size=8, start=FitPosition(batch=5))
+        assert result.position == FitPosition(epoch=2, batch=0, step=5)  # epoch 1 was done
+
+
+async def test_a_source_error_without_a_checkpoint_does_not_mention_one() -> None:
+    def broken(epoch: int) -> Any:
+        yield X[:8], Y[:8]
+        raise OSError("gone")
+
+    async with ActorSystem("fit-run") as system:
+        trainer = await _trainer(system)
+        with pytest.raises(DataSourceError) as caught:
+            await fit(trainer, broken, epochs=1, batch_size=8)
+        assert "checkpoint" not in str(caught.value)

@@ -307,6 +307,8 @@ class ActorCell(Inbound):
                     self.mailbox.wake_one()
                 message = env[0]
                 if message.__class__ is PoisonPill:
+                    if env[2] is not None:  # asked: failed with the queue once stopped
+                        queue.appendleft(env)
                     self.request_stop()
                     break
                 self.current = env

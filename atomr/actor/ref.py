@@ -299,7 +299,7 @@ class ActorRef:
                 "tell it PoisonPill() instead, or use loop.call_soon_threadsafe(ref.stop)"
             )
         cell.request_stop()
-        return cell.stopped
+        return asyncio.shield(cell.stopped)  # a caller giving up cancels only its own wait
 
     def __repr__(self) -> str:
         return f"<ActorRef {self._cell.label}>"

@@ -95,11 +95,7 @@ async def shutdown(cell: ActorCell) -> None:
     cell.receive_timeout = None
     await cancel_tasks(cell)
     await stop_children(cell)
-    if cell.started:
-        try:
-            await maybe_await(cell.instance.post_stop())
-        except Exception:
-            logger.exception("post_stop of %s failed", cell.label)
+    escaped = await _post_stop(cell)
     cell.dead = True
     stopped = ActorStoppedError(f"{cell.label} stopped before answering")
     current = cell.current
@@ -116,6 +112,28 @@ async def shutdown(cell: ActorCell) -> None:
     cell.watchers = NONE
     cell.mark_stopped()
     cell.release()
+    if escaped is not None:
+        raise escaped  # only now: the actor has ended in every respect
+
+
+async def _post_stop(cell: ActorCell) -> BaseException | None:
+    """Run ``post_stop`` (if the actor started). What it raises is logged and
+    the actor ends all the same; a ``KeyboardInterrupt``, ``SystemExit`` or
+    ``CancelledError`` is returned, for ``shutdown`` to raise once the actor
+    has ended (its watchers told, its stop awaited), as a handler's would be."""
+    if not cell.started:
+        return None
+    try:
+        await maybe_await(cell.instance.post_stop())
+    except Exception:
+        logger.exception("post_stop of %s failed", cell.label)
+    except BaseException as error:
+        logger.critical(
+            "post_stop of %s raised %s", cell.label, bounded_repr(error), exc_info=error
+        )
+        if isinstance(error, KeyboardInterrupt | SystemExit | asyncio.CancelledError):
+            return error
+    return None
 
 
 def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:

@@ -3,6 +3,7 @@ handler, and the runtime's logging."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from typing import Any
@@ -83,3 +84,28 @@ def test_atomr_logger_has_a_null_handler() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
+
+
+class _Fatal(BaseException):
+    """Not an Exception: outside supervision."""
+
+
+class FatalPostStop(Actor):
+    def receive(self, message: Any) -> Any:
+        return message
+
+    def post_stop(self) -> None:
+        raise _Fatal("boom in post_stop")
+
+
+async def test_a_post_stop_raising_a_base_exception_still_ends_the_actor(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with ActorSystem("post-stop") as system:
+        ref = system.spawn(Props(FatalPostStop))
+        probe = TestProbe(system)
+        probe.watch(ref)
+        await asyncio.wait_for(ref.stop(), 10)  # was: never done
+        await probe.expect_terminated(ref)
+        assert ref not in system.actors
+    assert any("boom in post_stop" in r.getMessage() for r in caplog.records)

@@ -243,3 +243,48 @@ def _waiting_apis() -> set[str]:
 
 def test_the_table_lists_every_waiting_api() -> None:
     assert _waiting_apis() - NOT_WAITING == {w.api for w in WAITS}
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+async def test_an_asked_poison_pill_is_answered_when_the_actor_stops(bounded: bool) -> None:
+    """The pill stops the actor without a reply of its own: the ask ends
+    with ActorStoppedError at once, not at (or past) its deadline."""
+    props = Props(Silent)
+    if bounded:
+        props = props.with_mailbox(BoundedMailbox(4))
+    async with ActorSystem("waits") as system:
+        ref = system.spawn(props)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(atomr.actor.ActorStoppedError):
+            await ref.ask(atomr.actor.PoisonPill(), timeout=30)
+        assert asyncio.get_running_loop().time() - started < 10  # not the 30 s deadline
+        assert not ref.is_alive
+
+
+class SlowToStop(Actor):
+    def __init__(self, release: asyncio.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+    async def post_stop(self) -> None:
+        await self.release.wait()
+
+
+async def test_giving_up_on_a_stop_cancels_only_that_wait() -> None:
+    """`wait_for(ref.stop(), t)` timing out must not cancel the actor's own
+    stop: a later `stop()` and `terminate` still wait for `post_stop`."""
+    release = asyncio.Event()
+    async with ActorSystem("waits") as system:
+        ref = system.spawn(Props(SlowToStop, release))
+        assert await ref.ask(1) == 1
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(ref.stop(), 0.05)
+        second = asyncio.ensure_future(ref.stop())
+        await asyncio.sleep(0)  # the second wait has begun; nothing ends it but post_stop
+        assert not second.done()
+        release.set()
+        await asyncio.wait_for(second, 10)
+        assert not ref.is_alive

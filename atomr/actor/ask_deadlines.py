@@ -67,12 +67,14 @@ class AskDeadlines:
             self._compact_at = max(_COMPACT_FLOOR, 2 * len(kept))
 
     def close(self) -> None:
-        """Forget every entry and disarm the timer (the actor has stopped and
-        failed its pending asks)."""
-        if self._handle is not None:
+        """The actor has stopped and failed the asks it held: forget them.
+        An ask it forwarded is still pending elsewhere and keeps its
+        deadline: the timer stays armed until the last such one ends."""
+        kept = deque(entry for entry in self._entries if not entry[1].done())
+        self._entries = kept
+        if not kept and self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        self._entries.clear()
 
     def _fire(self) -> None:
         self._handle = None

@@ -288,3 +288,23 @@ async def test_giving_up_on_a_stop_cancels_only_that_wait() -> None:
         release.set()
         await asyncio.wait_for(second, 10)
         assert not ref.is_alive
+
+
+class ForwardsThenStops(Actor):
+    def __init__(self, target: Any) -> None:
+        super().__init__()
+        self.target = target
+
+    def receive(self, message: Any) -> None:
+        self.context.forward(self.target)
+        self.context.stop(self.context.self_ref)
+
+
+async def test_a_forwarded_ask_keeps_its_deadline_when_the_forwarder_stops() -> None:
+    async with ActorSystem("waits") as system:
+        silent = system.spawn(Props(Silent))
+        forwarder = system.spawn(Props(ForwardsThenStops, silent))
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(AskTimeoutError):
+            await forwarder.ask("x", timeout=0.2)  # was: no end (the deadline was dropped)
+        assert asyncio.get_running_loop().time() - started < 5

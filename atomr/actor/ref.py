@@ -12,6 +12,7 @@ from .ask_deadlines import AskDeadlines
 from .errors import ActorStoppedError, AskTimeoutError, MailboxFullError, bounded_repr
 from .mailbox import OverflowPolicy
 from .threads import deliver_from_thread, wake_from_thread
+from .timers import as_seconds
 
 if TYPE_CHECKING:
     from .cell import ActorCell
@@ -55,21 +56,20 @@ def _ask_lane(cell: ActorCell, timeout: float) -> AskDeadlines | None:
     return lane
 
 
-def check_timeout(timeout: float | None) -> None:
+def check_timeout(timeout: float | None, name: str = "timeout") -> None:
     """Validate a timeout in seconds (None: wait without a deadline).
 
     Raises:
         TypeError: if it is not a number or None.
-        ValueError: if it is not > 0.
+        ValueError: if it is not > 0, or is an int too large for a float.
     """
     if timeout is None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(
-            f"timeout must be a number of seconds or None, got {type(timeout).__name__}"
-        )
+        raise TypeError(f"{name} must be a number of seconds or None, got {type(timeout).__name__}")
     if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
+        raise ValueError(f"{name} must be > 0 seconds or None, got {bounded_repr(timeout)}")
+    as_seconds(name, timeout)
 
 
 async def _on_actor_loop(cell: ActorCell, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from .errors import bounded_repr
+from .ref import check_timeout
 
 if TYPE_CHECKING:
     from .ref import ActorRef
@@ -60,12 +61,13 @@ class SupervisorStrategy:
         within: float | None = None,
         decider: Callable[[BaseException], Directive] | None = None,
     ) -> None:
-        if max_restarts is not None and (not isinstance(max_restarts, int) or max_restarts < 0):
+        if max_restarts is not None and (
+            isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0
+        ):
             raise ValueError(
                 f"max_restarts must be an int >= 0 or None, got {bounded_repr(max_restarts)}"
             )
-        if within is not None and not within > 0:
-            raise ValueError(f"within must be > 0 seconds or None, got {bounded_repr(within)}")
+        check_timeout(within, "within")
         if decider is not None and not callable(decider):
             raise TypeError(f"decider must be callable, got {type(decider).__name__}")
         self.max_restarts = max_restarts

@@ -178,8 +178,10 @@ class ActorSystem:
         """Tell ``message`` to ``ref`` after ``delay`` seconds (cancelled on terminate).
 
         Raises:
-            ValueError, TypeError: for a bad delay.
+            ValueError, TypeError: for a bad delay, or a ``ref`` that is not an ``ActorRef``.
         """
+        if not isinstance(ref, ActorRef):
+            raise TypeError(f"schedule_once() takes an ActorRef, got {type(ref).__name__}")
         return self._timers.schedule(self.scheduler, ref._cell, message, delay)
 
     async def terminate(self, timeout: float | None = DEFAULT_TERMINATE_TIMEOUT) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from .errors import bounded_repr
 
-__all__ = ["Cancellable", "Scheduler", "TickTarget", "TimerSet"]
+__all__ = ["Cancellable", "Scheduler", "TickTarget", "TimerSet", "as_seconds"]
 
 
 class TimerHandle(Protocol):
@@ -144,8 +144,20 @@ def check_delay(name: str, value: float, allow_zero: bool) -> float:
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     if value < 0 or (value == 0 and not allow_zero) or value != value:
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be {bound} seconds, got {value}")
-    return float(value)
+        raise ValueError(f"{name} must be {bound} seconds, got {bounded_repr(value)}")
+    return as_seconds(name, value)
+
+
+def as_seconds(name: str, value: float) -> float:
+    """A checked number of seconds as a float.
+
+    Raises:
+        ValueError: an int too large for a float (a float's inf is kept).
+    """
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is too large: {bounded_repr(value)} seconds") from None
 
 
 class TimerSet:

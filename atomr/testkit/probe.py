@@ -16,6 +16,7 @@ from atomr.actor.ref import ActorRef
 from atomr.actor.reply import Reply
 from atomr.actor.supervision import Directive, OneForOneStrategy, SupervisorStrategy
 from atomr.actor.system import ActorSystem
+from atomr.actor.timers import check_delay
 
 __all__ = ["ChildFailed", "TestProbe"]
 
@@ -114,7 +115,12 @@ class TestProbe:
         self._queue.put_nowait((message, sender, reply))
 
     def _bound(self, timeout: float) -> float:
-        """``timeout``, cut to what is left of an enclosing ``within`` block."""
+        """``timeout``, checked, cut to what is left of an enclosing ``within`` block.
+
+        Raises:
+            TypeError, ValueError: not a number of seconds > 0 (NaN included).
+        """
+        timeout = check_delay("timeout", timeout, allow_zero=False)
         if self._deadline is None:
             return timeout
         left = self._deadline - asyncio.get_running_loop().time()

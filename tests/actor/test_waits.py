@@ -308,3 +308,45 @@ async def test_a_forwarded_ask_keeps_its_deadline_when_the_forwarder_stops() -> 
         with pytest.raises(AskTimeoutError):
             await forwarder.ask("x", timeout=0.2)  # was: no end (the deadline was dropped)
         assert asyncio.get_running_loop().time() - started < 5
+
+
+HUGE = 10**400  # an int no float holds
+
+
+async def test_an_int_too_large_for_a_float_is_a_clear_value_error() -> None:
+    async with ActorSystem("waits") as system:
+        ref = system.spawn(Props(Silent))
+        probe = TestProbe(system)
+        waits: list[Callable[[], Any]] = [
+            lambda: ref.ask(1, timeout=HUGE),
+            lambda: system.schedule_once(HUGE, ref, 1),
+            lambda: probe.expect_msg(timeout=HUGE),
+            lambda: atomr.actor.OneForOneStrategy(within=HUGE),
+        ]
+        for wait in waits:
+            with pytest.raises(ValueError, match="is too large: 1000"):
+                result = wait()
+                if inspect.isawaitable(result):
+                    await result
+        with pytest.raises(ValueError, match="must be > 0 seconds or None, got -1000"):
+            await ref.ask(1, timeout=-HUGE)  # its message stays short
+        with pytest.raises(ValueError, match="timeout is too large"):
+            await system.terminate(timeout=HUGE)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), 0, -1, "1", True])
+async def test_a_probe_refuses_a_timeout_that_is_no_duration(timeout: Any) -> None:
+    async with ActorSystem("waits") as system:
+        probe = TestProbe(system)
+        with pytest.raises((TypeError, ValueError), match="timeout must be"):
+            await asyncio.wait_for(probe.expect_msg(timeout=timeout), 5)  # NaN used to hang
+
+
+async def test_strategy_and_schedule_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_restarts must be an int"):
+        atomr.actor.OneForOneStrategy(max_restarts=True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="within must be a number of seconds"):
+        atomr.actor.OneForOneStrategy(within="1")  # type: ignore[arg-type]
+    async with ActorSystem("waits") as system:
+        with pytest.raises(TypeError, match="schedule_once\\(\\) takes an ActorRef, got str"):
+            system.schedule_once(1.0, "not-a-ref", "m")  # type: ignore[arg-type]

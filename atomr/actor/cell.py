@@ -355,7 +355,18 @@ class ActorCell(Inbound):
             return Directive.STOP, None
         strategy = self.strategy
         if strategy is None:
-            strategy = self.props.supervisor_strategy or self.instance.supervisor_strategy()
+            try:
+                strategy = self.props.supervisor_strategy or self.instance.supervisor_strategy()
+            except Exception:  # this actor's bug, not the child's: as a decider that raises
+                logger.exception("supervisor_strategy() of %s failed; escalating", self.label)
+                return Directive.ESCALATE, None
+            if not isinstance(strategy, SupervisorStrategy):
+                logger.error(
+                    "supervisor_strategy() of %s returned %s, not a SupervisorStrategy; escalating",
+                    self.label,
+                    bounded_repr(strategy),
+                )
+                return Directive.ESCALATE, None
             self.strategy = strategy
         return decide(strategy, child, error), strategy
 

@@ -83,7 +83,10 @@ class Inbound:
 
     def offer(self, env: Envelope) -> None:
         """Queue ``env`` in a bounded mailbox, applying its overflow policy."""
-        dropped = self.mailbox.offer(env)
+        try:
+            dropped = self.mailbox.offer(env)
+        except MailboxFullError as full:  # the mailbox does not know whose it is
+            raise MailboxFullError(f"{self.label}: {full}") from None
         if dropped is not None:
             self.dead_letter(dropped[0], dropped[1], "mailbox full")
             reply = dropped[2]

@@ -388,3 +388,40 @@ async def test_no_sender_in_post_stop_of_a_plain_stop(actor_system: ActorSystem)
 
 def stop_all(error: BaseException) -> Directive:
     return Directive.STOP
+
+
+class _Leaf(Actor):
+    def receive(self, message: Any) -> Any:
+        raise ValueError("leaf failed")
+
+
+class _BadStrategyParent(Actor):
+    def __init__(self, mistake: str) -> None:
+        super().__init__()
+        self.mistake = mistake
+
+    def supervisor_strategy(self) -> Any:
+        if self.mistake == "raises":
+            raise RuntimeError("strategy bug")
+        return None
+
+    def receive(self, message: Any) -> Any:
+        return self.context.spawn(Props(_Leaf))
+
+
+@pytest.mark.parametrize("mistake", ["raises", "returns None"])
+async def test_a_parent_whose_strategy_is_broken_escalates_and_is_named(
+    actor_system: ActorSystem, caplog: pytest.LogCaptureFixture, mistake: str
+) -> None:
+    """As a decider that raises: the parent's own bug, escalated to its
+    supervisor (the default restarts it), not blamed on the child."""
+    parent = actor_system.spawn(Props(_BadStrategyParent, mistake), name="parent")
+    leaf = await parent.ask("spawn")
+    with pytest.raises(ValueError, match="leaf failed"):
+        await leaf.ask("go")
+    probe = TestProbe(actor_system)
+    probe.watch(leaf)
+    await probe.expect_terminated(leaf)  # the restarted parent's children are stopped
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"supervisor_strategy() of {parent.path}" in line for line in lines), lines
+    assert parent.is_alive

@@ -3,6 +3,7 @@ texts (and the runtime's log lines) show a user's object."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import reprlib
 from typing import Any
@@ -35,7 +36,16 @@ class _BoundedRepr(reprlib.Repr):
     def repr_ndarray(self, x: Any, level: int) -> str:
         return f"array(shape={x.shape}, dtype={x.dtype})"
 
+    def repr_bytes(self, x: Any, level: int) -> str:
+        head = bytes(x[: self.maxstring])
+        return f"{type(x).__name__}(len={len(x)}, {head!r}{'...' if len(x) > len(head) else ''})"
+
+    repr_bytearray = repr_bytes
+
     def repr_instance(self, x: Any, level: int) -> str:
+        for base, abbreviate in self._builtins():
+            if isinstance(x, base):  # a subclass (Counter, OrderedDict, ...): abbreviated too
+                return f"{type(x).__name__}({abbreviate(x, level)})"
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
             if level <= 0:
                 return f"{type(x).__name__}(...)"
@@ -46,6 +56,18 @@ class _BoundedRepr(reprlib.Repr):
             )
             return f"{type(x).__name__}({fields})"
         return super().repr_instance(x, level)
+
+    def _builtins(self) -> tuple[tuple[Any, Any], ...]:
+        return (
+            (dict, self.repr_dict),
+            (list, self.repr_list),
+            (tuple, self.repr_tuple),
+            (set, self.repr_set),
+            (frozenset, self.repr_frozenset),
+            (collections.deque, self.repr_deque),
+            (str, self.repr_str),
+            ((bytes, bytearray), self.repr_bytes),
+        )
 
 
 _REPR = _BoundedRepr()
@@ -66,7 +88,7 @@ def bounded_repr(value: Any, limit: int = REPR_LIMIT) -> str:
     """
     try:
         text = _REPR.repr(value)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # a hostile __repr__ must not end the caller
         text = f"<{type(value).__name__} (repr raised {type(error).__name__})>"
     if len(text) > limit:
         text = text[: max(limit, 8) - 3] + "..."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -44,3 +45,27 @@ def test_a_repr_that_raises_or_rambles_is_contained() -> None:
     text = bounded_repr(HugeRepr())
     assert len(text) <= REPR_LIMIT and "..." in text
     assert len(bounded_repr("y" * 10_000, limit=50)) <= 50
+
+
+class _Numbers(list):  # type: ignore[type-arg]
+    """A list subclass: reprlib knows it by its own name only."""
+
+
+class ExitingRepr:
+    def __repr__(self) -> str:
+        raise SystemExit(3)
+
+
+def test_bytes_and_container_subclasses_are_abbreviated_too() -> None:
+    """Their full repr is never built: a 50 MB bytes would be 200 MB of text."""
+    text = bounded_repr(b"x" * 50_000_000)
+    assert text.startswith("bytes(len=50000000, b'xxx") and len(text) <= REPR_LIMIT
+    assert bounded_repr(bytearray(3)) == "bytearray(len=3, b'\\x00\\x00\\x00')"
+    assert bounded_repr(_Numbers(range(5_000_000))) == "_Numbers([0, 1, 2, 3, 4, 5, ...])"
+    counts = collections.Counter(range(100_000))
+    assert bounded_repr(counts).startswith("Counter({0: 1, 1: 1,")
+    assert bounded_repr(collections.OrderedDict(a=1)) == "OrderedDict({'a': 1})"
+
+
+def test_a_repr_that_exits_is_contained() -> None:
+    assert bounded_repr(ExitingRepr()) == "<ExitingRepr (repr raised SystemExit)>"

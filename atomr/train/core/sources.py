@@ -40,6 +40,11 @@ __all__ = [
 Batch = tuple[np.ndarray, np.ndarray]
 
 
+def _is_pair(value: Any) -> bool:
+    """A tuple or list of two: `(features, labels)`, a sample or a batch."""
+    return isinstance(value, tuple | list) and len(value) == 2
+
+
 def batch_bounds(
     n: int, batch_size: int, min_batch_size: int = 1, drop_last: bool = False
 ) -> list[tuple[int, int]]:
@@ -67,7 +72,7 @@ def check_arrays(name: str, data: Any) -> Batch:
         TypeError: not a pair of arrays.
         ValueError: the lengths differ.
     """
-    if not (isinstance(data, tuple | list) and len(data) == 2):
+    if not _is_pair(data):
         raise TypeError(f"{name} must be a (features, labels) pair, got {type(data).__name__}")
     x, y = (np.asarray(a) for a in data)
     if x.ndim < 1 or y.ndim < 1 or x.shape[0] != y.shape[0]:
@@ -188,7 +193,7 @@ def _sample_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
                     f"{name}: sample {i} is out of range although len(dataset) is "
                     f"{len(dataset)} ({exc})"
                 ) from None
-            if not (isinstance(sample, tuple | list) and len(sample) == 2):
+            if not _is_pair(sample):
                 raise InvalidDataError(f"{name}: sample {i} must be a (features, label) pair")
             features.append(np.asarray(sample[0]))
             labels.append(np.asarray(sample[1]))
@@ -214,7 +219,7 @@ def _batch_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
                 f"{name}: get_batch of samples up to {int(idx.max())} failed although "
                 f"len(dataset) is {len(dataset)} ({exc})"
             ) from None
-        if not (isinstance(batch, tuple | list) and len(batch) == 2):
+        if not _is_pair(batch):
             raise InvalidDataError(
                 f"{name}: get_batch must return a (features, labels) pair, "
                 f"got {type(batch).__name__}"
@@ -242,7 +247,7 @@ class _Streamed(BatchSource):
         seen = 0
         for k, batch in enumerate(self._make(epoch)):
             seen = k + 1
-            if not (isinstance(batch, tuple | list) and len(batch) == 2):
+            if not _is_pair(batch):
                 raise InvalidDataError(f"{self._name}: batch {k} of epoch {epoch} is not a pair")
             if k < start:
                 continue  # trained on before the resume
@@ -264,11 +269,9 @@ class _Streamed(BatchSource):
 
 def _is_array_pair(data: Any) -> bool:
     """`(features, labels)`, not a list of two `(features, labels)` batches."""
-    if not (isinstance(data, tuple | list) and len(data) == 2):
+    if not _is_pair(data):
         return False
-    return not any(
-        isinstance(a, tuple | list) and len(a) == 2 and isinstance(a[0], np.ndarray) for a in data
-    )
+    return not any(_is_pair(a) and isinstance(a[0], np.ndarray) for a in data)
 
 
 def as_source(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atomr.actor import ActorRef
+from atomr.actor import ActorRef, AskTimeoutError
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError, StepLimitError
 from atomr.train.core.messages import SaveCheckpoint, Step
 from atomr.train.core.sources import BatchSource, DataSourceError, InvalidDataError
@@ -226,6 +226,9 @@ class FitRun:
         self.position.epoch += 1
         self.position.batch = 0
         epoch, steps = self.position.epoch, self.position.step
+        if isinstance(error, AskTimeoutError):  # a save would wait as long again
+            error.add_note(f"epoch {epoch}'s training was not saved: the trainer did not answer")
+            return
         try:
             await self.save()
         except Exception as failed:  # the evaluation's error is the one to raise

@@ -54,6 +54,10 @@ class Actor:
     def receive(self, message: Any) -> Any:
         """Handle one message; the return value answers an ask.
 
+        May be ``async def``. A plain ``receive`` that returns a coroutine
+        (``return self.helper(m)`` with an async helper) has it awaited, as
+        a hook's would be, and the ask is answered with its result.
+
         Raises:
             NotImplementedError: unless a subclass implements it.
         """

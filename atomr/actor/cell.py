@@ -13,6 +13,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Coroutine
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from . import actor as _actor_module
@@ -150,12 +151,14 @@ class ActorCell(Inbound):
     def _bind(self, instance: Actor) -> None:
         self.instance = instance
         self.class_name = type(instance).__name__
-        receive_type = type(instance)
-        receive_async = _ASYNC_RECEIVE.get(receive_type)
-        if receive_async is None or "receive" in getattr(instance, "__dict__", ()):
-            receive_async = inspect.iscoroutinefunction(instance.receive)
-            _ASYNC_RECEIVE[receive_type] = receive_async
-        self.receive_async = receive_async
+        if "receive" in getattr(instance, "__dict__", ()):  # this instance's own receive
+            self.receive_async = inspect.iscoroutinefunction(instance.receive)
+        else:
+            receive_async = _ASYNC_RECEIVE.get(type(instance))
+            if receive_async is None:
+                receive_async = inspect.iscoroutinefunction(instance.receive)
+                _ASYNC_RECEIVE[type(instance)] = receive_async
+            self.receive_async = receive_async
         self.strategy = None
 
     def start(self) -> None:
@@ -321,6 +324,12 @@ class ActorCell(Inbound):
                             self.in_handler = False
                     else:
                         result = receive(message)
+                        if result.__class__ is CoroutineType:  # awaited, as a hook's would be
+                            self.in_handler = True
+                            try:
+                                result = await result
+                            finally:
+                                self.in_handler = False
                 except Exception as error:
                     await failed(self, error)
                     if self.stop_requested:

@@ -109,3 +109,52 @@ async def test_a_post_stop_raising_a_base_exception_still_ends_the_actor(
         await probe.expect_terminated(ref)
         assert ref not in system.actors
     assert any("boom in post_stop" in r.getMessage() for r in caplog.records)
+
+
+class OwnReceive(Actor):
+    """One instance may carry a receive of its own, async where the class's is not."""
+
+    def __init__(self, use_async: bool) -> None:
+        super().__init__()
+        if use_async:
+            self.receive = self.receive_async  # type: ignore[method-assign]
+
+    async def receive_async(self, message: Any) -> Any:
+        await asyncio.sleep(0)
+        return ("async", message)
+
+    def receive(self, message: Any) -> Any:
+        return ("plain", message)
+
+
+async def test_an_instance_with_its_own_receive_does_not_change_its_class(
+    actor_system: ActorSystem,
+) -> None:
+    own = actor_system.spawn(Props(OwnReceive, True))
+    assert await own.ask(1, timeout=5) == ("async", 1)
+    plain = actor_system.spawn(Props(OwnReceive, False))
+    assert await plain.ask(2, timeout=5) == ("plain", 2)
+    assert await own.ask(3, timeout=5) == ("async", 3)
+
+
+class ReturnsCoroutine(Actor):
+    """A plain receive handing back an async helper's coroutine (no `await`)."""
+
+    async def doubled(self, message: int) -> int:
+        await asyncio.sleep(0)
+        if message < 0:
+            raise ValueError("negative")
+        return message * 2
+
+    def receive(self, message: Any) -> Any:
+        return self.doubled(message)
+
+
+async def test_a_plain_receive_returning_a_coroutine_has_it_awaited(
+    actor_system: ActorSystem,
+) -> None:
+    ref = actor_system.spawn(Props(ReturnsCoroutine))
+    assert await ref.ask(3, timeout=5) == 6
+    with pytest.raises(ValueError, match="negative"):
+        await ref.ask(-1, timeout=5)  # its failure is the handler's
+    assert await ref.ask(4, timeout=5) == 8  # restarted, as after any handler failure

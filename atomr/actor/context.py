@@ -14,6 +14,7 @@ from .timers import Cancellable, check_delay
 
 if TYPE_CHECKING:
     from .cell import ActorCell
+    from .envelope import Envelope
     from .props import Props
     from .system import ActorSystem
 
@@ -206,7 +207,7 @@ class Context:
                     ref._cell.dead_letter(env[0], env[1], "mailbox full")
         if not accepted and refused is not None:
             raise refused
-        cell.current = (env[0], env[1], None)
+        _take_reply(cell, env)
 
     def defer(self) -> Reply:
         """Answer the current ask later: returns a ``Reply`` to complete.
@@ -223,7 +224,7 @@ class Context:
         if env is None:
             raise RuntimeError("defer() must be called while handling a message")
         fut = env[2]
-        cell.current = (env[0], env[1], None)
+        _take_reply(cell, env)
         reply = Reply(fut, cell if fut is not None else None)
         if fut is not None:
             if not cell.replies:
@@ -318,6 +319,16 @@ class Context:
 
     def __repr__(self) -> str:
         return f"<Context of {self._cell.path}>"
+
+
+def _take_reply(cell: ActorCell, env: Envelope) -> None:
+    """The current message's ask was passed on (``forward``, ``defer``): the
+    handler's return value answers nothing now. A message already stashed
+    stays known as stashed, so that it is not stashed twice."""
+    current = (env[0], env[1], None)
+    if cell.stashed_current is env:
+        cell.stashed_current = current
+    cell.current = current
 
 
 def _require_ref(method: str, ref: object) -> None:

@@ -336,7 +336,9 @@ async def test_context_methods_refuse_a_non_ref_with_type_error(actor_system, me
 
 
 class StashesTwice(Actor):
-    """Stashes ("twice", x) twice in one handling (the second is refused), until "open"."""
+    """Stashes ("twice", x, between) twice in one handling (the second is
+    refused), until "open"; ``between`` ("defer", "forward" or None) passes
+    the ask on between the two."""
 
     def __init__(self, probe: ActorRef) -> None:
         super().__init__()
@@ -347,6 +349,10 @@ class StashesTwice(Actor):
             return self.context.unstash_all()
         if message[0] == "twice":
             self.context.stash()
+            if message[2] == "defer":
+                self.context.defer()
+            elif message[2] == "forward":
+                self.context.forward(self.probe)
             try:
                 self.context.stash()
             except RuntimeError as error:
@@ -356,12 +362,19 @@ class StashesTwice(Actor):
         return None
 
 
-async def test_a_message_is_stashed_at_most_once(actor_system: ActorSystem) -> None:
+@pytest.mark.parametrize("between", [None, "defer", "forward"])
+async def test_a_message_is_stashed_at_most_once(
+    actor_system: ActorSystem, between: str | None
+) -> None:
     probe = TestProbe(actor_system)
     ref = actor_system.spawn(Props(StashesTwice, probe.ref))
-    ref.tell(("twice", 1))
+    ref.tell(("twice", 1, between))
+    if between == "forward":
+        await probe.expect_msg(("twice", 1, between))
     assert "already stashed" in await probe.expect_msg_type(str)
     assert await ref.ask("open") == 1  # was: 2, and the message handled twice
+    if between == "forward":
+        await probe.expect_msg(("twice", 1, between))
     assert "already stashed" in await probe.expect_msg_type(str)  # its one new handling
     assert await ref.ask("open") == 1
 

@@ -258,11 +258,19 @@ class ActorCell(Inbound):
     async def _start(self) -> bool:
         try:
             started = self.instance.pre_start()
-            if started is not None:  # an async hook's coroutine
-                await maybe_await(started)
+            if started is not None:  # an async hook's coroutine: a stop cancels it
+                self.in_handler = True
+                try:
+                    await maybe_await(started)
+                finally:
+                    self.in_handler = False
         except Exception:
             logger.exception("pre_start of %s failed; stopping it", self.label)
             return False
+        except asyncio.CancelledError:
+            if stopped_in_handler(self, None, "pre_start"):
+                return False
+            raise
         self.started = True
         return True
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from .empty import NONE
@@ -22,6 +23,7 @@ __all__ = [
     "died",
     "discard",
     "fail_pending",
+    "in_post_stop",
     "maybe_await",
     "shutdown",
     "stop_children",
@@ -30,6 +32,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("atomr.actor")
+
+_IN_POST_STOP: ContextVar[ActorCell | None] = ContextVar("atomr_in_post_stop", default=None)
+"""The actor whose ``post_stop`` the running task is in."""
 
 
 async def maybe_await(value: Any) -> None:
@@ -44,6 +49,15 @@ def discard(cell: ActorCell, reason: str) -> None:
     up waiting for it. Messages told to it become dead letters; its asks
     and deferred replies fail with ``ActorStoppedError(reason)``.
     """
+    tree = [cell]  # a loop, not recursion: a tree may be deeper than the stack
+    while tree:
+        dropped = tree.pop()
+        tree.extend(dropped.children.values())
+        dropped.children.clear()
+        _discard_one(dropped, reason)
+
+
+def _discard_one(cell: ActorCell, reason: str) -> None:
     cell.accepting = False
     cell.stop_requested = True
     cell.dead = True
@@ -53,9 +67,6 @@ def discard(cell: ActorCell, reason: str) -> None:
         task.cancel()
     if cell.timers is not None:
         cell.timers.cancel_all()
-    for child in list(cell.children.values()):
-        discard(child, reason)
-    cell.children.clear()
     fail_pending(cell, ActorStoppedError(f"{cell.label} {reason}"))
     unwatch_all(cell)
     cell.mark_stopped()
@@ -83,7 +94,10 @@ async def stop_children(cell: ActorCell) -> None:
 
 async def shutdown(cell: ActorCell) -> None:
     """The end of the actor's task: tasks and children stopped, ``post_stop``
-    (if it started), pending asks failed, watchers told ``Terminated``."""
+    (if it started), pending asks failed, watchers told ``Terminated``.
+    Nothing is left to do for an actor ``discard`` dropped meanwhile."""
+    if cell.has_stopped:
+        return
     cell.stop_requested = True
     cell.accepting = False
     task = cell.task
@@ -96,6 +110,8 @@ async def shutdown(cell: ActorCell) -> None:
     await cancel_tasks(cell)
     await stop_children(cell)
     escaped = await _post_stop(cell)
+    if cell.has_stopped:
+        return
     cell.dead = True
     stopped = ActorStoppedError(f"{cell.label} stopped before answering")
     current = cell.current
@@ -123,17 +139,28 @@ async def _post_stop(cell: ActorCell) -> BaseException | None:
     has ended (its watchers told, its stop awaited), as a handler's would be."""
     if not cell.started:
         return None
+    stopping = _IN_POST_STOP.set(cell)
     try:
         await maybe_await(cell.instance.post_stop())
     except Exception:
         logger.exception("post_stop of %s failed", cell.label)
     except BaseException as error:
+        if cell.has_stopped:  # abandoned by terminate, which logged it
+            return None
         logger.critical(
             "post_stop of %s raised %s", cell.label, bounded_repr(error), exc_info=error
         )
         if isinstance(error, KeyboardInterrupt | SystemExit | asyncio.CancelledError):
             return error
+    finally:
+        _IN_POST_STOP.reset(stopping)
     return None
+
+
+def in_post_stop() -> bool:
+    """Whether the running code is an actor's ``post_stop`` (which an
+    awaited ``ActorSystem.terminate`` would wait for)."""
+    return _IN_POST_STOP.get() is not None
 
 
 def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
@@ -184,11 +211,12 @@ def died(cell: ActorCell, error: BaseException) -> None:
         current[2].set_exception(stopped)
 
 
-def stopped_in_handler(cell: ActorCell, message: Any) -> bool:
-    """A handler of ``cell`` was cancelled. True when the actor's stop
-    cancelled it: the ask it was answering gets ``ActorStoppedError``. False
-    otherwise, after logging a handler that let a ``CancelledError`` of its
-    own escape (the loop then re-raises it and the actor stops)."""
+def stopped_in_handler(cell: ActorCell, message: Any, hook: str = "receive") -> bool:
+    """A handler of ``cell`` (or its async ``pre_start``: ``hook``) was
+    cancelled. True when the actor's stop cancelled it: the ask it was
+    answering gets ``ActorStoppedError``. False otherwise, after logging a
+    handler that let a ``CancelledError`` of its own escape (the loop then
+    re-raises it and the actor stops)."""
     task = cell.task
     if cell.stop_requested and task is not None and task.cancelling():
         reply = cell.current[2] if cell.current is not None else None
@@ -201,7 +229,8 @@ def stopped_in_handler(cell: ActorCell, message: Any) -> bool:
         return True
     if task is not None and not task.cancelling():
         logger.error(
-            "receive of %s let CancelledError escape on %s; stopping it",
+            "%s of %s let CancelledError escape on %s; stopping it",
+            hook,
             cell.label,
             bounded_repr(message),
         )

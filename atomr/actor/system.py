@@ -13,7 +13,7 @@ from .errors import bounded_repr
 from .props import Props
 from .ref import ActorRef, check_timeout
 from .spawn import spawn_cell
-from .stopping import discard
+from .stopping import discard, in_post_stop
 from .supervise import decide
 from .supervision import Directive, OneForOneStrategy, SupervisorStrategy
 from .timers import Cancellable, Scheduler, TimerSet
@@ -192,8 +192,10 @@ class ActorSystem:
         Pykka), so an actor may use those started before it in its
         ``post_stop``; each stops its children first, and every ``post_stop``
         runs. The shutdown runs in a task of its own, so cancelling a caller
-        does not cut it short, and an actor may call it from its handler (that
-        handler is then cancelled as its actor stops).
+        does not cut it short. An actor may call it from its handler or its
+        async ``pre_start`` (which is then cancelled as its actor stops); from
+        a ``post_stop`` it starts the shutdown and returns at once, since
+        waiting there would wait for that actor itself.
 
         Args:
             timeout: seconds to wait (> 0), or None to wait as long as it takes.
@@ -213,6 +215,8 @@ class ActorSystem:
             self._terminated = loop.create_task(
                 self._stop_all(), name=f"atomr terminate {self.name}"
             )
+        if in_post_stop():
+            return
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.shield(self._terminated)
@@ -232,16 +236,20 @@ class ActorSystem:
     def _give_up(self, timeout: float | None) -> str:
         """At terminate's deadline: abandon every actor still stopping (the
         shutdown task, waiting on one of them, then finishes by itself)."""
-        stuck = list(self._guardian.children.values())
+        left = list(self._guardian.children.values())
         self._guardian.children.clear()
-        for cell in stuck:
+        stuck = [cell for cell in left if cell.stop_requested]
+        waiting = [cell for cell in left if not cell.stop_requested]
+        for cell in left:
             discard(cell, "abandoned by terminate")
-        names = ", ".join(cell.label for cell in stuck[:10])
-        more = f" and {len(stuck) - 10} more" if len(stuck) > 10 else ""
         text = (
-            f"terminate of ActorSystem {self.name!r}: {len(stuck)} actor(s) still stopping "
-            f"after {timeout} s, abandoned with their children (tasks cancelled): {names}{more}"
+            f"terminate of ActorSystem {self.name!r}: {len(left)} actor(s) not stopped "
+            f"after {timeout} s, abandoned with their children (tasks cancelled)"
         )
+        if stuck:
+            text += f"; still stopping: {_labels(stuck)}"
+        if waiting:
+            text += f"; not yet asked to stop (their post_stop did not run): {_labels(waiting)}"
         logger.error(text)
         return text
 
@@ -260,3 +268,9 @@ class ActorSystem:
     def __repr__(self) -> str:
         state = "terminated" if self._terminating else f"{len(self._guardian.children)} actors"
         return f"<ActorSystem {self.name!r} {state}>"
+
+
+def _labels(cells: list[ActorCell]) -> str:
+    """The first ten cells' labels, and how many more."""
+    names = ", ".join(cell.label for cell in cells[:10])
+    return names + (f" and {len(cells) - 10} more" if len(cells) > 10 else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 import weakref
 from typing import Any
 
@@ -333,9 +334,13 @@ async def test_terminate_has_a_deadline(how: str, caplog: pytest.LogCaptureFixtu
     stuck.tell("go")
     await asyncio.wait_for(entered.wait(), 5)
     try:
-        with pytest.raises(TimeoutError, match=r"stuck \(Stuck\)"):
+        with pytest.raises(TimeoutError, match=r"stuck \(Stuck\)") as caught:
             await asyncio.wait_for(system.terminate(timeout=0.2), 10)
+        assert "still stopping: atomr://t/user/stuck (Stuck)" in str(caught.value)
+        # the last started stops first: `fine` was still waiting its turn
+        assert "post_stop did not run): atomr://t/user/fine (Echo)" in str(caught.value)
         assert "abandoned" in caplog.text
+        assert "AttributeError" not in caplog.text  # the abandoned `fine` ran none of its code
         assert not fine.is_alive and system.actors == []
         with pytest.raises(ActorStoppedError):
             await stuck.ask("anyone?")
@@ -354,7 +359,7 @@ async def test_async_with_exit_has_a_deadline() -> None:
             await entered.wait()
 
     try:
-        with pytest.raises(TimeoutError, match=r"still stopping after 0.2 s.*\(Stuck\)"):
+        with pytest.raises(TimeoutError, match=r"not stopped after 0.2 s.*still stopping: .*\(Stuck\)"):
             await asyncio.wait_for(body(), 10)
     finally:
         release.set()
@@ -415,3 +420,78 @@ async def test_a_dead_actors_ref_still_names_it_in_dead_letters(actor_system: Ac
     actor_system.dead_letters.subscribe(seen.append)
     ref.tell("late")
     assert seen and seen[-1].recipient is ref and seen[-1].message == "late"
+
+
+class TerminatesFrom(Actor):
+    """Awaits its system's terminate from its handler, async pre_start or post_stop."""
+
+    def __init__(self, hook: str, post_stopped: asyncio.Event) -> None:
+        super().__init__()
+        self.hook = hook
+        self.post_stopped = post_stopped
+
+    async def pre_start(self) -> None:
+        if self.hook == "pre_start":
+            await self.context.system.terminate(timeout=10)
+
+    async def receive(self, message: Any) -> Any:
+        if self.hook == "receive":
+            await self.context.system.terminate(timeout=10)
+        return message
+
+    async def post_stop(self) -> None:
+        if self.hook == "post_stop":
+            await self.context.system.terminate(timeout=10)
+        self.post_stopped.set()
+
+
+@pytest.mark.parametrize("hook", ["receive", "pre_start", "post_stop"])
+async def test_an_actor_may_await_terminate_from_its_handler_or_hooks(hook: str) -> None:
+    # Each waited for itself until terminate's deadline, abandoning the others.
+    system = ActorSystem("t")
+    first_stopped, x_stopped = asyncio.Event(), asyncio.Event()
+    system.spawn(Props(TerminatesFrom, "none", first_stopped), name="first")
+    x = system.spawn(Props(TerminatesFrom, hook, x_stopped), name="x")
+    if hook == "receive":
+        with pytest.raises(ActorStoppedError):
+            await x.ask("go", timeout=5)
+    elif hook == "post_stop":
+        await x.ask("go", timeout=5)
+        x.tell(PoisonPill())
+    await asyncio.wait_for(system.terminate(timeout=2), 5)  # was: TimeoutError after 2 s
+    assert first_stopped.is_set()  # every other post_stop ran
+    assert x_stopped.is_set() == (hook != "pre_start")  # one that never started does not stop
+
+
+class Chain(Actor):
+    """A chain `depth` deep whose leaf never finishes its post_stop."""
+
+    def __init__(self, depth: int, leaf: asyncio.Future[ActorRef]) -> None:
+        super().__init__()
+        self.depth = depth
+        self.leaf = leaf
+
+    def pre_start(self) -> None:
+        if self.depth:
+            self.context.spawn(Props(Chain, self.depth - 1, self.leaf), name="n")
+        else:
+            self.leaf.set_result(self.context.self_ref)
+
+    async def post_stop(self) -> None:
+        if not self.depth:
+            await asyncio.Event().wait()
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+
+async def test_terminate_abandons_a_tree_deeper_than_the_stack() -> None:
+    system = ActorSystem("t")
+    leaf: asyncio.Future[ActorRef] = asyncio.get_running_loop().create_future()
+    root = system.spawn(Props(Chain, 3 * sys.getrecursionlimit(), leaf), name="root")
+    leaf_ref = await asyncio.wait_for(leaf, 30)
+    with pytest.raises(TimeoutError, match="still stopping: atomr://t/user/root"):
+        await asyncio.wait_for(system.terminate(timeout=0.5), 30)  # was: RecursionError
+    assert not root.is_alive and not leaf_ref.is_alive
+    with pytest.raises(ActorStoppedError):
+        await leaf_ref.ask("anyone?", timeout=5)

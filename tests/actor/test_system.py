@@ -359,7 +359,9 @@ async def test_async_with_exit_has_a_deadline() -> None:
             await entered.wait()
 
     try:
-        with pytest.raises(TimeoutError, match=r"not stopped after 0.2 s.*still stopping: .*\(Stuck\)"):
+        with pytest.raises(
+            TimeoutError, match=r"not stopped after 0.2 s.*still stopping: .*\(Stuck\)"
+        ):
             await asyncio.wait_for(body(), 10)
     finally:
         release.set()

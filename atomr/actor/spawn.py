@@ -28,6 +28,9 @@ def _check_name(name: Any) -> str:
     return name
 
 
+_CREATING = "raised while creating"
+
+
 def spawn_cell(
     system: ActorSystem,
     supervisor: Supervisor,
@@ -58,7 +61,9 @@ def spawn_cell(
     try:
         cell = ActorCell(system, props, name, path, parent, supervisor)
     except Exception as error:
-        error.add_note(f"raised while creating {path} ({props.class_name})")
+        notes = getattr(error, "__notes__", ())
+        if not any(note.startswith(_CREATING) for note in notes):  # the innermost one names all
+            error.add_note(f"{_CREATING} {path} ({props.class_name})")
         raise
     supervisor.children[name] = cell
     cell.start()

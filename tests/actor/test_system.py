@@ -497,3 +497,25 @@ async def test_terminate_abandons_a_tree_deeper_than_the_stack() -> None:
     assert not root.is_alive and not leaf_ref.is_alive
     with pytest.raises(ActorStoppedError):
         await leaf_ref.ask("anyone?", timeout=5)
+
+
+class SpawnsInInit(Actor):
+    """Spawns a child in its constructor; the one at depth 0 fails there."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        if not depth:
+            raise ValueError("the innermost failed")
+        self.context.spawn(Props(SpawnsInInit, depth - 1), name="n")
+
+
+async def test_a_failure_in_nested_constructors_names_the_innermost_actor_once(
+    actor_system: ActorSystem,
+) -> None:
+    with pytest.raises(ValueError, match="innermost") as caught:
+        actor_system.spawn(Props(SpawnsInInit, 50), name="root")
+    # was one note per level: 50 levels, 50 notes
+    assert caught.value.__notes__ == [
+        "raised while creating atomr://test/user/root" + "/n" * 50 + " (SpawnsInInit)"
+    ]
+    assert actor_system.actors == []

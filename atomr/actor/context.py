@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Hashable
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ActorStoppedError, MailboxFullError, bounded_repr
@@ -92,8 +93,10 @@ class Context:
 
         Raises:
             TypeError: if ``ref`` is not an ``ActorRef``.
+            RuntimeError: if ``ref`` lives on another thread's event loop
+                (tell it ``PoisonPill()`` instead).
         """
-        _require_ref("stop", ref)
+        _require_local("stop", ref, "tell it PoisonPill() instead")
         ref._cell.request_stop()
 
     def watch(self, ref: ActorRef) -> ActorRef:
@@ -103,8 +106,10 @@ class Context:
             ``ref``.
         Raises:
             TypeError: if ``ref`` is not an ``ActorRef``.
+            RuntimeError: if ``ref`` lives on another thread's event loop
+                (watching works within one loop).
         """
-        _require_ref("watch", ref)
+        _require_local("watch", ref, "watching works within one loop")
         me = self._cell
         target = ref._cell
         if target is me:
@@ -185,6 +190,8 @@ class Context:
         Raises:
             RuntimeError: outside message handling.
             TypeError: without any ref, or with something that is not an ``ActorRef``.
+            RuntimeError: if a ref lives on another thread's event loop (ask
+                it and return the answer instead).
             MailboxFullError: if every ref's bounded mailbox refuses the message.
         """
         cell = self._cell
@@ -194,7 +201,7 @@ class Context:
         if not refs:
             raise TypeError("forward() needs at least one ActorRef")
         for ref in refs:
-            _require_ref("forward", ref)
+            _require_local("forward", ref, "ask it and return the answer instead")
         refused: MailboxFullError | None = None
         accepted = 0
         for ref in refs:
@@ -329,6 +336,17 @@ def _take_reply(cell: ActorCell, env: Envelope) -> None:
     if cell.stashed_current is env:
         cell.stashed_current = current
     cell.current = current
+
+
+def _require_local(method: str, ref: object, instead: str) -> None:
+    """``ref`` is an ``ActorRef`` on this thread's loop (what ``method`` reaches
+    into directly, without the thread hop a tell or ask makes)."""
+    _require_ref(method, ref)
+    target = ref._cell  # type: ignore[attr-defined]
+    if target.thread_id != get_ident():
+        raise RuntimeError(
+            f"{method}() of {target.label}: it lives on another thread's event loop; {instead}"
+        )
 
 
 def _require_ref(method: str, ref: object) -> None:

@@ -245,6 +245,40 @@ async def test_what_refuses_other_threads_says_so_at_once(
         await system.terminate()
 
 
+class ReachesAcross(Actor):
+    """Calls one Context verb (``stop``, ``watch``, ``forward``) on ``target``
+    and answers with what it raised."""
+
+    def __init__(self, target: ActorRef) -> None:
+        super().__init__()
+        self.target = target
+
+    def receive(self, verb: str) -> Any:
+        try:
+            getattr(self.context, verb)(self.target)
+        except RuntimeError as error:
+            return str(error)
+        return "reached"
+
+
+@pytest.mark.parametrize(
+    ("verb", "instead"),
+    [("stop", "PoisonPill"), ("watch", "within one loop"), ("forward", "ask it")],
+)
+async def test_context_verbs_refuse_an_actor_on_another_loop(
+    elsewhere: tuple[LoopThread, ActorSystem], actor_system: ActorSystem, verb: str, instead: str
+) -> None:
+    # forward() delivered into the other loop's mailbox from this thread (an
+    # ask without a timeout then hung); watch()'s Terminated came seconds late
+    host, system = elsewhere
+    echo = host.run(_spawn(system, Props(Echo)))
+    here = actor_system.spawn(Props(ReachesAcross, echo))
+    said = await here.ask(verb, timeout=5)
+    assert f"{verb}() of {echo.path} (Echo): it lives on another thread's event loop" in said
+    assert instead in said
+    assert await echo.ask("still there", timeout=5) == "still there"
+
+
 async def test_a_closed_loop_refuses_at_once() -> None:
     host = LoopThread()
     system = await asyncio.to_thread(ActorSystem, "closing")  # not bound to this loop

@@ -189,3 +189,14 @@ async def test_a_source_that_raises_mid_epoch_keeps_the_checkpointed_position(
         await fit(resumed, same_batches_as_arrays, epochs=2, batch_size=16,
                   start=saved.positions[-1])  # fmt: skip
         np.testing.assert_array_equal(await resumed.ask(GetWeights()), expected)
+
+
+async def test_a_list_of_two_batches_of_python_lists_is_two_batches() -> None:
+    # was taken for one (features, labels) pair: numpy's "inhomogeneous shape"
+    first, second = (X[:16], Y[:16]), (X[16:32], Y[16:32])
+    as_lists = [(x.tolist(), y.tolist()) for x, y in (first, second)]
+    async with ActorSystem("sources") as system:
+        expected, _ = await _train(system, [first, second])
+        weights, result = await _train(system, as_lists)
+    np.testing.assert_array_equal(weights, expected)
+    assert [r.step for r in result.epochs] == [2, 4]

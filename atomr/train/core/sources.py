@@ -268,10 +268,21 @@ class _Streamed(BatchSource):
 
 
 def _is_array_pair(data: Any) -> bool:
-    """`(features, labels)`, not a list of two `(features, labels)` batches."""
+    """`(features, labels)`, not a list of two `(features, labels)` batches:
+    the second item is labels (a label per row), not a batch whose features
+    have rows of their own, whether arrays or nested lists."""
     if not _is_pair(data):
         return False
-    return not any(_is_pair(a) and isinstance(a[0], np.ndarray) for a in data)
+    second = data[1]
+    return not (_is_pair(second) and _ndim(second[0]) >= 2)
+
+
+def _ndim(value: Any) -> int:
+    """`value`'s dimensions as an array (1 for a ragged nesting)."""
+    try:
+        return int(np.ndim(value))
+    except ValueError:  # numpy refuses a ragged nesting
+        return 1
 
 
 def as_source(

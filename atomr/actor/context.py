@@ -127,7 +127,7 @@ class Context:
 
     def unwatch(self, ref: ActorRef) -> ActorRef:
         """Stop watching ``ref``; a ``Terminated(ref)`` already queued is discarded
-        (as in Akka). Returns ``ref``.
+        (as in Akka; one the actor received and stashed is its own). Returns ``ref``.
 
         Raises:
             TypeError: if ``ref`` is not an ``ActorRef``.
@@ -261,7 +261,8 @@ class Context:
         """Tell ``message`` to this actor after ``delay`` seconds.
 
         A cancelled or replaced timer's message is never received, even if it
-        was already queued; timers are cancelled on stop and restart.
+        was already queued (as in Akka, one the actor received and stashed is
+        its own); timers are cancelled on stop and restart.
 
         Args:
             delay: seconds (>= 0).

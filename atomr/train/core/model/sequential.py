@@ -32,6 +32,9 @@ INPUT_KINDS = ("float", "tokens")
 
 TRAIN = ForwardContext(train=True)
 
+_VIEWED_VECTORS = 3
+"""The vectors whose views `Sequential.views` keeps: gradients and two parameter sets."""
+
 
 @dataclass
 class SequentialTape:
@@ -128,6 +131,7 @@ class Sequential:
             self._slots.append(slots)
         self.out_shape: tuple[int, ...] = shape
         self.n_params = pos
+        self._views: dict[int, tuple[Any, list[list[Any]]]] = {}
         self.seed = None
 
     def _initial(self, rng: np.random.Generator) -> np.ndarray:
@@ -264,8 +268,22 @@ class Sequential:
         return costs
 
     def views(self, vector: Any, index: int) -> list[Any]:
-        """Layer `index`'s arrays as views into `vector` (`params` or `grads`)."""
-        return [vector[start:stop].reshape(shape) for start, stop, shape in self._slots[index]]
+        """Layer `index`'s arrays as views into `vector` (`params` or `grads`).
+
+        Every pass asks for them per layer, so the views of this model's own
+        vectors are made once and kept: the gradients and the two parameter
+        sets an optimizer's double buffer swaps between. A fourth drops them
+        all (keeping views keeps their vector alive); any other vector's
+        views are made afresh."""
+        if vector is not self.params and vector is not self.grads:
+            return [vector[a:b].reshape(shape) for a, b, shape in self._slots[index]]
+        cached = self._views.get(id(vector))
+        if cached is None or cached[0] is not vector:
+            if len(self._views) >= _VIEWED_VECTORS:
+                self._views.clear()
+            layers = [[vector[a:b].reshape(shape) for a, b, shape in s] for s in self._slots]
+            cached = self._views[id(vector)] = (vector, layers)
+        return cached[1][index]
 
     def get_params(self) -> np.ndarray:
         """A host copy of the flat parameter vector."""

@@ -5,6 +5,7 @@ configs and checkpoints round-trip."""
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,23 @@ def test_an_mlp_is_a_stack_of_linear_and_activation_layers() -> None:
     assert [o.stop for o in mlp.layer_offsets()] == [
         r[1] for r in mlp.layer_ranges() if r[1] > r[0]
     ]
+
+
+def test_views_follow_the_vector_and_keep_only_the_models_own() -> None:
+    model = Mlp([3, 4, 2], seed=0)
+    other = np.arange(model.n_params, dtype=np.float32)
+    np.testing.assert_array_equal(model.views(other, 0)[0], other[:12].reshape(3, 4))
+    held = weakref.ref(other)
+    del other
+    assert held() is None  # a foreign vector's views are not kept
+    sets = []
+    for k in range(6):  # a double buffer swaps the parameters on every step
+        model.params = np.full(model.n_params, float(k), dtype=np.float32)
+        sets.append(weakref.ref(model.params))
+        assert model.views(model.params, 2)[1].shape == (2,)
+        assert np.all(model.views(model.params, 0)[0] == k)
+        assert model.views(model.grads, 0)[0].base is model.grads
+    assert sum(s() is not None for s in sets) <= 3  # the old parameter sets were let go
 
 
 def test_a_config_rebuilds_the_model() -> None:

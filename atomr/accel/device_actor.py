@@ -172,13 +172,13 @@ class DeviceActor(Actor):
         job: Callable[[], T] = functools.partial(fn, *args, **kwargs)
         timing = self._timing
         try:
-            if timing is not None and timing.inline(fn):
-                return timing.timed(job, fn)()  # short, and the worker is idle
+            if timing is not None and timing.inline(job):
+                return timing.timed(job)()  # short, and the worker is idle
             if timing is None:
                 return await worker.submit(job)
             timing.in_flight += 1
             try:
-                return await worker.submit(timing.timed(job, fn))
+                return await worker.submit(timing.timed(job))
             finally:
                 timing.in_flight -= 1
         except Exception as exc:

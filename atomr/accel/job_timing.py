@@ -28,10 +28,17 @@ _WEIGHT = 0.2  # of the newest run in the average
 _RUNS_BEFORE_INLINE = 3  # timed on the worker first
 
 
-def _key(fn: Callable[..., Any]) -> Any:
-    """Jobs are told apart by the function they run (a bound method's function)."""
-    inner = getattr(fn, "func", fn)  # functools.partial
-    return getattr(inner, "__func__", inner)
+def _key(job: Callable[..., Any]) -> Any:
+    """Jobs are told apart by the function they run (a bound method's
+    function) and, for a wrapper given the work as its first argument
+    (`guarded(work, ...)`), by that work too: a checkpoint save and a step
+    through the same wrapper are different jobs."""
+    inner = getattr(job, "func", job)  # functools.partial
+    key = getattr(inner, "__func__", inner)
+    args = getattr(job, "args", ())
+    if args and callable(args[0]):
+        return key, getattr(args[0], "__func__", args[0])
+    return key
 
 
 class JobTiming:
@@ -46,28 +53,28 @@ class JobTiming:
         self._average: dict[Any, tuple[float, int]] = {}
         self.in_flight = 0  # jobs handed to the worker and not finished
 
-    def inline(self, fn: Callable[..., Any]) -> bool:
-        """True when `fn` has been short its last runs and the worker is idle."""
+    def inline(self, job: Callable[[], Any]) -> bool:
+        """True when `job` has been short its last runs and the worker is idle."""
         if self.threshold <= 0 or self.in_flight:
             return False
-        average, runs = self._average.get(_key(fn), (0.0, 0))
+        average, runs = self._average.get(_key(job), (0.0, 0))
         return runs >= _RUNS_BEFORE_INLINE and average < self.threshold
 
-    def timed(self, fn: Callable[[], T], key: Callable[..., Any]) -> Callable[[], T]:
-        """`fn`, recording its run time under `key`'s job."""
+    def timed(self, job: Callable[[], T]) -> Callable[[], T]:
+        """`job`, recording its run time."""
 
         def run() -> T:
             started = time.perf_counter()
             try:
-                return fn()
+                return job()
             finally:
-                self.record(key, time.perf_counter() - started)
+                self.record(job, time.perf_counter() - started)
 
         return run
 
-    def record(self, fn: Callable[..., Any], seconds: float) -> None:
-        """Fold one run of `fn` into its average (from any thread: a dict
+    def record(self, job: Callable[..., Any], seconds: float) -> None:
+        """Fold one run of `job` into its average (from any thread: a dict
         assignment is atomic, and a lost update only delays the decision)."""
-        k = _key(fn)
+        k = _key(job)
         average, runs = self._average.get(k, (seconds, 0))
         self._average[k] = ((1.0 - _WEIGHT) * average + _WEIGHT * seconds, runs + 1)

@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
+import atomr.train.trainer
 from atomr import ActorSystem, Props
 from atomr.accel import DeviceActor
 from atomr.accel.job_timing import INLINE_BELOW_S
-from atomr.train import GetWeights, LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
+from atomr.train import (
+    GetWeights,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    SaveCheckpoint,
+    Step,
+    Trainer,
+    TrainerConfig,
+)
 
 
 def _slow() -> int:
@@ -59,3 +73,47 @@ async def test_an_inline_trainer_computes_the_same_bits() -> None:
             b = await plain.ask(Step(x, y))
             assert a.loss == b.loss
         np.testing.assert_array_equal(await fast.ask(GetWeights()), await plain.ask(GetWeights()))
+
+
+def _wrapper(work: Callable[[], int]) -> int:
+    """Stands for `guarded`: one function that runs every kind of work."""
+    return work()
+
+
+class _Wrapping(DeviceActor):
+    inline_below_s = 2e-3
+
+    async def receive(self, message: str) -> int:
+        return await self.on_device(_wrapper, threading.get_ident if message == "short" else _slow)
+
+
+async def test_work_behind_one_wrapper_is_timed_apart() -> None:
+    # the wrapper was the key: after short steps, a checkpoint save through
+    # the same `guarded` ran on the event loop's thread
+    loop_thread = threading.get_ident()
+    async with ActorSystem("inline") as system:
+        probe = system.spawn(Props(_Wrapping, "cpu:0"))
+        threads = [await probe.ask("short") for _ in range(20)]
+        assert all(t == loop_thread for t in threads[-5:])
+        assert await probe.ask("long") != loop_thread
+
+
+async def test_an_inline_trainer_saves_on_its_worker_thread(tmp_path: Path) -> None:
+    x = np.random.default_rng(0).random((32, 8), dtype=np.float32)
+    y = np.arange(32) % 3
+    config = TrainerConfig(OptimizerKind.sgd(0.01), LossKind.CROSS_ENTROPY)
+    saving: list[int] = []
+    real_save = atomr.train.trainer.save_checkpoint
+
+    def save(path: Any, checkpoint: Any) -> None:
+        saving.append(threading.get_ident())
+        real_save(path, checkpoint)
+
+    async with ActorSystem("inline") as system:
+        fast = await _FastTrainer.spawn(system, Mlp([8, 16, 3]), "cpu:0", config)
+        for _ in range(20):
+            await fast.ask(Step(x, y))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(atomr.train.trainer, "save_checkpoint", save)
+            await fast.ask(SaveCheckpoint(tmp_path / "c.ckpt"))
+    assert saving and saving[0] != threading.get_ident()

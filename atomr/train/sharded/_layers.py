@@ -19,7 +19,12 @@ import numpy as np
 
 from atomr.train.core._step_checks import check_loss
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.model.layer import ForwardContext, Layer
+from atomr.train.core.model.layer import (
+    ForwardContext,
+    Layer,
+    backward_checked,
+    forward_checked,
+)
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import BackwardLayer, ForwardLayer, Handed, LayerForwardResult
@@ -63,6 +68,7 @@ class LayerRunner:
     def __init__(self, replica: LayerOwner, template: Sequential) -> None:
         self.replica = replica
         self.layers = template.layers
+        self.shapes = template.shapes
         self._gathered: Any = None
         self._saved: dict[int, Any] = {}
         self._activation: Any = None
@@ -122,7 +128,9 @@ class LayerRunner:
             self._rows = int(msg.features.shape[0])
             self._activation = be.to_device(msg.features) if self._rows else None
         if self._rows:
-            y, saved = self.layers[layer].forward(be, params, self._activation, self._ctx)
+            y, saved = forward_checked(
+                self.layers[layer], be, params, self._activation, self._ctx, self.shapes[layer + 1]
+            )
             if msg.train:
                 self._saved[layer] = saved
             self._activation = y
@@ -163,8 +171,16 @@ class LayerRunner:
                 raise ValueError(f"layer {layer}: no forward pass to take the gradient of")
             saved = self._saved.pop(layer)
             gviews = _views(self.layers[layer], grads)
-            self._d_out = self.layers[layer].backward(
-                r.backend, params, gviews, saved, self._d_out, False, layer > 0
+            self._d_out = backward_checked(
+                self.layers[layer],
+                r.backend,
+                params,
+                gviews,
+                saved,
+                self._d_out,
+                False,
+                layer > 0,
+                self.shapes[layer],
             )
         r.backend.synchronize()
         return r.hand(grads, unit=layer)

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["ForwardContext", "Layer", "TpRule"]
+__all__ = ["ForwardContext", "Layer", "TpRule", "backward_checked", "forward_checked"]
 
 
 class TpRule(enum.Enum):
@@ -155,3 +155,56 @@ class Layer(abc.ABC):
     def config(self) -> dict[str, Any]:
         """A JSON-serialisable description with `"kind"`; `layer_from_config`
         rebuilds the layer from it."""
+
+
+def forward_checked(
+    layer: Layer,
+    be: Any,
+    params: list[Any],
+    x: Any,
+    ctx: ForwardContext,
+    out_shape: tuple[int, ...],
+) -> tuple[Any, Any]:
+    """`layer.forward`, its output checked to be `(batch, *out_shape)`: a
+    kernel downstream sizes its loops by the arrays it is given, so a layer
+    returning the wrong shape would make it read or write out of bounds.
+
+    Raises:
+        ValueError: the output has another shape (naming the layer).
+    """
+    y, saved = layer.forward(be, params, x, ctx)
+    _check_shape(layer, "forward", y, x.shape[0], out_shape)
+    return y, saved
+
+
+def backward_checked(
+    layer: Layer,
+    be: Any,
+    params: list[Any],
+    grads: list[Any],
+    saved: Any,
+    dy: Any,
+    accumulate: bool,
+    input_grad: bool,
+    in_shape: tuple[int, ...],
+) -> Any:
+    """`layer.backward`, its input gradient (when asked) checked to be
+    `(batch, *in_shape)` (see `forward_checked`).
+
+    Raises:
+        ValueError: the input gradient is missing or has another shape.
+    """
+    dx = layer.backward(be, params, grads, saved, dy, accumulate, input_grad)
+    if input_grad:
+        _check_shape(layer, "backward", dx, dy.shape[0], in_shape)
+    return dx
+
+
+def _check_shape(layer: Layer, method: str, got: Any, rows: int, sample: tuple[int, ...]) -> None:
+    shape = getattr(got, "shape", None)
+    if shape is not None and shape[1:] == sample and shape[0] == rows:
+        return
+    what = f"shape {tuple(shape)}" if shape is not None else type(got).__name__
+    raise ValueError(
+        f"{type(layer).__name__}.{method} returned {what}, expected shape {(int(rows), *sample)}"
+    )

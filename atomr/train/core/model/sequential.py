@@ -22,7 +22,13 @@ import numpy as np
 
 from atomr.accel import Device, backend_for
 from atomr.train.core._cpu import cpu_backend
-from atomr.train.core.model.layer import INFERENCE, ForwardContext, Layer
+from atomr.train.core.model.layer import (
+    INFERENCE,
+    ForwardContext,
+    Layer,
+    backward_checked,
+    forward_checked,
+)
 from atomr.train.core.model.registry import layer_from_config
 
 __all__ = ["INPUT_KINDS", "Sequential", "SequentialTape"]
@@ -72,6 +78,10 @@ class Sequential:
         device: where the parameters live (a `Device` or its name; default
             the CPU).
 
+    Attributes:
+        shapes: the per-sample shape entering each layer, then the output's
+            (each pass checks every layer's output against it).
+
     Raises:
         ValueError: no layers, a layer that refuses its input shape, an
             unknown input kind or dtype.
@@ -120,8 +130,10 @@ class Sequential:
         # Python ints: `views` runs for every layer of every pass
         self._slots: list[list[tuple[int, int, tuple[int, ...]]]] = []
         shape, pos = self.in_shape, 0
+        self.shapes: list[tuple[int, ...]] = [shape]
         for layer in self.layers:
-            shape = layer.out_shape(shape)
+            shape = tuple(int(d) for d in layer.out_shape(shape))
+            self.shapes.append(shape)
             slots = []
             for s in layer.param_shapes():
                 array_shape = tuple(int(d) for d in s)
@@ -309,7 +321,8 @@ class Sequential:
     def forward(self, x: Any, ctx: ForwardContext = INFERENCE) -> Any:
         """The output for a batch (keeps nothing for backward)."""
         for i, layer in enumerate(self.layers):
-            x, _ = layer.forward(self.backend, self.views(self.params, i), x, ctx)
+            views = self.views(self.params, i)
+            x, _ = forward_checked(layer, self.backend, views, x, ctx, self.shapes[i + 1])
         return x
 
     def forward_train(self, x: Any, ctx: ForwardContext = TRAIN) -> SequentialTape:
@@ -325,7 +338,8 @@ class Sequential:
         """
         tape = SequentialTape()
         for i, layer in enumerate(self.layers):
-            x, saved = layer.forward(self.backend, self.views(self.params, i), x, ctx)
+            views = self.views(self.params, i)
+            x, saved = forward_checked(layer, self.backend, views, x, ctx, self.shapes[i + 1])
             tape.saved.append(saved)
         tape.output = x
         return tape
@@ -354,5 +368,15 @@ class Sequential:
             views = self.views(self.params, i)
             grads = self.views(self.grads, i)
             wants = i > 0 or input_grad
-            g = self.layers[i].backward(be, views, grads, tape.saved[i], g, accumulate, wants)
+            g = backward_checked(
+                self.layers[i],
+                be,
+                views,
+                grads,
+                tape.saved[i],
+                g,
+                accumulate,
+                wants,
+                self.shapes[i],
+            )
         return g if input_grad else None

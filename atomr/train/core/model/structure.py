@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import sequence_ops as ops
-from atomr.train.core.model.layer import ForwardContext, Layer
+from atomr.train.core.model.layer import ForwardContext, Layer, backward_checked, forward_checked
 from atomr.train.core.model.registry import layer_from_config, register_layer
 
 __all__ = ["Dropout", "Residual"]
@@ -66,6 +66,13 @@ class Residual(Layer):
             at += count
         return parts
 
+    def _shapes(self, in_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The shape entering each inner layer, then the block's output's."""
+        shapes = [in_shape]
+        for layer in self.layers:
+            shapes.append(tuple(int(d) for d in layer.out_shape(shapes[-1])))
+        return shapes
+
     def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The input's shape.
 
@@ -82,8 +89,9 @@ class Residual(Layer):
     def forward(self, be: Any, params: list[Any], x: Any, ctx: ForwardContext) -> tuple[Any, Any]:
         """`x + f(x)`; keeps each inner layer's saved state."""
         saved, h = [], x
-        for layer, p in zip(self.layers, self._split(params), strict=True):
-            h, s = layer.forward(be, p, h, ctx)
+        shapes = self._shapes(tuple(x.shape[1:]))
+        for j, (layer, p) in enumerate(zip(self.layers, self._split(params), strict=True)):
+            h, s = forward_checked(layer, be, p, h, ctx, shapes[j + 1])
             saved.append(s)
         y = be.empty(x.shape, dtype=h.dtype)
         be.copy_unchecked(x, y)
@@ -102,13 +110,17 @@ class Residual(Layer):
     ) -> Any:
         """The inner layers backward; `dx = dy + df/dx`."""
         g = dy
+        shapes = self._shapes(tuple(dy.shape[1:]))
         pairs = list(zip(self.layers, self._split(params), self._split(grads), saved, strict=True))
-        for layer, p, gr, s in reversed(pairs):
-            g = layer.backward(be, p, gr, s, g, accumulate, True)
+        for j in range(len(pairs) - 1, -1, -1):
+            layer, p, gr, s = pairs[j]
+            g = backward_checked(layer, be, p, gr, s, g, accumulate, True, shapes[j])
         if not input_grad:
             return None
-        be.axpy_unchecked(g.dtype.type(1.0), dy.reshape(-1), g.reshape(-1))
-        return g
+        dx = be.empty(dy.shape, dtype=dy.dtype)  # `g` may be `dy` itself (an identity inside)
+        be.copy_unchecked(dy, dx)
+        be.axpy_unchecked(dx.dtype.type(1.0), g.reshape(-1), dx.reshape(-1))
+        return dx
 
     def cost(self, in_shape: tuple[int, ...]) -> float:
         """The inner layers' costs."""

@@ -7,6 +7,8 @@ mask)."""
 from __future__ import annotations
 
 import math
+import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,9 +20,11 @@ from atomr.train.core.model import (
     Dropout,
     Embedding,
     ForwardContext,
+    Layer,
     LayerNorm,
     Linear,
     Residual,
+    Sequential,
     layer_from_config,
 )
 from atomr.train.core.model.gradcheck import gradient_check
@@ -39,6 +43,8 @@ TOL = 1e-6
         (CausalSelfAttention(8, 2), (5, 8)),
         (Residual([LayerNorm(4), Linear(4, 4), Activation("gelu")]), (3, 4)),
         (Dropout(0.3, seed=5), (4, 5)),
+        # an identity inside: its input gradient is dy itself (was added into in place)
+        (Residual([Residual([Dropout(0.0)])]), (2, 3)),
     ],
     ids=lambda v: type(v).__name__ if not isinstance(v, tuple) else str(v),
 )
@@ -133,3 +139,44 @@ def test_configs_round_trip_and_bad_ones_are_refused() -> None:
         CausalSelfAttention(6, 4)
     with pytest.raises(ValueError):
         Dropout(1.0)
+
+
+class Misshapen(Layer):
+    """The identity, but its forward output (`wrong == "forward"`) or its
+    input gradient (`"backward"`) has one feature too many or too few."""
+
+    kind = "misshapen-test"
+
+    def __init__(self, wrong: str) -> None:
+        self.wrong = wrong
+
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        return []
+
+    def init_params(self, rng: np.random.Generator) -> list[np.ndarray]:
+        return []
+
+    def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return in_shape
+
+    def forward(self, be: Any, params: list[Any], x: Any, ctx: ForwardContext) -> tuple[Any, Any]:
+        return (np.concatenate([x, x[:, :1]], axis=1) if self.wrong == "forward" else x), None
+
+    def backward(self, be, params, grads, saved, dy, accumulate, input_grad) -> Any:  # noqa: ANN001
+        return dy[:, :-1].copy() if self.wrong == "backward" else dy
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "wrong": self.wrong}
+
+
+@pytest.mark.parametrize("wrong", ["forward", "backward"])
+@pytest.mark.parametrize("nested", [False, True], ids=["top", "in-residual"])
+def test_a_layer_returning_the_wrong_shape_is_named_not_run_past(wrong: str, nested: bool) -> None:
+    # was: a heap overflow in the next layer's kernel (the process aborted)
+    inner: Layer = Misshapen(wrong)
+    block = Residual([inner]) if nested else inner
+    model = Sequential([Linear(6, 8), Activation("tanh"), block, Linear(8, 3)], (6,))
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    expected = f"Misshapen.{wrong} returned shape (4, {9 if wrong == 'forward' else 7})"
+    with pytest.raises(ValueError, match=re.escape(expected + ", expected shape (4, 8)")):
+        model.backward(model.forward_train(x), np.ones((4, 3), np.float32))

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr.accel import Device, DeviceActor
+from atomr.accel import ContextPoisoned, Device, DeviceActor, Unrecoverable
 from atomr.actor import ActorRef, Failure, Props, not_handled
 from atomr.train._contract import (
     check_config,
@@ -77,7 +77,10 @@ class Trainer(DeviceActor):
     `LoadCheckpoint -> None`. Bad input (wrong width, dtype, labels out of
     range, NaN/Inf in inputs or gradients), unreadable checkpoints and
     checkpoints of another model are answered with a `Failure` and change
-    nothing.
+    nothing. So is any other exception the work raises (a custom layer's
+    bug, a driver error): a step's update is atomic, so the trainer keeps
+    its weights and its step count. Only a device whose state is gone
+    (`ContextPoisoned`, `Unrecoverable`) fails the actor.
 
     Args:
         model: the model to train; it is copied onto `device` when the actor
@@ -218,6 +221,10 @@ class Trainer(DeviceActor):
             else:
                 return not_handled("Trainer", message)
         except REQUEST_ERRORS as exc:
+            return Failure(exc)
+        except (ContextPoisoned, Unrecoverable):
+            raise  # the device's state is gone: the actor fails, its parent decides
+        except Exception as exc:  # noqa: BLE001 - a layer's bug, a driver error: the update is atomic
             return Failure(exc)
         if isinstance(result, Rejected):
             return Failure(result.error)

@@ -27,7 +27,8 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
-from atomr.train.core import load_digits_split, synthetic_classification
+from atomr.train.core import GetTrainingState, load_digits_split, synthetic_classification
+from atomr.train.core.model import Activation, Layer, Linear, Sequential, register_layer
 from tests.train.train_reference import ref_cross_entropy
 
 SIZES = [6, 16, 4]
@@ -375,3 +376,57 @@ async def test_spawn_takes_one_device_and_no_options() -> None:
         assert system.actors == before
         with pytest.raises(TypeError, match="no options"):
             Trainer.props(Mlp(SIZES), "cpu:0", _config(), object())  # type: ignore[arg-type]
+
+
+@register_layer
+class RaisesWhenTold(Layer):
+    """The identity, raising `RuntimeError` in forward while `FAIL` is set
+    (a custom layer's bug)."""
+
+    kind = "raises-when-told-test"
+    FAIL = threading.Event()
+
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        return []
+
+    def init_params(self, rng: np.random.Generator) -> list[np.ndarray]:
+        return []
+
+    def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return in_shape
+
+    def forward(self, be, params, x, ctx):  # noqa: ANN001, ANN201
+        if self.FAIL.is_set():
+            raise RuntimeError("a bug in a custom layer")
+        return x, None
+
+    def backward(self, be, params, grads, saved, dy, accumulate, input_grad):  # noqa: ANN001, ANN201
+        return dy if input_grad else None
+
+    def config(self) -> dict[str, object]:
+        return {"kind": self.kind}
+
+
+async def test_a_layers_bug_fails_the_step_and_keeps_the_training() -> None:
+    # was: the actor restarted from the model's initial weights and step 0,
+    # and the next Step went on from there as if nothing had been trained
+    x, y = _data()
+    model = Sequential(
+        [Linear(6, 16), Activation("relu"), RaisesWhenTold(), Linear(16, 4)], (6,), seed=5
+    )
+    async with ActorSystem() as system:
+        ref = await Trainer.spawn(
+            system, model, "cpu:0", _config(optimizer=OptimizerKind.adam(1e-2))
+        )
+        for _ in range(3):
+            await ref.ask(Step(x, y), timeout=10)
+        before = await _weights(ref)
+        RaisesWhenTold.FAIL.set()
+        try:
+            with pytest.raises(Exception, match="a bug in a custom layer"):
+                await ref.ask(Step(x, y), timeout=10)
+        finally:
+            RaisesWhenTold.FAIL.clear()
+        np.testing.assert_array_equal(await _weights(ref), before)
+        assert (await ref.ask(GetTrainingState(), timeout=10)).step == 3
+        assert (await ref.ask(Step(x, y), timeout=10)).applied

@@ -61,9 +61,22 @@ class Embedding(Layer):
         return (in_shape[0], self.d_model)
 
     def forward(self, be: Any, params: list[Any], x: Any, ctx: ForwardContext) -> tuple[Any, Any]:
-        """The lookups; keeps the ids."""
+        """The lookups; keeps the ids.
+
+        Raises:
+            TypeError: host ids that are not integers.
+            ValueError: host ids outside `[0, vocab)` (the lookup would read
+                outside the table; the trainers check at their boundary, this
+                guards a direct `Sequential.forward`, as `generate` makes).
+        """
         tokens, positions = params
         ids = x.reshape(-1)
+        if isinstance(ids, np.ndarray) and ids.size:
+            if ids.dtype.kind not in "iu":
+                raise TypeError(f"token ids must be integers, got {ids.dtype}")
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.vocab:
+                raise ValueError(f"token ids must be in [0, {self.vocab}), got {low} .. {high}")
         y = be.empty((ids.shape[0], self.d_model), dtype=tokens.dtype)
         ops.embedding_forward(be, ids, tokens, positions, y, x.shape[1])
         return y.reshape((*x.shape, self.d_model)), (ids, x.shape[1])

@@ -25,6 +25,7 @@ from atomr.train.core.model import (
     Linear,
     Residual,
     Sequential,
+    gpt,
     layer_from_config,
 )
 from atomr.train.core.model.gradcheck import gradient_check
@@ -180,3 +181,21 @@ def test_a_layer_returning_the_wrong_shape_is_named_not_run_past(wrong: str, nes
     expected = f"Misshapen.{wrong} returned shape (4, {9 if wrong == 'forward' else 7})"
     with pytest.raises(ValueError, match=re.escape(expected + ", expected shape (4, 8)")):
         model.backward(model.forward_train(x), np.ones((4, 3), np.float32))
+
+
+@pytest.mark.parametrize(
+    ("ids", "error", "needle"),
+    [
+        ([[1, 2, 3, 10]], ValueError, "in [0, 10), got 1 .. 10"),
+        ([[1, 2, 3, -1]], ValueError, "got -1 .. 3"),
+        ([[1, 2, 3, 10_000_000]], ValueError, "got 1 .. 10000000"),  # was: a segfault
+        ([[1.5, 2, 3, 4]], TypeError, "integers, got float64"),
+    ],
+)
+def test_a_direct_forward_refuses_token_ids_outside_the_vocabulary(
+    ids: list[list[float]], error: type, needle: str
+) -> None:
+    model = gpt(10, 4, n_layer=1, n_head=2, d_model=8, seed=0)
+    assert model.forward(np.array([[1, 2, 3, 9]])).shape == (1, 4, 10)
+    with pytest.raises(error, match=re.escape(needle)):
+        model.forward(np.array(ids))

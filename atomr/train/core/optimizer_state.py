@@ -201,14 +201,19 @@ class Optimizer:
                 state[name] = np.asarray(self.backend.to_host(buf))
         return state
 
+    def _required_buffers(self, kind: UpdateRule, step: int) -> tuple[str, ...]:
+        """The buffers a state at `step` must hold (all of them, by default)."""
+        return self._buffers
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore state from `state_dict()` output (hyper-parameters are
         taken from `state["kind"]` too, so a learning-rate schedule survives).
 
         Raises:
             ValueError: another optimizer kind, a step that is not a
-                non-negative integer, buffers of the wrong size, non-finite
-                buffers, or a negative value in a buffer that cannot hold one.
+                non-negative integer, a buffer missing that the step needs,
+                buffers of the wrong size, non-finite buffers, or a negative
+                value in a buffer that cannot hold one.
         """
         kind = type(self.kind).from_config(state["kind"])
         if kind.name != self.kind.name:
@@ -217,9 +222,12 @@ class Optimizer:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
         loaded: dict[str, Any] = {}
+        required = self._required_buffers(kind, int(step))
         for name in self._buffers:
             host = state.get(name)
             if host is None:
+                if name in required:
+                    raise ValueError(f"buffer {name!r} is missing at step {step}")
                 loaded[name] = None
                 continue
             host = np.asarray(host)
@@ -250,6 +258,11 @@ class Sgd(Optimizer):
     def __init__(self, kind: UpdateRule, n: int, backend: Any, dtype: np.dtype) -> None:
         super().__init__(kind, n, backend, dtype)
         self.momentum_buffer: Any = None
+
+    def _required_buffers(self, kind: UpdateRule, step: int) -> tuple[str, ...]:
+        """The momentum buffer, once a step with momentum was taken (without
+        it the next step would start the momentum afresh)."""
+        return self._buffers if step > 0 and kind.momentum != 0.0 else ()
 
     def _step_in_place(self, params: Any, grads: Any) -> bool:
         self._check_args("Sgd.step", ("grads",), params=params, grads=grads)

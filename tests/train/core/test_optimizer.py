@@ -113,6 +113,37 @@ def test_load_state_dict_rejects_other_kind_and_size() -> None:
         OptimizerKind.sgd(0.1, momentum=0.9).create(N + 1).load_state_dict(sgd.state_dict())
 
 
+@pytest.mark.parametrize(
+    ("kind", "missing"),
+    [
+        (OptimizerKind.adam(0.1), "exp_avg"),
+        (OptimizerKind.adamw(0.1), "exp_avg_sq"),
+        (OptimizerKind.sgd(0.1, momentum=0.9), "momentum_buffer"),
+    ],
+)
+def test_a_state_missing_a_buffer_its_step_needs_is_refused(kind, missing: str) -> None:
+    # was loaded: Adam's next step failed inside the kernel (a typing error),
+    # SGD's silently started its momentum afresh
+    first = kind.create(N)
+    first.step(_start(), _grads(7)[0])
+    state = first.state_dict()
+    del state[missing]
+    fresh = kind.create(N)
+    with pytest.raises(ValueError, match=f"buffer '{missing}' is missing at step 1"):
+        fresh.load_state_dict(state)
+    assert fresh.step_count == 0
+
+
+def test_plain_sgd_needs_no_momentum_buffer() -> None:
+    first = OptimizerKind.sgd(0.1).create(N)
+    first.step(_start(), _grads(7)[0])
+    state = first.state_dict()
+    state.pop("momentum_buffer", None)
+    second = OptimizerKind.sgd(0.1).create(N)
+    second.load_state_dict(state)
+    assert second.step_count == 1
+
+
 def test_step_rejects_wrong_shape_and_dtype() -> None:
     opt = OptimizerKind.sgd(0.1).create(N)
     p = _start()

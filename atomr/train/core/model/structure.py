@@ -38,6 +38,7 @@ class Residual(Layer):
         if not self.layers or not all(isinstance(layer, Layer) for layer in self.layers):
             raise ValueError("Residual needs a non-empty list of Layers")
         self._counts = param_counts(self.layers)
+        self._shapes_by_input: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Residual:
@@ -67,10 +68,18 @@ class Residual(Layer):
         return parts
 
     def _shapes(self, in_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """The shape entering each inner layer, then the block's output's."""
-        shapes = [in_shape]
-        for layer in self.layers:
-            shapes.append(tuple(int(d) for d in layer.out_shape(shapes[-1])))
+        """The shape entering each inner layer, then the block's output's
+        (worked out once per input shape: every pass asks, both ways).
+
+        Raises:
+            ValueError: an inner layer refuses its input.
+        """
+        shapes = self._shapes_by_input.get(in_shape)
+        if shapes is None:
+            shapes = [in_shape]
+            for layer in self.layers:
+                shapes.append(tuple(int(d) for d in layer.out_shape(shapes[-1])))
+            self._shapes_by_input[in_shape] = shapes
         return shapes
 
     def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -79,9 +88,7 @@ class Residual(Layer):
         Raises:
             ValueError: an inner layer refuses its input, or the block changes the shape.
         """
-        shape = in_shape
-        for layer in self.layers:
-            shape = layer.out_shape(shape)
+        shape = self._shapes(in_shape)[-1]
         if shape != in_shape:
             raise ValueError(f"a residual block must keep its shape {in_shape}, it gives {shape}")
         return in_shape
@@ -124,11 +131,10 @@ class Residual(Layer):
 
     def cost(self, in_shape: tuple[int, ...]) -> float:
         """The inner layers' costs."""
-        total, shape = 0.0, in_shape
-        for layer in self.layers:
-            total += layer.cost(shape)
-            shape = layer.out_shape(shape)
-        return total
+        shapes = self._shapes(in_shape)
+        return sum(
+            (layer.cost(shape) for layer, shape in zip(self.layers, shapes[:-1], strict=True)), 0.0
+        )
 
     def config(self) -> dict[str, Any]:
         """`kind` and the inner layers' configs."""

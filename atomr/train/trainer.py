@@ -50,7 +50,7 @@ from atomr.train.core.checkpoint import (
 )
 from atomr.train.core.clip import clip_grad_norm, global_norm
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
+from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.messages import (
     Evaluate,
     GetTrainingState,
@@ -220,12 +220,10 @@ class Trainer(DeviceActor):
                 result = await self.on_device(guarded, self._load, message.path)
             else:
                 return not_handled("Trainer", message)
-        except REQUEST_ERRORS as exc:
-            return Failure(exc)
         except (ContextPoisoned, Unrecoverable):
             raise  # the device's state is gone: the actor fails, its parent decides
-        except Exception as exc:  # noqa: BLE001 - a layer's bug, a driver error: the update is atomic
-            return Failure(exc)
+        except Exception as exc:  # a bad request, a layer's bug, a driver error
+            return Failure(exc)  # nothing changed: the update is atomic
         if isinstance(result, Rejected):
             return Failure(result.error)
         return result

@@ -33,8 +33,8 @@ __all__ = [
 
 logger = logging.getLogger("atomr.actor")
 
-_IN_POST_STOP: ContextVar[ActorCell | None] = ContextVar("atomr_in_post_stop", default=None)
-"""The actor whose ``post_stop`` the running task is in."""
+_IN_POST_STOP: ContextVar[bool] = ContextVar("atomr_in_post_stop", default=False)
+"""Whether the running task is in an actor's ``post_stop``."""
 
 
 async def maybe_await(value: Any) -> None:
@@ -139,7 +139,7 @@ async def _post_stop(cell: ActorCell) -> BaseException | None:
     has ended (its watchers told, its stop awaited), as a handler's would be."""
     if not cell.started:
         return None
-    stopping = _IN_POST_STOP.set(cell)
+    stopping = _IN_POST_STOP.set(True)
     try:
         await maybe_await(cell.instance.post_stop())
     except Exception:
@@ -160,7 +160,7 @@ async def _post_stop(cell: ActorCell) -> BaseException | None:
 def in_post_stop() -> bool:
     """Whether the running code is an actor's ``post_stop`` (which an
     awaited ``ActorSystem.terminate`` would wait for)."""
-    return _IN_POST_STOP.get() is not None
+    return _IN_POST_STOP.get()
 
 
 def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:

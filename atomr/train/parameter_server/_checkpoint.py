@@ -42,7 +42,7 @@ def checkpoint_of(states: Sequence[ServerState], model_config: Mapping[str, Any]
             optimizer[key] = np.concatenate([np.asarray(s.optimizer[key]) for s in states])
     return Checkpoint(
         model=dict(model_config),
-        weights=np.concatenate([np.asarray(s.weights, dtype=np.float32) for s in states]),
+        weights=np.concatenate([np.asarray(s.weights) for s in states]),
         step=states[0].version,
         optimizer=optimizer,
         extra={"trainer": "AsyncParameterServer", "shards": len(states)},

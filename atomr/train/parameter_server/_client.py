@@ -88,7 +88,8 @@ class ShardedClient:
         """Pull every range.
 
         Returns:
-            `(weights, versions)`: the full float32 vector and each server's version.
+            `(weights, versions)`: the full vector (in the servers' dtype) and
+            each server's version.
 
         Raises:
             Exception: a server's failure (after every pull settled).
@@ -96,8 +97,8 @@ class ShardedClient:
         replies = await ask_all(self.servers, PullWeights(worker), self.timeout, per_worker=False)
         if len(replies) == 1:
             weights, version = replies[0]
-            return np.asarray(weights, dtype=np.float32), [int(version)]
-        weights = np.concatenate([np.asarray(w, dtype=np.float32) for w, _ in replies])
+            return np.asarray(weights), [int(version)]
+        weights = np.concatenate([np.asarray(w) for w, _ in replies])
         return weights, [int(v) for _, v in replies]
 
     async def push(

@@ -107,6 +107,7 @@ class Layout:
                 workers=len(self.worker_devices),
                 device=device,
                 gradient_clip=self.config.gradient_clip,
+                dtype=self.model.dtype,
             )
             for (lo, hi), device in zip(self.ranges, self.server_devices, strict=True)
         ]

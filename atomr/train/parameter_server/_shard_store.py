@@ -42,6 +42,7 @@ class ShardStore(DeviceActor):
     """
 
     n: int
+    dtype: np.dtype
     kind: OptimizerKind
     gradient_clip: float | None
     weights: Any
@@ -57,7 +58,7 @@ class ShardStore(DeviceActor):
         """On the device thread: weights and optimizer state on the device."""
         be = self.backend
         self.weights = be.to_device(self._initial)
-        self.optimizer = self.kind.create(self.n, be, np.float32)
+        self.optimizer = self.kind.create(self.n, be, self.dtype)
 
     async def _ready(self) -> None:
         if self.weights is None:
@@ -119,12 +120,12 @@ class ShardStore(DeviceActor):
         be = self.backend
         with np.errstate(over="ignore", invalid="ignore"):
             if len(parts) == 1 and parts[0][1] == 1.0:
-                total = np.ascontiguousarray(parts[0][0], dtype=np.float32)
+                total = np.ascontiguousarray(parts[0][0], dtype=self.dtype)
             else:
                 acc = np.zeros(self.n, dtype=np.float64)
                 for g, coef in parts:
                     acc += coef * g.astype(np.float64, copy=False)
-                total = acc.astype(np.float32)
+                total = acc.astype(self.dtype)
             if not np.isfinite(total).all():
                 return NonFiniteError("gradient holds NaN or Inf; nothing applied")
         grads = be.to_device(total)
@@ -155,12 +156,12 @@ class ShardStore(DeviceActor):
             ValueError: the wrong number of weights, non-finite weights, or an
                 optimizer state that does not fit (nothing changed).
         """
-        w = np.asarray(state.weights, dtype=np.float32).reshape(-1)
+        w = np.asarray(state.weights, dtype=self.dtype).reshape(-1)
         if w.shape[0] != self.n or not np.isfinite(w).all():
             raise ValueError(
                 f"state holds {w.shape[0]} weights (finite needed), server has {self.n}"
             )
-        fresh = self.kind.create(self.n, self.backend, np.float32)
+        fresh = self.kind.create(self.n, self.backend, self.dtype)
         try:
             fresh.load_state_dict(state.optimizer)
         except (KeyError, TypeError) as exc:

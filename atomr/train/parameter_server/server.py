@@ -46,6 +46,7 @@ from atomr.train.core.checkpoint import CheckpointError, load_checkpoint, save_c
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint, SetLearningRate
+from atomr.train.core.model.sequential import model_dtype
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
@@ -88,7 +89,7 @@ class ServerShard(ShardStore):
     `atomr.testkit.inject_faults`): `apply_gradients`.
 
     Args:
-        initial_weights: 1-D float array (copied, cast to float32).
+        initial_weights: 1-D float array (copied, cast to `dtype`).
         optimizer: an `OptimizerKind`, or a float learning rate for plain SGD
             (the seed crate's form).
         max_staleness: reject pushes with `version - worker_version` above it;
@@ -101,11 +102,15 @@ class ServerShard(ShardStore):
             (only exact for a shard holding the whole vector).
         model_config: the model's `Mlp.config()`, written to checkpoints so
             that they load into other trainers (default: a flat vector).
+        dtype: what the weights, the optimizer's state and the applied
+            gradients are held in: the model's dtype, float32 (default) or
+            float64.
 
     Raises:
         TypeError: bad optimizer type.
         ValueError: empty or non-finite weights, a negative `max_staleness`,
-            or a bounded/synchronous model without `workers >= 1`.
+            a bounded/synchronous model without `workers >= 1`, or a dtype
+            other than float32 or float64.
     """
 
     def __init__(
@@ -119,9 +124,11 @@ class ServerShard(ShardStore):
         device: Device | str = "cpu:0",
         gradient_clip: float | None = None,
         model_config: dict[str, Any] | None = None,
+        dtype: Any = np.float32,
     ) -> None:
         super().__init__(device)
-        host = np.array(initial_weights, dtype=np.float32).reshape(-1)
+        self.dtype = model_dtype(dtype)
+        host = np.array(initial_weights, dtype=self.dtype).reshape(-1)
         if host.size < 1 or not np.isfinite(host).all():
             raise ValueError("initial_weights must be a non-empty finite vector")
         check_staleness_bound(max_staleness, "max_staleness")
@@ -243,7 +250,7 @@ class ServerShard(ShardStore):
             return Failure(StaleGradientError(staleness, 0, "synchronous mode"))
         if not np.isfinite(grad).all():
             return Failure(NonFiniteError("gradient holds NaN or Inf; nothing applied"))
-        grad = grad.astype(np.float32, copy=True)
+        grad = grad.astype(self.dtype, copy=True)
         pending = PendingPush(grad, weight, self.context.defer(), wants_weights=return_weights)
         await self._join_round(worker, pending)
         return None

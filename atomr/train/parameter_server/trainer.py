@@ -235,7 +235,7 @@ class AsyncParameterServer(Actor):
     async def _weights(self) -> np.ndarray:
         timeout = self.config.worker_timeout
         parts = await ask_all(self.servers, GetWeights(), timeout, per_worker=False)
-        return np.concatenate([np.asarray(p, dtype=np.float32) for p in parts])
+        return np.concatenate([np.asarray(p) for p in parts])
 
     async def _save(self, path: Any) -> None:
         """Every range's weights and optimizer state as one checkpoint."""

@@ -125,7 +125,7 @@ class ParameterServerWorker(DeviceActor):
         if isinstance(features, np.ndarray) and features.ndim == 2 and features.shape[0] == 0:
             self._pushed = None
             _, versions = await self.client.pull(self.worker_id)
-            zeros = np.zeros(self.client.n, dtype=np.float32)
+            zeros = np.zeros(self.client.n, dtype=model.dtype)
             await self.client.push(self.worker_id, versions, zeros, 0.0)
             micros = (time.perf_counter_ns() - t0) // 1000
             return BatchResult(StepStats(0.0, 0.0, micros, 0, applied=False), 0.0)
@@ -203,13 +203,13 @@ class ParameterServerWorker(DeviceActor):
             check_loss(loss_sum)
             if self.client.synchronous and norm <= 0.0:
                 # no mean of its own, but the round's is defined: a weight-0 push
-                return np.zeros(self.client.n, dtype=np.float32), 0.0, 0.0, 0.0
+                return np.zeros(self.client.n, dtype=model.dtype), 0.0, 0.0, 0.0
             check_normaliser(norm)
             be.scale(d_out, 1.0 / norm)
             model.backward(tape, d_out)
             grad_norm = global_norm(be, model.grads)
             check_gradient(grad_norm)
-            grad = np.asarray(be.to_host(model.grads), dtype=np.float32)
+            grad = np.asarray(be.to_host(model.grads))
         return grad, float(norm), float(loss_sum / norm), float(grad_norm)
 
     async def _evaluate(self, msg: Evaluate) -> Any:

@@ -234,6 +234,8 @@ def test_constructor_and_consistency_errors() -> None:
         ServerShard(_f32(np.nan), 0.1)
     with pytest.raises(TypeError):
         ServerShard(_f32(1), "fast")
+    with pytest.raises(ValueError, match="float32 or float64"):
+        ServerShard(_f32(1), 0.1, dtype=np.int8)
 
 
 async def test_a_lone_server_checkpoints_in_the_format_of_every_trainer(

@@ -25,6 +25,7 @@ from atomr.train import (
     StepStats,
     Trainer,
     TrainerConfig,
+    load_checkpoint,
 )
 from atomr.train.parameter_server import (
     AsyncParameterServer,
@@ -92,6 +93,33 @@ async def test_a_contract_program_gives_on_the_synchronous_parameter_server_what
         np.testing.assert_allclose(got["norms"], want["norms"], rtol=1e-5)
     else:
         assert all(g >= w * (1 - 1e-5) for g, w in zip(got["norms"], want["norms"], strict=True))
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_a_float64_model_trains_in_float64_as_on_the_trainer(
+    actor_system, tmp_path: Path, shards: int
+) -> None:
+    model = Mlp(SIZES, seed=2, dtype=np.float64)
+    cfg = config(OptimizerKind.adam(1e-2))
+    options = ParameterServerOptions(
+        workers=1, shards=shards, consistency=Consistency.synchronous()
+    )
+
+    def on_trainer() -> Awaitable[ActorRef]:
+        return Trainer.spawn(actor_system, model, "cpu:0", cfg)
+
+    def on_parameter_server() -> Awaitable[ActorRef]:
+        return AsyncParameterServer.spawn(actor_system, model, ["cpu:0"], cfg, options)
+
+    want = await _program(on_trainer, tmp_path / "trainer")
+    got = await _program(on_parameter_server, tmp_path / "ps")
+    for key in ("mid", "final", "restored"):
+        assert got[key].dtype == np.float64
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-12)
+    saved = load_checkpoint(tmp_path / "ps" / "mid.ckpt")
+    assert saved.weights.dtype == np.float64
+    assert all(v.dtype == np.float64 for v in saved.optimizer.values() if isinstance(v, np.ndarray))
 
 
 class _RecordingWorker(ParameterServerWorker):

@@ -55,7 +55,12 @@ class SequentialTape:
     output: Any = None
 
 
-def _dtype(dtype: Any) -> np.dtype:
+def model_dtype(dtype: Any) -> np.dtype:
+    """`dtype` as a NumPy dtype, checked to be one a model computes in.
+
+    Raises:
+        ValueError: not float32 or float64.
+    """
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
@@ -119,7 +124,7 @@ class Sequential:
         if input_kind not in INPUT_KINDS:
             raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {input_kind!r}")
         self.input_kind = input_kind
-        self.dtype = _dtype(dtype)
+        self.dtype = model_dtype(dtype)
         self.device: Any = None
         self.backend: Any = cpu_backend()
         if device is not None:

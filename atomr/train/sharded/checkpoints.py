@@ -6,18 +6,27 @@ full weight vector and full optimizer buffers, so the file loads into any
 trainer, and any trainer's checkpoint loads into a sharded one.
 
 With `ShardedOptions.shard_checkpoints`, each replica's state goes to a file
-of its own, `<path>.shard-<g>-of-<G>` (`g`: the replica's place in the job,
-process by process), written by the process that holds it; the path itself
-then holds an *index*: a checkpoint in today's format whose weights are
-empty and whose `extra["sharded"]` lists the files and the layout. Every
-file is written atomically, the index last. `merge_shards(path)` reads the
-index and the shards back into one full `Checkpoint` (what `LoadCheckpoint`
-does with such a path), so a sharded save loads into any layout, any
-replica count and any trainer.
+of its own, `<path>.gen-<N>.shard-<g>-of-<G>` (`g`: the replica's place in
+the job, process by process), written by the process that holds it; the
+path itself then holds an *index*: a checkpoint in today's format whose
+weights are empty and whose `extra["sharded"]` gives the shard count and
+the generation `N`. `merge_shards(path)` reads the index and the shards
+back into one full `Checkpoint` (what `LoadCheckpoint` does with such a
+path), so a sharded save loads into any layout, any replica count and any
+trainer.
+
+A save is crash-safe: each save writes a new generation of shard files
+(one above any generation beside the path), every file atomically, then
+the index, then deletes the older generations' files. Until the index is
+replaced it names the previous save's files, which nothing has touched; a
+kill at any moment leaves one whole checkpoint. Indexes written before
+generations existed name `<path>.shard-<g>-of-<G>` and still load.
 """
 
 from __future__ import annotations
 
+import glob
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,12 +44,42 @@ from atomr.train.core.checkpoint import (
 from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import ShardReplicaState
 
-__all__ = ["assemble_state", "merge_shards", "shard_path", "split_state", "write_shards"]
+__all__ = [
+    "assemble_state",
+    "merge_shards",
+    "next_generation",
+    "shard_path",
+    "split_state",
+    "write_index",
+    "write_shards",
+]
 
 
-def shard_path(path: str | Path, index: int, count: int) -> Path:
-    """The file of shard `index` of `count` next to the index at `path`."""
-    return Path(f"{path}.shard-{index}-of-{count}")
+def shard_path(path: str | Path, index: int, count: int, generation: int = 0) -> Path:
+    """The file of shard `index` of `count`, of save `generation`, next to
+    the index at `path` (generation 0: the name of indexes written before
+    generations existed)."""
+    if generation == 0:
+        return Path(f"{path}.shard-{index}-of-{count}")
+    return Path(f"{path}.gen-{generation}.shard-{index}-of-{count}")
+
+
+def _generations(path: str | Path) -> dict[int, list[Path]]:
+    """The shard files beside `path`, by generation."""
+    target = Path(path)
+    pattern = re.compile(re.escape(target.name) + r"(?:\.gen-(\d+))?\.shard-\d+-of-\d+")
+    found: dict[int, list[Path]] = {}
+    for candidate in target.parent.glob(glob.escape(target.name) + "*.shard-*-of-*"):
+        match = pattern.fullmatch(candidate.name)
+        if match is not None:
+            found.setdefault(int(match.group(1) or 0), []).append(candidate)
+    return found
+
+
+def next_generation(path: str | Path) -> int:
+    """The generation a new save at `path` writes: one above every
+    generation of shard files beside it, so it overwrites none of them."""
+    return max(_generations(path), default=0) + 1
 
 
 def assemble_state(
@@ -81,28 +120,52 @@ def write_shards(
     layout: ShardLayout,
     states: Sequence[ShardReplicaState],
     model: dict[str, Any],
-    extra: dict[str, Any],
+    generation: int,
 ) -> None:
-    """Write this process's replicas' files, then (process 0) the index.
+    """Write this process's replicas' files of save `generation` (process 0
+    writes the index afterwards, once every process has: `write_index`).
 
     Raises:
         CheckpointError, OSError: as `save_checkpoint`; what it refuses about
-            a path is checked for every file before any is written.
+            a path is checked for every file (the index too, on process 0)
+            before any is written.
     """
     count = layout.replicas * layout.processes
     first = layout.process_rank * layout.replicas
-    targets = [shard_path(path, first + k, count) for k in range(len(states))]
+    targets = [shard_path(path, first + k, count, generation) for k in range(len(states))]
     for target in [*targets, Path(path)] if layout.process_rank == 0 else targets:
         check_save_target(target)
     for k, state in enumerate(states):
         owned = [list(r) for r in layout.owned(k)]
         shard = Checkpoint(model, state.piece, state.steps, state.optimizer, {"owned": owned})
         save_checkpoint(targets[k], shard)
-    if layout.process_rank == 0:
-        index = {SHARDED_INDEX_KEY: {"count": count, "n_params": layout.n_params}, **extra}
-        save_checkpoint(
-            path, Checkpoint(model, np.zeros(0, np.float32), states[0].steps, {}, index)
-        )
+
+
+def write_index(
+    path: str | Path,
+    layout: ShardLayout,
+    steps: int,
+    model: dict[str, Any],
+    extra: dict[str, Any],
+    generation: int,
+) -> None:
+    """Process 0, once every shard of `generation` is written: the index at
+    `path` (atomically), then the other generations' shard files go.
+
+    Raises:
+        CheckpointError, OSError: as `save_checkpoint` (the previous index
+            and its shards are then untouched).
+    """
+    count = layout.replicas * layout.processes
+    info = {"count": count, "n_params": layout.n_params, "generation": generation}
+    index = Checkpoint(
+        model, np.zeros(0, np.float32), steps, {}, {SHARDED_INDEX_KEY: info, **extra}
+    )
+    save_checkpoint(path, index)
+    for older, files in _generations(path).items():
+        if older != generation:
+            for file in files:
+                file.unlink(missing_ok=True)
 
 
 def merge_shards(path: str | Path, index: Checkpoint | None = None) -> Checkpoint:
@@ -124,17 +187,14 @@ def merge_shards(path: str | Path, index: Checkpoint | None = None) -> Checkpoin
     info = ckpt.extra.get(SHARDED_INDEX_KEY)
     if info is None:
         return ckpt
-    try:
-        count, n = int(info["count"]), int(info["n_params"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: a bad shard index: {exc}") from exc
+    count, n, generation = _index_info(path, info)
+    shards = [_load_shard(path, ckpt, g, count, generation) for g in range(count)]
+    if sum(int(shard.weights.shape[0]) for shard in shards) != n:  # before allocating n
+        raise CheckpointError(f"the shards of {path} do not hold the index's {n} parameters")
     covered = np.zeros(n, dtype=np.int64)
     weights: np.ndarray | None = None
     optimizer: dict[str, Any] = {}
-    for g in range(count):
-        shard = load_checkpoint(shard_path(path, g, count))
-        if shard.model != ckpt.model or shard.step != ckpt.step:
-            raise CheckpointError(f"shard {g} of {path} is of another model or step")
+    for g, shard in enumerate(shards):
         weights = _place(shard, shard.weights, weights, n, covered, g)
         for key, value in shard.optimizer.items():
             if isinstance(value, np.ndarray):
@@ -145,6 +205,38 @@ def merge_shards(path: str | Path, index: Checkpoint | None = None) -> Checkpoin
         raise CheckpointError(f"the shards of {path} do not cover the parameters exactly once")
     extra = {k: v for k, v in ckpt.extra.items() if k != SHARDED_INDEX_KEY}
     return Checkpoint(ckpt.model, weights, ckpt.step, optimizer, extra)
+
+
+def _index_info(path: str | Path, info: Any) -> tuple[int, int, int]:
+    """`(shard count, parameters, generation)` of an index, checked.
+
+    Raises:
+        CheckpointError: a field is missing, not an integer, or out of range.
+    """
+    try:
+        count, n = int(info["count"]), int(info["n_params"])
+        generation = int(info.get("generation", 0))
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise CheckpointError(f"{path}: a bad shard index: {exc!r}") from exc
+    if count < 1 or n < 1 or generation < 0:
+        raise CheckpointError(
+            f"{path}: a bad shard index: {count} shards, {n} parameters, generation {generation}"
+        )
+    return count, n, generation
+
+
+def _load_shard(
+    path: str | Path, index: Checkpoint, g: int, count: int, generation: int
+) -> Checkpoint:
+    """Shard `g`, checked to be of the index's model and step.
+
+    Raises:
+        CheckpointError, OSError: as `load_checkpoint`; another model or step.
+    """
+    shard = load_checkpoint(shard_path(path, g, count, generation))
+    if shard.model != index.model or shard.step != index.step:
+        raise CheckpointError(f"shard {g} of {path} is of another model or step")
+    return shard
 
 
 def _place(

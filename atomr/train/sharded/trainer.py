@@ -76,7 +76,14 @@ from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.data_parallel.messages import EvaluateShard, ShardEval
 from atomr.train.sharded._exchange import ShardExchange
 from atomr.train.sharded._passes import ShardedPasses
-from atomr.train.sharded.checkpoints import assemble_state, merge_shards, split_state, write_shards
+from atomr.train.sharded.checkpoints import (
+    assemble_state,
+    merge_shards,
+    next_generation,
+    split_state,
+    write_index,
+    write_shards,
+)
 from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import GetShardMemory, GetShardState, SetShardState, ShardMemory
 from atomr.train.sharded.options import ShardedOptions
@@ -263,13 +270,30 @@ class ShardedDataParallelTrainer(Actor):
     async def _save(self, path: Path) -> None:
         extra = {"trainer": type(self).__name__, "stage": self.options.stage}
         if self.options.shard_checkpoints:
-            states = await self._states()
-            await self._host.run(write_shards, path, self.layout, states, self.model_config, extra)
+            await self._save_shards(path, extra)
             return
         weights, optimizer = await self._full_state()
         if self.options.process_rank == 0:
             ckpt = Checkpoint(self.model_config, weights, self.steps, optimizer, extra)
             await self._host.run(save_checkpoint, path, ckpt)
+
+    async def _save_shards(self, path: Path, extra: dict[str, Any]) -> None:
+        """One file per replica, of a new generation, then (process 0) the
+        index, once every process has written (`checkpoints` module docstring)."""
+        states = await self._states()
+        processes = self.options.process_collective
+        generation = await self._host.run(next_generation, path)
+        if processes is not None:  # process 0's count, so every file is of one save
+            shared = np.array([generation], dtype=np.float64)
+            await processes.broadcast([shared], 0)
+            generation = int(shared[0])
+        config = self.model_config
+        await self._host.run(write_shards, path, self.layout, states, config, generation)
+        if processes is not None:
+            await processes.barrier()
+        if self.options.process_rank == 0:
+            steps = states[0].steps
+            await self._host.run(write_index, path, self.layout, steps, config, extra, generation)
 
     async def _read(self, path: Path) -> Checkpoint:
         ckpt: Checkpoint = await self._host.run(merge_shards, path)

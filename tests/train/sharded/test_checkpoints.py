@@ -28,8 +28,11 @@ from atomr.train import (
     TrainerConfig,
     load_checkpoint,
 )
+from atomr.train.core.checkpoint import save_checkpoint
 from atomr.train.sharded import merge_shards
-from atomr.train.sharded.checkpoints import shard_path
+from atomr.train.sharded.checkpoints import next_generation, shard_path, write_shards
+from atomr.train.sharded.layout import ShardLayout
+from atomr.train.sharded.messages import ShardReplicaState
 
 SIZES = [6, 10, 4]
 CONFIG = TrainerConfig(OptimizerKind.adamw(0.02), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
@@ -45,6 +48,10 @@ def _batches(n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
 async def _steps(ref: ActorRef, seed: int) -> list[float]:
     return [(await ref.ask(Step(x, y))).loss for x, y in _batches(5, seed)]
+
+
+def writer_model() -> Mlp:
+    return Mlp(SIZES, seed=2)
 
 
 async def _sharded(system: ActorSystem, n: int, **options: Any) -> ActorRef:
@@ -82,7 +89,7 @@ async def test_one_file_per_replica_merges_into_another_layout(tmp_path: Path) -
         writer = await _sharded(system, 3, stage=3, shard_checkpoints=True)
         await _steps(writer, 1)
         await writer.ask(SaveCheckpoint(path))
-        assert all(shard_path(path, g, 3).is_file() for g in range(3))
+        assert all(shard_path(path, g, 3, generation=1).is_file() for g in range(3))
         single = await Trainer.spawn(system, Mlp(SIZES, seed=2), ["cpu:0"], CONFIG)
         with pytest.raises(CheckpointError, match="merge_shards"):
             await single.ask(LoadCheckpoint(path))
@@ -101,7 +108,7 @@ async def test_a_missing_shard_is_refused_with_nothing_changed(tmp_path: Path) -
         writer = await _sharded(system, 2, stage=2, shard_checkpoints=True)
         await _steps(writer, 1)
         await writer.ask(SaveCheckpoint(path))
-        shard_path(path, 1, 2).unlink()
+        shard_path(path, 1, 2, generation=1).unlink()
         reader = await _sharded(system, 2, stage=2)
         before = await reader.ask(GetWeights())
         with pytest.raises((CheckpointError, OSError)):
@@ -111,17 +118,87 @@ async def test_a_missing_shard_is_refused_with_nothing_changed(tmp_path: Path) -
             merge_shards(tmp_path / "nothing-here.ckpt")
 
 
-@pytest.mark.parametrize("blocked", ["index", "shard"])
-async def test_a_refused_save_of_one_file_per_replica_writes_none(
-    blocked: str, tmp_path: Path
-) -> None:
-    """A target that cannot be replaced (here a directory) is found before any
-    file is written: no replica's file is left beside a missing index."""
+async def test_a_refused_save_of_one_file_per_replica_writes_none(tmp_path: Path) -> None:
+    """An index target that cannot be replaced (here a directory) is found
+    before any file is written: no replica's file is left beside it."""
     path = tmp_path / "sharded.ckpt"
-    (path if blocked == "index" else shard_path(path, 1, 2)).mkdir()
+    path.mkdir()
     async with ActorSystem("zero-ckpt") as system:
         writer = await _sharded(system, 2, stage=2, shard_checkpoints=True)
         with pytest.raises(CheckpointError, match="not a regular file"):
             await writer.ask(SaveCheckpoint(path))
     written = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
     assert written == []
+
+
+async def test_a_save_cut_off_before_its_index_leaves_the_previous_one_whole(
+    tmp_path: Path,
+) -> None:
+    """A save writes a new generation of files and replaces the index last:
+    cut off after its shards (a kill), the index still names the previous
+    save's files, untouched; the next save removes the stray generation."""
+    path = tmp_path / "sharded.ckpt"
+    async with ActorSystem("zero-ckpt") as system:
+        writer = await _sharded(system, 2, stage=2, shard_checkpoints=True)
+        await _steps(writer, 1)
+        await writer.ask(SaveCheckpoint(path))
+        saved = merge_shards(path)
+        await _steps(writer, 2)
+        # what a save killed between its shards and its index leaves behind
+        layout = ShardLayout(((0, writer_model().n_params),), 2)
+        pieces = [
+            ShardReplicaState(layout.take(np.full(layout.n_params, 7.0), k), {}, 10)
+            for k in range(2)
+        ]
+        write_shards(path, layout, pieces, writer_model().config(), next_generation(path))
+        assert shard_path(path, 0, 2, generation=2).is_file()
+        again = merge_shards(path)
+        np.testing.assert_array_equal(again.weights, saved.weights)
+        assert again.step == saved.step == 5
+        await writer.ask(SaveCheckpoint(path))
+        np.testing.assert_array_equal(merge_shards(path).weights, await writer.ask(GetWeights()))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [
+        "sharded.ckpt",
+        "sharded.ckpt.gen-3.shard-0-of-2",
+        "sharded.ckpt.gen-3.shard-1-of-2",
+    ]
+
+
+async def test_an_index_written_before_generations_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "sharded.ckpt"
+    async with ActorSystem("zero-ckpt") as system:
+        writer = await _sharded(system, 2, stage=1, shard_checkpoints=True)
+        await _steps(writer, 1)
+        await writer.ask(SaveCheckpoint(path))
+        index = load_checkpoint(path)
+        del index.extra["sharded"]["generation"]  # the old index format
+        save_checkpoint(path, index)
+        for g in range(2):
+            shard_path(path, g, 2, generation=1).rename(shard_path(path, g, 2))
+        np.testing.assert_array_equal(merge_shards(path).weights, await writer.ask(GetWeights()))
+        await writer.ask(SaveCheckpoint(path))  # a new save replaces the old files too
+    assert not shard_path(path, 0, 2).exists() and shard_path(path, 0, 2, generation=1).is_file()
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"count": 2, "n_params": 10**15, "generation": 1},
+        {"count": 2, "n_params": -1, "generation": 1},
+        {"count": 0, "n_params": 5},
+        {"count": "many", "n_params": 5},
+        {"count": 2, "n_params": 5, "generation": -2},
+        "text",
+    ],
+)
+async def test_a_hostile_index_is_a_checkpoint_error(info: Any, tmp_path: Path) -> None:
+    path = tmp_path / "sharded.ckpt"
+    async with ActorSystem("zero-ckpt") as system:
+        writer = await _sharded(system, 2, stage=1, shard_checkpoints=True)
+        await writer.ask(SaveCheckpoint(path))
+    index = load_checkpoint(path)
+    index.extra["sharded"] = info
+    save_checkpoint(path, index)
+    with pytest.raises(CheckpointError, match="shard"):
+        merge_shards(path)

@@ -6,7 +6,10 @@ argv: OUT_DIR STEPS. Rank r builds its model from seed 100 + r (process 0's
 weights must win), trains STEPS steps per stage on global batches drawn from
 a shared seed (SGD with momentum, then AdamW; clipping on), and writes into
 OUT_DIR, per stage K: rank{r}_stage{K}.npy (the full weights it assembles),
-rank{r}_stage{K}.json (losses, grad norms), and (rank 0) stage{K}.ckpt.
+rank{r}_stage{K}.json (losses, grad norms), and stage{K}.ckpt: written by
+rank 0 at stages 1 and 2; at stage 3 one file per replica from every
+process (`shard_checkpoints`), saved twice (the second save replaces the
+first's files).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ async def main(out: Path, steps: int) -> None:
     async with ActorSystem() as system:
         for stage in STAGES:
             model = Mlp(SIZES, activation="tanh", seed=100 + dist.rank)
-            options = ShardedOptions.for_job(dist, stage=stage)
+            options = ShardedOptions.for_job(dist, stage=stage, shard_checkpoints=stage == 3)
             trainer = await ShardedDataParallelTrainer.spawn(
                 system, model, cpu_devices(LOCAL_DEVICES), config(stage), options
             )
@@ -65,7 +68,8 @@ async def main(out: Path, steps: int) -> None:
                 norms.append(stats.grad_norm)
             weights = await trainer.ask(GetWeights(), timeout=120)
             np.save(out / f"rank{dist.rank}_stage{stage}.npy", weights)
-            await trainer.ask(SaveCheckpoint(out / f"stage{stage}.ckpt"), timeout=120)
+            for _ in range(2 if stage == 3 else 1):
+                await trainer.ask(SaveCheckpoint(out / f"stage{stage}.ckpt"), timeout=120)
             report = {"losses": losses, "grad_norms": norms}
             (out / f"rank{dist.rank}_stage{stage}.json").write_text(json.dumps(report))
             await trainer.stop()

@@ -2,7 +2,8 @@
 Reduce_scatter and Allgather between the processes): each of ZeRO stages 1,
 2, 3 equals the single-device `Trainer` on the global batch for 20 steps,
 every rank assembles the same weights, process 0's initial weights win, and
-the checkpoint (written by rank 0) holds them."""
+the checkpoint holds them (written by rank 0, or at stage 3 one file per
+replica by every process, merged on load)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 
 from atomr import ActorSystem
-from atomr.train import GetWeights, Mlp, Step, Trainer, load_checkpoint
+from atomr.train import GetWeights, Mlp, Step, Trainer
+from atomr.train.sharded import merge_shards
 from tests.train.mpi_scripts import sharded_run as script
 from tests.train.mpi_scripts.harness import run_script
 
@@ -47,6 +49,8 @@ async def test_two_processes_two_replicas_equal_one_device_at_every_stage(tmp_pa
             np.testing.assert_allclose(report["losses"], losses, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(report["grad_norms"], norms, rtol=1e-5, atol=1e-6)
         assert max(norms) > 0.5  # clipping really happened
-        saved = load_checkpoint(tmp_path / f"stage{stage}.ckpt")
+        saved = merge_shards(tmp_path / f"stage{stage}.ckpt")
         np.testing.assert_array_equal(saved.weights, np.load(tmp_path / f"rank0_stage{stage}.npy"))
         assert saved.step == STEPS
+    shards = sorted(p.name for p in tmp_path.glob("stage3.ckpt.*"))
+    assert shards == [f"stage3.ckpt.gen-2.shard-{g}-of-4" for g in range(4)]

@@ -71,6 +71,9 @@ class Strategy:
         one_device: it trains on exactly one device (the default `--devices`).
         job: builds `(trainer class, options)` for one rank of an MPI job
             (`--distributed`); None: it cannot run across ranks.
+        steps_per_batch: the optimizer steps its checkpoints count per
+            batch trained, or None where that varies (`--resume` then needs
+            the checkpoint's history file to know where the data stands).
     """
 
     name: str
@@ -83,6 +86,7 @@ class Strategy:
     replicas: Callable[[RunConfig], int] = lambda run: len(run.devices)
     one_device: bool = False
     job: JobOptions | None = None
+    steps_per_batch: Callable[[RunConfig], int | None] = lambda run: 1
 
     def refuse_foreign_flags(self, given: dict[str, object]) -> None:
         """Refuse strategy flags that belong to another strategy, or that
@@ -130,6 +134,12 @@ def _data_job(run: RunConfig, dist: DistributedTrainConfig) -> tuple[Any, Any]:
     return DataParallelTrainer, DataParallelOptions.for_job(dist, **_data_settings(run))
 
 
+def _data_steps_per_batch(run: RunConfig) -> int | None:
+    """One step per batch when synchronous; a cadence round spans several
+    batches, and local SGD counts each replica's own steps."""
+    return 1 if run.policy in (None, ApplyPolicy.SYNC.value) else None
+
+
 def _zero_options(run: RunConfig) -> ShardedOptions:
     return ShardedOptions(stage=run.zero_stage or 1)
 
@@ -159,6 +169,7 @@ STRATEGIES: dict[str, Strategy] = {
             options=_data_options,
             min_batch=lambda run: len(run.devices),
             job=_data_job,
+            steps_per_batch=_data_steps_per_batch,
         ),
         Strategy(
             "zero",
@@ -191,6 +202,7 @@ STRATEGIES: dict[str, Strategy] = {
             options=_ps_options,
             min_batch=_ps_workers,
             replicas=lambda run: _ps_workers(run) + 1,
+            steps_per_batch=_ps_workers,  # asynchronous: each worker's part is a step
         ),
     )
 }

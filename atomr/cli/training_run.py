@@ -23,9 +23,10 @@ from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
 from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
-from atomr.cli.strategies import min_batch_size, spawn_trainer
+from atomr.cli.strategies import STRATEGIES, min_batch_size, spawn_trainer
 from atomr.train import CheckpointError, Evaluate, GetWeights, Mlp, load_checkpoint
 from atomr.train.core import Checkpoint
+from atomr.train.core.checkpoint import checkpoint_digest
 from atomr.train.core.model import Sequential
 from atomr.train.fit import Evaluator, FitCallback, FitPosition, StopFlag, batch_bounds, fit
 
@@ -44,46 +45,82 @@ def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:
 
 
 def _resume_position(run: RunConfig, path: Path, steps: int, history: History) -> FitPosition:
-    """Where the checkpoint stands (from its own step: the checkpoint is the
-    truth); restore the earlier epoch records from its history file when that
-    file agrees with it, else warn on stderr and go on without them.
+    """Where the checkpoint stands, and the earlier epoch records: from its
+    history file when that file was written with this very checkpoint (its
+    digest says so), else from the checkpoint's own step where the strategy
+    takes a fixed number of steps per batch (with a warning on stderr).
 
     Raises:
-        CliError: an unusable checkpoint, another model or optimizer, or a
-            history file (agreeing with the checkpoint) of other data options.
+        CliError: an unusable checkpoint, another model or optimizer, a
+            history file of other data options, or a strategy whose steps
+            per batch vary with no history file of this checkpoint.
     """
     try:
         ckpt = load_checkpoint(path)
+        digest = checkpoint_digest(path)
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
     _check_model_kind(run, ckpt)
     if run.gpt is None:  # a GPT's layers are checked by the trainer's LoadCheckpoint
         _check_model_options(run, ckpt, list(history.config["sizes"]))
     _check_optimizer_options(run, ckpt, steps)
-    position = FitPosition(ckpt.step // steps, ckpt.step % steps, ckpt.step)
-    side = history_path_for(path)
-    if not side.is_file():  # a checkpoint saved by a script: nothing more to restore
-        return position
-    try:
-        earlier = History.load(side)
-        sidecar_step = int((earlier.position or {})["step"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        _warn(f"--resume: ignoring {side} ({exc}); earlier epochs are not restored")
-        return position
-    if sidecar_step != ckpt.step:
-        _warn(
-            f"--resume: ignoring {side}: it is of step {sidecar_step}, the checkpoint of "
-            f"step {ckpt.step}; earlier epochs are not restored"
-        )
-        return position
-    data = (earlier.position or {}).get("data")
-    if data != run.data_options():
+    earlier = _history_of(path, digest, ckpt.step)
+    if earlier is None:
+        return _position_from_step(run, path, ckpt.step, steps)
+    saved = earlier.position or {}
+    if saved.get("data") != run.data_options():
         raise CliError(
-            f"--resume: the checkpoint was made with {data}; "
+            f"--resume: the checkpoint was made with {saved.get('data')}; "
             f"resume with the same data options (got {run.data_options()})"
         )
+    try:
+        position = FitPosition(int(saved["epoch"]), int(saved["batch"]), int(saved["step"]))
+    except (KeyError, TypeError, ValueError):
+        return _position_from_step(run, path, ckpt.step, steps)
     history.epochs = [r for r in earlier.epochs if r.epoch <= position.epoch]
     return position
+
+
+def _history_of(path: Path, digest: str, step: int) -> History | None:
+    """The history file written with the checkpoint at `path`, or None (with
+    a warning when there is one of another save)."""
+    side = history_path_for(path)
+    if not side.is_file():  # a checkpoint saved by a script: nothing more to restore
+        return None
+    try:
+        earlier = History.load(side)
+        saved = earlier.position or {}
+        sidecar_step = int(saved["step"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _warn(f"--resume: ignoring {side} ({exc}); earlier epochs are not restored")
+        return None
+    # history files from before digests were kept match by step alone
+    same = saved["checkpoint"] == digest if "checkpoint" in saved else sidecar_step == step
+    if not same:
+        _warn(
+            f"--resume: ignoring {side}: it was written with another save of the checkpoint "
+            f"(step {sidecar_step}, the checkpoint's {step}); earlier epochs are not restored"
+        )
+        return None
+    return earlier
+
+
+def _position_from_step(run: RunConfig, path: Path, step: int, steps: int) -> FitPosition:
+    """The position a checkpoint's step gives, where each batch is a fixed
+    number of the strategy's steps.
+
+    Raises:
+        CliError: the strategy's steps per batch vary (or do not divide it).
+    """
+    per_batch = STRATEGIES[run.strategy].steps_per_batch(run)
+    if per_batch is None or step % per_batch:
+        raise CliError(
+            f"--resume: --strategy {run.strategy} does not take a fixed number of steps per "
+            f"batch, so the checkpoint's step {step} does not say where in the data it stands; "
+            f"resume with the history file written beside it ({history_path_for(path).name})"
+        )
+    batches = step // per_batch
+    return FitPosition(batches // steps, batches % steps, batches)
 
 
 def _check_something_left(run: RunConfig, start: FitPosition) -> None:
@@ -201,21 +238,27 @@ class _HistoryKeeper(FitCallback):
     def __init__(self, run: RunConfig, history: History, is_root: bool) -> None:
         self.run, self.history, self.is_root = run, history, is_root
 
-    def record_position(self, position: FitPosition) -> None:
+    def record_position(self, position: FitPosition, checkpoint: Path | None = None) -> None:
+        """Where the run stands; with `checkpoint`, the digest of the save it
+        was written with (`--resume` trusts only that save's position)."""
         self.history.position = {
             "epoch": position.epoch,
             "batch": position.batch,
             "step": position.step,
             "data": self.run.data_options(),
         }
+        if checkpoint is not None:
+            self.history.position["checkpoint"] = checkpoint_digest(checkpoint)
 
     def on_epoch_end(self, record: object, epochs: int) -> None:
         self.history.epochs.append(record)  # type: ignore[arg-type]
 
     def on_checkpoint(self, path: Path, position: FitPosition) -> None:
-        self.record_position(position)
-        if self.is_root:
-            self.history.save(history_path_for(path))
+        if not self.is_root:
+            self.record_position(position)
+            return
+        self.record_position(position, path)
+        self.history.save(history_path_for(path))
 
 
 def _mse_evaluator(trainer: ActorRef, run: RunConfig, model: Mlp) -> Evaluator:

@@ -1,6 +1,9 @@
-"""`--resume` trusts the checkpoint, not its history file: a history file
-that disagrees with the checkpoint's step, is empty or is corrupt is ignored
-with one warning line, and the history file is written atomically."""
+"""`--resume` trusts the checkpoint, and its history file only when that file
+was written with the same save (its digest): a history file of another save,
+empty or corrupt, is ignored with one warning line; a strategy whose steps
+per batch vary (a cadence round, local SGD) then cannot resume. Resumes
+continue at the batch where the run stopped, and the history file is
+written atomically."""
 
 from __future__ import annotations
 
@@ -92,7 +95,7 @@ def _older_step(side: Path) -> None:
     """The history file of an earlier checkpoint (killed before the new one was written)."""
     earlier = History.load(side)
     assert earlier.position is not None
-    earlier.position.update(epoch=0, batch=3, step=3)
+    earlier.position.update(epoch=0, batch=3, step=3, checkpoint="00" * 32)
     earlier.epochs = []
     earlier.save(side)
 
@@ -100,7 +103,7 @@ def _older_step(side: Path) -> None:
 @pytest.mark.parametrize(
     ("spoil", "why"),
     [
-        (_older_step, "it is of step 3"),
+        (_older_step, "another save of the checkpoint (step 3"),
         (lambda side: side.write_text(""), "not an atomr history file"),
         (lambda side: side.write_text('{"format": "atomr-hist'), "not an atomr history file"),
     ],
@@ -181,3 +184,68 @@ def test_a_directory_given_to_resume_is_named_so(
 ) -> None:
     assert atomr.cli.main(["train", "--quiet", "--resume", str(tmp_path)]) == 2
     assert "is a directory, not a checkpoint file" in capsys.readouterr().err
+
+
+VARYING_STEPS = [
+    ("--strategy", "ps", "--workers", "2"),
+    ("--strategy", "data", "--policy", "async"),
+    ("--strategy", "data", "--policy", "cadence"),
+]
+
+
+def _stop_at_epoch_2_batch_5(ckpt: Path, strategy: tuple[str, ...]) -> None:
+    run = _run_config(*strategy, "--epochs", "2", "--checkpoint", str(ckpt))
+    stop = StopFlag()
+
+    def at(position: FitPosition) -> None:
+        if (position.epoch, position.batch) == (1, 5):
+            stop.request()
+
+    history = History(config={})
+    atomr.run(train_epochs(run, load_dataset(run), history, stop, callbacks=[_OnStep(at)]))
+    assert history.status == "interrupted"
+
+
+@pytest.mark.parametrize("strategy", VARYING_STEPS, ids=["ps", "local-sgd", "cadence"])
+def test_a_strategy_of_varying_steps_per_batch_resumes_at_the_batch_it_stopped(
+    tmp_path: Path, strategy: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its checkpoint's step is not one per batch (a parameter server counts
+    every worker's gradient): the position comes from the history file
+    written with that very save."""
+    ckpt = tmp_path / "run.ckpt"
+    _stop_at_epoch_2_batch_5(ckpt, strategy)
+    run = _run_config(*strategy, "--epochs", "2", "--resume", str(ckpt))
+    seen: list[tuple[int, int]] = []
+    history = History(config={})
+    record = _OnStep(lambda p: seen.append((p.epoch, p.batch)))
+    atomr.run(train_epochs(run, load_dataset(run), history, StopFlag(), callbacks=[record]))
+    assert seen[0] == (1, 6)  # no replayed batch, no skipped one
+    assert [r.epoch for r in history.epochs] == [1, 2]
+    assert "warning" not in capsys.readouterr().err
+    history_path_for(ckpt).unlink()
+    if strategy[1] == "ps":  # without its history file: each batch is one step per worker
+        seen.clear()
+        atomr.run(
+            train_epochs(run, load_dataset(run), History(config={}), StopFlag(), callbacks=[record])
+        )
+        assert seen[0] == (1, 6)
+        return
+    # a cadence round or local SGD: the checkpoint's step says nothing, refused
+    with pytest.raises(atomr.cli.CliError, match="history file"):
+        atomr.run(train_epochs(run, load_dataset(run), History(config={}), StopFlag()))
+
+
+def test_a_history_file_from_before_digests_matches_by_step(
+    stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = _copy(stopped, tmp_path)
+    side = history_path_for(ckpt)
+    older = History.load(side)
+    assert older.position is not None
+    del older.position["checkpoint"]
+    older.save(side)
+    seen, history = _resume(ckpt)
+    assert seen[0][2] == load_checkpoint(ckpt).step + 1
+    assert [r.epoch for r in history.epochs] == [1, 2, 3]
+    assert "warning" not in capsys.readouterr().err

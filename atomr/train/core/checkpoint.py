@@ -51,6 +51,7 @@ __all__ = [
     "check_model_matches",
     "check_save_target",
     "check_optimizer_state",
+    "checkpoint_digest",
     "pending_micro_steps",
     "load_checkpoint",
     "save_checkpoint",
@@ -165,6 +166,22 @@ def check_save_target(path: str | os.PathLike[str]) -> None:
         CheckpointError: `path` exists and is not a regular file.
     """
     check_target(Path(path))
+
+
+def checkpoint_digest(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 a checkpoint file ends with, in hex: which save it is,
+    read without reading the rest (nor checking it: `load_checkpoint` does).
+
+    Raises:
+        OSError: the file cannot be read.
+        CheckpointError: it is too short to be a checkpoint.
+    """
+    with open(path, "rb") as file:
+        size = file.seek(0, os.SEEK_END)
+        if size < len(MAGIC) + _LEN.size + _DIGEST:
+            raise CheckpointError(f"{path} is too short to be a checkpoint ({size} bytes)")
+        file.seek(size - _DIGEST)
+        return file.read(_DIGEST).hex()
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:

@@ -42,7 +42,6 @@ from atomr.train.core._step_checks import (
 )
 from atomr.train.core.checkpoint import (
     Checkpoint,
-    CheckpointError,
     check_model_matches,
     load_checkpoint,
     restored_optimizer,
@@ -64,6 +63,11 @@ from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.optimizer_state import Optimizer
+from atomr.train.core.pending_accumulation import (
+    PendingAccumulation,
+    accumulation_extra,
+    read_pending,
+)
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 
 __all__ = ["Trainer"]
@@ -181,6 +185,7 @@ class Trainer(DeviceActor):
         self._micro = 0
         self._accum_loss = 0.0
         self._accum_norm = 0.0
+        self._accum_samples = 0  # the window's rows so far: the next micro-batch's offset
 
     def _build(self) -> None:
         """On the device thread: the model and optimizer state on this device."""
@@ -236,7 +241,8 @@ class Trainer(DeviceActor):
         be = model.backend
         t0 = time.perf_counter_ns()
         xd, yd = be.to_device(x), be.to_device(y)
-        tape = model.forward_train(xd, ForwardContext(True, self.steps))
+        # a window's micro-batches are rows of one batch (their dropout masks differ)
+        tape = model.forward_train(xd, ForwardContext(True, self.steps, self._accum_samples))
         d_out = be.empty(tape.output.shape, dtype=model.dtype)
         loss_sum, norm = cfg.loss.sums(be, tape.output, yd, d_out)
         check_loss(loss_sum)
@@ -259,6 +265,7 @@ class Trainer(DeviceActor):
             self._micro += 1
             self._accum_loss += loss_sum
             self._accum_norm += norm
+            self._accum_samples += int(x.shape[0])
             micro_loss = loss_sum / norm if norm > 0 else 0.0
             micros = (time.perf_counter_ns() - t0) // 1000
             return StepStats(micro_loss, 0.0, micros, x.shape[0], applied=False)
@@ -299,20 +306,18 @@ class Trainer(DeviceActor):
     def _save(self, path: Any) -> None:
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
-        extra: dict[str, Any] = {
-            "trainer": "Trainer",
-            "micro": self._micro,
-            "accum_loss": self._accum_loss,
-            "accum_norm": self._accum_norm,
-        }
+        pending = None
         if self._accum is not None and self._micro > 0:
-            extra["accum_grads"] = np.asarray(model.backend.to_host(self._accum))
+            grads = np.asarray(model.backend.to_host(self._accum))
+            pending = PendingAccumulation(
+                self._micro, grads, self._accum_loss, self._accum_norm, self._accum_samples
+            )
         ckpt = Checkpoint(
             model=model.config(),
             weights=model.get_params(),
             step=self.steps,
             optimizer=opt.state_dict(),
-            extra=extra,
+            extra={"trainer": "Trainer", **accumulation_extra(pending)},
         )
         save_checkpoint(path, ckpt)
 
@@ -324,43 +329,15 @@ class Trainer(DeviceActor):
         fresh = restored_optimizer(
             self.config.optimizer, model.n_params, ckpt.optimizer, model.backend, model.dtype
         )
-        pending = self._pending_accumulation(ckpt.extra, model.n_params)
+        pending = read_pending(ckpt, model.n_params, self.config.accumulation_steps, model.dtype)
         # everything checked: now commit
         model.set_params(ckpt.weights)
         self.optimizer = fresh
         self.steps = int(ckpt.step)
         self._reset_accumulation()
         if pending is not None:
-            micro, accum, accum_loss, accum_norm = pending
-            self._accum = model.backend.to_device(np.ascontiguousarray(accum, dtype=model.dtype))
-            self._micro = micro
-            self._accum_loss = accum_loss
-            self._accum_norm = accum_norm
-
-    def _pending_accumulation(
-        self, extra: dict[str, Any], n_params: int
-    ) -> tuple[int, np.ndarray, float, float] | None:
-        """A checkpoint's pending accumulation `(micro, grads, loss, norm)`, or None.
-
-        Raises:
-            CheckpointError: it is malformed or does not fit this trainer.
-        """
-        try:
-            micro = int(extra.get("micro", 0))
-            if micro <= 0:
-                return None
-            accum = extra.get("accum_grads")
-            if micro >= self.config.accumulation_steps or accum is None:
-                raise CheckpointError(
-                    f"checkpoint is {micro} micro-steps into an accumulation; this trainer "
-                    f"accumulates {self.config.accumulation_steps}"
-                )
-            accum = np.asarray(accum)
-            if accum.shape != (n_params,) or accum.dtype.kind not in "fiu":
-                raise CheckpointError(
-                    f"checkpoint's pending gradients are {accum.dtype} {accum.shape}, "
-                    f"this model has {n_params} parameters"
-                )
-            return micro, accum, float(extra["accum_loss"]), float(extra["accum_norm"])
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"checkpoint's pending accumulation is malformed: {exc}") from exc
+            self._accum = model.backend.to_device(pending.grads)
+            self._micro = pending.micro
+            self._accum_loss = pending.loss_sum
+            self._accum_norm = pending.normaliser
+            self._accum_samples = pending.samples

@@ -311,6 +311,38 @@ def _tamper_micro_not_a_number(ckpt) -> None:
     ckpt.extra["micro"] = "x"
 
 
+def _tamper_nan_accum_norm(ckpt) -> None:
+    ckpt.extra["accum_norm"] = float("nan")
+
+
+def _tamper_negative_accum_norm(ckpt) -> None:
+    ckpt.extra["accum_norm"] = -4.0
+
+
+def _tamper_accum_beyond_float32(ckpt) -> None:
+    ckpt.extra["accum_grads"] = np.full(ckpt.weights.shape, 1e300)
+
+
+def _tamper_fractional_micro(ckpt) -> None:
+    ckpt.extra["micro"] = 1.9
+
+
+def _tamper_micro_as_text(ckpt) -> None:
+    ckpt.extra["micro"] = "1"
+
+
+def _tamper_micro_as_bool(ckpt) -> None:
+    ckpt.extra["micro"] = True
+
+
+def _tamper_negative_micro(ckpt) -> None:
+    ckpt.extra["micro"] = -3
+
+
+def _tamper_accum_loss_as_text(ckpt) -> None:
+    ckpt.extra["accum_loss"] = "0.5"
+
+
 def _tamper_string_weights(ckpt) -> None:
     ckpt.weights = np.array(["a"] * len(ckpt.weights))
 
@@ -321,6 +353,14 @@ def _tamper_string_weights(ckpt) -> None:
         _tamper_missing_accum_loss,
         _tamper_short_accum,
         _tamper_micro_not_a_number,
+        _tamper_nan_accum_norm,
+        _tamper_negative_accum_norm,
+        _tamper_accum_beyond_float32,
+        _tamper_fractional_micro,
+        _tamper_micro_as_text,
+        _tamper_micro_as_bool,
+        _tamper_negative_micro,
+        _tamper_accum_loss_as_text,
         _tamper_string_weights,
     ],
 )

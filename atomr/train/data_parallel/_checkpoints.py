@@ -2,7 +2,12 @@
 trainer, in the checkpoint format every trainer shares.
 
 Save writes replica 0's state (in a multi-process job, process 0 writes and
-the others wait until the file is durable). Load is all or none: replica
+the others wait until the file is durable). Inside an accumulation window
+it also writes the window, in the single-device `Trainer`'s format
+(`core/pending_accumulation.py`): the sum of every replica's accumulated
+gradients, of every process; a load puts that sum on the job's first
+replica and zeros on the others, so the window's last step applies what it
+would have. Load is all or none: replica
 0's state is copied to the host first; if any replica fails to load (a
 `Failure`, a crash, an ask timeout), every replica is given that copy back
 (a restarted one too), the trainer keeps its step count, and the asker gets
@@ -25,13 +30,23 @@ from atomr.train.core.checkpoint import (
     check_model_matches,
     check_optimizer_state,
     load_checkpoint,
-    pending_micro_steps,
     save_checkpoint,
 )
 from atomr.train.core.config import TrainerConfig
+from atomr.train.core.pending_accumulation import (
+    PendingAccumulation,
+    accumulation_extra,
+    read_pending,
+)
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel._step import StepRunner
-from atomr.train.data_parallel.messages import GetState, ReplicaState, SetState
+from atomr.train.data_parallel.messages import (
+    GetGradients,
+    GetState,
+    ReplicaState,
+    SetGradients,
+    SetState,
+)
 from atomr.train.data_parallel.options import DataParallelOptions
 
 __all__ = ["Checkpoints"]
@@ -70,21 +85,17 @@ class Checkpoints:
         returns once the file is durable or raises if it could not be.
 
         Raises:
-            CheckpointError: inside an accumulation window (the gradients
-                live on the replicas), or process 0 failed to write.
+            CheckpointError: process 0 failed to write.
             OSError: the file could not be written.
             CollectiveTimeoutError, RankFailedError: a process did not take part.
+            Exception: a replica's own, when it could not give its
+                accumulated gradients (nothing written).
         """
-        micro = self.runner.window.micro
-        if micro > 0:
-            raise CheckpointError(
-                f"{micro} micro-steps into an accumulation window: the accumulated "
-                "gradients live on the replicas; save after the window's last step"
-            )
+        pending = await self._pending() if self.runner.window.micro > 0 else None
         error: BaseException | None = None
         if self.options.process_rank == 0:
             try:
-                await self._write(path)
+                await self._write(path, pending)
             except Exception as exc:  # every process hears of it below
                 error = exc
         processes = self.options.process_collective
@@ -96,7 +107,28 @@ class Checkpoints:
         if error is not None:
             raise error
 
-    async def _write(self, path: Path) -> None:
+    async def _pending(self) -> PendingAccumulation:
+        """The open window: every replica's accumulated gradient sums and the
+        window's totals, summed over the processes.
+
+        Raises:
+            Exception: the first failing replica's own.
+        """
+        window = self.runner.window
+        grads = await self.replicas.gather(GetGradients())
+        total = np.zeros(self.replicas.n_params + 2, dtype=np.float64)
+        for g in grads:
+            total[:-2] += np.asarray(g, dtype=np.float64)
+        total[-2:] = window.loss_sum, window.normaliser
+        if self.options.process_collective is not None:
+            total = np.asarray(await self.options.process_collective.all_reduce([total]))
+        dtype = np.asarray(grads[0]).dtype
+        sums = total[:-2].astype(dtype)
+        return PendingAccumulation(
+            window.micro, sums, float(total[-2]), float(total[-1]), window.samples
+        )
+
+    async def _write(self, path: Path, pending: PendingAccumulation | None) -> None:
         state: ReplicaState = await self.replicas.refs[0].ask(
             GetState(), timeout=self.replicas.timeout
         )
@@ -105,12 +137,13 @@ class Checkpoints:
             weights=np.asarray(state.weights),
             step=self.runner.steps,
             optimizer=state.optimizer,
-            extra={"trainer": "DataParallelTrainer", "micro": 0},
+            extra={"trainer": "DataParallelTrainer", **accumulation_extra(pending)},
         )
         await self.host.run(save_checkpoint, path, ckpt)
 
-    async def _read(self, path: Path) -> Checkpoint:
-        """The checkpoint at `path`, checked against the model and optimizer.
+    async def _read(self, path: Path) -> tuple[Checkpoint, PendingAccumulation | None]:
+        """The checkpoint at `path` and its open window, checked against the
+        model, optimizer and accumulation.
 
         Raises:
             CheckpointError: the file or its contents do not fit.
@@ -118,20 +151,18 @@ class Checkpoints:
         """
         ckpt: Checkpoint = await self.host.run(load_checkpoint, path)
         check_model_matches(ckpt, self.replicas.model, self.replicas.n_params)
-        if pending_micro_steps(ckpt) > 0:
-            raise CheckpointError(
-                "checkpoint was saved in the middle of an accumulation window; "
-                "DataParallelTrainer cannot resume it"
-            )
         check_optimizer_state(ckpt, self.config.optimizer, self.replicas.n_params)
-        return ckpt
+        dtype = self.replicas.model.get("dtype", "float32")
+        accumulation = self.config.accumulation_steps
+        return ckpt, read_pending(ckpt, self.replicas.n_params, accumulation, dtype)
 
     async def load(self, path: Path) -> Failure | None:
         """Check the checkpoint, then load it into every replica, all or none.
 
         In a multi-process job the processes first wait for each other (so
         none reads a file another is still writing), then each loads it.
-        A pending accumulation window is dropped either way.
+        The trainer's open accumulation window is dropped either way; the
+        checkpoint's own window, if it has one, is opened instead.
 
         Returns:
             None, or a `Failure` when replica 0 failed to give its state
@@ -143,7 +174,7 @@ class Checkpoints:
         """
         if self.options.process_collective is not None:
             await self.options.process_collective.barrier()
-        ckpt = await self._read(path)
+        ckpt, pending = await self._read(path)
         old: ReplicaState | None = None
         if self.replicas.lost is None:  # else there is no state worth keeping
             got = await self.replicas.ask_every(GetState(), self.replicas.refs[:1])
@@ -155,11 +186,34 @@ class Checkpoints:
         state = ReplicaState(ckpt.model, ckpt.weights, ckpt.optimizer, int(ckpt.step))
         results = await self.replicas.ask_every(SetState(state))
         self.runner.window.reset()
+        if pending is not None and not failed_indices(results):
+            results = await self._reopen(pending)
         if failed_indices(results):
+            self.runner.window.reset()
             raise await self._unload(results, old)
         self.runner.steps = int(ckpt.step)
         self.replicas.lost = None
         return None
+
+    async def _reopen(self, pending: PendingAccumulation) -> list[Any]:
+        """Open the checkpoint's window: its gradient sums on the job's first
+        replica, zeros on the others; its totals counted once (process 0's).
+
+        Returns:
+            Every replica's answer to its `SetGradients` (exceptions included).
+        """
+        first = self.options.process_rank == 0
+        zeros = np.zeros_like(pending.grads)
+        messages = [
+            SetGradients(pending.grads if first and k == 0 else zeros)
+            for k in range(len(self.replicas.refs))
+        ]
+        results = await self.replicas.ask_each(messages)
+        window = self.runner.window
+        window.micro, window.samples = pending.micro, pending.samples
+        if first:
+            window.loss_sum, window.normaliser = pending.loss_sum, pending.normaliser
+        return results
 
     async def _unload(self, results: list[Any], old: ReplicaState | None) -> BaseException:
         """After a failed load: give every replica `old` (its state from before

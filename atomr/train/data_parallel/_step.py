@@ -50,15 +50,18 @@ class AccumulationWindow:
         micro: micro-steps taken (0: no window open).
         loss_sum: their loss sum.
         normaliser: their normaliser.
+        samples: their rows (whole batches, every process's): the next
+            batch's first row in the window's one batch.
     """
 
     micro: int = 0
     loss_sum: float = 0.0
     normaliser: float = 0.0
+    samples: int = 0
 
     def reset(self) -> None:
         """Close the window (its gradients are dropped or were applied)."""
-        self.micro, self.loss_sum, self.normaliser = 0, 0.0, 0.0
+        self.micro, self.loss_sum, self.normaliser, self.samples = 0, 0.0, 0.0, 0
 
 
 def _micros_since(t0: int) -> int:
@@ -139,7 +142,7 @@ class StepRunner:
         last = self.window.micro + 1 >= self.config.accumulation_steps
         accumulate = self.window.micro > 0
         hand_over = last and self.reduction.wants_gradients
-        msgs, lo = [], offset
+        msgs, lo = [], self.window.samples + offset  # the window is one batch
         for xs, ys in self.shards(x, y):
             msgs.append(ComputeGradients(xs, ys, accumulate, hand_over, lo))
             lo += int(xs.shape[0])
@@ -159,6 +162,7 @@ class StepRunner:
             self.window.micro += 1
             self.window.loss_sum += loss_sum
             self.window.normaliser += normaliser
+            self.window.samples += samples
             loss = loss_sum / max(normaliser, 1e-300)
             return StepStats(float(loss), 0.0, _micros_since(t0), samples, applied=False)
         loss_sum += self.window.loss_sum

@@ -32,9 +32,11 @@ from atomr.train import (
     Step,
     Trainer,
     TrainerConfig,
+    load_checkpoint,
 )
 from atomr.train.comm import Collective
 from atomr.train.core import synthetic_classification
+from atomr.train.core.model import Activation, Dropout, Linear, Sequential
 from atomr.train.data_parallel import (
     GetReplicaWeights,
     ReplicaActor,
@@ -350,14 +352,63 @@ async def test_checkpoints_are_interchangeable_with_trainer(actor_system, tmp_pa
     np.testing.assert_array_equal(await dp2.ask(GetWeights()), before)
 
 
-async def test_save_inside_an_accumulation_window_is_refused(actor_system, tmp_path) -> None:
-    config = TrainerConfig(OPTIMIZERS["adamw"], CE, accumulation_steps=2)
+async def test_a_save_inside_an_accumulation_window_resumes_it_on_either_trainer(
+    actor_system, tmp_path
+) -> None:
+    """Two micro-steps into a window of three, data parallel and one device
+    save; each checkpoint loads into the other kind (another replica count,
+    another initialisation), and the window's last step applies what it
+    would have without the save."""
+    config = TrainerConfig(OPTIMIZERS["adamw"], CE, accumulation_steps=3)
+    data = [_data(seed=s) for s in range(6)]
     dp = await DataParallelTrainer.spawn(actor_system, Mlp(SIZES), cpu_devices(2), config)
-    await dp.ask(Step(*_data()))
-    with pytest.raises(CheckpointError, match="accumulation window"):
-        await dp.ask(SaveCheckpoint(tmp_path / "x.ckpt"))
-    await dp.ask(Step(*_data()))
-    await dp.ask(SaveCheckpoint(tmp_path / "x.ckpt"))
+    single = await Trainer.spawn(actor_system, Mlp(SIZES), "cpu:0", config)
+    for batch in data[:2]:
+        await dp.ask(Step(*batch))
+        await single.ask(Step(*batch))
+    await dp.ask(SaveCheckpoint(tmp_path / "dp.ckpt"))
+    await single.ask(SaveCheckpoint(tmp_path / "single.ckpt"))
+    saved = load_checkpoint(tmp_path / "dp.ckpt")
+    assert saved.extra["micro"] == 2 and saved.extra["accum_samples"] == 26
+    from_dp = await Trainer.spawn(actor_system, Mlp(SIZES, seed=5), "cpu:0", config)
+    await from_dp.ask(LoadCheckpoint(tmp_path / "dp.ckpt"))
+    from_single = await DataParallelTrainer.spawn(
+        actor_system, Mlp(SIZES, seed=5), cpu_devices(3), config
+    )
+    await from_single.ask(LoadCheckpoint(tmp_path / "single.ckpt"))
+    for batch in data[2:]:
+        for trainer in (dp, single, from_dp, from_single):
+            await trainer.ask(Step(*batch))
+    want = await single.ask(GetWeights())
+    for trainer in (dp, from_dp, from_single):
+        np.testing.assert_allclose(await trainer.ask(GetWeights()), want, rtol=RTOL, atol=ATOL)
+    assert not np.allclose(want, Mlp(SIZES).get_params())  # two windows were applied
+
+
+async def test_a_window_of_micro_batches_with_dropout_is_the_step_on_their_batch(
+    actor_system,
+) -> None:
+    """Each micro-batch's rows are rows of the window's one batch: dropout
+    masks them as it would the concatenated batch, on one device and on
+    replicas."""
+
+    def model() -> Sequential:
+        layers = [Linear(6, 16), Activation("tanh"), Dropout(0.5, seed=3), Linear(16, 3)]
+        return Sequential(layers, (6,), seed=1)
+
+    x, y = _data(n=24)
+    whole = TrainerConfig(OptimizerKind.sgd(0.5), CE)
+    windowed = TrainerConfig(OptimizerKind.sgd(0.5), CE, accumulation_steps=3)
+    one_step = await Trainer.spawn(actor_system, model(), "cpu:0", whole)
+    await one_step.ask(Step(x, y))
+    want = await one_step.ask(GetWeights())
+    single = await Trainer.spawn(actor_system, model(), "cpu:0", windowed)
+    dp = await DataParallelTrainer.spawn(actor_system, model(), cpu_devices(2), windowed)
+    for lo in range(0, 24, 8):
+        await single.ask(Step(x[lo : lo + 8], y[lo : lo + 8]))
+        await dp.ask(Step(x[lo : lo + 8], y[lo : lo + 8]))
+    np.testing.assert_allclose(await single.ask(GetWeights()), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(await dp.ask(GetWeights()), want, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- user-written replica

@@ -1,0 +1,123 @@
+"""A gradient accumulation window saved in a checkpoint.
+
+A checkpoint taken `micro` steps into a window of `accumulation_steps`
+holds, in its `extra`, what the window's last step still needs: `micro`,
+`accum_grads` (the sum of the micro-steps' gradient *sums*, undivided),
+`accum_loss` and `accum_norm` (their loss sums and normalisers), and
+`accum_samples` (their rows: the next micro-batch's first row in the
+window's one batch, for per-sample randomness such as dropout). A trainer
+that accumulates writes them with `accumulation_extra` and reads them back,
+checked, with `read_pending` (the single-device and data-parallel trainers
+share the format, so such a checkpoint moves between them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atomr.train.core.checkpoint import Checkpoint, CheckpointError, pending_micro_steps
+
+__all__ = ["PendingAccumulation", "accumulation_extra", "read_pending"]
+
+
+@dataclass(frozen=True, eq=False)
+class PendingAccumulation:
+    """An open accumulation window.
+
+    Attributes:
+        micro: micro-steps taken (1 .. accumulation_steps - 1).
+        grads: the sum of their gradient sums (host, the model's dtype).
+        loss_sum: the sum of their loss sums.
+        normaliser: the sum of their normalisers (>= 0).
+        samples: the rows they took (checkpoints from before it was kept: 0).
+    """
+
+    micro: int
+    grads: np.ndarray
+    loss_sum: float
+    normaliser: float
+    samples: int = 0
+
+
+def accumulation_extra(pending: PendingAccumulation | None) -> dict[str, Any]:
+    """The checkpoint `extra` entries for `pending` (None: no window open)."""
+    if pending is None:
+        return {"micro": 0, "accum_loss": 0.0, "accum_norm": 0.0}
+    return {
+        "micro": pending.micro,
+        "accum_grads": pending.grads,
+        "accum_loss": pending.loss_sum,
+        "accum_norm": pending.normaliser,
+        "accum_samples": pending.samples,
+    }
+
+
+def read_pending(
+    ckpt: Checkpoint, n_params: int, accumulation_steps: int, dtype: Any
+) -> PendingAccumulation | None:
+    """The window a checkpoint was saved in, checked, or None.
+
+    Args:
+        ckpt: the checkpoint.
+        n_params: the model's parameter count.
+        accumulation_steps: the loading trainer's window.
+        dtype: the model's dtype (the gradients must be finite in it).
+
+    Raises:
+        CheckpointError: `micro` is not an integer in `[0, accumulation_steps)`,
+            or the gradients, loss or normaliser are missing, of another
+            shape, not finite, or (the normaliser, the rows) negative.
+    """
+    micro = pending_micro_steps(ckpt)
+    if micro == 0:
+        return None
+    if micro >= accumulation_steps:
+        raise CheckpointError(
+            f"checkpoint is {micro} micro-steps into an accumulation; this trainer "
+            f"accumulates {accumulation_steps}"
+        )
+    grads = ckpt.extra.get("accum_grads")
+    if not isinstance(grads, np.ndarray) or grads.shape != (n_params,) or grads.dtype.kind != "f":
+        shown = type(grads).__name__ if not isinstance(grads, np.ndarray) else grads.dtype
+        raise CheckpointError(
+            f"checkpoint's pending gradients are {shown} "
+            f"{getattr(grads, 'shape', '')}, this model has {n_params} parameters"
+        )
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = np.ascontiguousarray(grads, dtype=dtype)
+    if not np.isfinite(cast).all():
+        raise CheckpointError(f"checkpoint's pending gradients are not finite in {cast.dtype}")
+    loss_sum = _finite_number(ckpt.extra, "accum_loss")
+    normaliser = _finite_number(ckpt.extra, "accum_norm")
+    if normaliser < 0.0:
+        raise CheckpointError(f"checkpoint's accum_norm is negative: {normaliser}")
+    samples = ckpt.extra.get("accum_samples", 0)
+    if isinstance(samples, np.ndarray) and samples.ndim == 0 and samples.dtype.kind in "iu":
+        samples = int(samples)
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+        raise CheckpointError(f"checkpoint's accum_samples must be a row count, got {samples!r}")
+    return PendingAccumulation(micro, cast, loss_sum, normaliser, samples)
+
+
+def _finite_number(extra: dict[str, Any], key: str) -> float:
+    """`extra[key]` as a float, checked to be a finite real number.
+
+    Raises:
+        CheckpointError: missing, not a number (a bool or string), or not finite.
+    """
+    value = extra.get(key)
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "fiu":
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CheckpointError(f"checkpoint's {key} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise CheckpointError(f"checkpoint's {key} is not finite: {value!r}"[:200])
+    return number

@@ -1,7 +1,8 @@
 """Hierarchical data parallel, 2 processes x 2 local devices under mpiexec:
 equal to the single-device `Trainer` on the global batch, every replica of
 every rank identical, initial weights from rank 0, checkpoints written by
-rank 0 only and loadable by every rank; a rank that leaves is named."""
+rank 0 only and loadable by every rank, one saved inside an accumulation
+window resumed by the job and by one device; a rank that leaves is named."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from atomr import ActorSystem
-from atomr.train import GetWeights, Mlp, Step, Trainer, load_checkpoint
+from atomr.train import GetWeights, LoadCheckpoint, Mlp, Step, Trainer, load_checkpoint
 from tests.train.mpi_scripts import data_parallel_run as script
 from tests.train.mpi_scripts.harness import run_script
 
@@ -62,6 +63,29 @@ async def test_two_processes_two_devices_equal_one_device(tmp_path) -> None:
     for rank in range(RANKS):
         for replica in np.load(tmp_path / f"rank{rank}_loaded.npy"):
             np.testing.assert_array_equal(replica, saved.weights)
+    await _check_the_save_inside_a_window(tmp_path)
+
+
+async def _check_the_save_inside_a_window(out) -> None:  # noqa: ANN001
+    """Saved inside a window, the checkpoint holds every process's gradients:
+    the job resumes it, and so does one device, as if never saved."""
+    config = script.TrainerConfig(
+        script.OptimizerKind.adam(0.01), script.LossKind.CROSS_ENTROPY, accumulation_steps=2
+    )
+    async with ActorSystem() as system:
+        straight = await Trainer.spawn(system, Mlp(script.SIZES, "tanh", seed=100), "cpu:0", config)
+        resumed = await Trainer.spawn(system, Mlp(script.SIZES, "tanh", seed=7), "cpu:0", config)
+        await straight.ask(Step(*script.batch(100)), timeout=30)
+        await resumed.ask(LoadCheckpoint(out / "window.atomr"), timeout=30)
+        for trainer in (straight, resumed):
+            assert (await trainer.ask(Step(*script.batch(101)), timeout=30)).applied
+        want = await straight.ask(GetWeights(), timeout=30)
+        np.testing.assert_allclose(await resumed.ask(GetWeights()), want, rtol=1e-5, atol=1e-6)
+    assert load_checkpoint(out / "window.atomr").extra["micro"] == 1
+    for rank in range(RANKS):
+        for name in ("window", "window_again"):
+            got = np.load(out / f"rank{rank}_{name}.npy")
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_rank_leaving_mid_training_is_named(tmp_path) -> None:

@@ -11,6 +11,10 @@ batches drawn from a shared seed, and writes into OUT_DIR:
   rank{r}.json          losses, grad norms, whether this rank's checkpoint path exists
 Every rank asks its trainer to save: rank 0 to `ckpt.atomr`, rank r > 0 to
 `ckpt-rank{r}.atomr`, a path only process 0 may write (no other file may appear).
+Then a second trainer accumulates 2 batches per step: one micro-step, a save
+inside the window (`window.atomr`), the window's last step
+(rank{r}_window.npy: replica 0's weights), a load of the save and that last
+step again (rank{r}_window_again.npy).
 """
 
 from __future__ import annotations
@@ -48,6 +52,25 @@ LOCAL_DEVICES = 2
 
 def config() -> TrainerConfig:
     return TrainerConfig(OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY)
+
+
+async def save_inside_a_window(system: ActorSystem, out: Path, dist: Any, model: Mlp) -> None:
+    """The module docstring's second trainer."""
+    config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY, accumulation_steps=2)
+    options = DataParallelOptions.for_job(dist)
+    trainer = await DataParallelTrainer.spawn(
+        system, model, cpu_devices(LOCAL_DEVICES), config, options
+    )
+    first, last = batch(100), batch(101)
+    assert not (await trainer.ask(Step(*first), timeout=120)).applied
+    await trainer.ask(SaveCheckpoint(out / "window.atomr"), timeout=120)
+    assert (await trainer.ask(Step(*last), timeout=120)).applied
+    np.save(out / f"rank{dist.rank}_window.npy", (await trainer.ask(GetReplicaWeights()))[0])
+    await trainer.ask(LoadCheckpoint(out / "window.atomr"), timeout=120)
+    assert (await trainer.ask(Step(*last), timeout=120)).applied
+    again = (await trainer.ask(GetReplicaWeights()))[0]
+    np.save(out / f"rank{dist.rank}_window_again.npy", again)
+    await trainer.stop()
 
 
 def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,6 +112,8 @@ async def main(out: Path, steps: int, victim: int | None) -> None:
             await ask(Step(x, y))  # moves the weights away from the checkpoint
             await ask(LoadCheckpoint(out / "ckpt.atomr"))
             np.save(out / f"rank{dist.rank}_loaded.npy", np.stack(await ask(GetReplicaWeights())))
+            if victim is None:
+                await save_inside_a_window(system, out, dist, model)
         except CollectiveError as exc:
             collective = options.process_collective
             assert collective is not None

@@ -249,6 +249,10 @@ class Mlp(Sequential):
         """Each linear layer's parameter count, to balance pipeline stages."""
         return [float(o.stop - o.w_offset) for o in self._offsets]
 
+    def stage_has_params(self) -> list[bool]:
+        """Every linear layer has parameters."""
+        return [True] * self.n_layers
+
     def layer_offsets(self) -> list[LayerOffsets]:
         """Offsets and shapes of each layer's `W` and `b` in the flat vector.
 

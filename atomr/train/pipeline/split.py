@@ -11,12 +11,17 @@ from atomr.train.core.model.sequential import Sequential
 __all__ = ["balanced_split", "stage_layer_counts"]
 
 
-def balanced_split(layer_params: Sequence[float], n_stages: int) -> list[int]:
+def balanced_split(
+    layer_params: Sequence[float], n_stages: int, holds: Sequence[bool] | None = None
+) -> list[int]:
     """Cut consecutive layers into stages with the smallest largest stage.
 
     Args:
         layer_params: the parameter count of each layer, in order.
         n_stages: number of stages, `1 <= n_stages <= len(layer_params)`.
+        holds: whether each layer has parameters; when given, every stage
+            gets at least one layer that has (a stage without any would have
+            nothing to train).
 
     Returns:
         The number of layers of each stage (each >= 1, summing to the layer
@@ -24,7 +29,8 @@ def balanced_split(layer_params: Sequence[float], n_stages: int) -> list[int]:
         count, the one whose stages are filled front first.
 
     Raises:
-        ValueError: `n_stages` below 1 or above the number of layers.
+        ValueError: `n_stages` below 1 or above the number of layers (or,
+            with `holds`, of layers with parameters).
     """
     n = len(layer_params)
     if isinstance(n_stages, bool) or not isinstance(n_stages, int) or n_stages < 1:
@@ -34,9 +40,17 @@ def balanced_split(layer_params: Sequence[float], n_stages: int) -> list[int]:
             f"{n_stages} stages for a model of {n} layers: every stage needs at least one "
             "layer; use at most as many devices as layers"
         )
+    held = [1] * n if holds is None else [int(bool(h)) for h in holds]
+    if sum(held) < n_stages:
+        raise ValueError(
+            f"{n_stages} stages for a model with parameters in {sum(held)} of its {n} layers: "
+            "every stage needs a layer with parameters; use at most that many devices"
+        )
     prefix: list[float] = [0.0]
-    for c in layer_params:
+    holding = [0]
+    for c, h in zip(layer_params, held, strict=True):
         prefix.append(prefix[-1] + c)
+        holding.append(holding[-1] + h)
     inf = float("inf")
     # best[k][i]: smallest max stage cost of the first i layers in k stages
     best = [[inf] * (n + 1) for _ in range(n_stages + 1)]
@@ -45,6 +59,8 @@ def balanced_split(layer_params: Sequence[float], n_stages: int) -> list[int]:
     for k in range(1, n_stages + 1):
         for i in range(k, n + 1):
             for j in range(k - 1, i):
+                if holding[i] == holding[j]:
+                    continue  # layers j..i-1 would be a stage without parameters
                 cost = max(best[k - 1][j], prefix[i] - prefix[j])
                 if cost < best[k][i]:
                     best[k][i], cut[k][i] = cost, j
@@ -71,15 +87,25 @@ def stage_layer_counts(model: Sequential, n_stages: int, split: Sequence[int] | 
         One count per stage, each >= 1, summing to `model.n_layers`.
 
     Raises:
-        ValueError: more stages than layers, or a `split` that does not give
-            each of the `n_stages` stages at least one layer and cover the model.
+        ValueError: more stages than layers with parameters, or a `split`
+            that does not give each of the `n_stages` stages at least one
+            layer with parameters and cover the model.
     """
+    holds = model.stage_has_params()
     if split is None:
-        return balanced_split(model.stage_costs(), n_stages)
+        return balanced_split(model.stage_costs(), n_stages, holds)
     counts = [int(c) for c in split]
     if len(counts) != n_stages or any(c < 1 for c in counts) or sum(counts) != model.n_layers:
         raise ValueError(
             f"split {list(split)} must give each of the {n_stages} stages >= 1 layer "
             f"and cover the model's {model.n_layers} layers"
         )
+    start = 0
+    for stage, count in enumerate(counts):
+        if not any(holds[start : start + count]):
+            raise ValueError(
+                f"split {list(split)}: stage {stage} (layers {start}..{start + count - 1}) "
+                "has no parameters; give it a layer that has"
+            )
+        start += count
     return counts

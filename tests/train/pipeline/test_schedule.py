@@ -95,3 +95,13 @@ def test_balanced_split() -> None:
         balanced_split([5, 5, 5], 4)
     with pytest.raises(ValueError):
         balanced_split([5, 5, 5], 0)
+
+
+def test_a_balanced_split_gives_every_stage_a_layer_with_parameters() -> None:
+    # layers 1 and 2 (activations) cost something but hold nothing
+    holds = [True, False, False, True]
+    assert balanced_split([10, 4, 4, 10], 2, holds) == [2, 2]
+    assert balanced_split([10, 1, 1, 30], 2, holds) == [3, 1]
+    assert balanced_split([1, 40, 40, 1], 2, holds) == [2, 2]  # not [1, 3]: cost alone would
+    with pytest.raises(ValueError, match="parameters in 2 of its 4 layers"):
+        balanced_split([10, 4, 4, 10], 3, holds)

@@ -27,6 +27,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core import synthetic_classification
+from atomr.train.core.model import Activation, Linear, Sequential
 from atomr.train.pipeline import (
     GetGradients,
     GetTimeline,
@@ -394,6 +395,38 @@ async def test_spawn_refuses_bad_arguments_before_spawning(actor_system) -> None
             await PipelineParallelTrainer.spawn(actor_system, **args)
     with pytest.raises(TypeError, match="system must be an ActorSystem or a Context"):
         await PipelineParallelTrainer.spawn(None, model, cpu_devices(2), config)
+    assert actor_system.actors == before
+
+
+async def test_stages_without_parameters_are_never_made(actor_system) -> None:
+    """Activations between the linear layers cost time but hold nothing: the
+    default split puts one beside a layer that has, more devices than such
+    layers are refused up front, and so is a split with an empty stage."""
+    model = Sequential(
+        [Linear(6, 8), Activation("tanh"), Activation("relu"), Linear(8, 3)], (6,), seed=1
+    )
+    config = TrainerConfig(OptimizerKind.sgd(0.1), WCE)
+    x, y = synthetic_classification(BATCH, 6, 3, seed=1)
+    single = await Trainer.spawn(actor_system, model, "cpu:0", config)
+    await single.ask(Step(x, y), timeout=T)
+    for options in (
+        PipelineOptions(),
+        PipelineOptions(split=[1, 3]),
+        PipelineOptions(split=[3, 1]),
+    ):
+        pipe = await PipelineParallelTrainer.spawn(
+            actor_system, model, cpu_devices(2), config, options
+        )
+        await pipe.ask(Step(x, y), timeout=T)
+        np.testing.assert_allclose(
+            await pipe.ask(GetWeights(), timeout=T), await single.ask(GetWeights()), rtol=1e-6
+        )
+    before = actor_system.actors
+    with pytest.raises(ValueError, match="every stage needs a layer with parameters"):
+        await PipelineParallelTrainer.spawn(actor_system, model, cpu_devices(3), config)
+    with pytest.raises(ValueError, match=r"stage 1 \(layers 1..2\) has no parameters"):
+        options = PipelineOptions(split=[1, 2, 1])
+        await PipelineParallelTrainer.spawn(actor_system, model, cpu_devices(3), config, options)
     assert actor_system.actors == before
 
 

@@ -248,6 +248,11 @@ class Sequential:
         """The cost of each top-level layer, to balance pipeline stages."""
         return self.layer_costs()
 
+    def stage_has_params(self) -> list[bool]:
+        """Whether each top-level layer has parameters (a pipeline stage
+        needs one)."""
+        return [layer.n_params > 0 for layer in self.layers]
+
     def slice_layers(self, start: int, stop: int) -> Sequential:
         """The sub-model of top-level layers `start..stop-1` (a pipeline stage):
         their parameters (a copy), taking what layer `start` takes.

@@ -11,7 +11,7 @@ import numpy as np
 
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.model.registry import layer_from_config
-from atomr.train.core.model.sequential import Sequential
+from atomr.train.core.model.sequential import Sequential, token_vocab
 from atomr.train.core.validation import BatchSpec
 
 __all__ = ["batch_spec", "model_from_config"]
@@ -39,9 +39,9 @@ def batch_spec(config: dict[str, Any]) -> BatchSpec:
         sizes = config["sizes"]
         return BatchSpec((int(sizes[0]),), (int(sizes[-1]),), "float", None, dtype)
     layers = [layer_from_config(c) for c in config["layers"]]
+    kind = config.get("input_kind", "float")
+    vocab = token_vocab(layers[0]) if kind == "tokens" else None
     shape = in_shape = tuple(int(s) for s in config.get("input_shape", ()))
     for layer in layers:
         shape = layer.out_shape(shape)
-    kind = config.get("input_kind", "float")
-    vocab = getattr(layers[0], "vocab", None) if kind == "tokens" else None
     return BatchSpec(in_shape, shape, kind, vocab, dtype)

@@ -73,12 +73,14 @@ def cast_finite(array: np.ndarray, dtype: Any, what: str) -> np.ndarray:
     return out
 
 
-def validate_features(features: Any, in_width: int, dtype: Any = np.float32) -> np.ndarray:
-    """Check a feature matrix and return it as a contiguous array of `dtype`.
+def validate_features(
+    features: Any, in_shape: int | tuple[int, ...], dtype: Any = np.float32
+) -> np.ndarray:
+    """Check a feature array and return it as a contiguous array of `dtype`.
 
     Args:
-        features: array `(batch, in_width)` of float32 or float64, batch >= 1.
-        in_width: the model's input width.
+        features: array `(batch, *in_shape)` of float32 or float64, batch >= 1.
+        in_shape: the model's per-sample input shape (an int: its width).
         dtype: the model's float dtype (features are cast to it).
 
     Returns:
@@ -86,19 +88,28 @@ def validate_features(features: Any, in_width: int, dtype: Any = np.float32) -> 
         already is).
 
     Raises:
-        InvalidBatchError: not an ndarray, a masked array, not 2-D, empty,
-            wrong width, not a float dtype, or holds NaN / Inf (in `dtype`).
+        InvalidBatchError: not an ndarray, a masked array, of another rank,
+            empty, of another per-sample shape, not a float dtype, or holds
+            NaN / Inf (in `dtype`).
     """
+    shape = (in_shape,) if isinstance(in_shape, int) else tuple(in_shape)
     if not isinstance(features, np.ndarray):
         raise InvalidBatchError(f"features must be a numpy array, got {type(features).__name__}")
     refuse_masked(features, "features")
     if not is_float32_or_64(features.dtype):
         raise InvalidBatchError(f"features must be float32 or float64, got {features.dtype}")
-    if features.ndim != 2 or features.shape[0] < 1:
-        raise InvalidBatchError(f"features must be 2-D with batch >= 1, got shape {features.shape}")
-    if features.shape[1] != in_width:
+    if features.ndim != 1 + len(shape) or features.shape[0] < 1:
         raise InvalidBatchError(
-            f"features have width {features.shape[1]}, the model expects {in_width}"
+            f"features must be {1 + len(shape)}-D (batch >= 1, *{shape}), "
+            f"got shape {features.shape}"
+        )
+    if features.shape[1:] != shape:
+        if len(shape) == 1:
+            raise InvalidBatchError(
+                f"features have width {features.shape[1]}, the model expects {shape[0]}"
+            )
+        raise InvalidBatchError(
+            f"features have per-sample shape {features.shape[1:]}, the model expects {shape}"
         )
     return cast_finite(features, dtype, "features")
 
@@ -209,11 +220,37 @@ class BatchSpec:
             return validate_tokens(
                 features, labels, self.in_shape[0], self.vocab, loss, self.out_shape[-1]
             )
-        return validate_batch(
-            features,
-            labels,
-            self.in_shape[-1],
-            loss,
-            out_width=self.out_shape[-1],
-            dtype=self.dtype,
-        )
+        if len(self.in_shape) == 1 and len(self.out_shape) == 1:
+            return validate_batch(
+                features,
+                labels,
+                self.in_shape[-1],
+                loss,
+                out_width=self.out_shape[-1],
+                dtype=self.dtype,
+            )
+        return self._validate_shaped(features, labels, loss)
+
+    def _validate_shaped(
+        self, features: Any, labels: Any, loss: TargetValidator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A float batch for per-sample shapes of several axes: features
+        `(batch, *in_shape)`; targets per output row (`out_shape[:-1]` of
+        them per sample): class labels `(batch, *out_shape[:-1])`, or
+        regression targets `(batch, *out_shape)`.
+
+        Raises:
+            InvalidBatchError: any check fails.
+        """
+        x = validate_features(features, self.in_shape, self.dtype)
+        width = self.out_shape[-1]
+        rows = (x.shape[0], *self.out_shape[:-1])
+        classes = getattr(loss, "is_classification", False)
+        want = rows if classes else (*rows, width)
+        if not isinstance(labels, np.ndarray) or labels.shape != want:
+            shape = getattr(labels, "shape", type(labels).__name__)
+            raise InvalidBatchError(f"targets must be an array of shape {want}, got {shape}")
+        n_rows = int(np.prod(rows))
+        flat = labels.reshape(n_rows) if classes else labels.reshape(n_rows, width)
+        y = loss.validate_targets(flat, n_rows, width, self.dtype)
+        return x, y.reshape(want)

@@ -70,6 +70,21 @@ def model_dtype(dtype: Any) -> np.dtype:
     return dt
 
 
+def token_vocab(layer: Any) -> int:
+    """The range of the token ids `layer`, a token model's first, takes.
+
+    Raises:
+        ValueError: it has no `vocab` attribute, or one that is not an int >= 1.
+    """
+    vocab = getattr(layer, "vocab", None)
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(
+            f"input_kind 'tokens' needs a first layer that says its vocabulary (an int "
+            f"`vocab` >= 1, as Embedding has); {type(layer).__name__} has {vocab!r}"
+        )
+    return vocab
+
+
 class Sequential:
     """Layers applied in order, their parameters in one flat vector.
 
@@ -77,7 +92,9 @@ class Sequential:
         layers: the layers (`atomr.train.core.model`'s, or your own).
         input_shape: the per-sample input shape (features `(in,)`, token
             ids `(T,)`).
-        input_kind: "float" (features) or "tokens" (int ids).
+        input_kind: "float" (features) or "tokens" (int ids, in
+            `[0, layers[0].vocab)`: the first layer must say its vocabulary,
+            as `Embedding` does).
         seed: the seed of the initialisation.
         dtype: float32 (default) or float64.
         device: where the parameters live (a `Device` or its name; default
@@ -89,7 +106,8 @@ class Sequential:
 
     Raises:
         ValueError: no layers, a layer that refuses its input shape, an
-            unknown input kind or dtype.
+            unknown input kind or dtype, or token input into a first layer
+            without an int `vocab`.
     """
 
     seed: int | None
@@ -123,6 +141,8 @@ class Sequential:
             raise ValueError("a model needs a non-empty list of Layers")
         if input_kind not in INPUT_KINDS:
             raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {input_kind!r}")
+        if input_kind == "tokens":
+            token_vocab(self.layers[0])
         self.input_kind = input_kind
         self.dtype = model_dtype(dtype)
         self.device: Any = None

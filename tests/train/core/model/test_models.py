@@ -36,7 +36,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core.model import Activation, Linear, Sequential, gpt
-from atomr.train.core.models import model_from_config
+from atomr.train.core.models import batch_spec, model_from_config
 from atomr.train.parameter_server import Consistency
 from atomr.train.pipeline import Schedule
 from atomr.train.pipeline.split import stage_layer_counts
@@ -216,3 +216,50 @@ async def test_pipeline_gpt_equals_one_device_with_uneven_micro_batches(schedule
         np.testing.assert_allclose(
             await pipe.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
         )
+
+
+def _per_position_model() -> Sequential:
+    """A float model of per-sample shape (5, 4): the same MLP on each of 5
+    positions, a class per position."""
+    return Sequential([Linear(4, 8), Activation("tanh"), Linear(8, 3)], (5, 4), seed=1)
+
+
+@pytest.mark.parametrize("strategy", ["data", "zero-2", "zero-3", "pipeline"])
+async def test_a_float_model_of_several_input_axes_trains_as_on_one_device(
+    strategy: str,
+) -> None:
+    cls, options, n = STRATEGIES[strategy]
+    n = min(n, 2)  # two of its three layers hold parameters: at most two stages
+    rng = np.random.default_rng(0)
+    batches = [
+        (rng.standard_normal((12, 5, 4)).astype(np.float32), rng.integers(0, 3, (12, 5)))
+        for _ in range(3)
+    ]
+    async with ActorSystem("shaped") as system:
+        single = await Trainer.spawn(system, _per_position_model(), "cpu:0", CONFIG)
+        many = await cls.spawn(system, _per_position_model(), cpu_devices(n), CONFIG, options)
+        for x, y in batches:
+            want = await single.ask(Step(x, y))
+            got = await many.ask(Step(x, y))
+            assert got.loss == pytest.approx(want.loss, rel=1e-5)
+        want_w = await single.ask(GetWeights())
+        np.testing.assert_allclose(await many.ask(GetWeights()), want_w, rtol=1e-4, atol=1e-6)
+        x, y = batches[0]
+        result = await many.ask(Evaluate(x, y))
+        assert result.samples == 12
+        assert result.accuracy == (await single.ask(Evaluate(x, y))).accuracy
+        # features of another rank or per-sample shape, targets per sample: refused
+        before = await many.ask(GetWeights())
+        for bad_x, bad_y in [(x[:, 0], y[:, 0]), (x[:, :, :3], y), (x, y[:, 0]), (x[..., None], y)]:
+            with pytest.raises(InvalidBatchError):
+                await many.ask(Step(bad_x, bad_y))
+        np.testing.assert_array_equal(await many.ask(GetWeights()), before)
+
+
+def test_a_token_model_needs_a_first_layer_that_says_its_vocabulary() -> None:
+    with pytest.raises(ValueError, match="needs a first layer that says its vocabulary"):
+        Sequential([Linear(4, 3)], (4,), input_kind="tokens")
+    config = gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2).config()
+    config["layers"][0] = Linear(4, 3).config()
+    with pytest.raises(ValueError, match="Linear has None"):
+        batch_spec(config)

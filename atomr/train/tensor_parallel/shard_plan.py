@@ -194,6 +194,23 @@ def _paired_row(layers: Sequence[Layer], i: int) -> int | None:
     return None
 
 
+def _unpaired_row_message(layers: Sequence[Layer], i: int) -> str:
+    """Why row `Linear` i has no column `Linear` to take its input from."""
+    between = []
+    for j in range(i - 1, -1, -1):
+        layer = layers[j]
+        if isinstance(layer, Linear) and layer.tp == "column":
+            blockers = [k for k in between if not isinstance(layers[k], Activation)]
+            names = ", ".join(f"{k} ({type(layers[k]).__name__})" for k in sorted(blockers))
+            return (
+                f"layer {i}: a row-parallel Linear takes a column-parallel Linear's split "
+                f"output with only activations between; layer(s) {names} stand between it "
+                f"and the column-parallel layer {j}: move them after layer {i}"
+            )
+        between.append(j)
+    return f"layer {i}: a row-parallel Linear must follow a column-parallel one"
+
+
 def rules_for(layers: Sequence[Layer], n: int) -> list[Rule]:
     """The rule of every layer of one container (module docstring).
 
@@ -215,7 +232,7 @@ def rules_for(layers: Sequence[Layer], n: int) -> list[Rule]:
             if j is not None:
                 rules[j] = RowRule(layers[j], column.bounds)  # type: ignore[arg-type]
         elif isinstance(layer, Linear) and layer.tp == "row":
-            raise ValueError(f"layer {i}: a row-parallel Linear must follow a column-parallel one")
+            raise ValueError(_unpaired_row_message(layers, i))
         elif isinstance(layer, CausalSelfAttention):
             rules[i] = HeadsRule(layer, n)
         elif isinstance(layer, Residual):

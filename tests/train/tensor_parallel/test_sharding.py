@@ -86,3 +86,20 @@ def test_scatter_pieces_checks_coverage() -> None:
         scatter_pieces(3, [(idx[0], np.array([1.0, 3.0]))])
     with pytest.raises(ValueError, match="more than once"):
         scatter_pieces(2, [(np.array([0, 1]), np.ones(2)), (np.array([1]), np.ones(1))])
+
+
+def test_a_row_linear_without_its_column_partner_says_what_stands_between() -> None:
+    from atomr.train.core.model import Activation, Dropout, Linear
+    from atomr.train.tensor_parallel.shard_plan import rules_for
+
+    layers = [
+        Linear(6, 8, tp="column"),
+        Activation("relu"),
+        Dropout(0.3, seed=2),
+        Linear(8, 3, tp="row"),
+    ]
+    with pytest.raises(ValueError, match=r"layer\(s\) 2 \(Dropout\) stand between it and the "):
+        rules_for(layers, 2)
+    with pytest.raises(ValueError, match="must follow a column-parallel one"):
+        rules_for([Linear(6, 8, tp="row")], 2)
+    assert len(rules_for([*layers[:2], layers[3], layers[2]], 2)) == 4  # dropout after: fine

@@ -196,7 +196,7 @@ def _paired_row(layers: Sequence[Layer], i: int) -> int | None:
 
 def _unpaired_row_message(layers: Sequence[Layer], i: int) -> str:
     """Why row `Linear` i has no column `Linear` to take its input from."""
-    between = []
+    between: list[int] = []
     for j in range(i - 1, -1, -1):
         layer = layers[j]
         if isinstance(layer, Linear) and layer.tp == "column":

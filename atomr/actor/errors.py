@@ -112,7 +112,8 @@ class MailboxFullError(AtomrError):
 
 
 class InvalidActorNameError(AtomrError, ValueError):
-    """An actor name is not a non-empty string without '/' or a leading '$'."""
+    """An actor name is not a non-empty string of at most 255 characters
+    without '/', surrounding spaces or a leading '$'."""
 
 
 class ActorNameTakenError(InvalidActorNameError):

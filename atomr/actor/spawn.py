@@ -17,9 +17,18 @@ if TYPE_CHECKING:
 __all__ = ["spawn_cell"]
 
 
+MAX_NAME_LENGTH = 255
+"""The longest actor name (a path element; errors and logs repeat it)."""
+
+
 def _check_name(name: Any) -> str:
     if not isinstance(name, str):
         raise InvalidActorNameError(f"actor name must be a str, got {type(name).__name__}")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidActorNameError(
+            f"actor name {name[:40]!r}... is {len(name)} characters long; "
+            f"at most {MAX_NAME_LENGTH} are allowed"
+        )
     if not name or "/" in name or name.startswith("$") or name != name.strip():
         raise InvalidActorNameError(
             f"invalid actor name {name!r}: non-empty, no '/', no surrounding spaces, "

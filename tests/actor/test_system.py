@@ -85,7 +85,8 @@ async def test_spawn_bad_input(actor_system: ActorSystem) -> None:
         actor_system.spawn(Echo)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="expects Props"):
         actor_system.spawn("echo")  # type: ignore[arg-type]
-    for bad in ("", "a/b", "$x", " x"):
+    actor_system.spawn(Props(Echo), name="n" * 255)
+    for bad in ("", "a/b", "$x", " x", "n" * 256):
         with pytest.raises(InvalidActorNameError):
             actor_system.spawn(Props(Echo), name=bad)
     with pytest.raises(InvalidActorNameError):

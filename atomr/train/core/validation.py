@@ -7,6 +7,7 @@ refused (their mask would be silently dropped).
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Protocol
 
 import numpy as np
@@ -91,8 +92,9 @@ def validate_features(
         InvalidBatchError: not an ndarray, a masked array, of another rank,
             empty, of another per-sample shape, not a float dtype, or holds
             NaN / Inf (in `dtype`).
+        TypeError: `in_shape` is neither an integer nor a sequence of them.
     """
-    shape = (in_shape,) if isinstance(in_shape, int) else tuple(in_shape)
+    shape = (operator.index(in_shape),) if np.ndim(in_shape) == 0 else tuple(map(int, in_shape))
     if not isinstance(features, np.ndarray):
         raise InvalidBatchError(f"features must be a numpy array, got {type(features).__name__}")
     refuse_masked(features, "features")

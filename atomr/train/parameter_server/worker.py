@@ -122,7 +122,8 @@ class ParameterServerWorker(DeviceActor):
         model = await self._ready()
         t0 = time.perf_counter_ns()
         features = msg.features
-        if isinstance(features, np.ndarray) and features.ndim == 2 and features.shape[0] == 0:
+        # an empty part of a batch the trainer validated whole: a weight-0 push
+        if isinstance(features, np.ndarray) and features.ndim >= 1 and features.shape[0] == 0:
             self._pushed = None
             _, versions = await self.client.pull(self.worker_id)
             zeros = np.zeros(self.client.n, dtype=model.dtype)

@@ -7,6 +7,7 @@ import pytest
 
 from atomr.train import InvalidBatchError, LossKind
 from atomr.train.core import validate_batch
+from atomr.train.core.validation import validate_features
 
 CE = LossKind.CROSS_ENTROPY
 
@@ -22,6 +23,12 @@ def test_valid_batches_pass_and_are_cast() -> None:
     assert x.dtype == np.float32 and y.dtype == np.int64
     x, t = validate_batch(_x(), np.zeros((3, 2)), 4, LossKind.MSE, out_width=2)
     assert t.dtype == np.float32 and t.shape == (3, 2)
+    # a width of any integer type, or a per-sample shape
+    x, _ = validate_batch(_x(), np.array([0, 1, 2]), np.int64(4), CE, out_width=3)
+    assert x.shape == (3, 4)
+    assert validate_features(np.ones((2, 5, 4)), (5, 4)).shape == (2, 5, 4)
+    with pytest.raises(InvalidBatchError, match="per-sample shape"):
+        validate_features(np.ones((2, 5, 4)), (4, 5))
 
 
 @pytest.mark.parametrize(

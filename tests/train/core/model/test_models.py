@@ -224,7 +224,7 @@ def _per_position_model() -> Sequential:
     return Sequential([Linear(4, 8), Activation("tanh"), Linear(8, 3)], (5, 4), seed=1)
 
 
-@pytest.mark.parametrize("strategy", ["data", "zero-2", "zero-3", "pipeline"])
+@pytest.mark.parametrize("strategy", ["data", "zero-2", "zero-3", "pipeline", "ps"])
 async def test_a_float_model_of_several_input_axes_trains_as_on_one_device(
     strategy: str,
 ) -> None:
@@ -245,6 +245,15 @@ async def test_a_float_model_of_several_input_axes_trains_as_on_one_device(
         want_w = await single.ask(GetWeights())
         np.testing.assert_allclose(await many.ask(GetWeights()), want_w, rtol=1e-4, atol=1e-6)
         x, y = batches[0]
+        if strategy == "ps":  # a batch smaller than the workers: one gets an empty part
+            ps = await cls.spawn(
+                system,
+                _per_position_model(),
+                cpu_devices(2),
+                CONFIG,
+                ParameterServerOptions(workers=3, consistency=Consistency.synchronous()),
+            )
+            assert (await ps.ask(Step(x[:2], y[:2]), timeout=30)).applied
         result = await many.ask(Evaluate(x, y))
         assert result.samples == 12
         assert result.accuracy == (await single.ask(Evaluate(x, y))).accuracy

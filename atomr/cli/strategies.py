@@ -33,6 +33,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.comm.mpi.errors import CollectiveError
+from atomr.train.core import Checkpoint
 from atomr.train.core.model import Sequential
 from atomr.train.data_parallel import ApplyPolicy, DataParallelOptions
 from atomr.train.parameter_server import ParameterServerOptions
@@ -71,9 +72,10 @@ class Strategy:
         one_device: it trains on exactly one device (the default `--devices`).
         job: builds `(trainer class, options)` for one rank of an MPI job
             (`--distributed`); None: it cannot run across ranks.
-        steps_per_batch: the optimizer steps its checkpoints count per
-            batch trained, or None where that varies (`--resume` then needs
-            the checkpoint's history file to know where the data stands).
+        steps_per_batch: the optimizer steps a checkpoint of it counts per
+            batch trained (given the run and the checkpoint), or None where
+            that varies (`--resume` then needs the checkpoint's history file
+            to know where the data stands).
     """
 
     name: str
@@ -86,7 +88,7 @@ class Strategy:
     replicas: Callable[[RunConfig], int] = lambda run: len(run.devices)
     one_device: bool = False
     job: JobOptions | None = None
-    steps_per_batch: Callable[[RunConfig], int | None] = lambda run: 1
+    steps_per_batch: Callable[[RunConfig, Checkpoint], int | None] = lambda run, ckpt: 1
 
     def refuse_foreign_flags(self, given: dict[str, object]) -> None:
         """Refuse strategy flags that belong to another strategy, or that
@@ -134,7 +136,7 @@ def _data_job(run: RunConfig, dist: DistributedTrainConfig) -> tuple[Any, Any]:
     return DataParallelTrainer, DataParallelOptions.for_job(dist, **_data_settings(run))
 
 
-def _data_steps_per_batch(run: RunConfig) -> int | None:
+def _data_steps_per_batch(run: RunConfig, ckpt: Checkpoint) -> int | None:
     """One step per batch when synchronous; a cadence round spans several
     batches, and local SGD counts each replica's own steps."""
     return 1 if run.policy in (None, ApplyPolicy.SYNC.value) else None
@@ -150,6 +152,13 @@ def _zero_job(run: RunConfig, dist: DistributedTrainConfig) -> tuple[Any, Any]:
 
 def _ps_workers(run: RunConfig) -> int:
     return run.workers or len(run.devices)
+
+
+def _ps_steps_per_batch(run: RunConfig, ckpt: Checkpoint) -> int:
+    """Asynchronous: each worker's part of a batch is a step (the workers of
+    the run that saved it, where its checkpoint says)."""
+    workers = ckpt.extra.get("workers")
+    return workers if isinstance(workers, int) and workers >= 1 else _ps_workers(run)
 
 
 def _ps_options(run: RunConfig) -> ParameterServerOptions:
@@ -202,7 +211,7 @@ STRATEGIES: dict[str, Strategy] = {
             options=_ps_options,
             min_batch=_ps_workers,
             replicas=lambda run: _ps_workers(run) + 1,
-            steps_per_batch=_ps_workers,  # asynchronous: each worker's part is a step
+            steps_per_batch=_ps_steps_per_batch,
         ),
     )
 }

@@ -44,8 +44,11 @@ def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:
     return onehot
 
 
-def _resume_position(run: RunConfig, path: Path, steps: int, history: History) -> FitPosition:
-    """Where the checkpoint stands, and the earlier epoch records: from its
+def _resume_position(
+    run: RunConfig, path: Path, steps: int, history: History
+) -> tuple[FitPosition, int]:
+    """Where the checkpoint stands (the fit loop's position and the
+    trainer's own step count), and the earlier epoch records: from its
     history file when that file was written with this very checkpoint (its
     digest says so), else from the checkpoint's own step where the strategy
     takes a fixed number of steps per batch (with a warning on stderr).
@@ -66,7 +69,7 @@ def _resume_position(run: RunConfig, path: Path, steps: int, history: History) -
     _check_optimizer_options(run, ckpt, steps)
     earlier = _history_of(path, digest, ckpt.step)
     if earlier is None:
-        return _position_from_step(run, path, ckpt.step, steps)
+        return _position_from_step(run, path, ckpt, steps), ckpt.step
     saved = earlier.position or {}
     if saved.get("data") != run.data_options():
         raise CliError(
@@ -76,9 +79,9 @@ def _resume_position(run: RunConfig, path: Path, steps: int, history: History) -
     try:
         position = FitPosition(int(saved["epoch"]), int(saved["batch"]), int(saved["step"]))
     except (KeyError, TypeError, ValueError):
-        return _position_from_step(run, path, ckpt.step, steps)
+        return _position_from_step(run, path, ckpt, steps), ckpt.step
     history.epochs = [r for r in earlier.epochs if r.epoch <= position.epoch]
-    return position
+    return position, ckpt.step
 
 
 def _history_of(path: Path, digest: str, step: int) -> History | None:
@@ -105,14 +108,15 @@ def _history_of(path: Path, digest: str, step: int) -> History | None:
     return earlier
 
 
-def _position_from_step(run: RunConfig, path: Path, step: int, steps: int) -> FitPosition:
+def _position_from_step(run: RunConfig, path: Path, ckpt: Checkpoint, steps: int) -> FitPosition:
     """The position a checkpoint's step gives, where each batch is a fixed
     number of the strategy's steps.
 
     Raises:
         CliError: the strategy's steps per batch vary (or do not divide it).
     """
-    per_batch = STRATEGIES[run.strategy].steps_per_batch(run)
+    step = ckpt.step
+    per_batch = STRATEGIES[run.strategy].steps_per_batch(run, ckpt)
     if per_batch is None or step % per_batch:
         raise CliError(
             f"--resume: --strategy {run.strategy} does not take a fixed number of steps per "
@@ -123,9 +127,9 @@ def _position_from_step(run: RunConfig, path: Path, step: int, steps: int) -> Fi
     return FitPosition(batches // steps, batches % steps, batches)
 
 
-def _check_something_left(run: RunConfig, start: FitPosition) -> None:
+def _check_something_left(run: RunConfig, start: FitPosition, trainer_step: int) -> None:
     """Refuse a resume with nothing left to train (no epoch, or no step
-    under `--max-steps`)."""
+    under `--max-steps`, which counts the trainer's own steps)."""
     if start.epoch >= run.epochs:
         scheduled = run.lr_schedule != "constant" or run.warmup_epochs > 0
         schedule = " (the end of its --lr-schedule)" if scheduled else ""
@@ -134,9 +138,9 @@ def _check_something_left(run: RunConfig, start: FitPosition) -> None:
             f"pass --epochs greater than {start.epoch} to train further"
             + ("" if not schedule else ", without a schedule or with a new one from the start")
         )
-    if run.max_steps is not None and start.step >= run.max_steps:
+    if run.max_steps is not None and trainer_step >= run.max_steps:
         raise CliError(
-            f"--resume: the checkpoint is at step {start.step}, at or past --max-steps "
+            f"--resume: the checkpoint is at step {trainer_step}, at or past --max-steps "
             f"{run.max_steps}; pass a larger --max-steps to train further"
         )
 
@@ -384,9 +388,9 @@ async def train_epochs(
     steps = _steps_per_epoch(run, data)
     async with ActorSystem("atomr-train") as system:
         if run.resume is not None:
-            start = _resume_position(run, run.resume, steps, history)
+            start, trainer_step = _resume_position(run, run.resume, steps, history)
             history.resumed_from = str(run.resume)
-            _check_something_left(run, start)
+            _check_something_left(run, start, trainer_step)
         history.status = await _train(
             system,
             run,

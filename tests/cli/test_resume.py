@@ -225,7 +225,10 @@ def test_a_strategy_of_varying_steps_per_batch_resumes_at_the_batch_it_stopped(
     assert "warning" not in capsys.readouterr().err
     history_path_for(ckpt).unlink()
     if strategy[1] == "ps":  # without its history file: each batch is one step per worker
-        seen.clear()
+        seen.clear()  # (the checkpoint's 2 workers, whatever this run's --workers)
+        run = _run_config(
+            "--strategy", "ps", "--workers", "3", "--epochs", "2", "--resume", str(ckpt)
+        )
         atomr.run(
             train_epochs(run, load_dataset(run), History(config={}), StopFlag(), callbacks=[record])
         )
@@ -249,3 +252,17 @@ def test_a_history_file_from_before_digests_matches_by_step(
     assert seen[0][2] == load_checkpoint(ckpt).step + 1
     assert [r.epoch for r in history.epochs] == [1, 2, 3]
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_parameter_server_checkpoint_at_its_step_limit_is_not_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-steps counts the trainer's own steps: a parameter server's, one
+    per worker per batch, not the batches."""
+    ckpt = tmp_path / "ps.ckpt"
+    argv = ["train", "--quiet", "--strategy", "ps", "--workers", "2", "--max-steps", "4"]
+    assert atomr.cli.main([*argv, "--checkpoint", str(ckpt)]) == 0
+    assert load_checkpoint(ckpt).step == 4
+    capsys.readouterr()
+    assert atomr.cli.main([*argv, "--resume", str(ckpt)]) == 2
+    assert "at step 4, at or past --max-steps 4" in capsys.readouterr().err

@@ -94,7 +94,10 @@ def validate_features(
             NaN / Inf (in `dtype`).
         TypeError: `in_shape` is neither an integer nor a sequence of them.
     """
-    shape = (operator.index(in_shape),) if np.ndim(in_shape) == 0 else tuple(map(int, in_shape))
+    if isinstance(in_shape, tuple | list):
+        shape = tuple(operator.index(d) for d in in_shape)
+    else:  # a width: an int of any integer type
+        shape = (operator.index(in_shape),)
     if not isinstance(features, np.ndarray):
         raise InvalidBatchError(f"features must be a numpy array, got {type(features).__name__}")
     refuse_masked(features, "features")

@@ -26,12 +26,16 @@ from atomr.train.parameter_server.messages import ServerState
 __all__ = ["checkpoint_of", "server_states"]
 
 
-def checkpoint_of(states: Sequence[ServerState], model_config: Mapping[str, Any]) -> Checkpoint:
+def checkpoint_of(
+    states: Sequence[ServerState], model_config: Mapping[str, Any], workers: int | None = None
+) -> Checkpoint:
     """One checkpoint of the whole vector from every range's state, in range order.
 
     Args:
         states: one `ServerState` per range.
         model_config: the model's `Mlp.config()`.
+        workers: the workers that pushed (recorded: each counts a step per
+            batch), if known.
 
     Returns:
         The checkpoint (step: the first shard's version).
@@ -45,7 +49,11 @@ def checkpoint_of(states: Sequence[ServerState], model_config: Mapping[str, Any]
         weights=np.concatenate([np.asarray(s.weights) for s in states]),
         step=states[0].version,
         optimizer=optimizer,
-        extra={"trainer": "AsyncParameterServer", "shards": len(states)},
+        extra={
+            "trainer": "AsyncParameterServer",
+            "shards": len(states),
+            **({} if workers is None else {"workers": workers}),
+        },
     )
 
 

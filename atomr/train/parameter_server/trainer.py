@@ -241,7 +241,8 @@ class AsyncParameterServer(Actor):
         """Every range's weights and optimizer state as one checkpoint."""
         timeout = self.config.worker_timeout
         states = await ask_all(self.servers, GetServerState(), timeout, per_worker=False)
-        await asyncio.to_thread(save_checkpoint, path, checkpoint_of(states, self.model_config))
+        ckpt = checkpoint_of(states, self.model_config, len(self.pool))
+        await asyncio.to_thread(save_checkpoint, path, ckpt)
 
     async def _load(self, path: Any) -> None:
         """A checkpoint into every range, checked whole before any shard changes."""

@@ -199,6 +199,12 @@ def _unpaired_row_message(layers: Sequence[Layer], i: int) -> str:
     between: list[int] = []
     for j in range(i - 1, -1, -1):
         layer = layers[j]
+        if isinstance(layer, Linear) and layer.tp == "row":
+            return (
+                f"layer {i}: a row-parallel Linear needs a column-parallel Linear of its own "
+                f"before it; the nearest one before it feeds row-parallel layer {j}: put a "
+                f"column-parallel Linear before layer {i}, or make layer {i} replicated"
+            )
         if isinstance(layer, Linear) and layer.tp == "column":
             blockers = [k for k in between if not isinstance(layers[k], Activation)]
             names = ", ".join(f"{k} ({type(layers[k]).__name__})" for k in sorted(blockers))

@@ -102,4 +102,7 @@ def test_a_row_linear_without_its_column_partner_says_what_stands_between() -> N
         rules_for(layers, 2)
     with pytest.raises(ValueError, match="must follow a column-parallel one"):
         rules_for([Linear(6, 8, tp="row")], 2)
+    two_rows = [Linear(6, 8, tp="column"), Linear(8, 8, tp="row"), Linear(8, 3, tp="row")]
+    with pytest.raises(ValueError, match="layer 2: .* feeds row-parallel layer 1"):
+        rules_for(two_rows, 2)
     assert len(rules_for([*layers[:2], layers[3], layers[2]], 2)) == 4  # dropout after: fine

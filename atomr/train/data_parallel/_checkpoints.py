@@ -89,7 +89,8 @@ class Checkpoints:
             OSError: the file could not be written.
             CollectiveTimeoutError, RankFailedError: a process did not take part.
             Exception: a replica's own, when it could not give its
-                accumulated gradients (nothing written).
+                accumulated gradients (nothing written; another process's
+                failure to: CheckpointError).
         """
         pending = await self._pending() if self.runner.window.micro > 0 else None
         error: BaseException | None = None
@@ -109,23 +110,36 @@ class Checkpoints:
 
     async def _pending(self) -> PendingAccumulation:
         """The open window: every replica's accumulated gradient sums and the
-        window's totals, summed over the processes.
+        window's totals, summed over the processes (each takes part even
+        when its replicas failed, and every process then fails).
 
         Raises:
             Exception: the first failing replica's own.
+            CheckpointError: another process's replicas failed (nothing written).
         """
         window = self.runner.window
-        grads = await self.replicas.gather(GetGradients())
-        total = np.zeros(self.replicas.n_params + 2, dtype=np.float64)
-        for g in grads:
-            total[:-2] += np.asarray(g, dtype=np.float64)
-        total[-2:] = window.loss_sum, window.normaliser
+        n = self.replicas.n_params
+        total = np.zeros(n + 3, dtype=np.float64)  # sums, loss sum, normaliser, failures
+        error: Exception | None = None
+        dtype = np.dtype(self.replicas.model.get("dtype", "float32"))
+        try:
+            for g in await self.replicas.gather(GetGradients()):
+                total[:n] += np.asarray(g, dtype=np.float64)
+            total[n : n + 2] = window.loss_sum, window.normaliser
+        except Exception as exc:  # the other processes must hear of it
+            error, total[n + 2] = exc, 1.0
         if self.options.process_collective is not None:
             total = np.asarray(await self.options.process_collective.all_reduce([total]))
-        dtype = np.asarray(grads[0]).dtype
-        sums = total[:-2].astype(dtype)
+        if error is not None:
+            raise error
+        if total[n + 2] > 0:
+            raise CheckpointError(
+                "another process's replicas could not give their accumulated gradients; "
+                "nothing was saved"
+            )
+        sums = total[:n].astype(dtype)
         return PendingAccumulation(
-            window.micro, sums, float(total[-2]), float(total[-1]), window.samples
+            window.micro, sums, float(total[n]), float(total[n + 1]), window.samples
         )
 
     async def _write(self, path: Path, pending: PendingAccumulation | None) -> None:

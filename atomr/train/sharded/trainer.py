@@ -273,27 +273,74 @@ class ShardedDataParallelTrainer(Actor):
             await self._save_shards(path, extra)
             return
         weights, optimizer = await self._full_state()
+        error: Exception | None = None
         if self.options.process_rank == 0:
             ckpt = Checkpoint(self.model_config, weights, self.steps, optimizer, extra)
-            await self._host.run(save_checkpoint, path, ckpt)
+            try:
+                await self._host.run(save_checkpoint, path, ckpt)
+            except Exception as exc:  # every process hears of it
+                error = exc
+        await self._agree(error, "write the checkpoint")
 
     async def _save_shards(self, path: Path, extra: dict[str, Any]) -> None:
         """One file per replica, of a new generation, then (process 0) the
-        index, once every process has written (`checkpoints` module docstring)."""
-        states = await self._states()
-        processes = self.options.process_collective
-        generation = await self._host.run(next_generation, path)
-        if processes is not None:  # process 0's count, so every file is of one save
-            shared = np.array([generation], dtype=np.float64)
-            await processes.broadcast([shared], 0)
-            generation = int(shared[0])
+        index, once every process has written (`checkpoints` module
+        docstring). Every phase ends with the processes agreeing that all
+        of them succeeded, so a failure anywhere fails the save everywhere."""
+        error: Exception | None = None
+        states: list[Any] = []
+        generation = 0
+        try:
+            states = await self._states()
+            if self.options.process_rank == 0:
+                generation = await self._host.run(next_generation, path)
+        except Exception as exc:
+            error = exc
+        # process 0's generation, so every file is of one save
+        generation = int(await self._agree(error, "prepare the save", generation))
         config = self.model_config
-        await self._host.run(write_shards, path, self.layout, states, config, generation)
-        if processes is not None:
-            await processes.barrier()
+        try:
+            await self._host.run(write_shards, path, self.layout, states, config, generation)
+        except Exception as exc:
+            error = exc
+        await self._agree(error, "write its shard files")
         if self.options.process_rank == 0:
             steps = states[0].steps
-            await self._host.run(write_index, path, self.layout, steps, config, extra, generation)
+            try:
+                await self._host.run(
+                    write_index, path, self.layout, steps, config, extra, generation
+                )
+            except Exception as exc:
+                error = exc
+        await self._agree(error, "write the index")
+
+    async def _agree(self, error: Exception | None, what: str, value: float = 0.0) -> float:
+        """Every process learns whether any failed to do `what`; also sums
+        `value` over them (one process's value: a broadcast).
+
+        Returns:
+            The sum of `value`.
+
+        Raises:
+            Exception: this process's own `error`.
+            CheckpointError: another process failed (the previous checkpoint
+                is untouched).
+        """
+        processes = self.options.process_collective
+        if processes is None:
+            if error is not None:
+                raise error
+            return value
+        shared = np.array([0.0 if error is None else 1.0, value], dtype=np.float64)
+        total = np.asarray(await processes.all_reduce([shared])).reshape(-1)
+        if error is not None:
+            raise error
+        if total[0] > 0:
+            raise CheckpointError(
+                f"{int(total[0])} other process(es) failed to {what}; the checkpoint was not "
+                "saved (the previous one is untouched)"
+            )
+        return float(total[1])
 
     async def _read(self, path: Path) -> Checkpoint:
         ckpt: Checkpoint = await self._host.run(merge_shards, path)

@@ -9,7 +9,10 @@ OUT_DIR, per stage K: rank{r}_stage{K}.npy (the full weights it assembles),
 rank{r}_stage{K}.json (losses, grad norms), and stage{K}.ckpt: written by
 rank 0 at stages 1 and 2; at stage 3 one file per replica from every
 process (`shard_checkpoints`), saved twice (the second save replaces the
-first's files).
+first's files), then a third time with rank 1's shard write failing: every
+rank must fail (none waits for the others forever), and the second save
+must stay whole; each rank writes the name of the error it got into
+rank{r}_failed_save.txt.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +40,7 @@ from atomr.train import (
 )
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.core import synthetic_classification
+from atomr.train.sharded import trainer as sharded_trainer
 
 SIZES = [6, 11, 4]  # 77 + 11 + 44 + 4 = 136 parameters: 4 replicas split each layer unevenly
 BATCH = 26
@@ -50,6 +55,25 @@ def config(stage: int) -> TrainerConfig:
 
 def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
     return synthetic_classification(BATCH, SIZES[0], SIZES[-1], seed=700 + step)
+
+
+async def save_with_rank_1_failing(trainer: Any, out: Path, rank: int) -> None:
+    """The module docstring's third save (rank 1's disk refuses its shards)."""
+
+    def refuse(*args: Any) -> None:
+        raise OSError(28, "No space left on device (injected)")
+
+    write = sharded_trainer.write_shards
+    if rank == 1:
+        sharded_trainer.write_shards = refuse  # type: ignore[assignment]
+    try:
+        await trainer.ask(SaveCheckpoint(out / "stage3.ckpt"), timeout=120)
+        failed = "none"
+    except Exception as exc:
+        failed = type(exc).__name__
+    finally:
+        sharded_trainer.write_shards = write
+    (out / f"rank{rank}_failed_save.txt").write_text(failed)
 
 
 async def main(out: Path, steps: int) -> None:
@@ -70,6 +94,8 @@ async def main(out: Path, steps: int) -> None:
             np.save(out / f"rank{dist.rank}_stage{stage}.npy", weights)
             for _ in range(2 if stage == 3 else 1):
                 await trainer.ask(SaveCheckpoint(out / f"stage{stage}.ckpt"), timeout=120)
+            if stage == 3:
+                await save_with_rank_1_failing(trainer, out, dist.rank)
             report = {"losses": losses, "grad_norms": norms}
             (out / f"rank{dist.rank}_stage{stage}.json").write_text(json.dumps(report))
             await trainer.stop()

@@ -52,5 +52,9 @@ async def test_two_processes_two_replicas_equal_one_device_at_every_stage(tmp_pa
         saved = merge_shards(tmp_path / f"stage{stage}.ckpt")
         np.testing.assert_array_equal(saved.weights, np.load(tmp_path / f"rank0_stage{stage}.npy"))
         assert saved.step == STEPS
-    shards = sorted(p.name for p in tmp_path.glob("stage3.ckpt.*"))
+    shards = sorted(p.name for p in tmp_path.glob("stage3.ckpt.gen-2.*"))
     assert shards == [f"stage3.ckpt.gen-2.shard-{g}-of-4" for g in range(4)]
+    # the third save failed on rank 1's disk: every rank failed, none hung,
+    # and the index still names the second save's files (merged above)
+    failed = [(tmp_path / f"rank{r}_failed_save.txt").read_text() for r in range(RANKS)]
+    assert failed == ["CheckpointError", "OSError"]

@@ -17,14 +17,19 @@ trainer.
 
 A save is crash-safe: each save writes a new generation of shard files
 (one above any generation beside the path), every file atomically, then
-the index, then deletes the older generations' files. Until the index is
-replaced it names the previous save's files, which nothing has touched; a
-kill at any moment leaves one whole checkpoint. Indexes written before
-generations existed name `<path>.shard-<g>-of-<G>` and still load.
+the index, then deletes the older generations' files (and the temp files
+a killed save of one left). Until the index is replaced it names the
+previous save's files, which nothing has touched; a kill at any moment
+leaves one whole checkpoint. Indexes written before generations existed
+name `<path>.shard-<g>-of-<G>` and still load. Every file named like a
+shard of `<path>` belongs to it: do not name another checkpoint
+`<path>.gen-<N>`, whose shard files a save at `<path>` would take for its
+own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import re
 from collections.abc import Sequence
@@ -65,14 +70,22 @@ def shard_path(path: str | Path, index: int, count: int, generation: int = 0) ->
 
 
 def _generations(path: str | Path) -> dict[int, list[Path]]:
-    """The shard files beside `path`, by generation."""
+    """The shard files beside `path` by generation, with the temp files a
+    killed write of one left (`.<shard file>.<8 characters>.tmp`)."""
     target = Path(path)
-    pattern = re.compile(re.escape(target.name) + r"(?:\.gen-(\d+))?\.shard-\d+-of-\d+")
+    shard = re.escape(target.name) + r"(?:\.gen-(\d+))?\.shard-\d+-of-\d+"
+    pattern = re.compile(rf"(?:{shard}|\.{shard}\.[A-Za-z0-9_]{{8}}\.tmp)")
+    name = glob.escape(target.name)
+    candidates = [
+        *target.parent.glob(name + "*.shard-*-of-*"),
+        *target.parent.glob("." + name + "*.shard-*-of-*.tmp"),
+    ]
     found: dict[int, list[Path]] = {}
-    for candidate in target.parent.glob(glob.escape(target.name) + "*.shard-*-of-*"):
+    for candidate in candidates:
         match = pattern.fullmatch(candidate.name)
         if match is not None:
-            found.setdefault(int(match.group(1) or 0), []).append(candidate)
+            generation = match.group(1) or match.group(2) or 0
+            found.setdefault(int(generation), []).append(candidate)
     return found
 
 
@@ -165,7 +178,9 @@ def write_index(
     for older, files in _generations(path).items():
         if older != generation:
             for file in files:
-                file.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # the save is done; a leftover is harmless
+                    if file.is_file() and not file.is_symlink():
+                        file.unlink()
 
 
 def merge_shards(path: str | Path, index: Checkpoint | None = None) -> Checkpoint:

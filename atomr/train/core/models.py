@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from atomr.train.core.mlp import Mlp
+from atomr.train.core.model.inputs import token_vocab
 from atomr.train.core.model.registry import layer_from_config
-from atomr.train.core.model.sequential import Sequential, token_vocab
+from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.validation import BatchSpec
 
 __all__ = ["batch_spec", "model_from_config"]

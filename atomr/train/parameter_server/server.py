@@ -46,7 +46,7 @@ from atomr.train.core.checkpoint import CheckpointError, load_checkpoint, save_c
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint, SetLearningRate
-from atomr.train.core.model.sequential import model_dtype
+from atomr.train.core.model.inputs import model_dtype
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states

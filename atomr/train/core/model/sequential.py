@@ -22,6 +22,7 @@ import numpy as np
 
 from atomr.accel import Device, backend_for
 from atomr.train.core._cpu import cpu_backend
+from atomr.train.core.model.inputs import INPUT_KINDS, model_dtype, token_vocab
 from atomr.train.core.model.layer import (
     INFERENCE,
     ForwardContext,
@@ -31,10 +32,7 @@ from atomr.train.core.model.layer import (
 )
 from atomr.train.core.model.registry import layer_from_config
 
-__all__ = ["INPUT_KINDS", "Sequential", "SequentialTape"]
-
-INPUT_KINDS = ("float", "tokens")
-"""What a model takes: float features (of the model's dtype) or int64 token ids."""
+__all__ = ["Sequential", "SequentialTape"]
 
 TRAIN = ForwardContext(train=True)
 
@@ -53,36 +51,6 @@ class SequentialTape:
 
     saved: list[Any] = field(default_factory=list)
     output: Any = None
-
-
-def model_dtype(dtype: Any) -> np.dtype:
-    """`dtype` as a NumPy dtype, checked to be one a model computes in.
-
-    Raises:
-        ValueError: not float32 or float64.
-    """
-    try:
-        dt = np.dtype(dtype)
-    except TypeError as exc:
-        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}") from exc
-    if dt not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {dt}")
-    return dt
-
-
-def token_vocab(layer: Any) -> int:
-    """The range of the token ids `layer`, a token model's first, takes.
-
-    Raises:
-        ValueError: it has no `vocab` attribute, or one that is not an int >= 1.
-    """
-    vocab = getattr(layer, "vocab", None)
-    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
-        raise ValueError(
-            f"input_kind 'tokens' needs a first layer that says its vocabulary (an int "
-            f"`vocab` >= 1, as Embedding has); {type(layer).__name__} has {vocab!r}"
-        )
-    return vocab
 
 
 class Sequential:

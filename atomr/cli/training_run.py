@@ -1,19 +1,17 @@
 """`train_epochs`: an `atomr train` run on the library's one fit loop.
 
 The loop itself is `atomr.train.fit`; this module adds what belongs to the
-command: building the model and trainer from the options, resuming from a
-checkpoint and its history file, and writing that history file next to
-every checkpoint (`<checkpoint>.history.json`: the epoch records and the
-position, which `--resume` reads back).
+command: building the model and trainer from the options, resuming where a
+checkpoint stands (`resume.py` says where), and writing the history file
+next to every checkpoint (`<checkpoint>.history.json`: the epoch records,
+the position and the save's digest, which `--resume` reads back).
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -22,10 +20,10 @@ from atomr.cli.dataset import Dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
 from atomr.cli.progress import Progress
+from atomr.cli.resume import check_something_left, resume_position
 from atomr.cli.run_config import RunConfig
-from atomr.cli.strategies import STRATEGIES, min_batch_size, spawn_trainer
-from atomr.train import CheckpointError, Evaluate, GetWeights, Mlp, load_checkpoint
-from atomr.train.core import Checkpoint
+from atomr.cli.strategies import min_batch_size, spawn_trainer
+from atomr.train import Evaluate, GetWeights, Mlp
 from atomr.train.core.checkpoint import checkpoint_digest
 from atomr.train.core.model import Sequential
 from atomr.train.fit import Evaluator, FitCallback, FitPosition, StopFlag, batch_bounds, fit
@@ -42,197 +40,6 @@ def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:
     onehot = np.zeros((labels.shape[0], classes), dtype=np.float32)
     onehot[np.arange(labels.shape[0]), labels] = 1.0
     return onehot
-
-
-def _resume_position(
-    run: RunConfig, path: Path, steps: int, history: History
-) -> tuple[FitPosition, int]:
-    """Where the checkpoint stands (the fit loop's position and the
-    trainer's own step count), and the earlier epoch records: from its
-    history file when that file was written with this very checkpoint (its
-    digest says so), else from the checkpoint's own step where the strategy
-    takes a fixed number of steps per batch (with a warning on stderr).
-
-    Raises:
-        CliError: an unusable checkpoint, another model or optimizer, a
-            history file of other data options, or a strategy whose steps
-            per batch vary with no history file of this checkpoint.
-    """
-    try:
-        ckpt = load_checkpoint(path)
-        digest = checkpoint_digest(path)
-    except (CheckpointError, OSError) as exc:
-        raise CliError(f"--resume: {exc}") from None
-    _check_model_kind(run, ckpt)
-    if run.gpt is None:  # a GPT's layers are checked by the trainer's LoadCheckpoint
-        _check_model_options(run, ckpt, list(history.config["sizes"]))
-    _check_optimizer_options(run, ckpt, steps)
-    earlier = _history_of(path, digest, ckpt.step)
-    if earlier is None:
-        return _position_from_step(run, path, ckpt, steps), ckpt.step
-    saved = earlier.position or {}
-    if saved.get("data") != run.data_options():
-        raise CliError(
-            f"--resume: the checkpoint was made with {saved.get('data')}; "
-            f"resume with the same data options (got {run.data_options()})"
-        )
-    try:
-        position = FitPosition(int(saved["epoch"]), int(saved["batch"]), int(saved["step"]))
-    except (KeyError, TypeError, ValueError):
-        return _position_from_step(run, path, ckpt, steps), ckpt.step
-    history.epochs = [r for r in earlier.epochs if r.epoch <= position.epoch]
-    return position, ckpt.step
-
-
-def _history_of(path: Path, digest: str, step: int) -> History | None:
-    """The history file written with the checkpoint at `path`, or None (with
-    a warning when there is one of another save)."""
-    side = history_path_for(path)
-    if not side.is_file():  # a checkpoint saved by a script: nothing more to restore
-        return None
-    try:
-        earlier = History.load(side)
-        saved = earlier.position or {}
-        sidecar_step = int(saved["step"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        _warn(f"--resume: ignoring {side} ({exc}); earlier epochs are not restored")
-        return None
-    # history files from before digests were kept match by step alone
-    same = saved["checkpoint"] == digest if "checkpoint" in saved else sidecar_step == step
-    if not same:
-        _warn(
-            f"--resume: ignoring {side}: it was written with another save of the checkpoint "
-            f"(step {sidecar_step}, the checkpoint's {step}); earlier epochs are not restored"
-        )
-        return None
-    return earlier
-
-
-def _position_from_step(run: RunConfig, path: Path, ckpt: Checkpoint, steps: int) -> FitPosition:
-    """The position a checkpoint's step gives, where each batch is a fixed
-    number of the strategy's steps.
-
-    Raises:
-        CliError: the strategy's steps per batch vary (or do not divide it).
-    """
-    step = ckpt.step
-    per_batch = STRATEGIES[run.strategy].steps_per_batch(run, ckpt)
-    if per_batch is None or step % per_batch:
-        raise CliError(
-            f"--resume: --strategy {run.strategy} does not take a fixed number of steps per "
-            f"batch, so the checkpoint's step {step} does not say where in the data it stands; "
-            f"resume with the history file written beside it ({history_path_for(path).name})"
-        )
-    batches = step // per_batch
-    return FitPosition(batches // steps, batches % steps, batches)
-
-
-def _check_something_left(run: RunConfig, start: FitPosition, trainer_step: int) -> None:
-    """Refuse a resume with nothing left to train (no epoch, or no step
-    under `--max-steps`, which counts the trainer's own steps)."""
-    if start.epoch >= run.epochs:
-        scheduled = run.lr_schedule != "constant" or run.warmup_epochs > 0
-        schedule = " (the end of its --lr-schedule)" if scheduled else ""
-        raise CliError(
-            f"--resume: the checkpoint has finished {start.epoch} epoch(s){schedule}; "
-            f"pass --epochs greater than {start.epoch} to train further"
-            + ("" if not schedule else ", without a schedule or with a new one from the start")
-        )
-    if run.max_steps is not None and trainer_step >= run.max_steps:
-        raise CliError(
-            f"--resume: the checkpoint is at step {trainer_step}, at or past --max-steps "
-            f"{run.max_steps}; pass a larger --max-steps to train further"
-        )
-
-
-def _warn(message: str) -> None:
-    """One warning line on stderr (the run goes on)."""
-    print(f"atomr: warning: {message}", file=sys.stderr)
-
-
-def _check_model_kind(run: RunConfig, ckpt: Checkpoint) -> None:
-    """Refuse a checkpoint of the other `--model` (an Mlp's config has its
-    `sizes`; a GPT's is a `Sequential` of layers)."""
-    is_mlp = "sizes" in ckpt.model
-    if is_mlp == (run.gpt is None):
-        return
-    saved, mine = ("mlp", "gpt") if is_mlp else ("gpt", "mlp")
-    raise CliError(
-        f"--resume: the checkpoint is of a --model {saved} model, not --model {mine}; "
-        f"resume with --model {saved} and the options it was trained with"
-    )
-
-
-def _check_model_options(run: RunConfig, ckpt: Checkpoint, sizes: list[int]) -> None:
-    """Refuse a checkpoint of another model, naming the options that rebuild it."""
-    saved = ckpt.model.get("sizes")
-    activation = ckpt.model.get("activation")
-    if not isinstance(saved, list) or len(saved) < 2:
-        return  # malformed config: the trainer's LoadCheckpoint reports it
-    if saved == sizes and activation == run.activation:
-        return
-    if saved[0] != sizes[0] or saved[-1] != sizes[-1]:
-        fix = "the same data set (--dataset, --features, --classes)"
-    elif len(saved) == 2:
-        fix = "the library: the command line always builds a hidden layer"
-    else:
-        fix = f"--hidden {','.join(map(str, saved[1:-1]))} --activation {activation}"
-    shape = "-".join(map(str, saved))
-    mine = "-".join(map(str, sizes))
-    raise CliError(
-        f"--resume: the checkpoint is of a {shape} {activation} model, not {mine} "
-        f"{run.activation}; resume with {fix}"
-    )
-
-
-def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint, steps: int) -> None:
-    """Refuse to resume with other `--optimizer`, `--lr`, (SGD) `--momentum`
-    or learning-rate schedule than the checkpoint's: loading a checkpoint
-    restores its optimizer's hyper-parameters and schedule, so different
-    values would be silently ignored."""
-    saved = ckpt.optimizer.get("kind")
-    if not isinstance(saved, dict):
-        return  # malformed state: the trainer's LoadCheckpoint reports it
-    mine = run.trainer_config(steps).optimizer
-    schedule = None if mine.schedule is None else mine.schedule.to_config()
-    flags = {
-        "--optimizer": ("name", mine.name),
-        "--lr": ("lr", mine.lr),
-        "--lr-schedule, --warmup-epochs and --epochs": ("schedule", schedule),
-    }
-    if mine.name == "sgd":
-        flags["--momentum"] = ("momentum", mine.momentum)
-    for flag, (key, value) in flags.items():
-        if saved.get(key) == value:
-            continue
-        if key == "schedule":
-            raise CliError(
-                f"--resume: the checkpoint's learning-rate schedule is "
-                f"{_described(saved.get(key))}, this run's {_described(value)}; resume with "
-                f"the same {flag} (a schedule's length comes from --epochs, so a run with "
-                "one cannot be extended past its end)"
-            )
-        raise CliError(
-            f"--resume: the checkpoint was trained with {flag} {saved.get(key)}, not "
-            f"{value}; resume with {flag} {saved.get(key)} (a checkpoint keeps its "
-            "optimizer's hyper-parameters)"
-        )
-
-
-def _described(schedule: Any) -> str:
-    """A schedule's config in words: `cosine (eta_min=0.0, t_max=86)`, or "none"."""
-    if schedule is None:
-        return "none"
-    if isinstance(schedule, list):
-        return ", then ".join(_described(s) for s in schedule)
-    if not isinstance(schedule, dict):
-        return str(schedule)
-    settings = ", ".join(
-        f"{k}={_described(v) if isinstance(v, dict | list) else v}"
-        for k, v in sorted(schedule.items())
-        if k != "kind"
-    )
-    return f"{schedule.get('kind', 'schedule')} ({settings})"
 
 
 class _HistoryKeeper(FitCallback):
@@ -388,9 +195,9 @@ async def train_epochs(
     steps = _steps_per_epoch(run, data)
     async with ActorSystem("atomr-train") as system:
         if run.resume is not None:
-            start, trainer_step = _resume_position(run, run.resume, steps, history)
+            start, trainer_step = resume_position(run, run.resume, steps, history)
             history.resumed_from = str(run.resume)
-            _check_something_left(run, start, trainer_step)
+            check_something_left(run, start, trainer_step)
         history.status = await _train(
             system,
             run,

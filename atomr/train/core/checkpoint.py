@@ -38,6 +38,7 @@ import numpy as np
 from atomr.train.core._atomic_write import check_target, write_atomically
 from atomr.train.core._checkpoint_members import read_members
 from atomr.train.core._checkpoint_validation import (
+    check_count,
     check_float32_range,
     parse_header,
     read_regular_file,
@@ -52,6 +53,7 @@ __all__ = [
     "check_save_target",
     "check_optimizer_state",
     "checkpoint_digest",
+    "extra_count",
     "pending_micro_steps",
     "load_checkpoint",
     "save_checkpoint",
@@ -304,18 +306,27 @@ def _model_difference(theirs: dict[str, Any], mine: dict[str, Any]) -> str:
     return "checkpoint is for another model"
 
 
+def extra_count(ckpt: Checkpoint, key: str) -> int:
+    """`ckpt.extra[key]` (default 0), checked to be a count.
+
+    Raises:
+        CheckpointError: not an integer in `[0, 2**63)` (a bool, a float or
+            a string included).
+    """
+    value = ckpt.extra.get(key, 0)
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
+        value = int(value)
+    check_count(f"extra.{key}", value)
+    return int(value)
+
+
 def pending_micro_steps(ckpt: Checkpoint) -> int:
     """How many micro-steps into a gradient accumulation the checkpoint was saved.
 
     Raises:
-        CheckpointError: `extra["micro"]` is not a non-negative integer.
+        CheckpointError: `extra["micro"]` is not a count (`extra_count`).
     """
-    micro = ckpt.extra.get("micro", 0)
-    if isinstance(micro, np.ndarray) and micro.ndim == 0 and micro.dtype.kind in "iu":
-        micro = int(micro)
-    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 0:
-        raise CheckpointError(f"extra.micro must be a non-negative integer, got {micro!r}")
-    return micro
+    return extra_count(ckpt, "micro")
 
 
 def restored_optimizer(

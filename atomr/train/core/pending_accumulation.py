@@ -19,7 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from atomr.train.core.checkpoint import Checkpoint, CheckpointError, pending_micro_steps
+from atomr.train.core.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    extra_count,
+    pending_micro_steps,
+)
 
 __all__ = ["PendingAccumulation", "accumulation_extra", "read_pending"]
 
@@ -95,11 +100,7 @@ def read_pending(
     normaliser = _finite_number(ckpt.extra, "accum_norm")
     if normaliser < 0.0:
         raise CheckpointError(f"checkpoint's accum_norm is negative: {normaliser}")
-    samples = ckpt.extra.get("accum_samples", 0)
-    if isinstance(samples, np.ndarray) and samples.ndim == 0 and samples.dtype.kind in "iu":
-        samples = int(samples)
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-        raise CheckpointError(f"checkpoint's accum_samples must be a row count, got {samples!r}")
+    samples = extra_count(ckpt, "accum_samples")
     return PendingAccumulation(micro, cast, loss_sum, normaliser, samples)
 
 

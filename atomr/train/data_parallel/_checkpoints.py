@@ -24,6 +24,7 @@ import numpy as np
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorStoppedError, AskTimeoutError, Failure
 from atomr.train.comm._fanout import failed_indices
+from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -85,7 +86,7 @@ class Checkpoints:
         returns once the file is durable or raises if it could not be.
 
         Raises:
-            CheckpointError: process 0 failed to write.
+            CheckpointError: process 0 failed to write (`agree_on_failure`).
             OSError: the file could not be written.
             CollectiveTimeoutError, RankFailedError: a process did not take part.
             Exception: a replica's own, when it could not give its
@@ -93,20 +94,14 @@ class Checkpoints:
                 failure to: CheckpointError).
         """
         pending = await self._pending() if self.runner.window.micro > 0 else None
-        error: BaseException | None = None
+        error: Exception | None = None
         if self.options.process_rank == 0:
             try:
                 await self._write(path, pending)
-            except Exception as exc:  # every process hears of it below
+            except Exception as exc:  # every process hears of it
                 error = exc
         processes = self.options.process_collective
-        if processes is not None:
-            status = np.array([0.0 if error is None else 1.0])
-            await processes.broadcast([status], 0)
-            if error is None and status[0] != 0.0:
-                raise CheckpointError(f"process 0 failed to write the checkpoint {path}")
-        if error is not None:
-            raise error
+        await agree_on_failure(processes, error, f"write the checkpoint {path}")
 
     async def _pending(self) -> PendingAccumulation:
         """The open window: every replica's accumulated gradient sums and the

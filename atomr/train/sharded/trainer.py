@@ -49,6 +49,7 @@ from atomr.train._contract import (
 )
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import ask_all, set_learning_rate
+from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.mpi.job import shard_for_rank
 from atomr.train.core._step_checks import check_step_limit, evaluation
@@ -280,7 +281,7 @@ class ShardedDataParallelTrainer(Actor):
                 await self._host.run(save_checkpoint, path, ckpt)
             except Exception as exc:  # every process hears of it
                 error = exc
-        await self._agree(error, "write the checkpoint")
+        await agree_on_failure(self.options.process_collective, error, "write the checkpoint")
 
     async def _save_shards(self, path: Path, extra: dict[str, Any]) -> None:
         """One file per replica, of a new generation, then (process 0) the
@@ -297,13 +298,17 @@ class ShardedDataParallelTrainer(Actor):
         except Exception as exc:
             error = exc
         # process 0's generation, so every file is of one save
-        generation = int(await self._agree(error, "prepare the save", generation))
+        generation = int(
+            await agree_on_failure(
+                self.options.process_collective, error, "prepare the save", generation
+            )
+        )
         config = self.model_config
         try:
             await self._host.run(write_shards, path, self.layout, states, config, generation)
         except Exception as exc:
             error = exc
-        await self._agree(error, "write its shard files")
+        await agree_on_failure(self.options.process_collective, error, "write its shard files")
         if self.options.process_rank == 0:
             steps = states[0].steps
             try:
@@ -312,35 +317,7 @@ class ShardedDataParallelTrainer(Actor):
                 )
             except Exception as exc:
                 error = exc
-        await self._agree(error, "write the index")
-
-    async def _agree(self, error: Exception | None, what: str, value: float = 0.0) -> float:
-        """Every process learns whether any failed to do `what`; also sums
-        `value` over them (one process's value: a broadcast).
-
-        Returns:
-            The sum of `value`.
-
-        Raises:
-            Exception: this process's own `error`.
-            CheckpointError: another process failed (the previous checkpoint
-                is untouched).
-        """
-        processes = self.options.process_collective
-        if processes is None:
-            if error is not None:
-                raise error
-            return value
-        shared = np.array([0.0 if error is None else 1.0, value], dtype=np.float64)
-        total = np.asarray(await processes.all_reduce([shared])).reshape(-1)
-        if error is not None:
-            raise error
-        if total[0] > 0:
-            raise CheckpointError(
-                f"{int(total[0])} other process(es) failed to {what}; the checkpoint was not "
-                "saved (the previous one is untouched)"
-            )
-        return float(total[1])
+        await agree_on_failure(self.options.process_collective, error, "write the index")
 
     async def _read(self, path: Path) -> Checkpoint:
         ckpt: Checkpoint = await self._host.run(merge_shards, path)

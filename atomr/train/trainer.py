@@ -40,6 +40,11 @@ from atomr.train.core._step_checks import (
     check_step_limit,
     evaluation,
 )
+from atomr.train.core.accumulation import (
+    AccumulationWindow,
+    accumulation_extra,
+    read_pending,
+)
 from atomr.train.core.checkpoint import (
     Checkpoint,
     check_model_matches,
@@ -63,11 +68,6 @@ from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.optimizer_state import Optimizer
-from atomr.train.core.pending_accumulation import (
-    PendingAccumulation,
-    accumulation_extra,
-    read_pending,
-)
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 
 __all__ = ["Trainer"]
@@ -107,6 +107,7 @@ class Trainer(DeviceActor):
         self.optimizer: Optimizer | None = None
         self._updates = DoubleBuffer()  # out of place: a refused update changes nothing
         self.steps = 0
+        self._window = AccumulationWindow()
         self._reset_accumulation()
 
     # -- construction -------------------------------------------------------
@@ -181,11 +182,8 @@ class Trainer(DeviceActor):
         return ref
 
     def _reset_accumulation(self) -> None:
-        self._accum: Any = None
-        self._micro = 0
-        self._accum_loss = 0.0
-        self._accum_norm = 0.0
-        self._accum_samples = 0  # the window's rows so far: the next micro-batch's offset
+        self._accum: Any = None  # the window's gradient sums, on the device
+        self._window.reset()
 
     def _build(self) -> None:
         """On the device thread: the model and optimizer state on this device."""
@@ -242,7 +240,7 @@ class Trainer(DeviceActor):
         t0 = time.perf_counter_ns()
         xd, yd = be.to_device(x), be.to_device(y)
         # a window's micro-batches are rows of one batch (their dropout masks differ)
-        tape = model.forward_train(xd, ForwardContext(True, self.steps, self._accum_samples))
+        tape = model.forward_train(xd, ForwardContext(True, self.steps, self._window.samples))
         d_out = be.empty(tape.output.shape, dtype=model.dtype)
         loss_sum, norm = cfg.loss.sums(be, tape.output, yd, d_out)
         check_loss(loss_sum)
@@ -258,25 +256,23 @@ class Trainer(DeviceActor):
         # accumulation: gradients of the *sum*, divided once on the K-th step
         model.backward(tape, d_out)
         check_gradient(be.squared_norm(model.grads), "micro-step")
-        if self._micro + 1 < k:
+        if self._window.micro + 1 < k:
             if self._accum is None:
                 self._accum = be.zeros((model.n_params,), dtype=model.dtype)
             be.axpy(1.0, model.grads, self._accum)
-            self._micro += 1
-            self._accum_loss += loss_sum
-            self._accum_norm += norm
-            self._accum_samples += int(x.shape[0])
+            self._window.add(loss_sum, norm, int(x.shape[0]))
             micro_loss = loss_sum / norm if norm > 0 else 0.0
             micros = (time.perf_counter_ns() - t0) // 1000
             return StepStats(micro_loss, 0.0, micros, x.shape[0], applied=False)
-        total_norm = self._accum_norm + norm
+        total_loss = self._window.loss_sum + loss_sum
+        total_norm = self._window.normaliser + norm
         check_normaliser(total_norm)
         if self._accum is not None:
             be.axpy(1.0, self._accum, model.grads)
         be.scale(model.grads, 1.0 / total_norm)
         grad_norm = global_norm(be, model.grads)
         check_gradient(grad_norm)
-        stats = self._apply(grad_norm, (self._accum_loss + loss_sum) / total_norm, x.shape[0], t0)
+        stats = self._apply(grad_norm, total_loss / total_norm, x.shape[0], t0)
         self._reset_accumulation()
         return stats
 
@@ -307,11 +303,8 @@ class Trainer(DeviceActor):
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
         pending = None
-        if self._accum is not None and self._micro > 0:
-            grads = np.asarray(model.backend.to_host(self._accum))
-            pending = PendingAccumulation(
-                self._micro, grads, self._accum_loss, self._accum_norm, self._accum_samples
-            )
+        if self._accum is not None:
+            pending = self._window.saved(np.asarray(model.backend.to_host(self._accum)))
         ckpt = Checkpoint(
             model=model.config(),
             weights=model.get_params(),
@@ -337,7 +330,4 @@ class Trainer(DeviceActor):
         self._reset_accumulation()
         if pending is not None:
             self._accum = model.backend.to_device(pending.grads)
-            self._micro = pending.micro
-            self._accum_loss = pending.loss_sum
-            self._accum_norm = pending.normaliser
-            self._accum_samples = pending.samples
+            self._window.reopen(pending)

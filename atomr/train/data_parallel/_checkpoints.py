@@ -4,7 +4,7 @@ trainer, in the checkpoint format every trainer shares.
 Save writes replica 0's state (in a multi-process job, process 0 writes and
 the others wait until the file is durable). Inside an accumulation window
 it also writes the window, in the single-device `Trainer`'s format
-(`core/pending_accumulation.py`): the sum of every replica's accumulated
+(`core/accumulation.py`): the sum of every replica's accumulated
 gradients, of every process; a load puts that sum on the job's first
 replica and zeros on the others, so the window's last step applies what it
 would have. Load is all or none: replica
@@ -25,6 +25,11 @@ from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorStoppedError, AskTimeoutError, Failure
 from atomr.train.comm._fanout import failed_indices
 from atomr.train.comm.agreement import agree_on_failure
+from atomr.train.core.accumulation import (
+    PendingAccumulation,
+    accumulation_extra,
+    read_pending,
+)
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -34,11 +39,6 @@ from atomr.train.core.checkpoint import (
     save_checkpoint,
 )
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.pending_accumulation import (
-    PendingAccumulation,
-    accumulation_extra,
-    read_pending,
-)
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import (
@@ -132,7 +132,7 @@ class Checkpoints:
                 "another process's replicas could not give their accumulated gradients; "
                 "nothing was saved"
             )
-        sums = total[:n].astype(dtype)
+        sums = total[:n].astype(dtype)  # the totals too are every process's
         return PendingAccumulation(
             window.micro, sums, float(total[n]), float(total[n + 1]), window.samples
         )
@@ -218,10 +218,7 @@ class Checkpoints:
             for k in range(len(self.replicas.refs))
         ]
         results = await self.replicas.ask_each(messages)
-        window = self.runner.window
-        window.micro, window.samples = pending.micro, pending.samples
-        if first:
-            window.loss_sum, window.normaliser = pending.loss_sum, pending.normaliser
+        self.runner.window.reopen(pending, totals=first)
         return results
 
     async def _unload(self, results: list[Any], old: ReplicaState | None) -> BaseException:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from atomr.actor import AskTimeoutError, Failure
 from atomr.train.comm._fanout import failed_indices
+from atomr.train.core.accumulation import AccumulationWindow
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.partition import split_sizes
 from atomr.train.core.stats import StepStats
@@ -38,30 +38,7 @@ from atomr.train.data_parallel.messages import (
 from atomr.train.data_parallel.options import DataParallelOptions
 from atomr.train.data_parallel.speed_balancer import SpeedBalancer
 
-__all__ = ["AccumulationWindow", "StepRunner"]
-
-
-@dataclass
-class AccumulationWindow:
-    """The micro-steps taken so far in the current accumulation window, and
-    their totals (the gradients themselves stay on the replicas).
-
-    Attributes:
-        micro: micro-steps taken (0: no window open).
-        loss_sum: their loss sum.
-        normaliser: their normaliser.
-        samples: their rows (whole batches, every process's): the next
-            batch's first row in the window's one batch.
-    """
-
-    micro: int = 0
-    loss_sum: float = 0.0
-    normaliser: float = 0.0
-    samples: int = 0
-
-    def reset(self) -> None:
-        """Close the window (its gradients are dropped or were applied)."""
-        self.micro, self.loss_sum, self.normaliser, self.samples = 0, 0.0, 0.0, 0
+__all__ = ["StepRunner"]
 
 
 def _micros_since(t0: int) -> int:
@@ -159,15 +136,10 @@ class StepRunner:
             loss_sum += r.loss_sum
             normaliser += r.normaliser
         if not last:
-            self.window.micro += 1
-            self.window.loss_sum += loss_sum
-            self.window.normaliser += normaliser
-            self.window.samples += samples
+            self.window.add(loss_sum, normaliser, samples)
             loss = loss_sum / max(normaliser, 1e-300)
             return StepStats(float(loss), 0.0, _micros_since(t0), samples, applied=False)
-        loss_sum += self.window.loss_sum
-        normaliser += self.window.normaliser
-        self.window.reset()
+        loss_sum, normaliser = self.window.close(loss_sum, normaliser)
         reduce_started = time.perf_counter_ns()
         reduced = await self.reduction.reduce(grads, loss_sum, normaliser)
         if isinstance(reduced, Failure):

@@ -1,6 +1,9 @@
-"""A gradient accumulation window saved in a checkpoint.
+"""A gradient accumulation window: the one open in a trainer, and the one
+saved in a checkpoint.
 
-A checkpoint taken `micro` steps into a window of `accumulation_steps`
+`AccumulationWindow` counts an open window's micro-steps and their totals
+(the gradients themselves stay where the trainer keeps them: on its device,
+or on its replicas). A checkpoint taken `micro` steps into a window of `accumulation_steps`
 holds, in its `extra`, what the window's last step still needs: `micro`,
 `accum_grads` (the sum of the micro-steps' gradient *sums*, undivided),
 `accum_loss` and `accum_norm` (their loss sums and normalisers), and
@@ -26,7 +29,7 @@ from atomr.train.core.checkpoint import (
     pending_micro_steps,
 )
 
-__all__ = ["PendingAccumulation", "accumulation_extra", "read_pending"]
+__all__ = ["AccumulationWindow", "PendingAccumulation", "accumulation_extra", "read_pending"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +49,58 @@ class PendingAccumulation:
     loss_sum: float
     normaliser: float
     samples: int = 0
+
+
+@dataclass
+class AccumulationWindow:
+    """The micro-steps taken so far in the open accumulation window, and
+    their totals.
+
+    Attributes:
+        micro: micro-steps taken (0: no window open).
+        loss_sum: their loss sums' sum.
+        normaliser: their normalisers' sum.
+        samples: their rows (whole batches): the next micro-batch's first
+            row in the window's one batch.
+    """
+
+    micro: int = 0
+    loss_sum: float = 0.0
+    normaliser: float = 0.0
+    samples: int = 0
+
+    def add(self, loss_sum: float, normaliser: float, samples: int) -> None:
+        """Count one more micro-step that did not close the window."""
+        self.micro += 1
+        self.loss_sum += loss_sum
+        self.normaliser += normaliser
+        self.samples += samples
+
+    def close(self, loss_sum: float, normaliser: float) -> tuple[float, float]:
+        """The window's loss sum and normaliser with its last step's, and the
+        window closed."""
+        totals = (self.loss_sum + loss_sum, self.normaliser + normaliser)
+        self.reset()
+        return totals
+
+    def reset(self) -> None:
+        """Close the window (its gradients are dropped or were applied)."""
+        self.micro, self.loss_sum, self.normaliser, self.samples = 0, 0.0, 0.0, 0
+
+    def saved(self, grads: np.ndarray) -> PendingAccumulation | None:
+        """The window as a checkpoint keeps it, with its gradient sums
+        `grads`; None when no window is open."""
+        if self.micro == 0:
+            return None
+        return PendingAccumulation(self.micro, grads, self.loss_sum, self.normaliser, self.samples)
+
+    def reopen(self, pending: PendingAccumulation, totals: bool = True) -> None:
+        """Open a saved window (`totals=False`: count its micro-steps and rows
+        but not its loss sum and normaliser, which another process counts)."""
+        self.reset()
+        self.micro, self.samples = pending.micro, pending.samples
+        if totals:
+            self.loss_sum, self.normaliser = pending.loss_sum, pending.normaliser
 
 
 def accumulation_extra(pending: PendingAccumulation | None) -> dict[str, Any]:

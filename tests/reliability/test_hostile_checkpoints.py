@@ -152,6 +152,38 @@ def test_an_array_header_larger_than_its_member_is_refused_unallocated(tmp_path:
     assert peak < 16 * 2**20
 
 
+def _empty_with_shape(shape: tuple[int, ...]) -> bytes:
+    buf = io.BytesIO()
+    header = {"descr": "<f4", "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(buf, header)
+    return buf.getvalue()  # no data: the shape's size is 0
+
+
+def test_an_empty_array_of_an_unindexable_shape_is_a_checkpoint_error(tmp_path: Path) -> None:
+    members = {
+        "weights.npy": _member(np.zeros(N, np.float32)),
+        "extra/big.npy": _empty_with_shape((0, 2**62, 2**62)),
+    }
+    path = _craft(tmp_path / "shape.ckpt", members=members)
+    with pytest.raises(CheckpointError, match="extra/big"):
+        load_checkpoint(path)
+
+
+def test_a_large_file_of_another_kind_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "disk.img"
+    with open(path, "wb") as file:
+        file.write(b"NOTACKPT")
+        file.truncate(256 * 2**20)  # sparse: no disk used
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match="magic"):
+            load_checkpoint(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
+
+
 def test_a_deflate_bomb_is_refused_without_inflating_it(tmp_path: Path) -> None:
     bomb = _member(np.zeros(64 * 2**20 // 4, np.float32))  # 64 MB of zeros, ~64 KB deflated
     path = _craft(tmp_path / "bomb.ckpt", members={"weights.npy": bomb}, compression=8)

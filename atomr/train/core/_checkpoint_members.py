@@ -88,13 +88,15 @@ def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
                     f"{info.file_size} bytes"
                 )
             data = fh.read(expected)
+            if len(data) != expected:
+                raise CheckpointError(f"payload member {name!r} is truncated")
+            # an empty array's shape may still be beyond what NumPy can index
+            array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
     except CheckpointError:
         raise
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise CheckpointError(f"payload member {name!r} is malformed: {exc}") from exc
-    if len(data) != expected:
-        raise CheckpointError(f"payload member {name!r} is truncated")
-    array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C").copy()
+        raise CheckpointError(f"payload member {name!r} is malformed: {exc}"[:300]) from exc
+    array = array.copy()
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         raise CheckpointError(f"{name!r} holds NaN or infinity")
     return array

@@ -30,14 +30,17 @@ __all__ = [
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
-def read_regular_file(where: str) -> bytes:
-    """The bytes of `where`, which must be a regular file (symlinks followed).
+def read_regular_file(where: str, magic: bytes = b"") -> bytes:
+    """The bytes of `where`, which must be a regular file (symlinks followed)
+    that starts with `magic`.
 
-    Opened non-blocking, so a FIFO is refused instead of waited on.
+    Opened non-blocking, so a FIFO is refused instead of waited on; `magic`
+    is checked before the rest is read, so a large file of another kind is
+    refused without reading it.
 
     Raises:
         FileNotFoundError: `where` does not exist (OSError: it cannot be opened).
-        CheckpointError: not a regular file.
+        CheckpointError: not a regular file, or it does not start with `magic`.
     """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(where, flags)
@@ -48,7 +51,10 @@ def read_regular_file(where: str) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise CheckpointError(f"{where}: not a regular file (a device, FIFO or socket)")
         with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read(info.st_size + 1)
+            start = fh.read(len(magic))
+            if start != magic:
+                raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
+            return start + fh.read(info.st_size + 1 - len(magic))
     finally:
         os.close(fd)
 

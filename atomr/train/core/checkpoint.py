@@ -209,7 +209,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             checksum mismatch, or a malformed field (the message names it).
     """
     where = os.fspath(path)
-    raw = read_regular_file(where)
+    raw = read_regular_file(where, MAGIC)
     min_len = len(MAGIC) + _LEN.size + _DIGEST
     if len(raw) < min_len or raw[: len(MAGIC)] != MAGIC:
         raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")

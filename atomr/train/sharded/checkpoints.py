@@ -196,7 +196,8 @@ def merge_shards(path: str | Path, index: Checkpoint | None = None) -> Checkpoin
 
     Raises:
         CheckpointError: a shard is missing, unreadable, of another model or
-            step, or the shards do not tile the vector exactly once.
+            step, the shards' optimizer states differ in their entries or
+            settings, or the shards do not tile the vector exactly once.
     """
     ckpt = load_checkpoint(path) if index is None else index
     info = ckpt.extra.get(SHARDED_INDEX_KEY)
@@ -204,6 +205,7 @@ def merge_shards(path: str | Path, index: Checkpoint | None = None) -> Checkpoin
         return ckpt
     count, n, generation = _index_info(path, info)
     shards = [_load_shard(path, ckpt, g, count, generation) for g in range(count)]
+    _check_same_optimizer(path, shards)
     if sum(int(shard.weights.shape[0]) for shard in shards) != n:  # before allocating n
         raise CheckpointError(f"the shards of {path} do not hold the index's {n} parameters")
     covered = np.zeros(n, dtype=np.int64)
@@ -215,11 +217,38 @@ def merge_shards(path: str | Path, index: Checkpoint | None = None) -> Checkpoin
             if isinstance(value, np.ndarray):
                 optimizer[key] = _place(shard, value, optimizer.get(key), n, None, g)
             else:
-                optimizer.setdefault(key, value)
+                optimizer[key] = value  # the same in every shard
     if weights is None or not (covered == 1).all():
         raise CheckpointError(f"the shards of {path} do not cover the parameters exactly once")
     extra = {k: v for k, v in ckpt.extra.items() if k != SHARDED_INDEX_KEY}
     return Checkpoint(ckpt.model, weights, ckpt.step, optimizer, extra)
+
+
+def _check_same_optimizer(path: str | Path, shards: list[Checkpoint]) -> None:
+    """Every shard's optimizer state has the same entries, each an array in
+    every shard or the same setting in every shard (a shard missing a buffer
+    would otherwise leave its positions zero in the merge).
+
+    Raises:
+        CheckpointError: naming the first shard and entry that differ.
+    """
+    first = shards[0].optimizer
+    for g, shard in enumerate(shards[1:], start=1):
+        state = shard.optimizer
+        if state.keys() != first.keys():
+            differ = sorted(state.keys() ^ first.keys())
+            raise CheckpointError(f"shard {g} of {path}: optimizer entries differ: {differ}"[:300])
+        for key, value in state.items():
+            if isinstance(value, np.ndarray) and isinstance(first[key], np.ndarray):
+                continue
+            if (
+                isinstance(value, np.ndarray)
+                or isinstance(first[key], np.ndarray)
+                or (value != first[key])
+            ):
+                raise CheckpointError(
+                    f"shard {g} of {path}: optimizer entry {key!r} differs from shard 0's"
+                )
 
 
 def _index_info(path: str | Path, info: Any) -> tuple[int, int, int]:

@@ -118,6 +118,41 @@ async def test_a_missing_shard_is_refused_with_nothing_changed(tmp_path: Path) -
             merge_shards(tmp_path / "nothing-here.ckpt")
 
 
+def _tamper(shard: Path, change: Any) -> None:
+    ckpt = load_checkpoint(shard)
+    change(ckpt.optimizer)
+    save_checkpoint(shard, ckpt)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda opt: (opt.pop("exp_avg"), opt.pop("exp_avg_sq")), "entries differ"),
+        (lambda opt: opt["kind"].update(lr=0.5), "'kind' differs"),
+        (lambda opt: opt.update(step=4), "'step' differs"),
+        (lambda opt: opt.update(exp_avg=1.0), "'exp_avg' differs"),
+    ],
+)
+async def test_shards_whose_optimizer_states_differ_are_refused(
+    change: Any, message: str, tmp_path: Path
+) -> None:
+    """A shard missing a buffer would leave its positions zero in the merge;
+    one with other settings would silently take shard 0's."""
+    path = tmp_path / "sharded.ckpt"
+    async with ActorSystem("zero-ckpt") as system:
+        writer = await _sharded(system, 2, stage=2, shard_checkpoints=True)
+        await _steps(writer, 1)
+        await writer.ask(SaveCheckpoint(path))
+        _tamper(shard_path(path, 1, 2, generation=1), change)
+        with pytest.raises(CheckpointError, match=message):
+            merge_shards(path)
+        reader = await _sharded(system, 2, stage=2)
+        before = await reader.ask(GetWeights())
+        with pytest.raises(CheckpointError, match=message):
+            await reader.ask(LoadCheckpoint(path))
+        np.testing.assert_array_equal(await reader.ask(GetWeights()), before)
+
+
 async def test_a_refused_save_of_one_file_per_replica_writes_none(tmp_path: Path) -> None:
     """An index target that cannot be replaced (here a directory) is found
     before any file is written: no replica's file is left beside it."""

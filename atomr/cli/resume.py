@@ -59,12 +59,28 @@ def resume_position(
             f"--resume: the checkpoint was made with {saved.get('data')}; "
             f"resume with the same data options (got {run.data_options()})"
         )
-    try:
-        position = FitPosition(int(saved["epoch"]), int(saved["batch"]), int(saved["step"]))
-    except (KeyError, TypeError, ValueError):
+    position = _saved_position(saved, steps)
+    if position is None:
+        _warn(
+            f"--resume: ignoring the position in {history_path_for(path)} ({saved!r}"[:200]
+            + "): not whole numbers within the run; taking it from the checkpoint's step"
+        )
         return _position_from_step(run, path, ckpt, steps), ckpt.step
     history.epochs = [r for r in earlier.epochs if r.epoch <= position.epoch]
     return position, ckpt.step
+
+
+def _saved_position(saved: dict[str, Any], steps: int) -> FitPosition | None:
+    """A history file's position, or None unless its epoch, batch and step
+    are integers >= 0 and its batch is within an epoch of `steps` batches."""
+    fields: list[int] = []
+    for name in ("epoch", "batch", "step"):
+        value = saved.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return None
+        fields.append(value)
+    epoch, batch, step = fields
+    return FitPosition(epoch, batch, step) if batch < steps else None
 
 
 def _history_of(path: Path, digest: str, step: int) -> History | None:

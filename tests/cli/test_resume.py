@@ -100,14 +100,42 @@ def _older_step(side: Path) -> None:
     earlier.save(side)
 
 
+def _position_set(**fields: object) -> Callable[[Path], None]:
+    """A history file of this very save whose position was edited to `fields`."""
+
+    def spoil(side: Path) -> None:
+        earlier = History.load(side)
+        assert earlier.position is not None
+        earlier.position.update(fields)
+        earlier.save(side)
+
+    return spoil
+
+
 @pytest.mark.parametrize(
     ("spoil", "why"),
     [
         (_older_step, "another save of the checkpoint (step 3"),
+        (_position_set(epoch=-1), "not whole numbers within the run"),
+        (_position_set(batch=100), "not whole numbers within the run"),
+        (_position_set(step=-5), "not whole numbers within the run"),
+        (_position_set(epoch=1.7), "not whole numbers within the run"),
+        (_position_set(epoch="1"), "not whole numbers within the run"),
+        (_position_set(batch=True), "not whole numbers within the run"),
         (lambda side: side.write_text(""), "not an atomr history file"),
         (lambda side: side.write_text('{"format": "atomr-hist'), "not an atomr history file"),
     ],
-    ids=["older-step", "empty", "corrupt"],
+    ids=[
+        "older-step",
+        "negative-epoch",
+        "batch-past-the-epoch",
+        "negative-step",
+        "fractional-epoch",
+        "text-epoch",
+        "bool-batch",
+        "empty",
+        "corrupt",
+    ],
 )
 def test_the_checkpoint_step_wins_over_a_bad_history_file(
     stopped: Path,

@@ -45,6 +45,11 @@ def _finite_or_none(value: float) -> float | None:
 class JsonLinesLog(FitCallback):
     """One JSON object per line: `{"event": "step" | "evaluate" | "epoch", ...}`.
 
+    A `step` event holds the `FitPosition` after it (`epoch`: the 0-based
+    epoch in progress), its figures and `applied` (False for an
+    accumulation window's micro-steps); `evaluate` and `epoch` events hold
+    the 1-based number of the epoch just finished.
+
     Args:
         path: the file (appended to; its folder is made).
 
@@ -71,13 +76,14 @@ class JsonLinesLog(FitCallback):
         self._write({"event": "step", **vars(position), **figures, "applied": stats.applied})
 
     def on_evaluate(self, split: str, loss: float, accuracy: float, position: FitPosition) -> None:
-        """Log an evaluation."""
+        """Log an evaluation (`epoch`: the 1-based number of the epoch just
+        finished, as in its `epoch` event)."""
         self._write(
             {
                 "event": "evaluate",
                 "split": split,
                 "step": position.step,
-                "epoch": position.epoch,
+                "epoch": position.epoch + 1,
                 "loss": _finite_or_none(loss),
                 "accuracy": _finite_or_none(accuracy),
             }
@@ -126,7 +132,12 @@ class TensorBoardLog(FitCallback):
     def on_step(
         self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
     ) -> None:
-        """Log the step's figures (see `step_metrics`)."""
+        """Log the step's figures (see `step_metrics`), one point per optimizer
+        step: an accumulation window's micro-steps that applied nothing are
+        left out (their loss is in the window's last step, and they have no
+        gradient norm)."""
+        if not stats.applied:
+            return
         for name, value in step_metrics(stats, rate).items():
             self._writer.add_scalar(f"step/{name}", value, position.step)
 

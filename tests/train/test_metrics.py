@@ -29,10 +29,10 @@ CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
 X, Y = synthetic_classification(64, 6, 3, seed=1)
 
 
-async def _fit(trainer_class, devices, options, callbacks) -> None:  # type: ignore[no-untyped-def]
+async def _fit(trainer_class, devices, options, callbacks, config=CONFIG) -> None:  # type: ignore[no-untyped-def]
     async with ActorSystem("metrics") as system:
         model = Mlp([6, 8, 3], seed=0)
-        ref = await trainer_class.spawn(system, model, devices, CONFIG, options)
+        ref = await trainer_class.spawn(system, model, devices, config, options)
         await fit(ref, (X, Y), validation=(X[:16], Y[:16]), epochs=2, batch_size=16,
                   callbacks=callbacks)  # fmt: skip
 
@@ -56,8 +56,13 @@ async def test_the_json_lines_log_holds_every_step_evaluation_and_epoch(
         assert shares == [0.0] * 8
     else:
         assert all(0.0 < s < 1.0 for s in shares)  # the all-reduce is part of the step
-    evaluations = [(e["split"], e["step"]) for e in events if e["event"] == "evaluate"]
-    assert evaluations == [("train", 4), ("validation", 4), ("train", 8), ("validation", 8)]
+    evaluations = [(e["split"], e["step"], e["epoch"]) for e in events if e["event"] == "evaluate"]
+    assert evaluations == [
+        ("train", 4, 1),
+        ("validation", 4, 1),
+        ("train", 8, 2),
+        ("validation", 8, 2),
+    ]  # numbered as the epoch events are
     epochs = [e for e in events if e["event"] == "epoch"]
     assert [e["epoch"] for e in epochs] == [1, 2] and epochs[1]["test_accuracy"] is not None
 
@@ -93,6 +98,25 @@ async def test_tensorboard_event_files_hold_the_curves(tmp_path: Path) -> None:
     np.testing.assert_allclose([v for _, v in scalars["step/loss"]], losses, rtol=1e-6)
     assert [s for s, _ in scalars["validation/accuracy"]] == [4, 8]
     assert [s for s, _ in scalars["epoch/train_loss"]] == [4, 8]
+
+
+async def test_tensorboard_has_one_point_per_optimizer_step_under_accumulation(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("tensorboardX", reason="tensorboardX (atomr[tensorboard]) not installed")
+    jsonl = tmp_path / "m.jsonl"
+    config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY, accumulation_steps=2)
+    with TensorBoardLog(tmp_path / "tb") as board, JsonLinesLog(jsonl) as log:
+        await _fit(Trainer, "cpu:0", None, [board, log], config)
+    steps = [e for e in map(json.loads, jsonl.read_text().splitlines()) if e["event"] == "step"]
+    assert [e["applied"] for e in steps] == [False, True] * 4  # 8 batches, 4 updates
+    applied = [e for e in steps if e["applied"]]
+    scalars = _read_events(tmp_path / "tb")
+    for tag in ("step/loss", "step/grad_norm"):
+        assert [s for s, _ in scalars[tag]] == [1, 2, 3, 4]
+    np.testing.assert_allclose([v for _, v in scalars["step/grad_norm"]],
+                               [e["grad_norm"] for e in applied], rtol=1e-6)  # fmt: skip
+    assert all(v > 0 for _, v in scalars["step/grad_norm"])
 
 
 def test_tensorboard_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

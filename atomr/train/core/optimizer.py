@@ -24,6 +24,7 @@ Adam / AdamW (`t` the step count, from 1)::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -214,7 +215,10 @@ class OptimizerKind:
         """
         if self.schedule is None:
             return self.hyperparameters
-        lr = self.schedule.lr(self.lr, epoch)
+        try:
+            lr = self.schedule.lr(self.lr, epoch)
+        except OverflowError:  # a growing power past float's range: refused below
+            lr = math.inf
         last_lr, hyper = self._scheduled
         if lr != last_lr:
             try:

@@ -9,6 +9,7 @@ uses the closed forms. They must agree step for step.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -193,3 +194,11 @@ def test_a_growing_schedule_that_overflows_float32_fails_the_update_with_nothing
         opt.step(params, grads)  # lr 1e60: infinite in float32
     np.testing.assert_array_equal(params, before)
     assert opt.step_count == 2
+
+
+@pytest.mark.parametrize("schedule", [StepLR(1, 10.0), MultiStepLR(list(range(1, 500)), 10.0)])
+def test_a_schedule_beyond_floats_range_is_the_same_value_error(schedule: Any) -> None:
+    """10 ** 400 overflows Python's float itself (OverflowError), not only float32."""
+    kind = OptimizerKind.sgd(1.0).with_schedule(schedule)
+    with pytest.raises(ValueError, match="update 401: scheduled"):
+        kind.hyperparameters_at(400)

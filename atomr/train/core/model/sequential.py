@@ -316,8 +316,22 @@ class Sequential:
 
     # -- math ---------------------------------------------------------------
 
+    def _check_input(self, x: Any) -> None:
+        """Raises ValueError unless `x` is `(batch, *in_shape)` (a layer given
+        another shape would fail later with a message about itself)."""
+        shape = getattr(x, "shape", None)
+        if shape is None or len(shape) < 1 or tuple(shape[1:]) != self.in_shape:
+            shown = tuple(shape) if shape is not None else type(x).__name__
+            wanted = ", ".join(["batch", *map(str, self.in_shape)])
+            raise ValueError(f"the model takes inputs of shape ({wanted}), got {shown}")
+
     def forward(self, x: Any, ctx: ForwardContext = INFERENCE) -> Any:
-        """The output for a batch (keeps nothing for backward)."""
+        """The output for a batch (keeps nothing for backward).
+
+        Raises:
+            ValueError: `x` is not `(batch, *in_shape)`.
+        """
+        self._check_input(x)
         for i, layer in enumerate(self.layers):
             views = self.views(self.params, i)
             x, _ = forward_checked(layer, self.backend, views, x, ctx, self.shapes[i + 1])
@@ -333,7 +347,11 @@ class Sequential:
 
         Returns:
             The tape; `tape.output` is the model output.
+
+        Raises:
+            ValueError: `x` is not `(batch, *in_shape)`.
         """
+        self._check_input(x)
         tape = SequentialTape()
         for i, layer in enumerate(self.layers):
             views = self.views(self.params, i)

@@ -272,3 +272,18 @@ def test_a_token_model_needs_a_first_layer_that_says_its_vocabulary() -> None:
     config["layers"][0] = Linear(4, 3).config()
     with pytest.raises(ValueError, match="Linear has None"):
         batch_spec(config)
+
+
+def test_a_model_called_directly_names_the_input_shape_it_takes() -> None:
+    """A GPT given fewer tokens than its context (or an MLP the wrong width)
+    is refused before any layer runs, naming the model's input shape."""
+    model = gpt(7, 6, n_layer=1, n_head=2, d_model=4)
+    tokens = np.zeros((2, 3), dtype=np.int64)
+    with pytest.raises(ValueError, match=r"inputs of shape \(batch, 6\), got \(2, 3\)"):
+        model.forward(model.backend.to_device(tokens))
+    with pytest.raises(ValueError, match=r"\(batch, 6\), got \(2, 3\)"):
+        model.forward_train(model.backend.to_device(tokens))
+    mlp = Sequential([Linear(4, 3)], input_shape=(4,))
+    with pytest.raises(ValueError, match=r"\(batch, 4\), got \(5, 3\)"):
+        mlp.forward(np.zeros((5, 3), np.float32))
+    assert mlp.forward(np.zeros((5, 4), np.float32)).shape == (5, 3)

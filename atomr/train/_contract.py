@@ -1,6 +1,6 @@
 """The argument checks of the trainer contract, shared by every trainer:
 `X.spawn(system, model, devices, config, options=None, name=None)` and
-`X.props(...)`.
+`X.props(...)`, and `spawn_ready`, the one way a trainer's `spawn` starts it.
 
 Each check raises before anything is spawned: `TypeError` naming the
 argument for a wrong type, `ValueError` for a value out of range.
@@ -8,6 +8,8 @@ argument for a wrong type, `ValueError` for a value out of range.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -27,7 +29,11 @@ __all__ = [
     "parse_devices",
     "refuse_accumulation",
     "refuse_options",
+    "spawn_ready",
 ]
+
+STOP_WAIT_S = 10.0
+"""How long a failed `spawn_ready` waits for the trainer it started to stop."""
 
 OptionsT = TypeVar("OptionsT")
 
@@ -203,3 +209,29 @@ def refuse_accumulation(config: TrainerConfig, strategy: str) -> None:
             f"the {strategy} trainer does not accumulate gradients across Steps, but "
             f"config.accumulation_steps is {config.accumulation_steps}: use 1 and a larger batch"
         )
+
+
+async def spawn_ready(
+    system: ActorSystem | Context, props: Props, name: str | None, ready: Any, timeout: float | None
+) -> ActorRef:
+    """Spawn a trainer and ask it `ready` (a message it answers once its
+    workers hold their state); if that fails, stop the trainer and wait (at
+    most `STOP_WAIT_S`) until it and its workers are gone, so that a failed
+    `spawn` leaves nothing running.
+
+    Raises:
+        Exception: what the ask raised (a worker's error while starting, or
+            the timeout), after the trainer stopped.
+    """
+    ref: ActorRef = system.spawn(props, name=name)
+    try:
+        await ref.ask(ready, timeout=timeout)
+    except Exception:
+        stopped = ref.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(stopped), STOP_WAIT_S)
+        raise
+    except BaseException:  # cancelled: stop it, but do not hold the cancellation up
+        ref.stop()
+        raise
+    return ref

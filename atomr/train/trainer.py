@@ -31,6 +31,7 @@ from atomr.train._contract import (
     check_system,
     parse_devices,
     refuse_options,
+    spawn_ready,
 )
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core._step_checks import (
@@ -173,13 +174,7 @@ class Trainer(DeviceActor):
         check_system(system)
         props = cls.props(model, devices, config, options)
         check_name(name)
-        ref: ActorRef = system.spawn(props, name=name)
-        try:
-            await ref.ask(GetWeights(), timeout=config.worker_timeout)
-        except BaseException:
-            ref.stop()
-            raise
-        return ref
+        return await spawn_ready(system, props, name, GetWeights(), config.worker_timeout)
 
     def _reset_accumulation(self) -> None:
         self._accum: Any = None  # the window's gradient sums, on the device

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr import ActorRef, ActorSystem
+from atomr import Actor, ActorRef, ActorSystem, Failure, Props
 from atomr.accel import cpu_devices
 from atomr.train import (
     AsyncParameterServer,
@@ -37,6 +37,7 @@ from atomr.train import (
     TrainerConfig,
     fit,
 )
+from atomr.train._contract import spawn_ready
 from atomr.train.core import synthetic_classification
 from atomr.train.parameter_server import Consistency
 
@@ -144,3 +145,51 @@ async def test_every_trainer_refuses_what_it_does_not_handle_alike(strategy: str
         with pytest.raises(TypeError, match=r"the class GetWeights: send an instance"):
             await ref.ask(GetWeights)
         assert (await ref.ask(GetWeights())).shape == (Mlp([6, 8, 3]).n_params,)
+
+
+class _FailsToStart(Actor):
+    """A trainer whose workers cannot start: it answers the readiness ask with
+    their error, and has a child (a worker) that must go with it."""
+
+    def pre_start(self) -> None:
+        self.context.spawn(Props(_Idle), name="worker-0")
+
+    def receive(self, message: Any) -> Any:
+        return Failure(ValueError("worker 0 could not start"))
+
+
+class _Idle(Actor):
+    def receive(self, message: Any) -> Any:
+        return None
+
+
+async def test_a_failed_spawn_leaves_no_trainer_or_worker_running() -> None:
+    async with ActorSystem("spawn") as system:
+        with pytest.raises(ValueError, match="could not start"):
+            await spawn_ready(system, Props(_FailsToStart), "t", "ready?", 5.0)
+        assert system.actors == []  # stopped and gone when spawn raised, children first
+        ref = await spawn_ready(system, Props(_Idle), "t", "ready?", 5.0)  # the name is free
+        assert ref.is_alive
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+async def test_zero_with_a_replica_that_would_own_nothing_is_refused_before_spawning(
+    stage: int,
+) -> None:
+    async with ActorSystem("zero") as system:
+        model = Mlp([2, 1, 2], seed=0)  # 7 parameters; stage 3 splits its layers of 3 and 4
+        with pytest.raises(ValueError, match="would own none of the model's 7 parameters"):
+            await ShardedDataParallelTrainer.spawn(
+                system,
+                model,
+                cpu_devices(8 if stage == 1 else 5),
+                CONFIG,
+                ShardedOptions(stage=stage),
+            )
+        assert system.actors == []
+        fits = await ShardedDataParallelTrainer.spawn(
+            system, model, cpu_devices(7 if stage == 1 else 3), CONFIG, ShardedOptions(stage=stage)
+        )
+        assert isinstance(
+            await fits.ask(Step(*synthetic_classification(8, 2, 2, seed=0))), StepStats
+        )

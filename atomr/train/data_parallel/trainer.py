@@ -38,6 +38,7 @@ from atomr.actor import (
     SupervisorStrategy,
     not_handled,
 )
+from atomr.train._contract import spawn_ready
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
 from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.comm.mpi.job import shard_for_rank
@@ -205,13 +206,8 @@ class DataParallelTrainer(Actor):
         config, replica_props, built = spawn_replicas(
             system, model, devices, config, options, name, cls.__name__
         )
-        ref: ActorRef = system.spawn(cls.props(config, replica_props, built), name=name)
-        try:
-            await ref.ask(GetWeights(), timeout=None)
-        except BaseException:
-            ref.stop()
-            raise
-        return ref
+        props = cls.props(config, replica_props, built)
+        return await spawn_ready(system, props, name, GetWeights(), None)
 
     def supervisor_strategy(self) -> SupervisorStrategy:
         """`replica_decider` for the replicas this trainer spawned."""

@@ -36,6 +36,7 @@ from atomr.actor import (
     SupervisorStrategy,
     not_handled,
 )
+from atomr.train._contract import spawn_ready
 from atomr.train._recovery import state_keeping_decider
 from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.core._step_checks import check_step_limit
@@ -155,9 +156,8 @@ class AsyncParameterServer(Actor):
         Raises:
             TypeError, ValueError: see `Layout.plan`.
         """
-        ref: ActorRef = system.spawn(cls.props(model, devices, config, options), name=name)
-        await ref.ask(GetServerStats(), timeout=config.worker_timeout)
-        return ref
+        props = cls.props(model, devices, config, options)
+        return await spawn_ready(system, props, name, GetServerStats(), config.worker_timeout)
 
     def supervisor_strategy(self) -> SupervisorStrategy:
         """`state_keeping_decider` for the shards and workers."""

@@ -43,6 +43,7 @@ from atomr.actor import (
     SupervisorStrategy,
     not_handled,
 )
+from atomr.train._contract import spawn_ready
 from atomr.train._recovery import ResumedCrashWatch, StateLossWatch
 from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.core._step_checks import (
@@ -205,9 +206,8 @@ class PipelineParallelTrainer(Actor):
                 spawned.
         """
         config, stages, built = spawn_stages(system, model, devices, config, options, name)
-        ref: ActorRef = system.spawn(cls.props(config, stages, built), name=name)
-        await ref.ask(GetWeights(), timeout=config.worker_timeout)
-        return ref
+        props = cls.props(config, stages, built)
+        return await spawn_ready(system, props, name, GetWeights(), config.worker_timeout)
 
     # -- life cycle ---------------------------------------------------------
 

@@ -50,10 +50,26 @@ class ShardLayout:
     def for_model(
         cls, model: Sequential, stage: int, replicas: int, processes: int = 1, process_rank: int = 0
     ) -> ShardLayout:
-        """The layout of `model` for a ZeRO `stage` (one unit per top-level layer for 3)."""
+        """The layout of `model` for a ZeRO `stage` (one unit per top-level layer for 3).
+
+        Raises:
+            ValueError: a replica of some process would own no parameter (a
+                model with fewer parameters than the job has replicas).
+        """
         if stage < 3:
-            return cls(((0, model.n_params),), replicas, processes, process_rank)
-        units = tuple(model.layer_ranges())  # a layer without parameters: an empty unit
+            units: tuple[tuple[int, int], ...] = ((0, model.n_params),)
+        else:
+            units = tuple(model.layer_ranges())  # a layer without parameters: an empty unit
+        for rank in range(processes):  # every process must agree, so check them all
+            layout = cls(units, replicas, processes, rank)
+            for k in range(replicas):
+                if layout.piece_len(k) == 0:
+                    cut = "each layer's parameters" if stage == 3 else "the parameters"
+                    raise ValueError(
+                        f"ZeRO stage {stage}: replica {k} of process {rank} would own none of "
+                        f"the model's {model.n_params} parameters ({cut} split "
+                        f"{replicas * processes} ways); use fewer devices"
+                    )
         return cls(units, replicas, processes, process_rank)
 
     @property

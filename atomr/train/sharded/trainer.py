@@ -46,6 +46,7 @@ from atomr.train._contract import (
     check_options,
     check_spawn_args,
     refuse_accumulation,
+    spawn_ready,
 )
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import ask_all, set_learning_rate
@@ -154,9 +155,11 @@ class ShardedDataParallelTrainer(Actor):
 
         Raises:
             TypeError: an argument of the wrong type (the message names it).
-            ValueError: no devices, a bad device name, CPU and CUDA mixed, or
-                `config.accumulation_steps > 1`.
-            Exception: what a replica raised while starting, or the process
+            ValueError: no devices, a bad device name, CPU and CUDA mixed,
+                `config.accumulation_steps > 1`, or a replica that would own
+                no parameter (more replicas than the model can be cut into).
+            Exception: what a replica raised while starting (the trainer
+                and its replicas are stopped), or the process
                 collective's error (in a job, every process starts from
                 process 0's weights: a broadcast every process joins).
         """
@@ -173,13 +176,7 @@ class ShardedDataParallelTrainer(Actor):
             Props(o.replica_class, model, d, config, o.stage, layout, k) for k, d in enumerate(devs)
         ]
         props = Props(cls, model, replicas, config, layout, options)
-        ref: ActorRef = system.spawn(props, name=name)
-        try:
-            await ref.ask(GetShardMemory(), timeout=config.worker_timeout)
-        except BaseException:
-            ref.stop()
-            raise
-        return ref
+        return await spawn_ready(system, props, name, GetShardMemory(), config.worker_timeout)
 
     def supervisor_strategy(self) -> SupervisorStrategy:
         """Resume a replica that raised (its piece is intact); restart one whose

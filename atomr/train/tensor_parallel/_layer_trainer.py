@@ -34,6 +34,7 @@ from atomr.actor import (
     SupervisorStrategy,
     not_handled,
 )
+from atomr.train._contract import spawn_ready
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, set_learning_rate
 from atomr.train.core._step_checks import check_gradient, check_step_limit, evaluation
@@ -125,15 +126,8 @@ class LayerTensorParallelTrainer(Actor):
         Raises:
             Exception: what a shard raised while starting (the trainer is stopped).
         """
-        ref: ActorRef = system.spawn(
-            Props(cls, plan, list(devices), config, shard_class), name=name
-        )
-        try:
-            await ref.ask(GetWeights(), timeout=config.worker_timeout)
-        except BaseException:
-            ref.stop()
-            raise
-        return ref
+        props = Props(cls, plan, list(devices), config, shard_class)
+        return await spawn_ready(system, props, name, GetWeights(), config.worker_timeout)
 
     def supervisor_strategy(self) -> SupervisorStrategy:
         """Resume a shard that raised; remember one restarted with its part lost."""

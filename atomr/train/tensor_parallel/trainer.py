@@ -37,6 +37,7 @@ from atomr.train._contract import (
     check_spawn_args,
     check_workers,
     refuse_accumulation,
+    spawn_ready,
 )
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import set_learning_rate
@@ -185,9 +186,8 @@ class TensorParallelTrainer(Actor):
         n = len(devs)
         check_shardable(model.sizes, n)
         shards = [options.shard_class.props(model, rank, n, d) for rank, d in enumerate(devs)]
-        ref: ActorRef = system.spawn(cls.props(config, shards), name=name)
-        await ref.ask(GetWeights(), timeout=config.worker_timeout)
-        return ref
+        props = cls.props(config, shards)
+        return await spawn_ready(system, props, name, GetWeights(), config.worker_timeout)
 
     def supervisor_strategy(self) -> SupervisorStrategy:
         """Resume a shard that raised (its state is intact), stop it on

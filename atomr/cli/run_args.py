@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from atomr.accel import Device, cuda_device_count, cuda_is_simulated, training_devices
+from atomr.accel.hyperparameters import real_in_float32
 from atomr.cli.errors import CliError
 from atomr.cli.model_options import GptShape, resolve_model
 from atomr.cli.strategies import STRATEGIES
@@ -65,9 +66,11 @@ def parse_hidden(text: str) -> tuple[int, ...]:
     """Parse `--hidden`: comma-separated positive widths ("128" or "128,64").
 
     Raises:
-        CliError: empty, non-integer or non-positive widths.
+        CliError: an empty list or width, non-integer or non-positive widths.
     """
-    parts = [p.strip() for p in text.split(",") if p.strip()]
+    parts = [p.strip() for p in text.split(",")]
+    if "" in parts:
+        raise CliError(f"--hidden has an empty width: {text!r}")
     try:
         widths = tuple(int(p) for p in parts)
     except ValueError:
@@ -195,11 +198,16 @@ def _lr_and_momentum(args: argparse.Namespace) -> tuple[float, float]:
     """The learning rate and SGD momentum, defaults filled in.
 
     Raises:
-        CliError: `--lr` not positive and finite, or `--momentum` not in [0, 1).
+        CliError: `--lr` not positive and finite in float32, or `--momentum`
+            not in [0, 1).
     """
     lr = default_lr(args.optimizer) if args.lr is None else args.lr
-    if not (math.isfinite(lr) and lr > 0):
-        raise CliError(f"--lr must be positive and finite, got {args.lr}")
+    try:
+        finite = real_in_float32("--lr", lr) > 0  # the kernels' own rule
+    except ValueError:
+        finite = False
+    if not finite:
+        raise CliError(f"--lr must be positive and finite in float32, got {args.lr}")
     momentum = _DEFAULT_MOMENTUM if args.momentum is None else args.momentum
     if not (math.isfinite(momentum) and 0 <= momentum < 1):
         raise CliError(f"--momentum must be in [0, 1), got {args.momentum}")

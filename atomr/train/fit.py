@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import ActorRef
+from atomr.actor.ref import check_timeout
 from atomr.train._fit_run import FitRun
 from atomr.train.core.checkpoint import check_save_target
 from atomr.train.core.data import epoch_order
@@ -61,6 +62,26 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def _check_hooks(callbacks: Any, stop: Any, agree_to_stop: Any, evaluate: Any) -> None:
+    """Raises TypeError unless `callbacks` is a sequence of `FitCallback`s,
+    `stop` a `StopFlag` or None, and `agree_to_stop` and `evaluate` callables
+    or None (else a step would be applied before the first use failed)."""
+    if not isinstance(callbacks, Sequence) or isinstance(callbacks, str | bytes):
+        raise TypeError(f"callbacks must be a sequence of FitCallback, got {_kind(callbacks)}")
+    for cb in callbacks:
+        if not isinstance(cb, FitCallback):
+            raise TypeError(f"callbacks must be FitCallback instances, got {_kind(cb)}")
+    if stop is not None and not isinstance(stop, StopFlag):
+        raise TypeError(f"stop must be a StopFlag or None, got {_kind(stop)}")
+    for name, hook in (("agree_to_stop", agree_to_stop), ("evaluate", evaluate)):
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{name} must be callable or None, got {_kind(hook)}")
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
 
 
 _FITTING: set[ActorRef] = set()
@@ -179,6 +200,8 @@ async def fit(
     _positive_int("epochs", epochs)
     _positive_int("seed", seed, minimum=0)
     _positive_int("batch_size", batch_size)
+    _check_hooks(callbacks, stop, agree_to_stop, evaluate)
+    check_timeout(timeout)
     if checkpoint is not None:
         check_save_target(checkpoint)  # not after the first epoch's training
     source = as_source(

@@ -148,6 +148,13 @@ async def test_stopped_then_resumed_equals_uninterrupted(tmp_path: Path) -> None
         ({"start": FitPosition(epoch=2)}, ValueError, "pass epochs > 2"),
         ({"start": FitPosition(batch=99)}, ValueError, "past the epoch"),
         ({"batch_size": 4, "min_batch_size": 5}, ValueError, "below the smallest usable 5"),
+        ({"stop": True}, TypeError, "stop must be a StopFlag or None, got bool"),
+        ({"callbacks": [object()]}, TypeError, "FitCallback instances, got object"),
+        ({"callbacks": _Recorder()}, TypeError, "a sequence of FitCallback, got _Recorder"),
+        ({"evaluate": 3}, TypeError, "evaluate must be callable"),
+        ({"agree_to_stop": "yes"}, TypeError, "agree_to_stop must be callable"),
+        ({"timeout": -1.0}, ValueError, "timeout must be > 0"),
+        ({"timeout": "60"}, TypeError, "timeout must be a number"),
     ],
 )
 async def test_bad_arguments_are_refused_before_any_step(

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from atomr.actor.reply import future_safe
+
 __all__ = ["SerialWorker"]
 
 T = TypeVar("T")
@@ -35,7 +37,7 @@ def _resolve(fut: asyncio.Future[Any], result: Any) -> None:
 
 def _reject(fut: asyncio.Future[Any], error: BaseException) -> None:
     if not fut.done():
-        fut.set_exception(error)
+        fut.set_exception(future_safe(error))
 
 
 class SerialWorker:

@@ -28,7 +28,7 @@ from .mailbox import DEFAULT_MAILBOX, Mailbox
 from .messages import PoisonPill, ReceiveTimeout
 from .props import Props
 from .ref import ActorRef
-from .reply import Failure, Reply
+from .reply import Failure, Reply, future_safe
 from .stopping import died, discard, maybe_await, shutdown, stopped_in_handler
 from .supervise import decide, failed, process_system
 from .supervision import Directive, SupervisorStrategy
@@ -350,7 +350,7 @@ class ActorCell(Inbound):
                 reply = self.current[2]
                 if reply is not None and not reply.done():
                     if result.__class__ is Failure:
-                        reply.set_exception(result.exception)
+                        reply.set_exception(future_safe(result.exception))
                     else:
                         reply.set_result(result)
                 if self.interrupt:

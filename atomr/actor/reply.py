@@ -9,7 +9,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .cell import ActorCell
 
-__all__ = ["Failure", "Reply", "not_handled"]
+__all__ = ["Failure", "Reply", "future_safe", "not_handled"]
+
+
+def future_safe(error: BaseException) -> BaseException:
+    """`error`, or, for a `StopIteration` / `StopAsyncIteration` (which asyncio
+    refuses to put into a future), a `RuntimeError` caused by it, as Python
+    turns one that escapes a coroutine (PEP 479)."""
+    if isinstance(error, StopIteration | StopAsyncIteration):
+        wrapped = RuntimeError(f"{type(error).__name__} raised where an answer was due: {error!r}")
+        wrapped.__cause__ = error
+        return wrapped
+    return error
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +117,7 @@ class Reply:
         fut = self._release()
         if fut is None:
             return False
-        fut.set_exception(exc)
+        fut.set_exception(future_safe(exc))
         return True
 
     def _release(self) -> asyncio.Future[Any] | None:

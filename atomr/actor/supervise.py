@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .empty import NONE
 from .errors import bounded_repr
+from .reply import future_safe
 from .stopping import cancel_tasks, maybe_await, stop_children
 from .supervision import Directive, SupervisorStrategy
 
@@ -70,7 +71,7 @@ async def failed(cell: ActorCell, error: Exception) -> None:
     reply = current[2]
     cell.current = (current[0], current[1], None)
     if reply is not None and not reply.done():
-        reply.set_exception(error)
+        reply.set_exception(future_safe(error))
     await handle_failure(cell, error, current[0])
 
 

@@ -66,3 +66,15 @@ async def test_a_failed_initializer_fails_every_job() -> None:
         with pytest.raises(RuntimeError, match="no such device"):
             await worker.run(lambda: 1)
     worker.close()
+
+
+async def test_a_job_raising_stop_iteration_reaches_the_caller_as_runtime_error() -> None:
+    """asyncio refuses StopIteration in a future; unconverted, the caller waited forever."""
+    worker = SerialWorker("test")
+    try:
+        with pytest.raises(RuntimeError, match="StopIteration") as got:
+            await asyncio.wait_for(worker.run(next, iter([])), 10)
+        assert isinstance(got.value.__cause__, StopIteration)
+        assert await asyncio.wait_for(worker.run(sum, [1, 2]), 10) == 3
+    finally:
+        worker.close()

@@ -13,6 +13,7 @@ from atomr import (
     ActorSystem,
     AllForOneStrategy,
     Directive,
+    Failure,
     OneForOneStrategy,
     Props,
     SupervisorStrategy,
@@ -425,3 +426,39 @@ async def test_a_parent_whose_strategy_is_broken_escalates_and_is_named(
     lines = [r.getMessage() for r in caplog.records]
     assert any(f"supervisor_strategy() of {parent.path}" in line for line in lines), lines
     assert parent.is_alive
+
+
+class Iterating(Actor):
+    """Answers each ask with the next item of a short iterator: `next()` on
+    an exhausted one raises StopIteration, which asyncio cannot put into a
+    future."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items = iter([1])
+
+    def receive(self, message: Any) -> Any:
+        if message == "failure":
+            return Failure(StopIteration("as an answer"))
+        if message == "deferred":
+            self.context.defer().set_exception(StopAsyncIteration())
+            return None
+        return next(self.items)
+
+
+@pytest.mark.parametrize("timeout", [5.0, None])
+async def test_a_handler_raising_stop_iteration_answers_and_is_supervised(
+    actor_system: ActorSystem, timeout: float | None
+) -> None:
+    ref = actor_system.spawn(Props(Iterating))
+    assert await ref.ask("next", timeout=timeout) == 1
+    with pytest.raises(RuntimeError, match="StopIteration raised where an answer was due") as got:
+        await asyncio.wait_for(ref.ask("next", timeout=timeout), 10)
+    assert isinstance(got.value.__cause__, StopIteration)
+    # supervised like any failure: restarted (a fresh iterator), not stopped
+    assert await ref.ask("next", timeout=timeout) == 1
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        await asyncio.wait_for(ref.ask("failure", timeout=timeout), 10)
+    with pytest.raises(RuntimeError, match="StopAsyncIteration"):
+        await asyncio.wait_for(ref.ask("deferred", timeout=timeout), 10)
+    assert ref.is_alive

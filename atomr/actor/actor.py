@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -10,11 +11,34 @@ if TYPE_CHECKING:
 
 __all__ = ["Actor"]
 
-# The context of the actor the runtime is building, so that ``self.context``
-# already works inside ``__init__``. The first ``Actor.__new__`` takes it: an
-# actor instantiated directly inside that constructor gets none, as at top
-# level. Only the event-loop thread touches it.
-_creating: list[Context | None] = [None]
+
+class _Creating(threading.local):
+    """The context of the actor the runtime is building on this thread, so
+    that ``self.context`` already works inside ``__init__``. The first
+    ``Actor.__new__`` takes it: an actor instantiated directly inside that
+    constructor gets none, as at top level. Per thread: systems on other
+    threads' loops build their actors at the same time."""
+
+    context: Context | None = None
+
+
+_creating = _Creating()
+
+
+def bind_context(instance: Actor, context: Context) -> None:
+    """Make `context` the context of `instance`, just built by a `Props`.
+
+    Raises:
+        TypeError: `instance` already belongs to another actor (a factory
+            that returns one shared instance).
+    """
+    own = instance._context
+    if own is not None and own is not context:
+        raise TypeError(
+            f"the Props of {context.self_ref.path} made an actor that belongs to "
+            f"{own.self_ref.path}: a factory must build a new actor each time"
+        )
+    instance._context = context
 
 
 class Actor:
@@ -31,8 +55,9 @@ class Actor:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Actor:
         obj = super().__new__(cls)
-        obj._context = _creating[0]
-        _creating[0] = None
+        creating = _creating
+        obj._context = creating.context
+        creating.context = None
         return obj
 
     @property

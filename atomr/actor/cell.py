@@ -138,13 +138,13 @@ class ActorCell(Inbound):
     def new_instance(self) -> Actor:
         """Build the actor from its Props (on spawn and on every restart)."""
         creating = _actor_module._creating
-        outer = creating[0]
-        creating[0] = self.context  # taken by the first Actor.__new__
+        outer = creating.context
+        creating.context = self.context  # taken by the first Actor.__new__
         try:
             instance = self.props.create()
         finally:
-            creating[0] = outer
-        instance._context = self.context
+            creating.context = outer
+        _actor_module.bind_context(instance, self.context)
         self._bind(instance)
         return instance
 

@@ -56,6 +56,17 @@ async def test_actor_built_inside_a_constructor_gets_no_context(
         Inner().context  # noqa: B018 - at top level, as before
 
 
+async def test_a_factory_handing_one_instance_to_two_actors_is_refused(
+    actor_system: ActorSystem,
+) -> None:
+    shared = Inner()
+    one = actor_system.spawn(Props(lambda: shared), name="one")
+    with pytest.raises(TypeError, match="belongs to atomr://test/user/one"):
+        actor_system.spawn(Props(lambda: shared), name="two")
+    assert await one.ask("still mine") == "still mine"
+    assert [str(r.path) for r in actor_system.actors] == ["atomr://test/user/one"]
+
+
 class Fatal(BaseException):
     """Not an Exception: supervision does not handle it."""
 

@@ -291,3 +291,50 @@ async def test_a_closed_loop_refuses_at_once() -> None:
         await echo.ask("anyone?", timeout=1)
     with pytest.raises(ActorStoppedError, match="event loop is closed"):
         echo.tell("anyone?")
+
+
+class _Seen(Actor):
+    """Records, in its constructor, whose context it was given."""
+
+    def __init__(self, seen: list[tuple[str, str]], system: str) -> None:
+        super().__init__()
+        seen.append((system, str(self.context.self_ref.path)))
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+
+def test_systems_on_two_threads_build_actors_at_once_each_with_its_own_context() -> None:
+    """Thread b is inside its factory (its actor is being built) when thread
+    a's actor is constructed: a's `__init__` must still see a's context."""
+    seen: list[tuple[str, str]] = []
+    b_building, a_built = threading.Event(), threading.Event()
+
+    def factory_b() -> _Seen:
+        b_building.set()
+        assert a_built.wait(10)
+        return _Seen(seen, "b")
+
+    def factory_a() -> _Seen:
+        assert b_building.wait(10)
+        try:
+            return _Seen(seen, "a")
+        finally:
+            a_built.set()
+
+    async def spawn_in(name: str, factory: Any) -> str:
+        async with ActorSystem(name) as system:
+            ref = system.spawn(Props(factory), name="worker")
+            return str(await ref.ask("ok", timeout=10))
+
+    results: dict[str, Any] = {}
+    threads = [
+        threading.Thread(target=lambda n=n, f=f: results.update({n: asyncio.run(spawn_in(n, f))}))
+        for n, f in (("a", factory_a), ("b", factory_b))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == {"a": "ok", "b": "ok"}
+    assert sorted(seen) == [("a", "atomr://a/user/worker"), ("b", "atomr://b/user/worker")]

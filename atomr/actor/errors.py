@@ -113,7 +113,8 @@ class MailboxFullError(AtomrError):
 
 class InvalidActorNameError(AtomrError, ValueError):
     """An actor name is not a non-empty string of at most 255 characters
-    without '/', surrounding spaces or a leading '$'."""
+    without '/', '#', '?', control or format characters, surrounding spaces
+    or a leading '$', and other than '.' and '..'."""
 
 
 class ActorNameTakenError(InvalidActorNameError):

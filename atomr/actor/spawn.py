@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from .actor import Actor
@@ -29,12 +30,23 @@ def _check_name(name: Any) -> str:
             f"actor name {name[:40]!r}... is {len(name)} characters long; "
             f"at most {MAX_NAME_LENGTH} are allowed"
         )
-    if not name or "/" in name or name.startswith("$") or name != name.strip():
+    if (
+        not name
+        or name in (".", "..")
+        or name.startswith("$")
+        or name != name.strip()
+        or any(c in _PATH_MARKS or unicodedata.category(c)[0] == "C" for c in name)
+    ):
         raise InvalidActorNameError(
-            f"invalid actor name {name!r}: non-empty, no '/', no surrounding spaces, "
-            "no leading '$' (reserved for generated names)"
+            f"invalid actor name {name!r}: non-empty, not '.' or '..', no '/', '#' or '?', "
+            "no control or format characters (a newline, NUL, a direction mark), no "
+            "surrounding spaces, no leading '$' (reserved for generated names)"
         )
     return name
+
+
+_PATH_MARKS = frozenset("/#?")
+"""Characters with a meaning in an actor path (`atomr://system/user/a/b`)."""
 
 
 _CREATING = "raised while creating"

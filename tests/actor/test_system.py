@@ -86,7 +86,10 @@ async def test_spawn_bad_input(actor_system: ActorSystem) -> None:
     with pytest.raises(TypeError, match="expects Props"):
         actor_system.spawn("echo")  # type: ignore[arg-type]
     actor_system.spawn(Props(Echo), name="n" * 255)
-    for bad in ("", "a/b", "$x", " x", "n" * 256):
+    for ok in ("worker-0", "stage 1", "Ärger:@&=+,.!~*';", "..x"):
+        actor_system.spawn(Props(Echo), name=ok)
+    hostile = ("a\nforged log line", "nul\x00", "\u202eevil", ".", "..", "a#b", "a?b")
+    for bad in ("", "a/b", "$x", " x", "n" * 256, *hostile):
         with pytest.raises(InvalidActorNameError):
             actor_system.spawn(Props(Echo), name=bad)
     with pytest.raises(InvalidActorNameError):

@@ -67,8 +67,26 @@ def _discard_one(cell: ActorCell, reason: str) -> None:
         task.cancel()
     if cell.timers is not None:
         cell.timers.cancel_all()
-    fail_pending(cell, ActorStoppedError(f"{cell.label} {reason}"))
+    _end(cell, ActorStoppedError(f"{cell.label} {reason}"))
+
+
+def _end(cell: ActorCell, stopped: ActorStoppedError) -> None:
+    """The actor is gone: the ask it was answering and everything pending
+    fail with `stopped`, it watches nothing, its watchers get `Terminated`."""
+    cell.dead = True
+    current = cell.current
+    if current is not None:  # the loop died in the handler, or was abandoned there
+        # an abandoned handler that returns later finds no ask to answer
+        cell.current = (current[0], current[1], None)
+        if current[2] is not None and not current[2].done():
+            current[2].set_exception(stopped)
+    fail_pending(cell, stopped)
     unwatch_all(cell)
+    terminated = Terminated(cell.ref)
+    for watcher in list(cell.watchers):
+        watcher.watching.discard(cell)  # type: ignore[union-attr]
+        watcher.post_internal(terminated)
+    cell.watchers = NONE
     cell.mark_stopped()
     cell.release()
 
@@ -112,22 +130,9 @@ async def shutdown(cell: ActorCell) -> None:
     escaped = await _post_stop(cell)
     if cell.has_stopped:
         return
-    cell.dead = True
-    stopped = ActorStoppedError(f"{cell.label} stopped before answering")
-    current = cell.current
-    cell.current = None
-    if current is not None and current[2] is not None and not current[2].done():
-        current[2].set_exception(stopped)  # the loop died in the handler
-    fail_pending(cell, stopped)
     cell.supervisor.child_stopped(cell)
-    unwatch_all(cell)
-    terminated = Terminated(cell.ref)
-    for watcher in list(cell.watchers):
-        watcher.watching.discard(cell)  # type: ignore[union-attr]
-        watcher.post_internal(terminated)
-    cell.watchers = NONE
-    cell.mark_stopped()
-    cell.release()
+    _end(cell, ActorStoppedError(f"{cell.label} stopped before answering"))
+    cell.current = None
     if escaped is not None:
         raise escaped  # only now: the actor has ended in every respect
 

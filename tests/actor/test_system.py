@@ -23,7 +23,7 @@ from atomr import (
     PoisonPill,
     Props,
 )
-from atomr.testkit import await_condition
+from atomr.testkit import TestProbe, await_condition
 
 from .actors import Echo
 
@@ -335,7 +335,10 @@ async def test_terminate_has_a_deadline(how: str, caplog: pytest.LogCaptureFixtu
     fine = system.spawn(Props(Echo), name="fine")
     stuck = system.spawn(Props(Stuck, how, entered, release), name="stuck")
     stopped = stuck.stop() if how == "post_stop" else None
-    stuck.tell("go")
+    watching = ActorSystem("watcher")
+    watcher = TestProbe(watching)
+    watcher.watch(stuck)
+    handled = asyncio.ensure_future(stuck.ask("go", timeout=None))
     await asyncio.wait_for(entered.wait(), 5)
     try:
         with pytest.raises(TimeoutError, match=r"stuck \(Stuck\)") as caught:
@@ -350,8 +353,12 @@ async def test_terminate_has_a_deadline(how: str, caplog: pytest.LogCaptureFixtu
             await stuck.ask("anyone?")
         if stopped is not None:
             await asyncio.wait_for(stopped, 5)  # a wait on the stuck actor ends too
+        with pytest.raises(ActorStoppedError):  # the ask it was answering, no deadline of its own
+            await asyncio.wait_for(handled, 5)
+        await watcher.expect_terminated(stuck, timeout=5)  # its watchers hear of it
     finally:
         release.set()
+        await watching.terminate(timeout=5)
 
 
 async def test_async_with_exit_has_a_deadline() -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .ask_deadlines import AskDeadlines
 from .errors import ActorStoppedError, AskTimeoutError, MailboxFullError, bounded_repr
 from .mailbox import OverflowPolicy
+from .stopping import waits_for_caller
 from .threads import deliver_from_thread, wake_from_thread
 from .timers import as_seconds
 
@@ -287,7 +288,10 @@ class ActorRef:
 
         Returns:
             A future done once the actor has fully stopped, or once
-            ``system.terminate`` gave up waiting for it (await it or not).
+            ``system.terminate`` gave up waiting for it (await it or not);
+            called from the actor itself or one of its descendants (whose
+            stop it waits for), one done at once: waiting there would wait
+            for the caller.
         Raises:
             RuntimeError: if called from another thread than the actor's loop
                 (there, ``tell(PoisonPill())`` stops it).
@@ -299,6 +303,10 @@ class ActorRef:
                 "tell it PoisonPill() instead, or use loop.call_soon_threadsafe(ref.stop)"
             )
         cell.request_stop()
+        if waits_for_caller(cell):
+            done: asyncio.Future[None] = cell.loop.create_future()
+            done.set_result(None)
+            return done
         return asyncio.shield(cell.stopped)  # a caller giving up cancels only its own wait
 
     def __repr__(self) -> str:

@@ -29,6 +29,7 @@ __all__ = [
     "stop_children",
     "stopped_in_handler",
     "unwatch_all",
+    "waits_for_caller",
 ]
 
 logger = logging.getLogger("atomr.actor")
@@ -89,6 +90,25 @@ def _end(cell: ActorCell, stopped: ActorStoppedError) -> None:
     cell.watchers = NONE
     cell.mark_stopped()
     cell.release()
+
+
+def waits_for_caller(cell: ActorCell) -> bool:
+    """Whether stopping `cell` waits for the running task: the task of
+    `cell` itself or of one of its descendants (a handler or ``post_stop``
+    awaiting its own stop, or an ancestor's, would wait for itself)."""
+    try:
+        caller = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return False
+    if caller is None:
+        return False
+    tree = [cell]
+    while tree:
+        node = tree.pop()
+        if node.task is caller:
+            return True
+        tree.extend(node.children.values())
+    return False
 
 
 async def cancel_tasks(cell: ActorCell) -> None:

@@ -314,3 +314,36 @@ async def test_ask_timeout_text_is_bounded_even_for_hostile_messages(
     with pytest.raises(ActorStoppedError) as stopped:
         await ref.ask(list(range(1_000_000)))
     assert len(str(stopped.value)) < 400
+
+
+class AwaitsItsOwnStop(Actor):
+    """Awaits its own stop in a handler, or (as a child) its parent's in
+    ``post_stop``: both waits would wait for the caller itself."""
+
+    def __init__(self, log: list[str], child: bool = False) -> None:
+        super().__init__()
+        self.log = log
+        self.child = child
+        if not child:
+            self.context.spawn(Props(AwaitsItsOwnStop, log, True), name="kid")
+
+    async def receive(self, message: Any) -> Any:
+        await self.context.self_ref.stop()
+        return "stopping"
+
+    async def post_stop(self) -> None:
+        if self.child:
+            parent = self.context.parent
+            assert parent is not None
+            await parent.stop()
+        self.log.append("kid" if self.child else "parent")
+
+
+async def test_awaiting_ones_own_or_an_ancestors_stop_returns_at_once(
+    actor_system: ActorSystem,
+) -> None:
+    log: list[str] = []
+    ref = actor_system.spawn(Props(AwaitsItsOwnStop, log))
+    assert await ref.ask("stop yourself", timeout=5) == "stopping"
+    await asyncio.wait_for(ref.stop(), 5)
+    assert log == ["kid", "parent"] and not ref.is_alive

@@ -236,7 +236,7 @@ class ActorCell(Inbound):
         if error is None:
             return
         if isinstance(error, Exception) and not self.stop_requested:
-            self.post_system(("failed", error))
+            self.post_system(("failed", (error, self.instance)))
         else:
             logger.error("task of %s died with %s", self.label, bounded_repr(error), exc_info=error)
 
@@ -389,7 +389,7 @@ class ActorCell(Inbound):
 
     def escalate(self, child: ActorCell, error: BaseException) -> None:
         """A child escalated: fail this actor with the same error."""
-        self.post_system(("failed", error))
+        self.post_system(("failed", (error, self.instance)))
 
     def child_stopped(self, child: ActorCell) -> None:
         """Forget a child that has stopped."""

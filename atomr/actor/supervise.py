@@ -81,7 +81,11 @@ async def process_system(cell: ActorCell) -> None:
     while sysq and not cell.stop_requested:
         kind, arg = sysq.pop(0)
         if kind == "failed":
-            await handle_failure(cell, arg, None)
+            error, instance = arg
+            if instance is cell.instance:
+                await handle_failure(cell, error, None)
+            else:  # as in Akka: a failure of an earlier incarnation is dropped
+                logger.debug("%s: dropped a failure of its previous instance", cell.label)
         elif kind == "restart":
             await restart(cell, arg, None)
         elif kind == "resume":

@@ -18,10 +18,11 @@ from atomr import (
     BoundedMailbox,
     Failure,
     MailboxFullError,
+    OneForOneStrategy,
     Props,
     Terminated,
 )
-from atomr.testkit import TestProbe
+from atomr.testkit import TestProbe, await_condition
 
 from .actors import Echo, Forwarder
 
@@ -135,6 +136,41 @@ async def test_create_task_failure_fails_the_actor(actor_system: ActorSystem) ->
     ref.tell((0.0, True))
     await probe.expect_msg("started")  # restarted by the default strategy
     assert ref.is_alive
+
+
+class TwoFailingTasks(Actor):
+    """Each instance starts two tasks that fail together."""
+
+    def __init__(self, built: list[int]) -> None:
+        super().__init__()
+        built.append(len(built) + 1)
+        self.instance = len(built)
+
+    async def pre_start(self) -> None:
+        if self.instance == 1:
+            gate = asyncio.Event()
+            for k in range(2):
+                self.context.create_task(self._fail(gate, k))
+            gate.set()
+
+    async def _fail(self, gate: asyncio.Event, k: int) -> None:
+        await gate.wait()
+        raise ValueError(f"task {k} of instance 1")
+
+    def receive(self, message: Any) -> Any:
+        return self.instance
+
+
+async def test_failures_of_an_earlier_instance_do_not_restart_the_new_one() -> None:
+    """Both tasks' failures are queued before the first restart: the second
+    belongs to the instance that restart replaced (Akka drops it too)."""
+    built: list[int] = []
+    strategy = OneForOneStrategy(max_restarts=1, within=60)
+    async with ActorSystem("t", guardian_strategy=strategy) as system:
+        ref = system.spawn(Props(TwoFailingTasks, built))
+        await await_condition(lambda: len(built) == 2, timeout=5)
+        assert await ref.ask("which?", timeout=5) == 2  # alive: restarted once, not stopped
+        assert built == [1, 2]
 
 
 async def test_create_task_rejects_non_coroutines(actor_system: ActorSystem) -> None:

@@ -161,7 +161,9 @@ class Context:
             )
         if cell.stash.__class__ is tuple:
             cell.stash = []
-        cell.stash.append(env)  # type: ignore[union-attr]
+        # a stashed tick is the actor's own: without its timer, no cancel or
+        # new timer of the same key takes it back out once it is unstashed
+        cell.stash.append(env[:3] if len(env) == 4 else env)  # type: ignore[union-attr]
         cell.current = cell.stashed_current = (env[0], env[1], None)
 
     def unstash_all(self) -> int:

@@ -252,3 +252,39 @@ async def test_real_loop_timers_still_work(actor_system: ActorSystem) -> None:
     ref = actor_system.spawn(Props(Scheduler, probe.ref, []))
     await ref.ask(("once", 0.01, "tick"))
     await probe.expect_msg((0, "tick"), timeout=5)
+
+
+class StashesTicksUntilReady(Actor):
+    """Stashes its timer's tick until "init"; then unstashes it and starts
+    a new timer of the same key (which must not take the unstashed tick)."""
+
+    def __init__(self, probe: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+        self.ready = False
+
+    def receive(self, message: Any) -> Any:
+        if message == "start":
+            return self.context.schedule_once(0.1, "tick", key="t")
+        if message == "init":
+            self.ready = True
+            self.context.unstash_all()
+            return self.context.schedule_once(10.0, "tick2", key="t")
+        if not self.ready:
+            self.context.stash()
+            return None
+        self.probe.tell(message)
+        return None
+
+
+async def test_a_stashed_tick_is_the_actors_own_after_unstash(
+    clock: ManualClock, system: ActorSystem, probe: TestProbe
+) -> None:
+    ref = system.spawn(Props(StashesTicksUntilReady, probe.ref))
+    first: Cancellable = await ref.ask("start")
+    assert clock.advance(0.1) == 1  # "tick" is queued before "init"
+    await ref.ask("init")
+    await probe.expect_msg("tick")  # not taken back by the new timer of its key
+    assert first.cancel() is False  # it was received: nothing to cancel
+    await ref.ask("sync")
+    await probe.expect_msg("sync")

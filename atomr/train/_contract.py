@@ -121,8 +121,8 @@ def parse_devices(devices: Any, *, single: bool = False, name: str = "devices") 
         TypeError: `devices` is not a sequence (a lone name or `Device`
             where a sequence is needed included), or an entry is neither a
             `Device` nor a str.
-        ValueError: no devices, more than one with `single`, a bad
-            device name, or a device named twice.
+        ValueError: no devices, more than one with `single`, or a bad
+            device name.
     """
     if single and isinstance(devices, Device | str):
         devices = [devices]
@@ -141,11 +141,7 @@ def parse_devices(devices: Any, *, single: bool = False, name: str = "devices") 
             f"this trainer runs on one device, got {len(devices)}: use a parallel "
             "trainer (e.g. DataParallelTrainer) for several"
         )
-    parsed = [Device.parse(d) for d in devices]
-    for k, device in enumerate(parsed):
-        if device in parsed[:k]:
-            raise ValueError(f"{name} names {device} twice: each worker owns its device")
-    return parsed
+    return [Device.parse(d) for d in devices]
 
 
 def check_spawn_args(

@@ -107,16 +107,6 @@ async def test_options_of_another_strategy_are_refused(strategy: str) -> None:
         assert list(system.actors) == before
 
 
-@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if STRATEGIES[s][2] > 1])
-async def test_a_device_named_twice_is_refused_before_spawning(strategy: str) -> None:
-    trainer_class, options, n = STRATEGIES[strategy]
-    devices = ["cpu:0", *[f"cpu:{k}" for k in range(n - 1)]]  # cpu:0 twice
-    async with ActorSystem("contract") as system:
-        with pytest.raises(ValueError, match="names cpu:0 twice"):
-            await trainer_class.spawn(system, Mlp([6, 8, 3]), devices, CONFIG, options)
-        assert system.actors == []
-
-
 BEFORE = Path(__file__).parent / "fixtures" / "before_reorganisation.ckpt"
 """A checkpoint the single-device Trainer wrote before `atomr/train` was
 reorganised into packages (commit ec447be): a 6-8-3 Mlp after two AdamW steps."""

@@ -115,7 +115,8 @@ class Context:
         if target is me:
             return ref
         if target.dead:
-            me.post_internal(Terminated(ref))
+            if not me.has_terminated(target):  # once, however often it is watched
+                me.post_internal(Terminated(ref))
         else:
             if not target.watchers:
                 target.watchers = set()

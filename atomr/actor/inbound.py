@@ -147,6 +147,12 @@ class Inbound:
         taken = self._take_out(lambda env: len(env) == 4 and match(env[3]))
         return [env[3] for env in taken if len(env) == 4]
 
+    def has_terminated(self, target: ActorCell) -> bool:
+        """Whether a ``Terminated`` of ``target`` is queued."""
+        return any(
+            env[0].__class__ is Terminated and env[0].ref._cell is target for env in self.queue
+        )
+
     def remove_terminated(self, target: ActorCell) -> None:
         """Discard a queued ``Terminated`` of ``target`` (``unwatch``, as in Akka)."""
         self._take_out(lambda env: env[0].__class__ is Terminated and env[0].ref._cell is target)

@@ -252,6 +252,9 @@ class Watcher(Actor):
             self.probe.tell(("terminated", message.ref))
         elif message[0] == "watch":
             self.context.watch(message[1])
+        elif message[0] == "watch twice":
+            self.context.watch(message[1])
+            self.context.watch(message[1])
         elif message[0] == "unwatch":
             self.context.unwatch(message[1])
         return None
@@ -267,6 +270,11 @@ async def test_watch_gets_terminated(actor_system: ActorSystem) -> None:
     # watching an already stopped actor answers at once
     await watcher.ask(("watch", target))
     await probe.expect_msg(("terminated", target))
+    # once, however often it is watched before that answer is received (Akka)
+    await watcher.ask(("watch twice", target))
+    await probe.expect_msg(("terminated", target))
+    await watcher.ask(("sync",))
+    await probe.expect_no_msg(0.05)
 
 
 async def test_unwatch(actor_system: ActorSystem) -> None:

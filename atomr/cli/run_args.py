@@ -12,14 +12,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from atomr.accel import Device, cuda_device_count, cuda_is_simulated, training_devices
+from atomr.accel import Device
 from atomr.accel.hyperparameters import real_in_float32
+from atomr.cli.device_option import resolve_devices
 from atomr.cli.errors import CliError
 from atomr.cli.model_options import GptShape, resolve_model
 from atomr.cli.strategies import STRATEGIES
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
 
-__all__ = ["checked_fields", "default_lr", "parse_devices", "parse_hidden"]
+__all__ = ["checked_fields", "default_lr", "parse_hidden"]
 
 _SYNTHETIC_DEFAULTS = {"samples": 20_000, "features": 64, "classes": 10}
 _DEFAULT_MOMENTUM = 0.9
@@ -78,73 +79,6 @@ def parse_hidden(text: str) -> tuple[int, ...]:
     if not widths or any(w < 1 for w in widths):
         raise CliError(f"--hidden needs at least one width, each >= 1, got {text!r}")
     return widths
-
-
-def _real_cuda_count() -> int:
-    return 0 if cuda_is_simulated() else cuda_device_count()
-
-
-def parse_devices(
-    spec: str | None, strategy: str, dist: DistributedTrainConfig | None = None
-) -> tuple[Device, ...]:
-    """Parse `--devices`.
-
-    Args:
-        spec: None (the default for `strategy`), "N" (the first N devices:
-            CUDA when the machine has GPUs, else N logical CPU devices), or a
-            comma list of names ("cpu:0,cpu:1", "cuda:0,cuda:1").
-        strategy: the training strategy; one that trains on one device
-            (`Strategy.one_device`) defaults to one.
-        dist: this process's place in a distributed job, or None. By default
-            a rank takes one device: the GPU `local_rank` when the machine has
-            one per local rank, else one logical CPU device.
-
-    Returns:
-        The devices, distinct, in the given order.
-
-    Raises:
-        CliError: a malformed spec, a repeated device, or a CUDA device this
-            machine does not have.
-    """
-    gpus = _real_cuda_count()
-    if spec is None and dist is not None:
-        if gpus >= dist.local_world_size:
-            return (Device("cuda", dist.local_rank),)
-        return (Device("cpu", 0),)
-    if spec is None:
-        found = training_devices()
-        return found[:1] if STRATEGIES[strategy].one_device else found
-    text = spec.strip()
-    if text.isdigit():
-        count = int(text)
-        if count < 1:
-            raise CliError(f"--devices needs N >= 1, got {spec!r}")
-        if gpus > 0:
-            if count > gpus:
-                raise CliError(
-                    f"--devices {count}: this machine has {gpus} GPU(s); use --devices "
-                    f"{gpus} or fewer, or a list of CPU devices such as cpu:0,cpu:1 "
-                    "(see 'atomr devices')"
-                )
-            return tuple(Device("cuda", i) for i in range(count))
-        return tuple(Device("cpu", i) for i in range(count))
-    devices: list[Device] = []
-    for name in text.split(","):
-        try:
-            device = Device.parse(name)
-        except (ValueError, TypeError) as exc:
-            raise CliError(f"--devices: {exc}") from None
-        if device in devices:
-            raise CliError(f"--devices names {device} twice")
-        if device.is_cuda:
-            available = cuda_device_count()
-            if device.index >= available:
-                raise CliError(
-                    f"--devices: no such device {device} (this machine has {available} "
-                    "CUDA device(s); see 'atomr devices')"
-                )
-        devices.append(device)
-    return tuple(devices)
 
 
 def _is_plain_name(name: str) -> bool:
@@ -271,24 +205,6 @@ def _mpi_config(args: argparse.Namespace) -> DistributedTrainConfig | None:
     return dist
 
 
-def _resolve_devices(
-    args: argparse.Namespace, dist: DistributedTrainConfig | None
-) -> tuple[Device, ...]:
-    """The run's devices (`parse_devices`), one for `--strategy single`.
-
-    Raises:
-        CliError: a bad `--devices` (see `parse_devices`), or other than one
-            device for a strategy that trains on one (`Strategy.one_device`).
-    """
-    devices = parse_devices(args.devices, args.strategy, dist)
-    if STRATEGIES[args.strategy].one_device and len(devices) != 1:
-        raise CliError(
-            f"--strategy {args.strategy} trains on one device, got {len(devices)} "
-            f"({', '.join(map(str, devices))})"
-        )
-    return devices
-
-
 def _check_name(args: argparse.Namespace) -> None:
     """Check that `--name` is one plain file name.
 
@@ -396,7 +312,7 @@ def checked_fields(args: argparse.Namespace) -> dict[str, Any]:
     _check_limits(args)
     _check_distributed_and_resume(args)
     dist = _mpi_config(args)
-    devices = _resolve_devices(args, dist)
+    devices = resolve_devices(args.devices, args.strategy, dist)
     _check_name(args)
     return {
         **_model_fields(args, devices, gpt),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from atomr.accel import ACTIVATIONS
-from atomr.cli import main, run_args, train_command
+from atomr.cli import device_option, main, train_command
 from atomr.cli.errors import CliError
 from atomr.cli.parser import build_parser
 from atomr.cli.run_config import RunConfig
@@ -251,7 +251,7 @@ def test_the_installed_command_prints_no_traceback() -> None:
 def test_more_devices_than_gpus_says_what_to_do(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(run_args, "_real_cuda_count", lambda: 1)
+    monkeypatch.setattr(device_option, "_real_cuda_count", lambda: 1)
     code, out, err = _run(capsys, "train", "--devices", "4")
     assert code == 2 and out == ""
     assert err == (

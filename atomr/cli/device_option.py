@@ -1,0 +1,96 @@
+"""`atomr train --devices`: the devices a run trains on, parsed and checked
+against the machine and the strategy."""
+
+from __future__ import annotations
+
+from atomr.accel import Device, cuda_device_count, cuda_is_simulated, training_devices
+from atomr.cli.errors import CliError
+from atomr.cli.strategies import STRATEGIES
+from atomr.train.comm.mpi.job import DistributedTrainConfig
+
+__all__ = ["parse_devices", "resolve_devices"]
+
+
+def _real_cuda_count() -> int:
+    return 0 if cuda_is_simulated() else cuda_device_count()
+
+
+def parse_devices(
+    spec: str | None, strategy: str, dist: DistributedTrainConfig | None = None
+) -> tuple[Device, ...]:
+    """Parse `--devices`.
+
+    Args:
+        spec: None (the default for `strategy`), "N" (the first N devices:
+            CUDA when the machine has GPUs, else N logical CPU devices), or a
+            comma list of names ("cpu:0,cpu:1", "cuda:0,cuda:1").
+        strategy: the training strategy; one that trains on one device
+            (`Strategy.one_device`) defaults to one.
+        dist: this process's place in a distributed job, or None. By default
+            a rank takes one device: the GPU `local_rank` when the machine has
+            one per local rank, else one logical CPU device.
+
+    Returns:
+        The devices, distinct, in the given order.
+
+    Raises:
+        CliError: a malformed spec, a repeated device, or a CUDA device this
+            machine does not have.
+    """
+    gpus = _real_cuda_count()
+    if spec is None and dist is not None:
+        if gpus >= dist.local_world_size:
+            return (Device("cuda", dist.local_rank),)
+        return (Device("cpu", 0),)
+    if spec is None:
+        found = training_devices()
+        return found[:1] if STRATEGIES[strategy].one_device else found
+    text = spec.strip()
+    if text.isdigit():
+        count = int(text)
+        if count < 1:
+            raise CliError(f"--devices needs N >= 1, got {spec!r}")
+        if gpus > 0:
+            if count > gpus:
+                raise CliError(
+                    f"--devices {count}: this machine has {gpus} GPU(s); use --devices "
+                    f"{gpus} or fewer, or a list of CPU devices such as cpu:0,cpu:1 "
+                    "(see 'atomr devices')"
+                )
+            return tuple(Device("cuda", i) for i in range(count))
+        return tuple(Device("cpu", i) for i in range(count))
+    devices: list[Device] = []
+    for name in text.split(","):
+        try:
+            device = Device.parse(name)
+        except (ValueError, TypeError) as exc:
+            raise CliError(f"--devices: {exc}") from None
+        if device in devices:
+            raise CliError(f"--devices names {device} twice")
+        if device.is_cuda:
+            available = cuda_device_count()
+            if device.index >= available:
+                raise CliError(
+                    f"--devices: no such device {device} (this machine has {available} "
+                    "CUDA device(s); see 'atomr devices')"
+                )
+        devices.append(device)
+    return tuple(devices)
+
+
+def resolve_devices(
+    spec: str | None, strategy: str, dist: DistributedTrainConfig | None
+) -> tuple[Device, ...]:
+    """The run's devices (`parse_devices`), one for `--strategy single`.
+
+    Raises:
+        CliError: a bad `--devices` (see `parse_devices`), or other than one
+            device for a strategy that trains on one (`Strategy.one_device`).
+    """
+    devices = parse_devices(spec, strategy, dist)
+    if STRATEGIES[strategy].one_device and len(devices) != 1:
+        raise CliError(
+            f"--strategy {strategy} trains on one device, got {len(devices)} "
+            f"({', '.join(map(str, devices))})"
+        )
+    return devices

@@ -149,13 +149,11 @@ class Inbound:
 
     def has_terminated(self, target: ActorCell) -> bool:
         """Whether a ``Terminated`` of ``target`` is queued."""
-        return any(
-            env[0].__class__ is Terminated and env[0].ref._cell is target for env in self.queue
-        )
+        return any(_is_terminated_of(env, target) for env in self.queue)
 
     def remove_terminated(self, target: ActorCell) -> None:
         """Discard a queued ``Terminated`` of ``target`` (``unwatch``, as in Akka)."""
-        self._take_out(lambda env: env[0].__class__ is Terminated and env[0].ref._cell is target)
+        self._take_out(lambda env: _is_terminated_of(env, target))
 
     def post_system(self, item: tuple[str, Any]) -> None:
         """Queue a system message; it overtakes user messages."""
@@ -188,3 +186,8 @@ class Inbound:
                 current = None
             if current is not task:
                 task.cancel()
+
+
+def _is_terminated_of(env: Envelope, target: ActorCell) -> bool:
+    """Whether the envelope holds the ``Terminated`` of ``target``."""
+    return env[0].__class__ is Terminated and env[0].ref._cell is target

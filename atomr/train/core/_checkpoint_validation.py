@@ -30,7 +30,7 @@ __all__ = [
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
-def read_regular_file(where: str, magic: bytes = b"") -> bytes:
+def read_regular_file(where: str, magic: bytes) -> bytes:
     """The bytes of `where`, which must be a regular file (symlinks followed)
     that starts with `magic`.
 

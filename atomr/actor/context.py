@@ -11,6 +11,7 @@ from .errors import ActorStoppedError, MailboxFullError, bounded_repr
 from .messages import Terminated
 from .ref import ActorRef
 from .reply import Reply
+from .stopping import unwatch
 from .timers import Cancellable, check_delay
 
 if TYPE_CHECKING:
@@ -127,19 +128,17 @@ class Context:
         return ref
 
     def unwatch(self, ref: ActorRef) -> ActorRef:
-        """Stop watching ``ref``; a ``Terminated(ref)`` already queued is discarded
-        (as in Akka; one the actor received and stashed is its own). Returns ``ref``.
+        """Stop watching ``ref``; a ``Terminated(ref)`` already queued is discarded.
+
+        As in Akka, one the actor received and stashed is its own while it
+        stays stashed; ``unstash_all`` queues it again, and from then on
+        ``unwatch`` discards it like any queued one. Returns ``ref``.
 
         Raises:
             TypeError: if ``ref`` is not an ``ActorRef``.
         """
         _require_ref("unwatch", ref)
-        me = self._cell
-        target = ref._cell
-        if target in me.watching:
-            target.watchers.discard(me)  # type: ignore[union-attr]
-            me.watching.discard(target)  # type: ignore[union-attr]
-        me.remove_terminated(target)
+        unwatch(self._cell, ref._cell)
         return ref
 
     def stash(self) -> None:

@@ -213,6 +213,15 @@ def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
     cell.mailbox.wake_all()
 
 
+def unwatch(cell: ActorCell, target: ActorCell) -> None:
+    """``cell`` stops watching ``target``; a ``Terminated`` of it already
+    queued is discarded (as in Akka)."""
+    if target in cell.watching:
+        target.watchers.discard(cell)  # type: ignore[union-attr]
+        cell.watching.discard(target)  # type: ignore[union-attr]
+    cell.remove_terminated(target)
+
+
 def unwatch_all(cell: ActorCell) -> None:
     """Stop watching every actor this one watches."""
     for target in cell.watching:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .empty import NONE
 from .errors import bounded_repr
 from .reply import future_safe
-from .stopping import cancel_tasks, maybe_await, stop_children
+from .stopping import cancel_tasks, maybe_await, stop_children, unwatch
 from .supervision import Directive, SupervisorStrategy
 
 if TYPE_CHECKING:
@@ -145,6 +145,10 @@ async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
         cell.timers.cancel_all(cell)
     cell.receive_timeout = None
     await cancel_tasks(cell)
+    # as Akka's default pre_restart: the old instance's children go unwatched,
+    # so the new instance gets no Terminated for children it never had
+    for child in list(cell.children.values()):
+        unwatch(cell, child)
     await stop_children(cell)
     # deferred replies belonged to the discarded instance: fail them now
     # (with the error that caused the restart) instead of leaving the

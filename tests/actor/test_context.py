@@ -454,6 +454,54 @@ async def test_unwatch_discards_a_terminated_already_queued(actor_system: ActorS
     await probe.expect_no_msg(0.01)
 
 
+class StashesTerminated(Actor):
+    """Watches ``target`` and stashes its ``Terminated``; ``order`` says whether
+    "release" unwatches before or after ``unstash_all``."""
+
+    def __init__(self, probe: ActorRef, target: ActorRef, order: str) -> None:
+        super().__init__()
+        self.probe = probe
+        self.order = order
+        self.released = False
+        self.target = self.context.watch(target)
+
+    def receive(self, message: Any) -> Any:
+        if isinstance(message, Terminated):
+            if not self.released:
+                self.context.stash()
+                self.probe.tell("stashed")
+            else:
+                self.probe.tell("terminated")
+        elif message == "release":
+            self.released = True
+            if self.order == "unwatch first":
+                self.context.unwatch(self.target)
+                self.context.unstash_all()
+            else:
+                self.context.unstash_all()
+                self.context.unwatch(self.target)
+        return None
+
+
+@pytest.mark.parametrize(
+    ("order", "delivered"), [("unwatch first", True), ("unstash first", False)]
+)
+async def test_a_stashed_terminated_is_discarded_by_unwatch_only_once_unstashed(
+    actor_system: ActorSystem, order: str, delivered: bool
+) -> None:
+    """As Akka: stashed, it is the actor's own; unstashed, it is queued again."""
+    probe = TestProbe(actor_system)
+    target = actor_system.spawn(Props(Echo))
+    watcher = actor_system.spawn(Props(StashesTerminated, probe.ref, target, order))
+    await target.stop()
+    await probe.expect_msg("stashed")
+    await watcher.ask("release")
+    await watcher.ask("sync")
+    if delivered:
+        await probe.expect_msg("terminated")
+    await probe.expect_no_msg(0.01)
+
+
 class Payload:
     """A message a weak reference can follow."""
 

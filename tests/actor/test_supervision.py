@@ -17,8 +17,11 @@ from atomr import (
     OneForOneStrategy,
     Props,
     SupervisorStrategy,
+    Terminated,
 )
 from atomr.testkit import ChildFailed, ManualClock, TestProbe
+
+from .actors import Echo
 
 
 class Stateful(Actor):
@@ -136,6 +139,35 @@ async def test_restart_keeps_mailbox_and_stops_children(actor_system: ActorSyste
     assert not grandchild.is_alive
     messages = await probe.receive_n(5)
     assert ("post_stop", "a.c") in messages
+
+
+class WatchesItsChild(Actor):
+    """Spawns and watches a child; reports every ``Terminated`` it gets to ``probe``."""
+
+    def __init__(self, probe: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+        self.child = self.context.watch(self.context.spawn(Props(Echo)))
+
+    def receive(self, message: Any) -> Any:
+        if isinstance(message, Terminated):
+            self.probe.tell(("terminated", message.ref == self.child))
+        elif isinstance(message, Exception):
+            raise message
+        return message
+
+
+async def test_restart_unwatches_the_old_instances_children(actor_system: ActorSystem) -> None:
+    """As Akka's default pre_restart: the new instance gets no Terminated for
+    the children of the instance it replaced (it never had them)."""
+    probe = TestProbe(actor_system)
+    parent = actor_system.spawn(Props(WatchesItsChild, probe.ref))
+    with pytest.raises(RuntimeError):
+        await parent.ask(RuntimeError("restart"))
+    # the old child's Terminated, if any, is queued by the time the restart ends
+    assert await parent.ask("after") == "after"
+    assert await parent.ask("again") == "again"
+    await probe.expect_no_msg(0.05)
 
 
 async def test_stop_directive(actor_system: ActorSystem) -> None:

@@ -170,6 +170,30 @@ async def test_restart_unwatches_the_old_instances_children(actor_system: ActorS
     await probe.expect_no_msg(0.05)
 
 
+class StashesThenFails(Actor):
+    """Stashes "later" and fails the first time; handles it the next time."""
+
+    handlings = 0
+
+    def receive(self, message: Any) -> Any:
+        StashesThenFails.handlings += 1
+        if StashesThenFails.handlings == 1:
+            self.context.stash()
+            raise RuntimeError("fails after stashing")
+        return ("handled", message)
+
+
+async def test_a_message_stashed_before_a_failure_is_handled_by_the_new_instance(
+    actor_system: ActorSystem,
+) -> None:
+    """The stash survives a restart (as in Akka; docs/reliability.md): the
+    stashed ask is answered by the new instance, not failed."""
+    StashesThenFails.handlings = 0
+    ref = actor_system.spawn(Props(StashesThenFails))
+    assert await ref.ask("later", timeout=5.0) == ("handled", "later")
+    assert StashesThenFails.handlings == 2
+
+
 async def test_stop_directive(actor_system: ActorSystem) -> None:
     probe, _, (child,) = await start(actor_system, OneForOneStrategy(decider=decider), "a")
     probe.watch(child)

@@ -12,7 +12,7 @@ from .ask_deadlines import AskDeadlines
 from .errors import ActorStoppedError, AskTimeoutError, MailboxFullError, bounded_repr
 from .mailbox import OverflowPolicy
 from .stopping import waits_for_caller
-from .threads import deliver_from_thread, wake_from_thread
+from .threads import closed_loop, deliver_from_thread, wake_from_thread
 from .timers import as_seconds
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ async def _on_actor_loop(cell: ActorCell, coro: Coroutine[Any, Any, T], timeout:
         future = asyncio.run_coroutine_threadsafe(coro, cell.loop)
     except RuntimeError:  # the loop is closed
         coro.close()
-        raise ActorStoppedError(f"{cell.label}: its event loop is closed") from None
+        raise closed_loop(cell) from None
     async with asyncio.timeout(timeout):
         return await asyncio.wrap_future(future)
 
@@ -131,7 +131,8 @@ class ActorRef:
         Raises:
             MailboxFullError: on the actor's loop, if the bounded mailbox is
                 full under FAIL or BACK_PRESSURE (use ``await send`` to wait for room).
-            ActorStoppedError: from another thread, if the actor's loop is closed.
+            ActorStoppedError: if the actor's loop is closed and the actor has
+                to be woken (on its own thread, a later tell is a dead letter).
         """
         cell = self._cell
         if cell.accepting and not cell.bounded:
@@ -141,7 +142,11 @@ class ActorRef:
                 if get_ident() == cell.thread_id:
                     cell.waiter = None
                     if not waiter.done():
-                        waiter.set_result(None)
+                        try:
+                            waiter.set_result(None)
+                        except RuntimeError:  # its loop is closed: it never wakes
+                            cell.queue.pop()
+                            raise closed_loop(cell) from None
                 else:
                     wake_from_thread(cell)
         elif get_ident() != cell.thread_id:
@@ -219,6 +224,8 @@ class ActorRef:
         if not cell.accepting:
             raise self._stopped(message)
         loop = cell.loop
+        if loop.is_closed():  # this thread's earlier loop, closed under the actor
+            raise closed_loop(cell)
         if cell.bounded:
             fut, delay = await self._offer_bounded(message, timeout)
         else:

@@ -13,7 +13,14 @@ from .errors import ActorStoppedError, MailboxFullError
 if TYPE_CHECKING:
     from .cell import ActorCell
 
-__all__ = ["call_threadsafe", "deliver_from_thread", "wake_from_thread"]
+__all__ = ["call_threadsafe", "closed_loop", "deliver_from_thread", "wake_from_thread"]
+
+
+def closed_loop(cell: ActorCell) -> ActorStoppedError:
+    """The actor's loop is closed, so the actor never runs again: it accepts
+    nothing more (later messages are dead letters). Returns the error to raise."""
+    cell.accepting = False
+    return ActorStoppedError(f"{cell.label}: its event loop is closed")
 
 
 def call_threadsafe(cell: ActorCell, callback: Callable[..., object], *args: Any) -> None:
@@ -25,7 +32,7 @@ def call_threadsafe(cell: ActorCell, callback: Callable[..., object], *args: Any
     try:
         cell.loop.call_soon_threadsafe(callback, *args)
     except RuntimeError:  # the loop is closed
-        raise ActorStoppedError(f"{cell.label}: its event loop is closed") from None
+        raise closed_loop(cell) from None
 
 
 def wake_from_thread(cell: ActorCell) -> None:

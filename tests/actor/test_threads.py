@@ -293,6 +293,32 @@ async def test_a_closed_loop_refuses_at_once() -> None:
         echo.tell("anyone?")
 
 
+def test_a_loop_closed_under_an_actor_refuses_on_its_own_thread_too() -> None:
+    """A host that closes its loop without terminating, then asks again from a
+    new loop on the same thread: ActorStoppedError (was asyncio's "Event loop
+    is closed", and later tells were lost without a dead letter)."""
+    kept: dict[str, Any] = {}
+
+    async def first() -> None:
+        kept["system"] = system = ActorSystem("closed-here")
+        kept["echo"] = system.spawn(Props(Echo))
+        assert await kept["echo"].ask("hello", timeout=5) == "hello"
+
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda loop, context: None)  # its task dies with it
+    loop.run_until_complete(first())
+    loop.close()
+
+    async def second() -> None:
+        echo = kept["echo"]
+        with pytest.raises(ActorStoppedError, match="event loop is closed"):
+            await echo.ask("anyone?", timeout=1)
+        echo.tell("anyone?")  # a dead letter, not lost
+        assert [letter.message for letter in kept["system"].dead_letters.recent] == ["anyone?"]
+
+    asyncio.run(second())
+
+
 class _Seen(Actor):
     """Records, in its constructor, whose context it was given."""
 

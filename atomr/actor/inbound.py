@@ -114,12 +114,19 @@ class Inbound:
             self.dead_letter(message, None, "stopped")
 
     def post_tick(self, message: Any, timer: Cancellable) -> None:
-        """Queue a timer's message, ignoring capacity; ``timer`` can take it back."""
-        if self.accepting:
+        """Queue a timer's message; ``timer`` can take it back. A full bounded
+        mailbox applies its policy, and where that would raise (FAIL,
+        BACK_PRESSURE: a timer cannot wait) the tick is a dead letter."""
+        if not self.accepting:
+            self.dead_letter(message, None, "stopped")
+        elif self.bounded:
+            try:
+                self.offer((message, None, None, timer))
+            except MailboxFullError:
+                self.dead_letter(message, None, "mailbox full")
+        else:
             self.queue.append((message, None, None, timer))
             self.wake()
-        else:
-            self.dead_letter(message, None, "stopped")
 
     def _take_out(self, match: Callable[[Envelope], bool]) -> list[Envelope]:
         """Remove the queued envelopes that ``match`` picks; on the loop thread.

@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from atomr import Actor, ActorRef, ActorSystem, Cancellable, Props, ReceiveTimeout
+from atomr import (
+    Actor,
+    ActorRef,
+    ActorSystem,
+    BoundedMailbox,
+    Cancellable,
+    OverflowPolicy,
+    Props,
+    ReceiveTimeout,
+)
 from atomr.testkit import ManualClock, TestProbe
 
 
@@ -288,3 +297,27 @@ async def test_a_stashed_tick_is_the_actors_own_after_unstash(
     assert first.cancel() is False  # it was received: nothing to cancel
     await ref.ask("sync")
     await probe.expect_msg("sync")
+
+
+@pytest.mark.parametrize("policy", list(OverflowPolicy))
+async def test_ticks_respect_a_bounded_mailbox(
+    clock: ManualClock, system: ActorSystem, probe: TestProbe, policy: OverflowPolicy
+) -> None:
+    """A repeating timer faster than its actor fills a bounded mailbox only up
+    to its capacity; the policy drops the rest, and where it would raise, a
+    tick is a dead letter (the mailbox grew without limit)."""
+    props = Props(Scheduler, probe.ref, []).with_mailbox(BoundedMailbox(2, policy))
+    ref = system.spawn(props)
+    await ref.ask(("every", 0.1, "beat"))
+    gate = asyncio.get_running_loop().create_future()
+    ref.tell(("hold", gate, ("sync",)))
+    await probe.expect_msg("holding")
+    ref.tell("first")  # one of the two places
+    assert clock.advance(1.05) == 10
+    assert system.dead_letters.count == 9  # 8 ticks, and "first" or a 9th tick
+    gate.set_result(None)
+    if policy is OverflowPolicy.DROP_OLDEST:
+        assert await probe.receive_n(2) == [(0, "beat"), (0, "beat")]
+    else:
+        assert await probe.receive_n(2) == [(0, "first"), (0, "beat")]
+    await quiet(ref, probe)

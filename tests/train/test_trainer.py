@@ -245,6 +245,27 @@ async def test_save_kill_load_continue_is_bit_identical(
     np.testing.assert_array_equal(resumed, straight)
 
 
+async def test_a_wider_float_checkpoint_is_refused_and_a_narrower_one_loads_exactly(
+    tmp_path: Path,
+) -> None:
+    """float64 weights into a float32 trainer would be rounded: refused, with
+    nothing changed (they were cast silently). float32 into float64 is exact."""
+    wide, narrow = tmp_path / "f64.ckpt", tmp_path / "f32.ckpt"
+    async with ActorSystem() as system:
+        f64 = await Trainer.spawn(system, Mlp(SIZES, seed=1, dtype=np.float64), "cpu:0", _config())
+        f32 = await Trainer.spawn(system, Mlp(SIZES, seed=2), "cpu:1", _config())
+        await f64.ask(SaveCheckpoint(wide), timeout=10)
+        await f32.ask(SaveCheckpoint(narrow), timeout=10)
+        before = await _weights(f32)
+        with pytest.raises(CheckpointError, match="float64, this model is float32"):
+            await f32.ask(LoadCheckpoint(wide), timeout=10)
+        np.testing.assert_array_equal(await _weights(f32), before)
+        await f64.ask(LoadCheckpoint(narrow), timeout=10)
+        loaded = await _weights(f64)
+        assert loaded.dtype == np.float64
+        np.testing.assert_array_equal(loaded, before.astype(np.float64))
+
+
 async def test_checkpoint_errors_leave_the_trainer_unchanged(tmp_path: Path, monkeypatch) -> None:
     x, y = _data()
     good, other = tmp_path / "good.ckpt", tmp_path / "other.ckpt"

@@ -266,7 +266,8 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
 
     Raises:
         CheckpointError: sizes, activation or parameter count differ, the
-            weights are not real numbers, or the file is a sharded index.
+            weights are not real numbers or are wider floats than the model's
+            dtype (loading would round them), or the file is a sharded index.
     """
     if SHARDED_INDEX_KEY in ckpt.extra:
         raise CheckpointError(
@@ -286,6 +287,20 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
     if ckpt.weights.dtype.kind not in "fiu":
         raise CheckpointError(
             f"checkpoint weights have dtype {ckpt.weights.dtype}, not a real number"
+        )
+    _check_no_rounding(ckpt.weights.dtype, model_config.get("dtype"))
+
+
+def _check_no_rounding(saved: np.dtype[Any], model_dtype: object) -> None:
+    """Loading float weights into a narrower float model would round them."""
+    if model_dtype is None or saved.kind != "f":
+        return
+    receiving = np.dtype(str(model_dtype))
+    if receiving.kind == "f" and receiving.itemsize < saved.itemsize:
+        raise CheckpointError(
+            f"checkpoint weights are {saved}, this model is {receiving}: loading would round "
+            f"them. Build the model with dtype={saved}, or cast the checkpoint on purpose "
+            "(load_checkpoint, weights.astype, save_checkpoint)"
         )
 
 

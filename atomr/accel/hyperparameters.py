@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AdamHyperparameters", "SgdHyperparameters", "real_in_float32"]
+__all__ = ["AdamHyperparameters", "SgdHyperparameters", "given_in_float32", "real_in_float32"]
 
 
 def real_in_float32(name: str, value: Any) -> float:
@@ -33,6 +33,21 @@ def real_in_float32(name: str, value: Any) -> float:
     v = float(value)
     if not _finite_in_float32(v):
         raise ValueError(f"{name} must be finite in float32, got {v}")
+    return v
+
+
+def given_in_float32(name: str, value: Any) -> float:
+    """A hyperparameter as a user gives it: `real_in_float32`, and not so
+    small that it rounds to 0 in float32 (`lr=1e-50` would silently train
+    nothing). A schedule may still decay a rate to 0; this is for given values.
+
+    Raises:
+        TypeError: not a real number (a bool included).
+        ValueError: NaN, infinite in float32, or non-zero but 0 in float32.
+    """
+    v = real_in_float32(name, value)
+    if v != 0.0 and np.float32(v) == 0.0:
+        raise ValueError(f"{name}={v} rounds to 0 in float32; give 0 or a value >= 1e-45")
     return v
 
 

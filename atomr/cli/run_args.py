@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from atomr.accel import Device
-from atomr.accel.hyperparameters import real_in_float32
+from atomr.accel.hyperparameters import given_in_float32
 from atomr.cli.device_option import resolve_devices
 from atomr.cli.errors import CliError
 from atomr.cli.model_options import GptShape, resolve_model
@@ -132,12 +132,12 @@ def _lr_and_momentum(args: argparse.Namespace) -> tuple[float, float]:
     """The learning rate and SGD momentum, defaults filled in.
 
     Raises:
-        CliError: `--lr` not positive and finite in float32, or `--momentum`
-            not in [0, 1).
+        CliError: `--lr` not positive and finite in float32 (0 there
+            included), or `--momentum` not in [0, 1).
     """
     lr = default_lr(args.optimizer) if args.lr is None else args.lr
     try:
-        finite = real_in_float32("--lr", lr) > 0  # the kernels' own rule
+        finite = given_in_float32("--lr", lr) > 0  # the optimizer's own rule
     except ValueError:
         finite = False
     if not finite:

@@ -38,6 +38,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["train", "--lr", "nan"], "--lr must be positive"),
         (["train", "--lr", "1e39"], "--lr must be positive and finite in float32"),
         (["train", "--optimizer", "sgd", "--lr", "3.5e38"], "finite in float32, got 3.5e+38"),
+        (["train", "--lr", "1e-50"], "--lr must be positive and finite in float32, got 1e-50"),
         (["train", "--optimizer", "sgd", "--momentum", "1.5"], "--momentum must be in [0, 1)"),
         (["train", "--momentum", "0.5"], "--momentum only applies to --optimizer sgd"),
         (["train", "--schedule", "gpipe"], "--schedule only applies to --strategy pipeline"),

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
-from atomr.accel.hyperparameters import real_in_float32
+from atomr.accel.hyperparameters import given_in_float32
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.optimizer_state import Adam, Optimizer, Sgd
 from atomr.train.core.schedule import LrSchedule, schedule_from_config
@@ -134,10 +134,10 @@ class OptimizerKind:
             raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
         return cls(
             "sgd",
-            real_in_float32("lr", lr),
-            real_in_float32("momentum", momentum),
-            real_in_float32("dampening", dampening),
-            real_in_float32("weight_decay", weight_decay),
+            given_in_float32("lr", lr),
+            given_in_float32("momentum", momentum),
+            given_in_float32("dampening", dampening),
+            given_in_float32("weight_decay", weight_decay),
             nesterov,
         )
 
@@ -178,10 +178,10 @@ class OptimizerKind:
         b1, b2 = betas
         return cls(
             name,
-            real_in_float32("lr", lr),
-            weight_decay=real_in_float32("weight_decay", weight_decay),
-            betas=(real_in_float32("beta1", b1), real_in_float32("beta2", b2)),
-            eps=real_in_float32("eps", eps),
+            given_in_float32("lr", lr),
+            weight_decay=given_in_float32("weight_decay", weight_decay),
+            betas=(given_in_float32("beta1", b1), given_in_float32("beta2", b2)),
+            eps=given_in_float32("eps", eps),
         )
 
     def with_lr(self, lr: float) -> OptimizerKind:
@@ -191,7 +191,7 @@ class OptimizerKind:
             TypeError: `lr` is not a real number (a str or bool included).
             ValueError: `lr` is not valid for the rule (checked as when built).
         """
-        return replace(self, lr=real_in_float32("lr", lr))
+        return replace(self, lr=given_in_float32("lr", lr))
 
     def with_schedule(self, schedule: LrSchedule | None) -> OptimizerKind:
         """The same rule with a learning-rate schedule (None: constant `lr`).

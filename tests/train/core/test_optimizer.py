@@ -9,6 +9,7 @@ import pytest
 
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
 from atomr.train import OptimizerKind
+from atomr.train.core.schedule import StepLR
 from tests.train.train_reference import RefAdam, RefSGD
 
 N = 257
@@ -296,3 +297,20 @@ def test_settings_that_are_not_numbers_are_refused_not_converted(build: Any, nee
     """`float("0.1")` would take a string: the rule is built from numbers only."""
     with pytest.raises(TypeError, match=needle):
         build()
+
+
+@pytest.mark.parametrize("name", ["lr", "momentum", "weight_decay"])
+def test_a_given_value_that_rounds_to_zero_in_float32_is_refused(name: str) -> None:
+    """1e-50 is 0 in float32: the optimizer would silently not do what was asked."""
+    with pytest.raises(ValueError, match=f"{name}=1e-50 rounds to 0 in float32"):
+        OptimizerKind.sgd(**{"lr": 0.1, name: 1e-50})
+    assert OptimizerKind.sgd(**{"lr": 0.1, name: 0.0}).name == "sgd"  # 0 itself is a value
+
+
+def test_eps_that_rounds_to_zero_is_refused_but_a_schedule_may_decay_to_zero() -> None:
+    with pytest.raises(ValueError, match="eps=1e-60 rounds to 0"):
+        OptimizerKind.adam(0.1, eps=1e-60)
+    with pytest.raises(ValueError, match="lr=1e-50 rounds to 0"):
+        OptimizerKind.adam(0.1).with_lr(1e-50)
+    decaying = OptimizerKind.sgd(1.0).with_schedule(StepLR(1, 1e-10))
+    assert np.float32(decaying.hyperparameters_at(5).lr) == 0.0  # no error mid-run

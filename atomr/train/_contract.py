@@ -38,28 +38,26 @@ STOP_WAIT_S = 10.0
 OptionsT = TypeVar("OptionsT")
 
 
-def _kind(value: object) -> str:
-    return type(value).__name__
-
-
 def check_system(system: object) -> None:
     """Raises: TypeError: `system` is neither an `ActorSystem` nor a `Context`."""
     if not isinstance(system, ActorSystem | Context):
-        raise TypeError(f"system must be an ActorSystem or a Context, got {_kind(system)}")
+        raise TypeError(f"system must be an ActorSystem or a Context, got {type(system).__name__}")
 
 
 def check_model(model: object) -> Sequential:
     """Returns: `model`. Raises: TypeError: it is not a model (a `Sequential`,
     such as an `Mlp`)."""
     if not isinstance(model, Sequential):
-        raise TypeError(f"model must be a Sequential (an Mlp, a gpt(...), ...), got {_kind(model)}")
+        raise TypeError(
+            f"model must be a Sequential (an Mlp, a gpt(...), ...), got {type(model).__name__}"
+        )
     return model
 
 
 def check_config(config: object) -> TrainerConfig:
     """Returns: `config`. Raises: TypeError: it is not a `TrainerConfig`."""
     if not isinstance(config, TrainerConfig):
-        raise TypeError(f"config must be a TrainerConfig, got {_kind(config)}")
+        raise TypeError(f"config must be a TrainerConfig, got {type(config).__name__}")
     return config
 
 
@@ -81,7 +79,7 @@ def check_options(options: Any, expected: type[OptionsT], trainer: str) -> Optio
         return expected()
     if not isinstance(options, expected):
         raise TypeError(
-            f"{trainer}: options must be a {expected.__name__} or None, got {_kind(options)}"
+            f"{trainer}: options must be a {expected.__name__} or None, got {type(options).__name__}"
         )
     return options
 
@@ -95,14 +93,14 @@ def refuse_options(options: Any, trainer: str) -> None:
     if options is not None:
         raise TypeError(
             f"{trainer} has no options of its own (everything it takes is in "
-            f"TrainerConfig): pass options=None, got {_kind(options)}"
+            f"TrainerConfig): pass options=None, got {type(options).__name__}"
         )
 
 
 def check_name(name: object) -> None:
     """Raises: TypeError: `name` is neither None nor a str."""
     if name is not None and not isinstance(name, str):
-        raise TypeError(f"name must be a str or None, got {_kind(name)}")
+        raise TypeError(f"name must be a str or None, got {type(name).__name__}")
 
 
 def parse_devices(devices: Any, *, single: bool = False, name: str = "devices") -> list[Device]:
@@ -129,11 +127,13 @@ def parse_devices(devices: Any, *, single: bool = False, name: str = "devices") 
     if isinstance(devices, str | Device) or not isinstance(devices, Sequence):
         raise TypeError(
             f"{name} must be a sequence of Device or device names (e.g. cpu_devices(2)), "
-            f"got {_kind(devices)}"
+            f"got {type(devices).__name__}"
         )
     for k, device in enumerate(devices):
         if not isinstance(device, Device | str):
-            raise TypeError(f"{name}[{k}] must be a Device or a device name, got {_kind(device)}")
+            raise TypeError(
+                f"{name}[{k}] must be a Device or a device name, got {type(device).__name__}"
+            )
     if not devices:
         raise ValueError(f"{name} is empty: give at least one device")
     if single and len(devices) != 1:

@@ -69,19 +69,17 @@ def _check_hooks(callbacks: Any, stop: Any, agree_to_stop: Any, evaluate: Any) -
     `stop` a `StopFlag` or None, and `agree_to_stop` and `evaluate` callables
     or None (else a step would be applied before the first use failed)."""
     if not isinstance(callbacks, Sequence) or isinstance(callbacks, str | bytes):
-        raise TypeError(f"callbacks must be a sequence of FitCallback, got {_kind(callbacks)}")
+        raise TypeError(
+            f"callbacks must be a sequence of FitCallback, got {type(callbacks).__name__}"
+        )
     for cb in callbacks:
         if not isinstance(cb, FitCallback):
-            raise TypeError(f"callbacks must be FitCallback instances, got {_kind(cb)}")
+            raise TypeError(f"callbacks must be FitCallback instances, got {type(cb).__name__}")
     if stop is not None and not isinstance(stop, StopFlag):
-        raise TypeError(f"stop must be a StopFlag or None, got {_kind(stop)}")
+        raise TypeError(f"stop must be a StopFlag or None, got {type(stop).__name__}")
     for name, hook in (("agree_to_stop", agree_to_stop), ("evaluate", evaluate)):
         if hook is not None and not callable(hook):
-            raise TypeError(f"{name} must be callable or None, got {_kind(hook)}")
-
-
-def _kind(value: Any) -> str:
-    return type(value).__name__
+            raise TypeError(f"{name} must be callable or None, got {type(hook).__name__}")
 
 
 _FITTING: set[ActorRef] = set()

@@ -224,38 +224,43 @@ class ActorRef:
         if not cell.accepting:
             raise self._stopped(message)
         loop = cell.loop
-        if loop.is_closed():  # this thread's earlier loop, closed under the actor
-            raise closed_loop(cell)
-        if cell.bounded:
-            fut, delay = await self._offer_bounded(message, timeout)
-        else:
-            fut = loop.create_future()
-            cell.queue.append((message, None, fut))
-            waiter = cell.waiter
-            if waiter is not None:
-                cell.waiter = None
-                if not waiter.done():
-                    waiter.set_result(None)
-            delay = timeout
-        if delay is None:
-            return await fut
-        lane = None
-        if delay == timeout:  # not shortened by waiting for room
-            lanes = cell.ask_lanes
-            lane = lanes.get(delay) if lanes is not None else None
+        try:
+            if cell.bounded:
+                fut, delay = await self._offer_bounded(message, timeout)
+            else:
+                fut = loop.create_future()
+                cell.queue.append((message, None, fut))
+                waiter = cell.waiter
+                if waiter is not None:
+                    cell.waiter = None
+                    if not waiter.done():
+                        waiter.set_result(None)
+                delay = timeout
+            if delay is None:
+                return await fut
+            lane = None
+            if delay == timeout:  # not shortened by waiting for room
+                lanes = cell.ask_lanes
+                lane = lanes.get(delay) if lanes is not None else None
+                if lane is None:
+                    lane = _ask_lane(cell, delay)
             if lane is None:
-                lane = _ask_lane(cell, delay)
-        if lane is None:
-            handle = loop.call_later(delay, _expire, fut, timeout, self, message)
+                handle = loop.call_later(delay, _expire, fut, timeout, self, message)
+                try:
+                    return await fut
+                finally:
+                    handle.cancel()
+            lane.add(fut, message)
             try:
                 return await fut
             finally:
-                handle.cancel()
-        lane.add(fut, message)
-        try:
-            return await fut
-        finally:
-            lane.settle()
+                lane.settle()
+        except RuntimeError:
+            # a loop closed under the actor (this thread's earlier one):
+            # checked only here, so the ask's hot path pays nothing
+            if loop.is_closed():
+                raise closed_loop(cell) from None
+            raise
 
     async def _offer_bounded(
         self, message: Any, timeout: float | None

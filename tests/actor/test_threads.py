@@ -293,16 +293,30 @@ async def test_a_closed_loop_refuses_at_once() -> None:
         echo.tell("anyone?")
 
 
-def test_a_loop_closed_under_an_actor_refuses_on_its_own_thread_too() -> None:
+class _Hangs(Actor):
+    """Answers, except "hang", which it never finishes."""
+
+    async def receive(self, message: Any) -> Any:
+        if message == "hang":
+            await asyncio.get_running_loop().create_future()
+        return message
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_loop_closed_under_an_actor_refuses_on_its_own_thread_too(busy: bool) -> None:
     """A host that closes its loop without terminating, then asks again from a
     new loop on the same thread: ActorStoppedError (was asyncio's "Event loop
-    is closed", and later tells were lost without a dead letter)."""
+    is closed", and later tells were lost without a dead letter), whether the
+    actor was idle or in a handler when its loop closed."""
     kept: dict[str, Any] = {}
 
     async def first() -> None:
         kept["system"] = system = ActorSystem("closed-here")
-        kept["echo"] = system.spawn(Props(Echo))
+        kept["echo"] = system.spawn(Props(_Hangs))
         assert await kept["echo"].ask("hello", timeout=5) == "hello"
+        if busy:
+            kept["echo"].tell("hang")
+            await asyncio.sleep(0)  # it starts the handler
 
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(lambda loop, context: None)  # its task dies with it
@@ -314,7 +328,7 @@ def test_a_loop_closed_under_an_actor_refuses_on_its_own_thread_too() -> None:
         with pytest.raises(ActorStoppedError, match="event loop is closed"):
             await echo.ask("anyone?", timeout=1)
         echo.tell("anyone?")  # a dead letter, not lost
-        assert [letter.message for letter in kept["system"].dead_letters.recent] == ["anyone?"]
+        assert [letter.message for letter in kept["system"].dead_letters.recent][-1] == "anyone?"
 
     asyncio.run(second())
 

@@ -1,5 +1,5 @@
-"""`stop_on_sigint`: Ctrl-C ends a run cleanly between steps (it sets a
-`StopFlag`); a second Ctrl-C ends the process at once."""
+"""`stop_on_signals`: Ctrl-C (SIGINT) or SIGTERM ends a run cleanly between
+steps (it sets a `StopFlag`); a second one ends the process at once."""
 
 from __future__ import annotations
 
@@ -12,36 +12,45 @@ from types import FrameType
 
 from atomr.train.fit import StopFlag
 
-__all__ = ["SECOND_CTRL_C_HINT", "stop_on_sigint"]
+__all__ = ["SECOND_CTRL_C_HINT", "STOPPING_SIGNALS", "stop_on_signals"]
 
 SECOND_CTRL_C_HINT = "atomr: stopping after this step; press Ctrl-C again to quit at once"
 
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""Ctrl-C, and what `kill`, `docker stop` and cluster schedulers send."""
+
 
 @contextlib.contextmanager
-def stop_on_sigint(flag: StopFlag) -> Iterator[None]:
-    """Within the block, the first SIGINT (Ctrl-C) sets `flag` and prints
-    `SECOND_CTRL_C_HINT` on stderr; a second one ends the process at once,
-    whatever it is doing.
+def stop_on_signals(flag: StopFlag, received: list[int]) -> Iterator[None]:
+    """Within the block, the first SIGINT (Ctrl-C) or SIGTERM sets `flag` and
+    prints `SECOND_CTRL_C_HINT` on stderr; a second one ends the process at
+    once, whatever it is doing.
 
-    The second Ctrl-C gets the operating system's default action (the
-    process is killed by SIGINT): no Python code runs, so neither worker
-    threads stuck in numba's compile locks nor a busy event loop can delay
-    it. After a first Ctrl-C that default stays in force past the block.
-    Outside the main thread the block runs with Python's default handling.
+    Each signal that comes is appended to `received` (the caller exits with
+    128 + the first, as a shell reports a process that signal ended).
+
+    The second signal gets the operating system's default action (the
+    process is killed by it): no Python code runs, so neither worker threads
+    stuck in numba's compile locks nor a busy event loop can delay it. After
+    a first signal that default stays in force past the block. Outside the
+    main thread the block runs with Python's default handling.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def on_sigint(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # the next Ctrl-C kills
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        for each in STOPPING_SIGNALS:  # the next one kills
+            signal.signal(each, signal.SIG_DFL)
+        received.append(signum)
         flag.request()
         # os.write: a signal handler must not re-enter sys.stderr's buffer
         os.write(2, f"\n{SECOND_CTRL_C_HINT}\n".encode())
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {each: signal.signal(each, on_signal) for each in STOPPING_SIGNALS}
     try:
         yield
     finally:
-        if signal.getsignal(signal.SIGINT) is on_sigint:  # not pressed: put back
-            signal.signal(signal.SIGINT, previous)
+        if not received:  # none came: put the handlers back
+            for each, handler in previous.items():
+                signal.signal(each, handler)

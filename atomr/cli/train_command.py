@@ -16,7 +16,7 @@ from atomr.cli.compiling import say_when_compiling
 from atomr.cli.dataset import Dataset, load_dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History
-from atomr.cli.interrupt import stop_on_sigint
+from atomr.cli.interrupt import stop_on_signals
 from atomr.cli.memory import check_memory
 from atomr.cli.outputs import check_outputs, output_paths
 from atomr.cli.plotting import save_curves
@@ -79,7 +79,8 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
         stop: a flag a caller can set to stop the run (Ctrl-C sets it too).
 
     Returns:
-        The exit status: 0 when finished, 130 when stopped by Ctrl-C.
+        The exit status: 0 when finished, 130 when stopped by Ctrl-C (or a
+        `stop` flag), 143 by SIGTERM.
 
     Raises:
         CliError: bad options the trainers refuse, unusable checkpoints,
@@ -98,9 +99,10 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
 
     logs = _metrics_logs(run)
     trained: list[np.ndarray] = []
+    signals: list[int] = []
 
     async def go() -> History:
-        with stop_on_sigint(flag), say_when_compiling(enabled=not run.quiet):
+        with stop_on_signals(flag, signals), say_when_compiling(enabled=not run.quiet):
             return await train_epochs(
                 run,
                 data,
@@ -116,8 +118,9 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
     finally:
         for log in logs:
             log.close()
+    interrupted = 128 + signals[0] if signals else EXIT_INTERRUPTED
     if run.dist is not None and not run.dist.is_root:
-        return EXIT_INTERRUPTED if history.status == "interrupted" else 0
+        return interrupted if history.status == "interrupted" else 0
     _write_outputs(history, plot_path, history_path)
     _print_summary(run, history, plot_path, history_path)
     if trained and data.vocab is not None:
@@ -125,7 +128,7 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
     if history.status == "interrupted":
         where = f"; checkpoint saved to {run.checkpoint}" if run.checkpoint else ""
         print(f"atomr: interrupted{where}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return interrupted
     return 0
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import atomr
 from atomr.cli import main
@@ -107,7 +108,10 @@ def test_stopped_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:
     np.testing.assert_allclose(a.weights, b.weights, rtol=0, atol=1e-6)
 
 
-def test_ctrl_c_stops_cleanly_after_saving(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_cleanly_after_saving(tmp_path: Path, signum: int) -> None:
+    """SIGTERM (kill, docker stop, a scheduler) stops as Ctrl-C does; it
+    killed the run, losing the batches since the last epoch's checkpoint."""
     ckpt = tmp_path / "ctrl-c.ckpt"
     proc = subprocess.Popen(
         [
@@ -138,13 +142,13 @@ def test_ctrl_c_stops_cleanly_after_saving(tmp_path: Path) -> None:
             chunk = proc.stderr.read1(4096)
             assert chunk, "the run ended before it started training"
             seen += chunk
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    assert proc.returncode == 130, err.decode()
+    assert proc.returncode == 128 + signum, err.decode()
     assert b"Traceback" not in err
     assert err.decode().strip().splitlines()[-1] == (
         f"atomr: interrupted; checkpoint saved to {ckpt}"

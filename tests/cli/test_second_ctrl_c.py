@@ -11,7 +11,7 @@ import textwrap
 _STUCK_RUN = textwrap.dedent(
     """
     import asyncio, threading
-    from atomr.cli.interrupt import stop_on_sigint
+    from atomr.cli.interrupt import stop_on_signals
     from atomr.train.fit import StopFlag
 
     held = threading.Lock()
@@ -20,7 +20,7 @@ _STUCK_RUN = textwrap.dedent(
 
     async def main():
         flag = StopFlag()
-        with stop_on_sigint(flag):
+        with stop_on_signals(flag, []):
             print("ready", flush=True)
             while not flag.requested:
                 await asyncio.sleep(0.01)

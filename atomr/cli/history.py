@@ -46,7 +46,7 @@ class History:
         config: the run's options (`RunConfig.to_json()`).
         epochs: one `EpochRecord` per finished epoch, in order (including
             the epochs of the run this one resumed).
-        status: "running", "finished" or "interrupted".
+        status: "running", "finished", "interrupted" or "failed".
         wall_seconds: wall time of this process's run.
         resumed_from: the checkpoint this run continued from, if any.
         position: where training stands (next epoch and batch, steps done,

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 import atomr
+from atomr.actor import AskTimeoutError
 from atomr.cli.compiling import say_when_compiling
 from atomr.cli.dataset import Dataset, load_dataset
 from atomr.cli.errors import CliError
@@ -24,6 +25,7 @@ from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
 from atomr.cli.summary import summary_table
 from atomr.cli.training_run import train_epochs
+from atomr.train.core.errors import InvalidBatchError, NonFiniteError, WorkerStateLost
 from atomr.train.core.text import generate
 from atomr.train.fit import StopFlag
 from atomr.train.metrics import JsonLinesLog, TensorBoardLog
@@ -31,6 +33,11 @@ from atomr.train.metrics import JsonLinesLog, TensorBoardLog
 __all__ = ["EXIT_INTERRUPTED", "run_train"]
 
 EXIT_INTERRUPTED = 130
+
+TRAINING_FAILURES = (NonFiniteError, InvalidBatchError, WorkerStateLost, AskTimeoutError)
+"""What a trainer raises when a run cannot go on: reported in one line, with
+the history written (status "failed"); anything else is a bug, with its
+traceback."""
 
 
 def _metrics_logs(run: RunConfig) -> list[JsonLinesLog | TensorBoardLog]:
@@ -84,7 +91,8 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
 
     Raises:
         CliError: bad options the trainers refuse, unusable checkpoints,
-            missing optional packages.
+            missing optional packages; exit status 1 when the trainer
+            stopped the run (`TRAINING_FAILURES`: a diverging loss, say).
     """
     plot_path, history_path = output_paths(run)
     if run.dist is None:  # the ranks of a job would wait for one that stopped here
@@ -115,6 +123,11 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
 
     try:
         atomr.run(go())
+    except TRAINING_FAILURES as exc:
+        history.status = "failed"
+        if run.dist is None or run.dist.is_root:
+            _write_outputs(history, plot_path, history_path)
+        raise CliError(_failure_line(run, exc, history_path), exit_code=1) from exc
     finally:
         for log in logs:
             log.close()
@@ -130,6 +143,14 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
         print(f"atomr: interrupted{where}", file=sys.stderr)
         return interrupted
     return 0
+
+
+def _failure_line(run: RunConfig, exc: BaseException, history_path: Path) -> str:
+    """One line for a run the trainer stopped: what failed, what was kept,
+    and the usual cure for a diverging run."""
+    kept = f"; checkpoint at the last good step in {run.checkpoint}" if run.checkpoint else ""
+    hint = "; lower --lr or add --clip" if isinstance(exc, NonFiniteError) else ""
+    return f"training failed: {exc}{hint}{kept}; history in {history_path}"
 
 
 def _write_outputs(history: History, plot_path: Path, history_path: Path) -> None:

@@ -302,3 +302,22 @@ def test_resume_of_a_model_without_hidden_layers_says_the_cli_cannot_build_it(
     err = capsys.readouterr().err
     assert "the checkpoint is of a 64-10 relu model" in err
     assert "the command line always builds a hidden layer" in err
+
+
+def test_a_diverging_run_says_so_in_one_line_and_keeps_its_history(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed an 18-frame traceback and wrote no history or plot."""
+    ckpt = tmp_path / "div.ckpt"
+    argv = ["--strategy", "single", "--optimizer", "sgd", "--lr", "1e10", "--epochs", "2"]
+    code = main(
+        ["train", "--quiet", "--run-dir", str(tmp_path / "run"), "--checkpoint", str(ckpt), *argv]
+    )
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert err.startswith("atomr: error: training failed: loss is not finite")
+    assert "lower --lr or add --clip" in err and str(ckpt) in err
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert history["status"] == "failed"
+    assert (tmp_path / "run" / "curves.png").read_bytes().startswith(PNG_MAGIC)

@@ -86,6 +86,14 @@ class LossKind:
         """True for cross-entropy (integer class labels), False for MSE."""
         return self.name == "cross_entropy"
 
+    def normaliser(self, targets: np.ndarray) -> float:
+        """The normaliser `sums` gives, from validated host targets alone (the
+        table above): every MSE target value, every labelled row or token, or
+        the sum of their class weights."""
+        if self.class_weights is None or not self.is_classification:
+            return float(targets.size)
+        return float(np.asarray(self.class_weights, dtype=np.float64)[targets].sum())
+
     def sums(self, backend: Any, outputs: Any, targets: Any, grad: Any) -> tuple[float, float]:
         """Loss sum and normaliser on a device, with the gradient of the sum.
 

@@ -64,7 +64,6 @@ from atomr.train.core.checkpoint import (
 )
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
-from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import (
     Evaluate,
     GetTrainingState,
@@ -93,15 +92,6 @@ from atomr.train.pipeline.schedule import OpKind
 from atomr.train.pipeline.timeline import Timeline
 
 __all__ = ["PipelineParallelTrainer"]
-
-
-def _normaliser(loss: LossKind, labels: np.ndarray, out_width: int) -> float:
-    """The whole batch's loss normaliser, computed from the labels alone."""
-    if loss.name == "mse":
-        return float(labels.shape[0] * out_width)
-    if loss.class_weights is None:
-        return float(labels.size)  # rows, or every token of a sequence
-    return float(np.asarray(loss.class_weights, dtype=np.float64)[labels].sum())
 
 
 class PipelineParallelTrainer(Actor):
@@ -281,7 +271,7 @@ class PipelineParallelTrainer(Actor):
             takes.in_shape, tuple(last.out_shape), takes.input_kind, takes.vocab, first.dtype
         )
         x, y = spec.validate(features, labels, self.config.loss)
-        norm = _normaliser(self.config.loss, y, last.out_shape[-1])
+        norm = self.config.loss.normaliser(y)
         check_normaliser(norm)
         bounds = np.cumsum([0, *self.options.micro_batch_sizes(x.shape[0])])
         xs = tuple(x[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))

@@ -132,6 +132,35 @@ async def test_other_losses_and_sgd(actor_system, loss, schedule) -> None:
     np.testing.assert_allclose(await pipe.ask(GetWeights(), timeout=T), ref_weights, atol=2e-5)
 
 
+async def test_mse_over_outputs_of_several_axes_equals_trainer(actor_system) -> None:
+    """A (batch, 3, 2) regression: the normaliser counts every target value
+    (it counted rows x last axis: loss and gradient 3x too big)."""
+
+    def model() -> Sequential:
+        return Sequential([Linear(4, 6), Activation("tanh"), Linear(6, 2)], (3, 4), seed=0)
+
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.MSE)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3, 4)).astype(np.float32)
+    y = rng.standard_normal((8, 3, 2)).astype(np.float32)
+    single = await Trainer.spawn(actor_system, model(), "cpu:0", config)
+    pipe = await PipelineParallelTrainer.spawn(
+        actor_system, model(), cpu_devices(2), config, PipelineOptions(micro_batch_size=4)
+    )
+    a, b = await single.ask(Step(x, y), timeout=T), await pipe.ask(Step(x, y), timeout=T)
+    assert b.loss == pytest.approx(a.loss, rel=1e-6)
+    assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
+    np.testing.assert_allclose(
+        await pipe.ask(GetWeights(), timeout=T),
+        await single.ask(GetWeights(), timeout=T),
+        atol=1e-6,
+    )
+    evaluated = await pipe.ask(Evaluate(x, y), timeout=T)
+    assert evaluated.loss == pytest.approx(
+        (await single.ask(Evaluate(x, y), timeout=T)).loss, rel=1e-6
+    )
+
+
 class FaultyStage(StageActor):
     """A stage that fails on step 1: in a forward or backward of one
     micro-batch, or in its optimizer apply after changing its weights."""

@@ -11,12 +11,14 @@ a failed request is still running when the asker hears of it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from atomr.actor import ActorRef, ActorStoppedError
+from atomr.accel.device_actor import OnDevice
+from atomr.actor import ActorRef, ActorStoppedError, AskTimeoutError
 from atomr.train.comm._fanout import raise_first_failure
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.partition import split_bounds
@@ -28,13 +30,19 @@ __all__ = ["WorkerPool", "combine", "split_among"]
 
 # errors that mean "the request was bad" (or the worker is gone): never sent
 # again. Not `device_guard.REQUEST_ERRORS`: it holds OSError (for checkpoint
-# files), and an ask timeout is an OSError that is worth a retry.
+# files). An ask timeout is not sent again either: the worker may still be
+# on the part, and a second copy would push its gradient twice.
 _NOT_RETRIED: tuple[type[Exception], ...] = (
     ActorStoppedError,
+    AskTimeoutError,
     InvalidBatchError,
     FloatingPointError,  # NonFiniteError included
     StaleGradientError,
 )
+
+
+def _nothing() -> None:
+    """A device job that does nothing: handled once the worker's job before it is done."""
 
 Part = tuple[np.ndarray, np.ndarray]
 
@@ -126,6 +134,9 @@ class WorkerPool:
         for attempt in range(self.max_retries + 1):
             try:
                 return await self.refs[index].ask(message, timeout=self.timeout)
+            except AskTimeoutError:
+                await self._fence(index)
+                raise
             except _NOT_RETRIED:
                 raise
             except Exception:
@@ -133,6 +144,14 @@ class WorkerPool:
                     raise
                 self.retries += 1
         raise AssertionError("unreachable")
+
+    async def _fence(self, index: int) -> None:
+        """Wait (at most the worker timeout again) until worker `index` is done
+        with the part whose ask timed out, so that its late push lands in this
+        step's round and the next step starts with every worker in step. A
+        worker still busy past that is left to its supervisor."""
+        with contextlib.suppress(Exception):
+            await self.refs[index].ask(OnDevice(_nothing), timeout=self.timeout)
 
     async def train(self, parts: Sequence[Part]) -> list[BatchResult]:
         """Every worker trains its part at once.

@@ -15,16 +15,28 @@ The faults go in through the server's public hook `apply_gradients`
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
 import pytest
 
 from atomr import ActorSystem, Props
-from atomr.accel import ContextPoisoned
+from atomr.accel import ContextPoisoned, cpu_devices
+from atomr.actor import AskTimeoutError
 from atomr.testkit import inject_faults
-from atomr.train import GetWeights, OptimizerKind
-from atomr.train.parameter_server import Consistency, ServerShard
+from atomr.train import (
+    AsyncParameterServer,
+    GetWeights,
+    LossKind,
+    OptimizerKind,
+    ParameterServerOptions,
+    Step,
+    TrainerConfig,
+)
+from atomr.train.core.model import Activation, Layer, Linear, Sequential, register_layer
+from atomr.train.parameter_server import Consistency, GetServerStats, ServerShard
 from atomr.train.parameter_server.messages import PullWeights, PushGradient
 from tests.reliability.faults import FAULT_AT, Plan, T, dying_optimizer
 
@@ -96,3 +108,67 @@ async def test_a_server_fault_changes_nothing_and_serving_continues(
         await clean.ask(GetWeights(), timeout=T),
         atol=1e-6,
     )
+
+
+_ARMED = threading.Event()
+_TIMEOUT, _HELD_FOR = 1.0, 1.5  # past the ask's timeout, within the fence's
+
+
+@register_layer
+class _HeldOnce(Layer):
+    """Identity; when armed, its next forward takes `_HELD_FOR` seconds."""
+
+    kind = "test_ps_held_once"
+
+    def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return in_shape
+
+    def forward(self, backend: Any, params: Any, x: Any, ctx: Any) -> tuple[Any, Any]:
+        if _ARMED.is_set():
+            _ARMED.clear()
+            time.sleep(_HELD_FOR)
+        return x, None
+
+    def backward(
+        self,
+        backend: Any,
+        params: Any,
+        grads: Any,
+        saved: Any,
+        dy: Any,
+        accumulate: bool,
+        input_grad: bool,
+    ) -> Any:
+        return dy if input_grad else None
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+
+@pytest.mark.parametrize("synchronous", [True, False])
+async def test_a_worker_slower_than_its_timeout_is_not_sent_its_part_again(
+    synchronous: bool,
+) -> None:
+    """A timed-out part was sent again while the worker was still on it (its
+    gradient pushed twice or more), and a synchronous server stayed a round
+    out of step: every later Step timed out for good. The trainer now waits
+    (up to the timeout again) for the held worker before it answers."""
+    model = Sequential([Linear(5, 6), _HeldOnce(), Activation("tanh"), Linear(6, 3)], (5,), seed=0)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, worker_timeout=_TIMEOUT)
+    consistency = Consistency.synchronous() if synchronous else Consistency.asynchronous()
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((6, 5)).astype(np.float32), rng.integers(0, 3, 6)
+    async with ActorSystem("ps-slow") as system:
+        options = ParameterServerOptions(workers=2, consistency=consistency)
+        ps = await AsyncParameterServer.spawn(system, model, cpu_devices(2), config, options)
+        await ps.ask(Step(x, y), timeout=T)
+        _ARMED.set()
+        with pytest.raises(AskTimeoutError):
+            await ps.ask(Step(x, y), timeout=T)
+        before = (await ps.ask(GetServerStats(), timeout=T))[0].version
+        for _ in range(3):  # every later step is whole again
+            assert (await ps.ask(Step(x, y), timeout=T)).applied
+        after = (await ps.ask(GetServerStats(), timeout=T))[0].version
+        # one version per synchronous round, one per push otherwise; the held
+        # part's single late push may land in the first of them
+        assert after - before in ((3, 4) if synchronous else (6, 7))

@@ -8,6 +8,7 @@ spawned, and fails with a `CliError` that says what to change.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ class RunConfig:
         if self.lr_schedule == "cosine":
             after = CosineAnnealingLR(total - warm)
         elif self.lr_schedule == "step":
-            after = StepLR(max(1, (total - warm) // 3), 0.1)
+            after = StepLR(max(1, math.ceil((total - warm) / 3)), 0.1)  # two cuts, not three
         if not warm:
             return after
         warmup = LinearLR(0.1, 1.0, warm)

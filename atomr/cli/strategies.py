@@ -73,9 +73,10 @@ class Strategy:
         job: builds `(trainer class, options)` for one rank of an MPI job
             (`--distributed`); None: it cannot run across ranks.
         steps_per_batch: the optimizer steps a checkpoint of it counts per
-            batch trained (given the run and the checkpoint), or None where
-            that varies (`--resume` then needs the checkpoint's history file
-            to know where the data stands).
+            batch trained (given the run and the checkpoint; None: the run
+            being started), or None where that varies (`--resume` then needs
+            the checkpoint's history file to know where the data stands, and
+            `--lr-schedule` cannot be sized).
     """
 
     name: str
@@ -88,7 +89,7 @@ class Strategy:
     replicas: Callable[[RunConfig], int] = lambda run: len(run.devices)
     one_device: bool = False
     job: JobOptions | None = None
-    steps_per_batch: Callable[[RunConfig, Checkpoint], int | None] = lambda run, ckpt: 1
+    steps_per_batch: Callable[[RunConfig, Checkpoint | None], int | None] = lambda run, ckpt: 1
 
     def refuse_foreign_flags(self, given: dict[str, object]) -> None:
         """Refuse strategy flags that belong to another strategy, or that
@@ -136,7 +137,7 @@ def _data_job(run: RunConfig, dist: DistributedTrainConfig) -> tuple[Any, Any]:
     return DataParallelTrainer, DataParallelOptions.for_job(dist, **_data_settings(run))
 
 
-def _data_steps_per_batch(run: RunConfig, ckpt: Checkpoint) -> int | None:
+def _data_steps_per_batch(run: RunConfig, ckpt: Checkpoint | None) -> int | None:
     """One step per batch when synchronous; a cadence round spans several
     batches, and local SGD counts each replica's own steps."""
     return 1 if run.policy in (None, ApplyPolicy.SYNC.value) else None
@@ -154,10 +155,10 @@ def _ps_workers(run: RunConfig) -> int:
     return run.workers or len(run.devices)
 
 
-def _ps_steps_per_batch(run: RunConfig, ckpt: Checkpoint) -> int:
+def _ps_steps_per_batch(run: RunConfig, ckpt: Checkpoint | None) -> int:
     """Asynchronous: each worker's part of a batch is a step (the workers of
     the run that saved it, where its checkpoint says)."""
-    workers = ckpt.extra.get("workers")
+    workers = None if ckpt is None else ckpt.extra.get("workers")
     return workers if isinstance(workers, int) and workers >= 1 else _ps_workers(run)
 
 

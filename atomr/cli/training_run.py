@@ -22,7 +22,7 @@ from atomr.cli.history import History, history_path_for
 from atomr.cli.progress import Progress
 from atomr.cli.resume import check_something_left, resume_position
 from atomr.cli.run_config import RunConfig
-from atomr.cli.strategies import min_batch_size, spawn_trainer
+from atomr.cli.strategies import STRATEGIES, min_batch_size, spawn_trainer
 from atomr.train import Evaluate, GetWeights, Mlp
 from atomr.train.core.checkpoint import checkpoint_digest
 from atomr.train.core.model import Sequential
@@ -113,7 +113,7 @@ async def _train(
     on_weights: Callable[[np.ndarray], None] | None,
 ) -> str:
     model = _model(run, data, history)
-    config = run.trainer_config(_steps_per_epoch(run, data))
+    config = run.trainer_config(_updates_per_epoch(run, data))
     trainer, job = await spawn_trainer(system, run, model, config)
     if run.resume is not None:
         await job.load(trainer, run.resume)
@@ -211,6 +211,26 @@ async def train_epochs(
         )
     history.wall_seconds = time.perf_counter() - started
     return history
+
+
+def _updates_per_epoch(run: RunConfig, data: Dataset) -> int:
+    """The optimizer updates an epoch makes, which a learning-rate schedule
+    counts: a batch is one update, or one per parameter-server worker.
+
+    Raises:
+        CliError: as `_steps_per_epoch`; or a schedule under a data policy
+            whose update count per batch varies (async, cadence).
+    """
+    per_batch = STRATEGIES[run.strategy].steps_per_batch(run, None)
+    if per_batch is None:
+        if run.lr_schedule != "constant" or run.warmup_epochs:
+            raise CliError(
+                f"--lr-schedule and --warmup-epochs need --policy sync: under --policy "
+                f"{run.policy} a replica's updates per batch vary, so the schedule cannot be "
+                "sized (docs/data_parallel.md shows how to give one through the library)"
+            )
+        per_batch = 1
+    return _steps_per_epoch(run, data) * per_batch
 
 
 def _steps_per_epoch(run: RunConfig, data: Dataset) -> int:

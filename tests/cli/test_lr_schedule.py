@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from atomr.cli import main
+from atomr.cli.dataset import load_dataset
 from atomr.cli.parser import build_parser
 from atomr.cli.run_config import RunConfig
+from atomr.cli.training_run import _steps_per_epoch, _updates_per_epoch
 from atomr.train import load_checkpoint
 from atomr.train.core.schedule import CosineAnnealingLR, LinearLR, SequentialLR, StepLR
 
@@ -80,3 +82,33 @@ def test_bad_policy_flags_are_one_line(
     assert main(["train", "--epochs", "1", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err
+
+
+def test_a_parameter_server_schedule_counts_every_workers_update() -> None:
+    """The server steps the schedule once per worker's push: a cosine sized in
+    batches reached 0 halfway through and climbed back to the full rate."""
+    run = _run("--strategy", "ps", "--workers", "2", "--epochs", "2", "--lr-schedule", "cosine")
+    data = load_dataset(run)
+    batches = _steps_per_epoch(run, data)
+    assert _updates_per_epoch(run, data) == 2 * batches
+    kind = run.trainer_config(_updates_per_epoch(run, data)).optimizer
+    rates = [kind.lr_at(update) for update in range(2 * 2 * batches)]
+    assert rates == sorted(rates, reverse=True)  # it only decays
+    assert rates[-1] < 1e-3 * run.lr
+
+
+@pytest.mark.parametrize("policy", ["async", "cadence"])
+def test_a_schedule_under_a_policy_of_varying_updates_is_refused(
+    policy: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", "--quiet", "--policy", policy, "--lr-schedule", "cosine", "--epochs", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("atomr: error: --lr-schedule and --warmup-epochs need --policy sync")
+
+
+def test_the_step_schedule_cuts_twice() -> None:
+    """Over 860 updates it cut at 287, 573 and 859: the last updates ran at 0.001 x lr."""
+    kind = _run("--epochs", "20", "--lr-schedule", "step").trainer_config(43).optimizer
+    cuts = [u for u in range(1, 860) if kind.lr_at(u) < kind.lr_at(u - 1)]
+    assert len(cuts) == 2

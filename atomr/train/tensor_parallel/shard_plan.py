@@ -183,12 +183,19 @@ class ResidualRule(Rule):
         return [flag for r in self.rules for flag in r.replicated(k)]
 
 
+def _splits(layer: Layer, built_in: type[Layer]) -> bool:
+    """Whether `layer` is exactly the built-in class whose split this plan
+    knows. A subclass keeps its own math, which shards rebuilt as the
+    built-in class would drop, so it is replicated instead."""
+    return type(layer) is built_in
+
+
 def _paired_row(layers: Sequence[Layer], i: int) -> int | None:
     """The index of the row `Linear` that takes column `Linear` i's split output."""
     for j in range(i + 1, len(layers)):
         if isinstance(layers[j], Activation):
             continue
-        if isinstance(layers[j], Linear) and layers[j].tp == "row":  # type: ignore[attr-defined]
+        if _splits(layers[j], Linear) and layers[j].tp == "row":  # type: ignore[attr-defined]
             return j
         return None
     return None
@@ -199,13 +206,13 @@ def _unpaired_row_message(layers: Sequence[Layer], i: int) -> str:
     between: list[int] = []
     for j in range(i - 1, -1, -1):
         layer = layers[j]
-        if isinstance(layer, Linear) and layer.tp == "row":
+        if _splits(layer, Linear) and layer.tp == "row":
             return (
                 f"layer {i}: a row-parallel Linear needs a column-parallel Linear of its own "
                 f"before it; the nearest one before it feeds row-parallel layer {j}: put a "
                 f"column-parallel Linear before layer {i}, or make layer {i} replicated"
             )
-        if isinstance(layer, Linear) and layer.tp == "column":
+        if _splits(layer, Linear) and layer.tp == "column":
             blockers = [k for k in between if not isinstance(layers[k], Activation)]
             names = ", ".join(f"{k} ({type(layers[k]).__name__})" for k in sorted(blockers))
             return (
@@ -227,7 +234,7 @@ def rules_for(layers: Sequence[Layer], n: int) -> list[Rule]:
     for i, layer in enumerate(layers):
         if rules[i] is not None:
             continue
-        if isinstance(layer, Linear) and layer.tp == "column":
+        if _splits(layer, Linear) and layer.tp == "column":
             if layer.out_features < n:
                 raise ValueError(
                     f"{n} shards cannot split a Linear of {layer.out_features} outputs"
@@ -237,11 +244,11 @@ def rules_for(layers: Sequence[Layer], n: int) -> list[Rule]:
             rules[i] = column
             if j is not None:
                 rules[j] = RowRule(layers[j], column.bounds)  # type: ignore[arg-type]
-        elif isinstance(layer, Linear) and layer.tp == "row":
+        elif _splits(layer, Linear) and layer.tp == "row":
             raise ValueError(_unpaired_row_message(layers, i))
-        elif isinstance(layer, CausalSelfAttention):
+        elif _splits(layer, CausalSelfAttention):
             rules[i] = HeadsRule(layer, n)
-        elif isinstance(layer, Residual):
+        elif _splits(layer, Residual):
             rules[i] = ResidualRule(layer, n)
         else:
             rules[i] = Rule(layer)

@@ -30,6 +30,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core import synthetic_classification
+from atomr.train.core.model import Activation, Linear, Sequential, register_layer
 from atomr.train.tensor_parallel import ShardActor, TensorParallelOptions, TensorParallelTrainer
 from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.tensor_parallel.messages import ShardDescribe, ShardGather, ShardInfo
@@ -114,6 +115,46 @@ async def test_twenty_adamw_steps_equal_the_single_device_trainer(
     wb = await ref.ask(GetWeights(), timeout=10)
     assert not np.allclose(wb, model.get_params(), atol=1e-3)  # it trained
     np.testing.assert_allclose(wa, wb, rtol=1e-4, atol=1e-5)
+
+
+@register_layer
+class _HalvedLinear(Linear):
+    """A user's subclass of the built-in Linear: its output is halved."""
+
+    kind = "test_tp_halved_linear"
+
+    def forward(self, backend: Any, params: Any, x: Any, ctx: Any) -> tuple[Any, Any]:
+        y, saved = super().forward(backend, params, x, ctx)
+        return y * y.dtype.type(0.5), saved
+
+    def backward(
+        self,
+        backend: Any,
+        params: Any,
+        grads: Any,
+        saved: Any,
+        dy: Any,
+        accumulate: bool,
+        input_grad: bool,
+    ) -> Any:
+        half = dy * dy.dtype.type(0.5)
+        return super().backward(backend, params, grads, saved, half, accumulate, input_grad)
+
+
+async def test_a_subclass_of_a_built_in_layer_keeps_its_own_math(
+    actor_system: ActorSystem,
+) -> None:
+    """It was split as a plain Linear, silently training another model."""
+    model = Sequential([_HalvedLinear(6, 8), Activation("tanh"), Linear(8, 4)], (6,), seed=3)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
+    tp = await TensorParallelTrainer.spawn(actor_system, model, _devices(2), config)
+    ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
+    x, y = _batch([6, 8, 4], n=16, seed=0)
+    a, b = await tp.ask(Step(x, y), timeout=10), await ref.ask(Step(x, y), timeout=10)
+    assert a.loss == pytest.approx(b.loss, rel=1e-6)
+    assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-5)
+    wa, wb = await tp.ask(GetWeights(), timeout=10), await ref.ask(GetWeights(), timeout=10)
+    np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
 
 
 async def test_clipping_uses_the_global_norm_over_all_shards(actor_system: ActorSystem) -> None:

@@ -44,6 +44,7 @@ _NOT_RETRIED: tuple[type[Exception], ...] = (
 def _nothing() -> None:
     """A device job that does nothing: handled once the worker's job before it is done."""
 
+
 Part = tuple[np.ndarray, np.ndarray]
 
 

@@ -15,7 +15,7 @@ one, heads that `n` does not divide, or a width smaller than `n`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
 
@@ -183,7 +183,10 @@ class ResidualRule(Rule):
         return [flag for r in self.rules for flag in r.replicated(k)]
 
 
-def _splits(layer: Layer, built_in: type[Layer]) -> bool:
+_L = TypeVar("_L", bound=Layer)
+
+
+def _splits(layer: Layer, built_in: type[_L]) -> TypeGuard[_L]:
     """Whether `layer` is exactly the built-in class whose split this plan
     knows. A subclass keeps its own math, which shards rebuilt as the
     built-in class would drop, so it is replicated instead."""

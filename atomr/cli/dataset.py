@@ -53,11 +53,15 @@ def load_dataset(run: RunConfig) -> Dataset:
     both shuffled with `run.seed`.
 
     Raises:
-        CliError: scikit-learn is missing, or the set is too small to split.
+        CliError: scikit-learn is missing, the set is too small to split, or
+            the text too short for `--context`.
     """
     if run.dataset == "pydoc":
         assert run.gpt is not None
-        x_tr, y_tr, x_te, y_te, vocab = char_lm_split(pydoc_text(), run.gpt.context)
+        try:
+            x_tr, y_tr, x_te, y_te, vocab = char_lm_split(pydoc_text(), run.gpt.context)
+        except ValueError as exc:  # a --context longer than the text can hold out
+            raise CliError(f"--context {run.gpt.context}: {exc}") from None
         return Dataset("pydoc", x_tr, y_tr, x_te, y_te, len(vocab), vocab)
     if run.dataset == "digits":
         try:

@@ -46,3 +46,13 @@ def test_bad_model_flags_are_one_line(
     assert main(["train", "--quiet", "--run-dir", str(tmp_path), *argv]) != 0
     err = capsys.readouterr().err.strip()
     assert message in err.splitlines()[-1]
+
+
+def test_a_context_longer_than_the_text_can_hold_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It printed a ValueError traceback (exit 1)."""
+    assert main(["train", "--model", "gpt", "--context", "100000", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("atomr: error: --context 100000: ") and "too short" in err
+    assert len(err.splitlines()) == 1

@@ -37,8 +37,10 @@ def write_atomically(target: Path, data: bytes) -> None:
     """
     directory = check_target(target)
     _remove_stale_temps(directory, target.name)
+    mode = _mode_for(target)
     fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=directory)
     try:
+        os.fchmod(fd, mode)  # mkstemp's 0600 would replace the file's own mode
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -62,6 +64,26 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _mode_for(target: Path) -> int:
+    """The permissions the written file gets: those of the file it replaces,
+    or those of a new file under the process's umask (as `open` would)."""
+    with contextlib.suppress(FileNotFoundError):
+        return stat.S_IMODE(target.lstat().st_mode)
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux's /proc; else the
+    usual 022). `os.umask` would have to set it to read it, racing other threads."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _temp_prefix(name: str) -> str:

@@ -165,3 +165,19 @@ def test_restored_optimizer_holds_the_saved_state_or_refuses_naming_its_owner() 
         restored_optimizer(OptimizerKind.adam(0.01), 5, state)  # another size
     with pytest.raises(CheckpointError, match="does not fit"):
         restored_optimizer(OptimizerKind.adam(0.01), 4, "not a dict")  # type: ignore[arg-type]
+
+
+def test_a_saved_checkpoint_has_the_modes_a_user_expects(tmp_path: Path) -> None:
+    """A new file follows the umask, a replaced one keeps its own mode; both
+    were always 0600 (mkstemp's)."""
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "a.ckpt"
+        save_checkpoint(path, _ckpt())
+        assert path.stat().st_mode & 0o777 == 0o644
+        path.chmod(0o640)
+        save_checkpoint(path, _ckpt(seed=1))
+        assert path.stat().st_mode & 0o777 == 0o640
+        assert load_checkpoint(path).step == _ckpt(seed=1).step
+    finally:
+        os.umask(old)

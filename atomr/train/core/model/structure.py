@@ -153,10 +153,12 @@ class Dropout(Layer):
 
     Args:
         p: the drop probability, in [0, 1).
-        seed: this layer's seed (layers with different seeds drop differently).
+        seed: this layer's seed, in [0, 2**32) (layers with different seeds
+            drop differently; layers of one shape with the same seed drop
+            the same positions).
 
     Raises:
-        ValueError: `p` out of range, or `seed` not a non-negative int.
+        ValueError: `p` out of range, or `seed` not an int in [0, 2**32).
     """
 
     kind = "dropout"
@@ -164,8 +166,9 @@ class Dropout(Layer):
     def __init__(self, p: float, seed: int = 0) -> None:
         if not (isinstance(p, (int, float)) and math.isfinite(p) and 0.0 <= p < 1.0):
             raise ValueError(f"p must be in [0, 1), got {p!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+            # the kernel draws from 32 bits: 2**32 + 1 would repeat seed 1's masks
+            raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
         self.p = float(p)
         self.seed = seed
 

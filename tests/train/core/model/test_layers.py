@@ -199,3 +199,12 @@ def test_a_direct_forward_refuses_token_ids_outside_the_vocabulary(
     assert model.forward(np.array([[1, 2, 3, 9]])).shape == (1, 4, 10)
     with pytest.raises(error, match=re.escape(needle)):
         model.forward(np.array(ids))
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 2**64, True, 1.0])
+def test_dropout_refuses_seeds_its_kernel_cannot_draw_from(seed: object) -> None:
+    """2**64 failed at the first Step with an OverflowError inside the
+    kernel, and 2**32 + 1 silently drew seed 1's masks."""
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*32\)"):
+        Dropout(0.5, seed=seed)  # type: ignore[arg-type]
+    assert Dropout(0.5, seed=2**32 - 1).seed == 2**32 - 1

@@ -147,7 +147,7 @@ async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
     await cancel_tasks(cell)
     # as Akka's default pre_restart: the old instance's children go unwatched,
     # so the new instance gets no Terminated for children it never had
-    for child in list(cell.children.values()):
+    for child in cell.children.values():
         unwatch(cell, child)
     await stop_children(cell)
     # deferred replies belonged to the discarded instance: fail them now

@@ -1,9 +1,11 @@
 """`ShardPlan`: how `n` tensor-parallel shards hold a `Sequential`.
 
-Each layer gets a rule from its `tp_rule` and its neighbours (`_layer_rules`
-has the table): a column `Linear` followed, past element-wise layers, by a
-row `Linear` keeps its output split; any other column `Linear` gathers it;
-attention is split by heads; the rest is replicated. A rule builds shard
+Each layer gets a rule from its class and its neighbours (`_splits`; the
+shard-local layers are in `_layer_rules`): a built-in column `Linear`
+followed, past element-wise layers, by a row `Linear` keeps its output
+split; any other column `Linear` gathers it; the built-in attention is split
+by heads; the rest, subclasses of those included, is replicated. A layer's
+`tp_rule` is not read here. A rule builds shard
 `k`'s local layer and moves its parameter arrays between the whole model
 and the shards (`split` / `merge`), which serves the parameters and every
 optimizer buffer alike (they share the layout).
@@ -196,9 +198,10 @@ def _splits(layer: Layer, built_in: type[_L]) -> TypeGuard[_L]:
 def _paired_row(layers: Sequence[Layer], i: int) -> int | None:
     """The index of the row `Linear` that takes column `Linear` i's split output."""
     for j in range(i + 1, len(layers)):
-        if isinstance(layers[j], Activation):
+        layer = layers[j]
+        if isinstance(layer, Activation):
             continue
-        if _splits(layers[j], Linear) and layers[j].tp == "row":  # type: ignore[attr-defined]
+        if _splits(layer, Linear) and layer.tp == "row":
             return j
         return None
     return None

@@ -18,7 +18,7 @@ from typing import Any
 from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
 from atomr.cli.run_config import RunConfig
-from atomr.cli.strategies import STRATEGIES
+from atomr.cli.strategies import saved_steps_per_batch
 from atomr.train import CheckpointError, load_checkpoint
 from atomr.train.core import Checkpoint
 from atomr.train.core.checkpoint import checkpoint_digest
@@ -109,16 +109,16 @@ def _history_of(path: Path, digest: str, step: int) -> History | None:
 
 def _position_from_step(run: RunConfig, path: Path, ckpt: Checkpoint, steps: int) -> FitPosition:
     """The position a checkpoint's step gives, where each batch is a fixed
-    number of the strategy's steps.
+    number of steps of the strategy that saved it.
 
     Raises:
         CliError: the strategy's steps per batch vary (or do not divide it).
     """
     step = ckpt.step
-    per_batch = STRATEGIES[run.strategy].steps_per_batch(run, ckpt)
+    per_batch = saved_steps_per_batch(run, ckpt)
     if per_batch is None or step % per_batch:
         raise CliError(
-            f"--resume: --strategy {run.strategy} does not take a fixed number of steps per "
+            "--resume: the run that saved it did not take a fixed number of steps per "
             f"batch, so the checkpoint's step {step} does not say where in the data it stands; "
             f"resume with the history file written beside it ({history_path_for(path).name})"
         )

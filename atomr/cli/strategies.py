@@ -47,7 +47,14 @@ JobOptions = Callable[["RunConfig", "DistributedTrainConfig"], tuple[Any, Any]]
 """Builds `(trainer class, options)` for one rank of an MPI job; collective
 (every rank calls it at the same point)."""
 
-__all__ = ["STRATEGIES", "Job", "Strategy", "min_batch_size", "spawn_trainer"]
+__all__ = [
+    "STRATEGIES",
+    "Job",
+    "Strategy",
+    "min_batch_size",
+    "saved_steps_per_batch",
+    "spawn_trainer",
+]
 
 
 @dataclass(frozen=True)
@@ -138,9 +145,11 @@ def _data_job(run: RunConfig, dist: DistributedTrainConfig) -> tuple[Any, Any]:
 
 
 def _data_steps_per_batch(run: RunConfig, ckpt: Checkpoint | None) -> int | None:
-    """One step per batch when synchronous; a cadence round spans several
-    batches, and local SGD counts each replica's own steps."""
-    return 1 if run.policy in (None, ApplyPolicy.SYNC.value) else None
+    """One step per batch when synchronous (under the policy the checkpoint
+    was saved with, where it says); a cadence round spans several batches,
+    and local SGD counts each replica's own steps."""
+    policy = run.policy if ckpt is None else ckpt.extra.get("policy", run.policy)
+    return 1 if policy in (None, ApplyPolicy.SYNC.value) else None
 
 
 def _zero_options(run: RunConfig) -> ShardedOptions:
@@ -216,6 +225,18 @@ STRATEGIES: dict[str, Strategy] = {
         ),
     )
 }
+
+
+def saved_steps_per_batch(run: RunConfig, ckpt: Checkpoint) -> int | None:
+    """The optimizer steps per batch that `ckpt`'s step counts: by the
+    strategy that saved it (its `extra["trainer"]`), which a resume under
+    another strategy does not change; by this run's strategy where the
+    checkpoint does not say. None: that count varies."""
+    saved = ckpt.extra.get("trainer")
+    strategy = next(
+        (s for s in STRATEGIES.values() if s.trainer.__name__ == saved), STRATEGIES[run.strategy]
+    )
+    return strategy.steps_per_batch(run, ckpt)
 
 
 def min_batch_size(run: RunConfig) -> int:

@@ -261,10 +261,19 @@ def test_a_strategy_of_varying_steps_per_batch_resumes_at_the_batch_it_stopped(
             train_epochs(run, load_dataset(run), History(config={}), StopFlag(), callbacks=[record])
         )
         assert seen[0] == (1, 6)
+        seen.clear()  # another strategy: the checkpoint's steps per batch still count
+        run = _run_config("--strategy", "single", "--epochs", "2", "--resume", str(ckpt))
+        atomr.run(
+            train_epochs(run, load_dataset(run), History(config={}), StopFlag(), callbacks=[record])
+        )
+        assert seen[0] == (1, 6)
         return
-    # a cadence round or local SGD: the checkpoint's step says nothing, refused
-    with pytest.raises(atomr.cli.CliError, match="history file"):
-        atomr.run(train_epochs(run, load_dataset(run), History(config={}), StopFlag()))
+    # a cadence round or local SGD: the checkpoint's step says nothing, refused,
+    # under its own strategy or another
+    for argv in (strategy, ("--strategy", "single")):
+        run = _run_config(*argv, "--epochs", "2", "--resume", str(ckpt))
+        with pytest.raises(atomr.cli.CliError, match="history file"):
+            atomr.run(train_epochs(run, load_dataset(run), History(config={}), StopFlag()))
 
 
 def test_a_history_file_from_before_digests_matches_by_step(

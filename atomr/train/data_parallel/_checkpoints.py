@@ -146,7 +146,11 @@ class Checkpoints:
             weights=np.asarray(state.weights),
             step=self.runner.steps,
             optimizer=state.optimizer,
-            extra={"trainer": "DataParallelTrainer", **accumulation_extra(pending)},
+            extra={
+                "trainer": "DataParallelTrainer",
+                "policy": self.options.policy.value,
+                **accumulation_extra(pending),
+            },
         )
         await self.host.run(save_checkpoint, path, ckpt)
 

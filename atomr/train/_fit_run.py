@@ -12,7 +12,7 @@ from typing import Any
 
 from atomr.actor import ActorRef, AskTimeoutError
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError, StepLimitError
-from atomr.train.core.messages import SaveCheckpoint, Step
+from atomr.train.core.messages import CloseRound, SaveCheckpoint, Step
 from atomr.train.core.sources import BatchSource, DataSourceError, InvalidDataError
 from atomr.train.core.stats import StepStats
 from atomr.train.fit_events import EpochRecord, Evaluator, FitCallback, FitPosition, StopFlag
@@ -54,6 +54,7 @@ class FitRun:
     max_steps: int | None = None
     records: list[EpochRecord] = field(default_factory=list)
     refused: bool = False  # the trainer refused a Step at its own limit
+    rounds: bool = False  # its Steps answer before their batch is applied (TrainingState)
 
     def reached_max_steps(self) -> bool:
         if self.refused:
@@ -84,19 +85,38 @@ class FitRun:
             stats = await self.step(batch)
             if stats is None:
                 return False
-            tally.seconds += time.perf_counter() - t0
-            tally.loss_sum += stats.loss * stats.samples
-            tally.samples += stats.samples
             self.position.batch += 1
-            self.position.step += int(stats.applied)
-            for cb in self.callbacks:
-                cb.on_step(self.position, stats, tally.mean_loss, tally.rate)
+            self.counted(tally, stats, t0)
             if self.reached_max_steps() or (self.stop.requested and self.agree_to_stop is None):
                 if self.position.batch == count:
                     await self.finish_epoch(tally)
                 return False
         await self.finish_epoch(tally)
         return True
+
+    def counted(self, tally: _Tally, stats: StepStats, started: float) -> None:
+        """Count a step (asked at `started`) in the epoch's figures and the
+        position, and tell the callbacks."""
+        tally.seconds += time.perf_counter() - started
+        tally.loss_sum += stats.loss * stats.samples
+        tally.samples += stats.samples
+        self.position.step += int(stats.applied)
+        for cb in self.callbacks:
+            cb.on_step(self.position, stats, tally.mean_loss, tally.rate)
+
+    async def close_round(self, tally: _Tally) -> None:
+        """At an epoch's end, close a trainer's open round (`CloseRound`),
+        so that the epoch's figures include its last batches.
+
+        Raises:
+            Exception: what the trainer answered (the round not applied).
+        """
+        if not self.rounds:
+            return
+        t0 = time.perf_counter()
+        stats: StepStats | None = await self.trainer.ask(CloseRound(), timeout=self.timeout)
+        if stats is not None:
+            self.counted(tally, stats, t0)
 
     async def next_batch(self, batches: Iterator[Any]) -> Any:
         """The epoch's next batch, or None at its end.
@@ -193,6 +213,7 @@ class FitRun:
             Exception: what the evaluation raised; the epoch's training is
                 kept (`keep_trained_epoch`).
         """
+        await self.close_round(tally)
         try:
             train_loss, train_acc = await self.evaluate_source("train", self.train)
             self.heard("train", train_loss, train_acc)

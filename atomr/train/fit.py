@@ -108,14 +108,14 @@ def _start_position(start: Any, epochs: int, count: int | None) -> FitPosition:
     return FitPosition(start.epoch, start.batch, start.step)
 
 
-async def _max_steps(trainer: ActorRef, timeout: float | None) -> int | None:
-    """The trainer's `TrainerConfig.max_steps` (None for a trainer of one's
-    own that does not answer `GetTrainingState`)."""
+async def _training_state(trainer: ActorRef, timeout: float | None) -> TrainingState | None:
+    """The trainer's `TrainingState` (None for a trainer of one's own that
+    does not answer `GetTrainingState`)."""
     try:
         state = await trainer.ask(GetTrainingState(), timeout=timeout)
     except TypeError:
         return None
-    return state.max_steps if isinstance(state, TrainingState) else None
+    return state if isinstance(state, TrainingState) else None
 
 
 def _asking_evaluator(trainer: ActorRef, timeout: float | None) -> Evaluator:
@@ -228,7 +228,9 @@ async def fit(
         raise RuntimeError("fit is already training this trainer: one fit per trainer at a time")
     _FITTING.add(trainer)
     try:
-        run.max_steps = await _max_steps(trainer, timeout)
+        state = await _training_state(trainer, timeout)
+        if state is not None:
+            run.max_steps, run.rounds = state.max_steps, state.rounds
         await run.probe_validation()
         status = await run.loop()
         await run.save()

@@ -26,6 +26,7 @@ from atomr.train.core.errors import (
 )
 from atomr.train.core.loss import LossKind
 from atomr.train.core.messages import (
+    CloseRound,
     Evaluate,
     GetTrainingState,
     GetWeights,
@@ -44,6 +45,7 @@ from atomr.train.core.validation import validate_batch, validate_features
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "CloseRound",
     "EvalResult",
     "Evaluate",
     "GetTrainingState",

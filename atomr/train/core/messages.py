@@ -8,6 +8,10 @@
 | `SaveCheckpoint(path)` | `None` once the file is durable |
 | `LoadCheckpoint(path)` | `None` once weights and optimizer state are restored |
 
+A trainer whose `TrainingState.rounds` is True (data parallel under
+`ApplyPolicy.CADENCE` or `ASYNC`) also answers `CloseRound()` with the
+open round's `StepStats`, or None when none is open.
+
 Strategy-specific messages live in each strategy's package (e.g.
 `atomr.train.data_parallel.messages`).
 """
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "CloseRound",
     "Evaluate",
     "GetTrainingState",
     "GetWeights",
@@ -48,6 +53,16 @@ class Step:
 class GetTrainingState:
     """Ask a trainer where it stands; answered with a `TrainingState` (steps
     applied, `max_steps`, whether this process coordinates the job)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CloseRound:
+    """Close the trainer's open round now (its batches so far applied, or
+    averaged, as a shorter round); answered with that round's `StepStats`,
+    or None when no batch was handed out since the last round. Only for a
+    trainer whose `Step`s answer before their batch is applied
+    (`TrainingState.rounds`); `fit` sends it at every epoch's end, so the
+    epoch's figures include its last round."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,11 +64,16 @@ class TrainingState:
         max_steps: `TrainerConfig.max_steps` (None: no limit).
         is_coordinator: True for the process that coordinates the job (rank
             0 of a multi-process data-parallel job; a single process always).
+        rounds: True when a `Step` answers before its batch is applied and
+            a later `Step` (or `CloseRound`) answers with the figures of
+            the whole round (data parallel under `ApplyPolicy.CADENCE` or
+            `ASYNC`); such a trainer answers `CloseRound`.
     """
 
     step: int
     max_steps: int | None
     is_coordinator: bool = True
+    rounds: bool = False
 
     @property
     def reached_max_steps(self) -> bool:

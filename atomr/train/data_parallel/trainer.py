@@ -45,6 +45,7 @@ from atomr.train.comm.mpi.job import shard_for_rank
 from atomr.train.core._step_checks import check_step_limit, evaluation
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.messages import (
+    CloseRound,
     Evaluate,
     GetTrainingState,
     GetWeights,
@@ -261,11 +262,12 @@ class DataParallelTrainer(Actor):
             return await self.replicas.gather(GetWeights())
         if isinstance(message, GetTrainingState):
             coordinator = self.options.process_rank == 0
-            return TrainingState(self._runner.steps, self.config.max_steps, coordinator)
+            rounds = self.options.policy is not ApplyPolicy.SYNC
+            return TrainingState(self._runner.steps, self.config.max_steps, coordinator, rounds)
         # every other message sees the replicas averaged (ASYNC)
         closed = await self._local.close()
-        if isinstance(closed, Failure):
-            return closed
+        if isinstance(closed, Failure) or isinstance(message, CloseRound):
+            return closed if closed is not None else await self._cadence.close()
         if isinstance(message, GetWeights):
             return await self.replicas.refs[0].ask(GetWeights(), timeout=self.replicas.timeout)
         if isinstance(message, MANUAL_VERBS):

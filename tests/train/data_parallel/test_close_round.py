@@ -1,0 +1,90 @@
+"""`CloseRound`: a trainer whose `Step`s answer before their batch is applied
+(data parallel under CADENCE or ASYNC) says so in its `TrainingState`, and
+closes its open round on request with the round's figures; `fit` closes it
+at every epoch's end, so an epoch's record counts every batch it trained."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.train import Evaluate, GetWeights, LossKind, Mlp, OptimizerKind, Step, TrainerConfig, fit
+from atomr.train.core import CloseRound, GetTrainingState, synthetic_classification
+from atomr.train.data_parallel import (
+    ApplyPolicy,
+    DataParallelOptions,
+    DataParallelTrainer,
+    GetReplicaWeights,
+)
+
+CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+X, Y = synthetic_classification(96, 6, 3, seed=3)
+LONG_ROUNDS = {
+    "async": DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=100),
+    "cadence": DataParallelOptions(
+        policy=ApplyPolicy.CADENCE, cadence_anchor=50, cadence_auto_tune=False
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("options", "rounds"),
+    [(None, False), (LONG_ROUNDS["async"], True), (LONG_ROUNDS["cadence"], True)],
+    ids=["sync", "async", "cadence"],
+)
+async def test_the_training_state_says_whether_steps_come_in_rounds(
+    options: DataParallelOptions | None, rounds: bool
+) -> None:
+    async with ActorSystem("close-round") as system:
+        dp = await DataParallelTrainer.spawn(
+            system, Mlp([6, 8, 3]), cpu_devices(2), CONFIG, options
+        )
+        assert (await dp.ask(GetTrainingState())).rounds is rounds
+        assert await dp.ask(CloseRound()) is None  # no round open
+
+
+@pytest.mark.parametrize("policy", ["async", "cadence"])
+async def test_close_round_answers_the_open_rounds_figures_once(policy: str) -> None:
+    async with ActorSystem("close-round") as system:
+        dp = await DataParallelTrainer.spawn(
+            system, Mlp([6, 8, 3], seed=1), cpu_devices(2), CONFIG, LONG_ROUNDS[policy]
+        )
+        before = await dp.ask(Evaluate(X[:48], Y[:48]))
+        for k in range(3):
+            stats = await dp.ask(Step(X[16 * k : 16 * k + 16], Y[16 * k : 16 * k + 16]))
+            assert (stats.applied, stats.samples) == (False, 0)
+        closed = await dp.ask(CloseRound())
+        assert closed.applied and closed.samples == 48
+        if policy == "cadence":  # every gradient of the round is at the same weights
+            assert closed.loss == pytest.approx(before.loss, rel=1e-5)
+        else:
+            assert math.isfinite(closed.loss) and closed.loss > 0
+        a, b = await dp.ask(GetReplicaWeights())
+        np.testing.assert_array_equal(a, b)
+        assert not np.array_equal(a, await _initial_weights())
+        assert await dp.ask(CloseRound()) is None  # closed once
+
+
+async def _initial_weights() -> np.ndarray:
+    return np.asarray(Mlp([6, 8, 3], seed=1).params)
+
+
+@pytest.mark.parametrize("policy", ["async", "cadence"])
+async def test_fit_counts_an_epochs_last_round_in_its_record(policy: str) -> None:
+    """A round longer than an epoch: before, every record had no loss, no
+    throughput and no step, and the batches' loss was never reported."""
+    async with ActorSystem("close-round") as system:
+        dp = await DataParallelTrainer.spawn(
+            system, Mlp([6, 8, 3], seed=1), cpu_devices(2), CONFIG, LONG_ROUNDS[policy]
+        )
+        result = await fit(dp, (X, Y), epochs=2, batch_size=16)
+        weights = await dp.ask(GetWeights())
+    assert [r.step for r in result.epochs] == [1, 2]  # one round per epoch
+    for record in result.epochs:
+        assert math.isfinite(record.train_loss) and record.train_loss > 0
+        assert record.samples_per_s > 0
+    assert not np.array_equal(weights, await _initial_weights())

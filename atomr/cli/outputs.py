@@ -96,7 +96,8 @@ def _named_outputs(run: RunConfig, plot: Path, history: Path) -> list[tuple[str,
 
 def _check_distinct(run: RunConfig, targets: list[tuple[str, Path]]) -> None:
     """Two outputs, or an output and the `--resume` checkpoint (other than
-    `--checkpoint`, which may continue it), must not be the same file."""
+    `--checkpoint`, which may continue it), must not be the same file, nor
+    one inside the other (`--checkpoint runs/a` with `--run-dir runs/a`)."""
     seen: dict[Path, str] = {}
     if run.resume is not None:
         seen[run.resume.resolve()] = "--resume"
@@ -106,6 +107,13 @@ def _check_distinct(run: RunConfig, targets: list[tuple[str, Path]]) -> None:
         if other is not None and not (flag == "--checkpoint" and other == "--resume"):
             raise CliError(f"{flag} {path} is the same file as {other}; give each output its own")
         seen[key] = flag
+    files = {key: flag for key, flag in seen.items() if flag != "--tensorboard"}  # a folder
+    for flag, path in targets:
+        inside = next((files[p] for p in path.resolve().parents if p in files), None)
+        if inside is not None:
+            raise CliError(
+                f"{flag} {path} would be inside the file of {inside}; give each output its own"
+            )
 
 
 def check_outputs(run: RunConfig, plot: Path, history: Path) -> None:

@@ -49,6 +49,23 @@ def _refuse_flags_that_do_not_apply(args: argparse.Namespace) -> None:
                 raise CliError(f"--{name} only applies to --dataset synthetic")
     if args.momentum is not None and args.optimizer != "sgd":
         raise CliError("--momentum only applies to --optimizer sgd")
+    _refuse_unused_run_folder(args)
+
+
+def _refuse_unused_run_folder(args: argparse.Namespace) -> None:
+    """`--name` names the folder under ./atomr-runs, which `--run-dir`
+    replaces; both place the plot and history, which `--plot` and
+    `--history` together place themselves.
+
+    Raises:
+        CliError: a folder option that would not be used.
+    """
+    if args.name is not None and args.run_dir is not None:
+        raise CliError("--name names a folder under ./atomr-runs; with --run-dir it is unused")
+    if args.plot is not None and args.history is not None:
+        for flag, value in (("--name", args.name), ("--run-dir", args.run_dir)):
+            if value is not None:
+                raise CliError(f"{flag} is unused when --plot and --history are both given")
 
 
 def default_lr(optimizer: str) -> float:

@@ -41,6 +41,15 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["train", "--lr", "1e-50"], "--lr must be positive and finite in float32, got 1e-50"),
         (["train", "--optimizer", "sgd", "--momentum", "1.5"], "--momentum must be in [0, 1)"),
         (["train", "--momentum", "0.5"], "--momentum only applies to --optimizer sgd"),
+        (["train", "--name", "a", "--run-dir", "b"], "with --run-dir it is unused"),
+        (
+            ["train", "--name", "a", "--plot", "p.png", "--history", "h.json"],
+            "--name is unused when --plot and --history are both given",
+        ),
+        (
+            ["train", "--run-dir", "r", "--plot", "p.png", "--history", "h.json"],
+            "--run-dir is unused when --plot and --history are both given",
+        ),
         (["train", "--schedule", "gpipe"], "--schedule only applies to --strategy pipeline"),
         (
             ["train", "--strategy", "ps", "--micro-batch-size", "4"],

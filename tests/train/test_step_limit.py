@@ -27,6 +27,7 @@ from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.core import GetTrainingState, TrainingState, synthetic_classification
 from atomr.train.core.errors import StepLimitError
 from atomr.train.core.stats import ShardStepResult
+from atomr.train.parameter_server import Consistency
 from tests.train.test_contract import STRATEGIES
 
 CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, max_steps=5)
@@ -106,6 +107,23 @@ async def test_fit_stops_where_a_trainer_counting_its_own_updates_refuses(tmp_pa
         result = await fit(ref, (X, Y), epochs=10, batch_size=16, checkpoint=tmp_path / "c")
         state = await ref.ask(GetTrainingState())
     assert result.status == "reached max_steps"
-    assert state.reached_max_steps
-    assert result.position.step < 5  # fit's Steps, fewer than the server's updates
+    assert state.step == 5  # its third Step went to one worker: the limit met exactly
+    assert result.position.step == 3  # fit's Steps, fewer than the server's updates
     assert (tmp_path / "c").is_file()
+
+
+@pytest.mark.parametrize(
+    "consistency", [Consistency.asynchronous(), Consistency.bounded(1)], ids=["async", "ssp"]
+)
+async def test_a_parameter_server_does_not_pass_its_step_limit(consistency: Consistency) -> None:
+    """With 4 workers and 5 updates allowed, the second Step goes to one
+    worker (the whole batch its part), not to four (8 updates)."""
+    options = ParameterServerOptions(workers=4, consistency=consistency)
+    async with ActorSystem("limit") as system:
+        ref = await AsyncParameterServer.spawn(system, Mlp([6, 8, 3], seed=0), cpu_devices(2),
+                                               CONFIG, options)  # fmt: skip
+        samples = [(await ref.ask(Step(X[:16], Y[:16]))).samples for _ in range(2)]
+        assert (await ref.ask(GetTrainingState())).step == 5
+        with pytest.raises(StepLimitError, match="max_steps"):
+            await ref.ask(Step(X[:16], Y[:16]))
+    assert samples == [16, 16]

@@ -187,8 +187,6 @@ class AsyncParameterServer(Actor):
             if isinstance(message, GetTrainingState):
                 return TrainingState(await self._applied(), self.config.max_steps)
             if isinstance(message, Step):
-                if self.config.max_steps is not None:
-                    check_step_limit(await self._applied(), self.config.max_steps)
                 return await self._step(message)
             if isinstance(message, Evaluate):
                 return await self.pool.ask(0, message)
@@ -221,8 +219,22 @@ class AsyncParameterServer(Actor):
         return self._spec.validate(features, labels, self.config.loss)
 
     async def _step(self, msg: Step) -> StepStats:
+        """The batch split among the workers, each part pushed as one update
+        (one round under synchronous consistency); under a step limit, among
+        no more workers than updates remain, so the limit is met exactly.
+
+        Raises:
+            StepLimitError: the server is at `max_steps`.
+            InvalidBatchError: the batch does not fit the model.
+        """
+        workers, limit = len(self.pool), self.config.max_steps
+        if limit is not None:
+            applied = await self._applied()
+            check_step_limit(applied, limit)
+            if not self.layout.options.consistency.is_synchronous:
+                workers = min(workers, limit - applied)
         x, y = self._validate(msg.features, msg.labels)
-        return combine(await self.pool.train(split_among(x, y, len(self.pool))))
+        return combine(await self.pool.train(split_among(x, y, workers)))
 
     async def _applied(self) -> int:
         """Updates the server applied (its version: one per pushed gradient)."""

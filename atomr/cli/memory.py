@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atomr.cli.errors import CliError
+from atomr.cli.model_options import GptShape
 from atomr.cli.run_config import RunConfig
 from atomr.cli.strategies import STRATEGIES
 
@@ -50,24 +51,39 @@ def estimate_memory(run: RunConfig) -> MemoryEstimate:
         moments (Adam: two, SGD with momentum: one) of every replica;
         activations: forward and backward values of a step and of the
         evaluation of the training set; data: the data set while generated.
+        A GPT's counts leave out what its text decides (the vocabulary's
+        rows, the windows), which is read only after this check.
     """
-    samples, features, classes = (
-        _DIGITS if run.dataset == "digits" else (run.samples, run.features, run.classes)
-    )
-    sizes = [features, *run.hidden, classes]
-    params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    if run.gpt is not None:
+        params, per_sample = _gpt_sizes(run.gpt)
+        samples, data = 0, 0
+    else:
+        samples, features, classes = (
+            _DIGITS if run.dataset == "digits" else (run.samples, run.features, run.classes)
+        )
+        sizes = [features, *run.hidden, classes]
+        params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+        per_sample = sum(sizes[1:])
+        per_value = _SYNTHETIC_BYTES_PER_VALUE if run.dataset == "synthetic" else _F32
+        data = samples * (features * per_value + _LABEL_BYTES)
     moments = 2 if run.optimizer in ("adam", "adamw") else (1 if run.momentum > 0 else 0)
     replicas = STRATEGIES[run.strategy].replicas(run)
-    widths = sum(sizes[1:])
-    activations = 2 * _F32 * widths * (run.batch_size + samples)
-    per_value = _SYNTHETIC_BYTES_PER_VALUE if run.dataset == "synthetic" else _F32
-    data = samples * (features * per_value + _LABEL_BYTES)
     return MemoryEstimate(
         parameters=_F32 * params * (2 * replicas + 1),
         optimizer=moments * _F32 * params * replicas,
-        activations=activations,
+        activations=2 * _F32 * per_sample * (run.batch_size + samples),
         data=data,
     )
+
+
+def _gpt_sizes(shape: GptShape) -> tuple[int, int]:
+    """A GPT's parameters without its vocabulary's rows (embedding and
+    output), and the values one sample's step keeps per block (the
+    residual stream, attention's projections and scores, the MLP's 4x)."""
+    d, context = shape.d_model, shape.context
+    params = shape.n_layer * (12 * d * d + 13 * d) + context * d + 2 * d
+    per_token = shape.n_layer * (12 * d + shape.n_head * context) + d
+    return params, context * per_token
 
 
 def _cgroup_headroom() -> int | None:
@@ -99,6 +115,13 @@ def available_memory() -> int | None:
     return min(found) if found else None
 
 
+def _smaller(run: RunConfig) -> str:
+    """What to change for a smaller run."""
+    if run.gpt is not None:
+        return "reduce --d-model, --n-layer, --context or --batch-size, or use fewer --devices"
+    return "reduce --hidden, --samples or --features, or use fewer --devices"
+
+
 def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
@@ -122,7 +145,6 @@ def check_memory(run: RunConfig, available: int | None = None) -> None:
     raise CliError(
         f"this run needs about {_gib(need.total)} of memory (parameters {_gib(need.parameters)}, "
         f"optimizer state {_gib(need.optimizer)}, activations {_gib(need.activations)}, "
-        f"data {_gib(need.data)}) but {_gib(free)} is available; reduce --hidden, "
-        "--samples or --features, or use fewer --devices",
+        f"data {_gib(need.data)}) but {_gib(free)} is available; {_smaller(run)}",
         1,
     )

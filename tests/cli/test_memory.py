@@ -29,8 +29,9 @@ def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
         ["--hidden", "1000000,1000000", "--devices", "cpu:0"],  # 10^12 parameters: terabytes
         ["--dataset", "synthetic", "--samples", "100000000000"],  # 10^11 samples
         ["--dataset", "synthetic", "--features", "100000000000"],
+        ["--model", "gpt", "--d-model", "65536", "--n-head", "1"],  # 10^11 parameters
     ],
-    ids=["hidden", "samples", "features"],
+    ids=["hidden", "samples", "features", "gpt"],
 )
 def test_sizes_that_cannot_fit_are_refused_in_one_line(
     capsys: pytest.CaptureFixture[str],
@@ -87,3 +88,24 @@ def test_a_run_that_fits_passes() -> None:
         check_memory(run, available=estimate_memory(run).total - 1)
     free = available_memory()
     assert free is None or free > 0
+
+
+@pytest.mark.parametrize(("n_layer", "n_head", "d_model", "context"), [(2, 4, 16, 8), (1, 1, 4, 3)])
+def test_a_gpts_estimate_counts_its_parameters_but_the_vocabularys(
+    n_layer: int, n_head: int, d_model: int, context: int
+) -> None:
+    """The text (and so the vocabulary) is read after the check: the
+    estimate is the model's parameters less the vocabulary's rows."""
+    from atomr.train.core.model import gpt
+
+    run = _run_config(
+        "--model", "gpt", "--n-layer", str(n_layer), "--n-head", str(n_head),
+        "--d-model", str(d_model), "--context", str(context), "--optimizer", "adam",
+        "--strategy", "single",
+    )  # fmt: skip
+    vocab = 7
+    model = gpt(vocab, context, n_layer=n_layer, n_head=n_head, d_model=d_model)
+    without_vocabulary = model.n_params - (2 * vocab * d_model + vocab)
+    est = estimate_memory(run)
+    assert est.parameters == 4 * without_vocabulary * 3  # weights, grads, the built model
+    assert est.optimizer == 2 * 4 * without_vocabulary

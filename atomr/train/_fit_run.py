@@ -35,6 +35,15 @@ class _Tally:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
+def _exhausted(batches: Iterator[Any]) -> bool:
+    """Whether a streamed epoch has no batch left. A batch peeked is dropped
+    (a resume reads it again); a source that raises counts as not done."""
+    try:
+        return next(batches, None) is None
+    except Exception:
+        return False
+
+
 @dataclass
 class FitRun:
     """One `fit` call's state and settings, and its epoch loop."""
@@ -88,7 +97,7 @@ class FitRun:
             self.position.batch += 1
             self.counted(tally, stats, t0)
             if self.reached_max_steps() or (self.stop.requested and self.agree_to_stop is None):
-                if self.position.batch == count:
+                if self.position.batch == count or (count is None and _exhausted(batches)):
                     await self.finish_epoch(tally)
                 return False
         await self.finish_epoch(tally)

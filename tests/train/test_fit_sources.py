@@ -23,7 +23,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core import synthetic_classification
-from atomr.train.fit import DataSourceError, FitCallback, FitPosition, epoch_order, fit
+from atomr.train.fit import DataSourceError, FitCallback, FitPosition, StopFlag, epoch_order, fit
 
 CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
 X, Y = synthetic_classification(90, 6, 3, seed=1)
@@ -200,3 +200,31 @@ async def test_a_list_of_two_batches_of_python_lists_is_two_batches() -> None:
         weights, result = await _train(system, as_lists)
     np.testing.assert_array_equal(weights, expected)
     assert [r.step for r in result.epochs] == [2, 4]
+
+
+class _StopAfter(FitCallback):
+    def __init__(self, stop: StopFlag, step: int) -> None:
+        self.stop, self.step = stop, step
+
+    def on_step(self, position: FitPosition, stats: Any, mean_loss: float, rate: float) -> None:
+        if position.step == self.step:
+            self.stop.request()
+
+
+@pytest.mark.parametrize("last", [True, False], ids=["last-batch", "mid-epoch"])
+async def test_a_stop_on_a_streamed_epochs_last_batch_finishes_the_epoch(last: bool) -> None:
+    """A generator's epoch has no count: a stop on its last batch looks one
+    batch ahead. Before, the run was "interrupted" at (epoch 1, batch 6),
+    its epoch never evaluated or recorded; mid-epoch the batch looked at is
+    dropped, and the position is the batch after the one trained."""
+    stop = StopFlag()
+    step = 12 if last else 10  # 6 batches an epoch
+    async with ActorSystem("fit") as system:
+        _, result = await _train(system, same_batches_as_arrays, stop=stop,
+                                 callbacks=[_StopAfter(stop, step)])  # fmt: skip
+    if last:
+        assert (result.status, result.position) == ("finished", FitPosition(2, 0, 12))
+        assert [r.epoch for r in result.epochs] == [1, 2]
+    else:
+        assert (result.status, result.position) == ("interrupted", FitPosition(1, 4, 10))
+        assert [r.epoch for r in result.epochs] == [1]

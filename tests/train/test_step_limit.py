@@ -27,7 +27,7 @@ from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.core import GetTrainingState, TrainingState, synthetic_classification
 from atomr.train.core.errors import StepLimitError
 from atomr.train.core.stats import ShardStepResult
-from atomr.train.parameter_server import Consistency
+from atomr.train.parameter_server import Consistency, TrainEpochs
 from tests.train.test_contract import STRATEGIES
 
 CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, max_steps=5)
@@ -127,3 +127,14 @@ async def test_a_parameter_server_does_not_pass_its_step_limit(consistency: Cons
         with pytest.raises(StepLimitError, match="max_steps"):
             await ref.ask(Step(X[:16], Y[:16]))
     assert samples == [16, 16]
+
+
+async def test_train_epochs_is_refused_under_a_step_limit() -> None:
+    """The workers run at their own pace and would pass it (before: 12
+    updates for a limit of 5); nothing is trained."""
+    async with ActorSystem("limit") as system:
+        ref = await AsyncParameterServer.spawn(system, Mlp([6, 8, 3], seed=0), cpu_devices(2),
+                                               CONFIG, ParameterServerOptions(workers=2))  # fmt: skip
+        with pytest.raises(ValueError, match="TrainEpochs does not stop at max_steps"):
+            await ref.ask(TrainEpochs(X, Y, epochs=1, batch_size=16))
+        assert (await ref.ask(GetTrainingState())).step == 0

@@ -274,6 +274,8 @@ class TrainEpochs:
     number, counted over every `TrainEpochs` it answered), cuts it into
     global batches of `batch_size` and splits each batch among the workers.
     The whole set is validated first: a set that does not fit changes nothing.
+    A trainer with `TrainerConfig.max_steps` refuses it (`ValueError`): the
+    workers' own pace cannot stop at the limit exactly; `Step` and `fit` do.
 
     Attributes:
         features: float array `(samples, in_width)`.

@@ -268,6 +268,18 @@ class AsyncParameterServer(Actor):
     # -- epochs ---------------------------------------------------------------
 
     async def _train_epochs(self, msg: TrainEpochs) -> list[EpochReport]:
+        """Every epoch's parts, each worker at its own pace.
+
+        Raises:
+            ValueError: under `max_steps`, which the workers' own pace cannot
+                stop at exactly (`Step` and `fit` do).
+            InvalidBatchError: the set does not fit the model.
+        """
+        if self.config.max_steps is not None:
+            raise ValueError(
+                f"TrainEpochs does not stop at max_steps ({self.config.max_steps}): "
+                "train with Step or fit, which do"
+            )
         x, y = self._validate(msg.features, msg.labels)
         return [await self._epoch(x, y, msg) for _ in range(msg.epochs)]
 

@@ -10,14 +10,24 @@ overlaps training text). `generate` samples text from a trained model.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from atomr.train.core.model.inputs import token_vocab
 from atomr.train.core.model.sequential import Sequential
+from atomr.train.core.validation import check_token_ids
 
-__all__ = ["CharVocab", "char_lm_split", "generate", "pydoc_text"]
+__all__ = ["MAX_GENERATE_LENGTH", "CharVocab", "char_lm_split", "generate", "pydoc_text"]
+
+MAX_GENERATE_LENGTH = 1_000_000
+"""The most characters one `generate` call samples: each costs a whole
+forward pass, so a million is hours of work, more likely a mistaken argument
+than a wish."""
 
 
 def pydoc_text() -> str:
@@ -53,8 +63,11 @@ class CharVocab:
         """The ids of `text` (int64).
 
         Raises:
+            TypeError: `text` is not a str.
             ValueError: a character outside the vocabulary.
         """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
         index = {c: i for i, c in enumerate(self.chars)}
         try:
             return np.array([index[c] for c in text], dtype=np.int64)
@@ -62,8 +75,23 @@ class CharVocab:
             raise ValueError(f"character {exc.args[0]!r} is not in the vocabulary") from None
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """The text of `ids`."""
-        return "".join(self.chars[int(i)] for i in ids)
+        """The text of `ids`, a 1-D sequence or array of ids (empty: "").
+
+        Raises:
+            TypeError: `ids` is not 1-D, or holds something other than
+                integers (floats, bools, strings).
+            ValueError: an id outside `[0, len(self))`.
+        """
+        try:
+            array = np.asarray(ids)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"ids must be a 1-D sequence of integers: {exc}") from None
+        if array.ndim != 1:
+            raise TypeError(f"ids must be a 1-D sequence of integers, got {array.ndim}-D")
+        if array.size == 0:
+            return ""
+        check_token_ids(array, len(self), "ids")
+        return "".join(self.chars[i] for i in array.tolist())
 
 
 def _windows(ids: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]:
@@ -87,6 +115,7 @@ def char_lm_split(
         `(x_train, y_train, x_val, y_val, vocab)`: int64 `(windows, context)`.
 
     Raises:
+        TypeError: `text` is not a str.
         ValueError: a context below 1, a fraction outside (0, 1), or a text
             too short for one window on each side.
     """
@@ -100,6 +129,49 @@ def char_lm_split(
     x_train, y_train = _windows(ids[:cut], context)
     x_val, y_val = _windows(ids[cut:], context)
     return x_train, y_train, x_val, y_val, vocab
+
+
+def _check_model(model: Any, vocab: Any) -> None:
+    """Raises TypeError / ValueError unless `model` takes token ids and
+    gives logits over exactly `vocab`'s characters."""
+    if not isinstance(vocab, CharVocab):
+        raise TypeError(f"vocab must be a CharVocab, got {type(vocab).__name__}")
+    if not isinstance(model, Sequential) or model.input_kind != "tokens":
+        raise TypeError("model must be a Sequential taking token ids (as gpt(...) builds)")
+    size, window, takes = len(vocab), model.in_shape[0], token_vocab(model.layers[0])
+    if takes != size or model.out_shape != (window, size):
+        raise ValueError(
+            f"vocab has {size} characters; the model takes ids below {takes} and gives "
+            f"logits of shape {model.out_shape}, not ({window}, {size})"
+        )
+
+
+def _check_sampling(prompt: Any, length: Any, temperature: Any) -> tuple[int, float]:
+    """`(length, temperature)` as an int and a float.
+
+    Raises:
+        TypeError / ValueError: `prompt` is not a non-empty str, `length` not
+            an int in [0, MAX_GENERATE_LENGTH] or `temperature` not a finite
+            number > 0.
+    """
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+    if not prompt:
+        raise ValueError("prompt must not be empty (the model needs a first character)")
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral):
+        raise TypeError(f"length must be an int, got {length!r}")
+    count = int(length)
+    if not 0 <= count <= MAX_GENERATE_LENGTH:
+        raise ValueError(f"length must be in [0, {MAX_GENERATE_LENGTH}], got {count}")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a number, got {temperature!r}")
+    try:
+        divisor = float(temperature)
+    except OverflowError:
+        divisor = math.inf
+    if not (math.isfinite(divisor) and divisor > 0):
+        raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
+    return count, divisor
 
 
 def generate(
@@ -116,22 +188,45 @@ def generate(
     The model takes exactly `model.in_shape[0]` ids; a shorter history is
     padded after its end (causal attention never looks there) and the logits
     are read at its last position; a longer one is cut to its last window.
+    Every argument is checked before the first forward pass.
+
+    Args:
+        model: a token model whose ids and logits both range over `vocab`
+            (as `gpt(len(vocab), ...)` builds).
+        vocab: the characters the model was trained on.
+        prompt: the text to continue (non-empty, of `vocab`'s characters).
+        length: characters to sample, 0 to `MAX_GENERATE_LENGTH`.
+        temperature: the logits' divisor (finite, > 0; a tiny one samples
+            the most likely character).
+        seed: the sampling's seed.
+
+    Returns:
+        The `length` sampled characters (the prompt excluded).
 
     Raises:
-        ValueError: an empty prompt, a character outside the vocabulary, or
-            a temperature that is not positive.
+        TypeError: a model that does not take token ids, a vocab that is not
+            a `CharVocab`, a prompt that is not a str, a length that is not
+            an int or a temperature that is not a number.
+        ValueError: a model whose vocabulary or output is not `vocab`'s size,
+            an empty prompt, a prompt character outside the vocabulary, a
+            length outside [0, MAX_GENERATE_LENGTH], or a temperature that
+            is not finite and positive.
     """
-    if not prompt or not temperature > 0:
-        raise ValueError("generate needs a prompt and a positive temperature")
+    _check_model(model, vocab)
+    count, divisor = _check_sampling(prompt, length, temperature)
+    try:
+        ids = vocab.encode(prompt).tolist()
+    except ValueError as exc:
+        raise ValueError(f"prompt: {exc}") from None
     rng = np.random.default_rng(seed)
-    ids = list(vocab.encode(prompt))
     window = model.in_shape[0]
-    for _ in range(length):
+    for _ in range(count):
         history = ids[-window:]
         x = np.zeros((1, window), dtype=np.int64)
         x[0, : len(history)] = history
         logits = np.asarray(model.backend.to_host(model.forward(model.backend.to_device(x))))
-        row = logits[0, len(history) - 1].astype(np.float64) / temperature
-        p = np.exp(row - row.max())
+        row = logits[0, len(history) - 1].astype(np.float64)
+        with np.errstate(over="ignore"):  # a tiny temperature: -inf, a probability of 0
+            p = np.exp((row - row.max()) / divisor)
         ids.append(int(rng.choice(len(p), p=p / p.sum())))
     return vocab.decode(ids[len(prompt) :])

@@ -17,6 +17,7 @@ from atomr.train.core.errors import InvalidBatchError
 __all__ = [
     "BatchSpec",
     "cast_finite",
+    "check_token_ids",
     "is_float32_or_64",
     "refuse_masked",
     "validate_batch",
@@ -46,6 +47,21 @@ def refuse_masked(array: np.ndarray, what: str) -> None:
     """
     if isinstance(array, np.ma.MaskedArray):
         raise InvalidBatchError(f"{what} must be a plain numpy array, not a masked array")
+
+
+def check_token_ids(ids: np.ndarray, vocab: int, what: str = "token ids") -> None:
+    """Check that `ids` index a table of `vocab` rows.
+
+    Raises:
+        TypeError: `ids` are not of an integer dtype.
+        ValueError: an id outside `[0, vocab)` (the message names both ends).
+    """
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be integers, got {ids.dtype}")
+    if ids.size:
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab:
+            raise ValueError(f"{what} must be in [0, {vocab}), got {low} .. {high}")
 
 
 def cast_finite(array: np.ndarray, dtype: Any, what: str) -> np.ndarray:
@@ -171,16 +187,14 @@ def validate_tokens(
     if not isinstance(features, np.ndarray):
         raise InvalidBatchError(f"token ids must be a numpy array, got {type(features).__name__}")
     refuse_masked(features, "token ids")
-    if features.dtype.kind not in "iu":
-        raise InvalidBatchError(f"token ids must be integers, got {features.dtype}")
     if features.ndim != 2 or features.shape[0] < 1 or features.shape[1] != t_len:
         raise InvalidBatchError(
             f"token ids must have shape (batch >= 1, {t_len}), got {features.shape}"
         )
-    if int(features.min()) < 0 or int(features.max()) >= vocab:
-        raise InvalidBatchError(
-            f"token ids must be in [0, {vocab}), got [{int(features.min())}, {int(features.max())}]"
-        )
+    try:
+        check_token_ids(features, vocab)
+    except (TypeError, ValueError) as exc:
+        raise InvalidBatchError(str(exc)) from None
     if not getattr(loss, "is_classification", False):
         raise InvalidBatchError("a token model is trained with cross-entropy over the next tokens")
     if not isinstance(labels, np.ndarray) or labels.shape != features.shape:

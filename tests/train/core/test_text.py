@@ -3,9 +3,13 @@ tail, the vocabulary round trip, and generation from a model."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import numpy as np
 import pytest
 
+from atomr.train import Mlp
 from atomr.train.core.model import gpt
 from atomr.train.core.text import CharVocab, char_lm_split, generate, pydoc_text
 
@@ -43,6 +47,75 @@ def test_generation_is_seeded_and_stays_in_the_vocabulary() -> None:
     assert generate(model, vocab, "abcdefgh abc", 5, seed=3)  # longer than the context
     with pytest.raises(ValueError):
         generate(model, vocab, "", 5)
+
+
+@pytest.mark.parametrize(
+    ("ids", "error", "needle"),
+    [
+        ([-1], ValueError, "ids must be in [0, 3), got -1 .. -1"),  # was: "c"
+        ([0, 3], ValueError, "ids must be in [0, 3), got 0 .. 3"),  # was: an IndexError
+        ([1.7], TypeError, "ids must be integers, got float64"),  # was: "b"
+        ([True], TypeError, "ids must be integers, got bool"),
+        (np.array([[0, 1]]), TypeError, "ids must be a 1-D sequence of integers, got 2-D"),
+        ("ab", TypeError, "ids must be a 1-D sequence of integers, got 0-D"),
+    ],
+)
+def test_decode_refuses_ids_it_has_no_character_for(ids: Any, error: type, needle: str) -> None:
+    vocab = CharVocab.of("abc")
+    with pytest.raises(error, match=re.escape(needle)):
+        vocab.decode(ids)
+    assert vocab.decode(np.array([2, 0], np.uint8)) == "ca"
+    assert vocab.decode([]) == ""
+
+
+def test_encode_takes_only_a_str() -> None:
+    with pytest.raises(TypeError, match="text must be a str, got list"):
+        CharVocab.of("abc").encode(["a", "b"])  # type: ignore[arg-type]
+
+
+VOCAB = CharVocab.of("abcdefgh ")
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "needle"),
+    [
+        ({"length": -3}, ValueError, "length must be in [0, 1000000], got -3"),
+        ({"length": 10**6 + 1}, ValueError, "length must be in [0, 1000000]"),
+        ({"length": 2.5}, TypeError, "length must be an int, got 2.5"),
+        ({"length": True}, TypeError, "length must be an int"),
+        ({"prompt": ""}, ValueError, "prompt must not be empty"),
+        ({"prompt": "abz"}, ValueError, "prompt: character 'z' is not in the vocabulary"),
+        ({"prompt": b"ab"}, TypeError, "prompt must be a str, got bytes"),
+        ({"temperature": float("inf")}, ValueError, "temperature must be finite and > 0"),
+        ({"temperature": float("nan")}, ValueError, "temperature must be finite and > 0"),
+        ({"temperature": 0.0}, ValueError, "temperature must be finite and > 0"),
+        ({"temperature": "1"}, TypeError, "temperature must be a number, got '1'"),
+        ({"vocab": CharVocab.of("abc")}, ValueError, "vocab has 3 characters"),
+        ({"vocab": "abcdefgh "}, TypeError, "vocab must be a CharVocab, got str"),
+        ({"model": gpt(12, 8, n_layer=1, d_model=8, n_head=2)}, ValueError, "ids below 12"),
+        ({"model": Mlp([8, 9])}, TypeError, "model must be a Sequential taking token ids"),
+    ],
+)
+def test_generation_refuses_bad_arguments_before_a_forward_pass(
+    change: dict[str, Any], error: type, needle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = gpt(len(VOCAB), 8, n_layer=1, d_model=8, n_head=2, seed=1)
+    args: dict[str, Any] = {"model": model, "vocab": VOCAB, "prompt": "abc", "length": 4}
+    args.update(change)
+
+    def no_forward(*_: Any) -> None:
+        raise AssertionError("a forward pass ran")
+
+    monkeypatch.setattr(args["model"], "forward", no_forward)
+    with pytest.raises(error, match=re.escape(needle)):
+        generate(**args)
+
+
+def test_a_tiny_temperature_samples_the_most_likely_character() -> None:
+    model = gpt(len(VOCAB), 8, n_layer=1, d_model=8, n_head=2, seed=1)
+    greedy = generate(model, VOCAB, "abc", 12, temperature=1e-320, seed=1)  # was: NaN
+    assert generate(model, VOCAB, "abc", 12, temperature=1e-320, seed=2) == greedy
+    assert len(greedy) == 12 and generate(model, VOCAB, "abc", 0) == ""
 
 
 async def test_a_small_gpt_beats_the_unigram_baseline_on_held_out_text() -> None:

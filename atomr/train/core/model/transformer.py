@@ -14,6 +14,7 @@ from atomr.accel import sequence_ops as ops
 from atomr.train.core.model.layer import ForwardContext, Layer, TpRule
 from atomr.train.core.model.linear import _positive
 from atomr.train.core.model.registry import register_layer
+from atomr.train.core.validation import check_token_ids
 
 __all__ = ["CausalSelfAttention", "Embedding", "LayerNorm"]
 
@@ -72,11 +73,7 @@ class Embedding(Layer):
         tokens, positions = params
         ids = x.reshape(-1)
         if isinstance(ids, np.ndarray) and ids.size:
-            if ids.dtype.kind not in "iu":
-                raise TypeError(f"token ids must be integers, got {ids.dtype}")
-            low, high = int(ids.min()), int(ids.max())
-            if low < 0 or high >= self.vocab:
-                raise ValueError(f"token ids must be in [0, {self.vocab}), got {low} .. {high}")
+            check_token_ids(ids, self.vocab)
         y = be.empty((ids.shape[0], self.d_model), dtype=tokens.dtype)
         ops.embedding_forward(be, ids, tokens, positions, y, x.shape[1])
         return y.reshape((*x.shape, self.d_model)), (ids, x.shape[1])

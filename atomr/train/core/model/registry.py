@@ -14,17 +14,32 @@ LAYERS: dict[str, type[Layer]] = {}
 L = TypeVar("L", bound=type[Layer])
 
 
+def _full_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def register_layer(cls: L) -> L:
     """Class decorator: make `cls` buildable from its config by its `kind`.
 
+    A kind belongs to one class, by its module and qualified name:
+    registering the same class again changes nothing, and a class of the
+    same module and qualified name as the holder replaces it (a notebook
+    cell or a module re-run with `importlib.reload` redefines its class;
+    configs then build the new one, while layers already built keep theirs).
+
     Raises:
-        ValueError: no `kind`, or another class holds it.
+        ValueError: no `kind`, or a class of another module or qualified name
+            holds it.
     """
     kind = cls.kind
     if not kind:
         raise ValueError(f"{cls.__name__} has no kind")
-    if LAYERS.get(kind, cls) is not cls:
-        raise ValueError(f"layer kind {kind!r} is taken by {LAYERS[kind].__name__}")
+    holder = LAYERS.get(kind, cls)
+    if _full_name(holder) != _full_name(cls):
+        raise ValueError(
+            f"layer kind {kind!r} is taken by {_full_name(holder)}; {_full_name(cls)} "
+            "needs another kind (only a redefinition of the same class replaces it)"
+        )
     LAYERS[kind] = cls
     return cls
 

@@ -27,6 +27,8 @@ from atomr.train.core.model import (
     Sequential,
     gpt,
     layer_from_config,
+    register_layer,
+    registry,
 )
 from atomr.train.core.model.gradcheck import gradient_check
 
@@ -140,6 +142,42 @@ def test_configs_round_trip_and_bad_ones_are_refused() -> None:
         CausalSelfAttention(6, 4)
     with pytest.raises(ValueError):
         Dropout(1.0)
+
+
+_NOTEBOOK_CELL = """
+@register_layer
+class Twice(Layer):
+    kind = "twice-test"
+    version = VERSION
+    def out_shape(self, in_shape): return in_shape
+    def forward(self, be, params, x, ctx): return 2 * x, None
+    def backward(self, be, params, grads, saved, dy, accumulate, input_grad): return 2 * dy
+    def config(self): return {"kind": self.kind}
+"""
+
+
+def _run_cell(module: str, version: int, qualname: str = "Twice") -> type[Layer]:
+    namespace = {"Layer": Layer, "register_layer": register_layer, "__name__": module}
+    exec(_NOTEBOOK_CELL.replace("Twice", qualname).replace("VERSION", str(version)), namespace)
+    cls: type[Layer] = namespace[qualname]
+    return cls
+
+
+def test_a_redefined_layer_class_replaces_its_kind_and_a_stranger_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(registry, "LAYERS", dict(registry.LAYERS))
+    first = _run_cell("notebook", 1)
+    assert register_layer(first) is first  # the same class again: nothing changes
+    second = _run_cell("notebook", 2)  # the cell re-run; was: "kind 'twice-test' is taken"
+    assert second is not first
+    assert type(layer_from_config({"kind": "twice-test"})) is second
+    for module, qualname in [("other_module", "Twice"), ("notebook", "Thrice")]:
+        with pytest.raises(ValueError, match=r"'twice-test' is taken by notebook\.Twice; "):
+            _run_cell(module, 3, qualname)
+    assert type(layer_from_config({"kind": "twice-test"})) is second
+    with pytest.raises(ValueError, match="taken by atomr.train.core.model.linear.Linear"):
+        register_layer(type("Linear", (Linear,), {"__module__": "notebook"}))
 
 
 class Misshapen(Layer):

@@ -1,6 +1,10 @@
 """`gradient_check`: a layer's backward against float64 central differences.
 
 For a layer of your own: `assert gradient_check(MyLayer(...), (T, d)) < 1e-6`.
+The backward is checked in each of its modes, as the trainers call it:
+overwriting or adding into gradient buffers (`accumulate`: micro-batches
+and accumulation steps add), with and without the input gradient
+(`input_grad`: a model's first layer is not asked for it).
 """
 
 from __future__ import annotations
@@ -46,6 +50,37 @@ def _numeric(
     return grad
 
 
+def _backward(
+    layer: Layer,
+    params: list[np.ndarray],
+    x: np.ndarray,
+    r: np.ndarray,
+    ctx: ForwardContext,
+    prefill: list[np.ndarray],
+    accumulate: bool,
+    input_grad: bool,
+) -> tuple[list[np.ndarray], Any]:
+    """A fresh forward, then the backward of `sum(y * r)` into copies of
+    `prefill`: `(grads, dx)`.
+
+    Raises:
+        ValueError: an input gradient returned when `input_grad` is False.
+    """
+    _, saved = layer.forward(cpu_backend(), params, x, ctx)
+    grads = [g.copy() for g in prefill]
+    dx = layer.backward(cpu_backend(), params, grads, saved, r.copy(), accumulate, input_grad)
+    if not input_grad and dx is not None:
+        raise ValueError(
+            f"{type(layer).__name__}.backward returned an input gradient with input_grad=False"
+        )
+    return grads, dx
+
+
+def _error(analytic: Any, numeric: np.ndarray) -> float:
+    scale = max(1.0, float(np.max(np.abs(numeric), initial=0.0)))
+    return float(np.max(np.abs(np.asarray(analytic) - numeric), initial=0.0)) / scale
+
+
 def gradient_check(
     layer: Layer,
     in_shape: Sequence[int],
@@ -60,7 +95,11 @@ def gradient_check(
 
     Runs in float64 on the CPU: random parameters (the layer's own
     initialisation, then perturbed so that no gradient is trivially 0), a
-    random input, the loss `sum(y * r)` for a random `r`.
+    random input, the loss `sum(y * r)` for a random `r`. The backward runs
+    in each mode (`accumulate` False and True, `input_grad` True and False;
+    only False for token ids), after its own forward, into gradient buffers
+    pre-filled with random values: overwritten, they must equal the
+    numeric gradient; accumulated, the pre-filled values plus it.
 
     Args:
         layer: the layer.
@@ -73,8 +112,12 @@ def gradient_check(
         ctx: the forward context (default: training at step 0).
 
     Returns:
-        `max |analytic - numeric| / max(1, max |numeric|)` over every
-        parameter and (for float inputs) the input.
+        `max |analytic - numeric| / max(1, max |numeric|)` over every mode,
+        every parameter and (for float inputs, when asked) the input.
+
+    Raises:
+        ValueError: the backward returns an input gradient when not asked
+            for one.
     """
     rng = np.random.default_rng(seed)
     ctx = ForwardContext(train=True) if ctx is None else ctx
@@ -87,17 +130,17 @@ def gradient_check(
         x: Any = rng.standard_normal(shape)
     else:
         x = rng.integers(0, tokens, size=shape).astype(np.int64)
-    y, saved = layer.forward(cpu_backend(), params, x, ctx)
+    y, _ = layer.forward(cpu_backend(), params, x, ctx)
     r = rng.standard_normal(np.shape(y))
-    grads = [np.zeros_like(p) for p in params]
-    dx = layer.backward(cpu_backend(), params, grads, saved, r, False, tokens is None)
-    pairs = [
-        (g, _numeric(layer, params, x, r, p, eps, ctx)) for g, p in zip(grads, params, strict=True)
-    ]
-    if tokens is None:
-        pairs.append((np.asarray(dx), _numeric(layer, params, x, r, x, eps, ctx)))
+    numeric = [_numeric(layer, params, x, r, p, eps, ctx) for p in params]
+    dx_numeric = _numeric(layer, params, x, r, x, eps, ctx) if tokens is None else None
+    prefill = [rng.standard_normal(p.shape) for p in params]
     worst = 0.0
-    for analytic, numeric in pairs:
-        scale = max(1.0, float(np.max(np.abs(numeric))))
-        worst = max(worst, float(np.max(np.abs(analytic - numeric))) / scale)
+    for accumulate in (False, True):
+        for input_grad in sorted({False, tokens is None}):
+            grads, dx = _backward(layer, params, x, r, ctx, prefill, accumulate, input_grad)
+            for g, base, want in zip(grads, prefill, numeric, strict=True):
+                worst = max(worst, _error(g - base if accumulate else g, want))
+            if input_grad and dx_numeric is not None:
+                worst = max(worst, _error(dx, dx_numeric))
     return worst

@@ -59,6 +59,61 @@ def test_the_embedding_tables_gradient_equals_finite_differences() -> None:
     assert gradient_check(Embedding(7, 4, context=6), (5,), tokens=7) < TOL
 
 
+class Scale(Layer):
+    """`y = x * w` per feature, its backward right or wrong in one mode (`bug`)."""
+
+    kind = "scale-gradcheck-test"
+
+    def __init__(self, width: int, bug: str = "") -> None:
+        self.width, self.bug = width, bug
+
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        return [(self.width,)]
+
+    def init_params(self, rng: np.random.Generator) -> list[np.ndarray]:
+        return [np.ones(self.width)]
+
+    def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return in_shape
+
+    def forward(self, be: Any, params: list[Any], x: Any, ctx: ForwardContext) -> tuple[Any, Any]:
+        return x * params[0], x
+
+    def backward(self, be, params, grads, saved, dy, accumulate, input_grad) -> Any:  # noqa: ANN001
+        dw = np.sum(dy * saved, axis=tuple(range(dy.ndim - 1)))
+        adds = {"always overwrites": False, "always adds": True}.get(self.bug, accumulate)
+        if input_grad or self.bug != "weights only with input_grad":
+            grads[0][...] = grads[0] + dw if adds else dw
+        if input_grad or self.bug == "input_grad when not asked":
+            return dy * params[0]
+        return None
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "width": self.width}
+
+
+def test_a_right_backward_passes_gradient_check_in_every_mode() -> None:
+    assert gradient_check(Scale(4), (4,)) < TOL
+    assert gradient_check(Scale(4), (3, 4)) < TOL
+
+
+@pytest.mark.parametrize(
+    "bug",
+    [
+        "always overwrites",  # was: passed (8e-11), and trained wrong under the pipeline
+        "weights only with input_grad",  # was: passed, and never trained as a first layer
+        "always adds",  # was: passed (its buffers were zeros)
+    ],
+)
+def test_gradient_check_catches_a_backward_wrong_in_one_mode(bug: str) -> None:
+    assert gradient_check(Scale(4, bug), (4,)) > 0.1
+
+
+def test_gradient_check_refuses_an_input_gradient_not_asked_for() -> None:
+    with pytest.raises(ValueError, match=r"Scale\.backward returned an input gradient with"):
+        gradient_check(Scale(4, "input_grad when not asked"), (4,))
+
+
 def _reference_attention(x: np.ndarray, params: list[np.ndarray], heads: int) -> np.ndarray:
     w_qkv, b_qkv, w_o, b_o = params
     batch, t_len, d = x.shape

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 from atomr.accel import ACTIVATIONS
+from atomr.actor.errors import bounded_repr
+from atomr.train.core.model.inputs import positive_ints
 from atomr.train.core.model.layer import Layer
 from atomr.train.core.model.linear import Activation, Linear
 from atomr.train.core.model.sequential import Sequential
@@ -90,7 +92,10 @@ class Mlp(Sequential):
             pipeline stages that are not the model's final one).
 
     Raises:
-        ValueError: bad sizes, activation or dtype.
+        ValueError: `sizes` not a list of at least two positive ints (a bool
+            or a float is not; the message names the entry), an unknown
+            activation or dtype, or an `activate_last` that is not a bool;
+            checked before any parameter is drawn.
     """
 
     seed: int | None
@@ -114,14 +119,16 @@ class Mlp(Sequential):
     def _setup_mlp(
         self, sizes: Sequence[int], activation: str, dtype: Any, device: Any, activate_last: bool
     ) -> None:
-        sizes = [int(s) for s in sizes]
-        if len(sizes) < 2 or any(s < 1 for s in sizes):
-            raise ValueError(f"sizes must have >= 2 entries, each >= 1; got {sizes}")
+        self.sizes: tuple[int, ...] = positive_ints("sizes", sizes)
+        if len(self.sizes) < 2:
+            raise ValueError(f"sizes must have >= 2 entries, got {list(self.sizes)}")
         if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise ValueError(
-                f"unknown activation {activation!r}; expected one of {tuple(ACTIVATIONS)}"
+                f"unknown activation {bounded_repr(activation)}; "
+                f"expected one of {tuple(ACTIVATIONS)}"
             )
-        self.sizes: tuple[int, ...] = tuple(sizes)
+        if not isinstance(activate_last, bool | np.bool_):
+            raise ValueError(f"activate_last must be a bool, got {bounded_repr(activate_last)}")
         self.activation = activation
         self.activate_last = bool(activate_last)
         self._offsets = _layout(self.sizes)
@@ -132,11 +139,11 @@ class Mlp(Sequential):
         ]
         layers: list[Layer] = []
         last = len(self._offsets) - 1
-        for k, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        for k, (fan_in, fan_out) in enumerate(zip(self.sizes[:-1], self.sizes[1:], strict=True)):
             layers.append(Linear(fan_in, fan_out))
             if activation != "identity" and (k < last or self.activate_last):
                 layers.append(Activation(activation))
-        self._setup(layers, (sizes[0],), "float", dtype, device)
+        self._setup(layers, (self.sizes[0],), "float", dtype, device)
 
     @classmethod
     def from_params(
@@ -159,7 +166,7 @@ class Mlp(Sequential):
             The model, its gradients zeroed.
 
         Raises:
-            ValueError: bad sizes/activation/dtype, or `params` of the wrong length.
+            ValueError: as for `Mlp`, or `params` of the wrong length.
         """
         model = cls.__new__(cls)
         model._setup_mlp(sizes, activation, dtype, device, activate_last)
@@ -167,20 +174,27 @@ class Mlp(Sequential):
         return model
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], params: np.ndarray, device: Any = None) -> Mlp:
-        """Rebuild a model from `config()` and a host parameter vector.
+    def _unloaded(cls, config: dict[str, Any], device: Any = None) -> Self:
+        """The model `config()` describes, its parameters not yet allocated
+        (`from_config` loads them).
 
         Raises:
-            ValueError: as `from_params`.
+            ValueError: no `sizes`, or a value `from_params` refuses.
         """
-        return cls.from_params(
+        if "sizes" not in config:
+            raise ValueError(
+                "a model config needs 'sizes' (an Mlp's) or 'layers' (a Sequential's); "
+                f"it has {bounded_repr(list(config))}"
+            )
+        model = cls.__new__(cls)
+        model._setup_mlp(
             config["sizes"],
-            params,
             config.get("activation", "relu"),
-            dtype=config.get("dtype", "float32"),
-            device=device,
-            activate_last=bool(config.get("activate_last", False)),
+            config.get("dtype", "float32"),
+            device,
+            config.get("activate_last", False),
         )
+        return model
 
     @staticmethod
     def param_count(sizes: Sequence[int]) -> int:

@@ -11,7 +11,6 @@ import numpy as np
 
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.model.inputs import token_vocab
-from atomr.train.core.model.registry import layer_from_config
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.validation import BatchSpec
 
@@ -22,27 +21,32 @@ def model_from_config(config: dict[str, Any], params: np.ndarray, device: Any = 
     """The model `config` describes, holding `params`.
 
     Raises:
-        ValueError: a config that does not build, or `params` of the wrong length.
+        TypeError: `config` is not a dict.
+        ValueError: a config that does not build (a missing key, a value of
+            the wrong type or range, an unknown layer kind, layers nested too
+            deep; the message names it), or `params` of the wrong length.
     """
-    if "layers" in config:
-        return Sequential.from_config(config, params, device)
-    return Mlp.from_config(config, params, device)
+    return _model_class(config).from_config(config, params, device)
 
 
 def batch_spec(config: dict[str, Any]) -> BatchSpec:
     """What the model of `config` takes and gives, without building its parameters.
 
     Raises:
-        ValueError: a config that does not build.
+        TypeError: `config` is not a dict.
+        ValueError: a config that does not build, as for `model_from_config`.
     """
-    dtype = config.get("dtype", "float32")
-    if "layers" not in config:
-        sizes = config["sizes"]
-        return BatchSpec((int(sizes[0]),), (int(sizes[-1]),), "float", None, dtype)
-    layers = [layer_from_config(c) for c in config["layers"]]
-    kind = config.get("input_kind", "float")
-    vocab = token_vocab(layers[0]) if kind == "tokens" else None
-    shape = in_shape = tuple(int(s) for s in config.get("input_shape", ()))
-    for layer in layers:
-        shape = layer.out_shape(shape)
-    return BatchSpec(in_shape, shape, kind, vocab, dtype)
+    model = _model_class(config)._unloaded(config)
+    vocab = token_vocab(model.layers[0]) if model.input_kind == "tokens" else None
+    return BatchSpec(model.in_shape, model.out_shape, model.input_kind, vocab, model.dtype)
+
+
+def _model_class(config: Any) -> type[Sequential]:
+    """`Sequential` for a config with `layers`, else `Mlp` (whose `sizes` it checks).
+
+    Raises:
+        TypeError: `config` is not a dict.
+    """
+    if not isinstance(config, dict):
+        raise TypeError(f"a model config is a dict, got {type(config).__name__}")
+    return Sequential if "layers" in config else Mlp

@@ -160,3 +160,35 @@ def test_bad_construction() -> None:
         Mlp.from_params([3, 2], np.zeros(7))
     with pytest.raises(ValueError):
         Mlp([3, 2]).set_params(np.zeros(9))
+
+
+@pytest.mark.parametrize(
+    ("sizes", "needle"),
+    [
+        ([4, 2.9, 3], "sizes[1] must be a positive int, got 2.9"),
+        ([4, True, 3], "sizes[1] must be a positive int, got True"),
+        ([4, -2, 3], "sizes[1] must be a positive int, got -2"),
+        ([4, 3, None], "sizes[2] must be a positive int, got None"),
+        ("43", "sizes must be a list of positive ints, got '43'"),
+        (5, "sizes must be a list of positive ints, got 5"),
+        ([], "sizes must have >= 2 entries, got []"),
+    ],
+)
+def test_sizes_are_positive_ints_named_by_their_index(sizes: object, needle: str) -> None:
+    """2.9 was truncated to 2, True taken as 1 and "43" as [4, 3]."""
+    with pytest.raises(ValueError) as info:
+        Mlp(sizes)  # type: ignore[arg-type]
+    assert needle in str(info.value)
+    with pytest.raises(ValueError):
+        Mlp.from_config({"sizes": sizes}, np.zeros(0))
+    assert Mlp(np.array([3, 4, 2])).sizes == (3, 4, 2)  # an int array is a list of ints
+
+
+@pytest.mark.parametrize("flag", ["no", "false", 1, None])
+def test_activate_last_must_be_a_bool(flag: object) -> None:
+    """ "no" (and a config's "false") was truthy: the model activated its output."""
+    with pytest.raises(ValueError, match="activate_last must be a bool"):
+        Mlp([4, 3], activate_last=flag)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="activate_last must be a bool"):
+        Mlp.from_config({"sizes": [4, 3], "activate_last": flag}, np.zeros(15))
+    assert Mlp([4, 3], activate_last=np.bool_(True)).activate_last is True

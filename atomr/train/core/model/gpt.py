@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from atomr.train.core.model.inputs import positive_int
 from atomr.train.core.model.layer import Layer
 from atomr.train.core.model.linear import Activation, Linear
 from atomr.train.core.model.sequential import Sequential
-from atomr.train.core.model.structure import Dropout, Residual
+from atomr.train.core.model.structure import Dropout, Residual, drop_probability
 from atomr.train.core.model.transformer import CausalSelfAttention, Embedding, LayerNorm
 
 __all__ = ["gpt"]
@@ -68,9 +69,21 @@ def gpt(
         The model.
 
     Raises:
-        ValueError: a size that is not a positive int, `n_head` not dividing
-            `d_model`, or `dropout` outside [0, 1).
+        ValueError: a size (`vocab`, `context`, `n_layer`, `n_head`,
+            `d_model`) that is not a positive int (a bool or a float is not),
+            `n_head` not dividing `d_model`, or `dropout` not a number in
+            [0, 1); checked before any parameter is drawn (the message names it).
     """
+    sizes = {
+        "vocab": vocab,
+        "context": context,
+        "n_layer": n_layer,
+        "n_head": n_head,
+        "d_model": d_model,
+    }
+    for name, size in sizes.items():
+        positive_int(name, size)
+    dropout = drop_probability("dropout", dropout)
     layers: list[Layer] = [Embedding(vocab, d_model, context)]
     for i in range(n_layer):
         layers += _block(d_model, n_head, dropout, seed + 2 * i)

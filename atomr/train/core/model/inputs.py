@@ -1,14 +1,24 @@
-"""What a model takes: its input kind, its dtype and, for token ids, their
-range; checked once, where a model (or a server holding its weights) is
-built."""
+"""What a model takes and is built of: its input kind and shape, its dtype,
+for token ids their range, and its sizes; checked once, where a model (or a
+server holding its weights) is built."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["INPUT_KINDS", "model_dtype", "token_vocab"]
+from atomr.actor.errors import bounded_repr
+
+__all__ = [
+    "INPUT_KINDS",
+    "model_dtype",
+    "model_input",
+    "positive_int",
+    "positive_ints",
+    "token_vocab",
+]
 
 INPUT_KINDS = ("float", "tokens")
 """What a model takes: float features (of the model's dtype) or int64 token ids."""
@@ -23,7 +33,7 @@ def model_dtype(dtype: Any) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
-        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}") from exc
+        raise ValueError(f"dtype must be float32 or float64, got {bounded_repr(dtype)}") from exc
     if dt not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dt}")
     return dt
@@ -42,3 +52,46 @@ def token_vocab(layer: Any) -> int:
             f"`vocab` >= 1, as Embedding has); {type(layer).__name__} has {vocab!r}"
         )
     return vocab
+
+
+def positive_int(name: str, value: object) -> int:
+    """`value` as an int, checked to be one >= 1 (a bool or a float is not).
+
+    Raises:
+        ValueError: anything else (the message names `name`).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {bounded_repr(value)}")
+    return int(value)
+
+
+def positive_ints(name: str, values: object) -> tuple[int, ...]:
+    """`values`, a list, tuple or 1-D array of positive ints, as a tuple.
+
+    Raises:
+        ValueError: not such a sequence (a string is not), or an entry that
+            is not a positive int (named by its index: `name[i]`).
+    """
+    if isinstance(values, np.ndarray):
+        values = values.tolist()
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise ValueError(f"{name} must be a list of positive ints, got {bounded_repr(values)}")
+    return tuple(positive_int(f"{name}[{i}]", v) for i, v in enumerate(values))
+
+
+def model_input(first_layer: Any, input_shape: object, input_kind: object) -> tuple[int, ...]:
+    """A model's per-sample input shape, checked with its input kind.
+
+    Raises:
+        ValueError: an unknown input kind, token input into a first layer
+            without an int `vocab`, or an `input_shape` that is not a
+            non-empty list of positive ints (the message names the entry).
+    """
+    if input_kind not in INPUT_KINDS:
+        raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {bounded_repr(input_kind)}")
+    if input_kind == "tokens":
+        token_vocab(first_layer)
+    shape = positive_ints("input_shape", input_shape)
+    if not shape:
+        raise ValueError("input_shape must have at least one axis, got ()")
+    return shape

@@ -13,16 +13,11 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import ACTIVATIONS
+from atomr.train.core.model.inputs import positive_int
 from atomr.train.core.model.layer import ForwardContext, Layer, TpRule
 from atomr.train.core.model.registry import register_layer
 
 __all__ = ["Activation", "Linear"]
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 @register_layer
@@ -44,8 +39,8 @@ class Linear(Layer):
     kind = "linear"
 
     def __init__(self, in_features: int, out_features: int, tp: str = "column") -> None:
-        self.in_features = _positive("in_features", in_features)
-        self.out_features = _positive("out_features", out_features)
+        self.in_features = positive_int("in_features", in_features)
+        self.out_features = positive_int("out_features", out_features)
         if tp not in ("column", "row", "replicated"):
             raise ValueError(f"tp must be 'column', 'row' or 'replicated', got {tp!r}")
         self.tp = tp

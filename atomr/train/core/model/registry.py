@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from atomr.actor.errors import bounded_repr
 from atomr.train.core.model.layer import Layer
 
-__all__ = ["LAYERS", "layer_from_config", "register_layer"]
+__all__ = ["LAYERS", "MAX_NESTING", "layer_from_config", "register_layer"]
 
 LAYERS: dict[str, type[Layer]] = {}
 """`Layer.kind` -> the class."""
 
 L = TypeVar("L", bound=type[Layer])
+
+MAX_NESTING = 32
+"""How deep `layer_from_config` builds layers inside layers (a `Residual`'s)."""
+
+# A container's from_config calls back into layer_from_config; the depth
+# travels in the context, so a user's own container needs no depth argument.
+_nesting: ContextVar[int] = ContextVar("layer_config_nesting", default=0)
 
 
 def _full_name(cls: type) -> str:
@@ -48,19 +57,32 @@ def layer_from_config(config: Any) -> Layer:
     """The layer a `Layer.config()` describes.
 
     Raises:
-        ValueError: not a dict, an unknown kind, or arguments the layer refuses.
+        ValueError: not a dict, an unknown kind, arguments the layer refuses,
+            or layers nested more than `MAX_NESTING` deep (a hostile
+            checkpoint's config would otherwise end in a RecursionError).
     """
-    if not isinstance(config, dict) or not isinstance(config.get("kind"), str):
-        raise ValueError(f"a layer config is a dict with a 'kind', got {config!r}"[:200])
-    cls = LAYERS.get(config["kind"])
-    if cls is None:
-        raise ValueError(f"unknown layer kind {config['kind']!r}; known: {sorted(LAYERS)}")
-    from_config = getattr(cls, "from_config", None)
-    if from_config is not None:
-        layer: Layer = from_config(config)
-        return layer
-    args = {k: v for k, v in config.items() if k != "kind"}
+    depth = _nesting.get()
+    if depth >= MAX_NESTING:
+        raise ValueError(f"layer configs are nested more than {MAX_NESTING} deep")
+    token = _nesting.set(depth + 1)
     try:
-        return cls(**args)
-    except TypeError as exc:
-        raise ValueError(f"layer {config['kind']!r}: {exc}") from exc
+        return _build(config)
+    finally:
+        _nesting.reset(token)
+
+
+def _build(config: Any) -> Layer:
+    if not isinstance(config, dict) or not isinstance(config.get("kind"), str):
+        raise ValueError(f"a layer config is a dict with a 'kind', got {bounded_repr(config)}")
+    kind = config["kind"]
+    cls = LAYERS.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown layer kind {bounded_repr(kind)}; known: {sorted(LAYERS)}")
+    from_config = getattr(cls, "from_config", None)
+    try:
+        if from_config is not None:
+            layer: Layer = from_config(config)
+            return layer
+        return cls(**{k: v for k, v in config.items() if k != "kind"})
+    except (TypeError, KeyError) as exc:
+        raise ValueError(f"layer {kind!r}: {type(exc).__name__}: {exc}") from exc

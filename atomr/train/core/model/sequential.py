@@ -22,7 +22,7 @@ import numpy as np
 
 from atomr.accel import Device, backend_for
 from atomr.train.core._cpu import cpu_backend
-from atomr.train.core.model.inputs import INPUT_KINDS, model_dtype, token_vocab
+from atomr.train.core.model.inputs import model_dtype, model_input
 from atomr.train.core.model.layer import (
     INFERENCE,
     ForwardContext,
@@ -73,9 +73,10 @@ class Sequential:
             (each pass checks every layer's output against it).
 
     Raises:
-        ValueError: no layers, a layer that refuses its input shape, an
+        ValueError: no layers, an `input_shape` that is not a non-empty list
+            of positive ints, a layer that refuses its input shape, an
             unknown input kind or dtype, or token input into a first layer
-            without an int `vocab`.
+            without an int `vocab`; checked before any parameter is drawn.
     """
 
     seed: int | None
@@ -99,7 +100,7 @@ class Sequential:
     def _setup(
         self,
         layers: Sequence[Layer],
-        input_shape: Sequence[int],
+        input_shape: object,
         input_kind: str,
         dtype: Any,
         device: Any,
@@ -107,10 +108,7 @@ class Sequential:
         self.layers: list[Layer] = list(layers)
         if not self.layers or not all(isinstance(layer, Layer) for layer in self.layers):
             raise ValueError("a model needs a non-empty list of Layers")
-        if input_kind not in INPUT_KINDS:
-            raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {input_kind!r}")
-        if input_kind == "tokens":
-            token_vocab(self.layers[0])
+        self.in_shape = model_input(self.layers[0], input_shape, input_kind)
         self.input_kind = input_kind
         self.dtype = model_dtype(dtype)
         self.device: Any = None
@@ -118,7 +116,6 @@ class Sequential:
         if device is not None:
             self.device = Device.parse(device)
             self.backend = backend_for(self.device)
-        self.in_shape = tuple(int(s) for s in input_shape)
         # each layer's arrays as (start, stop, shape) in the flat vector, in
         # Python ints: `views` runs for every layer of every pass
         self._slots: list[list[tuple[int, int, tuple[int, ...]]]] = []
@@ -157,26 +154,31 @@ class Sequential:
         self.grads: Any = self.backend.zeros((self.n_params,), dtype=self.dtype)
 
     @classmethod
-    def from_config(
-        cls, config: dict[str, Any], params: np.ndarray, device: Any = None
-    ) -> Sequential:
+    def from_config(cls, config: dict[str, Any], params: np.ndarray, device: Any = None) -> Self:
         """Rebuild a model from `config()` and a host parameter vector.
 
         Raises:
             ValueError: a config that does not build, or `params` of the wrong length.
         """
+        model = cls._unloaded(config, device)
+        model._load(params)
+        return model
+
+    @classmethod
+    def _unloaded(cls, config: dict[str, Any], device: Any = None) -> Self:
+        """The model `config` describes, its parameters not yet allocated
+        (`from_config` loads them; `batch_spec` reads its shapes).
+
+        Raises:
+            ValueError: a config that does not build (the message says why).
+        """
         layers = config.get("layers")
         if not isinstance(layers, list):
             raise ValueError("a sequential model config needs a 'layers' list")
+        built = [layer_from_config(c) for c in layers]
+        shape, kind = config.get("input_shape"), config.get("input_kind", "float")
         model = cls.__new__(cls)
-        model._setup(
-            [layer_from_config(c) for c in layers],
-            config.get("input_shape", ()),
-            config.get("input_kind", "float"),
-            config.get("dtype", "float32"),
-            device,
-        )
-        model._load(params)
+        model._setup(built, shape, kind, config.get("dtype", "float32"), device)
         return model
 
     @classmethod
@@ -222,7 +224,7 @@ class Sequential:
         """A copy (parameters; gradients zeroed) on `device`; this one is unchanged."""
         model = type(self).from_config(self.config(), self.get_params(), device=device)
         model.seed = self.seed
-        return model  # type: ignore[return-value]
+        return model
 
     # -- layout -------------------------------------------------------------
 

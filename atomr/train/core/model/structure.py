@@ -9,10 +9,24 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import sequence_ops as ops
+from atomr.actor.errors import bounded_repr
 from atomr.train.core.model.layer import ForwardContext, Layer, backward_checked, forward_checked
 from atomr.train.core.model.registry import layer_from_config, register_layer
 
-__all__ = ["Dropout", "Residual"]
+__all__ = ["Dropout", "Residual", "drop_probability"]
+
+
+def drop_probability(name: str, p: object) -> float:
+    """`p` as a float, checked to be a drop probability: a number in [0, 1).
+
+    Raises:
+        ValueError: anything else, a bool or NaN included (the message names `name`).
+    """
+    if isinstance(p, bool) or not (
+        isinstance(p, int | float) and math.isfinite(p) and 0.0 <= p < 1.0
+    ):
+        raise ValueError(f"{name} must be a number in [0, 1), got {bounded_repr(p)}")
+    return float(p)
 
 
 def param_counts(layers: Sequence[Layer]) -> list[int]:
@@ -164,12 +178,10 @@ class Dropout(Layer):
     kind = "dropout"
 
     def __init__(self, p: float, seed: int = 0) -> None:
-        if not (isinstance(p, (int, float)) and math.isfinite(p) and 0.0 <= p < 1.0):
-            raise ValueError(f"p must be in [0, 1), got {p!r}")
+        self.p = drop_probability("p", p)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
             # the kernel draws from 32 bits: 2**32 + 1 would repeat seed 1's masks
-            raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
-        self.p = float(p)
+            raise ValueError(f"seed must be an int in [0, 2**32), got {bounded_repr(seed)}")
         self.seed = seed
 
     def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import sequence_ops as ops
+from atomr.train.core.model.inputs import positive_int
 from atomr.train.core.model.layer import ForwardContext, Layer, TpRule
-from atomr.train.core.model.linear import _positive
 from atomr.train.core.model.registry import register_layer
 from atomr.train.core.validation import check_token_ids
 
@@ -39,9 +39,9 @@ class Embedding(Layer):
     tp_rule = TpRule.VOCAB
 
     def __init__(self, vocab: int, d_model: int, context: int) -> None:
-        self.vocab = _positive("vocab", vocab)
-        self.d_model = _positive("d_model", d_model)
-        self.context = _positive("context", context)
+        self.vocab = positive_int("vocab", vocab)
+        self.d_model = positive_int("d_model", d_model)
+        self.context = positive_int("context", context)
 
     def param_shapes(self) -> list[tuple[int, ...]]:
         """The token table `(vocab, d_model)`, then the positions `(context, d_model)`."""
@@ -117,7 +117,7 @@ class LayerNorm(Layer):
     kind = "layernorm"
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
-        self.d_model = _positive("d_model", d_model)
+        self.d_model = positive_int("d_model", d_model)
         if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
             raise ValueError(f"eps must be positive, got {eps!r}")
         self.eps = float(eps)
@@ -199,8 +199,8 @@ class CausalSelfAttention(Layer):
     tp_rule = TpRule.HEADS
 
     def __init__(self, d_model: int, n_head: int) -> None:
-        self.d_model = _positive("d_model", d_model)
-        self.n_head = _positive("n_head", n_head)
+        self.d_model = positive_int("d_model", d_model)
+        self.n_head = positive_int("n_head", n_head)
         if self.d_model % self.n_head:
             raise ValueError(f"n_head {n_head} does not divide d_model {d_model}")
         self.scale = 1.0 / math.sqrt(self.d_model // self.n_head)

@@ -301,3 +301,67 @@ def test_dropout_refuses_seeds_its_kernel_cannot_draw_from(seed: object) -> None
     with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*32\)"):
         Dropout(0.5, seed=seed)  # type: ignore[arg-type]
     assert Dropout(0.5, seed=2**32 - 1).seed == 2**32 - 1
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    config: dict[str, Any] = {"kind": "activation", "name": "relu"}
+    for _ in range(depth):
+        config = {"kind": "residual", "layers": [config]}
+    return config
+
+
+def test_layer_configs_nest_only_so_deep() -> None:
+    """A checkpoint's config of 450 nested residuals ended in a RecursionError;
+    a cyclic one (built in Python) recursed for ever."""
+    limit = registry.MAX_NESTING
+    assert isinstance(layer_from_config(_nested(limit - 1)), Residual)
+    with pytest.raises(ValueError, match=f"nested more than {limit} deep"):
+        layer_from_config(_nested(450))
+    cyclic: dict[str, Any] = {"kind": "residual", "layers": []}
+    cyclic["layers"].append(cyclic)
+    with pytest.raises(ValueError, match="nested more than"):
+        layer_from_config(cyclic)
+    assert isinstance(layer_from_config(_nested(2)), Residual)  # the depth was given back
+
+
+@register_layer
+class NeedsWidth(Layer):
+    """A layer whose own `from_config` reads a key it assumes is there."""
+
+    kind = "needs-width-test"
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> NeedsWidth:
+        return cls(config["width"])
+
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        return []
+
+    def init_params(self, rng: np.random.Generator) -> list[np.ndarray]:
+        return []
+
+    def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return in_shape
+
+    def forward(self, be: Any, params: list[Any], x: Any, ctx: ForwardContext) -> tuple[Any, Any]:
+        return x, None
+
+    def backward(self, be, params, grads, saved, dy, accumulate, input_grad) -> Any:  # noqa: ANN001
+        return dy
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "width": self.width}
+
+
+def test_a_layer_config_that_does_not_build_raises_value_error_naming_the_layer() -> None:
+    """A layer's own from_config that raised KeyError (or TypeError) came out as is."""
+    with pytest.raises(ValueError, match="layer 'needs-width-test': KeyError: 'width'"):
+        layer_from_config({"kind": "needs-width-test"})
+    with pytest.raises(ValueError, match="a layer config is a dict with a 'kind', got 5"):
+        layer_from_config(5)
+    with pytest.raises(ValueError, match=r"p must be a number in \[0, 1\), got False"):
+        Dropout(False)  # type: ignore[arg-type]
+    assert layer_from_config({"kind": "needs-width-test", "width": 3}).config()["width"] == 3

@@ -287,3 +287,117 @@ def test_a_model_called_directly_names_the_input_shape_it_takes() -> None:
     with pytest.raises(ValueError, match=r"\(batch, 4\), got \(5, 3\)"):
         mlp.forward(np.zeros((5, 3), np.float32))
     assert mlp.forward(np.zeros((5, 4), np.float32)).shape == (5, 3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"n_layer": 0}, "n_layer must be a positive int, got 0"),
+        ({"n_layer": -1}, "n_layer must be a positive int, got -1"),
+        ({"n_layer": True}, "n_layer must be a positive int, got True"),
+        ({"n_layer": 1.5}, "n_layer must be a positive int, got 1.5"),
+        ({"n_head": 0}, "n_head must be a positive int, got 0"),
+        ({"d_model": 2.0}, "d_model must be a positive int, got 2.0"),
+        ({"vocab": -5}, "vocab must be a positive int, got -5"),
+        ({"context": "4"}, "context must be a positive int, got '4'"),
+        ({"dropout": -0.5}, "dropout must be a number in [0, 1), got -0.5"),
+        ({"dropout": float("nan")}, "dropout must be a number in [0, 1), got nan"),
+        ({"dropout": 1.0}, "dropout must be a number in [0, 1), got 1.0"),
+    ],
+)
+def test_gpt_refuses_a_size_or_dropout_out_of_range_naming_it(
+    kwargs: dict[str, Any], needle: str
+) -> None:
+    """n_layer 0 or -1 built a model of no blocks, True one block, and a
+    negative or NaN dropout none: all without a word."""
+    args = {"vocab": 5, "context": 4, "n_layer": 1, "n_head": 1, "d_model": 4, **kwargs}
+    with pytest.raises(ValueError) as info:
+        gpt(**args)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("shape", "needle"),
+    [
+        ((4.7,), "input_shape[0] must be a positive int, got 4.7"),
+        ((-3,), "input_shape[0] must be a positive int, got -3"),
+        ((0,), "input_shape[0] must be a positive int, got 0"),
+        ((2, True), "input_shape[1] must be a positive int, got True"),
+        (4, "input_shape must be a list of positive ints, got 4"),
+        ((), "input_shape must have at least one axis"),
+    ],
+)
+def test_a_sequential_refuses_an_input_shape_that_is_not_positive_ints(
+    shape: object, needle: str
+) -> None:
+    """(4.7,) was truncated to (4,), and (-3,) or (0,) kept as they were."""
+    with pytest.raises(ValueError) as info:
+        Sequential([Activation("relu")], shape)  # type: ignore[arg-type]
+    assert needle in str(info.value)
+    assert Sequential([Activation("relu")], np.array([3])).in_shape == (3,)
+
+
+LINEAR = {"kind": "linear", "in_features": 2, "out_features": 2}
+
+
+def _nested_residuals(depth: int) -> dict[str, Any]:
+    layer: dict[str, Any] = {"kind": "activation", "name": "relu"}
+    for _ in range(depth):
+        layer = {"kind": "residual", "layers": [layer]}
+    return {"layers": [layer], "input_shape": [2]}
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        ({}, "needs 'sizes' (an Mlp's) or 'layers' (a Sequential's)"),
+        ({"sizes": 5}, "sizes must be a list of positive ints, got 5"),
+        ({"sizes": [2, None]}, "sizes[1] must be a positive int, got None"),
+        ({"sizes": []}, "sizes must have >= 2 entries"),
+        ({"sizes": [2, 2], "activate_last": "false"}, "activate_last must be a bool"),
+        ({"sizes": [2, 2], "activation": 5}, "unknown activation 5"),
+        ({"layers": []}, "non-empty list of Layers"),
+        ({"layers": 5, "input_shape": [2]}, "needs a 'layers' list"),
+        ({"layers": [LINEAR]}, "input_shape must be a list of positive ints, got None"),
+        ({"layers": [LINEAR], "input_shape": 5}, "input_shape must be a list"),
+        ({"layers": [LINEAR], "input_shape": [[2]]}, "input_shape[0] must be a positive int"),
+        ({"layers": [LINEAR], "input_shape": [2.9]}, "input_shape[0] must be a positive int"),
+        ({"layers": [LINEAR], "input_shape": [2], "dtype": 5}, "dtype must be float32"),
+        ({"layers": [LINEAR], "input_shape": [2], "input_kind": 3}, "input_kind must be one of"),
+        ({"layers": [{"kind": "conv9d"}], "input_shape": [2]}, "unknown layer kind 'conv9d'"),
+        ({"layers": [{"kind": "linear"}], "input_shape": [2]}, "layer 'linear': TypeError"),
+        ({"layers": [[LINEAR]], "input_shape": [2]}, "a layer config is a dict with a 'kind'"),
+        (_nested_residuals(450), "nested more than"),
+    ],
+)
+def test_a_config_that_does_not_build_raises_value_error_naming_what_is_wrong(
+    config: dict[str, Any], needle: str
+) -> None:
+    """A checkpoint's config (only checked to be a dict when the file is
+    read) raised KeyError, TypeError, IndexError or RecursionError from
+    inside the builders, or was accepted: a shape of 2.9 as 2, "false" as
+    True; batch_spec took a config of no layers."""
+    for build in (lambda: model_from_config(config, np.zeros(6)), lambda: batch_spec(config)):
+        with pytest.raises(ValueError) as info:
+            build()
+        assert needle in str(info.value)
+
+
+def test_a_config_that_is_not_a_dict_raises_type_error() -> None:
+    """A list reached Mlp.from_config and failed there on `config["sizes"]`."""
+    with pytest.raises(TypeError, match="a model config is a dict, got list"):
+        model_from_config([LINEAR], np.zeros(6))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a model config is a dict, got NoneType"):
+        batch_spec(None)  # type: ignore[arg-type]
+
+
+def test_batch_spec_is_what_the_built_model_takes_and_gives() -> None:
+    for model in (
+        gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2),
+        Mlp([3, 4, 2], activate_last=True, dtype=np.float64),
+        Sequential([Linear(3, 5), Activation("tanh")], (2, 3)),
+    ):
+        spec = batch_spec(model.config())
+        assert (spec.in_shape, spec.out_shape) == (model.in_shape, model.out_shape)
+        assert (spec.input_kind, spec.dtype) == (model.input_kind, model.dtype)
+    assert batch_spec(gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2).config()).vocab == VOCAB

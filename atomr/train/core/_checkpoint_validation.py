@@ -1,5 +1,5 @@
-"""Validation of a checkpoint file being loaded: its kind, its header and the
-range of its numbers.
+"""Validation of a checkpoint file being loaded: its kind, its header, the
+range of its numbers, and whether its model is the receiving one.
 
 The file is untrusted (`load_checkpoint`): only a regular file is read, the
 header's JSON is checked field by field, and every number must be finite
@@ -13,16 +13,19 @@ import json
 import math
 import os
 import stat
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from atomr.actor.errors import bounded_repr
 from atomr.train.core.errors import CheckpointError
 
 __all__ = [
     "check_count",
     "check_float32_numbers",
     "check_float32_range",
+    "model_difference",
     "parse_header",
     "read_regular_file",
 ]
@@ -110,3 +113,44 @@ def check_float32_range(what: str, value: np.ndarray) -> None:
     """Raise CheckpointError if `value` would not be finite as float32."""
     if value.size and float(np.max(np.abs(value), initial=0)) > _F32_MAX:
         raise CheckpointError(f"{what} holds values beyond float32 range")
+
+
+_MODEL_KEYS = ("sizes", "activation", "activate_last", "layers", "input_shape", "input_kind")
+"""The keys of a model config that decide which function its weights compute."""
+
+
+def model_difference(saved: Mapping[str, Any], receiving: Mapping[str, Any]) -> str | None:
+    """What differs between a checkpoint's model config and the receiving
+    model's, shortly; None when they describe the same model (`_MODEL_KEYS`;
+    `activate_last` absent, as in a checkpoint older than it, is False)."""
+    theirs, mine = _identity(saved), _identity(receiving)
+    if theirs == mine:
+        return None
+    for key in _MODEL_KEYS:
+        a, b = theirs.get(key), mine.get(key)
+        if a == b:
+            continue
+        if key == "activate_last":
+            flags = bounded_repr(theirs.get(key, False)), bounded_repr(mine.get(key, False))
+            return (
+                f"checkpoint is for a model with activate_last={flags[0]}, "
+                f"this model has activate_last={flags[1]}"
+            )
+        if key == "layers" and isinstance(a, list) and isinstance(b, list):
+            for i, (la, lb) in enumerate(zip(a, b, strict=False)):
+                if la != lb:
+                    return f"checkpoint is for another model: its layer {i} is {la}, this model's is {lb}"[
+                        :500
+                    ]
+            return f"checkpoint is for another model: {len(a)} layers, this model has {len(b)}"
+        return f"checkpoint is for model {theirs}, this model is {mine}"[:500]
+    return "checkpoint is for another model"
+
+
+def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`config`'s `_MODEL_KEYS` that are set, `activate_last` only when not
+    False (its default)."""
+    found = {k: config.get(k) for k in _MODEL_KEYS if config.get(k) is not None}
+    if found.get("activate_last") is False:
+        del found["activate_last"]
+    return found

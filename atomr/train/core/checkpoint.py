@@ -40,6 +40,7 @@ from atomr.train.core._checkpoint_members import read_members
 from atomr.train.core._checkpoint_validation import (
     check_count,
     check_float32_range,
+    model_difference,
     parse_header,
     read_regular_file,
 )
@@ -261,13 +262,15 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
 
     Args:
         ckpt: a loaded checkpoint.
-        model_config: the receiving model's `Mlp.config()`.
+        model_config: the receiving model's `config()`.
         n_params: the receiving model's parameter count.
 
     Raises:
-        CheckpointError: sizes, activation or parameter count differ, the
-            weights are not real numbers or are wider floats than the model's
-            dtype (loading would round them), or the file is a sharded index.
+        CheckpointError: sizes, activation, `activate_last` (absent, as in a
+            checkpoint older than it: False), layers, input shape or kind, or
+            parameter count differ, the weights are not real numbers or are
+            wider floats than the model's dtype (loading would round them),
+            or the file is a sharded index.
     """
     if SHARDED_INDEX_KEY in ckpt.extra:
         raise CheckpointError(
@@ -275,11 +278,9 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
             "into a ShardedDataParallelTrainer, or merge it first "
             "(atomr.train.sharded.merge_shards, then save_checkpoint)"
         )
-    keys = ("sizes", "activation", "layers", "input_shape", "input_kind")
-    mine = {k: model_config.get(k) for k in keys if model_config.get(k) is not None}
-    theirs = {k: ckpt.model.get(k) for k in keys if ckpt.model.get(k) is not None}
-    if mine != theirs:
-        raise CheckpointError(_model_difference(theirs, mine))
+    difference = model_difference(ckpt.model, model_config)
+    if difference is not None:
+        raise CheckpointError(difference)
     if ckpt.weights.ndim != 1 or ckpt.weights.shape[0] != n_params:
         raise CheckpointError(
             f"checkpoint holds {ckpt.weights.shape} weights, this model has {n_params} parameters"
@@ -302,23 +303,6 @@ def _check_no_rounding(saved: np.dtype[Any], model_dtype: object) -> None:
             f"them. Build the model with dtype={saved}, or cast the checkpoint on purpose "
             "(load_checkpoint, weights.astype, save_checkpoint)"
         )
-
-
-def _model_difference(theirs: dict[str, Any], mine: dict[str, Any]) -> str:
-    """What differs between two model descriptions, shortly."""
-    for key in sorted(set(theirs) | set(mine)):
-        a, b = theirs.get(key), mine.get(key)
-        if a == b:
-            continue
-        if key == "layers" and isinstance(a, list) and isinstance(b, list):
-            for i, (la, lb) in enumerate(zip(a, b, strict=False)):
-                if la != lb:
-                    return f"checkpoint is for another model: its layer {i} is {la}, this model's is {lb}"[
-                        :500
-                    ]
-            return f"checkpoint is for another model: {len(a)} layers, this model has {len(b)}"
-        return f"checkpoint is for model {theirs}, this model is {mine}"[:500]
-    return "checkpoint is for another model"
 
 
 def extra_count(ckpt: Checkpoint, key: str) -> int:

@@ -23,7 +23,8 @@ def model_config(infos: Sequence[StageInfo]) -> dict[str, Any]:
 
     Returns:
         The config the single-device model of the same layers reports (an
-        `Mlp`'s when the stages are `Mlp` slices).
+        `Mlp`'s when the stages are `Mlp` slices: its `activate_last` is
+        the last stage's, the others keep their activation by construction).
     """
     first = infos[0].model
     if "sizes" not in first:
@@ -36,7 +37,7 @@ def model_config(infos: Sequence[StageInfo]) -> dict[str, Any]:
         "sizes": sizes,
         "activation": first["activation"],
         "dtype": infos[0].dtype,
-        "activate_last": False,
+        "activate_last": infos[-1].model.get("activate_last", False),
         "seed": None,
     }
 

@@ -126,6 +126,29 @@ def test_check_model_matches() -> None:
         check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 51)
 
 
+def test_check_model_matches_compares_activate_last_absent_meaning_false() -> None:
+    """activate_last was not compared: a checkpoint of an Mlp activating its
+    output loaded into one that does not (the same parameter count)."""
+    ckpt = _ckpt()  # its model config has no activate_last: a checkpoint older than it
+    plain = {"sizes": [4, 6, 2], "activation": "relu", "activate_last": False}
+    activated = {**plain, "activate_last": True}
+    check_model_matches(ckpt, plain, 50)
+    check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50)
+    with pytest.raises(
+        CheckpointError, match="activate_last=False, this model has activate_last=True"
+    ):
+        check_model_matches(ckpt, activated, 50)
+    ckpt.model = dict(activated)
+    check_model_matches(ckpt, activated, 50)
+    with pytest.raises(
+        CheckpointError, match="activate_last=True, this model has activate_last=False"
+    ):
+        check_model_matches(ckpt, plain, 50)
+    ckpt.model = {**plain, "activate_last": "false"}  # a hostile file: not False
+    with pytest.raises(CheckpointError, match="activate_last='false'"):
+        check_model_matches(ckpt, plain, 50)
+
+
 def test_save_into_a_missing_directory_names_the_directory(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such"
     with pytest.raises(FileNotFoundError, match="directory") as info:

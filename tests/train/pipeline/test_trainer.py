@@ -14,6 +14,7 @@ import pytest
 from atomr.accel import OutOfMemory, cpu_devices
 from atomr.actor import Props
 from atomr.train import (
+    CheckpointError,
     Evaluate,
     GetWeights,
     InvalidBatchError,
@@ -372,6 +373,34 @@ async def test_checkpoints_are_interchangeable_with_the_trainer(actor_system, tm
     with pytest.raises(CheckpointError):
         await other.ask(LoadCheckpoint(tmp_path / "small.ckpt"), timeout=T)
     np.testing.assert_array_equal(await other.ask(GetWeights(), timeout=T), w_single)
+
+
+async def test_a_checkpoint_keeps_the_models_activate_last(actor_system, tmp_path) -> None:
+    """The merged config said activate_last False for any Mlp: a pipeline
+    checkpoint of an Mlp activating its output loaded into one that does not."""
+    model = Mlp(SIZES, activation="tanh", seed=2, activate_last=True)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.MSE)
+    pipe = await PipelineParallelTrainer.spawn(
+        actor_system, model, cpu_devices(3), config, PipelineOptions(4)
+    )
+    x, y = _batches(1, LossKind.MSE)[0]
+    await pipe.ask(Step(x, y), timeout=T)
+    await pipe.ask(SaveCheckpoint(tmp_path / "pipe.ckpt"), timeout=T)
+    weights = await pipe.ask(GetWeights(), timeout=T)
+    same = await Trainer.spawn(actor_system, model, "cpu:0", config)
+    await same.ask(LoadCheckpoint(tmp_path / "pipe.ckpt"), timeout=T)
+    np.testing.assert_array_equal(await same.ask(GetWeights(), timeout=T), weights)
+    mine = await same.ask(Evaluate(x, y), timeout=T)
+    theirs = await pipe.ask(Evaluate(x, y), timeout=T)
+    assert mine.loss == pytest.approx(theirs.loss, rel=1e-6)
+    await pipe.ask(LoadCheckpoint(tmp_path / "pipe.ckpt"), timeout=T)  # and back into itself
+    plain = Mlp(SIZES, activation="tanh", seed=3)
+    other = await Trainer.spawn(actor_system, plain, "cpu:0", config)
+    with pytest.raises(
+        CheckpointError, match="activate_last=True, this model has activate_last=False"
+    ):
+        await other.ask(LoadCheckpoint(tmp_path / "pipe.ckpt"), timeout=T)
+    np.testing.assert_array_equal(await other.ask(GetWeights(), timeout=T), plain.get_params())
 
 
 class ThreadSpyStage(StageActor):

@@ -82,6 +82,7 @@ class ParameterServerWorker(DeviceActor):
         self.client = ShardedClient(servers, ranges, synchronous, config.worker_timeout)
         self.stale_retries = stale_retries
         self.model: Sequential | None = None
+        self._spec = batch_spec(model.config())  # the shapes never change: built once
         self.stale_pushes = 0
         # the weights and versions the last push returned, and its batch's generation
         self._pushed: tuple[np.ndarray, list[int], int] | None = None
@@ -113,10 +114,8 @@ class ParameterServerWorker(DeviceActor):
             return await self._evaluate(message)
         return await super().receive(message)
 
-    def _validate(
-        self, model: Sequential, features: Any, labels: Any
-    ) -> tuple[np.ndarray, np.ndarray]:
-        return batch_spec(model.config()).validate(features, labels, self.config.loss)
+    def _validate(self, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+        return self._spec.validate(features, labels, self.config.loss)
 
     async def _train(self, msg: TrainBatch) -> Any:
         model = await self._ready()
@@ -131,7 +130,7 @@ class ParameterServerWorker(DeviceActor):
             micros = (time.perf_counter_ns() - t0) // 1000
             return BatchResult(StepStats(0.0, 0.0, micros, 0, applied=False), 0.0)
         try:
-            x, y = self._validate(model, features, msg.labels)
+            x, y = self._validate(features, msg.labels)
         except InvalidBatchError as exc:
             return Failure(exc)
         reuse = msg.reuse_generation
@@ -214,9 +213,9 @@ class ParameterServerWorker(DeviceActor):
         return grad, float(norm), float(loss_sum / norm), float(grad_norm)
 
     async def _evaluate(self, msg: Evaluate) -> Any:
-        model = await self._ready()
+        await self._ready()
         try:
-            x, y = self._validate(model, msg.features, msg.labels)
+            x, y = self._validate(msg.features, msg.labels)
         except InvalidBatchError as exc:
             return Failure(exc)
         weights, _ = await self.client.pull(self.worker_id)

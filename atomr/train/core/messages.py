@@ -40,9 +40,12 @@ class Step:
     """Run one training step on a batch; answered with `StepStats`.
 
     Attributes:
-        features: float array `(batch, in_width)`.
-        labels: int64 class labels `(batch,)` for cross-entropy, or float
-            targets `(batch, out_width)` for MSE.
+        features: float array `(batch, *input_shape)`, or int token ids
+            `(batch, T)` for a token model.
+        labels: one per output row of the model (`validate_targets`): int
+            class labels `(batch,)` for an output `(batch, classes)`,
+            `(batch, T)` for `(batch, T, classes)`; or float targets shaped
+            like the output for MSE.
     """
 
     features: np.ndarray

@@ -22,7 +22,8 @@ __all__ = [
     "refuse_masked",
     "validate_batch",
     "validate_features",
-    "validate_tokens",
+    "validate_targets",
+    "validate_token_ids",
 ]
 
 
@@ -161,28 +162,24 @@ def validate_batch(
         InvalidBatchError: any check fails; nothing has been computed.
     """
     x = validate_features(features, in_width, dtype)
-    y = loss.validate_targets(labels, x.shape[0], out_width, dtype)
+    y = validate_targets(labels, x.shape[0], (out_width,), loss, dtype)
     return x, y
 
 
-def validate_tokens(
-    features: Any, labels: Any, t_len: int, vocab: int, loss: TargetValidator, classes: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Check a batch of token sequences and their next-token labels.
+def validate_token_ids(features: Any, t_len: int, vocab: int) -> np.ndarray:
+    """Check a batch of token sequences.
 
     Args:
         features: int ids `(batch, t_len)` in `[0, vocab)`, batch >= 1.
-        labels: int labels `(batch, t_len)` in `[0, classes)` (cross-entropy).
         t_len: the model's sequence length.
         vocab: the number of token ids.
-        loss: the loss kind; must be a classification loss.
-        classes: the model's output width.
 
     Returns:
-        `(ids, labels)`, contiguous int64.
+        The ids, contiguous int64.
 
     Raises:
-        InvalidBatchError: any check fails; nothing has been computed.
+        InvalidBatchError: not an ndarray, a masked array, not integers, of
+            another shape, or an id out of range.
     """
     if not isinstance(features, np.ndarray):
         raise InvalidBatchError(f"token ids must be a numpy array, got {type(features).__name__}")
@@ -195,13 +192,44 @@ def validate_tokens(
         check_token_ids(features, vocab)
     except (TypeError, ValueError) as exc:
         raise InvalidBatchError(str(exc)) from None
-    if not getattr(loss, "is_classification", False):
-        raise InvalidBatchError("a token model is trained with cross-entropy over the next tokens")
-    if not isinstance(labels, np.ndarray) or labels.shape != features.shape:
+    return np.ascontiguousarray(features, dtype=np.int64)
+
+
+def validate_targets(
+    labels: Any, batch: int, out_shape: tuple[int, ...], loss: TargetValidator, dtype: Any
+) -> np.ndarray:
+    """Check the targets of a batch against the model's output: one per
+    output row. An output of per-sample shape `(*rows, width)` takes class
+    labels `(batch, *rows)`, or regression targets `(batch, *rows, width)`;
+    so `(batch,)` labels for `(classes,)` and `(batch, T)` for `(T, classes)`.
+
+    Args:
+        labels: the labels or targets.
+        batch: the number of samples.
+        out_shape: the model's per-sample output shape.
+        loss: the loss kind (a `LossKind`).
+        dtype: the model's float dtype (regression targets are cast to it).
+
+    Returns:
+        The labels (int64) or targets (`dtype`), contiguous, of that shape.
+
+    Raises:
+        InvalidBatchError: another shape (the message names the expected
+            one), or what `LossKind.validate_targets` refuses.
+    """
+    width = out_shape[-1]
+    if len(out_shape) == 1:
+        return loss.validate_targets(labels, batch, width, dtype)
+    rows = (batch, *out_shape[:-1])
+    classes = getattr(loss, "is_classification", False)
+    want = rows if classes else (*rows, width)
+    if not isinstance(labels, np.ndarray) or labels.shape != want:
         shape = getattr(labels, "shape", type(labels).__name__)
-        raise InvalidBatchError(f"labels must be an array of shape {features.shape}, got {shape}")
-    flat = loss.validate_targets(labels.reshape(-1), labels.size, classes)
-    return np.ascontiguousarray(features, dtype=np.int64), flat.reshape(labels.shape)
+        what = "labels" if classes else "targets"
+        raise InvalidBatchError(f"{what} must be an array of shape {want}, got {shape}")
+    n_rows = int(np.prod(rows))
+    flat = labels.reshape(n_rows) if classes else labels.reshape(n_rows, width)
+    return loss.validate_targets(flat, n_rows, width, dtype).reshape(want)
 
 
 class BatchSpec:
@@ -229,47 +257,19 @@ class BatchSpec:
     def validate(
         self, features: Any, labels: Any, loss: TargetValidator
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The batch, checked and cast (`validate_batch` or `validate_tokens`).
+        """The batch, checked and cast: features `(batch, *in_shape)` (float,
+        or token ids) and targets per output row (`validate_targets`): a
+        token model's labels follow its output, `(batch, T)` for next-token
+        logits `(T, vocab)`, `(batch,)` for a sequence's classes.
 
         Raises:
             InvalidBatchError: any check fails; nothing has been computed.
         """
         if self.input_kind == "tokens":
             assert self.vocab is not None
-            return validate_tokens(
-                features, labels, self.in_shape[0], self.vocab, loss, self.out_shape[-1]
-            )
-        if len(self.in_shape) == 1 and len(self.out_shape) == 1:
-            return validate_batch(
-                features,
-                labels,
-                self.in_shape[-1],
-                loss,
-                out_width=self.out_shape[-1],
-                dtype=self.dtype,
-            )
-        return self._validate_shaped(features, labels, loss)
-
-    def _validate_shaped(
-        self, features: Any, labels: Any, loss: TargetValidator
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """A float batch for per-sample shapes of several axes: features
-        `(batch, *in_shape)`; targets per output row (`out_shape[:-1]` of
-        them per sample): class labels `(batch, *out_shape[:-1])`, or
-        regression targets `(batch, *out_shape)`.
-
-        Raises:
-            InvalidBatchError: any check fails.
-        """
-        x = validate_features(features, self.in_shape, self.dtype)
-        width = self.out_shape[-1]
-        rows = (x.shape[0], *self.out_shape[:-1])
-        classes = getattr(loss, "is_classification", False)
-        want = rows if classes else (*rows, width)
-        if not isinstance(labels, np.ndarray) or labels.shape != want:
-            shape = getattr(labels, "shape", type(labels).__name__)
-            raise InvalidBatchError(f"targets must be an array of shape {want}, got {shape}")
-        n_rows = int(np.prod(rows))
-        flat = labels.reshape(n_rows) if classes else labels.reshape(n_rows, width)
-        y = loss.validate_targets(flat, n_rows, width, self.dtype)
-        return x, y.reshape(want)
+            x = validate_token_ids(features, self.in_shape[0], self.vocab)
+            if not getattr(loss, "is_classification", False):
+                raise InvalidBatchError("a token model is trained with cross-entropy")
+        else:
+            x = validate_features(features, self.in_shape, self.dtype)
+        return x, validate_targets(labels, x.shape[0], self.out_shape, loss, self.dtype)

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from atomr.accel.device_actor import OnDevice
 from atomr.actor.ref import DEFAULT_ASK_TIMEOUT, ActorRef
 
 
@@ -110,6 +111,29 @@ def failed_indices(results: Sequence[Any]) -> list[int]:
         if isinstance(r, BaseException):
             failed.append(i)
     return failed
+
+
+def _nothing() -> None:
+    """A device job that does nothing: answered once the jobs queued before it are done."""
+
+
+async def fence(refs: Sequence[ActorRef], timeout: float | None) -> list[int]:
+    """Wait until every device worker in `refs` is done with the work it was
+    given before this call (a request whose ask timed out may still be
+    running there): each is asked to run a job that does nothing, which its
+    device thread reaches only after the jobs before it.
+
+    Args:
+        refs: `DeviceActor`s that answer `OnDevice`.
+        timeout: how long each may take (`None`: wait forever).
+
+    Returns:
+        The positions of the workers that did not answer in time (still busy,
+        or stopped); empty when every one is done.
+    """
+    return failed_indices(
+        await ask_all_settled(refs, OnDevice(_nothing), timeout, per_worker=False)
+    )
 
 
 async def ask_all_or_abort(

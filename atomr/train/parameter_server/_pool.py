@@ -11,15 +11,13 @@ a failed request is still running when the asker hears of it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from atomr.accel.device_actor import OnDevice
 from atomr.actor import ActorRef, ActorStoppedError, AskTimeoutError
-from atomr.train.comm._fanout import raise_first_failure
+from atomr.train.comm._fanout import fence, raise_first_failure
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import StepStats
@@ -39,10 +37,6 @@ _NOT_RETRIED: tuple[type[Exception], ...] = (
     FloatingPointError,  # NonFiniteError included
     StaleGradientError,
 )
-
-
-def _nothing() -> None:
-    """A device job that does nothing: handled once the worker's job before it is done."""
 
 
 Part = tuple[np.ndarray, np.ndarray]
@@ -151,8 +145,7 @@ class WorkerPool:
         with the part whose ask timed out, so that its late push lands in this
         step's round and the next step starts with every worker in step. A
         worker still busy past that is left to its supervisor."""
-        with contextlib.suppress(Exception):
-            await self.refs[index].ask(OnDevice(_nothing), timeout=self.timeout)
+        await fence([self.refs[index]], self.timeout)
 
     async def train(self, parts: Sequence[Part]) -> list[BatchResult]:
         """Every worker trains its part at once.

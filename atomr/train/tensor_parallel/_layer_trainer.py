@@ -9,9 +9,11 @@ on its device thread; the shards meet mid-pass in a `ThreadGroup`
 (`shard_plan` says where). A step is atomic: the pass changes no weight;
 then every shard updates its part out of place and keeps it only when all
 have (else every shard rolls back), and the asker gets the failing shard's
-own error. A shard that raised is resumed (its state is intact); one whose
-device context was poisoned loses its part, and the trainer answers
-`WorkerStateLost` until a checkpoint is loaded (`StateLossWatch`).
+own error, once every shard is done with the failed pass (`_settle`: a
+shard late past `worker_timeout` never meets the next pass). A shard that
+raised is resumed (its state is intact); one whose device context was
+poisoned loses its part, and the trainer answers `WorkerStateLost` until a
+checkpoint is loaded (`StateLossWatch`).
 Checkpoints are the full format: the shards' parts merged.
 """
 
@@ -36,7 +38,13 @@ from atomr.actor import (
 )
 from atomr.train._contract import spawn_ready
 from atomr.train._recovery import StateLossWatch
-from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, set_learning_rate
+from atomr.train.comm._fanout import (
+    ask_all,
+    ask_all_settled,
+    failed_indices,
+    fence,
+    set_learning_rate,
+)
 from atomr.train.core._step_checks import check_gradient, check_step_limit, evaluation
 from atomr.train.core.checkpoint import (
     Checkpoint,
@@ -80,6 +88,10 @@ def _first_own_error(results: list[Any]) -> BaseException:
     errors = [r for r in results if isinstance(r, BaseException)]
     own = [e for e in errors if not isinstance(e, GroupBroken)]
     return (own or errors)[0]
+
+
+def _still_busy(late: list[int]) -> str:
+    return f"tensor-parallel shards {late} are still busy with a failed pass (or stopped)"
 
 
 class LayerTensorParallelTrainer(Actor):
@@ -164,15 +176,44 @@ class LayerTensorParallelTrainer(Actor):
         return not_handled("TensorParallelTrainer", message)
 
     async def _pass(self, x: np.ndarray, y: np.ndarray, train: bool) -> list[PassResult]:
-        """Every shard's pass; a failure is raised once all settled (the group reset)."""
+        """Every shard's pass; a failure is raised once every shard is done
+        with it (`_settle`).
+
+        Raises:
+            GroupBroken: a shard is still busy with an earlier failed pass
+                (nothing was sent).
+            Exception: the failing shard's own error; no weight changed.
+        """
+        if self.group.broken and (late := await self._settle()):
+            raise GroupBroken(f"{_still_busy(late)}; nothing was sent, try again later")
         msg = ShardPass(x, y, train, self.steps)
         results = await ask_all_settled(
             self.refs, msg, self.config.worker_timeout, per_worker=False
         )
         if failed_indices(results):
-            self.group.reset()
-            raise _first_own_error(results)
+            error = _first_own_error(results)
+            error.add_note("the pass failed: no shard changed its weights")
+            if late := await self._settle():
+                error.add_note(f"{_still_busy(late)}; the next request waits for them first")
+            raise error
         return results
+
+    async def _settle(self) -> list[int]:
+        """Make the group usable again once no shard is in a pass: wake the
+        shards waiting mid-pass (`abort`), wait for each to finish what it
+        was given (`fence`, at most `worker_timeout`), then `reset`. A shard
+        whose ask timed out may still be computing; met by a reset group, it
+        would pair a failed pass's data with the next pass's.
+
+        Returns:
+            The shards that did not finish in time; while there are any, the
+            group stays broken.
+        """
+        self.group.abort()
+        late = await fence(self.refs, self.config.worker_timeout)
+        if not late:
+            self.group.reset()
+        return late
 
     async def _step(self, message: Step) -> StepStats:
         t0 = time.perf_counter_ns()
@@ -194,7 +235,6 @@ class LayerTensorParallelTrainer(Actor):
             self.refs, ShardApply(coefficient, token), timeout, per_worker=False
         )
         if failed_indices(results):
-            self.group.reset()  # the failing shard aborted it
             await ask_all_settled(self.refs, ShardRollback(token), timeout, per_worker=False)
             raise _first_own_error(results)
         await ask_all(self.refs, ShardCommit(token), timeout, per_worker=False)
@@ -241,7 +281,6 @@ class LayerTensorParallelTrainer(Actor):
                 key: (buffers[key][k] if key in buffers else v) for key, v in ckpt.optimizer.items()
             }
             states.append(ShardStateSet(LayerShardState(part, state, int(ckpt.step))))
-        self.group.reset()
         await ask_all(self.refs, states, self.config.worker_timeout)
         self.steps = int(ckpt.step)
         self._watch.clear(generation)

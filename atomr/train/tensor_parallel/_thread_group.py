@@ -9,8 +9,10 @@ concatenation is then read by all. The reduction is host-side, as every
 in-process reduction of atomr.
 
 Every wait has a deadline (`timeout`), and a shard that fails calls `abort`,
-which wakes the others at once with `GroupBroken`; the trainer `reset`s the
-group before its next request.
+which wakes the others at once with `GroupBroken`. The group stays broken
+(every later wait fails at once) until the trainer `reset`s it, which it does
+only once every shard is done with the failed pass: a late shard that met a
+reset group would be paired with the next pass's data.
 """
 
 from __future__ import annotations
@@ -82,6 +84,11 @@ class ThreadGroup:
     def abort(self) -> None:
         """Wake every waiting shard with `GroupBroken` (a shard failed)."""
         self._barrier.abort()
+
+    @property
+    def broken(self) -> bool:
+        """Aborted, or a wait timed out, since the last `reset`."""
+        return self._barrier.broken
 
     def reset(self) -> None:
         """Make the group usable again after an abort (between requests)."""

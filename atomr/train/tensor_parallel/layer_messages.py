@@ -123,7 +123,10 @@ class LayerShardProtocol:
     (they answer `Failure(GroupBroken)`). A bad request (a non-finite loss,
     a zero normaliser, a state that does not fit, a message it does not
     handle) is answered with `Failure(exc)` and changes nothing; a device
-    failure fails the actor, and its supervisor decides.
+    failure fails the actor, and its supervisor decides. Other messages go
+    to `DeviceActor.receive` (`OnDevice`, with which the trainer fences a
+    shard whose pass timed out; anything else is answered with
+    `Failure(TypeError)`).
 
     Attributes:
         messages: the message types above.

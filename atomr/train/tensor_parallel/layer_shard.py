@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device, DeviceActor
-from atomr.actor import Failure, not_handled
+from atomr.actor import Failure
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core._step_checks import check_loss, check_normaliser
 from atomr.train.core.checkpoint import restored_optimizer
@@ -87,7 +87,9 @@ class LayerShardActor(DeviceActor):
         self.model = model
 
     async def receive(self, message: Any) -> Any:
-        """Answer a message of `layer_messages` (or `SetLearningRate`) on the device thread."""
+        """Answer a message of `layer_messages` (or `SetLearningRate`) on the
+        device thread; `OnDevice` as every `DeviceActor` does (the trainer's
+        fence)."""
         if self.model is None:
             await self.on_device(self._build)
         handler = {
@@ -100,7 +102,7 @@ class LayerShardActor(DeviceActor):
             SetLearningRate: lambda m: self.optimizer.set_lr(m.lr),  # type: ignore[union-attr]
         }.get(type(message))
         if handler is None:
-            return not_handled("LayerShardActor", message)
+            return await super().receive(message)
         try:
             # a pass another shard broke is answered, not a failure of this actor
             errors = (*REQUEST_ERRORS, GroupBroken)

@@ -3,10 +3,13 @@ with `atomr.testkit.inject_faults` on `LayerShardActor` through
 `TensorParallelOptions.layer_shard_class`: a shard failing mid-pass wakes
 the others at once (no wait for the deadline), the asker gets that shard's
 own error, no shard changed, and training goes on to end where a run
-without that step ends; a failed apply rolls every shard back."""
+without that step ends; a failed apply rolls every shard back. A shard late
+past the deadline fails its Step only: the trainer waits until it is done
+with that pass before the next one."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
+from atomr.actor import AskTimeoutError
 from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     GetWeights,
@@ -74,6 +78,37 @@ async def test_a_failing_shard_changes_nothing_and_training_goes_on(
             await tp.ask(Step(x, y))
             await one.ask(Step(x, y))
         assert plan.fired == [phase]
+        np.testing.assert_allclose(
+            await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
+        )
+
+
+@pytest.mark.parametrize("late", [0, 1])
+async def test_a_shard_late_past_the_deadline_fails_its_step_only(late: int) -> None:
+    """Shard `late` starts a pass after the other gave up waiting for it: that
+    Step fails and changes nothing; the next one succeeds (the late pass is
+    not paired with its data), and the shards equal one device trained on
+    the steps that succeeded."""
+    timeout = 1.0
+    config = dataclasses.replace(CONFIG, worker_timeout=timeout)
+    plan = Plan()
+    faulty = inject_faults(LayerShardActor, plan, {"pass": "run_pass"}, worker=late)
+    options = TensorParallelOptions(layer_shard_class=faulty)
+    async with ActorSystem("tp-late") as system:
+        tp = await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), config, options)
+        one = await Trainer.spawn(system, _model(), ["cpu:0"], config)
+        for i, (x, y) in enumerate(_data(5)):
+            if i == 1:
+                before = await tp.ask(GetWeights())
+                plan.arm("pass", None, delay=1.5 * timeout)
+                with pytest.raises(AskTimeoutError) as failed:
+                    await tp.ask(Step(x, y), timeout=30)
+                assert "no shard changed its weights" in " ".join(failed.value.__notes__)
+                np.testing.assert_array_equal(await tp.ask(GetWeights()), before)
+                continue
+            await tp.ask(Step(x, y), timeout=30)
+            await one.ask(Step(x, y))
+        assert plan.fired == ["pass"]
         np.testing.assert_allclose(
             await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
         )

@@ -60,7 +60,11 @@ def test_a_failing_shard_wakes_the_others_and_reset_makes_the_group_usable() -> 
     results = _run(group, work)
     assert isinstance(results[0], GroupBroken) and results[1] == "failed"
     assert time.perf_counter() - started < 5  # not the 30 s deadline
+    assert group.broken  # until reset: a late shard fails at once, it meets no one
+    with pytest.raises(GroupBroken):
+        group.all_reduce(1, np.ones(2))
     group.reset()
+    assert not group.broken
     again = _run(group, lambda rank: group.all_reduce(rank, np.ones(2)).copy())
     np.testing.assert_array_equal(again[0], [2.0, 2.0])
 
@@ -69,3 +73,4 @@ def test_a_shard_that_never_comes_is_a_deadline() -> None:
     group = ThreadGroup(2, timeout=0.2)
     with pytest.raises(GroupBroken):
         group.all_reduce(0, np.ones(2))
+    assert group.broken

@@ -4,8 +4,7 @@ Each layer gets a rule from its class and its neighbours (`_splits`; the
 shard-local layers are in `_layer_rules`): a built-in column `Linear`
 followed, past element-wise layers, by a row `Linear` keeps its output
 split; any other column `Linear` gathers it; the built-in attention is split
-by heads; the rest, subclasses of those included, is replicated. A layer's
-`tp_rule` is not read here. A rule builds shard
+by heads; the rest, subclasses of those included, is replicated. A rule builds shard
 `k`'s local layer and moves its parameter arrays between the whole model
 and the shards (`split` / `merge`), which serves the parameters and every
 optimizer buffer alike (they share the layout).

@@ -3,7 +3,7 @@
 
 from atomr.train.core.model.gpt import gpt
 from atomr.train.core.model.gradcheck import gradient_check
-from atomr.train.core.model.layer import ForwardContext, Layer, TpRule
+from atomr.train.core.model.layer import ForwardContext, Layer
 from atomr.train.core.model.linear import Activation, Linear
 from atomr.train.core.model.registry import LAYERS, layer_from_config, register_layer
 from atomr.train.core.model.sequential import Sequential, SequentialTape
@@ -23,7 +23,6 @@ __all__ = [
     "Residual",
     "Sequential",
     "SequentialTape",
-    "TpRule",
     "gpt",
     "gradient_check",
     "layer_from_config",

@@ -20,34 +20,12 @@ built-in layer against float64 finite differences; do the same for yours
 from __future__ import annotations
 
 import abc
-import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["ForwardContext", "Layer", "TpRule", "backward_checked", "forward_checked"]
-
-
-class TpRule(enum.Enum):
-    """How tensor parallelism splits a layer (Megatron-LM's vocabulary).
-
-    REPLICATED: every shard holds the whole layer (LayerNorm, activations).
-    COLUMN: the output features are split; the input is replicated
-        (the first Linear of an MLP block); conjugate: an all-gather of the
-        output, or a ROW layer next.
-    ROW: the input features are split; the partial outputs are summed
-        (all-reduce) (the second Linear of an MLP block).
-    HEADS: attention heads are split (q, k, v by heads; the output
-        projection is ROW).
-    VOCAB: an embedding's vocabulary rows are split; the lookups are summed.
-    """
-
-    REPLICATED = "replicated"
-    COLUMN = "column"
-    ROW = "row"
-    HEADS = "heads"
-    VOCAB = "vocab"
+__all__ = ["ForwardContext", "Layer", "backward_checked", "forward_checked"]
 
 
 @dataclass(frozen=True)
@@ -74,11 +52,10 @@ INFERENCE = ForwardContext(train=False)
 class Layer(abc.ABC):
     """One layer of a model (module docstring).
 
-    Subclasses set `kind` and, where tensor parallelism splits them, `tp_rule`.
+    Subclasses set `kind`.
     """
 
     kind: ClassVar[str] = ""
-    tp_rule: ClassVar[TpRule] = TpRule.REPLICATED
 
     def param_shapes(self) -> list[tuple[int, ...]]:
         """The shapes of the layer's parameters, in storage order (none by default)."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from atomr.accel import ACTIVATIONS
 from atomr.train.core.model.inputs import positive_int
-from atomr.train.core.model.layer import ForwardContext, Layer, TpRule
+from atomr.train.core.model.layer import ForwardContext, Layer
 from atomr.train.core.model.registry import register_layer
 
 __all__ = ["Activation", "Linear"]
@@ -44,11 +44,6 @@ class Linear(Layer):
         if tp not in ("column", "row", "replicated"):
             raise ValueError(f"tp must be 'column', 'row' or 'replicated', got {tp!r}")
         self.tp = tp
-
-    @property
-    def tp_rule(self) -> TpRule:  # type: ignore[override]
-        """`TpRule.COLUMN`, `ROW` or `REPLICATED`, as configured."""
-        return TpRule(self.tp)
 
     def param_shapes(self) -> list[tuple[int, ...]]:
         """`W` `(in, out)`, then `b` `(out,)`."""

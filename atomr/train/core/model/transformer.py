@@ -12,7 +12,7 @@ import numpy as np
 
 from atomr.accel import sequence_ops as ops
 from atomr.train.core.model.inputs import positive_int
-from atomr.train.core.model.layer import ForwardContext, Layer, TpRule
+from atomr.train.core.model.layer import ForwardContext, Layer
 from atomr.train.core.model.registry import register_layer
 from atomr.train.core.validation import check_token_ids
 
@@ -36,7 +36,6 @@ class Embedding(Layer):
     """
 
     kind = "embedding"
-    tp_rule = TpRule.VOCAB
 
     def __init__(self, vocab: int, d_model: int, context: int) -> None:
         self.vocab = positive_int("vocab", vocab)
@@ -196,7 +195,6 @@ class CausalSelfAttention(Layer):
     """
 
     kind = "attention"
-    tp_rule = TpRule.HEADS
 
     def __init__(self, d_model: int, n_head: int) -> None:
         self.d_model = positive_int("d_model", d_model)

@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from atomr._arguments import int_at_least
+
 __all__ = ["Plan", "inject_faults"]
 
 W = TypeVar("W", bound=type)
@@ -116,8 +118,8 @@ class Plan:
         if not isinstance(phase, str):
             raise TypeError(f"phase must be a str, got {type(phase).__name__}")
         _check_error(error)
-        _check_count("times", times, 1)
-        _check_count("skip", skip, 0)
+        int_at_least("times", times, 1)
+        int_at_least("skip", skip, 0)
         if not (math.isfinite(delay) and delay >= 0.0):
             raise ValueError(f"delay must be finite and >= 0, got {delay}")
         if error is None and delay == 0.0:
@@ -166,13 +168,6 @@ class Plan:
         with self._lock:
             armed = self._armed.get(phase)
             return 0 if armed is None else armed.times
-
-
-def _check_count(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
 
 
 def _check_error(error: object) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr._arguments import int_at_least
 from atomr.actor import ActorRef
 from atomr.actor.ref import check_timeout
 from atomr.train._fit_run import FitRun
@@ -53,15 +54,6 @@ __all__ = [
     "epoch_order",
     "fit",
 ]
-
-
-def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    """Raises TypeError / ValueError unless `value` is an int >= `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _check_hooks(callbacks: Any, stop: Any, agree_to_stop: Any, evaluate: Any) -> None:
@@ -100,7 +92,7 @@ def _start_position(start: Any, epochs: int, count: int | None) -> FitPosition:
     if not isinstance(start, FitPosition):
         raise TypeError(f"start must be a FitPosition, got {type(start).__name__}")
     for name in ("epoch", "batch", "step"):
-        _positive_int(f"start.{name}", getattr(start, name), minimum=0)
+        int_at_least(f"start.{name}", getattr(start, name), 0)
     if start.epoch >= epochs:
         raise ValueError(f"start is at epoch {start.epoch}: pass epochs > {start.epoch}")
     if count is not None and start.batch >= count:
@@ -195,9 +187,9 @@ async def fit(
         Exception: whatever the trainer answered a request with (a
             `NonFiniteError`, an `AskTimeoutError`, ...).
     """
-    _positive_int("epochs", epochs)
-    _positive_int("seed", seed, minimum=0)
-    _positive_int("batch_size", batch_size)
+    int_at_least("epochs", epochs)
+    int_at_least("seed", seed, 0)
+    int_at_least("batch_size", batch_size)
     _check_hooks(callbacks, stop, agree_to_stop, evaluate)
     check_timeout(timeout)
     if checkpoint is not None:

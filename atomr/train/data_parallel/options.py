@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from atomr._arguments import int_at_least
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.collective import MpiCollective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
@@ -18,13 +19,6 @@ __all__ = ["ApplyPolicy", "COLLECTIVES", "DataParallelOptions"]
 
 COLLECTIVES = ("host", "ring")
 """The collectives `DataParallelOptions.collective` names."""
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
 
 
 class ApplyPolicy(enum.Enum):
@@ -145,7 +139,7 @@ class DataParallelOptions:
         if self.speed_hint is not None:
             object.__setattr__(self, "speed_hint", tuple(float(s) for s in self.speed_hint))
         if self.check_every is not None:
-            _check_int("check_every", self.check_every, 1)
+            int_at_least("check_every", self.check_every, 1)
         self._check_processes()
         self._check_policy()
         rc = self.replica_class
@@ -155,7 +149,7 @@ class DataParallelOptions:
     def _check_policy(self) -> None:
         if not isinstance(self.policy, ApplyPolicy):
             raise TypeError(f"policy must be an ApplyPolicy, got {self.policy!r}")
-        _check_int("average_every", self.average_every, 1)
+        int_at_least("average_every", self.average_every, 1)
         seconds = self.average_seconds
         if seconds is not None and (
             isinstance(seconds, bool)
@@ -164,7 +158,7 @@ class DataParallelOptions:
             or seconds <= 0
         ):
             raise ValueError(f"average_seconds must be a positive number or None, got {seconds!r}")
-        _check_int("cadence_anchor", self.cadence_anchor, 1)
+        int_at_least("cadence_anchor", self.cadence_anchor, 1)
         if not isinstance(self.cadence_auto_tune, bool):
             raise TypeError(f"cadence_auto_tune must be a bool, got {self.cadence_auto_tune!r}")
         target = self.cadence_target
@@ -189,8 +183,8 @@ class DataParallelOptions:
                 "the processes exchange host arrays: use a collective that takes them "
                 "(e.g. MpiCollective)"
             )
-        _check_int("process_count", self.process_count, 1)
-        _check_int("process_rank", self.process_rank, 0)
+        int_at_least("process_count", self.process_count, 1)
+        int_at_least("process_rank", self.process_rank, 0)
         if self.process_rank >= self.process_count:
             raise ValueError(
                 f"process_rank must be in [0, {self.process_count}), got {self.process_rank}"

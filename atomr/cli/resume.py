@@ -28,13 +28,15 @@ __all__ = ["check_something_left", "resume_position"]
 
 
 def resume_position(
-    run: RunConfig, path: Path, steps: int, history: History
+    run: RunConfig, path: Path, steps: int, updates: int, history: History
 ) -> tuple[FitPosition, int]:
     """Where the checkpoint stands (the fit loop's position and the
     trainer's own step count), and the earlier epoch records: from its
     history file when that file was written with this very checkpoint (its
     digest says so), else from the checkpoint's own step where the strategy
     takes a fixed number of steps per batch (with a warning on stderr).
+    `steps` is the batches of an epoch, `updates` the optimizer updates it
+    makes (the run's schedule is sized in them).
 
     Raises:
         CliError: an unusable checkpoint, another model or optimizer, a
@@ -49,7 +51,7 @@ def resume_position(
     _check_model_kind(run, ckpt)
     if run.gpt is None:  # a GPT's layers are checked by the trainer's LoadCheckpoint
         _check_model_options(run, ckpt, list(history.config["sizes"]))
-    _check_optimizer_options(run, ckpt, steps)
+    _check_optimizer_options(run, ckpt, updates)
     earlier = _history_of(path, digest, ckpt.step)
     if earlier is None:
         return _position_from_step(run, path, ckpt, steps), ckpt.step
@@ -184,7 +186,7 @@ def _check_model_options(run: RunConfig, ckpt: Checkpoint, sizes: list[int]) -> 
     )
 
 
-def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint, steps: int) -> None:
+def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint, updates: int) -> None:
     """Refuse to resume with other `--optimizer`, `--lr`, (SGD) `--momentum`
     or learning-rate schedule than the checkpoint's: loading a checkpoint
     restores its optimizer's hyper-parameters and schedule, so different
@@ -192,7 +194,7 @@ def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint, steps: int) -> No
     saved = ckpt.optimizer.get("kind")
     if not isinstance(saved, dict):
         return  # malformed state: the trainer's LoadCheckpoint reports it
-    mine = run.trainer_config(steps).optimizer
+    mine = run.trainer_config(updates).optimizer
     schedule = None if mine.schedule is None else mine.schedule.to_config()
     flags = {
         "--optimizer": ("name", mine.name),

@@ -195,7 +195,8 @@ async def train_epochs(
     steps = _steps_per_epoch(run, data)
     async with ActorSystem("atomr-train") as system:
         if run.resume is not None:
-            start, trainer_step = resume_position(run, run.resume, steps, history)
+            updates = _updates_per_epoch(run, data)
+            start, trainer_step = resume_position(run, run.resume, steps, updates, history)
             history.resumed_from = str(run.resume)
             check_something_left(run, start, trainer_step)
         history.status = await _train(

@@ -112,3 +112,22 @@ def test_the_step_schedule_cuts_twice() -> None:
     kind = _run("--epochs", "20", "--lr-schedule", "step").trainer_config(43).optimizer
     cuts = [u for u in range(1, 860) if kind.lr_at(u) < kind.lr_at(u - 1)]
     assert len(cuts) == 2
+
+
+@pytest.mark.parametrize("schedule", [["--lr-schedule", "cosine"], ["--warmup-epochs", "1"]])
+def test_a_scheduled_parameter_server_run_resumes_with_its_own_flags(
+    tmp_path: Path, schedule: list[str]
+) -> None:
+    """The resume check sized this run's schedule in batches, the run in
+    updates (one per worker's part): every such resume was refused."""
+    ckpt = tmp_path / "c.ckpt"
+    argv = [
+        "train", "--quiet", "--strategy", "ps", "--workers", "2", "--dataset", "synthetic",
+        "--samples", "256", "--features", "8", "--classes", "3", "--epochs", "2",
+        "--batch-size", "32", *schedule, "--checkpoint", str(ckpt),
+    ]  # fmt: skip
+    assert main([*argv, "--run-dir", str(tmp_path / "a"), "--max-steps", "8"]) == 0
+    assert load_checkpoint(ckpt).step == 8
+    assert main([*argv, "--run-dir", str(tmp_path / "b"), "--resume", str(ckpt)]) == 0
+    run = _run(*argv[2:])
+    assert load_checkpoint(ckpt).step == 2 * _steps_per_epoch(run, load_dataset(run)) * 2

@@ -107,7 +107,9 @@ def _check_distinct(run: RunConfig, targets: list[tuple[str, Path]]) -> None:
         if other is not None and not (flag == "--checkpoint" and other == "--resume"):
             raise CliError(f"{flag} {path} is the same file as {other}; give each output its own")
         seen[key] = flag
-    files = {key: flag for key, flag in seen.items() if flag != "--tensorboard"}  # a folder
+    files = {  # a folder (--tensorboard's, or one given for a file) is refused by _probe
+        key: flag for key, flag in seen.items() if flag != "--tensorboard" and not key.is_dir()
+    }
     for flag, path in targets:
         inside = next((files[p] for p in path.resolve().parents if p in files), None)
         if inside is not None:

@@ -127,3 +127,12 @@ def test_an_immutable_output_fails_with_eperm_before_training(
         subprocess.run([chattr, "-i", str(target)], check=True)
     assert line.startswith(f"atomr: error: --history: cannot write {target}: ")
     assert os.strerror(errno.EPERM) in line
+
+
+def test_a_folder_given_for_a_file_output_is_named_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, no_training: None
+) -> None:
+    """Not "--run-dir .../curves.png would be inside the file of --metrics"."""
+    argv = ["--metrics", str(tmp_path), "--run-dir", str(tmp_path / "run")]
+    line = _one_line_error(capsys, argv, 1)
+    assert f"--metrics: cannot write {tmp_path}: it is a directory" in line

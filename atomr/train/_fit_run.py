@@ -14,10 +14,14 @@ from atomr.actor import ActorRef, AskTimeoutError
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError, StepLimitError
 from atomr.train.core.messages import CloseRound, SaveCheckpoint, Step
 from atomr.train.core.sources import BatchSource, DataSourceError, InvalidDataError
-from atomr.train.core.stats import StepStats
-from atomr.train.fit_events import EpochRecord, Evaluator, FitCallback, FitPosition, StopFlag
+from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.fit_events import EpochRecord, FitCallback, FitPosition, StopFlag
 
-__all__ = ["FitRun"]
+__all__ = ["FitRun", "Measure"]
+
+Measure = Callable[[Any, Any], Awaitable[EvalResult]]
+"""How `fit` evaluates `(features, labels)`: the trainer's `EvalResult`, or
+a user's `Evaluator` hook's `(loss, accuracy)` without a normaliser."""
 
 
 @dataclass
@@ -33,6 +37,30 @@ class _Tally:
     @property
     def rate(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _Weighted:
+    """A set's evaluation from its batches': each loss weighted by its
+    normaliser (the label count when a trainer or hook does not give one),
+    each accuracy by its label count (rows, or tokens)."""
+
+    loss_sum: float = 0.0
+    normaliser: float = 0.0
+    correct: float = 0.0
+    labels: int = 0
+
+    def add(self, result: EvalResult, labels: int) -> None:
+        weight = labels if result.normaliser is None else result.normaliser
+        self.loss_sum += result.loss * weight
+        self.normaliser += weight
+        self.correct += result.accuracy * labels
+        self.labels += labels
+
+    def means(self) -> tuple[float, float]:
+        """`(loss, accuracy)` of the batches added; NaN for none."""
+        loss = self.loss_sum / self.normaliser if self.normaliser > 0 else math.nan
+        return loss, self.correct / self.labels if self.labels else math.nan
 
 
 def _exhausted(batches: Iterator[Any]) -> bool:
@@ -57,7 +85,7 @@ class FitRun:
     callbacks: Sequence[FitCallback]
     stop: StopFlag
     agree_to_stop: Callable[[bool], Awaitable[bool]] | None
-    evaluate: Evaluator
+    evaluate: Measure
     checkpoint: Path | None
     timeout: float | None
     max_steps: int | None = None
@@ -191,29 +219,24 @@ class FitRun:
         self, split: str, source: BatchSource, *, first_only: bool = False
     ) -> tuple[float, float]:
         """Loss and accuracy over a whole data set (or its first batch): one
-        request for arrays, else batch by batch, weighted by their sizes.
+        request for arrays, else batch by batch (`_Weighted`).
 
         Raises:
             InvalidBatchError: the trainer refused it (a note names `split`).
         """
+        total = _Weighted()
         try:
             if source.arrays is not None and not first_only:
-                return await self.evaluate(*source.arrays)
-            loss = correct = 0.0
-            samples = 0
+                whole = await self.evaluate(*source.arrays)
+                return float(whole.loss), float(whole.accuracy)
             for x, y in _in_order(source, self.batch_size):
-                batch_loss, batch_acc = await self.evaluate(x, y)
-                loss += batch_loss * len(y)
-                correct += batch_acc * len(y)
-                samples += len(y)
+                total.add(await self.evaluate(x, y), int(y.size))
                 if first_only:
                     break
         except InvalidBatchError as exc:
             exc.add_note(f"in the {split} set (epoch {self.position.epoch + 1})")
             raise
-        if samples == 0:
-            return math.nan, math.nan
-        return loss / samples, correct / samples
+        return total.means()
 
     async def finish_epoch(self, tally: _Tally) -> None:
         """Evaluate, record and close the epoch just trained.

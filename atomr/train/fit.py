@@ -27,7 +27,7 @@ import numpy as np
 from atomr._arguments import int_at_least
 from atomr.actor import ActorRef
 from atomr.actor.ref import check_timeout
-from atomr.train._fit_run import FitRun
+from atomr.train._fit_run import FitRun, Measure
 from atomr.train.core.checkpoint import check_save_target
 from atomr.train.core.data import epoch_order
 from atomr.train.core.messages import Evaluate, GetTrainingState
@@ -110,12 +110,23 @@ async def _training_state(trainer: ActorRef, timeout: float | None) -> TrainingS
     return state if isinstance(state, TrainingState) else None
 
 
-def _asking_evaluator(trainer: ActorRef, timeout: float | None) -> Evaluator:
-    async def evaluate(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        result: EvalResult = await trainer.ask(Evaluate(x, y), timeout=timeout)
-        return float(result.loss), float(result.accuracy)
+def _measure(trainer: ActorRef, hook: Evaluator | None, timeout: float | None) -> Measure:
+    """How `fit` evaluates a batch: the trainer's `EvalResult`, or the
+    hook's `(loss, accuracy)` (no normaliser: weighted by the label count)."""
 
-    return evaluate
+    async def ask(x: np.ndarray, y: np.ndarray) -> EvalResult:
+        result: EvalResult = await trainer.ask(Evaluate(x, y), timeout=timeout)
+        return result
+
+    if hook is None:
+        return ask
+    evaluate: Evaluator = hook
+
+    async def call(x: np.ndarray, y: np.ndarray) -> EvalResult:
+        loss, accuracy = await evaluate(x, y)
+        return EvalResult(float(loss), float(accuracy), len(x))
+
+    return call
 
 
 async def fit(
@@ -163,7 +174,12 @@ async def fit(
             end with this process's request, returns whether all stop; with
             it, `stop` is only honoured at epoch ends.
         evaluate: `(features, labels) -> (loss, accuracy)`; default: ask the
-            trainer to `Evaluate`.
+            trainer to `Evaluate`. Arrays are evaluated in one call, a dataset
+            or iterable batch by batch: the batches' accuracies weighted by
+            their label counts (`labels.size`: rows, tokens), their losses by
+            their normalisers (`EvalResult.normaliser`). A hook gives none,
+            so its losses are weighted by the label count too: exact for a
+            mean over labels, not for a loss with class weights.
         min_batch_size: a tail batch smaller than this is dropped (a
             data-parallel trainer needs one sample per replica).
         timeout: seconds each ask to the trainer may take (None: no limit).
@@ -212,7 +228,7 @@ async def fit(
         callbacks=list(callbacks),
         stop=stop if stop is not None else StopFlag(),
         agree_to_stop=agree_to_stop,
-        evaluate=evaluate if evaluate is not None else _asking_evaluator(trainer, timeout),
+        evaluate=_measure(trainer, evaluate, timeout),
         checkpoint=Path(checkpoint) if checkpoint is not None else None,
         timeout=timeout,
     )

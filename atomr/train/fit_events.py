@@ -14,7 +14,9 @@ from atomr.train.core.stats import StepStats
 __all__ = ["EpochRecord", "Evaluator", "FitCallback", "FitPosition", "FitResult", "StopFlag"]
 
 Evaluator = Callable[[np.ndarray, np.ndarray], Awaitable[tuple[float, float]]]
-"""`(features, labels) -> (loss, accuracy)`; the default asks the trainer to `Evaluate`."""
+"""`(features, labels) -> (loss, accuracy)`; the default asks the trainer to
+`Evaluate`. Evaluating a set batch by batch, `fit` weights a hook's losses and
+accuracies by the batches' label counts (`fit`'s `evaluate` argument)."""
 
 
 @dataclass

@@ -74,7 +74,7 @@ def evaluation(loss_sum: float, normaliser: float, accuracy: float, samples: int
         samples: the batch size.
 
     Returns:
-        `EvalResult(loss_sum / normaliser, accuracy, samples)`.
+        `EvalResult(loss_sum / normaliser, accuracy, samples, normaliser)`.
 
     Raises:
         InvalidBatchError: `normaliser <= 0`.
@@ -84,7 +84,7 @@ def evaluation(loss_sum: float, normaliser: float, accuracy: float, samples: int
     loss = float(loss_sum) / float(normaliser)
     if not math.isfinite(loss):
         raise NonFiniteError(f"evaluation loss is not finite ({loss}); the weights overflow it")
-    return EvalResult(loss, float(accuracy), int(samples))
+    return EvalResult(loss, float(accuracy), int(samples), float(normaliser))
 
 
 def check_step_limit(steps: int, max_steps: int | None) -> None:

@@ -43,11 +43,17 @@ class EvalResult:
         accuracy: fraction of samples whose arg-max output equals the label
             (cross-entropy losses); NaN for MSE, which has no class labels.
         samples: number of samples evaluated.
+        normaliser: what the batch's loss sum was divided by to give `loss`
+            (`LossKind`: the target values, the labels, or the sum of the
+            targets' class weights); `fit` weights each batch's loss by it
+            when it evaluates a set batch by batch. None when a trainer does
+            not say (one of your own): `fit` then weights by the label count.
     """
 
     loss: float
     accuracy: float
     samples: int
+    normaliser: float | None = None
 
 
 ShardStepResult = StepStats

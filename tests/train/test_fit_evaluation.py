@@ -1,0 +1,98 @@
+"""`fit` evaluates a dataset or a list of batches batch by batch, and the
+figures equal one `Evaluate` of the whole set (what arrays get): with class
+weights, each batch's loss counts by its normaliser (the sum of its targets'
+weights), not by its sample count, which put the loss ~11% off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.train import (
+    DataParallelOptions,
+    DataParallelTrainer,
+    Evaluate,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    Trainer,
+    TrainerConfig,
+)
+from atomr.train.core import synthetic_classification
+from atomr.train.fit import EpochRecord, Evaluator, fit
+
+WEIGHTED = TrainerConfig(OptimizerKind.adam(0.01), LossKind.weighted_cross_entropy([0.1, 1, 5]))
+X, Y = synthetic_classification(48, 6, 3, seed=1)
+XV, YV = synthetic_classification(30, 6, 3, seed=2)
+BY_CLASS = np.argsort(YV, kind="stable")  # a set stored by class: its batches' mixes differ
+XS, YS = XV[BY_CLASS], YV[BY_CLASS]
+
+STRATEGIES: dict[str, tuple[Any, Any, int]] = {
+    "single": (Trainer, None, 1),
+    "data": (DataParallelTrainer, DataParallelOptions(), 2),
+}
+
+
+class Batches:
+    """A map-style dataset with a batch getter."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def get_batch(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[idx], self.y[idx]
+
+
+async def _validated(
+    system: ActorSystem,
+    strategy: str,
+    validation: Any,
+    config: TrainerConfig = WEIGHTED,
+    hook: Any = None,
+) -> EpochRecord:
+    """One epoch on `(X, Y)` (the same weights every time), validated on `validation`."""
+    trainer_class, options, n = STRATEGIES[strategy]
+    model = Mlp([6, 8, 3], seed=0)
+    ref = await trainer_class.spawn(system, model, cpu_devices(n), config, options)
+    evaluate = hook(ref) if hook is not None else None
+    result = await fit(ref, (X, Y), validation=validation, epochs=1, batch_size=16,
+                       evaluate=evaluate)  # fmt: skip
+    await ref.stop()
+    return result.epochs[0]
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_class_weighted_loss_batch_by_batch_equals_the_whole_set(strategy: str) -> None:
+    async with ActorSystem("fit-evaluation") as system:
+        whole = await _validated(system, strategy, (XS, YS))
+        batches = [(XS[i : i + 16], YS[i : i + 16]) for i in range(0, 30, 16)]
+        for validation in (Batches(XS, YS), batches):
+            record = await _validated(system, strategy, validation)
+            assert record.test_loss == pytest.approx(whole.test_loss, rel=1e-6)
+            assert record.test_accuracy == pytest.approx(whole.test_accuracy, rel=1e-12)
+
+
+def _asking(ref: Any) -> Evaluator:
+    async def evaluate(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        result = await ref.ask(Evaluate(x, y))
+        return result.loss, result.accuracy
+
+    return evaluate
+
+
+async def test_a_hooks_mean_over_labels_batch_by_batch_equals_the_whole_set() -> None:
+    """A hook gives no normaliser: its figures are weighted by label count,
+    exact for a loss that is a mean over labels."""
+    plain = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
+    async with ActorSystem("fit-evaluation") as system:
+        whole = await _validated(system, "single", (XS, YS), plain, _asking)
+        record = await _validated(system, "single", Batches(XS, YS), plain, _asking)
+    assert record.test_loss == pytest.approx(whole.test_loss, rel=1e-6)
+    assert record.test_accuracy == pytest.approx(whole.test_accuracy, rel=1e-12)

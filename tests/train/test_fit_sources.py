@@ -23,6 +23,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core import synthetic_classification
+from atomr.train.core.sources import InvalidDataError
 from atomr.train.fit import DataSourceError, FitCallback, FitPosition, StopFlag, epoch_order, fit
 
 CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
@@ -115,16 +116,35 @@ class _RaggedEnd(Samples):
         return (x[:3] if i == len(self.y) - 1 else x), y
 
 
+class _SkipsARecord(Batches):
+    def get_batch(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        kept = idx[:-1] if len(idx) > 2 else idx  # a reader that skips an unreadable record
+        return self.x[kept], self.y[kept]
+
+
+class _FixedBlock(Batches):
+    def get_batch(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[:32], self.y[:32]
+
+
+class _ShortLabels(Batches):
+    def get_batch(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[idx], self.y[idx][:1]
+
+
 @pytest.mark.parametrize(
     "data, error, needle",
     [
         (_Short(X, Y), ValueError, "out of range although len(dataset) is 95"),
+        (_SkipsARecord(X, Y), InvalidDataError, "get_batch returned 15 features for 16 indices"),
+        (_FixedBlock(X, Y), InvalidDataError, "get_batch returned 32 features for 2 indices"),
+        (_ShortLabels(X, Y), InvalidDataError, "get_batch returned 1 labels for 2 indices"),
         (_RaggedEnd(X, Y), ValueError, "differ in shape"),
         ([(X[:4], Y[:3])], ValueError, "4 features and 3 labels"),
         (iter([(X, Y)]), TypeError, "read only once"),
         (42, TypeError, "must be (features, labels) arrays, a dataset"),
     ],
-    ids=["length", "last-shape", "pair", "generator", "number"],
+    ids=["length", "skips", "block", "labels", "last-shape", "pair", "generator", "number"],
 )
 async def test_bad_data_is_a_clear_error_and_trains_nothing(
     data: Any, error: type, needle: str
@@ -149,6 +169,27 @@ async def test_a_bad_sample_found_mid_epoch_is_named_and_the_position_saved(
                       callbacks=[saved])  # fmt: skip
     position = saved.positions[-1]
     assert (position.epoch, position.step) == (0, position.batch)  # the steps before it
+
+
+class _SkipsInTheThirdBatch(Batches):
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        super().__init__(x, y)
+        self.calls = 0
+
+    def get_batch(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.calls += 1  # the probe, then the first epoch's batches 0, 1, 2
+        return super().get_batch(idx[1:] if self.calls == 4 else idx)
+
+
+async def test_a_short_get_batch_mid_epoch_trains_nothing_of_it(tmp_path: Path) -> None:
+    saved = _Saved()
+    async with ActorSystem("sources") as system:
+        ref = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        with pytest.raises(InvalidDataError, match="15 features for 16 indices") as caught:
+            await fit(ref, _SkipsInTheThirdBatch(X, Y), epochs=1, batch_size=16,
+                      checkpoint=tmp_path / "c", callbacks=[saved])  # fmt: skip
+    assert saved.positions[-1] == FitPosition(epoch=0, batch=2, step=2)
+    assert "fetching batch 2 of epoch 0" in "".join(caught.value.__notes__)
 
 
 async def test_a_batch_of_another_shape_is_named_when_reached() -> None:

@@ -14,9 +14,10 @@ iterable of batches.
   a generator, cannot be read twice: pass the callable). `fit` does not
   shuffle it; resuming mid-epoch skips the batches already trained on.
 
-Every batch is checked: features and labels of equal length, every batch's
-sample shape like the first one's. A bad dataset gives a `ValueError` that
-names the sample or batch.
+Every batch is checked: features and labels of equal length, as many of each
+as `get_batch` was given indices, every batch's sample shape like the first
+one's. A bad dataset gives an `InvalidDataError` (a `ValueError`) that names
+the sample or batch.
 """
 
 from __future__ import annotations
@@ -146,8 +147,7 @@ class _Indexed(BatchSource):
         order = epoch_order(self._n, self._seed, epoch)
         for k in range(start, len(self._bounds)):
             lo, hi = self._bounds[k]
-            x, y = self._fetch(order[lo:hi])
-            yield self._shape.check(np.asarray(x), np.asarray(y), f"batch {k} of epoch {epoch}")
+            yield self._fetched(order[lo:hi], f"batch {k} of epoch {epoch}")
 
     def count(self) -> int | None:
         return len(self._bounds)
@@ -159,14 +159,25 @@ class _Indexed(BatchSource):
         Raises:
             InvalidDataError: see `_Shape.check` and the fetchers.
         """
-        x, y = self._fetch(np.array([0, self._n - 1]))
-        self._shape.check(np.asarray(x), np.asarray(y), "the first and last samples")
+        self._fetched(np.array([0, self._n - 1]), "the first and last samples")
 
     def in_order(self, batch_size: int) -> Iterator[Batch]:
         """The whole set in its own order (evaluation)."""
         for lo in range(0, self._n, batch_size):
-            x, y = self._fetch(np.arange(lo, min(lo + batch_size, self._n)))
-            yield self._shape.check(np.asarray(x), np.asarray(y), f"samples {lo}..")
+            yield self._fetched(np.arange(lo, min(lo + batch_size, self._n)), f"samples {lo}..")
+
+    def _fetched(self, idx: np.ndarray, where: str) -> Batch:
+        """The samples `idx`, checked (`where` names them in the error).
+
+        Raises:
+            InvalidDataError: see `_Shape.check` and the fetchers.
+        """
+        try:
+            x, y = self._fetch(idx)
+        except InvalidDataError as exc:
+            exc.add_note(f"{self._name}: fetching {where}")
+            raise
+        return self._shape.check(np.asarray(x), np.asarray(y), where)
 
 
 def _dataset_length(name: str, dataset: Any) -> int:
@@ -208,8 +219,9 @@ def _sample_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
 
 
 def _batch_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
-    """`dataset.get_batch(indices)`, checked: an index past a wrong `len()`
-    and a reply that is not a pair are named, like the samples' fetcher."""
+    """`dataset.get_batch(indices)`, checked: an index past a wrong `len()`,
+    a reply that is not a pair, and one with another number of features or
+    labels than indices (a reader that skips a record) are named."""
 
     def fetch(idx: np.ndarray) -> Batch:
         try:
@@ -224,7 +236,15 @@ def _batch_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
                 f"{name}: get_batch must return a (features, labels) pair, "
                 f"got {type(batch).__name__}"
             )
-        return batch[0], batch[1]
+        x, y = np.asarray(batch[0]), np.asarray(batch[1])
+        for what, part in (("features", x), ("labels", y)):
+            rows = part.shape[0] if part.ndim else 0
+            if rows != len(idx):
+                raise InvalidDataError(
+                    f"{name}: get_batch returned {rows} {what} for {len(idx)} indices; "
+                    "it must return one per index"
+                )
+        return x, y
 
     return fetch
 

@@ -163,7 +163,8 @@ async def fit(
         validation: evaluated after every epoch (the same kinds as `train`),
             or None.
         drop_last: drop the last batch of an epoch when it is smaller than
-            `batch_size` (arrays and datasets).
+            `batch_size`; only for arrays and datasets (an iterable's or a
+            callable's batches are taken as they come: a ValueError).
         start: the position to resume from (the trainer already holds the
             checkpoint's state); None starts at the beginning.
         checkpoint: save here after every epoch, at the end and on a stop.
@@ -190,8 +191,8 @@ async def fit(
     Raises:
         TypeError, ValueError: bad arguments (checked before any step: a
             `start` that does not fit, a `checkpoint` whose folder is missing
-            or that is not a file), or a dataset or batch of the wrong
-            length or shape.
+            or that is not a file, `drop_last` for an iterable or a
+            callable), or a dataset or batch of the wrong length or shape.
         RuntimeError: another `fit` is training `trainer` now.
         DataSourceError: the training data raised part way through an
             epoch; the checkpoint (if any) was saved at the position reached.

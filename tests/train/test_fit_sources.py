@@ -99,6 +99,19 @@ async def test_drop_last_drops_the_short_tail() -> None:
     assert [r.step for r in dropped.epochs] == [5, 10]
 
 
+@pytest.mark.parametrize(
+    "data", [[(X[:16], Y[:16]), (X[16:20], Y[16:20])], same_batches_as_arrays],
+    ids=["list", "callable"],
+)  # fmt: skip
+async def test_drop_last_for_batches_taken_as_they_come_is_refused(data: Any) -> None:
+    async with ActorSystem("sources") as system:
+        ref = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        before = await ref.ask(GetWeights())
+        with pytest.raises(ValueError, match="drop_last applies to arrays and datasets"):
+            await fit(ref, data, epochs=1, batch_size=16, drop_last=True)
+        np.testing.assert_array_equal(await ref.ask(GetWeights()), before)
+
+
 class _Short(Samples):
     def __len__(self) -> int:
         return len(self.y) + 5  # claims more samples than it has

@@ -12,7 +12,8 @@ iterable of batches.
   generator function's result...), or a callable `epoch -> iterable`: taken
   as it comes, once per epoch (an iterable that is its own iterator, such as
   a generator, cannot be read twice: pass the callable). `fit` does not
-  shuffle it; resuming mid-epoch skips the batches already trained on.
+  shuffle it, nor drop its short batches (`drop_last` is refused);
+  resuming mid-epoch skips the batches already trained on.
 
 Every batch is checked: features and labels of equal length, as many of each
 as `get_batch` was given indices, every batch's sample shape like the first
@@ -287,6 +288,22 @@ class _Streamed(BatchSource):
             )
 
 
+def _streamed(
+    name: str, make: Callable[[int], Iterable[Any]], min_batch: int, drop_last: bool
+) -> _Streamed:
+    """Batches taken as they come.
+
+    Raises:
+        ValueError: `drop_last`, which does not apply to them.
+    """
+    if drop_last:
+        raise ValueError(
+            f"{name}: drop_last applies to arrays and datasets, not to batches taken as "
+            "they come (an iterable or a callable): leave out a short batch yourself"
+        )
+    return _Streamed(name, make, min_batch)
+
+
 def _is_array_pair(data: Any) -> bool:
     """`(features, labels)`, not a list of two `(features, labels)` batches:
     the second item is labels (a label per row), not a batch whose features
@@ -318,8 +335,9 @@ def as_source(
 
     Raises:
         TypeError: not arrays, a dataset, an iterable or a callable.
-        ValueError: arrays of different lengths, an empty dataset, or fewer
-            samples than one batch.
+        ValueError: arrays of different lengths, an empty dataset, fewer
+            samples than one batch, or `drop_last` for batches taken as they
+            come (an iterable or a callable), which it does not apply to.
     """
     if isinstance(data, np.ndarray):
         raise TypeError(f"{name} must be a (features, labels) pair of arrays, got one ndarray")
@@ -330,7 +348,7 @@ def as_source(
         source.arrays = (x, y)
         return source
     if isinstance(data, list | tuple):  # a list of batches, not a dataset of samples
-        return _Streamed(name, lambda epoch: data, min_batch_size)
+        return _streamed(name, lambda epoch: data, min_batch_size, drop_last)
     if hasattr(data, "__len__") and (
         hasattr(data, "__getitem__") or callable(getattr(data, "get_batch", None))
     ):
@@ -340,14 +358,14 @@ def as_source(
         source.probe()
         return source
     if callable(data):
-        return _Streamed(name, data, min_batch_size)
+        return _streamed(name, data, min_batch_size, drop_last)
     if isinstance(data, Iterable):
         if iter(data) is data:
             raise TypeError(
                 f"{name}: this iterable is its own iterator (a generator?) and can be read "
                 "only once; pass a callable epoch -> iterable instead"
             )
-        return _Streamed(name, lambda epoch: data, min_batch_size)
+        return _streamed(name, lambda epoch: data, min_batch_size, drop_last)
     raise TypeError(
         f"{name} must be (features, labels) arrays, a dataset (__len__ and __getitem__ or "
         f"get_batch), an iterable of batches or a callable epoch -> iterable; "

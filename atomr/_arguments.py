@@ -1,9 +1,14 @@
 """`int_at_least`: the one check of a count argument (an int, not a bool,
-at least some bound), shared by the runtime's and the trainers' options."""
+at least some bound), shared by the runtime's and the trainers' options;
+`real_as_float`: a real number as a float, for the finiteness checks of
+numeric arguments and of the numbers a checkpoint holds."""
 
 from __future__ import annotations
 
-__all__ = ["int_at_least"]
+import math
+from typing import SupportsFloat
+
+__all__ = ["int_at_least", "real_as_float"]
 
 
 def int_at_least(name: str, value: object, low: int = 1) -> int:
@@ -18,3 +23,13 @@ def int_at_least(name: str, value: object, low: int = 1) -> int:
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     return value
+
+
+def real_as_float(value: SupportsFloat) -> float:
+    """`value` as a float; one beyond float's range (an int such as 10**400,
+    which `float()` refuses with OverflowError) as an infinity of its sign,
+    for the caller's finiteness check to refuse with its own error."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf  # type: ignore[operator]

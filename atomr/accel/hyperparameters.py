@@ -12,11 +12,14 @@ buffers' dtype, with no check.
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any
 
 import numpy as np
+
+from atomr._arguments import real_as_float
 
 __all__ = ["AdamHyperparameters", "SgdHyperparameters", "given_in_float32", "real_in_float32"]
 
@@ -30,9 +33,10 @@ def real_in_float32(name: str, value: Any) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    v = float(value)
+    v = real_as_float(value)
     if not _finite_in_float32(v):
-        raise ValueError(f"{name} must be finite in float32, got {v}")
+        shown = reprlib.repr(value) if isinstance(value, int) else v
+        raise ValueError(f"{name} must be finite in float32, got {shown}")
     return v
 
 

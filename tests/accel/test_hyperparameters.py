@@ -25,7 +25,7 @@ def test_defaults_are_torchs() -> None:
     assert (sgd.momentum, sgd.dampening, sgd.weight_decay, sgd.nesterov) == (0.0, 0.0, 0.0, False)
 
 
-@pytest.mark.parametrize("value", [1e39, -1e39, math.inf, math.nan])
+@pytest.mark.parametrize("value", [1e39, -1e39, math.inf, math.nan, 10**400, -(10**400)])
 @pytest.mark.parametrize("name", ["lr", "beta1", "eps", "weight_decay"])
 def test_adam_refuses_values_infinite_in_float32(name: str, value: float) -> None:
     """1e39 is finite in float64 but not in float32, the kernels' dtype."""

@@ -7,6 +7,7 @@ written atomically."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from atomr.cli.parser import build_parser
 from atomr.cli.run_config import RunConfig
 from atomr.cli.training_run import train_epochs
 from atomr.train import StepStats, load_checkpoint
+from atomr.train.core import save_checkpoint
 from atomr.train.fit import FitCallback, FitPosition, StopFlag
 
 
@@ -205,6 +207,19 @@ def test_a_resume_that_cannot_continue_says_which_option_to_change(
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert needle in err and "{'" not in err  # words, not the config's dict
+
+
+def test_a_checkpoint_holding_a_number_beyond_floats_range_is_one_line(
+    stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = load_checkpoint(stopped)
+    kind = {**saved.optimizer["kind"], "lr": 10**400}  # valid JSON; was an OverflowError
+    bad = tmp_path / "big.ckpt"
+    save_checkpoint(bad, dataclasses.replace(saved, optimizer={**saved.optimizer, "kind": kind}))
+    argv = ["train", "--quiet", "--strategy", "single", "--epochs", "3", "--resume", str(bad)]
+    assert atomr.cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--resume:" in err and "optimizer.kind.lr" in err, err
 
 
 def test_a_directory_given_to_resume_is_named_so(

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import threading
 import tracemalloc
 import zipfile
@@ -96,11 +97,17 @@ def test_a_crafted_file_with_nothing_wrong_loads(tmp_path: Path) -> None:
         ({"optimizer": {"kind": {"name": "adam", "lr": 1e39}}}, "optimizer.kind.lr"),
         ({"model": [1, 2]}, "model"),
         ({"payload_len": 10**30}, "payload_len"),
+        # integers beyond float's range: an OverflowError before
+        ({"optimizer": {"kind": {"name": "adam", "lr": 10**400}}}, "optimizer.kind.lr"),
+        ({"optimizer": {"kind": {"schedule": {"gamma": -(10**400)}}}}, "schedule.gamma"),
+        ({"optimizer": {"kind": {"schedule": {"step_size": 10**400}}}}, "schedule.step_size"),
+        ({"model": {"sizes": [4, 10**400, 3]}}, "model.sizes[1]"),
+        ({"extra": {"micro": 10**400}}, "extra.micro"),
     ],
 )
 def test_header_fields_are_checked(tmp_path: Path, header: dict[str, Any], field: str) -> None:
     path = _craft(tmp_path / "h.ckpt", header=header)
-    with pytest.raises(CheckpointError, match=field.replace(".", r"\.")):
+    with pytest.raises(CheckpointError, match=re.escape(field)):
         load_checkpoint(path)
 
 
@@ -353,6 +360,10 @@ async def test_every_trainer_answers_a_bad_load_with_a_checkpoint_error_and_keep
             },
             "micro not a number": {"extra": {**saved.extra, "micro": "x"}},
             "micro a list": {"extra": {**saved.extra, "micro": [3]}},
+            "lr beyond float's range": {
+                "optimizer": {**saved.optimizer, "kind": {**saved.optimizer["kind"], "lr": 10**400}}
+            },
+            "a size beyond float's range": {"model": {**saved.model, "sizes": [6, 10**400, 3]}},
         }
         for what, changes in hostile.items():
             bad = tmp_path / "bad.ckpt"

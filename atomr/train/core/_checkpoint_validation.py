@@ -2,18 +2,19 @@
 range of its numbers, and whether its model is the receiving one.
 
 The file is untrusted (`load_checkpoint`): only a regular file is read, the
-header's JSON is checked field by field, and every number must be finite
-in float32 where the trainers will use it as float32. The arrays' own
-checks are in `_checkpoint_members`.
+header's JSON is checked field by field, no number in it may be beyond
+float's range (JSON allows an integer such as 10**400, which every reader
+that takes it as a float overflows), and every number must be finite in
+float32 where the trainers will use it as float32. The arrays' own checks
+are in `_checkpoint_members`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from atomr.train.core.errors import CheckpointError
 __all__ = [
     "check_count",
     "check_float32_numbers",
+    "check_float_numbers",
     "check_float32_range",
     "model_difference",
     "parse_header",
@@ -31,6 +33,7 @@ __all__ = [
 ]
 
 _F32_MAX = float(np.finfo(np.float32).max)
+_F64_MAX = float(np.finfo(np.float64).max)
 
 
 def read_regular_file(where: str, magic: bytes) -> bytes:
@@ -84,29 +87,46 @@ def parse_header(text: bytes, payload_len: int) -> dict[str, Any]:
     if "step" in header["optimizer"]:
         check_count("optimizer.step", header["optimizer"]["step"])
     check_float32_numbers("optimizer", header["optimizer"])
+    for key in ("model", "extra"):
+        check_float_numbers(key, header[key])
     return header
 
 
 def check_count(what: str, value: object) -> None:
     """Raise CheckpointError unless `value` is an int in [0, 2**63)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise CheckpointError(f"{what} must be an integer in [0, 2**63), got {value!r}")
+        shown = bounded_repr(value)
+        raise CheckpointError(f"{what} must be an integer in [0, 2**63), got {shown}")
+
+
+def _numbers(what: str, value: object) -> Iterator[tuple[str, int | float]]:
+    """Every number inside `value` (dicts and lists walked, without recursion:
+    a header may nest as deep as JSON's reader allows), with its field's name."""
+    pending: list[tuple[str, object]] = [(what, value)]
+    while pending:
+        where, item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend((f"{where}.{key}", inner) for key, inner in reversed(item.items()))
+        elif isinstance(item, list):
+            pending.extend((f"{where}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            yield where, item
 
 
 def check_float32_numbers(what: str, value: object) -> None:
-    """Raise CheckpointError if any number inside `value` is not finite in float32."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            check_float32_numbers(f"{what}.{key}", item)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            check_float32_numbers(f"{what}[{i}]", item)
-    elif (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and not (math.isfinite(value) and abs(value) <= _F32_MAX)
-    ):
-        raise CheckpointError(f"{what} = {value!r} is not finite in float32")
+    """Raise CheckpointError naming the field of any number inside `value`
+    (an int included) that is not finite in float32."""
+    for where, number in _numbers(what, value):
+        if not abs(number) <= _F32_MAX:  # exact for an int of any size, False for NaN
+            raise CheckpointError(f"{where} = {bounded_repr(number)} is not finite in float32")
+
+
+def check_float_numbers(what: str, value: object) -> None:
+    """Raise CheckpointError naming the field of any integer inside `value`
+    that is beyond float's range (no float holds it)."""
+    for where, number in _numbers(what, value):
+        if isinstance(number, int) and abs(number) > _F64_MAX:
+            raise CheckpointError(f"{where} = {bounded_repr(number)} is beyond float's range")
 
 
 def check_float32_range(what: str, value: np.ndarray) -> None:

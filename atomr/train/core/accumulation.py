@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr._arguments import real_as_float
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -170,10 +171,7 @@ def _finite_number(extra: dict[str, Any], key: str) -> float:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise CheckpointError(f"checkpoint's {key} must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond float's range
-        number = math.inf
+    number = real_as_float(value)
     if not math.isfinite(number):
         raise CheckpointError(f"checkpoint's {key} is not finite: {value!r}"[:200])
     return number

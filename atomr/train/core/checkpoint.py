@@ -196,7 +196,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     accepted, and each one's dtype and shape are checked against its size
     before it is read. Every array must hold finite real numbers; the weights
     and optimizer buffers must also be finite in float32, and so must every
-    number among the optimizer's scalars (its hyper-parameters).
+    number among the optimizer's scalars (its hyper-parameters); no integer
+    in the header may be beyond float's range (10**400 is valid JSON).
 
     Args:
         path: the checkpoint file.

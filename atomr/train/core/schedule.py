@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import bisect
 import math
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from atomr._arguments import real_as_float
 
 __all__ = [
     "ChainedScheduler",
@@ -49,10 +52,10 @@ def _positive_int(name: str, value: object) -> int:
 def _finite(name: str, value: object, *, low: float = 0.0, strict: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    number = float(value)
+    number = real_as_float(value)
     if not math.isfinite(number) or number < low or (strict and number == low):
         bound = f"> {low:g}" if strict else f">= {low:g}"
-        raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
+        raise ValueError(f"{name} must be finite and {bound}, got {reprlib.repr(value)}")
     return number
 
 

@@ -174,6 +174,28 @@ def test_hostile_schedule_configs_are_refused(config: object, match: str) -> Non
         schedule_from_config(config)
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"kind": "step", "step_size": 3, "gamma": 10**400},
+        {"kind": "multistep", "milestones": [2], "gamma": 10**400},
+        {"kind": "cosine", "t_max": 5, "eta_min": -(10**400)},
+        {"kind": "linear", "start_factor": 10**400, "end_factor": 1.0, "total_iters": 3},
+        {"kind": "chained", "schedules": [{"kind": "step", "step_size": 1, "gamma": 10**400}]},
+    ],
+    ids=["step", "multistep", "cosine", "linear", "nested"],
+)
+def test_a_number_beyond_floats_range_is_a_value_error(config: dict[str, Any]) -> None:
+    """An integer such as 10**400 is valid JSON; it was an OverflowError."""
+    with pytest.raises(ValueError, match=r"must be finite .*got -?1000000.*\.\.\."):
+        schedule_from_config(config)
+    kind = {"name": "sgd", "lr": 0.1, "schedule": config}
+    with pytest.raises(ValueError, match="must be finite"):
+        OptimizerKind.from_config(kind)
+    with pytest.raises(ValueError, match="lr must be finite in float32"):
+        OptimizerKind.from_config({**kind, "lr": 10**400, "schedule": None})
+
+
 def test_nesting_is_bounded() -> None:
     config: dict[str, object] = {"kind": "step", "step_size": 1}
     for _ in range(10):

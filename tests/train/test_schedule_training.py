@@ -103,6 +103,8 @@ async def _set_rate_run(system: ActorSystem, trainer_class: Any, options: Any, n
         await ref.ask(Step(x, y))
     with pytest.raises(ValueError, match="lr"):
         await ref.ask(SetLearningRate(float("nan")))  # refused everywhere: nothing changed
+    with pytest.raises(TypeError, match="lr must be a real number"):
+        await ref.ask(SetLearningRate("0.1"))  # type: ignore[arg-type]
     await ref.ask(SetLearningRate(0.001))
     for x, y in batches[3:6]:
         await ref.ask(Step(x, y))

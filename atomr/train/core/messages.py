@@ -76,7 +76,8 @@ class SetLearningRate:
 
     Attributes:
         lr: the new base learning rate (checked in float32, as
-            `OptimizerKind` checks it: a bad one is refused, nothing changed).
+            `OptimizerKind.with_lr` checks it: a wrong type is refused with
+            `TypeError`, a bad value with `ValueError`, nothing changed).
     """
 
     lr: float

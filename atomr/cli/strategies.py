@@ -11,20 +11,16 @@ to `atomr train` is one entry here; a flag of its own is also declared in
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from atomr.actor import ActorRef
 from atomr.cli.errors import CliError
+from atomr.cli.job import Job, open_job
 from atomr.train import (
     AsyncParameterServer,
-    CheckpointError,
     DataParallelTrainer,
-    LoadCheckpoint,
     PipelineParallelTrainer,
     ShardedDataParallelTrainer,
     ShardedOptions,
@@ -32,7 +28,6 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
-from atomr.train.comm.mpi.errors import CollectiveError
 from atomr.train.core import Checkpoint
 from atomr.train.core.model import Sequential
 from atomr.train.data_parallel import ApplyPolicy, DataParallelOptions
@@ -43,9 +38,9 @@ if TYPE_CHECKING:  # the run's options check their flags against this registry
     from atomr.cli.run_config import RunConfig
     from atomr.train.comm.mpi.job import DistributedTrainConfig
 
-JobOptions = Callable[["RunConfig", "DistributedTrainConfig"], tuple[Any, Any]]
-"""Builds `(trainer class, options)` for one rank of an MPI job; collective
-(every rank calls it at the same point)."""
+JobOptions = Callable[["RunConfig", "DistributedTrainConfig", Any], tuple[Any, Any]]
+"""Builds `(trainer class, options)` for one rank of an MPI job, given the
+job's process collective."""
 
 __all__ = [
     "STRATEGIES",
@@ -140,8 +135,11 @@ def _data_options(run: RunConfig) -> DataParallelOptions:
     return DataParallelOptions(**_data_settings(run))
 
 
-def _data_job(run: RunConfig, dist: DistributedTrainConfig) -> tuple[Any, Any]:
-    return DataParallelTrainer, DataParallelOptions.for_job(dist, **_data_settings(run))
+def _data_job(run: RunConfig, dist: DistributedTrainConfig, collective: Any) -> tuple[Any, Any]:
+    options = DataParallelOptions.for_job(
+        dist, process_collective=collective, **_data_settings(run)
+    )
+    return DataParallelTrainer, options
 
 
 def _data_steps_per_batch(run: RunConfig, ckpt: Checkpoint | None) -> int | None:
@@ -156,8 +154,9 @@ def _zero_options(run: RunConfig) -> ShardedOptions:
     return ShardedOptions(stage=run.zero_stage or 1)
 
 
-def _zero_job(run: RunConfig, dist: DistributedTrainConfig) -> tuple[Any, Any]:
-    return ShardedDataParallelTrainer, ShardedOptions.for_job(dist, stage=run.zero_stage or 1)
+def _zero_job(run: RunConfig, dist: DistributedTrainConfig, collective: Any) -> tuple[Any, Any]:
+    options = ShardedOptions.for_job(dist, process_collective=collective, stage=run.zero_stage or 1)
+    return ShardedDataParallelTrainer, options
 
 
 def _ps_workers(run: RunConfig) -> int:
@@ -246,69 +245,18 @@ def min_batch_size(run: RunConfig) -> int:
     return STRATEGIES[run.strategy].min_batch(run)
 
 
-class Job:
-    """How the processes of a run cooperate; a single process is a job of one.
-
-    Attributes:
-        is_root: True where this process writes files.
-        agree_to_stop: None (a single process stops between any two steps),
-            or, for an MPI job, `(requested) -> all stop` at an epoch's end.
-    """
-
-    is_root = True
-    agree_to_stop: Callable[[bool], Awaitable[bool]] | None = None
-
-    async def load(self, trainer: ActorRef, path: Path) -> None:
-        """Load the checkpoint to resume from.
-
-        Raises:
-            CliError: the trainer refused it (corrupted, another model).
-        """
-        try:
-            await trainer.ask(LoadCheckpoint(str(path)), timeout=600.0)
-        except (CheckpointError, OSError) as exc:
-            raise CliError(f"--resume: {exc}") from None
-
-    def abort(self, error: BaseException) -> None:
-        """Training failed with `error`; a single process has nobody to tell."""
-        del error
-
-
-class _MpiJob(Job):
-    """The ranks of `atomr train --distributed`, joined by an `MpiCollective`."""
-
-    def __init__(self, collective: Any, is_root: bool) -> None:
-        self.collective = collective
-        self.is_root = is_root
-        self.agree_to_stop = self._agree
-
-    async def _agree(self, requested: bool) -> bool:
-        total = await self.collective.all_reduce([np.array([1.0 if requested else 0.0])])
-        return bool(np.asarray(total).reshape(-1)[0] > 0)
-
-    def abort(self, error: BaseException) -> None:
-        """After a collective failure (a rank died or timed out), abort the
-        whole MPI job with exit code 2 and the error as the message."""
-        if isinstance(error, CollectiveError):
-            self.collective.abort(2, f"{type(error).__name__}: {error}")
-
-
 async def _spawn_distributed(
-    system: Any, run: RunConfig, model: Sequential, config: TrainerConfig
-) -> tuple[ActorRef, Job]:
-    assert run.dist is not None
-    job = STRATEGIES[run.strategy].job
-    assert job is not None  # run_args refuses --distributed with the others
-    try:
-        trainer, options = job(run, run.dist)
-    except ImportError:
-        raise CliError("--distributed needs mpi4py: pip install -e '.[mpi]'", 1) from None
-    ref = await trainer.spawn(system, model, list(run.devices), config, options)
-    return ref, _MpiJob(options.process_collective, run.dist.is_root)
+    system: Any, run: RunConfig, model: Sequential, config: TrainerConfig, job: Job
+) -> ActorRef:
+    assert run.dist is not None and job.collective is not None
+    build = STRATEGIES[run.strategy].job
+    assert build is not None  # run_args refuses --distributed with the others
+    trainer, options = build(run, run.dist, job.collective)
+    return await trainer.spawn(system, model, list(run.devices), config, options)
 
 
 async def spawn_trainer(
-    system: Any, run: RunConfig, model: Sequential, config: TrainerConfig
+    system: Any, run: RunConfig, model: Sequential, config: TrainerConfig, job: Job | None = None
 ) -> tuple[ActorRef, Job]:
     """Spawn the trainer of `run.strategy` on `run.devices`.
 
@@ -317,20 +265,26 @@ async def spawn_trainer(
         run: the run's options (strategy, devices, schedule, workers, ...).
         model: the initial model.
         config: optimizer, loss and clipping.
+        job: the run's `Job` (`open_job`); default: opened here, which
+            under `--distributed` is collective.
 
     Returns:
         The trainer, and the `Job` it belongs to.
 
     Raises:
         CliError: the trainer refused the options (for example more
-            pipeline stages than layers).
+            pipeline stages than layers), or as `open_job`.
+        CollectiveError: under `--distributed`, a rank failed during the
+            trainer's start (the initial weights' broadcast).
     """
+    if job is None:
+        job = await open_job(run)
     try:
         if run.dist is not None:
-            return await _spawn_distributed(system, run, model, config)
+            return await _spawn_distributed(system, run, model, config, job), job
         strategy = STRATEGIES[run.strategy]
         options = strategy.options(run)
         ref = await strategy.trainer.spawn(system, model, list(run.devices), config, options)
     except (ValueError, TypeError) as exc:
         raise CliError(f"--strategy {run.strategy}: {exc}") from None
-    return ref, Job()
+    return ref, job

@@ -18,6 +18,7 @@ from atomr.cli.dataset import Dataset, load_dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History
 from atomr.cli.interrupt import stop_on_signals
+from atomr.cli.job import open_job
 from atomr.cli.memory import check_memory
 from atomr.cli.outputs import check_outputs, output_paths
 from atomr.cli.plotting import save_curves
@@ -91,13 +92,15 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
 
     Raises:
         CliError: bad options the trainers refuse, unusable checkpoints,
-            missing optional packages; exit status 1 when the trainer
+            missing optional packages, the ranks of a `--distributed` job
+            given different options; exit status 1 when the trainer
             stopped the run (`TRAINING_FAILURES`: a diverging loss, say).
     """
     plot_path, history_path = output_paths(run)
     if run.dist is None:  # the ranks of a job would wait for one that stopped here
         check_outputs(run, plot_path, history_path)
         check_memory(run)
+    job = atomr.run(open_job(run))  # ranks given different options stop here, all of them
     data = load_dataset(run)
     flag = stop if stop is not None else StopFlag()
     history = History(config=run.to_json())
@@ -119,6 +122,7 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
                 progress_factory=progress,
                 callbacks=logs,
                 on_weights=trained.append if data.vocab is not None else None,
+                job=job,
             )
 
     try:

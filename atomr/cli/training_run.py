@@ -19,6 +19,7 @@ from atomr.actor import ActorRef, ActorSystem
 from atomr.cli.dataset import Dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
+from atomr.cli.job import Job, open_job
 from atomr.cli.progress import Progress
 from atomr.cli.resume import check_something_left, resume_position
 from atomr.cli.run_config import RunConfig
@@ -111,12 +112,14 @@ async def _train(
     callbacks: Sequence[FitCallback],
     stop: StopFlag,
     on_weights: Callable[[np.ndarray], None] | None,
+    job: Job,
 ) -> str:
     model = _model(run, data, history)
     config = run.trainer_config(_updates_per_epoch(run, data))
-    trainer, job = await spawn_trainer(system, run, model, config)
-    if run.resume is not None:
-        await job.load(trainer, run.resume)
+    with job.aborting():  # a rank lost in the initial broadcast ends the job too
+        trainer, job = await spawn_trainer(system, run, model, config, job)
+        if run.resume is not None:
+            await job.load(trainer, run.resume)
     keeper = _HistoryKeeper(run, history, job.is_root)
     if run.checkpoint is not None and job.is_root:
         run.checkpoint.parent.mkdir(parents=True, exist_ok=True)
@@ -167,6 +170,7 @@ async def train_epochs(
     progress_factory: Callable[[int, int], Progress] | None = None,
     callbacks: Sequence[FitCallback] = (),
     on_weights: Callable[[np.ndarray], None] | None = None,
+    job: Job | None = None,
 ) -> History:
     """Train `run.epochs` epochs (in total, counting a resumed run's) on `data`.
 
@@ -181,15 +185,20 @@ async def train_epochs(
             for no progress output.
         callbacks: more `FitCallback`s (after the progress bar).
         on_weights: given the trained weights at the end (the GPT's sample).
+        job: the run's `Job` (`open_job`); default: opened here, before
+            anything else (collective under `--distributed`).
 
     Returns:
         `history`.
 
     Raises:
-        CliError: options the trainer refuses, an unusable checkpoint, or a
-            finished checkpoint with nothing left to train.
+        CliError: options the trainer refuses, an unusable checkpoint, a
+            finished checkpoint with nothing left to train, or as `open_job`
+            (ranks given different options).
     """
     started = time.perf_counter()
+    if job is None:
+        job = await open_job(run)
     history.config["sizes"] = [data.features, *run.hidden, data.classes]
     start = FitPosition()
     steps = _steps_per_epoch(run, data)
@@ -209,6 +218,7 @@ async def train_epochs(
             callbacks,
             stop,
             on_weights,
+            job,
         )
     history.wall_seconds = time.perf_counter() - started
     return history

@@ -1,0 +1,106 @@
+"""The ranks of `atomr train --distributed` agree on their options before
+anything is built, and a rank lost while the trainer starts ends the job."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atomr.cli.agreement import disagreement, option_digests, shared_options
+from atomr.cli.parser import build_parser
+from atomr.cli.run_config import RunConfig
+from tests.train.mpi_scripts.harness import require_mpi
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = [
+    "--dataset", "synthetic", "--samples", "64", "--features", "4", "--classes", "2",
+    "--hidden", "4", "--epochs", "1", "--batch-size", "16", "--devices", "1", "--quiet",
+]  # fmt: skip
+
+
+def _run_config(*argv: str) -> RunConfig:
+    return RunConfig.from_args(build_parser("test").parse_args(["train", *TINY, *argv]))
+
+
+def _table(*runs: RunConfig) -> tuple[list[str], np.ndarray]:
+    options = [shared_options(run) for run in runs]
+    return list(options[0]), np.stack([option_digests(o) for o in options])
+
+
+def test_ranks_that_differ_only_in_their_own_outputs_agree() -> None:
+    flags, table = _table(
+        _run_config("--run-dir", "a", "--checkpoint", "x/c.ckpt"),
+        _run_config("--run-dir", "b", "--checkpoint", "y/c.ckpt", "--metrics", "m.jsonl"),
+    )
+    assert disagreement(flags, table) is None
+
+
+def test_a_disagreement_names_the_rank_and_the_options() -> None:
+    flags, table = _table(
+        _run_config(),
+        _run_config(),
+        _run_config("--seed", "5", "--lr", "0.05"),
+        _run_config("--hidden", "8"),
+        _run_config("--checkpoint", "c.ckpt"),
+    )
+    message = disagreement(flags, table)
+    assert message is not None and "\n" not in message
+    assert "rank 1 " not in message
+    assert "rank 2 differs from rank 0 in --lr, --seed;" in message
+    assert "rank 3 differs from rank 0 in --hidden;" in message
+    assert "rank 4 differs from rank 0 in --checkpoint " in message
+
+
+def test_every_model_data_and_optimizer_option_is_compared() -> None:
+    flags = set(shared_options(_run_config()))
+    assert {"--seed", "--lr", "--hidden", "--strategy", "--samples", "--epochs"} <= flags
+    assert {"--devices", "--checkpoint", "--resume"} <= flags
+    assert not {"--run-dir", "--quiet", "--metrics", "--name", "--plot"} & flags
+
+
+def test_a_table_of_the_wrong_shape_is_refused() -> None:
+    with pytest.raises(ValueError, match="one row of 2 digests per rank"):
+        disagreement(["--a", "--b"], np.zeros((2, 3)))
+
+
+def _mpiexec(n: int, program: list[str], timeout: float = 100.0) -> tuple[int, str]:
+    require_mpi()
+    from atomr.train.comm.mpi.launch import run_mpiexec
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = run_mpiexec(n, program, timeout=timeout, env=env, capture=True)
+    return result.returncode, result.stderr
+
+
+@pytest.mark.mpi
+def test_ranks_given_different_seeds_stop_with_one_line_each(tmp_path: Path) -> None:
+    train = [sys.executable, "-m", "atomr.cli", "train", "--distributed", *TINY]
+    code, err = _mpiexec(
+        1,
+        [*train, "--run-dir", str(tmp_path / "r0"), "--seed", "0",
+         ":", "-n", "1", *train, "--run-dir", str(tmp_path / "r1"), "--seed", "5"]
+    )  # fmt: skip
+    expected = (
+        "atomr: error: --distributed: the ranks were given different options: "
+        "rank 1 differs from rank 0 in --seed (every rank of a job must be given the same "
+        "training options)"
+    )
+    assert code == 2, err
+    assert err.count(expected) == 2, err  # mpiexec may interleave the ranks' writes
+    assert not err.replace(expected, "").strip(), err
+    assert not (tmp_path / "r0").exists()
+
+
+@pytest.mark.mpi
+def test_a_rank_lost_in_the_initial_broadcast_aborts_the_job(tmp_path: Path) -> None:
+    script = [sys.executable, str(Path(__file__).with_name("spawn_failure.py"))]
+    args = [*TINY, "--strategy", "single", "--run-dir", str(tmp_path / "r")]
+    code, err = _mpiexec(2, [*script, *args])
+    assert code == 2, err
+    assert "Traceback" not in err
+    reports = [line for line in err.splitlines() if line.startswith("[rank ")]
+    assert reports and all("Error: MPI " in line for line in reports), err

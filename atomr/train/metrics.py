@@ -10,14 +10,21 @@ epoch its `EpochRecord`.
 
 TensorBoard files are written through `tensorboardX` (the `atomr[tensorboard]`
 extra), so `tensorboard --logdir DIR` shows the curves.
+
+An `OSError` a log raises names what it writes (its `filename`: the JSON
+Lines file, or the TensorBoard folder).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from atomr.train.core.stats import StepStats
 from atomr.train.fit import EpochRecord, FitCallback, FitPosition
@@ -42,7 +49,51 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None  # JSON has no NaN
 
 
-class JsonLinesLog(FitCallback):
+class _Log(FitCallback):
+    """What both logs share: an `OSError` names what they write (`_target`),
+    and a `with` block closes them."""
+
+    _target: Path
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around a write.
+
+        Raises:
+            OSError: what the write raised, its `filename` set to `_target`.
+        """
+        try:
+            yield
+        except OSError as exc:
+            exc.filename = str(self._target)
+            raise
+
+    def close(self) -> None:
+        """Close the log (each log says what it raises)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Close the log. Leaving on an exception, a failure to close is
+        added to it as a note (the exception in flight is the one raised),
+        unless it is about this log already.
+
+        Raises:
+            OSError: closing failed (leaving the block normally).
+        """
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except OSError as failed:
+            if getattr(exc, "filename", None) != failed.filename:
+                exc.add_note(f"closing {self._target} failed too: {failed}")
+
+
+class JsonLinesLog(_Log):
     """One JSON object per line: `{"event": "step" | "evaluate" | "epoch", ...}`.
 
     A `step` event holds the `FitPosition` after it (`epoch`: the 0-based
@@ -58,7 +109,7 @@ class JsonLinesLog(FitCallback):
     """
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self.path = self._target = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] | None = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
 
@@ -100,14 +151,23 @@ class JsonLinesLog(FitCallback):
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> JsonLinesLog:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+_QUEUE = 10_000
+"""The events tensorboardX's writer thread may have pending. Its `add_scalar`
+waits, without a deadline, while that many are: with a bound this far above
+what a live thread lets pile up, only a dead thread could make it wait, and
+that is found before the next write (`TensorBoardLog._live`)."""
 
 
-class TensorBoardLog(FitCallback):
+def _writer_thread(writer: Any) -> threading.Thread | None:
+    """The thread that writes `writer`'s event file (tensorboardX 2.6: its
+    `EventFileWriter._worker`), or None where tensorboardX keeps none there."""
+    event_writer = getattr(getattr(writer, "file_writer", None), "event_writer", None)
+    thread = getattr(event_writer, "_worker", None)
+    return thread if isinstance(thread, threading.Thread) else None
+
+
+class TensorBoardLog(_Log):
     """TensorBoard scalars: `step/*` at every step, `<split>/loss` and
     `<split>/accuracy` at every evaluation, `epoch/*` at every epoch end,
     indexed by the optimizer step.
@@ -126,8 +186,33 @@ class TensorBoardLog(FitCallback):
             raise ImportError(
                 f"TensorBoard logs need tensorboardX: pip install 'atomr[tensorboard]' ({exc})"
             ) from exc
-        self.logdir = Path(logdir)
-        self._writer: Any = SummaryWriter(logdir=str(self.logdir))
+        self.logdir = self._target = Path(logdir)
+        self._writer: Any = SummaryWriter(logdir=str(self.logdir), max_queue=_QUEUE)
+
+    def _stopped_error(self) -> OSError | None:
+        """The error to raise when the writer's thread stopped, else None:
+        tensorboardX's thread dies of the first error writing the event file
+        (a full disk) and leaves what comes after in its queue, unwritten."""
+        thread = _writer_thread(self._writer)
+        if thread is None or thread.is_alive():
+            return None
+        return OSError(
+            errno.EIO,
+            "the TensorBoard writer stopped (its error is on stderr); the events since "
+            "were not written",
+            str(self.logdir),
+        )
+
+    def _live(self) -> Any:
+        """The writer, its thread checked before a write.
+
+        Raises:
+            OSError: the thread stopped (`_stopped_error`).
+        """
+        stopped = self._stopped_error()
+        if stopped is not None:
+            raise stopped
+        return self._writer
 
     def on_step(
         self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
@@ -135,31 +220,56 @@ class TensorBoardLog(FitCallback):
         """Log the step's figures (see `step_metrics`), one point per optimizer
         step: an accumulation window's micro-steps that applied nothing are
         left out (their loss is in the window's last step, and they have no
-        gradient norm)."""
+        gradient norm).
+
+        Raises:
+            OSError: the writer's thread stopped, or a write failed (naming
+                `logdir`).
+        """
         if not stats.applied:
             return
-        for name, value in step_metrics(stats, rate).items():
-            self._writer.add_scalar(f"step/{name}", value, position.step)
+        writer = self._live()
+        with self._writing():
+            for name, value in step_metrics(stats, rate).items():
+                writer.add_scalar(f"step/{name}", value, position.step)
 
     def on_evaluate(self, split: str, loss: float, accuracy: float, position: FitPosition) -> None:
-        """Log an evaluation's loss and accuracy (NaN ones are skipped)."""
-        for name, value in (("loss", loss), ("accuracy", accuracy)):
-            if math.isfinite(value):
-                self._writer.add_scalar(f"{split}/{name}", value, position.step)
+        """Log an evaluation's loss and accuracy (NaN ones are skipped).
+
+        Raises:
+            OSError: the writer's thread stopped, or a write failed (naming
+                `logdir`).
+        """
+        writer = self._live()
+        with self._writing():
+            for name, value in (("loss", loss), ("accuracy", accuracy)):
+                if math.isfinite(value):
+                    writer.add_scalar(f"{split}/{name}", value, position.step)
 
     def on_epoch_end(self, record: EpochRecord, epochs: int) -> None:
-        """Log the epoch's record."""
-        for name, value in vars(record).items():
-            if isinstance(value, float) and math.isfinite(value):
-                self._writer.add_scalar(f"epoch/{name}", value, record.step)
-        self._writer.flush()
+        """Log the epoch's record, and flush the event file.
+
+        Raises:
+            OSError: the writer's thread stopped, or a write failed (naming
+                `logdir`).
+        """
+        writer = self._live()
+        with self._writing():
+            for name, value in vars(record).items():
+                if isinstance(value, float) and math.isfinite(value):
+                    writer.add_scalar(f"epoch/{name}", value, record.step)
+            writer.flush()
 
     def close(self) -> None:
-        """Flush and close the event file."""
-        self._writer.close()
+        """Flush and close the event file; a writer whose thread stopped is
+        closed without waiting for it.
 
-    def __enter__(self) -> TensorBoardLog:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        Raises:
+            OSError: the last events could not be written (the thread
+                stopped, or the flush failed).
+        """
+        stopped = self._stopped_error()
+        with self._writing():
+            self._writer.close()
+        if stopped is not None:
+            raise stopped

@@ -1,0 +1,59 @@
+"""A full disk, without root: the metrics logs' writes fail with ENOSPC."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def tensorboard_fills_after(monkeypatch: pytest.MonkeyPatch, events: int) -> list[Any]:
+    """tensorboardX writes `events` more events, then each write fails as on a
+    full disk: its writer thread dies of the first failure. Thread errors go
+    to the list returned instead of stderr."""
+    from tensorboardX.event_file_writer import EventsWriter
+
+    write, count = EventsWriter.write_event, itertools.count()
+
+    def write_event(self: Any, event: Any) -> None:
+        if next(count) >= events:
+            raise OSError(ENOSPC.errno, ENOSPC.strerror)
+        write(self, event)
+
+    died: list[Any] = []
+    monkeypatch.setattr(EventsWriter, "write_event", write_event)
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    return died
+
+
+def writer_thread(log: Any) -> threading.Thread:
+    """The thread of a `TensorBoardLog`'s writer (tensorboardX 2.6)."""
+    thread: threading.Thread = log._writer.file_writer.event_writer._worker
+    return thread
+
+
+def within(seconds: float, call: Callable[[], object]) -> BaseException | None:
+    """What `call` raised (None if nothing), run in a daemon thread; fails
+    the test if it is still running after `seconds` (it blocked)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"still blocked after {seconds} s"
+    return outcome[0]

@@ -22,6 +22,7 @@ import errno
 import json
 import math
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Self
@@ -67,6 +68,10 @@ class _Log(FitCallback):
         except OSError as exc:
             exc.filename = str(self._target)
             raise
+
+    def _closed(self) -> ValueError:
+        """The error of an event after `close`."""
+        return ValueError(f"{self._target}: the log is closed")
 
     def close(self) -> None:
         """Close the log (each log says what it raises)."""
@@ -115,7 +120,7 @@ class JsonLinesLog(_Log):
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is None:
-            raise ValueError(f"{self.path}: the log is closed")
+            raise self._closed()
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
@@ -172,6 +177,10 @@ class TensorBoardLog(_Log):
     `<split>/accuracy` at every evaluation, `epoch/*` at every epoch end,
     indexed by the optimizer step.
 
+    Each log writes an event file of its own (a random suffix after
+    tensorboardX's name, which holds the time only to the second), so two
+    logs in one folder never write over each other.
+
     Args:
         logdir: the folder of the event files.
 
@@ -187,13 +196,15 @@ class TensorBoardLog(_Log):
                 f"TensorBoard logs need tensorboardX: pip install 'atomr[tensorboard]' ({exc})"
             ) from exc
         self.logdir = self._target = Path(logdir)
-        self._writer: Any = SummaryWriter(logdir=str(self.logdir), max_queue=_QUEUE)
+        self._writer: Any | None = SummaryWriter(
+            logdir=str(self.logdir), max_queue=_QUEUE, filename_suffix=f".{uuid.uuid4().hex}"
+        )
 
-    def _stopped_error(self) -> OSError | None:
+    def _stopped_error(self, writer: Any) -> OSError | None:
         """The error to raise when the writer's thread stopped, else None:
         tensorboardX's thread dies of the first error writing the event file
         (a full disk) and leaves what comes after in its queue, unwritten."""
-        thread = _writer_thread(self._writer)
+        thread = _writer_thread(writer)
         if thread is None or thread.is_alive():
             return None
         return OSError(
@@ -207,9 +218,14 @@ class TensorBoardLog(_Log):
         """The writer, its thread checked before a write.
 
         Raises:
+            ValueError: the log is closed (tensorboardX would start a new
+                event file, which within the same second is the old one,
+                truncated).
             OSError: the thread stopped (`_stopped_error`).
         """
-        stopped = self._stopped_error()
+        if self._writer is None:
+            raise self._closed()
+        stopped = self._stopped_error(self._writer)
         if stopped is not None:
             raise stopped
         return self._writer
@@ -223,6 +239,7 @@ class TensorBoardLog(_Log):
         gradient norm).
 
         Raises:
+            ValueError: the log is closed.
             OSError: the writer's thread stopped, or a write failed (naming
                 `logdir`).
         """
@@ -237,6 +254,7 @@ class TensorBoardLog(_Log):
         """Log an evaluation's loss and accuracy (NaN ones are skipped).
 
         Raises:
+            ValueError: the log is closed.
             OSError: the writer's thread stopped, or a write failed (naming
                 `logdir`).
         """
@@ -250,6 +268,7 @@ class TensorBoardLog(_Log):
         """Log the epoch's record, and flush the event file.
 
         Raises:
+            ValueError: the log is closed.
             OSError: the writer's thread stopped, or a write failed (naming
                 `logdir`).
         """
@@ -261,15 +280,19 @@ class TensorBoardLog(_Log):
             writer.flush()
 
     def close(self) -> None:
-        """Flush and close the event file; a writer whose thread stopped is
-        closed without waiting for it.
+        """Flush and close the event file (later events raise ValueError;
+        closing again does nothing); a writer whose thread stopped is closed
+        without waiting for it.
 
         Raises:
             OSError: the last events could not be written (the thread
                 stopped, or the flush failed).
         """
-        stopped = self._stopped_error()
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        stopped = self._stopped_error(writer)
         with self._writing():
-            self._writer.close()
+            writer.close()
         if stopped is not None:
             raise stopped

@@ -6,6 +6,7 @@ writes the history JSON and the curves PNG and prints the summary table.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -37,8 +38,28 @@ EXIT_INTERRUPTED = 130
 
 TRAINING_FAILURES = (NonFiniteError, InvalidBatchError, WorkerStateLost, AskTimeoutError)
 """What a trainer raises when a run cannot go on: reported in one line, with
-the history written (status "failed"); anything else is a bug, with its
-traceback."""
+the history written (status "failed"), as is a metrics log that cannot be
+written (`_failed_output`); anything else is a bug, with its traceback."""
+
+
+def _metrics_options(run: RunConfig) -> list[tuple[str, Path, type[JsonLinesLog | TensorBoardLog]]]:
+    """The metrics logs asked for: option, path, log class."""
+    wanted: list[tuple[str, Path | None, type[JsonLinesLog | TensorBoardLog]]] = [
+        ("--metrics", run.metrics, JsonLinesLog),
+        ("--tensorboard", run.tensorboard, TensorBoardLog),
+    ]
+    return [(flag, path, log_class) for flag, path, log_class in wanted if path is not None]
+
+
+def _failed_output(run: RunConfig, exc: BaseException) -> str | None:
+    """`--metrics PATH` or `--tensorboard DIR` when `exc` is the `OSError` of
+    that log (its `filename` names what the log writes), else None."""
+    if not isinstance(exc, OSError) or exc.filename is None:
+        return None
+    for flag, path, _ in _metrics_options(run):
+        if exc.filename == str(path):
+            return f"{flag} {path}"
+    return None
 
 
 def _metrics_logs(run: RunConfig) -> list[JsonLinesLog | TensorBoardLog]:
@@ -50,13 +71,7 @@ def _metrics_logs(run: RunConfig) -> list[JsonLinesLog | TensorBoardLog]:
     if run.dist is not None and not run.dist.is_root:
         return []
     logs: list[JsonLinesLog | TensorBoardLog] = []
-    wanted: list[tuple[str, Path | None, type[JsonLinesLog | TensorBoardLog]]] = [
-        ("--metrics", run.metrics, JsonLinesLog),
-        ("--tensorboard", run.tensorboard, TensorBoardLog),
-    ]
-    for flag, path, log_class in wanted:
-        if path is None:
-            continue
+    for flag, path, log_class in _metrics_options(run):
         try:
             logs.append(log_class(path))
         except (OSError, ImportError) as exc:
@@ -94,7 +109,8 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
         CliError: bad options the trainers refuse, unusable checkpoints,
             missing optional packages, the ranks of a `--distributed` job
             given different options; exit status 1 when the trainer
-            stopped the run (`TRAINING_FAILURES`: a diverging loss, say).
+            stopped the run (`TRAINING_FAILURES`: a diverging loss, say)
+            or a metrics log could not be written (a full disk).
     """
     plot_path, history_path = output_paths(run)
     if run.dist is None:  # the ranks of a job would wait for one that stopped here
@@ -126,15 +142,11 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
             )
 
     try:
-        atomr.run(go())
-    except TRAINING_FAILURES as exc:
-        history.status = "failed"
-        if run.dist is None or run.dist.is_root:
-            _write_outputs(history, plot_path, history_path)
-        raise CliError(_failure_line(run, exc, history_path), exit_code=1) from exc
-    finally:
-        for log in logs:
-            log.close()
+        with _closing(logs):
+            atomr.run(go())
+    except Exception as exc:
+        _fail_in_one_line(run, exc, history, plot_path, history_path)
+        raise
     interrupted = 128 + signals[0] if signals else EXIT_INTERRUPTED
     if run.dist is not None and not run.dist.is_root:
         return interrupted if history.status == "interrupted" else 0
@@ -149,10 +161,44 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
     return 0
 
 
-def _failure_line(run: RunConfig, exc: BaseException, history_path: Path) -> str:
-    """One line for a run the trainer stopped: what failed, what was kept,
-    and the usual cure for a diverging run."""
+def _closing(logs: list[JsonLinesLog | TensorBoardLog]) -> contextlib.ExitStack:
+    """The logs, closed at the block's end: one that cannot be closed fails
+    a run that succeeded (an error in flight stays the one raised)."""
+    stack = contextlib.ExitStack()
+    for log in logs:
+        stack.enter_context(log)
+    return stack
+
+
+def _fail_in_one_line(
+    run: RunConfig, exc: Exception, history: History, plot_path: Path, history_path: Path
+) -> None:
+    """For a training failure (`_failure_line`): write the outputs of a
+    failed run and raise its one line; return for any other error.
+
+    Raises:
+        CliError: `exc` is a training failure (exit status 1).
+    """
+    line = _failure_line(run, exc, history_path)
+    if line is None:
+        return
+    history.status = "failed"
+    if run.dist is None or run.dist.is_root:
+        _write_outputs(history, plot_path, history_path)
+    raise CliError(line, exit_code=1) from exc
+
+
+def _failure_line(run: RunConfig, exc: BaseException, history_path: Path) -> str | None:
+    """One line for a run the trainer stopped or whose metrics log could not
+    be written: what failed, what was kept, and the usual cure for a
+    diverging run; None for any other error."""
     kept = f"; checkpoint at the last good step in {run.checkpoint}" if run.checkpoint else ""
+    output = _failed_output(run, exc)
+    if output is not None:
+        reason = getattr(exc, "strerror", None) or exc
+        return f"training failed: cannot write {output}: {reason}{kept}; history in {history_path}"
+    if not isinstance(exc, TRAINING_FAILURES):
+        return None
     hint = "; lower --lr or add --clip" if isinstance(exc, NonFiniteError) else ""
     return f"training failed: {exc}{hint}{kept}; history in {history_path}"
 

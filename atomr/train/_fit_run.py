@@ -92,6 +92,7 @@ class FitRun:
     records: list[EpochRecord] = field(default_factory=list)
     refused: bool = False  # the trainer refused a Step at its own limit
     rounds: bool = False  # its Steps answer before their batch is applied (TrainingState)
+    failed_callback: tuple[BaseException, str] | None = None  # the error, "Class.hook"
 
     def reached_max_steps(self) -> bool:
         if self.refused:
@@ -102,8 +103,72 @@ class FitRun:
         if self.checkpoint is None:
             return
         await self.trainer.ask(SaveCheckpoint(str(self.checkpoint)), timeout=self.timeout)
+        self.tell("on_checkpoint", self.checkpoint, FitPosition(**vars(self.position)))
+
+    def tell(self, hook: str, *args: Any) -> None:
+        """Call the callbacks' `hook` with `args`, in order.
+
+        Raises:
+            Exception: what a callback raised (those after it do not hear
+                of it); `fit` ends the run with it (`after_callback`).
+        """
         for cb in self.callbacks:
-            cb.on_checkpoint(self.checkpoint, FitPosition(**vars(self.position)))
+            try:
+                getattr(cb, hook)(*args)
+            except Exception as exc:
+                self.failed_callback = (exc, f"{type(cb).__name__}.{hook}")
+                raise
+
+    def held(self) -> str:
+        """What the checkpoint holds, for a note ("" without a checkpoint)."""
+        p = self.position
+        if self.checkpoint is None:
+            return ""
+        return (
+            f"; the checkpoint holds the {p.step} steps trained, to resume at epoch "
+            f"{p.epoch + 1}, batch {p.batch}"
+        )
+
+    async def save_reached(self, error: BaseException, what: str) -> None:
+        """`what` ended the run with `error`: save the checkpoint where the
+        run stands, and note on `error` what happened and what the
+        checkpoint holds (or that saving failed too: `error` is still the
+        one to raise)."""
+        try:
+            await self.save()
+        except Exception as failed:
+            error.add_note(f"{what}; saving the checkpoint failed too: {failed!r}")
+            return
+        error.add_note(what + self.held())
+
+    async def after_callback(self, error: BaseException) -> None:
+        """If a callback raised `error` (`tell`): save the checkpoint where
+        the run stands, and note which callback it was and what the
+        checkpoint holds. An epoch whose batches were all trained resumes at
+        the next one (its evaluation left out); a failure to hear of a save
+        is noted without saving again. In a job (`agree_to_stop`) nothing is
+        saved: a save takes every process, and the others are training on."""
+        if self.failed_callback is None or self.failed_callback[0] is not error:
+            return
+        name = self.failed_callback[1]
+        what = f"the callback {name} raised after step {self.position.step}; the run stopped"
+        if name.endswith(".on_checkpoint"):
+            error.add_note(what + self.held())
+            return
+        if self.agree_to_stop is not None:
+            error.add_note(
+                f"{what}; the checkpoint was not saved (a job's processes save together)"
+            )
+            return
+        count = self.train.count()
+        if count is not None and self.position.batch >= count:
+            self.next_epoch()
+        await self.save_reached(error, what)
+
+    def next_epoch(self) -> None:
+        """Move the position to the next epoch's start."""
+        self.position.epoch += 1
+        self.position.batch = 0
 
     async def train_epoch(self) -> bool:
         """The rest of the current epoch's steps, then its evaluation; False
@@ -138,8 +203,7 @@ class FitRun:
         tally.loss_sum += stats.loss * stats.samples
         tally.samples += stats.samples
         self.position.step += int(stats.applied)
-        for cb in self.callbacks:
-            cb.on_step(self.position, stats, tally.mean_loss, tally.rate)
+        self.tell("on_step", self.position, stats, tally.mean_loss, tally.rate)
 
     async def close_round(self, tally: _Tally) -> None:
         """At an epoch's end, close a trainer's open round (`CloseRound`),
@@ -164,16 +228,16 @@ class FitRun:
         """
         try:
             return next(batches, None)
-        except InvalidDataError:
-            await self.save()
+        except InvalidDataError as exc:
+            await self.save_reached(exc, "the run stopped at it")
             raise
         except Exception as exc:
-            await self.save()
-            p, saved = self.position, self.checkpoint is not None
-            raise DataSourceError(
+            p = self.position
+            error = DataSourceError(
                 f"the training data raised at epoch {p.epoch + 1}, batch {p.batch}: {exc!r}"
-                + (f"; the checkpoint holds the {p.step} steps before it" if saved else "")
-            ) from exc
+            )
+            await self.save_reached(error, "the run stopped at it")
+            raise error from exc
 
     async def step(self, batch: tuple[Any, Any]) -> StepStats | None:
         """One `Step`; None when the trainer is at its own step limit.
@@ -190,16 +254,11 @@ class FitRun:
             self.refused = True
             return None
         except (InvalidBatchError, NonFiniteError) as exc:
-            await self.save()
             p = self.position
-            exc.add_note(
+            await self.save_reached(
+                exc,
                 f"the trainer refused epoch {p.epoch + 1}, batch {p.batch} of the training "
-                "data; nothing of that batch was applied"
-                + (
-                    f"; the checkpoint holds the {p.step} steps before it"
-                    if self.checkpoint
-                    else ""
-                )
+                "data; nothing of that batch was applied",
             )
             raise
         return stats
@@ -211,9 +270,8 @@ class FitRun:
         if self.validation is not None:
             await self.evaluate_source("validation", self.validation, first_only=True)
 
-    def heard(self, split: str, loss: float, accuracy: float) -> None:
-        for cb in self.callbacks:
-            cb.on_evaluate(split, loss, accuracy, FitPosition(**vars(self.position)))
+    def heard(self, split: str, figures: tuple[float, float], at: FitPosition) -> None:
+        self.tell("on_evaluate", split, *figures, FitPosition(**vars(at)))
 
     async def evaluate_source(
         self, split: str, source: BatchSource, *, first_only: bool = False
@@ -239,57 +297,52 @@ class FitRun:
         return total.means()
 
     async def finish_epoch(self, tally: _Tally) -> None:
-        """Evaluate, record and close the epoch just trained.
+        """Evaluate, record and close the epoch just trained. The position
+        moves to the next epoch before the callbacks hear of the evaluations
+        and the record (one that fails then leaves a position to resume at).
 
         Raises:
-            Exception: what the evaluation raised; the epoch's training is
-                kept (`keep_trained_epoch`).
+            Exception: what the evaluation raised (the epoch's training is
+                kept: `keep_trained_epoch`), or what a callback raised.
         """
         await self.close_round(tally)
         try:
-            train_loss, train_acc = await self.evaluate_source("train", self.train)
-            self.heard("train", train_loss, train_acc)
-            test_loss, test_acc = math.nan, math.nan
+            train = await self.evaluate_source("train", self.train)
+            test = (math.nan, math.nan)
             if self.validation is not None:
-                test_loss, test_acc = await self.evaluate_source("validation", self.validation)
-                self.heard("validation", test_loss, test_acc)
+                test = await self.evaluate_source("validation", self.validation)
         except Exception as exc:
             await self.keep_trained_epoch(exc)
             raise
+        finished = FitPosition(**vars(self.position))
         record = EpochRecord(
-            epoch=self.position.epoch + 1,
-            step=self.position.step,
+            epoch=finished.epoch + 1,
+            step=finished.step,
             train_loss=tally.mean_loss,
-            train_accuracy=train_acc,
-            test_loss=test_loss,
-            test_accuracy=test_acc,
+            train_accuracy=train[1],
+            test_loss=test[0],
+            test_accuracy=test[1],
             samples_per_s=tally.rate,
             seconds=tally.seconds,
         )
         self.records.append(record)
-        for cb in self.callbacks:
-            cb.on_epoch_end(record, self.epochs)
-        self.position.epoch += 1
-        self.position.batch = 0
+        self.next_epoch()
+        self.heard("train", train, finished)
+        if self.validation is not None:
+            self.heard("validation", test, finished)
+        self.tell("on_epoch_end", record, self.epochs)
 
     async def keep_trained_epoch(self, error: Exception) -> None:
         """The evaluation after an epoch failed: its training is kept. The
         position moves to the next epoch (without a record) and the
         checkpoint is saved; `error` gets a note saying so."""
-        self.position.epoch += 1
-        self.position.batch = 0
-        epoch, steps = self.position.epoch, self.position.step
+        self.next_epoch()
+        epoch = self.position.epoch
         if isinstance(error, AskTimeoutError):  # a save would wait as long again
             error.add_note(f"epoch {epoch}'s training was not saved: the trainer did not answer")
             return
-        try:
-            await self.save()
-        except Exception as failed:  # the evaluation's error is the one to raise
-            error.add_note(f"saving the checkpoint after epoch {epoch} failed too: {failed!r}")
-            return
-        error.add_note(
-            f"evaluating after epoch {epoch} failed; its training is kept"
-            + (f" (the checkpoint holds its {steps} steps)" if self.checkpoint else "")
+        await self.save_reached(
+            error, f"evaluating after epoch {epoch} failed; its training is kept"
         )
 
     async def stop_now(self) -> bool:
@@ -302,8 +355,7 @@ class FitRun:
         while self.position.epoch < self.epochs:
             if self.reached_max_steps():
                 return "reached max_steps"
-            for cb in self.callbacks:
-                cb.on_epoch_start(self.position.epoch + 1, self.epochs)
+            self.tell("on_epoch_start", self.position.epoch + 1, self.epochs)
             if not await self.train_epoch():
                 if self.reached_max_steps():
                     return "reached max_steps"

@@ -9,7 +9,8 @@ Because the order depends only on the seed and the epoch, a run resumed from
 a `FitPosition` continues at exactly the batch where its checkpoint was
 taken. If the data raises part way through an epoch, the trainer first saves
 its checkpoint at the position reached (nothing trained on is lost), then
-`fit` raises `DataSourceError`.
+`fit` raises `DataSourceError`; a callback that raises ends the run the same
+way, with its own exception.
 
 With `checkpoint=path`, the trainer saves after every epoch, at the end and
 when the run is stopped; `FitCallback.on_checkpoint` hears of each save with
@@ -196,6 +197,10 @@ async def fit(
         RuntimeError: another `fit` is training `trainer` now.
         DataSourceError: the training data raised part way through an
             epoch; the checkpoint (if any) was saved at the position reached.
+        Exception: what a callback raised (a metrics log's `OSError` on a
+            full disk, say); the checkpoint (if any) was saved at the
+            position reached first, and a note names the callback and says
+            what the checkpoint holds.
         InvalidBatchError, NonFiniteError: the trainer refused a training
             batch (nothing of it applied; the checkpoint, if any, was saved
             at it, and a note says which), or a validation or training set
@@ -243,6 +248,9 @@ async def fit(
         await run.probe_validation()
         status = await run.loop()
         await run.save()
+    except Exception as exc:
+        await run.after_callback(exc)
+        raise
     finally:
         _FITTING.discard(trainer)
     return FitResult(status, position, run.records)

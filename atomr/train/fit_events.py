@@ -95,7 +95,9 @@ class StopFlag:
 class FitCallback:
     """Hooks `fit` calls; override the ones you need (each does nothing here).
 
-    A callback that raises ends the run with that exception.
+    A callback that raises ends the run with that exception; the checkpoint
+    (if any) is saved first at the position reached, and a note on the
+    exception names the callback and says what the checkpoint holds.
     """
 
     def on_epoch_start(self, epoch: int, epochs: int) -> None:

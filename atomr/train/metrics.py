@@ -21,11 +21,13 @@ import contextlib
 import errno
 import json
 import math
+import os
 import threading
 import uuid
 from collections.abc import Iterator
+from io import FileIO
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import Any, Self
 
 from atomr.train.core.stats import StepStats
 from atomr.train.fit import EpochRecord, FitCallback, FitPosition
@@ -98,6 +100,23 @@ class _Log(FitCallback):
                 exc.add_note(f"closing {self._target} failed too: {failed}")
 
 
+def _ends_mid_line(path: Path) -> bool:
+    """Whether the file at `path` ends in a line without its newline (a write
+    cut short: a full disk, a crash); False when empty or not a regular file.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    if not path.is_file():
+        return False
+    with open(path, "rb") as file:
+        end = file.seek(0, os.SEEK_END)
+        if end == 0:
+            return False
+        file.seek(end - 1)
+        return file.read(1) != b"\n"
+
+
 class JsonLinesLog(_Log):
     """One JSON object per line: `{"event": "step" | "evaluate" | "epoch", ...}`.
 
@@ -105,6 +124,11 @@ class JsonLinesLog(_Log):
     epoch in progress), its figures and `applied` (False for an
     accumulation window's micro-steps); `evaluate` and `epoch` events hold
     the 1-based number of the epoch just finished.
+
+    Each event is one unbuffered write: a write that fails (a full disk)
+    leaves nothing behind to be written later, and the next event, here or
+    in a log that appends to the file later, starts on a new line, so that
+    only the line that was cut is lost.
 
     Args:
         path: the file (appended to; its folder is made).
@@ -116,24 +140,48 @@ class JsonLinesLog(_Log):
     def __init__(self, path: str | Path) -> None:
         self.path = self._target = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self._cut = _ends_mid_line(self.path)  # the next line starts with a newline
+        self._file: FileIO | None = open(self.path, "ab", buffering=0)  # noqa: SIM115
 
     def _write(self, record: dict[str, Any]) -> None:
+        """Append `record` as a line of its own.
+
+        Raises:
+            ValueError: the log is closed.
+            OSError: the write failed (naming `path`).
+        """
         if self._file is None:
             raise self._closed()
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        line = (b"\n" if self._cut else b"") + json.dumps(record).encode() + b"\n"
+        written = 0
+        with self._writing():
+            try:
+                while written < len(line):
+                    written += self._file.write(line[written:])
+            finally:
+                if written:
+                    self._cut = line[written - 1 : written] != b"\n"
 
     def on_step(
         self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
     ) -> None:
-        """Log the step (see `step_metrics`)."""
+        """Log the step (see `step_metrics`).
+
+        Raises:
+            ValueError: the log is closed.
+            OSError: the write failed (naming `path`).
+        """
         figures = step_metrics(stats, rate)
         self._write({"event": "step", **vars(position), **figures, "applied": stats.applied})
 
     def on_evaluate(self, split: str, loss: float, accuracy: float, position: FitPosition) -> None:
         """Log an evaluation (`epoch`: the 1-based number of the epoch just
-        finished, as in its `epoch` event)."""
+        finished, as in its `epoch` event).
+
+        Raises:
+            ValueError: the log is closed.
+            OSError: the write failed (naming `path`).
+        """
         self._write(
             {
                 "event": "evaluate",
@@ -146,7 +194,12 @@ class JsonLinesLog(_Log):
         )
 
     def on_epoch_end(self, record: EpochRecord, epochs: int) -> None:
-        """Log the epoch's record."""
+        """Log the epoch's record.
+
+        Raises:
+            ValueError: the log is closed.
+            OSError: the write failed (naming `path`).
+        """
         figures = {k: _finite_or_none(v) for k, v in vars(record).items() if isinstance(v, float)}
         self._write({"event": "epoch", "epoch": record.epoch, "step": record.step, **figures})
 
@@ -164,12 +217,26 @@ what a live thread lets pile up, only a dead thread could make it wait, and
 that is found before the next write (`TensorBoardLog._live`)."""
 
 
+def _event_writer(writer: Any) -> Any:
+    """The `SummaryWriter`'s `EventFileWriter` (tensorboardX 2.6), or None.
+    Its internals are read with getattr: a version without them skips what
+    needs them."""
+    return getattr(getattr(writer, "file_writer", None), "event_writer", None)
+
+
 def _writer_thread(writer: Any) -> threading.Thread | None:
-    """The thread that writes `writer`'s event file (tensorboardX 2.6: its
-    `EventFileWriter._worker`), or None where tensorboardX keeps none there."""
-    event_writer = getattr(getattr(writer, "file_writer", None), "event_writer", None)
-    thread = getattr(event_writer, "_worker", None)
+    """The thread that writes `writer`'s event file (its `EventFileWriter._worker`)."""
+    thread = getattr(_event_writer(writer), "_worker", None)
     return thread if isinstance(thread, threading.Thread) else None
+
+
+def _give_up(writer: Any) -> None:
+    """After a close that failed: mark the `EventFileWriter` closed, so that
+    tensorboardX's exit handler does not try again (failing the same way,
+    with a traceback after the run's error)."""
+    event_writer = _event_writer(writer)
+    if isinstance(getattr(event_writer, "_closed", None), bool):
+        event_writer._closed = True
 
 
 class TensorBoardLog(_Log):
@@ -292,7 +359,13 @@ class TensorBoardLog(_Log):
         if writer is None:
             return
         stopped = self._stopped_error(writer)
-        with self._writing():
-            writer.close()
+        try:
+            with self._writing():
+                writer.close()
+        except OSError as failed:
+            _give_up(writer)
+            if stopped is None:
+                raise
+            raise stopped from failed
         if stopped is not None:
             raise stopped

@@ -14,6 +14,45 @@ import pytest
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+class Filling:
+    """A file with `room` bytes left on its disk: the write that reaches the
+    limit is cut short, the next fails with ENOSPC."""
+
+    def __init__(self, file: Any, room: int) -> None:
+        self.file, self.room = file, room
+
+    def write(self, data: Any) -> int:
+        if self.room == 0:
+            raise OSError(ENOSPC.errno, ENOSPC.strerror)
+        written: int = self.file.write(data[: self.room])
+        self.room -= written
+        return written
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def json_lines_fill_after(monkeypatch: pytest.MonkeyPatch, room: int) -> list[Filling]:
+    """The files `atomr.train.metrics` opens to append to have `room` bytes
+    left (`Filling`); returns them, as they are opened."""
+    from atomr.train import metrics
+
+    opened: list[Filling] = []
+
+    def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        real = open(file, mode, *args, **kwargs)  # noqa: SIM115
+        if "a" not in mode:
+            return real
+        opened.append(Filling(real, room))
+        return opened[-1]
+
+    monkeypatch.setattr(metrics, "open", open_, raising=False)
+    return opened
+
+
 def tensorboard_fills_after(monkeypatch: pytest.MonkeyPatch, events: int) -> list[Any]:
     """tensorboardX writes `events` more events, then each write fails as on a
     full disk: its writer thread dies of the first failure. Thread errors go

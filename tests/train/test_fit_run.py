@@ -210,3 +210,83 @@ async def test_a_source_error_without_a_checkpoint_does_not_mention_one() -> Non
         with pytest.raises(DataSourceError) as caught:
             await fit(trainer, broken, epochs=1, batch_size=8)
         assert "checkpoint" not in str(caught.value)
+
+
+class _FailsAt(FitCallback):
+    """Fails at `hook` (at `on_step`: of step `step`) as a log on a full disk does."""
+
+    def __init__(self, hook: str, step: int = 0) -> None:
+        self.hook, self.step = hook, step
+
+    def _fail(self, hook: str, step: int = 0) -> None:
+        if hook == self.hook and step == self.step:
+            raise OSError(28, "No space left on device")
+
+    def on_epoch_start(self, epoch: int, epochs: int) -> None:
+        self._fail("on_epoch_start")
+
+    def on_step(self, position: FitPosition, *_: Any) -> None:
+        self._fail("on_step", position.step)
+
+    def on_evaluate(self, *_: Any) -> None:
+        self._fail("on_evaluate")
+
+    def on_epoch_end(self, *_: Any) -> None:
+        self._fail("on_epoch_end")
+
+    def on_checkpoint(self, *_: Any) -> None:
+        self._fail("on_checkpoint")
+
+
+@pytest.mark.parametrize(
+    ("hook", "step", "saved"),
+    [
+        ("on_step", 3, FitPosition(epoch=0, batch=3, step=3)),
+        ("on_step", 5, FitPosition(epoch=1, batch=0, step=5)),  # the epoch's last batch
+        ("on_evaluate", 0, FitPosition(epoch=1, batch=0, step=5)),
+        ("on_epoch_end", 0, FitPosition(epoch=1, batch=0, step=5)),
+        ("on_checkpoint", 0, FitPosition(epoch=1, batch=0, step=5)),  # saved once, not again
+    ],
+)
+async def test_a_failing_callback_saves_the_checkpoint_where_the_run_stands(
+    hook: str, step: int, saved: FitPosition, tmp_path: Path
+) -> None:
+    """A callback's error ended the run with nothing saved since the last
+    epoch: a full disk under the metrics log lost the training."""
+    ckpt = tmp_path / "c.ckpt"
+    async with ActorSystem("fit-run") as system:
+        straight = await _trainer(system)
+        await fit(straight, (X, Y), epochs=2, batch_size=8, seed=4)
+        heard = _StopAt(StopFlag(), -1)
+        with pytest.raises(OSError, match="No space left") as caught:
+            await fit(
+                await _trainer(system), (X, Y), epochs=2, batch_size=8, seed=4,
+                checkpoint=ckpt, callbacks=[heard, _FailsAt(hook, step)],
+            )  # fmt: skip
+        assert heard.saved == [saved]
+        note = "".join(caught.value.__notes__)
+        assert f"the callback _FailsAt.{hook} raised after step {saved.step}" in note
+        assert f"holds the {saved.step} steps trained, to resume at epoch {saved.epoch + 1}" in note
+        second = await _trainer(system, seed=7)
+        await second.ask(LoadCheckpoint(str(ckpt)))
+        await fit(second, (X, Y), epochs=2, batch_size=8, seed=4, start=saved)
+        np.testing.assert_array_equal(
+            await second.ask(GetWeights()), await straight.ask(GetWeights())
+        )
+
+
+async def test_a_failing_callback_in_a_job_does_not_save_alone(tmp_path: Path) -> None:
+    """In a job a save takes every process: one process alone must not start it."""
+
+    async def agree(requested: bool) -> bool:
+        return requested
+
+    async with ActorSystem("fit-run") as system:
+        heard = _StopAt(StopFlag(), -1)
+        with pytest.raises(OSError) as caught:
+            await fit(
+                await _trainer(system), (X, Y), epochs=2, batch_size=8, checkpoint=tmp_path / "c",
+                callbacks=[heard, _FailsAt("on_step", 3)], agree_to_stop=agree,
+            )  # fmt: skip
+        assert heard.saved == []
+        assert "the checkpoint was not saved" in "".join(caught.value.__notes__)

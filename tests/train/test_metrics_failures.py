@@ -4,6 +4,8 @@ never block."""
 
 from __future__ import annotations
 
+import errno
+import json
 import types
 from pathlib import Path
 
@@ -12,8 +14,13 @@ import pytest
 from atomr.testkit import wait_until
 from atomr.train.core.stats import StepStats
 from atomr.train.fit import EpochRecord, FitPosition
-from atomr.train.metrics import TensorBoardLog
-from tests.train.full_disk import tensorboard_fills_after, within, writer_thread
+from atomr.train.metrics import JsonLinesLog, TensorBoardLog
+from tests.train.full_disk import (
+    json_lines_fill_after,
+    tensorboard_fills_after,
+    within,
+    writer_thread,
+)
 from tests.train.test_metrics import _read_events
 
 STATS = StepStats(0.5, 1.0, 10, 4)
@@ -92,3 +99,41 @@ def test_two_tensorboard_logs_in_one_folder_in_one_second_keep_both_curves(
                 log.on_step(FitPosition(0, step, step), STATS, 0.5, 1.0)
     assert sorted(s for s, _ in _read_events(tmp_path)["step/loss"]) == [1, 2, 3, 4, 5]
     assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
+
+
+def _steps(path: Path) -> list[int | None]:
+    """The step of each line of a JSON Lines file; None for a line that is not JSON."""
+    steps: list[int | None] = []
+    for line in path.read_text().splitlines():
+        try:
+            steps.append(json.loads(line)["step"])
+        except ValueError:
+            steps.append(None)
+    return steps
+
+
+def test_a_json_lines_write_on_a_full_disk_names_the_file_and_the_next_starts_a_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error named no file, and the next event would be glued onto the cut line."""
+    path = tmp_path / "m.jsonl"
+    disk = json_lines_fill_after(monkeypatch, 250)  # one step's line and part of the next
+    log = JsonLinesLog(path)
+    with pytest.raises(OSError) as caught:
+        for step in range(1, 5):
+            log.on_step(FitPosition(0, step, step), STATS, 0.5, 1.0)
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(path)
+    disk[0].room = 10**6  # room again
+    log.on_step(FitPosition(0, 9, 9), STATS, 0.5, 1.0)
+    log.close()
+    assert _steps(path) == [1, None, 9]
+
+
+def test_a_json_lines_log_appends_after_a_cut_line_on_a_new_line(tmp_path: Path) -> None:
+    """Its first event was glued onto the cut line: both were lost to a reader."""
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"event": "step", "step": 1}\n{"event": "step", "st')  # a crash mid-write
+    for step in (2, 3):  # the second log appends to a whole line: no blank line
+        with JsonLinesLog(path) as log:
+            log.on_step(FitPosition(0, step, step), STATS, 0.5, 1.0)
+    assert _steps(path) == [1, None, 2, 3]

@@ -48,8 +48,9 @@ def step_metrics(stats: StepStats, rate: float) -> dict[str, float]:
     }
 
 
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None  # JSON has no NaN
+def _json_value(value: Any) -> Any:
+    """`value`, or None for a NaN or infinite float (JSON has none)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 class _Log(FitCallback):
@@ -123,7 +124,8 @@ class JsonLinesLog(_Log):
     A `step` event holds the `FitPosition` after it (`epoch`: the 0-based
     epoch in progress), its figures and `applied` (False for an
     accumulation window's micro-steps); `evaluate` and `epoch` events hold
-    the 1-based number of the epoch just finished.
+    the 1-based number of the epoch just finished. A NaN or infinite figure
+    is written as null (JSON has neither).
 
     Each event is one unbuffered write: a write that fails (a full disk)
     leaves nothing behind to be written later, and the next event, here or
@@ -144,7 +146,7 @@ class JsonLinesLog(_Log):
         self._file: FileIO | None = open(self.path, "ab", buffering=0)  # noqa: SIM115
 
     def _write(self, record: dict[str, Any]) -> None:
-        """Append `record` as a line of its own.
+        """Append `record` as a line of its own (a NaN or infinite figure as null).
 
         Raises:
             ValueError: the log is closed.
@@ -152,7 +154,8 @@ class JsonLinesLog(_Log):
         """
         if self._file is None:
             raise self._closed()
-        line = (b"\n" if self._cut else b"") + json.dumps(record).encode() + b"\n"
+        text = json.dumps({k: _json_value(v) for k, v in record.items()}, allow_nan=False)
+        line = (b"\n" if self._cut else b"") + text.encode() + b"\n"
         written = 0
         with self._writing():
             try:
@@ -188,8 +191,8 @@ class JsonLinesLog(_Log):
                 "split": split,
                 "step": position.step,
                 "epoch": position.epoch + 1,
-                "loss": _finite_or_none(loss),
-                "accuracy": _finite_or_none(accuracy),
+                "loss": loss,
+                "accuracy": accuracy,
             }
         )
 
@@ -200,7 +203,7 @@ class JsonLinesLog(_Log):
             ValueError: the log is closed.
             OSError: the write failed (naming `path`).
         """
-        figures = {k: _finite_or_none(v) for k, v in vars(record).items() if isinstance(v, float)}
+        figures = {k: v for k, v in vars(record).items() if isinstance(v, float)}
         self._write({"event": "epoch", "epoch": record.epoch, "step": record.step, **figures})
 
     def close(self) -> None:

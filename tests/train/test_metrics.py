@@ -4,6 +4,7 @@ with tensorboardX's own protobuf definitions."""
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from atomr.train import (
     fit,
 )
 from atomr.train.core import synthetic_classification
+from atomr.train.core.stats import StepStats
+from atomr.train.fit import EpochRecord, FitPosition
 from atomr.train.metrics import JsonLinesLog, TensorBoardLog
 
 CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
@@ -65,6 +68,24 @@ async def test_the_json_lines_log_holds_every_step_evaluation_and_epoch(
     ]  # numbered as the epoch events are
     epochs = [e for e in events if e["event"] == "epoch"]
     assert [e["epoch"] for e in epochs] == [1, 2] and epochs[1]["test_accuracy"] is not None
+
+
+def test_the_json_lines_log_writes_nan_and_infinity_as_null(tmp_path: Path) -> None:
+    """Step events held bare NaN and Infinity, which no strict JSON reader takes."""
+    path = tmp_path / "m.jsonl"
+    with JsonLinesLog(path) as log:
+        log.on_step(FitPosition(0, 1, 1), StepStats(math.nan, math.inf, 10, 4), 0.0, -math.inf)
+        log.on_evaluate("train", math.nan, math.inf, FitPosition(0, 1, 1))
+        log.on_epoch_end(EpochRecord(1, 1, math.nan, math.inf, 1.0, 1.0, 1.0, 1.0), 1)
+
+    def strict(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    step, evaluate, epoch = (json.loads(line, parse_constant=strict)
+                             for line in path.read_text().splitlines())  # fmt: skip
+    assert (step["loss"], step["grad_norm"], step["samples_per_s"]) == (None, None, None)
+    assert (evaluate["loss"], evaluate["accuracy"]) == (None, None)
+    assert (epoch["train_loss"], epoch["train_accuracy"], epoch["test_loss"]) == (None, None, 1.0)
 
 
 def _read_events(logdir: Path) -> dict[str, list[tuple[int, float]]]:

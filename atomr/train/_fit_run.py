@@ -202,7 +202,7 @@ class FitRun:
         tally.seconds += time.perf_counter() - started
         tally.loss_sum += stats.loss * stats.samples
         tally.samples += stats.samples
-        self.position.step += int(stats.applied)
+        self.position.step += stats.updates if stats.applied else 0
         self.tell("on_step", self.position, stats, tally.mean_loss, tally.rate)
 
     async def close_round(self, tally: _Tally) -> None:

@@ -108,7 +108,7 @@ async def test_fit_stops_where_a_trainer_counting_its_own_updates_refuses(tmp_pa
         state = await ref.ask(GetTrainingState())
     assert result.status == "reached max_steps"
     assert state.step == 5  # its third Step went to one worker: the limit met exactly
-    assert result.position.step == 3  # fit's Steps, fewer than the server's updates
+    assert result.position.step == 5  # fit counts the server's updates, in 3 Steps
     assert (tmp_path / "c").is_file()
 
 

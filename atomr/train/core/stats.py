@@ -24,6 +24,10 @@ class StepStats:
         comm_micros: of `step_micros`, the time spent reducing gradients
             across workers (the data-parallel all-reduce); 0 where a strategy
             has no such phase.
+        updates: when `applied`, the optimizer updates this `Step` made, as
+            the trainer counts them (`TrainingState.step`): 1, or one per
+            worker's part on an asynchronous parameter server, or one per
+            batch of a local-SGD round.
     """
 
     loss: float
@@ -32,6 +36,7 @@ class StepStats:
     samples: int
     applied: bool = True
     comm_micros: int = 0
+    updates: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -212,4 +212,4 @@ class LocalSgd:
         loss = sum(r[0] for r in steps) / sum(r[1] for r in steps)
         norm = float(np.mean([r[2] for r in steps]))
         micros = (time.perf_counter_ns() - self._round_started) // 1000
-        return StepStats(float(loss), norm, int(micros), samples, True, int(comm))
+        return StepStats(float(loss), norm, int(micros), samples, True, int(comm), len(steps))

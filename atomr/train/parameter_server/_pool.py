@@ -48,7 +48,7 @@ def split_among(x: np.ndarray, y: np.ndarray, workers: int) -> list[Part]:
     return [(x[lo:hi], y[lo:hi]) for lo, hi in split_bounds(len(x), workers)]
 
 
-def combine(results: Sequence[BatchResult]) -> StepStats:
+def combine(results: Sequence[BatchResult], synchronous: bool) -> StepStats:
     """One `StepStats` for a global batch from its parts' results.
 
     `loss` is the parts' losses weighted by their loss normalisers (their
@@ -57,8 +57,10 @@ def combine(results: Sequence[BatchResult]) -> StepStats:
     by the triangle inequality an upper bound of the norm of the averaged
     gradient a synchronous round applies, equal to it with one worker;
     `step_micros` is the slowest part's; `samples` their sum; `applied`
-    whether any part pushed a gradient.
+    whether any part pushed a gradient; `updates` the server's: one per part
+    pushed, or one round when `synchronous`.
     """
+    pushed = sum(r.stats.applied for r in results)
     total = sum(r.normaliser for r in results)
     scale = 1.0 / total if total > 0.0 else 0.0
     return StepStats(
@@ -66,7 +68,8 @@ def combine(results: Sequence[BatchResult]) -> StepStats:
         float(sum(r.stats.grad_norm * r.normaliser for r in results) * scale),
         max((r.stats.step_micros for r in results), default=0),
         sum(r.stats.samples for r in results),
-        applied=any(r.stats.applied for r in results),
+        applied=pushed > 0,
+        updates=min(pushed, 1) if synchronous else pushed,
     )
 
 

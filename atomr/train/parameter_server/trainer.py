@@ -234,7 +234,8 @@ class AsyncParameterServer(Actor):
             if not self.layout.options.consistency.is_synchronous:
                 workers = min(workers, limit - applied)
         x, y = self._validate(msg.features, msg.labels)
-        return combine(await self.pool.train(split_among(x, y, workers)))
+        parts = await self.pool.train(split_among(x, y, workers))
+        return combine(parts, self.pool.consistency.is_synchronous)
 
     async def _applied(self) -> int:
         """Updates the server applied (its version: one per pushed gradient)."""
@@ -303,7 +304,9 @@ class AsyncParameterServer(Actor):
         parts = self._epoch_parts(x, y, msg)
         retries_before = self.pool.retries
         t0 = time.perf_counter()
-        trained = combine(await self.pool.train_in_order(parts))
+        trained = combine(
+            await self.pool.train_in_order(parts), self.pool.consistency.is_synchronous
+        )
         seconds = time.perf_counter() - t0
         first = (await self._stats())[0]
         test_loss = test_accuracy = float("nan")

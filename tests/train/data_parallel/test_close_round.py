@@ -83,7 +83,10 @@ async def test_fit_counts_an_epochs_last_round_in_its_record(policy: str) -> Non
         )
         result = await fit(dp, (X, Y), epochs=2, batch_size=16)
         weights = await dp.ask(GetWeights())
-    assert [r.step for r in result.epochs] == [1, 2]  # one round per epoch
+        assert result.position.step == (await dp.ask(GetTrainingState())).step
+    # one round per epoch: a cadence round is one update, a local-SGD round
+    # one per batch (its replicas' local steps), as the trainer counts them
+    assert [r.step for r in result.epochs] == ([6, 12] if policy == "async" else [1, 2])
     for record in result.epochs:
         assert math.isfinite(record.train_loss) and record.train_loss > 0
         assert record.samples_per_s > 0

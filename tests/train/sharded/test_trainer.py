@@ -28,7 +28,7 @@ from atomr.train import (
 )
 from atomr.train.comm import HostCollective
 from atomr.train.core import GetTrainingState
-from atomr.train.sharded import GetShardMemory, ShardMemory
+from atomr.train.sharded import GetShardMemory, ShardedReplica, ShardMemory
 
 SIZES = [7, 9, 5, 3]  # 72 + 9 + 45 + 5 + 15 + 3 = 149 parameters (prime)
 OPTIMIZERS = {
@@ -184,3 +184,28 @@ async def test_the_trainer_closes_only_a_collective_it_made() -> None:
     np.testing.assert_array_equal(summed, np.full(3, 2.0, np.float32))
     given.close()
     assert _CountsCloses.closes == 1
+
+
+class _StaleMemoryReplica(ShardedReplica):
+    """Its freshly allocated gradient buffer holds NaN, as reused memory may."""
+
+    def compute_gradients(self, msg: Any) -> Any:
+        model = self.model
+        assert model is not None
+        model.grads = self.backend.to_device(np.full(model.n_params, np.nan, model.dtype))
+        return super().compute_gradients(msg)
+
+
+async def test_a_replica_without_rows_hands_a_zero_gradient_whatever_its_memory_held() -> None:
+    config = TrainerConfig(OptimizerKind.sgd(0.05), LossKind.CROSS_ENTROPY)
+    options = ShardedOptions(stage=2, replica_class=_StaleMemoryReplica)
+    async with ActorSystem("zero-empty-rows") as system:
+        zero = await ShardedDataParallelTrainer.spawn(
+            system, Mlp(SIZES, seed=2), cpu_devices(5), config, options
+        )
+        one = await Trainer.spawn(system, Mlp(SIZES, seed=2), ["cpu:0"], config)
+        for x, y in _batches(3, rows=2):  # 3 of the 5 replicas get no row
+            await zero.ask(Step(x, y))
+            await one.ask(Step(x, y))
+        weights = await zero.ask(GetWeights())
+        np.testing.assert_allclose(weights, await one.ask(GetWeights()), rtol=1e-5, atol=1e-6)

@@ -313,8 +313,10 @@ class Sequential:
         self.backend.copy(self.backend.to_device(flat), self.params)
 
     def zero_grads(self) -> None:
-        """Set every gradient to 0."""
-        self.backend.scale(self.grads, 0.0)
+        """Set every gradient to 0, whatever the buffer held (NaN and
+        infinities too, which scaling by 0 would keep as NaN)."""
+        be = self.backend
+        be.copy(be.zeros(self.grads.shape, dtype=self.grads.dtype), self.grads)
 
     # -- math ---------------------------------------------------------------
 

@@ -211,7 +211,7 @@ class ShardedDataParallelTrainer(Actor):
         if isinstance(message, GetWeights):
             return (await self._full_state())[0]
         if isinstance(message, GetShardMemory):
-            memory: list[ShardMemory] = await ask_all(self.refs, [message] * len(self.refs))
+            memory: list[ShardMemory] = await self._ask([message] * len(self.refs))
             return memory
         if isinstance(message, GetTrainingState):
             return TrainingState(self.steps, self.config.max_steps, self.options.process_rank == 0)
@@ -223,6 +223,14 @@ class ShardedDataParallelTrainer(Actor):
         if isinstance(message, LoadCheckpoint):
             return await self._load(message)
         return not_handled(type(self).__name__, message)
+
+    async def _ask(self, messages: list[Any]) -> list[Any]:
+        """Every replica's answer, each within `worker_timeout`.
+
+        Raises:
+            Exception: the first failing replica's own error (`ask_all`).
+        """
+        return await ask_all(self.refs, messages, self.config.worker_timeout)
 
     def _validate(self, message: Step | Evaluate) -> tuple[np.ndarray, np.ndarray]:
         return self._spec.validate(message.features, message.labels, self.config.loss)
@@ -245,7 +253,7 @@ class ShardedDataParallelTrainer(Actor):
             loss_sum, norm, correct = await passes.evaluate(x, y)
         else:
             msgs = [EvaluateShard(xs, ys) for xs, ys in passes.shards(x, y)]
-            parts: list[ShardEval] = await ask_all(self.refs, msgs, self.config.worker_timeout)
+            parts: list[ShardEval] = await self._ask(msgs)
             loss_sum = sum(p.loss_sum for p in parts)
             norm, correct = sum(p.normaliser for p in parts), sum(p.correct for p in parts)
         accuracy = correct / y.size if self.config.loss.is_classification else float("nan")
@@ -254,7 +262,7 @@ class ShardedDataParallelTrainer(Actor):
     # -- checkpoints ---------------------------------------------------------
 
     async def _states(self) -> list[Any]:
-        return await ask_all(self.refs, [GetShardState()] * len(self.refs))
+        return await self._ask([GetShardState()] * len(self.refs))
 
     async def _full_state(self) -> tuple[np.ndarray, dict[str, Any]]:
         """The full weights and optimizer state, assembled from every piece."""
@@ -337,11 +345,11 @@ class ShardedDataParallelTrainer(Actor):
         full = weights if self.options.stage < 3 else None
         parts = split_state(self.layout, weights, ckpt.optimizer, int(ckpt.step))
         try:
-            await ask_all(self.refs, [SetShardState(p, full) for p in parts])
+            await self._ask([SetShardState(p, full) for p in parts])
         except Exception:
             if old is not None:
                 back = _full_from(self.layout, old, self.dtype) if full is not None else None
-                await ask_all(self.refs, [SetShardState(s, back) for s in old])
+                await self._ask([SetShardState(s, back) for s in old])
             raise
         self.steps = int(ckpt.step)
         self._watch.clear(generation)

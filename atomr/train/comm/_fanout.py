@@ -46,7 +46,19 @@ async def ask_all(
 
 
 def raise_first_failure(results: list[Any]) -> None:
-    """Re-raise the first exception found in ``results``, if any.
+    """Re-raise the first exception found in ``results``, if any
+    (``first_failure``).
+
+    Raises:
+        BaseException: that exception.
+    """
+    error = first_failure(results)
+    if error is not None:
+        raise error
+
+
+def first_failure(results: Sequence[Any]) -> BaseException | None:
+    """The first exception found in ``results``, or None.
 
     The exception keeps its own type; ``worker_index`` is set on it and a note
     names the worker, so the asker knows which one failed.
@@ -55,7 +67,8 @@ def raise_first_failure(results: list[Any]) -> None:
         if isinstance(result, BaseException):
             result.worker_index = index  # type: ignore[attr-defined]
             result.add_note(f"raised by worker {index}")
-            raise result
+            return result
+    return None
 
 
 async def ask_all_settled(

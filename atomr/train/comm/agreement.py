@@ -1,9 +1,11 @@
 """`agree_on_failure`: the processes of a job learn together whether any of
-them failed a step of a shared task (a save), so that a failure anywhere
-fails the task everywhere instead of leaving the others waiting at their
-next collective."""
+them failed a step of a shared task (a save, a load, a sharded update), so
+that a failure anywhere fails the task everywhere instead of leaving the
+others waiting at their next collective, or going on with another state."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -13,8 +15,21 @@ from atomr.train.core.errors import CheckpointError
 __all__ = ["agree_on_failure"]
 
 
+def checkpoint_not_saved(count: int, what: str) -> Exception:
+    """The error of a save that failed on `count` other processes."""
+    return CheckpointError(
+        f"{count} other process(es) failed to {what}; the checkpoint was not "
+        "saved (the previous one is untouched)"
+    )
+
+
 async def agree_on_failure(
-    processes: Collective | None, error: Exception | None, what: str, value: float = 0.0
+    processes: Collective | None,
+    error: BaseException | None,
+    what: str,
+    value: float = 0.0,
+    *,
+    others: Callable[[int, str], Exception] = checkpoint_not_saved,
 ) -> float:
     """Every process learns whether any failed to do `what`; `value` is
     summed over them on the way (one process's value: a broadcast).
@@ -24,14 +39,17 @@ async def agree_on_failure(
         error: this process's failure, or None.
         what: what was being done, for the others' message ("write the index").
         value: this process's contribution to the returned sum.
+        others: makes the error of a process that did not fail, from the
+            count of those that did and `what` (default: a `CheckpointError`
+            saying the save failed).
 
     Returns:
         The sum of `value` over the processes.
 
     Raises:
-        Exception: this process's own `error`.
-        CheckpointError: another process failed (the previous checkpoint is
-            untouched).
+        BaseException: this process's own `error`.
+        Exception: `others(count, what)` where only other processes failed.
+        Exception: the collective's own error (nothing agreed).
     """
     if processes is None:
         if error is not None:
@@ -42,8 +60,5 @@ async def agree_on_failure(
     if error is not None:
         raise error
     if total[0] > 0:
-        raise CheckpointError(
-            f"{int(total[0])} other process(es) failed to {what}; the checkpoint was not "
-            "saved (the previous one is untouched)"
-        )
+        raise others(int(total[0]), what)
     return float(total[1])

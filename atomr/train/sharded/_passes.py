@@ -2,8 +2,9 @@
 
 A step is atomic: phase 1 (forward, loss, backward, reduce-scatter) writes
 no piece anywhere; phase 2 asks every replica to update its piece out of
-place (`ApplyShard`), then commits everywhere, or rolls back the replicas
-that applied if any failed. Stages 1 and 2 then all-gather the new
+place (`ApplyShard`), then, once the processes of a job agree that none
+failed (`agree_on_failure`), commits everywhere, or else rolls back every
+replica of every process. Stages 1 and 2 then all-gather the new
 parameters into every replica's working copy.
 
 Stages 1 and 2 compute each replica's whole gradient in one message and
@@ -24,7 +25,8 @@ import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef
-from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
+from atomr.train.comm._fanout import ask_all, ask_all_settled, first_failure
+from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.core._step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
@@ -101,6 +103,8 @@ class ShardedPasses:
             NonFiniteError, ValueError: a non-finite loss or gradient, or a
                 zero normaliser (nothing applied).
             Exception: the first failing replica's own error (nothing applied).
+            RuntimeError: only another process's replica failed its update
+                (nothing applied anywhere).
         """
         t0 = time.perf_counter_ns()
         if self.stage == 3:
@@ -212,21 +216,27 @@ class ShardedPasses:
     async def _apply(
         self, reduced_for: list[np.ndarray | None], scale: float, coefficient: float
     ) -> None:
-        """Phase 2: every replica updates its piece and keeps it, or none does.
+        """Phase 2: every replica of every process updates its piece and
+        keeps it, or none does: the processes agree before any commits.
 
         Raises:
-            Exception: the first failing replica's own error (the others
-                rolled back).
+            Exception: the first failing local replica's own error, or, where
+                only another process's replicas failed, a RuntimeError saying
+                so (every replica rolled back), or the process collective's error.
         """
         self._token += 1
         token = self._token
         msgs = [ApplyShard(r, scale, coefficient, token) for r in reduced_for]
         results = await ask_all_settled(self.refs, msgs, self.timeout)
-        if failed_indices(results):
+        try:
+            await agree_on_failure(
+                self.exchange.processes, first_failure(results), "apply", others=_rolled_back
+            )
+        except BaseException:
             # every replica: one that timed out may still apply (its rollback waits
             # behind it), one that raised after applying was resumed with it pending
             await ask_all_settled(self.refs, RollbackShard(token), self.timeout, per_worker=False)
-            raise_first_failure(results)
+            raise
         committed = await self._ask([CommitShard(token)] * len(self.refs))
         if self.stage < 3:
             await self.exchange.all_gather([h.buffer for h in committed])
@@ -252,6 +262,14 @@ class ShardedPasses:
         results: list[LayerForwardResult] = await self._forward(x, y, train=False)
         loss_sum = sum(r.loss_sum for r in results)
         return loss_sum, sum(r.normaliser for r in results), sum(r.correct for r in results)
+
+
+def _rolled_back(count: int, what: str) -> Exception:
+    """The error of a step whose update `count` other processes failed to `what`."""
+    return RuntimeError(
+        f"a replica of {count} other process(es) failed to {what} its update: every "
+        "replica of every process rolled back (nothing applied)"
+    )
 
 
 def _returned(handed: list[Handed]) -> list[np.ndarray | None]:

@@ -17,7 +17,8 @@ full format, so checkpoints move between it and every other trainer;
 list[ShardMemory]`.
 
 Faults: a step is atomic (`_passes`), so a failure anywhere changes no
-piece and the asker gets the failing replica's own error. A replica that
+piece, of any process, and the asker gets the failing replica's own error
+(on another process of a job: a `RuntimeError` saying so). A replica that
 raised is resumed with its piece intact. No replica holds another's piece,
 so one whose device context was poisoned (restarted, its piece lost) makes
 the trainer answer `WorkerStateLost` until a `LoadCheckpoint` re-syncs

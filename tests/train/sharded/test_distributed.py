@@ -16,6 +16,7 @@ from atomr import ActorSystem
 from atomr.train import GetWeights, Mlp, Step, Trainer
 from atomr.train.sharded import merge_shards
 from tests.train.mpi_scripts import sharded_run as script
+from tests.train.mpi_scripts import sharded_step_fault as fault
 from tests.train.mpi_scripts.harness import run_script
 
 pytestmark = pytest.mark.mpi
@@ -58,3 +59,20 @@ async def test_two_processes_two_replicas_equal_one_device_at_every_stage(tmp_pa
     # and the index still names the second save's files (merged above)
     failed = [(tmp_path / f"rank{r}_failed_save.txt").read_text() for r in range(RANKS)]
     assert failed == ["CheckpointError", "OSError"]
+
+
+async def test_a_step_failing_on_one_process_rolls_back_on_every_process(tmp_path) -> None:
+    result, _ = run_script(RANKS, "sharded_step_fault.py", tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    async with ActorSystem() as system:  # the failed step is skipped
+        one = await Trainer.spawn(system, Mlp(fault.SIZES, seed=1), "cpu:0", fault.CONFIG)
+        for step in (0, 2):
+            await one.ask(Step(*fault.batch(step)), timeout=30)
+        expected = await one.ask(GetWeights(), timeout=30)
+    for stage in fault.STAGES:
+        errors = [json.loads((tmp_path / f"rank{r}_stage{stage}.json").read_text()) for r in (0, 1)]
+        assert "other process" in errors[0]["message"]
+        assert "injected failure: apply" in errors[1]["message"]  # rank 1's own error
+        for rank in range(RANKS):
+            weights = np.load(tmp_path / f"rank{rank}_stage{stage}.npy")
+            np.testing.assert_allclose(weights, expected, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,77 @@
+"""Run under `mpiexec -n 2`: a ZeRO step that fails on one process only.
+
+argv: OUT_DIR. For each stage K of 1, 2, 3: 2 processes x 1 replica train
+three steps; in the second, rank 1's replica raises in `apply_shard`
+(`atomr.testkit.inject_faults`). Each rank writes rank{r}_stage{K}.json
+(the second step's error type and message) and rank{r}_stage{K}.npy (its
+GetWeights after the third step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.testkit import Plan, inject_faults
+from atomr.train import (
+    GetWeights,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    ShardedDataParallelTrainer,
+    ShardedOptions,
+    Step,
+    TrainerConfig,
+)
+from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.core import synthetic_classification
+from atomr.train.sharded import ShardedReplica
+
+SIZES = [6, 7, 3]
+CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+STAGES = (1, 2, 3)
+FAILING_STEP = 1
+
+
+def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+    return synthetic_classification(8, SIZES[0], SIZES[-1], seed=300 + step)
+
+
+async def run_stage(
+    system: ActorSystem, dist: DistributedTrainConfig, stage: int, out: Path
+) -> None:
+    plan = Plan()
+    replica = inject_faults(ShardedReplica, plan, {"apply": "apply_shard"})
+    options = ShardedOptions.for_job(
+        dist, stage=stage, replica_class=replica if dist.rank == 1 else ShardedReplica
+    )
+    model = Mlp(SIZES, seed=1)
+    trainer = await ShardedDataParallelTrainer.spawn(system, model, cpu_devices(1), CONFIG, options)
+    report = {}
+    for step in range(3):
+        if step == FAILING_STEP:
+            plan.arm("apply", RuntimeError)
+        try:
+            await trainer.ask(Step(*batch(step)), timeout=60)
+        except Exception as exc:
+            report = {"type": type(exc).__name__, "message": str(exc)}
+    np.save(out / f"rank{dist.rank}_stage{stage}.npy", await trainer.ask(GetWeights(), timeout=60))
+    (out / f"rank{dist.rank}_stage{stage}.json").write_text(json.dumps(report))
+    await trainer.stop()
+
+
+async def main(out: Path) -> None:
+    dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=30.0)
+    async with ActorSystem() as system:
+        for stage in STAGES:
+            await run_stage(system, dist, stage, out)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(Path(sys.argv[1])))

@@ -337,23 +337,68 @@ class ShardedDataParallelTrainer(Actor):
         return ckpt
 
     async def _load(self, message: LoadCheckpoint) -> None:
-        """Check the checkpoint, then give every replica its part, all or none
-        (a replica that refuses gets the old state back, as do the others)."""
+        """Check the checkpoint, then give every replica of every process its
+        part, all or none: the processes agree after reading and after
+        loading, and a failure anywhere gives every replica its old state back.
+
+        Raises:
+            CheckpointError: the checkpoint does not fit (nothing changed);
+                or another process failed to load it (nothing changed here).
+            Exception: a replica's own error (every replica's state restored).
+        """
         generation = self._watch.generation
-        ckpt = await self._read(Path(message.path))
-        old = None if self._watch.lost() is not None else await self._states()
-        weights = np.asarray(ckpt.weights, dtype=self.dtype)
-        full = weights if self.options.stage < 3 else None
-        parts = split_state(self.layout, weights, ckpt.optimizer, int(ckpt.step))
+        processes = self.options.process_collective
+        error: Exception | None = None
         try:
-            await self._ask([SetShardState(p, full) for p in parts])
+            ckpt = await self._read(Path(message.path))
+            old = None if self._watch.lost() is not None else await self._states()
+        except Exception as exc:
+            error = exc
+        await agree_on_failure(processes, error, "read the checkpoint", others=_not_loaded)
+        try:
+            await self._install(ckpt)
+        except Exception as exc:
+            error = exc
+        try:
+            await agree_on_failure(processes, error, "load the checkpoint", others=_not_loaded)
         except Exception:
             if old is not None:
-                back = _full_from(self.layout, old, self.dtype) if full is not None else None
-                await self._ask([SetShardState(s, back) for s in old])
+                await self._restore(old)
             raise
         self.steps = int(ckpt.step)
         self._watch.clear(generation)
+
+    async def _install(self, ckpt: Checkpoint) -> None:
+        """Give every local replica its part of `ckpt`.
+
+        Raises:
+            Exception: the first failing replica's own error.
+        """
+        weights = np.asarray(ckpt.weights, dtype=self.dtype)
+        full = weights if self.options.stage < 3 else None
+        parts = split_state(self.layout, weights, ckpt.optimizer, int(ckpt.step))
+        await self._ask([SetShardState(p, full) for p in parts])
+
+    async def _restore(self, old: list[Any]) -> None:
+        """Give every local replica its state `old` back (stages 1 and 2: the
+        working copy too, from every process's pieces: a collective).
+
+        Raises:
+            Exception: the first failing replica's own error, or the
+                process collective's.
+        """
+        back = None
+        if self.options.stage < 3:
+            back = await self._exchange.assemble(assemble_state(self.layout, old, self.dtype)[0])
+        await self._ask([SetShardState(s, back) for s in old])
+
+
+def _not_loaded(count: int, what: str) -> Exception:
+    """The error of a load that `count` other processes failed to `what`."""
+    return CheckpointError(
+        f"{count} other process(es) failed to {what}; no process loaded it "
+        "(every replica keeps its state)"
+    )
 
 
 async def _from_process_zero(model: Sequential, processes: Collective) -> Sequential:
@@ -361,10 +406,6 @@ async def _from_process_zero(model: Sequential, processes: Collective) -> Sequen
     params = model.get_params()
     await processes.broadcast([params], 0)
     return model_from_config(model.config(), params)
-
-
-def _full_from(layout: ShardLayout, states: list[Any], dtype: np.dtype) -> np.ndarray:
-    return assemble_state(layout, states, dtype)[0]
 
 
 def _collective(options: ShardedOptions) -> tuple[Collective, bool]:

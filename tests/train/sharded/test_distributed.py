@@ -76,3 +76,25 @@ async def test_a_step_failing_on_one_process_rolls_back_on_every_process(tmp_pat
         for rank in range(RANKS):
             weights = np.load(tmp_path / f"rank{rank}_stage{stage}.npy")
             np.testing.assert_allclose(weights, expected, rtol=1e-5, atol=1e-6)
+
+
+async def test_a_load_failing_on_one_process_changes_nothing_on_any(tmp_path) -> None:
+    result, _ = run_script(RANKS, "sharded_load_fault.py", tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    async with ActorSystem() as system:  # as if no load was asked
+        one = await Trainer.spawn(system, Mlp(fault.SIZES, seed=1), "cpu:0", fault.CONFIG)
+        for step in range(4):
+            await one.ask(Step(*fault.batch(step)), timeout=30)
+        expected = await one.ask(GetWeights(), timeout=30)
+    for stage in fault.STAGES:
+        reports = [
+            json.loads((tmp_path / f"rank{r}_stage{stage}.json").read_text()) for r in (0, 1)
+        ]
+        assert reports[0]["type"] == "CheckpointError"
+        assert "other process" in reports[0]["message"]
+        own = "RuntimeError" if stage == 2 else "FileNotFoundError"
+        assert reports[1]["type"] == own  # rank 1's own error
+        for rank in range(RANKS):
+            assert reports[rank]["steps"] == 4
+            weights = np.load(tmp_path / f"rank{rank}_stage{stage}.npy")
+            np.testing.assert_allclose(weights, expected, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,78 @@
+"""Run under `mpiexec -n 2`: a ZeRO `LoadCheckpoint` that fails on one process only.
+
+argv: OUT_DIR. For each stage K of 1, 2, 3: 2 processes x 1 replica train
+two steps, save, train a third, then load the save; on rank 1 the load
+fails: at stages 1 and 3 its file is missing (a node without the shared
+disk), at stage 2 its replica refuses its part (`SetShardState`). Then a
+fourth step. Each rank writes rank{r}_stage{K}.json (the load's error type
+and message, the trainer's step count) and rank{r}_stage{K}.npy (its
+GetWeights at the end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from atomr import ActorSystem
+from atomr.accel import cpu_devices
+from atomr.testkit import Plan, inject_faults
+from atomr.train import (
+    GetWeights,
+    LoadCheckpoint,
+    Mlp,
+    SaveCheckpoint,
+    ShardedDataParallelTrainer,
+    ShardedOptions,
+    Step,
+)
+from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.core import GetTrainingState
+from atomr.train.sharded import ShardedReplica
+from atomr.train.sharded.messages import SetShardState
+from tests.train.mpi_scripts.sharded_step_fault import CONFIG, SIZES, STAGES, batch
+
+
+async def run_stage(
+    system: ActorSystem, dist: DistributedTrainConfig, stage: int, out: Path
+) -> None:
+    plan = Plan()
+    replica = inject_faults(ShardedReplica, plan, {"set": SetShardState})
+    failing = dist.rank == 1
+    options = ShardedOptions.for_job(
+        dist, stage=stage, replica_class=replica if failing else ShardedReplica
+    )
+    trainer = await ShardedDataParallelTrainer.spawn(
+        system, Mlp(SIZES, seed=1), cpu_devices(1), CONFIG, options
+    )
+    for step in range(2):
+        await trainer.ask(Step(*batch(step)), timeout=60)
+    await trainer.ask(SaveCheckpoint(out / f"stage{stage}.ckpt"), timeout=60)
+    await trainer.ask(Step(*batch(2)), timeout=60)
+    path = out / (f"stage{stage}.ckpt" if not (failing and stage != 2) else "missing.ckpt")
+    plan.arm("set", RuntimeError)
+    try:
+        await trainer.ask(LoadCheckpoint(path), timeout=60)
+        report = {"type": "none", "message": ""}
+    except Exception as exc:
+        report = {"type": type(exc).__name__, "message": str(exc)}
+    await trainer.ask(Step(*batch(3)), timeout=60)
+    report["steps"] = (await trainer.ask(GetTrainingState(), timeout=60)).step
+    np.save(out / f"rank{dist.rank}_stage{stage}.npy", await trainer.ask(GetWeights(), timeout=60))
+    (out / f"rank{dist.rank}_stage{stage}.json").write_text(json.dumps(report))
+    await trainer.stop()
+
+
+async def main(out: Path) -> None:
+    dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=30.0)
+    async with ActorSystem() as system:
+        for stage in STAGES:
+            await run_stage(system, dist, stage, out)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(Path(sys.argv[1])))

@@ -25,7 +25,7 @@ import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef
-from atomr.train.comm._fanout import ask_all, ask_all_settled, first_failure
+from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, first_failure
 from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.core._step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.clip import clip_coefficient
@@ -237,7 +237,7 @@ class ShardedPasses:
             # behind it), one that raised after applying was resumed with it pending
             await ask_all_settled(self.refs, RollbackShard(token), self.timeout, per_worker=False)
             raise
-        committed = await self._ask([CommitShard(token)] * len(self.refs))
+        committed = await self._commit(token)
         if self.stage < 3:
             await self.exchange.all_gather([h.buffer for h in committed])
             await self._send_back(
@@ -247,6 +247,37 @@ class ShardedPasses:
                     if not h.shared
                 ]
             )
+
+    async def _commit(self, token: int) -> list[Any]:
+        """Every replica keeps update `token`, all of them for sure before
+        anything goes on: a replica whose answer failed (late: its commit
+        may still be running) is asked again, behind that commit in its
+        mailbox, and answers its buffer again (`ShardedReplica`). The
+        processes then agree that every replica committed, so none starts
+        an all-gather another will not join.
+
+        Returns:
+            Every local replica's `Handed` (None at stage 3).
+
+        Raises:
+            Exception: a replica that did not confirm twice, its own error
+                (a note says the step was applied, by the others at least),
+                or a RuntimeError where only another process's did not.
+        """
+        results = await ask_all_settled(
+            self.refs, CommitShard(token), self.timeout, per_worker=False
+        )
+        failed = failed_indices(results)
+        again = await ask_all_settled(
+            [self.refs[i] for i in failed], CommitShard(token), self.timeout, per_worker=False
+        )
+        for i, result in zip(failed, again, strict=True):
+            results[i] = result
+        error = first_failure(results)
+        if error is not None:
+            error.add_note(_APPLIED)
+        await agree_on_failure(self.exchange.processes, error, "commit", others=_applied)
+        return results
 
     async def _send_back(self, copies: list[tuple[ActorRef, np.ndarray]]) -> None:
         if copies:
@@ -270,6 +301,18 @@ def _rolled_back(count: int, what: str) -> Exception:
         f"a replica of {count} other process(es) failed to {what} its update: every "
         "replica of every process rolled back (nothing applied)"
     )
+
+
+_APPLIED = (
+    "the step WAS applied (every other replica committed its update; this one may "
+    "still), but the trainer's step count and the working copies (stages 1 and 2) "
+    "were not brought up to date: load a checkpoint before going on"
+)
+
+
+def _applied(count: int, what: str) -> Exception:
+    """The error of a step whose update `count` other processes could not `what` for sure."""
+    return RuntimeError(f"a replica of {count} other process(es) did not {what}; {_APPLIED}")
 
 
 def _returned(handed: list[Handed]) -> list[np.ndarray | None]:

@@ -99,6 +99,7 @@ class ShardedReplica(DeviceActor):
         self._owned = layout.owned(index)
         self._undo = DoubleBuffer()
         self._undo_token = 0
+        self._committed = 0  # the token of the update committed last
         self._handed: tuple[int, Any] | None = None  # (unit, buffer) awaiting its reduced sum
         self._peak = 0
         self._layers: LayerRunner | None = None
@@ -273,21 +274,27 @@ class ShardedReplica(DeviceActor):
 
     def _commit(self, token: int) -> Handed | None:
         """Keep the pending update; stages 1 and 2 write the new piece into
-        the working copy and hand it over for the all-gather.
+        the working copy and hand it over for the all-gather. Asked again
+        for the update it committed last (its answer was late), it only
+        hands the working copy over again.
 
         Raises:
-            ValueError: `token` is not the pending update.
+            ValueError: `token` is neither the pending update nor the last committed.
         """
-        if not self._undo.pending or self._undo_token != token:
-            raise ValueError(f"update {token} is not pending")
-        self._undo.commit()
-        self.steps += 1
+        committed_last = not self._undo.pending and self._committed == token
+        if not committed_last:
+            if not self._undo.pending or self._undo_token != token:
+                raise ValueError(f"update {token} is not pending")
+            self._undo.commit()
+            self._committed = token
+            self.steps += 1
         if self.model is None:
             return None
         params = self.model.params
-        for (lo, hi), at in zip(self._owned, self._offsets, strict=False):
-            self.backend.copy(self.piece[at : at + hi - lo], params[lo:hi])
-        self.backend.synchronize()
+        if not committed_last:
+            for (lo, hi), at in zip(self._owned, self._offsets, strict=False):
+                self.backend.copy(self.piece[at : at + hi - lo], params[lo:hi])
+            self.backend.synchronize()
         return self.hand(params)
 
     def _rollback(self, token: int) -> bool:

@@ -1,18 +1,22 @@
 """`TrainerConfig.worker_timeout` is every replica reply's deadline in
 `ShardedDataParallelTrainer`: a replica stalling past it fails the request
-with the replica's own timeout, whatever the message."""
+with the replica's own timeout, whatever the message; but a replica whose
+commit answers late is waited for, so the step is completed everywhere, or
+the error says it was applied."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from atomr import ActorSystem, AskTimeoutError
 from atomr.accel import cpu_devices
 from atomr.testkit import Plan, inject_faults
 from atomr.train import (
+    Evaluate,
     GetWeights,
     LoadCheckpoint,
     LossKind,
@@ -21,18 +25,25 @@ from atomr.train import (
     SaveCheckpoint,
     ShardedDataParallelTrainer,
     ShardedOptions,
+    Step,
+    Trainer,
     TrainerConfig,
 )
+from atomr.train.core import GetTrainingState, synthetic_classification
 from atomr.train.sharded import GetShardMemory, ShardedReplica
-from atomr.train.sharded.messages import GetShardState
+from atomr.train.sharded.messages import CommitShard, GetShardState
 
 SLOW = 1
 STALL = 3.0  # far beyond worker_timeout, below the asker's own timeout
-CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, worker_timeout=0.3)
+CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, worker_timeout=0.5)
 
 
 async def _spawn(system: ActorSystem, plan: Plan, stage: int = 1) -> Any:
-    phases: dict[str, str | type] = {"state": GetShardState, "memory": GetShardMemory}
+    phases: dict[str, str | type] = {
+        "state": GetShardState,
+        "memory": GetShardMemory,
+        "commit": CommitShard,
+    }
     slow = inject_faults(ShardedReplica, plan, phases, worker=SLOW)
     options = ShardedOptions(stage=stage, replica_class=slow)
     return await ShardedDataParallelTrainer.spawn(
@@ -61,3 +72,38 @@ async def test_a_replica_stalling_past_worker_timeout_fails_the_request(
         with pytest.raises(AskTimeoutError) as caught:
             await trainer.ask(message(tmp_path), timeout=STALL - 1.0)
         assert getattr(caught.value, "worker_index", None) == SLOW  # the replica's own timeout
+
+
+async def _reference(system: ActorSystem, data: list[Any]) -> tuple[Any, Any]:
+    """The weights and the evaluation of the first batch after the steps."""
+    one = await Trainer.spawn(system, Mlp([3, 4, 2], seed=0), ["cpu:0"], CONFIG)
+    for x, y in data:
+        await one.ask(Step(x, y))
+    return await one.ask(GetWeights()), await one.ask(Evaluate(*data[0]))
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+async def test_a_commit_answered_late_is_waited_for_and_the_step_completed(stage: int) -> None:
+    plan = Plan()
+    data = [synthetic_classification(6, 3, 2, seed=s) for s in range(2)]
+    async with ActorSystem("zero-late-commit") as system:
+        trainer = await _spawn(system, plan, stage)
+        await trainer.ask(Step(*data[0]))
+        plan.arm("commit", None, delay=1.4 * CONFIG.worker_timeout)
+        await trainer.ask(Step(*data[1]))  # the step's stats, not AskTimeoutError
+        assert plan.fired == ["commit"]
+        weights, evaluation = await _reference(system, data)
+        assert (await trainer.ask(GetTrainingState())).step == 2
+        np.testing.assert_allclose(await trainer.ask(GetWeights()), weights, atol=1e-6)
+        assert (await trainer.ask(Evaluate(*data[0]))).loss == pytest.approx(evaluation.loss)
+
+
+async def test_a_commit_never_confirmed_is_answered_with_an_error_saying_it_was_applied() -> None:
+    plan = Plan()
+    data = synthetic_classification(6, 3, 2, seed=0)
+    async with ActorSystem("zero-lost-commit") as system:
+        trainer = await _spawn(system, plan)
+        plan.arm("commit", None, delay=STALL)
+        with pytest.raises(AskTimeoutError) as caught:
+            await trainer.ask(Step(*data), timeout=STALL - 1.0)
+        assert any("WAS applied" in note for note in caught.value.__notes__)

@@ -14,7 +14,11 @@ It speaks the one trainer contract: `Step -> StepStats`, `Evaluate`,
 full format, so checkpoints move between it and every other trainer;
 `ShardedOptions.shard_checkpoints` writes one file per replica),
 `GetTrainingState`, `SetLearningRate`; and its own `GetShardMemory ->
-list[ShardMemory]`.
+list[ShardMemory]`. In a multi-process job `Step`, `GetWeights`,
+`SaveCheckpoint`, `LoadCheckpoint` and (stage 3) `Evaluate` are collective:
+every process must ask them, in the same order (no process holds the
+whole weights), unlike `DataParallelTrainer`'s local `GetWeights` and
+`Evaluate`.
 
 Faults: a step is atomic (`_passes`), so a failure anywhere changes no
 piece, of any process, and the asker gets the failing replica's own error

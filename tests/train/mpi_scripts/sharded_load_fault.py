@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from sharded_step_fault import CONFIG, SIZES, STAGES, batch  # beside this script
 
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
@@ -34,7 +35,6 @@ from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.core import GetTrainingState
 from atomr.train.sharded import ShardedReplica
 from atomr.train.sharded.messages import SetShardState
-from tests.train.mpi_scripts.sharded_step_fault import CONFIG, SIZES, STAGES, batch
 
 
 async def run_stage(

@@ -12,18 +12,15 @@ GetWeights at the end).
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from pathlib import Path
 
-import numpy as np
-from sharded_step_fault import CONFIG, SIZES, STAGES, batch  # beside this script
+from sharded_step_fault import CONFIG, SIZES, batch, finish, main  # beside this script
 
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.testkit import Plan, inject_faults
 from atomr.train import (
-    GetWeights,
     LoadCheckpoint,
     Mlp,
     SaveCheckpoint,
@@ -62,17 +59,8 @@ async def run_stage(
         report = {"type": type(exc).__name__, "message": str(exc)}
     await trainer.ask(Step(*batch(3)), timeout=60)
     report["steps"] = (await trainer.ask(GetTrainingState(), timeout=60)).step
-    np.save(out / f"rank{dist.rank}_stage{stage}.npy", await trainer.ask(GetWeights(), timeout=60))
-    (out / f"rank{dist.rank}_stage{stage}.json").write_text(json.dumps(report))
-    await trainer.stop()
-
-
-async def main(out: Path) -> None:
-    dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=30.0)
-    async with ActorSystem() as system:
-        for stage in STAGES:
-            await run_stage(system, dist, stage, out)
+    await finish(trainer, dist, stage, out, report)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1])))
+    asyncio.run(main(Path(sys.argv[1]), run_stage))

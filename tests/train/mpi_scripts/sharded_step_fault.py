@@ -13,6 +13,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,16 +62,24 @@ async def run_stage(
             await trainer.ask(Step(*batch(step)), timeout=60)
         except Exception as exc:
             report = {"type": type(exc).__name__, "message": str(exc)}
+    await finish(trainer, dist, stage, out, report)
+
+
+async def finish(
+    trainer: Any, dist: DistributedTrainConfig, stage: int, out: Path, report: dict[str, Any]
+) -> None:
+    """Write this rank's weights and report for `stage`, then stop the trainer."""
     np.save(out / f"rank{dist.rank}_stage{stage}.npy", await trainer.ask(GetWeights(), timeout=60))
     (out / f"rank{dist.rank}_stage{stage}.json").write_text(json.dumps(report))
     await trainer.stop()
 
 
-async def main(out: Path) -> None:
+async def main(out: Path, stage_run: Any = run_stage) -> None:
+    """Every stage in turn, each by `stage_run(system, dist, stage, out)`."""
     dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=30.0)
     async with ActorSystem() as system:
         for stage in STAGES:
-            await run_stage(system, dist, stage, out)
+            await stage_run(system, dist, stage, out)
 
 
 if __name__ == "__main__":

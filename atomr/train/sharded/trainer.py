@@ -10,8 +10,8 @@ reduce-scattered and parameters all-gathered through the `Collective`
 interface (`_exchange`), across the processes of a job too.
 
 It speaks the one trainer contract: `Step -> StepStats`, `Evaluate`,
-`GetWeights` (the full vector), `SaveCheckpoint` / `LoadCheckpoint` (the
-full format, so checkpoints move between it and every other trainer;
+`GetWeights` (the full vector), `SaveCheckpoint` / `LoadCheckpoint`
+(`_checkpointing`; the full format, so checkpoints move between it and every other trainer;
 `ShardedOptions.shard_checkpoints` writes one file per replica),
 `GetTrainingState`, `SetLearningRate`; and its own `GetShardMemory ->
 list[ShardMemory]`. In a multi-process job `Step`, `GetWeights`,
@@ -55,18 +55,9 @@ from atomr.train._contract import (
 )
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import ask_all, set_learning_rate
-from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.mpi.job import shard_for_rank
 from atomr.train.core._step_checks import check_step_limit, evaluation
-from atomr.train.core.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    check_model_matches,
-    check_optimizer_state,
-    pending_micro_steps,
-    save_checkpoint,
-)
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.messages import (
     Evaluate,
@@ -81,18 +72,11 @@ from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec, model_from_config
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.data_parallel.messages import EvaluateShard, ShardEval
+from atomr.train.sharded._checkpointing import ShardedCheckpoints
 from atomr.train.sharded._exchange import ShardExchange
 from atomr.train.sharded._passes import ShardedPasses
-from atomr.train.sharded.checkpoints import (
-    assemble_state,
-    merge_shards,
-    next_generation,
-    split_state,
-    write_index,
-    write_shards,
-)
 from atomr.train.sharded.layout import ShardLayout
-from atomr.train.sharded.messages import GetShardMemory, GetShardState, SetShardState, ShardMemory
+from atomr.train.sharded.messages import GetShardMemory, ShardMemory
 from atomr.train.sharded.options import ShardedOptions
 
 __all__ = ["ShardedDataParallelTrainer"]
@@ -193,6 +177,10 @@ class ShardedDataParallelTrainer(Actor):
         self.refs = [self.context.spawn(p, name=f"replica-{k}") for k, p in enumerate(self._props)]
         o = self.options
         self._passes = ShardedPasses(self.config, o.stage, self._exchange, self.refs, self._host)
+        self.checkpoints = ShardedCheckpoints(
+            self.config, o, self.layout, self.model_config, self.dtype, self._exchange,
+            self._host, self.refs, self._ask,
+        )  # fmt: skip
 
     def post_stop(self) -> None:
         """Close the host thread and the collective this trainer made."""
@@ -214,7 +202,7 @@ class ShardedDataParallelTrainer(Actor):
         if isinstance(message, Evaluate):
             return await self._evaluate(passes, message)
         if isinstance(message, GetWeights):
-            return (await self._full_state())[0]
+            return (await self.checkpoints.full_state())[0]
         if isinstance(message, GetShardMemory):
             memory: list[ShardMemory] = await self._ask([message] * len(self.refs))
             return memory
@@ -224,7 +212,7 @@ class ShardedDataParallelTrainer(Actor):
             timeout = self.config.worker_timeout
             return await set_learning_rate(self.config.optimizer, self.refs, message, timeout)
         if isinstance(message, SaveCheckpoint):
-            return await self._save(Path(message.path))
+            return await self.checkpoints.save(Path(message.path), self.steps)
         if isinstance(message, LoadCheckpoint):
             return await self._load(message)
         return not_handled(type(self).__name__, message)
@@ -236,6 +224,20 @@ class ShardedDataParallelTrainer(Actor):
             Exception: the first failing replica's own error (`ask_all`).
         """
         return await ask_all(self.refs, messages, self.config.worker_timeout)
+
+    async def _load(self, message: LoadCheckpoint) -> None:
+        """Load a checkpoint into every replica of every process, all or
+        none (`ShardedCheckpoints.load`); a lost piece is then restored.
+
+        Raises:
+            CheckpointError: the checkpoint does not fit, or another process
+                failed to load it (nothing changed).
+            Exception: a replica's own error (every replica's state restored).
+        """
+        generation = self._watch.generation
+        keep_old = self._watch.lost() is None
+        self.steps = await self.checkpoints.load(Path(message.path), keep_old)
+        self._watch.clear(generation)
 
     def _validate(self, message: Step | Evaluate) -> tuple[np.ndarray, np.ndarray]:
         return self._spec.validate(message.features, message.labels, self.config.loss)
@@ -263,146 +265,6 @@ class ShardedDataParallelTrainer(Actor):
             norm, correct = sum(p.normaliser for p in parts), sum(p.correct for p in parts)
         accuracy = correct / y.size if self.config.loss.is_classification else float("nan")
         return evaluation(loss_sum, norm, accuracy, x.shape[0])
-
-    # -- checkpoints ---------------------------------------------------------
-
-    async def _states(self) -> list[Any]:
-        return await self._ask([GetShardState()] * len(self.refs))
-
-    async def _full_state(self) -> tuple[np.ndarray, dict[str, Any]]:
-        """The full weights and optimizer state, assembled from every piece."""
-        weights, optimizer = assemble_state(self.layout, await self._states(), self.dtype)
-        weights = await self._exchange.assemble(weights)
-        for key, value in optimizer.items():
-            if isinstance(value, np.ndarray):
-                optimizer[key] = await self._exchange.assemble(value)
-        return weights, optimizer
-
-    async def _save(self, path: Path) -> None:
-        extra = {"trainer": type(self).__name__, "stage": self.options.stage}
-        if self.options.shard_checkpoints:
-            await self._save_shards(path, extra)
-            return
-        weights, optimizer = await self._full_state()
-        error: Exception | None = None
-        if self.options.process_rank == 0:
-            ckpt = Checkpoint(self.model_config, weights, self.steps, optimizer, extra)
-            try:
-                await self._host.run(save_checkpoint, path, ckpt)
-            except Exception as exc:  # every process hears of it
-                error = exc
-        await agree_on_failure(self.options.process_collective, error, "write the checkpoint")
-
-    async def _save_shards(self, path: Path, extra: dict[str, Any]) -> None:
-        """One file per replica, of a new generation, then (process 0) the
-        index, once every process has written (`checkpoints` module
-        docstring). Every phase ends with the processes agreeing that all
-        of them succeeded, so a failure anywhere fails the save everywhere."""
-        error: Exception | None = None
-        states: list[Any] = []
-        generation = 0
-        try:
-            states = await self._states()
-            if self.options.process_rank == 0:
-                generation = await self._host.run(next_generation, path)
-        except Exception as exc:
-            error = exc
-        # process 0's generation, so every file is of one save
-        generation = int(
-            await agree_on_failure(
-                self.options.process_collective, error, "prepare the save", generation
-            )
-        )
-        config = self.model_config
-        try:
-            await self._host.run(write_shards, path, self.layout, states, config, generation)
-        except Exception as exc:
-            error = exc
-        await agree_on_failure(self.options.process_collective, error, "write its shard files")
-        if self.options.process_rank == 0:
-            steps = states[0].steps
-            try:
-                await self._host.run(
-                    write_index, path, self.layout, steps, config, extra, generation
-                )
-            except Exception as exc:
-                error = exc
-        await agree_on_failure(self.options.process_collective, error, "write the index")
-
-    async def _read(self, path: Path) -> Checkpoint:
-        ckpt: Checkpoint = await self._host.run(merge_shards, path)
-        check_model_matches(ckpt, self.model_config, self.layout.n_params)
-        if pending_micro_steps(ckpt) > 0:
-            raise CheckpointError(
-                "checkpoint was saved in the middle of an accumulation window; "
-                "the sharded trainer cannot resume it"
-            )
-        check_optimizer_state(ckpt, self.config.optimizer, self.layout.n_params)
-        return ckpt
-
-    async def _load(self, message: LoadCheckpoint) -> None:
-        """Check the checkpoint, then give every replica of every process its
-        part, all or none: the processes agree after reading and after
-        loading, and a failure anywhere gives every replica its old state back.
-
-        Raises:
-            CheckpointError: the checkpoint does not fit (nothing changed);
-                or another process failed to load it (nothing changed here).
-            Exception: a replica's own error (every replica's state restored).
-        """
-        generation = self._watch.generation
-        processes = self.options.process_collective
-        error: Exception | None = None
-        try:
-            ckpt = await self._read(Path(message.path))
-            old = None if self._watch.lost() is not None else await self._states()
-        except Exception as exc:
-            error = exc
-        await agree_on_failure(processes, error, "read the checkpoint", others=_not_loaded)
-        try:
-            await self._install(ckpt)
-        except Exception as exc:
-            error = exc
-        try:
-            await agree_on_failure(processes, error, "load the checkpoint", others=_not_loaded)
-        except Exception:
-            if old is not None:
-                await self._restore(old)
-            raise
-        self.steps = int(ckpt.step)
-        self._watch.clear(generation)
-
-    async def _install(self, ckpt: Checkpoint) -> None:
-        """Give every local replica its part of `ckpt`.
-
-        Raises:
-            Exception: the first failing replica's own error.
-        """
-        weights = np.asarray(ckpt.weights, dtype=self.dtype)
-        full = weights if self.options.stage < 3 else None
-        parts = split_state(self.layout, weights, ckpt.optimizer, int(ckpt.step))
-        await self._ask([SetShardState(p, full) for p in parts])
-
-    async def _restore(self, old: list[Any]) -> None:
-        """Give every local replica its state `old` back (stages 1 and 2: the
-        working copy too, from every process's pieces: a collective).
-
-        Raises:
-            Exception: the first failing replica's own error, or the
-                process collective's.
-        """
-        back = None
-        if self.options.stage < 3:
-            back = await self._exchange.assemble(assemble_state(self.layout, old, self.dtype)[0])
-        await self._ask([SetShardState(s, back) for s in old])
-
-
-def _not_loaded(count: int, what: str) -> Exception:
-    """The error of a load that `count` other processes failed to `what`."""
-    return CheckpointError(
-        f"{count} other process(es) failed to {what}; no process loaded it "
-        "(every replica keeps its state)"
-    )
 
 
 async def _from_process_zero(model: Sequential, processes: Collective) -> Sequential:

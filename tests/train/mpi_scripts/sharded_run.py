@@ -40,7 +40,7 @@ from atomr.train import (
 )
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.core import synthetic_classification
-from atomr.train.sharded import trainer as sharded_trainer
+from atomr.train.sharded import _checkpointing as checkpointing
 
 SIZES = [6, 11, 4]  # 77 + 11 + 44 + 4 = 136 parameters: 4 replicas split each layer unevenly
 BATCH = 26
@@ -63,16 +63,16 @@ async def save_with_rank_1_failing(trainer: Any, out: Path, rank: int) -> None:
     def refuse(*args: Any) -> None:
         raise OSError(28, "No space left on device (injected)")
 
-    write = sharded_trainer.write_shards
+    write = checkpointing.write_shards
     if rank == 1:
-        sharded_trainer.write_shards = refuse  # type: ignore[assignment]
+        checkpointing.write_shards = refuse  # type: ignore[assignment]
     try:
         await trainer.ask(SaveCheckpoint(out / "stage3.ckpt"), timeout=120)
         failed = "none"
     except Exception as exc:
         failed = type(exc).__name__
     finally:
-        sharded_trainer.write_shards = write
+        checkpointing.write_shards = write
     (out / f"rank{rank}_failed_save.txt").write_text(failed)
 
 

@@ -1,0 +1,227 @@
+"""`ShardedCheckpoints`: how a `ShardedDataParallelTrainer` saves and loads.
+
+The full weights and optimizer state are assembled from every replica's
+piece, across the processes of a job (`ShardExchange.assemble`); a save
+writes the full format (or, with `ShardedOptions.shard_checkpoints`, one
+file per replica and an index: `checkpoints`), and a load gives every
+replica its part. Both are all or none across the processes: they agree
+after each phase (`agree_on_failure`), and a failed load gives every
+replica its old state back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atomr.accel.serial_worker import SerialWorker
+from atomr.actor import ActorRef
+from atomr.train.comm.agreement import agree_on_failure
+from atomr.train.core.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    check_model_matches,
+    check_optimizer_state,
+    pending_micro_steps,
+    save_checkpoint,
+)
+from atomr.train.core.config import TrainerConfig
+from atomr.train.sharded._exchange import ShardExchange
+from atomr.train.sharded.checkpoints import (
+    assemble_state,
+    merge_shards,
+    next_generation,
+    split_state,
+    write_index,
+    write_shards,
+)
+from atomr.train.sharded.layout import ShardLayout
+from atomr.train.sharded.messages import GetShardState, SetShardState
+from atomr.train.sharded.options import ShardedOptions
+
+__all__ = ["ShardedCheckpoints"]
+
+TRAINER = "ShardedDataParallelTrainer"
+"""The trainer a checkpoint's `extra["trainer"]` names."""
+
+
+class ShardedCheckpoints:
+    """Saves and loads a sharded trainer's state (module docstring).
+
+    Args:
+        config: the trainer's config (its optimizer checks a loaded state).
+        options: the stage, the job and `shard_checkpoints`.
+        layout: the owned positions.
+        model_config, dtype: the model's config and float dtype.
+        exchange: assembles the pieces across the processes.
+        host: the thread for file I/O.
+        refs: the local replicas.
+        ask: every local replica's answer to one message each, in order.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        options: ShardedOptions,
+        layout: ShardLayout,
+        model_config: dict[str, Any],
+        dtype: Any,
+        exchange: ShardExchange,
+        host: SerialWorker,
+        refs: list[ActorRef],
+        ask: Callable[[list[Any]], Awaitable[list[Any]]],
+    ) -> None:
+        self.config, self.options, self.layout = config, options, layout
+        self.model_config, self.dtype = model_config, dtype
+        self.exchange, self.host, self.refs, self.ask = exchange, host, refs, ask
+
+    async def states(self) -> list[Any]:
+        """Every local replica's state (its piece, optimizer state, steps)."""
+        return await self.ask([GetShardState()] * len(self.refs))
+
+    async def full_state(self) -> tuple[np.ndarray, dict[str, Any]]:
+        """The full weights and optimizer state, assembled from every piece."""
+        weights, optimizer = assemble_state(self.layout, await self.states(), self.dtype)
+        weights = await self.exchange.assemble(weights)
+        for key, value in optimizer.items():
+            if isinstance(value, np.ndarray):
+                optimizer[key] = await self.exchange.assemble(value)
+        return weights, optimizer
+
+    async def save(self, path: Path, steps: int) -> None:
+        """Write the checkpoint at `path` (`ShardedOptions.shard_checkpoints`:
+        one file per replica and an index), every process agreeing.
+
+        Raises:
+            Exception: this process's error, or a `CheckpointError` saying
+                another process failed (nothing of this save is kept).
+        """
+        extra = {"trainer": TRAINER, "stage": self.options.stage}
+        if self.options.shard_checkpoints:
+            await self._save_shards(path, extra)
+            return
+        weights, optimizer = await self.full_state()
+        error: Exception | None = None
+        if self.options.process_rank == 0:
+            ckpt = Checkpoint(self.model_config, weights, steps, optimizer, extra)
+            try:
+                await self.host.run(save_checkpoint, path, ckpt)
+            except Exception as exc:  # every process hears of it
+                error = exc
+        await agree_on_failure(self.options.process_collective, error, "write the checkpoint")
+
+    async def _save_shards(self, path: Path, extra: dict[str, Any]) -> None:
+        """One file per replica, of a new generation, then (process 0) the
+        index, once every process has written (`checkpoints` module
+        docstring). Every phase ends with the processes agreeing that all
+        of them succeeded, so a failure anywhere fails the save everywhere."""
+        error: Exception | None = None
+        states: list[Any] = []
+        generation = 0
+        try:
+            states = await self.states()
+            if self.options.process_rank == 0:
+                generation = await self.host.run(next_generation, path)
+        except Exception as exc:
+            error = exc
+        # process 0's generation, so every file is of one save
+        generation = int(
+            await agree_on_failure(
+                self.options.process_collective, error, "prepare the save", generation
+            )
+        )
+        config = self.model_config
+        try:
+            await self.host.run(write_shards, path, self.layout, states, config, generation)
+        except Exception as exc:
+            error = exc
+        await agree_on_failure(self.options.process_collective, error, "write its shard files")
+        if self.options.process_rank == 0:
+            steps = states[0].steps
+            try:
+                await self.host.run(
+                    write_index, path, self.layout, steps, config, extra, generation
+                )
+            except Exception as exc:
+                error = exc
+        await agree_on_failure(self.options.process_collective, error, "write the index")
+
+    async def _read(self, path: Path) -> Checkpoint:
+        ckpt: Checkpoint = await self.host.run(merge_shards, path)
+        check_model_matches(ckpt, self.model_config, self.layout.n_params)
+        if pending_micro_steps(ckpt) > 0:
+            raise CheckpointError(
+                "checkpoint was saved in the middle of an accumulation window; "
+                "the sharded trainer cannot resume it"
+            )
+        check_optimizer_state(ckpt, self.config.optimizer, self.layout.n_params)
+        return ckpt
+
+    async def load(self, path: Path, keep_old: bool) -> int:
+        """Check the checkpoint, then give every replica of every process its
+        part, all or none: the processes agree after reading and after
+        loading, and a failure anywhere gives every replica its old state
+        back (`keep_old`: its state is whole, not lost with a replica).
+
+        Returns:
+            The checkpoint's step.
+
+        Raises:
+            CheckpointError: the checkpoint does not fit (nothing changed);
+                or another process failed to load it (nothing changed here).
+            Exception: a replica's own error (every replica's state restored).
+        """
+        processes = self.options.process_collective
+        error: Exception | None = None
+        try:
+            ckpt = await self._read(path)
+            old = await self.states() if keep_old else None
+        except Exception as exc:
+            error = exc
+        await agree_on_failure(processes, error, "read the checkpoint", others=_not_loaded)
+        try:
+            await self._install(ckpt)
+        except Exception as exc:
+            error = exc
+        try:
+            await agree_on_failure(processes, error, "load the checkpoint", others=_not_loaded)
+        except Exception:
+            if old is not None:
+                await self._restore(old)
+            raise
+        return int(ckpt.step)
+
+    async def _install(self, ckpt: Checkpoint) -> None:
+        """Give every local replica its part of `ckpt`.
+
+        Raises:
+            Exception: the first failing replica's own error.
+        """
+        weights = np.asarray(ckpt.weights, dtype=self.dtype)
+        full = weights if self.options.stage < 3 else None
+        parts = split_state(self.layout, weights, ckpt.optimizer, int(ckpt.step))
+        await self.ask([SetShardState(p, full) for p in parts])
+
+    async def _restore(self, old: list[Any]) -> None:
+        """Give every local replica its state `old` back (stages 1 and 2: the
+        working copy too, from every process's pieces: a collective).
+
+        Raises:
+            Exception: the first failing replica's own error, or the
+                process collective's.
+        """
+        back = None
+        if self.options.stage < 3:
+            back = await self.exchange.assemble(assemble_state(self.layout, old, self.dtype)[0])
+        await self.ask([SetShardState(s, back) for s in old])
+
+
+def _not_loaded(count: int, what: str) -> Exception:
+    """The error of a load that `count` other processes failed to `what`."""
+    return CheckpointError(
+        f"{count} other process(es) failed to {what}; no process loaded it "
+        "(every replica keeps its state)"
+    )

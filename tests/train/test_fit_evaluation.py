@@ -24,6 +24,7 @@ from atomr.train import (
 )
 from atomr.train.core import synthetic_classification
 from atomr.train.fit import EpochRecord, Evaluator, fit
+from tests.train.test_fit_sources import Batches
 
 WEIGHTED = TrainerConfig(OptimizerKind.adam(0.01), LossKind.weighted_cross_entropy([0.1, 1, 5]))
 X, Y = synthetic_classification(48, 6, 3, seed=1)
@@ -35,19 +36,6 @@ STRATEGIES: dict[str, tuple[Any, Any, int]] = {
     "single": (Trainer, None, 1),
     "data": (DataParallelTrainer, DataParallelOptions(), 2),
 }
-
-
-class Batches:
-    """A map-style dataset with a batch getter."""
-
-    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
-        self.x, self.y = x, y
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def get_batch(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.x[idx], self.y[idx]
 
 
 async def _validated(

@@ -57,10 +57,10 @@ def read_regular_file(where: str, magic: bytes) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise CheckpointError(f"{where}: not a regular file (a device, FIFO or socket)")
         with os.fdopen(os.dup(fd), "rb") as fh:
-            start = fh.read(len(magic))
-            if start != magic:
+            if fh.read(len(magic)) != magic:
                 raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
-            return start + fh.read(info.st_size + 1 - len(magic))
+            fh.seek(0)  # one read of the whole file, not a second copy joined to the magic
+            return fh.read(info.st_size + 1)
     finally:
         os.close(fd)
 

@@ -213,7 +213,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     where = os.fspath(path)
     raw = read_regular_file(where, MAGIC)
     min_len = len(MAGIC) + _LEN.size + _DIGEST
-    if len(raw) < min_len or raw[: len(MAGIC)] != MAGIC:
+    if len(raw) < min_len:  # the magic was checked by read_regular_file
         raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
     body, digest = raw[:-_DIGEST], raw[-_DIGEST:]
     if hashlib.sha256(body).digest() != digest:

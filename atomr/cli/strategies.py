@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from atomr.actor import ActorRef
 from atomr.cli.errors import CliError
-from atomr.cli.job import Job, open_job
+from atomr.cli.job import Job
 from atomr.train import (
     AsyncParameterServer,
     DataParallelTrainer,
@@ -44,7 +44,6 @@ job's process collective."""
 
 __all__ = [
     "STRATEGIES",
-    "Job",
     "Strategy",
     "min_batch_size",
     "saved_steps_per_batch",
@@ -256,8 +255,8 @@ async def _spawn_distributed(
 
 
 async def spawn_trainer(
-    system: Any, run: RunConfig, model: Sequential, config: TrainerConfig, job: Job | None = None
-) -> tuple[ActorRef, Job]:
+    system: Any, run: RunConfig, model: Sequential, config: TrainerConfig, job: Job
+) -> ActorRef:
     """Spawn the trainer of `run.strategy` on `run.devices`.
 
     Args:
@@ -265,26 +264,23 @@ async def spawn_trainer(
         run: the run's options (strategy, devices, schedule, workers, ...).
         model: the initial model.
         config: optimizer, loss and clipping.
-        job: the run's `Job` (`open_job`); default: opened here, which
-            under `--distributed` is collective.
+        job: the run's `Job` (`open_job`).
 
     Returns:
-        The trainer, and the `Job` it belongs to.
+        The trainer.
 
     Raises:
         CliError: the trainer refused the options (for example more
-            pipeline stages than layers), or as `open_job`.
+            pipeline stages than layers).
         CollectiveError: under `--distributed`, a rank failed during the
             trainer's start (the initial weights' broadcast).
     """
-    if job is None:
-        job = await open_job(run)
     try:
         if run.dist is not None:
-            return await _spawn_distributed(system, run, model, config, job), job
+            return await _spawn_distributed(system, run, model, config, job)
         strategy = STRATEGIES[run.strategy]
         options = strategy.options(run)
         ref = await strategy.trainer.spawn(system, model, list(run.devices), config, options)
     except (ValueError, TypeError) as exc:
         raise CliError(f"--strategy {run.strategy}: {exc}") from None
-    return ref, job
+    return ref

@@ -113,11 +113,12 @@ async def _train(
     stop: StopFlag,
     on_weights: Callable[[np.ndarray], None] | None,
     job: Job,
+    updates: int,
 ) -> str:
     model = _model(run, data, history)
-    config = run.trainer_config(_updates_per_epoch(run, data))
+    config = run.trainer_config(updates)
     with job.aborting():  # a rank lost in the initial broadcast ends the job too
-        trainer, job = await spawn_trainer(system, run, model, config, job)
+        trainer = await spawn_trainer(system, run, model, config, job)
         if run.resume is not None:
             await job.load(trainer, run.resume)
     keeper = _HistoryKeeper(run, history, job.is_root)
@@ -126,29 +127,27 @@ async def _train(
     bar = progress()  # only once the trainer took the options: errors stay one line
     callbacks = [keeper, bar, *callbacks]
     try:
-        result = await fit(
-            trainer,
-            (data.x_train, _targets(data.y_train, run, data.classes)),
-            validation=(data.x_test, _targets(data.y_test, run, data.classes)),
-            epochs=run.epochs,
-            batch_size=run.batch_size,
-            seed=run.seed,
-            start=start,
-            checkpoint=run.checkpoint,
-            callbacks=callbacks,
-            stop=stop,
-            agree_to_stop=job.agree_to_stop,
-            evaluate=_mse_evaluator(trainer, run, model)
-            if isinstance(model, Mlp) and run.loss == "mse"
-            else None,
-            min_batch_size=min_batch_size(run),
-            timeout=_ASK_TIMEOUT,
-        )
-        if on_weights is not None:
-            on_weights(await trainer.ask(GetWeights(), timeout=_ASK_TIMEOUT))
-    except Exception as exc:
-        job.abort(exc)
-        raise
+        with job.aborting():
+            result = await fit(
+                trainer,
+                (data.x_train, _targets(data.y_train, run, data.classes)),
+                validation=(data.x_test, _targets(data.y_test, run, data.classes)),
+                epochs=run.epochs,
+                batch_size=run.batch_size,
+                seed=run.seed,
+                start=start,
+                checkpoint=run.checkpoint,
+                callbacks=callbacks,
+                stop=stop,
+                agree_to_stop=job.agree_to_stop,
+                evaluate=_mse_evaluator(trainer, run, model)
+                if isinstance(model, Mlp) and run.loss == "mse"
+                else None,
+                min_batch_size=min_batch_size(run),
+                timeout=_ASK_TIMEOUT,
+            )
+            if on_weights is not None:
+                on_weights(await trainer.ask(GetWeights(), timeout=_ASK_TIMEOUT))
     finally:
         bar.close()
     keeper.record_position(result.position)
@@ -202,9 +201,9 @@ async def train_epochs(
     history.config["sizes"] = [data.features, *run.hidden, data.classes]
     start = FitPosition()
     steps = _steps_per_epoch(run, data)
+    updates = _updates_per_epoch(run, steps)
     async with ActorSystem("atomr-train") as system:
         if run.resume is not None:
-            updates = _updates_per_epoch(run, data)
             start, trainer_step = resume_position(run, run.resume, steps, updates, history)
             history.resumed_from = str(run.resume)
             check_something_left(run, start, trainer_step)
@@ -219,18 +218,20 @@ async def train_epochs(
             stop,
             on_weights,
             job,
+            updates,
         )
     history.wall_seconds = time.perf_counter() - started
     return history
 
 
-def _updates_per_epoch(run: RunConfig, data: Dataset) -> int:
-    """The optimizer updates an epoch makes, which a learning-rate schedule
-    counts: a batch is one update, or one per parameter-server worker.
+def _updates_per_epoch(run: RunConfig, steps: int) -> int:
+    """The optimizer updates an epoch of `steps` batches makes, which a
+    learning-rate schedule counts: a batch is one update, or one per
+    parameter-server worker.
 
     Raises:
-        CliError: as `_steps_per_epoch`; or a schedule under a data policy
-            whose update count per batch varies (async, cadence).
+        CliError: a schedule under a data policy whose update count per
+            batch varies (async, cadence).
     """
     per_batch = STRATEGIES[run.strategy].steps_per_batch(run, None)
     if per_batch is None:
@@ -241,7 +242,7 @@ def _updates_per_epoch(run: RunConfig, data: Dataset) -> int:
                 "sized (docs/data_parallel.md shows how to give one through the library)"
             )
         per_batch = 1
-    return _steps_per_epoch(run, data) * per_batch
+    return steps * per_batch
 
 
 def _steps_per_epoch(run: RunConfig, data: Dataset) -> int:

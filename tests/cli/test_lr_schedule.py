@@ -90,8 +90,8 @@ def test_a_parameter_server_schedule_counts_every_workers_update() -> None:
     run = _run("--strategy", "ps", "--workers", "2", "--epochs", "2", "--lr-schedule", "cosine")
     data = load_dataset(run)
     batches = _steps_per_epoch(run, data)
-    assert _updates_per_epoch(run, data) == 2 * batches
-    kind = run.trainer_config(_updates_per_epoch(run, data)).optimizer
+    assert _updates_per_epoch(run, _steps_per_epoch(run, data)) == 2 * batches
+    kind = run.trainer_config(_updates_per_epoch(run, _steps_per_epoch(run, data))).optimizer
     rates = [kind.lr_at(update) for update in range(2 * 2 * batches)]
     assert rates == sorted(rates, reverse=True)  # it only decays
     assert rates[-1] < 1e-3 * run.lr

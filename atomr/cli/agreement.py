@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from atomr.cli.errors import CliError
+from atomr.cli.model_options import flag_of
 
 if TYPE_CHECKING:
     from atomr.cli.run_config import RunConfig
@@ -36,10 +37,6 @@ outputs (the other ranks write none) and how much it prints."""
 _GIVEN_OR_NOT = frozenset({"checkpoint", "resume"})
 """Paths each rank may spell its own way (a machine's own disk), but that
 every rank must give or leave out: saving and loading are collective."""
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def shared_options(run: RunConfig) -> dict[str, Any]:
@@ -61,9 +58,9 @@ def shared_options(run: RunConfig) -> dict[str, Any]:
             value = value is not None
         elif name == "gpt":
             shape = {} if value is None else dataclasses.asdict(value)
-            options.update((_flag(k), v) for k, v in shape.items())
+            options.update((flag_of(k), v) for k, v in shape.items())
             continue
-        options[_flag(name)] = value
+        options[flag_of(name)] = value
     return dict(sorted(options.items()))
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from atomr.train.fit import EpochRecord
+from atomr.train.metrics import json_value
 
 __all__ = ["History", "history_path_for"]
 
@@ -30,12 +31,6 @@ def _record(raw: dict[str, Any]) -> EpochRecord:
     """An `EpochRecord` from its JSON form (null back to NaN)."""
     values: dict[str, Any] = {k: (math.nan if v is None else v) for k, v in raw.items()}
     return EpochRecord(**values)
-
-
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 @dataclass
@@ -75,9 +70,7 @@ class History:
             "resumed_from": self.resumed_from,
             "wall_seconds": round(self.wall_seconds, 3),
             "position": self.position,
-            "epochs": [
-                {k: _finite_or_none(v) for k, v in asdict(rec).items()} for rec in self.epochs
-            ],
+            "epochs": [{k: json_value(v) for k, v in asdict(rec).items()} for rec in self.epochs],
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:

@@ -16,7 +16,14 @@ from atomr.accel import ACTIVATIONS
 from atomr.cli.errors import CliError
 from atomr.train.core.model import gpt
 
-__all__ = ["GPT_FLAGS", "MLP_FLAGS", "GptShape", "add_model_arguments", "resolve_model"]
+__all__ = [
+    "GPT_FLAGS",
+    "MLP_FLAGS",
+    "GptShape",
+    "add_model_arguments",
+    "flag_of",
+    "resolve_model",
+]
 
 MODELS = ("mlp", "gpt")
 
@@ -34,7 +41,8 @@ _MLP_ACTIVATIONS = tuple(name for name in ACTIVATIONS if name != "identity")
 `atomr.accel.ACTIVATIONS`) but the identity, which would make the MLP linear."""
 
 
-def _flag(name: str) -> str:
+def flag_of(name: str) -> str:
+    """The command-line flag of an option's attribute name: `n_layer` -> `--n-layer`."""
     return "--" + name.replace("_", "-")
 
 
@@ -85,7 +93,7 @@ def add_model_arguments(group: Any) -> None:
     }
     for name, default in GPT_FLAGS.items():
         group.add_argument(
-            _flag(name),
+            flag_of(name),
             type=type(default),
             default=None,
             help=f"--model gpt: {helps[name]} (default: {default})",
@@ -103,7 +111,7 @@ def _refuse_other_models_flags(args: argparse.Namespace) -> None:
             continue
         for name in flags:
             if getattr(args, name) is not None:
-                raise CliError(f"{_flag(name)} only applies to --model {model}")
+                raise CliError(f"{flag_of(name)} only applies to --model {model}")
 
 
 def _gpt_shape(args: argparse.Namespace) -> GptShape:
@@ -123,7 +131,7 @@ def _gpt_shape(args: argparse.Namespace) -> GptShape:
     )
     for name in ("context", "n_layer", "n_head", "d_model"):
         if getattr(shape, name) < 1:
-            raise CliError(f"{_flag(name)} must be >= 1")
+            raise CliError(f"{flag_of(name)} must be >= 1")
     if shape.d_model % shape.n_head:
         raise CliError(f"--n-head {shape.n_head} must divide --d-model {shape.d_model}")
     if not 0.0 <= shape.dropout < 1.0:

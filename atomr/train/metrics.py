@@ -32,7 +32,7 @@ from typing import Any, Self
 from atomr.train.core.stats import StepStats
 from atomr.train.fit import EpochRecord, FitCallback, FitPosition
 
-__all__ = ["JsonLinesLog", "TensorBoardLog", "step_metrics"]
+__all__ = ["JsonLinesLog", "TensorBoardLog", "json_value", "step_metrics"]
 
 
 def step_metrics(stats: StepStats, rate: float) -> dict[str, float]:
@@ -48,7 +48,7 @@ def step_metrics(stats: StepStats, rate: float) -> dict[str, float]:
     }
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     """`value`, or None for a NaN or infinite float (JSON has none)."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -154,7 +154,7 @@ class JsonLinesLog(_Log):
         """
         if self._file is None:
             raise self._closed()
-        text = json.dumps({k: _json_value(v) for k, v in record.items()}, allow_nan=False)
+        text = json.dumps({k: json_value(v) for k, v in record.items()}, allow_nan=False)
         line = (b"\n" if self._cut else b"") + text.encode() + b"\n"
         written = 0
         with self._writing():

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from atomr.cli.errors import CliError
-from atomr.cli.model_options import flag_of
+from atomr.cli.model_options import GPT_FLAGS, flag_of
 
 if TYPE_CHECKING:
     from atomr.cli.run_config import RunConfig
@@ -56,9 +56,10 @@ def shared_options(run: RunConfig) -> dict[str, Any]:
             value = len(value)
         elif name in _GIVEN_OR_NOT:
             value = value is not None
-        elif name == "gpt":
-            shape = {} if value is None else dataclasses.asdict(value)
-            options.update((flag_of(k), v) for k, v in shape.items())
+        elif name == "gpt":  # every GPT flag, given or not: one digest per flag on every rank
+            options.update(
+                (flag_of(k), None if value is None else getattr(value, k)) for k in GPT_FLAGS
+            )
             continue
         options[flag_of(name)] = value
     return dict(sorted(options.items()))

@@ -62,6 +62,19 @@ def test_every_model_data_and_optimizer_option_is_compared() -> None:
     assert not {"--run-dir", "--quiet", "--metrics", "--name", "--plot"} & flags
 
 
+def test_ranks_of_another_model_compare_the_same_options() -> None:
+    """Every rank sends one digest per option: a GPT rank and an MLP rank
+    sent 35 and 30, and the exchange failed instead of naming --model."""
+    mlp, gpt = (
+        RunConfig.from_args(build_parser("test").parse_args(["train", "--quiet", *model]))
+        for model in ([], ["--model", "gpt"])
+    )
+    assert list(shared_options(mlp)) == list(shared_options(gpt))
+    table = np.stack([option_digests(shared_options(r)) for r in (mlp, gpt)])
+    message = disagreement(list(shared_options(mlp)), table)
+    assert message is not None and "--model" in message and "--n-layer" in message
+
+
 def test_a_table_of_the_wrong_shape_is_refused() -> None:
     with pytest.raises(ValueError, match="one row of 2 digests per rank"):
         disagreement(["--a", "--b"], np.zeros((2, 3)))

@@ -14,6 +14,8 @@ from atomr.actor import ActorRef
 from atomr.train._recovery import ResumedCrashWatch
 from atomr.train.comm._fanout import ask_all, ask_all_or_abort, ask_all_settled, failed_indices
 from atomr.train.core.config import TrainerConfig
+from atomr.train.core.models import batch_spec
+from atomr.train.core.validation import BatchSpec
 from atomr.train.pipeline._checkpoint import merge_stage_states, model_config
 from atomr.train.pipeline.messages import (
     AbortStep,
@@ -40,6 +42,8 @@ class StageGroup:
         offsets: where each stage's parameters start in the flat vector, the
             total last.
         timeout: seconds each request to a stage may take (None: forever).
+        spec: what the whole pipeline takes and gives: the first stage's
+            input, the last one's output (built once with the group).
     """
 
     def __init__(
@@ -51,6 +55,11 @@ class StageGroup:
         self.offsets = [0]
         for info in self.infos:
             self.offsets.append(self.offsets[-1] + info.n_params)
+        first, last = self.infos[0], self.infos[-1]
+        takes = batch_spec(first.model)
+        self.spec = BatchSpec(
+            takes.in_shape, tuple(last.out_shape), takes.input_kind, takes.vocab, first.dtype
+        )
 
     @classmethod
     async def connect(cls, refs: Sequence[ActorRef], config: TrainerConfig) -> StageGroup:

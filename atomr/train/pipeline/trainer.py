@@ -74,9 +74,7 @@ from atomr.train.core.messages import (
     Step,
 )
 from atomr.train.core.model.sequential import Sequential
-from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
-from atomr.train.core.validation import BatchSpec
 from atomr.train.pipeline._checkpoint import split_checkpoint
 from atomr.train.pipeline._construction import check_props, spawn_stages
 from atomr.train.pipeline.group import StageGroup
@@ -265,12 +263,7 @@ class PipelineParallelTrainer(Actor):
         Raises:
             InvalidBatchError: bad input, or every target of weight 0.
         """
-        first, last = group.infos[0], group.infos[-1]
-        takes = batch_spec(first.model)
-        spec = BatchSpec(
-            takes.in_shape, tuple(last.out_shape), takes.input_kind, takes.vocab, first.dtype
-        )
-        x, y = spec.validate(features, labels, self.config.loss)
+        x, y = group.spec.validate(features, labels, self.config.loss)
         norm = self.config.loss.normaliser(y)
         check_normaliser(norm)
         bounds = np.cumsum([0, *self.options.micro_batch_sizes(x.shape[0])])

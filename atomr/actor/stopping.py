@@ -61,7 +61,6 @@ def discard(cell: ActorCell, reason: str) -> None:
 def _discard_one(cell: ActorCell, reason: str) -> None:
     cell.accepting = False
     cell.stop_requested = True
-    cell.dead = True
     if cell.task is not None:
         cell.task.cancel()  # before its first step _run never starts; a stuck one is left
     for task in cell.tasks:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr._arguments import real_as_float
 from atomr.train.core.model.inputs import token_vocab
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.validation import check_token_ids
@@ -165,10 +166,7 @@ def _check_sampling(prompt: Any, length: Any, temperature: Any) -> tuple[int, fl
         raise ValueError(f"length must be in [0, {MAX_GENERATE_LENGTH}], got {count}")
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature must be a number, got {temperature!r}")
-    try:
-        divisor = float(temperature)
-    except OverflowError:
-        divisor = math.inf
+    divisor = real_as_float(temperature)
     if not (math.isfinite(divisor) and divisor > 0):
         raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
     return count, divisor

@@ -28,11 +28,9 @@ __all__ = ["WorkerPool", "combine", "split_among"]
 
 # errors that mean "the request was bad" (or the worker is gone): never sent
 # again. Not `device_guard.REQUEST_ERRORS`: it holds OSError (for checkpoint
-# files). An ask timeout is not sent again either: the worker may still be
-# on the part, and a second copy would push its gradient twice.
+# files).
 _NOT_RETRIED: tuple[type[Exception], ...] = (
     ActorStoppedError,
-    AskTimeoutError,
     InvalidBatchError,
     FloatingPointError,  # NonFiniteError included
     StaleGradientError,
@@ -133,7 +131,12 @@ class WorkerPool:
             try:
                 return await self.refs[index].ask(message, timeout=self.timeout)
             except AskTimeoutError:
-                await self._fence(index)
+                # not sent again: the worker may still be on the part, and a
+                # second copy would push its gradient twice. Wait (at most the
+                # timeout again) until it is done, so that its late push lands
+                # in this step's round and the next step starts in step; one
+                # still busy past that is left to its supervisor.
+                await fence([self.refs[index]], self.timeout)
                 raise
             except _NOT_RETRIED:
                 raise
@@ -142,13 +145,6 @@ class WorkerPool:
                     raise
                 self.retries += 1
         raise AssertionError("unreachable")
-
-    async def _fence(self, index: int) -> None:
-        """Wait (at most the worker timeout again) until worker `index` is done
-        with the part whose ask timed out, so that its late push lands in this
-        step's round and the next step starts with every worker in step. A
-        worker still busy past that is left to its supervisor."""
-        await fence([self.refs[index]], self.timeout)
 
     async def train(self, parts: Sequence[Part]) -> list[BatchResult]:
         """Every worker trains its part at once.

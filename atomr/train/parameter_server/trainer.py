@@ -228,14 +228,14 @@ class AsyncParameterServer(Actor):
             InvalidBatchError: the batch does not fit the model.
         """
         workers, limit = len(self.pool), self.config.max_steps
+        synchronous = self.pool.consistency.is_synchronous
         if limit is not None:
             applied = await self._applied()
             check_step_limit(applied, limit)
-            if not self.layout.options.consistency.is_synchronous:
+            if not synchronous:
                 workers = min(workers, limit - applied)
         x, y = self._validate(msg.features, msg.labels)
-        parts = await self.pool.train(split_among(x, y, workers))
-        return combine(parts, self.pool.consistency.is_synchronous)
+        return combine(await self.pool.train(split_among(x, y, workers)), synchronous)
 
     async def _applied(self) -> int:
         """Updates the server applied (its version: one per pushed gradient)."""

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from atomr._arguments import int_at_least
 from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
 from atomr.cli.run_config import RunConfig
@@ -75,13 +76,10 @@ def resume_position(
 def _saved_position(saved: dict[str, Any], steps: int) -> FitPosition | None:
     """A history file's position, or None unless its epoch, batch and step
     are integers >= 0 and its batch is within an epoch of `steps` batches."""
-    fields: list[int] = []
-    for name in ("epoch", "batch", "step"):
-        value = saved.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            return None
-        fields.append(value)
-    epoch, batch, step = fields
+    try:
+        epoch, batch, step = (int_at_least(n, saved.get(n), 0) for n in ("epoch", "batch", "step"))
+    except (TypeError, ValueError):
+        return None
     return FitPosition(epoch, batch, step) if batch < steps else None
 
 

@@ -239,12 +239,9 @@ def _check_same_optimizer(path: str | Path, shards: list[Checkpoint]) -> None:
             differ = sorted(state.keys() ^ first.keys())
             raise CheckpointError(f"shard {g} of {path}: optimizer entries differ: {differ}"[:300])
         for key, value in state.items():
-            if isinstance(value, np.ndarray) and isinstance(first[key], np.ndarray):
-                continue
-            if (
-                isinstance(value, np.ndarray)
-                or isinstance(first[key], np.ndarray)
-                or (value != first[key])
+            is_array = isinstance(value, np.ndarray)
+            if is_array != isinstance(first[key], np.ndarray) or (
+                not is_array and value != first[key]
             ):
                 raise CheckpointError(
                     f"shard {g} of {path}: optimizer entry {key!r} differs from shard 0's"

@@ -5,14 +5,17 @@ others waiting at their next collective, or going on with another state."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import numpy as np
 
 from atomr.train.comm.collective import Collective
 from atomr.train.core.errors import CheckpointError
 
-__all__ = ["agree_on_failure"]
+T = TypeVar("T")
+
+__all__ = ["agree_on_failure", "agreed"]
 
 
 def checkpoint_not_saved(count: int, what: str) -> Exception:
@@ -62,3 +65,31 @@ async def agree_on_failure(
     if total[0] > 0:
         raise others(int(total[0]), what)
     return float(total[1])
+
+
+async def agreed(
+    processes: Collective | None,
+    what: str,
+    work: Callable[[], Awaitable[T]] | None,
+    *,
+    others: Callable[[int, str], Exception] = checkpoint_not_saved,
+) -> T | None:
+    """Do this process's part of `what` (`work`; None: nothing here), then
+    agree with the others whether it failed anywhere (`agree_on_failure`).
+
+    Returns:
+        What `work` returned (None without work).
+
+    Raises:
+        Exception: as `agree_on_failure`: this process's own error, another
+            process's failure (`others`), or the collective's.
+    """
+    error: Exception | None = None
+    result: T | None = None
+    if work is not None:
+        try:
+            result = await work()
+        except Exception as exc:  # every process hears of it
+            error = exc
+    await agree_on_failure(processes, error, what, others=others)
+    return result

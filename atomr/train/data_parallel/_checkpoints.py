@@ -24,7 +24,7 @@ import numpy as np
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorStoppedError, AskTimeoutError, Failure
 from atomr.train.comm._fanout import failed_indices
-from atomr.train.comm.agreement import agree_on_failure
+from atomr.train.comm.agreement import agreed
 from atomr.train.core.accumulation import (
     PendingAccumulation,
     accumulation_extra,
@@ -94,14 +94,8 @@ class Checkpoints:
                 failure to: CheckpointError).
         """
         pending = await self._pending() if self.runner.window.micro > 0 else None
-        error: Exception | None = None
-        if self.options.process_rank == 0:
-            try:
-                await self._write(path, pending)
-            except Exception as exc:  # every process hears of it
-                error = exc
-        processes = self.options.process_collective
-        await agree_on_failure(processes, error, f"write the checkpoint {path}")
+        write = (lambda: self._write(path, pending)) if self.options.process_rank == 0 else None
+        await agreed(self.options.process_collective, f"write the checkpoint {path}", write)
 
     async def _pending(self) -> PendingAccumulation:
         """The open window: every replica's accumulated gradient sums and the

@@ -19,7 +19,7 @@ import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef
-from atomr.train.comm.agreement import agree_on_failure
+from atomr.train.comm.agreement import agree_on_failure, agreed
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -104,14 +104,15 @@ class ShardedCheckpoints:
             await self._save_shards(path, extra)
             return
         weights, optimizer = await self.full_state()
-        error: Exception | None = None
-        if self.options.process_rank == 0:
+
+        async def write() -> None:
             ckpt = Checkpoint(self.model_config, weights, steps, optimizer, extra)
-            try:
-                await self.host.run(save_checkpoint, path, ckpt)
-            except Exception as exc:  # every process hears of it
-                error = exc
-        await agree_on_failure(self.options.process_collective, error, "write the checkpoint")
+            await self.host.run(save_checkpoint, path, ckpt)
+
+        rank_0 = self.options.process_rank == 0
+        await agreed(
+            self.options.process_collective, "write the checkpoint", write if rank_0 else None
+        )
 
     async def _save_shards(self, path: Path, extra: dict[str, Any]) -> None:
         """One file per replica, of a new generation, then (process 0) the
@@ -133,21 +134,19 @@ class ShardedCheckpoints:
                 self.options.process_collective, error, "prepare the save", generation
             )
         )
-        config = self.model_config
-        try:
+        config, processes = self.model_config, self.options.process_collective
+
+        async def shards() -> None:
             await self.host.run(write_shards, path, self.layout, states, config, generation)
-        except Exception as exc:
-            error = exc
-        await agree_on_failure(self.options.process_collective, error, "write its shard files")
-        if self.options.process_rank == 0:
+
+        async def index() -> None:
             steps = states[0].steps
-            try:
-                await self.host.run(
-                    write_index, path, self.layout, steps, config, extra, generation
-                )
-            except Exception as exc:
-                error = exc
-        await agree_on_failure(self.options.process_collective, error, "write the index")
+            await self.host.run(write_index, path, self.layout, steps, config, extra, generation)
+
+        await agreed(processes, "write its shard files", shards)
+        await agreed(
+            processes, "write the index", index if self.options.process_rank == 0 else None
+        )
 
     async def _read(self, path: Path) -> Checkpoint:
         ckpt: Checkpoint = await self.host.run(merge_shards, path)
@@ -175,19 +174,17 @@ class ShardedCheckpoints:
             Exception: a replica's own error (every replica's state restored).
         """
         processes = self.options.process_collective
-        error: Exception | None = None
+
+        async def read() -> tuple[Checkpoint, list[Any] | None]:
+            return await self._read(path), (await self.states() if keep_old else None)
+
+        read_back = await agreed(processes, "read the checkpoint", read, others=_not_loaded)
+        assert read_back is not None  # agreed raises when the read failed
+        ckpt, old = read_back
         try:
-            ckpt = await self._read(path)
-            old = await self.states() if keep_old else None
-        except Exception as exc:
-            error = exc
-        await agree_on_failure(processes, error, "read the checkpoint", others=_not_loaded)
-        try:
-            await self._install(ckpt)
-        except Exception as exc:
-            error = exc
-        try:
-            await agree_on_failure(processes, error, "load the checkpoint", others=_not_loaded)
+            await agreed(
+                processes, "load the checkpoint", lambda: self._install(ckpt), others=_not_loaded
+            )
         except Exception:
             if old is not None:
                 await self._restore(old)

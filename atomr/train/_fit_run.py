@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from atomr.actor import ActorRef, AskTimeoutError
+from atomr.train._fit_callbacks import CallbackFailure, Callbacks
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError, StepLimitError
 from atomr.train.core.messages import CloseRound, SaveCheckpoint, Step
 from atomr.train.core.sources import BatchSource, DataSourceError, InvalidDataError
 from atomr.train.core.stats import EvalResult, StepStats
-from atomr.train.fit_events import EpochRecord, FitCallback, FitPosition, StopFlag
+from atomr.train.fit_events import EpochRecord, FitPosition, StopFlag
 
 __all__ = ["FitRun", "Measure"]
 
@@ -82,7 +83,7 @@ class FitRun:
     epochs: int
     batch_size: int
     position: FitPosition
-    callbacks: Sequence[FitCallback]
+    callbacks: Callbacks
     stop: StopFlag
     agree_to_stop: Callable[[bool], Awaitable[bool]] | None
     evaluate: Measure
@@ -92,7 +93,6 @@ class FitRun:
     records: list[EpochRecord] = field(default_factory=list)
     refused: bool = False  # the trainer refused a Step at its own limit
     rounds: bool = False  # its Steps answer before their batch is applied (TrainingState)
-    failed_callback: tuple[BaseException, str] | None = None  # the error, "Class.hook"
 
     def reached_max_steps(self) -> bool:
         if self.refused:
@@ -106,18 +106,9 @@ class FitRun:
         self.tell("on_checkpoint", self.checkpoint, FitPosition(**vars(self.position)))
 
     def tell(self, hook: str, *args: Any) -> None:
-        """Call the callbacks' `hook` with `args`, in order.
-
-        Raises:
-            Exception: what a callback raised (those after it do not hear
-                of it); `fit` ends the run with it (`after_callback`).
-        """
-        for cb in self.callbacks:
-            try:
-                getattr(cb, hook)(*args)
-            except Exception as exc:
-                self.failed_callback = (exc, f"{type(cb).__name__}.{hook}")
-                raise
+        """Call the callbacks' `hook` with `args` (`Callbacks.tell`: one that
+        raises is kept, and the run stops at the next point that resumes)."""
+        self.callbacks.tell(hook, self.position.step, *args)
 
     def held(self) -> str:
         """What the checkpoint holds, for a note ("" without a checkpoint)."""
@@ -141,39 +132,49 @@ class FitRun:
             return
         error.add_note(what + self.held())
 
-    async def after_callback(self, error: BaseException) -> None:
-        """If a callback raised `error` (`tell`): save the checkpoint where
-        the run stands, and note which callback it was and what the
-        checkpoint holds. An epoch whose batches were all trained resumes at
-        the next one (its evaluation left out); a failure to hear of a save
-        is noted without saving again. In a job (`agree_to_stop`) nothing is
-        saved: a save takes every process, and the others are training on."""
-        if self.failed_callback is None or self.failed_callback[0] is not error:
-            return
-        name = self.failed_callback[1]
-        what = f"the callback {name} raised after step {self.position.step}; the run stopped"
-        if name.endswith(".on_checkpoint"):
-            error.add_note(what + self.held())
-            return
-        if self.agree_to_stop is not None:
-            error.add_note(
+    async def after_error(self, error: BaseException) -> None:
+        """`fit` ends the run with `error`. If it is the first callback
+        failure (`Callbacks.raise_first`): save the checkpoint where the run
+        stands (the epoch of the failure is finished already) and note which
+        callback it was and what the checkpoint holds; a failure to hear of a
+        save is noted without saving again. In a job (`agree_to_stop`)
+        nothing is saved: a save takes every process, and the others are
+        training on. Then name on `error` any other callback that raised."""
+        first = self.callbacks.first
+        if first is not None and first.error is error:
+            await self.save_after_callback(first)
+        self.callbacks.note_others(error)
+
+    async def save_after_callback(self, failure: CallbackFailure) -> None:
+        """Save the checkpoint after `failure` (see `after_error`), and note it."""
+        what = f"the callback {failure.hook} raised after step {failure.step}; the run stopped"
+        if failure.hook.endswith(".on_checkpoint"):
+            failure.error.add_note(what + self.held())
+        elif self.agree_to_stop is not None:
+            failure.error.add_note(
                 f"{what}; the checkpoint was not saved (a job's processes save together)"
             )
-            return
-        count = self.train.count()
-        if count is not None and self.position.batch >= count:
-            self.next_epoch()
-        await self.save_reached(error, what)
+        else:
+            await self.save_reached(failure.error, what)
 
     def next_epoch(self) -> None:
         """Move the position to the next epoch's start."""
         self.position.epoch += 1
         self.position.batch = 0
 
+    def stopping(self) -> bool:
+        """Whether the run stops after the step just made: the step limit,
+        a callback that raised, or a stop outside a job (a job's processes
+        stop together, at an epoch's end)."""
+        if self.reached_max_steps() or self.callbacks.first is not None:
+            return True
+        return self.stop.requested and self.agree_to_stop is None
+
     async def train_epoch(self) -> bool:
         """The rest of the current epoch's steps, then its evaluation; False
-        when stopped part way. A stop on the epoch's last batch finishes the
-        epoch first, so that the position saved is the next epoch's start.
+        when stopped part way (`stopping`). A stop on the epoch's last batch
+        finishes the epoch first (its evaluations and record are told), so
+        that the position saved is the next epoch's start.
 
         Raises:
             DataSourceError: the data raised (after the checkpoint is saved).
@@ -189,7 +190,7 @@ class FitRun:
                 return False
             self.position.batch += 1
             self.counted(tally, stats, t0)
-            if self.reached_max_steps() or (self.stop.requested and self.agree_to_stop is None):
+            if self.stopping():
                 if self.position.batch == count or (count is None and _exhausted(batches)):
                     await self.finish_epoch(tally)
                 return False
@@ -352,11 +353,21 @@ class FitRun:
         return self.stop.requested
 
     async def loop(self) -> str:
+        """The epochs left; the run's status.
+
+        Raises:
+            Exception: what a callback raised first (`Callbacks.raise_first`:
+                at the epoch's start, after the step, the epoch or the save
+                it raised in), or as `train_epoch`.
+        """
         while self.position.epoch < self.epochs:
             if self.reached_max_steps():
                 return "reached max_steps"
             self.tell("on_epoch_start", self.position.epoch + 1, self.epochs)
-            if not await self.train_epoch():
+            self.callbacks.raise_first()
+            trained = await self.train_epoch()
+            self.callbacks.raise_first()
+            if not trained:
                 if self.reached_max_steps():
                     return "reached max_steps"
                 return "finished" if self.position.epoch >= self.epochs else "interrupted"
@@ -365,6 +376,7 @@ class FitRun:
             if await self.stop_now():
                 return "interrupted"
             await self.save()
+            self.callbacks.raise_first()
         return "finished"
 
 

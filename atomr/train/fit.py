@@ -10,7 +10,8 @@ a `FitPosition` continues at exactly the batch where its checkpoint was
 taken. If the data raises part way through an epoch, the trainer first saves
 its checkpoint at the position reached (nothing trained on is lost), then
 `fit` raises `DataSourceError`; a callback that raises ends the run the same
-way, with its own exception.
+way, with its own exception, after the other callbacks have heard the rest of
+the step or epoch in flight (`FitCallback` says what each hears).
 
 With `checkpoint=path`, the trainer saves after every epoch, at the end and
 when the run is stopped; `FitCallback.on_checkpoint` hears of each save with
@@ -28,6 +29,7 @@ import numpy as np
 from atomr._arguments import int_at_least
 from atomr.actor import ActorRef
 from atomr.actor.ref import check_timeout
+from atomr.train._fit_callbacks import Callbacks
 from atomr.train._fit_run import FitRun, Measure
 from atomr.train.core.checkpoint import check_save_target
 from atomr.train.core.data import epoch_order
@@ -197,10 +199,11 @@ async def fit(
         RuntimeError: another `fit` is training `trainer` now.
         DataSourceError: the training data raised part way through an
             epoch; the checkpoint (if any) was saved at the position reached.
-        Exception: what a callback raised (a metrics log's `OSError` on a
-            full disk, say); the checkpoint (if any) was saved at the
-            position reached first, and a note names the callback and says
-            what the checkpoint holds.
+        Exception: what a callback raised first (a metrics log's `OSError`
+            on a full disk, say), once the others have heard the rest of the
+            step, or of the epoch on its last batch; the checkpoint (if any)
+            was saved at the position reached first, and a note names the
+            callback and says what the checkpoint holds (`FitCallback`).
         InvalidBatchError, NonFiniteError: the trainer refused a training
             batch (nothing of it applied; the checkpoint, if any, was saved
             at it, and a note says which), or a validation or training set
@@ -231,7 +234,7 @@ async def fit(
         epochs=epochs,
         batch_size=batch_size,
         position=position,
-        callbacks=list(callbacks),
+        callbacks=Callbacks(callbacks),
         stop=stop if stop is not None else StopFlag(),
         agree_to_stop=agree_to_stop,
         evaluate=_measure(trainer, evaluate, timeout),
@@ -248,8 +251,9 @@ async def fit(
         await run.probe_validation()
         status = await run.loop()
         await run.save()
+        run.callbacks.raise_first()
     except Exception as exc:
-        await run.after_callback(exc)
+        await run.after_error(exc)
         raise
     finally:
         _FITTING.discard(trainer)

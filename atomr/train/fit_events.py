@@ -95,9 +95,19 @@ class StopFlag:
 class FitCallback:
     """Hooks `fit` calls; override the ones you need (each does nothing here).
 
-    A callback that raises ends the run with that exception; the checkpoint
-    (if any) is saved first at the position reached, and a note on the
-    exception names the callback and says what the checkpoint holds.
+    A callback that raises ends the run with that exception, without
+    keeping the others from hearing what they must (a history, a save):
+
+    - the other callbacks still hear that event, and every event up to the
+      end of the step in flight (on an epoch's last batch, up to the end of
+      the epoch: its evaluations and `on_epoch_end`, as for a stop); the
+      callback that raised hears nothing more of the run;
+    - the checkpoint (if any) is then saved at the position reached, and
+      the other callbacks hear `on_checkpoint` (after a failure in
+      `on_checkpoint`, the save just made stands);
+    - `fit` raises the first callback's exception, with a note naming it
+      and saying what the checkpoint holds; any other callback that raised
+      meanwhile is named in a note too.
     """
 
     def on_epoch_start(self, epoch: int, epochs: int) -> None:

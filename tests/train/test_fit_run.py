@@ -290,3 +290,70 @@ async def test_a_failing_callback_in_a_job_does_not_save_alone(tmp_path: Path) -
             )  # fmt: skip
         assert heard.saved == []
         assert "the checkpoint was not saved" in "".join(caught.value.__notes__)
+
+
+class _Hears(FitCallback):
+    """Records what it hears; raises at `fail_at` (a hook, or "on_step N")."""
+
+    def __init__(self, fail_at: str = "") -> None:
+        self.fail_at, self.heard = fail_at, []  # type: ignore[var-annotated]
+
+    def _hear(self, event: str) -> None:
+        self.heard.append(event)
+        if event == self.fail_at:
+            raise OSError(28, f"No space left on device ({event})")
+
+    def on_step(self, position: FitPosition, *_: Any) -> None:
+        self._hear(f"on_step {position.step}")
+
+    def on_evaluate(self, split: str, *_: Any) -> None:
+        self._hear(f"on_evaluate {split}")
+
+    def on_epoch_end(self, record: Any, epochs: int) -> None:
+        self._hear(f"on_epoch_end {record.epoch}")
+
+    def on_checkpoint(self, path: Path, position: FitPosition) -> None:
+        self._hear(f"on_checkpoint {position.epoch} {position.batch} {position.step}")
+
+
+_EPOCH_END = ["on_evaluate train", "on_evaluate validation", "on_epoch_end 1"]
+
+
+@pytest.mark.parametrize("failing_first", [True, False])
+@pytest.mark.parametrize("fail_at", ["on_evaluate train", "on_step 5"])
+async def test_the_other_callbacks_hear_the_rest_of_the_epoch_and_the_save(
+    fail_at: str, failing_first: bool, tmp_path: Path
+) -> None:
+    """A callback raising in on_evaluate kept the ones after it from hearing
+    the epoch's end: the CLI's history lost the epoch its checkpoint was
+    saved after. A failure on an epoch's last step now finishes the epoch as
+    a stop does; the callback that raised hears nothing more."""
+    failing, other = _Hears(fail_at), _Hears()
+    callbacks = [failing, other] if failing_first else [other, failing]
+    async with ActorSystem("fit-run") as system:
+        with pytest.raises(OSError, match=fail_at) as caught:
+            await fit(
+                await _trainer(system), (X, Y), validation=(X, Y), epochs=2, batch_size=8,
+                checkpoint=tmp_path / "c.ckpt", callbacks=callbacks,
+            )  # fmt: skip
+    steps = [f"on_step {step}" for step in range(1, 6)]
+    assert other.heard == [*steps, *_EPOCH_END, "on_checkpoint 1 0 5"]
+    assert failing.heard[-1] == fail_at  # nothing after its failure
+    note = "".join(caught.value.__notes__)
+    assert f"the callback _Hears.{fail_at.split()[0]} raised after step 5" in note
+    assert "holds the 5 steps trained, to resume at epoch 2, batch 0" in note
+
+
+async def test_a_second_failing_callback_is_named_in_a_note(tmp_path: Path) -> None:
+    first, second, other = _Hears("on_evaluate train"), _Hears("on_epoch_end 1"), _Hears()
+    async with ActorSystem("fit-run") as system:
+        with pytest.raises(OSError, match="on_evaluate train") as caught:
+            await fit(
+                await _trainer(system), (X, Y), validation=(X, Y), epochs=2, batch_size=8,
+                checkpoint=tmp_path / "c.ckpt", callbacks=[first, second, other],
+            )  # fmt: skip
+    assert other.heard[-4:] == [*_EPOCH_END, "on_checkpoint 1 0 5"]
+    assert second.heard[-1] == "on_epoch_end 1"
+    notes = caught.value.__notes__
+    assert any("the callback _Hears.on_evaluate raised after step 5" in n for n in notes)
+    assert any("the callback _Hears.on_epoch_end raised too, after step 5" in n for n in notes)

@@ -1,0 +1,74 @@
+"""`Callbacks`: how `fit` tells its callbacks of an event, and keeps the
+failures of those that raise (the rule is `FitCallback`'s docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from atomr.train.fit_events import FitCallback
+
+__all__ = ["CallbackFailure", "Callbacks"]
+
+
+@dataclass(frozen=True)
+class CallbackFailure:
+    """A callback raised `error` in `hook` ("Class.hook") after step `step`."""
+
+    error: Exception
+    hook: str
+    step: int
+
+
+class Callbacks:
+    """A `fit` call's callbacks, in order. Every callback hears every event,
+    whatever the others do, until it raises: from then on it hears nothing
+    more of the run (a log on a full disk would fail again, hiding its first
+    error). The failures are kept, in order, for `fit` to stop the run at
+    the next point the position resumes from and raise the first one."""
+
+    def __init__(self, callbacks: Sequence[FitCallback]) -> None:
+        self._callbacks = list(callbacks)
+        self._failed: list[FitCallback] = []  # by identity: a callback need not be hashable
+        self.failures: list[CallbackFailure] = []
+        self._noted = 0  # failures named in a note already (`note_others`)
+
+    def tell(self, hook: str, step: int, *args: Any) -> None:
+        """Call `hook(*args)` of every callback that has not raised yet, in
+        order; one that raises is kept in `failures` (at `step`), and the
+        others are still called."""
+        for callback in self._callbacks:
+            if any(callback is failed for failed in self._failed):
+                continue
+            try:
+                getattr(callback, hook)(*args)
+            except Exception as exc:
+                self._failed.append(callback)
+                self.failures.append(
+                    CallbackFailure(exc, f"{type(callback).__name__}.{hook}", step)
+                )
+
+    @property
+    def first(self) -> CallbackFailure | None:
+        """The first failure, or None while no callback has raised."""
+        return self.failures[0] if self.failures else None
+
+    def raise_first(self) -> None:
+        """Raise the first callback's error, if one raised.
+
+        Raises:
+            Exception: that error.
+        """
+        if self.failures:
+            raise self.failures[0].error
+
+    def note_others(self, error: BaseException) -> None:
+        """Name on `error` every failure not named yet, but `error`'s own."""
+        for failure in self.failures[self._noted :]:
+            if failure.error is not error:
+                error.add_note(
+                    f"the callback {failure.hook} raised too, after step {failure.step}: "
+                    f"{failure.error!r}"
+                )
+        self._noted = len(self.failures)

@@ -82,7 +82,8 @@ class History:
             The path written.
 
         Raises:
-            OSError: the file cannot be written.
+            OSError: the file cannot be written (its `filename` is `path`,
+                not the temp file).
         """
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -94,6 +95,10 @@ class History:
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(temp, target)
+        except OSError as exc:
+            temp.unlink(missing_ok=True)
+            exc.filename, exc.filename2 = str(target), None
+            raise
         except BaseException:
             temp.unlink(missing_ok=True)
             raise

@@ -17,7 +17,7 @@ from atomr.actor import AskTimeoutError
 from atomr.cli.compiling import say_when_compiling
 from atomr.cli.dataset import Dataset, load_dataset
 from atomr.cli.errors import CliError
-from atomr.cli.history import History
+from atomr.cli.history import History, history_path_for
 from atomr.cli.interrupt import stop_on_signals
 from atomr.cli.job import open_job
 from atomr.cli.memory import check_memory
@@ -38,8 +38,9 @@ EXIT_INTERRUPTED = 130
 
 TRAINING_FAILURES = (NonFiniteError, InvalidBatchError, WorkerStateLost, AskTimeoutError)
 """What a trainer raises when a run cannot go on: reported in one line, with
-the history written (status "failed"), as is a metrics log that cannot be
-written (`_failed_output`); anything else is a bug, with its traceback."""
+the history written (status "failed"), as is a metrics log or the history
+beside the checkpoint that cannot be written (`_failed_output`); anything
+else is a bug, with its traceback."""
 
 
 def _metrics_options(run: RunConfig) -> list[tuple[str, Path, type[JsonLinesLog | TensorBoardLog]]]:
@@ -60,6 +61,14 @@ def _failed_output(run: RunConfig, exc: BaseException) -> str | None:
         if exc.filename == str(path):
             return f"{flag} {path}"
     return None
+
+
+def _checkpoint_history_error(run: RunConfig, exc: BaseException) -> OSError | None:
+    """`exc` when it is the `OSError` of the history written beside the
+    checkpoint (`History.save` sets its `filename`), else None."""
+    if not isinstance(exc, OSError) or run.checkpoint is None:
+        return None
+    return exc if exc.filename == str(history_path_for(run.checkpoint)) else None
 
 
 def _metrics_logs(run: RunConfig) -> list[JsonLinesLog | TensorBoardLog]:
@@ -110,7 +119,8 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
             missing optional packages, the ranks of a `--distributed` job
             given different options; exit status 1 when the trainer
             stopped the run (`TRAINING_FAILURES`: a diverging loss, say)
-            or a metrics log could not be written (a full disk).
+            or a metrics log or the history beside the checkpoint could not
+            be written (a full disk).
     """
     plot_path, history_path = output_paths(run)
     if run.dist is None:  # the ranks of a job would wait for one that stopped here
@@ -189,10 +199,19 @@ def _fail_in_one_line(
 
 
 def _failure_line(run: RunConfig, exc: BaseException, history_path: Path) -> str | None:
-    """One line for a run the trainer stopped or whose metrics log could not
-    be written: what failed, what was kept, and the usual cure for a
-    diverging run; None for any other error."""
+    """One line for a run the trainer stopped or whose metrics log or
+    checkpoint history could not be written: what failed, what was kept,
+    and the usual cure for a diverging run; None for any other error."""
     kept = f"; checkpoint at the last good step in {run.checkpoint}" if run.checkpoint else ""
+    unwritten = _checkpoint_history_error(run, exc)
+    if unwritten is not None:
+        return (
+            f"training failed: cannot write the checkpoint's history {unwritten.filename}: "
+            f"{unwritten.strerror or unwritten}; the checkpoint in {run.checkpoint} was saved, "
+            "its history not "
+            "(--resume takes the position from the checkpoint's step, without the earlier "
+            f"epochs); history in {history_path}"
+        )
     output = _failed_output(run, exc)
     if output is not None:
         reason = getattr(exc, "strerror", None) or exc

@@ -5,11 +5,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from atomr.cli import main
-from tests.train.full_disk import json_lines_fill_after, tensorboard_fills_after, within
+from tests.train.full_disk import (
+    ENOSPC,
+    json_lines_fill_after,
+    tensorboard_fills_after,
+    within,
+)
 
 
 def test_the_run_writes_json_lines_and_event_files(tmp_path: Path) -> None:
@@ -65,3 +71,34 @@ def test_a_metrics_log_on_a_full_disk_fails_the_run_in_one_line_and_keeps_the_tr
     monkeypatch.undo()
     again = ["train", "--quiet", "--epochs", "2", "--run-dir", str(tmp_path / "again")]
     assert main([*again, "--resume", str(ckpt)]) == 0
+
+
+def test_a_checkpoint_history_that_cannot_be_written_fails_the_run_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The history beside the checkpoint failing to write (a full disk) was a
+    bare 'atomr: error: [Errno 28] No space left on device' naming no file,
+    and the run's own history was not written."""
+    from atomr.cli import history as history_module
+
+    def open_(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if ".ckpt.history.json" in str(file):
+            raise OSError(ENOSPC.errno, ENOSPC.strerror, str(file))
+        return open(file, *args, **kwargs)
+
+    monkeypatch.setattr(history_module, "open", open_, raising=False)
+    ckpt, run = tmp_path / "c.ckpt", tmp_path / "run"
+    argv = ["train", "--quiet", "--epochs", "2", "--run-dir", str(run), "--checkpoint", str(ckpt)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    side = f"{ckpt}.history.json"
+    assert err.startswith(
+        f"atomr: error: training failed: cannot write the checkpoint's history {side}: "
+        "No space left on device; the checkpoint in "
+    ), err
+    written = json.loads((run / "history.json").read_text())
+    assert written["status"] == "failed" and [e["epoch"] for e in written["epochs"]] == [1]
+    assert not Path(side).exists()
+    monkeypatch.undo()
+    again = ["train", "--quiet", "--epochs", "2", "--run-dir", str(tmp_path / "again")]
+    assert main([*again, "--resume", str(ckpt)]) == 0  # from the checkpoint's step

@@ -18,17 +18,25 @@ Lines file, or the TensorBoard folder).
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from io import FileIO
 from pathlib import Path
 from typing import Any, Self
 
+from atomr.actor.ref import check_timeout
+from atomr.train._tensorboard_writer import (
+    QUEUE,
+    call_while_writing,
+    close_writer,
+    give_up,
+    stopped_error,
+    stuck_error,
+    wait_for_room,
+)
 from atomr.train.core.stats import StepStats
 from atomr.train.fit import EpochRecord, FitCallback, FitPosition
 
@@ -213,35 +221,6 @@ class JsonLinesLog(_Log):
             self._file = None
 
 
-_QUEUE = 10_000
-"""The events tensorboardX's writer thread may have pending. Its `add_scalar`
-waits, without a deadline, while that many are: with a bound this far above
-what a live thread lets pile up, only a dead thread could make it wait, and
-that is found before the next write (`TensorBoardLog._live`)."""
-
-
-def _event_writer(writer: Any) -> Any:
-    """The `SummaryWriter`'s `EventFileWriter` (tensorboardX 2.6), or None.
-    Its internals are read with getattr: a version without them skips what
-    needs them."""
-    return getattr(getattr(writer, "file_writer", None), "event_writer", None)
-
-
-def _writer_thread(writer: Any) -> threading.Thread | None:
-    """The thread that writes `writer`'s event file (its `EventFileWriter._worker`)."""
-    thread = getattr(_event_writer(writer), "_worker", None)
-    return thread if isinstance(thread, threading.Thread) else None
-
-
-def _give_up(writer: Any) -> None:
-    """After a close that failed: mark the `EventFileWriter` closed, so that
-    tensorboardX's exit handler does not try again (failing the same way,
-    with a traceback after the run's error)."""
-    event_writer = _event_writer(writer)
-    if isinstance(getattr(event_writer, "_closed", None), bool):
-        event_writer._closed = True
-
-
 class TensorBoardLog(_Log):
     """TensorBoard scalars: `step/*` at every step, `<split>/loss` and
     `<split>/accuracy` at every evaluation, `epoch/*` at every epoch end,
@@ -251,14 +230,27 @@ class TensorBoardLog(_Log):
     tensorboardX's name, which holds the time only to the second), so two
     logs in one folder never write over each other.
 
+    tensorboardX writes the file from a thread of its own. A log never waits
+    on that thread without a deadline: a write waiting for room in its queue,
+    the flush at an epoch's end and `close` wait while the thread writes,
+    and raise `TimeoutError` once it has taken no event for `timeout`
+    seconds (a thread stuck in a write: a hung network file system).
+
     Args:
         logdir: the folder of the event files.
+        timeout: seconds without an event written after which the writer's
+            thread counts as stuck.
 
     Raises:
         ImportError: tensorboardX is not installed (`pip install 'atomr[tensorboard]'`).
+        TypeError, ValueError: `timeout` is not a number of seconds > 0.
     """
 
-    def __init__(self, logdir: str | Path) -> None:
+    def __init__(self, logdir: str | Path, *, timeout: float = 60.0) -> None:
+        if timeout is None:
+            raise TypeError("timeout must be a number of seconds, got None")
+        check_timeout(timeout)
+        self.timeout = float(timeout)
         try:
             from tensorboardX import SummaryWriter
         except ImportError as exc:
@@ -267,38 +259,33 @@ class TensorBoardLog(_Log):
             ) from exc
         self.logdir = self._target = Path(logdir)
         self._writer: Any | None = SummaryWriter(
-            logdir=str(self.logdir), max_queue=_QUEUE, filename_suffix=f".{uuid.uuid4().hex}"
+            logdir=str(self.logdir), max_queue=QUEUE, filename_suffix=f".{uuid.uuid4().hex}"
         )
 
-    def _stopped_error(self, writer: Any) -> OSError | None:
-        """The error to raise when the writer's thread stopped, else None:
-        tensorboardX's thread dies of the first error writing the event file
-        (a full disk) and leaves what comes after in its queue, unwritten."""
-        thread = _writer_thread(writer)
-        if thread is None or thread.is_alive():
-            return None
-        return OSError(
-            errno.EIO,
-            "the TensorBoard writer stopped (its error is on stderr); the events since "
-            "were not written",
-            str(self.logdir),
-        )
-
-    def _live(self) -> Any:
-        """The writer, its thread checked before a write.
+    def _live(self, events: int) -> Any:
+        """The writer, checked before a write of `events` events: its thread
+        alive, with room in its queue (waited for while the thread writes).
 
         Raises:
             ValueError: the log is closed (tensorboardX would start a new
                 event file, which within the same second is the old one,
                 truncated).
-            OSError: the thread stopped (`_stopped_error`).
+            OSError: the thread stopped (`stopped_error`).
+            TimeoutError: no room, and the thread wrote nothing for
+                `timeout` seconds.
         """
         if self._writer is None:
             raise self._closed()
-        stopped = self._stopped_error(self._writer)
+        writer = self._writer
+        if not wait_for_room(writer, events, self.timeout):
+            raise self._stuck_error(writer, "these events and those after were not written")
+        stopped = stopped_error(writer, self.logdir)
         if stopped is not None:
             raise stopped
-        return self._writer
+        return writer
+
+    def _stuck_error(self, writer: Any, what: str) -> TimeoutError:
+        return stuck_error(writer, self.logdir, self.timeout, what)
 
     def on_step(
         self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
@@ -312,12 +299,15 @@ class TensorBoardLog(_Log):
             ValueError: the log is closed.
             OSError: the writer's thread stopped, or a write failed (naming
                 `logdir`).
+            TimeoutError: the writer's thread is stuck (no room in its
+                queue, and no event written for `timeout` seconds).
         """
         if not stats.applied:
             return
-        writer = self._live()
+        figures = step_metrics(stats, rate)
+        writer = self._live(len(figures))
         with self._writing():
-            for name, value in step_metrics(stats, rate).items():
+            for name, value in figures.items():
                 writer.add_scalar(f"step/{name}", value, position.step)
 
     def on_evaluate(self, split: str, loss: float, accuracy: float, position: FitPosition) -> None:
@@ -327,12 +317,16 @@ class TensorBoardLog(_Log):
             ValueError: the log is closed.
             OSError: the writer's thread stopped, or a write failed (naming
                 `logdir`).
+            TimeoutError: the writer's thread is stuck (no room in its
+                queue, and no event written for `timeout` seconds).
         """
-        writer = self._live()
+        figures = [
+            (name, v) for name, v in (("loss", loss), ("accuracy", accuracy)) if math.isfinite(v)
+        ]
+        writer = self._live(len(figures))
         with self._writing():
-            for name, value in (("loss", loss), ("accuracy", accuracy)):
-                if math.isfinite(value):
-                    writer.add_scalar(f"{split}/{name}", value, position.step)
+            for name, value in figures:
+                writer.add_scalar(f"{split}/{name}", value, position.step)
 
     def on_epoch_end(self, record: EpochRecord, epochs: int) -> None:
         """Log the epoch's record, and flush the event file.
@@ -341,32 +335,45 @@ class TensorBoardLog(_Log):
             ValueError: the log is closed.
             OSError: the writer's thread stopped, or a write failed (naming
                 `logdir`).
+            TimeoutError: the writer's thread is stuck (no room in its
+                queue, or a flush it did not let finish, and no event
+                written for `timeout` seconds).
         """
-        writer = self._live()
+        figures = [
+            (name, value)
+            for name, value in vars(record).items()
+            if isinstance(value, float) and math.isfinite(value)
+        ]
+        writer = self._live(len(figures))
         with self._writing():
-            for name, value in vars(record).items():
-                if isinstance(value, float) and math.isfinite(value):
-                    writer.add_scalar(f"epoch/{name}", value, record.step)
-            writer.flush()
+            for name, value in figures:
+                writer.add_scalar(f"epoch/{name}", value, record.step)
+            if not call_while_writing(writer, writer.flush, self.timeout):
+                raise self._stuck_error(writer, "the epoch's events may not be on disk")
 
     def close(self) -> None:
         """Flush and close the event file (later events raise ValueError;
         closing again does nothing); a writer whose thread stopped is closed
-        without waiting for it.
+        without waiting for it, and one whose thread is stuck is given up on
+        once it wrote nothing for `timeout` seconds (tensorboardX's exit
+        handler does not try again).
 
         Raises:
             OSError: the last events could not be written (the thread
                 stopped, or the flush failed).
+            TimeoutError: the writer's thread is stuck (see above); the
+                last events may not be written.
         """
         writer, self._writer = self._writer, None
         if writer is None:
             return
-        stopped = self._stopped_error(writer)
+        stopped = stopped_error(writer, self.logdir)
         try:
             with self._writing():
-                writer.close()
+                if not call_while_writing(writer, lambda: close_writer(writer), self.timeout):
+                    raise self._stuck_error(writer, "the last events may not be written")
         except OSError as failed:
-            _give_up(writer)
+            give_up(writer)
             if stopped is None:
                 raise
             raise stopped from failed

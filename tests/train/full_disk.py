@@ -1,4 +1,5 @@
-"""A full disk, without root: the metrics logs' writes fail with ENOSPC."""
+"""A full disk, without root: the metrics logs' writes fail with ENOSPC; and
+a hung one: tensorboardX's writer thread stuck in a write."""
 
 from __future__ import annotations
 
@@ -70,6 +71,31 @@ def tensorboard_fills_after(monkeypatch: pytest.MonkeyPatch, events: int) -> lis
     monkeypatch.setattr(EventsWriter, "write_event", write_event)
     monkeypatch.setattr(threading, "excepthook", died.append)
     return died
+
+
+class Stuck:
+    """A write that hangs: `entered` is set once a write blocks, which goes
+    on once `release` is set."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+
+def tensorboard_stuck(monkeypatch: pytest.MonkeyPatch) -> Stuck:
+    """tensorboardX's next write of an event file blocks (a hung network file
+    system), holding its writer's lock, until `Stuck.release` is set (or a
+    minute has passed: a test that fails does not leave it for good)."""
+    from tensorboardX.record_writer import RecordWriter
+
+    write, stuck = RecordWriter.write, Stuck()
+
+    def hang(self: Any, data: Any) -> None:
+        stuck.entered.set()
+        stuck.release.wait(60)
+        write(self, data)
+
+    monkeypatch.setattr(RecordWriter, "write", hang)
+    return stuck
 
 
 def writer_thread(log: Any) -> threading.Thread:

@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 
 from atomr.testkit import wait_until
+from atomr.train import metrics
 from atomr.train.core.stats import StepStats
 from atomr.train.fit import EpochRecord, FitPosition
 from atomr.train.metrics import JsonLinesLog, TensorBoardLog
 from tests.train.full_disk import (
+    Stuck,
     json_lines_fill_after,
     tensorboard_fills_after,
+    tensorboard_stuck,
     within,
     writer_thread,
 )
@@ -61,6 +64,61 @@ def test_closing_a_tensorboard_log_whose_writer_died_does_not_block(
         log._writer.add_scalar("step/loss", 0.5, step)
     error = within(10, log.close)
     assert isinstance(error, OSError) and error.filename == str(tmp_path / "tb"), error
+
+
+def _stuck_tensorboard_log(
+    logdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[TensorBoardLog, Stuck]:
+    """A log with a queue of 20 events whose writer thread will be stuck in
+    its next write (`Stuck`), and a timeout of 0.2 s."""
+    pytest.importorskip("tensorboardX", reason="tensorboardX (atomr[tensorboard]) not installed")
+    monkeypatch.setattr(metrics, "QUEUE", 20)
+    log = TensorBoardLog(logdir, timeout=0.2)
+    return log, tensorboard_stuck(monkeypatch)
+
+
+def _is_stuck_error(error: BaseException | None, logdir: Path) -> bool:
+    return (
+        isinstance(error, TimeoutError)
+        and error.filename == str(logdir)
+        and "the TensorBoard writer is stuck" in str(error)
+    )
+
+
+def test_a_write_to_a_stuck_tensorboard_writer_ends_with_a_timeout_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once its queue was full, add_scalar waited for a stuck thread for ever."""
+    log, stuck = _stuck_tensorboard_log(tmp_path / "tb", monkeypatch)
+
+    def steps() -> None:
+        for step in range(1, 50):  # 5 events a step: the queue of 20 fills
+            log.on_step(FitPosition(0, step, step), STATS, 0.5, 1.0)
+
+    try:
+        error = within(30, steps)
+    finally:
+        stuck.release.set()
+    assert _is_stuck_error(error, tmp_path / "tb"), error
+    log.close()  # the thread wrote on: it closes
+
+
+@pytest.mark.parametrize("wait", ["close", "on_epoch_end"])
+def test_closing_or_flushing_a_stuck_tensorboard_writer_ends_with_a_timeout_error(
+    wait: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() and the epoch's flush waited for a stuck thread for ever."""
+    log, stuck = _stuck_tensorboard_log(tmp_path / "tb", monkeypatch)
+    log.on_step(FitPosition(0, 1, 1), STATS, 0.5, 1.0)
+    wait_until(stuck.entered.is_set, timeout=10)  # its thread is stuck writing it
+    record = EpochRecord(1, 1, 0.5, 0.9, 0.5, 0.9, 10.0, 1.0)
+    call = log.close if wait == "close" else lambda: log.on_epoch_end(record, 1)
+    try:
+        error = within(30, call)
+    finally:
+        stuck.release.set()
+    assert _is_stuck_error(error, tmp_path / "tb"), error
+    log.close()  # again, or at last: nothing waits for ever
 
 
 def test_a_tensorboard_log_refuses_events_after_close_and_keeps_its_file(tmp_path: Path) -> None:
@@ -137,3 +195,15 @@ def test_a_json_lines_log_appends_after_a_cut_line_on_a_new_line(tmp_path: Path)
         with JsonLinesLog(path) as log:
             log.on_step(FitPosition(0, step, step), STATS, 0.5, 1.0)
     assert _steps(path) == [1, None, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"), [(None, TypeError), ("1", TypeError), (0, ValueError), (-1.0, ValueError)]
+)
+def test_a_tensorboard_log_refuses_a_bad_timeout_before_making_a_file(
+    timeout: object, error: type[Exception], tmp_path: Path
+) -> None:
+    pytest.importorskip("tensorboardX", reason="tensorboardX (atomr[tensorboard]) not installed")
+    with pytest.raises(error, match="timeout"):
+        TensorBoardLog(tmp_path / "tb", timeout=timeout)  # type: ignore[arg-type]
+    assert not (tmp_path / "tb").exists()

@@ -1,14 +1,17 @@
 """`int_at_least`: the one check of a count argument (an int, not a bool,
 at least some bound), shared by the runtime's and the trainers' options;
-`real_as_float`: a real number as a float, for the finiteness checks of
-numeric arguments and of the numbers a checkpoint holds."""
+`bool_flag`: the one check of a yes-or-no argument (a bool, not merely
+truthy); `real_as_float`: a real number as a float, for the finiteness
+checks of numeric arguments and of the numbers a checkpoint holds."""
 
 from __future__ import annotations
 
 import math
 from typing import SupportsFloat
 
-__all__ = ["int_at_least", "real_as_float"]
+import numpy as np
+
+__all__ = ["bool_flag", "int_at_least", "real_as_float"]
 
 
 def int_at_least(name: str, value: object, low: int = 1) -> int:
@@ -23,6 +26,18 @@ def int_at_least(name: str, value: object, low: int = 1) -> int:
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     return value
+
+
+def bool_flag(name: str, value: object) -> bool:
+    """`value`, checked to be a bool (numpy's too): a string such as `'no'`,
+    a number or None would be taken by its truth, `'no'` as True.
+
+    Raises:
+        TypeError: not a bool (the message names `name`).
+    """
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be True or False, got {value!r}"[:200])
+    return bool(value)
 
 
 def real_as_float(value: SupportsFloat) -> float:

@@ -194,8 +194,9 @@ async def fit(
     Raises:
         TypeError, ValueError: bad arguments (checked before any step: a
             `start` that does not fit, a `checkpoint` whose folder is missing
-            or that is not a file, `drop_last` for an iterable or a
-            callable), or a dataset or batch of the wrong length or shape.
+            or that is not a file, `drop_last` not a bool, or True for an
+            iterable or a callable), or a dataset or batch of the wrong
+            length or shape.
         RuntimeError: another `fit` is training `trainer` now.
         DataSourceError: the training data raised part way through an
             epoch; the checkpoint (if any) was saved at the position reached.

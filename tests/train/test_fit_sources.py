@@ -24,7 +24,15 @@ from atomr.train import (
 )
 from atomr.train.core import synthetic_classification
 from atomr.train.core.sources import InvalidDataError
-from atomr.train.fit import DataSourceError, FitCallback, FitPosition, StopFlag, epoch_order, fit
+from atomr.train.fit import (
+    DataSourceError,
+    FitCallback,
+    FitPosition,
+    StopFlag,
+    batch_bounds,
+    epoch_order,
+    fit,
+)
 
 CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
 X, Y = synthetic_classification(90, 6, 3, seed=1)
@@ -110,6 +118,23 @@ async def test_drop_last_for_batches_taken_as_they_come_is_refused(data: Any) ->
         with pytest.raises(ValueError, match="drop_last applies to arrays and datasets"):
             await fit(ref, data, epochs=1, batch_size=16, drop_last=True)
         np.testing.assert_array_equal(await ref.ask(GetWeights()), before)
+
+
+@pytest.mark.parametrize("drop_last", ["no", 1, None, 0.0])
+@pytest.mark.parametrize("data", ["arrays", "list"])
+async def test_drop_last_that_is_not_a_bool_is_refused(data: str, drop_last: Any) -> None:
+    """drop_last='no' is truthy: the arrays' short tail was dropped, and a
+    list of batches was refused for asking what it did not ask."""
+    train = (X, Y) if data == "arrays" else [(X[:16], Y[:16]), (X[16:20], Y[16:20])]
+    async with ActorSystem("sources") as system:
+        ref = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        before = await ref.ask(GetWeights())
+        with pytest.raises(TypeError, match="drop_last must be True or False"):
+            await fit(ref, train, epochs=1, batch_size=16, drop_last=drop_last)
+        np.testing.assert_array_equal(await ref.ask(GetWeights()), before)
+    with pytest.raises(TypeError, match="drop_last must be True or False"):
+        batch_bounds(90, 16, drop_last=drop_last)
+    assert batch_bounds(90, 16, drop_last=np.bool_(True))[-1] == (64, 80)  # numpy's bool is one
 
 
 class _Short(Samples):

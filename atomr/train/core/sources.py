@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr._arguments import bool_flag
 from atomr.train.core.data import epoch_order
 
 __all__ = [
@@ -54,8 +55,10 @@ def batch_bounds(
     than `min_batch_size` (or than `batch_size` with `drop_last`) is dropped.
 
     Raises:
+        TypeError: `drop_last` is not a bool.
         ValueError: `batch_size < min_batch_size`, or `n` holds no batch.
     """
+    drop_last = bool_flag("drop_last", drop_last)
     if batch_size < min_batch_size:
         raise ValueError(f"batch_size {batch_size} is below the smallest usable {min_batch_size}")
     bounds = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
@@ -334,11 +337,13 @@ def as_source(
     """The `BatchSource` for `data` (see the module docstring).
 
     Raises:
-        TypeError: not arrays, a dataset, an iterable or a callable.
+        TypeError: not arrays, a dataset, an iterable or a callable; or
+            `drop_last` not a bool.
         ValueError: arrays of different lengths, an empty dataset, fewer
             samples than one batch, or `drop_last` for batches taken as they
             come (an iterable or a callable), which it does not apply to.
     """
+    drop_last = bool_flag("drop_last", drop_last)
     if isinstance(data, np.ndarray):
         raise TypeError(f"{name} must be a (features, labels) pair of arrays, got one ndarray")
     if _is_array_pair(data):

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import abc
 import math
+import reprlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from atomr._arguments import real_as_float
 from atomr.accel._ops_base import OpsBase
 
 __all__ = ["ReduceOps"]
@@ -158,10 +160,16 @@ class ReduceOps(OpsBase, abc.ABC):
 
 
 def _real(op: str, name: str, value: Any) -> float:
-    """``value`` as a finite float, or TypeError / ValueError."""
+    """``value`` as a finite float.
+
+    Raises:
+        TypeError: not a real number (a bool included).
+        ValueError: NaN or infinite, or an int beyond float's range.
+    """
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise TypeError(f"{op}: {name} must be a real number, got {type(value).__name__}")
-    v = float(value)
+    v = real_as_float(value)
     if not math.isfinite(v):
-        raise ValueError(f"{op}: {name} must be finite, got {v}")
+        shown = reprlib.repr(value) if isinstance(value, int) else v
+        raise ValueError(f"{op}: {name} must be finite, got {shown}")
     return v

@@ -92,6 +92,12 @@ def test_cuda_rejects_float64(cuda_be):
             TypeError,
             "alpha must be a real number",
         ),
+        (  # float() of it is an OverflowError
+            lambda be: be.axpy(10**400, put(be, f32(3)), put(be, f32(3))),
+            ValueError,
+            r"axpy: alpha must be finite, got 100000000000000000\.\.\.0000000000000000000",
+        ),
+        (lambda be: be.scale(put(be, f32(3)), -(10**400)), ValueError, "scale: alpha must be"),
         (lambda be: be.sum_into(put(be, f32(3)), []), ValueError, "at least one buffer"),
         (
             lambda be: be.sum_into(put(be, f32(3)), [put(be, f32(3)), put(be, f32(2))]),

@@ -5,7 +5,10 @@ no piece anywhere; phase 2 asks every replica to update its piece out of
 place (`ApplyShard`), then, once the processes of a job agree that none
 failed (`agree_on_failure`), commits everywhere, or else rolls back every
 replica of every process. Stages 1 and 2 then all-gather the new
-parameters into every replica's working copy.
+parameters into every replica's working copy. Once agreed, the update is
+kept: a commit that a replica does not confirm (or an all-gather or
+hand-back that fails) is remembered, and completed before the trainer
+serves its next request (`complete_commit`).
 
 Stages 1 and 2 compute each replica's whole gradient in one message and
 reduce-scatter the whole vector. Stage 3 gathers each layer before its
@@ -87,6 +90,8 @@ class ShardedPasses:
         self.host = host
         self.timeout = config.worker_timeout
         self._token = 0
+        self._uncommitted: int | None = None  # an agreed update not committed everywhere yet
+        self._unsent: list[tuple[ActorRef, np.ndarray]] = []  # working copies to hand back
 
     def shards(self, x: np.ndarray, y: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """One contiguous part of the rows per local replica."""
@@ -223,6 +228,8 @@ class ShardedPasses:
             Exception: the first failing local replica's own error, or, where
                 only another process's replicas failed, a RuntimeError saying
                 so (every replica rolled back), or the process collective's error.
+            Exception: after the agreement, as `_complete` (a note says the
+                step was applied and is completed before the next request).
         """
         self._token += 1
         token = self._token
@@ -237,16 +244,63 @@ class ShardedPasses:
             # behind it), one that raised after applying was resumed with it pending
             await ask_all_settled(self.refs, RollbackShard(token), self.timeout, per_worker=False)
             raise
-        committed = await self._commit(token)
-        if self.stage < 3:
-            await self.exchange.all_gather([h.buffer for h in committed])
-            await self._send_back(
-                [
-                    (ref, h.buffer)
-                    for ref, h in zip(self.refs, committed, strict=True)
-                    if not h.shared
-                ]
-            )
+        self._uncommitted = token
+        await self._complete(_APPLIED)
+
+    async def complete_commit(self, request: str) -> bool:
+        """Before `request` is served, complete the last step if it was
+        agreed but not completed (a replica did not confirm its commit, or
+        the all-gather or hand-back after it failed): every replica keeps
+        the update and (stages 1 and 2) holds the same working copy. In a
+        job every process does this at its next request (a collective:
+        they all agreed on the commit's outcome).
+
+        Returns:
+            True when a step was completed here (the trainer counts it).
+
+        Raises:
+            Exception: as `_commit`, or the collectives' or a replica's own
+                error; a note says `request` was not served (the next
+                request tries again).
+        """
+        if self._uncommitted is None and not self._unsent:
+            return False
+        await self._complete(_not_served(request))
+        return True
+
+    def forget_commit(self) -> None:
+        """Drop the step `complete_commit` would complete (a checkpoint was
+        loaded into every replica instead)."""
+        self._uncommitted, self._unsent = None, []
+
+    async def _complete(self, note: str) -> None:
+        """Commit the agreed update everywhere, all-gather the stage 1 and 2
+        working copies and hand them back; what did not finish is kept for
+        `complete_commit`. Only the hand-back, a local step, is left over
+        after the collectives, so the processes' collectives stay paired.
+
+        Raises:
+            Exception: as `complete_commit`, with `note`.
+        """
+        try:
+            if self._uncommitted is not None:
+                committed = await self._commit(self._uncommitted)
+                if self.stage < 3:
+                    await self.exchange.all_gather([h.buffer for h in committed])
+                    self._unsent = [
+                        (ref, h.buffer)
+                        for ref, h in zip(self.refs, committed, strict=True)
+                        if not h.shared
+                    ]
+                self._uncommitted = None
+            if self._unsent:
+                refs = [ref for ref, _ in self._unsent]
+                copies = [SetFullParams(buffer) for _, buffer in self._unsent]
+                await ask_all(refs, copies, self.timeout)
+                self._unsent = []
+        except Exception as exc:
+            exc.add_note(note)
+            raise
 
     async def _commit(self, token: int) -> list[Any]:
         """Every replica keeps update `token`, all of them for sure before
@@ -260,8 +314,7 @@ class ShardedPasses:
             Every local replica's `Handed` (None at stage 3).
 
         Raises:
-            Exception: a replica that did not confirm twice, its own error
-                (a note says the step was applied, by the others at least),
+            Exception: a replica that did not confirm twice, its own error,
                 or a RuntimeError where only another process's did not.
         """
         results = await ask_all_settled(
@@ -274,15 +327,8 @@ class ShardedPasses:
         for i, result in zip(failed, again, strict=True):
             results[i] = result
         error = first_failure(results)
-        if error is not None:
-            error.add_note(_APPLIED)
-        await agree_on_failure(self.exchange.processes, error, "commit", others=_applied)
+        await agree_on_failure(self.exchange.processes, error, "commit", others=_unconfirmed)
         return results
-
-    async def _send_back(self, copies: list[tuple[ActorRef, np.ndarray]]) -> None:
-        if copies:
-            refs = [ref for ref, _ in copies]
-            await ask_all(refs, [SetFullParams(buf) for _, buf in copies], self.timeout)
 
     async def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float, int]:
         """Stage 3's evaluation: the layers forward, one gathered at a time.
@@ -304,15 +350,22 @@ def _rolled_back(count: int, what: str) -> Exception:
 
 
 _APPLIED = (
-    "the step WAS applied (every other replica committed its update; this one may "
-    "still), but the trainer's step count and the working copies (stages 1 and 2) "
-    "were not brought up to date: load a checkpoint before going on"
+    "the step WAS applied (every replica of every process had its update ready), but "
+    "not completed: the trainer completes it (the commit, its step count, the stage 1 "
+    "and 2 working copies) before it serves its next request"
 )
 
 
-def _applied(count: int, what: str) -> Exception:
+def _not_served(request: str) -> str:
+    return (
+        f"{request} was not served: the last step WAS applied but could not be completed "
+        "(this error); the trainer tries again before its next request"
+    )
+
+
+def _unconfirmed(count: int, what: str) -> Exception:
     """The error of a step whose update `count` other processes could not `what` for sure."""
-    return RuntimeError(f"a replica of {count} other process(es) did not {what}; {_APPLIED}")
+    return RuntimeError(f"a replica of {count} other process(es) did not {what} its update")
 
 
 def _returned(handed: list[Handed]) -> list[np.ndarray | None]:

@@ -1,10 +1,13 @@
 """Run under `mpiexec -n 2`: a ZeRO step that fails on one process only.
 
-argv: OUT_DIR. For each stage K of 1, 2, 3: 2 processes x 1 replica train
-three steps; in the second, rank 1's replica raises in `apply_shard`
-(`atomr.testkit.inject_faults`). Each rank writes rank{r}_stage{K}.json
-(the second step's error type and message) and rank{r}_stage{K}.npy (its
-GetWeights after the third step).
+argv: OUT_DIR FAULT. For each stage K of 1, 2, 3: 2 processes x 1 replica
+train three steps; in the second, rank 1's replica fails as FAULT says
+(`FAULTS`, `atomr.testkit.inject_faults`): "apply" raises in `apply_shard`
+(nothing applied), "commit" refuses `CommitShard` twice (applied, not
+completed). Every rank then asks `GetTrainingState`, which completes an
+unfinished step first (a collective then). Each rank writes
+rank{r}_stage{K}.json (the second step's error type and message, and that
+step count) and rank{r}_stage{K}.npy (its GetWeights after the third step).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +35,16 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.comm.mpi.job import DistributedTrainConfig
-from atomr.train.core import synthetic_classification
+from atomr.train.core import GetTrainingState, synthetic_classification
 from atomr.train.sharded import ShardedReplica
+from atomr.train.sharded.messages import CommitShard
 
 SIZES = [6, 7, 3]
 CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
 STAGES = (1, 2, 3)
 FAILING_STEP = 1
+PHASES: dict[str, str | type] = {"apply": "apply_shard", "commit": CommitShard}
+FAULTS = {"apply": 1, "commit": 2}  # how many passes through the phase fail
 
 
 def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -45,23 +52,24 @@ def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 async def run_stage(
-    system: ActorSystem, dist: DistributedTrainConfig, stage: int, out: Path
+    system: ActorSystem, dist: DistributedTrainConfig, stage: int, out: Path, fault: str
 ) -> None:
     plan = Plan()
-    replica = inject_faults(ShardedReplica, plan, {"apply": "apply_shard"})
+    replica = inject_faults(ShardedReplica, plan, PHASES)
     options = ShardedOptions.for_job(
         dist, stage=stage, replica_class=replica if dist.rank == 1 else ShardedReplica
     )
     model = Mlp(SIZES, seed=1)
     trainer = await ShardedDataParallelTrainer.spawn(system, model, cpu_devices(1), CONFIG, options)
-    report = {}
+    report: dict[str, Any] = {}
     for step in range(3):
         if step == FAILING_STEP:
-            plan.arm("apply", RuntimeError)
+            plan.arm(fault, RuntimeError, times=FAULTS[fault])
         try:
             await trainer.ask(Step(*batch(step)), timeout=60)
         except Exception as exc:
             report = {"type": type(exc).__name__, "message": str(exc)}
+            report["steps"] = (await trainer.ask(GetTrainingState(), timeout=60)).step
     await finish(trainer, dist, stage, out, report)
 
 
@@ -74,7 +82,7 @@ async def finish(
     await trainer.stop()
 
 
-async def main(out: Path, stage_run: Any = run_stage) -> None:
+async def main(out: Path, stage_run: Any) -> None:
     """Every stage in turn, each by `stage_run(system, dist, stage, out)`."""
     dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=30.0)
     async with ActorSystem() as system:
@@ -83,4 +91,4 @@ async def main(out: Path, stage_run: Any = run_stage) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1])))
+    asyncio.run(main(Path(sys.argv[1]), partial(run_stage, fault=sys.argv[2])))

@@ -61,19 +61,34 @@ async def test_two_processes_two_replicas_equal_one_device_at_every_stage(tmp_pa
     assert failed == ["CheckpointError", "OSError"]
 
 
-async def test_a_step_failing_on_one_process_rolls_back_on_every_process(tmp_path) -> None:
-    result, _ = run_script(RANKS, "sharded_step_fault.py", tmp_path, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    async with ActorSystem() as system:  # the failed step is skipped
+async def _trained(steps: tuple[int, ...]) -> np.ndarray:
+    """The single-device weights after the fault scripts' batches `steps`."""
+    async with ActorSystem() as system:
         one = await Trainer.spawn(system, Mlp(fault.SIZES, seed=1), "cpu:0", fault.CONFIG)
-        for step in (0, 2):
+        for step in steps:
             await one.ask(Step(*fault.batch(step)), timeout=30)
-        expected = await one.ask(GetWeights(), timeout=30)
+        return await one.ask(GetWeights(), timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("name", "steps", "counted"),
+    [
+        ("apply", (0, 2), 1),  # rolled back on every process
+        ("commit", (0, 1, 2), 2),  # applied, completed before the next request
+    ],
+)
+async def test_a_step_failing_on_one_process_fails_it_on_every_process(
+    tmp_path, name: str, steps: tuple[int, ...], counted: int
+) -> None:
+    result, _ = run_script(RANKS, "sharded_step_fault.py", tmp_path, name, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = await _trained(steps)
     for stage in fault.STAGES:
         errors = [json.loads((tmp_path / f"rank{r}_stage{stage}.json").read_text()) for r in (0, 1)]
         assert "other process" in errors[0]["message"]
-        assert "injected failure: apply" in errors[1]["message"]  # rank 1's own error
+        assert f"injected failure: {name}" in errors[1]["message"]  # rank 1's own error
         for rank in range(RANKS):
+            assert errors[rank]["steps"] == counted
             weights = np.load(tmp_path / f"rank{rank}_stage{stage}.npy")
             np.testing.assert_allclose(weights, expected, rtol=1e-5, atol=1e-6)
 
@@ -81,11 +96,7 @@ async def test_a_step_failing_on_one_process_rolls_back_on_every_process(tmp_pat
 async def test_a_load_failing_on_one_process_changes_nothing_on_any(tmp_path) -> None:
     result, _ = run_script(RANKS, "sharded_load_fault.py", tmp_path, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    async with ActorSystem() as system:  # as if no load was asked
-        one = await Trainer.spawn(system, Mlp(fault.SIZES, seed=1), "cpu:0", fault.CONFIG)
-        for step in range(4):
-            await one.ask(Step(*fault.batch(step)), timeout=30)
-        expected = await one.ask(GetWeights(), timeout=30)
+    expected = await _trained((0, 1, 2, 3))  # as if no load was asked
     for stage in fault.STAGES:
         reports = [
             json.loads((tmp_path / f"rank{r}_stage{stage}.json").read_text()) for r in (0, 1)

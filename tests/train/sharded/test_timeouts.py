@@ -107,3 +107,54 @@ async def test_a_commit_never_confirmed_is_answered_with_an_error_saying_it_was_
         with pytest.raises(AskTimeoutError) as caught:
             await trainer.ask(Step(*data), timeout=STALL - 1.0)
         assert any("WAS applied" in note for note in caught.value.__notes__)
+
+
+async def _unconfirmed_step(trainer: Any, plan: Plan, data: list[Any], refusals: int) -> None:
+    """The first batch, then the second with replica SLOW refusing its
+    CommitShard `refusals` times (the step is asked it twice)."""
+    await trainer.ask(Step(*data[0]))
+    plan.arm("commit", RuntimeError, times=refusals)
+    with pytest.raises(RuntimeError, match="injected failure: commit") as caught:
+        await trainer.ask(Step(*data[1]))
+    assert any("WAS applied" in note for note in caught.value.__notes__)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+async def test_a_step_never_confirmed_is_completed_before_the_next_request(stage: int) -> None:
+    plan = Plan()
+    data = [synthetic_classification(6, 3, 2, seed=s) for s in range(2)]
+    async with ActorSystem("zero-completed-commit") as system:
+        trainer = await _spawn(system, plan, stage)
+        await _unconfirmed_step(trainer, plan, data, refusals=2)
+        weights, evaluation = await _reference(system, data)
+        # the working copies were all-gathered before Evaluate ran on them
+        assert (await trainer.ask(Evaluate(*data[0]))).loss == pytest.approx(evaluation.loss)
+        assert plan.fired == ["commit"] * 2
+        assert (await trainer.ask(GetTrainingState())).step == 2
+        np.testing.assert_allclose(await trainer.ask(GetWeights()), weights, atol=1e-6)
+
+
+async def test_the_next_step_runs_on_the_completed_step() -> None:
+    plan = Plan()
+    data = [synthetic_classification(6, 3, 2, seed=s) for s in range(3)]
+    async with ActorSystem("zero-step-after-commit") as system:
+        trainer = await _spawn(system, plan)
+        await _unconfirmed_step(trainer, plan, data, refusals=2)
+        await trainer.ask(Step(*data[2]))
+        weights, _ = await _reference(system, data)
+        assert (await trainer.ask(GetTrainingState())).step == 3
+        np.testing.assert_allclose(await trainer.ask(GetWeights()), weights, atol=1e-6)
+
+
+async def test_a_step_that_still_cannot_be_completed_fails_the_next_request() -> None:
+    plan = Plan()
+    data = [synthetic_classification(6, 3, 2, seed=s) for s in range(2)]
+    async with ActorSystem("zero-still-unconfirmed") as system:
+        trainer = await _spawn(system, plan)
+        await _unconfirmed_step(trainer, plan, data, refusals=4)  # the next request's two too
+        with pytest.raises(RuntimeError, match="injected failure: commit") as caught:
+            await trainer.ask(GetTrainingState())
+        assert any("GetTrainingState was not served" in n for n in caught.value.__notes__)
+        assert (await trainer.ask(GetTrainingState())).step == 2  # the one after completes it
+        weights, _ = await _reference(system, data)
+        np.testing.assert_allclose(await trainer.ask(GetWeights()), weights, atol=1e-6)

@@ -1,14 +1,8 @@
 """The trainer's side of a sharded step and of an evaluation.
 
 A step is atomic: phase 1 (forward, loss, backward, reduce-scatter) writes
-no piece anywhere; phase 2 asks every replica to update its piece out of
-place (`ApplyShard`), then, once the processes of a job agree that none
-failed (`agree_on_failure`), commits everywhere, or else rolls back every
-replica of every process. Stages 1 and 2 then all-gather the new
-parameters into every replica's working copy. Once agreed, the update is
-kept: a commit that a replica does not confirm (or an all-gather or
-hand-back that fails) is remembered, and completed before the trainer
-serves its next request (`complete_commit`).
+no piece anywhere; phase 2 (`_update.ShardedUpdate`) updates every
+replica's piece, kept by every replica of every process or by none.
 
 Stages 1 and 2 compute each replica's whole gradient in one message and
 reduce-scatter the whole vector. Stage 3 gathers each layer before its
@@ -28,24 +22,20 @@ import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef
-from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, first_failure
-from atomr.train.comm.agreement import agree_on_failure
+from atomr.train.comm._fanout import ask_all
 from atomr.train.core._step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import StepStats
 from atomr.train.sharded._exchange import ShardExchange
+from atomr.train.sharded._update import ShardedUpdate
 from atomr.train.sharded.messages import (
-    ApplyShard,
     BackwardLayer,
-    CommitShard,
     ComputeShardGradients,
     ForwardLayer,
     Handed,
     LayerForwardResult,
-    RollbackShard,
-    SetFullParams,
     ShardGradients,
     ShardLayerParams,
 )
@@ -89,9 +79,7 @@ class ShardedPasses:
         self.refs = refs
         self.host = host
         self.timeout = config.worker_timeout
-        self._token = 0
-        self._uncommitted: int | None = None  # an agreed update not committed everywhere yet
-        self._unsent: list[tuple[ActorRef, np.ndarray]] = []  # working copies to hand back
+        self.update = ShardedUpdate(stage, exchange, refs, self.timeout)
 
     def shards(self, x: np.ndarray, y: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """One contiguous part of the rows per local replica."""
@@ -124,7 +112,7 @@ class ShardedPasses:
         check_gradient(grad_norm)
         comm = int((time.perf_counter_ns() - t0) // 1000)
         coefficient = clip_coefficient(grad_norm, self.config.gradient_clip)
-        await self._apply(reduced.reduced_for, 1.0 / normaliser, coefficient)
+        await self.update.apply(reduced.reduced_for, 1.0 / normaliser, coefficient)
         micros = int((time.perf_counter_ns() - t0) // 1000)
         loss = loss_sum / normaliser
         return StepStats(float(loss), float(grad_norm), micros, samples, True, comm)
@@ -218,118 +206,6 @@ class ShardedPasses:
             reduced_above,
         )
 
-    async def _apply(
-        self, reduced_for: list[np.ndarray | None], scale: float, coefficient: float
-    ) -> None:
-        """Phase 2: every replica of every process updates its piece and
-        keeps it, or none does: the processes agree before any commits.
-
-        Raises:
-            Exception: the first failing local replica's own error, or, where
-                only another process's replicas failed, a RuntimeError saying
-                so (every replica rolled back), or the process collective's error.
-            Exception: after the agreement, as `_complete` (a note says the
-                step was applied and is completed before the next request).
-        """
-        self._token += 1
-        token = self._token
-        msgs = [ApplyShard(r, scale, coefficient, token) for r in reduced_for]
-        results = await ask_all_settled(self.refs, msgs, self.timeout)
-        try:
-            await agree_on_failure(
-                self.exchange.processes, first_failure(results), "apply", others=_rolled_back
-            )
-        except BaseException:
-            # every replica: one that timed out may still apply (its rollback waits
-            # behind it), one that raised after applying was resumed with it pending
-            await ask_all_settled(self.refs, RollbackShard(token), self.timeout, per_worker=False)
-            raise
-        self._uncommitted = token
-        await self._complete(_APPLIED)
-
-    async def complete_commit(self, request: str) -> bool:
-        """Before `request` is served, complete the last step if it was
-        agreed but not completed (a replica did not confirm its commit, or
-        the all-gather or hand-back after it failed): every replica keeps
-        the update and (stages 1 and 2) holds the same working copy. In a
-        job every process does this at its next request (a collective:
-        they all agreed on the commit's outcome).
-
-        Returns:
-            True when a step was completed here (the trainer counts it).
-
-        Raises:
-            Exception: as `_commit`, or the collectives' or a replica's own
-                error; a note says `request` was not served (the next
-                request tries again).
-        """
-        if self._uncommitted is None and not self._unsent:
-            return False
-        await self._complete(_not_served(request))
-        return True
-
-    def forget_commit(self) -> None:
-        """Drop the step `complete_commit` would complete (a checkpoint was
-        loaded into every replica instead)."""
-        self._uncommitted, self._unsent = None, []
-
-    async def _complete(self, note: str) -> None:
-        """Commit the agreed update everywhere, all-gather the stage 1 and 2
-        working copies and hand them back; what did not finish is kept for
-        `complete_commit`. Only the hand-back, a local step, is left over
-        after the collectives, so the processes' collectives stay paired.
-
-        Raises:
-            Exception: as `complete_commit`, with `note`.
-        """
-        try:
-            if self._uncommitted is not None:
-                committed = await self._commit(self._uncommitted)
-                if self.stage < 3:
-                    await self.exchange.all_gather([h.buffer for h in committed])
-                    self._unsent = [
-                        (ref, h.buffer)
-                        for ref, h in zip(self.refs, committed, strict=True)
-                        if not h.shared
-                    ]
-                self._uncommitted = None
-            if self._unsent:
-                refs = [ref for ref, _ in self._unsent]
-                copies = [SetFullParams(buffer) for _, buffer in self._unsent]
-                await ask_all(refs, copies, self.timeout)
-                self._unsent = []
-        except Exception as exc:
-            exc.add_note(note)
-            raise
-
-    async def _commit(self, token: int) -> list[Any]:
-        """Every replica keeps update `token`, all of them for sure before
-        anything goes on: a replica whose answer failed (late: its commit
-        may still be running) is asked again, behind that commit in its
-        mailbox, and answers its buffer again (`ShardedReplica`). The
-        processes then agree that every replica committed, so none starts
-        an all-gather another will not join.
-
-        Returns:
-            Every local replica's `Handed` (None at stage 3).
-
-        Raises:
-            Exception: a replica that did not confirm twice, its own error,
-                or a RuntimeError where only another process's did not.
-        """
-        results = await ask_all_settled(
-            self.refs, CommitShard(token), self.timeout, per_worker=False
-        )
-        failed = failed_indices(results)
-        again = await ask_all_settled(
-            [self.refs[i] for i in failed], CommitShard(token), self.timeout, per_worker=False
-        )
-        for i, result in zip(failed, again, strict=True):
-            results[i] = result
-        error = first_failure(results)
-        await agree_on_failure(self.exchange.processes, error, "commit", others=_unconfirmed)
-        return results
-
     async def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float, int]:
         """Stage 3's evaluation: the layers forward, one gathered at a time.
 
@@ -339,33 +215,6 @@ class ShardedPasses:
         results: list[LayerForwardResult] = await self._forward(x, y, train=False)
         loss_sum = sum(r.loss_sum for r in results)
         return loss_sum, sum(r.normaliser for r in results), sum(r.correct for r in results)
-
-
-def _rolled_back(count: int, what: str) -> Exception:
-    """The error of a step whose update `count` other processes failed to `what`."""
-    return RuntimeError(
-        f"a replica of {count} other process(es) failed to {what} its update: every "
-        "replica of every process rolled back (nothing applied)"
-    )
-
-
-_APPLIED = (
-    "the step WAS applied (every replica of every process had its update ready), but "
-    "not completed: the trainer completes it (the commit, its step count, the stage 1 "
-    "and 2 working copies) before it serves its next request"
-)
-
-
-def _not_served(request: str) -> str:
-    return (
-        f"{request} was not served: the last step WAS applied but could not be completed "
-        "(this error); the trainer tries again before its next request"
-    )
-
-
-def _unconfirmed(count: int, what: str) -> Exception:
-    """The error of a step whose update `count` other processes could not `what` for sure."""
-    return RuntimeError(f"a replica of {count} other process(es) did not {what} its update")
 
 
 def _returned(handed: list[Handed]) -> list[np.ndarray | None]:

@@ -20,12 +20,12 @@ every process must ask them, in the same order (no process holds the
 whole weights), unlike `DataParallelTrainer`'s local `GetWeights` and
 `Evaluate`.
 
-Faults: a step is atomic (`_passes`), so a failure anywhere changes no
+Faults: a step is atomic (`_passes`, `_update`), so a failure anywhere changes no
 piece, of any process, and the asker gets the failing replica's own error
 (on another process of a job: a `RuntimeError` saying so). A replica that
 raised is resumed with its piece intact. A step agreed but not completed
 (a replica did not confirm its commit) is completed before the next
-request is served, which fails instead while it cannot be (`_passes`).
+request is served, which fails instead while it cannot be (`_update`).
 No replica holds another's piece, so one whose device context was
 poisoned (restarted, its piece lost) makes the trainer answer
 `WorkerStateLost` until a `LoadCheckpoint` re-syncs every replica from the
@@ -199,7 +199,7 @@ class ShardedDataParallelTrainer(Actor):
     async def _dispatch(self, message: Any) -> Any:
         passes = self._passes
         assert passes is not None
-        if await passes.complete_commit(type(message).__name__):
+        if await passes.update.complete(type(message).__name__):
             self.steps += 1  # the last step, completed only now
         if isinstance(message, Step):
             check_step_limit(self.steps, self.config.max_steps)
@@ -243,7 +243,7 @@ class ShardedDataParallelTrainer(Actor):
         keep_old = self._watch.lost() is None
         self.steps = await self.checkpoints.load(Path(message.path), keep_old)
         assert self._passes is not None
-        self._passes.forget_commit()  # every replica holds the checkpoint's state instead
+        self._passes.update.forget()  # every replica holds the checkpoint's state instead
         self._watch.clear(generation)
 
     def _validate(self, message: Step | Evaluate) -> tuple[np.ndarray, np.ndarray]:

@@ -4,6 +4,14 @@ A step is atomic: phase 1 (forward, loss, backward, reduce-scatter) writes
 no piece anywhere; phase 2 (`_update.ShardedUpdate`) updates every
 replica's piece, kept by every replica of every process or by none.
 
+In a job, a replica failing in phase 1 on one process does not end the
+step there alone: that process stops asking its replicas but still joins
+every collective the step has left, with zeros (`_Failure`), so no process
+waits at one; the sum of the step's totals carries which processes failed,
+and every process then ends the step (nothing applied anywhere), the
+failing one with its replica's own error, the others with a `RuntimeError`
+naming its rank. The next step runs the same collectives everywhere.
+
 Stages 1 and 2 compute each replica's whole gradient in one message and
 reduce-scatter the whole vector. Stage 3 gathers each layer before its
 forward and again before its backward (`ShardLayerParams` + all-gather),
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +63,35 @@ class _Reduced:
     reduced_for: list[np.ndarray | None]
 
 
+@dataclass
+class _Failure:
+    """Phase 1's first local failure. Where the step `owes` the other
+    processes its collectives (a job), a failure does not end it here: no
+    replica is asked anything more, and the step's remaining collectives get
+    zeros (module docstring)."""
+
+    owes: bool
+    error: Exception | None = None
+
+    async def ask(
+        self, ask: Callable[[list[Any]], Awaitable[list[Any]]], messages: list[Any]
+    ) -> list[Any] | None:
+        """`ask(messages)`, or None once this step failed here.
+
+        Raises:
+            Exception: the replicas' error, where the step owes nothing.
+        """
+        if self.error is not None:
+            return None
+        try:
+            return await ask(messages)
+        except Exception as exc:
+            if not self.owes:
+                raise
+            self.error = exc
+            return None
+
+
 class ShardedPasses:
     """Runs steps and evaluations over a trainer's replicas.
 
@@ -63,6 +101,7 @@ class ShardedPasses:
         exchange: the collectives over the layout.
         refs: the local replicas, in order.
         host: the thread for the host-side norms.
+        dtype: the parameters' dtype (of the zeros a failed process contributes).
     """
 
     def __init__(
@@ -72,8 +111,10 @@ class ShardedPasses:
         exchange: ShardExchange,
         refs: list[ActorRef],
         host: SerialWorker,
+        dtype: Any,
     ) -> None:
         self.config = config
+        self.dtype = dtype
         self.stage = stage
         self.exchange = exchange
         self.refs = refs
@@ -96,16 +137,16 @@ class ShardedPasses:
             NonFiniteError, ValueError: a non-finite loss or gradient, or a
                 zero normaliser (nothing applied).
             Exception: the first failing replica's own error (nothing applied).
-            RuntimeError: only another process's replica failed its update
-                (nothing applied anywhere).
+            RuntimeError: only another process's replica failed (nothing
+                applied anywhere; the message names its rank).
         """
         t0 = time.perf_counter_ns()
+        failure = _Failure(owes=self.exchange.processes is not None)
         if self.stage == 3:
-            reduced = await self._layered_gradients(x, y, offset)
+            reduced = await self._layered_gradients(failure, x, y, offset)
         else:
-            reduced = await self._whole_gradients(x, y, offset)
-        totals = [reduced.loss_sum, reduced.normaliser, reduced.squared]
-        loss_sum, normaliser, squared = await self.exchange.sum_scalars(totals)
+            reduced = await self._whole_gradients(failure, x, y, offset)
+        loss_sum, normaliser, squared = await self._totals(reduced, failure.error)
         check_loss(loss_sum)
         check_normaliser(normaliser)
         grad_norm = math.sqrt(squared) / normaliser
@@ -117,14 +158,51 @@ class ShardedPasses:
         loss = loss_sum / normaliser
         return StepStats(float(loss), float(grad_norm), micros, samples, True, comm)
 
-    async def _whole_gradients(self, x: np.ndarray, y: np.ndarray, offset: int) -> _Reduced:
+    async def _totals(
+        self, reduced: _Reduced, error: Exception | None
+    ) -> tuple[float, float, float]:
+        """The loss sum, normaliser and squared norm over the processes; one
+        sum also says which processes failed phase 1 (a flag each).
+
+        Raises:
+            Exception: `error`, this process's own failure.
+            RuntimeError: another process failed (its rank named).
+        """
+        layout = self.exchange.layout
+        flags = [0.0] * layout.processes
+        if error is not None:
+            flags[layout.process_rank] = 1.0
+        totals = [reduced.loss_sum, reduced.normaliser, reduced.squared, *flags]
+        summed = await self.exchange.sum_scalars(totals)
+        if error is not None:
+            if self.exchange.processes is not None:
+                error.add_note(
+                    f"on process rank {layout.process_rank}: every process ended this step "
+                    "(nothing applied on any)"
+                )
+            raise error
+        failed = [rank for rank, flag in enumerate(summed[3:]) if flag]
+        if failed:
+            raise RuntimeError(
+                f"a replica of other process(es) (rank {', '.join(map(str, failed))}) failed "
+                "in this step's forward, backward or gradient reduction: nothing was "
+                "applied on any process"
+            )
+        return summed[0], summed[1], summed[2]
+
+    async def _whole_gradients(
+        self, failure: _Failure, x: np.ndarray, y: np.ndarray, offset: int
+    ) -> _Reduced:
         """Stages 1 and 2: every replica's gradient at once, one reduce-scatter."""
         msgs = []
         for (xs, ys), (lo, _) in zip(
             self.shards(x, y), split_bounds(len(x), len(self.refs)), strict=True
         ):
             msgs.append(ComputeShardGradients(xs, ys, offset + lo))
-        results: list[ShardGradients] = await self._ask(msgs)
+        results: list[ShardGradients] | None = await failure.ask(self._ask, msgs)
+        if results is None:
+            await self._reduce(0, self._zeros(0))
+            return _Reduced(0.0, 0.0, 0.0, [None] * len(self.refs))
         handed = [r.handed for r in results]
         assert all(h is not None for h in handed)
         squared = await self._reduce(0, handed)  # type: ignore[arg-type]
@@ -134,6 +212,11 @@ class ShardedPasses:
             squared,
             _returned(handed),  # type: ignore[arg-type]
         )
+
+    def _zeros(self, unit: int) -> list[Handed]:
+        """What a process whose step failed contributes to a collective of `unit`."""
+        lo, hi = self.exchange.layout.units[unit]
+        return [Handed(np.zeros(hi - lo, dtype=self.dtype), False)]
 
     async def _reduce(self, unit: int, handed: list[Handed]) -> float:
         """Reduce-scatter one unit; the squared norm of the local replicas' parts."""
@@ -151,24 +234,25 @@ class ShardedPasses:
             total += float(np.dot(part, part))
         return total
 
-    async def _gather_layer(self, layer: int) -> list[np.ndarray | None]:
+    async def _gather_layer(self, failure: _Failure, layer: int) -> list[np.ndarray | None]:
         """Stage 3: every replica's buffer of layer `layer`, all-gathered."""
-        handed: list[Handed] = await self._ask([ShardLayerParams(layer)] * len(self.refs))
+        asked = [ShardLayerParams(layer)] * len(self.refs)
+        handed: list[Handed] = await failure.ask(self._ask, asked) or self._zeros(layer)
         if handed[0].buffer.size:
             await self.exchange.all_gather([h.buffer for h in handed])
-        return _returned(handed)
+        return _returned(handed) if failure.error is None else [None] * len(self.refs)
 
     async def _forward(
-        self, x: np.ndarray, y: np.ndarray, train: bool, offset: int = 0
-    ) -> list[Any]:
+        self, failure: _Failure, x: np.ndarray, y: np.ndarray, train: bool, offset: int = 0
+    ) -> list[Any] | None:
         """Stage 3: the layers forward, one gathered at a time; the last
-        layer's results."""
+        layer's results (None: `failure` happened)."""
         shards = self.shards(x, y)
         starts = [offset + lo for lo, _ in split_bounds(len(x), len(self.refs))]
         n_layers = len(self.exchange.layout.units)
-        results: list[Any] = []
+        results: list[Any] | None = []
         for layer in range(n_layers):
-            gathered = await self._gather_layer(layer)
+            gathered = await self._gather_layer(failure, layer)
             msgs = []
             for k, (xs, ys) in enumerate(shards):
                 first, last = layer == 0, layer == n_layers - 1
@@ -182,23 +266,27 @@ class ShardedPasses:
                         starts[k],
                     )
                 )
-            results = await self._ask(msgs)
+            results = await failure.ask(self._ask, msgs)
         return results
 
-    async def _layered_gradients(self, x: np.ndarray, y: np.ndarray, offset: int) -> _Reduced:
+    async def _layered_gradients(
+        self, failure: _Failure, x: np.ndarray, y: np.ndarray, offset: int
+    ) -> _Reduced:
         """Stage 3: forward, then backward layer by layer, each layer's
         gradient reduce-scattered as soon as it is done."""
-        results: list[LayerForwardResult] = await self._forward(x, y, True, offset)
+        results: list[LayerForwardResult] | None = await self._forward(failure, x, y, True, offset)
         squared = 0.0
         reduced_above: list[np.ndarray | None] = [None] * len(self.refs)
         for layer in range(len(self.exchange.layout.units) - 1, -1, -1):
-            gathered = await self._gather_layer(layer)
+            gathered = await self._gather_layer(failure, layer)
             msgs = [
                 BackwardLayer(layer, g, r) for g, r in zip(gathered, reduced_above, strict=True)
             ]
-            handed: list[Handed] = await self._ask(msgs)
-            squared += await self._reduce(layer, handed)
-            reduced_above = _returned(handed)
+            handed = await failure.ask(self._ask, msgs)
+            squared += await self._reduce(layer, handed or self._zeros(layer))
+            reduced_above = _returned(handed) if handed else [None] * len(self.refs)
+        if results is None or failure.error is not None:
+            return _Reduced(0.0, 0.0, 0.0, [None] * len(self.refs))
         return _Reduced(
             sum(r.loss_sum for r in results),
             sum(r.normaliser for r in results),
@@ -212,7 +300,8 @@ class ShardedPasses:
         Returns:
             The loss sum, normaliser and correct rows over the local replicas.
         """
-        results: list[LayerForwardResult] = await self._forward(x, y, train=False)
+        results = await self._forward(_Failure(owes=False), x, y, train=False)
+        assert results is not None  # a failure raised
         loss_sum = sum(r.loss_sum for r in results)
         return loss_sum, sum(r.normaliser for r in results), sum(r.correct for r in results)
 

@@ -20,10 +20,11 @@ every process must ask them, in the same order (no process holds the
 whole weights), unlike `DataParallelTrainer`'s local `GetWeights` and
 `Evaluate`.
 
-Faults: a step is atomic (`_passes`, `_update`), so a failure anywhere changes no
-piece, of any process, and the asker gets the failing replica's own error
-(on another process of a job: a `RuntimeError` saying so). A replica that
-raised is resumed with its piece intact. A step agreed but not completed
+Faults: a step is atomic (`_passes`, `_update`), so a failure anywhere
+changes no piece, of any process, and the asker gets the failing replica's
+own error (on another process of a job: a `RuntimeError` saying so, at
+once: the failing process still joins the step's collectives). A replica
+that raised is resumed with its piece intact. A step agreed but not completed
 (a replica did not confirm its commit) is completed before the next
 request is served, which fails instead while it cannot be (`_update`).
 No replica holds another's piece, so one whose device context was
@@ -179,7 +180,9 @@ class ShardedDataParallelTrainer(Actor):
         """Spawn the replicas as children."""
         self.refs = [self.context.spawn(p, name=f"replica-{k}") for k, p in enumerate(self._props)]
         o = self.options
-        self._passes = ShardedPasses(self.config, o.stage, self._exchange, self.refs, self._host)
+        self._passes = ShardedPasses(
+            self.config, o.stage, self._exchange, self.refs, self._host, self.dtype
+        )
         self.checkpoints = ShardedCheckpoints(
             self.config, o, self.layout, self.model_config, self.dtype, self._exchange,
             self._host, self.refs, self._ask,

@@ -2,10 +2,12 @@
 
 argv: OUT_DIR FAULT. For each stage K of 1, 2, 3: 2 processes x 1 replica
 train three steps; in the second, rank 1's replica fails as FAULT says
-(`FAULTS`, `atomr.testkit.inject_faults`): "apply" raises in `apply_shard`
-(nothing applied), "commit" refuses `CommitShard` twice (applied, not
-completed). Every rank then asks `GetTrainingState`, which completes an
-unfinished step first (a collective then). Each rank writes
+(`arm`, `atomr.testkit.inject_faults`): "forward" or "backward" raises in
+that pass (stages 1 and 2: `compute_gradients`; stage 3: the second
+layer's, past a collective of the step), "apply" in `apply_shard` (nothing
+applied), "commit" refuses `CommitShard` twice (applied, not completed).
+Every rank then asks `GetTrainingState`, which completes an unfinished step
+first (a collective then). Each rank writes
 rank{r}_stage{K}.json (the second step's error type and message, and that
 step count) and rank{r}_stage{K}.npy (its GetWeights after the third step).
 """
@@ -37,14 +39,31 @@ from atomr.train import (
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.core import GetTrainingState, synthetic_classification
 from atomr.train.sharded import ShardedReplica
-from atomr.train.sharded.messages import CommitShard
+from atomr.train.sharded.messages import BackwardLayer, CommitShard, ForwardLayer
 
 SIZES = [6, 7, 3]
 CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
 STAGES = (1, 2, 3)
 FAILING_STEP = 1
-PHASES: dict[str, str | type] = {"apply": "apply_shard", "commit": CommitShard}
-FAULTS = {"apply": 1, "commit": 2}  # how many passes through the phase fail
+PHASES: dict[str, str | type] = {
+    "compute": "compute_gradients",
+    "forward": ForwardLayer,
+    "backward": BackwardLayer,
+    "apply": "apply_shard",
+    "commit": CommitShard,
+}
+
+
+def arm(plan: Plan, fault: str, stage: int) -> None:
+    """Make rank 1's replica fail as `fault` says (module docstring)."""
+    if fault == "commit":
+        plan.arm(fault, RuntimeError, times=2)  # the step asks twice
+    elif fault == "apply":
+        plan.arm(fault, RuntimeError)
+    elif stage < 3:
+        plan.arm("compute", RuntimeError)
+    else:
+        plan.arm(fault, RuntimeError, skip=1)
 
 
 def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,7 +83,7 @@ async def run_stage(
     report: dict[str, Any] = {}
     for step in range(3):
         if step == FAILING_STEP:
-            plan.arm(fault, RuntimeError, times=FAULTS[fault])
+            arm(plan, fault, stage)
         try:
             await trainer.ask(Step(*batch(step)), timeout=60)
         except Exception as exc:

@@ -6,9 +6,14 @@ that disagree on the model, the data, the optimizer, the schedule or the
 strategy either train a model that matches no single run or wait for each
 other in different collectives. So before anything is built each rank
 digests the options that must match (`shared_options`: all of them but the
-rank's own outputs and devices), the ranks exchange the digests with one
-`all_gather` of the job's `MpiCollective`, and every rank compares them
-(`disagreement`): a mismatch is the same one-line error on every rank.
+rank's own outputs and devices), the ranks exchange the digests through the
+job's `MpiCollective`, and every rank compares them (`disagreement`): a
+mismatch is the same one-line error on every rank.
+
+A rank that failed before the exchange (an option only it refused, a file
+only it cannot read) still takes part in it (`agree`), with its error in
+place of its digests, so that the other ranks stop at once with the same
+line, naming it, instead of waiting for it until the start-up deadline.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from atomr.cli.model_options import GPT_FLAGS, flag_of
 if TYPE_CHECKING:
     from atomr.cli.run_config import RunConfig
 
-__all__ = ["check_agreement", "disagreement", "option_digests", "shared_options"]
+__all__ = ["agree", "disagreement", "option_digests", "shared_options"]
 
 _PER_RANK = frozenset(
     {"distributed", "dist", "run_dir", "name", "plot", "history", "metrics", "tensorboard", "quiet"}
@@ -106,26 +111,69 @@ def disagreement(flags: Sequence[str], gathered: np.ndarray) -> str | None:
     )
 
 
-async def check_agreement(collective: Any, run: RunConfig) -> None:
-    """Check that every rank of the job was given the same `shared_options`.
+_MESSAGE_BYTES = 2000
+"""A failed rank's error is cut to this many UTF-8 bytes for the exchange."""
+
+
+async def agree(collective: Any, mine: Mapping[str, Any] | CliError) -> None:
+    """Check that no rank failed before the exchange and that every rank was
+    given the same `shared_options`.
 
     Collective: every rank calls it at the same point, once the job's
-    collective is made and before anything else is.
+    collective is made and before anything else is. Each rank first sends
+    its status (its error's exit status and length, or its digests' count),
+    then every rank's error when one failed, else every rank's digests.
 
     Args:
         collective: the job's `MpiCollective` (rank, world size, `all_gather`).
-        run: this rank's options.
+        mine: this rank's `shared_options`, or the error it failed with.
 
     Raises:
-        CliError: the ranks disagree (exit status 2), on every rank alike.
+        CliError: on every rank alike: a rank failed (one line naming each
+            failed rank and its error; the exit status of the first), the
+            ranks compare different options (another atomr on some host:
+            exit status 2), or they disagree (exit status 2).
         CollectiveError: a rank never joined the exchange (timed out, dead).
     """
-    options = shared_options(run)
-    mine = option_digests(options)
-    size = mine.size
+    flags: list[str] = []
+    code, message, digests = 0, b"", np.empty(0)
+    if isinstance(mine, CliError):  # a status of 0 would read as no failure
+        code, message = max(1, mine.exit_code), str(mine).encode()[:_MESSAGE_BYTES]
+    else:
+        flags, digests = list(mine), option_digests(mine)
+    heads = await _gathered(collective, np.array([code, len(message), digests.size], float))
+    if heads[:, 0].any():
+        row = np.zeros(max(1, int(heads[:, 1].max())))
+        row[: len(message)] = np.frombuffer(message, dtype=np.uint8)
+        raise _failures(heads, await _gathered(collective, row))
+    if (heads[:, 2] != digests.size).any():
+        counts = ", ".join(str(int(n)) for n in heads[:, 2])
+        raise CliError(
+            f"--distributed: the ranks compare different options ({counts} by rank): "
+            "run the same atomr on every host"
+        )
+    line = disagreement(flags, await _gathered(collective, digests))
+    if line is not None:
+        raise CliError(line)
+
+
+async def _gathered(collective: Any, row: np.ndarray) -> np.ndarray:
+    """Every rank's `row` (of one length on every rank), one row per rank."""
+    size = row.size
     table = np.zeros(collective.world_size * size, dtype=np.float64)
-    table[collective.rank * size : (collective.rank + 1) * size] = mine
+    table[collective.rank * size : (collective.rank + 1) * size] = row
     await collective.all_gather(table)
-    message = disagreement(list(options), table.reshape(collective.world_size, size))
-    if message is not None:
-        raise CliError(message)
+    return table.reshape(collective.world_size, size)
+
+
+def _failures(heads: np.ndarray, texts: np.ndarray) -> CliError:
+    """The error every rank raises when some failed before the exchange:
+    each failed rank (status and length in `heads`, its error's bytes in
+    `texts`) and its error, on one line; the first one's exit status."""
+    failed = [int(r) for r in np.flatnonzero(heads[:, 0])]
+    parts = []
+    for rank in failed:
+        raw = texts[rank, : int(heads[rank, 1])].astype(np.uint8).tobytes()
+        error = " ".join(raw.decode(errors="replace").splitlines())
+        parts.append(f"rank {rank} failed before training: {error}")
+    return CliError("--distributed: " + "; ".join(parts), int(heads[failed[0], 0]))

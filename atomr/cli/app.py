@@ -3,13 +3,13 @@ user-facing error into one line and a non-zero exit status."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
 import atomr
-from atomr.cli.errors import CliError
-from atomr.cli.parser import build_parser
-from atomr.train.core.errors import CheckpointError
+from atomr.cli.errors import CliError, reported_as
+from atomr.cli.parser import asks_for_distributed_training, build_parser
 
 __all__ = ["main"]
 
@@ -23,20 +23,36 @@ def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _dispatch(argv: Sequence[str] | None) -> int:
-    parser = build_parser(atomr.__version__)
-    own, passed = _split_passthrough(list(sys.argv[1:] if argv is None else argv))
-    args, extra = parser.parse_known_args(own)
+def _parsed(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed arguments, and those after "--".
+
+    Raises:
+        CliError: arguments the command does not take.
+    """
+    own, passed = _split_passthrough(argv)
+    args, extra = build_parser(atomr.__version__).parse_known_args(own)
     if extra:  # named after the command, whose --help lists what it takes
         command = f"atomr {args.command}" if args.command else "atomr"
         raise CliError(f"unrecognized arguments: {' '.join(extra)} (see '{command} --help')")
     if passed and args.command not in ("bench", "launch"):
         raise CliError(f"'atomr {args.command}' takes no arguments after '--'")
-    if args.command == "train":
-        from atomr.cli.run_config import RunConfig
-        from atomr.cli.train_command import run_train
+    return args, passed
 
-        return run_train(RunConfig.from_args(args))
+
+def _dispatch(argv: Sequence[str] | None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args, passed = _parsed(words)
+    except CliError as exc:
+        if asks_for_distributed_training(_split_passthrough(words)[0]):
+            from atomr.cli.job import stop_every_rank
+
+            stop_every_rank(True, exc)  # the other ranks wait for this one's options
+        raise
+    if args.command == "train":
+        from atomr.cli.train_command import train_command
+
+        return train_command(args)
     if args.command == "devices":
         from atomr.cli.devices import list_devices_command
 
@@ -68,12 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     try:
         return _dispatch(argv)
-    except CliError as exc:
-        print(f"atomr: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except (OSError, CheckpointError) as exc:  # e.g. an unwritable --checkpoint path
-        print(f"atomr: error: {exc}", file=sys.stderr)
-        return 1
+    except Exception as exc:
+        error = reported_as(exc)  # e.g. an unwritable --checkpoint path: an OSError
+        if error is None:
+            raise
+        print(f"atomr: error: {error}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
         print("atomr: interrupted", file=sys.stderr)
         return 130

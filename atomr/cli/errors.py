@@ -1,8 +1,11 @@
-"""`CliError`: a user-facing error that the command reports in one line."""
+"""`CliError`: a user-facing error that the command reports in one line;
+`reported_as`: the one line, if any, of another error."""
 
 from __future__ import annotations
 
-__all__ = ["CliError"]
+from atomr.train.core.errors import CheckpointError
+
+__all__ = ["CliError", "reported_as"]
 
 
 class CliError(Exception):
@@ -17,3 +20,14 @@ class CliError(Exception):
     def __init__(self, message: str, exit_code: int = 2) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def reported_as(error: BaseException) -> CliError | None:
+    """The `CliError` the command reports `error` as: itself; an `OSError`
+    (an unwritable path, say) or a `CheckpointError` with its message and
+    exit status 1; None for anything else (a bug: its traceback is printed)."""
+    if isinstance(error, CliError):
+        return error
+    if isinstance(error, OSError | CheckpointError):
+        return CliError(str(error), 1)
+    return None

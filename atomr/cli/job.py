@@ -1,27 +1,29 @@
-"""`Job`: how the processes of an `atomr train` run cooperate, and
-`open_job`, which joins the ranks of a `--distributed` run before anything
-is built (their collective, and their agreement on the options)."""
+"""`Job`: how the processes of an `atomr train` run cooperate; `open_job`,
+which joins the ranks of a `--distributed` run before anything is built
+(their collective, and their agreement on the options); and
+`stop_every_rank`, with which a rank that failed before that tells the
+others."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+import atomr
 from atomr.actor import ActorRef
-from atomr.cli.agreement import check_agreement
-from atomr.cli.errors import CliError
+from atomr.cli.agreement import agree
+from atomr.cli.errors import CliError, reported_as
+from atomr.cli.run_args import mpi_place
 from atomr.train import CheckpointError, LoadCheckpoint
 from atomr.train.comm.mpi.collective import MpiCollective
 from atomr.train.comm.mpi.errors import CollectiveError
+from atomr.train.comm.mpi.job import DistributedTrainConfig
 
-if TYPE_CHECKING:
-    from atomr.cli.run_config import RunConfig
-
-__all__ = ["Job", "MpiJob", "open_job"]
+__all__ = ["Job", "MpiJob", "open_job", "stop_every_rank"]
 
 
 class Job:
@@ -85,28 +87,70 @@ class MpiJob(Job):
             self.collective.abort(2, f"{type(error).__name__}: {' '.join(str(error).split())}")
 
 
-async def open_job(run: RunConfig) -> Job:
-    """The job of `run`: a job of one, or, with `--distributed`, this rank's
-    place in the MPI job, once every rank has checked that they were all
-    given the same options (`agreement.check_agreement`).
+async def open_job(dist: DistributedTrainConfig | None, mine: Mapping[str, Any] | CliError) -> Job:
+    """The job of a run: a job of one, or, under `--distributed` (`dist`),
+    this rank's place in the MPI job, once every rank has told the others
+    whether it failed and checked that they were all given the same options
+    (`agreement.agree`).
 
     Collective under `--distributed`: every rank calls it at the same point,
     before building anything.
 
+    Args:
+        dist: this rank's place in the MPI job, or None (one process).
+        mine: this rank's `agreement.shared_options`, or the error it failed
+            with before (raised on every rank, naming this one).
+
     Raises:
-        CliError: the ranks were given different options (exit status 2, on
-            every rank); mpi4py is missing (exit status 1); MPI disagrees
-            with the launcher's variables.
+        CliError: a rank failed before (its exit status, on every rank); the
+            ranks were given different options (exit status 2, on every
+            rank); mpi4py is missing (exit status 1; a rank that failed
+            raises its own error); MPI disagrees with the launcher's variables.
     """
-    if run.dist is None:
+    if dist is None:
+        if isinstance(mine, CliError):
+            raise mine
         return Job()
     try:
-        collective = MpiCollective.from_config(run.dist)
-    except ImportError:
-        raise CliError("--distributed needs mpi4py: pip install -e '.[mpi]'", 1) from None
-    except ValueError as exc:
+        collective = MpiCollective.from_config(dist)
+    except (ImportError, ValueError) as exc:
+        if isinstance(mine, CliError):
+            raise mine from None
+        if isinstance(exc, ImportError):
+            raise CliError("--distributed needs mpi4py: pip install -e '.[mpi]'", 1) from None
         raise CliError(f"--distributed: {exc}") from None
-    job = MpiJob(collective, run.dist.is_root)
+    job = MpiJob(collective, dist.is_root)
     with job.aborting():
-        await check_agreement(collective, run)
+        await agree(collective, mine)
     return job
+
+
+def stop_every_rank(distributed: bool, error: Exception) -> None:
+    """This process failed with `error` before the ranks agreed: when it is
+    a rank of a `--distributed` job, tell every rank (`open_job` with the
+    error) and raise what they all raise; else return (the caller raises
+    `error`, as does a process that cannot find its place in the job).
+
+    Args:
+        distributed: the command asked for `--distributed`.
+        error: what this process failed with.
+
+    Raises:
+        CliError: the line every rank prints, naming this one (its exit
+            status that of `error`: 1 where `error` is not a `CliError`).
+        Exception: `error` itself, after the other ranks were told, where
+            it is a bug (not `reported_as` one line): its traceback.
+    """
+    if not distributed:
+        return
+    try:
+        dist = mpi_place()
+    except CliError:
+        return
+    reported = reported_as(error)
+    try:
+        atomr.run(open_job(dist, reported or CliError(f"{type(error).__name__}: {error}", 1)))
+    except CliError:
+        if reported is None:
+            raise error from None
+        raise

@@ -20,6 +20,7 @@ __all__ = [
     "LOSSES",
     "OPTIMIZERS",
     "SCHEDULES",
+    "asks_for_distributed_training",
     "build_parser",
 ]
 
@@ -38,6 +39,20 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Raise `CliError` naming the command, instead of printing usage and exiting."""
         raise CliError(f"{message} (see '{self.prog} --help')")
+
+
+def asks_for_distributed_training(argv: list[str]) -> bool:
+    """Whether `argv` (the arguments before any "--") is `train` with
+    `--distributed` (or a prefix of it, as argparse takes), read even when
+    the rest of it cannot be parsed: such a rank still tells the others."""
+    if argv[:1] != ["train"]:
+        return False
+    sniff = _Parser(add_help=False)
+    sniff.add_argument("--distributed", action="store_true")
+    try:
+        return bool(sniff.parse_known_args(argv[1:])[0].distributed)
+    except CliError:
+        return False
 
 
 def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -149,7 +164,8 @@ def _add_data_parallel_options(model: argparse._ArgumentGroup) -> None:
         help="one process of an MPI job (started by 'atomr launch' or mpiexec): "
         "data parallel across ranks, all-reduce by MPI (--strategy "
         + ", ".join(s.name for s in STRATEGIES.values() if s.job is not None)
-        + ")",
+        + "). Before training the ranks agree on their options; a mismatch, or an error "
+        "on any rank before that, stops every rank at once with one line naming the rank",
     )
 
 

@@ -20,7 +20,7 @@ from atomr.cli.model_options import GptShape, resolve_model
 from atomr.cli.strategies import STRATEGIES
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
 
-__all__ = ["checked_fields", "default_lr", "parse_hidden"]
+__all__ = ["checked_fields", "default_lr", "mpi_place", "parse_hidden"]
 
 _SYNTHETIC_DEFAULTS = {"samples": 20_000, "features": 64, "classes": 10}
 _DEFAULT_MOMENTUM = 0.9
@@ -201,25 +201,21 @@ def _check_distributed_and_resume(args: argparse.Namespace) -> None:
         raise CliError(f"--resume: no such checkpoint file {args.resume!r}")
 
 
-def _mpi_config(args: argparse.Namespace) -> DistributedTrainConfig | None:
-    """This process's place in the MPI job for `--distributed`, else None.
+def mpi_place() -> DistributedTrainConfig:
+    """This process's place in the MPI job of `--distributed`.
 
     Raises:
-        CliError: `--distributed` outside an MPI launcher, or with malformed
-            launcher variables.
+        CliError: outside an MPI launcher, or with malformed launcher variables.
     """
-    dist = None
-    if args.distributed:
-        try:
-            dist = DistributedTrainConfig.from_environment(require=True)
-        except NotLaunchedError:
-            raise CliError(
-                "--distributed runs under MPI: start it with 'atomr launch -n N -- <train "
-                "args>' or 'mpiexec -n N python -m atomr.cli train --distributed ...'"
-            ) from None
-        except ValueError as exc:
-            raise CliError(f"--distributed: {exc}") from None
-    return dist
+    try:
+        return DistributedTrainConfig.from_environment(require=True)
+    except NotLaunchedError:
+        raise CliError(
+            "--distributed runs under MPI: start it with 'atomr launch -n N -- <train "
+            "args>' or 'mpiexec -n N python -m atomr.cli train --distributed ...'"
+        ) from None
+    except ValueError as exc:
+        raise CliError(f"--distributed: {exc}") from None
 
 
 def _check_name(args: argparse.Namespace) -> None:
@@ -328,7 +324,7 @@ def checked_fields(args: argparse.Namespace) -> dict[str, Any]:
     lr, momentum = _lr_and_momentum(args)
     _check_limits(args)
     _check_distributed_and_resume(args)
-    dist = _mpi_config(args)
+    dist = mpi_place() if args.distributed else None
     devices = resolve_devices(args.devices, args.strategy, dist)
     _check_name(args)
     return {

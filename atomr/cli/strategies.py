@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from atomr.actor import ActorRef
 from atomr.cli.errors import CliError
-from atomr.cli.job import Job
 from atomr.train import (
     AsyncParameterServer,
     DataParallelTrainer,
@@ -34,7 +33,8 @@ from atomr.train.data_parallel import ApplyPolicy, DataParallelOptions
 from atomr.train.parameter_server import ParameterServerOptions
 from atomr.train.pipeline import PipelineOptions, Schedule
 
-if TYPE_CHECKING:  # the run's options check their flags against this registry
+if TYPE_CHECKING:  # each imports this registry (the options check their flags against it)
+    from atomr.cli.job import Job
     from atomr.cli.run_config import RunConfig
     from atomr.train.comm.mpi.job import DistributedTrainConfig
 

@@ -1,38 +1,44 @@
-"""`run_train`: the `atomr train` command from validated options to files.
+"""`train_command`: the `atomr train` command from parsed options to files.
 
-Loads the data, runs the shared epoch loop under a Ctrl-C handler, then
-writes the history JSON and the curves PNG and prints the summary table.
+Checks the options, loads the data and works out where the run starts
+(`_prepare`: what may fail on one rank of a `--distributed` job, so that
+rank then tells the others), joins the job, runs the shared epoch loop
+under a Ctrl-C handler, then writes the history JSON and the curves PNG
+and prints the summary table.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 import atomr
 from atomr.actor import AskTimeoutError
+from atomr.cli.agreement import shared_options
 from atomr.cli.compiling import say_when_compiling
 from atomr.cli.dataset import Dataset, load_dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
 from atomr.cli.interrupt import stop_on_signals
-from atomr.cli.job import open_job
+from atomr.cli.job import Job, open_job, stop_every_rank
 from atomr.cli.memory import check_memory
 from atomr.cli.outputs import check_outputs, output_paths
 from atomr.cli.plotting import save_curves
 from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
 from atomr.cli.summary import summary_table
-from atomr.cli.training_run import train_epochs
+from atomr.cli.training_run import RunStart, plan_start, train_epochs
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError, WorkerStateLost
 from atomr.train.core.text import generate
 from atomr.train.fit import StopFlag
 from atomr.train.metrics import JsonLinesLog, TensorBoardLog
 
-__all__ = ["EXIT_INTERRUPTED", "run_train"]
+__all__ = ["EXIT_INTERRUPTED", "train_command"]
 
 EXIT_INTERRUPTED = 130
 
@@ -103,11 +109,43 @@ def _sample(run: RunConfig, data: Dataset, weights: np.ndarray) -> str:
     return f"sample (temperature 0.8):\n{SAMPLE_PROMPT}{text}"
 
 
-def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
-    """Train as `run` says, write the outputs and print the summary.
+@dataclass(frozen=True)
+class _Prepared:
+    """A run made ready before any rank is joined: its options, outputs,
+    data, history so far and start."""
+
+    run: RunConfig
+    plot_path: Path
+    history_path: Path
+    data: Dataset
+    history: History
+    start: RunStart
+
+
+def _prepare(args: argparse.Namespace) -> _Prepared:
+    """Check the options and the outputs (which the root writes), check the
+    memory, load the data set and work out where the run starts.
+
+    Raises:
+        CliError: as `RunConfig.from_args`, `check_outputs`, `check_memory`,
+            `load_dataset` and `plan_start`.
+    """
+    run = RunConfig.from_args(args)
+    plot_path, history_path = output_paths(run)
+    if run.dist is None or run.dist.is_root:
+        check_outputs(run, plot_path, history_path)
+    check_memory(run)
+    data = load_dataset(run)
+    history = History(config=run.to_json())
+    start = plan_start(run, data, history)
+    return _Prepared(run, plot_path, history_path, data, history, start)
+
+
+def train_command(args: argparse.Namespace, stop: StopFlag | None = None) -> int:
+    """Train as `args` say, write the outputs and print the summary.
 
     Args:
-        run: the validated options.
+        args: the parsed `atomr train` arguments.
         stop: a flag a caller can set to stop the run (Ctrl-C sets it too).
 
     Returns:
@@ -115,21 +153,30 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
         `stop` flag), 143 by SIGTERM.
 
     Raises:
-        CliError: bad options the trainers refuse, unusable checkpoints,
-            missing optional packages, the ranks of a `--distributed` job
-            given different options; exit status 1 when the trainer
-            stopped the run (`TRAINING_FAILURES`: a diverging loss, say)
-            or a metrics log or the history beside the checkpoint could not
-            be written (a full disk).
+        CliError: bad options, unusable checkpoints, missing optional
+            packages; under `--distributed`, on every rank alike, any of
+            these on one rank (naming it) or ranks given different options;
+            exit status 1 when the trainer stopped the run
+            (`TRAINING_FAILURES`: a diverging loss, say) or a metrics log
+            or the history beside the checkpoint could not be written (a
+            full disk).
     """
-    plot_path, history_path = output_paths(run)
-    if run.dist is None:  # the ranks of a job would wait for one that stopped here
-        check_outputs(run, plot_path, history_path)
-        check_memory(run)
-    job = atomr.run(open_job(run))  # ranks given different options stop here, all of them
-    data = load_dataset(run)
-    flag = stop if stop is not None else StopFlag()
-    history = History(config=run.to_json())
+    try:
+        prepared = _prepare(args)
+    except Exception as exc:
+        stop_every_rank(args.distributed, exc)  # the other ranks wait for this one
+        raise
+    run = prepared.run
+    mine = shared_options(run)
+    job = atomr.run(open_job(run.dist, mine))  # every rank stops here, or none
+    return _run_and_report(prepared, job, StopFlag() if stop is None else stop)
+
+
+def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
+    """Train the prepared run in its job; write its outputs and print its
+    summary where this process writes files. Returns and raises as
+    `train_command`."""
+    run, data, history = prepared.run, prepared.data, prepared.history
 
     def progress(total: int, done: int) -> Progress:
         return Progress(total, done, enabled=not run.quiet)
@@ -149,19 +196,20 @@ def run_train(run: RunConfig, stop: StopFlag | None = None) -> int:
                 callbacks=logs,
                 on_weights=trained.append if data.vocab is not None else None,
                 job=job,
+                start=prepared.start,
             )
 
     try:
         with _closing(logs):
             atomr.run(go())
     except Exception as exc:
-        _fail_in_one_line(run, exc, history, plot_path, history_path)
+        _fail_in_one_line(run, exc, history, prepared.plot_path, prepared.history_path)
         raise
     interrupted = 128 + signals[0] if signals else EXIT_INTERRUPTED
     if run.dist is not None and not run.dist.is_root:
         return interrupted if history.status == "interrupted" else 0
-    _write_outputs(history, plot_path, history_path)
-    _print_summary(run, history, plot_path, history_path)
+    _write_outputs(history, prepared.plot_path, prepared.history_path)
+    _print_summary(run, history, prepared.plot_path, prepared.history_path)
     if trained and data.vocab is not None:
         print(_sample(run, data, trained[-1]))
     if history.status == "interrupted":

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from atomr.actor import ActorRef, ActorSystem
+from atomr.cli.agreement import shared_options
 from atomr.cli.dataset import Dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
@@ -29,9 +31,46 @@ from atomr.train.core.checkpoint import checkpoint_digest
 from atomr.train.core.model import Sequential
 from atomr.train.fit import Evaluator, FitCallback, FitPosition, StopFlag, batch_bounds, fit
 
-__all__ = ["train_epochs"]
+__all__ = ["RunStart", "plan_start", "train_epochs"]
 
 _ASK_TIMEOUT = 600.0  # generous: one step of a large synthetic run may take a while
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Where a run starts, worked out from its options, its data and its
+    `--resume` checkpoint before anything is built (`plan_start`).
+
+    Attributes:
+        steps: batches per epoch.
+        updates: optimizer updates per epoch (a learning-rate schedule counts them).
+        position: where the fit loop starts (the beginning without `--resume`).
+    """
+
+    steps: int
+    updates: int
+    position: FitPosition = field(default_factory=FitPosition)
+
+
+def plan_start(run: RunConfig, data: Dataset, history: History) -> RunStart:
+    """Where `run` starts on `data`; fills in `history`'s model sizes and,
+    resuming, the checkpoint's earlier epochs and `resumed_from`.
+
+    Raises:
+        CliError: a batch size too small for the strategy, a training set
+            with no batch, a schedule under a policy whose updates per batch
+            vary; resuming, an unusable checkpoint or one of other options,
+            or one with nothing left to train.
+    """
+    history.config["sizes"] = [data.features, *run.hidden, data.classes]
+    steps = _steps_per_epoch(run, data)
+    updates = _updates_per_epoch(run, steps)
+    if run.resume is None:
+        return RunStart(steps, updates)
+    position, trainer_step = resume_position(run, run.resume, steps, updates, history)
+    history.resumed_from = str(run.resume)
+    check_something_left(run, position, trainer_step)
+    return RunStart(steps, updates, position)
 
 
 def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:
@@ -170,6 +209,7 @@ async def train_epochs(
     callbacks: Sequence[FitCallback] = (),
     on_weights: Callable[[np.ndarray], None] | None = None,
     job: Job | None = None,
+    start: RunStart | None = None,
 ) -> History:
     """Train `run.epochs` epochs (in total, counting a resumed run's) on `data`.
 
@@ -184,41 +224,40 @@ async def train_epochs(
             for no progress output.
         callbacks: more `FitCallback`s (after the progress bar).
         on_weights: given the trained weights at the end (the GPT's sample).
-        job: the run's `Job` (`open_job`); default: opened here, before
-            anything else (collective under `--distributed`).
+        job: the run's `Job` (`open_job`); default: opened here, once the
+            start is planned (collective under `--distributed`).
+        start: where the run starts (`plan_start`, with `history`);
+            default: planned here.
 
     Returns:
         `history`.
 
     Raises:
-        CliError: options the trainer refuses, an unusable checkpoint, a
-            finished checkpoint with nothing left to train, or as `open_job`
+        CliError: options the trainer refuses, or as `plan_start` (an
+            unusable checkpoint, nothing left to train) and `open_job`
             (ranks given different options).
     """
     started = time.perf_counter()
+    if start is None:
+        start = plan_start(run, data, history)
     if job is None:
-        job = await open_job(run)
-    history.config["sizes"] = [data.features, *run.hidden, data.classes]
-    start = FitPosition()
-    steps = _steps_per_epoch(run, data)
-    updates = _updates_per_epoch(run, steps)
+        job = await open_job(run.dist, shared_options(run))
+    planned = start
     async with ActorSystem("atomr-train") as system:
-        if run.resume is not None:
-            start, trainer_step = resume_position(run, run.resume, steps, updates, history)
-            history.resumed_from = str(run.resume)
-            check_something_left(run, start, trainer_step)
         history.status = await _train(
             system,
             run,
             data,
             history,
-            start,
-            lambda: _progress(history, start, steps, run.epochs, progress_factory),
+            planned.position,
+            lambda: _progress(
+                history, planned.position, planned.steps, run.epochs, progress_factory
+            ),
             callbacks,
             stop,
             on_weights,
             job,
-            updates,
+            planned.updates,
         )
     history.wall_seconds = time.perf_counter() - started
     return history

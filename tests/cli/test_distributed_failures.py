@@ -1,0 +1,208 @@
+"""A rank of `atomr train --distributed` that fails before the ranks agree on
+their options still joins that exchange, carrying its error: every rank
+stops at once with the same line naming it, instead of waiting for it until
+the start-up deadline (120 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import atomr.cli
+from atomr.cli.agreement import agree
+from atomr.cli.errors import CliError
+from atomr.cli.parser import asks_for_distributed_training, build_parser
+from tests.cli.test_distributed_agreement import TINY, _mpiexec
+
+TRAIN = [sys.executable, "-m", "atomr.cli", "train", "--distributed", *TINY]
+QUICK_S = 60.0  # far more than a job that stops at the exchange takes; less than the deadline
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint of one epoch of `TINY`, without its history file."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    path = folder / "one.ckpt"
+    assert (
+        atomr.cli.main(["train", *TINY, "--checkpoint", str(path), "--run-dir", str(folder)]) == 0
+    )
+    (folder / "one.ckpt.history.json").unlink()
+    return path
+
+
+class _Ranks:
+    """`world_size` ranks in one event loop: each call of `all_gather` meets
+    the same call of every other rank, as `MpiCollective`'s does."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._tables: dict[int, dict[int, np.ndarray]] = {}
+        self._met: dict[int, asyncio.Event] = {}
+
+    def rank(self, rank: int) -> _Rank:
+        return _Rank(self, rank)
+
+    async def meet(self, call: int, rank: int, table: np.ndarray) -> None:
+        tables = self._tables.setdefault(call, {})
+        met = self._met.setdefault(call, asyncio.Event())
+        tables[rank] = table
+        if len(tables) == self.world_size:
+            size = table.size // self.world_size
+            for k, mine in tables.items():
+                for other in tables.values():
+                    other[k * size : (k + 1) * size] = mine[k * size : (k + 1) * size]
+            met.set()
+        await met.wait()
+
+
+class _Rank:
+    def __init__(self, ranks: _Ranks, rank: int) -> None:
+        self.ranks, self.rank, self.world_size = ranks, rank, ranks.world_size
+        self.calls = 0
+
+    async def all_gather(self, table: np.ndarray) -> None:
+        self.calls += 1
+        await self.ranks.meet(self.calls, self.rank, table)
+
+
+def _agree_all(mines: list[Mapping[str, Any] | CliError]) -> list[BaseException | None]:
+    """What `agree` raises on each rank (None where it returns)."""
+    ranks = _Ranks(len(mines))
+
+    async def every_rank() -> list[BaseException | None]:
+        exchanges = (agree(ranks.rank(r), mine) for r, mine in enumerate(mines))
+        return await asyncio.wait_for(asyncio.gather(*exchanges, return_exceptions=True), 10.0)
+
+    return asyncio.run(every_rank())
+
+
+def test_a_rank_that_failed_stops_every_rank_with_its_error() -> None:
+    options = {"--lr": 0.1, "--seed": 0}
+    raised = _agree_all([options, CliError("cannot read x\nsecond line", 1), options])
+    expected = "--distributed: rank 1 failed before training: cannot read x second line"
+    assert all(isinstance(e, CliError) and str(e) == expected for e in raised), raised
+    assert {e.exit_code for e in raised if isinstance(e, CliError)} == {1}
+
+
+def test_every_failed_rank_is_named_with_the_first_ones_exit_status() -> None:
+    raised = _agree_all([CliError("bad --lr"), {"--lr": 0.1}, CliError("no disk", 1)])
+    expected = (
+        "--distributed: rank 0 failed before training: bad --lr; "
+        "rank 2 failed before training: no disk"
+    )
+    assert all(isinstance(e, CliError) and str(e) == expected for e in raised), raised
+    assert {e.exit_code for e in raised if isinstance(e, CliError)} == {2}
+
+
+def test_ranks_that_agree_go_on_and_those_that_do_not_stop() -> None:
+    assert _agree_all([{"--lr": 0.1}, {"--lr": 0.1}]) == [None, None]
+    raised = _agree_all([{"--lr": 0.1}, {"--lr": 0.2}])
+    assert all(isinstance(e, CliError) and "rank 1 differs from rank 0 in --lr" in str(e)
+               for e in raised), raised  # fmt: skip
+
+
+def test_ranks_comparing_other_options_stop_instead_of_misreading_them() -> None:
+    raised = _agree_all([{"--lr": 0.1}, {"--lr": 0.1, "--new": 1}])
+    assert all(isinstance(e, CliError) and "compare different options (1, 2 by rank)" in str(e)
+               for e in raised), raised  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["train", "--lr", "abc", "--distributed"], True),
+        (["train", "--dist", "--strategy", "nope"], True),
+        (["train", "--lr", "abc"], False),
+        (["devices", "--distributed"], False),
+        (["train", "--distributed=yes"], False),
+    ],
+)
+def test_a_rank_whose_arguments_do_not_parse_is_still_known_as_one(
+    argv: list[str], expected: bool
+) -> None:
+    assert asks_for_distributed_training(argv) is expected
+
+
+def test_the_prefixes_taken_for_distributed_are_the_parsers_own() -> None:
+    parser = build_parser("test")
+    for spelling in ("--distributed", "--distrib", "--di"):
+        assert parser.parse_args(["train", spelling]).distributed
+        assert asks_for_distributed_training(["train", spelling])
+
+
+def _stopped_alike(code: int, err: str, expected_code: int, line: str) -> None:
+    assert code == expected_code, err
+    assert err.count(f"atomr: error: {line}") == 2, err  # mpiexec may interleave the writes
+    assert not err.replace(f"atomr: error: {line}", "").strip(), err
+
+
+@pytest.mark.mpi
+def test_an_option_only_one_rank_refuses_stops_both_at_once(tmp_path: Path) -> None:
+    code, err = _mpiexec(
+        1,
+        [*TRAIN, "--run-dir", str(tmp_path / "r0"),
+         ":", "-n", "1", *TRAIN, "--run-dir", str(tmp_path / "r1"), "--lr", "-1"],
+        timeout=QUICK_S,
+    )  # fmt: skip
+    line = (
+        "--distributed: rank 1 failed before training: --lr must be positive and finite "
+        "in float32, got -1.0"
+    )
+    _stopped_alike(code, err, 2, line)
+    assert not (tmp_path / "r0").exists()
+
+
+@pytest.mark.mpi
+def test_arguments_only_one_rank_cannot_parse_stop_both_at_once(tmp_path: Path) -> None:
+    code, err = _mpiexec(
+        1,
+        [*TRAIN, "--run-dir", str(tmp_path / "r0"),
+         ":", "-n", "1", *TRAIN, "--run-dir", str(tmp_path / "r1"), "--lr", "abc"],
+        timeout=QUICK_S,
+    )  # fmt: skip
+    line = (
+        "--distributed: rank 1 failed before training: argument --lr: invalid float value: "
+        "'abc' (see 'atomr train --help')"
+    )
+    _stopped_alike(code, err, 2, line)
+
+
+@pytest.mark.mpi
+def test_outputs_the_root_cannot_write_stop_both_with_its_exit_status(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    blocked = tmp_path / "file" / "run"
+    code, err = _mpiexec(2, [*TRAIN, "--run-dir", str(blocked)], timeout=QUICK_S)
+    line = (
+        f"--distributed: rank 0 failed before training: --run-dir: cannot write "
+        f"{blocked / 'curves.png'}: {tmp_path / 'file'} is not a directory; "
+        "choose another --run-dir"
+    )
+    _stopped_alike(code, err, 1, line)
+
+
+@pytest.mark.mpi
+def test_a_checkpoint_only_one_rank_cannot_read_stops_both_at_once(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    code, err = _mpiexec(
+        1,
+        [*TRAIN, "--epochs", "2", "--run-dir", str(tmp_path / "r0"), "--resume", str(checkpoint),
+         ":", "-n", "1", *TRAIN, "--epochs", "2", "--run-dir", str(tmp_path / "r1"),
+         "--resume", str(garbage)],
+        timeout=QUICK_S,
+    )  # fmt: skip
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1], err
+    assert lines[0].startswith(
+        f"atomr: error: --distributed: rank 1 failed before training: --resume: {garbage}"
+    ), err
+    assert not (tmp_path / "r0").exists()

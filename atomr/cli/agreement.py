@@ -30,8 +30,9 @@ from atomr.cli.model_options import GPT_FLAGS, flag_of
 
 if TYPE_CHECKING:
     from atomr.cli.run_config import RunConfig
+    from atomr.cli.training_run import RunStart
 
-__all__ = ["agree", "disagreement", "option_digests", "shared_options"]
+__all__ = ["RESUMED_AT", "agree", "disagreement", "option_digests", "shared_options"]
 
 _PER_RANK = frozenset(
     {"distributed", "dist", "run_dir", "name", "plot", "history", "metrics", "tensorboard", "quiet"}
@@ -39,18 +40,22 @@ _PER_RANK = frozenset(
 """`RunConfig` fields a rank may set on its own: where rank 0 writes its
 outputs (the other ranks write none) and how much it prints."""
 
-_GIVEN_OR_NOT = frozenset({"checkpoint", "resume"})
-"""Paths each rank may spell its own way (a machine's own disk), but that
-every rank must give or leave out: saving and loading are collective."""
+RESUMED_AT = "--resume (its history file)"
+"""The flag of where a resumed run starts, which the checkpoint's history
+file gives where it has one (else the checkpoint's step)."""
 
 
-def shared_options(run: RunConfig) -> dict[str, Any]:
+def shared_options(run: RunConfig, start: RunStart) -> dict[str, Any]:
     """The options every rank of a job must be given alike, by flag.
 
     Everything in `run` but the rank's own outputs (`_PER_RANK`); `--devices`
     by its count (each rank picks its own devices, but the count sizes the
-    batches), `--checkpoint` and `--resume` by whether they are given, the
-    GPT by each of its flags.
+    batches), `--checkpoint` by whether it is given (each rank may spell the
+    path its own way, but saving is collective), the GPT by each of its
+    flags. `--resume` by the checkpoint read from it (`start.checkpoint`,
+    the digest of the save: the same file, whatever each rank's path), and
+    `RESUMED_AT` by the position the run resumes at (`start.position`):
+    each rank reads its own disk, which may hold another save or history.
     """
     options: dict[str, Any] = {}
     for field in dataclasses.fields(run):
@@ -59,8 +64,12 @@ def shared_options(run: RunConfig) -> dict[str, Any]:
             continue
         if name == "devices":
             value = len(value)
-        elif name in _GIVEN_OR_NOT:
+        elif name == "checkpoint":
             value = value is not None
+        elif name == "resume":
+            where = start.position
+            options[RESUMED_AT] = None if value is None else (where.epoch, where.batch, where.step)
+            value = start.checkpoint
         elif name == "gpt":  # every GPT flag, given or not: one digest per flag on every rank
             options.update(
                 (flag_of(k), None if value is None else getattr(value, k)) for k in GPT_FLAGS

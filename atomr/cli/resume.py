@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from atomr._arguments import int_at_least
 from atomr.cli.errors import CliError
@@ -25,17 +25,27 @@ from atomr.train.core import Checkpoint
 from atomr.train.core.checkpoint import checkpoint_digest
 from atomr.train.fit import FitPosition
 
-__all__ = ["check_something_left", "resume_position"]
+__all__ = ["ResumePoint", "check_something_left", "resume_position"]
+
+
+class ResumePoint(NamedTuple):
+    """Where a run resumes: the fit loop's `position`, the trainer's own
+    `trainer_step` count, and the `checkpoint`'s digest (which save it is)."""
+
+    position: FitPosition
+    trainer_step: int
+    checkpoint: str
 
 
 def resume_position(
     run: RunConfig, path: Path, steps: int, updates: int, history: History
-) -> tuple[FitPosition, int]:
-    """Where the checkpoint stands (the fit loop's position and the
-    trainer's own step count), and the earlier epoch records: from its
-    history file when that file was written with this very checkpoint (its
-    digest says so), else from the checkpoint's own step where the strategy
-    takes a fixed number of steps per batch (with a warning on stderr).
+) -> ResumePoint:
+    """Where the checkpoint stands (the fit loop's position, the trainer's
+    own step count and the checkpoint's digest), and the earlier epoch
+    records: from its history file when that file was written with this
+    very checkpoint (its digest says so), else from the checkpoint's own
+    step where the strategy takes a fixed number of steps per batch (with a
+    warning on stderr).
     `steps` is the batches of an epoch, `updates` the optimizer updates it
     makes (the run's schedule is sized in them).
 
@@ -55,7 +65,7 @@ def resume_position(
     _check_optimizer_options(run, ckpt, updates)
     earlier = _history_of(path, digest, ckpt.step)
     if earlier is None:
-        return _position_from_step(run, path, ckpt, steps), ckpt.step
+        return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, digest)
     saved = earlier.position or {}
     if saved.get("data") != run.data_options():
         raise CliError(
@@ -68,9 +78,9 @@ def resume_position(
             f"--resume: ignoring the position in {history_path_for(path)} ({saved!r}"[:200]
             + "): not whole numbers within the run; taking it from the checkpoint's step"
         )
-        return _position_from_step(run, path, ckpt, steps), ckpt.step
+        return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, digest)
     history.epochs = [r for r in earlier.epochs if r.epoch <= position.epoch]
-    return position, ckpt.step
+    return ResumePoint(position, ckpt.step, digest)
 
 
 def _saved_position(saved: dict[str, Any], steps: int) -> FitPosition | None:

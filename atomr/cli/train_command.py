@@ -167,7 +167,7 @@ def train_command(args: argparse.Namespace, stop: StopFlag | None = None) -> int
         stop_every_rank(args.distributed, exc)  # the other ranks wait for this one
         raise
     run = prepared.run
-    mine = shared_options(run)
+    mine = shared_options(run, prepared.start)
     job = atomr.run(open_job(run.dist, mine))  # every rank stops here, or none
     return _run_and_report(prepared, job, StopFlag() if stop is None else stop)
 

@@ -45,11 +45,14 @@ class RunStart:
         steps: batches per epoch.
         updates: optimizer updates per epoch (a learning-rate schedule counts them).
         position: where the fit loop starts (the beginning without `--resume`).
+        checkpoint: the digest of the `--resume` checkpoint (which save it
+            is: `checkpoint_digest`), or None.
     """
 
     steps: int
     updates: int
     position: FitPosition = field(default_factory=FitPosition)
+    checkpoint: str | None = None
 
 
 def plan_start(run: RunConfig, data: Dataset, history: History) -> RunStart:
@@ -67,10 +70,10 @@ def plan_start(run: RunConfig, data: Dataset, history: History) -> RunStart:
     updates = _updates_per_epoch(run, steps)
     if run.resume is None:
         return RunStart(steps, updates)
-    position, trainer_step = resume_position(run, run.resume, steps, updates, history)
+    resumed = resume_position(run, run.resume, steps, updates, history)
     history.resumed_from = str(run.resume)
-    check_something_left(run, position, trainer_step)
-    return RunStart(steps, updates, position)
+    check_something_left(run, resumed.position, resumed.trainer_step)
+    return RunStart(steps, updates, resumed.position, resumed.checkpoint)
 
 
 def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:
@@ -241,7 +244,7 @@ async def train_epochs(
     if start is None:
         start = plan_start(run, data, history)
     if job is None:
-        job = await open_job(run.dist, shared_options(run))
+        job = await open_job(run.dist, shared_options(run, start))
     planned = start
     async with ActorSystem("atomr-train") as system:
         history.status = await _train(

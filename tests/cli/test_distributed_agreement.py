@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atomr.cli.agreement import disagreement, option_digests, shared_options
+from atomr.cli.agreement import RESUMED_AT, disagreement, option_digests, shared_options
 from atomr.cli.parser import build_parser
 from atomr.cli.run_config import RunConfig
+from atomr.cli.training_run import RunStart
+from atomr.train.fit import FitPosition
 from tests.train.mpi_scripts.harness import require_mpi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +28,14 @@ def _run_config(*argv: str) -> RunConfig:
     return RunConfig.from_args(build_parser("test").parse_args(["train", *TINY, *argv]))
 
 
-def _table(*runs: RunConfig) -> tuple[list[str], np.ndarray]:
-    options = [shared_options(run) for run in runs]
+FRESH = RunStart(steps=3, updates=3)
+
+
+def _table(*runs: RunConfig | tuple[RunConfig, RunStart]) -> tuple[list[str], np.ndarray]:
+    options = [
+        shared_options(*run) if isinstance(run, tuple) else shared_options(run, FRESH)
+        for run in runs
+    ]
     return list(options[0]), np.stack([option_digests(o) for o in options])
 
 
@@ -56,9 +64,9 @@ def test_a_disagreement_names_the_rank_and_the_options() -> None:
 
 
 def test_every_model_data_and_optimizer_option_is_compared() -> None:
-    flags = set(shared_options(_run_config()))
+    flags = set(shared_options(_run_config(), FRESH))
     assert {"--seed", "--lr", "--hidden", "--strategy", "--samples", "--epochs"} <= flags
-    assert {"--devices", "--checkpoint", "--resume"} <= flags
+    assert {"--devices", "--checkpoint", "--resume", RESUMED_AT} <= flags
     assert not {"--run-dir", "--quiet", "--metrics", "--name", "--plot"} & flags
 
 
@@ -69,10 +77,43 @@ def test_ranks_of_another_model_compare_the_same_options() -> None:
         RunConfig.from_args(build_parser("test").parse_args(["train", "--quiet", *model]))
         for model in ([], ["--model", "gpt"])
     )
-    assert list(shared_options(mlp)) == list(shared_options(gpt))
-    table = np.stack([option_digests(shared_options(r)) for r in (mlp, gpt)])
-    message = disagreement(list(shared_options(mlp)), table)
+    assert list(shared_options(mlp, FRESH)) == list(shared_options(gpt, FRESH))
+    table = np.stack([option_digests(shared_options(r, FRESH)) for r in (mlp, gpt)])
+    message = disagreement(list(shared_options(mlp, FRESH)), table)
     assert message is not None and "--model" in message and "--n-layer" in message
+
+
+def _resumed(path: Path, digest: str, position: FitPosition) -> tuple[RunConfig, RunStart]:
+    path.write_bytes(b"")  # the options check only that it is a file
+    return _run_config("--resume", str(path)), RunStart(3, 3, position, digest)
+
+
+def test_ranks_resuming_one_save_from_their_own_paths_agree(tmp_path: Path) -> None:
+    at = FitPosition(1, 0, 3)
+    flags, table = _table(
+        _resumed(tmp_path / "a.ckpt", "d1", at), _resumed(tmp_path / "b.ckpt", "d1", at)
+    )
+    assert disagreement(flags, table) is None
+
+
+def test_ranks_resuming_other_saves_differ_in_resume(tmp_path: Path) -> None:
+    """Another file, or the same path holding another save on another host."""
+    at = FitPosition(1, 0, 3)
+    path = tmp_path / "a.ckpt"
+    flags, table = _table(_resumed(path, "d1", at), _resumed(path, "d2", at))
+    message = disagreement(flags, table)
+    assert message is not None and "rank 1 differs from rank 0 in --resume (every" in message
+
+
+def test_ranks_resuming_one_save_at_other_positions_differ_in_its_history(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.ckpt"
+    flags, table = _table(
+        _resumed(path, "d1", FitPosition(1, 0, 3)), _resumed(path, "d1", FitPosition(0, 2, 3))
+    )
+    message = disagreement(flags, table)
+    assert message is not None and f"rank 1 differs from rank 0 in {RESUMED_AT} (" in message
 
 
 def test_a_table_of_the_wrong_shape_is_refused() -> None:

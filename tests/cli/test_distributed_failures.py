@@ -6,6 +6,8 @@ the start-up deadline (120 s)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +20,7 @@ import atomr.cli
 from atomr.cli.agreement import agree
 from atomr.cli.errors import CliError
 from atomr.cli.parser import asks_for_distributed_training, build_parser
+from atomr.train.core import load_checkpoint, save_checkpoint
 from tests.cli.test_distributed_agreement import TINY, _mpiexec
 
 TRAIN = [sys.executable, "-m", "atomr.cli", "train", "--distributed", *TINY]
@@ -206,3 +209,49 @@ def test_a_checkpoint_only_one_rank_cannot_read_stops_both_at_once(
         f"atomr: error: --distributed: rank 1 failed before training: --resume: {garbage}"
     ), err
     assert not (tmp_path / "r0").exists()
+
+
+@pytest.mark.mpi
+def test_ranks_resuming_other_saves_at_one_path_stop_before_training(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    """The same relative `--resume` path in two working folders, as on two
+    hosts, holds two saves of the same step: every rank names --resume."""
+    other = load_checkpoint(checkpoint)
+    other.weights = other.weights + np.float32(0.5)
+    here, there = tmp_path / "host0", tmp_path / "host1"
+    for folder in (here, there):
+        folder.mkdir()
+    shutil.copy(checkpoint, here / "model.ckpt")
+    save_checkpoint(there / "model.ckpt", other)
+    resume = [*TRAIN, "--epochs", "2", "--resume", "model.ckpt"]
+    code, err = _mpiexec(
+        1,
+        ["-wdir", str(here), *resume, "--run-dir", str(tmp_path / "r0"),
+         ":", "-n", "1", "-wdir", str(there), *resume, "--run-dir", str(tmp_path / "r1")],
+        timeout=QUICK_S,
+    )  # fmt: skip
+    line = (
+        "--distributed: the ranks were given different options: rank 1 differs from rank 0 "
+        "in --resume (every rank of a job must be given the same training options)"
+    )
+    _stopped_alike(code, err, 2, line)
+    assert not (tmp_path / "r0").exists()
+
+
+@pytest.mark.mpi
+def test_ranks_resuming_one_save_from_their_own_paths_train_on(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    mine = tmp_path / "copy.ckpt"
+    shutil.copy(checkpoint, mine)
+    resume = [*TRAIN, "--epochs", "2", "--run-dir", str(tmp_path / "run")]
+    code, err = _mpiexec(
+        1,
+        [*resume, "--resume", str(checkpoint), ":", "-n", "1", *resume, "--resume", str(mine)],
+        timeout=QUICK_S,
+    )
+    assert code == 0, err
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert history["resumed_from"] == str(checkpoint)
+    assert [e["epoch"] for e in history["epochs"]] == [2]

@@ -81,7 +81,7 @@ class ActorCell(Inbound):
         supervisor: Supervisor,
     ) -> None:
         self.system = system
-        self.loop: asyncio.AbstractEventLoop = system.loop
+        self.loop: asyncio.AbstractEventLoop = system._running_loop()
         self.scheduler: Scheduler = system.scheduler
         self.thread_id = threading.get_ident()
         self.props = props

@@ -109,7 +109,27 @@ class ActorSystem:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop the system runs on.
+        """The event loop the system runs on, from any thread: hand it to
+        ``asyncio.run_coroutine_threadsafe`` or ``loop.call_soon_threadsafe``.
+        A system not yet used binds to the running loop here.
+
+        Raises:
+            RuntimeError: if the system is not bound to a loop yet (or its
+                loop closed with no actor left) and none runs here.
+        """
+        loop = self._loop
+        if loop is not None and not self._may_rebind(loop):
+            return loop
+        return self._running_loop()
+
+    def _may_rebind(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether the system may move to another loop: its own is closed
+        and no actor is left on it (``asyncio.run`` cancelled them all)."""
+        return loop.is_closed() and not self._guardian.children
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The system's loop, which must be the one running here (what only
+        that loop may do: spawn, terminate, timers); binds on first use.
 
         Raises:
             RuntimeError: if used without a running loop, or from another loop.
@@ -123,7 +143,7 @@ class ActorSystem:
                 "ActorSystem needs a running event loop: use it inside a coroutine "
                 "(e.g. atomr.run(main()))"
             ) from None
-        if self._loop is None or (self._loop.is_closed() and not self._guardian.children):
+        if self._loop is None or self._may_rebind(self._loop):
             self._loop = running
         elif running is not self._loop:
             raise RuntimeError(self._elsewhere())
@@ -143,7 +163,7 @@ class ActorSystem:
         Raises:
             RuntimeError: as ``loop`` does, when it is the loop.
         """
-        return self._scheduler if self._scheduler is not None else self.loop
+        return self._scheduler if self._scheduler is not None else self._running_loop()
 
     @property
     def is_terminated(self) -> bool:
@@ -163,10 +183,9 @@ class ActorSystem:
             InvalidActorNameError, ActorNameTakenError: for a bad or taken name.
             RuntimeError: without a running loop, or once terminated.
         """
-        loop = self.loop
+        self._running_loop()
         if self._terminating:
             raise RuntimeError(f"ActorSystem {self.name!r} is terminated")
-        del loop
         return spawn_cell(self, self._guardian, None, props, name, f"atomr://{self.name}/user")
 
     @property
@@ -209,7 +228,7 @@ class ActorSystem:
         """
         check_timeout(timeout)
         if self._terminated is None:
-            loop = self.loop
+            loop = self._running_loop()
             self._terminating = True
             self._timers.cancel_all()
             self._terminated = loop.create_task(
@@ -254,7 +273,7 @@ class ActorSystem:
         return text
 
     async def __aenter__(self) -> ActorSystem:
-        self.loop  # noqa: B018 - bind to the running loop now
+        self._running_loop()  # bind to it now
         return self
 
     async def __aexit__(

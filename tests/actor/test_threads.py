@@ -232,6 +232,26 @@ def test_ask_from_a_plain_thread_with_asyncio_run(
     assert answer.result(5) == "threadsafe"
 
 
+def test_system_loop_is_readable_from_a_plain_thread(
+    elsewhere: tuple[LoopThread, ActorSystem],
+) -> None:
+    """docs/actors.md's recipe for synchronous code (a Flask or Django
+    thread): `system.loop` raised RuntimeError there, so the recipe failed
+    and left the ask's coroutine never awaited."""
+    host, system = elsewhere
+    echo = host.run(_spawn(system, Props(Echo)))
+    assert system.loop is host.loop
+    answer: Future[Any] = asyncio.run_coroutine_threadsafe(echo.ask("recipe"), system.loop)
+    assert answer.result(5) == "recipe"
+    with pytest.raises(RuntimeError, match="another event loop"):
+        system.spawn(Props(Echo))  # what only its loop may do is still refused
+
+
+def test_an_unbound_system_has_no_loop_outside_one() -> None:
+    with pytest.raises(RuntimeError, match="needs a running event loop"):
+        ActorSystem("unbound").loop  # noqa: B018
+
+
 async def test_what_refuses_other_threads_says_so_at_once(
     elsewhere: tuple[LoopThread, ActorSystem],
 ) -> None:

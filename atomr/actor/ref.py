@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from asyncio import get_running_loop
 from collections.abc import Coroutine
 from functools import partial
 from threading import get_ident
@@ -12,7 +13,7 @@ from .ask_deadlines import AskDeadlines
 from .errors import ActorStoppedError, AskTimeoutError, MailboxFullError, bounded_repr
 from .mailbox import OverflowPolicy
 from .stopping import waits_for_caller
-from .threads import closed_loop, deliver_from_thread, wake_from_thread
+from .threads import closed_loop, deliver_from_thread, idle_loop_error, wake_from_thread
 from .timers import as_seconds
 
 if TYPE_CHECKING:
@@ -74,20 +75,40 @@ def check_timeout(timeout: float | None, name: str = "timeout") -> None:
 
 
 async def _on_actor_loop(cell: ActorCell, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
-    """Run ``coro`` on ``cell``'s loop and wait for it here (another thread's
-    loop), at most ``timeout`` seconds (then it is cancelled there).
+    """Run ``coro`` on ``cell``'s loop and wait for it here (on another loop,
+    mostly another thread's), at most ``timeout`` seconds (then it is
+    cancelled there).
 
     Raises:
         ActorStoppedError: if the actor's loop is closed.
+        RuntimeError: if that loop is this thread's and is not running (it
+            could not run before this one returns).
         TimeoutError: past ``timeout``.
     """
+    loop = cell.loop
+    if get_ident() == cell.thread_id and not loop.is_running() and not loop.is_closed():
+        coro.close()
+        raise RuntimeError(idle_loop_error(cell.label))
     try:
-        future = asyncio.run_coroutine_threadsafe(coro, cell.loop)
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
     except RuntimeError:  # the loop is closed
         coro.close()
         raise closed_loop(cell) from None
     async with asyncio.timeout(timeout):
         return await asyncio.wrap_future(future)
+
+
+def _withdraw(cell: ActorCell, fut: asyncio.Future[Any] | None) -> None:
+    """Take back the ask of ``fut`` (None: not queued yet), which the actor's
+    loop, not running, cannot have handled: as if it had never been sent."""
+    if fut is None:
+        return
+    fut.cancel()
+    queue = cell.queue
+    for i, env in enumerate(queue):
+        if env[2] is fut:
+            del queue[i]
+            return
 
 
 class ActorRef:
@@ -171,11 +192,12 @@ class ActorRef:
         Raises:
             MailboxFullError: if the mailbox is full under FAIL, or still full
                 after ``timeout`` seconds.
+            RuntimeError: as ``ask``, from another loop of the actor's thread.
             ValueError, TypeError: for a bad timeout.
         """
         check_timeout(timeout)
         cell = self._cell
-        if get_ident() != cell.thread_id:
+        if get_running_loop() is not cell.loop:
             try:
                 return await _on_actor_loop(cell, self.send(message, sender, timeout), timeout)
             except TimeoutError:
@@ -208,6 +230,9 @@ class ActorRef:
             ActorStoppedError: the actor is stopped, or stopped before answering,
                 or its event loop is closed.
             MailboxFullError: the bounded mailbox refused the message.
+            RuntimeError: the actor runs on another loop of this thread, which
+                is not running (it could never answer); the message is taken
+                back unhandled.
             ValueError, TypeError: for a bad timeout.
             Exception: whatever the handler raised (or answered with ``Failure``).
         """
@@ -224,6 +249,7 @@ class ActorRef:
         if not cell.accepting:
             raise self._stopped(message)
         loop = cell.loop
+        fut = None
         try:
             if cell.bounded:
                 fut, delay = await self._offer_bounded(message, timeout)
@@ -256,10 +282,15 @@ class ActorRef:
             finally:
                 lane.settle()
         except RuntimeError:
-            # a loop closed under the actor (this thread's earlier one):
-            # checked only here, so the ask's hot path pays nothing
+            # a loop closed under the actor (this thread's earlier one), or
+            # awaited from another loop of this thread while the actor's does
+            # not run (asyncio refuses its future): checked only here, so the
+            # ask's hot path pays nothing
             if loop.is_closed():
                 raise closed_loop(cell) from None
+            if get_running_loop() is not loop:
+                _withdraw(cell, fut)
+                raise RuntimeError(idle_loop_error(cell.label)) from None
             raise
 
     async def _offer_bounded(

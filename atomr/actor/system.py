@@ -16,6 +16,7 @@ from .spawn import spawn_cell
 from .stopping import discard, in_post_stop
 from .supervise import decide
 from .supervision import Directive, OneForOneStrategy, SupervisorStrategy
+from .threads import idle_loop_error
 from .timers import Cancellable, Scheduler, TimerSet
 
 __all__ = ["DEFAULT_TERMINATE_TIMEOUT", "ActorSystem"]
@@ -150,6 +151,16 @@ class ActorSystem:
         return self._loop
 
     def _elsewhere(self) -> str:
+        """Why the caller's loop may not do what only the system's may."""
+        loop = self._loop
+        if loop is not None and loop.is_closed():
+            return (
+                f"ActorSystem {self.name!r}: its event loop closed before it was terminated, "
+                f"so its {len(self._guardian.children)} top-level actor(s) can never run "
+                "again; start a new ActorSystem on this loop"
+            )
+        if loop is not None and not loop.is_running():
+            return idle_loop_error(f"ActorSystem {self.name!r}")
         return (
             f"ActorSystem {self.name!r} runs on another event loop (another thread): call "
             "this there, e.g. with asyncio.run_coroutine_threadsafe or "

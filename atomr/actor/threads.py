@@ -13,7 +13,13 @@ from .errors import ActorStoppedError, MailboxFullError
 if TYPE_CHECKING:
     from .cell import ActorCell
 
-__all__ = ["call_threadsafe", "closed_loop", "deliver_from_thread", "wake_from_thread"]
+__all__ = [
+    "call_threadsafe",
+    "closed_loop",
+    "deliver_from_thread",
+    "idle_loop_error",
+    "wake_from_thread",
+]
 
 
 def closed_loop(cell: ActorCell) -> ActorStoppedError:
@@ -21,6 +27,20 @@ def closed_loop(cell: ActorCell) -> ActorStoppedError:
     nothing more (later messages are dead letters). Returns the error to raise."""
     cell.accepting = False
     return ActorStoppedError(f"{cell.label}: its event loop is closed")
+
+
+def idle_loop_error(what: str) -> str:
+    """The error text for `what` (an actor or a system) used from an event
+    loop other than its own, which is open but not running (say, a
+    pytest-asyncio fixture and a test of different loop scopes): on the same
+    thread that loop cannot run before the running one returns, so an answer
+    could never come."""
+    return (
+        f"{what} runs on another event loop, which is not running now (this thread "
+        "is running a different one), so it cannot act or answer here; use it from "
+        "the loop it was started on (with pytest-asyncio: give the test the "
+        "loop_scope of the fixture that started it)"
+    )
 
 
 def call_threadsafe(cell: ActorCell, callback: Callable[..., object], *args: Any) -> None:

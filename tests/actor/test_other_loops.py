@@ -1,0 +1,122 @@
+"""A system used from another event loop of its own thread (pytest-asyncio
+runs a fixture and a test of different loop scopes on two loops of one
+thread): its loop cannot run while the other does, so what needs it is
+refused at once, saying why, and nothing is sent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from atomr import Actor, ActorSystem, BoundedMailbox, OverflowPolicy, Props
+
+from .actors import Echo
+
+IDLE = "runs on another event loop, which is not running now"
+
+
+class Recorder(Actor):
+    """Keeps what it is sent; answers "seen" with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[Any] = []
+
+    def receive(self, message: Any) -> Any:
+        if message == "seen":
+            return list(self.seen)
+        self.seen.append(message)
+        return message
+
+
+@pytest.fixture
+def home() -> Iterator[asyncio.AbstractEventLoop]:
+    """The loop the system is started on; open, but not running in the test."""
+    loop = asyncio.new_event_loop()
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+def _start(home: asyncio.AbstractEventLoop, props: Props) -> tuple[ActorSystem, Any]:
+    async def start() -> tuple[ActorSystem, Any]:
+        system = ActorSystem("home")
+        return system, system.spawn(props)
+
+    return home.run_until_complete(start())
+
+
+def test_ask_and_send_from_another_loop_of_the_thread_are_refused_unsent(
+    home: asyncio.AbstractEventLoop,
+) -> None:
+    """ask raised asyncio's "got Future attached to a different loop" after
+    queueing the message, which the actor then handled once its loop ran
+    again (a Step applied that its asker saw fail); send queued it too."""
+    system, recorder = _start(home, Props(Recorder))
+    bounded = home.run_until_complete(
+        _spawned(
+            system, Props(Recorder).with_mailbox(BoundedMailbox(4, OverflowPolicy.BACK_PRESSURE))
+        )
+    )
+
+    async def elsewhere() -> None:
+        for ref in (recorder, bounded):
+            with pytest.raises(RuntimeError, match=IDLE):
+                await ref.ask("asked", timeout=1)
+            with pytest.raises(RuntimeError, match=IDLE):
+                await ref.ask("asked without a deadline", timeout=None)
+            with pytest.raises(RuntimeError, match=IDLE):
+                await ref.send("sent")
+
+    asyncio.run(elsewhere())
+    for ref in (recorder, bounded):
+        assert home.run_until_complete(ref.ask("seen", timeout=5)) == []
+    home.run_until_complete(system.terminate(timeout=5))
+
+
+async def _spawned(system: ActorSystem, props: Props) -> Any:
+    return system.spawn(props)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda system: _spawned(system, Props(Echo)),
+        lambda system: system.terminate(timeout=1),
+    ],
+    ids=["spawn", "terminate"],
+)
+def test_spawn_and_terminate_from_another_loop_of_the_thread_say_why(
+    home: asyncio.AbstractEventLoop, call: Callable[[ActorSystem], Awaitable[Any]]
+) -> None:
+    """They blamed "another thread" and advised run_coroutine_threadsafe,
+    which would wait for ever on a loop that cannot run."""
+    system, echo = _start(home, Props(Echo))
+
+    async def elsewhere() -> None:
+        with pytest.raises(RuntimeError, match=IDLE) as refused:
+            await call(system)
+        assert "another thread" not in str(refused.value)
+
+    asyncio.run(elsewhere())
+    assert home.run_until_complete(echo.ask("still here", timeout=5)) == "still here"
+    assert not system.is_terminated
+    home.run_until_complete(system.terminate(timeout=5))
+
+
+def test_a_system_whose_loop_closed_unterminated_says_so(
+    home: asyncio.AbstractEventLoop,
+) -> None:
+    home.set_exception_handler(lambda loop, context: None)  # its task dies with it
+    system, _ = _start(home, Props(Echo))
+    home.close()
+
+    async def elsewhere() -> None:
+        with pytest.raises(RuntimeError, match="closed before it was terminated.*1 top-level"):
+            system.spawn(Props(Echo))
+
+    asyncio.run(elsewhere())

@@ -29,7 +29,14 @@ from .messages import PoisonPill, ReceiveTimeout
 from .props import Props
 from .ref import ActorRef
 from .reply import Failure, Reply, future_safe
-from .stopping import died, discard, maybe_await, shutdown, stopped_in_handler
+from .stopping import (
+    died,
+    discard,
+    discarded_unfinished,
+    maybe_await,
+    shutdown,
+    stopped_in_handler,
+)
 from .supervise import decide, failed, process_system
 from .supervision import Directive, SupervisorStrategy
 from .timers import Scheduler, TimerSet
@@ -247,6 +254,9 @@ class ActorCell(Inbound):
                 return
             await self._loop()
         except asyncio.CancelledError:
+            raise
+        except GeneratorExit:
+            discarded_unfinished(self)  # then shutdown has nothing to await
             raise
         except BaseException as error:
             died(self, error)

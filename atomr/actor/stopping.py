@@ -22,6 +22,7 @@ __all__ = [
     "cancel_tasks",
     "died",
     "discard",
+    "discarded_unfinished",
     "fail_pending",
     "in_post_stop",
     "maybe_await",
@@ -242,6 +243,24 @@ def died(cell: ActorCell, error: BaseException) -> None:
     if current is not None and current[2] is not None and not current[2].done():
         stopped = ActorStoppedError(f"{cell.label} stopped: {type(error).__name__} escaped")
         current[2].set_exception(stopped)
+
+
+def discarded_unfinished(cell: ActorCell) -> None:
+    """The actor's task was closed unfinished (``GeneratorExit``): its event
+    loop closed, or was dropped, before the system was terminated, and the
+    task was then garbage collected. Nothing can run on that loop any more,
+    so nothing is awaited or answered (waking a child or an asker would fail
+    with "Event loop is closed"): the actor only stops taking messages, its
+    ``post_stop`` does not run, and one warning says why."""
+    cell.accepting = False
+    cell.stop_requested = True
+    cell.has_stopped = True
+    logger.warning(
+        "%s was discarded unfinished: its event loop closed before its ActorSystem was "
+        "terminated (post_stop did not run); terminate the system, or leave its "
+        "'async with', before closing the loop",
+        cell.label,
+    )
 
 
 def stopped_in_handler(cell: ActorCell, message: Any, hook: str = "receive") -> bool:

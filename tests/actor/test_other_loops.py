@@ -6,6 +6,9 @@ refused at once, saying why, and nothing is sent."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -42,9 +45,11 @@ def home() -> Iterator[asyncio.AbstractEventLoop]:
         loop.close()
 
 
-def _start(home: asyncio.AbstractEventLoop, props: Props) -> tuple[ActorSystem, Any]:
+def _start(
+    home: asyncio.AbstractEventLoop, props: Props, name: str = "home"
+) -> tuple[ActorSystem, Any]:
     async def start() -> tuple[ActorSystem, Any]:
-        system = ActorSystem("home")
+        system = ActorSystem(name)
         return system, system.spawn(props)
 
     return home.run_until_complete(start())
@@ -120,3 +125,58 @@ def test_a_system_whose_loop_closed_unterminated_says_so(
             system.spawn(Props(Echo))
 
     asyncio.run(elsewhere())
+
+
+class _Parent(Actor):
+    """Starts one child; records both actors' post_stop in ``stopped``."""
+
+    def __init__(self, stopped: list[str]) -> None:
+        super().__init__()
+        self.stopped = stopped
+
+    def pre_start(self) -> None:
+        self.context.spawn(Props(_Child, self.stopped), name="child")
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+    def post_stop(self) -> None:
+        self.stopped.append("parent")
+
+
+class _Child(_Parent):
+    def pre_start(self) -> None:
+        pass
+
+    def post_stop(self) -> None:
+        self.stopped.append("child")
+
+
+def test_actors_collected_with_a_loop_closed_unterminated_end_quietly(
+    home: asyncio.AbstractEventLoop,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`loop.run_until_complete(main()); loop.close()` without terminating
+    the system: when the actors' tasks were garbage collected, each logged
+    CRITICAL "GeneratorExit() escaped its handler" with a traceback, and a
+    parent, waking its children on the closed loop, left Python's "Exception
+    ignored ... RuntimeError: Event loop is closed"."""
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    home.set_exception_handler(lambda loop, context: None)  # asyncio's own "destroyed" note
+    stopped: list[str] = []
+    system, parent = _start(home, Props(_Parent, stopped), "collected")
+    assert home.run_until_complete(parent.ask("ready", timeout=5)) == "ready"
+    home.close()
+    caplog.set_level(logging.WARNING, logger="atomr")
+    del system, parent
+    gc.collect()
+    assert [u for u in unraisable if "ActorCell._run" in repr(u.object)] == []
+    said = [r for r in caplog.records if "atomr://collected/" in r.getMessage()]
+    assert [(r.levelname, r.getMessage().split(" was ")[0]) for r in said] == [
+        ("WARNING", "atomr://collected/user/$1 (_Parent)"),
+        ("WARNING", "atomr://collected/user/$1/child (_Child)"),
+    ]
+    assert "closed before its ActorSystem was terminated" in said[0].getMessage()
+    assert stopped == []

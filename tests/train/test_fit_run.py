@@ -22,7 +22,7 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
-from atomr.train.core import synthetic_classification
+from atomr.train.core import GetTrainingState, synthetic_classification
 from atomr.train.core.sources import InvalidDataError
 from atomr.train.fit import DataSourceError, FitCallback, FitPosition, StopFlag, fit
 
@@ -156,6 +156,46 @@ async def test_one_fit_per_trainer_at_a_time() -> None:
         with pytest.raises(RuntimeError, match="fit is already training this trainer"):
             await fit(trainer, (X, Y), epochs=1, batch_size=8)
         assert (await first).position.step == 15  # undisturbed
+        assert (await fit(trainer, (X, Y), epochs=1, batch_size=8)).status == "finished"
+
+
+class _CancelAt(FitCallback):
+    """Cancels `task` (the `fit` being run) when step `step` is counted."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.task: asyncio.Future[Any] | None = None
+
+    def on_step(self, position: FitPosition, *_: Any) -> None:
+        if position.step == self.step and self.task is not None:
+            self.task.cancel()
+
+
+async def test_a_cancelled_fit_leaves_the_trainer_consistent_and_free(tmp_path: Path) -> None:
+    """docs/training.md: cancelling `fit` saves nothing; the trainer applies
+    what it was sent, its weights are those of the steps it counts, and
+    another `fit` may train it at once."""
+    ckpt = tmp_path / "c.ckpt"
+    async with ActorSystem("fit-run") as system:
+        trainer = await _trainer(system)
+        cancel = _CancelAt(3)
+        run = asyncio.ensure_future(
+            fit(
+                trainer, (X, Y), epochs=3, batch_size=8, seed=4, checkpoint=ckpt, callbacks=[cancel]
+            )
+        )
+        cancel.task = run
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        assert not ckpt.exists()
+        steps = (await trainer.ask(GetTrainingState())).step
+        assert steps in (3, 4)  # 4: the Step sent as the cancellation came
+        config = TrainerConfig(CONFIG.optimizer, CONFIG.loss, max_steps=steps)
+        reference = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", config)
+        await fit(reference, (X, Y), epochs=1, batch_size=8, seed=4)
+        np.testing.assert_array_equal(
+            await trainer.ask(GetWeights()), await reference.ask(GetWeights())
+        )
         assert (await fit(trainer, (X, Y), epochs=1, batch_size=8)).status == "finished"
 
 

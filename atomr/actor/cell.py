@@ -29,14 +29,7 @@ from .messages import PoisonPill, ReceiveTimeout
 from .props import Props
 from .ref import ActorRef
 from .reply import Failure, Reply, future_safe
-from .stopping import (
-    died,
-    discard,
-    discarded_unfinished,
-    maybe_await,
-    shutdown,
-    stopped_in_handler,
-)
+from .stopping import died, discard, ended_from_outside, maybe_await, shutdown, stopped_in_handler
 from .supervise import decide, failed, process_system
 from .supervision import Directive, SupervisorStrategy
 from .timers import Scheduler, TimerSet
@@ -70,7 +63,7 @@ class ActorCell(Inbound):
     # slots: an idle actor is mostly this object, and a __dict__ would add 1.8 KB
     __slots__ = (
         "accepting", "ask_lanes", "bounded", "children", "class_name", "context",
-        "current", "dead", "in_handler", "instance", "interrupt", "loop", "mailbox",
+        "current", "dead", "ended_by", "in_handler", "instance", "interrupt", "loop", "mailbox",
         "name", "parent", "path", "props", "queue", "receive_async",
         "receive_timeout", "_ref", "_ref_weak", "replies", "restart_times", "scheduler", "started",
         "stash", "stashed_current", "stop_requested", "_stopped", "has_stopped", "strategy",
@@ -112,6 +105,7 @@ class ActorCell(Inbound):
         self.accepting = True
         self.stop_requested = False
         self.dead = False
+        self.ended_by: str | None = None  # why it stopped, when no stop was asked
         self.started = False
         self.suspended = False
         self.interrupt = False
@@ -253,10 +247,8 @@ class ActorCell(Inbound):
             if not await self._start():
                 return
             await self._loop()
-        except asyncio.CancelledError:
-            raise
-        except GeneratorExit:
-            discarded_unfinished(self)  # then shutdown has nothing to await
+        except (asyncio.CancelledError, GeneratorExit) as ending:
+            ended_from_outside(self, ending)
             raise
         except BaseException as error:
             died(self, error)

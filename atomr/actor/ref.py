@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .ask_deadlines import AskDeadlines
 from .errors import ActorStoppedError, AskTimeoutError, MailboxFullError, bounded_repr
 from .mailbox import OverflowPolicy
-from .stopping import waits_for_caller
+from .stopping import waits_for_caller, why_stopped
 from .threads import closed_loop, deliver_from_thread, idle_loop_error, wake_from_thread
 from .timers import as_seconds
 
@@ -323,6 +323,7 @@ class ActorRef:
         cell.dead_letter(message, None, "stopped")
         return ActorStoppedError(
             f"ask to stopped actor {cell.label} (message {bounded_repr(message)})"
+            + why_stopped(cell)
         )
 
     def stop(self) -> asyncio.Future[None]:

@@ -22,7 +22,7 @@ __all__ = [
     "cancel_tasks",
     "died",
     "discard",
-    "discarded_unfinished",
+    "ended_from_outside",
     "fail_pending",
     "in_post_stop",
     "maybe_await",
@@ -31,9 +31,24 @@ __all__ = [
     "stopped_in_handler",
     "unwatch_all",
     "waits_for_caller",
+    "why_stopped",
 ]
 
 logger = logging.getLogger("atomr.actor")
+
+_CANCELLED_FROM_OUTSIDE = (
+    "its task was cancelled from outside, without a stop: its event loop shut down "
+    "(asyncio.run or a test's loop ending) or code cancelled every task"
+)
+"""Why an actor stopped whose task was cancelled by someone else than its
+system (``ActorCell.ended_by``); its askers are told."""
+
+
+def why_stopped(cell: ActorCell) -> str:
+    """``"; <why>"`` for an actor stopped by something else than a stop
+    request (``ActorCell.ended_by``), else "": the tail of its errors."""
+    return f"; {cell.ended_by}" if cell.ended_by is not None else ""
+
 
 _IN_POST_STOP: ContextVar[bool] = ContextVar("atomr_in_post_stop", default=False)
 """Whether the running task is in an actor's ``post_stop``."""
@@ -151,7 +166,7 @@ async def shutdown(cell: ActorCell) -> None:
     if cell.has_stopped:
         return
     cell.supervisor.child_stopped(cell)
-    _end(cell, ActorStoppedError(f"{cell.label} stopped before answering"))
+    _end(cell, ActorStoppedError(f"{cell.label} stopped before answering{why_stopped(cell)}"))
     cell.current = None
     if escaped is not None:
         raise escaped  # only now: the actor has ended in every respect
@@ -245,13 +260,22 @@ def died(cell: ActorCell, error: BaseException) -> None:
         current[2].set_exception(stopped)
 
 
-def discarded_unfinished(cell: ActorCell) -> None:
-    """The actor's task was closed unfinished (``GeneratorExit``): its event
-    loop closed, or was dropped, before the system was terminated, and the
-    task was then garbage collected. Nothing can run on that loop any more,
-    so nothing is awaited or answered (waking a child or an asker would fail
-    with "Event loop is closed"): the actor only stops taking messages, its
-    ``post_stop`` does not run, and one warning says why."""
+def ended_from_outside(cell: ActorCell, ending: BaseException) -> None:
+    """The actor's task was ended by something else than its system.
+
+    Cancelled (``CancelledError``) without a stop request: its loop is
+    shutting down, or code cancelled every task; ``ended_by`` keeps why, for
+    its askers. Closed unfinished (``GeneratorExit``): its loop closed, or was
+    dropped, before the system was terminated, and the task was garbage
+    collected. Nothing can run on that loop any more, so nothing is awaited
+    or answered (waking a child or an asker would fail with "Event loop is
+    closed"): the actor only stops taking messages, its ``post_stop`` does
+    not run, and one warning says why.
+    """
+    if not isinstance(ending, GeneratorExit):
+        if not cell.stop_requested:
+            cell.ended_by = _CANCELLED_FROM_OUTSIDE
+        return
     cell.accepting = False
     cell.stop_requested = True
     cell.has_stopped = True

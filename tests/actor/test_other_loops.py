@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from atomr import Actor, ActorSystem, BoundedMailbox, OverflowPolicy, Props
+from atomr import Actor, ActorStoppedError, ActorSystem, BoundedMailbox, OverflowPolicy, Props
 
 from .actors import Echo
 
@@ -180,3 +180,42 @@ def test_actors_collected_with_a_loop_closed_unterminated_end_quietly(
     ]
     assert "closed before its ActorSystem was terminated" in said[0].getMessage()
     assert stopped == []
+
+
+CANCELLED = "its task was cancelled from outside, without a stop"
+
+
+def test_an_actor_whose_loop_shut_down_says_why_it_stopped() -> None:
+    """A system kept between two asyncio.run calls (a module-level one in
+    pytest-asyncio tests): the first loop's end cancelled its actors, and
+    the next test's ask said only "ask to stopped actor"."""
+    kept: dict[str, Any] = {}
+
+    async def first() -> None:
+        kept["echo"] = ActorSystem("kept").spawn(Props(Echo))
+        assert await kept["echo"].ask("hello", timeout=5) == "hello"
+
+    async def second() -> None:
+        with pytest.raises(ActorStoppedError, match=f"ask to stopped actor .*; {CANCELLED}"):
+            await kept["echo"].ask("anyone?", timeout=1)
+
+    asyncio.run(first())
+    asyncio.run(second())
+
+
+async def test_an_actor_cancelled_with_every_task_says_why_it_stopped() -> None:
+    """Shutdown code that cancels every task before terminating the system."""
+    async with ActorSystem("cancelled") as system:
+        echo = system.spawn(Props(Echo))
+        assert await echo.ask("hello", timeout=5) == "hello"
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.sleep(0)  # the actor's task ends
+        with pytest.raises(ActorStoppedError, match=CANCELLED):
+            await echo.ask("anyone?", timeout=1)
+        stopped = system.spawn(Props(Echo))
+        await stopped.stop()
+        with pytest.raises(ActorStoppedError) as asked_stopped:
+            await stopped.ask("anyone?", timeout=1)
+        assert CANCELLED not in str(asked_stopped.value)  # a stop says nothing more

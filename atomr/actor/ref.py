@@ -98,6 +98,25 @@ async def _on_actor_loop(cell: ActorCell, coro: Coroutine[Any, Any, T], timeout:
         return await asyncio.wrap_future(future)
 
 
+def _check_not_from_another_loop(cell: ActorCell) -> None:
+    """Refuse a call on the actor's thread from a running loop that is not
+    the actor's (which then cannot run: see ``idle_loop_error``).
+
+    Raises:
+        ActorStoppedError: the actor's loop is closed.
+        RuntimeError: it is open but not running.
+    """
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:  # plain code of the actor's thread, between its loop's runs
+        return
+    loop = cell.loop
+    if running is not loop:
+        if loop.is_closed():
+            raise closed_loop(cell)
+        raise RuntimeError(idle_loop_error(cell.label))
+
+
 def _withdraw(cell: ActorCell, fut: asyncio.Future[Any] | None) -> None:
     """Take back the ask of ``fut`` (None: not queued yet), which the actor's
     loop, not running, cannot have handled: as if it had never been sent."""
@@ -338,7 +357,10 @@ class ActorRef:
             for the caller.
         Raises:
             RuntimeError: if called from another thread than the actor's loop
-                (there, ``tell(PoisonPill())`` stops it).
+                (there, ``tell(PoisonPill())`` stops it), or from another loop
+                of its thread while its own does not run; nothing is changed.
+            ActorStoppedError: if the actor's loop is closed (it cannot run
+                again, ``post_stop`` included).
         """
         cell = self._cell
         if get_ident() != cell.thread_id:
@@ -346,6 +368,7 @@ class ActorRef:
                 f"stop() of {cell.label} called from another thread than its event loop's; "
                 "tell it PoisonPill() instead, or use loop.call_soon_threadsafe(ref.stop)"
             )
+        _check_not_from_another_loop(cell)
         cell.request_stop()
         if waits_for_caller(cell):
             done: asyncio.Future[None] = cell.loop.create_future()

@@ -113,6 +113,31 @@ def test_spawn_and_terminate_from_another_loop_of_the_thread_say_why(
     home.run_until_complete(system.terminate(timeout=5))
 
 
+def test_stop_from_another_loop_of_the_thread_is_refused_unchanged(
+    home: asyncio.AbstractEventLoop,
+) -> None:
+    """stop() asked the actor to stop, then awaiting it raised asyncio's
+    "attached to a different loop"; with its loop closed, stop() raised
+    asyncio's "Event loop is closed"."""
+    system, echo = _start(home, Props(Echo))
+
+    async def elsewhere() -> None:
+        with pytest.raises(RuntimeError, match=IDLE):
+            await echo.stop()
+
+    asyncio.run(elsewhere())
+    assert echo.is_alive
+    assert home.run_until_complete(echo.ask("still here", timeout=5)) == "still here"
+    home.set_exception_handler(lambda loop, context: None)  # its task dies with it
+    home.close()
+
+    async def after_close() -> None:
+        with pytest.raises(ActorStoppedError, match="event loop is closed"):
+            echo.stop()
+
+    asyncio.run(after_close())
+
+
 def test_a_system_whose_loop_closed_unterminated_says_so(
     home: asyncio.AbstractEventLoop,
 ) -> None:

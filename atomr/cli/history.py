@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atomr.train.core._atomic_write import write_atomically
 from atomr.train.fit import EpochRecord
 from atomr.train.metrics import json_value
 
@@ -84,23 +85,15 @@ class History:
         Raises:
             OSError: the file cannot be written (its `filename` is `path`,
                 not the temp file).
+            CheckpointError: `path` exists and is not a regular file.
         """
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_json(), indent=2) + "\n"
-        temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
-            with open(temp, "w", encoding="utf-8") as out:
-                out.write(text)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, target)
+            write_atomically(target, text.encode("utf-8"))
         except OSError as exc:
-            temp.unlink(missing_ok=True)
             exc.filename, exc.filename2 = str(target), None
-            raise
-        except BaseException:
-            temp.unlink(missing_ok=True)
             raise
         return target
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
 from atomr.cli.errors import CliError
 from atomr.cli.history import History
+from atomr.train.core._atomic_write import write_atomically
 
 __all__ = ["save_curves"]
 
@@ -15,7 +17,9 @@ def save_curves(history: History, path: str | os.PathLike[str]) -> Path:
     """Plot train/test loss and train/test accuracy per epoch, side by side.
 
     Uses matplotlib's Agg backend (no display needed); parent folders are
-    created.
+    created. The PNG is drawn in memory, then replaces `path` atomically, so
+    a run stopped while drawing leaves the previous file (or none), never a
+    torn one.
 
     Args:
         history: the run's history (an empty one gives empty axes).
@@ -27,6 +31,7 @@ def save_curves(history: History, path: str | os.PathLike[str]) -> Path:
     Raises:
         CliError: matplotlib is not installed.
         OSError: the file cannot be written.
+        CheckpointError: `path` exists and is not a regular file.
     """
     try:
         import matplotlib
@@ -57,5 +62,7 @@ def save_curves(history: History, path: str | os.PathLike[str]) -> Path:
         f"on {', '.join(cfg.get('devices', []))}"
     )
     fig.tight_layout()
-    fig.savefig(target, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    write_atomically(target, png.getvalue())  # a run stopped while writing leaves no torn PNG
     return target

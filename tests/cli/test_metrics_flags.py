@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -81,12 +80,14 @@ def test_a_checkpoint_history_that_cannot_be_written_fails_the_run_in_one_line(
     and the run's own history was not written."""
     from atomr.cli import history as history_module
 
-    def open_(file: Any, *args: Any, **kwargs: Any) -> Any:
-        if ".ckpt.history.json" in str(file):
-            raise OSError(ENOSPC.errno, ENOSPC.strerror, str(file))
-        return open(file, *args, **kwargs)
+    real_write = history_module.write_atomically
 
-    monkeypatch.setattr(history_module, "open", open_, raising=False)
+    def write(target: Path, data: bytes) -> None:
+        if target.name.endswith(".ckpt.history.json"):
+            raise OSError(ENOSPC.errno, ENOSPC.strerror, f".{target.name}.tmp")
+        real_write(target, data)
+
+    monkeypatch.setattr(history_module, "write_atomically", write)
     ckpt, run = tmp_path / "c.ckpt", tmp_path / "run"
     argv = ["train", "--quiet", "--epochs", "2", "--run-dir", str(run), "--checkpoint", str(ckpt)]
     assert main(argv) == 1

@@ -136,3 +136,34 @@ def test_a_folder_given_for_a_file_output_is_named_so(
     argv = ["--metrics", str(tmp_path), "--run-dir", str(tmp_path / "run")]
     line = _one_line_error(capsys, argv, 1)
     assert f"--metrics: cannot write {tmp_path}: it is a directory" in line
+
+
+def test_a_plot_stopped_while_drawing_leaves_the_previous_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while matplotlib writes the curves: the PNG that was there stays
+    whole (it used to be written in place, so a stop left a torn file)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from atomr.cli.history import History
+    from atomr.cli.plotting import save_curves
+
+    target = tmp_path / "curves.png"
+    target.write_bytes(b"previous")
+
+    def torn_savefig(self: Figure, fname: object, **kwargs: object) -> None:
+        if isinstance(fname, str | os.PathLike):
+            Path(fname).write_bytes(b"\x89PNG torn")
+        else:
+            fname.write(b"\x89PNG torn")  # type: ignore[attr-defined]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", torn_savefig)
+    with pytest.raises(KeyboardInterrupt):
+        save_curves(History(config={}), target)
+    assert target.read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png"]
+    monkeypatch.undo()
+    save_curves(History(config={}), target)
+    assert target.read_bytes().startswith(b"\x89PNG")

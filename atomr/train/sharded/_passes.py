@@ -10,7 +10,9 @@ every collective the step has left, with zeros (`_Failure`), so no process
 waits at one; the sum of the step's totals carries which processes failed,
 and every process then ends the step (nothing applied anywhere), the
 failing one with its replica's own error, the others with a `RuntimeError`
-naming its rank. The next step runs the same collectives everywhere.
+naming its rank. The next step runs the same collectives everywhere. A
+stage 3 evaluation's forward fails the same way, then the processes agree
+(`agree_on_failure`) and every process ends it.
 
 Stages 1 and 2 compute each replica's whole gradient in one message and
 reduce-scatter the whole vector. Stage 3 gathers each layer before its
@@ -32,6 +34,7 @@ import numpy as np
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef
 from atomr.train.comm._fanout import ask_all
+from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.core._step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
@@ -296,14 +299,36 @@ class ShardedPasses:
 
     async def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float, int]:
         """Stage 3's evaluation: the layers forward, one gathered at a time.
+        In a job, a replica failing on one process fails the evaluation on
+        every process, after the forward's collectives (module docstring).
 
         Returns:
             The loss sum, normaliser and correct rows over the local replicas.
+
+        Raises:
+            Exception: the first failing replica's own error.
+            RuntimeError: only another process's replica failed.
+            Exception: the collective's own error.
         """
-        results = await self._forward(_Failure(owes=False), x, y, train=False)
+        processes = self.exchange.processes
+        failure = _Failure(owes=processes is not None)
+        results = await self._forward(failure, x, y, train=False)
+        if failure.error is not None:
+            failure.error.add_note(
+                f"on process rank {self.exchange.layout.process_rank}: every process "
+                "ended this evaluation"
+            )
+        await agree_on_failure(processes, failure.error, "evaluate", others=_others_failed)
         assert results is not None  # a failure raised
         loss_sum = sum(r.loss_sum for r in results)
         return loss_sum, sum(r.normaliser for r in results), sum(r.correct for r in results)
+
+
+def _others_failed(count: int, what: str) -> Exception:
+    """The error of a process whose replicas did not fail, where `count` others' did."""
+    return RuntimeError(
+        f"a replica of {count} other process(es) failed to {what}: every process ended it"
+    )
 
 
 def _returned(handed: list[Handed]) -> list[np.ndarray | None]:

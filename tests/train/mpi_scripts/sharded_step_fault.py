@@ -5,11 +5,14 @@ train three steps; in the second, rank 1's replica fails as FAULT says
 (`arm`, `atomr.testkit.inject_faults`): "forward" or "backward" raises in
 that pass (stages 1 and 2: `compute_gradients`; stage 3: the second
 layer's, past a collective of the step), "apply" in `apply_shard` (nothing
-applied), "commit" refuses `CommitShard` twice (applied, not completed).
-Every rank then asks `GetTrainingState`, which completes an unfinished step
-first (a collective then). Each rank writes
-rank{r}_stage{K}.json (the second step's error type and message, and that
-step count) and rank{r}_stage{K}.npy (its GetWeights after the third step).
+applied), "commit" refuses `CommitShard` twice (applied, not completed);
+"evaluate" fails an `Evaluate` asked before the second step instead (stage 3:
+the second layer's forward, past a collective; stages 1 and 2: its
+`EvaluateShard`), and every step then trains. Every rank then asks
+`GetTrainingState`, which completes an unfinished step first (a collective
+then). Each rank writes rank{r}_stage{K}.json (the failing request's error
+type and message, type None where it did not fail, and that step count) and
+rank{r}_stage{K}.npy (its GetWeights after the third step).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.testkit import Plan, inject_faults
 from atomr.train import (
+    Evaluate,
     GetWeights,
     LossKind,
     Mlp,
@@ -38,6 +42,7 @@ from atomr.train import (
 )
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.core import GetTrainingState, synthetic_classification
+from atomr.train.data_parallel.messages import EvaluateShard
 from atomr.train.sharded import ShardedReplica
 from atomr.train.sharded.messages import BackwardLayer, CommitShard, ForwardLayer
 
@@ -51,6 +56,7 @@ PHASES: dict[str, str | type] = {
     "backward": BackwardLayer,
     "apply": "apply_shard",
     "commit": CommitShard,
+    "evaluate": EvaluateShard,
 }
 
 
@@ -58,12 +64,12 @@ def arm(plan: Plan, fault: str, stage: int) -> None:
     """Make rank 1's replica fail as `fault` says (module docstring)."""
     if fault == "commit":
         plan.arm(fault, RuntimeError, times=2)  # the step asks twice
-    elif fault == "apply":
+    elif fault == "apply" or (fault == "evaluate" and stage < 3):
         plan.arm(fault, RuntimeError)
     elif stage < 3:
         plan.arm("compute", RuntimeError)
     else:
-        plan.arm(fault, RuntimeError, skip=1)
+        plan.arm("forward" if fault == "evaluate" else fault, RuntimeError, skip=1)
 
 
 def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -84,12 +90,24 @@ async def run_stage(
     for step in range(3):
         if step == FAILING_STEP:
             arm(plan, fault, stage)
-        try:
-            await trainer.ask(Step(*batch(step)), timeout=60)
-        except Exception as exc:
-            report = {"type": type(exc).__name__, "message": str(exc)}
-            report["steps"] = (await trainer.ask(GetTrainingState(), timeout=60)).step
+            if fault == "evaluate":
+                report = await asked(trainer, Evaluate(*batch(step)))
+        step_report = await asked(trainer, Step(*batch(step)))
+        if step_report["type"] is not None:
+            report = step_report
     await finish(trainer, dist, stage, out, report)
+
+
+async def asked(trainer: Any, message: Any) -> dict[str, Any]:
+    """Ask `message`: its error's type and message (type None: answered),
+    and then the trainer's step count."""
+    report: dict[str, Any] = {"type": None, "message": ""}
+    try:
+        await trainer.ask(message, timeout=60)
+    except Exception as exc:
+        report = {"type": type(exc).__name__, "message": str(exc)}
+    report["steps"] = (await trainer.ask(GetTrainingState(), timeout=60)).step
+    return report
 
 
 async def finish(

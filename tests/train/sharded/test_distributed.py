@@ -96,6 +96,31 @@ async def test_a_step_failing_on_one_process_fails_it_on_every_process(
             np.testing.assert_allclose(weights, expected, rtol=1e-5, atol=1e-6)
 
 
+async def test_an_evaluation_failing_on_one_process_at_stage_3_fails_it_on_every_process(
+    tmp_path,
+) -> None:
+    """Stage 3's evaluation joins the other processes' layer all-gathers, so
+    all of them end it (not CollectiveTimeoutError) and stay in step; at
+    stages 1 and 2 it is local and only the failing process's fails."""
+    result, _ = run_script(RANKS, "sharded_step_fault.py", tmp_path, "evaluate", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = await _trained((0, 1, 2))  # every step trained
+    for stage in fault.STAGES:
+        reports = [
+            json.loads((tmp_path / f"rank{r}_stage{stage}.json").read_text()) for r in (0, 1)
+        ]
+        assert "injected failure" in reports[1]["message"]  # rank 1's own error
+        if stage == 3:
+            assert reports[0]["type"] == "RuntimeError"
+            assert "1 other process(es) failed to evaluate" in reports[0]["message"]
+        else:
+            assert reports[0]["type"] is None
+        for rank in range(RANKS):
+            assert reports[rank]["steps"] == 1
+            weights = np.load(tmp_path / f"rank{rank}_stage{stage}.npy")
+            np.testing.assert_allclose(weights, expected, rtol=1e-5, atol=1e-6)
+
+
 async def test_a_load_failing_on_one_process_changes_nothing_on_any(tmp_path) -> None:
     result, _ = run_script(RANKS, "sharded_load_fault.py", tmp_path, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

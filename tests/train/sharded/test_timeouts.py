@@ -6,6 +6,7 @@ the error says it was applied."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,26 @@ from atomr.train.sharded.messages import CommitShard, GetShardState
 SLOW = 1
 STALL = 3.0  # far beyond worker_timeout, below the asker's own timeout
 CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, worker_timeout=0.5)
+UNHURRIED = replace(CONFIG, worker_timeout=60.0)
+
+
+async def _warm_up(system: ActorSystem, stage: int) -> None:
+    """Run a step, an evaluation and GetWeights once under a generous
+    deadline, so that compiling the kernels on first use (numba: seconds on a
+    cold cache) never counts against CONFIG's 0.5 s."""
+    options = ShardedOptions(stage=stage)
+    trainer = await ShardedDataParallelTrainer.spawn(
+        system, Mlp([3, 4, 2], seed=0), cpu_devices(2), UNHURRIED, options
+    )
+    data = synthetic_classification(6, 3, 2, seed=0)
+    await trainer.ask(Step(*data), timeout=120)
+    await trainer.ask(Evaluate(*data), timeout=120)
+    await trainer.ask(GetWeights(), timeout=120)
+    await trainer.stop()
 
 
 async def _spawn(system: ActorSystem, plan: Plan, stage: int = 1) -> Any:
+    await _warm_up(system, stage)
     phases: dict[str, str | type] = {
         "state": GetShardState,
         "memory": GetShardMemory,
@@ -76,10 +94,10 @@ async def test_a_replica_stalling_past_worker_timeout_fails_the_request(
 
 async def _reference(system: ActorSystem, data: list[Any]) -> tuple[Any, Any]:
     """The weights and the evaluation of the first batch after the steps."""
-    one = await Trainer.spawn(system, Mlp([3, 4, 2], seed=0), ["cpu:0"], CONFIG)
+    one = await Trainer.spawn(system, Mlp([3, 4, 2], seed=0), ["cpu:0"], UNHURRIED)
     for x, y in data:
-        await one.ask(Step(x, y))
-    return await one.ask(GetWeights()), await one.ask(Evaluate(*data[0]))
+        await one.ask(Step(x, y), timeout=120)
+    return await one.ask(GetWeights(), timeout=120), await one.ask(Evaluate(*data[0]), timeout=120)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

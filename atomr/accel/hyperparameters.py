@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr._arguments import real_as_float
+from atomr._arguments import bool_flag, real_as_float
 
 __all__ = ["AdamHyperparameters", "SgdHyperparameters", "given_in_float32", "real_in_float32"]
 
@@ -94,9 +94,7 @@ class SgdHyperparameters:
     def __post_init__(self) -> None:
         for name in ("lr", "momentum", "dampening", "weight_decay"):
             object.__setattr__(self, name, real_in_float32(name, getattr(self, name)))
-        if not isinstance(self.nesterov, bool | np.bool_):
-            raise TypeError(f"nesterov must be a bool, got {type(self.nesterov).__name__}")
-        object.__setattr__(self, "nesterov", bool(self.nesterov))
+        object.__setattr__(self, "nesterov", bool_flag("nesterov", self.nesterov))
         _at_least_zero(lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
         if self.nesterov and (self.momentum <= 0.0 or self.dampening != 0.0):
             raise ValueError("nesterov momentum requires momentum > 0 and dampening == 0")
@@ -142,9 +140,7 @@ class AdamHyperparameters:
     def __post_init__(self) -> None:
         for name in ("lr", "beta1", "beta2", "eps", "weight_decay"):
             object.__setattr__(self, name, real_in_float32(name, getattr(self, name)))
-        if not isinstance(self.decoupled, bool | np.bool_):
-            raise TypeError(f"decoupled must be a bool, got {type(self.decoupled).__name__}")
-        object.__setattr__(self, "decoupled", bool(self.decoupled))
+        object.__setattr__(self, "decoupled", bool_flag("decoupled", self.decoupled))
         if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
             raise ValueError(f"betas must be in [0, 1), got ({self.beta1}, {self.beta2})")
         _at_least_zero(lr=self.lr, eps=self.eps, weight_decay=self.weight_decay)

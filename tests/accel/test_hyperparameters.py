@@ -67,7 +67,7 @@ def test_negative_values_and_bad_types() -> None:
         SgdHyperparameters("0.1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="lr must be a real number"):
         AdamHyperparameters(True)
-    with pytest.raises(TypeError, match="nesterov must be a bool"):
+    with pytest.raises(TypeError, match="nesterov must be True or False"):
         SgdHyperparameters(0.1, momentum=0.9, nesterov=1)  # type: ignore[arg-type]
 
 

@@ -30,6 +30,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from atomr._arguments import bool_flag
 from atomr.accel import ACTIVATIONS
 from atomr.actor.errors import bounded_repr
 from atomr.train.core.model.inputs import positive_ints
@@ -127,10 +128,11 @@ class Mlp(Sequential):
                 f"unknown activation {bounded_repr(activation)}; "
                 f"expected one of {tuple(ACTIVATIONS)}"
             )
-        if not isinstance(activate_last, bool | np.bool_):
-            raise ValueError(f"activate_last must be a bool, got {bounded_repr(activate_last)}")
+        try:
+            self.activate_last = bool_flag("activate_last", activate_last)
+        except TypeError as exc:  # a model config that does not build is a ValueError
+            raise ValueError(str(exc)) from None
         self.activation = activation
-        self.activate_last = bool(activate_last)
         self._offsets = _layout(self.sizes)
         # per layer: where W and b sit
         self._slices = [

@@ -69,8 +69,8 @@ class OptimizerKind:
             infinite in float32; betas outside [0, 1); nesterov without
             momentum or with dampening; a setting of the other rule
             (momentum for Adam, betas for SGD) that is not its default.
-        TypeError: a value that is not a number; a schedule that is not an
-            `LrSchedule`.
+        TypeError: a value that is not a number; `nesterov` not a bool
+            (numpy's is one); a schedule that is not an `LrSchedule`.
     """
 
     name: str
@@ -97,6 +97,7 @@ class OptimizerKind:
             hyper = SgdHyperparameters(
                 self.lr, self.momentum, self.dampening, self.weight_decay, self.nesterov
             )
+            object.__setattr__(self, "nesterov", hyper.nesterov)  # numpy's bool as a bool
         else:
             self._refuse_settings_of_other_rule(_SGD_DEFAULTS)
             if len(self.betas) != 2:
@@ -127,11 +128,10 @@ class OptimizerKind:
         """torch.optim.SGD's rule.
 
         Raises:
+            TypeError: a value that is not a number, or `nesterov` not a bool.
             ValueError: negative or non-finite values; nesterov without
                 momentum or with dampening.
         """
-        if not isinstance(nesterov, bool):
-            raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
         return cls(
             "sgd",
             given_in_float32("lr", lr),

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from atomr._arguments import int_at_least
+from atomr._arguments import bool_flag, int_at_least
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.collective import MpiCollective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
@@ -133,8 +133,7 @@ class DataParallelOptions:
                 f"collective must be one of {COLLECTIVES} or a Collective, "
                 f"got {type(self.collective).__name__}"
             )
-        if not isinstance(self.balance, bool):
-            raise TypeError(f"balance must be a bool, got {self.balance!r}")
+        object.__setattr__(self, "balance", bool_flag("balance", self.balance))
         check_balance_settings(self.speed_hint, self.recalibrate_every, self.min_share)
         if self.speed_hint is not None:
             object.__setattr__(self, "speed_hint", tuple(float(s) for s in self.speed_hint))
@@ -159,8 +158,8 @@ class DataParallelOptions:
         ):
             raise ValueError(f"average_seconds must be a positive number or None, got {seconds!r}")
         int_at_least("cadence_anchor", self.cadence_anchor, 1)
-        if not isinstance(self.cadence_auto_tune, bool):
-            raise TypeError(f"cadence_auto_tune must be a bool, got {self.cadence_auto_tune!r}")
+        auto_tune = bool_flag("cadence_auto_tune", self.cadence_auto_tune)
+        object.__setattr__(self, "cadence_auto_tune", auto_tune)
         target = self.cadence_target
         if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < 1:
             raise ValueError(f"cadence_target must be in (0, 1), got {target!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from atomr._arguments import bool_flag
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.data_parallel.options import DataParallelOptions
@@ -67,8 +68,8 @@ class ShardedOptions:
         if pc is not None and not isinstance(pc, Collective):
             raise TypeError(f"process_collective must be a Collective, got {type(pc).__name__}")
         self._check_processes()
-        if not isinstance(self.shard_checkpoints, bool):
-            raise TypeError("shard_checkpoints must be a bool")
+        sharded = bool_flag("shard_checkpoints", self.shard_checkpoints)
+        object.__setattr__(self, "shard_checkpoints", sharded)
         rc = self.replica_class
         if not (isinstance(rc, type) and issubclass(rc, ShardedReplica)):
             raise TypeError(f"replica_class must be ShardedReplica or a subclass, got {rc!r}")

@@ -187,8 +187,8 @@ def test_sizes_are_positive_ints_named_by_their_index(sizes: object, needle: str
 @pytest.mark.parametrize("flag", ["no", "false", 1, None])
 def test_activate_last_must_be_a_bool(flag: object) -> None:
     """ "no" (and a config's "false") was truthy: the model activated its output."""
-    with pytest.raises(ValueError, match="activate_last must be a bool"):
+    with pytest.raises(ValueError, match="activate_last must be True or False"):
         Mlp([4, 3], activate_last=flag)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="activate_last must be a bool"):
+    with pytest.raises(ValueError, match="activate_last must be True or False"):
         Mlp.from_config({"sizes": [4, 3], "activate_last": flag}, np.zeros(15))
     assert Mlp([4, 3], activate_last=np.bool_(True)).activate_last is True

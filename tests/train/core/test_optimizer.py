@@ -287,7 +287,10 @@ def test_step_into_checks_its_buffers_and_the_unchecked_step_gives_the_same_bits
     [
         (lambda: OptimizerKind.sgd("0.1"), "lr must be a real number, got str"),
         (lambda: OptimizerKind.sgd(0.1, momentum=None), "momentum must be a real number"),
-        (lambda: OptimizerKind.sgd(0.1, momentum=0.9, nesterov="no"), "nesterov must be a bool"),
+        (
+            lambda: OptimizerKind.sgd(0.1, momentum=0.9, nesterov="no"),
+            "nesterov must be True or False",
+        ),
         (lambda: OptimizerKind.adam(True), "lr must be a real number, got bool"),
         (lambda: OptimizerKind.adamw(0.1, betas=("0.9", 0.99)), "beta1 must be a real number"),
         (lambda: OptimizerKind.adam(0.1).with_lr("0.2"), "lr must be a real number, got str"),

@@ -107,7 +107,7 @@ def test_bad_cadence_options_are_refused() -> None:
         DataParallelOptions(policy=ApplyPolicy.CADENCE, cadence_anchor=0)
     with pytest.raises(ValueError, match="cadence_target must be in"):
         DataParallelOptions(policy=ApplyPolicy.CADENCE, cadence_target=1.5)
-    with pytest.raises(TypeError, match="cadence_auto_tune must be a bool"):
+    with pytest.raises(TypeError, match="cadence_auto_tune must be True or False"):
         DataParallelOptions(cadence_auto_tune=1)  # type: ignore[arg-type]
 
 

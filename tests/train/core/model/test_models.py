@@ -354,7 +354,7 @@ def _nested_residuals(depth: int) -> dict[str, Any]:
         ({"sizes": 5}, "sizes must be a list of positive ints, got 5"),
         ({"sizes": [2, None]}, "sizes[1] must be a positive int, got None"),
         ({"sizes": []}, "sizes must have >= 2 entries"),
-        ({"sizes": [2, 2], "activate_last": "false"}, "activate_last must be a bool"),
+        ({"sizes": [2, 2], "activate_last": "false"}, "activate_last must be True or False"),
         ({"sizes": [2, 2], "activation": 5}, "unknown activation 5"),
         ({"layers": []}, "non-empty list of Layers"),
         ({"layers": 5, "input_shape": [2]}, "needs a 'layers' list"),

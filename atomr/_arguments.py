@@ -7,9 +7,8 @@ checks of numeric arguments and of the numbers a checkpoint holds."""
 from __future__ import annotations
 
 import math
+import sys
 from typing import SupportsFloat
-
-import numpy as np
 
 __all__ = ["bool_flag", "int_at_least", "real_as_float"]
 
@@ -35,7 +34,10 @@ def bool_flag(name: str, value: object) -> bool:
     Raises:
         TypeError: not a bool (the message names `name`).
     """
-    if not isinstance(value, bool | np.bool_):
+    if isinstance(value, bool):
+        return value
+    numpy = sys.modules.get("numpy")  # not imported: `value` is no numpy bool
+    if numpy is None or not isinstance(value, numpy.bool_):
         raise TypeError(f"{name} must be True or False, got {value!r}"[:200])
     return bool(value)
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import atomr
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
 from atomr.train import DataParallelOptions, Mlp, OptimizerKind, ShardedOptions
 
@@ -56,3 +57,15 @@ def test_numpys_bool_is_taken_and_kept_as_a_bool(site: str) -> None:
     build, name, _ = FLAGS[site]
     built = build(np.bool_(True))
     assert getattr(built, name) is True
+
+
+@pytest.mark.parametrize("name", ["use_uvloop", "debug"])
+def test_runs_flags_are_none_or_a_bool(name: str) -> None:
+    async def main() -> int:
+        return 1
+
+    coroutine = main()
+    with pytest.raises(TypeError, match=f"{name} must be True or False, got 'no'"):
+        atomr.run(coroutine, **{name: "no"})
+    assert coroutine.cr_frame is None  # closed: no 'never awaited' warning
+    assert atomr.run(main(), **{name: np.bool_(False)}) == 1

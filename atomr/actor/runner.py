@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from atomr._arguments import bool_flag
+
 __all__ = ["run"]
 
 T = TypeVar("T")
@@ -24,11 +26,19 @@ def run(
     Returns:
         What ``main`` returns.
     Raises:
-        TypeError: if ``main`` is not a coroutine.
+        TypeError: if ``main`` is not a coroutine, or ``use_uvloop`` or
+            ``debug`` is neither None nor a bool (``main`` is then closed).
         ImportError: if ``use_uvloop`` is True and uvloop is missing.
     """
     if not asyncio.iscoroutine(main):
         raise TypeError(f"run expects a coroutine, got {type(main).__name__}")
+    try:
+        for name, flag in (("use_uvloop", use_uvloop), ("debug", debug)):
+            if flag is not None:
+                bool_flag(name, flag)
+    except TypeError:
+        main.close()
+        raise
     factory = None
     if use_uvloop is not False:
         try:

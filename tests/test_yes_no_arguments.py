@@ -13,7 +13,9 @@ import pytest
 
 import atomr
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
+from atomr.testkit import Plan
 from atomr.train import DataParallelOptions, Mlp, OptimizerKind, ShardedOptions
+from atomr.train.data_parallel import SpeedBalancer
 
 # name -> (build with the flag, read the flag back, the error for a non-bool)
 FLAGS: dict[str, tuple[Callable[[Any], Any], str, type[Exception]]] = {
@@ -39,6 +41,7 @@ FLAGS: dict[str, tuple[Callable[[Any], Any], str, type[Exception]]] = {
         "shard_checkpoints",
         TypeError,
     ),
+    "SpeedBalancer enabled": (lambda f: SpeedBalancer(2, enabled=f), "enabled", TypeError),
     # a model's config that does not build is a ValueError (`Mlp.from_config`)
     "activate_last": (lambda f: Mlp([4, 3], activate_last=f), "activate_last", ValueError),
 }
@@ -69,3 +72,10 @@ def test_runs_flags_are_none_or_a_bool(name: str) -> None:
         atomr.run(coroutine, **{name: "no"})
     assert coroutine.cr_frame is None  # closed: no 'never awaited' warning
     assert atomr.run(main(), **{name: np.bool_(False)}) == 1
+
+
+def test_a_fault_plans_after_is_a_bool() -> None:
+    plan = Plan()
+    with pytest.raises(TypeError, match="after must be True or False, got 'no'"):
+        plan.arm("step", after="no")  # type: ignore[arg-type]
+    plan.arm("step", after=np.bool_(True))

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from atomr._arguments import int_at_least
+from atomr._arguments import bool_flag, int_at_least
 
 __all__ = ["Plan", "inject_faults"]
 
@@ -111,7 +111,8 @@ class Plan:
 
         Raises:
             TypeError: `phase` is not a str, `error` is not an exception
-                class or instance, `times` or `skip` not an int.
+                class or instance, `times` or `skip` not an int, `after`
+                not a bool.
             ValueError: `times < 1`, `skip < 0`, a negative or infinite
                 `delay`, or neither an error nor a delay.
         """
@@ -120,6 +121,7 @@ class Plan:
         _check_error(error)
         int_at_least("times", times, 1)
         int_at_least("skip", skip, 0)
+        bool_flag("after", after)
         if not (math.isfinite(delay) and delay >= 0.0):
             raise ValueError(f"delay must be finite and >= 0, got {delay}")
         if error is None and delay == 0.0:

@@ -18,6 +18,7 @@ from numbers import Real
 
 import numpy as np
 
+from atomr._arguments import bool_flag, int_at_least
 from atomr.train.core.partition import split_sizes
 
 __all__ = [
@@ -132,8 +133,7 @@ class SpeedBalancer:
         min_share: float = 0.05,
         smoothing: float = 0.3,
     ) -> None:
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        int_at_least("n", n, 1)
         check_balance_settings(speed_hint, recalibrate_every, min_share)
         if min_share > 1.0 / n:
             raise ValueError(f"min_share must be in [0, 1/{n}], got {min_share}")
@@ -143,7 +143,7 @@ class SpeedBalancer:
         if speeds.shape != (n,):
             raise ValueError(f"speed_hint must be {n} positive finite numbers, got {speed_hint!r}")
         self.n = n
-        self.enabled = bool(enabled)
+        self.enabled = bool_flag("enabled", enabled)
         self.recalibrate_every = recalibrate_every
         self.min_share = float(min_share)
         self.smoothing = float(smoothing)

@@ -14,6 +14,8 @@ A rank that failed before the exchange (an option only it refused, a file
 only it cannot read) still takes part in it (`agree`), with its error in
 place of its digests, so that the other ranks stop at once with the same
 line, naming it, instead of waiting for it until the start-up deadline.
+A step that fails on one rank after the exchange and before training
+(rank 0 opening its logs) is agreed on the same way (`none_failed`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ if TYPE_CHECKING:
     from atomr.cli.run_config import RunConfig
     from atomr.cli.training_run import RunStart
 
-__all__ = ["RESUMED_AT", "agree", "disagreement", "option_digests", "shared_options"]
+__all__ = [
+    "RESUMED_AT",
+    "agree",
+    "disagreement",
+    "none_failed",
+    "option_digests",
+    "shared_options",
+]
 
 _PER_RANK = frozenset(
     {"distributed", "dist", "run_dir", "name", "plot", "history", "metrics", "tensorboard", "quiet"}
@@ -145,16 +154,12 @@ async def agree(collective: Any, mine: Mapping[str, Any] | CliError) -> None:
         CollectiveError: a rank never joined the exchange (timed out, dead).
     """
     flags: list[str] = []
-    code, message, digests = 0, b"", np.empty(0)
-    if isinstance(mine, CliError):  # a status of 0 would read as no failure
-        code, message = max(1, mine.exit_code), str(mine).encode()[:_MESSAGE_BYTES]
+    error, digests = None, np.empty(0)
+    if isinstance(mine, CliError):
+        error = mine
     else:
         flags, digests = list(mine), option_digests(mine)
-    heads = await _gathered(collective, np.array([code, len(message), digests.size], float))
-    if heads[:, 0].any():
-        row = np.zeros(max(1, int(heads[:, 1].max())))
-        row[: len(message)] = np.frombuffer(message, dtype=np.uint8)
-        raise _failures(heads, await _gathered(collective, row))
+    heads = await _statuses(collective, error, digests.size)
     if (heads[:, 2] != digests.size).any():
         counts = ", ".join(str(int(n)) for n in heads[:, 2])
         raise CliError(
@@ -164,6 +169,38 @@ async def agree(collective: Any, mine: Mapping[str, Any] | CliError) -> None:
     line = disagreement(flags, await _gathered(collective, digests))
     if line is not None:
         raise CliError(line)
+
+
+async def none_failed(collective: Any, error: CliError | None) -> None:
+    """Check that no rank failed a step every rank takes after the exchange
+    and before training (rank 0 opening its logs): one all-gather when none
+    did. Collective, as `agree`.
+
+    Raises:
+        CliError: on every rank alike, as `agree`: a rank failed (one line
+            naming each failed rank and its error; the exit status of the first).
+        CollectiveError: a rank never joined (timed out, dead).
+    """
+    await _statuses(collective, error, 0)
+
+
+async def _statuses(collective: Any, error: CliError | None, count: int) -> np.ndarray:
+    """Every rank's status, one row per rank: its error's exit status and
+    length (0 and 0: none) and the `count` of digests it sends next.
+
+    Raises:
+        CliError: some rank failed (`_failures`, once every failed rank's
+            message was gathered).
+    """
+    code, message = 0, b""
+    if error is not None:  # a status of 0 would read as no failure
+        code, message = max(1, error.exit_code), str(error).encode()[:_MESSAGE_BYTES]
+    heads = await _gathered(collective, np.array([code, len(message), count], float))
+    if heads[:, 0].any():
+        row = np.zeros(max(1, int(heads[:, 1].max())))
+        row[: len(message)] = np.frombuffer(message, dtype=np.uint8)
+        raise _failures(heads, await _gathered(collective, row))
+    return heads
 
 
 async def _gathered(collective: Any, row: np.ndarray) -> np.ndarray:

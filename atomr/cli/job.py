@@ -15,7 +15,7 @@ import numpy as np
 
 import atomr
 from atomr.actor import ActorRef
-from atomr.cli.agreement import agree
+from atomr.cli.agreement import agree, none_failed
 from atomr.cli.errors import CliError, reported_as
 from atomr.cli.run_args import mpi_place
 from atomr.train import CheckpointError, LoadCheckpoint
@@ -51,6 +51,17 @@ class Job:
         except (CheckpointError, OSError) as exc:
             raise CliError(f"--resume: {exc}") from None
 
+    async def none_failed(self, error: Exception | None) -> None:
+        """Every process learns whether any failed a step they all take
+        before training (`error`: this one's failure, or None); one process
+        has nobody to tell.
+
+        Raises:
+            Exception: `error`.
+        """
+        if error is not None:
+            raise error
+
     def abort(self, error: BaseException) -> None:
         """Training failed with `error`; a single process has nobody to tell."""
         del error
@@ -73,6 +84,19 @@ class MpiJob(Job):
         self.collective = collective
         self.is_root = is_root
         self.agree_to_stop = self._agree
+
+    async def none_failed(self, error: Exception | None) -> None:
+        """Every rank learns whether any failed a step they all take before
+        training (`error`: this one's failure, or None), so that all stop
+        together (`agreement.none_failed`). Collective.
+
+        Raises:
+            CliError: the line every rank raises, naming each failed one.
+            Exception: `error` itself, where it is a bug (`_raised_alike`).
+            CollectiveError: a rank never joined (the job is aborted).
+        """
+        with self.aborting(), _raised_alike(error):
+            await none_failed(self.collective, None if error is None else _as_line(error))
 
     async def _agree(self, requested: bool) -> bool:
         total = await self.collective.all_reduce([np.array([1.0 if requested else 0.0])])
@@ -147,10 +171,24 @@ def stop_every_rank(distributed: bool, error: Exception) -> None:
         dist = mpi_place()
     except CliError:
         return
-    reported = reported_as(error)
+    with _raised_alike(error):
+        atomr.run(open_job(dist, _as_line(error)))
+
+
+def _as_line(error: Exception) -> CliError:
+    """What the other ranks are told of `error`: the line it is reported as,
+    or, for a bug, its type and message (exit status 1)."""
+    return reported_as(error) or CliError(f"{type(error).__name__}: {error}", 1)
+
+
+@contextmanager
+def _raised_alike(error: Exception | None) -> Iterator[None]:
+    """Around telling the other ranks of `error` (this rank's failure, or
+    None): the `CliError` every rank then raises passes, except on the rank
+    whose `error` is a bug, which raises `error` itself (its traceback)."""
     try:
-        atomr.run(open_job(dist, reported or CliError(f"{type(error).__name__}: {error}", 1)))
+        yield
     except CliError:
-        if reported is None:
+        if error is not None and reported_as(error) is None:
             raise error from None
         raise

@@ -1,7 +1,7 @@
 """The files an `atomr train` run writes, and the checks made on them
 before any training: they must be distinct, of the right kind, and
 writable (probed with a real write, so EPERM or EIO show up now, not after
-the whole run)."""
+the whole run); `--tensorboard` also needs tensorboardX."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from atomr.cli.errors import CliError
 from atomr.cli.history import history_path_for
 from atomr.cli.run_config import RunConfig
+from atomr.train.metrics import summary_writer_class
 
 __all__ = ["RUNS_DIR", "check_outputs", "output_paths"]
 
@@ -59,7 +60,21 @@ def _probe(path: Path) -> str | None:
                 return None
         except OSError as exc:
             return exc.strerror or str(exc)
-    parent = path.parent
+    return _probe_nearest_folder(path.parent)
+
+
+def _probe_folder(path: Path) -> str | None:
+    """Why files cannot be written in a folder at `path` (made when missing),
+    or None when a real write worked in it, or in its nearest existing
+    parent."""
+    if path.exists() and not path.is_dir():
+        return "it is not a directory"
+    return _probe_nearest_folder(path)
+
+
+def _probe_nearest_folder(parent: Path) -> str | None:
+    """Why a one-byte temp file cannot be written, synced and removed in
+    `parent` or, where it is missing, its nearest existing parent."""
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
@@ -119,20 +134,29 @@ def _check_distinct(run: RunConfig, targets: list[tuple[str, Path]]) -> None:
 
 
 def check_outputs(run: RunConfig, plot: Path, history: Path) -> None:
-    """Refuse outputs that would clash or fail, before any training.
+    """Refuse outputs that would clash or fail, before any training (and
+    before any is written: the logs are opened only once every rank of a
+    `--distributed` job agreed).
 
     Raises:
         CliError: naming the option to change: `--plot` not ending in .png
             (exit 2), two outputs on one file (exit 2), a path that cannot be
-            written (exit 1).
+            written, or `--tensorboard` without tensorboardX (exit 1).
     """
     if run.plot is not None and run.plot.suffix.lower() != ".png":
         raise CliError(f"--plot writes a PNG: give a path ending in .png, got {run.plot}")
     targets = _named_outputs(run, plot, history)
     folders = [("--tensorboard", run.tensorboard)] if run.tensorboard is not None else []
-    _check_distinct(run, targets + folders)  # the event files' folder is not probed as a file
-    for flag, path in targets:
-        reason = _probe(path)
+    _check_distinct(run, targets + folders)
+    probes = [(flag, path, _probe) for flag, path in targets]
+    probes += [(flag, path, _probe_folder) for flag, path in folders]
+    for flag, path, probe in probes:
+        reason = probe(path)
         if reason is not None:
             flag = flag.split(" ")[0]
             raise CliError(f"{flag}: cannot write {path}: {reason}; choose another {flag}", 1)
+    if folders:
+        try:
+            summary_writer_class()
+        except ImportError as exc:
+            raise CliError(f"--tensorboard: {exc}", 1) from None

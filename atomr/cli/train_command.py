@@ -181,11 +181,17 @@ def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
     def progress(total: int, done: int) -> Progress:
         return Progress(total, done, enabled=not run.quiet)
 
-    logs = _metrics_logs(run)
+    logs: list[JsonLinesLog | TensorBoardLog] = []
+    failed: Exception | None = None
+    try:
+        logs = _metrics_logs(run)
+    except Exception as exc:  # every rank hears of it, in go()
+        failed = exc
     trained: list[np.ndarray] = []
     signals: list[int] = []
 
     async def go() -> History:
+        await job.none_failed(failed)  # rank 0 alone opens logs: all stop if it could not
         with stop_on_signals(flag, signals), say_when_compiling(enabled=not run.quiet):
             return await train_epochs(
                 run,

@@ -40,7 +40,7 @@ from atomr.train._tensorboard_writer import (
 from atomr.train.core.stats import StepStats
 from atomr.train.fit import EpochRecord, FitCallback, FitPosition
 
-__all__ = ["JsonLinesLog", "TensorBoardLog", "json_value", "step_metrics"]
+__all__ = ["JsonLinesLog", "TensorBoardLog", "json_value", "step_metrics", "summary_writer_class"]
 
 
 def step_metrics(stats: StepStats, rate: float) -> dict[str, float]:
@@ -221,6 +221,22 @@ class JsonLinesLog(_Log):
             self._file = None
 
 
+def summary_writer_class() -> Any:
+    """tensorboardX's `SummaryWriter`, which `TensorBoardLog` writes with
+    (`atomr train` asks for it before any file is written).
+
+    Raises:
+        ImportError: tensorboardX is not installed (`pip install 'atomr[tensorboard]'`).
+    """
+    try:
+        from tensorboardX import SummaryWriter  # noqa: PLC0415 - an optional extra
+    except ImportError as exc:
+        raise ImportError(
+            f"TensorBoard logs need tensorboardX: pip install 'atomr[tensorboard]' ({exc})"
+        ) from exc
+    return SummaryWriter
+
+
 class TensorBoardLog(_Log):
     """TensorBoard scalars: `step/*` at every step, `<split>/loss` and
     `<split>/accuracy` at every evaluation, `epoch/*` at every epoch end,
@@ -251,14 +267,9 @@ class TensorBoardLog(_Log):
             raise TypeError("timeout must be a number of seconds, got None")
         check_timeout(timeout)
         self.timeout = float(timeout)
-        try:
-            from tensorboardX import SummaryWriter
-        except ImportError as exc:
-            raise ImportError(
-                f"TensorBoard logs need tensorboardX: pip install 'atomr[tensorboard]' ({exc})"
-            ) from exc
+        writer_class = summary_writer_class()
         self.logdir = self._target = Path(logdir)
-        self._writer: Any | None = SummaryWriter(
+        self._writer: Any | None = writer_class(
             logdir=str(self.logdir), max_queue=QUEUE, filename_suffix=f".{uuid.uuid4().hex}"
         )
 

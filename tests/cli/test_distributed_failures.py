@@ -1,7 +1,9 @@
 """A rank of `atomr train --distributed` that fails before the ranks agree on
 their options still joins that exchange, carrying its error: every rank
 stops at once with the same line naming it, instead of waiting for it until
-the start-up deadline (120 s)."""
+the start-up deadline (120 s). So does rank 0 failing to open its logs,
+after the exchange (`Job.none_failed`), instead of leaving the others in
+the trainers' first collective until its timeout (120 s)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 import atomr.cli
 from atomr.cli.agreement import agree
 from atomr.cli.errors import CliError
+from atomr.cli.job import MpiJob
 from atomr.cli.parser import asks_for_distributed_training, build_parser
 from atomr.train.core import load_checkpoint, save_checkpoint
 from tests.cli.test_distributed_agreement import TINY, _mpiexec
@@ -114,6 +117,38 @@ def test_ranks_comparing_other_options_stop_instead_of_misreading_them() -> None
     raised = _agree_all([{"--lr": 0.1}, {"--lr": 0.1, "--new": 1}])
     assert all(isinstance(e, CliError) and "compare different options (1, 2 by rank)" in str(e)
                for e in raised), raised  # fmt: skip
+
+
+def _none_failed_all(errors: list[Exception | None]) -> list[BaseException | None]:
+    """What `MpiJob.none_failed` raises on each rank (None where it returns)."""
+    ranks = _Ranks(len(errors))
+
+    async def every_rank() -> list[BaseException | None]:
+        steps = (MpiJob(ranks.rank(r), r == 0).none_failed(error) for r, error in enumerate(errors))
+        return await asyncio.wait_for(asyncio.gather(*steps, return_exceptions=True), 10.0)
+
+    return asyncio.run(every_rank())
+
+
+def test_a_step_after_the_exchange_failing_on_one_rank_stops_every_rank() -> None:
+    assert _none_failed_all([None, None]) == [None, None]
+    full = OSError(28, "No space left on device", "m.jsonl")
+    raised = _none_failed_all([full, None])
+    expected = (
+        "--distributed: rank 0 failed before training: "
+        "[Errno 28] No space left on device: 'm.jsonl'"
+    )
+    assert all(isinstance(e, CliError) and str(e) == expected for e in raised), raised
+    assert {e.exit_code for e in raised if isinstance(e, CliError)} == {1}
+
+
+def test_a_bug_after_the_exchange_keeps_its_traceback_and_still_stops_the_others() -> None:
+    bug = TypeError("unexpected argument")
+    raised = _none_failed_all([bug, None])
+    assert raised[0] is bug
+    assert isinstance(raised[1], CliError) and str(raised[1]) == (
+        "--distributed: rank 0 failed before training: TypeError: unexpected argument"
+    )
 
 
 @pytest.mark.parametrize(
@@ -255,3 +290,38 @@ def test_ranks_resuming_one_save_from_their_own_paths_train_on(
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert history["resumed_from"] == str(checkpoint)
     assert [e["epoch"] for e in history["epochs"]] == [2]
+
+
+@pytest.mark.mpi
+def test_a_tensorboard_folder_the_root_cannot_make_stops_both_before_any_file(
+    tmp_path: Path,
+) -> None:
+    """Found by probing the folder before the exchange; it was found when
+    rank 0 opened its logs, after it, and rank 1 waited out 120 s."""
+    (tmp_path / "file").write_text("")
+    board, metrics = tmp_path / "file" / "tb", tmp_path / "m.jsonl"
+    outputs = ["--run-dir", str(tmp_path / "run"), "--metrics", str(metrics)]
+    code, err = _mpiexec(2, [*TRAIN, *outputs, "--tensorboard", str(board)], timeout=QUICK_S)
+    line = (
+        f"--distributed: rank 0 failed before training: --tensorboard: cannot write {board}: "
+        f"{tmp_path / 'file'} is not a directory; choose another --tensorboard"
+    )
+    _stopped_alike(code, err, 1, line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.mpi
+def test_a_log_the_root_cannot_open_after_the_exchange_stops_both_at_once(
+    tmp_path: Path,
+) -> None:
+    metrics = tmp_path / "m.jsonl"
+    script = [sys.executable, str(Path(__file__).with_name("log_failure.py")), *TINY]
+    code, err = _mpiexec(
+        2, [*script, "--run-dir", str(tmp_path / "run"), "--metrics", str(metrics)],
+        timeout=QUICK_S,
+    )  # fmt: skip
+    line = (
+        "--distributed: rank 0 failed before training: --metrics: "
+        f"[Errno 28] No space left on device: '{metrics}'"
+    )
+    _stopped_alike(code, err, 1, line)

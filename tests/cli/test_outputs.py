@@ -8,6 +8,7 @@ import errno
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,35 @@ def test_a_plot_stopped_while_drawing_leaves_the_previous_file(
     monkeypatch.undo()
     save_curves(History(config={}), target)
     assert target.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("blocked", ["file", "file/tb"])
+def test_a_tensorboard_folder_that_cannot_be_made_is_refused_before_training(
+    blocked: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, no_training: None
+) -> None:
+    """It was found only once the logs were opened, after the data set was
+    loaded (and, under --distributed, after the ranks agreed)."""
+    (tmp_path / "file").write_text("")
+    board = tmp_path / blocked
+    argv = ["--tensorboard", str(board), "--run-dir", str(tmp_path / "run")]
+    line = _one_line_error(capsys, argv, 1)
+    reason = "it is" if blocked == "file" else f"{tmp_path / 'file'} is"
+    assert line == (
+        f"atomr: error: --tensorboard: cannot write {board}: {reason} not a directory; "
+        "choose another --tensorboard"
+    )
+
+
+def test_tensorboard_without_tensorboardx_is_refused_before_any_file_is_written(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    no_training: None,
+) -> None:
+    """The --metrics file was created (empty) before tensorboardX was found missing."""
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    metrics = tmp_path / "m.jsonl"
+    argv = ["--metrics", str(metrics), "--tensorboard", str(tmp_path / "tb")]
+    line = _one_line_error(capsys, [*argv, "--run-dir", str(tmp_path / "run")], 1)
+    assert line.startswith("atomr: error: --tensorboard: TensorBoard logs need tensorboardX")
+    assert list(tmp_path.iterdir()) == []

@@ -6,7 +6,8 @@ that disagree on the model, the data, the optimizer, the schedule or the
 strategy either train a model that matches no single run or wait for each
 other in different collectives. So before anything is built each rank
 digests the options that must match (`shared_options`: all of them but the
-rank's own outputs and devices), the ranks exchange the digests through the
+rank's own outputs and devices, and what it read from its own disk: the
+`--resume` save and the data set), the ranks exchange the digests through the
 job's `MpiCollective`, and every rank compares them (`disagreement`): a
 mismatch is the same one-line error on every rank.
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from atomr.cli.training_run import RunStart
 
 __all__ = [
+    "LOADED_DATA",
     "RESUMED_AT",
     "agree",
     "disagreement",
@@ -53,6 +55,17 @@ RESUMED_AT = "--resume (its history file)"
 """The flag of where a resumed run starts, which the checkpoint's history
 file gives where it has one (else the checkpoint's step)."""
 
+LOADED_DATA = "--dataset (the data loaded)"
+"""The flag of the data set each rank loaded (`RunStart.data`)."""
+
+_WHY = {
+    LOADED_DATA: "each rank loads --dataset itself (pydoc from its Python's documentation, "
+    "digits from its scikit-learn, synthetic with its numpy): install the same versions "
+    "on every host",
+}
+"""What to do about a flag that differs although every rank may have been
+given the same options."""
+
 
 def shared_options(run: RunConfig, start: RunStart) -> dict[str, Any]:
     """The options every rank of a job must be given alike, by flag.
@@ -65,8 +78,9 @@ def shared_options(run: RunConfig, start: RunStart) -> dict[str, Any]:
     the digest of the save: the same file, whatever each rank's path), and
     `RESUMED_AT` by the position the run resumes at (`start.position`):
     each rank reads its own disk, which may hold another save or history.
+    `LOADED_DATA` by the data each rank loaded (`start.data`).
     """
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {LOADED_DATA: start.data}
     for field in dataclasses.fields(run):
         name, value = field.name, getattr(run, field.name)
         if name in _PER_RANK:
@@ -107,7 +121,9 @@ def disagreement(flags: Sequence[str], gathered: np.ndarray) -> str | None:
 
     Returns:
         One line naming each rank that differs from rank 0 and the options
-        it differs in; None when every row equals rank 0's.
+        it differs in (`LOADED_DATA` only where no option does: other
+        options load other data), with what to do; None when every row
+        equals rank 0's.
 
     Raises:
         ValueError: `gathered` is not one row of `len(flags)` digests per rank.
@@ -115,17 +131,20 @@ def disagreement(flags: Sequence[str], gathered: np.ndarray) -> str | None:
     table = np.asarray(gathered)
     if table.ndim != 2 or table.shape[1] != len(flags):
         raise ValueError(f"expected one row of {len(flags)} digests per rank, got {table.shape}")
-    differing = []
+    differing, why = [], ["every rank of a job must be given the same training options"]
     for rank in range(1, table.shape[0]):
         which = [flags[int(i)] for i in np.flatnonzero(table[rank] != table[0])]
+        if LOADED_DATA in which and len(which) > 1:  # other options load other data
+            which.remove(LOADED_DATA)
         if which:
             differing.append(f"rank {rank} differs from rank 0 in {', '.join(which)}")
+            why += [_WHY[f] for f in which if f in _WHY and _WHY[f] not in why]
     if not differing:
         return None
     return (
         "--distributed: the ranks were given different options: "
         + "; ".join(differing)
-        + " (every rank of a job must be given the same training options)"
+        + f" ({'; '.join(why)})"
     )
 
 

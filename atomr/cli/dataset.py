@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,7 +12,7 @@ from atomr.cli.run_config import RunConfig
 from atomr.train.core import load_digits_split, synthetic_classification
 from atomr.train.core.text import CharVocab, char_lm_split, pydoc_text
 
-__all__ = ["Dataset", "load_dataset"]
+__all__ = ["Dataset", "data_digest", "load_dataset"]
 
 _TEST_FRACTION = 0.2
 
@@ -76,3 +77,21 @@ def load_dataset(run: RunConfig) -> Dataset:
     x, y = synthetic_classification(run.samples, run.features, run.classes, seed=run.seed)
     n_test = max(1, int(round(run.samples * _TEST_FRACTION)))
     return Dataset("synthetic", x[n_test:], y[n_test:], x[:n_test], y[:n_test], run.classes)
+
+
+def data_digest(data: Dataset) -> str:
+    """Which data `data` holds, in hex: the SHA-256 of its name, class count,
+    vocabulary (pydoc) and every array's dtype, shape and bytes.
+
+    The ranks of a `--distributed` job compare it: each loads the data set
+    itself, and the same options can load other data on another host
+    (pydoc from its Python's documentation, digits from its scikit-learn,
+    synthetic from its numpy's generator). Reads every byte once (about a
+    second per GB).
+    """
+    vocab = None if data.vocab is None else data.vocab.chars
+    sha = hashlib.sha256(repr((data.name, data.classes, vocab)).encode())
+    for array in (data.x_train, data.y_train, data.x_test, data.y_test):
+        sha.update(repr((array.dtype.str, array.shape)).encode())
+        sha.update(np.ascontiguousarray(array).data)
+    return sha.hexdigest()

@@ -164,8 +164,9 @@ def _add_data_parallel_options(model: argparse._ArgumentGroup) -> None:
         help="one process of an MPI job (started by 'atomr launch' or mpiexec): "
         "data parallel across ranks, all-reduce by MPI (--strategy "
         + ", ".join(s.name for s in STRATEGIES.values() if s.job is not None)
-        + "). Before training the ranks agree on their options and on the --resume "
-        "checkpoint (which save, and where it resumes); a mismatch, or an error on any "
+        + "). Before training the ranks agree on their options, on the data set each "
+        "loaded and on the --resume checkpoint (which save, and where it resumes); a "
+        "mismatch, or an error on any "
         "rank before that, stops every rank at once with one line naming the rank",
     )
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from atomr.actor import ActorRef, ActorSystem
 from atomr.cli.agreement import shared_options
-from atomr.cli.dataset import Dataset
+from atomr.cli.dataset import Dataset, data_digest
 from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
 from atomr.cli.job import Job, open_job
@@ -47,17 +47,21 @@ class RunStart:
         position: where the fit loop starts (the beginning without `--resume`).
         checkpoint: the digest of the `--resume` checkpoint (which save it
             is: `checkpoint_digest`), or None.
+        data: under `--distributed`, the digest of the data set loaded
+            (`data_digest`), which the ranks compare; else None.
     """
 
     steps: int
     updates: int
     position: FitPosition = field(default_factory=FitPosition)
     checkpoint: str | None = None
+    data: str | None = None
 
 
 def plan_start(run: RunConfig, data: Dataset, history: History) -> RunStart:
-    """Where `run` starts on `data`; fills in `history`'s model sizes and,
-    resuming, the checkpoint's earlier epochs and `resumed_from`.
+    """Where `run` starts on `data` (and, under `--distributed`, which data
+    that is); fills in `history`'s model sizes and, resuming, the
+    checkpoint's earlier epochs and `resumed_from`.
 
     Raises:
         CliError: a batch size too small for the strategy, a training set
@@ -68,12 +72,13 @@ def plan_start(run: RunConfig, data: Dataset, history: History) -> RunStart:
     history.config["sizes"] = [data.features, *run.hidden, data.classes]
     steps = _steps_per_epoch(run, data)
     updates = _updates_per_epoch(run, steps)
+    digest = data_digest(data) if run.dist is not None else None
     if run.resume is None:
-        return RunStart(steps, updates)
+        return RunStart(steps, updates, data=digest)
     resumed = resume_position(run, run.resume, steps, updates, history)
     history.resumed_from = str(run.resume)
     check_something_left(run, resumed.position, resumed.trainer_step)
-    return RunStart(steps, updates, resumed.position, resumed.checkpoint)
+    return RunStart(steps, updates, resumed.position, resumed.checkpoint, digest)
 
 
 def _targets(labels: np.ndarray, run: RunConfig, classes: int) -> np.ndarray:

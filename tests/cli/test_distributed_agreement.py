@@ -10,10 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atomr.cli.agreement import RESUMED_AT, disagreement, option_digests, shared_options
+from atomr.cli.agreement import (
+    LOADED_DATA,
+    RESUMED_AT,
+    disagreement,
+    option_digests,
+    shared_options,
+)
+from atomr.cli.dataset import Dataset, data_digest, load_dataset
 from atomr.cli.parser import build_parser
 from atomr.cli.run_config import RunConfig
 from atomr.cli.training_run import RunStart
+from atomr.train.core.text import CharVocab
 from atomr.train.fit import FitPosition
 from tests.train.mpi_scripts.harness import require_mpi
 
@@ -66,7 +74,7 @@ def test_a_disagreement_names_the_rank_and_the_options() -> None:
 def test_every_model_data_and_optimizer_option_is_compared() -> None:
     flags = set(shared_options(_run_config(), FRESH))
     assert {"--seed", "--lr", "--hidden", "--strategy", "--samples", "--epochs"} <= flags
-    assert {"--devices", "--checkpoint", "--resume", RESUMED_AT} <= flags
+    assert {"--devices", "--checkpoint", "--resume", RESUMED_AT, LOADED_DATA} <= flags
     assert not {"--run-dir", "--quiet", "--metrics", "--name", "--plot"} & flags
 
 
@@ -114,6 +122,42 @@ def test_ranks_resuming_one_save_at_other_positions_differ_in_its_history(
     )
     message = disagreement(flags, table)
     assert message is not None and f"rank 1 differs from rank 0 in {RESUMED_AT} (" in message
+
+
+def test_the_data_digest_tells_another_load_by_any_array_value_or_vocabulary() -> None:
+    data = load_dataset(_run_config())
+    again = load_dataset(_run_config())
+    assert data_digest(data) == data_digest(again)
+    x_test = data.x_test.copy()
+    x_test[-1, -1] += 1.0
+    others = [
+        Dataset(data.name, data.x_train, data.y_train, x_test, data.y_test, data.classes),
+        Dataset(data.name, data.x_train[1:], data.y_train[1:], data.x_test, data.y_test, 2),
+        Dataset(data.name, *(a.astype(np.float64) for a in (data.x_train,)), data.y_train,
+                data.x_test, data.y_test, data.classes),
+        Dataset(data.name, data.x_train, data.y_train, data.x_test, data.y_test, 2,
+                CharVocab("ab")),
+    ]  # fmt: skip
+    assert len({data_digest(d) for d in [data, *others]}) == 5
+
+
+def test_ranks_that_loaded_other_data_with_the_same_options_name_dataset() -> None:
+    """Same options, another pydoc or scikit-learn on a host: one line, naming
+    --dataset and what to do; ranks given other options are told those."""
+    run = _run_config()
+    flags, table = _table((run, RunStart(3, 3, data="d1")), (run, RunStart(3, 3, data="d2")))
+    assert disagreement(flags, table) == (
+        "--distributed: the ranks were given different options: rank 1 differs from rank 0 "
+        f"in {LOADED_DATA} (every rank of a job must be given the same training options; "
+        "each rank loads --dataset itself (pydoc from its Python's documentation, digits "
+        "from its scikit-learn, synthetic with its numpy): install the same versions on "
+        "every host)"
+    )
+    other = _run_config("--seed", "5")
+    flags, table = _table((run, RunStart(3, 3, data="d1")), (other, RunStart(3, 3, data="d2")))
+    message = disagreement(flags, table)
+    assert message is not None and "differs from rank 0 in --seed (" in message
+    assert "--dataset" not in message
 
 
 def test_a_table_of_the_wrong_shape_is_refused() -> None:

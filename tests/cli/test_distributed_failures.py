@@ -326,3 +326,38 @@ def test_a_log_the_root_cannot_open_after_the_exchange_stops_both_at_once(
         f"[Errno 28] No space left on device: '{metrics}'"
     )
     _stopped_alike(code, err, 1, line)
+
+
+@pytest.mark.mpi
+def test_ranks_that_load_other_data_with_the_same_options_stop_before_training(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 runs in a folder holding a `pydoc_data` of its own (as a host
+    with another Python would), which `python -m` imports before the
+    standard library's: its --dataset pydoc is another text. Both ranks
+    trained on their own text before."""
+    here, there = tmp_path / "host0", tmp_path / "host1"
+    (there / "pydoc_data").mkdir(parents=True)
+    here.mkdir()
+    text = "The quick brown fox jumps over the lazy dog. " * 40
+    (there / "pydoc_data" / "__init__.py").write_text("")
+    (there / "pydoc_data" / "topics.py").write_text(f"topics = {{'fox': {text!r}}}\n")
+    gpt = [sys.executable, "-m", "atomr.cli", "train", "--distributed", "--quiet",
+           "--model", "gpt", "--dataset", "pydoc", "--context", "8", "--n-layer", "1",
+           "--n-head", "1", "--d-model", "8", "--epochs", "1", "--batch-size", "16",
+           "--devices", "1"]  # fmt: skip
+    code, err = _mpiexec(
+        1,
+        ["-wdir", str(here), *gpt, "--run-dir", str(tmp_path / "r0"),
+         ":", "-n", "1", "-wdir", str(there), *gpt, "--run-dir", str(tmp_path / "r1")],
+        timeout=QUICK_S,
+    )  # fmt: skip
+    line = (
+        "--distributed: the ranks were given different options: rank 1 differs from rank 0 "
+        "in --dataset (the data loaded) (every rank of a job must be given the same training "
+        "options; each rank loads --dataset itself (pydoc from its Python's documentation, "
+        "digits from its scikit-learn, synthetic with its numpy): install the same versions "
+        "on every host)"
+    )
+    _stopped_alike(code, err, 2, line)
+    assert not (tmp_path / "r0").exists()

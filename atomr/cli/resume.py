@@ -24,13 +24,15 @@ from atomr.train import CheckpointError, load_checkpoint
 from atomr.train.core import Checkpoint
 from atomr.train.core.checkpoint import checkpoint_digest
 from atomr.train.fit import FitPosition
+from atomr.train.sharded.checkpoints import save_digest
 
 __all__ = ["ResumePoint", "check_something_left", "resume_position"]
 
 
 class ResumePoint(NamedTuple):
     """Where a run resumes: the fit loop's `position`, the trainer's own
-    `trainer_step` count, and the `checkpoint`'s digest (which save it is)."""
+    `trainer_step` count, and the `checkpoint`'s digest (which save it is,
+    a sharded index's shard files included: `save_digest`)."""
 
     position: FitPosition
     trainer_step: int
@@ -41,7 +43,7 @@ def resume_position(
     run: RunConfig, path: Path, steps: int, updates: int, history: History
 ) -> ResumePoint:
     """Where the checkpoint stands (the fit loop's position, the trainer's
-    own step count and the checkpoint's digest), and the earlier epoch
+    own step count and the save's digest), and the earlier epoch
     records: from its history file when that file was written with this
     very checkpoint (its digest says so), else from the checkpoint's own
     step where the strategy takes a fixed number of steps per batch (with a
@@ -50,13 +52,15 @@ def resume_position(
     makes (the run's schedule is sized in them).
 
     Raises:
-        CliError: an unusable checkpoint, another model or optimizer, a
-            history file of other data options, or a strategy whose steps
-            per batch vary with no history file of this checkpoint.
+        CliError: an unusable checkpoint (a sharded index with a shard
+            file missing), another model or optimizer, a history file of
+            other data options, or a strategy whose steps per batch vary
+            with no history file of this checkpoint.
     """
     try:
         ckpt = load_checkpoint(path)
-        digest = checkpoint_digest(path)
+        digest = checkpoint_digest(path)  # what its history file was written with
+        save = save_digest(path, ckpt)  # with its shard files' where it is an index
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
     _check_model_kind(run, ckpt)
@@ -65,7 +69,7 @@ def resume_position(
     _check_optimizer_options(run, ckpt, updates)
     earlier = _history_of(path, digest, ckpt.step)
     if earlier is None:
-        return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, digest)
+        return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, save)
     saved = earlier.position or {}
     if saved.get("data") != run.data_options():
         raise CliError(
@@ -78,9 +82,9 @@ def resume_position(
             f"--resume: ignoring the position in {history_path_for(path)} ({saved!r}"[:200]
             + "): not whole numbers within the run; taking it from the checkpoint's step"
         )
-        return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, digest)
+        return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, save)
     history.epochs = [r for r in earlier.epochs if r.epoch <= position.epoch]
-    return ResumePoint(position, ckpt.step, digest)
+    return ResumePoint(position, ckpt.step, save)
 
 
 def _saved_position(saved: dict[str, Any], steps: int) -> FitPosition | None:

@@ -46,7 +46,7 @@ class RunStart:
         updates: optimizer updates per epoch (a learning-rate schedule counts them).
         position: where the fit loop starts (the beginning without `--resume`).
         checkpoint: the digest of the `--resume` checkpoint (which save it
-            is: `checkpoint_digest`), or None.
+            is: `save_digest`, a sharded index's shard files included), or None.
         data: under `--distributed`, the digest of the data set loaded
             (`data_digest`), which the ranks compare; else None.
     """

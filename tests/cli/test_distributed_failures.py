@@ -24,6 +24,8 @@ from atomr.cli.errors import CliError
 from atomr.cli.job import MpiJob
 from atomr.cli.parser import asks_for_distributed_training, build_parser
 from atomr.train.core import load_checkpoint, save_checkpoint
+from atomr.train.sharded.checkpoints import split_state, write_index, write_shards
+from atomr.train.sharded.layout import ShardLayout
 from tests.cli.test_distributed_agreement import TINY, _mpiexec
 
 TRAIN = [sys.executable, "-m", "atomr.cli", "train", "--distributed", *TINY]
@@ -261,6 +263,43 @@ def test_ranks_resuming_other_saves_at_one_path_stop_before_training(
     shutil.copy(checkpoint, here / "model.ckpt")
     save_checkpoint(there / "model.ckpt", other)
     resume = [*TRAIN, "--epochs", "2", "--resume", "model.ckpt"]
+    code, err = _mpiexec(
+        1,
+        ["-wdir", str(here), *resume, "--run-dir", str(tmp_path / "r0"),
+         ":", "-n", "1", "-wdir", str(there), *resume, "--run-dir", str(tmp_path / "r1")],
+        timeout=QUICK_S,
+    )  # fmt: skip
+    line = (
+        "--distributed: the ranks were given different options: rank 1 differs from rank 0 "
+        "in --resume (every rank of a job must be given the same training options)"
+    )
+    _stopped_alike(code, err, 2, line)
+    assert not (tmp_path / "r0").exists()
+
+
+def _save_in_shards(checkpoint: Path, path: Path, shift: float) -> None:
+    """`checkpoint`, its weights shifted by `shift`, saved one file per
+    replica of two (generation 1) with an index at `path`."""
+    full = load_checkpoint(checkpoint)
+    layout = ShardLayout(((0, full.weights.size),), replicas=2)
+    states = split_state(layout, full.weights + np.float32(shift), full.optimizer, full.step)
+    write_shards(path, layout, states, full.model, 1)
+    write_index(path, layout, full.step, full.model, full.extra, 1)
+
+
+@pytest.mark.mpi
+def test_ranks_resuming_other_shard_files_beside_one_index_stop_before_training(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    """Byte-equal indexes (of one step and generation) beside other shard
+    files: before, the index's digest alone was compared, and each rank of
+    --strategy zero loaded its own host's weights and trained to the end."""
+    here, there = tmp_path / "host0", tmp_path / "host1"
+    for folder, shift in ((here, 0.0), (there, 0.5)):
+        folder.mkdir()
+        _save_in_shards(checkpoint, folder / "model.ckpt", shift)
+    assert (here / "model.ckpt").read_bytes() == (there / "model.ckpt").read_bytes()
+    resume = [*TRAIN, "--strategy", "zero", "--epochs", "2", "--resume", "model.ckpt"]
     code, err = _mpiexec(
         1,
         ["-wdir", str(here), *resume, "--run-dir", str(tmp_path / "r0"),

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +44,7 @@ from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_save_target,
+    checkpoint_digest,
     load_checkpoint,
     save_checkpoint,
 )
@@ -53,6 +55,7 @@ __all__ = [
     "assemble_state",
     "merge_shards",
     "next_generation",
+    "save_digest",
     "shard_path",
     "split_state",
     "write_index",
@@ -222,6 +225,30 @@ def merge_shards(path: str | Path, index: Checkpoint | None = None) -> Checkpoin
         raise CheckpointError(f"the shards of {path} do not cover the parameters exactly once")
     extra = {k: v for k, v in ckpt.extra.items() if k != SHARDED_INDEX_KEY}
     return Checkpoint(ckpt.model, weights, ckpt.step, optimizer, extra)
+
+
+def save_digest(path: str | Path, ckpt: Checkpoint) -> str:
+    """Which save the checkpoint at `path` (read as `ckpt`) is, in hex: its
+    own digest (`checkpoint_digest`), or for an index the SHA-256 of the
+    index's digest and every shard file's, in order. An index names its
+    shards only by count and generation, so byte-equal indexes (another
+    run's save of the same step and generation, a copy beside stale shard
+    files) can stand for other weights. Reads each file's last 32 bytes,
+    not its contents (nor checks them: `merge_shards` does).
+
+    Raises:
+        OSError: a file cannot be read (a shard missing, say).
+        CheckpointError: a bad index, or a file too short to be a checkpoint.
+    """
+    digest = checkpoint_digest(path)
+    info = ckpt.extra.get(SHARDED_INDEX_KEY)
+    if info is None:
+        return digest
+    count, _, generation = _index_info(path, info)
+    sha = hashlib.sha256(bytes.fromhex(digest))
+    for g in range(count):
+        sha.update(bytes.fromhex(checkpoint_digest(shard_path(path, g, count, generation))))
+    return sha.hexdigest()
 
 
 def _check_same_optimizer(path: str | Path, shards: list[Checkpoint]) -> None:

@@ -1,10 +1,12 @@
 """Sharded checkpoints: the full format moves between the sharded trainer (any
 stage, any replica count) and the single-device `Trainer` both ways; the
 one-file-per-replica option merges back on load, into another stage and
-replica count; a missing shard is refused with nothing changed."""
+replica count; a missing shard is refused with nothing changed; a save's
+digest covers its shard files."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,16 @@ from atomr.train import (
     TrainerConfig,
     load_checkpoint,
 )
-from atomr.train.core.checkpoint import save_checkpoint
+from atomr.train.core.checkpoint import checkpoint_digest, save_checkpoint
 from atomr.train.sharded import merge_shards
-from atomr.train.sharded.checkpoints import next_generation, shard_path, write_shards
+from atomr.train.sharded.checkpoints import (
+    next_generation,
+    save_digest,
+    shard_path,
+    split_state,
+    write_index,
+    write_shards,
+)
 from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import ShardReplicaState
 
@@ -239,3 +248,39 @@ async def test_a_hostile_index_is_a_checkpoint_error(info: Any, tmp_path: Path) 
     save_checkpoint(path, index)
     with pytest.raises(CheckpointError, match="shard"):
         merge_shards(path)
+
+
+def _save_in_shards(path: Path, weights: np.ndarray) -> None:
+    """A save of step 3, one file per replica of two, generation 1."""
+    config = writer_model().config()
+    layout = ShardLayout(((0, weights.size),), replicas=2)
+    write_shards(path, layout, split_state(layout, weights, {}, 3), config, 1)
+    write_index(path, layout, 3, config, {}, 1)
+
+
+def _digest(path: Path) -> str:
+    return save_digest(path, load_checkpoint(path))
+
+
+def test_a_saves_digest_tells_byte_equal_indexes_of_other_shard_files_apart(
+    tmp_path: Path,
+) -> None:
+    """Two hosts, say, each holding a save of the same step and generation:
+    the indexes are byte-equal, the weights are not (the digest of the index
+    alone took them for one save)."""
+    weights = writer_model().get_params()
+    here, there, copy = tmp_path / "here", tmp_path / "there", tmp_path / "copy"
+    for folder in (here, there):
+        folder.mkdir()
+    _save_in_shards(here / "s.ckpt", weights)
+    _save_in_shards(there / "s.ckpt", weights + np.float32(0.5))
+    assert (here / "s.ckpt").read_bytes() == (there / "s.ckpt").read_bytes()
+    assert _digest(here / "s.ckpt") != _digest(there / "s.ckpt")
+    shutil.copytree(here, copy)
+    assert _digest(copy / "s.ckpt") == _digest(here / "s.ckpt")
+    shard_path(copy / "s.ckpt", 1, 2, generation=1).unlink()
+    with pytest.raises(FileNotFoundError):
+        _digest(copy / "s.ckpt")
+    full = tmp_path / "full.ckpt"
+    save_checkpoint(full, merge_shards(here / "s.ckpt"))
+    assert _digest(full) == checkpoint_digest(full)

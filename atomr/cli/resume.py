@@ -24,7 +24,7 @@ from atomr.train import CheckpointError, load_checkpoint
 from atomr.train.core import Checkpoint
 from atomr.train.core.checkpoint import checkpoint_digest
 from atomr.train.fit import FitPosition
-from atomr.train.sharded.checkpoints import save_digest
+from atomr.train.sharded.checkpoints import merge_shards, save_digest
 
 __all__ = ["ResumePoint", "check_something_left", "resume_position"]
 
@@ -52,15 +52,17 @@ def resume_position(
     makes (the run's schedule is sized in them).
 
     Raises:
-        CliError: an unusable checkpoint (a sharded index with a shard
-            file missing), another model or optimizer, a history file of
+        CliError: an unusable checkpoint (a sharded index whose shard
+            files are missing or do not fit it), another model or optimizer
+            (a sharded save's, from its shard files), a history file of
             other data options, or a strategy whose steps per batch vary
             with no history file of this checkpoint.
     """
     try:
-        ckpt = load_checkpoint(path)
+        index = load_checkpoint(path)
         digest = checkpoint_digest(path)  # what its history file was written with
-        save = save_digest(path, ckpt)  # with its shard files' where it is an index
+        save = save_digest(path, index)  # with its shard files' where it is an index
+        ckpt = merge_shards(path, index)  # an index holds no optimizer settings to check
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
     _check_model_kind(run, ckpt)

@@ -25,6 +25,7 @@ from atomr.cli.training_run import train_epochs
 from atomr.train import StepStats, load_checkpoint
 from atomr.train.core import save_checkpoint
 from atomr.train.fit import FitCallback, FitPosition, StopFlag
+from tests.cli.test_distributed_failures import _save_in_shards
 
 
 def _run_config(*argv: str) -> RunConfig:
@@ -318,3 +319,20 @@ def test_a_parameter_server_checkpoint_at_its_step_limit_is_not_resumed(
     capsys.readouterr()
     assert atomr.cli.main([*argv, "--resume", str(ckpt)]) == 2
     assert "at step 4, at or past --max-steps 4" in capsys.readouterr().err
+
+
+def test_a_sharded_save_is_checked_against_the_options_by_its_shard_files(
+    stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its index holds no optimizer settings: a resume with another --lr was
+    accepted without a word (the shards' optimizer state then won)."""
+    index = tmp_path / "sharded.ckpt"
+    _save_in_shards(stopped, index, 0.0)
+    argv = ["train", "--quiet", "--strategy", "zero", "--epochs", "3", "--resume", str(index)]
+    assert atomr.cli.main([*argv, "--lr", "0.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "atomr: error: --resume: the checkpoint was trained with --lr 0.005, not 0.5; resume "
+        "with --lr 0.005 (a checkpoint keeps its optimizer's hyper-parameters)"
+    )
+    assert atomr.cli.main([*argv, "--run-dir", str(tmp_path / "run")]) == 0

@@ -12,6 +12,8 @@ of the round) and applied once; that `Step` answers with the round's loss
 and samples. The speeds are measured per round (smoothed), and with
 `cadence_auto_tune` the anchor grows while the reduction takes more than
 `cadence_target` of a round, and shrinks below half of it.
+The speeds start as `speed_hint`'s ratio; the first measurement puts every
+replica's in seconds, so one that got no batch in a round keeps its ratio.
 """
 
 from __future__ import annotations
@@ -34,7 +36,11 @@ from atomr.train.data_parallel.messages import (
     SetGradients,
 )
 from atomr.train.data_parallel.options import DataParallelOptions
-from atomr.train.data_parallel.speed_balancer import initial_seconds_per_sample, smoothed
+from atomr.train.data_parallel.speed_balancer import (
+    in_seconds,
+    initial_seconds_per_sample,
+    smoothed,
+)
 
 __all__ = ["Cadence"]
 
@@ -55,6 +61,7 @@ class Cadence:
         self.options = options
         self.anchor = options.cadence_anchor
         self.seconds_per_sample: list[float] | None = None
+        self._in_seconds = False  # measured once: no longer speed_hint's ratio
         self.quotas: list[int] = []
         self._busy: list[list[float]] = []
         self.last_share = 0.0
@@ -66,6 +73,7 @@ class Cadence:
         n = len(self.runner.replicas.refs)
         if self.seconds_per_sample is None or len(self.seconds_per_sample) != n:
             self.seconds_per_sample = initial_seconds_per_sample(self.options.speed_hint, n)
+            self._in_seconds = False
         slowest = max(self.seconds_per_sample)
         self.quotas = [max(1, round(self.anchor * slowest / t)) for t in self.seconds_per_sample]
         self._pending = [[] for _ in range(n)]
@@ -159,12 +167,19 @@ class Cadence:
         assert self.seconds_per_sample is not None
         # wall time from a replica's first batch to its last result: what the
         # round waits for (queueing and a slowed device included)
+        measured: dict[int, float] = {}
         for i, rs in enumerate(results):
             rows = sum(r.samples for r in rs)
             started, ended = self._busy[i]
             if rows and ended > started:
-                measured = (ended - started) / rows
-                self.seconds_per_sample[i] = smoothed(self.seconds_per_sample[i], measured)
+                measured[i] = (ended - started) / rows
+        if not measured:
+            return
+        if not self._in_seconds:  # a replica left out of this round keeps its ratio
+            self.seconds_per_sample = in_seconds(self.seconds_per_sample, measured)
+            self._in_seconds = True
+        for i, seconds in measured.items():
+            self.seconds_per_sample[i] = smoothed(self.seconds_per_sample[i], seconds)
 
     def _tune(self, stats: StepStats) -> None:
         share = stats.comm_micros / stats.step_micros if stats.step_micros else 0.0

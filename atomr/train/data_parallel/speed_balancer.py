@@ -26,6 +26,7 @@ __all__ = [
     "SpeedBalancer",
     "check_balance_settings",
     "initial_seconds_per_sample",
+    "in_seconds",
     "smoothed",
 ]
 
@@ -38,6 +39,20 @@ def initial_seconds_per_sample(hint: tuple[float, ...] | None, replicas: int) ->
     relative speeds in `hint` when it has one per replica, else equal."""
     speeds = hint if hint is not None and len(hint) == replicas else (1.0,) * replicas
     return [1.0 / s for s in speeds]
+
+
+def in_seconds(hinted: list[float], measured: dict[int, float]) -> list[float]:
+    """`initial_seconds_per_sample`'s values, a ratio in no unit, in seconds:
+    scaled so that the replicas in `measured` (index: seconds per sample)
+    match their first measurement on average. Every replica is scaled alike,
+    so one that was not measured keeps its hinted ratio to the others
+    instead of looking slower (or faster) by the gap between the units.
+
+    Raises:
+        ZeroDivisionError: `measured` is empty (nothing to scale by).
+    """
+    scale = sum(seconds / hinted[i] for i, seconds in measured.items()) / len(measured)
+    return [s * scale for s in hinted]
 
 
 def smoothed(old: float, measured: float, weight: float = WALL_SMOOTHING) -> float:

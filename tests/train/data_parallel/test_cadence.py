@@ -25,7 +25,7 @@ from atomr.train import (
     fit,
     load_checkpoint,
 )
-from atomr.train.core import load_digits_split, synthetic_classification
+from atomr.train.core import CloseRound, load_digits_split, synthetic_classification
 from atomr.train.data_parallel import (
     ApplyPolicy,
     DataParallelOptions,
@@ -89,6 +89,19 @@ async def test_a_checkpoint_closes_the_open_round(tmp_path: Path) -> None:
         saved = load_checkpoint(tmp_path / "c.ckpt")
         assert saved.step == 1
         np.testing.assert_allclose(saved.weights, await one.ask(GetWeights()), rtol=1e-5, atol=1e-6)
+
+
+async def test_a_replica_left_out_of_a_closed_round_keeps_its_speed() -> None:
+    # the first round closes with one batch, on replica 0: replica 1 was not
+    # measured, and must not look slower for it (it did, by the gap between
+    # the hint's unitless 1.0 and a measured time, and got half the quota)
+    async with ActorSystem("cadence") as system:
+        dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), CONFIG,
+                                             _cadence())  # fmt: skip
+        assert not (await dp.ask(Step(*B[0]))).applied
+        assert (await dp.ask(CloseRound())).samples == 16
+        replies = [await dp.ask(Step(*b)) for b in B[1:3]]  # quotas 1 and 1 again
+        assert [r.applied for r in replies] == [False, True]
 
 
 async def test_cadence_trains_digits_through_fit() -> None:

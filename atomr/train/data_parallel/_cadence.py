@@ -14,6 +14,7 @@ and samples. The speeds are measured per round (smoothed), and with
 `cadence_target` of a round, and shrinks below half of it.
 The speeds start as `speed_hint`'s ratio; the first measurement puts every
 replica's in seconds, so one that got no batch in a round keeps its ratio.
+Without `cadence_measure_speeds` the quotas keep the hint's ratio.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ class Cadence:
             return await self.runner.replicas.repair(outcome, "the round was not applied")
         results: list[list[GradientResult]] = per_replica  # type: ignore[assignment]  # no errors
         await self._complete(results)
-        self._learn_speeds(results)
+        if self.options.cadence_measure_speeds:
+            self._learn_speeds(results)
         loss_sum = sum(r.loss_sum for rs in results for r in rs)
         normaliser = sum(r.normaliser for rs in results for r in rs)
         reduce_started = time.perf_counter_ns()

@@ -94,6 +94,10 @@ class DataParallelOptions:
         cadence_target: with CADENCE, the reduction's share of a round the
             tuner aims at (in (0, 1); 0.10 as in flodl).
         cadence_auto_tune: with CADENCE, tune the anchor to the target.
+        cadence_measure_speeds: with CADENCE, measure the replicas' speeds
+            every round; off, the quotas keep `speed_hint`'s ratio (equal
+            without one). Off, with `cadence_auto_tune` off too, the rounds
+            do not depend on timing: a run is reproducible.
         replica_class: the replica actor `spawn` starts on each device:
             `ReplicaActor` or a subclass (an instrumented or fault-injected
             one, `atomr.testkit.inject_faults`). `props` takes replicas
@@ -119,6 +123,7 @@ class DataParallelOptions:
     cadence_anchor: int = 1
     cadence_target: float = 0.10
     cadence_auto_tune: bool = True
+    cadence_measure_speeds: bool = True
     replica_class: type[ReplicaActor] = ReplicaActor
 
     def __post_init__(self) -> None:
@@ -158,8 +163,8 @@ class DataParallelOptions:
         ):
             raise ValueError(f"average_seconds must be a positive number or None, got {seconds!r}")
         int_at_least("cadence_anchor", self.cadence_anchor, 1)
-        auto_tune = bool_flag("cadence_auto_tune", self.cadence_auto_tune)
-        object.__setattr__(self, "cadence_auto_tune", auto_tune)
+        for name in ("cadence_auto_tune", "cadence_measure_speeds"):
+            object.__setattr__(self, name, bool_flag(name, getattr(self, name)))
         target = self.cadence_target
         if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < 1:
             raise ValueError(f"cadence_target must be in (0, 1), got {target!r}")

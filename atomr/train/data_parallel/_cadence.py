@@ -1,7 +1,8 @@
 """`Cadence`: the data-parallel step under `ApplyPolicy.CADENCE` (flodl's El Che).
 
 A round spans several `Step` messages. Each `Step`'s batch goes whole to one
-replica, the one that would finish it first among those below their quota;
+replica: first one to each replica, the slowest first, then to the one that
+would finish it first among those below their quota;
 the replica adds its gradient to its buffer (`accumulate`) while the trainer
 answers the `Step` at once (`applied=False`, `samples=0`), so the replicas
 compute side by side. The slowest replica's quota is the *anchor*; a replica
@@ -83,13 +84,20 @@ class Cadence:
         self._started = time.perf_counter_ns()
 
     def _pick(self) -> int:
-        """The replica below its quota that would finish one more batch first."""
-        assert self.seconds_per_sample is not None
+        """A replica without a batch in this round yet, the slowest first (its
+        work is what the round waits for, and a round closed early has then
+        measured it); once each has one, the replica below its quota that
+        would finish one more batch first."""
+        spp = self.seconds_per_sample
+        assert spp is not None
+        idle = [i for i, pending in enumerate(self._pending) if not pending]
+        if idle:
+            return max(idle, key=lambda i: spp[i])
         best, best_end = -1, float("inf")
         for i, quota in enumerate(self.quotas):
             done = len(self._pending[i])
-            if done < quota and (done + 1) * self.seconds_per_sample[i] < best_end:
-                best, best_end = i, (done + 1) * self.seconds_per_sample[i]
+            if done < quota and (done + 1) * spp[i] < best_end:
+                best, best_end = i, (done + 1) * spp[i]
         return best
 
     async def step(self, x: np.ndarray, y: np.ndarray, samples: int) -> StepStats | Failure:

@@ -6,6 +6,7 @@ measured rounds; checkpoints close an open round; bad options."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,9 @@ from atomr.train.data_parallel import (
     DataParallelOptions,
     DataParallelTrainer,
     GetReplicaWeights,
+    ReplicaActor,
 )
+from atomr.train.data_parallel.messages import ComputeGradients, GradientResult
 from atomr.train.fit import FitCallback, FitPosition, epoch_order
 
 CONFIG = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
@@ -104,6 +107,32 @@ async def test_a_replica_left_out_of_a_closed_round_keeps_its_speed() -> None:
         assert (await dp.ask(CloseRound())).samples == 16
         replies = [await dp.ask(Step(*b)) for b in B[1:3]]  # quotas 1 and 1 again
         assert [r.applied for r in replies] == [False, True]
+
+
+class _Counting(ReplicaActor):
+    """A replica that counts the batches it computes, by replica index."""
+
+    batches: Counter[int] = Counter()
+
+    def compute_gradients(self, msg: ComputeGradients) -> GradientResult:
+        _Counting.batches[self.index] += 1
+        return super().compute_gradients(msg)
+
+
+async def test_a_slow_replica_takes_a_batch_before_a_round_closed_early() -> None:
+    # quotas 8 and 1 (the hint, not measured): the slow replica's one batch
+    # went last, so a round closed after 2 batches (an epoch's end) never
+    # reached it, and a replica once measured slow was never measured again
+    _Counting.batches.clear()
+    options = _cadence(speed_hint=(8.0, 1.0), cadence_measure_speeds=False, replica_class=_Counting)
+    async with ActorSystem("cadence") as system:
+        dp = await DataParallelTrainer.spawn(
+            system, Mlp([6, 8, 3]), cpu_devices(2), CONFIG, options
+        )
+        for b in B[:2]:
+            assert not (await dp.ask(Step(*b))).applied
+        assert (await dp.ask(CloseRound())).samples == 32
+    assert _Counting.batches == {0: 1, 1: 1}
 
 
 DIGITS = load_digits_split(seed=0)

@@ -36,6 +36,11 @@ FLAGS: dict[str, tuple[Callable[[Any], Any], str, type[Exception]]] = {
         "cadence_auto_tune",
         TypeError,
     ),
+    "cadence_measure_speeds": (
+        lambda f: DataParallelOptions(cadence_measure_speeds=f),
+        "cadence_measure_speeds",
+        TypeError,
+    ),
     "shard_checkpoints": (
         lambda f: ShardedOptions(shard_checkpoints=f),
         "shard_checkpoints",

@@ -23,8 +23,8 @@ from atomr.cli.strategies import saved_steps_per_batch
 from atomr.train import CheckpointError, load_checkpoint
 from atomr.train.core import Checkpoint
 from atomr.train.core.checkpoint import checkpoint_digest
+from atomr.train.core.sharded_index import merge_shards, save_digest
 from atomr.train.fit import FitPosition
-from atomr.train.sharded.checkpoints import merge_shards, save_digest
 
 __all__ = ["ResumePoint", "check_something_left", "resume_position"]
 

@@ -49,7 +49,6 @@ from atomr.train.core.accumulation import (
 from atomr.train.core.checkpoint import (
     Checkpoint,
     check_model_matches,
-    load_checkpoint,
     restored_optimizer,
     save_checkpoint,
 )
@@ -69,6 +68,7 @@ from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.optimizer_state import Optimizer
+from atomr.train.core.sharded_index import merge_shards
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 
 __all__ = ["Trainer"]
@@ -312,7 +312,7 @@ class Trainer(DeviceActor):
     def _load(self, path: Any) -> None:
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
-        ckpt = load_checkpoint(path)
+        ckpt = merge_shards(path)
         check_model_matches(ckpt, model.config(), model.n_params)
         fresh = restored_optimizer(
             self.config.optimizer, model.n_params, ckpt.optimizer, model.backend, model.dtype

@@ -8,7 +8,8 @@ data, validation and the messages every trainer answers. No actors live here.
 - `TrainerConfig` (`config.py`): what every strategy shares.
 - The contract's messages (`messages.py`) and replies (`stats.py`).
 - Checkpoints (`checkpoint.py`; an accumulation window saved in one:
-  `accumulation.py`), data sets (`data.py`), errors (`errors.py`).
+  `accumulation.py`; what every `LoadCheckpoint` reads, a sharded save's
+  files merged: `sharded_index.py`), data sets (`data.py`), errors (`errors.py`).
 - One home per rule: `validation.py` (a batch), `_step_checks.py` (a step's
   loss, normaliser and gradient), `partition.py` (splitting n items into k
   parts), `device_guard.py` (which errors reject a request).

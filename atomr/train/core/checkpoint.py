@@ -67,7 +67,8 @@ _LEN = struct.Struct("<Q")
 
 SHARDED_INDEX_KEY = "sharded"
 """The `extra` key that marks the index of a checkpoint saved one file per
-replica (`atomr.train.sharded.checkpoints`)."""
+replica (written by `atomr.train.sharded.checkpoints`, read by
+`atomr.train.core.sharded_index`)."""
 
 
 @dataclass
@@ -271,13 +272,13 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
             checkpoint older than it: False), layers, input shape or kind, or
             parameter count differ, the weights are not real numbers or are
             wider floats than the model's dtype (loading would round them),
-            or the file is a sharded index.
+            or `ckpt` is the index of a sharded save, not merged (`merge_shards`).
     """
     if SHARDED_INDEX_KEY in ckpt.extra:
         raise CheckpointError(
-            "this file is the index of a checkpoint saved one file per replica: load it "
-            "into a ShardedDataParallelTrainer, or merge it first "
-            "(atomr.train.sharded.merge_shards, then save_checkpoint)"
+            "this is the index of a checkpoint saved one file per replica, not its "
+            "content: read it with merge_shards (atomr.train.sharded), as every "
+            "trainer's LoadCheckpoint does"
         )
     difference = model_difference(ckpt.model, model_config)
     if difference is not None:

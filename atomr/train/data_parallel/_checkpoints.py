@@ -35,10 +35,10 @@ from atomr.train.core.checkpoint import (
     CheckpointError,
     check_model_matches,
     check_optimizer_state,
-    load_checkpoint,
     save_checkpoint,
 )
 from atomr.train.core.config import TrainerConfig
+from atomr.train.core.sharded_index import merge_shards
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import (
@@ -156,7 +156,7 @@ class Checkpoints:
             CheckpointError: the file or its contents do not fit.
             OSError: unreadable.
         """
-        ckpt: Checkpoint = await self.host.run(load_checkpoint, path)
+        ckpt: Checkpoint = await self.host.run(merge_shards, path)
         check_model_matches(ckpt, self.replicas.model, self.replicas.n_params)
         check_optimizer_state(ckpt, self.config.optimizer, self.replicas.n_params)
         dtype = self.replicas.model.get("dtype", "float32")

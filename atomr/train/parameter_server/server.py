@@ -42,13 +42,14 @@ import numpy as np
 from atomr.accel import Device
 from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
-from atomr.train.core.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from atomr.train.core.checkpoint import CheckpointError, save_checkpoint
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint, SetLearningRate
 from atomr.train.core.model.inputs import model_dtype
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
+from atomr.train.core.sharded_index import merge_shards
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
 from atomr.train.parameter_server._clocks import WorkerClocks
 from atomr.train.parameter_server._push_checks import check_push, check_staleness, check_worker
@@ -345,7 +346,7 @@ class ServerShard(ShardStore):
         return Failure(result.error) if isinstance(result, Rejected) else None
 
     async def _load(self, path: Any) -> Any:
-        ckpt = await self.on_device(guarded, load_checkpoint, path)
+        ckpt = await self.on_device(guarded, merge_shards, path)
         if isinstance(ckpt, Rejected):
             return Failure(ckpt.error)
         try:

@@ -40,7 +40,7 @@ from atomr.train._contract import spawn_ready
 from atomr.train._recovery import state_keeping_decider
 from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.core._step_checks import check_step_limit
-from atomr.train.core.checkpoint import load_checkpoint, save_checkpoint
+from atomr.train.core.checkpoint import save_checkpoint
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.data import epoch_order
 from atomr.train.core.messages import (
@@ -54,6 +54,7 @@ from atomr.train.core.messages import (
 )
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
+from atomr.train.core.sharded_index import merge_shards
 from atomr.train.core.stats import StepStats, TrainingState
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
 from atomr.train.parameter_server._layout import Layout
@@ -259,7 +260,7 @@ class AsyncParameterServer(Actor):
 
     async def _load(self, path: Any) -> None:
         """A checkpoint into every range, checked whole before any shard changes."""
-        ckpt = await asyncio.to_thread(load_checkpoint, path)
+        ckpt = await asyncio.to_thread(merge_shards, path)
         ranges = self.layout.ranges
         states = server_states(ckpt, ranges, self.config.optimizer, self.model_config)
         self.pool.weights_changed()  # also when the load fails half-way

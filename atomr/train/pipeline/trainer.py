@@ -58,7 +58,6 @@ from atomr.train.core.checkpoint import (
     CheckpointError,
     check_model_matches,
     check_optimizer_state,
-    load_checkpoint,
     pending_micro_steps,
     save_checkpoint,
 )
@@ -74,6 +73,7 @@ from atomr.train.core.messages import (
     Step,
 )
 from atomr.train.core.model.sequential import Sequential
+from atomr.train.core.sharded_index import merge_shards
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.pipeline._checkpoint import split_checkpoint
 from atomr.train.pipeline._construction import check_props, spawn_stages
@@ -339,7 +339,7 @@ class PipelineParallelTrainer(Actor):
     async def _load(self, group: StageGroup, path: Any) -> None:
         """Check the checkpoint, then load it into every stage, all or none
         (`StageGroup.load`)."""
-        ckpt = await asyncio.to_thread(load_checkpoint, path)
+        ckpt = await asyncio.to_thread(merge_shards, path)
         n = group.offsets[-1]
         check_model_matches(ckpt, group.model_config, n)
         if pending_micro_steps(ckpt) > 0:

@@ -50,7 +50,6 @@ from atomr.train.core.checkpoint import (
     Checkpoint,
     check_model_matches,
     check_optimizer_state,
-    load_checkpoint,
     save_checkpoint,
 )
 from atomr.train.core.clip import clip_coefficient
@@ -65,6 +64,7 @@ from atomr.train.core.messages import (
     Step,
 )
 from atomr.train.core.models import batch_spec
+from atomr.train.core.sharded_index import merge_shards
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.tensor_parallel._thread_group import GroupBroken, ThreadGroup
 from atomr.train.tensor_parallel.layer_messages import (
@@ -267,7 +267,7 @@ class LayerTensorParallelTrainer(Actor):
     async def _load(self, message: LoadCheckpoint) -> None:
         """Check the checkpoint, then give every shard its part."""
         generation = self._watch.generation
-        ckpt = await asyncio.to_thread(load_checkpoint, message.path)
+        ckpt = await asyncio.to_thread(merge_shards, message.path)
         model = self.plan.model
         check_model_matches(ckpt, model.config(), model.n_params)
         check_optimizer_state(ckpt, self.config.optimizer, model.n_params)

@@ -46,7 +46,6 @@ from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_model_matches,
-    load_checkpoint,
     pending_micro_steps,
     save_checkpoint,
 )
@@ -64,6 +63,7 @@ from atomr.train.core.messages import (
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.optimizer import OptimizerKind
+from atomr.train.core.sharded_index import merge_shards
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.validation import validate_batch
 from atomr.train.tensor_parallel._layer_trainer import LayerTensorParallelTrainer
@@ -286,7 +286,7 @@ class TensorParallelTrainer(Actor):
     ) -> None:
         """Check the checkpoint, then load it into every shard, all or none
         (`ShardGroup.load`; `keep_old` as there)."""
-        ckpt = await asyncio.to_thread(load_checkpoint, message.path)
+        ckpt = await asyncio.to_thread(merge_shards, message.path)
         check_model_matches(ckpt, group.model, group.total_params)
         state = ckpt.optimizer
         step = _checked_optimizer_step(ckpt, self.config.optimizer, group.total_params)

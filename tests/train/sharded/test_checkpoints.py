@@ -1,8 +1,8 @@
 """Sharded checkpoints: the full format moves between the sharded trainer (any
 stage, any replica count) and the single-device `Trainer` both ways; the
 one-file-per-replica option merges back on load, into another stage and
-replica count; a missing shard is refused with nothing changed; a save's
-digest covers its shard files."""
+replica count and into any trainer; a missing shard is refused with nothing
+changed; a save's digest covers its shard files."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from atomr.train import (
     TrainerConfig,
     load_checkpoint,
 )
-from atomr.train.core.checkpoint import checkpoint_digest, save_checkpoint
+from atomr.train.core.checkpoint import check_model_matches, checkpoint_digest, save_checkpoint
 from atomr.train.sharded import merge_shards
 from atomr.train.sharded.checkpoints import (
     next_generation,
@@ -99,12 +99,14 @@ async def test_one_file_per_replica_merges_into_another_layout(tmp_path: Path) -
         await _steps(writer, 1)
         await writer.ask(SaveCheckpoint(path))
         assert all(shard_path(path, g, 3, generation=1).is_file() for g in range(3))
-        single = await Trainer.spawn(system, Mlp(SIZES, seed=2), ["cpu:0"], CONFIG)
-        with pytest.raises(CheckpointError, match="merge_shards"):
-            await single.ask(LoadCheckpoint(path))
+        with pytest.raises(CheckpointError, match="merge_shards"):  # the index alone
+            check_model_matches(load_checkpoint(path), Mlp(SIZES).config(), Mlp(SIZES).n_params)
         merged = merge_shards(path)
         np.testing.assert_array_equal(merged.weights, await writer.ask(GetWeights()))
         assert merged.step == 5 and merged.optimizer["step"] == 5
+        single = await Trainer.spawn(system, Mlp(SIZES, seed=2), ["cpu:0"], CONFIG)
+        await single.ask(LoadCheckpoint(path))  # every trainer merges it
+        np.testing.assert_array_equal(await single.ask(GetWeights()), merged.weights)
         reader = await _sharded(system, 2, stage=1)
         await reader.ask(LoadCheckpoint(path))
         np.testing.assert_array_equal(await reader.ask(GetWeights()), merged.weights)

@@ -7,6 +7,7 @@ loader is the saver's own strategy, to float32 rounding otherwise)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from atomr import ActorRef, ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import (
     AsyncParameterServer,
+    CheckpointError,
     DataParallelTrainer,
     GetWeights,
     LoadCheckpoint,
@@ -36,6 +38,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core import GetTrainingState, synthetic_classification
+from atomr.train.core.model import Activation, Linear, Sequential
 from atomr.train.core.schedule import StepLR
 from atomr.train.parameter_server import Consistency
 
@@ -114,3 +117,57 @@ async def test_a_checkpoint_loads_into_every_strategy_and_resumes_its_run(
                 assert loss == pytest.approx(want_loss, rel=1e-5), loader
                 np.testing.assert_allclose(weights, want, rtol=1e-5, atol=2e-7, err_msg=loader)
             await ref.stop()
+
+
+def _layers(seed: int) -> Sequential:
+    """Not an `Mlp`: `TensorParallelTrainer` splits it layer by layer."""
+    return Sequential([Linear(6, 12), Activation("tanh"), Linear(12, 3)], (6,), seed=seed)
+
+
+def _mlp(seed: int) -> Mlp:
+    return Mlp(SIZES, seed=seed)
+
+
+REFUSERS: dict[str, tuple[str, Any]] = {
+    "single": ("Trainer", _mlp),
+    "data-2": ("DataParallelTrainer", _mlp),
+    "zero3-2": ("ShardedDataParallelTrainer", _mlp),
+    "tensor-2": ("TensorParallelTrainer", _mlp),
+    "tensor-layers": ("TensorParallelTrainer", _layers),
+    "pipeline-2": ("PipelineParallelTrainer", _mlp),
+    "ps": ("AsyncParameterServer", _mlp),
+}
+
+
+async def _refused(ref: ActorRef, path: Path) -> str:
+    """`LoadCheckpoint(path)`'s refusal, after checking it changed nothing."""
+    weights = await ref.ask(GetWeights())
+    step = (await ref.ask(GetTrainingState())).step
+    with pytest.raises(CheckpointError) as refusal:
+        await ref.ask(LoadCheckpoint(path))
+    np.testing.assert_array_equal(await ref.ask(GetWeights()), weights)
+    assert (await ref.ask(GetTrainingState())).step == step
+    return str(refusal.value)
+
+
+@pytest.mark.parametrize("loader", list(REFUSERS))
+async def test_every_trainer_refuses_another_optimizer_kind_alike(
+    loader: str, tmp_path: Path
+) -> None:
+    """A checkpoint of another optimizer kind is refused by every trainer
+    with the same message, and leaves its weights and step as they were."""
+    _, model = REFUSERS[loader]
+    sgd = dataclasses.replace(CONFIG, optimizer=OptimizerKind.sgd(0.1))
+    x, y = _batch(0)
+    async with ActorSystem("refusals") as system:
+        saver = await Trainer.spawn(system, model(1), "cpu:0", sgd)
+        await saver.ask(Step(x, y))
+        await saver.ask(SaveCheckpoint(tmp_path / "sgd.ckpt"))
+        await saver.stop()
+        trainer_class, options, n = STRATEGIES.get(loader, STRATEGIES["tensor-2"])
+        ref = await trainer_class.spawn(system, model(5), cpu_devices(n), CONFIG, options)
+        await ref.ask(Step(x, y))
+        assert await _refused(ref, tmp_path / "sgd.ckpt") == (
+            "checkpoint: optimizer state does not fit: state is for 'sgd', "
+            "this optimizer is 'adamw'"
+        )

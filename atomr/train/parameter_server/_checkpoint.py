@@ -77,20 +77,12 @@ def server_states(
     Raises:
         CheckpointError: the checkpoint is for another model, in the middle
             of a gradient accumulation, or holds optimizer state of another
-            kind or shape.
+            kind or shape (`check_optimizer_state`).
     """
     n = ranges[-1][1]
     check_model_matches(ckpt, model_config, n)
     if pending_micro_steps(ckpt) != 0:
         raise CheckpointError("checkpoint is in the middle of a gradient accumulation")
-    try:
-        kind = OptimizerKind.from_config(ckpt.optimizer["kind"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint optimizer state is malformed: {exc!r}") from exc
-    if kind.name != optimizer.name:
-        raise CheckpointError(
-            f"checkpoint optimizer is {kind.name!r}, these servers run {optimizer.name!r}"
-        )
     check_optimizer_state(ckpt, optimizer, n)
     return [
         ServerState(

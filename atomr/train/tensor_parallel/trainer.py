@@ -46,6 +46,7 @@ from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_model_matches,
+    check_optimizer_state,
     pending_micro_steps,
     save_checkpoint,
 )
@@ -62,7 +63,6 @@ from atomr.train.core.messages import (
 )
 from atomr.train.core.mlp import Mlp
 from atomr.train.core.model.sequential import Sequential
-from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.sharded_index import merge_shards
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.validation import validate_batch
@@ -288,9 +288,14 @@ class TensorParallelTrainer(Actor):
         (`ShardGroup.load`; `keep_old` as there)."""
         ckpt = await asyncio.to_thread(merge_shards, message.path)
         check_model_matches(ckpt, group.model, group.total_params)
-        state = ckpt.optimizer
-        step = _checked_optimizer_step(ckpt, self.config.optimizer, group.total_params)
-        await group.load(ckpt.weights, state, step, keep_old=keep_old)
+        check_optimizer_state(ckpt, self.config.optimizer, group.total_params)
+        if pending_micro_steps(ckpt) > 0:
+            raise CheckpointError(
+                "checkpoint is in the middle of a gradient accumulation; "
+                "the tensor-parallel trainer does not accumulate"
+            )
+        step = int(ckpt.optimizer["step"])
+        await group.load(ckpt.weights, ckpt.optimizer, step, keep_old=keep_old)
         self.steps = int(ckpt.step)
 
     async def _reload(self, message: LoadCheckpoint) -> None:
@@ -311,36 +316,6 @@ class TensorParallelTrainer(Actor):
         await self._load(group, message, keep_old=False)  # the old state is lost anyway
         if self._watch.clear(generation):
             self._group = group
-
-
-def _checked_optimizer_step(ckpt: Checkpoint, optimizer: OptimizerKind, total: int) -> int:
-    """The optimizer step count of a checkpoint whose optimizer state fits
-    this trainer (same rule, full-vector buffers, no pending accumulation).
-
-    Raises:
-        CheckpointError: it does not fit (the message says why).
-    """
-    state = ckpt.optimizer
-    try:
-        kind = OptimizerKind.from_config(state["kind"])
-        step = int(state["step"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint optimizer state does not fit: {exc}") from exc
-    if kind.name != optimizer.name:
-        raise CheckpointError(
-            f"checkpoint optimizer is {kind.name!r}, this trainer uses {optimizer.name!r}"
-        )
-    for key, value in state.items():
-        if isinstance(value, np.ndarray) and value.shape != (total,):
-            raise CheckpointError(
-                f"optimizer buffer {key!r} has shape {value.shape}, expected ({total},)"
-            )
-    if pending_micro_steps(ckpt) > 0:
-        raise CheckpointError(
-            "checkpoint is in the middle of a gradient accumulation; "
-            "the tensor-parallel trainer does not accumulate"
-        )
-    return step
 
 
 def _check_props(

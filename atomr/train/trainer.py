@@ -317,7 +317,8 @@ class Trainer(DeviceActor):
         fresh = restored_optimizer(
             self.config.optimizer, model.n_params, ckpt.optimizer, model.backend, model.dtype
         )
-        pending = read_pending(ckpt, model.n_params, self.config.accumulation_steps, model.dtype)
+        accumulation = self.config.accumulation_steps
+        pending = read_pending(ckpt, model.n_params, accumulation, model.dtype, "Trainer")
         # everything checked: now commit
         model.set_params(ckpt.weights)
         self.optimizer = fresh

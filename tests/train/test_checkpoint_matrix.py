@@ -151,23 +151,31 @@ async def _refused(ref: ActorRef, path: Path) -> str:
 
 
 @pytest.mark.parametrize("loader", list(REFUSERS))
-async def test_every_trainer_refuses_another_optimizer_kind_alike(
+async def test_every_trainer_refuses_another_optimizer_and_an_open_window_alike(
     loader: str, tmp_path: Path
 ) -> None:
-    """A checkpoint of another optimizer kind is refused by every trainer
-    with the same message, and leaves its weights and step as they were."""
-    _, model = REFUSERS[loader]
+    """A checkpoint of another optimizer kind, and one saved inside a
+    gradient accumulation window by a trainer of `accumulation_steps=2`, are
+    refused by every trainer (which accumulates 1) with the same message,
+    and leave its weights and step as they were."""
+    trainer_name, model = REFUSERS[loader]
     sgd = dataclasses.replace(CONFIG, optimizer=OptimizerKind.sgd(0.1))
+    windowed = dataclasses.replace(CONFIG, accumulation_steps=2)
     x, y = _batch(0)
     async with ActorSystem("refusals") as system:
-        saver = await Trainer.spawn(system, model(1), "cpu:0", sgd)
-        await saver.ask(Step(x, y))
-        await saver.ask(SaveCheckpoint(tmp_path / "sgd.ckpt"))
-        await saver.stop()
+        for name, config in [("sgd", sgd), ("window", windowed)]:
+            saver = await Trainer.spawn(system, model(1), "cpu:0", config)
+            await saver.ask(Step(x, y))
+            await saver.ask(SaveCheckpoint(tmp_path / f"{name}.ckpt"))
+            await saver.stop()
         trainer_class, options, n = STRATEGIES.get(loader, STRATEGIES["tensor-2"])
         ref = await trainer_class.spawn(system, model(5), cpu_devices(n), CONFIG, options)
         await ref.ask(Step(x, y))
         assert await _refused(ref, tmp_path / "sgd.ckpt") == (
             "checkpoint: optimizer state does not fit: state is for 'sgd', "
             "this optimizer is 'adamw'"
+        )
+        assert await _refused(ref, tmp_path / "window.ckpt") == (
+            "checkpoint was saved 1 micro-step into a gradient accumulation window; "
+            f"{trainer_name} with accumulation_steps=1 cannot resume it"
         )

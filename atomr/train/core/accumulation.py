@@ -12,6 +12,9 @@ window's one batch, for per-sample randomness such as dropout). A trainer
 that accumulates writes them with `accumulation_extra` and reads them back,
 checked, with `read_pending` (the single-device and data-parallel trainers
 share the format, so such a checkpoint moves between them).
+`check_resumable_window` is the one rule every trainer's `LoadCheckpoint`
+refuses a window by: one it cannot resume (its own `accumulation_steps`
+or more; a trainer that does not accumulate has 1, so it resumes none).
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ from atomr.train.core.checkpoint import (
     pending_micro_steps,
 )
 
-__all__ = ["AccumulationWindow", "PendingAccumulation", "accumulation_extra", "read_pending"]
+__all__ = [
+    "AccumulationWindow",
+    "PendingAccumulation",
+    "accumulation_extra",
+    "check_resumable_window",
+    "read_pending",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,8 +126,34 @@ def accumulation_extra(pending: PendingAccumulation | None) -> dict[str, Any]:
     }
 
 
+def check_resumable_window(ckpt: Checkpoint, accumulation_steps: int, trainer: str) -> int:
+    """How many micro-steps into an accumulation window the checkpoint was
+    saved (0: none open), checked to be a window `trainer` can resume: fewer
+    micro-steps than its `accumulation_steps` (1 for a trainer that does not
+    accumulate, which resumes none). It reads the checkpoint only, so a
+    trainer that calls it before loading changes nothing when it raises.
+
+    Args:
+        ckpt: the checkpoint.
+        accumulation_steps: the loading trainer's window (>= 1).
+        trainer: the loading trainer's class name, for the message.
+
+    Raises:
+        CheckpointError: `extra["micro"]` is not a count, or is
+            `accumulation_steps` or more.
+    """
+    micro = pending_micro_steps(ckpt)
+    if micro >= accumulation_steps:
+        steps = f"{micro} micro-step{'s' if micro != 1 else ''}"
+        raise CheckpointError(
+            f"checkpoint was saved {steps} into a gradient accumulation window; "
+            f"{trainer} with accumulation_steps={accumulation_steps} cannot resume it"
+        )
+    return micro
+
+
 def read_pending(
-    ckpt: Checkpoint, n_params: int, accumulation_steps: int, dtype: Any
+    ckpt: Checkpoint, n_params: int, accumulation_steps: int, dtype: Any, trainer: str
 ) -> PendingAccumulation | None:
     """The window a checkpoint was saved in, checked, or None.
 
@@ -127,20 +162,17 @@ def read_pending(
         n_params: the model's parameter count.
         accumulation_steps: the loading trainer's window.
         dtype: the model's dtype (the gradients must be finite in it).
+        trainer: the loading trainer's class name, for the message.
 
     Raises:
-        CheckpointError: `micro` is not an integer in `[0, accumulation_steps)`,
-            or the gradients, loss or normaliser are missing, of another
-            shape, not finite, or (the normaliser, the rows) negative.
+        CheckpointError: a window the trainer cannot resume
+            (`check_resumable_window`), or the gradients, loss or
+            normaliser are missing, of another shape, not finite, or (the
+            normaliser, the rows) negative.
     """
-    micro = pending_micro_steps(ckpt)
+    micro = check_resumable_window(ckpt, accumulation_steps, trainer)
     if micro == 0:
         return None
-    if micro >= accumulation_steps:
-        raise CheckpointError(
-            f"checkpoint is {micro} micro-steps into an accumulation; this trainer "
-            f"accumulates {accumulation_steps}"
-        )
     grads = ckpt.extra.get("accum_grads")
     if not isinstance(grads, np.ndarray) or grads.shape != (n_params,) or grads.dtype.kind != "f":
         shown = type(grads).__name__ if not isinstance(grads, np.ndarray) else grads.dtype

@@ -157,11 +157,12 @@ class Checkpoints:
             OSError: unreadable.
         """
         ckpt: Checkpoint = await self.host.run(merge_shards, path)
-        check_model_matches(ckpt, self.replicas.model, self.replicas.n_params)
-        check_optimizer_state(ckpt, self.config.optimizer, self.replicas.n_params)
+        n = self.replicas.n_params
+        check_model_matches(ckpt, self.replicas.model, n)
+        check_optimizer_state(ckpt, self.config.optimizer, n)
         dtype = self.replicas.model.get("dtype", "float32")
         accumulation = self.config.accumulation_steps
-        return ckpt, read_pending(ckpt, self.replicas.n_params, accumulation, dtype)
+        return ckpt, read_pending(ckpt, n, accumulation, dtype, "DataParallelTrainer")
 
     async def load(self, path: Path) -> Failure | None:
         """Check the checkpoint, then load it into every replica, all or none.

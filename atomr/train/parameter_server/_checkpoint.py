@@ -13,12 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from atomr.train.core.accumulation import check_resumable_window
 from atomr.train.core.checkpoint import (
     Checkpoint,
-    CheckpointError,
     check_model_matches,
     check_optimizer_state,
-    pending_micro_steps,
 )
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.parameter_server.messages import ServerState
@@ -62,6 +61,7 @@ def server_states(
     ranges: Sequence[tuple[int, int]],
     optimizer: OptimizerKind,
     model_config: Mapping[str, Any],
+    loader: str,
 ) -> list[ServerState]:
     """Cut a checkpoint into one state per range, checking everything first.
 
@@ -70,20 +70,22 @@ def server_states(
         ranges: `(start, stop)` of each shard, tiling the whole vector.
         optimizer: the shards' optimizer (the checkpoint's must be of its kind).
         model_config: the model's `Mlp.config()` (the checkpoint's must match).
+        loader: the loading actor's class name, for the messages.
 
     Returns:
         One `ServerState` per range.
 
     Raises:
-        CheckpointError: the checkpoint is for another model, in the middle
-            of a gradient accumulation, or holds optimizer state of another
-            kind or shape (`check_optimizer_state`).
+        CheckpointError: the checkpoint is for another model, holds
+            optimizer state of another kind or shape
+            (`check_optimizer_state`), or was saved in the middle of a
+            gradient accumulation, which a parameter server cannot resume
+            (`check_resumable_window`).
     """
     n = ranges[-1][1]
     check_model_matches(ckpt, model_config, n)
-    if pending_micro_steps(ckpt) != 0:
-        raise CheckpointError("checkpoint is in the middle of a gradient accumulation")
     check_optimizer_state(ckpt, optimizer, n)
+    check_resumable_window(ckpt, 1, loader)  # the servers do not accumulate
     return [
         ServerState(
             ckpt.weights[lo:hi],

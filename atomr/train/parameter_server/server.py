@@ -350,7 +350,8 @@ class ServerShard(ShardStore):
         if isinstance(ckpt, Rejected):
             return Failure(ckpt.error)
         try:
-            (state,) = server_states(ckpt, [(0, self.n)], self.kind, self.model_config)
+            ranges = [(0, self.n)]
+            (state,) = server_states(ckpt, ranges, self.kind, self.model_config, "ServerShard")
         except CheckpointError as exc:
             return Failure(exc)
         result = await self._set_state(state)

@@ -262,7 +262,8 @@ class AsyncParameterServer(Actor):
         """A checkpoint into every range, checked whole before any shard changes."""
         ckpt = await asyncio.to_thread(merge_shards, path)
         ranges = self.layout.ranges
-        states = server_states(ckpt, ranges, self.config.optimizer, self.model_config)
+        optimizer = self.config.optimizer
+        states = server_states(ckpt, ranges, optimizer, self.model_config, "AsyncParameterServer")
         self.pool.weights_changed()  # also when the load fails half-way
         messages = [SetServerState(s) for s in states]
         await ask_all(self.servers, messages, self.config.worker_timeout)

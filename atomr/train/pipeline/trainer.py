@@ -53,12 +53,11 @@ from atomr.train.core._step_checks import (
     check_step_limit,
     evaluation,
 )
+from atomr.train.core.accumulation import check_resumable_window
 from atomr.train.core.checkpoint import (
     Checkpoint,
-    CheckpointError,
     check_model_matches,
     check_optimizer_state,
-    pending_micro_steps,
     save_checkpoint,
 )
 from atomr.train.core.clip import clip_coefficient
@@ -342,10 +341,10 @@ class PipelineParallelTrainer(Actor):
         ckpt = await asyncio.to_thread(merge_shards, path)
         n = group.offsets[-1]
         check_model_matches(ckpt, group.model_config, n)
-        if pending_micro_steps(ckpt) > 0:
-            raise CheckpointError("checkpoint is in the middle of a gradient accumulation")
         # validate the optimizer state on the whole vector before touching any stage
         check_optimizer_state(ckpt, self.config.optimizer, n)
+        accumulation = self.config.accumulation_steps
+        check_resumable_window(ckpt, accumulation, "PipelineParallelTrainer")
         await group.load(split_checkpoint(ckpt, group.offsets))
         self.steps = int(ckpt.step)
 

@@ -20,12 +20,12 @@ import numpy as np
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef
 from atomr.train.comm.agreement import agree_on_failure, agreed
+from atomr.train.core.accumulation import check_resumable_window
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_model_matches,
     check_optimizer_state,
-    pending_micro_steps,
     save_checkpoint,
 )
 from atomr.train.core.config import TrainerConfig
@@ -151,12 +151,8 @@ class ShardedCheckpoints:
     async def _read(self, path: Path) -> Checkpoint:
         ckpt: Checkpoint = await self.host.run(merge_shards, path)
         check_model_matches(ckpt, self.model_config, self.layout.n_params)
-        if pending_micro_steps(ckpt) > 0:
-            raise CheckpointError(
-                "checkpoint was saved in the middle of an accumulation window; "
-                "the sharded trainer cannot resume it"
-            )
         check_optimizer_state(ckpt, self.config.optimizer, self.layout.n_params)
+        check_resumable_window(ckpt, self.config.accumulation_steps, TRAINER)
         return ckpt
 
     async def load(self, path: Path, keep_old: bool) -> int:

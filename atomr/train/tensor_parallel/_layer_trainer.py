@@ -46,6 +46,7 @@ from atomr.train.comm._fanout import (
     set_learning_rate,
 )
 from atomr.train.core._step_checks import check_gradient, check_step_limit, evaluation
+from atomr.train.core.accumulation import check_resumable_window
 from atomr.train.core.checkpoint import (
     Checkpoint,
     check_model_matches,
@@ -271,6 +272,7 @@ class LayerTensorParallelTrainer(Actor):
         model = self.plan.model
         check_model_matches(ckpt, model.config(), model.n_params)
         check_optimizer_state(ckpt, self.config.optimizer, model.n_params)
+        check_resumable_window(ckpt, self.config.accumulation_steps, "TensorParallelTrainer")
         weights = self.plan.split(np.asarray(ckpt.weights, dtype=model.dtype))
         buffers = {
             k: self.plan.split(v) for k, v in ckpt.optimizer.items() if isinstance(v, np.ndarray)

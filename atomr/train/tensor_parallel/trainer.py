@@ -42,12 +42,11 @@ from atomr.train._contract import (
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.core._step_checks import check_gradient, check_step_limit, evaluation
+from atomr.train.core.accumulation import check_resumable_window
 from atomr.train.core.checkpoint import (
     Checkpoint,
-    CheckpointError,
     check_model_matches,
     check_optimizer_state,
-    pending_micro_steps,
     save_checkpoint,
 )
 from atomr.train.core.clip import clip_coefficient
@@ -289,11 +288,7 @@ class TensorParallelTrainer(Actor):
         ckpt = await asyncio.to_thread(merge_shards, message.path)
         check_model_matches(ckpt, group.model, group.total_params)
         check_optimizer_state(ckpt, self.config.optimizer, group.total_params)
-        if pending_micro_steps(ckpt) > 0:
-            raise CheckpointError(
-                "checkpoint is in the middle of a gradient accumulation; "
-                "the tensor-parallel trainer does not accumulate"
-            )
+        check_resumable_window(ckpt, self.config.accumulation_steps, "TensorParallelTrainer")
         step = int(ckpt.optimizer["step"])
         await group.load(ckpt.weights, ckpt.optimizer, step, keep_old=keep_old)
         self.steps = int(ckpt.step)

@@ -34,7 +34,7 @@ def test_a_closed_window_saves_as_none_and_an_open_one_round_trips() -> None:
     window.add(2.0, 4.0, 8)
     saved = window.saved(grads)
     assert saved is not None
-    back = read_pending(_checkpoint(accumulation_extra(saved)), 3, 4, np.float32)
+    back = read_pending(_checkpoint(accumulation_extra(saved)), 3, 4, np.float32, "Trainer")
     assert back is not None
     reopened = AccumulationWindow()
     reopened.reopen(back)
@@ -57,5 +57,7 @@ def test_a_window_at_or_beyond_the_loaders_accumulation_is_refused() -> None:
     window.add(1.0, 1.0, 1)
     window.add(1.0, 1.0, 1)
     extra = accumulation_extra(window.saved(np.zeros(3, np.float32)))
-    with pytest.raises(CheckpointError, match="2 micro-steps"):
-        read_pending(_checkpoint(extra), 3, 2, np.float32)
+    with pytest.raises(
+        CheckpointError, match="2 micro-steps .*; Trainer with accumulation_steps=2"
+    ):
+        read_pending(_checkpoint(extra), 3, 2, np.float32, "Trainer")

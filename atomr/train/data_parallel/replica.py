@@ -17,7 +17,7 @@ from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.comm.ring import RingMember
 from atomr.train.core._step_checks import check_gradient, check_loss
-from atomr.train.core.checkpoint import Checkpoint, CheckpointError, check_model_matches
+from atomr.train.core.checkpoint import Checkpoint, check_model_matches, restored_optimizer
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
@@ -321,12 +321,11 @@ class ReplicaActor(Trainer):
             model.config(),
             model.n_params,
         )
-        fresh = self.config.optimizer.create(model.n_params, model.backend, model.dtype)
+        kind, n, be, dtype = self.config.optimizer, model.n_params, model.backend, model.dtype
         if state.optimizer:
-            try:
-                fresh.load_state_dict(state.optimizer)
-            except (KeyError, ValueError, TypeError) as exc:
-                raise CheckpointError(f"optimizer state does not fit: {exc}") from exc
+            fresh = restored_optimizer(kind, n, state.optimizer, be, dtype, f"replica {self.index}")
+        else:
+            fresh = kind.create(n, be, dtype)
         model.set_params(state.weights)
         self.optimizer = fresh
         self.steps = int(state.steps)

@@ -605,6 +605,22 @@ async def test_divergence_check_fails_loudly(actor_system) -> None:
         await dp.ask(Step(*_data()))
 
 
+@pytest.mark.parametrize("kind", [OptimizerKind.adam(0.01).to_config(), 5])
+async def test_a_replica_refuses_optimizer_state_that_does_not_fit_naming_itself(
+    actor_system, kind: Any
+) -> None:
+    """`SetState` checks optimizer state by the rule a checkpoint load uses
+    (`restored_optimizer`): state of another kind, or a malformed kind, is a
+    `CheckpointError` that names the replica, and its weights stay."""
+    props = ReplicaActor.props(Mlp(SIZES, seed=2), "cpu:0", _config(), index=1)
+    replica = actor_system.spawn(props)
+    state = await replica.ask(GetState())
+    bad = ReplicaState(state.model, state.weights + 1.0, {"kind": kind, "step": 0})
+    with pytest.raises(CheckpointError, match="^replica 1: optimizer state does not fit"):
+        await replica.ask(SetState(bad))
+    np.testing.assert_array_equal((await replica.ask(GetState())).weights, state.weights)
+
+
 # ---------------------------------------------------------------- several processes
 
 

@@ -111,10 +111,10 @@ class Cadence:
         message = ComputeGradients(x, y, k > 0, last and self.runner.reduction.wants_gradients)
         ask = replicas.refs[i].ask(message, timeout=replicas.timeout)
         task = asyncio.ensure_future(ask)
-        busy = self._busy[i]
+        busy, clock = self._busy[i], self.options.clock
         if k == 0:
-            busy[0] = time.perf_counter()
-        task.add_done_callback(lambda _: busy.__setitem__(1, time.perf_counter()))
+            busy[0] = clock()
+        task.add_done_callback(lambda _: busy.__setitem__(1, clock()))
         self._pending[i].append(task)
         self._samples += samples
         if sum(map(len, self._pending)) < sum(self.quotas):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ class LocalSgd:
         seconds: also a round once this long has passed since the last (None: never).
         host: the thread the mean is computed on.
         speed_hint: each replica's initial relative speed (None: equal).
+        clock: what the batches are timed by (`DataParallelOptions.clock`).
     """
 
     def __init__(
@@ -63,12 +65,14 @@ class LocalSgd:
         seconds: float | None,
         host: SerialWorker,
         speed_hint: tuple[float, ...] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.runner = runner
         self.every = every
         self.seconds = seconds
         self.host = host
         self.speed_hint = speed_hint
+        self.clock = clock
         self._seconds_per_sample: list[float] = []
         self._queued: list[list[asyncio.Task[Any]]] = []
         self._free_at: list[float] = []  # when each replica's queue last emptied
@@ -85,7 +89,7 @@ class LocalSgd:
             return
         self._seconds_per_sample = initial_seconds_per_sample(self.speed_hint, n)
         self._queued = [[] for _ in range(n)]
-        self._free_at = [time.perf_counter()] * n
+        self._free_at = [self.clock()] * n
         self._assigned = [0] * n
 
     def _due(self) -> bool:
@@ -132,7 +136,7 @@ class LocalSgd:
 
     def _finished(self, i: int, rows: int, dispatched: float, task: asyncio.Task[Any]) -> None:
         """Replica `i` finished a batch of `rows` handed out at `dispatched`: learn its speed."""
-        now = time.perf_counter()
+        now = self.clock()
         started = max(self._free_at[i], dispatched)
         self._queued[i].remove(task)
         if rows and not task.cancelled() and task.exception() is None and now > started:
@@ -149,10 +153,10 @@ class LocalSgd:
             )
             i = self._pick()
         if not self._queued[i]:
-            self._free_at[i] = time.perf_counter()
+            self._free_at[i] = self.clock()
         after = self._queued[i][-1] if self._queued[i] else None
         task = asyncio.ensure_future(self._local_step(i, x, y, after))
-        rows, dispatched = int(x.shape[0]), time.perf_counter()
+        rows, dispatched = int(x.shape[0]), self.clock()
         task.add_done_callback(lambda t: self._finished(i, rows, dispatched, t))
         self._queued[i].append(task)
         self._round.append((i, task))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import enum
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +104,11 @@ class DataParallelOptions:
             `ReplicaActor` or a subclass (an instrumented or fault-injected
             one, `atomr.testkit.inject_faults`). `props` takes replicas
             already built, so there it must stay `ReplicaActor`.
+        clock: with CADENCE or ASYNC, what the trainer times its replicas'
+            batches by to measure their speeds: a function of no argument
+            returning seconds that never go back (`time.perf_counter`). For
+            tests and benchmarks, which pass a clock they move themselves
+            (`atomr.testkit.ManualClock().time`) to make speeds exact.
 
     Raises:
         TypeError: a setting has the wrong type.
@@ -125,6 +132,7 @@ class DataParallelOptions:
     cadence_auto_tune: bool = True
     cadence_measure_speeds: bool = True
     replica_class: type[ReplicaActor] = ReplicaActor
+    clock: Callable[[], float] = time.perf_counter
 
     def __post_init__(self) -> None:
         if isinstance(self.collective, str):
@@ -149,6 +157,8 @@ class DataParallelOptions:
         rc = self.replica_class
         if not (isinstance(rc, type) and issubclass(rc, ReplicaActor)):
             raise TypeError(f"replica_class must be ReplicaActor or a subclass, got {rc!r}")
+        if not callable(self.clock):
+            raise TypeError(f"clock must be a function returning seconds, got {self.clock!r}")
 
     def _check_policy(self) -> None:
         if not isinstance(self.policy, ApplyPolicy):

@@ -142,7 +142,7 @@ class DataParallelTrainer(Actor):
         self._manual = ManualVerbs(config, self.options, self.replicas, self._runner)
         o = self.options
         self._local = LocalSgd(
-            self._runner, o.average_every, o.average_seconds, self._host, o.speed_hint
+            self._runner, o.average_every, o.average_seconds, self._host, o.speed_hint, o.clock
         )
         self._cadence = Cadence(self._runner, self.options)
 

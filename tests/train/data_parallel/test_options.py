@@ -47,6 +47,7 @@ MISTAKES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     ),
     "replica_class not a replica": ({"replica_class": Trainer}, TypeError, "replica_class"),
     "replica_class not a class": ({"replica_class": "ReplicaActor"}, TypeError, "replica_class"),
+    "clock not a function": ({"clock": 0.0}, TypeError, "clock"),
 }
 
 

@@ -38,11 +38,7 @@ from atomr.train.data_parallel.messages import (
     SetGradients,
 )
 from atomr.train.data_parallel.options import DataParallelOptions
-from atomr.train.data_parallel.speed_balancer import (
-    in_seconds,
-    initial_seconds_per_sample,
-    smoothed,
-)
+from atomr.train.data_parallel.speed_balancer import ReplicaSpeeds
 
 __all__ = ["Cadence"]
 
@@ -62,8 +58,7 @@ class Cadence:
         self.runner = runner
         self.options = options
         self.anchor = options.cadence_anchor
-        self.seconds_per_sample: list[float] | None = None
-        self._in_seconds = False  # measured once: no longer speed_hint's ratio
+        self.speeds: ReplicaSpeeds | None = None
         self.quotas: list[int] = []
         self._busy: list[list[float]] = []
         self.last_share = 0.0
@@ -73,11 +68,10 @@ class Cadence:
 
     def _open_round(self) -> None:
         n = len(self.runner.replicas.refs)
-        if self.seconds_per_sample is None or len(self.seconds_per_sample) != n:
-            self.seconds_per_sample = initial_seconds_per_sample(self.options.speed_hint, n)
-            self._in_seconds = False
-        slowest = max(self.seconds_per_sample)
-        self.quotas = [max(1, round(self.anchor * slowest / t)) for t in self.seconds_per_sample]
+        if self.speeds is None or len(self.speeds.seconds_per_sample) != n:
+            self.speeds = ReplicaSpeeds(self.options.speed_hint, n)
+        spp = self.speeds.seconds_per_sample
+        self.quotas = [max(1, round(self.anchor * max(spp) / t)) for t in spp]
         self._pending = [[] for _ in range(n)]
         self._busy = [[0.0, 0.0] for _ in range(n)]  # first dispatch, last result
         self._samples = 0
@@ -88,8 +82,8 @@ class Cadence:
         work is what the round waits for, and a round closed early has then
         measured it); once each has one, the replica below its quota that
         would finish one more batch first."""
-        spp = self.seconds_per_sample
-        assert spp is not None
+        assert self.speeds is not None
+        spp = self.speeds.seconds_per_sample
         idle = [i for i, pending in enumerate(self._pending) if not pending]
         if idle:
             return max(idle, key=lambda i: spp[i])
@@ -174,7 +168,7 @@ class Cadence:
                 rs[-1] = replace(rs[-1], gradients=np.asarray(held))
 
     def _learn_speeds(self, results: list[list[GradientResult]]) -> None:
-        assert self.seconds_per_sample is not None
+        assert self.speeds is not None
         # wall time from a replica's first batch to its last result: what the
         # round waits for (queueing and a slowed device included)
         measured: dict[int, float] = {}
@@ -183,13 +177,7 @@ class Cadence:
             started, ended = self._busy[i]
             if rows and ended > started:
                 measured[i] = (ended - started) / rows
-        if not measured:
-            return
-        if not self._in_seconds:  # a replica left out of this round keeps its ratio
-            self.seconds_per_sample = in_seconds(self.seconds_per_sample, measured)
-            self._in_seconds = True
-        for i, seconds in measured.items():
-            self.seconds_per_sample[i] = smoothed(self.seconds_per_sample[i], seconds)
+        self.speeds.learn(measured)
 
     def _tune(self, stats: StepStats) -> None:
         share = stats.comm_micros / stats.step_micros if stats.step_micros else 0.0

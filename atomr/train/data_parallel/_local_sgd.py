@@ -7,8 +7,8 @@ answers the `Step` as soon as the batch is handed over (`applied=False`,
 replica k times faster takes about k times as many batches, and no replica
 waits for another between two rounds. A replica takes the batch when it
 would finish it first among those with fewer than `_IN_FLIGHT` batches
-queued (its speed is measured); when every replica has that many, the
-`Step` waits for the first to finish one.
+queued (its speed is measured, `ReplicaSpeeds`); when every replica has
+that many, the `Step` waits for the first to finish one.
 
 Every `average_every` batches, or at the first `Step` that comes
 `average_seconds` after the last round, a round closes: the trainer waits
@@ -39,7 +39,7 @@ from atomr.train.core._step_checks import check_normaliser
 from atomr.train.core.stats import StepStats
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import ApplyReducedGradients, ComputeGradients
-from atomr.train.data_parallel.speed_balancer import initial_seconds_per_sample, smoothed
+from atomr.train.data_parallel.speed_balancer import ReplicaSpeeds
 
 __all__ = ["LocalSgd"]
 
@@ -73,7 +73,7 @@ class LocalSgd:
         self.host = host
         self.speed_hint = speed_hint
         self.clock = clock
-        self._seconds_per_sample: list[float] = []
+        self._speeds = ReplicaSpeeds(speed_hint, 0)
         self._queued: list[list[asyncio.Task[Any]]] = []
         self._free_at: list[float] = []  # when each replica's queue last emptied
         self._round: list[tuple[int, asyncio.Task[Any]]] = []  # (replica, its local step)
@@ -87,7 +87,7 @@ class LocalSgd:
         n = len(self.runner.replicas.refs)
         if len(self._queued) == n:
             return
-        self._seconds_per_sample = initial_seconds_per_sample(self.speed_hint, n)
+        self._speeds = ReplicaSpeeds(self.speed_hint, n)
         self._queued = [[] for _ in range(n)]
         self._free_at = [self.clock()] * n
         self._assigned = [0] * n
@@ -103,7 +103,7 @@ class LocalSgd:
         this round first (-1: every replica is full)."""
         best, best_end = -1, float("inf")
         for i, queued in enumerate(self._queued):
-            end = (self._assigned[i] + 1) * self._seconds_per_sample[i]
+            end = (self._assigned[i] + 1) * self._speeds.seconds_per_sample[i]
             if len(queued) < _IN_FLIGHT and end < best_end:
                 best, best_end = i, end
         return best
@@ -140,8 +140,7 @@ class LocalSgd:
         started = max(self._free_at[i], dispatched)
         self._queued[i].remove(task)
         if rows and not task.cancelled() and task.exception() is None and now > started:
-            measured = (now - started) / rows
-            self._seconds_per_sample[i] = smoothed(self._seconds_per_sample[i], measured)
+            self._speeds.learn({i: (now - started) / rows})
         self._free_at[i] = now
 
     async def _dispatch(self, x: np.ndarray, y: np.ndarray) -> None:

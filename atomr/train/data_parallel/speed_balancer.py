@@ -1,4 +1,5 @@
-"""`SpeedBalancer`: how a data-parallel step splits its batch among replicas.
+"""`SpeedBalancer`: how a data-parallel step splits its batch among replicas;
+`ReplicaSpeeds`: the replicas' speeds as CADENCE and ASYNC measure them.
 
 Off (the default), the batch is split as evenly as possible. On, the split
 follows each replica's measured throughput (samples per second of its
@@ -13,7 +14,7 @@ split.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from numbers import Real
 
 import numpy as np
@@ -23,6 +24,7 @@ from atomr.train.core.partition import split_sizes
 
 __all__ = [
     "WALL_SMOOTHING",
+    "ReplicaSpeeds",
     "SpeedBalancer",
     "check_balance_settings",
     "initial_seconds_per_sample",
@@ -58,6 +60,38 @@ def in_seconds(hinted: list[float], measured: dict[int, float]) -> list[float]:
 def smoothed(old: float, measured: float, weight: float = WALL_SMOOTHING) -> float:
     """The moving average `old` after one more measurement."""
     return (1.0 - weight) * old + weight * measured
+
+
+class ReplicaSpeeds:
+    """Each replica's seconds per sample under CADENCE and ASYNC.
+
+    The estimates start as `speed_hint`'s ratio (`initial_seconds_per_sample`,
+    in no unit); the first measurement puts them all in seconds
+    (`in_seconds`), then each measurement is smoothed in (`smoothed`).
+
+    Args:
+        hint: each replica's relative speed (None: equal).
+        replicas: how many replicas.
+
+    Attributes:
+        seconds_per_sample: the estimates, in replica order.
+    """
+
+    def __init__(self, hint: tuple[float, ...] | None, replicas: int) -> None:
+        self.seconds_per_sample = initial_seconds_per_sample(hint, replicas)
+        self._in_seconds = False
+
+    def learn(self, measured: Mapping[int, float]) -> None:
+        """Smooth in `measured` (replica index: seconds per sample); the first
+        measurement scales every estimate into seconds, so a replica not
+        measured yet keeps its ratio to the others."""
+        if not measured:
+            return
+        if not self._in_seconds:
+            self.seconds_per_sample = in_seconds(self.seconds_per_sample, dict(measured))
+            self._in_seconds = True
+        for i, seconds in measured.items():
+            self.seconds_per_sample[i] = smoothed(self.seconds_per_sample[i], seconds)
 
 
 def _apportion(batch: int, shares: np.ndarray, minimum: int) -> list[int]:

@@ -39,6 +39,8 @@ from atomr.train.data_parallel import (
     ReplicaActor,
 )
 
+from .feed_clock import FeedClock, feed, timed_replica
+
 X, Y = synthetic_classification(96, 6, 3, seed=2)
 ASYNC = DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=3)
 
@@ -149,6 +151,23 @@ async def test_a_slow_replica_does_not_hold_the_others_back() -> None:
     assert answers[-1].samples == 96
     # the fast replica took the batches the slow one could not: at most two queued there
     assert log.count(0) >= 8 and 1 <= log.count(1) <= 4, log
+
+
+async def test_equal_replicas_fed_slowly_share_the_batches() -> None:
+    # each batch is done before the next comes (exact time): the speeds began
+    # as the hint's unitless 1.0 and measured seconds were averaged into them,
+    # so the replica measured more often looked faster and took nearly every
+    # batch (23 of 24); now the first measurement puts every speed in seconds
+    clock = FeedClock()
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    options = DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=4, clock=clock.time,
+                                  replica_class=timed_replica(clock, (0.01, 0.01)))  # fmt: skip
+    async with ActorSystem("local-sgd") as system:
+        dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), config,
+                                             options)  # fmt: skip
+        for k in range(24):
+            await feed(dp, (X[4 * k : 4 * k + 4], Y[4 * k : 4 * k + 4]), clock, gap=1.0)
+    assert clock.batches == [0, 1] * 12
 
 
 class RefusingReplica(ReplicaActor):

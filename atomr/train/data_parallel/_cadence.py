@@ -10,7 +10,9 @@ k times faster gets k times as many batches. When every quota is met, the
 buffers are reduced (weighted by what each saw: the sum of the loss-sum
 gradients over the total normaliser, i.e. the mean gradient of every sample
 of the round) and applied once; that `Step` answers with the round's loss
-and samples. The speeds are measured per round (smoothed), and with
+and samples. The speeds are measured per round (smoothed): a replica's time
+on each of its batches, as ASYNC times them (`ReplicaSpeeds.busy`: not the
+time it waited for a batch), over its samples. With
 `cadence_auto_tune` the anchor grows while the reduction takes more than
 `cadence_target` of a round, and shrinks below half of it.
 The speeds start as `speed_hint`'s ratio; the first measurement puts every
@@ -60,7 +62,7 @@ class Cadence:
         self.anchor = options.cadence_anchor
         self.speeds: ReplicaSpeeds | None = None
         self.quotas: list[int] = []
-        self._busy: list[list[float]] = []
+        self._busy: list[float] = []  # each replica's seconds on its batches this round
         self.last_share = 0.0
         self._pending: list[list[asyncio.Task[Any]]] = []
         self._samples = 0
@@ -69,11 +71,11 @@ class Cadence:
     def _open_round(self) -> None:
         n = len(self.runner.replicas.refs)
         if self.speeds is None or len(self.speeds.seconds_per_sample) != n:
-            self.speeds = ReplicaSpeeds(self.options.speed_hint, n)
+            self.speeds = ReplicaSpeeds(self.options.speed_hint, n, self.options.clock)
         spp = self.speeds.seconds_per_sample
         self.quotas = [max(1, round(self.anchor * max(spp) / t)) for t in spp]
         self._pending = [[] for _ in range(n)]
-        self._busy = [[0.0, 0.0] for _ in range(n)]  # first dispatch, last result
+        self._busy = [0.0] * n
         self._samples = 0
         self._started = time.perf_counter_ns()
 
@@ -98,17 +100,19 @@ class Cadence:
         """Give this batch to a replica; close the round when every quota is met."""
         if not self._pending or all(not p for p in self._pending):
             self._open_round()
-        replicas = self.runner.replicas
+        replicas, speeds = self.runner.replicas, self.speeds
+        assert speeds is not None
         i = self._pick()
         k = len(self._pending[i])
         last = k + 1 == self.quotas[i]
         message = ComputeGradients(x, y, k > 0, last and self.runner.reduction.wants_gradients)
-        ask = replicas.refs[i].ask(message, timeout=replicas.timeout)
-        task = asyncio.ensure_future(ask)
-        busy, clock = self._busy[i], self.options.clock
-        if k == 0:
-            busy[0] = clock()
-        task.add_done_callback(lambda _: busy.__setitem__(1, clock()))
+        busy, dispatched = self._busy, speeds.clock()
+        task = asyncio.ensure_future(replicas.refs[i].ask(message, timeout=replicas.timeout))
+
+        def timed(_: asyncio.Task[Any]) -> None:
+            busy[i] += speeds.busy(i, dispatched)
+
+        task.add_done_callback(timed)
         self._pending[i].append(task)
         self._samples += samples
         if sum(map(len, self._pending)) < sum(self.quotas):
@@ -169,14 +173,11 @@ class Cadence:
 
     def _learn_speeds(self, results: list[list[GradientResult]]) -> None:
         assert self.speeds is not None
-        # wall time from a replica's first batch to its last result: what the
-        # round waits for (queueing and a slowed device included)
         measured: dict[int, float] = {}
         for i, rs in enumerate(results):
             rows = sum(r.samples for r in rs)
-            started, ended = self._busy[i]
-            if rows and ended > started:
-                measured[i] = (ended - started) / rows
+            if rows and self._busy[i] > 0:
+                measured[i] = self._busy[i] / rows
         self.speeds.learn(measured)
 
     def _tune(self, stats: StepStats) -> None:

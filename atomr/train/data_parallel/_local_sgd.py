@@ -73,9 +73,8 @@ class LocalSgd:
         self.host = host
         self.speed_hint = speed_hint
         self.clock = clock
-        self._speeds = ReplicaSpeeds(speed_hint, 0)
+        self._speeds = ReplicaSpeeds(speed_hint, 0, clock)
         self._queued: list[list[asyncio.Task[Any]]] = []
-        self._free_at: list[float] = []  # when each replica's queue last emptied
         self._round: list[tuple[int, asyncio.Task[Any]]] = []  # (replica, its local step)
         self._assigned: list[int] = []
         self._last_round = time.monotonic()
@@ -87,9 +86,8 @@ class LocalSgd:
         n = len(self.runner.replicas.refs)
         if len(self._queued) == n:
             return
-        self._speeds = ReplicaSpeeds(self.speed_hint, n)
+        self._speeds = ReplicaSpeeds(self.speed_hint, n, self.clock)
         self._queued = [[] for _ in range(n)]
-        self._free_at = [self.clock()] * n
         self._assigned = [0] * n
 
     def _due(self) -> bool:
@@ -136,12 +134,10 @@ class LocalSgd:
 
     def _finished(self, i: int, rows: int, dispatched: float, task: asyncio.Task[Any]) -> None:
         """Replica `i` finished a batch of `rows` handed out at `dispatched`: learn its speed."""
-        now = self.clock()
-        started = max(self._free_at[i], dispatched)
+        seconds = self._speeds.busy(i, dispatched)
         self._queued[i].remove(task)
-        if rows and not task.cancelled() and task.exception() is None and now > started:
-            self._speeds.learn({i: (now - started) / rows})
-        self._free_at[i] = now
+        if rows and not task.cancelled() and task.exception() is None and seconds > 0:
+            self._speeds.learn({i: seconds / rows})
 
     async def _dispatch(self, x: np.ndarray, y: np.ndarray) -> None:
         """Hand the batch to a replica, waiting for a free one if all are full."""
@@ -151,11 +147,9 @@ class LocalSgd:
                 [t for q in self._queued for t in q], return_when=asyncio.FIRST_COMPLETED
             )
             i = self._pick()
-        if not self._queued[i]:
-            self._free_at[i] = self.clock()
         after = self._queued[i][-1] if self._queued[i] else None
         task = asyncio.ensure_future(self._local_step(i, x, y, after))
-        rows, dispatched = int(x.shape[0]), self.clock()
+        rows, dispatched = int(x.shape[0]), self._speeds.clock()
         task.add_done_callback(lambda t: self._finished(i, rows, dispatched, t))
         self._queued[i].append(task)
         self._round.append((i, task))

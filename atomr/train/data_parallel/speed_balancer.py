@@ -14,7 +14,7 @@ split.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from numbers import Real
 
 import numpy as np
@@ -63,7 +63,14 @@ def smoothed(old: float, measured: float, weight: float = WALL_SMOOTHING) -> flo
 
 
 class ReplicaSpeeds:
-    """Each replica's seconds per sample under CADENCE and ASYNC.
+    """Each replica's seconds per sample under CADENCE and ASYNC, measured
+    from the trainer's side.
+
+    A batch's time is from the later of its dispatch and the replica's
+    previous result to its result (`busy`): the time the replica worked on
+    it, not the time it waited for it (a trainer fed slower than its replicas
+    compute would otherwise time its feed, and a replica given more batches
+    would look faster), nor the time its earlier queued batches took.
 
     The estimates start as `speed_hint`'s ratio (`initial_seconds_per_sample`,
     in no unit); the first measurement puts them all in seconds
@@ -72,14 +79,29 @@ class ReplicaSpeeds:
     Args:
         hint: each replica's relative speed (None: equal).
         replicas: how many replicas.
+        clock: seconds that never go back (`DataParallelOptions.clock`).
 
     Attributes:
         seconds_per_sample: the estimates, in replica order.
+        clock: as given; a batch's dispatch is read from it.
     """
 
-    def __init__(self, hint: tuple[float, ...] | None, replicas: int) -> None:
+    def __init__(
+        self, hint: tuple[float, ...] | None, replicas: int, clock: Callable[[], float]
+    ) -> None:
         self.seconds_per_sample = initial_seconds_per_sample(hint, replicas)
+        self.clock = clock
         self._in_seconds = False
+        self._last_result = [-math.inf] * replicas
+
+    def busy(self, replica: int, dispatched: float) -> float:
+        """The seconds `replica` worked on the batch dispatched at
+        `dispatched` (a `clock` reading), now that its result (or failure)
+        has come; its results must come in the order of their batches."""
+        now = self.clock()
+        seconds = now - max(self._last_result[replica], dispatched)
+        self._last_result[replica] = now
+        return seconds
 
     def learn(self, measured: Mapping[int, float]) -> None:
         """Smooth in `measured` (replica index: seconds per sample); the first

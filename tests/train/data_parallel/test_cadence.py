@@ -1,7 +1,8 @@
 """`ApplyPolicy.CADENCE` (flodl's El Che): a round of several `Step`s equals
 one single-device step on the union of its batches, with equal speeds and
 with a 3:1 speed split, and through `fit` on digits with pinned and with
-measured rounds; checkpoints close an open round; bad options."""
+measured rounds; quotas follow the replicas' compute, not their feed (exact
+time); checkpoints close an open round; bad options."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ from atomr.train.data_parallel import (
 )
 from atomr.train.data_parallel.messages import ComputeGradients, GradientResult
 from atomr.train.fit import FitCallback, FitPosition, epoch_order
+
+from .feed_clock import FeedClock, feed, timed_replica
 
 CONFIG = TrainerConfig(OptimizerKind.adamw(0.01), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
 X, Y = synthetic_classification(160, 6, 3, seed=4)
@@ -133,6 +136,46 @@ async def test_a_slow_replica_takes_a_batch_before_a_round_closed_early() -> Non
             assert not (await dp.ask(Step(*b))).applied
         assert (await dp.ask(CloseRound())).samples == 32
     assert _Counting.batches == {0: 1, 1: 1}
+
+
+async def _fed_rounds(seconds: tuple[float, float], hint: tuple[float, float] | None,
+                      rounds: int) -> list[tuple[int, int]]:  # fmt: skip
+    """Each round's batches per replica, the replicas taking `seconds` per
+    batch (exact time), a batch coming 1 s after the last one was done."""
+    clock = FeedClock()
+    options = _cadence(speed_hint=hint, cadence_anchor=2, clock=clock.time,
+                       replica_class=timed_replica(clock, seconds))  # fmt: skip
+    counts: list[tuple[int, int]] = []
+    async with ActorSystem("cadence") as system:
+        dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), CONFIG,
+                                             options)  # fmt: skip
+        k = opened = 0
+        while len(counts) < rounds:
+            stats = await feed(dp, B[k % len(B)], clock, gap=1.0)
+            k += 1
+            if stats.applied:
+                done = Counter(clock.batches[opened:])
+                counts.append((done[0], done[1]))
+                opened = len(clock.batches)
+    return counts
+
+
+async def test_equal_replicas_fed_slowly_come_to_equal_quotas_and_stay() -> None:
+    # the replicas wait on their feed, not on their compute: timed from a
+    # replica's first batch to its last result, a round measured mostly the
+    # feed, so the replica given more batches looked faster; from a 2:1 hint
+    # the quotas grew 4, 5, ... 11 to 2 (in real runs noise set it off: 3 to 14)
+    counts = await _fed_rounds((0.01, 0.01), (2.0, 1.0), rounds=8)
+    assert counts[0] == (4, 2)  # the hint
+    assert counts[-5:] == [(2, 2)] * 5
+    assert await _fed_rounds((0.01, 0.01), None, rounds=4) == [(2, 2)] * 4
+
+
+async def test_a_three_times_slower_replica_fed_slowly_comes_to_a_third() -> None:
+    # before: 5 to 2, the feed's time counted in both replicas' speeds
+    counts = await _fed_rounds((0.01, 0.03), None, rounds=8)
+    assert counts[0] == (2, 2)
+    assert counts[-4:] == [(6, 2)] * 4
 
 
 DIGITS = load_digits_split(seed=0)

@@ -212,9 +212,8 @@ class ShardedCheckpoints:
         await self.ask([SetShardState(s, back) for s in old])
 
 
-def _not_loaded(count: int, what: str) -> Exception:
-    """The error of a load that `count` other processes failed to `what`."""
+def _not_loaded(who: str, what: str) -> Exception:
+    """The error of a load that other processes (`who`) failed to `what`."""
     return CheckpointError(
-        f"{count} other process(es) failed to {what}; no process loaded it "
-        "(every replica keeps its state)"
+        f"{who} failed to {what}; no process loaded it (every replica keeps its state)"
     )

@@ -324,11 +324,9 @@ class ShardedPasses:
         return loss_sum, sum(r.normaliser for r in results), sum(r.correct for r in results)
 
 
-def _others_failed(count: int, what: str) -> Exception:
-    """The error of a process whose replicas did not fail, where `count` others' did."""
-    return RuntimeError(
-        f"a replica of {count} other process(es) failed to {what}: every process ended it"
-    )
+def _others_failed(who: str, what: str) -> Exception:
+    """The error of a process whose replicas did not fail, where others' (`who`) did."""
+    return RuntimeError(f"a replica of {who} failed to {what}: every process ended it")
 
 
 def _returned(handed: list[Handed]) -> list[np.ndarray | None]:

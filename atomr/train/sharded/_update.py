@@ -160,10 +160,10 @@ class ShardedUpdate:
         return results
 
 
-def _rolled_back(count: int, what: str) -> Exception:
-    """The error of a step whose update `count` other processes failed to `what`."""
+def _rolled_back(who: str, what: str) -> Exception:
+    """The error of a step whose update other processes (`who`) failed to `what`."""
     return RuntimeError(
-        f"a replica of {count} other process(es) failed to {what} its update: every "
+        f"a replica of {who} failed to {what} its update: every "
         "replica of every process rolled back (nothing applied)"
     )
 
@@ -182,6 +182,6 @@ def _not_served(request: str) -> str:
     )
 
 
-def _unconfirmed(count: int, what: str) -> Exception:
-    """The error of a step whose update `count` other processes could not `what` for sure."""
-    return RuntimeError(f"a replica of {count} other process(es) did not {what} its update")
+def _unconfirmed(who: str, what: str) -> Exception:
+    """The error of a step whose update other processes (`who`) could not `what` for sure."""
+    return RuntimeError(f"a replica of {who} did not {what} its update")

@@ -272,8 +272,10 @@ async def spawn_trainer(
     Raises:
         CliError: the trainer refused the options (for example more
             pipeline stages than layers).
-        CollectiveError: under `--distributed`, a rank failed during the
-            trainer's start (the initial weights' broadcast).
+        RuntimeError: under `--distributed`, another rank failed to start
+            its trainer (named; this rank's trainer was stopped).
+        CollectiveError: under `--distributed`, a rank was lost during the
+            trainer's start (the agreement, the initial weights' broadcast).
     """
     try:
         if run.dist is not None:

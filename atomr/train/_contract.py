@@ -1,6 +1,8 @@
 """The argument checks of the trainer contract, shared by every trainer:
 `X.spawn(system, model, devices, config, options=None, name=None)` and
-`X.props(...)`, and `spawn_ready`, the one way a trainer's `spawn` starts it.
+`X.props(...)`, and `spawn_ready`, the one way a trainer's `spawn` starts it
+(in a multi-process job, agreeing with the other processes that every one
+started before their first collective).
 
 Each check raises before anything is spawned: `TypeError` naming the
 argument for a wrong type, `ValueError` for a value out of range.
@@ -10,15 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from atomr.accel import Device
 from atomr.actor import ActorRef, ActorSystem, Context, Props
+from atomr.train.comm.agreement import agree_on_failure
+from atomr.train.comm.collective import Collective
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.model.sequential import Sequential
 
 __all__ = [
+    "JobPlace",
     "check_config",
     "check_model",
     "check_name",
@@ -211,27 +216,104 @@ def refuse_accumulation(config: TrainerConfig, strategy: str) -> None:
         )
 
 
+class JobPlace(Protocol):
+    """Where a trainer sits in a multi-process job: the fields its options
+    (`DataParallelOptions`, `ShardedOptions`) say it with."""
+
+    @property
+    def process_collective(self) -> Collective | None:
+        """Joins the job's processes (None: a job of one)."""
+
+    @property
+    def process_rank(self) -> int:
+        """This process's rank."""
+
+    @property
+    def process_count(self) -> int:
+        """The job's processes."""
+
+
 async def spawn_ready(
-    system: ActorSystem | Context, props: Props, name: str | None, ready: Any, timeout: float | None
+    system: ActorSystem | Context,
+    props: Props | Callable[[], Props],
+    name: str | None,
+    ready: Any,
+    timeout: float | None,
+    *,
+    job: JobPlace | None = None,
+    then: Any = None,
 ) -> ActorRef:
     """Spawn a trainer and ask it `ready` (a message it answers once its
     workers hold their state); if that fails, stop the trainer and wait (at
     most `STOP_WAIT_S`) until it and its workers are gone, so that a failed
     `spawn` leaves nothing running.
 
+    In a job (`job` with a process collective) the processes then agree
+    whether any failed so far (`agree_on_failure`: one small all-reduce),
+    before `then`, the first message every process takes part in (the
+    initial weight broadcast): a failure on one process fails every
+    process's spawn at once, instead of leaving the others in that
+    broadcast until the collective's timeout.
+
+    Args:
+        system: where to spawn.
+        props: the trainer's `Props`, or what makes them, checking the
+            arguments (in a job, its error is agreed on as a failed start).
+        name: the trainer's actor name, or None.
+        ready: the message answered once this process's workers started
+            (nothing collective), within `timeout` (None: no deadline of its
+            own, each wait inside has one).
+        timeout: see `ready`.
+        job: the trainer's options, which say its place in a job; None or
+            without a process collective: a process of its own.
+        then: asked last, or None; with no deadline of its own (each of its
+            waits has one: the collective's, the workers').
+
     Raises:
-        Exception: what the ask raised (a worker's error while starting, or
-            the timeout), after the trainer stopped.
+        Exception: what making the props or the asks raised (a worker's
+            error while starting, or a timeout), after the trainer stopped;
+            in a job, on the failing process with a note naming its rank.
+        RuntimeError: in a job, another process failed to start (its rank
+            named); this one's trainer was stopped.
+        CollectiveError: a process never joined the agreement.
     """
-    ref: ActorRef = system.spawn(props, name=name)
+    processes = None if job is None else job.process_collective
+    ref: ActorRef | None = None
+    error: Exception | None = None
     try:
-        await ref.ask(ready, timeout=timeout)
+        try:
+            made = props if isinstance(props, Props) else props()  # checks `system` too
+            ref = system.spawn(made, name=name)
+            await ref.ask(ready, timeout=timeout)
+        except Exception as exc:  # in a job, every process hears of it first
+            error = exc
+        if job is not None and processes is not None:
+            place = (job.process_rank, job.process_count)
+            await agree_on_failure(
+                processes, error, "start its trainer", others=_not_started, place=place
+            )
+        elif error is not None:
+            raise error
+        if then is not None:
+            assert ref is not None  # an error was raised above
+            await ref.ask(then, timeout=None)
     except Exception:
-        stopped = ref.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.shield(stopped), STOP_WAIT_S)
+        if ref is not None:
+            stopped = ref.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(stopped), STOP_WAIT_S)
         raise
     except BaseException:  # cancelled: stop it, but do not hold the cancellation up
-        ref.stop()
+        if ref is not None:
+            ref.stop()
         raise
+    assert ref is not None
     return ref
+
+
+def _not_started(who: str, what: str) -> Exception:
+    """The error of a process whose trainer started where others' (`who`) did not."""
+    return RuntimeError(
+        f"{who} failed to {what}, so this process's trainer was stopped too "
+        "(every process of the job stops together)"
+    )

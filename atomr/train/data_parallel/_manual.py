@@ -33,7 +33,6 @@ from atomr.train.data_parallel.messages import (
     ApplyGradients,
     ComputeGradients,
     ComputeReplicaGradients,
-    GetDevices,
     GetGradients,
     GetWorldSize,
     GradientResult,
@@ -52,9 +51,9 @@ MANUAL_VERBS = (
     WeightedAllReduceGradients,
     ApplyGradients,
     GetWorldSize,
-    GetDevices,
 )
-"""The messages of a hand-written loop, which the trainer passes to `ManualVerbs`."""
+"""The messages of a hand-written loop, which the trainer passes to `ManualVerbs`
+(`GetDevices` too is one, answered by the trainer before it syncs the replicas)."""
 
 
 def check_batch_counts(counts: Any, replicas: int) -> np.ndarray:

@@ -38,7 +38,7 @@ from atomr.actor import (
     SupervisorStrategy,
     not_handled,
 )
-from atomr.train._contract import spawn_ready
+from atomr.train._contract import check_options, spawn_ready
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
 from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.comm.mpi.job import shard_for_rank
@@ -70,8 +70,8 @@ from atomr.train.data_parallel.messages import (
     ComputeReplicaGradients,
     EvaluateShard,
     GetDevice,
+    GetDevices,
     GetReplicaWeights,
-    GetWorldSize,
     SetReplicas,
     ShardEval,
     SyncParams,
@@ -192,6 +192,11 @@ class DataParallelTrainer(Actor):
             config, options: as for the class.
             name: the trainer's actor name, or None.
 
+        In a job, every process first starts its replicas (`GetDevices`),
+        then the processes agree whether any failed (`spawn_ready`), and only
+        then broadcast process 0's weights: a failure on one process fails
+        every process's spawn at once, the others' naming its rank.
+
         Returns:
             The trainer's `ActorRef`. The wait has no deadline of its own:
             each wait inside it has one (`config.worker_timeout` for the
@@ -203,12 +208,18 @@ class DataParallelTrainer(Actor):
                 mixed, or `options.speed_hint` not one per device.
             Exception: what the replicas or the process collective raised
                 while starting (the trainer is stopped then).
+            RuntimeError: in a job, another process failed to start (a
+                bad argument there included); its rank is named.
         """
-        config, replica_props, built = spawn_replicas(
-            system, model, devices, config, options, name, cls.__name__
-        )
-        props = cls.props(config, replica_props, built)
-        return await spawn_ready(system, props, name, GetWeights(), None)
+        job = check_options(options, DataParallelOptions, cls.__name__)
+
+        def made() -> Props:
+            checked, replicas, built = spawn_replicas(
+                system, model, devices, config, job, name, cls.__name__
+            )
+            return cls.props(checked, replicas, built)
+
+        return await spawn_ready(system, made, name, GetDevices(), None, job=job, then=GetWeights())
 
     def supervisor_strategy(self) -> SupervisorStrategy:
         """`replica_decider` for the replicas this trainer spawned."""
@@ -249,6 +260,8 @@ class DataParallelTrainer(Actor):
                         "send LoadCheckpoint to go on"
                     )
                 )
+            if isinstance(message, GetDevices):  # local: `spawn` asks it before the first sync
+                return tuple(await self.replicas.gather(GetDevice()))
             await self.replicas.sync(self.options.process_collective)
             return await self._answer(message)
         except Exception as exc:  # every failure is answered; replicas are repaired below
@@ -297,9 +310,7 @@ class DataParallelTrainer(Actor):
             return await self._manual.all_reduce(message.batch_counts)
         if isinstance(message, ApplyGradients):
             return await self._manual.apply()
-        if isinstance(message, GetWorldSize):
-            return len(self.replicas.refs) * self.options.process_count
-        return tuple(await self.replicas.gather(GetDevice()))
+        return len(self.replicas.refs) * self.options.process_count  # GetWorldSize
 
     async def _on_set_replicas(self, message: SetReplicas) -> None:
         refs = list(message.replicas)

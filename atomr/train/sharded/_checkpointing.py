@@ -179,7 +179,10 @@ class ShardedCheckpoints:
         ckpt, old = read_back
         try:
             await agreed(
-                processes, "load the checkpoint", lambda: self._install(ckpt), others=_not_loaded
+                processes,
+                "load the checkpoint",
+                lambda: self._install(ckpt.weights, ckpt.optimizer, int(ckpt.step)),
+                others=_not_loaded,
             )
         except Exception:
             if old is not None:
@@ -187,15 +190,31 @@ class ShardedCheckpoints:
             raise
         return int(ckpt.step)
 
-    async def _install(self, ckpt: Checkpoint) -> None:
-        """Give every local replica its part of `ckpt`.
+    async def from_process_zero(self, weights: np.ndarray) -> None:
+        """Every process starts from process 0's `weights` (this process's
+        initial ones on process 0): a broadcast every process joins; the
+        other processes' replicas take their parts, with a fresh optimizer.
+
+        Raises:
+            Exception: the process collective's error, or the first failing
+                replica's own.
+        """
+        processes = self.options.process_collective
+        assert processes is not None  # only a job's trainer starts so
+        weights = np.ascontiguousarray(weights, dtype=self.dtype)
+        await processes.broadcast([weights], 0)
+        if self.options.process_rank != 0:
+            await self._install(weights, {}, 0)
+
+    async def _install(self, weights: Any, optimizer: dict[str, Any], steps: int) -> None:
+        """Give every local replica its part of the full state.
 
         Raises:
             Exception: the first failing replica's own error.
         """
-        weights = np.asarray(ckpt.weights, dtype=self.dtype)
+        weights = np.asarray(weights, dtype=self.dtype)
         full = weights if self.options.stage < 3 else None
-        parts = split_state(self.layout, weights, ckpt.optimizer, int(ckpt.step))
+        parts = split_state(self.layout, weights, optimizer, steps)
         await self.ask([SetShardState(p, full) for p in parts])
 
     async def _restore(self, old: list[Any]) -> None:

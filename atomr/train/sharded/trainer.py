@@ -36,6 +36,7 @@ checkpointable state (`StateLossWatch`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,7 @@ class ShardedDataParallelTrainer(Actor):
     ) -> None:
         super().__init__()
         self.model_config = model.config()
+        self._initial: Sequential | None = model  # until the processes start from process 0's
         self._spec = batch_spec(self.model_config)
         self.dtype = model.dtype
         self.config, self.layout, self.options = config, layout, options
@@ -143,6 +145,13 @@ class ShardedDataParallelTrainer(Actor):
             options: `ShardedOptions` (None: stage 1, one process).
             name: the trainer's actor name, or None.
 
+        In a job, every process first starts its replicas (from its own
+        `model`), then the processes agree whether any failed (`spawn_ready`),
+        and only then broadcast process 0's weights, which the replicas of
+        the other processes take: a failure on one process (a replica that
+        cannot start, a layout only it refuses) fails every process's spawn
+        at once, the others' naming its rank.
+
         Returns:
             The trainer's `ActorRef`.
 
@@ -152,24 +161,31 @@ class ShardedDataParallelTrainer(Actor):
                 `config.accumulation_steps > 1`, or a replica that would own
                 no parameter (more replicas than the model can be cut into).
             Exception: what a replica raised while starting (the trainer
-                and its replicas are stopped), or the process
-                collective's error (in a job, every process starts from
-                process 0's weights: a broadcast every process joins).
+                and its replicas are stopped), or the process collective's
+                error (the agreement, the broadcast).
+            RuntimeError: in a job, another process failed to start; its
+                rank is named.
         """
-        model, devs, config = check_spawn_args(system, model, devices, config, name)
-        options = check_options(options, ShardedOptions, cls.__name__)
-        refuse_accumulation(config, "sharded data-parallel")
-        if len({d.kind for d in devs}) > 1:
-            raise ValueError("devices mix CPU and CUDA: their kernels round differently")
-        o = options
-        if o.process_collective is not None:  # every process starts from process 0's weights
-            model = await _from_process_zero(model, o.process_collective)
-        layout = ShardLayout.for_model(model, o.stage, len(devs), o.process_count, o.process_rank)
-        replicas = [
-            Props(o.replica_class, model, d, config, o.stage, layout, k) for k, d in enumerate(devs)
-        ]
-        props = Props(cls, model, replicas, config, layout, options)
-        return await spawn_ready(system, props, name, GetShardMemory(), config.worker_timeout)
+        job = check_options(options, ShardedOptions, cls.__name__)
+
+        def made() -> Props:
+            checked, devs, conf = check_spawn_args(system, model, devices, config, name)
+            if job.process_collective is not None:  # process 0's weights: of no seed, alike on all
+                checked = model_from_config(checked.config(), checked.get_params())
+            refuse_accumulation(conf, "sharded data-parallel")
+            if len({d.kind for d in devs}) > 1:
+                raise ValueError("devices mix CPU and CUDA: their kernels round differently")
+            layout = ShardLayout.for_model(
+                checked, job.stage, len(devs), job.process_count, job.process_rank
+            )
+            replicas = [
+                Props(job.replica_class, checked, d, conf, job.stage, layout, k)
+                for k, d in enumerate(devs)
+            ]
+            return Props(cls, checked, replicas, conf, layout, job)
+
+        then = None if job.process_collective is None else _FromProcessZero()
+        return await spawn_ready(system, made, name, GetShardMemory(), None, job=job, then=then)
 
     def supervisor_strategy(self) -> SupervisorStrategy:
         """Resume a replica that raised (its piece is intact); restart one whose
@@ -211,6 +227,8 @@ class ShardedDataParallelTrainer(Actor):
             return await self._evaluate(passes, message)
         if isinstance(message, GetWeights):
             return (await self.checkpoints.full_state())[0]
+        if isinstance(message, _FromProcessZero):
+            return await self._from_process_zero()
         if isinstance(message, GetShardMemory):
             memory: list[ShardMemory] = await self._ask([message] * len(self.refs))
             return memory
@@ -232,6 +250,19 @@ class ShardedDataParallelTrainer(Actor):
             Exception: the first failing replica's own error (`ask_all`).
         """
         return await ask_all(self.refs, messages, self.config.worker_timeout)
+
+    async def _from_process_zero(self) -> None:
+        """Every local replica takes process 0's initial weights
+        (`ShardedCheckpoints.from_process_zero`), once.
+
+        Raises:
+            RuntimeError: asked again.
+            Exception: the collective's error, or a replica's own.
+        """
+        if self._initial is None:
+            raise RuntimeError("the replicas took process 0's initial weights already")
+        weights, self._initial = self._initial.get_params(), None
+        await self.checkpoints.from_process_zero(weights)
 
     async def _load(self, message: LoadCheckpoint) -> None:
         """Load a checkpoint into every replica of every process, all or
@@ -277,11 +308,10 @@ class ShardedDataParallelTrainer(Actor):
         return evaluation(loss_sum, norm, accuracy, x.shape[0])
 
 
-async def _from_process_zero(model: Sequential, processes: Collective) -> Sequential:
-    """`model` with process 0's weights (a broadcast every process joins)."""
-    params = model.get_params()
-    await processes.broadcast([params], 0)
-    return model_from_config(model.config(), params)
+@dataclass(frozen=True)
+class _FromProcessZero:
+    """Sent by `spawn` in a job, once every process started its replicas:
+    every process takes process 0's initial weights (a broadcast)."""
 
 
 def _collective(options: ShardedOptions) -> tuple[Collective, bool]:

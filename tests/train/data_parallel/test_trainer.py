@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr import Actor, Props
+from atomr import Actor, ActorStoppedError, Props
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.testkit import Plan, inject_faults
 from atomr.train import (
@@ -709,7 +709,8 @@ async def test_two_processes_equal_one_device_on_the_global_batch(actor_system, 
         w1 = await _assert_replicas_identical(trainers[1])
         np.testing.assert_array_equal(w0, w1)
         np.testing.assert_allclose(w0, await ref.ask(GetWeights()), rtol=RTOL, atol=ATOL)
-    assert ranks[0].calls[0] == "broadcast" and "all_reduce" in ranks[0].calls
+    # the processes agree that every one started (an all-reduce), then take rank 0's weights
+    assert ranks[0].calls[:3] == ["all_reduce", "broadcast", "all_reduce"]
 
 
 async def test_only_process_0_writes_checkpoints_and_every_process_loads(
@@ -741,3 +742,41 @@ async def test_only_process_0_writes_checkpoints_and_every_process_loads(
     await asyncio.gather(*(t.ask(LoadCheckpoint(paths[0])) for t in trainers))
     for t in trainers:
         np.testing.assert_array_equal(await _assert_replicas_identical(t), saved)
+
+
+async def test_a_replica_failing_to_start_on_one_process_fails_every_processs_spawn(
+    actor_system,
+) -> None:
+    """Rank 1's replica 1 cannot start: both spawns fail before the weight
+    broadcast (rank 0 with an error naming rank 1, not the group's timeout),
+    and neither leaves a trainer or replica running."""
+    plan = Plan()
+    plan.arm("start", RuntimeError)
+    faulty = inject_faults(ReplicaActor, plan, {"start": "pre_start"}, worker=1)
+    group = FakeProcessGroup(2)
+    ranks = [group.rank(0), group.rank(1)]
+    spawned = await asyncio.gather(
+        *(
+            DataParallelTrainer.spawn(
+                actor_system,
+                Mlp(SIZES, seed=50),
+                cpu_devices(2),
+                _config("adamw"),
+                DataParallelOptions(
+                    process_collective=ranks[r],
+                    process_rank=r,
+                    process_count=2,
+                    replica_class=faulty if r == 1 else ReplicaActor,
+                ),
+            )
+            for r in range(2)
+        ),
+        return_exceptions=True,
+    )
+    assert plan.fired == ["start"]
+    assert isinstance(spawned[0], RuntimeError), spawned[0]
+    assert "process rank 1 failed to start its trainer" in str(spawned[0])
+    assert isinstance(spawned[1], ActorStoppedError), spawned[1]  # its replica 1 is gone
+    assert "on process rank 1" in " ".join(spawned[1].__notes__)
+    assert ranks[0].calls == ["all_reduce"]  # no broadcast
+    assert actor_system.actors == []

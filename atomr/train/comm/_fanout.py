@@ -21,6 +21,7 @@ async def ask_all(
     timeout: float | None = DEFAULT_ASK_TIMEOUT,
     *,
     per_worker: bool = True,
+    first_index: int = 0,
 ) -> list[Any]:
     """Ask every worker and return their replies in order.
 
@@ -30,6 +31,8 @@ async def ask_all(
             default), else a single message sent to all.
         timeout: each ask's timeout in seconds (``None``: wait forever).
         per_worker: whether ``messages`` holds one message per worker.
+        first_index: the index of ``refs[0]`` among all the workers, when
+            ``refs`` are the rest of them (a failure names its worker by it).
 
     Returns:
         The replies, in the order of ``refs``.
@@ -41,29 +44,30 @@ async def ask_all(
             see ``raise_first_failure``.
     """
     results = await ask_all_settled(refs, messages, timeout, per_worker=per_worker)
-    raise_first_failure(results)
+    raise_first_failure(results, first_index)
     return results
 
 
-def raise_first_failure(results: list[Any]) -> None:
+def raise_first_failure(results: list[Any], first_index: int = 0) -> None:
     """Re-raise the first exception found in ``results``, if any
     (``first_failure``).
 
     Raises:
         BaseException: that exception.
     """
-    error = first_failure(results)
+    error = first_failure(results, first_index)
     if error is not None:
         raise error
 
 
-def first_failure(results: Sequence[Any]) -> BaseException | None:
+def first_failure(results: Sequence[Any], first_index: int = 0) -> BaseException | None:
     """The first exception found in ``results``, or None.
 
     The exception keeps its own type; ``worker_index`` is set on it and a note
-    names the worker, so the asker knows which one failed.
+    names the worker, so the asker knows which one failed (``results[0]``
+    being worker ``first_index``'s).
     """
-    for index, result in enumerate(results):
+    for index, result in enumerate(results, start=first_index):
         if isinstance(result, BaseException):
             result.worker_index = index  # type: ignore[attr-defined]
             result.add_note(f"raised by worker {index}")

@@ -125,14 +125,20 @@ class ReplicaGroup:
             Exception: a replica's or the collective's failure.
         """
         state: ReplicaState = await self.refs[0].ask(GetState(), timeout=self.timeout)
-        targets = self.refs[1:]
+        first = 1  # replica 0 has its state
         if processes is not None:
             weights = np.ascontiguousarray(state.weights)
             await processes.broadcast([weights], 0)
             state = ReplicaState(state.model, weights, {}, 0)
-            targets = self.refs
-        if targets:
-            await ask_all(targets, SetState(state), self.timeout, per_worker=False)
+            first = 0
+        if self.refs[first:]:
+            await ask_all(
+                self.refs[first:],
+                SetState(state),
+                self.timeout,
+                per_worker=False,
+                first_index=first,
+            )
         self.model = dict(state.model)
         self._spec = None
         self.n_params = int(np.asarray(state.weights).size)

@@ -168,7 +168,7 @@ class ShardedClient:
         version = first.version if return_weights else int(first)
         staleness = version - 1 - msgs[0].worker_version if weight > 0.0 else 0
         rest = [replace(m, arbitrated_staleness=staleness) for m in msgs[1:]]
-        return [first, *await ask_all(self.servers[1:], rest, self.timeout)]
+        return [first, *await ask_all(self.servers[1:], rest, self.timeout, first_index=1)]
 
     async def abort(self, worker: int, versions: Sequence[int], reason: str) -> list[int]:
         """Tell every server that this worker has no gradient for its batch

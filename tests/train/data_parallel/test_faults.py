@@ -49,7 +49,12 @@ from atomr.train import (
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.ring import RingChunk, RingPing
 from atomr.train.core.checkpoint import CheckpointError
-from atomr.train.data_parallel import DataParallelOptions, GetReplicaWeights, ReplicaActor
+from atomr.train.data_parallel import (
+    DataParallelOptions,
+    GetReplicaWeights,
+    ReplicaActor,
+    SyncParams,
+)
 from atomr.train.data_parallel.messages import ComputeGradients, GetState, ReplicaState, SetState
 from tests.reliability.faults import (
     CLASSES,
@@ -295,3 +300,18 @@ async def test_a_replica_failing_mid_load_leaves_every_replica_as_before_the_loa
         for trainer in (dp, clean):
             await asyncio.wait_for(trainer.ask(Step(x, y)), 5)
     await assert_same_training(dp, clean, atol=0.0)
+
+
+async def test_a_replica_refusing_a_re_sync_is_named_by_its_own_index(
+    actor_system: ActorSystem,
+) -> None:
+    """SyncParams gives replica 0's state to the others (`refs[1:]`): a
+    failure of replica 1 was reported as worker 0's."""
+    plan = Plan()
+    spawned = Spawned(actor_system, plan, "host", T)
+    plan.arm("load_refused", CheckpointError, after=True)
+    with pytest.raises(CheckpointError, match="injected failure") as info:
+        await asyncio.wait_for(spawned.trainer.ask(SyncParams()), 5)
+    assert plan.fired == ["load_refused"]
+    assert getattr(info.value, "worker_index", None) == 1
+    assert "raised by worker 1" in getattr(info.value, "__notes__", [])

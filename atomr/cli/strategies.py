@@ -272,7 +272,7 @@ async def spawn_trainer(
     Raises:
         CliError: the trainer refused the options (for example more
             pipeline stages than layers).
-        RuntimeError: under `--distributed`, another rank failed to start
+        OtherProcessFailed: under `--distributed`, another rank failed to start
             its trainer (named; this rank's trainer was stopped).
         CollectiveError: under `--distributed`, a rank was lost during the
             trainer's start (the agreement, the initial weights' broadcast).

@@ -33,7 +33,12 @@ from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
 from atomr.cli.summary import summary_table
 from atomr.cli.training_run import RunStart, plan_start, train_epochs
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError, WorkerStateLost
+from atomr.train.core.errors import (
+    InvalidBatchError,
+    NonFiniteError,
+    OtherProcessFailed,
+    WorkerStateLost,
+)
 from atomr.train.core.text import generate
 from atomr.train.fit import StopFlag
 from atomr.train.metrics import JsonLinesLog, TensorBoardLog
@@ -42,8 +47,16 @@ __all__ = ["EXIT_INTERRUPTED", "train_command"]
 
 EXIT_INTERRUPTED = 130
 
-TRAINING_FAILURES = (NonFiniteError, InvalidBatchError, WorkerStateLost, AskTimeoutError)
-"""What a trainer raises when a run cannot go on: reported in one line, with
+TRAINING_FAILURES = (
+    NonFiniteError,
+    InvalidBatchError,
+    WorkerStateLost,
+    AskTimeoutError,
+    OtherProcessFailed,
+)
+"""What a trainer raises when a run cannot go on (under `--distributed`,
+on the ranks whose part did not fail: the failing rank shows its own
+error): reported in one line, with
 the history written (status "failed"), as is a metrics log or the history
 beside the checkpoint that cannot be written (`_failed_output`); anything
 else is a bug, with its traceback."""

@@ -20,6 +20,7 @@ from atomr.actor import ActorRef, ActorSystem, Context, Props
 from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.comm.collective import Collective
 from atomr.train.core.config import TrainerConfig
+from atomr.train.core.errors import OtherProcessFailed
 from atomr.train.core.model.sequential import Sequential
 
 __all__ = [
@@ -273,8 +274,8 @@ async def spawn_ready(
         Exception: what making the props or the asks raised (a worker's
             error while starting, or a timeout), after the trainer stopped;
             in a job, on the failing process with a note naming its rank.
-        RuntimeError: in a job, another process failed to start (its rank
-            named); this one's trainer was stopped.
+        OtherProcessFailed: in a job, another process failed to start (its
+            rank named); this one's trainer was stopped.
         CollectiveError: a process never joined the agreement.
     """
     processes = None if job is None else job.process_collective
@@ -313,7 +314,7 @@ async def spawn_ready(
 
 def _not_started(who: str, what: str) -> Exception:
     """The error of a process whose trainer started where others' (`who`) did not."""
-    return RuntimeError(
+    return OtherProcessFailed(
         f"{who} failed to {what}, so this process's trainer was stopped too "
         "(every process of the job stops together)"
     )

@@ -321,3 +321,24 @@ def test_a_diverging_run_says_so_in_one_line_and_keeps_its_history(
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert history["status"] == "failed"
     assert (tmp_path / "run" / "curves.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_another_rank_failing_is_one_line_on_this_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under --distributed the ranks whose trainer started get
+    OtherProcessFailed when another rank's did not (the failing rank shows
+    its own error): it printed a traceback, as for a bug."""
+    from atomr.cli import training_run
+    from atomr.train.core import OtherProcessFailed
+
+    async def other_rank_failed(*args: Any) -> Any:
+        raise OtherProcessFailed("process rank 1 failed to start its trainer")
+
+    monkeypatch.setattr(training_run, "spawn_trainer", other_rank_failed)
+    code = main(["train", "--quiet", "--epochs", "1", "--run-dir", str(tmp_path / "run")])
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith("atomr: error: training failed: process rank 1 failed to start"), err
+    assert json.loads((tmp_path / "run" / "history.json").read_text())["status"] == "failed"

@@ -23,6 +23,7 @@ from atomr.train.core.errors import (
     CheckpointError,
     InvalidBatchError,
     NonFiniteError,
+    OtherProcessFailed,
     WorkerStateLost,
 )
 from atomr.train.core.loss import LossKind
@@ -57,6 +58,7 @@ __all__ = [
     "LossKind",
     "Mlp",
     "NonFiniteError",
+    "OtherProcessFailed",
     "Optimizer",
     "OptimizerKind",
     "SaveCheckpoint",

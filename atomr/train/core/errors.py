@@ -7,6 +7,7 @@ __all__ = [
     "CheckpointError",
     "InvalidBatchError",
     "NonFiniteError",
+    "OtherProcessFailed",
     "WorkerStateLost",
 ]
 
@@ -53,6 +54,14 @@ class WorkerStateLost(RuntimeError):
         self.kind = kind
         self.worker = worker
         self.__cause__ = cause
+
+
+class OtherProcessFailed(RuntimeError):
+    """In a job of several processes, another process failed its part of a
+    task this process did without error (a trainer's start, a sharded step,
+    an evaluation); every process ended the task together, as the message
+    says (what was undone or kept). The failing process raised its own
+    error, with a note naming its rank."""
 
 
 class StepLimitError(ValueError):

@@ -208,7 +208,7 @@ class DataParallelTrainer(Actor):
                 mixed, or `options.speed_hint` not one per device.
             Exception: what the replicas or the process collective raised
                 while starting (the trainer is stopped then).
-            RuntimeError: in a job, another process failed to start (a
+            OtherProcessFailed: in a job, another process failed to start (a
                 bad argument there included); its rank is named.
         """
         job = check_options(options, DataParallelOptions, cls.__name__)

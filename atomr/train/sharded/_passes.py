@@ -38,6 +38,7 @@ from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.core._step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.clip import clip_coefficient
 from atomr.train.core.config import TrainerConfig
+from atomr.train.core.errors import OtherProcessFailed
 from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import StepStats
 from atomr.train.sharded._exchange import ShardExchange
@@ -140,7 +141,7 @@ class ShardedPasses:
             NonFiniteError, ValueError: a non-finite loss or gradient, or a
                 zero normaliser (nothing applied).
             Exception: the first failing replica's own error (nothing applied).
-            RuntimeError: only another process's replica failed (nothing
+            OtherProcessFailed: only another process's replica failed (nothing
                 applied anywhere; the message names its rank).
         """
         t0 = time.perf_counter_ns()
@@ -169,7 +170,7 @@ class ShardedPasses:
 
         Raises:
             Exception: `error`, this process's own failure.
-            RuntimeError: another process failed (its rank named).
+            OtherProcessFailed: another process failed (its rank named).
         """
         layout = self.exchange.layout
         flags = [0.0] * layout.processes
@@ -186,7 +187,7 @@ class ShardedPasses:
             raise error
         failed = [rank for rank, flag in enumerate(summed[3:]) if flag]
         if failed:
-            raise RuntimeError(
+            raise OtherProcessFailed(
                 f"a replica of other process(es) (rank {', '.join(map(str, failed))}) failed "
                 "in this step's forward, backward or gradient reduction: nothing was "
                 "applied on any process"
@@ -307,7 +308,7 @@ class ShardedPasses:
 
         Raises:
             Exception: the first failing replica's own error.
-            RuntimeError: only another process's replica failed.
+            OtherProcessFailed: only another process's replica failed.
             Exception: the collective's own error.
         """
         processes = self.exchange.processes
@@ -326,7 +327,7 @@ class ShardedPasses:
 
 def _others_failed(who: str, what: str) -> Exception:
     """The error of a process whose replicas did not fail, where others' (`who`) did."""
-    return RuntimeError(f"a replica of {who} failed to {what}: every process ended it")
+    return OtherProcessFailed(f"a replica of {who} failed to {what}: every process ended it")
 
 
 def _returned(handed: list[Handed]) -> list[np.ndarray | None]:

@@ -20,6 +20,7 @@ import numpy as np
 from atomr.actor import ActorRef
 from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, first_failure
 from atomr.train.comm.agreement import agree_on_failure
+from atomr.train.core.errors import OtherProcessFailed
 from atomr.train.sharded._exchange import ShardExchange
 from atomr.train.sharded.messages import ApplyShard, CommitShard, RollbackShard, SetFullParams
 
@@ -55,7 +56,7 @@ class ShardedUpdate:
 
         Raises:
             Exception: the first failing local replica's own error, or, where
-                only another process's replicas failed, a RuntimeError saying
+                only another process's replicas failed, an OtherProcessFailed saying
                 so (every replica rolled back), or the process collective's error.
             Exception: after the agreement, as `_complete` (a note says the
                 step was applied and is completed before the next request).
@@ -144,7 +145,7 @@ class ShardedUpdate:
 
         Raises:
             Exception: a replica that did not confirm twice, its own error,
-                or a RuntimeError where only another process's did not.
+                or an OtherProcessFailed where only another process's did not.
         """
         results = await ask_all_settled(
             self.refs, CommitShard(token), self.timeout, per_worker=False
@@ -162,7 +163,7 @@ class ShardedUpdate:
 
 def _rolled_back(who: str, what: str) -> Exception:
     """The error of a step whose update other processes (`who`) failed to `what`."""
-    return RuntimeError(
+    return OtherProcessFailed(
         f"a replica of {who} failed to {what} its update: every "
         "replica of every process rolled back (nothing applied)"
     )
@@ -184,4 +185,4 @@ def _not_served(request: str) -> str:
 
 def _unconfirmed(who: str, what: str) -> Exception:
     """The error of a step whose update other processes (`who`) could not `what` for sure."""
-    return RuntimeError(f"a replica of {who} did not {what} its update")
+    return OtherProcessFailed(f"a replica of {who} did not {what} its update")

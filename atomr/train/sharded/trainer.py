@@ -22,7 +22,7 @@ whole weights), unlike `DataParallelTrainer`'s local `GetWeights` and
 
 Faults: a step is atomic (`_passes`, `_update`), so a failure anywhere
 changes no piece, of any process, and the asker gets the failing replica's
-own error (on another process of a job: a `RuntimeError` saying so, at
+own error (on another process of a job: an `OtherProcessFailed` saying so, at
 once: the failing process still joins the step's collectives). A replica
 that raised is resumed with its piece intact. A step agreed but not completed
 (a replica did not confirm its commit) is completed before the next
@@ -163,7 +163,7 @@ class ShardedDataParallelTrainer(Actor):
             Exception: what a replica raised while starting (the trainer
                 and its replicas are stopped), or the process collective's
                 error (the agreement, the broadcast).
-            RuntimeError: in a job, another process failed to start; its
+            OtherProcessFailed: in a job, another process failed to start; its
                 rank is named.
         """
         job = check_options(options, ShardedOptions, cls.__name__)

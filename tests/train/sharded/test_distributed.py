@@ -111,7 +111,7 @@ async def test_an_evaluation_failing_on_one_process_at_stage_3_fails_it_on_every
         ]
         assert "injected failure" in reports[1]["message"]  # rank 1's own error
         if stage == 3:
-            assert reports[0]["type"] == "RuntimeError"
+            assert reports[0]["type"] == "OtherProcessFailed"
             assert "1 other process(es) failed to evaluate" in reports[0]["message"]
         else:
             assert reports[0]["type"] is None

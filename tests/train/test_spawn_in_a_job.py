@@ -34,7 +34,8 @@ def test_a_spawn_failing_on_one_process_fails_on_every_process_naming_it(tmp_pat
     assert sorted(others) == sorted(failing) == sorted([*CASES, "after"])
     for case in CASES:
         theirs, mine = others[case], failing[case]
-        assert theirs["type"] == "OtherProcessFailed", (case, theirs)  # not the collective's timeout
+        # not the collective's timeout:
+        assert theirs["type"] == "OtherProcessFailed", (case, theirs)
         assert "process rank 1 failed to start its trainer" in theirs["message"], case
         assert mine["type"] == OWN_ERRORS[case.split("/")[1]], (
             case,

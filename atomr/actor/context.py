@@ -309,8 +309,9 @@ class Context:
         Returns:
             False if there is no such timer.
         """
-        timers = self._cell.timers
-        return timers is not None and timers.cancel(key)
+        cell = self._cell
+        timers = cell.timers
+        return timers is not None and timers.cancel(key, cell)
 
     @property
     def receive_timeout(self) -> float | None:

@@ -161,14 +161,22 @@ def as_seconds(name: str, value: float) -> float:
 
 
 class TimerSet:
-    """The live timers of one owner (an actor or the system), cancelled together."""
+    """The live timers of one owner (an actor or the system), cancelled together.
 
-    __slots__ = ("_keyed", "_timers")
+    A key finds its live timer only: a one-shot timer that fired is forgotten
+    at once (its message and all, once received), so a key per request does
+    not pile up. Its message may still wait in the mailbox, so replacing or
+    cancelling a key with no live timer looks there for it, at the cost of a
+    pass over the mailbox only while such a message may be queued.
+    """
+
+    __slots__ = ("_fired", "_keyed", "_timers")
 
     def __init__(self) -> None:
         # made on the first schedule: most actors never start a timer
         self._timers: set[Cancellable] | None = None
         self._keyed: dict[Hashable, Cancellable] | None = None
+        self._fired = 0  # keyed one-shots fired since their mailbox was last looked at
 
     def schedule(
         self,
@@ -180,7 +188,7 @@ class TimerSet:
         key: Hashable | None = None,
     ) -> Cancellable:
         """Tell ``message`` to ``target`` after ``delay`` seconds, then every
-        ``interval`` seconds if given. A live timer with the same ``key`` is
+        ``interval`` seconds if given. A timer with the same ``key`` is
         replaced: cancelled, its queued message taken back.
 
         Raises:
@@ -192,7 +200,7 @@ class TimerSet:
         delay = check_delay("delay", delay, allow_zero=True)
         if key is not None:
             hash(key)
-            self.cancel(key)
+            self.cancel(key, target)
         timer = Cancellable(self, scheduler, target, message, delay, interval, key)
         if self._timers is None:
             self._timers, self._keyed = set(), {}
@@ -201,20 +209,45 @@ class TimerSet:
             self._keyed[key] = timer  # type: ignore[index]
         return timer
 
-    def cancel(self, key: Hashable) -> bool:
-        """Cancel the timer started with ``key`` (see ``Cancellable.cancel``).
+    def cancel(self, key: Hashable, target: TickTarget) -> bool:
+        """Cancel the timer started with ``key`` (see ``Cancellable.cancel``):
+        the live one, or a one-shot that fired and whose message still waits
+        in ``target``'s mailbox.
 
         Returns:
             False if there is none, or its message was already received.
         """
         timer = self._keyed.get(key) if self._keyed is not None else None
-        return timer.cancel() if timer is not None else False
+        if timer is not None:
+            return timer.cancel()
+        if not self._fired:
+            return False
+        queued = 0
+
+        def match(timer: Cancellable) -> bool:
+            nonlocal queued
+            if timer.timers is not self or timer._interval is not None or timer.key is None:
+                return False
+            if timer.key == key:
+                return True
+            queued += 1
+            return False
+
+        taken = target.remove_ticks(match)
+        self._fired = queued
+        for timer in taken:
+            timer._cancelled = True
+        return bool(taken)
 
     def fired(self, timer: Cancellable) -> None:
-        """A one-shot ``timer`` fired: no longer live, but its key still finds it
-        (its message may wait in the mailbox, to be taken back if it is replaced)."""
+        """A one-shot ``timer`` fired: no longer live, and its key is free (its
+        message, if queued, is found by ``cancel``)."""
         if self._timers is not None:
             self._timers.discard(timer)
+        if timer.key is not None and self._keyed is not None:
+            if self._keyed.get(timer.key) is timer:
+                del self._keyed[timer.key]
+            self._fired += 1
 
     def forget(self, timer: Cancellable) -> None:
         """Drop ``timer`` for good (cancelled)."""
@@ -236,6 +269,7 @@ class TimerSet:
         if target is not None:
             for timer in target.remove_ticks(lambda timer: timer.timers is self):
                 timer._cancelled = True
+            self._fired = 0
 
     def __len__(self) -> int:
         return len(self._timers) if self._timers is not None else 0

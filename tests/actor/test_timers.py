@@ -8,6 +8,8 @@ waits in the mailbox.
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -173,6 +175,42 @@ async def test_a_replaced_timer_is_not_received(
     await quiet(ref, probe)
     assert clock.advance(0.5) == 1
     await probe.expect_msg((0, "new"))
+
+
+class Payload:
+    """A message a weak reference can follow."""
+
+
+async def test_a_received_keyed_one_shot_is_freed(
+    clock: ManualClock, ref: ActorRef, probe: TestProbe
+) -> None:
+    """A key per request (a request's own deadline, as with Akka's timers) does
+    not pile up: once its message is received, a one-shot timer is forgotten,
+    message and all (it was kept until its key was used again, or forever)."""
+    payload = Payload()
+    freed = weakref.ref(payload)
+    await ref.ask(("once", 0.1, payload, ("request", 1)))
+    del payload
+    clock.advance(0.1)
+    assert (await probe.expect_msg())[1] is freed()
+    await quiet(ref, probe)
+    probe.ref.tell("next")  # an actor's loop holds the last message it handled
+    await probe.expect_msg("next")
+    gc.collect()
+    assert freed() is None
+    assert await ref.ask(("cancel key", ("request", 1))) is False
+
+
+async def test_cancel_timer_takes_back_a_fired_one_shot_still_queued(
+    clock: ManualClock, ref: ActorRef, probe: TestProbe
+) -> None:
+    await ref.ask(("once", 0.1, "tick", "k"))
+    gate = asyncio.get_running_loop().create_future()
+    ref.tell(("hold", gate, ("cancel key", "k")))
+    await probe.expect_msg("holding")
+    assert clock.advance(0.1) == 1  # "tick" is queued behind the handler
+    gate.set_result(None)
+    await quiet(ref, probe)  # taken back by cancel_timer("k"): never received
 
 
 async def test_cancel_timer_by_key(clock: ManualClock, ref: ActorRef, probe: TestProbe) -> None:

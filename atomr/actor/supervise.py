@@ -49,15 +49,27 @@ def decide(strategy: SupervisorStrategy, child: ActorCell, error: BaseException)
     except Exception:
         logger.exception("supervisor decider failed for %s; escalating", child.label)
         return Directive.ESCALATE
-    if child.restart_times.__class__ is tuple:
-        child.restart_times = []
-    if directive is Directive.RESTART and not strategy.allows_restart(
-        child.restart_times,  # type: ignore[arg-type]
-        child.scheduler.time(),
-    ):
+    if directive is Directive.RESTART and not _may_restart(strategy, child):
         logger.warning("%s exceeded %s; stopping it", child.label, strategy)
         return Directive.STOP
     return directive
+
+
+def _may_restart(strategy: SupervisorStrategy, child: ActorCell) -> bool:
+    """Whether ``strategy`` allows restarting ``child`` once more, recording
+    the restart. An all-for-one restart restarts every child of the
+    supervisor, so it counts for each of them (as in Akka): one of them past
+    ``max_restarts`` within ``within`` refuses it."""
+    now = child.scheduler.time()
+    cells = [child]
+    if strategy.applies_to_all:
+        cells += [c for c in child.supervisor.children.values() if c is not child]
+    for cell in cells:
+        if cell.restart_times.__class__ is tuple:
+            cell.restart_times = []
+        if not strategy.allows_restart(cell.restart_times, now):  # type: ignore[arg-type]
+            return False
+    return True
 
 
 async def failed(cell: ActorCell, error: Exception) -> None:

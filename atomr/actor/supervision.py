@@ -129,6 +129,10 @@ class OneForOneStrategy(SupervisorStrategy):
 
 
 class AllForOneStrategy(SupervisorStrategy):
-    """A RESTART or STOP applies to every child of the supervisor."""
+    """A RESTART or STOP applies to every child of the supervisor.
+
+    A restart restarts every child, so it counts against ``max_restarts`` for
+    each of them (as in Akka): past it, a failure of any child stops them all.
+    """
 
     applies_to_all = True

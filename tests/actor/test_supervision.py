@@ -246,6 +246,25 @@ async def test_all_for_one_restarts_siblings(actor_system: ActorSystem) -> None:
     assert restarted == {"a", "b", "c"}
 
 
+async def test_all_for_one_counts_a_restart_for_every_child(actor_system: ActorSystem) -> None:
+    # As in Akka, an AllForOne restart restarts, and so counts against the
+    # limit of, every child: a sibling failing next exceeds max_restarts=1
+    # (each child counted only its own failures: N children, N times the limit)
+    strategy = AllForOneStrategy(max_restarts=1, within=60.0)
+    probe, _, (a, b) = await start(actor_system, strategy, "a", "b")
+    with pytest.raises(RuntimeError):
+        await a.ask(RuntimeError("a fails"))
+    assert await b.ask("x") == 1  # b was restarted too
+    probe.watch(a)
+    probe.watch(b)
+    with pytest.raises(RuntimeError):
+        await b.ask(RuntimeError("b fails"))
+    stopped = set()
+    for _ in range(2):  # past the hooks' reports
+        stopped.add((await probe.fish_for_message(lambda m: isinstance(m, Terminated))).ref)
+    assert stopped == {a, b}
+
+
 async def test_all_for_one_stop_stops_siblings(actor_system: ActorSystem) -> None:
     strategy = AllForOneStrategy(decider=decider)
     probe, _, (a, b) = await start(actor_system, strategy, "a", "b")

@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from atomr.accel import Device, DeviceActor
+if TYPE_CHECKING:
+    from atomr.accel import Device, DeviceActor
 
 __all__ = ["slow_device"]
 
-A = TypeVar("A", bound=type[DeviceActor])
+A = TypeVar("A", bound="type[DeviceActor]")
 T = TypeVar("T")
 
 
@@ -53,6 +54,10 @@ def slow_device(actor_class: A, device: Device | str, factor: float) -> A:
         ValueError: a CUDA device (its time is the GPU's), an unparseable
             device, or a factor below 1 or not finite.
     """
+    # imported here, not with the testkit: pytest loads the testkit's plugin in
+    # every run, which must not import numba (the device layer) for it
+    from atomr.accel import Device, DeviceActor
+
     if not (isinstance(actor_class, type) and issubclass(actor_class, DeviceActor)):
         raise TypeError(f"actor_class must be a DeviceActor subclass, got {actor_class!r}")
     slow = Device.parse(device)

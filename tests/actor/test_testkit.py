@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -16,6 +18,23 @@ from .actors import Echo
 async def test_fixture_gives_running_system(actor_system: ActorSystem) -> None:
     assert isinstance(actor_system, ActorSystem) and not actor_system.is_terminated
     assert actor_system.loop is asyncio.get_running_loop()
+
+
+def test_the_pytest_plugin_loads_neither_numpy_nor_numba() -> None:
+    """pytest loads the plugin in every run of an environment holding atomr:
+    it must not bring the device and training stack along (numba's import,
+    numpy's warning filters, half a second per run, and a broken numba
+    would break every user's pytest)."""
+    code = (
+        "import sys, atomr.testkit.plugin, atomr.testkit\n"
+        "print(sorted(m for m in ('numpy', 'numba', 'atomr.accel') if m in sys.modules))\n"
+        "assert callable(atomr.testkit.slow_device)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"  # was: ['atomr.accel', 'numba', 'numpy']
 
 
 async def test_expect_msg(actor_system: ActorSystem) -> None:

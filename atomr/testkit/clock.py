@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -76,9 +77,15 @@ class ManualClock:
         Returns:
             How many callbacks ran.
         Raises:
-            ValueError, TypeError: for a negative or non-numeric ``seconds``.
+            ValueError, TypeError: for a negative, infinite or non-numeric
+                ``seconds`` (a repeating timer would fall due forever).
         """
-        target = self._now + check_delay("seconds", seconds, allow_zero=True)
+        seconds = check_delay("seconds", seconds, allow_zero=True)
+        if math.isinf(seconds):
+            raise ValueError(
+                "seconds must be finite: a repeating timer would fall due forever; got inf"
+            )
+        target = self._now + seconds
         ran = 0
         calls = self._calls
         while calls and calls[0][0] <= target:

@@ -205,3 +205,20 @@ async def test_manual_clock_runs_due_callbacks_in_time_order() -> None:
     assert ran == [(11.0, "a"), (12.0, "b")] and clock.time() == 15.5
     with pytest.raises(ValueError):
         clock.advance(-1)
+
+
+def test_manual_clock_refuses_to_advance_forever() -> None:
+    # a repeating timer falls due once per interval: an infinite advance never returned
+    clock = ManualClock()
+    ticks: list[float] = []
+
+    def tick() -> None:
+        ticks.append(clock.time())
+        if len(ticks) > 1000:
+            raise RuntimeError("advance(inf) never ends")
+        clock.call_later(0.1, tick)
+
+    clock.call_later(0.1, tick)
+    with pytest.raises(ValueError, match="finite"):
+        clock.advance(float("inf"))
+    assert ticks == [] and clock.time() == 0.0

@@ -219,3 +219,51 @@ async def set_learning_rate(
     """
     optimizer.with_lr(message.lr)
     await ask_all(refs, message, timeout, per_worker=False)
+
+
+async def load_all_or_none(
+    refs: Sequence[ActorRef],
+    messages: Sequence[Any],
+    restore: Sequence[Any] | None,
+    timeout: float | None,
+    kind: str,
+) -> None:
+    """Give every worker its part of a checkpoint, all or none (the tensor-
+    and pipeline-parallel `LoadCheckpoint`): if one fails, every worker is
+    asked its `restore` message, its state from before the load.
+
+    Args:
+        refs: the workers.
+        messages: one loading message per worker.
+        restore: one message per worker giving back its old state, or None
+            when that state is lost anyway (a restarted worker).
+        timeout: each ask's timeout in seconds (None: wait forever). A
+            worker whose load timed out may still load later: its restore
+            waits in its mailbox behind that load.
+        kind: "shard" or "stage", for the note.
+
+    Raises:
+        ValueError: a number of messages that differs from the number of workers.
+        BaseException: the first failing worker's own exception (`worker_index`
+            set, a note saying whether every worker got its old state back),
+            raised after the restore settled.
+    """
+    results = await ask_all_settled(refs, messages, timeout)
+    failed = failed_indices(results)
+    if not failed:
+        return
+    index = failed[0]
+    error: BaseException = results[index]
+    error.worker_index = index  # type: ignore[attr-defined]
+    note = f"{kind} {index} failed to load the checkpoint"
+    if restore is not None:
+        unrestored = failed_indices(await ask_all_settled(refs, restore, timeout))
+        if unrestored:
+            note += (
+                f", and giving the {kind}s back their old state failed on {kind}s "
+                f"{unrestored}: the model is inconsistent, load a checkpoint"
+            )
+        else:
+            note += f"; every {kind} was given back its state from before the load"
+    error.add_note(note)
+    raise error

@@ -12,7 +12,13 @@ import numpy as np
 
 from atomr.actor import ActorRef
 from atomr.train._recovery import ResumedCrashWatch
-from atomr.train.comm._fanout import ask_all, ask_all_or_abort, ask_all_settled, failed_indices
+from atomr.train.comm._fanout import (
+    ask_all,
+    ask_all_or_abort,
+    ask_all_settled,
+    failed_indices,
+    load_all_or_none,
+)
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.models import batch_spec
 from atomr.train.core.validation import BatchSpec
@@ -116,8 +122,8 @@ class StageGroup:
         """
         return await ask_all(self.refs, message, self.timeout, per_worker=False)
 
-    async def _settled(self, messages: Any, per_stage: bool = False) -> list[Any]:
-        return await ask_all_settled(self.refs, messages, self.timeout, per_worker=per_stage)
+    async def _settled(self, message: Any) -> list[Any]:
+        return await ask_all_settled(self.refs, message, self.timeout, per_worker=False)
 
     async def run(self, msgs: list[RunMicroBatches], resumed: ResumedCrashWatch) -> list[Any]:
         """One pipelined pass: every stage's `RunMicroBatches`; at the first
@@ -182,15 +188,13 @@ class StageGroup:
         return merge_stage_states(states)
 
     async def load(self, states: Sequence[StageState]) -> None:
-        """Give every stage its new state; all or none.
+        """Give every stage its new state; all or none (`load_all_or_none`).
 
         Raises:
-            Exception: the first failing stage's, after every stage was given
-                its old state back.
+            Exception: the first failing stage's (`worker_index` set, a note
+                naming it), after every stage was given its old state back.
         """
         old = await self.all(GetStageState())
-        results = await self._settled([SetStageState(s) for s in states], per_stage=True)
-        failed = failed_indices(results)
-        if failed:
-            await self._settled([SetStageState(s) for s in old], per_stage=True)
-            raise results[failed[0]]
+        new = [SetStageState(s) for s in states]
+        restore = [SetStageState(s) for s in old]
+        await load_all_or_none(self.refs, new, restore, self.timeout, "stage")

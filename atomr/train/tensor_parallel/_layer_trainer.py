@@ -43,6 +43,7 @@ from atomr.train.comm._fanout import (
     ask_all_settled,
     failed_indices,
     fence,
+    load_all_or_none,
     set_learning_rate,
 )
 from atomr.train.core._step_checks import check_gradient, check_step_limit, evaluation
@@ -266,7 +267,14 @@ class LayerTensorParallelTrainer(Actor):
         await asyncio.to_thread(save_checkpoint, message.path, ckpt)
 
     async def _load(self, message: LoadCheckpoint) -> None:
-        """Check the checkpoint, then give every shard its part."""
+        """Check the checkpoint, then give every shard its part, all or none:
+        if a shard fails, every shard gets its state from before the load
+        back (`load_all_or_none`), unless a shard had lost it anyway.
+
+        Raises:
+            CheckpointError: a bad checkpoint (nothing was sent).
+            Exception: the first failing shard's own (`worker_index` set).
+        """
         generation = self._watch.generation
         ckpt = await asyncio.to_thread(merge_shards, message.path)
         model = self.plan.model
@@ -283,6 +291,10 @@ class LayerTensorParallelTrainer(Actor):
                 key: (buffers[key][k] if key in buffers else v) for key, v in ckpt.optimizer.items()
             }
             states.append(ShardStateSet(LayerShardState(part, state, int(ckpt.step))))
-        await ask_all(self.refs, states, self.config.worker_timeout)
+        old = None
+        if self._watch.lost() is None:  # else a shard's state is gone: nothing to go back to
+            old = [ShardStateSet(s) for s in await self._states()]
+        timeout = self.config.worker_timeout
+        await load_all_or_none(self.refs, states, old, timeout, "shard")
         self.steps = int(ckpt.step)
         self._watch.clear(generation)

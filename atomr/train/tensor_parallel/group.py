@@ -12,7 +12,11 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import ActorRef, AskTimeoutError
-from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, raise_first_failure
+from atomr.train.comm._fanout import (
+    ask_all,
+    load_all_or_none,
+    raise_first_failure,
+)
 from atomr.train.core.config import TrainerConfig
 from atomr.train.tensor_parallel.messages import (
     LossResult,
@@ -247,38 +251,11 @@ class ShardGroup:
                 shard whose ask timed out may still load later: its restore
                 waits in its mailbox behind that load.
         """
-        old = await self.state() if keep_old else None
+        old = ShardSetState(*await self.state()) if keep_old else None
+        n = len(self.refs)
         message = ShardSetState(weights, optimizer, int(step))
-        results = await ask_all_settled(self.refs, message, self.timeout, per_worker=False)
-        failed = failed_indices(results)
-        if not failed:
-            return
-        rank = failed[0]
-        error: BaseException = results[rank]
-        error.worker_index = rank  # type: ignore[attr-defined]
-        if old is None:
-            error.add_note(f"shard {rank} failed to load the checkpoint")
-        else:
-            error.add_note(await self._restore(old, rank))
-        raise error
-
-    async def _restore(self, old: tuple[np.ndarray, dict[str, Any], int], rank: int) -> str:
-        """Give every shard its slice of `old` back after shard `rank` failed to
-        load; returns the note that says how that went."""
-        restored = await ask_all_settled(
-            self.refs, ShardSetState(*old), self.timeout, per_worker=False
-        )
-        unrestored = failed_indices(restored)
-        if unrestored:
-            return (
-                f"shard {rank} failed to load the checkpoint, and giving the shards back their "
-                f"old state failed on shards {unrestored}: the model is inconsistent, load a "
-                "checkpoint"
-            )
-        return (
-            f"shard {rank} failed to load the checkpoint; every shard was given back its "
-            "state from before the load"
-        )
+        restore = None if old is None else [old] * n
+        await load_all_or_none(self.refs, [message] * n, restore, self.timeout, "shard")
 
     async def gradients(self, x: np.ndarray, y: np.ndarray) -> ShardedGradients:
         """Phase 1 only, returning everything: output, loss, input and weight

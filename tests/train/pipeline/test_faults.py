@@ -11,7 +11,8 @@ training ends where an unfaulted run ends. Last, a stage actor raising
 `ContextPoisoned` is restarted and has lost its layers' state: the trainer
 refuses with `WorkerStateLost` until a checkpoint is loaded. A stage actor
 crashing on a message it was told (`Activations`) fails the step at once,
-even without an ask timeout.
+even without an ask timeout. And a stage crashing while it loads a
+checkpoint: every stage keeps (gets back) its state from before the load.
 
 The faults go in through public seams: `atomr.testkit.inject_faults` on the
 stage's hooks and messages, the trainer's `stage_class` option.
@@ -32,15 +33,18 @@ from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     GetWeights,
+    LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
     PipelineParallelTrainer,
+    SaveCheckpoint,
+    Step,
     Trainer,
     TrainerConfig,
 )
 from atomr.train.pipeline import PipelineOptions, StageActor
-from atomr.train.pipeline.messages import Activations, RunMicroBatches
+from atomr.train.pipeline.messages import Activations, RunMicroBatches, SetStageState
 from tests.reliability.faults import (
     CLASSES,
     IN,
@@ -63,6 +67,7 @@ PLACES: dict[str, str | type] = {
     "actor_crash": RunMicroBatches,  # the actor itself, when a step starts (resumed)
     "context_poisoned": RunMicroBatches,  # the same, as a lost device context (restarted)
     "crash_on_tell": Activations,  # no ask to answer with it
+    "load_crash": SetStageState,  # the other stages load meanwhile
 }
 """Where stage `FAULTY`'s phases fail (`inject_faults`); "mid_optimizer"
 writes half the update first (`dying_optimizer`)."""
@@ -134,3 +139,30 @@ async def test_a_stage_crashing_on_a_told_message_fails_the_step_at_once(
     clean = await _spawn(actor_system, Plan())
     await clean_run(clean, data)
     await assert_same_training(pipe, clean)
+
+
+async def test_a_stage_crashing_mid_load_leaves_every_stage_as_before_the_load(
+    actor_system: ActorSystem, tmp_path: Path
+) -> None:
+    plan = Plan()
+    data = batches()
+    pipe = await _spawn(actor_system, plan)
+    clean = await _spawn(actor_system, Plan())
+    for i, (x, y) in enumerate(data[:2]):
+        for trainer in (pipe, clean):
+            await trainer.ask(Step(x, y), timeout=T)
+        if i == 0:
+            await pipe.ask(SaveCheckpoint(tmp_path / "old.ckpt"), timeout=T)
+    before = await _weights(pipe)
+    plan.arm("load_crash", RuntimeError)
+    with pytest.raises(RuntimeError, match="injected") as failed:
+        await pipe.ask(LoadCheckpoint(tmp_path / "old.ckpt"), timeout=T)
+    assert plan.fired == ["load_crash"]
+    assert getattr(failed.value, "worker_index", None) == FAULTY
+    notes = " ".join(getattr(failed.value, "__notes__", []))
+    assert f"stage {FAULTY} failed to load" in notes and "every stage was given back" in notes
+    np.testing.assert_array_equal(await _weights(pipe), before)
+    for x, y in data[2:]:  # optimizer state and step count as before the load
+        for trainer in (pipe, clean):
+            await trainer.ask(Step(x, y), timeout=T)
+    await assert_same_training(pipe, clean, atol=0.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,10 @@ from atomr.actor import AskTimeoutError
 from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     GetWeights,
+    LoadCheckpoint,
     LossKind,
     OptimizerKind,
+    SaveCheckpoint,
     Step,
     TensorParallelOptions,
     TensorParallelTrainer,
@@ -31,6 +34,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core.model import gpt
+from atomr.train.tensor_parallel.layer_messages import ShardStateSet
 from atomr.train.tensor_parallel.layer_shard import LayerShardActor
 
 CONFIG = TrainerConfig(
@@ -109,6 +113,41 @@ async def test_a_shard_late_past_the_deadline_fails_its_step_only(late: int) -> 
             await tp.ask(Step(x, y), timeout=30)
             await one.ask(Step(x, y))
         assert plan.fired == ["pass"]
+        np.testing.assert_allclose(
+            await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
+        )
+
+
+async def test_a_shard_failing_to_load_a_checkpoint_leaves_every_shard_as_before(
+    tmp_path: Path,
+) -> None:
+    """Shard 1 crashes on its part of a checkpoint while shard 0 loads its own:
+    the asker gets shard 1's error, every shard keeps (gets back) its weights,
+    optimizer state and step count, and training goes on as if no load was
+    asked."""
+    plan = Plan()
+    faulty = inject_faults(LayerShardActor, plan, {"load": ShardStateSet}, worker=1)
+    options = TensorParallelOptions(layer_shard_class=faulty)
+    data = _data(4)
+    async with ActorSystem("tp-load") as system:
+        tp = await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), CONFIG, options)
+        one = await Trainer.spawn(system, _model(), ["cpu:0"], CONFIG)
+        for i, (x, y) in enumerate(data[:2]):
+            await tp.ask(Step(x, y))
+            await one.ask(Step(x, y))
+            if i == 0:
+                await tp.ask(SaveCheckpoint(tmp_path / "old.ckpt"))
+        before = await tp.ask(GetWeights())
+        plan.arm("load", RuntimeError)
+        with pytest.raises(RuntimeError, match="injected failure") as failed:
+            await tp.ask(LoadCheckpoint(tmp_path / "old.ckpt"))
+        assert plan.fired == ["load"]
+        assert getattr(failed.value, "worker_index", None) == 1
+        assert "every shard was given back" in " ".join(failed.value.__notes__)
+        np.testing.assert_array_equal(await tp.ask(GetWeights()), before)
+        for x, y in data[2:]:  # momentum and step count (dropout) as before the load
+            await tp.ask(Step(x, y))
+            await one.ask(Step(x, y))
         np.testing.assert_allclose(
             await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
         )

@@ -11,11 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from atomr.actor import ActorRef, AskTimeoutError
+from atomr.actor import ActorRef
 from atomr.train.comm._fanout import (
     ask_all,
+    ask_all_settled,
+    failed_indices,
+    first_failure,
     load_all_or_none,
-    raise_first_failure,
 )
 from atomr.train.core.config import TrainerConfig
 from atomr.train.tensor_parallel.messages import (
@@ -187,29 +189,29 @@ class ShardGroup:
         """Phase 2: every shard applies its optimizer; all or none.
 
         Raises:
-            Exception: the first failing shard's exception, after the shards
-                that applied have rolled back. A shard whose ask timed out
-                may still apply later: it is sent `ShardRollback` too (the
-                rollback is queued behind its apply).
+            Exception: the first failing shard's exception, after every shard
+                was sent `ShardRollback`: any may have applied (one whose ask
+                timed out applies later, its rollback queued behind; one whose
+                actor raised may have raised after its swap), and one that
+                did not apply answers it with an error that changes nothing.
+                A shard that answered its apply and then failed to roll back
+                is named in a note.
         """
-        kwargs = {"timeout": self.timeout}
-        results = await asyncio.gather(
-            *(ref.ask(ShardApply(scale), **kwargs) for ref in self.refs), return_exceptions=True
+        results = await ask_all_settled(
+            self.refs, ShardApply(scale), self.timeout, per_worker=False
         )
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            done = [
-                ref
-                for ref, r in zip(self.refs, results, strict=True)
-                if r is None or isinstance(r, AskTimeoutError)
-            ]
-            rolled = await asyncio.gather(
-                *(ref.ask(ShardRollback(), **kwargs) for ref in done), return_exceptions=True
+        if not failed_indices(results):
+            return
+        rolled = await ask_all_settled(self.refs, ShardRollback(), self.timeout, per_worker=False)
+        error = first_failure(results)
+        assert error is not None
+        stuck = [i for i in failed_indices(rolled) if results[i] is None]
+        if stuck:
+            error.add_note(
+                f"shards {stuck} applied but failed to roll back: the model is inconsistent, "
+                "load a checkpoint"
             )
-            for r in rolled:
-                if isinstance(r, BaseException):
-                    r.add_note("rolling back after a failed apply also failed")
-            raise_first_failure(list(results))
+        raise error
 
     async def gather(self, what: str = "params") -> np.ndarray:
         """The full flat parameters ("params") or gradients ("grads")."""

@@ -46,6 +46,7 @@ from atomr.train import (
 )
 from atomr.train.tensor_parallel import ShardActor, TensorParallelOptions
 from atomr.train.tensor_parallel.messages import (
+    ShardApply,
     ShardForward,
     ShardGather,
     ShardGetState,
@@ -82,6 +83,7 @@ PLACES: dict[str, str | type] = {
     "actor_crash": ShardForward,  # raised in the actor, not answered (resumed)
     "context_poisoned": ShardForward,  # the same, as a lost device context (restarted)
     "load_crash": ShardSetState,  # the other shard loads meanwhile
+    "apply_crash": ShardApply,  # armed `after`: applied, then the actor raises
 }
 """Where shard `FAULTY_RANK`'s phases fail (`inject_faults`); "mid_optimizer"
 writes half the update first (`dying_optimizer`)."""
@@ -156,6 +158,26 @@ async def test_a_crashed_shard_actor_is_resumed_and_training_continues(
     tp = await spawned.spawn(actor_system)
     error, views = await faulted_run(tp, data, plan, "actor_crash", spawned.slices, RuntimeError)
     assert isinstance(error, RuntimeError) and "injected" in str(error), repr(error)
+    assert_unchanged(views)
+    clean = await _spawn(actor_system)
+    await clean_run(clean, data)
+    await assert_same_training(tp, clean)
+
+
+async def test_a_shard_actor_crashing_after_its_apply_is_rolled_back_too(
+    actor_system: ActorSystem,
+) -> None:
+    """Shard 1 applies its update, then its actor raises instead of replying:
+    the step failed, so shard 1 must roll back with the others."""
+    plan = Plan()
+    data = batches()
+    spawned = Spawned(plan)
+    tp = await spawned.spawn(actor_system)
+    error, views = await faulted_run(
+        tp, data, plan, "apply_crash", spawned.slices, RuntimeError, after=True
+    )
+    assert isinstance(error, RuntimeError) and "injected" in str(error), repr(error)
+    assert plan.fired == ["apply_crash"]
     assert_unchanged(views)
     clean = await _spawn(actor_system)
     await clean_run(clean, data)

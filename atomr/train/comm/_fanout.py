@@ -207,6 +207,45 @@ async def ask_all_or_abort(
                 t.cancel()
 
 
+async def ask_all_settled_or_abort(
+    refs: Sequence[ActorRef],
+    messages: Sequence[Any],
+    on_failure: Callable[[], Awaitable[Any]],
+    timeout: float | None = DEFAULT_ASK_TIMEOUT,
+) -> list[Any]:
+    """`ask_all_settled`, but `on_failure()` is awaited as soon as one ask
+    fails: for workers that meet each other mid-request (tensor-parallel
+    shards), which wait for one that failed before it came.
+
+    Args:
+        refs: the workers.
+        messages: one message per worker.
+        on_failure: coroutine function run once, at the first failure.
+        timeout: each ask's timeout in seconds (``None``: wait forever).
+
+    Returns:
+        One entry per worker, in the order of ``refs``: its reply, or the
+        exception its ask raised.
+
+    Raises:
+        ValueError: the number of messages differs from the number of workers.
+    """
+    messages = list(messages)
+    if len(messages) != len(refs):
+        raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
+    tasks = [
+        asyncio.ensure_future(ref.ask(message, timeout))
+        for ref, message in zip(refs, messages, strict=True)
+    ]
+    pending: set[asyncio.Future[Any]] = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        if any(t.exception() is not None for t in done):
+            await on_failure()
+            break
+    return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+
 async def set_learning_rate(
     optimizer: Any, refs: Sequence[ActorRef], message: Any, timeout: float | None
 ) -> None:

@@ -41,6 +41,7 @@ from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import (
     ask_all,
     ask_all_settled,
+    ask_all_settled_or_abort,
     failed_indices,
     fence,
     load_all_or_none,
@@ -86,10 +87,13 @@ __all__ = ["LayerTensorParallelTrainer"]
 
 
 def _first_own_error(results: list[Any]) -> BaseException:
-    """The failure to report: the first that is not a shard woken by another's."""
-    errors = [r for r in results if isinstance(r, BaseException)]
-    own = [e for e in errors if not isinstance(e, GroupBroken)]
-    return (own or errors)[0]
+    """The failure to report, `worker_index` set: the first that is not a
+    shard woken by another's."""
+    errors = [(k, r) for k, r in enumerate(results) if isinstance(r, BaseException)]
+    own = [(k, e) for k, e in errors if not isinstance(e, GroupBroken)]
+    index, error = (own or errors)[0]
+    error.worker_index = index  # type: ignore[attr-defined]
+    return error
 
 
 def _still_busy(late: list[int]) -> str:
@@ -189,8 +193,8 @@ class LayerTensorParallelTrainer(Actor):
         if self.group.broken and (late := await self._settle()):
             raise GroupBroken(f"{_still_busy(late)}; nothing was sent, try again later")
         msg = ShardPass(x, y, train, self.steps)
-        results = await ask_all_settled(
-            self.refs, msg, self.config.worker_timeout, per_worker=False
+        results = await ask_all_settled_or_abort(
+            self.refs, [msg] * len(self.refs), self._wake, self.config.worker_timeout
         )
         if failed_indices(results):
             error = _first_own_error(results)
@@ -199,6 +203,11 @@ class LayerTensorParallelTrainer(Actor):
                 error.add_note(f"{_still_busy(late)}; the next request waits for them first")
             raise error
         return results
+
+    async def _wake(self) -> None:
+        """Wake the shards waiting mid-pass: a shard's ask failed, and one
+        that failed before its pass began (its actor raised) never comes."""
+        self.group.abort()
 
     async def _settle(self) -> list[int]:
         """Make the group usable again once no shard is in a pass: wake the

@@ -9,6 +9,7 @@ with that pass before the next one."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core.model import gpt
-from atomr.train.tensor_parallel.layer_messages import ShardStateSet
+from atomr.train.tensor_parallel.layer_messages import ShardPass, ShardStateSet
 from atomr.train.tensor_parallel.layer_shard import LayerShardActor
 
 CONFIG = TrainerConfig(
@@ -148,6 +149,36 @@ async def test_a_shard_failing_to_load_a_checkpoint_leaves_every_shard_as_before
         for x, y in data[2:]:  # momentum and step count (dropout) as before the load
             await tp.ask(Step(x, y))
             await one.ask(Step(x, y))
+        np.testing.assert_allclose(
+            await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
+        )
+
+
+async def test_a_shard_actor_crashing_on_its_pass_wakes_the_others_at_once() -> None:
+    """Shard 1's actor raises on `ShardPass` before its pass starts (it is
+    resumed), so it never meets shard 0 mid-pass: shard 0 must be woken at
+    once, not wait forever (no deadline here); the asker gets shard 1's own
+    error, nothing changed, and training goes on."""
+    config = dataclasses.replace(CONFIG, worker_timeout=None)
+    plan = Plan()
+    faulty = inject_faults(LayerShardActor, plan, {"crash": ShardPass}, worker=1)
+    options = TensorParallelOptions(layer_shard_class=faulty)
+    data = _data(4)
+    async with ActorSystem("tp-crash") as system:
+        tp = await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), config, options)
+        one = await Trainer.spawn(system, _model(), ["cpu:0"], config)
+        for i, (x, y) in enumerate(data):
+            if i == 1:
+                before = await tp.ask(GetWeights())
+                plan.arm("crash", RuntimeError)
+                with pytest.raises(RuntimeError, match="injected failure") as failed:
+                    await asyncio.wait_for(tp.ask(Step(x, y), timeout=None), 60)
+                assert getattr(failed.value, "worker_index", None) == 1
+                np.testing.assert_array_equal(await tp.ask(GetWeights()), before)
+                continue
+            await tp.ask(Step(x, y))
+            await one.ask(Step(x, y))
+        assert plan.fired == ["crash"]
         np.testing.assert_allclose(
             await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
         )

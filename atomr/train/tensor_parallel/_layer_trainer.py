@@ -239,7 +239,15 @@ class LayerTensorParallelTrainer(Actor):
         return StepStats(first.loss_sum / first.normaliser, grad_norm, int(micros), int(x.shape[0]))
 
     async def _apply(self, coefficient: float) -> None:
-        """Every shard updates and keeps it, or none does (all roll back)."""
+        """Every shard updates and keeps it, or none does (all roll back).
+
+        Once every shard applied, the new state is current everywhere and the
+        step is done: `ShardCommit` only frees the old state, so a shard that
+        fails it is not an error (its next `ShardApply` commits first).
+
+        Raises:
+            Exception: the first failing shard's own, after every shard rolled back.
+        """
         self._token += 1
         token, timeout = self._token, self.config.worker_timeout
         results = await ask_all_settled(
@@ -248,7 +256,7 @@ class LayerTensorParallelTrainer(Actor):
         if failed_indices(results):
             await ask_all_settled(self.refs, ShardRollback(token), timeout, per_worker=False)
             raise _first_own_error(results)
-        await ask_all(self.refs, ShardCommit(token), timeout, per_worker=False)
+        await ask_all_settled(self.refs, ShardCommit(token), timeout, per_worker=False)
 
     async def _evaluate(self, message: Evaluate) -> EvalResult:
         x, y = self.spec.validate(message.features, message.labels, self.config.loss)

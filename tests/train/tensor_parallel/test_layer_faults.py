@@ -35,7 +35,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core.model import gpt
-from atomr.train.tensor_parallel.layer_messages import ShardPass, ShardStateSet
+from atomr.train.tensor_parallel.layer_messages import ShardCommit, ShardPass, ShardStateSet
 from atomr.train.tensor_parallel.layer_shard import LayerShardActor
 
 CONFIG = TrainerConfig(
@@ -179,6 +179,28 @@ async def test_a_shard_actor_crashing_on_its_pass_wakes_the_others_at_once() -> 
             await tp.ask(Step(x, y))
             await one.ask(Step(x, y))
         assert plan.fired == ["crash"]
+        np.testing.assert_allclose(
+            await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
+        )
+
+
+async def test_a_shard_failing_its_commit_does_not_fail_an_applied_step() -> None:
+    """Every shard applied; shard 1's actor then raises on `ShardCommit`. The
+    new weights are already current on every shard, so the step counts as
+    done (it cannot be undone on the shards that committed): the trainer
+    stays equal to one device trained on every step."""
+    plan = Plan()
+    faulty = inject_faults(LayerShardActor, plan, {"commit": ShardCommit}, worker=1)
+    options = TensorParallelOptions(layer_shard_class=faulty)
+    async with ActorSystem("tp-commit") as system:
+        tp = await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), CONFIG, options)
+        one = await Trainer.spawn(system, _model(), ["cpu:0"], CONFIG)
+        for i, (x, y) in enumerate(_data(4)):
+            if i == 1:
+                plan.arm("commit", RuntimeError)
+            await tp.ask(Step(x, y))
+            await one.ask(Step(x, y))
+        assert plan.fired == ["commit"]
         np.testing.assert_allclose(
             await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
         )

@@ -5,24 +5,39 @@ worker is asked to `TrainBatch` its part; a worker that fails on it is
 restarted (or resumed) by its supervisor, the trainer, and the same part is
 sent again, up to `max_retries` times. Bad requests are never sent again.
 Every worker's answer is awaited before a failure is raised, so no part of
-a failed request is still running when the asker hears of it.
+a failed request is still running when the asker hears of it. A worker that
+gave up on its part without answering it (it failed past its retries, or
+was stopped) is withdrawn from the servers' round on its behalf
+(`AbortPush`), as a worker does itself for a batch it cannot push: a
+synchronous round is dropped at once instead of holding the other workers'
+pushes until their timeout (and then mixing them into the next step), and a
+bounded-staleness clock still counts the batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from atomr.actor import ActorRef, ActorStoppedError, AskTimeoutError
-from atomr.train.comm._fanout import fence, raise_first_failure
+from atomr.actor.errors import bounded_repr
+from atomr.train.comm._fanout import ask_all, fence, raise_first_failure
+from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import StepStats
 from atomr.train.parameter_server.consistency import Consistency
-from atomr.train.parameter_server.messages import BatchResult, StaleGradientError, TrainBatch
+from atomr.train.parameter_server.messages import (
+    AbortPush,
+    BatchResult,
+    StaleGradientError,
+    Stats,
+    TrainBatch,
+)
 
 __all__ = ["WorkerPool", "combine", "split_among"]
 
@@ -36,6 +51,9 @@ _NOT_RETRIED: tuple[type[Exception], ...] = (
     StaleGradientError,
 )
 
+# the worker answers these itself, after withdrawing from the round; a timed
+# out worker may still push: no `AbortPush` on its behalf after any of them
+_ANSWERED_OR_LATE: tuple[type[Exception], ...] = (AskTimeoutError, *REQUEST_ERRORS)
 
 Part = tuple[np.ndarray, np.ndarray]
 
@@ -88,6 +106,8 @@ class WorkerPool:
             that failed on it.
         timeout: each ask's timeout in seconds (None: wait forever).
         consistency: the servers' consistency model.
+        servers: the server shards, where a worker that gave up on its part
+            is withdrawn from the round on its behalf (none: not withdrawn).
 
     Attributes:
         retries: requests sent again so far.
@@ -99,8 +119,10 @@ class WorkerPool:
         max_retries: int,
         timeout: float | None,
         consistency: Consistency | None = None,
+        servers: Sequence[ActorRef] = (),
     ) -> None:
         self.refs = list(refs)
+        self.servers = list(servers)
         self.max_retries = max_retries
         self.timeout = timeout
         self.retries = 0
@@ -155,13 +177,44 @@ class WorkerPool:
         Raises:
             Exception: the first failure in worker order, once every worker answered.
         """
-        asks, offset, reuse = [], 0, self._reuse()
+        asks, offset, reuse, lost = [], 0, self._reuse(), set[int]()
         for i, (x, y) in enumerate(parts):
-            asks.append(self.ask(i, TrainBatch(x, y, offset, reuse)))
+            asks.append(self._train_part(i, TrainBatch(x, y, offset, reuse), lost))
             offset += len(x)
         results = await asyncio.gather(*asks, return_exceptions=True)
-        raise_first_failure(results)
+        _raise_root_failure(results, lost)
         return [r for r in results if not isinstance(r, BaseException)]
+
+    async def _train_part(self, index: int, message: TrainBatch, lost: set[int]) -> BatchResult:
+        """`ask` worker `index` to train a part; if it gives up on it without
+        answering (out of retries, stopped), withdraw it from the servers'
+        round (`_withdraw`) and note it in `lost`.
+
+        Raises:
+            Exception: as `ask`.
+        """
+        try:
+            result: BatchResult = await self.ask(index, message)
+            return result
+        except _ANSWERED_OR_LATE:
+            raise
+        except Exception as exc:
+            lost.add(index)
+            await self._withdraw(index, exc)
+            raise
+
+    async def _withdraw(self, index: int, error: Exception) -> None:
+        """`AbortPush` on behalf of worker `index` at the servers' current
+        versions: the synchronous round it did not push in is dropped (every
+        push of it fails), a bounded-staleness clock counts its batch. Waits
+        for the round's end; its outcome is the other workers' to report."""
+        if not self.servers:
+            return
+        reason = f"gave up on its part: {bounded_repr(error)}"
+        with contextlib.suppress(Exception):
+            stats = await ask_all(self.servers, Stats(), self.timeout, per_worker=False)
+            aborts = [AbortPush(index, int(st.version), reason) for st in stats]
+            await ask_all(self.servers, aborts, self.timeout)
 
     async def train_in_order(self, parts: Sequence[Sequence[Part]]) -> list[BatchResult]:
         """Every worker trains its own list of parts, one after the other, at
@@ -178,24 +231,42 @@ class WorkerPool:
                 every other one stops after its current part, and the failure
                 is raised once all have stopped (none waits for a stopped one).
         """
-        failed, reuse = asyncio.Event(), self._reuse()
+        failed, reuse, lost = asyncio.Event(), self._reuse(), set[int]()
         results = await asyncio.gather(
-            *(self._train_each(i, own, failed, reuse) for i, own in enumerate(parts)),
+            *(self._train_each(i, own, failed, reuse, lost) for i, own in enumerate(parts)),
             return_exceptions=True,
         )
-        raise_first_failure(results)
+        _raise_root_failure(results, lost)
         return [r for own in results if not isinstance(own, BaseException) for r in own]
 
     async def _train_each(
-        self, index: int, parts: Sequence[Part], failed: asyncio.Event, reuse: int | None
+        self,
+        index: int,
+        parts: Sequence[Part],
+        failed: asyncio.Event,
+        reuse: int | None,
+        lost: set[int],
     ) -> list[BatchResult]:
         done: list[BatchResult] = []
         for x, y in parts:
             if failed.is_set():
                 break
             try:
-                done.append(await self.ask(index, TrainBatch(x, y, 0, reuse)))
+                done.append(await self._train_part(index, TrainBatch(x, y, 0, reuse), lost))
             except BaseException:
                 failed.set()
                 raise
         return done
+
+
+def _raise_root_failure(results: Sequence[Any], lost: set[int]) -> None:
+    """Raise the failure of the first worker that gave up on its part (the
+    others' failures, such as a dropped round, follow from it), else the
+    first failure in worker order; nothing when every part succeeded.
+
+    Raises:
+        BaseException: that failure, naming its worker.
+    """
+    for index in sorted(lost):
+        raise_first_failure([results[index]], first_index=index)
+    raise_first_failure(list(results))

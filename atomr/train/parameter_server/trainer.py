@@ -177,7 +177,11 @@ class AsyncParameterServer(Actor):
         ]
         options = layout.options
         self.pool = WorkerPool(
-            workers, options.max_retries, layout.config.worker_timeout, options.consistency
+            workers,
+            options.max_retries,
+            layout.config.worker_timeout,
+            options.consistency,
+            self.servers,
         )
 
     # -- messages -------------------------------------------------------------

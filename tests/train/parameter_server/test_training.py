@@ -387,6 +387,76 @@ async def test_killed_worker_is_restarted_and_training_continues(actor_system, c
     assert (await server_stats(ps))[0].gradients_applied == st.gradients_applied + 3
 
 
+@pytest.mark.parametrize("failing", [0, 1])
+async def test_a_synchronous_worker_out_of_retries_fails_the_step_promptly_and_changes_nothing(
+    actor_system, failing
+) -> None:
+    """Worker `failing` fails its part on every try (max_retries=1): the step
+    fails at once with that worker's own error (not after worker_timeout with
+    a healthy worker's timeout), nothing of the round is applied, and the
+    other worker's push is not left in the round to be mixed into the next
+    step, which equals the Trainer's."""
+    plan = Plan()
+    cfg = config(OptimizerKind.sgd(0.1, momentum=0.9))
+    model = Mlp(SIZES, seed=3)
+    reference = await Trainer.spawn(actor_system, model, "cpu:0", cfg)
+    ps = await spawn(
+        actor_system,
+        model,
+        ["cpu:1", "cpu:2"],
+        cfg,
+        workers=2,
+        consistency=Consistency.synchronous(),
+        max_retries=1,
+        worker_class=_faulty_worker(plan, failing),
+    )
+    first, failed, *rest = batches(4, 8, seed=5)
+    await reference.ask(Step(*first))
+    await ps.ask(Step(*first), timeout=_HANG)
+    before = await weights(ps)
+    plan.arm("gradient", ContextPoisoned("injected: illegal address"), times=2)
+    with pytest.raises(ContextPoisoned, match="injected") as info:
+        await ps.ask(Step(*failed), timeout=_HANG)
+    assert plan.fired == ["gradient", "gradient"]
+    assert getattr(info.value, "worker_index", None) == failing
+    np.testing.assert_array_equal(await weights(ps), before)
+    assert (await server_stats(ps))[0].version == 1
+    for x, y in rest:
+        await reference.ask(Step(x, y))
+        await ps.ask(Step(x, y), timeout=_HANG)
+        want = await reference.ask(GetWeights())
+        np.testing.assert_allclose(await weights(ps), want, rtol=1e-5, atol=1e-6)
+
+
+async def test_a_bounded_worker_out_of_retries_does_not_hold_the_others_back(
+    actor_system,
+) -> None:
+    """Under bounded(1), worker 1 fails its part (out of retries) in three
+    steps in a row; its clock still counts those batches, so worker 0 is not
+    held back waiting for it (each step fails with worker 1's error, not a
+    timeout), and worker 0's parts are applied."""
+    plan = Plan()
+    ps = await spawn(
+        actor_system,
+        Mlp(SIZES, seed=0),
+        ["cpu:0", "cpu:1"],
+        config(),
+        workers=2,
+        consistency=Consistency.bounded(1),
+        max_retries=0,
+        worker_class=_faulty_worker(plan, 1),
+    )
+    data = list(batches(4, 8, seed=6))
+    plan.arm("gradient", ContextPoisoned("injected: illegal address"), times=3)
+    for x, y in data[:3]:
+        with pytest.raises(ContextPoisoned, match="injected"):
+            await ps.ask(Step(x, y), timeout=_HANG)
+    assert (await ps.ask(Step(*data[3]), timeout=_HANG)).samples == 8
+    st = (await server_stats(ps))[0]
+    assert (st.version, st.gradients_applied) == (5, 5)
+    assert st.max_clock_gap <= 1
+
+
 async def test_bad_batch_is_rejected_without_touching_the_weights(actor_system) -> None:
     _CountingWorker.built = 0
     ps = await spawn(

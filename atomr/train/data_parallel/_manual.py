@@ -24,6 +24,7 @@ import numpy as np
 
 from atomr.actor import Failure
 from atomr.train.comm._fanout import ask_all
+from atomr.train.core._step_checks import check_step_limit
 from atomr.train.core.config import TrainerConfig
 from atomr.train.data_parallel._reduction import Reduced
 from atomr.train.data_parallel._replicas import ReplicaGroup
@@ -137,8 +138,10 @@ class ManualVerbs:
         """Every replica steps by its own buffer, all or none; the norm before clipping.
 
         Raises:
+            StepLimitError: the trainer is at `max_steps` (nothing applied).
             Exception: what a replica answered (nothing applied anywhere).
         """
+        check_step_limit(self.runner.steps, self.config.max_steps)
         reduced = Reduced(gradients=None, grad_norm=None, loss_sum=0.0, normaliser=1.0)
         stats = await self.runner.apply(reduced, 0, time.perf_counter_ns(), 0)
         if isinstance(stats, Failure):

@@ -13,7 +13,8 @@ import pytest
 from atomr import ActorSystem
 from atomr.accel import Device, cpu_devices
 from atomr.train import GetWeights, LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
-from atomr.train.core import synthetic_classification
+from atomr.train.core import GetTrainingState, synthetic_classification
+from atomr.train.core.errors import StepLimitError
 from atomr.train.data_parallel import (
     AllReduceGradients,
     ApplyGradients,
@@ -111,3 +112,24 @@ async def test_world_size_and_devices() -> None:
         assert await dp.ask(GetDevices()) == (Device.parse("cpu:0"), Device.parse("cpu:1"))
         with pytest.raises(ValueError, match="one batch per replica"):
             await dp.ask(ComputeReplicaGradients([(X[:4], Y[:4])]))
+
+
+async def test_apply_gradients_stops_at_max_steps() -> None:
+    """`ApplyGradients` is an optimizer step: at `max_steps` it is refused
+    with StepLimitError and nothing changes, as a `Step` is."""
+    config = TrainerConfig(
+        OptimizerKind.sgd(0.1, momentum=0.9), LossKind.CROSS_ENTROPY, max_steps=1
+    )
+    async with ActorSystem("manual") as system:
+        dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3], seed=0), cpu_devices(2), config)
+        batches = [(X[:8], Y[:8]), (X[8:16], Y[8:16])]
+        await dp.ask(ComputeReplicaGradients(batches))
+        await dp.ask(AllReduceGradients())
+        await dp.ask(ApplyGradients())
+        before = await dp.ask(GetWeights())
+        await dp.ask(ComputeReplicaGradients(batches))
+        await dp.ask(AllReduceGradients())
+        with pytest.raises(StepLimitError, match="max_steps"):
+            await dp.ask(ApplyGradients())
+        np.testing.assert_array_equal(await dp.ask(GetWeights()), before)
+        assert (await dp.ask(GetTrainingState())).step == 1

@@ -80,7 +80,12 @@ def check_batch_counts(counts: Any, replicas: int) -> np.ndarray:
 
 
 class ManualVerbs:
-    """The verbs, over one trainer's replicas and (in a job) process collective."""
+    """The verbs, over one trainer's replicas and (in a job) process collective.
+
+    The gradients in the replicas' buffers are applied at most once: from a
+    `ComputeReplicaGradients` to the `ApplyGradients` that uses them. The
+    buffers also hold what a `Step` computed (and applied); `forget` says so.
+    """
 
     def __init__(
         self,
@@ -90,6 +95,19 @@ class ManualVerbs:
         runner: StepRunner,
     ) -> None:
         self.config, self.options, self.replicas, self.runner = config, options, replicas, runner
+        self._computed = False  # the buffers hold gradients not applied yet
+
+    def forget(self) -> None:
+        """The buffers were overwritten (a `Step`) or replaced (new replicas):
+        nothing is left for `ApplyGradients` until the next `compute`."""
+        self._computed = False
+
+    def _require_gradients(self, verb: str) -> None:
+        if not self._computed:
+            raise RuntimeError(
+                f"{verb}: no gradients to use (none computed since the last "
+                "ApplyGradients or Step): send ComputeReplicaGradients first"
+            )
 
     async def compute(self, batches: Sequence[tuple[Any, Any]]) -> list[float]:
         """Replica `i`'s buffer: the mean gradient of `batches[i]`; their mean losses.
@@ -102,6 +120,7 @@ class ManualVerbs:
                 f"ComputeReplicaGradients needs one batch per replica "
                 f"({len(self.replicas.refs)}), got {len(batches)}"
             )
+        self._computed = False
         spec = self.replicas.spec()
         messages = []
         for x, y in batches:
@@ -110,15 +129,19 @@ class ManualVerbs:
         results: list[GradientResult] = await self.replicas.gather_each(messages)
         means = [np.asarray(r.gradients) / r.normaliser for r in results]
         await ask_all(self.replicas.refs, [SetGradients(m) for m in means], self.replicas.timeout)
+        self._computed = True
         return [r.loss_sum / r.normaliser for r in results]
 
     async def all_reduce(self, counts: Any = None) -> float:
         """Every buffer := the (count-weighted) mean of all; the result's norm.
 
         Raises:
+            RuntimeError: no gradients computed since the last apply (nothing changed).
             TypeError, ValueError: bad `counts` (nothing changed).
         """
+        self._require_gradients("AllReduceGradients")
         weights = None if counts is None else check_batch_counts(counts, len(self.replicas.refs))
+        self._computed = False  # until every buffer holds the mean
         grads = await self.replicas.gather(GetGradients())
         total = np.zeros(np.asarray(grads[0]).shape, dtype=np.float64)
         for k, g in enumerate(grads):
@@ -132,16 +155,21 @@ class ManualVerbs:
         await ask_all(
             self.replicas.refs, SetGradients(mean), self.replicas.timeout, per_worker=False
         )
+        self._computed = True
         return float(math.sqrt(float(np.dot(mean, mean))))
 
     async def apply(self) -> float:
         """Every replica steps by its own buffer, all or none; the norm before clipping.
 
         Raises:
+            RuntimeError: no gradients computed since the last apply or `Step`
+                (nothing applied: they were applied already).
             StepLimitError: the trainer is at `max_steps` (nothing applied).
             Exception: what a replica answered (nothing applied anywhere).
         """
+        self._require_gradients("ApplyGradients")
         check_step_limit(self.runner.steps, self.config.max_steps)
+        self._computed = False  # applied, or (a replica failed) repaired: compute again
         reduced = Reduced(gradients=None, grad_norm=None, loss_sum=0.0, normaliser=1.0)
         stats = await self.runner.apply(reduced, 0, time.perf_counter_ns(), 0)
         if isinstance(stats, Failure):

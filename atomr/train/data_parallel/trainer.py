@@ -320,6 +320,7 @@ class DataParallelTrainer(Actor):
         self.options.replica_count_fits(len(refs))
         await self._local.close()  # a failed round is repaired; the new replicas are synced below
         self.replicas.replace(refs)
+        self._manual.forget()
         self.replicas.lost = None
         self._runner.window.reset()
         if refs:
@@ -332,6 +333,7 @@ class DataParallelTrainer(Actor):
         """Validate the batch; in a job, take this process's share of it."""
         check_step_limit(self._runner.steps, self.config.max_steps)
         x, y = self._validate(message)
+        self._manual.forget()  # the step overwrites the replicas' gradient buffers
         rows = int(x.shape[0])
         o, offset = self.options, 0
         if o.process_collective is not None:

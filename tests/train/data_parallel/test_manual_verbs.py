@@ -133,3 +133,29 @@ async def test_apply_gradients_stops_at_max_steps() -> None:
             await dp.ask(ApplyGradients())
         np.testing.assert_array_equal(await dp.ask(GetWeights()), before)
         assert (await dp.ask(GetTrainingState())).step == 1
+
+
+async def test_gradients_are_applied_at_most_once() -> None:
+    """The replicas' buffers are applied once per `ComputeReplicaGradients`:
+    `ApplyGradients` (or an all-reduce) before any, a second one, or one after
+    a `Step` (whose gradient is in the buffers and already applied) is refused
+    with nothing changed, instead of applying a gradient again."""
+    async with ActorSystem("manual") as system:
+        dp, one = await _pair(system)
+        batches = [(X[:16], Y[:16]), (X[16:32], Y[16:32])]
+        with pytest.raises(RuntimeError, match="ComputeReplicaGradients first"):
+            await dp.ask(ApplyGradients())
+        await dp.ask(ComputeReplicaGradients(batches))
+        await dp.ask(AllReduceGradients())
+        await dp.ask(ApplyGradients())
+        await one.ask(Step(X[:32], Y[:32]))
+        with pytest.raises(RuntimeError, match="ComputeReplicaGradients first"):
+            await dp.ask(ApplyGradients())
+        await dp.ask(Step(X[32:48], Y[32:48]))
+        await one.ask(Step(X[32:48], Y[32:48]))
+        for verb in (AllReduceGradients(), ApplyGradients()):
+            with pytest.raises(RuntimeError, match="ComputeReplicaGradients first"):
+                await dp.ask(verb)
+        np.testing.assert_allclose(
+            await dp.ask(GetWeights()), await one.ask(GetWeights()), rtol=1e-5, atol=1e-6
+        )

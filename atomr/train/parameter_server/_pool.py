@@ -147,8 +147,15 @@ class WorkerPool:
 
         Raises:
             Exception: a bad request or a stopped worker at once; any other
-                failure once the retries are spent.
+                failure once the retries are spent. In synchronous mode, a
+                part the worker answered with a request error
+                (`REQUEST_ERRORS`) at once too: the worker withdrew from the
+                round, which is dropped, so a second copy would push into a
+                round of its own.
         """
+        final = _NOT_RETRIED
+        if self.consistency.is_synchronous and isinstance(message, TrainBatch):
+            final = (*_NOT_RETRIED, *REQUEST_ERRORS)
         for attempt in range(self.max_retries + 1):
             try:
                 return await self.refs[index].ask(message, timeout=self.timeout)
@@ -160,7 +167,7 @@ class WorkerPool:
                 # still busy past that is left to its supervisor.
                 await fence([self.refs[index]], self.timeout)
                 raise
-            except _NOT_RETRIED:
+            except final:
                 raise
             except Exception:
                 if attempt == self.max_retries:

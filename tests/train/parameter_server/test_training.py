@@ -428,6 +428,40 @@ async def test_a_synchronous_worker_out_of_retries_fails_the_step_promptly_and_c
         np.testing.assert_allclose(await weights(ps), want, rtol=1e-5, atol=1e-6)
 
 
+async def test_a_synchronous_part_refused_by_its_worker_is_not_sent_again(actor_system) -> None:
+    """Worker 1 answers its part with an error (a ValueError in its gradient
+    computation, once) after withdrawing from the round, which is dropped.
+    The part is not sent again (a retry would push into a round of its own,
+    waited on until worker_timeout and then mixed into the next step): the
+    step fails at once, nothing applied, and the next steps equal the Trainer's."""
+    plan = Plan()
+    cfg = config(OptimizerKind.sgd(0.1, momentum=0.9))
+    model = Mlp(SIZES, seed=3)
+    reference = await Trainer.spawn(actor_system, model, "cpu:0", cfg)
+    ps = await spawn(
+        actor_system,
+        model,
+        ["cpu:1", "cpu:2"],
+        cfg,
+        workers=2,
+        consistency=Consistency.synchronous(),
+        worker_class=_faulty_worker(plan, 1),
+    )
+    first, failed, *rest = batches(4, 8, seed=7)
+    await reference.ask(Step(*first))
+    await ps.ask(Step(*first), timeout=_HANG)
+    before = await weights(ps)
+    plan.arm("gradient", ValueError)
+    with pytest.raises(Exception, match="injected"):
+        await ps.ask(Step(*failed), timeout=_HANG)
+    np.testing.assert_array_equal(await weights(ps), before)
+    for x, y in rest:
+        await reference.ask(Step(x, y))
+        await ps.ask(Step(x, y), timeout=_HANG)
+        want = await reference.ask(GetWeights())
+        np.testing.assert_allclose(await weights(ps), want, rtol=1e-5, atol=1e-6)
+
+
 async def test_a_bounded_worker_out_of_retries_does_not_hold_the_others_back(
     actor_system,
 ) -> None:

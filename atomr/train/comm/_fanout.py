@@ -180,31 +180,10 @@ async def ask_all_or_abort(
         BaseException: the earliest failure (lowest index among those that
             failed first), with its own type, after every ask has settled.
     """
-    messages = list(messages)
-    if len(messages) != len(refs):
-        raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
-    tasks = [
-        asyncio.ensure_future(ref.ask(message, timeout))
-        for ref, message in zip(refs, messages, strict=True)
-    ]
-    try:
-        pending: set[asyncio.Future[Any]] = set(tasks)
-        first: int | None = None
-        while pending and first is None:
-            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-            failed = [i for i, t in enumerate(tasks) if t.done() and t.exception() is not None]
-            first = failed[0] if failed else None
-        if first is None:
-            return [t.result() for t in tasks]
-        await on_failure()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        results[first] = tasks[first].exception()
+    results, first = await _settle_or_abort(refs, messages, on_failure, timeout)
+    if first is not None:
         raise_first_failure([r if i == first else None for i, r in enumerate(results)])
-        raise AssertionError("unreachable")  # pragma: no cover
-    finally:
-        for t in tasks:
-            if not t.done():
-                t.cancel()
+    return results
 
 
 async def ask_all_settled_or_abort(
@@ -230,6 +209,23 @@ async def ask_all_settled_or_abort(
     Raises:
         ValueError: the number of messages differs from the number of workers.
     """
+    results, _ = await _settle_or_abort(refs, messages, on_failure, timeout)
+    return results
+
+
+async def _settle_or_abort(
+    refs: Sequence[ActorRef],
+    messages: Sequence[Any],
+    on_failure: Callable[[], Awaitable[Any]],
+    timeout: float | None,
+) -> tuple[list[Any], int | None]:
+    """Ask every worker, awaiting `on_failure()` at the first failure; every
+    outcome once all settled, and the index of the one that failed first
+    (lowest among those that failed at once; None when none failed).
+
+    Raises:
+        ValueError: the number of messages differs from the number of workers.
+    """
     messages = list(messages)
     if len(messages) != len(refs):
         raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
@@ -237,13 +233,20 @@ async def ask_all_settled_or_abort(
         asyncio.ensure_future(ref.ask(message, timeout))
         for ref, message in zip(refs, messages, strict=True)
     ]
-    pending: set[asyncio.Future[Any]] = set(tasks)
-    while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        if any(t.exception() is not None for t in done):
+    try:
+        pending: set[asyncio.Future[Any]] = set(tasks)
+        first: int | None = None
+        while pending and first is None:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [i for i, t in enumerate(tasks) if t.done() and t.exception() is not None]
+            first = failed[0] if failed else None
+        if first is not None:
             await on_failure()
-            break
-    return list(await asyncio.gather(*tasks, return_exceptions=True))
+        return list(await asyncio.gather(*tasks, return_exceptions=True)), first
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
 
 
 async def set_learning_rate(

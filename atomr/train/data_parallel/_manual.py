@@ -127,13 +127,14 @@ class ManualVerbs:
             x, y = spec.validate(x, y, self.config.loss)
             messages.append(ComputeGradients(x, y, return_gradients=True))
         results: list[GradientResult] = await self.replicas.gather_each(messages)
-        means = [np.asarray(r.gradients) / r.normaliser for r in results]
+        means = [(np.asarray(r.gradients) / r.normaliser).astype(spec.dtype) for r in results]
         await ask_all(self.replicas.refs, [SetGradients(m) for m in means], self.replicas.timeout)
         self._computed = True
         return [r.loss_sum / r.normaliser for r in results]
 
     async def all_reduce(self, counts: Any = None) -> float:
-        """Every buffer := the (count-weighted) mean of all; the result's norm.
+        """Every buffer := the (count-weighted) mean of all (summed in float64,
+        written in the model's dtype); the result's norm.
 
         Raises:
             RuntimeError: no gradients computed since the last apply (nothing changed).
@@ -151,7 +152,7 @@ class ManualVerbs:
         if processes is not None:
             await processes.all_reduce([total])
             await processes.all_reduce([divisor])
-        mean = (total / divisor[0]).astype(np.float32)
+        mean = (total / divisor[0]).astype(self.replicas.spec().dtype)  # the model's dtype
         await ask_all(
             self.replicas.refs, SetGradients(mean), self.replicas.timeout, per_worker=False
         )

@@ -159,3 +159,23 @@ async def test_gradients_are_applied_at_most_once() -> None:
         np.testing.assert_allclose(
             await dp.ask(GetWeights()), await one.ask(GetWeights()), rtol=1e-5, atol=1e-6
         )
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+async def test_a_float64_model_keeps_float64_precision_by_hand(weighted: bool) -> None:
+    """A float64 model's hand-written step equals the single-device Trainer's
+    to float64 precision: the all-reduced mean keeps the model's dtype."""
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    x, y = X.astype(np.float64), Y
+    async with ActorSystem("manual") as system:
+        model = Mlp([6, 8, 3], seed=0, dtype=np.float64)
+        dp = await DataParallelTrainer.spawn(system, model, cpu_devices(2), config)
+        one = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0, dtype=np.float64), "cpu:0", config)
+        await dp.ask(ComputeReplicaGradients([(x[:16], y[:16]), (x[16:32], y[16:32])]))
+        reduce = WeightedAllReduceGradients([16, 16]) if weighted else AllReduceGradients()
+        await dp.ask(reduce)
+        await dp.ask(ApplyGradients())
+        await one.ask(Step(x[:32], y[:32]))
+        weights = await dp.ask(GetWeights())
+        assert weights.dtype == np.float64
+        np.testing.assert_allclose(weights, await one.ask(GetWeights()), rtol=0, atol=1e-13)

@@ -85,6 +85,8 @@ class ManualVerbs:
     The gradients in the replicas' buffers are applied at most once: from a
     `ComputeReplicaGradients` to the `ApplyGradients` that uses them. The
     buffers also hold what a `Step` computed (and applied); `forget` says so.
+    While a `Step` accumulation window is open they hold its partial sums,
+    and every verb that reads or writes them is refused.
     """
 
     def __init__(
@@ -102,7 +104,19 @@ class ManualVerbs:
         nothing is left for `ApplyGradients` until the next `compute`."""
         self._computed = False
 
+    def _check_no_window(self, verb: str) -> None:
+        """Refuse a verb while a `Step` accumulation window is open: the
+        buffers hold its partial sums, which the window's last `Step` applies."""
+        micro = self.runner.window.micro
+        if micro > 0:
+            raise RuntimeError(
+                f"{verb}: an accumulation window is open ({micro} of "
+                f"{self.config.accumulation_steps} micro-batches in the replicas' gradient "
+                "buffers): finish it with Step first (LoadCheckpoint or SetReplicas drops it)"
+            )
+
     def _require_gradients(self, verb: str) -> None:
+        self._check_no_window(verb)
         if not self._computed:
             raise RuntimeError(
                 f"{verb}: no gradients to use (none computed since the last "
@@ -113,8 +127,10 @@ class ManualVerbs:
         """Replica `i`'s buffer: the mean gradient of `batches[i]`; their mean losses.
 
         Raises:
+            RuntimeError: a `Step` accumulation window is open (nothing changed).
             ValueError, InvalidBatchError: not one valid batch per replica.
         """
+        self._check_no_window("ComputeReplicaGradients")
         if len(batches) != len(self.replicas.refs):
             raise ValueError(
                 f"ComputeReplicaGradients needs one batch per replica "
@@ -137,7 +153,8 @@ class ManualVerbs:
         written in the model's dtype); the result's norm.
 
         Raises:
-            RuntimeError: no gradients computed since the last apply (nothing changed).
+            RuntimeError: no gradients computed since the last apply, or a `Step`
+                accumulation window is open (nothing changed).
             TypeError, ValueError: bad `counts` (nothing changed).
         """
         self._require_gradients("AllReduceGradients")
@@ -164,7 +181,8 @@ class ManualVerbs:
 
         Raises:
             RuntimeError: no gradients computed since the last apply or `Step`
-                (nothing applied: they were applied already).
+                (nothing applied: they were applied already), or a `Step`
+                accumulation window is open (nothing applied).
             StepLimitError: the trainer is at `max_steps` (nothing applied).
             Exception: what a replica answered (nothing applied anywhere).
         """

@@ -179,3 +179,28 @@ async def test_a_float64_model_keeps_float64_precision_by_hand(weighted: bool) -
         weights = await dp.ask(GetWeights())
         assert weights.dtype == np.float64
         np.testing.assert_allclose(weights, await one.ask(GetWeights()), rtol=0, atol=1e-13)
+
+
+async def test_manual_verbs_are_refused_inside_an_accumulation_window() -> None:
+    """With `accumulation_steps` > 1 the replicas' buffers hold the open
+    window's partial sums: a manual verb then is refused with RuntimeError,
+    nothing changed, and the window's last `Step` equals the Trainer's."""
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, accumulation_steps=2)
+    async with ActorSystem("manual") as system:
+        dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3], seed=0), cpu_devices(2), config)
+        one = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", config)
+        for trainer in (dp, one):
+            assert not (await trainer.ask(Step(X[:16], Y[:16]))).applied
+        batches = [(X[32:40], Y[32:40]), (X[40:48], Y[40:48])]
+        verbs = (ComputeReplicaGradients(batches), AllReduceGradients(), ApplyGradients())
+        for verb in (*verbs, WeightedAllReduceGradients([8, 8])):
+            with pytest.raises(RuntimeError, match="accumulation window is open"):
+                await dp.ask(verb)
+        for trainer in (dp, one):
+            assert (await trainer.ask(Step(X[16:32], Y[16:32]))).applied
+        np.testing.assert_allclose(
+            await dp.ask(GetWeights()), await one.ask(GetWeights()), rtol=1e-5, atol=1e-6
+        )
+        for verb in verbs:  # the window is closed: a hand-written step is taken again
+            await dp.ask(verb)
+        assert (await dp.ask(GetTrainingState())).step == 2

@@ -8,6 +8,7 @@ what a server shard answers, `ParameterServerWorkerProtocol` what a worker
 answers.
 """
 
+from atomr.train.parameter_server._round import RoundDroppedError
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.messages import (
     EpochReport,
@@ -32,6 +33,7 @@ __all__ = [
     "ParameterServerStats",
     "ParameterServerWorker",
     "ParameterServerWorkerProtocol",
+    "RoundDroppedError",
     "ServerShard",
     "ServerShardProtocol",
     "StaleGradientError",

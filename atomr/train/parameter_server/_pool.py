@@ -30,6 +30,7 @@ from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import StepStats
+from atomr.train.parameter_server._round import RoundDroppedError
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.messages import (
     AbortPush,
@@ -267,13 +268,17 @@ class WorkerPool:
 
 
 def _raise_root_failure(results: Sequence[Any], lost: set[int]) -> None:
-    """Raise the failure of the first worker that gave up on its part (the
-    others' failures, such as a dropped round, follow from it), else the
-    first failure in worker order; nothing when every part succeeded.
+    """Raise the root cause of a failed request: the failure of the first
+    worker that gave up on its part, else the first failure in worker order
+    that is a worker's own (a `RoundDroppedError` follows from another
+    worker's abort, which answered its own error), else the first failure;
+    nothing when every part succeeded.
 
     Raises:
-        BaseException: that failure, naming its worker.
+        BaseException: that failure, its own type, naming its worker.
     """
     for index in sorted(lost):
         raise_first_failure([results[index]], first_index=index)
+    own = [None if isinstance(r, RoundDroppedError) else r for r in results]
+    raise_first_failure(own)
     raise_first_failure(list(results))

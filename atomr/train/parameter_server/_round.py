@@ -2,7 +2,8 @@
 worker has pushed for the current version.
 
 A round holds one entry per worker: a gradient (`PushGradient`) or an abort
-(`AbortPush`, a worker without a usable gradient). A worker restarted
+(`AbortPush`, a worker without a usable gradient: the round is dropped, every
+push of it failing with `RoundDroppedError`). A worker restarted
 mid-round pushes again: its newer push replaces the older one, whose asker
 is told it was superseded. Once the round is full, `round_update` turns it
 into the weighted parts to apply, or the error that every push of it gets.
@@ -18,7 +19,14 @@ from atomr.actor import Reply
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.parameter_server.messages import StaleGradientError
 
-__all__ = ["PendingPush", "SynchronousRound", "round_update"]
+__all__ = ["PendingPush", "RoundDroppedError", "SynchronousRound", "round_update"]
+
+
+class RoundDroppedError(NonFiniteError):
+    """A synchronous round was dropped because another worker aborted it (it
+    had no usable gradient, or gave up on its part): every push of the round
+    fails with this, naming the aborting workers. It follows from that
+    worker's own failure, which is what a trainer's request reports."""
 
 
 @dataclass
@@ -88,12 +96,12 @@ def round_update(ordered: list[tuple[int, PendingPush]]) -> list[tuple[np.ndarra
         `(gradient, coefficient)` pairs.
 
     Raises:
-        NonFiniteError: the round holds an abort (naming every aborting worker).
+        RoundDroppedError: the round holds an abort (naming every aborting worker).
         ValueError: every batch of the round was empty.
     """
     aborts = [f"worker {w}: {p.abort}" for w, p in ordered if p.abort is not None]
     if aborts:
-        raise NonFiniteError("; ".join(aborts) + " (the whole round was dropped)")
+        raise RoundDroppedError("; ".join(aborts) + " (the whole round was dropped)")
     total = sum(p.weight for _, p in ordered)
     if total <= 0.0:
         raise ValueError("every batch of the round was empty")

@@ -14,7 +14,8 @@ here) under one of three consistency models (`Consistency`):
   the current version, then averaged (weighted by each batch's normaliser)
   and applied once, which equals one data-parallel step (`SynchronousRound`).
   A worker without a gradient (non-finite loss) sends `AbortPush` instead:
-  its round applies nothing and every push of it fails with `NonFiniteError`.
+  its round applies nothing and every push of it fails with
+  `RoundDroppedError` (a `NonFiniteError`).
 
 A push is atomic: its length, finiteness and staleness are checked first,
 and only then is the optimizer applied, on the device's worker thread. Bad
@@ -53,7 +54,12 @@ from atomr.train.core.sharded_index import merge_shards
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
 from atomr.train.parameter_server._clocks import WorkerClocks
 from atomr.train.parameter_server._push_checks import check_push, check_staleness, check_worker
-from atomr.train.parameter_server._round import PendingPush, SynchronousRound, round_update
+from atomr.train.parameter_server._round import (
+    PendingPush,
+    RoundDroppedError,
+    SynchronousRound,
+    round_update,
+)
 from atomr.train.parameter_server._shard_store import ShardStore
 from atomr.train.parameter_server.consistency import Consistency, check_staleness_bound
 from atomr.train.parameter_server.messages import (
@@ -281,9 +287,9 @@ class ServerShard(ShardStore):
         weights = None
         try:
             parts = round_update(ordered)
-        except NonFiniteError as exc:  # a fresh error per reply: each pusher raises its own
+        except RoundDroppedError as exc:  # a fresh error per reply: each pusher raises its own
             for _, p in ordered:
-                p.reply.set_exception(NonFiniteError(str(exc)))
+                p.reply.set_exception(RoundDroppedError(str(exc)))
             return
         except ValueError as exc:
             error: Exception | None = exc

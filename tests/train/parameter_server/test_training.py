@@ -27,7 +27,12 @@ from atomr.train import (
 from atomr.train.core import load_digits_split
 from atomr.train.core.errors import CheckpointError, InvalidBatchError, NonFiniteError
 from atomr.train.data_parallel.trainer import DataParallelTrainer
-from atomr.train.parameter_server import Consistency, ParameterServerWorker, TrainEpochs
+from atomr.train.parameter_server import (
+    Consistency,
+    ParameterServerWorker,
+    RoundDroppedError,
+    TrainEpochs,
+)
 from tests.train.parameter_server.common import (
     SIZES,
     T,
@@ -163,8 +168,11 @@ async def test_synchronous_non_finite_part_fails_the_step_and_changes_nothing(
     bad_y[bad_rows] = 1e30  # one worker's part only
     with pytest.raises(NonFiniteError):
         await reference.ask(Step(bad_x, bad_y))
-    with pytest.raises(NonFiniteError):
+    with pytest.raises(NonFiniteError, match="not finite") as info:
         await ps.ask(Step(bad_x, bad_y), timeout=_HANG)
+    # the bad part's own error, not the other worker's dropped round
+    assert not isinstance(info.value, RoundDroppedError)
+    assert getattr(info.value, "worker_index", None) == (1 if bad_rows.start else 0)
     np.testing.assert_array_equal(await weights(ps), before)
     for st in await server_stats(ps):
         assert (st.version, st.gradients_applied) == (1, 2)
@@ -433,7 +441,9 @@ async def test_a_synchronous_part_refused_by_its_worker_is_not_sent_again(actor_
     computation, once) after withdrawing from the round, which is dropped.
     The part is not sent again (a retry would push into a round of its own,
     waited on until worker_timeout and then mixed into the next step): the
-    step fails at once, nothing applied, and the next steps equal the Trainer's."""
+    step fails at once with worker 1's own ValueError (not worker 0's
+    `RoundDroppedError`, which follows from it), nothing applied, and the
+    next steps equal the Trainer's."""
     plan = Plan()
     cfg = config(OptimizerKind.sgd(0.1, momentum=0.9))
     model = Mlp(SIZES, seed=3)
@@ -452,8 +462,10 @@ async def test_a_synchronous_part_refused_by_its_worker_is_not_sent_again(actor_
     await ps.ask(Step(*first), timeout=_HANG)
     before = await weights(ps)
     plan.arm("gradient", ValueError)
-    with pytest.raises(Exception, match="injected"):
+    with pytest.raises(ValueError, match="injected") as info:
         await ps.ask(Step(*failed), timeout=_HANG)
+    assert type(info.value) is ValueError
+    assert getattr(info.value, "worker_index", None) == 1
     np.testing.assert_array_equal(await weights(ps), before)
     for x, y in rest:
         await reference.ask(Step(x, y))

@@ -82,6 +82,10 @@ from atomr.train.data_parallel.replica import worker_deadline
 
 __all__ = ["DataParallelTrainer", "replica_decider"]
 
+# what sees a CADENCE round closed first: the manual verbs (the round's batches
+# are in the gradient buffers they use) and a checkpoint (it holds every batch)
+_AFTER_ROUND = (*MANUAL_VERBS, SaveCheckpoint)
+
 replica_decider = worker_decider
 """How the trainer supervises the replicas it spawned (`_recovery.worker_decider`):
 STOP for `Unrecoverable` (the trainer goes on with the others), RESUME for
@@ -283,16 +287,20 @@ class DataParallelTrainer(Actor):
             return closed if closed is not None else await self._cadence.close()
         if isinstance(message, GetWeights):
             return await self.replicas.refs[0].ask(GetWeights(), timeout=self.replicas.timeout)
-        if isinstance(message, MANUAL_VERBS):
+        if isinstance(message, _AFTER_ROUND):
+            # the open round's batches: in the gradient buffers the verbs use, and
+            # in what a checkpoint holds; a round that failed to close is answered
+            closed = await self._cadence.close()
+            if isinstance(closed, Failure):
+                return closed
+            if isinstance(message, SaveCheckpoint):
+                return await self._checkpoints.save(message.path)
             return await self._manual_verb(message)
         if isinstance(message, SetLearningRate):
             refs, timeout = self.replicas.refs, self.replicas.timeout
             return await set_learning_rate(self.config.optimizer, refs, message, timeout)
         if isinstance(message, Evaluate):
             return await self._evaluate(message)
-        if isinstance(message, SaveCheckpoint):
-            await self._cadence.close()  # a checkpoint holds every batch it was given
-            return await self._checkpoints.save(message.path)
         if isinstance(message, LoadCheckpoint):
             await self._cadence.close()
             return await self._checkpoints.load(message.path)

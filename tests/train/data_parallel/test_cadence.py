@@ -15,7 +15,7 @@ import pytest
 
 from atomr import ActorSystem, Props
 from atomr.accel import DeviceActor, cpu_devices
-from atomr.testkit import slow_device
+from atomr.testkit import Plan, inject_faults, slow_device
 from atomr.train import (
     GetWeights,
     LossKind,
@@ -293,3 +293,25 @@ def test_slow_device_is_refused_for_bad_arguments() -> None:
             slow_device(_Sleeper, "cpu:1", factor)
     with pytest.raises(TypeError, match="DeviceActor"):
         slow_device(int, "cpu:1", 2.0)  # type: ignore[type-var]
+
+
+async def test_a_checkpoint_whose_round_fails_to_close_answers_the_failure(
+    tmp_path: Path,
+) -> None:
+    """The open round is closed before a save (a checkpoint holds every batch
+    it was given): a round that failed to close was answered with a saved
+    checkpoint, without a word that its batches were dropped."""
+    plan = Plan()
+    faulty = inject_faults(ReplicaActor, plan, {"compute": ComputeGradients})
+    model, path = Mlp([6, 8, 3], seed=0), tmp_path / "round.ckpt"
+    props = [Props(ReplicaActor, model, "cpu:0", CONFIG), Props(faulty, model, "cpu:1", CONFIG)]
+    async with ActorSystem("cadence") as system:
+        dp = system.spawn(DataParallelTrainer.props(CONFIG, props, _cadence(cadence_anchor=50)))
+        await dp.ask(Step(*B[0]))
+        plan.arm("compute", ValueError)
+        await dp.ask(Step(*B[1]))  # dispatched: its failure shows when the round closes
+        with pytest.raises(ValueError, match="injected failure"):
+            await dp.ask(SaveCheckpoint(str(path)))
+        assert not path.exists()
+        await dp.ask(SaveCheckpoint(str(path)))  # the round was dropped: nothing left open
+        assert path.exists()

@@ -204,3 +204,34 @@ async def test_manual_verbs_are_refused_inside_an_accumulation_window() -> None:
         for verb in verbs:  # the window is closed: a hand-written step is taken again
             await dp.ask(verb)
         assert (await dp.ask(GetTrainingState())).step == 2
+
+
+async def test_manual_verbs_under_cadence_close_the_open_round_first() -> None:
+    """A CADENCE round spans several `Step`s in the replicas' gradient
+    buffers: a manual compute used to overwrite it mid-round. The verbs now
+    see the round closed, as `SaveCheckpoint` does."""
+    from atomr.train.core import CloseRound
+    from atomr.train.data_parallel import ApplyPolicy, DataParallelOptions
+
+    options = DataParallelOptions(
+        policy=ApplyPolicy.CADENCE, cadence_anchor=50, cadence_auto_tune=False
+    )
+    batches = [(X[:16], Y[:16]), (X[16:32], Y[16:32])]
+    weights = []
+    async with ActorSystem("manual") as system:
+        for close_first in (True, False):
+            dp = await DataParallelTrainer.spawn(
+                system, Mlp([6, 8, 3], seed=0), cpu_devices(2), CONFIG, options
+            )
+            for k in range(3):
+                await dp.ask(Step(X[32 + 8 * k : 40 + 8 * k], Y[32 + 8 * k : 40 + 8 * k]))
+            if close_first:
+                assert (await dp.ask(CloseRound())).samples == 24
+            await dp.ask(ComputeReplicaGradients(batches))
+            await dp.ask(AllReduceGradients())
+            await dp.ask(ApplyGradients())
+            assert await dp.ask(CloseRound()) is None  # nothing left open
+            a, b = await dp.ask(GetReplicaWeights())
+            np.testing.assert_array_equal(a, b)
+            weights.append(a)
+    np.testing.assert_array_equal(weights[0], weights[1])

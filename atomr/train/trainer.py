@@ -211,7 +211,8 @@ class Trainer(DeviceActor):
                 result = await self.on_device(model.get_params)
             elif isinstance(message, SetLearningRate):
                 assert self.optimizer is not None
-                result = await self.on_device(self.optimizer.set_lr, message.lr)
+                await self.on_device(self.optimizer.set_lr, message.lr)
+                result = None
             elif isinstance(message, SaveCheckpoint):
                 result = await self.on_device(guarded, self._save, message.path)
             elif isinstance(message, LoadCheckpoint):

@@ -250,17 +250,74 @@ async def _settle_or_abort(
 
 
 async def set_learning_rate(
-    optimizer: Any, refs: Sequence[ActorRef], message: Any, timeout: float | None
+    optimizer: Any,
+    refs: Sequence[ActorRef],
+    message: Any,
+    timeout: float | None,
+    repair: Callable[[list[Any]], Awaitable[Any]] | None = None,
 ) -> None:
-    """A trainer's `SetLearningRate`: check the rate against its `OptimizerKind`
-    first (a bad one changes nothing anywhere), then set it on every worker.
+    """A trainer's `SetLearningRate`, all or none: check the rate against its
+    `OptimizerKind` first (a bad one changes nothing anywhere), then set it on
+    every worker (each answers the rate it replaces). If one fails, every
+    worker is given the old rate back (a failed one too: it may have taken
+    the new rate before failing, or take it late if its ask timed out).
+
+    Args:
+        optimizer: the trainer's `OptimizerKind` (checks the rate).
+        refs: the workers.
+        message: the `SetLearningRate`.
+        timeout: each ask's timeout in seconds (None: wait forever).
+        repair: after a failure, awaited with every worker's outcome once the
+            old rate is back (a trainer that restarts a crashed worker
+            re-syncs it from a healthy one here), before the error is raised.
 
     Raises:
         ValueError, TypeError: a bad rate.
-        Exception: the first failing worker's own exception.
+        BaseException: the first failing worker's own exception
+            (`worker_index` set, a note saying whether every worker is back
+            at the old rate or what to do if not), raised after the undo settled.
     """
     optimizer.with_lr(message.lr)
-    await ask_all(refs, message, timeout, per_worker=False)
+    results = await ask_all_settled(refs, message, timeout, per_worker=False)
+    failed = failed_indices(results)
+    if not failed:
+        return
+    error: BaseException = results[failed[0]]
+    error.worker_index = failed[0]  # type: ignore[attr-defined]
+    note = await _give_back_rate(refs, results, type(message), timeout)
+    error.add_note(f"worker {failed[0]} failed to take the learning rate {message.lr:g}; {note}")
+    if repair is not None:
+        await repair(results)
+    raise error
+
+
+async def _give_back_rate(
+    refs: Sequence[ActorRef], results: list[Any], message_type: type, timeout: float | None
+) -> str:
+    """Give the old rate back to every worker (a failed one too: it may
+    have taken the new rate before it failed, or take it late if its ask
+    timed out): its own old rate where it answered one, else the first old
+    rate known. Returns the note saying how that went."""
+    olds = {i: float(r) for i, r in enumerate(results) if _is_rate(r)}
+    if not olds:
+        return _inconsistent(list(range(len(refs))), "no worker answered its old rate")
+    known = next(iter(olds.values()))
+    messages = [message_type(olds.get(i, known)) for i in range(len(refs))]
+    unrestored = failed_indices(await ask_all_settled(refs, messages, timeout))
+    if unrestored:
+        return _inconsistent(unrestored, "giving the old rate back failed")
+    return f"every worker was given back the learning rate {known:g}"
+
+
+def _is_rate(reply: Any) -> bool:
+    return isinstance(reply, int | float) and not isinstance(reply, bool)
+
+
+def _inconsistent(workers: list[int], why: str) -> str:
+    return (
+        f"{why}: workers {workers} may hold another learning rate than the rest, the "
+        "rate is inconsistent: send SetLearningRate again (or load a checkpoint)"
+    )
 
 
 async def load_all_or_none(

@@ -54,13 +54,19 @@ class Optimizer:
         self.dtype = dtype
         self.step_count = 0
 
-    def set_lr(self, lr: float) -> None:
+    def set_lr(self, lr: float) -> float:
         """Use `lr` as the base learning rate from the next update on.
+
+        Returns:
+            The base rate it replaces (a coordinator that must undo a
+            `SetLearningRate` gives it back).
 
         Raises:
             ValueError, TypeError: as `OptimizerKind` for a bad `lr` (nothing changed).
         """
+        old = float(self.kind.lr)
         self.kind = self.kind.with_lr(lr)
+        return old
 
     def _check_args(self, op: str, read_only: tuple[str, ...], **buffers: Any) -> None:
         """The caller's buffers, checked once: `(n,)`, this optimizer's dtype,

@@ -163,12 +163,18 @@ class ReplicaGroup:
             `worker_index` set and a note naming the replica.
         """
         failed = failed_indices(results)
-        crashed = [i for i in failed if not isinstance(results[i], REQUEST_ERRORS)]
-        await self.resync(crashed, failed)
+        await self.resync_crashed(results)
         error = results[failed[0]]
         error.worker_index = failed[0]
         error.add_note(f"raised by replica {failed[0]}; {outcome}")
         return Failure(error)
+
+    async def resync_crashed(self, results: list[Any]) -> None:
+        """After a failed request: re-sync the replicas that crashed in it
+        (`resync`); `results` are its settled replies (`ask_each`)."""
+        failed = failed_indices(results)
+        crashed = [i for i in failed if not isinstance(results[i], REQUEST_ERRORS)]
+        await self.resync(crashed, failed)
 
     async def resync(self, crashed: list[int], failed: list[int]) -> None:
         """Copy a healthy replica's state (one not in `failed`) into each

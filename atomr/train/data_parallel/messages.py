@@ -300,7 +300,7 @@ class ReplicaProtocol:
     | `EvaluateShard(features, labels)` | `ShardEval` | `Evaluate` |
     | `GetGradients()` / `SetGradients(g)` | `ndarray` / None | the manual verbs (`AllReduceGradients`, ...) |
     | `GetDevice()` | `Device` | `GetDevices` |
-    | `SetLearningRate(lr)` | None | `SetLearningRate` |
+    | `SetLearningRate(lr)` | `float`: the rate it replaces (given back if another worker fails) | `SetLearningRate` |
     | the ring messages (`atomr.train.comm.ring`) | | only with a collective whose members hold the buffers (`"ring"`) |
 
     The gradient: `ComputeGradients` leaves in the replica's gradient buffer

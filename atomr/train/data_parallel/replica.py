@@ -22,7 +22,7 @@ from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.core.errors import InvalidBatchError
-from atomr.train.core.messages import Step
+from atomr.train.core.messages import SetLearningRate, Step
 from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.data_parallel.messages import (
@@ -100,6 +100,7 @@ class ReplicaActor(Trainer):
             GetGradients: (lambda _: self._gradients(), False),
             SetGradients: (lambda m: self._set_gradients(m.gradients), True),
             GetDevice: (lambda _: self.device, False),
+            SetLearningRate: (self._set_lr, False),  # answers the rate it replaces
         }
 
     @classmethod
@@ -194,6 +195,12 @@ class ReplicaActor(Trainer):
         await self.on_device(lambda: self.backend.copy(self._dev(data), grads[lo:hi]))
 
     # -- device-side work -----------------------------------------------------
+
+    def _set_lr(self, msg: SetLearningRate) -> float:
+        """`SetLearningRate`: the rate it replaces, which the trainer gives
+        back to every replica when another one fails to take the new one."""
+        assert self.optimizer is not None
+        return self.optimizer.set_lr(msg.lr)
 
     def _gradients(self) -> np.ndarray:
         """A host copy of the gradient buffer (worker thread)."""

@@ -297,8 +297,10 @@ class DataParallelTrainer(Actor):
                 return await self._checkpoints.save(message.path)
             return await self._manual_verb(message)
         if isinstance(message, SetLearningRate):
-            refs, timeout = self.replicas.refs, self.replicas.timeout
-            return await set_learning_rate(self.config.optimizer, refs, message, timeout)
+            group = self.replicas  # a replica restarted meanwhile is re-synced
+            return await set_learning_rate(
+                self.config.optimizer, group.refs, message, group.timeout, group.resync_crashed
+            )
         if isinstance(message, Evaluate):
             return await self._evaluate(message)
         if isinstance(message, LoadCheckpoint):

@@ -64,12 +64,14 @@ class ShardStore(DeviceActor):
         if self.weights is None:
             await self.on_device(self._build)
 
-    def _set_lr(self, lr: float) -> None:
+    def _set_lr(self, lr: float) -> float:
         """`SetLearningRate` (device thread): the rate of the later updates,
-        and of an optimizer rebuilt after a failed step."""
+        and of an optimizer rebuilt after a failed step; returns the rate it
+        replaces."""
         assert self.optimizer is not None
-        self.optimizer.set_lr(lr)
+        old = self.optimizer.set_lr(lr)
         self.kind = self.optimizer.kind
+        return old
 
     # -- updates ----------------------------------------------------------------
 

@@ -340,7 +340,7 @@ class ServerShardProtocol:
     | `PullWeights(worker)` | `(weights, version)` | a host copy; under bounded staleness the reply waits while the worker is too far ahead of the slowest |
     | `Stats()` | `ParameterServerStats` | the shard's counters |
     | `GetWeights()` | `ndarray` | a host copy of the shard's range |
-    | `SetLearningRate(lr)` | None | the optimizer's learning rate |
+    | `SetLearningRate(lr)` | `float`: the rate it replaces (given back if another worker fails) | the optimizer's learning rate |
     | `GetServerState()` | `ServerState` | weights and optimizer state of the shard's range, and the version |
     | `SetServerState(state)` | None | replace them; refused with `Failure(RuntimeError)` while a synchronous round is in progress |
     | `SaveCheckpoint(path)` | None | a checkpoint of the shard's range |

@@ -320,7 +320,7 @@ class PipelineStageProtocol:
     | `RollbackStep(step_id)` | trainer -> stage, ask | None |
     | `GetStageWeights()` / `GetStageGradients()` | trainer -> stage, ask | ndarray |
     | `GetStageState()` / `SetStageState(state)` | trainer -> stage, ask | `StageState` / None |
-    | `SetLearningRate(lr)` | trainer -> stage, ask | None |
+    | `SetLearningRate(lr)` | trainer -> stage, ask | `float`: the rate it replaces (given back if another worker fails) |
 
     Rules a stage keeps: it runs the ops of `RunMicroBatches` in order, each
     once its input is there (`inputs[k]` or an `Activations` for F; the

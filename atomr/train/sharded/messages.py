@@ -278,7 +278,7 @@ class ShardedReplicaProtocol:
     | `SetShardState(state, full)` | None | all | load a piece, its optimizer state, the step count and (stages 1 and 2) the full parameters; drops a pending update |
     | `GetShardMemory()` | `ShardMemory` | all | bytes held, by role, measured from the arrays |
     | `EvaluateShard(features, labels)` | `ShardEval` | 1, 2 | loss sums and correct rows of one shard (stage 3 evaluates through `ForwardLayer(train=False)`) |
-    | `SetLearningRate(lr)` | None | all | the piece optimizer's learning rate |
+    | `SetLearningRate(lr)` | `float`: the rate it replaces (given back if another worker fails) | all | the piece optimizer's learning rate |
 
     The handing: a `Handed` buffer is the replica's own memory on a CPU
     device (`shared`: the collective works in it, and no result comes

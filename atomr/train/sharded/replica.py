@@ -308,9 +308,9 @@ class ShardedReplica(DeviceActor):
         assert self.model is not None
         return evaluate_shard(self.model, self.config.loss, msg)
 
-    def _set_lr(self, msg: SetLearningRate) -> None:
+    def _set_lr(self, msg: SetLearningRate) -> float:
         assert self.optimizer is not None
-        self.optimizer.set_lr(msg.lr)
+        return self.optimizer.set_lr(msg.lr)
 
     def _set_full(self, params: np.ndarray) -> None:
         assert self.model is not None

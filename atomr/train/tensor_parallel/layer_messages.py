@@ -114,7 +114,7 @@ class LayerShardProtocol:
     | `ShardRollback(token)` | `bool` (something undone) | undo the pending update, if `token` names it |
     | `ShardStateGet()` | `LayerShardState` | the shard's flat parameters, optimizer `state_dict()` and step count |
     | `ShardStateSet(state)` | None | load a `LayerShardState` (a checkpoint); drops a pending update |
-    | `SetLearningRate(lr)` | None | the optimizer's learning rate |
+    | `SetLearningRate(lr)` | `float`: the rate it replaces (given back if another worker fails) | the optimizer's learning rate |
 
     Rules a shard keeps: a pass never touches the weights, and an update is
     atomic (`ShardApply` out of place, `ShardCommit` keeps it,

@@ -262,7 +262,7 @@ class ShardProtocol:
     | `ShardGather(what)` | `ShardSlice` | `what` = "params" or "grads": the positions in the full flat vector and their values |
     | `ShardGetState()` | `ShardSliceState` | positions, parameters, optimizer `state_dict()` of the slice, step count |
     | `ShardSetState(params, optimizer, step)` | `None` | take this shard's slice of full vectors (a checkpoint) |
-    | `SetLearningRate(lr)` | `None` | the optimizer's learning rate |
+    | `SetLearningRate(lr)` | `float`: the rate it replaces (given back if another worker fails) | the optimizer's learning rate |
 
     Rules a shard keeps: errors are answered with `Failure(exc)`; a shard is
     never restarted by a bad request, because its weights are one part of a

@@ -238,10 +238,10 @@ class ShardActor(ShardMath):
             return self._set_lr, (message.lr,)
         return None
 
-    def _set_lr(self, lr: float) -> None:
+    def _set_lr(self, lr: float) -> float:
         if self.optimizer is None:
             raise RuntimeError("shard not configured: send ShardConfigure first")
-        self.optimizer.set_lr(lr)
+        return self.optimizer.set_lr(lr)
 
     async def receive(self, message: Any) -> Any:
         """Answer a `ShardProtocol` message (see the module docstring).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atomr.train.core.mlp import Mlp
 from atomr.train.tensor_parallel.layer_shard import LayerShardActor
 from atomr.train.tensor_parallel.shard import ShardActor
 
@@ -27,6 +28,9 @@ class TensorParallelOptions:
             than an `Mlp` (split by its layers' rules): `LayerShardActor` or a
             subclass (a fault-injected one: `atomr.testkit.inject_faults`).
 
+    Each shard class applies to its own kind of model only: `spawn` refuses
+    one set for the other kind (`check_model`).
+
     Raises:
         TypeError: a shard class that is not the right actor or a subclass of it.
     """
@@ -41,3 +45,26 @@ class TensorParallelOptions:
         layer = self.layer_shard_class
         if not (isinstance(layer, type) and issubclass(layer, LayerShardActor)):
             raise TypeError(f"layer_shard_class must be a LayerShardActor subclass, got {layer!r}")
+
+    def check_model(self, model: object) -> None:
+        """Refuse the shard class of the path `model` does not take.
+
+        Args:
+            model: the model to split (an `Mlp` takes `shard_class`, any
+                other model `layer_shard_class`).
+
+        Raises:
+            ValueError: `shard_class` set for a model other than an `Mlp`, or
+                `layer_shard_class` set for an `Mlp`.
+        """
+        is_mlp = isinstance(model, Mlp)
+        name, default, applies = (
+            ("layer_shard_class", LayerShardActor, "models other than an Mlp")
+            if is_mlp
+            else ("shard_class", ShardActor, "an Mlp")
+        )
+        if getattr(self, name) is not default:
+            raise ValueError(
+                f"{name} does not apply to a {type(model).__name__}: it is the shard of "
+                f"{applies} (leave it {default.__name__})"
+            )

@@ -67,6 +67,7 @@ from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.core.validation import validate_batch
 from atomr.train.tensor_parallel._layer_trainer import LayerTensorParallelTrainer
 from atomr.train.tensor_parallel.group import ShardGroup
+from atomr.train.tensor_parallel.layer_shard import LayerShardActor
 from atomr.train.tensor_parallel.options import TensorParallelOptions
 from atomr.train.tensor_parallel.shard import ShardActor
 from atomr.train.tensor_parallel.shard_plan import plan_shards
@@ -102,7 +103,8 @@ class TensorParallelTrainer(Actor):
         TypeError: `config`, `shards` or `options` of the wrong type (the
             shards neither all `ActorRef`s nor all `Props`).
         ValueError: no shards, `config.accumulation_steps > 1`, or
-            `options.shard_class` set (it is for `spawn`).
+            `options.shard_class` or `options.layer_shard_class` set (they
+            are for `spawn`).
     """
 
     def __init__(
@@ -167,12 +169,15 @@ class TensorParallelTrainer(Actor):
             TypeError: an argument of the wrong type (the message names it).
             ValueError: no devices, a bad device name,
                 `config.accumulation_steps > 1`, a layer width smaller than
-                the shard count, or a model with `activate_last`; all raised
-                before anything is spawned.
+                the shard count, a model with `activate_last`, or a shard
+                class for the other kind of model
+                (`TensorParallelOptions.check_model`); all raised before
+                anything is spawned.
         """
         checked, devs, config = check_spawn_args(system, model, devices, config, name)
         options = check_options(options, TensorParallelOptions, "TensorParallelTrainer")
         refuse_accumulation(config, "tensor-parallel")
+        options.check_model(checked)
         if not isinstance(checked, Mlp):  # any other model: the layers' own rules
             plan = plan_shards(checked, len(devs))
             shard_class = options.layer_shard_class
@@ -320,9 +325,10 @@ def _check_props(
     config, items = check_workers(config, shards, "shards")
     options = check_options(options, TensorParallelOptions, "TensorParallelTrainer")
     refuse_accumulation(config, "tensor-parallel")
-    if options.shard_class is not ShardActor:
-        raise ValueError(
-            "options.shard_class is how spawn builds its shards; props takes shards already "
-            "built: leave it ShardActor"
-        )
+    for name, default in (("shard_class", ShardActor), ("layer_shard_class", LayerShardActor)):
+        if getattr(options, name) is not default:
+            raise ValueError(
+                f"options.{name} is how spawn builds its shards; props takes shards already "
+                f"built: leave it {default.__name__}"
+            )
     return config, items, options

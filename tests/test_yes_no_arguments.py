@@ -15,7 +15,7 @@ import atomr
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
 from atomr.testkit import Plan
 from atomr.train import DataParallelOptions, Mlp, OptimizerKind, ShardedOptions
-from atomr.train.data_parallel import SpeedBalancer
+from atomr.train.data_parallel import ApplyPolicy, SpeedBalancer
 
 # name -> (build with the flag, read the flag back, the error for a non-bool)
 FLAGS: dict[str, tuple[Callable[[Any], Any], str, type[Exception]]] = {
@@ -32,12 +32,12 @@ FLAGS: dict[str, tuple[Callable[[Any], Any], str, type[Exception]]] = {
     ),
     "balance": (lambda f: DataParallelOptions(balance=f), "balance", TypeError),
     "cadence_auto_tune": (
-        lambda f: DataParallelOptions(cadence_auto_tune=f),
+        lambda f: DataParallelOptions(policy=ApplyPolicy.CADENCE, cadence_auto_tune=f),
         "cadence_auto_tune",
         TypeError,
     ),
     "cadence_measure_speeds": (
-        lambda f: DataParallelOptions(cadence_measure_speeds=f),
+        lambda f: DataParallelOptions(policy=ApplyPolicy.CADENCE, cadence_measure_speeds=f),
         "cadence_measure_speeds",
         TypeError,
     ),

@@ -7,7 +7,7 @@ import enum
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from atomr._arguments import bool_flag, int_at_least
@@ -112,7 +112,9 @@ class DataParallelOptions:
 
     Raises:
         TypeError: a setting has the wrong type.
-        ValueError: an unknown collective name, or a value out of range.
+        ValueError: an unknown collective name, a value out of range, or a
+            setting of one policy (ASYNC's `average_*`, CADENCE's
+            `cadence_*`) other than its default under another policy.
     """
 
     collective: str | Collective = "host"
@@ -186,6 +188,24 @@ class DataParallelOptions:
             raise ValueError(
                 "check_every applies to SYNC: ASYNC replicas differ between averaging rounds"
             )
+        self._refuse_other_policy_settings()
+
+    def _refuse_other_policy_settings(self) -> None:
+        """Refuse a setting of one policy given (not its default) with another.
+
+        Raises:
+            ValueError: an ASYNC setting under SYNC or CADENCE, or a CADENCE
+                setting under SYNC or ASYNC.
+        """
+        for applies, names in _POLICY_SETTINGS.items():
+            if self.policy is applies:
+                continue
+            for name in names:
+                if getattr(self, name) != _DEFAULTS[name]:
+                    raise ValueError(
+                        f"{name} does not apply to ApplyPolicy.{self.policy.name}: it is a "
+                        f"setting of ApplyPolicy.{applies.name} (leave it {_DEFAULTS[name]!r})"
+                    )
 
     def _check_processes(self) -> None:
         pc = self.process_collective
@@ -265,3 +285,17 @@ class DataParallelOptions:
             process_count=job.world_size,
             **settings,
         )
+
+
+_POLICY_SETTINGS: dict[ApplyPolicy, tuple[str, ...]] = {
+    ApplyPolicy.ASYNC: ("average_every", "average_seconds"),
+    ApplyPolicy.CADENCE: (
+        "cadence_anchor",
+        "cadence_target",
+        "cadence_auto_tune",
+        "cadence_measure_speeds",
+    ),
+}
+"""The settings only one policy uses: given with another, they are refused."""
+
+_DEFAULTS = {f.name: f.default for f in fields(DataParallelOptions)}

@@ -18,7 +18,7 @@ from atomr.train import (
 )
 from atomr.train.comm import HostCollective, RingCollective
 from atomr.train.comm.mpi import DistributedTrainConfig
-from atomr.train.data_parallel import ReplicaActor
+from atomr.train.data_parallel import ApplyPolicy, ReplicaActor
 
 MISTAKES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "collective name": ({"collective": "nccl"}, ValueError, "collective"),
@@ -90,3 +90,32 @@ def test_props_refuses_a_replica_class_it_would_not_use() -> None:
     assert options.replica_class is Mine
     with pytest.raises(ValueError, match="replica_class is how spawn builds its replicas"):
         DataParallelTrainer.props(config, [], options)
+
+
+ASYNC_ONLY = {"average_every": 2, "average_seconds": 1.0}
+CADENCE_ONLY = {
+    "cadence_anchor": 2,
+    "cadence_target": 0.2,
+    "cadence_auto_tune": False,
+    "cadence_measure_speeds": False,
+}
+ELSEWHERE = [
+    (name, value, policy)
+    for settings, applies in ((ASYNC_ONLY, ApplyPolicy.ASYNC), (CADENCE_ONLY, ApplyPolicy.CADENCE))
+    for name, value in settings.items()
+    for policy in ApplyPolicy
+    if policy is not applies
+]
+
+
+@pytest.mark.parametrize(("name", "value", "policy"), ELSEWHERE)
+def test_a_setting_of_another_policy_is_refused(name: str, value: Any, policy: ApplyPolicy) -> None:
+    with pytest.raises(ValueError, match=f"{name} .*does not apply to ApplyPolicy.{policy.name}"):
+        DataParallelOptions(policy=policy, **{name: value})
+
+
+@pytest.mark.parametrize("policy", list(ApplyPolicy))
+def test_the_defaults_of_every_policy_are_accepted(policy: ApplyPolicy) -> None:
+    assert DataParallelOptions(policy=policy).policy is policy
+    settings = {ApplyPolicy.ASYNC: ASYNC_ONLY, ApplyPolicy.CADENCE: CADENCE_ONLY}.get(policy, {})
+    DataParallelOptions(policy=policy, **settings)

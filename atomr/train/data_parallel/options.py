@@ -64,15 +64,17 @@ class DataParallelOptions:
             the replicas reduce among themselves with actor messages), or a
             `Collective` instance; its `members_hold_buffers` says which of
             the two ways it works.
-        balance: split batches by measured replica speed (`SpeedBalancer`);
-            off: as evenly as possible.
-        speed_hint: initial relative speed of each replica (with `balance`,
-            CADENCE or ASYNC), one per replica.
-        recalibrate_every: steps between re-computations of the split.
-        min_share: smallest fraction of a batch given to any replica.
-        check_every: every K applied steps, check that all replicas hold
-            bit-identical weights (a `ReplicaDivergenceError` if not);
-            None: never.
+        balance: with SYNC, split batches by measured replica speed
+            (`SpeedBalancer`); off: as evenly as possible.
+        speed_hint: initial relative speed of each replica (SYNC with
+            `balance`, CADENCE or ASYNC), one per replica.
+        recalibrate_every: with SYNC and `balance`, steps between
+            re-computations of the split.
+        min_share: with SYNC and `balance`, smallest fraction of a batch
+            given to any replica.
+        check_every: with SYNC or CADENCE, every K applied steps, check
+            that all replicas hold bit-identical weights (a
+            `ReplicaDivergenceError` if not); None: never.
         process_collective: joins the processes of a multi-process job (an
             `MpiCollective`), or None for one process. With it, `Step` takes
             the global batch and this process trains on its
@@ -113,8 +115,13 @@ class DataParallelOptions:
     Raises:
         TypeError: a setting has the wrong type.
         ValueError: an unknown collective name, a value out of range, or a
-            setting of one policy (ASYNC's `average_*`, CADENCE's
-            `cadence_*`) other than its default under another policy.
+            setting other than its default where it has no effect: under a
+            policy that does not read it (`_POLICY_SETTINGS`: ASYNC's
+            `average_*`, CADENCE's `cadence_*`, SYNC's `balance`,
+            `recalibrate_every`, `min_share`, CADENCE's and ASYNC's `clock`,
+            SYNC's and CADENCE's `check_every`), or a speed-balancer setting
+            (`speed_hint`, `recalibrate_every`, `min_share`) under SYNC
+            without `balance`.
     """
 
     collective: str | Collective = "host"
@@ -155,12 +162,12 @@ class DataParallelOptions:
         if self.check_every is not None:
             int_at_least("check_every", self.check_every, 1)
         self._check_processes()
-        self._check_policy()
         rc = self.replica_class
         if not (isinstance(rc, type) and issubclass(rc, ReplicaActor)):
             raise TypeError(f"replica_class must be ReplicaActor or a subclass, got {rc!r}")
         if not callable(self.clock):
             raise TypeError(f"clock must be a function returning seconds, got {self.clock!r}")
+        self._check_policy()
 
     def _check_policy(self) -> None:
         if not isinstance(self.policy, ApplyPolicy):
@@ -184,28 +191,32 @@ class DataParallelOptions:
             raise ValueError(
                 f"ApplyPolicy.{self.policy.name} runs within one process; use SYNC in a job"
             )
-        if self.policy is ApplyPolicy.ASYNC and self.check_every is not None:
-            raise ValueError(
-                "check_every applies to SYNC: ASYNC replicas differ between averaging rounds"
-            )
         self._refuse_other_policy_settings()
 
     def _refuse_other_policy_settings(self) -> None:
-        """Refuse a setting of one policy given (not its default) with another.
+        """Refuse a setting given (not its default) where it has no effect:
+        under a policy it is not read by (`_POLICY_SETTINGS`), or, under
+        SYNC, a setting of the speed balancer without `balance`.
 
         Raises:
-            ValueError: an ASYNC setting under SYNC or CADENCE, or a CADENCE
-                setting under SYNC or ASYNC.
+            ValueError: such a setting; the message names it and the
+                policies (or `balance`) it belongs to.
         """
-        for applies, names in _POLICY_SETTINGS.items():
-            if self.policy is applies:
+        for name, applies in _POLICY_SETTINGS.items():
+            if getattr(self, name) == _DEFAULTS[name]:
                 continue
-            for name in names:
-                if getattr(self, name) != _DEFAULTS[name]:
-                    raise ValueError(
-                        f"{name} does not apply to ApplyPolicy.{self.policy.name}: it is a "
-                        f"setting of ApplyPolicy.{applies.name} (leave it {_DEFAULTS[name]!r})"
-                    )
+            if self.policy not in applies:
+                owners = " and ".join(f"ApplyPolicy.{p.name}" for p in applies)
+                raise ValueError(
+                    f"{name} does not apply to ApplyPolicy.{self.policy.name}: it is a "
+                    f"setting of {owners} (leave it {_DEFAULTS[name]!r})"
+                )
+            if self.policy is ApplyPolicy.SYNC and name in _BALANCER_SETTINGS and not self.balance:
+                raise ValueError(
+                    f"{name} does not apply to ApplyPolicy.SYNC without balance=True: it is a "
+                    f"setting of the speed balancer (set balance=True, or leave it "
+                    f"{_DEFAULTS[name]!r})"
+                )
 
     def _check_processes(self) -> None:
         pc = self.process_collective
@@ -287,15 +298,29 @@ class DataParallelOptions:
         )
 
 
-_POLICY_SETTINGS: dict[ApplyPolicy, tuple[str, ...]] = {
-    ApplyPolicy.ASYNC: ("average_every", "average_seconds"),
-    ApplyPolicy.CADENCE: (
-        "cadence_anchor",
-        "cadence_target",
-        "cadence_auto_tune",
-        "cadence_measure_speeds",
-    ),
+_POLICY_SETTINGS: dict[str, tuple[ApplyPolicy, ...]] = {
+    "average_every": (ApplyPolicy.ASYNC,),
+    "average_seconds": (ApplyPolicy.ASYNC,),
+    "cadence_anchor": (ApplyPolicy.CADENCE,),
+    "cadence_target": (ApplyPolicy.CADENCE,),
+    "cadence_auto_tune": (ApplyPolicy.CADENCE,),
+    "cadence_measure_speeds": (ApplyPolicy.CADENCE,),
+    # SYNC's speed balancer (`_step.StepRunner.balancer`); CADENCE and ASYNC
+    # measure speeds their own way (`ReplicaSpeeds`, from `speed_hint` and `clock`)
+    "balance": (ApplyPolicy.SYNC,),
+    "recalibrate_every": (ApplyPolicy.SYNC,),
+    "min_share": (ApplyPolicy.SYNC,),
+    "speed_hint": (ApplyPolicy.SYNC, ApplyPolicy.CADENCE, ApplyPolicy.ASYNC),
+    "clock": (ApplyPolicy.CADENCE, ApplyPolicy.ASYNC),
+    # checked after each apply of the reduced gradient; ASYNC replicas differ
+    # between averaging rounds
+    "check_every": (ApplyPolicy.SYNC, ApplyPolicy.CADENCE),
 }
-"""The settings only one policy uses: given with another, they are refused."""
+"""Each setting that only some policies read, and those policies: given
+(not its default) under another, it is refused."""
+
+_BALANCER_SETTINGS = ("speed_hint", "recalibrate_every", "min_share")
+"""The settings SYNC reads only with `balance=True` (a disabled balancer
+splits evenly)."""
 
 _DEFAULTS = {f.name: f.default for f in fields(DataParallelOptions)}

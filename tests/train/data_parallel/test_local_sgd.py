@@ -219,7 +219,7 @@ async def test_local_sgd_trains_digits() -> None:
 def test_bad_combinations_are_refused() -> None:
     with pytest.raises(ValueError, match="average_every must be >= 1"):
         DataParallelOptions(policy=ApplyPolicy.ASYNC, average_every=0)
-    with pytest.raises(ValueError, match="check_every applies to SYNC"):
+    with pytest.raises(ValueError, match="check_every does not apply to ApplyPolicy.ASYNC"):
         DataParallelOptions(policy=ApplyPolicy.ASYNC, check_every=2)
     with pytest.raises(TypeError, match="policy must be an ApplyPolicy"):
         DataParallelOptions(policy="async")  # type: ignore[arg-type]

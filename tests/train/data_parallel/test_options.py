@@ -63,7 +63,7 @@ def test_defaults_and_a_collective_instance() -> None:
     assert DataParallelOptions().replica_class is ReplicaActor
     ring = RingCollective(5.0)
     assert DataParallelOptions(collective=ring).collective is ring
-    assert DataParallelOptions(speed_hint=[1, 3]).speed_hint == (1.0, 3.0)
+    assert DataParallelOptions(balance=True, speed_hint=[1, 3]).speed_hint == (1.0, 3.0)
 
 
 def test_for_job_places_the_process() -> None:
@@ -119,3 +119,50 @@ def test_the_defaults_of_every_policy_are_accepted(policy: ApplyPolicy) -> None:
     assert DataParallelOptions(policy=policy).policy is policy
     settings = {ApplyPolicy.ASYNC: ASYNC_ONLY, ApplyPolicy.CADENCE: CADENCE_ONLY}.get(policy, {})
     DataParallelOptions(policy=policy, **settings)
+
+
+def _tick() -> float:
+    return 0.0
+
+
+NOT_READ = [
+    *((name, value, policy) for name, value in (("balance", True), ("recalibrate_every", 3),
+      ("min_share", 0.1)) for policy in (ApplyPolicy.CADENCE, ApplyPolicy.ASYNC)),
+    ("clock", _tick, ApplyPolicy.SYNC),
+    ("check_every", 2, ApplyPolicy.ASYNC),
+]  # fmt: skip
+"""A setting under a policy that never reads it (each read elsewhere)."""
+
+
+@pytest.mark.parametrize(("name", "value", "policy"), NOT_READ)
+def test_a_setting_the_policy_does_not_read_is_refused(
+    name: str, value: Any, policy: ApplyPolicy
+) -> None:
+    with pytest.raises(ValueError, match=f"{name} does not apply to ApplyPolicy.{policy.name}"):
+        DataParallelOptions(policy=policy, **{name: value})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("speed_hint", (1.0, 2.0)), ("recalibrate_every", 3), ("min_share", 0.1)]
+)
+def test_a_balancer_setting_without_balance_is_refused(name: str, value: Any) -> None:
+    with pytest.raises(
+        ValueError, match=f"{name} does not apply to ApplyPolicy.SYNC without balance"
+    ):
+        DataParallelOptions(**{name: value})
+    assert getattr(DataParallelOptions(balance=True, **{name: value}), name) is not None
+
+
+READ = {
+    ApplyPolicy.SYNC: {"balance": True, "speed_hint": (1.0, 2.0), "recalibrate_every": 3,
+                       "min_share": 0.1, "check_every": 2},
+    ApplyPolicy.CADENCE: {"speed_hint": (1.0, 2.0), "clock": _tick, "check_every": 2},
+    ApplyPolicy.ASYNC: {"speed_hint": (1.0, 2.0), "clock": _tick},
+}  # fmt: skip
+"""The settings each policy reads: never refused there."""
+
+
+@pytest.mark.parametrize("policy", list(ApplyPolicy))
+def test_the_settings_a_policy_reads_are_accepted(policy: ApplyPolicy) -> None:
+    options = DataParallelOptions(policy=policy, **READ[policy])
+    assert all(getattr(options, name) == value for name, value in READ[policy].items())

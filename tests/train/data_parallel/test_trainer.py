@@ -248,7 +248,7 @@ SPAWN_MISTAKES = {
     "config": ({"config": {"lr": 0.1}}, TypeError, "config"),
     "options type": ({"options": _config()}, TypeError, "options"),
     "speed hint": (
-        {"options": DataParallelOptions(speed_hint=(1, 2, 3))},
+        {"options": DataParallelOptions(balance=True, speed_hint=(1, 2, 3))},
         ValueError,
         "speed_hint",
     ),
@@ -274,7 +274,11 @@ PROPS_MISTAKES = {
     "replicas type": ({"replicas": 3}, TypeError, "replicas"),
     "replica type": ({"replicas": ["cpu:0"]}, TypeError, "replicas\\[0\\]"),
     "options type": ({"options": "ring"}, TypeError, "options"),
-    "speed hint": ({"options": DataParallelOptions(speed_hint=(1.0,))}, ValueError, "speed_hint"),
+    "speed hint": (
+        {"options": DataParallelOptions(balance=True, speed_hint=(1.0,))},
+        ValueError,
+        "speed_hint",
+    ),
 }
 
 

@@ -118,8 +118,11 @@ class ReplicaGroup:
         self._synced = True
 
     async def broadcast_first(self, processes: Collective | None) -> None:
-        """Give every replica replica 0's state (in a job, process 0's replica
-        0's weights through `processes`); learn the model config.
+        """Give every replica replica 0's state; in a job, process 0's replica
+        0's weights through `processes`, with this process's replica 0's
+        optimizer state (its learning rate included) and step count, which
+        every process's replicas share (they apply the same steps). Learn the
+        model config.
 
         Raises:
             Exception: a replica's or the collective's failure.
@@ -129,7 +132,7 @@ class ReplicaGroup:
         if processes is not None:
             weights = np.ascontiguousarray(state.weights)
             await processes.broadcast([weights], 0)
-            state = ReplicaState(state.model, weights, {}, 0)
+            state = ReplicaState(state.model, weights, state.optimizer, state.steps)
             first = 0
         if self.refs[first:]:
             await ask_all(

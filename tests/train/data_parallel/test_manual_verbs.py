@@ -12,13 +12,24 @@ import pytest
 
 from atomr import ActorSystem
 from atomr.accel import Device, cpu_devices
-from atomr.train import GetWeights, LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
+from atomr.train import (
+    GetWeights,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    SetLearningRate,
+    Step,
+    Trainer,
+    TrainerConfig,
+)
+from atomr.train.comm import HostCollective
 from atomr.train.core import GetTrainingState, synthetic_classification
 from atomr.train.core.errors import StepLimitError
 from atomr.train.data_parallel import (
     AllReduceGradients,
     ApplyGradients,
     ComputeReplicaGradients,
+    DataParallelOptions,
     DataParallelTrainer,
     GetDevices,
     GetReplicaWeights,
@@ -76,6 +87,26 @@ async def test_sync_params_makes_diverged_replicas_identical_again() -> None:
         a2, b2 = await dp.ask(GetReplicaWeights())
         np.testing.assert_array_equal(a2, a)
         np.testing.assert_array_equal(b2, a)
+
+
+async def test_sync_params_in_a_job_keeps_the_learning_rate_and_the_optimizer_state() -> None:
+    # a job of one process (a host collective joins it): SyncParams broadcasts
+    # process 0's weights; the replicas keep the rate set and their optimizer state
+    options = DataParallelOptions(process_collective=HostCollective())
+    async with ActorSystem("manual") as system:
+        dp = await DataParallelTrainer.spawn(
+            system, Mlp([6, 8, 3], seed=0), cpu_devices(2), CONFIG, options
+        )
+        one = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        for trainer in (dp, one):
+            await trainer.ask(Step(X[:32], Y[:32]))
+            await trainer.ask(SetLearningRate(0.001))
+        await dp.ask(SyncParams())
+        for trainer in (dp, one):
+            await trainer.ask(Step(X[32:], Y[32:]))
+        np.testing.assert_allclose(
+            await dp.ask(GetWeights()), await one.ask(GetWeights()), rtol=1e-5, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize(

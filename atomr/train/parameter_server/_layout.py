@@ -14,7 +14,6 @@ from atomr.train.core.config import TrainerConfig
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.parameter_server._client import split_ranges
 from atomr.train.parameter_server.options import ParameterServerOptions
-from atomr.train.parameter_server.server import ServerShard
 
 __all__ = ["Layout"]
 
@@ -99,7 +98,7 @@ class Layout:
         weights = self.model.get_params()
         consistency = self.options.consistency
         return [
-            ServerShard.props(
+            self.options.server_class.props(
                 weights[lo:hi],
                 self.config.optimizer,
                 self.options.max_staleness,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from atomr.accel import Device
 from atomr.train._contract import parse_devices
 from atomr.train.parameter_server.consistency import Consistency, check_staleness_bound
+from atomr.train.parameter_server.server import ServerShard
 from atomr.train.parameter_server.worker import ParameterServerWorker
 
 __all__ = ["ParameterServerOptions"]
@@ -17,6 +18,11 @@ __all__ = ["ParameterServerOptions"]
 def _check_count(name: str, value: object, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _check_class(name: str, value: object, base: type) -> None:
+    if not (isinstance(value, type) and issubclass(value, base)):
+        raise TypeError(f"{name} must be a {base.__name__} subclass, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +44,15 @@ class ParameterServerOptions:
         worker_class: the worker actor class (`ParameterServerWorker` or a
             subclass: an instrumented or fault-injected one,
             `atomr.testkit.inject_faults`).
+        server_class: the server shard actor class (`ServerShard` or a
+            subclass: an instrumented or fault-injected one), spawned once
+            per range with `ServerShard`'s arguments.
 
     Raises:
         TypeError: `consistency` is not a `Consistency`, `worker_class` not
-            a `ParameterServerWorker` subclass, or `server_devices` not a
-            sequence of devices.
+            a `ParameterServerWorker` subclass, `server_class` not a
+            `ServerShard` subclass, or `server_devices` not a sequence of
+            devices.
         ValueError: a count out of range, an unknown device name, no server
             devices, or `max_staleness` with synchronous consistency (which
             refuses every stale push anyway).
@@ -55,6 +65,7 @@ class ParameterServerOptions:
     max_staleness: int | None = None
     max_retries: int = 3
     worker_class: type[ParameterServerWorker] = ParameterServerWorker
+    server_class: type[ServerShard] = ServerShard
 
     def __post_init__(self) -> None:
         if self.workers is not None:
@@ -69,13 +80,8 @@ class ParameterServerOptions:
                 "max_staleness does not apply to synchronous consistency, "
                 "which refuses every stale push"
             )
-        if not (
-            isinstance(self.worker_class, type)
-            and issubclass(self.worker_class, ParameterServerWorker)
-        ):
-            raise TypeError(
-                f"worker_class must be a ParameterServerWorker subclass, got {self.worker_class!r}"
-            )
+        _check_class("worker_class", self.worker_class, ParameterServerWorker)
+        _check_class("server_class", self.server_class, ServerShard)
         if self.server_devices is not None:
             object.__setattr__(
                 self,

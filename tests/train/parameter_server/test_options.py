@@ -9,6 +9,7 @@ from atomr.train.parameter_server import (
     Consistency,
     ParameterServerOptions,
     ParameterServerWorker,
+    ServerShard,
 )
 
 
@@ -18,6 +19,7 @@ def test_the_defaults() -> None:
     assert options.consistency == Consistency.asynchronous()
     assert (options.max_staleness, options.max_retries) == (None, 3)
     assert options.worker_class is ParameterServerWorker
+    assert options.server_class is ServerShard
 
 
 def test_server_devices_are_parsed() -> None:
@@ -36,6 +38,8 @@ def test_server_devices_are_parsed() -> None:
         ({"max_staleness": -1}, ValueError, "max_staleness"),
         ({"max_staleness": 2, "consistency": Consistency.synchronous()}, ValueError, "synchron"),
         ({"worker_class": object}, TypeError, "worker_class"),
+        ({"server_class": ParameterServerWorker}, TypeError, "server_class"),
+        ({"server_class": "ServerShard"}, TypeError, "server_class"),
         ({"server_devices": "cpu:0"}, TypeError, "server_devices must be a sequence"),
         ({"server_devices": []}, ValueError, "server_devices"),
         ({"server_devices": ["gpu:0"]}, ValueError, "unknown device"),

@@ -9,8 +9,9 @@
   restarted and re-synced from a healthy one (every replica holds the
   whole model).
 - `state_keeping_decider` and `StateLossWatch` (tensor and pipeline
-  parallel, whose workers each hold a different part of the model, so no
-  peer can restore one): a worker is resumed after an ordinary exception
+  parallel, sharded, the parameter server's shards: workers that each hold
+  a different part of the model or of its optimizer state, so no peer can
+  restore one): a worker is resumed after an ordinary exception
   (its updates are atomic, so its state is still valid and nothing needs
   re-syncing); only a poisoned device context costs a worker its state,
   and then the trainer refuses every request with `WorkerStateLost` until
@@ -264,20 +265,26 @@ class StateLossWatch:
     any failed ask `lost()` already knows whether a worker was restarted.
 
     Args:
-        kind: "shard" or "stage" (for the error message).
+        kind: "shard", "stage", "replica" or "server shard" (for the error message).
     """
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._restarted: list[BaseException] = []
-        self._cause: BaseException | None = None
+        self._restarted: list[tuple[BaseException, int | None]] = []
+        self._cause: tuple[BaseException, int | None] | None = None
         self._generation = 0
 
-    def decide(self, error: BaseException) -> Directive:
-        """`state_keeping_decider`, recording the errors that restart a worker."""
+    def decide(self, error: BaseException, worker: int | None = None) -> Directive:
+        """`state_keeping_decider`, recording the errors that restart a worker.
+
+        Args:
+            error: what the worker raised.
+            worker: its index, when the supervisor knows it (None: the
+                `worker_index` the trainer's fanout tags the error with).
+        """
         directive = state_keeping_decider(error)
         if directive is Directive.RESTART:
-            self._restarted.append(error)
+            self._restarted.append((error, worker))
             self._generation += 1
         return directive
 
@@ -292,11 +299,12 @@ class StateLossWatch:
         if self._restarted:
             self._cause = self._restarted[0]
             self._restarted.clear()
-        cause = self._cause
-        if cause is None:
+        if self._cause is None:
             return None
-        # fanout tags the exception a trainer's ask raised with `worker_index`
-        return WorkerStateLost(self.kind, getattr(cause, "worker_index", None), cause)
+        cause, worker = self._cause
+        if worker is None:  # fanout tags the exception a trainer's ask raised
+            worker = getattr(cause, "worker_index", None)
+        return WorkerStateLost(self.kind, worker, cause)
 
     async def serve(
         self,
@@ -310,7 +318,10 @@ class StateLossWatch:
         answered with `WorkerStateLost`, and `LoadCheckpoint` goes to `reload`.
         An exception from `handle` or `reload` is answered with `Failure`:
         the exception itself when no worker restarted meanwhile (a worker that
-        raised was resumed with its state intact), else `WorkerStateLost`.
+        raised was resumed with its state intact), else `WorkerStateLost`. So
+        is a request that succeeded although a worker restarted meanwhile (a
+        parameter server's worker, sent its part again, trained it on a
+        restarted server shard): its answer may come from the lost state.
 
         Returns:
             What `handle` / `reload` returned, or a `Failure`.
@@ -320,17 +331,23 @@ class StateLossWatch:
             return Failure(lost)
         generation = self._generation
         try:
-            if lost is not None:
-                return await reload(message)
-            return await handle(message)
+            result = await (reload(message) if lost is not None else handle(message))
         except Exception as exc:
             if self._generation == generation:
                 return Failure(exc)
-            lost = self.lost()
-            assert lost is not None
-            if lost.__cause__ is not exc:
-                lost.add_note(f"the request failed with {type(exc).__name__}: {exc}")
-            return Failure(lost)
+            return Failure(self._lost_during(exc))
+        if self._generation != generation:
+            return Failure(self._lost_during(None))
+        return result
+
+    def _lost_during(self, error: Exception | None) -> WorkerStateLost:
+        """The `WorkerStateLost` of a request during which a worker restarted,
+        noting the request's own `error` (if any, and not the cause)."""
+        lost = self.lost()
+        assert lost is not None
+        if error is not None and lost.__cause__ is not error:
+            lost.add_note(f"the request failed with {type(error).__name__}: {error}")
+        return lost
 
     def clear(self, generation: int) -> bool:
         """Forget the loss after a checkpoint was loaded into every worker,

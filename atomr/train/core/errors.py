@@ -28,17 +28,19 @@ class CheckpointError(Exception):
 
 
 class WorkerStateLost(RuntimeError):
-    """A worker of a tensor- or pipeline-parallel trainer lost its part of
-    the model: its device context was poisoned (`ContextPoisoned`), so it was
-    restarted from its `Props` with its initial weights and no optimizer
-    state. The trainer keeps no copy to restore it from: it answers every
-    request with this error until a `LoadCheckpoint` succeeds, which gives
-    every worker its part of the checkpoint again.
+    """A worker of a tensor-parallel, pipeline, sharded or parameter-server
+    trainer lost its part of the model: its device context was poisoned
+    (`ContextPoisoned`), so it was restarted from its `Props` with its
+    initial weights and optimizer state. The trainer keeps no copy to
+    restore it from: it answers every request with this error until a
+    `LoadCheckpoint` succeeds, which gives every worker its part of the
+    checkpoint again.
 
     Attributes:
-        worker: the worker's index (shard rank or stage index), or None when
-            the trainer could not tell which worker it was.
-        kind: "shard" or "stage".
+        worker: the worker's index (shard rank, stage index, replica rank or
+            server shard's range), or None when the trainer could not tell
+            which worker it was.
+        kind: "shard", "stage", "replica" or "server shard".
 
     The worker's own exception is the `__cause__`.
     """

@@ -13,15 +13,19 @@ run through its parts at its own pace.
 The shards and workers are the trainer's children: stopping the trainer
 stops them. A child that raises is resumed, or restarted after
 `ContextPoisoned` (`state_keeping_decider`): a worker keeps no state
-between batches, a shard's updates are atomic. The part it failed on is
-sent again (`ParameterServerOptions.max_retries`).
+between batches, so the part it failed on is simply sent again
+(`ParameterServerOptions.max_retries`); a shard's updates are atomic, so a
+resumed shard's state is valid. A restarted shard, though, comes back with
+its initial weights and optimizer: the trainer then answers every request
+with `WorkerStateLost` until a `LoadCheckpoint` succeeds
+(`recovery.StateLossWatch`; no host copy of the state is kept).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,14 +34,14 @@ from atomr.accel import Device
 from atomr.actor import (
     Actor,
     ActorRef,
-    Failure,
+    Directive,
     OneForOneStrategy,
     Props,
     SupervisorStrategy,
     not_handled,
 )
 from atomr.train._contract import spawn_ready
-from atomr.train._recovery import state_keeping_decider
+from atomr.train._recovery import StateLossWatch, state_keeping_decider
 from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.core._step_checks import check_step_limit
 from atomr.train.core.checkpoint import save_checkpoint
@@ -81,7 +85,10 @@ class AsyncParameterServer(Actor):
     `SaveCheckpoint`, `LoadCheckpoint` (the checkpoint format of every
     trainer), `GetServerStats -> list[ParameterServerStats]` and
     `TrainEpochs -> list[EpochReport]`. Every failure is answered with a
-    `Failure`; the trainer itself is never restarted for one.
+    `Failure`; the trainer itself is never restarted for one. After a server
+    shard was restarted (it lost its range's weights and optimizer state),
+    every request but `LoadCheckpoint` is answered with `WorkerStateLost`
+    (kind "server shard"), and so is the request it was restarted during.
 
     `Step`'s `StepStats` combine the workers' parts (`_pool.combine`):
     `loss` is the whole batch's mean loss; `grad_norm` is the parts'
@@ -104,6 +111,7 @@ class AsyncParameterServer(Actor):
         self.servers: list[ActorRef] = []
         self.pool = WorkerPool([], layout.options.max_retries, layout.config.worker_timeout)
         self.epochs_run = 0
+        self._watch = StateLossWatch("server shard")
 
     # -- construction ---------------------------------------------------------
 
@@ -161,8 +169,9 @@ class AsyncParameterServer(Actor):
         return await spawn_ready(system, props, name, GetServerStats(), config.worker_timeout)
 
     def supervisor_strategy(self) -> SupervisorStrategy:
-        """`state_keeping_decider` for the shards and workers."""
-        return OneForOneStrategy(decider=state_keeping_decider)
+        """`state_keeping_decider` for the shards and workers; a server shard's
+        restart is recorded as a loss of its state (`StateLossWatch`)."""
+        return _ShardLossStrategy(self._watch, lambda: self.servers)
 
     def pre_start(self) -> None:
         """Spawn the server shards, then the workers."""
@@ -187,31 +196,36 @@ class AsyncParameterServer(Actor):
     # -- messages -------------------------------------------------------------
 
     async def receive(self, message: Any) -> Any:
-        """Dispatch a trainer message (see the class docstring)."""
-        try:
-            if isinstance(message, GetTrainingState):
-                return TrainingState(await self._applied(), self.config.max_steps)
-            if isinstance(message, Step):
-                return await self._step(message)
-            if isinstance(message, Evaluate):
-                return await self.pool.ask(0, message)
-            if isinstance(message, GetWeights):
-                return await self._weights()
-            if isinstance(message, SaveCheckpoint):
-                return await self._save(message.path)
-            if isinstance(message, LoadCheckpoint):
-                return await self._load(message.path)
-            if isinstance(message, GetServerStats):
-                return await self._stats()
-            if isinstance(message, SetLearningRate):
-                timeout = self.config.worker_timeout
-                return await set_learning_rate(
-                    self.config.optimizer, self.servers, message, timeout
-                )
-            if isinstance(message, TrainEpochs):
-                return await self._train_epochs(message)
-        except Exception as exc:  # answered; the shards and workers are supervised
-            return Failure(exc)
+        """Answer a trainer message (see the class docstring); while a server
+        shard's state is lost, only `LoadCheckpoint` is served
+        (`StateLossWatch.serve`)."""
+        return await self._watch.serve(message, self._dispatch, self._reload)
+
+    async def _dispatch(self, message: Any) -> Any:
+        """Dispatch a trainer message (see the class docstring).
+
+        Raises:
+            Exception: whatever the request failed with (answered with a `Failure`).
+        """
+        if isinstance(message, GetTrainingState):
+            return TrainingState(await self._applied(), self.config.max_steps)
+        if isinstance(message, Step):
+            return await self._step(message)
+        if isinstance(message, Evaluate):
+            return await self.pool.ask(0, message)
+        if isinstance(message, GetWeights):
+            return await self._weights()
+        if isinstance(message, SaveCheckpoint):
+            return await self._save(message.path)
+        if isinstance(message, LoadCheckpoint):
+            return await self._load(message.path)
+        if isinstance(message, GetServerStats):
+            return await self._stats()
+        if isinstance(message, SetLearningRate):
+            timeout = self.config.worker_timeout
+            return await set_learning_rate(self.config.optimizer, self.servers, message, timeout)
+        if isinstance(message, TrainEpochs):
+            return await self._train_epochs(message)
         return not_handled("AsyncParameterServer", message)
 
     def _validate(self, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -272,6 +286,21 @@ class AsyncParameterServer(Actor):
         messages = [SetServerState(s) for s in states]
         await ask_all(self.servers, messages, self.config.worker_timeout)
 
+    async def _reload(self, message: LoadCheckpoint) -> None:
+        """`LoadCheckpoint` after a server shard lost its state: every range
+        is given its part of the checkpoint (the restarted shard built its
+        initial weights and optimizer on the way). The trainer serves again
+        only if this succeeds and no shard was restarted meanwhile.
+
+        Raises:
+            Exception: as `LoadCheckpoint`; the trainer keeps refusing (also
+                when a shard restarted again meanwhile: `StateLossWatch.serve`
+                answers that with `WorkerStateLost`).
+        """
+        generation = self._watch.generation
+        await self._load(message.path)
+        self._watch.clear(generation)
+
     # -- epochs ---------------------------------------------------------------
 
     async def _train_epochs(self, msg: TrainEpochs) -> list[EpochReport]:
@@ -330,3 +359,27 @@ class AsyncParameterServer(Actor):
             seconds,
             self.pool.retries - retries_before,
         )
+
+
+class _ShardLossStrategy(OneForOneStrategy):
+    """`state_keeping_decider` for every child; a server shard's failure goes
+    through `watch.decide` too, which records its restart (the shard's index
+    named), so that the trainer refuses to train on its reset state. A
+    worker's restart is not recorded: it keeps no state between batches.
+
+    Args:
+        watch: the trainer's watch.
+        servers: gives the server shards' refs, in range order.
+    """
+
+    def __init__(self, watch: StateLossWatch, servers: Callable[[], Sequence[ActorRef]]) -> None:
+        super().__init__(decider=state_keeping_decider)
+        self._watch = watch
+        self._servers = servers
+
+    def directive_for(self, child: ActorRef, error: BaseException) -> Directive:
+        """The directive for `child`'s failure (`state_keeping_decider`)."""
+        for k, server in enumerate(self._servers()):
+            if server is child:
+                return self._watch.decide(error, k)
+        return self.decide(error)

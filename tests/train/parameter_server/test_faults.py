@@ -7,16 +7,21 @@ update) and its optimizer dying with half the weight vector written, in the
 asynchronous and synchronous models. The pusher must get the typed error;
 the server's weights and version must be unchanged; the server must keep
 serving; and the pushes after the fault must end exactly where a server
-that never saw the failed push ends.
+that never saw the failed push ends. Last, a server shard of the trainer
+restarted after `ContextPoisoned` outside its update (on a pull) has lost its
+range: the trainer refuses with `WorkerStateLost` until a checkpoint is
+loaded, instead of training on from the shard's initial weights.
 
-The faults go in through the server's public hook `apply_gradients`
-(`atomr.testkit.inject_faults`, `tests.reliability.faults.dying_optimizer`).
+The faults go in through the server's public hook `apply_gradients` and its
+messages (`atomr.testkit.inject_faults`, `tests.reliability.faults.dying_optimizer`),
+given to the trainer as `ParameterServerOptions.server_class`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,17 +33,30 @@ from atomr.actor import AskTimeoutError
 from atomr.testkit import inject_faults
 from atomr.train import (
     AsyncParameterServer,
+    Evaluate,
     GetWeights,
     LossKind,
+    Mlp,
     OptimizerKind,
     ParameterServerOptions,
     Step,
+    Trainer,
     TrainerConfig,
 )
 from atomr.train.core.model import Activation, Layer, Linear, Sequential, register_layer
 from atomr.train.parameter_server import Consistency, GetServerStats, ServerShard
 from atomr.train.parameter_server.messages import PullWeights, PushGradient
-from tests.reliability.faults import FAULT_AT, Plan, T, dying_optimizer
+from tests.reliability.faults import (
+    CLASSES,
+    FAULT_AT,
+    IN,
+    Plan,
+    T,
+    batches,
+    dying_optimizer,
+    held_out,
+    lost_until_reloaded,
+)
 
 N = 64
 PUSHES = 8
@@ -172,3 +190,66 @@ async def test_a_worker_slower_than_its_timeout_is_not_sent_its_part_again(
         # one version per synchronous round, one per push otherwise; the held
         # part's single late push may land in the first of them
         assert after - before in ((3, 4) if synchronous else (6, 7))
+
+
+# 6*8 + 8 + 8*3 + 3 = 83 weights: two shards of 42 and 41
+LOST_SIZES = [IN, 8, CLASSES]
+FIRST_RANGE = 42
+FAULTY_SHARD = 1
+
+
+class _NumberedShard(ServerShard):
+    """A server shard that tells `inject_faults(worker=...)` which range it
+    holds (0: the first, longer one; 1: the second)."""
+
+    @property
+    def worker_index(self) -> int:
+        return 0 if self.n == FIRST_RANGE else 1
+
+
+@pytest.mark.parametrize(
+    ("workers", "consistency", "trigger"),
+    [(2, Consistency.synchronous(), Evaluate(*held_out())), (1, Consistency.asynchronous(), None)],
+    ids=["sync-evaluate", "async-step"],
+)
+async def test_a_restarted_server_shard_refuses_until_a_checkpoint_is_loaded(
+    actor_system: ActorSystem,
+    tmp_path: Path,
+    workers: int,
+    consistency: Consistency,
+    trigger: Evaluate | None,
+) -> None:
+    """Shard 1's device context is poisoned while it serves a pull (outside
+    its update): it is restarted with its initial weights and the spawn
+    config's optimizer. The trainer used to go on from there, silently (the
+    worker was sent its part again and trained it on the reset shard); now
+    that request and every later one fail with `WorkerStateLost` naming the
+    shard until a checkpoint is loaded, and then it trains as a single-device
+    `Trainer` loaded from the same checkpoint (synchronous rounds, or one
+    asynchronous worker, equal its steps). The pull is a `Step`'s in the
+    asynchronous model, an `Evaluate`'s in the synchronous one (whose steps
+    start from the weights their last push returned)."""
+    plan = Plan()
+    shard = inject_faults(_NumberedShard, plan, {"pull": PullWeights}, worker=FAULTY_SHARD)
+    config = TrainerConfig(OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY)
+    model = Mlp(LOST_SIZES, activation="tanh", seed=4)
+    assert model.n_params == 2 * FIRST_RANGE - 1
+    options = ParameterServerOptions(
+        workers=workers, shards=2, consistency=consistency, server_class=shard
+    )
+    ps = await AsyncParameterServer.spawn(
+        actor_system, model, cpu_devices(workers), config, options
+    )
+    single = await Trainer.spawn(actor_system, model, "cpu:0", config)
+    await lost_until_reloaded(
+        ps,
+        single,
+        batches(),
+        plan,
+        "pull",
+        "server shard",
+        FAULTY_SHARD,
+        tmp_path,
+        trigger,
+        grad_norm=workers == 1,  # else the parts' weighted norms: an upper bound
+    )

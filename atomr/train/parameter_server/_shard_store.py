@@ -66,8 +66,8 @@ class ShardStore(DeviceActor):
 
     def _set_lr(self, lr: float) -> float:
         """`SetLearningRate` (device thread): the rate of the later updates,
-        and of an optimizer rebuilt after a failed step; returns the rate it
-        replaces."""
+        kept in `kind` too (what a loaded state is checked against); returns
+        the rate it replaces. A restarted shard has the spawn config's rate."""
         assert self.optimizer is not None
         old = self.optimizer.set_lr(lr)
         self.kind = self.optimizer.kind

@@ -291,7 +291,11 @@ class ActorCell(Inbound):
                     continue
             if not queue or self.suspended:
                 # inline, not a method: every ask round trip passes here (4 % of an ask)
-                receive = _idle  # no bound method kept by an idle actor
+                # an idle actor keeps no bound method, nor its last message,
+                # answer or ask (a batch, weights): stores here, not per message
+                receive = _idle
+                env = message = result = reply = None
+                self.stashed_current = None
                 waiter = loop.create_future()
                 self.waiter = waiter
                 if queue and not self.suspended:

@@ -305,10 +305,11 @@ class ActorCell(Inbound):
                 handle = None
                 if timeout is not None and not self.suspended:
                     handle = self.scheduler.call_later(timeout, self._receive_timed_out)
+                # whoever wakes it clears self.waiter first; a cancelled wait
+                # leaves it (a stop replaces it: stopping.fail_pending)
                 try:
                     await waiter
                 finally:
-                    self.waiter = None
                     if handle is not None:
                         handle.cancel()
                 continue

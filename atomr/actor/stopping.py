@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from .messages import PoisonPill, Terminated
 
 if TYPE_CHECKING:
     from .cell import ActorCell
+    from .envelope import Envelope
 
 __all__ = [
     "cancel_tasks",
@@ -24,6 +26,7 @@ __all__ = [
     "discard",
     "ended_from_outside",
     "fail_pending",
+    "fail_queued",
     "in_post_stop",
     "maybe_await",
     "shutdown",
@@ -206,17 +209,20 @@ def in_post_stop() -> bool:
 def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
     """Fail what still waits on the dead ``cell``: queued and stashed messages
     become dead letters (a PoisonPill is no loss), their asks and deferred
-    replies get `stopped`, senders blocked on a full mailbox are woken."""
-    pending = list(cell.queue)
-    pending += cell.stash
-    cell.queue.clear()
+    replies get `stopped`, senders blocked on a full mailbox are woken.
+
+    A thread whose ``tell`` read the actor as accepting just before it
+    stopped may queue its message after this: it then finds the waiter set
+    here (done, never cleared again) and has the loop dead-letter it
+    (``threads.wake_from_thread``), so no message is lost in between.
+    """
+    stopped_waiter: asyncio.Future[None] = cell.loop.create_future()
+    stopped_waiter.set_result(None)
+    cell.waiter = stopped_waiter  # before the queue is emptied
+    stash = cell.stash
     cell.stash = ()
-    for env in pending:
-        if env[0].__class__ is not PoisonPill:
-            cell.dead_letter(env[0], env[1], "stopped")
-        reply = env[2]
-        if reply is not None and not reply.done():
-            reply.set_exception(stopped)
+    fail_queued(cell, stopped)
+    _fail(cell, stash, stopped)
     cell.sysq = ()
     for deferred in list(cell.replies):
         deferred.set_exception(stopped)
@@ -226,6 +232,27 @@ def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
             lane.close()
         cell.ask_lanes = None
     cell.mailbox.wake_all()
+
+
+def fail_queued(cell: ActorCell, stopped: ActorStoppedError) -> None:
+    """Dead-letter the messages queued for the dead ``cell`` (their asks get
+    `stopped`). Taken one at a time, not copied then cleared: a message that
+    another thread appends meanwhile is taken here or left for the next
+    call, never cleared unseen."""
+    queue = cell.queue
+    pending = []
+    while queue:
+        pending.append(queue.popleft())
+    _fail(cell, pending, stopped)
+
+
+def _fail(cell: ActorCell, pending: Iterable[Envelope], stopped: ActorStoppedError) -> None:
+    for env in pending:
+        if env[0].__class__ is not PoisonPill:
+            cell.dead_letter(env[0], env[1], "stopped")
+        reply = env[2]
+        if reply is not None and not reply.done():
+            reply.set_exception(stopped)
 
 
 def unwatch(cell: ActorCell, target: ActorCell) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .envelope import Envelope
 from .errors import ActorStoppedError, MailboxFullError
+from .stopping import fail_queued, why_stopped
 
 if TYPE_CHECKING:
     from .cell import ActorCell
@@ -56,7 +57,14 @@ def call_threadsafe(cell: ActorCell, callback: Callable[..., object], *args: Any
 
 
 def wake_from_thread(cell: ActorCell) -> None:
-    """Wake the idle actor from another thread (one wake-up for a burst of tells)."""
+    """Wake the idle actor from another thread (one wake-up for a burst of
+    tells). Also called by a tell that queued its message after the actor
+    had stopped and emptied its queue (``stopping.fail_pending`` leaves it a
+    waiter): the loop then dead-letters what is queued.
+
+    Raises:
+        ActorStoppedError: if the actor's loop is closed.
+    """
     if not cell.wake_pending:
         cell.wake_pending = True
         call_threadsafe(cell, _woken, cell)
@@ -64,7 +72,10 @@ def wake_from_thread(cell: ActorCell) -> None:
 
 def _woken(cell: ActorCell) -> None:
     cell.wake_pending = False
-    cell.wake()
+    if cell.dead:  # told from another thread as it stopped: nothing handles it now
+        fail_queued(cell, ActorStoppedError(f"{cell.label} stopped{why_stopped(cell)}"))
+    else:
+        cell.wake()
 
 
 def deliver_from_thread(cell: ActorCell, env: Envelope) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -21,9 +22,12 @@ from atomr import (
     ActorSystem,
     AskTimeoutError,
     BoundedMailbox,
+    DeadLetter,
+    Mailbox,
     OverflowPolicy,
     Props,
 )
+from atomr.testkit import await_condition
 
 from .actors import Echo
 
@@ -398,3 +402,125 @@ def test_systems_on_two_threads_build_actors_at_once_each_with_its_own_context()
         t.join(30)
     assert results == {"a": "ok", "b": "ok"}
     assert sorted(seen) == [("a", "atomr://a/user/worker"), ("b", "atomr://b/user/worker")]
+
+
+class _HeldQueue(deque[Any]):
+    """A mailbox queue whose first append from a thread other than ``owner``
+    sets ``arrived`` and then waits for ``go``: the teller has read the actor
+    as accepting its message, and queues it only once the test lets it."""
+
+    def __init__(self, owner: int, arrived: threading.Event, go: threading.Event) -> None:
+        super().__init__()
+        self.owner = owner
+        self.arrived = arrived
+        self.go = go
+        self.held = False
+
+    def append(self, item: Any) -> None:
+        if not self.held and threading.get_ident() != self.owner:
+            self.held = True
+            self.arrived.set()
+            self.go.wait(10)
+        super().append(item)
+
+
+class _HeldMailbox(Mailbox):
+    """An unbounded mailbox with a ``_HeldQueue``."""
+
+    def __init__(self, owner: int, arrived: threading.Event, go: threading.Event) -> None:
+        super().__init__()
+        self.held = (owner, arrived, go)
+        self.queue = _HeldQueue(owner, arrived, go)
+
+    def copy(self) -> Mailbox:
+        return _HeldMailbox(*self.held)
+
+
+async def test_a_tell_from_a_thread_that_the_actors_stop_overtakes_is_a_dead_letter(
+    actor_system: ActorSystem,
+) -> None:
+    # The thread reads the actor as accepting, the actor stops and fails its
+    # queue, then the thread queues the message.
+    loop = asyncio.get_running_loop()
+    letters: list[DeadLetter] = []
+    actor_system.dead_letters.subscribe(letters.append)
+    arrived, go = threading.Event(), threading.Event()
+    mailbox = _HeldMailbox(threading.get_ident(), arrived, go)
+    ref = actor_system.spawn(Props(Echo).with_mailbox(mailbox))
+    teller = in_thread(lambda: ref.tell("late"))
+    assert await loop.run_in_executor(None, arrived.wait, 10)
+    await ref.stop()
+    go.set()
+    await loop.run_in_executor(None, teller.join, 10)
+    await await_condition(  # was: lost, neither handled nor a dead letter
+        lambda: [(d.message, d.reason) for d in letters] == [("late", "stopped")],
+        timeout=10,
+        message="the late tell is a dead letter",
+    )
+
+
+class _StopsOnFirst(Actor):
+    """Records each message, and stops itself on the first one."""
+
+    def __init__(self, handled: list[Any]) -> None:
+        super().__init__()
+        self.handled = handled
+
+    def receive(self, message: Any) -> None:
+        self.handled.append(message)
+        if len(self.handled) == 1:
+            self.context.stop(self.context.self_ref)
+
+
+class _Garbage:
+    """A reference cycle with a finalizer: the cyclic collector runs Python
+    code (``__del__``) wherever it is set off, so a thread can be switched
+    out there, between a tell's check of the actor and its append (under
+    the GIL of CPython 3.11, the one such point)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+    def __del__(self) -> None:
+        pass
+
+
+def _tell_until_stopped(ref: ActorRef, attempt: int, sent: list[Any]) -> None:
+    """Tell ``ref`` numbered messages until it stops (at most a million),
+    leaving cyclic garbage behind."""
+    for i in range(1_000_000):
+        if not ref.is_alive:
+            break
+        _Garbage()
+        message = (attempt, i)
+        ref.tell(message)
+        sent.append(message)
+
+
+async def test_every_tell_from_a_thread_while_the_actor_stops_is_handled_or_a_dead_letter(
+    actor_system: ActorSystem,
+) -> None:
+    # A thread tells in a loop while the actor stops itself on its first
+    # message; bounded by message counts, not by time. The loop takes over
+    # when the thread is switched out, at any point of a tell, and stops the
+    # actor before the thread runs again (on the old code about one attempt
+    # in ten lost the thread's last message).
+    loop = asyncio.get_running_loop()
+    dead: list[Any] = []
+    actor_system.dead_letters.subscribe(lambda letter: dead.append(letter.message))
+    for attempt in range(30):
+        handled: list[Any] = []
+        sent: list[Any] = []
+        ref = actor_system.spawn(Props(_StopsOnFirst, handled))
+        teller = in_thread(lambda ref=ref, a=attempt, sent=sent: _tell_until_stopped(ref, a, sent))
+        await loop.run_in_executor(None, teller.join, 60)
+        await ref.stop()
+
+        def accounted(attempt: int = attempt, handled: list[Any] = handled) -> list[Any]:
+            return sorted(handled + [m for m in dead if m[0] == attempt])
+
+        await await_condition(  # was: a message now and then in neither
+            lambda accounted=accounted, sent=sent: accounted() == sent,
+            timeout=10,
+            message=f"attempt {attempt}: every message handled or dead-lettered",
+        )

@@ -30,7 +30,7 @@ from .props import Props
 from .ref import ActorRef
 from .reply import Failure, Reply, future_safe
 from .stopping import died, discard, ended_from_outside, maybe_await, shutdown, stopped_in_handler
-from .supervise import decide, failed, process_system
+from .supervise import decide, failed, process_system, strategy_of
 from .supervision import Directive, SupervisorStrategy
 from .timers import Scheduler, TimerSet
 
@@ -377,21 +377,10 @@ class ActorCell(Inbound):
         """Decide what to do with a failed child (as its parent)."""
         if self.stop_requested:
             return Directive.STOP, None
-        strategy = self.strategy
-        if strategy is None:
-            try:
-                strategy = self.props.supervisor_strategy or self.instance.supervisor_strategy()
-            except Exception:  # this actor's bug, not the child's: as a decider that raises
-                logger.exception("supervisor_strategy() of %s failed; escalating", self.label)
-                return Directive.ESCALATE, None
-            if not isinstance(strategy, SupervisorStrategy):
-                logger.error(
-                    "supervisor_strategy() of %s returned %s, not a SupervisorStrategy; escalating",
-                    self.label,
-                    bounded_repr(strategy),
-                )
-                return Directive.ESCALATE, None
-            self.strategy = strategy
+        strategy = self.strategy or strategy_of(self)
+        if strategy is None:  # this actor's bug, not the child's: as a decider that raises
+            return Directive.ESCALATE, None
+        self.strategy = strategy
         return decide(strategy, child, error), strategy
 
     def escalate(self, child: ActorCell, error: BaseException) -> None:

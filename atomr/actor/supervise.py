@@ -23,6 +23,7 @@ __all__ = [
     "process_system",
     "restart",
     "resume",
+    "strategy_of",
 ]
 
 logger = logging.getLogger("atomr.actor")
@@ -40,6 +41,25 @@ class Supervisor(Protocol):
     def escalate(self, child: ActorCell, error: BaseException) -> None: ...
 
     def child_stopped(self, child: ActorCell) -> None: ...
+
+
+def strategy_of(cell: ActorCell) -> SupervisorStrategy | None:
+    """The strategy ``cell`` supervises its children with: its `Props`' or its
+    actor's ``supervisor_strategy()``; None (the parent escalates, as for a
+    decider that raises) when that raises or returns something else, logged."""
+    try:
+        strategy = cell.props.supervisor_strategy or cell.instance.supervisor_strategy()
+    except Exception:
+        logger.exception("supervisor_strategy() of %s failed; escalating", cell.label)
+        return None
+    if not isinstance(strategy, SupervisorStrategy):
+        logger.error(
+            "supervisor_strategy() of %s returned %s, not a SupervisorStrategy; escalating",
+            cell.label,
+            bounded_repr(strategy),
+        )
+        return None
+    return strategy
 
 
 def decide(strategy: SupervisorStrategy, child: ActorCell, error: BaseException) -> Directive:

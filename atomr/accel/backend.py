@@ -193,7 +193,9 @@ class Backend(DenseOps, LossOps, ReduceOps, OptimOps, abc.ABC):
         Raises:
             TypeError: not a buffer of this backend, a dtype not accepted, or
                 mixed dtypes.
-            ValueError: not C-contiguous, or a buffer to write that is read-only.
+            ValueError: not C-contiguous, a buffer to write that is read-only, or
+                one that shares memory with another buffer of the call (see
+                ``_check_aliasing``).
         """
         dtype = None
         for name, x in buffers.items():
@@ -221,6 +223,36 @@ class Backend(DenseOps, LossOps, ReduceOps, OptimOps, abc.ABC):
                 )
             if name not in read_only and not self._is_writeable(x):
                 raise ValueError(f"{op}: {name} is read-only")
+        self._check_aliasing(op, read_only, buffers)
+
+    def _check_aliasing(self, op: str, read_only: Collection[str], buffers: dict[str, Any]) -> None:
+        """A buffer the op writes may be the very buffer of an input it only
+        reads (same memory, same shape: in place, as ``activation_forward(k, x,
+        x)``), and must share no memory with any other buffer of the call:
+        the kernels run element by element (in parallel on CUDA), so a shifted
+        or partial overlap, or two outputs in one memory, gives wrong numbers.
+
+        Raises:
+            ValueError: naming the two buffers.
+        """
+        names = list(buffers)
+        for k, name in enumerate(names):
+            if name in read_only:
+                continue
+            x = buffers[name]
+            for other in names[:k] + names[k + 1 :]:
+                y = buffers[other]
+                if other not in read_only and other in names[:k]:
+                    continue  # a pair of outputs: checked once, from the first
+                if not self._overlaps(x, y):
+                    continue
+                in_place = other in read_only and tuple(x.shape) == tuple(y.shape)
+                if in_place and self._same_memory(x, y):
+                    continue
+                raise ValueError(
+                    f"{op}: {name} shares memory with {other}; an output may be its"
+                    " input itself (in place) but must not overlap any other buffer"
+                )
 
     @staticmethod
     def _ndim(op: str, ndim: int, **buffers: Any) -> None:

@@ -260,3 +260,57 @@ def test_read_only_inputs_are_accepted():
     be.copy(x, y)
     with pytest.raises(ValueError, match="read-only"):
         be.activation_forward("relu", x, x)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        # the two moments given as one buffer: each step overwrote m with v
+        lambda be, buf: be.adam_step(buf[0:3], buf[3:6], buf[6:9], buf[6:9], ADAM, 1),
+        lambda be, buf: be.adam_step(
+            buf[0:3], buf[3:6], buf[6:9], buf[9:12], ADAM, 1, params_out=buf[6:9]
+        ),
+        lambda be, buf: be.sgd_step(
+            buf[0:3],
+            buf[3:6],
+            buf[6:9],
+            SgdHyperparameters(0.1, momentum=0.9),
+            1,
+            params_out=buf[9:12],
+            momentum_out=buf[9:12],
+        ),
+        # an output one element off its input: a shifted copy of the first result
+        lambda be, buf: be.activation_forward("tanh", buf[0:5], buf[1:6]),
+        lambda be, buf: be.activation_backward("relu", buf[0:3], buf[3:6], buf[4:7]),
+        lambda be, buf: be.axpy(1.0, buf[1:6], buf[0:5]),
+        lambda be, buf: be.mse(buf[0:3], buf[3:6], buf[2:5]),
+        lambda be, buf: be.sum_into(buf[1:6], [buf[0:5]]),
+        lambda be, buf: be.sum_scale_norm(buf[0:4], [buf[2:6], buf[6:10]], 0.5),
+        lambda be, buf: be.copy(buf[0:5], buf[1:6]),
+        # out is dy's first row: zeroed before the sum
+        lambda be, buf: be.bias_grad(buf[0:3].reshape(1, 3), buf[0:3]),
+        lambda be, buf: be.softmax_cross_entropy(
+            buf[0:6].reshape(2, 3), np.array([0, 1]), None, buf[3:9].reshape(2, 3)
+        ),
+    ],
+)
+def test_outputs_sharing_memory_with_other_buffers_are_refused(be, call):
+    """A written buffer may be the very buffer of an input (in place), but
+    not part of another buffer: that gave wrong numbers without an error."""
+    host = np.arange(12, dtype=np.float32) / 12
+    buf = put(be, host)
+    with pytest.raises(ValueError, match="shares memory with"):
+        call(be, buf)
+    np.testing.assert_array_equal(get(be, buf), host)  # nothing written
+
+
+def test_in_place_outputs_are_still_accepted(be):
+    """The same buffer as input and output (in place) stays allowed."""
+    x = put(be, np.array([-1.0, 2.0], np.float32))
+    be.activation_forward("relu", x, x)
+    be.axpy(1.0, x, x)
+    be.sum_into(x, [x, x])
+    be.copy(x, x)
+    np.testing.assert_array_equal(get(be, x), [0.0, 8.0])
+    m, v = put(be, f32(2)), put(be, f32(2))
+    be.adam_step(x, put(be, f32(2)), m, v, ADAM, 1, params_out=x, exp_avg_out=m)

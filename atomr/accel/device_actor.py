@@ -19,7 +19,8 @@ and call ``on_device`` themselves (calling ``super().receive`` for
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from atomr.accel.backend import Backend, backend_for
@@ -70,6 +71,29 @@ def _select_cuda(index: int) -> None:
         cuda.select_device(index)
 
 
+def _stopping_worker_on_failure(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` (a start hook of a DeviceActor subclass, sync or async), which
+    stops the actor's worker when it raises; what it raised goes on."""
+
+    async def awaited(actor: DeviceActor, started: Awaitable[Any]) -> Any:
+        try:
+            return await started
+        except BaseException:
+            actor._stop_worker()
+            raise
+
+    @functools.wraps(hook)
+    def run(self: DeviceActor, *args: Any) -> Any:
+        try:
+            started = hook(self, *args)
+        except BaseException:
+            self._stop_worker()
+            raise
+        return awaited(self, started) if inspect.isawaitable(started) else started
+
+    return run
+
+
 class DeviceActor(Actor):
     """An actor that owns one device and one worker thread.
 
@@ -94,6 +118,17 @@ class DeviceActor(Actor):
 
     inline_below_s: float = 0.0
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Wrap a subclass's own ``pre_start`` / ``post_restart`` so that a
+        failure in it (or a stop while it is awaited) shuts the worker down:
+        an actor whose start failed gets no ``post_stop``, and its worker
+        thread and BLAS share would stay taken for the life of the process."""
+        super().__init_subclass__(**kwargs)
+        for hook in ("pre_start", "post_restart"):
+            fn = cls.__dict__.get(hook)
+            if inspect.isfunction(fn):
+                setattr(cls, hook, _stopping_worker_on_failure(fn))
+
     def __init__(self, device: Device | str = "cpu:0") -> None:
         super().__init__()
         self.device: Device = Device.parse(device)
@@ -110,7 +145,10 @@ class DeviceActor(Actor):
     def pre_start(self) -> Any:
         """Start the worker thread (and take a BLAS share for a CPU device).
 
-        Subclasses overriding it must call ``super().pre_start()``.
+        Subclasses overriding it must call ``super().pre_start()``. When a
+        subclass's ``pre_start`` (or ``post_restart``) raises, or the actor is
+        stopped while it is awaited, the worker is shut down again (no
+        ``post_stop`` runs for an actor that did not start).
         """
         self._start_worker()
         return None

@@ -140,6 +140,38 @@ async def test_blas_share_follows_live_cpu_devices(actor_system):
     assert blas_threads() == max(1, BLAS_SHARE.cores // BLAS_SHARE.live)
 
 
+class FailsToStart(DeviceActor):
+    """Starts its worker, runs a job on it (loading weights, say), then fails."""
+
+    def __init__(self, device: str, asynchronous: bool) -> None:
+        super().__init__(device)
+        self.asynchronous = asynchronous
+
+    def pre_start(self):
+        super().pre_start()
+        if self.asynchronous:
+            return self._load()
+        raise RuntimeError("no checkpoint")
+
+    async def _load(self) -> None:
+        await self.on_device(lambda: None)  # the worker thread is running now
+        raise RuntimeError("no checkpoint")
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_failed_pre_start_frees_the_worker_and_blas_share(actor_system, asynchronous):
+    """A failed pre_start gets no post_stop: before, the worker thread and the
+    BLAS share stayed taken for good (BLAS kept fewer threads in the process)."""
+    before = BLAS_SHARE.live
+    ref = actor_system.spawn(Props(FailsToStart, "cpu:7", asynchronous))
+    await await_condition(lambda: not ref.is_alive, message="the actor stopped")
+    await await_condition(lambda: BLAS_SHARE.live == before, message="the share was released")
+    await await_condition(
+        lambda: all(t.name != "atomr-cpu:7" for t in threading.enumerate()),
+        message="the worker thread ended",
+    )
+
+
 @pytest.mark.cuda
 async def test_cuda_device_actor(actor_system):
     if not cuda_available():

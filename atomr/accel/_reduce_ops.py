@@ -42,10 +42,9 @@ class ReduceOps(OpsBase, abc.ABC):
             TypeError: wrong array type or dtype, alpha not a real number.
             ValueError: shapes differ, not contiguous.
         """
-        alpha = _real("axpy", "alpha", alpha)
         self.validate("axpy", x=x, y=y, read_only=("x",))
         self._same_shape("axpy", ("x", x), ("y", y))
-        self.axpy_unchecked(y.dtype.type(alpha), self._flat(x), self._flat(y))
+        self.axpy_unchecked(_real("axpy", "alpha", alpha, y.dtype), self._flat(x), self._flat(y))
 
     @abc.abstractmethod
     def axpy_unchecked(self, alpha: Any, x: Any, y: Any) -> None:
@@ -62,9 +61,8 @@ class ReduceOps(OpsBase, abc.ABC):
             TypeError: wrong array type or dtype, alpha not a real number.
             ValueError: not contiguous.
         """
-        alpha = _real("scale", "alpha", alpha)
         self.validate("scale", x=x)
-        self.scale_unchecked(self._flat(x), x.dtype.type(alpha))
+        self.scale_unchecked(self._flat(x), _real("scale", "alpha", alpha, x.dtype))
 
     @abc.abstractmethod
     def scale_unchecked(self, x: Any, alpha: Any) -> None:
@@ -117,7 +115,6 @@ class ReduceOps(OpsBase, abc.ABC):
                 alpha not a real number.
             ValueError: no buffers, shapes differ, not contiguous.
         """
-        alpha = _real("sum_scale_norm", "alpha", alpha)
         if not isinstance(buffers, Sequence) or isinstance(buffers, str | bytes):
             raise TypeError(
                 f"sum_scale_norm: buffers must be a list or tuple, got {type(buffers).__name__}"
@@ -127,11 +124,9 @@ class ReduceOps(OpsBase, abc.ABC):
         named = {f"buffers[{k}]": b for k, b in enumerate(buffers)}
         self.validate("sum_scale_norm", out=out, read_only=tuple(named), **named)
         self._same_shape("sum_scale_norm", ("out", out), *named.items())
-        return float(
-            self.sum_scale_norm_unchecked(
-                self._flat(out), [self._flat(b) for b in buffers], out.dtype.type(alpha)
-            )
-        )
+        scalar = _real("sum_scale_norm", "alpha", alpha, out.dtype)
+        flats = [self._flat(b) for b in buffers]
+        return float(self.sum_scale_norm_unchecked(self._flat(out), flats, scalar))
 
     @abc.abstractmethod
     def sum_scale_norm_unchecked(self, out: Any, buffers: Sequence[Any], alpha: Any) -> float:
@@ -159,12 +154,13 @@ class ReduceOps(OpsBase, abc.ABC):
         """``squared_norm`` without the checks, on a flat buffer. See "Unchecked entries" in the class docstring."""
 
 
-def _real(op: str, name: str, value: Any) -> float:
-    """``value`` as a finite float.
+def _real(op: str, name: str, value: Any, dtype: np.dtype[Any]) -> Any:
+    """``value`` as a finite scalar of ``dtype`` (the buffers').
 
     Raises:
         TypeError: not a real number (a bool included).
-        ValueError: NaN or infinite, or an int beyond float's range.
+        ValueError: NaN or infinite, an int beyond float's range, or a value
+            infinite in ``dtype`` (``1e39`` for float32 buffers).
     """
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise TypeError(f"{op}: {name} must be a real number, got {type(value).__name__}")
@@ -172,4 +168,8 @@ def _real(op: str, name: str, value: Any) -> float:
     if not math.isfinite(v):
         shown = reprlib.repr(value) if isinstance(value, int) else v
         raise ValueError(f"{op}: {name} must be finite, got {shown}")
-    return v
+    with np.errstate(over="ignore"):
+        scalar = dtype.type(v)
+    if not np.isfinite(scalar):
+        raise ValueError(f"{op}: {name}={v} is infinite in {dtype}, the buffers' dtype")
+    return scalar

@@ -98,6 +98,21 @@ def test_cuda_rejects_float64(cuda_be):
             r"axpy: alpha must be finite, got 100000000000000000\.\.\.0000000000000000000",
         ),
         (lambda be: be.scale(put(be, f32(3)), -(10**400)), ValueError, "scale: alpha must be"),
+        (  # finite in float64 but inf in the buffers' float32: x became inf
+            lambda be: be.scale(put(be, f32(3)), 1e39),
+            ValueError,
+            r"scale: alpha=1e\+39 is infinite in float32",
+        ),
+        (
+            lambda be: be.axpy(-1e39, put(be, f32(3)), put(be, f32(3))),
+            ValueError,
+            r"axpy: alpha=-1e\+39 is infinite in float32",
+        ),
+        (
+            lambda be: be.sum_scale_norm(put(be, f32(3)), [put(be, f32(3))], 1e39),
+            ValueError,
+            r"sum_scale_norm: alpha=1e\+39 is infinite in float32",
+        ),
         (lambda be: be.sum_into(put(be, f32(3)), []), ValueError, "at least one buffer"),
         (
             lambda be: be.sum_into(put(be, f32(3)), [put(be, f32(3)), put(be, f32(2))]),

@@ -16,6 +16,7 @@ import numpy as np
 
 from atomr._arguments import real_as_float
 from atomr.accel._ops_base import OpsBase
+from atomr.accel.hyperparameters import finite_in
 
 __all__ = ["ReduceOps"]
 
@@ -168,8 +169,6 @@ def _real(op: str, name: str, value: Any, dtype: np.dtype[Any]) -> Any:
     if not math.isfinite(v):
         shown = reprlib.repr(value) if isinstance(value, int) else v
         raise ValueError(f"{op}: {name} must be finite, got {shown}")
-    with np.errstate(over="ignore"):
-        scalar = dtype.type(v)
-    if not np.isfinite(scalar):
+    if not finite_in(v, dtype):
         raise ValueError(f"{op}: {name}={v} is infinite in {dtype}, the buffers' dtype")
-    return scalar
+    return dtype.type(v)

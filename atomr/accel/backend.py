@@ -235,15 +235,15 @@ class Backend(DenseOps, LossOps, ReduceOps, OptimOps, abc.ABC):
         Raises:
             ValueError: naming the two buffers.
         """
-        names = list(buffers)
-        for k, name in enumerate(names):
+        if len(buffers) < 2:
+            return
+        items = list(buffers.items())
+        for k, (name, x) in enumerate(items):
             if name in read_only:
                 continue
-            x = buffers[name]
-            for other in names[:k] + names[k + 1 :]:
-                y = buffers[other]
-                if other not in read_only and other in names[:k]:
-                    continue  # a pair of outputs: checked once, from the first
+            for j, (other, y) in enumerate(items):
+                if j == k or (j < k and other not in read_only):
+                    continue  # itself, or a pair of outputs checked from the first
                 if not self._overlaps(x, y):
                     continue
                 in_place = other in read_only and tuple(x.shape) == tuple(y.shape)

@@ -21,7 +21,13 @@ import numpy as np
 
 from atomr._arguments import bool_flag, real_as_float
 
-__all__ = ["AdamHyperparameters", "SgdHyperparameters", "given_in_float32", "real_in_float32"]
+__all__ = [
+    "AdamHyperparameters",
+    "SgdHyperparameters",
+    "finite_in",
+    "given_in_float32",
+    "real_in_float32",
+]
 
 
 def real_in_float32(name: str, value: Any) -> float:
@@ -55,9 +61,20 @@ def given_in_float32(name: str, value: Any) -> float:
     return v
 
 
+# |v| from which a float64 rounds to infinity in float32: halfway between
+# float32's largest value and 2**128 (a tie rounds to the even 2**128)
+_FLOAT32_OVERFLOW = (2.0 - 2.0**-24) * 2.0**127
+_FLOAT32 = np.dtype(np.float32)
+
+
+def finite_in(v: float, dtype: np.dtype[Any]) -> bool:
+    """Whether the float `v` is finite once cast to `dtype` (float32 or
+    float64): a compare, not a cast (checked entries run it per call)."""
+    return math.isfinite(v) and (dtype.itemsize >= 8 or abs(v) < _FLOAT32_OVERFLOW)
+
+
 def _finite_in_float32(v: float) -> bool:
-    with np.errstate(over="ignore"):
-        return math.isfinite(v) and bool(np.isfinite(np.float32(v)))
+    return finite_in(v, _FLOAT32)
 
 
 def _at_least_zero(**values: float) -> None:

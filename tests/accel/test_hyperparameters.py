@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
+from atomr.accel.hyperparameters import finite_in
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -109,3 +110,15 @@ def test_frozen() -> None:
     h = SgdHyperparameters(0.1)
     with pytest.raises(AttributeError):
         h.lr = 1e39  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_finite_in_agrees_with_the_cast_at_the_overflow_threshold(dtype: type) -> None:
+    """`finite_in` compares instead of casting: it must agree with the cast
+    on both sides of the value that rounds to infinity."""
+    threshold = (2.0 - 2.0**-24) * 2.0**127
+    values = [threshold, np.nextafter(threshold, 0.0), 3.4028235e38, 1e39, 1e308, np.inf, np.nan]
+    with np.errstate(over="ignore"):
+        for v in [*values, *(-x for x in values)]:
+            cast = bool(np.isfinite(np.dtype(dtype).type(v)))
+            assert finite_in(float(v), np.dtype(dtype)) is cast, v

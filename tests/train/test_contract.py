@@ -107,6 +107,20 @@ async def test_options_of_another_strategy_are_refused(strategy: str) -> None:
         assert list(system.actors) == before
 
 
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("wrong", ["system", "name"])
+async def test_a_wrong_system_or_name_is_a_type_error_naming_it(strategy: str, wrong: str) -> None:
+    """The contract's `TypeError` naming the argument, before anything is spawned."""
+    trainer_class, options, n = STRATEGIES[strategy]
+    async with ActorSystem("contract") as system:
+        before = list(system.actors)
+        target: Any = "not a system" if wrong == "system" else system
+        name: Any = 3 if wrong == "name" else None
+        with pytest.raises(TypeError, match=f"^{wrong} must be"):
+            await trainer_class.spawn(target, Mlp([6, 8, 3]), cpu_devices(n), CONFIG, options, name)
+        assert list(system.actors) == before
+
+
 BEFORE = Path(__file__).parent / "fixtures" / "before_reorganisation.ckpt"
 """A checkpoint the single-device Trainer wrote before `atomr/train` was
 reorganised into packages (commit ec447be): a 6-8-3 Mlp after two AdamW steps."""

@@ -40,7 +40,7 @@ from atomr.actor import (
     SupervisorStrategy,
     not_handled,
 )
-from atomr.train._contract import spawn_ready
+from atomr.train._contract import check_name, check_system, spawn_ready
 from atomr.train._recovery import StateLossWatch, state_keeping_decider
 from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.core._step_checks import check_step_limit
@@ -163,8 +163,13 @@ class AsyncParameterServer(Actor):
             The trainer's `ActorRef`.
 
         Raises:
-            TypeError, ValueError: see `Layout.plan`.
+            TypeError: `system` is not an `ActorSystem` or `Context`, `name`
+                is not a str or None, or see `Layout.plan` (each message names
+                the argument); raised before anything is spawned.
+            ValueError: see `Layout.plan`.
         """
+        check_system(system)
+        check_name(name)
         props = cls.props(model, devices, config, options)
         return await spawn_ready(system, props, name, GetServerStats(), config.worker_timeout)
 

@@ -25,6 +25,9 @@ class DeadLetters:
     def __init__(self, keep: int = 1000) -> None:
         """Args:
         keep: how many recent dead letters to keep in ``recent``.
+
+        Raises:
+            ValueError: ``keep`` is negative.
         """
         if keep < 0:
             raise ValueError(f"keep must be >= 0, got {keep}")

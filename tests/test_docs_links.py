@@ -29,3 +29,37 @@ def test_index_reaches_every_page() -> None:
     linked = {Path(t).name for t in _relative_links(ROOT / "docs" / "index.md")}
     pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
     assert pages <= linked, f"docs/index.md does not link {sorted(pages - linked)}"
+
+
+ANCHORED = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub makes of `page`'s headings: lower case, spaces to
+    dashes, punctuation but '-' and '_' dropped; a repeated one gets -1, -2."""
+    text = FENCE.sub("", page.read_text())  # a '# comment' in a code block is no heading
+    seen: dict[str, int] = {}
+    anchors = set()
+    for title in HEADING.findall(text):
+        title = re.sub(r"`|\*\*|\[([^\]]*)\]\([^)]*\)", r"\1", title)
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_anchors_resolve(page: Path) -> None:
+    """A link's #anchor names a heading of the page it points at (the
+    headings moved under a link before, and nothing said so)."""
+    broken = []
+    for target, anchor in ANCHORED.findall(page.read_text()):
+        if "://" in target:
+            continue
+        linked = page.parent / target if target else page
+        if linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target}#{anchor}")
+    assert not broken, f"{page.name} links to missing headings: {broken}"

@@ -57,23 +57,7 @@ class LossOps(OpsBase, abc.ABC):
         n, c = logits.shape
         if c == 0:
             raise ValueError("softmax_cross_entropy: logits need at least one class (c >= 1)")
-        if self._is_buffer(labels) or isinstance(labels, np.ndarray):
-            if labels.dtype.kind not in "iu":
-                raise TypeError(
-                    f"softmax_cross_entropy: labels must be an integer array, got {labels.dtype}"
-                )
-            if tuple(labels.shape) != (n,):
-                raise ValueError(
-                    f"softmax_cross_entropy: labels have shape {tuple(labels.shape)},"
-                    f" expected ({n},) for logits of shape {(n, c)}"
-                )
-        else:
-            raise TypeError(
-                "softmax_cross_entropy: labels must be an integer NumPy array"
-                f" (or a device array), got {type(labels).__name__}"
-            )
-        if isinstance(labels, np.ndarray) and n > 0:
-            _check_labels(labels, c)
+        self._check_ce_labels(labels, n, c)
         if weights is not None:
             if not (self._is_buffer(weights) or isinstance(weights, np.ndarray)):
                 raise TypeError(
@@ -91,6 +75,33 @@ class LossOps(OpsBase, abc.ABC):
                 )
         loss, wsum = self.softmax_cross_entropy_unchecked(logits, labels, weights, grad)
         return float(loss), float(wsum)
+
+    def _check_ce_labels(self, labels: Any, n: int, c: int) -> None:
+        """Refuse labels that are not n integers in [0, c). Labels in the
+        backend's memory are copied to the host for the range check, so that
+        a refused call writes nothing (the kernel would zero a bad row of grad).
+
+        Raises:
+            TypeError: not an integer NumPy or device array.
+            ValueError: not of shape (n,), or a label out of range.
+        """
+        if not (self._is_buffer(labels) or isinstance(labels, np.ndarray)):
+            raise TypeError(
+                "softmax_cross_entropy: labels must be an integer NumPy array"
+                f" (or a device array), got {type(labels).__name__}"
+            )
+        if labels.dtype.kind not in "iu":
+            raise TypeError(
+                f"softmax_cross_entropy: labels must be an integer array, got {labels.dtype}"
+            )
+        if tuple(labels.shape) != (n,):
+            raise ValueError(
+                f"softmax_cross_entropy: labels have shape {tuple(labels.shape)},"
+                f" expected ({n},) for logits of shape {(n, c)}"
+            )
+        if n > 0:
+            host = labels if isinstance(labels, np.ndarray) else self.to_host(labels)
+            _check_labels(host, c)
 
     @abc.abstractmethod
     def softmax_cross_entropy_unchecked(

@@ -189,10 +189,15 @@ def test_labels_out_of_range(be):
         be.softmax_cross_entropy(logits, np.array([-1, 0, 1]), None, grad)
 
 
-def test_labels_out_of_range_on_device(cuda_be):
-    logits, grad = cuda_be.to_device(f32(3, 4)), cuda_be.to_device(f32(3, 4))
-    with pytest.raises(ValueError, match="out of range"):
-        cuda_be.softmax_cross_entropy(logits, cuda_be.to_device(np.array([0, 1, 7])), None, grad)
+def test_labels_out_of_range_on_device_are_refused_before_writing(be):
+    """Labels already in the backend's memory are range-checked before the
+    kernel runs: a refused call leaves ``grad`` as it was."""
+    logits, grad = put(be, f32(2, 3)), put(be, np.full((2, 3), 7.0, np.float32))
+    with pytest.raises(
+        ValueError, match=r"label 9 at row 1 is out of range; expected 0 <= label < 3"
+    ):
+        be.softmax_cross_entropy(logits, be.to_device(np.array([0, 9])), None, grad)
+    np.testing.assert_array_equal(get(be, grad), np.full((2, 3), 7.0))
 
 
 @pytest.mark.parametrize(

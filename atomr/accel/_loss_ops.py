@@ -13,7 +13,7 @@ import numpy as np
 
 from atomr.accel._ops_base import OpsBase
 
-__all__ = ["LossOps"]
+__all__ = ["LossOps", "check_class_weights"]
 
 
 class LossOps(OpsBase, abc.ABC):
@@ -40,8 +40,9 @@ class LossOps(OpsBase, abc.ABC):
             logits: 2-D (n, c).
             labels: 1-D (n,) integer class indices in [0, c): a host NumPy array,
                 or (CUDA) a device array.
-            weights: per-class weights (c,) or None; a host array is accepted by
-                both backends.
+            weights: per-class weights (c,) or None, finite in the logits'
+                dtype and non-negative; a host array is accepted by both
+                backends, a device array must have the logits' dtype.
             grad: written, (n, c); may be ``logits`` itself.
 
         Returns:
@@ -49,7 +50,8 @@ class LossOps(OpsBase, abc.ABC):
 
         Raises:
             TypeError: wrong array type or dtype, labels not integers.
-            ValueError: shape mismatch, not contiguous, a label out of range.
+            ValueError: shape mismatch, not contiguous, a label out of range, a
+                weight non-finite or negative.
         """
         self.validate("softmax_cross_entropy", logits=logits, grad=grad, read_only=("logits",))
         self._ndim("softmax_cross_entropy", 2, logits=logits)
@@ -59,20 +61,7 @@ class LossOps(OpsBase, abc.ABC):
             raise ValueError("softmax_cross_entropy: logits need at least one class (c >= 1)")
         self._check_ce_labels(labels, n, c)
         if weights is not None:
-            if not (self._is_buffer(weights) or isinstance(weights, np.ndarray)):
-                raise TypeError(
-                    "softmax_cross_entropy: weights must be an array or None,"
-                    f" got {type(weights).__name__}"
-                )
-            if weights.dtype.kind != "f":
-                raise TypeError(
-                    f"softmax_cross_entropy: weights must be floating point, got {weights.dtype}"
-                )
-            if tuple(weights.shape) != (c,):
-                raise ValueError(
-                    f"softmax_cross_entropy: weights have shape {tuple(weights.shape)},"
-                    f" expected ({c},) (one per class)"
-                )
+            self._check_ce_weights(weights, c, logits.dtype)
         loss, wsum = self.softmax_cross_entropy_unchecked(logits, labels, weights, grad)
         return float(loss), float(wsum)
 
@@ -102,6 +91,39 @@ class LossOps(OpsBase, abc.ABC):
         if n > 0:
             host = labels if isinstance(labels, np.ndarray) else self.to_host(labels)
             _check_labels(host, c)
+
+    def _check_ce_weights(self, weights: Any, c: int, dtype: np.dtype[Any]) -> None:
+        """Refuse class weights that are not c floats, finite in ``dtype`` (the
+        logits', which the kernel computes in) and non-negative
+        (``check_class_weights``). Weights in the backend's memory must already
+        have ``dtype`` and are copied to the host for the check.
+
+        Raises:
+            TypeError: not a NumPy or device array, not floating point, or a
+                device array of another dtype than the logits.
+            ValueError: not of shape (c,), or a weight non-finite or negative.
+        """
+        if not (self._is_buffer(weights) or isinstance(weights, np.ndarray)):
+            raise TypeError(
+                "softmax_cross_entropy: weights must be an array or None,"
+                f" got {type(weights).__name__}"
+            )
+        if weights.dtype.kind != "f":
+            raise TypeError(
+                f"softmax_cross_entropy: weights must be floating point, got {weights.dtype}"
+            )
+        if tuple(weights.shape) != (c,):
+            raise ValueError(
+                f"softmax_cross_entropy: weights have shape {tuple(weights.shape)},"
+                f" expected ({c},) (one per class)"
+            )
+        if not isinstance(weights, np.ndarray) and weights.dtype != dtype:
+            raise TypeError(
+                f"softmax_cross_entropy: weights have dtype {weights.dtype}; expected"
+                f" {dtype} (the logits' dtype) for weights already on the device"
+            )
+        host = weights if isinstance(weights, np.ndarray) else self.to_host(weights)
+        check_class_weights("softmax_cross_entropy: weights", host, dtype)
 
     @abc.abstractmethod
     def softmax_cross_entropy_unchecked(
@@ -145,4 +167,30 @@ def _check_labels(labels: np.ndarray, classes: int) -> None:
         raise ValueError(
             f"softmax_cross_entropy: label {int(labels[i])} at row {i} is out of range;"
             f" expected 0 <= label < {classes}"
+        )
+
+
+def check_class_weights(what: str, weights: Any, dtype: Any = np.float64) -> None:
+    """The rule for cross-entropy's per-class weights, shared by the backend's
+    checked ``softmax_cross_entropy`` and ``LossKind``: every weight is finite
+    in ``dtype`` (the dtype the kernel computes in: 1e39 is infinite in
+    float32) and non-negative.
+
+    Args:
+        what: names the weights in the message.
+        weights: the weights (anything ``np.asarray`` takes), one per class.
+        dtype: the dtype they will be computed in.
+
+    Raises:
+        ValueError: naming the first bad weight and its class.
+    """
+    given = np.asarray(weights).reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        w = given.astype(dtype)
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+    if bad.size:
+        k = int(bad[0])
+        raise ValueError(
+            f"{what}: weight {given[k]} of class {k} is refused; class weights must be"
+            f" finite in {np.dtype(dtype)} and non-negative"
         )

@@ -215,6 +215,44 @@ def test_cross_entropy_bad_labels_or_weights(be, labels, weights, error, match):
         be.softmax_cross_entropy(put(be, f32(3, 4)), labels, weights, put(be, f32(3, 4)))
 
 
+@pytest.mark.parametrize(
+    "weights,match",
+    [
+        (np.array([np.nan, 1.0, 1.0]), r"weight nan of class 0"),
+        (np.array([1.0, np.inf, 1.0]), r"weight inf of class 1"),
+        (np.array([1.0, 1.0, -0.5]), r"weight -0.5 of class 2"),
+    ],
+)
+@pytest.mark.parametrize("on_device", [False, True], ids=["host", "device"])
+def test_cross_entropy_refuses_non_finite_or_negative_weights(be, weights, match, on_device):
+    """Class weights follow LossKind's rule (finite in the logits' dtype,
+    non-negative), host or device arrays alike; a refused call writes nothing."""
+    if on_device:
+        weights = be.to_device(weights.astype(np.float32))
+    grad = put(be, np.full((2, 3), 7.0, np.float32))
+    with pytest.raises(ValueError, match=match):
+        be.softmax_cross_entropy(put(be, f32(2, 3)), np.zeros(2, np.int64), weights, grad)
+    np.testing.assert_array_equal(get(be, grad), np.full((2, 3), 7.0))
+
+
+def test_cross_entropy_refuses_weights_infinite_in_the_logits_dtype(be):
+    """1e39 is finite in float64 but the float32 kernel would use inf."""
+    with pytest.raises(ValueError, match=r"weight 1e\+39 of class 1.*finite in float32"):
+        be.softmax_cross_entropy(
+            put(be, f32(2, 3)),
+            np.zeros(2, np.int64),
+            np.array([1.0, 1e39, 1.0]),
+            put(be, f32(2, 3)),
+        )
+
+
+def test_cuda_refuses_float64_device_weights(cuda_be):
+    weights = cuda_be.to_device(np.ones(3, np.float64))
+    logits, grad = cuda_be.to_device(f32(2, 3)), cuda_be.to_device(f32(2, 3))
+    with pytest.raises(TypeError, match="weights have dtype float64; expected float32"):
+        cuda_be.softmax_cross_entropy(logits, np.zeros(2, np.int64), weights, grad)
+
+
 def test_validation_happens_before_writing(be):
     out = put(be, np.full((2, 2), 7.0, np.float32))
     with pytest.raises(ValueError):

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from atomr.accel._loss_ops import check_class_weights
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core._step_checks import check_normaliser
 from atomr.train.core.errors import InvalidBatchError
@@ -42,7 +43,7 @@ class LossKind:
 
     Raises:
         ValueError: unknown name; class weights for MSE, or weights that are
-            empty, negative, non-finite or all zero.
+            empty, negative, non-finite (in float32) or all zero.
     """
 
     name: str
@@ -59,10 +60,10 @@ class LossKind:
         if self.name != "cross_entropy":
             raise ValueError("class_weights only apply to cross-entropy")
         w = np.asarray(self.class_weights, dtype=np.float64).reshape(-1)
-        if w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or not np.any(w > 0):
-            raise ValueError(
-                "class_weights must be non-empty, finite, non-negative and not all zero"
-            )
+        # finite in float32, the narrowest dtype the kernels compute in
+        check_class_weights("class_weights", w, np.float32)
+        if w.size == 0 or not np.any(w > 0):
+            raise ValueError("class_weights must be non-empty and not all zero")
         object.__setattr__(self, "class_weights", tuple(float(v) for v in w))
 
     @classmethod
@@ -77,7 +78,7 @@ class LossKind:
             The loss kind; its mean divides by the sum of the targets' weights.
 
         Raises:
-            ValueError: empty, negative, non-finite or all-zero weights.
+            ValueError: empty, negative, non-finite (in float32) or all-zero weights.
         """
         return cls("cross_entropy", tuple(np.asarray(class_weights, dtype=np.float64).ravel()))
 

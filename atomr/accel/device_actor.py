@@ -40,7 +40,9 @@ class OnDevice:
     """Message: run ``fn(*args, **kwargs)`` on the device actor's worker thread.
 
     The ask is answered with fn's return value, or fails with the GpuError
-    (or ValueError / TypeError) it raised.
+    (or ValueError / TypeError) it raised. The ask's timeout does not stop
+    fn: it runs to its end, and the actor handles nothing else meanwhile
+    (see ``DeviceActor.on_device``).
 
     Args:
         fn: the function; it receives plain arguments (use ``backend`` inside).
@@ -190,6 +192,13 @@ class DeviceActor(Actor):
         job whose function has run shorter than that its last times runs on the
         event loop's thread instead, when the worker is idle, since two thread
         wake-ups cost more than such a job (`atomr/accel/job_timing.py`).
+
+        A job has no deadline: cancelling this await (an ask that timed out,
+        ``asyncio.timeout``, the actor stopping) stops waiting for ``fn``, not
+        ``fn``, which runs on to its end (a thread cannot be cancelled), and
+        the jobs submitted after it wait behind it. Keep jobs short; to wait
+        until a job that timed out is done, run a job that does nothing (it
+        runs after every earlier one), as the trainers' fence does.
 
         Args:
             fn: the function.

@@ -11,7 +11,7 @@ import pytest
 from atomr.accel import DeviceActor, GpuError, OutOfMemory, backend_for, cuda_available
 from atomr.accel.device_actor import OnDevice
 from atomr.accel.threads import BLAS_SHARE, blas_threads
-from atomr.actor import Props
+from atomr.actor import AskTimeoutError, Props
 from atomr.testkit import await_condition
 
 
@@ -54,6 +54,27 @@ async def test_on_device_does_not_block_the_event_loop(actor_system):
     await await_condition(started.is_set, message="the job started on the device thread")
     event.set()  # runs on the loop while the device thread is blocked in event.wait
     assert await pending is True
+
+
+async def test_a_job_has_no_deadline_and_the_next_waits_behind_it(actor_system):
+    """An ask's timeout ends the asker's wait, not the job: the job keeps the
+    worker thread (and the actor) until it returns, so a later ask waits
+    behind it; a do-nothing job is answered once it is done (a fence)."""
+    ref = actor_system.spawn(Props(DeviceActor, "cpu:0"))
+    release, log = threading.Event(), []
+
+    def blocked() -> None:
+        release.wait(60.0)
+        log.append("first")
+
+    with pytest.raises(AskTimeoutError):
+        await ref.ask(OnDevice(blocked), timeout=0.05)
+    with pytest.raises(AskTimeoutError):  # cannot run while blocked() holds the thread
+        await ref.ask(OnDevice(log.append, "second"), timeout=0.05)
+    assert log == []
+    release.set()
+    await ref.ask(OnDevice(lambda: None), timeout=10)
+    assert log == ["first", "second"]
 
 
 async def test_buffers_stay_on_the_device_and_kernels_run_there(actor_system, rng):

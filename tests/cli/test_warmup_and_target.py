@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +61,45 @@ def test_devices_prints_the_cuda_line(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["devices", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report["cuda"]) == {"target", "driver", "note"}
+
+
+def _warmup(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`atomr warmup` in a fresh process whose NUMBA_CACHE_DIR cannot be
+    written (a folder under a regular file: not even root can create it)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(blocker / "numba-cache"), **env}
+    return subprocess.run(
+        [sys.executable, "-m", "atomr.cli", "warmup"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+
+
+def test_warmup_says_where_numba_cached_when_the_cache_dir_cannot_be_written(
+    tmp_path: Path,
+) -> None:
+    """numba then caches beside the kernels (`__pycache__`): warmup says so."""
+    done = _warmup(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"NUMBA_CACHE_DIR={tmp_path / 'a-file' / 'numba-cache'} cannot be written" in (
+        done.stderr
+    )
+    assert "__pycache__" in done.stderr
+
+
+def test_warmup_warns_when_nothing_can_be_cached(tmp_path: Path) -> None:
+    """With no folder numba may write its cache to, atomr still imports and
+    warms up (exit 0: `atomr warmup && atomr train` goes on), and says that
+    the next run compiles again."""
+    done = _warmup(
+        tmp_path, NUMBA_CACHE_LOCATOR_CLASSES="numba.core.caching.UserProvidedCacheLocator"
+    )
+    assert done.returncode == 0, done.stderr
+    warning = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert len(warning) == 1, done.stderr
+    assert str(tmp_path / "a-file" / "numba-cache") in warning[0]
+    assert "the next run will compile them again" in warning[0]

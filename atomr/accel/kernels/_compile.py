@@ -57,6 +57,7 @@ __all__ = [
     "MAX_BLOCKS",
     "SIMULATED",
     "TILE",
+    "cache_dir_of",
     "cpu_loop",
     "cpu_math_loop",
     "cpu_reduce_loop",
@@ -92,6 +93,37 @@ def cpu_scalar(fn: Callable[..., Any]) -> Any:
     return numba.njit(inline="always")(fn)
 
 
+def _cached(jit: Callable[..., Any], fn: Callable[..., Any], **options: Any) -> Any:
+    """``jit(cache=True, **options)(fn)``; without the disk cache when numba
+    finds no folder it can write it to (``NUMBA_CACHE_DIR``, ``__pycache__``
+    beside the kernels, the user's cache folder), so that atomr still imports
+    there and each process compiles its kernels (``cache_dir_of`` is then None).
+
+    Raises:
+        RuntimeError: any other error numba raises while setting up the cache.
+    """
+    try:
+        return jit(cache=True, **options)(fn)
+    except RuntimeError as error:
+        if "no locator available" not in str(error):
+            raise
+        return jit(**options)(fn)
+
+
+def cache_dir_of(kernel: Any) -> str | None:
+    """The folder numba caches a compiled kernel's machine code in.
+
+    Args:
+        kernel: a dispatcher made by ``cpu_loop`` (or a sibling).
+
+    Returns:
+        ``NUMBA_CACHE_DIR``, or the fallback numba chose when that cannot
+        be written; None when nothing can be cached.
+    """
+    path = getattr(getattr(kernel, "_cache", None), "cache_path", None)
+    return str(path) if path else None
+
+
 def gpu_scalar(fn: Callable[..., Any]) -> Any:
     """Compile a scalar function as a numba.cuda device function.
 
@@ -113,7 +145,7 @@ def cpu_loop(fn: Callable[..., Any]) -> Any:
     Returns:
         The njit dispatcher (compiled lazily per signature, cached on disk).
     """
-    return numba.njit(nogil=True, cache=True, error_model="numpy")(fn)
+    return _cached(numba.njit, fn, nogil=True, error_model="numpy")
 
 
 def cpu_math_loop(fn: Callable[..., Any]) -> Any:
@@ -129,7 +161,7 @@ def cpu_math_loop(fn: Callable[..., Any]) -> Any:
     Returns:
         The njit dispatcher.
     """
-    return numba.njit(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})(fn)
+    return _cached(numba.njit, fn, nogil=True, error_model="numpy", fastmath={"contract"})
 
 
 def cpu_reduce_loop(fn: Callable[..., Any]) -> Any:
@@ -144,7 +176,7 @@ def cpu_reduce_loop(fn: Callable[..., Any]) -> Any:
     Returns:
         The njit dispatcher.
     """
-    return numba.njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "nsz"})(fn)
+    return _cached(numba.njit, fn, nogil=True, error_model="numpy", fastmath={"reassoc", "nsz"})
 
 
 def gpu_kernel(fn: Callable[..., Any]) -> Any:
@@ -156,7 +188,7 @@ def gpu_kernel(fn: Callable[..., Any]) -> Any:
     Returns:
         The CUDA dispatcher.
     """
-    return cuda.jit(cache=True)(fn)
+    return _cached(cuda.jit, fn)
 
 
 def blocks_for(n: int) -> int:

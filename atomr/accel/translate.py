@@ -31,7 +31,11 @@ __all__ = ["translate_error"]
 # CUDA driver error codes (cuda.h, CUresult)
 _OOM = {2}  # CUDA_ERROR_OUT_OF_MEMORY
 _TIMEOUT = {702}  # CUDA_ERROR_LAUNCH_TIMEOUT
-_POISONED = {700, 701, 714, 715, 716, 717, 718, 719}  # illegal address .. launch failed
+# illegal address .. launch failed: sticky errors that leave the context unusable.
+# Not 701 (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES): a launch refused for its
+# configuration (threads per block against the kernel's registers) leaves the
+# context intact, so it stays a DriverError and the actor keeps its state
+_POISONED = {700, 714, 715, 716, 717, 718, 719}
 _UNRECOVERABLE = {214, 220, 46, 999}  # ECC, NVLink uncorrectable, device unavailable, unknown
 
 

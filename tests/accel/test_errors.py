@@ -49,6 +49,9 @@ def test_family():
         (FakeCudaAPIError(700, "CUDA_ERROR_ILLEGAL_ADDRESS"), ContextPoisoned),
         (FakeCudaAPIError(719, "CUDA_ERROR_LAUNCH_FAILED"), ContextPoisoned),
         (FakeCudaAPIError(702, "CUDA_ERROR_LAUNCH_TIMEOUT"), KernelTimeout),
+        # a launch refused for its configuration: the context is intact, so the
+        # actor keeps its state (a restart would wipe it and fail the same way)
+        (FakeCudaAPIError(701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"), DriverError),
         (FakeCudaAPIError(214, "CUDA_ERROR_ECC_UNCORRECTABLE"), Unrecoverable),
         (FakeCudaAPIError(1, "CUDA_ERROR_INVALID_VALUE"), DriverError),
         (KeyError("surprise"), DriverError),

@@ -395,16 +395,10 @@ async def test_killed_worker_is_restarted_and_training_continues(actor_system, c
     assert (await server_stats(ps))[0].gradients_applied == st.gradients_applied + 3
 
 
-@pytest.mark.parametrize("failing", [0, 1])
-async def test_a_synchronous_worker_out_of_retries_fails_the_step_promptly_and_changes_nothing(
-    actor_system, failing
-) -> None:
-    """Worker `failing` fails its part on every try (max_retries=1): the step
-    fails at once with that worker's own error (not after worker_timeout with
-    a healthy worker's timeout), nothing of the round is applied, and the
-    other worker's push is not left in the round to be mixed into the next
-    step, which equals the Trainer's."""
-    plan = Plan()
+async def _synchronous_pair(actor_system, plan: Plan, failing: int, **options):
+    """A `Trainer` and a synchronous 2-worker parameter server whose worker
+    `failing` fails where `plan` says, both after one step on the same batch;
+    with the batch to fail on, the ones to go on with and the weights before."""
     cfg = config(OptimizerKind.sgd(0.1, momentum=0.9))
     model = Mlp(SIZES, seed=3)
     reference = await Trainer.spawn(actor_system, model, "cpu:0", cfg)
@@ -415,13 +409,37 @@ async def test_a_synchronous_worker_out_of_retries_fails_the_step_promptly_and_c
         cfg,
         workers=2,
         consistency=Consistency.synchronous(),
-        max_retries=1,
         worker_class=_faulty_worker(plan, failing),
+        **options,
     )
-    first, failed, *rest = batches(4, 8, seed=5)
+    first, failed, *rest = batches(4, 8, seed=5 + 2 * failing)
     await reference.ask(Step(*first))
     await ps.ask(Step(*first), timeout=_HANG)
-    before = await weights(ps)
+    return reference, ps, failed, rest, await weights(ps)
+
+
+async def _equal_from_here(reference, ps, rest) -> None:
+    """The next steps of `ps` equal the Trainer's, step for step."""
+    for x, y in rest:
+        await reference.ask(Step(x, y))
+        await ps.ask(Step(x, y), timeout=_HANG)
+        want = await reference.ask(GetWeights())
+        np.testing.assert_allclose(await weights(ps), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+async def test_a_synchronous_worker_out_of_retries_fails_the_step_promptly_and_changes_nothing(
+    actor_system, failing
+) -> None:
+    """Worker `failing` fails its part on every try (max_retries=1): the step
+    fails at once with that worker's own error (not after worker_timeout with
+    a healthy worker's timeout), nothing of the round is applied, and the
+    other worker's push is not left in the round to be mixed into the next
+    step, which equals the Trainer's."""
+    plan = Plan()
+    reference, ps, failed, rest, before = await _synchronous_pair(
+        actor_system, plan, failing, max_retries=1
+    )
     plan.arm("gradient", ContextPoisoned("injected: illegal address"), times=2)
     with pytest.raises(ContextPoisoned, match="injected") as info:
         await ps.ask(Step(*failed), timeout=_HANG)
@@ -429,11 +447,7 @@ async def test_a_synchronous_worker_out_of_retries_fails_the_step_promptly_and_c
     assert getattr(info.value, "worker_index", None) == failing
     np.testing.assert_array_equal(await weights(ps), before)
     assert (await server_stats(ps))[0].version == 1
-    for x, y in rest:
-        await reference.ask(Step(x, y))
-        await ps.ask(Step(x, y), timeout=_HANG)
-        want = await reference.ask(GetWeights())
-        np.testing.assert_allclose(await weights(ps), want, rtol=1e-5, atol=1e-6)
+    await _equal_from_here(reference, ps, rest)
 
 
 async def test_a_synchronous_part_refused_by_its_worker_is_not_sent_again(actor_system) -> None:
@@ -445,33 +459,14 @@ async def test_a_synchronous_part_refused_by_its_worker_is_not_sent_again(actor_
     `RoundDroppedError`, which follows from it), nothing applied, and the
     next steps equal the Trainer's."""
     plan = Plan()
-    cfg = config(OptimizerKind.sgd(0.1, momentum=0.9))
-    model = Mlp(SIZES, seed=3)
-    reference = await Trainer.spawn(actor_system, model, "cpu:0", cfg)
-    ps = await spawn(
-        actor_system,
-        model,
-        ["cpu:1", "cpu:2"],
-        cfg,
-        workers=2,
-        consistency=Consistency.synchronous(),
-        worker_class=_faulty_worker(plan, 1),
-    )
-    first, failed, *rest = batches(4, 8, seed=7)
-    await reference.ask(Step(*first))
-    await ps.ask(Step(*first), timeout=_HANG)
-    before = await weights(ps)
+    reference, ps, failed, rest, before = await _synchronous_pair(actor_system, plan, 1)
     plan.arm("gradient", ValueError)
     with pytest.raises(ValueError, match="injected") as info:
         await ps.ask(Step(*failed), timeout=_HANG)
     assert type(info.value) is ValueError
     assert getattr(info.value, "worker_index", None) == 1
     np.testing.assert_array_equal(await weights(ps), before)
-    for x, y in rest:
-        await reference.ask(Step(x, y))
-        await ps.ask(Step(x, y), timeout=_HANG)
-        want = await reference.ask(GetWeights())
-        np.testing.assert_allclose(await weights(ps), want, rtol=1e-5, atol=1e-6)
+    await _equal_from_here(reference, ps, rest)
 
 
 async def test_a_bounded_worker_out_of_retries_does_not_hold_the_others_back(

@@ -63,13 +63,14 @@ def raise_first_failure(results: list[Any], first_index: int = 0) -> None:
 def first_failure(results: Sequence[Any], first_index: int = 0) -> BaseException | None:
     """The first exception found in ``results``, or None.
 
-    The exception keeps its own type; ``worker_index`` is set on it and a note
-    names the worker, so the asker knows which one failed (``results[0]``
-    being worker ``first_index``'s).
+    The exception keeps its own type; ``worker_index`` is set on it (and on
+    every other exception there: `name_failures`) and a note names the
+    worker, so the asker knows which one failed (``results[0]`` being worker
+    ``first_index``'s).
     """
+    name_failures(results, first_index)
     for index, result in enumerate(results, start=first_index):
         if isinstance(result, BaseException):
-            result.worker_index = index  # type: ignore[attr-defined]
             result.add_note(f"raised by worker {index}")
             return result
     return None
@@ -112,6 +113,18 @@ async def ask_all_settled(
     for ref, message in zip(refs, messages, strict=True):
         asks.append(ref.ask(message, timeout))
     return list(await asyncio.gather(*asks, return_exceptions=True))
+
+
+def name_failures(results: Sequence[Any], first_index: int = 0) -> None:
+    """Set `worker_index` on every exception in settled replies (`results[0]`
+    being worker `first_index`'s): a supervisor that recorded one of them (a
+    `StateLossWatch` naming a restarted worker) learns whose it is, also
+    where it is not the failure raised, or where a retry or an undo's
+    round replaced or ignored it.
+    """
+    for index, result in enumerate(results, start=first_index):
+        if isinstance(result, BaseException):
+            result.worker_index = index  # type: ignore[attr-defined]
 
 
 def failed_indices(results: Sequence[Any]) -> list[int]:

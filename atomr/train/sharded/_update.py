@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import ActorRef
-from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, first_failure
+from atomr.train.comm._fanout import (
+    ask_all,
+    ask_all_settled,
+    failed_indices,
+    first_failure,
+    name_failures,
+)
 from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.core.errors import OtherProcessFailed
 from atomr.train.sharded._exchange import ShardExchange
@@ -72,7 +78,10 @@ class ShardedUpdate:
         except BaseException:
             # every replica: one that timed out may still apply (its rollback waits
             # behind it), one that raised after applying was resumed with it pending
-            await ask_all_settled(self.refs, RollbackShard(token), self.timeout, per_worker=False)
+            undone = await ask_all_settled(
+                self.refs, RollbackShard(token), self.timeout, per_worker=False
+            )
+            name_failures(undone)  # one restarted here is named by the WorkerStateLost
             raise
         self._uncommitted = token
         await self._complete(_APPLIED)
@@ -151,6 +160,7 @@ class ShardedUpdate:
             self.refs, CommitShard(token), self.timeout, per_worker=False
         )
         failed = failed_indices(results)
+        name_failures(results)  # the retry replaces these; a restart is named by them
         again = await ask_all_settled(
             [self.refs[i] for i in failed], CommitShard(token), self.timeout, per_worker=False
         )

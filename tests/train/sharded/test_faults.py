@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from atomr import ActorSystem
-from atomr.accel import cpu_devices
+from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.testkit import inject_faults
 from atomr.train import (
     GetWeights,
@@ -23,11 +23,18 @@ from atomr.train import (
     OptimizerKind,
     ShardedDataParallelTrainer,
     ShardedOptions,
+    Step,
     Trainer,
     TrainerConfig,
+    WorkerStateLost,
 )
 from atomr.train.sharded import ShardedReplica
-from atomr.train.sharded.messages import ForwardLayer, ShardLayerParams
+from atomr.train.sharded.messages import (
+    CommitShard,
+    ForwardLayer,
+    RollbackShard,
+    ShardLayerParams,
+)
 from tests.reliability.faults import (
     CLASSES,
     IN,
@@ -48,6 +55,8 @@ PHASES: dict[str, str | type] = {
     "gather": ShardLayerParams,  # stage 3: a layer's gather
     "forward": ForwardLayer,  # stage 3: a layer's forward
     "apply": "apply_shard",  # every stage: the piece's update
+    "commit": CommitShard,  # every stage: keeping the update (asked again if it fails)
+    "rollback": RollbackShard,  # every stage: undoing the update of a failed step
 }
 
 
@@ -91,7 +100,7 @@ async def test_a_failure_changes_no_piece_and_training_goes_on(
         await assert_same_training(trainer, clean)
 
 
-@pytest.mark.parametrize(("stage", "phase"), [(2, "compute"), (3, "forward")])
+@pytest.mark.parametrize(("stage", "phase"), [(2, "compute"), (3, "forward"), (1, "commit")])
 async def test_a_poisoned_replica_is_lost_until_a_checkpoint_is_loaded(
     stage: int, phase: str, tmp_path: Path
 ) -> None:
@@ -102,3 +111,15 @@ async def test_a_poisoned_replica_is_lost_until_a_checkpoint_is_loaded(
         await lost_until_reloaded(
             trainer, reference, batches(), plan, phase, "replica", FAULTY, tmp_path
         )
+
+
+async def test_a_replica_poisoned_while_rolling_back_is_named() -> None:
+    plan = Plan()
+    async with ActorSystem("zero-faults") as system:
+        trainer = await _spawn(system, 1, plan)
+        plan.arm("apply", RuntimeError)  # the step fails, every replica rolls back
+        plan.arm("rollback", ContextPoisoned)  # and the failing one loses its piece there
+        with pytest.raises(WorkerStateLost) as info:
+            await trainer.ask(Step(*batches()[0]), timeout=T)
+        assert sorted(plan.fired) == ["apply", "rollback"]
+        assert info.value.worker == FAULTY and f"replica {FAULTY} lost" in str(info.value)

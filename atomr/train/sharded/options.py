@@ -37,7 +37,7 @@ class ShardedOptions:
             `atomr.testkit.inject_faults`).
 
     Raises:
-        TypeError: a field of the wrong type.
+        TypeError: a field of the wrong type (a stage that is no int: 2.0).
         ValueError: a stage other than 1, 2, 3; a collective that keeps its
             buffers on its members; a rank out of range; several processes
             without a process collective.
@@ -52,6 +52,8 @@ class ShardedOptions:
     replica_class: type[ShardedReplica] = ShardedReplica
 
     def __post_init__(self) -> None:
+        if not isinstance(self.stage, int):  # 2.0 would pass `in (1, 2, 3)`
+            raise TypeError(f"stage must be an int (1, 2 or 3), got {self.stage!r}"[:200])
         if isinstance(self.stage, bool) or self.stage not in (1, 2, 3):
             raise ValueError(f"stage must be 1, 2 or 3, got {self.stage!r}")
         c = self.collective

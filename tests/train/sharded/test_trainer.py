@@ -145,6 +145,8 @@ def test_bad_options_are_refused() -> None:
         ShardedOptions(stage=4)
     with pytest.raises(ValueError, match="stage"):
         ShardedOptions(stage=True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stage"):
+        ShardedOptions(stage=2.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="collective"):
         ShardedOptions(collective="ring")
     with pytest.raises(ValueError, match="process_collective"):

@@ -4,7 +4,10 @@ The new content goes to a temporary file in the target's directory
 (`.{name}.<8 mkstemp characters>.tmp`), which is fsynced, `os.replace`d over
 the target, and the directory fsynced: a crash at any point leaves either
 the previous file or the new one, never a mix. Temporary files a killed
-write left behind are removed by the next write of the same name.
+write left behind are removed by the next write of the same name; one that a
+write still under way holds (another thread's or process's, saving the same
+file at the same time) is not: each write holds an exclusive `flock` on its
+temporary file (and this process's writes list theirs) until it is renamed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import re
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 from atomr.train.core.errors import CheckpointError
@@ -22,6 +26,16 @@ from atomr.train.core.errors import CheckpointError
 __all__ = ["check_target", "write_atomically"]
 
 _TEMP_TAIL = re.compile(r"[A-Za-z0-9_]{8}\.tmp")
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: an open file cannot be removed there
+    fcntl = None  # type: ignore[assignment]
+
+_writing: set[str] = set()
+"""The temporary files of this process's writes under way (a lock on a
+network file system may be per process: a thread's would not keep another's out)."""
+_writing_lock = threading.Lock()
 
 
 def write_atomically(target: Path, data: bytes) -> None:
@@ -38,19 +52,58 @@ def write_atomically(target: Path, data: bytes) -> None:
     directory = check_target(target)
     _remove_stale_temps(directory, target.name)
     mode = _mode_for(target)
-    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target.name), suffix=".tmp", dir=directory)
+    fd, tmp_name = _own_temp(directory, target.name)
     try:
         os.fchmod(fd, mode)  # mkstemp's 0600 would replace the file's own mode
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp_name, target)
+            if fcntl is not None:  # renamed while locked: no other write removes it first
+                os.replace(tmp_name, target)
+        if fcntl is None:  # pragma: no cover - Windows renames no open file
+            os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
         raise
+    finally:
+        with _writing_lock:
+            _writing.discard(tmp_name)
     _fsync_dir(directory)
+
+
+def _own_temp(directory: Path, name: str) -> tuple[int, str]:
+    """A new temporary file for a write of `name`, open and locked (listed in
+    `_writing`, and `flock`ed where there is `fcntl`), so that no other
+    write takes it for one a killed write left.
+
+    Returns:
+        Its descriptor and path.
+
+    Raises:
+        OSError: the file system refused.
+    """
+    while True:
+        fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(name), suffix=".tmp", dir=directory)
+        with _writing_lock:
+            _writing.add(tmp_name)
+        if fcntl is None:  # pragma: no cover
+            return fd, tmp_name
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another write checks it
+            if os.path.samestat(os.fstat(fd), os.lstat(tmp_name)):
+                return fd, tmp_name
+        except FileNotFoundError:
+            pass  # another process's write removed it before it was locked: again
+        except BaseException:
+            os.close(fd)
+            with _writing_lock:
+                _writing.discard(tmp_name)
+            raise
+        os.close(fd)
+        with _writing_lock:
+            _writing.discard(tmp_name)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -118,7 +171,8 @@ def _remove_stale_temps(directory: Path, name: str) -> None:
     """Delete temp files a killed save of `name` left behind (our naming only).
 
     A name matches `.{name}.<8 mkstemp characters>.tmp` exactly and must be a
-    regular file; anything else in the directory is left alone.
+    regular file that no write under way holds (`_own_temp`); anything else
+    in the directory is left alone.
     """
     prefix = _temp_prefix(name)
     with contextlib.suppress(OSError), os.scandir(directory) as entries:
@@ -129,5 +183,26 @@ def _remove_stale_temps(directory: Path, name: str) -> None:
                 and _TEMP_TAIL.fullmatch(rest)
                 and entry.is_file(follow_symlinks=False)
             ):
+                with _writing_lock:
+                    if entry.path in _writing:
+                        continue
                 with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+                    _remove_if_abandoned(entry.path)
+
+
+def _remove_if_abandoned(path: str) -> None:
+    """Delete the temporary file `path` unless a write holds its lock.
+
+    Raises:
+        OSError: it could not be opened, locked or removed (it stays).
+    """
+    if fcntl is None:  # pragma: no cover - Windows: a file open for writing is not removed
+        os.unlink(path)
+        return
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a write holds it
+        if os.path.samestat(os.fstat(fd), os.lstat(path)):
+            os.unlink(path)
+    finally:
+        os.close(fd)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +205,53 @@ def test_a_saved_checkpoint_has_the_modes_a_user_expects(tmp_path: Path) -> None
         assert load_checkpoint(path).step == _ckpt(seed=1).step
     finally:
         os.umask(old)
+
+
+def test_two_saves_of_one_path_at_once_both_succeed(tmp_path: Path, monkeypatch) -> None:
+    """Two trainers saving the same file at once: the second save took the
+    first one's temporary file for one a killed save had left, removed it,
+    and the first failed with FileNotFoundError at its rename."""
+    path = tmp_path / "same.ckpt"
+    writing, go_on = threading.Event(), threading.Event()
+    fsync = os.fsync
+    first = threading.get_ident()
+
+    def held_fsync(fd: int) -> None:  # the first save stops mid-write until told
+        if threading.get_ident() == first and not go_on.is_set():
+            writing.set()
+            go_on.wait()
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", held_fsync)
+    errors: list[BaseException] = []
+
+    def second_save() -> None:
+        writing.wait()
+        try:
+            save_checkpoint(path, _ckpt(seed=2))
+        except BaseException as error:  # reported below
+            errors.append(error)
+        finally:
+            go_on.set()
+
+    other = threading.Thread(target=second_save)
+    other.start()
+    try:
+        save_checkpoint(path, _ckpt(seed=1))
+    finally:
+        writing.set()
+        go_on.set()
+        other.join()
+    assert errors == []
+    assert load_checkpoint(path).step == _ckpt(seed=1).step  # the later rename won
+    assert [p.name for p in tmp_path.iterdir()] == ["same.ckpt"]
+
+
+def test_a_temporary_file_a_killed_save_left_is_removed_by_the_next_save(tmp_path: Path) -> None:
+    path = tmp_path / "a.ckpt"
+    left = tmp_path / ".a.ckpt.k1ll3d_x.tmp"
+    left.write_bytes(b"half a checkpoint")
+    other = tmp_path / ".b.ckpt.k1ll3d_x.tmp"  # another file's: left alone
+    other.write_bytes(b"x")
+    save_checkpoint(path, _ckpt())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".b.ckpt.k1ll3d_x.tmp", "a.ckpt"]

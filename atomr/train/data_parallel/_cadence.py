@@ -109,8 +109,12 @@ class Cadence:
         busy, dispatched = self._busy, speeds.clock()
         task = asyncio.ensure_future(replicas.refs[i].ask(message, timeout=replicas.timeout))
 
-        def timed(_: asyncio.Task[Any]) -> None:
+        def timed(done: asyncio.Task[Any]) -> None:
             busy[i] += speeds.busy(i, dispatched)
+            if not done.cancelled():
+                # read: a round never closed (the trainer stopped) leaves no
+                # failure unretrieved; a closing round reads it again
+                done.exception()
 
         task.add_done_callback(timed)
         self._pending[i].append(task)

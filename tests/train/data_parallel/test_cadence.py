@@ -6,6 +6,8 @@ time); checkpoints close an open round; bad options."""
 
 from __future__ import annotations
 
+import gc
+import logging
 import time
 from collections import Counter
 from pathlib import Path
@@ -315,3 +317,26 @@ async def test_a_checkpoint_whose_round_fails_to_close_answers_the_failure(
         assert not path.exists()
         await dp.ask(SaveCheckpoint(str(path)))  # the round was dropped: nothing left open
         assert path.exists()
+
+
+async def test_a_round_left_open_at_shutdown_leaves_no_unretrieved_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A service stops with a round open: the round's batches, handed to the
+    replicas, failed (the replicas stopped before answering) with nobody to
+    close the round, and asyncio logged "Task exception was never retrieved"
+    for each."""
+    plan = Plan()
+    faulty = inject_faults(ReplicaActor, plan, {"compute": ComputeGradients})
+    model = Mlp([6, 8, 3], seed=0)
+    props = [Props(faulty, model, "cpu:0", CONFIG), Props(faulty, model, "cpu:1", CONFIG)]
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        async with ActorSystem("cadence") as system:
+            options = _cadence(cadence_anchor=50)
+            dp = system.spawn(DataParallelTrainer.props(CONFIG, props, options))
+            plan.arm("compute", None, delay=3600.0, times=2)  # busy until stopped
+            for batch in B[:2]:  # one to each replica; the round stays open
+                assert not (await dp.ask(Step(*batch))).applied
+        del dp, system  # the stopped trainer's last references: collected below
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

@@ -207,12 +207,18 @@ class RingCollective(Collective):
         interrupt: asyncio.Future[BaseException] | None,
     ) -> list[Any]:
         """Ask every member for its part; on a failure (or `interrupt`) abort
-        the session on every member, wait for all of them, and raise."""
+        the session on every member, wait for all of them, and raise. Cancelled
+        (its caller stopping), it aborts the session too, and cancels the asks
+        not answered yet (a failure answered is read: none is left unread)."""
         tasks = [
             asyncio.ensure_future(ref.ask(m, timeout=self.timeout * 2 + 5.0))
             for ref, m in zip(refs, messages, strict=True)
         ]
-        interrupted, first = await _until_failure(tasks, interrupt)
+        try:
+            interrupted, first = await _until_failure(tasks, interrupt)
+        except BaseException:
+            _abandon(refs, tasks, session)
+            raise
         if interrupted or first is not None:
             for ref in refs:
                 ref.tell(RingAbort(session))
@@ -244,6 +250,18 @@ def _member_refs(buffers: Sequence[Any]) -> tuple[ActorRef, ...]:
         if not isinstance(ref, ActorRef):
             raise TypeError(f"ring member {k} must be an ActorRef, got {type(ref).__name__}")
     return tuple(buffers)
+
+
+def _abandon(refs: Sequence[ActorRef], tasks: Sequence[asyncio.Future[Any]], session: int) -> None:
+    """The operation's caller gave up: every member aborts `session`; the
+    asks not done are cancelled, the outcome of those done is read."""
+    for ref in refs:
+        ref.tell(RingAbort(session))
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+        elif not task.cancelled():
+            task.exception()
 
 
 async def _until_failure(

@@ -5,6 +5,8 @@ every member is told to abort, and the members stay usable."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -106,6 +108,29 @@ async def test_an_interrupt_aborts_every_member_at_once(
     with pytest.raises(RuntimeError, match="stop the ring") as info:
         await asyncio.wait_for(operation, DEADLINE_S)
     assert info.value.failed_workers == []
+
+
+async def test_an_operation_cancelled_mid_session_leaves_no_ask_behind(
+    spawn_ring: Callable[..., list[ActorRef]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trainer stopped mid all-reduce (its handler cancelled): the asks to
+    the members ran on, unread, and when the members stopped too asyncio
+    logged "Task exception was never retrieved" for each; the members were
+    not told to abort either, and waited for chunks that never came."""
+    refs = spawn_ring(_buffers(3), faults={1: "absent"}, timeout=60.0)
+    ring = RingCollective(timeout=60.0)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        operation = asyncio.ensure_future(ring.all_reduce(refs))
+        await asyncio.sleep(0)  # the operation sends its messages
+        await asyncio.wait_for(ring.barrier(refs), DEADLINE_S)  # every member has its own
+        operation.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await operation
+        del operation
+        for ref in refs:
+            await asyncio.wait_for(ref.stop(), DEADLINE_S)
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 async def test_ring_rejects_non_refs() -> None:

@@ -54,8 +54,8 @@ def write_atomically(target: Path, data: bytes) -> None:
     mode = _mode_for(target)
     fd, tmp_name = _own_temp(directory, target.name)
     try:
-        os.fchmod(fd, mode)  # mkstemp's 0600 would replace the file's own mode
-        with os.fdopen(fd, "wb") as fh:
+        with os.fdopen(fd, "wb") as fh:  # closes the descriptor whatever fails below
+            os.fchmod(fd, mode)  # mkstemp's 0600 would replace the file's own mode
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -62,6 +62,26 @@ def test_crash_mid_save_leaves_previous_checkpoint(tmp_path: Path, monkeypatch) 
     assert [p.name for p in tmp_path.iterdir()] == ["a.ckpt"]
 
 
+def test_a_file_system_refusing_the_mode_leaks_no_descriptor(tmp_path: Path, monkeypatch) -> None:
+    """`os.fchmod` refused (a file system without modes): the save fails with
+    the file system's error, the previous checkpoint stays, and the temporary
+    file's descriptor is closed (it was left open before)."""
+    path = tmp_path / "a.ckpt"
+    save_checkpoint(path, _ckpt(0))
+    before, fds = path.read_bytes(), len(os.listdir("/proc/self/fd"))
+
+    def refuse(fd: int, mode: int) -> None:
+        raise PermissionError("chmod refused")
+
+    monkeypatch.setattr(os, "fchmod", refuse)
+    with pytest.raises(PermissionError, match="chmod refused"):
+        save_checkpoint(path, _ckpt(1))
+    monkeypatch.undo()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["a.ckpt"]
+
+
 def test_crash_mid_write_leaves_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "a.ckpt"
     save_checkpoint(path, _ckpt(0))

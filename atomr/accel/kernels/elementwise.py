@@ -48,10 +48,14 @@ ACTIVATIONS: dict[str, int] = {"identity": 0, "relu": 1, "tanh": 2, "gelu": 3}
 
 _GELU_K = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
-_EXP_ARG_MAX = 80.0
-"""Largest exponent passed to exp (exp(80) ~ 5.5e34 is finite in float32; past it
-the GELU sigmoid is ~1e-35, i.e. 0 in float32, and Python's math.exp in the
-CUDA simulator would raise OverflowError near 710)."""
+_GELU_X_MIN = -9.5
+"""GELU's input is clamped below to this: gelu(-9.5) ~ -7e-33 and its slope
+~ -1.4e-31, 0 for training, and the largest exponent is then exp(76) ~ 1e33, so
+neither the forward (x / (1 + e)) nor the backward (x * e) grows with |x| or
+overflows float32 (clamping the exponent instead left x / (1 + e) growing
+linearly, -5e3 at x = -3e38, and x * e reaching -inf from x ~ -3e3), and Python's
+math.exp in the CUDA simulator stays far from its OverflowError near 710.
+NaN passes the clamp (`lo if x < lo else x`)."""
 
 
 def act_forward(kind: int, x: float, approx: bool) -> float:
@@ -61,7 +65,8 @@ def act_forward(kind: int, x: float, approx: bool) -> float:
     float32 buffers); every constant is ``like(x, ...)`` so float32 stays
     float32. GELU is evaluated as ``x * sigmoid(2u) = x / (1 + exp(-2u))``,
     which equals ``0.5 x (1 + tanh(u))`` without the cancellation of ``1 + tanh``
-    for very negative x (the result goes to 0, as torch's does).
+    for very negative x; x is clamped below at ``_GELU_X_MIN``, where it is ~0
+    (torch's is 0 there).
     """
     zero = like(x, 0.0)
     if kind == 1:
@@ -70,11 +75,10 @@ def act_forward(kind: int, x: float, approx: bool) -> float:
         return ftanh(x, approx)
     if kind == 3:
         one = like(x, 1.0)
+        lo = like(x, _GELU_X_MIN)
+        x = lo if x < lo else x
         u = like(x, _GELU_K) * (x + like(x, _GELU_C) * x * x * x)
-        a = like(x, -2.0) * u
-        hi = like(x, _EXP_ARG_MAX)
-        a = a if a < hi else hi
-        return x / (one + fexp(a, approx))
+        return x / (one + fexp(like(x, -2.0) * u, approx))
     return x
 
 
@@ -98,12 +102,11 @@ def act_backward(kind: int, x: float, dy: float, approx: bool) -> float:
     if kind == 3:
         k = like(x, _GELU_K)
         c = like(x, _GELU_C)
+        lo = like(x, _GELU_X_MIN)
+        x = lo if x < lo else x
         x2 = x * x
         u = k * (x + c * x2 * x)
-        a = like(x, -2.0) * u
-        hi = like(x, _EXP_ARG_MAX)
-        a = a if a < hi else hi
-        e = fexp(a, approx)
+        e = fexp(like(x, -2.0) * u, approx)
         s = one / (one + e)
         du = k * (one + like(x, 3.0) * c * x2)
         return dy * (s * (one + like(x, 2.0) * x * e * s * du))

@@ -34,9 +34,9 @@ def _block(d: int, n_head: int, dropout: float, seed: int) -> list[Layer]:
         Activation("gelu"),
         Linear(4 * d, d, tp="row"),
     ]
-    if dropout > 0:
-        attention.append(Dropout(dropout, seed=seed))
-        mlp.append(Dropout(dropout, seed=seed + 1))
+    if dropout > 0:  # a Dropout seed is 32 bits; the model's seed may be any int
+        attention.append(Dropout(dropout, seed=seed % 2**32))
+        mlp.append(Dropout(dropout, seed=(seed + 1) % 2**32))
     return [Residual(attention), Residual(mlp)]
 
 
@@ -62,7 +62,8 @@ def gpt(
         d_model: the width.
         dropout: the dropout probability after attention and after each
             block's MLP (0: none).
-        seed: the initialisation's seed (and the dropout layers' seeds).
+        seed: the initialisation's seed; block i's dropout layers get
+            `(seed + 2i) % 2**32` and `(seed + 2i + 1) % 2**32`.
         dtype, device: as for `Sequential`.
 
     Returns:

@@ -303,6 +303,20 @@ def test_dropout_refuses_seeds_its_kernel_cannot_draw_from(seed: object) -> None
     assert Dropout(0.5, seed=2**32 - 1).seed == 2**32 - 1
 
 
+@pytest.mark.parametrize("seed", [2**32 - 1, 2**40])
+def test_a_gpt_with_dropout_takes_any_seed_its_initialisation_takes(seed: int) -> None:
+    """gpt seeds block i's dropouts with seed + 2i and seed + 2i + 1: from
+    2**32 - 2 * n_layer up they were refused with a message about a seed
+    the caller never passed, while the same seed without dropout built."""
+    model = gpt(5, 3, n_layer=2, n_head=1, d_model=2, dropout=0.1, seed=seed)
+    drops = [a for layer in model.layers if isinstance(layer, Residual) for a in layer.layers]
+    seeds = [a.seed for a in drops if isinstance(a, Dropout)]
+    assert seeds == [(seed + k) % 2**32 for k in range(4)]
+    assert model.seed == seed
+    ref = gpt(5, 3, n_layer=2, n_head=1, d_model=2, seed=seed)
+    np.testing.assert_array_equal(model.get_params(), ref.get_params())
+
+
 def _nested(depth: int) -> dict[str, Any]:
     config: dict[str, Any] = {"kind": "activation", "name": "relu"}
     for _ in range(depth):

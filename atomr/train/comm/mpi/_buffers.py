@@ -47,7 +47,10 @@ def check_buffers(buffers: Sequence[Any] | np.ndarray, *, flat: bool = False) ->
     Raises:
         TypeError: not numpy arrays, or a dtype other than float32/float64.
         ValueError: no buffers, mixed shapes / dtypes, not flat (with
-            `flat`), or `buffers[0]` non-contiguous or read-only.
+            `flat`), `buffers[0]` non-contiguous or read-only, or another
+            buffer that overlaps `buffers[0]` (the local buffers are summed
+            into it, or receive it: one that overlaps it would be read after,
+            or written over, the result).
     """
     if type(buffers) is np.ndarray and buffers.dtype in DTYPES and buffers.flags.carray:
         bufs = [buffers]  # the common case, checked in one go
@@ -65,6 +68,12 @@ def check_buffers(buffers: Sequence[Any] | np.ndarray, *, flat: bool = False) ->
             raise ValueError("buffers[0] must be C-contiguous (MPI works on the raw memory)")
         if not bufs[0].flags.writeable:
             raise ValueError("buffers[0] must be writable (the result is written in place)")
+        for k in range(1, len(bufs)):
+            if np.may_share_memory(bufs[0], bufs[k]) and np.shares_memory(bufs[0], bufs[k]):
+                raise ValueError(
+                    f"buffers[{k}] overlaps buffers[0], which holds the result: "
+                    "pass each local buffer once, in memory of its own"
+                )
     if flat and bufs[0].ndim != 1:
         raise ValueError(f"buffers must be flat (1-D), got shape {bufs[0].shape}")
     return bufs

@@ -16,7 +16,7 @@ The counts of `reduce_scatter` and `all_gather` are the sizes of
 `split_bounds(len, world_size)`, so the length need not be a multiple of
 the world size. A rank may pass several local buffers: they are summed into
 `buffers[0]` before a reduction, and receive `buffers[0]` after a gather or
-broadcast.
+broadcast (so none may overlap `buffers[0]`).
 
 Operations run one at a time, in submission order, and never block the
 event loop; an operation that has not completed `timeout` seconds after it
@@ -187,7 +187,8 @@ class MpiCollective(Collective):
         Raises:
             TypeError: not numpy arrays, or a dtype other than float32/float64.
             ValueError: no buffers, mixed shapes / dtypes, non-contiguous or
-                read-only `buffers[0]`, or an unknown `op`.
+                read-only `buffers[0]`, another buffer overlapping
+                `buffers[0]`, or an unknown `op`.
             CollectiveTimeoutError: the operation did not complete in time;
                 names the ranks that never joined.
             RankFailedError: MPI reported a failure, or an earlier operation

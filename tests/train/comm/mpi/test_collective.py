@@ -202,3 +202,31 @@ def test_world_of_one_runs_every_operation() -> None:
         coll.close()
 
     asyncio.run(go())
+
+
+def test_local_buffers_that_overlap_buffers_0_are_refused() -> None:
+    """The local buffers are summed into `buffers[0]`, so one that overlaps
+    it was read after it had been written: `[a, a, a]` gave 4a, `[a, b, a]`
+    2(a + b), silently. Refused up front now; the collective stays usable,
+    and buffers that only overlap each other (read, never written) pass."""
+    pytest.importorskip("mpi4py")
+    import asyncio
+
+    from atomr.train.comm.mpi.collective import MpiCollective
+
+    async def go() -> None:
+        coll = MpiCollective(timeout=5.0)  # a world of one (no launcher)
+        a, b = np.arange(4.0), np.ones(4)
+        x = np.arange(6.0)
+        for buffers in ([a, a, a], [a, b, a], [x[:4], x[2:]]):
+            before = [buf.copy() for buf in buffers]
+            for operation in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+                with pytest.raises(ValueError, match=r"buffers\[\d\] overlaps buffers\[0\]"):
+                    await getattr(coll, operation)(buffers)
+            for buf, old in zip(buffers, before, strict=True):
+                np.testing.assert_array_equal(buf, old)  # nothing written
+        assert not coll.broken
+        np.testing.assert_array_equal(await coll.all_reduce([a, b, b]), np.arange(4.0) + 2)
+        coll.close()
+
+    asyncio.run(go())

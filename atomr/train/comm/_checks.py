@@ -1,13 +1,14 @@
-"""The check every collective makes of the buffers of a call."""
+"""The checks every collective makes of a call: its buffers, and a broadcast's root."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["check_buffers"]
+__all__ = ["check_buffers", "check_root"]
 
 
 def check_buffers(
@@ -48,3 +49,22 @@ def check_buffers(
     if flat and out[0].ndim != 1:
         raise ValueError(f"buffers must be flat (1-D), got shape {out[0].shape}")
     return out
+
+
+def check_root(root: Any, n: int) -> int:
+    """A broadcast's root, checked: an integer (NumPy integers too, not bools)
+    naming one of the `n` participants.
+
+    Returns:
+        The root, as an int.
+
+    Raises:
+        TypeError: not an integer.
+        IndexError: not in `[0, n)`.
+    """
+    if isinstance(root, bool) or not hasattr(root, "__index__"):
+        raise TypeError(f"root must be an int, got {type(root).__name__}")
+    index = operator.index(root)
+    if not 0 <= index < n:
+        raise IndexError(f"root {index} out of range for a group of {n}")
+    return index

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
-from atomr.train.comm._checks import check_buffers
+from atomr.train.comm._checks import check_buffers, check_root
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.partition import split_bounds
 
@@ -152,6 +152,8 @@ class Collective(abc.ABC):
 
         Raises:
             IndexError: `root` is out of range.
+            TypeError: `root` is not an integer (NumPy integers are, bools
+                are not).
             ValueError, TypeError: buffers of different shapes / dtypes.
         """
 
@@ -347,12 +349,12 @@ class HostCollective(Collective):
 
         Raises:
             IndexError: `root` is out of range.
-            TypeError, ValueError: as `all_reduce`; also a read-only buffer
-                other than the root's.
+            TypeError: `root` is not an integer; or as `all_reduce`.
+            ValueError: as `all_reduce`; also a read-only buffer other than
+                the root's.
         """
         checked = check_buffers(buffers)
-        if not 0 <= root < len(checked):
-            raise IndexError(f"root {root} out of range for {len(checked)} buffers")
+        root = check_root(root, len(checked))
 
         def copy_all() -> None:
             for k, b in enumerate(checked):

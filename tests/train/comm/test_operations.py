@@ -190,3 +190,23 @@ async def test_barrier_returns_and_leaves_the_buffers_alone(
     await group.collective.barrier(group.participants)
     for b, a in zip(await group.buffers(), arrays, strict=True):
         assert b.tobytes() == a.tobytes()
+
+
+async def test_broadcast_takes_any_integer_root_and_refuses_the_rest(
+    make_group: Callable[..., Group],
+) -> None:
+    """A NumPy integer root is a root (every collective takes it); a bool or
+    a float is refused with TypeError before anything is written (the host
+    took `True` for 1; the MPI collective refused `np.int64(0)`)."""
+    arrays = contributions(3, 7)
+    group = make_group(arrays)
+    for root in (True, 1.0, "1"):
+        with pytest.raises(TypeError, match="root must be an int"):
+            await group.collective.broadcast(group.participants, root=root)  # type: ignore[arg-type]
+    for b, a in zip(await group.buffers(), arrays, strict=True):
+        assert b.tobytes() == a.tobytes()
+    with pytest.raises(IndexError, match="out of range"):
+        await group.collective.broadcast(group.participants, root=np.int64(-1))
+    await group.collective.broadcast(group.participants, root=np.int64(2))
+    for b in await group.buffers():
+        assert b.tobytes() == arrays[2].tobytes()

@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from atomr.train.comm._checks import check_root
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi._buffers import (
     check_buffers,
@@ -278,11 +279,12 @@ class MpiCollective(Collective):
 
         Raises:
             IndexError: `root` is not a rank of the communicator.
+            TypeError: `root` is not an integer (NumPy integers are, bools
+                are not).
             TypeError, ValueError: as `all_reduce`; also a read-only buffer.
             CollectiveTimeoutError, RankFailedError: as `all_reduce`.
         """
-        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.world_size:
-            raise IndexError(f"root {root!r} is not a rank of this {self.world_size}-rank group")
+        root = check_root(root, self.world_size)
         bufs = check_buffers(buffers)
         check_writable(bufs, "broadcast")
         await self._driver.submit(

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr.actor import ActorRef
+from atomr.train.comm._checks import check_root
 from atomr.train.comm._fanout import failed_indices
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.ring.errors import RingAbortedError
@@ -158,11 +159,11 @@ class RingCollective(Collective):
 
         Raises:
             IndexError: `root` out of range.
-            TypeError, ValueError, RingTimeoutError, Exception: as `all_reduce`.
+            TypeError: `root` is not an integer; or as `all_reduce`.
+            ValueError, RingTimeoutError, Exception: as `all_reduce`.
         """
         refs = _member_refs(buffers)
-        if not 0 <= root < len(refs):
-            raise IndexError(f"root {root} out of range for {len(refs)} members")
+        root = check_root(root, len(refs))
         session = next(_session_ids)
         msgs = [RingBroadcast(session, refs, r, root) for r in range(len(refs))]
         await self._drive(refs, msgs, session, interrupt)

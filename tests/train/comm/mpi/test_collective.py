@@ -230,3 +230,27 @@ def test_local_buffers_that_overlap_buffers_0_are_refused() -> None:
         coll.close()
 
     asyncio.run(go())
+
+
+def test_broadcast_takes_a_numpy_integer_root() -> None:
+    """A root computed with NumPy (`np.argmax`, an index array) was refused as
+    "not a rank", where the host and ring collectives take it; a bool or a
+    float is still refused."""
+    pytest.importorskip("mpi4py")
+    import asyncio
+
+    from atomr.train.comm.mpi.collective import MpiCollective
+
+    async def go() -> None:
+        coll = MpiCollective(timeout=5.0)  # a world of one (no launcher)
+        out = np.zeros(3)
+        await coll.broadcast([np.ones(3), out], root=np.int64(0))
+        np.testing.assert_array_equal(out, np.ones(3))
+        for root in (True, 0.0, "0"):
+            with pytest.raises(TypeError, match="root must be an int"):
+                await coll.broadcast(np.zeros(3), root=root)
+        with pytest.raises(IndexError, match="out of range"):
+            await coll.broadcast(np.zeros(3), root=np.int64(1))
+        coll.close()
+
+    asyncio.run(go())

@@ -7,11 +7,11 @@ all-reduce made of the two, broadcast and barrier.
   (`ReplicaActor` does; a user-written replica can too), and `RingBuffer`,
   what its buffer must offer. The algorithms live there.
 - `collective.py`: `RingCollective`, the `Collective` that drives the members.
-- `errors.py`: `RingAbortedError`, `RingTimeoutError`.
+- `errors.py`: `RingAbortedError`, `RingMismatchError`, `RingTimeoutError`.
 """
 
 from atomr.train.comm.ring.collective import RingCollective
-from atomr.train.comm.ring.errors import RingAbortedError, RingTimeoutError
+from atomr.train.comm.ring.errors import RingAbortedError, RingMismatchError, RingTimeoutError
 from atomr.train.comm.ring.member import RingBuffer, RingMember
 from atomr.train.comm.ring.messages import (
     RingAbort,
@@ -33,6 +33,7 @@ __all__ = [
     "RingChunk",
     "RingCollective",
     "RingMember",
+    "RingMismatchError",
     "RingOperation",
     "RingPing",
     "RingReduce",

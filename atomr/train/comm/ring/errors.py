@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["RingAbortedError", "RingTimeoutError"]
+__all__ = ["RingAbortedError", "RingMismatchError", "RingTimeoutError"]
 
 
 class RingAbortedError(RuntimeError):
@@ -11,3 +11,8 @@ class RingAbortedError(RuntimeError):
 
 class RingTimeoutError(TimeoutError):
     """A member waited longer than the ring's timeout for a chunk."""
+
+
+class RingMismatchError(ValueError):
+    """A member's neighbour holds a buffer of another length or dtype (the
+    members of one operation must hold buffers of one length and dtype)."""

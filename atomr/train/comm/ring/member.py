@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from atomr.actor import Context
-from atomr.train.comm.ring.errors import RingAbortedError, RingTimeoutError
+from atomr.train.comm.ring.errors import RingAbortedError, RingMismatchError, RingTimeoutError
 from atomr.train.comm.ring.messages import (
     RING_MESSAGES,
     RingAbort,
@@ -79,7 +79,9 @@ class RingMember:
     (`RingReduce`, `RingReduceScatter`, `RingAllGather`, `RingBroadcast`)
     are answered later (a deferred reply), so the actor keeps taking the
     `RingChunk`s its neighbours send meanwhile. When the member's own buffer
-    work fails (not an abort or a timeout), the asker gets the error and the
+    work fails (not an abort, a timeout or a `RingMismatchError`: a
+    neighbour whose buffer differs in length or dtype, found before the
+    chunk it sent is used), the asker gets the error and the
     actor fails too, so its supervisor decides (e.g. restart).
 
     Args:
@@ -91,7 +93,7 @@ class RingMember:
     def __init__(self, buffer: RingBuffer, timeout: float = 60.0) -> None:
         self.buffer = buffer
         self.timeout = float(timeout)
-        self._inbox: dict[tuple[int, str, int], asyncio.Future[np.ndarray]] = {}
+        self._inbox: dict[tuple[int, str, int], asyncio.Future[RingChunk]] = {}
         self._closed: deque[int] = deque(maxlen=256)
 
     @staticmethod
@@ -114,7 +116,7 @@ class RingMember:
             if message.session not in self._closed:
                 fut = self._slot((message.session, message.phase, message.step))
                 if not fut.done():
-                    fut.set_result(message.data)
+                    fut.set_result(message)
             return None
         if isinstance(message, RingAbort):
             self._abort(message.session)
@@ -172,23 +174,47 @@ class RingMember:
         self, msg: RingOperation, phase: str, step: int, send: tuple[int, int]
     ) -> np.ndarray:
         """Send chunk `send` to the next member; return the chunk the
-        previous member sent in the same step."""
+        previous member sent in the same step.
+
+        Raises:
+            RingMismatchError: the previous member's buffer differs from this
+                one's in length or dtype.
+        """
         nxt = msg.peers[(msg.rank + 1) % len(msg.peers)]
-        nxt.tell(RingChunk(msg.session, phase, step, await self.buffer.read_chunk(*send)))
-        return await self._recv(msg.session, phase, step)
+        sent = await self.buffer.read_chunk(*send)
+        nxt.tell(RingChunk(msg.session, phase, step, sent, self.buffer.ring_size))
+        return self._accept(await self._recv(msg.session, phase, step), sent.dtype)
+
+    def _accept(self, chunk: RingChunk, dtype: np.dtype) -> np.ndarray:
+        """The data of a chunk from the previous member, once its buffer is
+        known to be like this member's (length `ring_size`, `dtype`).
+
+        Raises:
+            RingMismatchError: it is not (each member cuts its own buffer, so
+                chunks of buffers of other lengths do not line up).
+        """
+        size = self.buffer.ring_size
+        if chunk.size != size or chunk.data.dtype != dtype:
+            raise RingMismatchError(
+                f"ring session {chunk.session}: the previous member holds a "
+                f"{chunk.data.dtype} buffer of {chunk.size} elements, this one a "
+                f"{dtype} buffer of {size}; every member must hold one length and dtype"
+            )
+        return chunk.data
 
     async def _broadcast(self, msg: RingBroadcast) -> None:
         n, r, buf = len(msg.peers), msg.rank, self.buffer
         distance = (r - msg.root) % n
         nxt = msg.peers[(r + 1) % n]
+        dtype = None if distance == 0 else (await buf.read_chunk(0, 0)).dtype
         for c, (lo, hi) in enumerate(split_bounds(buf.ring_size, n)):
-            if distance == 0:
+            if dtype is None:
                 data = await buf.read_chunk(lo, hi)
             else:
-                data = await self._recv(msg.session, "bc", c)
+                data = self._accept(await self._recv(msg.session, "bc", c), dtype)
                 await buf.write_chunk(lo, hi, data)
             if distance < n - 1:
-                nxt.tell(RingChunk(msg.session, "bc", c, data))
+                nxt.tell(RingChunk(msg.session, "bc", c, data, buf.ring_size))
 
     # -- sessions -----------------------------------------------------------------
 
@@ -198,13 +224,13 @@ class RingMember:
         except Exception as exc:
             self._abort(message.session)
             reply.set_exception(exc)
-            if not isinstance(exc, RingAbortedError | RingTimeoutError):
+            if not isinstance(exc, RingAbortedError | RingTimeoutError | RingMismatchError):
                 raise  # the member itself failed: its supervisor decides
             return
         self._abort(message.session)  # close the session: late chunks are dropped
         reply.set_result(result)
 
-    def _slot(self, key: tuple[int, str, int]) -> asyncio.Future[np.ndarray]:
+    def _slot(self, key: tuple[int, str, int]) -> asyncio.Future[RingChunk]:
         fut = self._inbox.get(key)
         if fut is None:
             fut = self._inbox[key] = asyncio.get_running_loop().create_future()
@@ -218,7 +244,7 @@ class RingMember:
                 fut.set_exception(RingAbortedError(f"ring session {session} was aborted"))
                 fut.exception()  # mark retrieved: a waiter, if any, still gets it
 
-    async def _recv(self, session: int, phase: str, step: int) -> np.ndarray:
+    async def _recv(self, session: int, phase: str, step: int) -> RingChunk:
         if session in self._closed:
             raise RingAbortedError(f"ring session {session} was aborted")
         key = (session, phase, step)

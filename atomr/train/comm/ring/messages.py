@@ -90,12 +90,15 @@ class RingChunk:
         step: the step of the phase (the chunk index for "bc").
         data: the chunk: a host copy, or a view of the sender's buffer that
             the receiver only reads (see `RingBuffer.read_chunk`).
+        size: the length of the sender's whole buffer (the receiver checks
+            it is its own: each member cuts its own buffer into chunks).
     """
 
     session: int
     phase: str
     step: int
     data: np.ndarray
+    size: int
 
 
 @dataclass(frozen=True, slots=True)

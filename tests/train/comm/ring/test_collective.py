@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from atomr import ActorRef, ActorStoppedError
-from atomr.train.comm.ring import RingCollective, RingTimeoutError
+from atomr.train.comm.ring import RingCollective, RingMismatchError, RingTimeoutError
 
 DEADLINE_S = 10.0  # far above what any case below needs; a hang fails the test
 OPERATIONS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
@@ -143,3 +143,32 @@ async def test_ring_rejects_non_refs() -> None:
             await getattr(RingCollective(), operation)([])
     with pytest.raises(ValueError):
         RingCollective(timeout=0)
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        [np.ones(4), np.ones(2), np.ones(4)],  # a shorter buffer
+        [np.ones(2), np.ones(4), np.ones(4)],  # ... as the root too
+        [np.ones(4), np.ones(5)],  # one element more
+        [np.ones(4, np.float32), np.ones(4), np.ones(4, np.float32)],  # another dtype
+    ],
+    ids=["shorter", "shorter_root", "longer", "dtype"],
+)
+async def test_members_whose_buffers_differ_are_refused(
+    spawn_ring: Callable[..., list[ActorRef]], operation: str, arrays: list[np.ndarray]
+) -> None:
+    """Every member cut its own buffer with its own length: a broadcast from
+    a 2-element root wrote each 1-element chunk over 2 elements of a
+    4-element member (NumPy broadcasting), a float64 sum was rounded into a
+    float32 member, silently; the others failed with a NumPy shape error
+    that crashed the member. Now `RingMismatchError`, naming both buffers."""
+    refs = spawn_ring(arrays)
+    ring = RingCollective(timeout=5.0)
+    with pytest.raises(RingMismatchError, match="buffer of"):
+        await _run(ring, operation, refs)
+    same = [
+        ref for ref, a in zip(refs, arrays, strict=True) if a.size == 4 and a.dtype == np.float64
+    ]
+    await _run(ring, operation, same)  # the members stay usable

@@ -355,6 +355,9 @@ class HostCollective(Collective):
         """
         checked = check_buffers(buffers)
         root = check_root(root, len(checked))
+        for k, b in enumerate(checked):  # all refused before any is written
+            if k != root and not b.flags.writeable:
+                raise ValueError(f"buffers[{k}] must be writable (the root's buffer is copied in)")
 
         def copy_all() -> None:
             for k, b in enumerate(checked):

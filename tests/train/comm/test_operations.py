@@ -210,3 +210,15 @@ async def test_broadcast_takes_any_integer_root_and_refuses_the_rest(
     await group.collective.broadcast(group.participants, root=np.int64(2))
     for b in await group.buffers():
         assert b.tobytes() == arrays[2].tobytes()
+
+
+async def test_host_broadcast_refuses_a_read_only_buffer_before_writing_any() -> None:
+    """A read-only buffer among the others: refused with every buffer as it
+    was (the ones before it were written first)."""
+    root, a, b = np.ones(3), np.zeros(3), np.zeros(3)
+    read_only = np.zeros(3)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match=r"buffers\[2\] must be writable"):
+        await HostCollective().broadcast([root, a, read_only, b])
+    np.testing.assert_array_equal(a, np.zeros(3))
+    np.testing.assert_array_equal(b, np.zeros(3))

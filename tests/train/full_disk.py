@@ -81,17 +81,24 @@ class Stuck:
         self.entered, self.release = threading.Event(), threading.Event()
 
 
-def tensorboard_stuck(monkeypatch: pytest.MonkeyPatch) -> Stuck:
-    """tensorboardX's next write of an event file blocks (a hung network file
-    system), holding its writer's lock, until `Stuck.release` is set (or a
-    minute has passed: a test that fails does not leave it for good)."""
+def tensorboard_stuck(monkeypatch: pytest.MonkeyPatch, log: Any) -> Stuck:
+    """The next write of `log`'s writer thread to its event file blocks (a
+    hung network file system), holding its writer's lock, until
+    `Stuck.release` is set (or a minute has passed: a test that fails does
+    not leave it for good). Other threads' writes go on: an earlier test's
+    writer, still closing in the background, set `entered` for this one."""
     from tensorboardX.record_writer import RecordWriter
 
     write, stuck = RecordWriter.write, Stuck()
 
     def hang(self: Any, data: Any) -> None:
-        stuck.entered.set()
-        stuck.release.wait(60)
+        try:
+            mine = threading.current_thread() is writer_thread(log)
+        except AttributeError:  # its writer is not made yet
+            mine = False
+        if mine:
+            stuck.entered.set()
+            stuck.release.wait(60)
         write(self, data)
 
     monkeypatch.setattr(RecordWriter, "write", hang)

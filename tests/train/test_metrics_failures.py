@@ -74,7 +74,7 @@ def _stuck_tensorboard_log(
     pytest.importorskip("tensorboardX", reason="tensorboardX (atomr[tensorboard]) not installed")
     monkeypatch.setattr(metrics, "QUEUE", 20)
     log = TensorBoardLog(logdir, timeout=0.2)
-    return log, tensorboard_stuck(monkeypatch)
+    return log, tensorboard_stuck(monkeypatch, log)
 
 
 def _is_stuck_error(error: BaseException | None, logdir: Path) -> bool:

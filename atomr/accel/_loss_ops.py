@@ -187,7 +187,8 @@ def check_class_weights(what: str, weights: Any, dtype: Any = np.float64) -> Non
     given = np.asarray(weights).reshape(-1)
     with np.errstate(over="ignore", invalid="ignore"):
         w = given.astype(dtype)
-    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+    # the sign of the given value: a tiny negative one is -0.0 once cast to float32
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0) | (given < 0))
     if bad.size:
         k = int(bad[0])
         raise ValueError(

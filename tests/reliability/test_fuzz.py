@@ -193,6 +193,7 @@ LOSS_NAMES = ("mse", "cross_entropy")
 )
 @example(name="mse", weights=[0.5, 2])
 @example(name="cross_entropy", weights=[0.0, 1.0, 3.0])
+@example(name=None, weights=[1.0, -3.6383923009198515e-66])  # -0.0 in float32: still negative
 def test_loss_kind_constructors(name: Any, weights: Any) -> None:
     try:
         kind = LossKind(name)

@@ -108,7 +108,7 @@ def test_from_config_keeps_the_name_and_checks_weights() -> None:
     directly built `LossKind` gets the same weight checks as the factory."""
     with pytest.raises(ValueError, match="class_weights only apply to cross-entropy"):
         LossKind.from_config({"name": "mse", "class_weights": [1.0, 2.0]})
-    for bad in ((), (-1.0, 2.0), (0.0, 0.0), (float("inf"), 1.0), (1e39, 1.0)):
+    for bad in ((), (-1.0, 2.0), (1.0, -3.6e-66), (0.0, 0.0), (float("inf"), 1.0), (1e39, 1.0)):
         with pytest.raises(ValueError, match="class_weights"):
             LossKind("cross_entropy", bad)
     kind = LossKind.from_config({"name": "cross_entropy", "class_weights": [1, 2]})

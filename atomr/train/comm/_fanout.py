@@ -295,8 +295,8 @@ async def set_learning_rate(
     failed = failed_indices(results)
     if not failed:
         return
+    name_failures(results)
     error: BaseException = results[failed[0]]
-    error.worker_index = failed[0]  # type: ignore[attr-defined]
     note = await _give_back_rate(refs, results, type(message), timeout)
     error.add_note(f"worker {failed[0]} failed to take the learning rate {message.lr:g}; {note}")
     if repair is not None:
@@ -364,9 +364,9 @@ async def load_all_or_none(
     failed = failed_indices(results)
     if not failed:
         return
+    name_failures(results)
     index = failed[0]
     error: BaseException = results[index]
-    error.worker_index = index  # type: ignore[attr-defined]
     note = f"{kind} {index} failed to load the checkpoint"
     if restore is not None:
         unrestored = failed_indices(await ask_all_settled(refs, restore, timeout))

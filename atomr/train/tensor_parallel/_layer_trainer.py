@@ -45,6 +45,7 @@ from atomr.train.comm._fanout import (
     failed_indices,
     fence,
     load_all_or_none,
+    name_failures,
     set_learning_rate,
 )
 from atomr.train.core._step_checks import check_gradient, check_step_limit, evaluation
@@ -89,11 +90,10 @@ __all__ = ["LayerTensorParallelTrainer"]
 def _first_own_error(results: list[Any]) -> BaseException:
     """The failure to report, `worker_index` set: the first that is not a
     shard woken by another's."""
-    errors = [(k, r) for k, r in enumerate(results) if isinstance(r, BaseException)]
-    own = [(k, e) for k, e in errors if not isinstance(e, GroupBroken)]
-    index, error = (own or errors)[0]
-    error.worker_index = index  # type: ignore[attr-defined]
-    return error
+    name_failures(results)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    own = [e for e in errors if not isinstance(e, GroupBroken)]
+    return (own or errors)[0]
 
 
 def _still_busy(late: list[int]) -> str:

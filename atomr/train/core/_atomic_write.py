@@ -68,8 +68,7 @@ def write_atomically(target: Path, data: bytes) -> None:
             os.unlink(tmp_name)
         raise
     finally:
-        with _writing_lock:
-            _writing.discard(tmp_name)
+        _unlist(tmp_name)
     _fsync_dir(directory)
 
 
@@ -98,12 +97,16 @@ def _own_temp(directory: Path, name: str) -> tuple[int, str]:
             pass  # another process's write removed it before it was locked: again
         except BaseException:
             os.close(fd)
-            with _writing_lock:
-                _writing.discard(tmp_name)
+            _unlist(tmp_name)
             raise
         os.close(fd)
-        with _writing_lock:
-            _writing.discard(tmp_name)
+        _unlist(tmp_name)
+
+
+def _unlist(tmp_name: str) -> None:
+    """`tmp_name` is no longer held by a write of this process (`_writing`)."""
+    with _writing_lock:
+        _writing.discard(tmp_name)
 
 
 def _fsync_dir(directory: Path) -> None:

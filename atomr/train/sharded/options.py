@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atomr._arguments import bool_flag
+from atomr.actor.errors import bounded_repr
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.data_parallel.options import DataParallelOptions
@@ -53,7 +54,7 @@ class ShardedOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, int):  # 2.0 would pass `in (1, 2, 3)`
-            raise TypeError(f"stage must be an int (1, 2 or 3), got {self.stage!r}"[:200])
+            raise TypeError(f"stage must be an int (1, 2 or 3), got {bounded_repr(self.stage)}")
         if isinstance(self.stage, bool) or self.stage not in (1, 2, 3):
             raise ValueError(f"stage must be 1, 2 or 3, got {self.stage!r}")
         c = self.collective

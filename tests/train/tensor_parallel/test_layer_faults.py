@@ -59,13 +59,18 @@ def _data(n: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(b[:, :-1].copy(), b[:, 1:].copy()) for b in w]
 
 
+def _faulty(plan: Plan, places: dict[str, Any], worker: int) -> TensorParallelOptions:
+    """Options whose layer shard `worker` fails at `places` as `plan` says."""
+    faulty = inject_faults(LayerShardActor, plan, places, worker=worker)
+    return TensorParallelOptions(layer_shard_class=faulty)
+
+
 @pytest.mark.parametrize(("phase", "after"), [("pass", False), ("apply", True)])
 async def test_a_failing_shard_changes_nothing_and_training_goes_on(
     phase: str, after: bool
 ) -> None:
     plan = Plan()
-    faulty = inject_faults(LayerShardActor, plan, {"pass": "run_pass", "apply": "apply"}, worker=1)
-    options = TensorParallelOptions(layer_shard_class=faulty)
+    options = _faulty(plan, {"pass": "run_pass", "apply": "apply"}, 1)
     data = _data(5)
     async with ActorSystem("tp-faults") as system:
         tp = await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), CONFIG, options)
@@ -97,8 +102,7 @@ async def test_a_shard_late_past_the_deadline_fails_its_step_only(late: int) -> 
     timeout = 1.0
     config = dataclasses.replace(CONFIG, worker_timeout=timeout)
     plan = Plan()
-    faulty = inject_faults(LayerShardActor, plan, {"pass": "run_pass"}, worker=late)
-    options = TensorParallelOptions(layer_shard_class=faulty)
+    options = _faulty(plan, {"pass": "run_pass"}, late)
     async with ActorSystem("tp-late") as system:
         tp = await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), config, options)
         one = await Trainer.spawn(system, _model(), ["cpu:0"], config)
@@ -127,8 +131,7 @@ async def test_a_shard_failing_to_load_a_checkpoint_leaves_every_shard_as_before
     optimizer state and step count, and training goes on as if no load was
     asked."""
     plan = Plan()
-    faulty = inject_faults(LayerShardActor, plan, {"load": ShardStateSet}, worker=1)
-    options = TensorParallelOptions(layer_shard_class=faulty)
+    options = _faulty(plan, {"load": ShardStateSet}, 1)
     data = _data(4)
     async with ActorSystem("tp-load") as system:
         tp = await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), CONFIG, options)
@@ -161,8 +164,7 @@ async def test_a_shard_actor_crashing_on_its_pass_wakes_the_others_at_once() -> 
     error, nothing changed, and training goes on."""
     config = dataclasses.replace(CONFIG, worker_timeout=None)
     plan = Plan()
-    faulty = inject_faults(LayerShardActor, plan, {"crash": ShardPass}, worker=1)
-    options = TensorParallelOptions(layer_shard_class=faulty)
+    options = _faulty(plan, {"crash": ShardPass}, 1)
     data = _data(4)
     async with ActorSystem("tp-crash") as system:
         tp = await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), config, options)
@@ -190,8 +192,7 @@ async def test_a_shard_failing_its_commit_does_not_fail_an_applied_step() -> Non
     done (it cannot be undone on the shards that committed): the trainer
     stays equal to one device trained on every step."""
     plan = Plan()
-    faulty = inject_faults(LayerShardActor, plan, {"commit": ShardCommit}, worker=1)
-    options = TensorParallelOptions(layer_shard_class=faulty)
+    options = _faulty(plan, {"commit": ShardCommit}, 1)
     async with ActorSystem("tp-commit") as system:
         tp = await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), CONFIG, options)
         one = await Trainer.spawn(system, _model(), ["cpu:0"], CONFIG)

@@ -3,9 +3,9 @@ workers pull, compute and push gradients, and the trainer actor
 (`AsyncParameterServer`) spawns and drives them (see docs/parameter_server.md).
 
 The protocol between them (`PushGradient`, `PullWeights`, `TrainBatch`, ...)
-is in `atomr.train.parameter_server.messages`: `ServerShardProtocol` lists
-what a server shard answers, `ParameterServerWorkerProtocol` what a worker
-answers.
+is in `atomr.train.parameter_server.messages`; `protocols.py` has
+`ServerShardProtocol`, what a server shard answers, and
+`ParameterServerWorkerProtocol`, what a worker answers.
 """
 
 from atomr.train.parameter_server._round import RoundDroppedError
@@ -14,12 +14,14 @@ from atomr.train.parameter_server.messages import (
     EpochReport,
     GetServerStats,
     ParameterServerStats,
-    ParameterServerWorkerProtocol,
-    ServerShardProtocol,
     StaleGradientError,
     TrainEpochs,
 )
 from atomr.train.parameter_server.options import ParameterServerOptions
+from atomr.train.parameter_server.protocols import (
+    ParameterServerWorkerProtocol,
+    ServerShardProtocol,
+)
 from atomr.train.parameter_server.server import ServerShard
 from atomr.train.parameter_server.trainer import AsyncParameterServer
 from atomr.train.parameter_server.worker import ParameterServerWorker

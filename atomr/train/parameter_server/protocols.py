@@ -1,0 +1,97 @@
+"""What a parameter-server shard and worker answer: `ServerShardProtocol`
+and `ParameterServerWorkerProtocol`, the message tables of `messages.py`'s
+types as each actor serves them."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from atomr.train.core.messages import (
+    Evaluate,
+    GetWeights,
+    LoadCheckpoint,
+    SaveCheckpoint,
+    SetLearningRate,
+)
+from atomr.train.parameter_server.messages import (
+    AbortPush,
+    GetServerState,
+    PullWeights,
+    PushGradient,
+    SetServerState,
+    Stats,
+    TrainBatch,
+)
+
+__all__ = ["ParameterServerWorkerProtocol", "ServerShardProtocol"]
+
+
+class ServerShardProtocol:
+    """The messages a parameter-server shard answers (`ServerShard`).
+
+    | message | reply | meaning |
+    |---|---|---|
+    | `PushGradient(worker, worker_version, gradient, weight, arbitrated_staleness, return_weights)` | the new version (`int`), or `PushedWeights` with `return_weights` | apply (asynchronous, bounded) or join the round (synchronous: answered once every worker pushed and the round is applied); a push staler than the bound is answered with `Failure(StaleGradientError)` and changes nothing |
+    | `AbortPush(worker, worker_version, reason)` | the version (nothing applied); synchronous: `Failure(RoundDroppedError)` (a `NonFiniteError`) for the whole round | sent instead of a push: synchronous, it takes the worker's place in the round, which applies nothing, and every push of the round is answered with the failure; asynchronous / bounded, the worker's clock ticks |
+    | `PullWeights(worker)` | `(weights, version)` | a host copy; under bounded staleness the reply waits while the worker is too far ahead of the slowest |
+    | `Stats()` | `ParameterServerStats` | the shard's counters |
+    | `GetWeights()` | `ndarray` | a host copy of the shard's range |
+    | `SetLearningRate(lr)` | `float`: the rate it replaces (given back if another worker fails) | the optimizer's learning rate |
+    | `GetServerState()` | `ServerState` | weights and optimizer state of the shard's range, and the version |
+    | `SetServerState(state)` | None | replace them; refused with `Failure(RuntimeError)` while a synchronous round is in progress |
+    | `SaveCheckpoint(path)` | None | a checkpoint of the shard's range |
+    | `LoadCheckpoint(path)` | None | restore it; `Failure(CheckpointError)` if it does not fit |
+
+    Rules a shard keeps: a push is atomic (its worker, length, finiteness
+    and staleness are checked first; the update is written out of place and
+    swapped in once complete), so any failure, bad input or a failed update,
+    is answered with `Failure(exc)` and leaves the weights and version as
+    they were; the shard is never restarted for it and goes on serving.
+    Other messages go to `DeviceActor.receive` (`OnDevice`; anything else is
+    answered with `Failure(TypeError)`).
+
+    Attributes:
+        messages: the message types above.
+    """
+
+    messages: ClassVar[tuple[type, ...]] = (
+        PushGradient,
+        AbortPush,
+        PullWeights,
+        Stats,
+        GetWeights,
+        SetLearningRate,
+        GetServerState,
+        SetServerState,
+        SaveCheckpoint,
+        LoadCheckpoint,
+    )
+
+
+class ParameterServerWorkerProtocol:
+    """The messages a parameter-server worker answers (`ParameterServerWorker`).
+
+    | message | reply | meaning |
+    |---|---|---|
+    | `TrainBatch(features, labels, sample_offset, reuse_generation)` | `BatchResult` | pull the weights of every server range (or, with `reuse_generation`, start from those its last push of the same generation returned), compute the batch's mean gradient on the worker's device and push it with the versions pulled |
+    | `Evaluate(features, labels)` | `EvalResult` | loss and accuracy of the batch at freshly pulled weights; no state changes |
+
+    Rules a worker keeps: a push refused as stale is computed again from
+    fresh weights (up to its `stale_retries`, then
+    `Failure(StaleGradientError)`); a batch of zero rows pushes an empty
+    clock tick (weight 0) and answers an unapplied `BatchResult`; a batch
+    without a usable gradient (non-finite loss or gradient) sends
+    `AbortPush` instead of a push, so that a synchronous round fails for
+    every worker rather than waiting for this one, and answers
+    `Failure(NonFiniteError)`; a batch that does not fit the model is
+    answered with `Failure(InvalidBatchError)`. Between batches a worker
+    keeps at most the weights its last push returned, so a restarted worker
+    simply pulls on its next batch. Other messages go to
+    `DeviceActor.receive` (`OnDevice`; anything else is answered with
+    `Failure(TypeError)`).
+
+    Attributes:
+        messages: the message types above.
+    """
+
+    messages: ClassVar[tuple[type, ...]] = (TrainBatch, Evaluate)

@@ -1,9 +1,10 @@
-"""The checks every collective makes of a call: its buffers, and a broadcast's root."""
+"""The checks every collective makes of a call: its buffers (their dtype
+too), and a broadcast's root."""
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,21 +13,30 @@ __all__ = ["check_buffers", "check_root"]
 
 
 def check_buffers(
-    buffers: Sequence[Any], *, flat: bool = False, writable: bool = False
+    buffers: Sequence[Any],
+    *,
+    flat: bool = False,
+    writable: bool = False,
+    dtypes: Collection[np.dtype[Any]] = (),
 ) -> list[np.ndarray]:
     """The buffers of one collective call, checked: a non-empty list of numpy
     arrays of one shape and dtype.
+
+    The same rules at every group size: a group of one is refused what a
+    group of two is refused, though it has nothing to add up.
 
     Args:
         buffers: the caller's buffers.
         flat: they must be 1-D.
         writable: they must all be writable.
+        dtypes: the dtypes the call computes in (empty: any).
 
     Returns:
         The buffers, as a list.
 
     Raises:
-        TypeError: not a list, or an item that is not a numpy array.
+        TypeError: not a list, an item that is not a numpy array, or a dtype
+            not in `dtypes`.
         ValueError: no buffers, shapes / dtypes that differ, not 1-D (with
             `flat`), or a read-only buffer (with `writable`).
     """
@@ -46,6 +56,9 @@ def check_buffers(
         if writable and not b.flags.writeable:
             raise ValueError(f"buffers[{k}] must be writable (the result is written in place)")
         out.append(b)
+    if dtypes and out[0].dtype not in dtypes:
+        accepted = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"buffers have dtype {out[0].dtype}; the collective takes {accepted}")
     if flat and out[0].ndim != 1:
         raise ValueError(f"buffers must be flat (1-D), got shape {out[0].shape}")
     return out

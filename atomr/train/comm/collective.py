@@ -217,19 +217,14 @@ class HostCollective(Collective):
         return out
 
     def _sum(self, buffers: list[np.ndarray]) -> np.ndarray:
-        """The sum of buffers `check_buffers` passed, into the collective's own
-        output: the backend's unchecked kernel over flat views (copies where a
-        buffer is not contiguous).
-
-        Raises:
-            TypeError: a dtype the backend does not compute in.
-        """
+        """The sum of buffers `check_buffers` passed (in one of the backend's
+        `float_dtypes`, at every group size), into the collective's own
+        output: the backend's unchecked kernel over flat views (copies where
+        a buffer is not contiguous)."""
         out = self._out_for(buffers[0])
         if len(buffers) == 1:
             np.copyto(out, buffers[0])
             return out
-        if out.dtype not in self.backend.float_dtypes:
-            raise TypeError(f"all_reduce: the buffers' dtype {out.dtype} is not a float dtype")
         flats = []
         for b in buffers:
             flats.append(b.reshape(-1))
@@ -255,7 +250,7 @@ class HostCollective(Collective):
                 does not accept.
             ValueError: no buffers, or their shapes / dtypes differ.
         """
-        checked = check_buffers(buffers)
+        checked = check_buffers(buffers, dtypes=self.backend.float_dtypes)
         if scale is None:
             result: np.ndarray = await self._run(self._sum, checked)
             return result
@@ -309,7 +304,7 @@ class HostCollective(Collective):
             ValueError: no buffers, their shapes / dtypes differ, they are
                 not 1-D, or one is read-only.
         """
-        checked = check_buffers(buffers, flat=True, writable=True)
+        checked = check_buffers(buffers, flat=True, writable=True, dtypes=self.backend.float_dtypes)
         bounds = split_bounds(checked[0].size, len(checked))
 
         def scatter() -> list[np.ndarray]:
@@ -331,7 +326,8 @@ class HostCollective(Collective):
                 participant, writable.
 
         Raises:
-            TypeError, ValueError: as `reduce_scatter`.
+            TypeError, ValueError: as `reduce_scatter`, but any dtype is
+                taken (nothing is summed).
         """
         checked = check_buffers(buffers, flat=True, writable=True)
         bounds = split_bounds(checked[0].size, len(checked))
@@ -349,7 +345,8 @@ class HostCollective(Collective):
 
         Raises:
             IndexError: `root` is out of range.
-            TypeError: `root` is not an integer; or as `all_reduce`.
+            TypeError: `root` is not an integer; or as `all_reduce`, but
+                any dtype is taken (nothing is summed).
             ValueError: as `all_reduce`; also a read-only buffer other than
                 the root's.
         """

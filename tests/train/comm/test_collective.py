@@ -64,6 +64,19 @@ async def test_host_all_reduce_rejects_bad_buffers() -> None:
     host.close()
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.float16])
+@pytest.mark.parametrize("n", [1, 2, 3])
+async def test_host_sums_refuse_other_dtypes_at_every_group_size(n: int, dtype: type) -> None:
+    """A group of one copied an integer buffer out as its "sum" where a
+    group of two refused it: the rule is now the same at every size."""
+    host = HostCollective()
+    bufs = [np.arange(6).astype(dtype) for _ in range(n)]
+    for operation in (host.all_reduce, host.reduce_scatter):
+        with pytest.raises(TypeError, match=f"dtype {np.dtype(dtype)}.*float32 or float64"):
+            await operation(bufs)
+    host.close()
+
+
 async def test_host_broadcast_and_barrier() -> None:
     host = HostCollective()
     bufs = _buffers(3, 50)

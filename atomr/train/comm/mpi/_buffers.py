@@ -59,11 +59,7 @@ def check_buffers(buffers: Sequence[Any] | np.ndarray, *, flat: bool = False) ->
             raise TypeError(
                 f"buffers must be an array or a list of arrays, got {type(buffers).__name__}"
             )
-        bufs = check_group([buffers] if isinstance(buffers, np.ndarray) else buffers)
-        if bufs[0].dtype not in DTYPES:
-            raise TypeError(
-                f"buffers have dtype {bufs[0].dtype}; MPI collectives take float32 or float64"
-            )
+        bufs = check_group([buffers] if isinstance(buffers, np.ndarray) else buffers, dtypes=DTYPES)
         if not bufs[0].flags.c_contiguous:
             raise ValueError("buffers[0] must be C-contiguous (MPI works on the raw memory)")
         if not bufs[0].flags.writeable:

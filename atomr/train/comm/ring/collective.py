@@ -85,7 +85,8 @@ class RingCollective(Collective):
             That copy, or None.
 
         Raises:
-            TypeError, ValueError: not a non-empty list of `ActorRef`s.
+            TypeError, ValueError: not a non-empty list of `ActorRef`s, or
+                one named twice (refused before any member is asked).
             IndexError: `result_from` is not a member's index.
             RingTimeoutError: a member waited `timeout` for a chunk (a member
                 stalled or out of step).
@@ -176,6 +177,7 @@ class RingCollective(Collective):
 
         Raises:
             TypeError: a member is not an `ActorRef`.
+            ValueError: a member named twice.
             ActorStoppedError: a member is gone.
             AskTimeoutError: a member did not answer within `timeout`.
         """
@@ -244,12 +246,26 @@ class RingCollective(Collective):
 
 
 def _member_refs(buffers: Sequence[Any]) -> tuple[ActorRef, ...]:
-    """The members of one operation, checked: a non-empty list of `ActorRef`s."""
+    """The members of one operation, checked before any is asked: a
+    non-empty list of distinct `ActorRef`s (a member owns one buffer, so it
+    can hold one place in the ring).
+
+    Raises:
+        TypeError: an item that is not an `ActorRef`.
+        ValueError: no members, or one named twice.
+    """
     if not isinstance(buffers, Sequence) or len(buffers) == 0:
         raise ValueError("a ring needs at least one member ActorRef")
+    places: dict[ActorRef, int] = {}
     for k, ref in enumerate(buffers):
         if not isinstance(ref, ActorRef):
             raise TypeError(f"ring member {k} must be an ActorRef, got {type(ref).__name__}")
+        first = places.setdefault(ref, k)
+        if first != k:
+            raise ValueError(
+                f"ring members {first} and {k} are the same actor ({ref.path}); "
+                "each member holds one buffer, so it takes one place in the ring"
+            )
     return tuple(buffers)
 
 

@@ -145,6 +145,22 @@ async def test_ring_rejects_non_refs() -> None:
         RingCollective(timeout=0)
 
 
+@pytest.mark.parametrize("operation", [*OPERATIONS, "barrier"])
+async def test_a_member_named_twice_is_refused_before_any_is_asked(
+    spawn_ring: Callable[..., list[ActorRef]], operation: str
+) -> None:
+    """One actor at two places of the ring, with one buffer: its chunks
+    collided, and the operation failed with a NumPy shape error or, when the
+    chunks happened to line up, left wrong sums, silently."""
+    arrays = [np.arange(7.0), np.ones(7)]
+    refs = spawn_ring(arrays)
+    ring = RingCollective(timeout=5.0)
+    with pytest.raises(ValueError, match="ring members 0 and 2 are the same actor"):
+        await _run(ring, operation, [refs[0], refs[1], refs[0]])
+    for ref, array in zip(refs, arrays, strict=True):  # nothing was sent
+        np.testing.assert_array_equal(await ref.ask("get"), array)
+
+
 @pytest.mark.parametrize("operation", OPERATIONS)
 @pytest.mark.parametrize(
     "arrays",

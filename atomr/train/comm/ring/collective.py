@@ -223,8 +223,7 @@ class RingCollective(Collective):
             _abandon(refs, tasks, session)
             raise
         if interrupted or first is not None:
-            for ref in refs:
-                ref.tell(RingAbort(session))
+            _abort(refs, session)
         results = list(await asyncio.gather(*tasks, return_exceptions=True))
         failed = failed_indices(results)
         # the members that failed on their own (not merely aborted by us)
@@ -269,11 +268,16 @@ def _member_refs(buffers: Sequence[Any]) -> tuple[ActorRef, ...]:
     return tuple(buffers)
 
 
+def _abort(refs: Sequence[ActorRef], session: int) -> None:
+    """Tell every member to abandon `session` (its pending waits fail)."""
+    for ref in refs:
+        ref.tell(RingAbort(session))
+
+
 def _abandon(refs: Sequence[ActorRef], tasks: Sequence[asyncio.Future[Any]], session: int) -> None:
     """The operation's caller gave up: every member aborts `session`; the
     asks not done are cancelled, the outcome of those done is read."""
-    for ref in refs:
-        ref.tell(RingAbort(session))
+    _abort(refs, session)
     for task in tasks:
         if not task.done():
             task.cancel()

@@ -49,13 +49,22 @@ ACTIVATIONS: dict[str, int] = {"identity": 0, "relu": 1, "tanh": 2, "gelu": 3}
 _GELU_K = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
 _GELU_X_MIN = -9.5
-"""GELU's input is clamped below to this: gelu(-9.5) ~ -7e-33 and its slope
-~ -1.4e-31, 0 for training, and the largest exponent is then exp(76) ~ 1e33, so
-neither the forward (x / (1 + e)) nor the backward (x * e) grows with |x| or
-overflows float32 (clamping the exponent instead left x / (1 + e) growing
-linearly, -5e3 at x = -3e38, and x * e reaching -inf from x ~ -3e3), and Python's
-math.exp in the CUDA simulator stays far from its OverflowError near 710.
-NaN passes the clamp (`lo if x < lo else x`)."""
+_GELU_X_MAX = 9.5
+"""GELU's input is clamped to ``[_GELU_X_MIN, _GELU_X_MAX]``, where both tails
+have saturated: gelu(-9.5) ~ -7e-33 and its slope ~ -1.4e-31, 0 for training;
+past 9.5, gelu(x) = x and gelu'(x) = 1 to a relative 1e-31, far below float64's
+precision. So the largest exponent is exp(+-76) ~ 1e33 and no power of x
+overflows: the forward, ``x / (1 + exp(-2u))``, takes u from the clamped x and
+keeps x itself on the right (it is x there, up to 3e38 and inf); the backward
+clamps x on both sides.
+
+Unclamped on the left, x / (1 + e) grew linearly (-5e3 at x = -3e38) and
+x * e reached -inf from x ~ -3e3; on the right, x^2 overflowed, giving
+x * 0 * inf = NaN in the backward (float32 from x ~ 1.8e19, float64 from
+~1e154) and, with the float32 approximate exp (never below 1.7e-38), slopes of
+4.5 at x = 1e13 and inf from 2e19. The clamp also keeps Python's math.exp in
+the CUDA simulator far from its OverflowError near 710. NaN passes the clamp
+(`lo if x < lo else x`)."""
 
 
 def act_forward(kind: int, x: float, approx: bool) -> float:
@@ -66,7 +75,8 @@ def act_forward(kind: int, x: float, approx: bool) -> float:
     float32. GELU is evaluated as ``x * sigmoid(2u) = x / (1 + exp(-2u))``,
     which equals ``0.5 x (1 + tanh(u))`` without the cancellation of ``1 + tanh``
     for very negative x; x is clamped below at ``_GELU_X_MIN``, where it is ~0
-    (torch's is 0 there).
+    (torch's is 0 there), and u is taken from x clamped above at
+    ``_GELU_X_MAX``, where the result is x.
     """
     zero = like(x, 0.0)
     if kind == 1:
@@ -76,8 +86,10 @@ def act_forward(kind: int, x: float, approx: bool) -> float:
     if kind == 3:
         one = like(x, 1.0)
         lo = like(x, _GELU_X_MIN)
+        hi = like(x, _GELU_X_MAX)
         x = lo if x < lo else x
-        u = like(x, _GELU_K) * (x + like(x, _GELU_C) * x * x * x)
+        t = hi if x > hi else x
+        u = like(x, _GELU_K) * (t + like(x, _GELU_C) * t * t * t)
         return x / (one + fexp(like(x, -2.0) * u, approx))
     return x
 
@@ -88,7 +100,8 @@ def act_backward(kind: int, x: float, dy: float, approx: bool) -> float:
     tanh: ``1 - tanh(x)^2 = 4e / (1 + e)^2`` with ``e = exp(-2|x|)``, free of the
     cancellation of ``1 - t^2`` (so the approximate exp is accurate here too).
     GELU: with ``e = exp(-2u)``, ``s = 1 / (1 + e)`` (= ``(1 + tanh u) / 2``),
-    ``f'(x) = s (1 + 2 x e s u')``, ``u' = k (1 + 3 c x^2)``.
+    ``f'(x) = s (1 + 2 x e s u')``, ``u' = k (1 + 3 c x^2)``, x clamped to
+    ``[_GELU_X_MIN, _GELU_X_MAX]`` (f' is ~0 below, 1 above).
     """
     zero = like(x, 0.0)
     one = like(x, 1.0)
@@ -103,7 +116,8 @@ def act_backward(kind: int, x: float, dy: float, approx: bool) -> float:
         k = like(x, _GELU_K)
         c = like(x, _GELU_C)
         lo = like(x, _GELU_X_MIN)
-        x = lo if x < lo else x
+        hi = like(x, _GELU_X_MAX)
+        x = lo if x < lo else (hi if x > hi else x)
         x2 = x * x
         u = k * (x + c * x2 * x)
         e = fexp(like(x, -2.0) * u, approx)

@@ -10,14 +10,14 @@ from accel_helpers import get, put, rand, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atomr.accel import ACTIVATIONS, backend_for
+from atomr.accel import ACTIVATIONS, Backend, backend_for
 
 SHAPES = [(1,), (1, 1), (7,), (3, 5), (2, 3, 4), (8, 8)]
 K = math.sqrt(2.0 / math.pi)
 
 
-def ref_forward(kind: str, x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
+def ref_forward(kind: str, x: np.ndarray, ref: type = np.float64) -> np.ndarray:
+    x = x.astype(ref)
     if kind == "relu":
         return np.maximum(x, 0.0)
     if kind == "tanh":
@@ -27,9 +27,9 @@ def ref_forward(kind: str, x: np.ndarray) -> np.ndarray:
     return x
 
 
-def ref_backward(kind: str, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    dy = dy.astype(np.float64)
+def ref_backward(kind: str, x: np.ndarray, dy: np.ndarray, ref: type = np.float64) -> np.ndarray:
+    x = x.astype(ref)
+    dy = dy.astype(ref)
     if kind == "relu":
         return dy * (x > 0)
     if kind == "tanh":
@@ -147,11 +147,60 @@ def test_gelu_far_left_tail_is_zero_not_an_overflow(be):
     """
     for dtype in be.float_dtypes:
         x = np.array([-9.0, -10.0, -100.0, -3.1e3, -1e4, -1e6, -1e20, -3e38], dtype)
-        dy = np.ones_like(x)
-        out = put(be, np.full_like(x, np.nan))
-        dx = put(be, np.full_like(x, np.nan))
-        xb = put(be, x)
-        be.activation_forward("gelu", xb, out)
-        be.activation_backward("gelu", xb, put(be, dy), dx)
-        np.testing.assert_allclose(get(be, out), 0.0, atol=1e-26)  # gelu(-9) is -1.3e-28
-        np.testing.assert_allclose(get(be, dx), 0.0, atol=1e-26)
+        out, dx = _gelu(be, x, np.ones_like(x))
+        np.testing.assert_allclose(out, 0.0, atol=1e-26)  # gelu(-9) is -1.3e-28
+        np.testing.assert_allclose(dx, 0.0, atol=1e-26)
+
+
+def _gelu(be: Backend, x: np.ndarray, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """gelu(x) and dy * gelu'(x) on ``be``, as host arrays."""
+    out = put(be, np.full_like(x, np.nan))
+    dx = put(be, np.full_like(x, np.nan))
+    xb = put(be, x)
+    be.activation_forward("gelu", xb, out)
+    be.activation_backward("gelu", xb, put(be, dy), dx)
+    return get(be, out), get(be, dx)
+
+
+def _gelu_inputs(dtype: type) -> np.ndarray:
+    """0, and both signs of: tiny values (results still normal), ordinary
+    ones, the saturation point 9.5 and its neighbours, and huge ones up to
+    near the dtype's largest (where x^2 and x^3 overflow)."""
+    mags = [1e-37, 1e-30, 1e-7, 1e-3, 0.5, 1.0, 3.0, 9.4, 9.5, 9.6, 20.0, 1e3]
+    mags += [1e12, 1e13, 1.8e19, 1e20, 1e30, 3e38]
+    if dtype == np.float64:
+        mags += [1e-300, 1e102, 1e154, 1e200, 1.7e308]
+    return np.array([0.0, *mags, *(-m for m in mags)], dtype)
+
+
+def test_gelu_is_finite_and_right_across_the_float_range(be):
+    """Forward and backward against NumPy in float64 (in extended precision
+    for float64 inputs, whose cubes overflow float64), from tiny to the
+    dtype's largest values, and at +-inf and NaN.
+
+    x^2 and x^3 overflowed for huge x: the backward was NaN (float32 from
+    x ~ 1.8e19, float64 from ~1e154) and, on the CPU's float32 path, 4.5 at
+    x = 1e13 and inf from 2e19 instead of 1.
+    """
+    for dtype in be.float_dtypes:
+        x = _gelu_inputs(dtype)
+        ref = np.float64 if dtype == np.float32 else np.longdouble
+        if np.finfo(ref).max < 1e1000 and dtype == np.float64:
+            x = x[np.abs(x) < 1e100]  # no wider float here to check the rest against
+        dy = np.full_like(x, 0.75)
+        out, dx = _gelu(be, x, dy)
+        tail = x < -9.0  # gelu and its slope are below 1e-29 there, 0 for training
+        rtol = tol(dtype)["rtol"]
+        for got, want in (
+            (out, ref_forward("gelu", x, ref)),
+            (dx, ref_backward("gelu", x, dy, ref)),
+        ):
+            assert np.isfinite(got).all(), (x[~np.isfinite(got)], got[~np.isfinite(got)])
+            np.testing.assert_allclose(
+                got[~tail], want[~tail].astype(np.float64), rtol=rtol, atol=0
+            )
+            np.testing.assert_allclose(got[tail], want[tail].astype(np.float64), atol=1e-29)
+        special = np.array([np.inf, -np.inf, np.nan], dtype)
+        out, dx = _gelu(be, special, np.ones_like(special))
+        np.testing.assert_allclose(out, [np.inf, 0.0, np.nan], atol=1e-29)
+        np.testing.assert_allclose(dx, [1.0, 0.0, np.nan], atol=1e-29)

@@ -13,7 +13,6 @@ worker thread when the model belongs to an actor.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -22,6 +21,7 @@ import numpy as np
 
 from atomr.accel import Device, backend_for
 from atomr.train.core._cpu import cpu_backend
+from atomr.train.core.model._layout import flat_layout
 from atomr.train.core.model.inputs import model_dtype, model_input
 from atomr.train.core.model.layer import (
     INFERENCE,
@@ -116,23 +116,8 @@ class Sequential:
         if device is not None:
             self.device = Device.parse(device)
             self.backend = backend_for(self.device)
-        # each layer's arrays as (start, stop, shape) in the flat vector, in
-        # Python ints: `views` runs for every layer of every pass
-        self._slots: list[list[tuple[int, int, tuple[int, ...]]]] = []
-        shape, pos = self.in_shape, 0
-        self.shapes: list[tuple[int, ...]] = [shape]
-        for layer in self.layers:
-            shape = tuple(int(d) for d in layer.out_shape(shape))
-            self.shapes.append(shape)
-            slots = []
-            for s in layer.param_shapes():
-                array_shape = tuple(int(d) for d in s)
-                size = math.prod(array_shape)
-                slots.append((pos, pos + size, array_shape))
-                pos += size
-            self._slots.append(slots)
-        self.out_shape: tuple[int, ...] = shape
-        self.n_params = pos
+        self.shapes, self._slots, self.n_params = flat_layout(self.layers, self.in_shape)
+        self.out_shape: tuple[int, ...] = self.shapes[-1]
         self._views: dict[int, tuple[Any, list[list[Any]]]] = {}
         self.seed = None
 

@@ -1,0 +1,44 @@
+"""Where a `Sequential`'s layers sit: the per-sample shape between layers,
+and each layer's parameter arrays in the model's one flat vector."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from atomr.train.core.model.layer import Layer
+
+__all__ = ["Slot", "flat_layout"]
+
+Slot = tuple[int, int, tuple[int, ...]]
+"""One parameter array: `(start, stop, shape)` in the flat vector, in Python
+ints (`Sequential.views` reads them for every layer of every pass)."""
+
+
+def flat_layout(
+    layers: Sequence[Layer], in_shape: tuple[int, ...]
+) -> tuple[list[tuple[int, ...]], list[list[Slot]], int]:
+    """The layout of `layers` taking per-sample inputs of `in_shape`.
+
+    Returns:
+        The per-sample shape entering each layer, then the output's; each
+        layer's arrays as `Slot`s, in its `param_shapes` order, the layers
+        one after another; and the flat vector's length.
+
+    Raises:
+        ValueError: a layer that refuses the shape it is given (`out_shape`).
+    """
+    shape, pos = in_shape, 0
+    shapes: list[tuple[int, ...]] = [shape]
+    slots: list[list[Slot]] = []
+    for layer in layers:
+        shape = tuple(int(d) for d in layer.out_shape(shape))
+        shapes.append(shape)
+        own = []
+        for s in layer.param_shapes():
+            array_shape = tuple(int(d) for d in s)
+            size = math.prod(array_shape)
+            own.append((pos, pos + size, array_shape))
+            pos += size
+        slots.append(own)
+    return shapes, slots, pos

@@ -11,7 +11,7 @@ from .errors import ActorStoppedError, MailboxFullError, bounded_repr
 from .messages import Terminated
 from .ref import ActorRef
 from .reply import Reply
-from .stopping import unwatch
+from .stopping import fail_late, unwatch
 from .timers import Cancellable, check_delay
 
 if TYPE_CHECKING:
@@ -145,7 +145,9 @@ class Context:
         """Put the message being handled aside until ``unstash_all()``.
 
         A stashed ask is answered when the message is handled again. A message
-        is stashed at most once per handling (as in Akka).
+        is stashed at most once per handling (as in Akka). Stashed by code
+        that outlived its stopped actor (a handler ``terminate`` gave up
+        waiting for), it can never be handled again: it becomes a dead letter.
 
         Raises:
             RuntimeError: outside message handling, or if this message is
@@ -165,9 +167,16 @@ class Context:
         # new timer of the same key takes it back out once it is unstashed
         cell.stash.append(env[:3] if len(env) == 4 else env)  # type: ignore[union-attr]
         cell.current = cell.stashed_current = (env[0], env[1], None)
+        if cell.dead:
+            fail_late(cell)
 
     def unstash_all(self) -> int:
         """Put every stashed message back at the front of the mailbox, in order.
+
+        A stopped actor has nothing stashed: its stash became dead letters
+        when it stopped, and ``stash`` by code that outlived it (a handler
+        or ``post_stop`` that ``terminate`` gave up waiting for) makes one
+        at once, so nothing is queued where no loop will take it.
 
         Returns:
             How many messages were unstashed.

@@ -25,6 +25,7 @@ __all__ = [
     "died",
     "discard",
     "ended_from_outside",
+    "fail_late",
     "fail_pending",
     "fail_queued",
     "in_post_stop",
@@ -244,6 +245,19 @@ def fail_queued(cell: ActorCell, stopped: ActorStoppedError) -> None:
     while queue:
         pending.append(queue.popleft())
     _fail(cell, pending, stopped)
+
+
+def fail_late(cell: ActorCell) -> None:
+    """Dead-letter what is queued or stashed for the dead ``cell`` (their
+    asks get ``ActorStoppedError``): told from another thread as it stopped
+    (``threads``), or stashed by code that outlived it (a handler or
+    ``post_stop`` that ``terminate`` gave up waiting for). Nothing handles
+    them any more, so none is lost unseen."""
+    stopped = ActorStoppedError(f"{cell.label} stopped{why_stopped(cell)}")
+    stash = cell.stash
+    cell.stash = ()
+    fail_queued(cell, stopped)
+    _fail(cell, stash, stopped)
 
 
 def _fail(cell: ActorCell, pending: Iterable[Envelope], stopped: ActorStoppedError) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .envelope import Envelope
 from .errors import ActorStoppedError, MailboxFullError
-from .stopping import fail_queued, why_stopped
+from .stopping import fail_late
 
 if TYPE_CHECKING:
     from .cell import ActorCell
@@ -73,7 +73,7 @@ def wake_from_thread(cell: ActorCell) -> None:
 def _woken(cell: ActorCell) -> None:
     cell.wake_pending = False
     if cell.dead:  # told from another thread as it stopped: nothing handles it now
-        fail_queued(cell, ActorStoppedError(f"{cell.label} stopped{why_stopped(cell)}"))
+        fail_late(cell)
     else:
         cell.wake()
 

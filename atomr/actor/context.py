@@ -85,8 +85,7 @@ class Context:
         from .spawn import spawn_cell
 
         cell = self._cell
-        if not cell.accepting:
-            raise ActorStoppedError(f"{cell.path} is stopping; cannot spawn children")
+        _require_running(cell, "spawn children")
         return spawn_cell(cell.system, cell, cell, props, name, cell.path)
 
     def stop(self, ref: ActorRef) -> None:
@@ -109,9 +108,12 @@ class Context:
             TypeError: if ``ref`` is not an ``ActorRef``.
             RuntimeError: if ``ref`` lives on another thread's event loop
                 (watching works within one loop).
+            ActorStoppedError: if this actor is stopping (its ``Terminated``
+                messages would be dead letters).
         """
         _require_local("watch", ref, "watching works within one loop")
         me = self._cell
+        _require_running(me, "watch")
         target = ref._cell
         if target is me:
             return ref
@@ -265,7 +267,7 @@ class Context:
         cell = self._cell
         if not cell.accepting:
             coro.close()
-            raise ActorStoppedError(f"{cell.path} is stopping; cannot create tasks")
+        _require_running(cell, "create tasks")
         return cell.create_task(coro, name)
 
     def schedule_once(self, delay: float, message: Any, key: Hashable | None = None) -> Cancellable:
@@ -284,8 +286,11 @@ class Context:
         Raises:
             ValueError, TypeError: for a negative or non-numeric delay, or an
                 unhashable key.
+            ActorStoppedError: if this actor is stopping (its timers are
+                cancelled; a tick would be a dead letter).
         """
         cell = self._cell
+        _require_running(cell, "start timers")
         return cell.timer_set().schedule(cell.scheduler, cell, message, delay, key=key)
 
     def schedule_repeatedly(
@@ -306,8 +311,10 @@ class Context:
             A handle with ``cancel()`` (see ``schedule_once``).
         Raises:
             ValueError, TypeError: for bad interval or delay, or an unhashable key.
+            ActorStoppedError: if this actor is stopping (see ``schedule_once``).
         """
         cell = self._cell
+        _require_running(cell, "start timers")
         delay = interval if initial_delay is None else initial_delay
         return cell.timer_set().schedule(cell.scheduler, cell, message, delay, interval, key)
 
@@ -349,6 +356,18 @@ def _take_reply(cell: ActorCell, env: Envelope) -> None:
     if cell.stashed_current is env:
         cell.stashed_current = current
     cell.current = current
+
+
+def _require_running(cell: ActorCell, what: str) -> None:
+    """The one rule for what starts something new for an actor (children,
+    tasks, timers, watches): refused once it is stopping, since a stop
+    would never end it, or what it brings would only be dead letters.
+
+    Raises:
+        ActorStoppedError: if the actor is stopping or has stopped.
+    """
+    if not cell.accepting:
+        raise ActorStoppedError(f"{cell.path} is stopping; cannot {what}")
 
 
 def _require_local(method: str, ref: object, instead: str) -> None:

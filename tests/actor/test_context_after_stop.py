@@ -1,5 +1,6 @@
 """Context used by code that outlived its actor: a handler that ``terminate``
-gave up waiting for. What it hands back to the actor is a dead letter."""
+gave up waiting for, or ``post_stop``. What it hands back to the actor is a
+dead letter; what it would start for the actor is refused."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from atomr import Actor, ActorRef, ActorSystem, Context, DeadLetter, Props
+from atomr import Actor, ActorRef, ActorStoppedError, ActorSystem, Context, DeadLetter, Props
 from atomr.testkit import await_condition
+
+from .actors import Echo
 
 Late = Callable[[Context], Any]
 
@@ -79,3 +82,51 @@ async def test_a_message_stashed_after_the_actor_stopped_is_a_dead_letter(late: 
     ref, done, letters, _ = await _outlive(late)
     await done  # no error: the message is not lost either
     assert [(d.message, d.recipient, d.reason) for d in letters] == [("go", ref, "stopped")]
+
+
+@pytest.mark.parametrize(
+    ("what", "late"),
+    [
+        ("start timers", lambda context: context.schedule_once(0, "tick")),
+        ("start timers", lambda context: context.schedule_repeatedly(0.01, "tick")),
+        ("watch", lambda context: context.watch(context.self_ref)),
+    ],
+    ids=["schedule_once", "schedule_repeatedly", "watch"],
+)
+async def test_what_would_start_for_a_stopped_actor_is_refused(what: str, late: Late) -> None:
+    _, done, letters, _ = await _outlive(late)
+    with pytest.raises(ActorStoppedError, match=f"outlives is stopping; cannot {what}"):
+        await done
+    assert letters == []
+
+
+async def test_a_stopped_actor_watches_no_live_actor(actor_system: ActorSystem) -> None:
+    live = actor_system.spawn(Props(Echo), name="live")
+    _, done, _, _ = await _outlive(lambda context: context.watch(live))
+    with pytest.raises(ActorStoppedError, match="cannot watch"):
+        await done
+    await live.stop()
+    assert actor_system.dead_letters.count == 0  # no Terminated for the dead watcher
+
+
+class TimerInPostStop(Actor):
+    def __init__(self, outcome: asyncio.Future[Any]) -> None:
+        super().__init__()
+        self.outcome = outcome
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+    def post_stop(self) -> None:
+        try:
+            self.outcome.set_result(self.context.schedule_repeatedly(0.01, "tick"))
+        except ActorStoppedError as error:
+            self.outcome.set_exception(error)
+
+
+async def test_post_stop_starts_no_timer(actor_system: ActorSystem) -> None:
+    outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    ref = actor_system.spawn(Props(TimerInPostStop, outcome))
+    await ref.stop()
+    with pytest.raises(ActorStoppedError, match="cannot start timers"):
+        await outcome  # was: a timer that ticked dead letters for ever

@@ -81,6 +81,7 @@ def discard(cell: ActorCell, reason: str) -> None:
 def _discard_one(cell: ActorCell, reason: str) -> None:
     cell.accepting = False
     cell.stop_requested = True
+    cell.interrupt = True  # a handler that outlives it returns to a loop that ends
     if cell.task is not None:
         cell.task.cancel()  # before its first step _run never starts; a stuck one is left
     for task in cell.tasks:

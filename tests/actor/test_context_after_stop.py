@@ -48,19 +48,35 @@ class Outlives(Actor):
         return message
 
 
+class StuckStop(Actor):
+    """``post_stop`` never returns: ``terminate`` gives up on it."""
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+    async def post_stop(self) -> None:
+        await asyncio.Event().wait()
+
+
 async def _outlive(
-    late: Late,
+    late: Late, *, asked_to_stop: bool = True, queued: tuple[Any, ...] = ()
 ) -> tuple[ActorRef, asyncio.Future[Any], list[DeadLetter], list[Any]]:
     """Run ``late`` in a handler of an actor abandoned by ``terminate``.
 
-    Returns its ref, the outcome of ``late``, the dead letters published
-    after terminate gave up, and the messages it handled.
+    ``asked_to_stop``: the actor was stopping when terminate gave up (else a
+    later actor held terminate up, and this one was never asked). ``queued``:
+    messages told to it behind "go". Returns its ref, the outcome of
+    ``late``, the dead letters published after terminate gave up, and the
+    messages it handled.
     """
     system = ActorSystem("late")
     release, seen = asyncio.Event(), []
     done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     ref = system.spawn(Props(Outlives, release, late, done, seen), name="outlives")
-    ref.tell("go")
+    if not asked_to_stop:
+        system.spawn(Props(StuckStop), name="stuck")  # the last started stops first
+    for message in ("go", *queued):
+        ref.tell(message)
     await await_condition(lambda: "go" in seen, timeout=5)
     with pytest.raises(TimeoutError, match="abandoned"):
         await system.terminate(timeout=0.1)
@@ -107,6 +123,16 @@ async def test_a_stopped_actor_watches_no_live_actor(actor_system: ActorSystem) 
         await done
     await live.stop()
     assert actor_system.dead_letters.count == 0  # no Terminated for the dead watcher
+
+
+async def test_a_handler_that_outlives_its_actor_returns_to_a_loop_that_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the actor was never asked to stop: terminate gave up on a later one first
+    _, done, _, seen = await _outlive(lambda context: None, asked_to_stop=False, queued=("a", "b"))
+    await done
+    assert seen == ["go"]  # its queued messages became dead letters, none is handled
+    assert "escaped" not in caplog.text  # was: IndexError, popping the emptied queue
 
 
 class TimerInPostStop(Actor):

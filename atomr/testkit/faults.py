@@ -129,6 +129,16 @@ class Plan:
         with self._lock:
             self._armed[phase] = _Armed(error, times, float(delay), bool(after), skip)
 
+    def disarm(self, phase: str) -> int:
+        """Stop failing `phase` (a worker that recovers).
+
+        Returns:
+            How many more passes would have failed (0: it was not armed).
+        """
+        with self._lock:
+            armed = self._armed.pop(phase, None)
+            return 0 if armed is None else armed.times
+
     def _take(self, phase: str) -> _Armed | None:
         """Use up one pass through `phase`: its fault (recorded in `fired`),
         or None when `phase` is not armed or this pass is let through (`skip`)."""

@@ -87,6 +87,15 @@ def test_a_plan_fails_a_phase_as_often_as_armed() -> None:
     assert info.value is error
 
 
+def test_a_disarmed_phase_fails_no_more() -> None:
+    plan = Plan()
+    assert plan.disarm("p") == 0
+    plan.arm("p", KeyError, times=5)
+    assert plan.disarm("p") == 5
+    plan.fire("p")  # nothing
+    assert plan.armed("p") == 0 and plan.fired == []
+
+
 def test_a_plan_lets_the_skipped_passes_through_first() -> None:
     plan = Plan()
     plan.arm("p", KeyError, skip=2)

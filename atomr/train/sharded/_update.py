@@ -8,7 +8,9 @@ rolls back (`RollbackShard`). Stages 1 and 2 then all-gather the new
 parameters into every replica's working copy. Once agreed, the update is
 kept: a commit that a replica does not confirm (or an all-gather or
 hand-back that fails) is remembered, and completed before the trainer
-serves its next request (`ShardedUpdate.complete`).
+serves its next request (`ShardedUpdate.complete`), but for a
+`LoadCheckpoint`: loading gives every replica the checkpoint's state
+instead, so it is the way out of a commit that is never confirmed.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class ShardedUpdate:
         self._token = 0
         self._uncommitted: int | None = None  # an agreed update not committed everywhere yet
         self._unsent: list[tuple[ActorRef, np.ndarray]] = []  # working copies to hand back
+        self._load_failed: Exception | None = None  # a load out of an unconfirmed commit
 
     async def apply(
         self, reduced_for: list[np.ndarray | None], scale: float, coefficient: float
@@ -101,16 +104,38 @@ class ShardedUpdate:
             Exception: as `_commit`, or the collectives' or a replica's own
                 error; a note says `request` was not served (the next
                 request tries again).
+            RuntimeError: a load out of an unconfirmed commit failed
+                (`load_failed`), and no load has succeeded since.
         """
+        if self._load_failed is not None:
+            raise RuntimeError(
+                f"{request} was not served: a LoadCheckpoint failed while the last step's "
+                "commit was unconfirmed, so the replicas may hold parts of two states; "
+                "only LoadCheckpoint is served until one succeeds"
+            ) from self._load_failed
         if self._uncommitted is None and not self._unsent:
             return False
         await self._complete(_not_served(request))
         return True
 
+    @property
+    def unconfirmed(self) -> bool:
+        """Whether a step was agreed but not committed by every replica:
+        their pieces are not of one step, so there is no whole state to go
+        back to (a load then keeps no old state to restore)."""
+        return self._uncommitted is not None
+
     def forget(self) -> None:
         """Drop the step `complete` would complete (a checkpoint was
         loaded into every replica instead)."""
-        self._uncommitted, self._unsent = None, []
+        self._uncommitted, self._unsent, self._load_failed = None, [], None
+
+    def load_failed(self, error: Exception) -> None:
+        """A load out of an unconfirmed commit failed with `error`: some
+        replicas may hold the checkpoint's state and some not, so the step
+        is dropped and `complete` refuses every request but a load (the
+        trainer's `LoadCheckpoint` does not call it) until `forget`."""
+        self._uncommitted, self._unsent, self._load_failed = None, [], error
 
     async def _complete(self, note: str) -> None:
         """Commit the agreed update everywhere, all-gather the stage 1 and 2

@@ -26,7 +26,9 @@ own error (on another process of a job: an `OtherProcessFailed` saying so, at
 once: the failing process still joins the step's collectives). A replica
 that raised is resumed with its piece intact. A step agreed but not completed
 (a replica did not confirm its commit) is completed before the next
-request is served, which fails instead while it cannot be (`_update`).
+request is served, which fails instead while it cannot be (`_update`);
+a `LoadCheckpoint` is not held up by it: it replaces every piece, all or
+none, and is the way out of a commit that is never confirmed.
 No replica holds another's piece, so one whose device context was
 poisoned (restarted, its piece lost) makes the trainer answer
 `WorkerStateLost` until a `LoadCheckpoint` re-syncs every replica from the
@@ -218,6 +220,8 @@ class ShardedDataParallelTrainer(Actor):
     async def _dispatch(self, message: Any) -> Any:
         passes = self._passes
         assert passes is not None
+        if isinstance(message, LoadCheckpoint):  # every piece replaced: nothing to complete
+            return await self._load(message)
         if await passes.update.complete(type(message).__name__):
             self.steps += 1  # the last step, completed only now
         if isinstance(message, Step):
@@ -239,8 +243,6 @@ class ShardedDataParallelTrainer(Actor):
             return await set_learning_rate(self.config.optimizer, self.refs, message, timeout)
         if isinstance(message, SaveCheckpoint):
             return await self.checkpoints.save(Path(message.path), self.steps)
-        if isinstance(message, LoadCheckpoint):
-            return await self._load(message)
         return not_handled(type(self).__name__, message)
 
     async def _ask(self, messages: list[Any]) -> list[Any]:
@@ -266,18 +268,28 @@ class ShardedDataParallelTrainer(Actor):
 
     async def _load(self, message: LoadCheckpoint) -> None:
         """Load a checkpoint into every replica of every process, all or
-        none (`ShardedCheckpoints.load`); a lost piece is then restored.
+        none (`ShardedCheckpoints.load`); a lost piece is then restored, and
+        a step whose commit was unconfirmed is dropped for it.
 
         Raises:
             CheckpointError: the checkpoint does not fit, or another process
                 failed to load it (nothing changed).
-            Exception: a replica's own error (every replica's state restored).
+            Exception: a replica's own error (every replica's state restored;
+                but out of an unconfirmed commit there is no whole old state,
+                so only a load is served until one succeeds).
         """
-        generation = self._watch.generation
-        keep_old = self._watch.lost() is None
-        self.steps = await self.checkpoints.load(Path(message.path), keep_old)
         assert self._passes is not None
-        self._passes.update.forget()  # every replica holds the checkpoint's state instead
+        update = self._passes.update
+        generation = self._watch.generation
+        unconfirmed = update.unconfirmed
+        keep_old = self._watch.lost() is None and not unconfirmed
+        try:
+            self.steps = await self.checkpoints.load(Path(message.path), keep_old)
+        except Exception as error:
+            if unconfirmed:
+                update.load_failed(error)
+            raise
+        update.forget()  # every replica holds the checkpoint's state instead
         self._watch.clear(generation)
 
     def _validate(self, message: Step | Evaluate) -> tuple[np.ndarray, np.ndarray]:

@@ -176,3 +176,60 @@ async def test_a_step_that_still_cannot_be_completed_fails_the_next_request() ->
         assert (await trainer.ask(GetTrainingState())).step == 2  # the one after completes it
         weights, _ = await _reference(system, data)
         np.testing.assert_allclose(await trainer.ask(GetWeights()), weights, atol=1e-6)
+
+
+async def _stuck(trainer: Any, plan: Plan, data: list[Any], checkpoint: Path) -> None:
+    """A step, a checkpoint of it, then a step whose commit replica SLOW keeps
+    refusing: every request after it fails, the step never completed."""
+    await trainer.ask(Step(*data[0]))
+    await trainer.ask(SaveCheckpoint(checkpoint))
+    plan.arm("commit", RuntimeError, times=1000)
+    with pytest.raises(RuntimeError, match="injected failure: commit"):
+        await trainer.ask(Step(*data[1]))
+    with pytest.raises(RuntimeError, match="injected failure: commit"):
+        await trainer.ask(GetWeights())
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+async def test_a_checkpoint_load_is_the_way_out_of_a_commit_never_confirmed(
+    stage: int, tmp_path: Path
+) -> None:
+    plan = Plan()
+    data = [synthetic_classification(6, 3, 2, seed=s) for s in range(3)]
+    checkpoint = tmp_path / "c.ckpt"
+    async with ActorSystem("zero-load-out") as system:
+        trainer = await _spawn(system, plan, stage)
+        await _stuck(trainer, plan, data, checkpoint)
+        fired = len(plan.fired)
+        await trainer.ask(LoadCheckpoint(checkpoint))  # was: refused, the commit asked again
+        assert len(plan.fired) == fired  # the load did not wait for the commit
+        plan.disarm("commit")
+        assert (await trainer.ask(GetTrainingState())).step == 1
+        await trainer.ask(Step(*data[2]))
+        one = await Trainer.spawn(system, Mlp([3, 4, 2], seed=1), ["cpu:0"], UNHURRIED)
+        await one.ask(LoadCheckpoint(checkpoint), timeout=120)  # the same start
+        await one.ask(Step(*data[2]), timeout=120)
+        assert (await trainer.ask(GetTrainingState())).step == 2
+        np.testing.assert_allclose(
+            await trainer.ask(GetWeights()), await one.ask(GetWeights()), atol=1e-6
+        )
+        evaluation = await one.ask(Evaluate(*data[0]))
+        assert (await trainer.ask(Evaluate(*data[0]))).loss == pytest.approx(evaluation.loss)
+
+
+async def test_after_a_failed_load_out_of_an_unconfirmed_commit_only_a_load_is_served(
+    tmp_path: Path,
+) -> None:
+    plan = Plan()
+    data = [synthetic_classification(6, 3, 2, seed=s) for s in range(2)]
+    checkpoint = tmp_path / "c.ckpt"
+    async with ActorSystem("zero-load-out-failed") as system:
+        trainer = await _spawn(system, plan)
+        await _stuck(trainer, plan, data, checkpoint)
+        with pytest.raises(FileNotFoundError):
+            await trainer.ask(LoadCheckpoint(tmp_path / "missing.ckpt"))
+        plan.disarm("commit")  # a commit now would keep a step of no whole state
+        with pytest.raises(RuntimeError, match="only LoadCheckpoint is served"):
+            await trainer.ask(GetWeights())
+        await trainer.ask(LoadCheckpoint(checkpoint))
+        assert (await trainer.ask(GetTrainingState())).step == 1

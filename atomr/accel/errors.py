@@ -13,7 +13,6 @@ __all__ = [
     "ContextPoisoned",
     "DriverError",
     "GpuError",
-    "GpuRefStale",
     "KernelTimeout",
     "OutOfMemory",
     "Unrecoverable",
@@ -50,10 +49,6 @@ class OutOfMemory(GpuError):
 
 class Unrecoverable(GpuError):
     """The device itself failed (ECC error, device lost): the supervisor stops the actor."""
-
-
-class GpuRefStale(GpuError):
-    """A buffer handle refers to memory of a context that no longer exists."""
 
 
 class DriverError(GpuError):

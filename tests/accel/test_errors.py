@@ -8,12 +8,12 @@ from atomr.accel import (
     ContextPoisoned,
     DriverError,
     GpuError,
-    GpuRefStale,
     KernelTimeout,
     OutOfMemory,
     Unrecoverable,
     translate_error,
 )
+from atomr.accel import errors as accel_errors
 
 
 class FakeCudaAPIError(Exception):
@@ -29,7 +29,6 @@ def test_family():
         ContextPoisoned,
         OutOfMemory,
         Unrecoverable,
-        GpuRefStale,
         DriverError,
         KernelTimeout,
     ):
@@ -38,26 +37,26 @@ def test_family():
     assert err.device == "cuda:1" and "cuda:1" in str(err)
 
 
-@pytest.mark.parametrize(
-    "exc,expected",
-    [
-        (MemoryError("host"), OutOfMemory),
-        (
-            FakeCudaAPIError(2, "[2] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY"),
-            OutOfMemory,
-        ),
-        (FakeCudaAPIError(700, "CUDA_ERROR_ILLEGAL_ADDRESS"), ContextPoisoned),
-        (FakeCudaAPIError(719, "CUDA_ERROR_LAUNCH_FAILED"), ContextPoisoned),
-        (FakeCudaAPIError(702, "CUDA_ERROR_LAUNCH_TIMEOUT"), KernelTimeout),
-        # a launch refused for its configuration: the context is intact, so the
-        # actor keeps its state (a restart would wipe it and fail the same way)
-        (FakeCudaAPIError(701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"), DriverError),
-        (FakeCudaAPIError(214, "CUDA_ERROR_ECC_UNCORRECTABLE"), Unrecoverable),
-        (FakeCudaAPIError(1, "CUDA_ERROR_INVALID_VALUE"), DriverError),
-        (KeyError("surprise"), DriverError),
-        (ZeroDivisionError("x"), DriverError),
-    ],
-)
+TRANSLATIONS = [
+    (MemoryError("host"), OutOfMemory),
+    (
+        FakeCudaAPIError(2, "[2] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY"),
+        OutOfMemory,
+    ),
+    (FakeCudaAPIError(700, "CUDA_ERROR_ILLEGAL_ADDRESS"), ContextPoisoned),
+    (FakeCudaAPIError(719, "CUDA_ERROR_LAUNCH_FAILED"), ContextPoisoned),
+    (FakeCudaAPIError(702, "CUDA_ERROR_LAUNCH_TIMEOUT"), KernelTimeout),
+    # a launch refused for its configuration: the context is intact, so the
+    # actor keeps its state (a restart would wipe it and fail the same way)
+    (FakeCudaAPIError(701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"), DriverError),
+    (FakeCudaAPIError(214, "CUDA_ERROR_ECC_UNCORRECTABLE"), Unrecoverable),
+    (FakeCudaAPIError(1, "CUDA_ERROR_INVALID_VALUE"), DriverError),
+    (KeyError("surprise"), DriverError),
+    (ZeroDivisionError("x"), DriverError),
+]
+
+
+@pytest.mark.parametrize("exc,expected", TRANSLATIONS)
 def test_translate_maps_and_chains(exc, expected):
     err = translate_error(exc, "cuda:0")
     assert type(err) is expected
@@ -76,3 +75,13 @@ def test_translate_with_numba_cuda_api_error():
 )
 def test_translate_keeps_validation_errors_and_gpu_errors(exc):
     assert translate_error(exc) is exc
+
+
+def test_every_exported_gpu_error_is_one_device_work_can_raise():
+    # a kind that nothing raises is a promise no caller can rely on (GpuRefStale was one)
+    exported = {
+        cls
+        for name in accel_errors.__all__
+        if (cls := getattr(accel_errors, name)) is not GpuError and issubclass(cls, GpuError)
+    }
+    assert exported == {expected for _, expected in TRANSLATIONS}

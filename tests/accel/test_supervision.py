@@ -8,7 +8,6 @@ from atomr.accel import (
     ContextPoisoned,
     DeviceActor,
     DriverError,
-    GpuRefStale,
     KernelTimeout,
     OutOfMemory,
     Unrecoverable,
@@ -26,7 +25,6 @@ from atomr.testkit import await_condition
         (Unrecoverable("x"), Directive.STOP),
         (DriverError("x"), Directive.ESCALATE),
         (KernelTimeout("x"), Directive.ESCALATE),
-        (GpuRefStale("x"), Directive.ESCALATE),
         (RuntimeError("x"), Directive.ESCALATE),
     ],
 )

@@ -14,10 +14,16 @@ from atomr.train.parameter_server import (
     GetServerStats,
     ParameterServerOptions,
     ParameterServerStats,
+    ServerShard,
 )
+from tests.reliability.faults import CLASSES, IN
 
 SIZES = [64, 32, 10]
 T = 60.0  # seconds per ask
+
+# 6*8 + 8 + 8*3 + 3 = 83 weights: two shards of 42 and 41
+TWO_RANGE_SIZES = [IN, 8, CLASSES]
+FIRST_RANGE = 42
 
 
 def config(kind: OptimizerKind | None = None, **kw: Any) -> TrainerConfig:
@@ -51,3 +57,13 @@ async def server_stats(ps: ActorRef) -> list[ParameterServerStats]:
 async def weights(ref: ActorRef) -> np.ndarray:
     """A trainer's flat weights."""
     return np.asarray(await ref.ask(GetWeights(), timeout=T))
+
+
+class NumberedShard(ServerShard):
+    """A server shard of a `TWO_RANGE_SIZES` model cut in two, telling
+    `inject_faults(worker=...)` which range it holds (0: the first, longer
+    one; 1: the second)."""
+
+    @property
+    def worker_index(self) -> int:
+        return 0 if self.n == FIRST_RANGE else 1

@@ -47,9 +47,7 @@ from atomr.train.core.model import Activation, Layer, Linear, Sequential, regist
 from atomr.train.parameter_server import Consistency, GetServerStats, ServerShard
 from atomr.train.parameter_server.messages import PullWeights, PushGradient
 from tests.reliability.faults import (
-    CLASSES,
     FAULT_AT,
-    IN,
     Plan,
     T,
     batches,
@@ -57,6 +55,7 @@ from tests.reliability.faults import (
     held_out,
     lost_until_reloaded,
 )
+from tests.train.parameter_server.common import FIRST_RANGE, TWO_RANGE_SIZES, NumberedShard
 
 N = 64
 PUSHES = 8
@@ -192,19 +191,7 @@ async def test_a_worker_slower_than_its_timeout_is_not_sent_its_part_again(
         assert after - before in ((3, 4) if synchronous else (6, 7))
 
 
-# 6*8 + 8 + 8*3 + 3 = 83 weights: two shards of 42 and 41
-LOST_SIZES = [IN, 8, CLASSES]
-FIRST_RANGE = 42
 FAULTY_SHARD = 1
-
-
-class _NumberedShard(ServerShard):
-    """A server shard that tells `inject_faults(worker=...)` which range it
-    holds (0: the first, longer one; 1: the second)."""
-
-    @property
-    def worker_index(self) -> int:
-        return 0 if self.n == FIRST_RANGE else 1
 
 
 @pytest.mark.parametrize(
@@ -230,9 +217,9 @@ async def test_a_restarted_server_shard_refuses_until_a_checkpoint_is_loaded(
     asynchronous model, an `Evaluate`'s in the synchronous one (whose steps
     start from the weights their last push returned)."""
     plan = Plan()
-    shard = inject_faults(_NumberedShard, plan, {"pull": PullWeights}, worker=FAULTY_SHARD)
+    shard = inject_faults(NumberedShard, plan, {"pull": PullWeights}, worker=FAULTY_SHARD)
     config = TrainerConfig(OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY)
-    model = Mlp(LOST_SIZES, activation="tanh", seed=4)
+    model = Mlp(TWO_RANGE_SIZES, activation="tanh", seed=4)
     assert model.n_params == 2 * FIRST_RANGE - 1
     options = ParameterServerOptions(
         workers=workers, shards=2, consistency=consistency, server_class=shard

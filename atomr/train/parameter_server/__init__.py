@@ -8,7 +8,7 @@ is in `atomr.train.parameter_server.messages`; `protocols.py` has
 `ParameterServerWorkerProtocol`, what a worker answers.
 """
 
-from atomr.train.parameter_server._round import RoundDroppedError
+from atomr.train.parameter_server._round import RoundDroppedError, RoundFailedError
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.messages import (
     EpochReport,
@@ -36,6 +36,7 @@ __all__ = [
     "ParameterServerWorker",
     "ParameterServerWorkerProtocol",
     "RoundDroppedError",
+    "RoundFailedError",
     "ServerShard",
     "ServerShardProtocol",
     "StaleGradientError",

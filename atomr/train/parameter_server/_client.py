@@ -9,10 +9,15 @@ The whole gradient is checked (length, finiteness) before anything is sent;
 then, in the asynchronous models, the first shard decides staleness and the
 others apply what it accepted, counting the staleness it decided (a
 follower's range may have seen up to workers - 1 other pushes interleaved
-differently; the order of concurrent pushes is not global, as in ps-lite). In synchronous mode every shard holds the
-push until its round is complete, so all shards apply the same rounds; an
-abort (`abort`, for a batch without a usable gradient) goes to every shard,
-so every shard drops the same round.
+differently; the order of concurrent pushes is not global, as in ps-lite).
+In synchronous mode every shard holds the push until its round is complete,
+so all shards apply the same rounds; an abort (`abort`, for a batch without
+a usable gradient) goes to every shard, so every shard drops the same round.
+A round that failed on one shard is rolled back on the others by the trainer
+(`RollbackRound`); weights pulled from shards at different versions (a
+round applied on some only) are refused in synchronous mode (`check_versions`).
+Every push and abort names its part's round (`round_id`), so that a shard
+takes it once however often it is sent.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from atomr.actor import ActorRef
 from atomr.train.comm._fanout import ask_all
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.partition import split_bounds
+from atomr.train.parameter_server._round import RoundFailedError
 from atomr.train.parameter_server.messages import (
     AbortPush,
     PullWeights,
@@ -101,8 +107,26 @@ class ShardedClient:
         weights = np.concatenate([np.asarray(w) for w, _ in replies])
         return weights, [int(v) for _, v in replies]
 
+    def check_versions(self, versions: Sequence[int]) -> None:
+        """Synchronous mode: refuse to compute from the shards' weights at
+        `versions` (from `pull`) unless they are one version.
+
+        Raises:
+            RoundFailedError: they differ (a round was applied on some shards only).
+        """
+        if self.synchronous and len(set(versions)) > 1:
+            raise RoundFailedError(
+                f"the server shards are at versions {list(versions)}: a synchronous round "
+                "was applied on some of them only; no gradient is computed from them"
+            )
+
     async def push(
-        self, worker: int, versions: Sequence[int], gradient: np.ndarray, weight: float = 1.0
+        self,
+        worker: int,
+        versions: Sequence[int],
+        gradient: np.ndarray,
+        weight: float = 1.0,
+        round_id: int | None = None,
     ) -> list[int]:
         """Push a full gradient, range by range.
 
@@ -111,6 +135,7 @@ class ShardedClient:
             versions: the versions returned by `pull`, one per server.
             gradient: the full gradient vector.
             weight: the batch's loss normaliser (see `PushGradient`).
+            round_id: the part's round (`TrainBatch.round_id`), or None.
 
         Returns:
             Each server's new version.
@@ -120,12 +145,20 @@ class ShardedClient:
                 was sent).
             NonFiniteError: a non-finite gradient (nothing was sent).
             StaleGradientError: the first shard refused it (nothing applied).
+            RoundFailedError: synchronous mode: a shard's update of the round
+                failed (the trainer rolls it back on the others).
             Exception: a server's failure.
         """
-        return [int(r) for r in await self._push(worker, versions, gradient, weight, False)]
+        pushed = await self._push(worker, versions, gradient, weight, False, round_id)
+        return [int(r) for r in pushed]
 
     async def push_and_pull(
-        self, worker: int, versions: Sequence[int], gradient: np.ndarray, weight: float = 1.0
+        self,
+        worker: int,
+        versions: Sequence[int],
+        gradient: np.ndarray,
+        weight: float = 1.0,
+        round_id: int | None = None,
     ) -> tuple[np.ndarray, list[int]]:
         """`push`, each server answering with the weights the push left
         (`PushGradient.return_weights`): what a `pull` right after would give
@@ -137,7 +170,9 @@ class ShardedClient:
         Raises:
             As `push`.
         """
-        replies: list[PushedWeights] = await self._push(worker, versions, gradient, weight, True)
+        replies: list[PushedWeights] = await self._push(
+            worker, versions, gradient, weight, True, round_id
+        )
         if len(replies) == 1:
             return replies[0].weights, [int(replies[0].version)]
         weights = np.concatenate([r.weights for r in replies])
@@ -150,6 +185,7 @@ class ShardedClient:
         gradient: np.ndarray,
         weight: float,
         return_weights: bool,
+        round_id: int | None,
     ) -> list[Any]:
         grad = np.asarray(gradient)
         if grad.ndim != 1 or grad.shape[0] != self.n:
@@ -159,7 +195,14 @@ class ShardedClient:
         if not np.isfinite(grad).all():
             raise NonFiniteError("gradient holds NaN or Inf; not pushed")
         msgs = [
-            PushGradient(worker, int(v), grad[lo:hi], weight, return_weights=return_weights)
+            PushGradient(
+                worker,
+                int(v),
+                grad[lo:hi],
+                weight,
+                return_weights=return_weights,
+                round_id=round_id,
+            )
             for v, (lo, hi) in zip(versions, self.ranges, strict=True)
         ]
         if self.synchronous or len(msgs) == 1:
@@ -170,7 +213,9 @@ class ShardedClient:
         rest = [replace(m, arbitrated_staleness=staleness) for m in msgs[1:]]
         return [first, *await ask_all(self.servers[1:], rest, self.timeout, first_index=1)]
 
-    async def abort(self, worker: int, versions: Sequence[int], reason: str) -> list[int]:
+    async def abort(
+        self, worker: int, versions: Sequence[int], reason: str, round_id: int | None = None
+    ) -> list[int]:
         """Tell every server that this worker has no gradient for its batch
         (`AbortPush`): a synchronous round is dropped on every shard, otherwise
         the worker's clock ticks and nothing is applied.
@@ -179,6 +224,7 @@ class ShardedClient:
             worker: the worker's id.
             versions: the versions returned by `pull`, one per server.
             reason: why there is no gradient (it ends up in the round's error).
+            round_id: the part's round (`TrainBatch.round_id`), or None.
 
         Returns:
             Each server's version (asynchronous and bounded models).
@@ -190,5 +236,5 @@ class ShardedClient:
         """
         if len(versions) != len(self.servers):
             raise ValueError(f"{len(versions)} versions for {len(self.servers)} servers")
-        msgs = [AbortPush(worker, int(v), reason) for v in versions]
+        msgs = [AbortPush(worker, int(v), reason, round_id) for v in versions]
         return [int(v) for v in await ask_all(self.servers, msgs, self.timeout)]

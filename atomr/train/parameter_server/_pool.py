@@ -12,6 +12,14 @@ was stopped) is withdrawn from the servers' round on its behalf
 synchronous round is dropped at once instead of holding the other workers'
 pushes until their timeout (and then mixing them into the next step), and a
 bounded-staleness clock still counts the batch.
+
+Every part names its round (`TrainBatch.round_id`: one per global batch), so
+that a part sent again after its push landed (its worker failed before
+answering) is not applied twice: the shards take one push per worker and
+round. A synchronous request that fails has its failed rounds rolled back
+on every server shard (`RollbackRound`): a round is kept by every shard or
+by none, and a round that failed on a shard (`RoundFailedError`) is not
+sent again.
 """
 
 from __future__ import annotations
@@ -25,16 +33,23 @@ import numpy as np
 
 from atomr.actor import ActorRef, ActorStoppedError, AskTimeoutError
 from atomr.actor.errors import bounded_repr
-from atomr.train.comm._fanout import ask_all, fence, raise_first_failure
+from atomr.train.comm._fanout import (
+    ask_all,
+    ask_all_settled,
+    failed_indices,
+    fence,
+    raise_first_failure,
+)
 from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import StepStats
-from atomr.train.parameter_server._round import RoundDroppedError
+from atomr.train.parameter_server._round import RoundDroppedError, RoundFailedError
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.messages import (
     AbortPush,
     BatchResult,
+    RollbackRound,
     StaleGradientError,
     Stats,
     TrainBatch,
@@ -50,11 +65,17 @@ _NOT_RETRIED: tuple[type[Exception], ...] = (
     InvalidBatchError,
     FloatingPointError,  # NonFiniteError included
     StaleGradientError,
+    RoundFailedError,  # a copy would compute from weights some shards moved on from
 )
 
-# the worker answers these itself, after withdrawing from the round; a timed
-# out worker may still push: no `AbortPush` on its behalf after any of them
-_ANSWERED_OR_LATE: tuple[type[Exception], ...] = (AskTimeoutError, *REQUEST_ERRORS)
+# the worker answers these itself, after withdrawing from the round (or the
+# round is over); a timed out worker may still push: no `AbortPush` on its
+# behalf after any of them
+_ANSWERED_OR_LATE: tuple[type[Exception], ...] = (
+    AskTimeoutError,
+    RoundFailedError,
+    *REQUEST_ERRORS,
+)
 
 Part = tuple[np.ndarray, np.ndarray]
 
@@ -129,11 +150,18 @@ class WorkerPool:
         self.retries = 0
         self.consistency = consistency or Consistency.asynchronous()
         self._generation = 0
+        self._next_round = 0
 
     def weights_changed(self) -> None:
         """The servers' weights were replaced (a checkpoint): no worker may
         start from weights it was given before."""
         self._generation += 1
+
+    def _rounds(self, count: int) -> int:
+        """The first of `count` fresh round ids (`TrainBatch.round_id`)."""
+        first = self._next_round
+        self._next_round += count
+        return first
 
     def _reuse(self) -> int | None:
         """The `reuse_generation` of the batches (None: pull)."""
@@ -183,20 +211,26 @@ class WorkerPool:
             One `BatchResult` per worker.
 
         Raises:
-            Exception: the first failure in worker order, once every worker answered.
+            Exception: the first failure in worker order, once every worker
+                answered (and, synchronous, the round was rolled back: `_settle`).
         """
-        asks, offset, reuse, lost = [], 0, self._reuse(), set[int]()
+        asks, offset, reuse, lost, failed = [], 0, self._reuse(), set[int](), set[int]()
+        round_id = self._rounds(1)
         for i, (x, y) in enumerate(parts):
-            asks.append(self._train_part(i, TrainBatch(x, y, offset, reuse), lost))
+            batch = TrainBatch(x, y, offset, reuse, round_id)
+            asks.append(self._train_part(i, batch, lost, failed))
             offset += len(x)
         results = await asyncio.gather(*asks, return_exceptions=True)
-        _raise_root_failure(results, lost)
+        await self._settle(results, lost, failed)
         return [r for r in results if not isinstance(r, BaseException)]
 
-    async def _train_part(self, index: int, message: TrainBatch, lost: set[int]) -> BatchResult:
-        """`ask` worker `index` to train a part; if it gives up on it without
-        answering (out of retries, stopped), withdraw it from the servers'
-        round (`_withdraw`) and note it in `lost`.
+    async def _train_part(
+        self, index: int, message: TrainBatch, lost: set[int], failed: set[int]
+    ) -> BatchResult:
+        """`ask` worker `index` to train a part; if it fails, note its round in
+        `failed`; if it gives up on it without answering (out of retries,
+        stopped), withdraw it from the servers' round (`_withdraw`) and note
+        it in `lost`.
 
         Raises:
             Exception: as `ask`.
@@ -204,14 +238,55 @@ class WorkerPool:
         try:
             result: BatchResult = await self.ask(index, message)
             return result
-        except _ANSWERED_OR_LATE:
-            raise
         except Exception as exc:
-            lost.add(index)
-            await self._withdraw(index, exc)
+            if message.round_id is not None:
+                failed.add(message.round_id)
+            if not isinstance(exc, _ANSWERED_OR_LATE):
+                lost.add(index)
+                await self._withdraw(index, exc, message.round_id)
             raise
 
-    async def _withdraw(self, index: int, error: Exception) -> None:
+    async def _settle(self, results: Sequence[Any], lost: set[int], failed: set[int]) -> None:
+        """Raise the request's root failure (`_raise_root_failure`), if any;
+        in synchronous mode after its `failed` rounds were rolled back on
+        every server shard (`_roll_back`).
+
+        Raises:
+            BaseException: that failure, noting what the rollback did.
+        """
+        try:
+            _raise_root_failure(results, lost)
+        except BaseException as error:
+            if self.consistency.is_synchronous and failed and self.servers:
+                await self._roll_back(failed, error)
+            raise
+
+    async def _roll_back(self, rounds: set[int], error: BaseException) -> None:
+        """`RollbackRound(rounds)` on every server shard, so that a shard that
+        applied a round that failed elsewhere undoes it; the workers' weights
+        from those rounds are not reused (`weights_changed`). Notes on `error`
+        what was undone, or which shards could not be asked (the model may
+        then be inconsistent: a synchronous worker refuses shards at
+        different versions, `RoundFailedError`, until a checkpoint is loaded)."""
+        self.weights_changed()
+        replies = await ask_all_settled(
+            self.servers, RollbackRound(tuple(sorted(rounds))), self.timeout, per_worker=False
+        )
+        unknown = failed_indices(replies)
+        undone = [k for k, r in enumerate(replies) if r is True]
+        if unknown:
+            error.add_note(
+                f"server shards {unknown} could not roll back the failed round "
+                f"({bounded_repr(replies[unknown[0]])}): they may hold a round the "
+                "others do not; load a checkpoint"
+            )
+        elif undone:
+            error.add_note(
+                f"server shards {undone} rolled the failed round back: nothing of it is "
+                "applied on any shard"
+            )
+
+    async def _withdraw(self, index: int, error: Exception, round_id: int | None) -> None:
         """`AbortPush` on behalf of worker `index` at the servers' current
         versions: the synchronous round it did not push in is dropped (every
         push of it fails), a bounded-staleness clock counts its batch. Waits
@@ -221,7 +296,7 @@ class WorkerPool:
         reason = f"gave up on its part: {bounded_repr(error)}"
         with contextlib.suppress(Exception):
             stats = await ask_all(self.servers, Stats(), self.timeout, per_worker=False)
-            aborts = [AbortPush(index, int(st.version), reason) for st in stats]
+            aborts = [AbortPush(index, int(st.version), reason, round_id) for st in stats]
             await ask_all(self.servers, aborts, self.timeout)
 
     async def train_in_order(self, parts: Sequence[Sequence[Part]]) -> list[BatchResult]:
@@ -239,30 +314,38 @@ class WorkerPool:
                 every other one stops after its current part, and the failure
                 is raised once all have stopped (none waits for a stopped one).
         """
-        failed, reuse, lost = asyncio.Event(), self._reuse(), set[int]()
+        stop, reuse, lost, failed = asyncio.Event(), self._reuse(), set[int](), set[int]()
+        first = self._rounds(max((len(own) for own in parts), default=0))
         results = await asyncio.gather(
-            *(self._train_each(i, own, failed, reuse, lost) for i, own in enumerate(parts)),
+            *(
+                self._train_each(i, own, first, stop, reuse, (lost, failed))
+                for i, own in enumerate(parts)
+            ),
             return_exceptions=True,
         )
-        _raise_root_failure(results, lost)
+        await self._settle(results, lost, failed)
         return [r for own in results if not isinstance(own, BaseException) for r in own]
 
     async def _train_each(
         self,
         index: int,
         parts: Sequence[Part],
-        failed: asyncio.Event,
+        first_round: int,
+        stop: asyncio.Event,
         reuse: int | None,
-        lost: set[int],
+        noted: tuple[set[int], set[int]],
     ) -> list[BatchResult]:
+        """Worker `index`'s parts in order (the j-th of round `first_round + j`),
+        until one fails or `stop` is set (`noted`: `_train_part`'s `lost`, `failed`)."""
         done: list[BatchResult] = []
-        for x, y in parts:
-            if failed.is_set():
+        for j, (x, y) in enumerate(parts):
+            if stop.is_set():
                 break
+            batch = TrainBatch(x, y, 0, reuse, first_round + j)
             try:
-                done.append(await self._train_part(index, TrainBatch(x, y, 0, reuse), lost))
+                done.append(await self._train_part(index, batch, *noted))
             except BaseException:
-                failed.set()
+                stop.set()
                 raise
         return done
 

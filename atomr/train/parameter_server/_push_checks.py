@@ -12,7 +12,7 @@ import numpy as np
 
 from atomr.train.parameter_server.messages import PushGradient
 
-__all__ = ["check_push", "check_staleness", "check_worker"]
+__all__ = ["check_push", "check_round_id", "check_staleness", "check_worker"]
 
 
 def check_worker(worker: Any, workers: int | None) -> int:
@@ -30,6 +30,19 @@ def check_worker(worker: Any, workers: int | None) -> int:
     if workers is not None and worker >= workers:
         raise ValueError(f"unknown worker {worker}; this server has {workers} workers")
     return int(worker)
+
+
+def check_round_id(round_id: Any) -> int | None:
+    """The trainer round a push or abort names (`PushGradient.round_id`).
+
+    Raises:
+        ValueError: neither None nor an int >= 0.
+    """
+    if round_id is None:
+        return None
+    if isinstance(round_id, bool) or not isinstance(round_id, (int, np.integer)) or round_id < 0:
+        raise ValueError(f"round_id must be None or an int >= 0, got {round_id!r}")
+    return int(round_id)
 
 
 def check_staleness(worker_version: Any, version: int) -> int:
@@ -62,10 +75,11 @@ def check_push(
 
     Raises:
         TypeError: the gradient is not a float numpy array.
-        ValueError: a bad worker, version, gradient length (never truncated
-            or padded) or weight.
+        ValueError: a bad worker, version, round id, gradient length (never
+            truncated or padded) or weight.
     """
     worker = check_worker(msg.worker, workers)
+    check_round_id(msg.round_id)
     staleness = check_staleness(msg.worker_version, version)
     grad = msg.gradient
     if not isinstance(grad, np.ndarray) or grad.dtype.kind != "f":

@@ -1,13 +1,17 @@
 """`ShardStore`: what a server shard holds (the weights, the optimizer's
-state and the version) and the only ways they change: an atomic update and
-a whole-state replacement.
+state and the version) and the only ways they change: an atomic update, the
+undoing of the last synchronous round, and a whole-state replacement.
 
 An update sums its parts, checks the sum finite, clips it and runs one
 optimizer step out of place (`atomr.train._recovery.DoubleBuffer`): any
 failure changes nothing, and is handed back to the caller as a value to
-answer with, so the shard is never restarted for it. Everything here but
-`_ready`, `_apply_or_undo` and `_count_applied` (the event loop's) runs on
-the device's worker thread. The update is a hook subclasses may override
+answer with, so the shard is never restarted for it. The old weights and
+optimizer state are kept until the next update (`DoubleBuffer.apply`
+commits the pending one first), so that the last synchronous round can be
+rolled back (`StagedRound`, `_roll_back_round`) when it failed on another
+shard. Everything here but `_ready`, `_apply_or_undo`, `_stage`,
+`_roll_back_round` and `_count_applied` (the event loop's) runs on the
+device's worker thread. The update is a hook subclasses may override
 (an instrumented server, a fault-injected one: `atomr.testkit.inject_faults`):
 `apply_gradients`.
 
@@ -29,9 +33,25 @@ from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
+from atomr.train.parameter_server._accepted import AcceptedRounds
+from atomr.train.parameter_server._round import StagedRound
 from atomr.train.parameter_server.messages import ServerState
 
-__all__ = ["ShardStore"]
+__all__ = ["ShardStore", "as_optimizer_kind"]
+
+
+def as_optimizer_kind(optimizer: OptimizerKind | float) -> OptimizerKind:
+    """The store's optimizer: an `OptimizerKind`, or a float learning rate
+    for plain SGD (the seed crate's form).
+
+    Raises:
+        TypeError: anything else.
+    """
+    if isinstance(optimizer, OptimizerKind):
+        return optimizer
+    if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
+        return OptimizerKind.sgd(float(optimizer))
+    raise TypeError(f"optimizer must be an OptimizerKind or a learning rate, got {optimizer!r}")
 
 
 class ShardStore(DeviceActor):
@@ -53,6 +73,8 @@ class ShardStore(DeviceActor):
     _initial: np.ndarray
     _staleness_sum: int
     _buffers: DoubleBuffer
+    _accepted: AcceptedRounds
+    _staged: StagedRound | None
 
     def _build(self) -> None:
         """On the device thread: weights and optimizer state on the device."""
@@ -81,21 +103,32 @@ class ShardStore(DeviceActor):
         """Apply `parts` atomically: any failure in `apply_gradients`
         (aggregation, a device error mid-optimizer) changes nothing and is
         returned, so the pusher gets the typed error and the shard keeps its
-        weights, optimizer state and version.
+        weights, optimizer state and version; one raised after the new
+        weights were swapped in (copying them out) undoes the update.
+        Any update ends the undoability of the last round (`_stage`).
 
         Returns:
             `(error or None, the new weights (read-only) when copy_out, else None)`.
         """
+        self._staged = None  # a new update: the last round is kept for good
         job = self._apply_and_copy if copy_out else self.apply_gradients
+        version = self.version
         try:  # a refused update (NonFiniteError) comes back as itself
             result = await self.on_device(guarded, job, parts, errors=(NonFiniteError,))
-        except Exception as exc:  # nothing was changed; answered, never a restart
+        except Exception as exc:  # answered, never a restart
+            if self.version != version:  # it failed after the swap: undone
+                await self.on_device(self._undo_last)
             return exc, None
         if isinstance(result, Rejected):
             return result.error, None
         if isinstance(result, Exception) or result is None:
             return result, None
         return None, result
+
+    def _undo_last(self) -> None:
+        """On the device thread: undo the update `apply_gradients` swapped in last."""
+        self._buffers.rollback()
+        self.version -= 1
 
     def _apply_and_copy(self, parts: list[tuple[np.ndarray, float]]) -> Exception | np.ndarray:
         """`apply_gradients`, then (if applied) a read-only host copy of the new weights."""
@@ -109,7 +142,7 @@ class ShardStore(DeviceActor):
     def apply_gradients(self, parts: list[tuple[np.ndarray, float]]) -> Exception | None:
         """On the device thread: `sum(coef * g)`, checked finite, then one
         optimizer step, out of place: an exception raised here changes nothing
-        (the pusher gets it).
+        (the pusher gets it). The step stays undoable until the next one.
 
         Args:
             parts: the gradients of the update and their coefficients.
@@ -135,7 +168,6 @@ class ShardStore(DeviceActor):
             clip_grad_norm(be, grads, self.gradient_clip)
         # out of place, swapped in only when complete: a failure changes nothing
         self._buffers.apply(be, self, "weights", self.optimizer, grads)
-        self._buffers.commit()
         self.version += 1
         return None
 
@@ -143,6 +175,36 @@ class ShardStore(DeviceActor):
         self.applied += len(stalenesses)
         self._staleness_sum += sum(stalenesses)
         self.max_staleness_seen = max([self.max_staleness_seen, *stalenesses])
+
+    # -- the last synchronous round ---------------------------------------------
+
+    def _stage(self, entries: list[tuple[int, int | None]], parts: int) -> None:
+        """A synchronous round of `entries` (`(worker, round_id)`) applied its
+        `parts`: count them, take its pushes and keep it undoable."""
+        self._count_applied([0] * parts)
+        taken_before = self._accepted.take(entries)
+        rounds = frozenset(r for _, r in entries if r is not None)
+        self._staged = StagedRound(rounds, taken_before, parts)
+
+    async def _roll_back_round(self, round_ids: tuple[int | None, ...]) -> bool:
+        """`RollbackRound`: undo the last update if it is the round of one of
+        `round_ids` (weights, optimizer state, version, counters, taken pushes).
+
+        Returns:
+            True when it was undone.
+
+        Raises:
+            Exception: the device's failure undoing it (the shard is then
+                resumed or restarted by its supervisor).
+        """
+        staged = self._staged
+        if staged is None or staged.round_ids.isdisjoint(round_ids):
+            return False
+        self._staged = None
+        await self.on_device(self._undo_last)
+        self.applied -= staged.parts
+        self._accepted.restore(staged.taken_before)
+        return True
 
     # -- whole state ------------------------------------------------------------
 
@@ -168,6 +230,8 @@ class ShardStore(DeviceActor):
             fresh.load_state_dict(state.optimizer)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"optimizer state does not fit: {exc!r}") from exc
+        self._buffers.commit()  # the last update can no longer be undone
+        self._staged = None
         self.backend.copy(self.backend.to_device(np.ascontiguousarray(w)), self.weights)
         self.optimizer = fresh
         self.kind = fresh.kind

@@ -29,6 +29,7 @@ __all__ = [
     "PullWeights",
     "PushGradient",
     "PushedWeights",
+    "RollbackRound",
     "ServerState",
     "SetServerState",
     "StaleGradientError",
@@ -80,6 +81,11 @@ class PushGradient:
             weights this push left, copied on the server's device thread in
             the same job as the update) instead of the version alone: the
             worker's next pull, saved.
+        round_id: the trainer's round of the part (`TrainBatch.round_id`), or
+            None. A shard takes one push (or abort) per worker and round: a
+            push of a round it took already for this worker (the part sent
+            again after its push landed) is answered as that push was, with
+            the shard's version (and weights), and applies nothing.
     """
 
     worker: int
@@ -88,6 +94,7 @@ class PushGradient:
     weight: float = 1.0
     arbitrated_staleness: int | None = None
     return_weights: bool = False
+    round_id: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,11 +130,35 @@ class AbortPush:
         worker: the worker's id.
         worker_version: the version of the weights the worker pulled.
         reason: why there is no gradient (e.g. "loss is not finite (inf)").
+        round_id: the trainer's round of the part, as for `PushGradient`: an
+            abort of a round the shard took already for this worker changes
+            nothing and is answered with the version.
     """
 
     worker: int
     worker_version: int
     reason: str
+    round_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackRound:
+    """Undo a synchronous round that a server shard applied but that failed
+    elsewhere (on another shard, or for a worker); answered with True when
+    the shard's last update was a round holding a push of one of
+    `round_ids` and is undone (weights, optimizer state, version and
+    counters as before it, its pushes no longer taken), else False
+    (nothing to undo: the round failed here, or never completed).
+
+    A synchronous shard keeps its last round undoable until its next update
+    (`atomr.train._recovery.DoubleBuffer`): the trainer rolls a failed round
+    back on every shard, so that a round is kept by every shard or by none.
+
+    Attributes:
+        round_ids: the trainer's rounds of the failed request.
+    """
+
+    round_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,12 +255,17 @@ class TrainBatch:
             push to return the weights for the next one. The trainer sets it
             in synchronous mode only, and gives a new generation whenever the
             server's weights may have changed otherwise (a checkpoint loaded).
+        round_id: the trainer's id of the global batch this part belongs to
+            (increasing), sent with the push (`PushGradient.round_id`): a
+            part sent again after its push landed is not applied twice.
+            None: not deduplicated.
     """
 
     features: np.ndarray
     labels: np.ndarray
     sample_offset: int = 0
     reuse_generation: int | None = None
+    round_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from atomr.train.parameter_server.messages import (
     GetServerState,
     PullWeights,
     PushGradient,
+    RollbackRound,
     SetServerState,
     Stats,
     TrainBatch,
@@ -31,8 +32,9 @@ class ServerShardProtocol:
 
     | message | reply | meaning |
     |---|---|---|
-    | `PushGradient(worker, worker_version, gradient, weight, arbitrated_staleness, return_weights)` | the new version (`int`), or `PushedWeights` with `return_weights` | apply (asynchronous, bounded) or join the round (synchronous: answered once every worker pushed and the round is applied); a push staler than the bound is answered with `Failure(StaleGradientError)` and changes nothing |
-    | `AbortPush(worker, worker_version, reason)` | the version (nothing applied); synchronous: `Failure(RoundDroppedError)` (a `NonFiniteError`) for the whole round | sent instead of a push: synchronous, it takes the worker's place in the round, which applies nothing, and every push of the round is answered with the failure; asynchronous / bounded, the worker's clock ticks |
+    | `PushGradient(worker, worker_version, gradient, weight, arbitrated_staleness, return_weights, round_id)` | the new version (`int`), or `PushedWeights` with `return_weights` | apply (asynchronous, bounded) or join the round (synchronous: answered once every worker pushed and the round is applied; a round whose update fails here is answered with `Failure(RoundFailedError)`, caused by the error); a push staler than the bound is answered with `Failure(StaleGradientError)` and changes nothing; a push of a `round_id` already taken from this worker is answered as that push was and applies nothing |
+    | `AbortPush(worker, worker_version, reason, round_id)` | the version (nothing applied); synchronous: `Failure(RoundDroppedError)` (a `NonFiniteError`) for the whole round | sent instead of a push: synchronous, it takes the worker's place in the round, which applies nothing, and every push of the round is answered with the failure; asynchronous / bounded, the worker's clock ticks; an abort of a `round_id` already taken from this worker changes nothing |
+    | `RollbackRound(round_ids)` | `bool`: True when undone | undo the last update if it is the synchronous round of one of `round_ids` (weights, optimizer state, version, counters); the trainer's, for a round that failed elsewhere |
     | `PullWeights(worker)` | `(weights, version)` | a host copy; under bounded staleness the reply waits while the worker is too far ahead of the slowest |
     | `Stats()` | `ParameterServerStats` | the shard's counters |
     | `GetWeights()` | `ndarray` | a host copy of the shard's range |
@@ -46,7 +48,9 @@ class ServerShardProtocol:
     and staleness are checked first; the update is written out of place and
     swapped in once complete), so any failure, bad input or a failed update,
     is answered with `Failure(exc)` and leaves the weights and version as
-    they were; the shard is never restarted for it and goes on serving.
+    they were; the shard is never restarted for it and goes on serving. It
+    takes one push (or abort) per worker and trainer round. Its last update
+    stays undoable until the next one (`RollbackRound`).
     Other messages go to `DeviceActor.receive` (`OnDevice`; anything else is
     answered with `Failure(TypeError)`).
 
@@ -57,6 +61,7 @@ class ServerShardProtocol:
     messages: ClassVar[tuple[type, ...]] = (
         PushGradient,
         AbortPush,
+        RollbackRound,
         PullWeights,
         Stats,
         GetWeights,
@@ -73,7 +78,7 @@ class ParameterServerWorkerProtocol:
 
     | message | reply | meaning |
     |---|---|---|
-    | `TrainBatch(features, labels, sample_offset, reuse_generation)` | `BatchResult` | pull the weights of every server range (or, with `reuse_generation`, start from those its last push of the same generation returned), compute the batch's mean gradient on the worker's device and push it with the versions pulled |
+    | `TrainBatch(features, labels, sample_offset, reuse_generation, round_id)` | `BatchResult` | pull the weights of every server range (or, with `reuse_generation`, start from those its last push of the same generation returned), compute the batch's mean gradient on the worker's device and push it with the versions pulled and its `round_id` |
     | `Evaluate(features, labels)` | `EvalResult` | loss and accuracy of the batch at freshly pulled weights; no state changes |
 
     Rules a worker keeps: a push refused as stale is computed again from
@@ -84,7 +89,14 @@ class ParameterServerWorkerProtocol:
     `AbortPush` instead of a push, so that a synchronous round fails for
     every worker rather than waiting for this one, and answers
     `Failure(NonFiniteError)`; a batch that does not fit the model is
-    answered with `Failure(InvalidBatchError)`. Between batches a worker
+    answered with `Failure(InvalidBatchError)`. In synchronous mode, weights
+    pulled from shards at different versions (a round applied on some only)
+    are not computed from: the worker aborts its part and answers
+    `Failure(RoundFailedError)`, as it answers a round that failed on a
+    shard. A part sent again after its push landed is pushed with the same
+    `round_id`, which the shards do not apply twice (its `BatchResult` then
+    reports the loss at the weights it was computed from the second time).
+    Between batches a worker
     keeps at most the weights its last push returned, so a restarted worker
     simply pulls on its next batch. Other messages go to
     `DeviceActor.receive` (`OnDevice`; anything else is answered with

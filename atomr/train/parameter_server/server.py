@@ -15,7 +15,9 @@ here) under one of three consistency models (`Consistency`):
   and applied once, which equals one data-parallel step (`SynchronousRound`).
   A worker without a gradient (non-finite loss) sends `AbortPush` instead:
   its round applies nothing and every push of it fails with
-  `RoundDroppedError` (a `NonFiniteError`).
+  `RoundDroppedError` (a `NonFiniteError`). A round whose update fails here
+  fails with `RoundFailedError`; one applied here but failed elsewhere is
+  undone by the trainer's `RollbackRound` (the last update stays undoable).
 
 A push is atomic: its length, finiteness and staleness are checked first,
 and only then is the optimizer applied, on the device's worker thread. Bad
@@ -24,9 +26,11 @@ A failure during the update itself (the aggregation, a device error, an
 optimizer dying half-way) changes nothing, since the update is written out
 of place and swapped in only once complete (`atomr.train._recovery.DoubleBuffer`),
 and is answered with `Failure(exc)` too: the pusher gets the typed error, the
-shard keeps its weights and version and goes on serving. That state and its
-atomic update are `ShardStore`'s (`_shard_store.py`), which `ServerShard`
-extends with the consistency models and the messages.
+shard keeps its weights and version and goes on serving. A push (or abort)
+of a trainer round already taken from its worker (`AcceptedRounds`) is
+answered without being applied again. The state and its atomic update are
+`ShardStore`'s (`_shard_store.py`); `ServerShard` adds the consistency
+models and the messages.
 
 A shard may hold one range of a larger vector: the trainer
 (`AsyncParameterServer`) spawns K of them and its workers push and pull
@@ -51,16 +55,23 @@ from atomr.train.core.model.inputs import model_dtype
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.sharded_index import merge_shards
+from atomr.train.parameter_server._accepted import AcceptedRounds
 from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
 from atomr.train.parameter_server._clocks import WorkerClocks
-from atomr.train.parameter_server._push_checks import check_push, check_staleness, check_worker
+from atomr.train.parameter_server._push_checks import (
+    check_push,
+    check_round_id,
+    check_staleness,
+    check_worker,
+)
 from atomr.train.parameter_server._round import (
     PendingPush,
     RoundDroppedError,
     SynchronousRound,
+    round_failure,
     round_update,
 )
-from atomr.train.parameter_server._shard_store import ShardStore
+from atomr.train.parameter_server._shard_store import ShardStore, as_optimizer_kind
 from atomr.train.parameter_server.consistency import Consistency, check_staleness_bound
 from atomr.train.parameter_server.messages import (
     AbortPush,
@@ -69,6 +80,7 @@ from atomr.train.parameter_server.messages import (
     PullWeights,
     PushedWeights,
     PushGradient,
+    RollbackRound,
     ServerState,
     SetServerState,
     StaleGradientError,
@@ -76,14 +88,6 @@ from atomr.train.parameter_server.messages import (
 )
 
 __all__ = ["ServerShard"]
-
-
-def _as_optimizer_kind(optimizer: OptimizerKind | float) -> OptimizerKind:
-    if isinstance(optimizer, OptimizerKind):
-        return optimizer
-    if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
-        return OptimizerKind.sgd(float(optimizer))
-    raise TypeError(f"optimizer must be an OptimizerKind or a learning rate, got {optimizer!r}")
 
 
 class ServerShard(ShardStore):
@@ -144,7 +148,7 @@ class ServerShard(ShardStore):
             not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
         ):
             raise ValueError(f"{self.consistency.name} consistency needs workers >= 1")
-        self.kind = _as_optimizer_kind(optimizer)
+        self.kind = as_optimizer_kind(optimizer)
         self.max_staleness = max_staleness
         self.n_workers = workers
         self.gradient_clip = gradient_clip
@@ -164,6 +168,8 @@ class ServerShard(ShardStore):
         self._clocks = WorkerClocks(workers, slack)
         self._round = SynchronousRound(workers or 0)
         self._buffers = DoubleBuffer()
+        self._accepted = AcceptedRounds()
+        self._staged = None
 
     @classmethod
     def props(
@@ -204,6 +210,12 @@ class ServerShard(ShardStore):
             return await self._push(message)
         if isinstance(message, AbortPush):
             return await self._abort(message)
+        if isinstance(message, RollbackRound):
+            try:
+                rounds = tuple(check_round_id(r) for r in message.round_ids)
+            except (TypeError, ValueError) as exc:
+                return Failure(TypeError(f"round_ids must be a tuple of round ids: {exc}"))
+            return await self._roll_back_round(rounds)
         if isinstance(message, PullWeights):
             return await self._pull(message)
         if isinstance(message, Stats):
@@ -227,8 +239,10 @@ class ServerShard(ShardStore):
             worker, grad, weight, staleness = check_push(msg, self.n, self.n_workers, self.version)
         except (ValueError, TypeError) as exc:
             return Failure(exc)
+        if self._accepted.taken(worker, msg.round_id):  # sent again after it landed
+            return await self._answer_push(worker, msg.return_weights)
         if self.consistency.is_synchronous:
-            return await self._push_sync(worker, grad, weight, staleness, msg.return_weights)
+            return await self._push_sync(worker, grad, weight, staleness, msg)
         bound = self.max_staleness
         if msg.arbitrated_staleness is not None:
             staleness = int(msg.arbitrated_staleness)
@@ -241,8 +255,16 @@ class ServerShard(ShardStore):
             if error is not None:
                 return Failure(error)
             self._count_applied([staleness])
+        self._accepted.take([(worker, msg.round_id)])
         await self._batch_done(worker)
-        if not msg.return_weights:
+        return await self._answer_push(worker, msg.return_weights, weights)
+
+    async def _answer_push(
+        self, worker: int, return_weights: bool, weights: np.ndarray | None = None
+    ) -> int | PushedWeights:
+        """The answer to a push taken (the version), or with `return_weights`
+        `PushedWeights` (`weights`, or a copy of the current ones)."""
+        if not return_weights:
             return self.version
         self._note_lead(worker)  # the answer serves as this worker's next pull
         if weights is None:
@@ -250,7 +272,7 @@ class ServerShard(ShardStore):
         return PushedWeights(self.version, weights)
 
     async def _push_sync(
-        self, worker: int, grad: np.ndarray, weight: float, staleness: int, return_weights: bool
+        self, worker: int, grad: np.ndarray, weight: float, staleness: int, msg: PushGradient
     ) -> Any:
         if staleness != 0:
             self.rejected += 1
@@ -258,7 +280,8 @@ class ServerShard(ShardStore):
         if not np.isfinite(grad).all():
             return Failure(NonFiniteError("gradient holds NaN or Inf; nothing applied"))
         grad = grad.astype(self.dtype, copy=True)
-        pending = PendingPush(grad, weight, self.context.defer(), wants_weights=return_weights)
+        reply = self.context.defer()
+        pending = PendingPush(grad, weight, reply, None, msg.return_weights, msg.round_id)
         await self._join_round(worker, pending)
         return None
 
@@ -266,21 +289,27 @@ class ServerShard(ShardStore):
         """`AbortPush`: abort the synchronous round, or tick the worker's clock."""
         try:
             worker = check_worker(msg.worker, self.n_workers)
+            round_id = check_round_id(msg.round_id)
             staleness = check_staleness(msg.worker_version, self.version)
         except ValueError as exc:
             return Failure(exc)
+        if self._accepted.taken(worker, round_id):  # its push of the round was taken
+            return self.version
         if not self.consistency.is_synchronous:
+            self._accepted.take([(worker, round_id)])
             await self._batch_done(worker)
             return self.version
         if staleness != 0:
             return Failure(StaleGradientError(staleness, 0, "synchronous mode abort"))
-        entry = PendingPush(None, 0.0, self.context.defer(), str(msg.reason))
+        entry = PendingPush(None, 0.0, self.context.defer(), str(msg.reason), round_id=round_id)
         await self._join_round(worker, entry)
         return None
 
     async def _join_round(self, worker: int, entry: PendingPush) -> None:
         """Add a push (or abort) to the synchronous round; once every worker is
-        in it, apply the round (nothing if it holds an abort) and answer every entry."""
+        in it, apply the round (nothing if it holds an abort) and answer every
+        entry. An applied round is kept undoable (`RollbackRound`); one whose
+        update failed is answered with `RoundFailedError` (its cause the error)."""
         ordered = self._round.join(worker, entry)
         if ordered is None:
             return
@@ -297,10 +326,10 @@ class ServerShard(ShardStore):
             wanted = any(p.wants_weights for _, p in ordered)
             error, weights = await self._apply_or_undo(parts, wanted)
             if error is None:
-                self._count_applied([0] * len(parts))
+                self._stage([(w, p.round_id) for w, p in ordered], len(parts))
         for _, p in ordered:
             if error is not None:
-                p.reply.set_exception(error)
+                p.reply.set_exception(round_failure(error))
             elif p.wants_weights and weights is not None:
                 p.reply.set_result(PushedWeights(self.version, weights))
             else:

@@ -14,8 +14,10 @@ The shards and workers are the trainer's children: stopping the trainer
 stops them. A child that raises is resumed, or restarted after
 `ContextPoisoned` (`state_keeping_decider`): a worker keeps no state
 between batches, so the part it failed on is simply sent again
-(`ParameterServerOptions.max_retries`); a shard's updates are atomic, so a
-resumed shard's state is valid. A restarted shard, though, comes back with
+(`ParameterServerOptions.max_retries`), with its round id, so that the
+shards do not apply a part twice whose push had landed; a shard's updates
+are atomic, so a resumed shard's state is valid, and a synchronous round
+that failed is rolled back on every shard (`WorkerPool`). A restarted shard, though, comes back with
 its initial weights and optimizer: the trainer then answers every request
 with `WorkerStateLost` until a `LoadCheckpoint` succeeds
 (`recovery.StateLossWatch`; no host copy of the state is kept).
@@ -96,7 +98,9 @@ class AsyncParameterServer(Actor):
     norm of the gradient a synchronous round applies (equal with one worker);
     `step_micros` is the slowest part's. In synchronous mode a `Step` is one
     optimizer step on the whole batch, equal to the single-device
-    `Trainer`'s; in the asynchronous models every part is applied on arrival.
+    `Trainer`'s, kept by every shard or by none (a round that failed on one
+    shard is rolled back on the others: `RoundFailedError`); in the
+    asynchronous models every part is applied on arrival.
 
     Args:
         layout: the checked deployment (`Layout.plan`; use `props` or `spawn`).

@@ -35,6 +35,7 @@ from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.parameter_server._client import ShardedClient
+from atomr.train.parameter_server._round import RoundFailedError
 from atomr.train.parameter_server.messages import BatchResult, StaleGradientError, TrainBatch
 
 __all__ = ["ParameterServerWorker"]
@@ -126,7 +127,7 @@ class ParameterServerWorker(DeviceActor):
             self._pushed = None
             _, versions = await self.client.pull(self.worker_id)
             zeros = np.zeros(self.client.n, dtype=model.dtype)
-            await self.client.push(self.worker_id, versions, zeros, 0.0)
+            await self.client.push(self.worker_id, versions, zeros, 0.0, msg.round_id)
             micros = (time.perf_counter_ns() - t0) // 1000
             return BatchResult(StepStats(0.0, 0.0, micros, 0, applied=False), 0.0)
         try:
@@ -136,28 +137,46 @@ class ParameterServerWorker(DeviceActor):
         reuse = msg.reuse_generation
         for attempt in range(self.stale_retries + 1):
             weights, versions = await self._weights_for(reuse if attempt == 0 else None)
+            try:
+                self.client.check_versions(versions)
+            except RoundFailedError as exc:  # a round applied on some shards only
+                await self._abort(versions, exc, msg.round_id)
+                return Failure(exc)
             ctx = ForwardContext(True, min(versions, default=0), msg.sample_offset)
             result = await self.on_device(guarded, self.compute_gradients, weights, x, y, ctx)
             if isinstance(result, Rejected):
-                await self._abort(versions, result.error)
+                await self._abort(versions, result.error, msg.round_id)
                 return Failure(result.error)
             grad, norm, loss, grad_norm = result
             try:
-                if reuse is None:
-                    await self.client.push(self.worker_id, versions, grad, norm)
-                else:  # the next batch of this generation starts from what it returns
-                    pushed = await self.client.push_and_pull(self.worker_id, versions, grad, norm)
-                    self._pushed = (*pushed, reuse)
+                await self._push(msg, versions, grad, norm)
             except StaleGradientError:
                 self.stale_pushes += 1
                 continue
-            except NonFiniteError as exc:  # the round was dropped (or its sum overflowed)
+            # the round was dropped (or its sum overflowed), or failed on a shard
+            except (NonFiniteError, RoundFailedError) as exc:
                 return Failure(exc)
             micros = (time.perf_counter_ns() - t0) // 1000
             return BatchResult(StepStats(loss, grad_norm, int(micros), int(x.shape[0])), norm)
         return Failure(
             StaleGradientError(-1, -1, f"still stale after {self.stale_retries} retries")
         )
+
+    async def _push(
+        self, msg: TrainBatch, versions: list[int], grad: np.ndarray, norm: float
+    ) -> None:
+        """Push the part's gradient; with `reuse_generation`, keep the weights
+        the push returns for the next batch of that generation.
+
+        Raises:
+            As `ShardedClient.push`.
+        """
+        reuse, me = msg.reuse_generation, self.worker_id
+        if reuse is None:
+            await self.client.push(me, versions, grad, norm, msg.round_id)
+        else:
+            pushed = await self.client.push_and_pull(me, versions, grad, norm, msg.round_id)
+            self._pushed = (*pushed, reuse)
 
     async def _weights_for(self, generation: int | None) -> tuple[np.ndarray, list[int]]:
         """The weights to compute from: those the last push returned when it
@@ -167,13 +186,13 @@ class ParameterServerWorker(DeviceActor):
             return pushed[0], pushed[1]
         return await self.client.pull(self.worker_id)
 
-    async def _abort(self, versions: list[int], error: Exception) -> None:
+    async def _abort(self, versions: list[int], error: Exception, round_id: int | None) -> None:
         """Take part in the round without a gradient (`AbortPush`): a synchronous
         round is dropped (its other pushes fail too instead of waiting for this
         worker), a bounded-staleness clock ticks. The round's answer is not
         needed: this worker reports its own error."""
         with contextlib.suppress(NonFiniteError, StaleGradientError):
-            await self.client.abort(self.worker_id, versions, str(error))
+            await self.client.abort(self.worker_id, versions, str(error), round_id)
 
     def compute_gradients(
         self, weights: np.ndarray, x: np.ndarray, y: np.ndarray, ctx: ForwardContext

@@ -1,0 +1,172 @@
+"""A round of the parameter server applied once, on every shard or on none.
+
+A part whose push landed before its worker failed must not be applied again
+when the trainer sends it again (`TrainBatch.round_id`: the shards accept one
+push per worker and round), and a synchronous round that fails on one server
+shard (its optimizer dying, or the shard failing on a push and resumed) must
+leave every shard as it was (`RollbackRound`), where the other shards used to
+keep their part of the update. Each run is compared with a single-device
+`Trainer` that trains the same batches, less the failed one.
+
+The faults go in through `atomr.testkit.inject_faults` and
+`tests.reliability.faults.dying_optimizer`, given to the trainer as
+`ParameterServerOptions.worker_class` / `server_class`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr import ActorRef, ActorSystem
+from atomr.accel import ContextPoisoned, cpu_devices
+from atomr.testkit import inject_faults
+from atomr.train import LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
+from atomr.train.parameter_server import (
+    Consistency,
+    ParameterServerWorker,
+    RoundFailedError,
+    ServerShard,
+)
+from atomr.train.parameter_server.messages import PushGradient, TrainBatch
+from tests.reliability.faults import (
+    FAULT_AT,
+    STEPS,
+    Plan,
+    T,
+    assert_same_training,
+    batches,
+    dying_optimizer,
+)
+from tests.train.parameter_server.common import (
+    TWO_RANGE_SIZES,
+    NumberedShard,
+    server_stats,
+    spawn,
+    weights,
+)
+
+# a hang (a round waiting for a push that never comes) fails within this many
+# seconds instead of the default worker_timeout
+_HANG = 10.0
+
+_CONFIG = TrainerConfig(OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY, worker_timeout=_HANG)
+
+
+async def _pair(
+    system: ActorSystem, workers: int, consistency: Consistency, **options: Any
+) -> tuple[ActorRef, ActorRef]:
+    """A parameter server of two shards and a single-device `Trainer` of the same model."""
+    model = Mlp(TWO_RANGE_SIZES, activation="tanh", seed=4)
+    ps = await spawn(
+        system,
+        model,
+        cpu_devices(workers),
+        _CONFIG,
+        workers=workers,
+        shards=2,
+        consistency=consistency,
+        **options,
+    )
+    return ps, await Trainer.spawn(system, model, "cpu:0", _CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("workers", "consistency"),
+    [(1, Consistency.asynchronous()), (2, Consistency.synchronous())],
+    ids=["async", "sync"],
+)
+async def test_a_part_whose_push_landed_is_not_applied_again(
+    actor_system: ActorSystem, workers: int, consistency: Consistency
+) -> None:
+    """The last worker's device context is poisoned right after it pushed its
+    part (the push landed; the worker is restarted instead of answering), and
+    the trainer sends the part again. Its gradient used to be applied a
+    second time (asynchronous), or the second push waited for a round of its
+    own until worker_timeout (synchronous); now every shard answers it
+    without applying it, the step succeeds and the run equals the
+    single-device Trainer's (one asynchronous worker, or synchronous rounds,
+    equal its steps)."""
+    plan = Plan()
+    worker = inject_faults(ParameterServerWorker, plan, {"pushed": TrainBatch}, worker=workers - 1)
+    ps, single = await _pair(actor_system, workers, consistency, worker_class=worker)
+    for i, (x, y) in enumerate(batches()):
+        if i == FAULT_AT:
+            plan.arm("pushed", ContextPoisoned, after=True)
+        await ps.ask(Step(x, y), timeout=T)
+        await single.ask(Step(x, y), timeout=T)
+    assert plan.fired == ["pushed"]
+    for st in await server_stats(ps):  # one version per step, one gradient per part
+        assert (st.version, st.gradients_applied) == (STEPS, STEPS * workers)
+    await assert_same_training(ps, single)
+
+
+async def _round_fails_on_one_shard(
+    system: ActorSystem,
+    plan: Plan,
+    phase: str,
+    shard: type[ServerShard],
+    error: type[BaseException] = ContextPoisoned,
+) -> BaseException:
+    """Train a synchronous parameter server of two workers and two shards
+    (`shard` its server class) and a single-device Trainer; `phase` is armed
+    with `error` for the step `FAULT_AT`, which must fail leaving every shard's weights and
+    version as they were, and the Trainer skips it. The runs must end equal.
+
+    Returns:
+        The error the failed step was answered with.
+    """
+    ps, single = await _pair(system, 2, Consistency.synchronous(), server_class=shard)
+    raised = None
+    for i, (x, y) in enumerate(batches()):
+        if i != FAULT_AT:
+            await ps.ask(Step(x, y), timeout=T)
+            await single.ask(Step(x, y), timeout=T)
+            continue
+        before = await weights(ps)
+        plan.arm(phase, error)
+        with pytest.raises(RoundFailedError) as info:
+            await ps.ask(Step(x, y), timeout=T)
+        raised = info.value
+        np.testing.assert_array_equal(await weights(ps), before)
+        assert [st.version for st in await server_stats(ps)] == [FAULT_AT, FAULT_AT]
+    assert plan.fired == [phase]
+    for st in await server_stats(ps):
+        assert (st.version, st.gradients_applied) == (STEPS - 1, 2 * (STEPS - 1))
+    await assert_same_training(ps, single)
+    assert raised is not None
+    return raised
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+async def test_a_synchronous_round_whose_update_fails_on_one_shard_changes_no_shard(
+    actor_system: ActorSystem, failing: int
+) -> None:
+    """Shard `failing`'s optimizer dies half-way through the round's update
+    (`ContextPoisoned`): that shard changed nothing, but the other one kept
+    its part of the update, and the step was sent again, so the other shard
+    applied the round twice, silently. Now the step fails with
+    `RoundFailedError` (caused by the shard's error), no shard changed, and
+    training goes on as if the step had not been asked."""
+    plan = Plan()
+    shard = dying_optimizer(NumberedShard, plan, worker=failing)
+    error = await _round_fails_on_one_shard(actor_system, plan, "mid_optimizer", shard)
+    assert isinstance(error.__cause__, ContextPoisoned)
+    notes = getattr(error, "__notes__", [])
+    assert f"server shards [{1 - failing}] rolled the failed round back" in "\n".join(notes)
+
+
+async def test_a_shard_resumed_after_failing_on_a_push_leaves_no_shard_changed(
+    actor_system: ActorSystem,
+) -> None:
+    """Shard 1 fails on the first push of the round (it raises in `receive`
+    and is resumed): the other shard applied the round, and shard 1's round
+    was completed by the push sent again, computed from the mixed weights.
+    Now the worker sending it again finds the shards at different versions
+    and refuses (`RoundFailedError`); every shard is rolled back and training
+    goes on."""
+    plan = Plan()
+    shard = inject_faults(NumberedShard, plan, {"push": PushGradient}, worker=1)
+    await _round_fails_on_one_shard(actor_system, plan, "push", shard, RuntimeError)

@@ -328,7 +328,10 @@ class DataParallelTrainer(Actor):
             if not isinstance(r, ActorRef):
                 raise TypeError(f"replicas[{k}] must be an ActorRef, got {type(r).__name__}")
         self.options.replica_count_fits(len(refs))
-        await self._local.close()  # a failed round is repaired; the new replicas are synced below
+        # an open round closes on the replicas that computed its batches (a failed
+        # one is repaired and dropped); the new replicas are synced below
+        await self._local.close()
+        await self._cadence.close()
         self.replicas.replace(refs)
         self._manual.forget()
         self.replicas.lost = None

@@ -37,6 +37,7 @@ from atomr.train.data_parallel import (
     DataParallelTrainer,
     GetReplicaWeights,
     ReplicaActor,
+    SetReplicas,
 )
 from atomr.train.data_parallel.messages import ComputeGradients, GradientResult
 from atomr.train.fit import FitCallback, FitPosition, epoch_order
@@ -340,3 +341,27 @@ async def test_a_round_left_open_at_shutdown_leaves_no_unretrieved_failure(
         del dp, system  # the stopped trainer's last references: collected below
         gc.collect()
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+async def test_set_replicas_closes_the_open_round_first() -> None:
+    """New replicas mid-round: the round's batches were computed by the old
+    replicas, so it closes on them first. It did not: the next `Step` closed
+    it on the new replicas, its old quotas and buffers mixed with their
+    weights (silently off the single-device run)."""
+    model = Mlp([6, 8, 3], seed=2)
+    async with ActorSystem("cadence") as system:
+        old = [system.spawn(ReplicaActor.props(model, d, CONFIG)) for d in cpu_devices(2)]
+        options = _cadence(cadence_anchor=2, cadence_measure_speeds=False)
+        dp = system.spawn(DataParallelTrainer.props(CONFIG, old, options))
+        one = await Trainer.spawn(system, model, "cpu:0", CONFIG)
+        for b in B[:3]:  # quotas 2 and 2: the round is open
+            assert not (await dp.ask(Step(*b))).applied
+        await dp.ask(SetReplicas([*old, system.spawn(ReplicaActor.props(model, "cpu:2", CONFIG))]))
+        replies = [await dp.ask(Step(*b)) for b in B[3:9]]  # quotas 2, 2 and 2
+        assert [r.applied for r in replies] == [False] * 5 + [True]
+        for batches in (B[:3], B[3:9]):
+            await one.ask(Step(np.concatenate([b[0] for b in batches]),
+                               np.concatenate([b[1] for b in batches])))  # fmt: skip
+        np.testing.assert_allclose(
+            await dp.ask(GetWeights()), await one.ask(GetWeights()), rtol=1e-5, atol=1e-6
+        )

@@ -18,9 +18,11 @@ the replicas are identical after it. That `Step` answers with the round's
 loss, samples and the averaging time (`comm_micros`). A local step that
 failed (a non-finite gradient, a crashed replica) is answered at the round's
 close with its error, the round not averaged; the other replicas' local
-steps stand. `close` ends an open round early (before a checkpoint, an
-evaluation, the weights being read); `drain` only waits for the batches
-handed out (each replica's own weights read mid-round).
+steps stand. A batch counts as a step (`max_steps`) when handed out; the
+local steps of a failed round that do not stand are uncounted at its close.
+`close` ends an open round early (before a checkpoint, an evaluation, the
+weights being read); `drain` only waits for the batches handed out (each
+replica's own weights read mid-round).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from atomr.actor import Failure
 from atomr.train.comm._fanout import failed_indices
 from atomr.train.core._step_checks import check_normaliser
 from atomr.train.core.stats import StepStats
+from atomr.train.data_parallel._replicas import crashed
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import ApplyReducedGradients, ComputeGradients
 from atomr.train.data_parallel.speed_balancer import ReplicaSpeeds
@@ -190,6 +193,27 @@ class LocalSgd:
             return None
         return await self._close_round()
 
+    async def _failed_round(
+        self, tasks: list[tuple[int, asyncio.Task[Any]]], results: list[Any]
+    ) -> Failure:
+        """A round with a failed local step: uncount the local steps that do
+        not stand (each failed one, and every one of a replica that crashed:
+        its supervisor restarted it, and it is re-synced from a healthy one),
+        then repair.
+
+        Returns:
+            The `Failure` of the first failing replica (`ReplicaGroup.repair`).
+        """
+        by_replica: list[Any] = [None] * len(self.runner.replicas.refs)
+        for (i, _), result in zip(tasks, results, strict=True):
+            if isinstance(result, BaseException) and not crashed(by_replica[i]):
+                by_replica[i] = result  # a crash outranks a refusal: it is re-synced
+        self.runner.steps -= sum(
+            isinstance(result, BaseException) or crashed(by_replica[i])
+            for (i, _), result in zip(tasks, results, strict=True)
+        )
+        return await self.runner.replicas.repair(by_replica, "the round was not averaged")
+
     async def _close_round(self) -> StepStats | Failure:
         tasks, self._round = self._round, []
         samples, self._samples = self._samples, 0
@@ -197,11 +221,7 @@ class LocalSgd:
         self._last_round = time.monotonic()
         results = list(await asyncio.gather(*(t for _, t in tasks), return_exceptions=True))
         if failed_indices(results):
-            by_replica: list[Any] = [None] * len(self.runner.replicas.refs)
-            for (i, _), result in zip(tasks, results, strict=True):
-                if isinstance(result, BaseException):
-                    by_replica[i] = result
-            return await self.runner.replicas.repair(by_replica, "the round was not averaged")
+            return await self._failed_round(tasks, results)
         steps: list[tuple[float, float, float]] = results  # type: ignore[assignment]  # no errors
         started = time.perf_counter_ns()
         await self.runner.replicas.average_weights(self.host)

@@ -22,11 +22,15 @@ from atomr.train.core.models import batch_spec
 from atomr.train.core.validation import BatchSpec
 from atomr.train.data_parallel.messages import GetState, ReplicaState, SetState
 
-__all__ = ["ReplicaDivergenceError", "ReplicaGroup"]
+__all__ = ["ReplicaDivergenceError", "ReplicaGroup", "crashed"]
 
 logger = logging.getLogger(__name__)
 
-# errors that leave a replica intact (it answered with a Failure, it was not restarted)
+
+def crashed(error: object) -> bool:
+    """Whether a replica's failed request left it restarted (its state lost):
+    any exception but a `REQUEST_ERRORS` one, which it answered intact."""
+    return isinstance(error, BaseException) and not isinstance(error, REQUEST_ERRORS)
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -176,8 +180,7 @@ class ReplicaGroup:
         """After a failed request: re-sync the replicas that crashed in it
         (`resync`); `results` are its settled replies (`ask_each`)."""
         failed = failed_indices(results)
-        crashed = [i for i in failed if not isinstance(results[i], REQUEST_ERRORS)]
-        await self.resync(crashed, failed)
+        await self.resync([i for i in failed if crashed(results[i])], failed)
 
     async def resync(self, crashed: list[int], failed: list[int]) -> None:
         """Copy a healthy replica's state (one not in `failed`) into each

@@ -14,7 +14,7 @@ import pytest
 
 from atomr import ActorSystem, Props
 from atomr.accel import DriverError, cpu_devices
-from atomr.testkit import Plan, inject_faults
+from atomr.testkit import ManualClock, Plan, inject_faults
 from atomr.train import (
     Evaluate,
     GetWeights,
@@ -30,7 +30,8 @@ from atomr.train import (
     TrainerConfig,
     fit,
 )
-from atomr.train.core import load_digits_split, synthetic_classification
+from atomr.train.core import GetTrainingState, load_digits_split, synthetic_classification
+from atomr.train.core.errors import StepLimitError
 from atomr.train.data_parallel import (
     ApplyPolicy,
     DataParallelOptions,
@@ -316,3 +317,43 @@ async def test_a_replica_that_crashes_mid_round_is_resynced_and_the_next_round_a
         a, b = await dp.ask(GetReplicaWeights())
     assert stats.applied and stats.samples == 32
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("fault", ["refused", "crash"])
+async def test_local_steps_that_do_not_stand_are_not_counted_against_max_steps(
+    fault: str,
+) -> None:
+    # a clock that never moves: no speed is learnt, so the batches go to
+    # replicas 0, 1, 0, 1. Replica 1's second local step fails: refused (its
+    # first stands) or crashed (restarted and re-synced: neither stands).
+    # Every batch handed out was counted as a step, so the trainer reported
+    # 4 steps for 3 (or 2) and refused Steps short of max_steps
+    plan = Plan()
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, max_steps=4)
+    options = DataParallelOptions(
+        policy=ApplyPolicy.ASYNC, average_every=4, clock=ManualClock().time
+    )
+    model = Mlp([6, 8, 3])
+    second = RefusingReplica
+    if fault == "crash":
+        second = inject_faults(ReplicaActor, plan, {"apply": "apply_gradients"})
+        plan.arm("apply", RuntimeError, skip=1)
+    first_dev, second_dev = cpu_devices(2)
+    props = [
+        Props(ReplicaActor, model, first_dev, config),
+        Props(second, model, second_dev, config),
+    ]
+    marked = X[48:64].copy()
+    marked[0, 0] = 99.0  # RefusingReplica refuses it
+    async with ActorSystem("local-sgd") as system:
+        dp = system.spawn(DataParallelTrainer.props(config, props, options))
+        for k in range(3):
+            await dp.ask(Step(X[16 * k : 16 * k + 16], Y[16 * k : 16 * k + 16]))
+        with pytest.raises(Exception, match="replica 1; the round was not averaged"):
+            await dp.ask(Step(marked, Y[48:64]))
+        stood = 3 if fault == "refused" else 2
+        assert (await dp.ask(GetTrainingState())).step == stood
+        for _ in range(stood, 4):  # the steps left to the limit are taken, then refused
+            await dp.ask(Step(X[:16], Y[:16]))
+        with pytest.raises(StepLimitError):
+            await dp.ask(Step(X[:16], Y[:16]))

@@ -172,13 +172,17 @@ class FitRun:
 
     async def train_epoch(self) -> bool:
         """The rest of the current epoch's steps, then its evaluation; False
-        when stopped part way (`stopping`). A stop on the epoch's last batch
-        finishes the epoch first (its evaluations and record are told), so
-        that the position saved is the next epoch's start.
+        when stopped part way (`stopping`, or the trainer refused a `Step`
+        at its step limit). A stop on the epoch's last batch finishes the
+        epoch first (its evaluations and record are told), so that the
+        position saved is the next epoch's start; a stop part way closes an
+        open round (`close_round`), so that the position counts every batch
+        trained.
 
         Raises:
             DataSourceError: the data raised (after the checkpoint is saved).
             InvalidDataError: a bad batch, or an epoch without batches.
+            Exception: what the trainer answered a `CloseRound` with.
         """
         tally = _Tally()
         batches = self.train.batches(self.position.epoch, self.position.batch)
@@ -187,12 +191,15 @@ class FitRun:
             t0 = time.perf_counter()
             stats = await self.step(batch)
             if stats is None:
+                await self.close_round(tally)
                 return False
             self.position.batch += 1
             self.counted(tally, stats, t0)
             if self.stopping():
                 if self.position.batch == count or (count is None and _exhausted(batches)):
                     await self.finish_epoch(tally)
+                else:
+                    await self.close_round(tally)
                 return False
         await self.finish_epoch(tally)
         return True
@@ -207,8 +214,8 @@ class FitRun:
         self.tell("on_step", self.position, stats, tally.mean_loss, tally.rate)
 
     async def close_round(self, tally: _Tally) -> None:
-        """At an epoch's end, close a trainer's open round (`CloseRound`),
-        so that the epoch's figures include its last batches.
+        """At an epoch's end or a stop, close a trainer's open round
+        (`CloseRound`), so that the figures include its last batches.
 
         Raises:
             Exception: what the trainer answered (the round not applied).

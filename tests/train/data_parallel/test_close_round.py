@@ -5,6 +5,7 @@ at every epoch's end, so an epoch's record counts every batch it trained."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -13,13 +14,14 @@ import pytest
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import Evaluate, GetWeights, LossKind, Mlp, OptimizerKind, Step, TrainerConfig, fit
-from atomr.train.core import CloseRound, GetTrainingState, synthetic_classification
+from atomr.train.core import CloseRound, GetTrainingState, StepStats, synthetic_classification
 from atomr.train.data_parallel import (
     ApplyPolicy,
     DataParallelOptions,
     DataParallelTrainer,
     GetReplicaWeights,
 )
+from atomr.train.fit import FitCallback, FitPosition, StopFlag
 
 CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
 X, Y = synthetic_classification(96, 6, 3, seed=3)
@@ -91,3 +93,41 @@ async def test_fit_counts_an_epochs_last_round_in_its_record(policy: str) -> Non
         assert math.isfinite(record.train_loss) and record.train_loss > 0
         assert record.samples_per_s > 0
     assert not np.array_equal(weights, await _initial_weights())
+
+
+class _StopAt(FitCallback):
+    """Requests a stop after the `batch`-th batch of the first epoch."""
+
+    def __init__(self, stop: StopFlag, batch: int) -> None:
+        self.stop, self.batch = stop, batch
+
+    def on_step(self, position: FitPosition, stats: StepStats, mean_loss: float,
+                rate: float) -> None:  # fmt: skip
+        if position.batch == self.batch:
+            self.stop.request()
+
+
+@pytest.mark.parametrize(
+    ("policy", "max_steps", "stop_at", "status", "steps"),
+    [("async", 4, None, "reached max_steps", 4), ("cadence", None, 3, "interrupted", 1)],
+)
+async def test_fit_stopping_mid_round_closes_and_counts_the_round(
+    policy: str, max_steps: int | None, stop_at: int | None, status: str, steps: int
+) -> None:
+    """`fit` stops part way through an epoch, a round open: at the trainer's
+    step limit (ASYNC counts a batch when it hands it out, so the Step after
+    the 4th is refused) or on a stop request. Before, it returned with the
+    round open and uncounted: ASYNC's position said step 0 where the trainer
+    said 4, and CADENCE's batches were not applied."""
+    stop = StopFlag()
+    config = dataclasses.replace(CONFIG, max_steps=max_steps)
+    async with ActorSystem("close-round") as system:
+        dp = await DataParallelTrainer.spawn(
+            system, Mlp([6, 8, 3], seed=1), cpu_devices(2), config, LONG_ROUNDS[policy]
+        )
+        callbacks = [] if stop_at is None else [_StopAt(stop, stop_at)]
+        result = await fit(dp, (X, Y), epochs=2, batch_size=16, stop=stop, callbacks=callbacks)
+        state = await dp.ask(GetTrainingState())
+        assert await dp.ask(CloseRound()) is None  # fit closed it
+    assert result.status == status
+    assert result.position.step == state.step == steps

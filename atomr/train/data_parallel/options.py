@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from atomr._arguments import bool_flag, int_at_least
+from atomr._arguments import bool_flag, int_at_least, real_as_float
+from atomr.actor.errors import bounded_repr
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.collective import MpiCollective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
@@ -121,7 +122,9 @@ class DataParallelOptions:
             `recalibrate_every`, `min_share`, CADENCE's and ASYNC's `clock`,
             SYNC's and CADENCE's `check_every`), or a speed-balancer setting
             (`speed_hint`, `recalibrate_every`, `min_share`) under SYNC
-            without `balance`.
+            without `balance`; under CADENCE, a `cadence_anchor` and a
+            `speed_hint` that give the fastest replica no finite number of
+            batches per round.
     """
 
     collective: str | Collective = "host"
@@ -187,11 +190,29 @@ class DataParallelOptions:
         target = self.cadence_target
         if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < 1:
             raise ValueError(f"cadence_target must be in (0, 1), got {target!r}")
+        if self.policy is ApplyPolicy.CADENCE:
+            self._check_first_quota()
         if self.policy is not ApplyPolicy.SYNC and self.process_count > 1:
             raise ValueError(
                 f"ApplyPolicy.{self.policy.name} runs within one process; use SYNC in a job"
             )
         self._refuse_other_policy_settings()
+
+    def _check_first_quota(self) -> None:
+        """CADENCE's first round gives the fastest replica `cadence_anchor`
+        times the hint's fastest-to-slowest ratio batches (`_cadence`).
+
+        Raises:
+            ValueError: that is no finite number.
+        """
+        hint = self.speed_hint or (1.0,)
+        quota = real_as_float(self.cadence_anchor) * (max(hint) / min(hint))
+        if not math.isfinite(quota):
+            raise ValueError(
+                f"cadence_anchor {bounded_repr(self.cadence_anchor)} times speed_hint's "
+                f"fastest-to-slowest ratio gives the fastest replica no finite number of "
+                "batches per round: give a smaller anchor or closer speeds"
+            )
 
     def _refuse_other_policy_settings(self) -> None:
         """Refuse a setting given (not its default) where it has no effect:

@@ -268,6 +268,20 @@ def test_bad_cadence_options_are_refused() -> None:
         DataParallelOptions(cadence_measure_speeds=None)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("anchor", "hint"), [(1, (1e300, 1e-300)), (10**400, None), (10**300, (1e10, 1.0))]
+)
+def test_a_first_quota_beyond_any_number_is_refused(
+    anchor: int, hint: tuple[float, ...] | None
+) -> None:
+    """The fastest replica's first quota, `cadence_anchor` times the hint's
+    fastest-to-slowest ratio, is no finite number: before, the options were
+    taken and every `Step` answered a bare OverflowError ("cannot convert
+    float infinity to integer"), nothing trained."""
+    with pytest.raises(ValueError, match="cadence_anchor .* no finite number of batches"):
+        DataParallelOptions(policy=ApplyPolicy.CADENCE, cadence_anchor=anchor, speed_hint=hint)
+
+
 class _Sleeper(DeviceActor):
     async def receive(self, message: float) -> float:
         started = time.perf_counter()

@@ -1,6 +1,7 @@
 """The Python snippets of docs/getting_started.md, docs/training.md,
-docs/reliability.md, docs/sharded.md and docs/models.md run as written (each in a fresh interpreter, in an empty
-folder)."""
+docs/reliability.md, docs/sharded.md, docs/models.md and
+docs/data_parallel.md run as written (each in a fresh interpreter, in an
+empty folder)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ("getting_started.md", "training.md", "reliability.md", "sharded.md", "models.md")
+PAGES = (
+    "getting_started.md",
+    "training.md",
+    "reliability.md",
+    "sharded.md",
+    "models.md",
+    "data_parallel.md",
+)
 BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 

@@ -4,6 +4,9 @@ message names the setting), and `for_job` places a process in its job."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,3 +169,12 @@ READ = {
 def test_the_settings_a_policy_reads_are_accepted(policy: ApplyPolicy) -> None:
     options = DataParallelOptions(policy=policy, **READ[policy])
     assert all(getattr(options, name) == value for name, value in READ[policy].items())
+
+
+def test_the_docs_options_table_lists_every_field() -> None:
+    """docs/data_parallel.md's table of `DataParallelOptions` (before, it left
+    out `policy`, `average_*`, `cadence_*` and `replica_class`)."""
+    page = Path(__file__).resolve().parents[3] / "docs" / "data_parallel.md"
+    rows = re.findall(r"^\| (`[^|]*`) \|", page.read_text(encoding="utf-8"), flags=re.M)
+    listed = {name for row in rows for name in re.findall(r"`(\w+)`", row)}
+    assert [f.name for f in fields(DataParallelOptions) if f.name not in listed] == []

@@ -19,7 +19,7 @@ from .mailbox import BoundedMailbox, Mailbox, OverflowPolicy
 from .messages import DeadLetter, PoisonPill, ReceiveTimeout, Terminated
 from .props import Props
 from .ref import DEFAULT_ASK_TIMEOUT, ActorRef
-from .reply import Failure, Reply, not_handled
+from .reply import Failure, Reply, actor_failed, not_handled
 from .router import BroadcastPool, RoundRobinPool
 from .runner import run
 from .supervision import (
@@ -61,6 +61,7 @@ __all__ = [
     "RoundRobinPool",
     "SupervisorStrategy",
     "Terminated",
+    "actor_failed",
     "not_handled",
     "run",
 ]

@@ -28,7 +28,7 @@ from .mailbox import DEFAULT_MAILBOX, Mailbox
 from .messages import PoisonPill, ReceiveTimeout
 from .props import Props
 from .ref import ActorRef
-from .reply import Failure, Reply, future_safe
+from .reply import Failure, Reply, delivered
 from .stopping import died, discard, ended_from_outside, maybe_await, shutdown, stopped_in_handler
 from .supervise import decide, failed, process_system, strategy_of
 from .supervision import Directive, SupervisorStrategy
@@ -357,7 +357,7 @@ class ActorCell(Inbound):
                 reply = self.current[2]
                 if reply is not None and not reply.done():
                     if result.__class__ is Failure:
-                        reply.set_exception(future_safe(result.exception))
+                        reply.set_exception(delivered(result.exception, False))
                     else:
                         reply.set_result(result)
                 if self.interrupt:

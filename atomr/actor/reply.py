@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .cell import ActorCell
 
-__all__ = ["Failure", "Reply", "future_safe", "not_handled"]
+__all__ = ["Failure", "Reply", "actor_failed", "delivered", "future_safe", "not_handled"]
+
+_FAILED_ACTOR = "__atomr_failed_actor__"
 
 
 def future_safe(error: BaseException) -> BaseException:
@@ -21,6 +24,37 @@ def future_safe(error: BaseException) -> BaseException:
         wrapped.__cause__ = error
         return wrapped
     return error
+
+
+def delivered(error: BaseException, failed: bool) -> BaseException:
+    """`future_safe(error)`, marked for `actor_failed`: `failed` when it
+    escaped the handler (the actor failed), not when the actor answered it
+    (`Failure`). Only the latest delivery of an exception object counts."""
+    error = future_safe(error)
+    if failed or getattr(error, _FAILED_ACTOR, False):
+        # an exception type that refuses attributes (a frozen one) stays unmarked
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(error, _FAILED_ACTOR, failed)
+    return error
+
+
+def actor_failed(error: BaseException) -> bool:
+    """Whether an ask was answered with `error` because it escaped the actor's
+    `receive`: the actor failed, and its supervisor decided what became of
+    it (resumed, restarted with its state lost, or stopped), rather than the
+    actor answering `Failure(error)` itself and keeping its state. Read it
+    as soon as the ask raised: answering the same exception object again
+    (another actor's `Failure(error)`) clears the mark.
+
+    Args:
+        error: what an `ask` raised.
+
+    Returns:
+        True for an exception that escaped the asked actor's handler; False
+        for its `Failure` answer, and for anything the runtime did not
+        deliver (an `AskTimeoutError`, an `ActorStoppedError`).
+    """
+    return bool(getattr(error, _FAILED_ACTOR, False))
 
 
 @dataclass(frozen=True, slots=True)

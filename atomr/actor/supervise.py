@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .empty import NONE
 from .errors import bounded_repr
-from .reply import future_safe
+from .reply import delivered
 from .stopping import cancel_tasks, maybe_await, stop_children, unwatch
 from .supervision import Directive, SupervisorStrategy
 
@@ -93,7 +93,8 @@ def _may_restart(strategy: SupervisorStrategy, child: ActorCell) -> bool:
 
 
 async def failed(cell: ActorCell, error: Exception) -> None:
-    """The handler raised: answer its ask with ``error``, then supervision.
+    """The handler raised: answer its ask with ``error`` (marked: `actor_failed`),
+    then supervision.
 
     The message and its sender stay current (without the ask), so
     ``context.sender`` works in ``pre_restart`` and ``post_stop``, as in Akka.
@@ -103,7 +104,7 @@ async def failed(cell: ActorCell, error: Exception) -> None:
     reply = current[2]
     cell.current = (current[0], current[1], None)
     if reply is not None and not reply.done():
-        reply.set_exception(future_safe(error))
+        reply.set_exception(delivered(error, True))
     await handle_failure(cell, error, current[0])
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
-from atomr.actor import ActorRef, Failure
+from atomr.actor import ActorRef, Failure, actor_failed
 from atomr.train._recovery import resync
 from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices
 from atomr.train.comm.collective import Collective
@@ -28,9 +28,16 @@ logger = logging.getLogger(__name__)
 
 
 def crashed(error: object) -> bool:
-    """Whether a replica's failed request left it restarted (its state lost):
-    any exception but a `REQUEST_ERRORS` one, which it answered intact."""
-    return isinstance(error, BaseException) and not isinstance(error, REQUEST_ERRORS)
+    """Whether a replica's failed request may have cost it its state: the
+    error escaped its `receive` (`actor_failed`: its supervisor restarted,
+    resumed or stopped it), whatever its type, or it is not a
+    `REQUEST_ERRORS` one (an ask timeout, a stopped replica, a replica's own
+    answer of an unexpected error). Only a `REQUEST_ERRORS` exception the
+    replica answered itself (`Failure`) left it intact. Read it as soon as
+    the ask settled (see `actor_failed`)."""
+    if not isinstance(error, BaseException):
+        return False
+    return actor_failed(error) or not isinstance(error, REQUEST_ERRORS)
 
 
 class ReplicaDivergenceError(RuntimeError):

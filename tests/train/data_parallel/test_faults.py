@@ -315,3 +315,31 @@ async def test_a_replica_refusing_a_re_sync_is_named_by_its_own_index(
     assert plan.fired == ["load_refused"]
     assert getattr(info.value, "worker_index", None) == 1
     assert "raised by worker 1" in getattr(info.value, "__notes__", [])
+
+
+@pytest.mark.parametrize("error", [ValueError, OSError])
+async def test_a_replica_restarted_after_a_request_error_type_is_re_synced(
+    actor_system: ActorSystem, error: type[Exception]
+) -> None:
+    """An error of a `REQUEST_ERRORS` type that escapes a replica's `receive`
+    fails the actor (its supervisor restarts it, its state lost) like any
+    other: it was taken for an answered refusal, and the replica not re-synced."""
+    data = batches()
+    reference = await Trainer.spawn(actor_system, Mlp(SIZES, seed=3), "cpu:0", CONFIG)
+    plan = Plan()
+    spawned = Spawned(actor_system, plan, "host", T)
+    dp = spawned.trainer
+    for trainer in (dp, reference):
+        await trainer.ask(Step(*data[0]), timeout=T)
+    plan.arm("before_forward", error)
+    with pytest.raises(error, match="injected"):
+        await dp.ask(Step(*data[1]), timeout=T)
+    assert plan.fired == ["before_forward"]
+    for trainer in (dp, reference):
+        await trainer.ask(Step(*data[2]), timeout=T)
+    states = await _states(spawned)
+    for state in states[1:]:  # bit-identical: weights, optimizer state, step count
+        assert state.steps == states[0].steps == 2
+        np.testing.assert_array_equal(state.weights, states[0].weights)
+        assert_same_optimizer_state(state.optimizer, states[0].optimizer)
+    await assert_same_training(dp, reference)

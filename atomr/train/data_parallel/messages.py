@@ -58,7 +58,8 @@ class SetReplicas:
     """Give a data-parallel trainer its replica actors (`ActorRef`s answering
     `ReplicaProtocol`); answered with None once they hold replica 0's weights.
     An open CADENCE or ASYNC round is first closed on the replicas it was
-    given to; an open accumulation window is dropped.
+    given to (should it fail, its failure is logged, not answered); an open
+    accumulation window is dropped.
 
     Attributes:
         replicas: the replica references, in rank order.

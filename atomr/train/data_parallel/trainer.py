@@ -21,6 +21,7 @@ collective, so N processes x M replicas equal one device on the global batch.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,6 +82,8 @@ from atomr.train.data_parallel.options import ApplyPolicy, DataParallelOptions
 from atomr.train.data_parallel.replica import worker_deadline
 
 __all__ = ["DataParallelTrainer", "replica_decider"]
+
+logger = logging.getLogger(__name__)
 
 # what sees a CADENCE round closed first: the manual verbs (the round's batches
 # are in the gradient buffers they use) and a checkpoint (it holds every batch)
@@ -281,6 +284,9 @@ class DataParallelTrainer(Actor):
             coordinator = self.options.process_rank == 0
             rounds = self.options.policy is not ApplyPolicy.SYNC
             return TrainingState(self._runner.steps, self.config.max_steps, coordinator, rounds)
+        if isinstance(message, LoadCheckpoint):  # it replaces every replica's state
+            await self._drop_open_round("LoadCheckpoint")
+            return await self._checkpoints.load(message.path)
         # every other message sees the replicas averaged (ASYNC)
         closed = await self._local.close()
         if isinstance(closed, Failure) or isinstance(message, CloseRound):
@@ -303,9 +309,6 @@ class DataParallelTrainer(Actor):
             )
         if isinstance(message, Evaluate):
             return await self._evaluate(message)
-        if isinstance(message, LoadCheckpoint):
-            await self._cadence.close()
-            return await self._checkpoints.load(message.path)
         return not_handled("DataParallelTrainer", message)
 
     async def _manual_verb(self, message: Any) -> Any:
@@ -328,16 +331,29 @@ class DataParallelTrainer(Actor):
             if not isinstance(r, ActorRef):
                 raise TypeError(f"replicas[{k}] must be an ActorRef, got {type(r).__name__}")
         self.options.replica_count_fits(len(refs))
-        # an open round closes on the replicas that computed its batches (a failed
-        # one is repaired and dropped); the new replicas are synced below
-        await self._local.close()
-        await self._cadence.close()
+        await self._drop_open_round("SetReplicas")  # the new replicas are synced below
         self.replicas.replace(refs)
         self._manual.forget()
         self.replicas.lost = None
         self._runner.window.reset()
         if refs:
             await self.replicas.sync(self.options.process_collective)
+
+    async def _drop_open_round(self, why: str) -> None:
+        """Before `why` (`LoadCheckpoint`, `SetReplicas`) replaces the replicas'
+        state or the replicas: close an open ASYNC or CADENCE round on the
+        replicas that computed its batches. A round that fails to close (its
+        crashed replicas re-synced, its batches dropped) does not stop `why`,
+        which replaces what the round would have changed; its failure is
+        logged as a warning, not answered."""
+        for closed in (await self._local.close(), await self._cadence.close()):
+            if isinstance(closed, Failure):
+                logger.warning(
+                    "DataParallelTrainer: the open round failed to close before %s "
+                    "(its batches are dropped): %r",
+                    why,
+                    closed.exception,
+                )
 
     def _validate(self, message: Step | Evaluate) -> tuple[np.ndarray, np.ndarray]:
         return self.replicas.spec().validate(message.features, message.labels, self.config.loss)

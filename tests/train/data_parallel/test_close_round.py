@@ -6,21 +6,38 @@ at every epoch's end, so an epoch's record counts every batch it trained."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from atomr import ActorSystem
+from atomr import ActorSystem, Props
 from atomr.accel import cpu_devices
-from atomr.train import Evaluate, GetWeights, LossKind, Mlp, OptimizerKind, Step, TrainerConfig, fit
+from atomr.testkit import Plan, inject_faults
+from atomr.train import (
+    Evaluate,
+    GetWeights,
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    SaveCheckpoint,
+    Step,
+    TrainerConfig,
+    fit,
+)
 from atomr.train.core import CloseRound, GetTrainingState, StepStats, synthetic_classification
 from atomr.train.data_parallel import (
     ApplyPolicy,
     DataParallelOptions,
     DataParallelTrainer,
     GetReplicaWeights,
+    ReplicaActor,
+    SetReplicas,
 )
+from atomr.train.data_parallel.messages import ComputeGradients
 from atomr.train.fit import FitCallback, FitPosition, StopFlag
 
 CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
@@ -131,3 +148,38 @@ async def test_fit_stopping_mid_round_closes_and_counts_the_round(
         assert await dp.ask(CloseRound()) is None  # fit closed it
     assert result.status == status
     assert result.position.step == state.step == steps
+
+
+@pytest.mark.parametrize("message", ["load", "set_replicas"])
+@pytest.mark.parametrize("policy", ["async", "cadence"])
+async def test_a_round_failing_before_a_load_or_new_replicas_is_logged_not_blocking(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, policy: str, message: str
+) -> None:
+    """`LoadCheckpoint` and `SetReplicas` replace what an open round would
+    change: its failure does not stop them, and is logged. Under CADENCE a
+    load dropped the failure silently, under ASYNC it was answered instead
+    of loading; `SetReplicas` dropped it silently under both."""
+    plan = Plan()
+    faulty = inject_faults(ReplicaActor, plan, {"compute": ComputeGradients})
+    model, path = Mlp([6, 8, 3], seed=0), tmp_path / "before.ckpt"
+    async with ActorSystem("close-round") as system:
+        replicas = [system.spawn(Props(faulty, model, d, CONFIG)) for d in cpu_devices(2)]
+        dp = system.spawn(DataParallelTrainer.props(CONFIG, replicas, LONG_ROUNDS[policy]))
+        await dp.ask(SaveCheckpoint(path))
+        saved = await dp.ask(GetWeights())
+        plan.arm("compute", ValueError)
+        for x, y in ((X[:16], Y[:16]), (X[16:32], Y[16:32])):  # one fails; the round stays open
+            assert not (await dp.ask(Step(x, y))).applied
+        with caplog.at_level(logging.WARNING, logger="atomr.train.data_parallel.trainer"):
+            if message == "load":
+                assert await dp.ask(LoadCheckpoint(path)) is None
+            else:
+                assert await dp.ask(SetReplicas(replicas)) is None
+        assert plan.fired == ["compute"]
+        warned = [r.getMessage() for r in caplog.records if "round failed" in r.getMessage()]
+        assert len(warned) == 1 and "injected failure" in warned[0], warned
+        a, b = await dp.ask(GetReplicaWeights())
+        np.testing.assert_array_equal(a, b)
+        if message == "load":
+            np.testing.assert_array_equal(a, saved)
+        assert await dp.ask(CloseRound()) is None  # nothing left open

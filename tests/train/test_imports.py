@@ -8,6 +8,8 @@ import ast
 from pathlib import Path
 
 import atomr.train as train
+from atomr.train import core
+from atomr.train.core import errors
 
 TRAIN = Path(train.__file__).parent
 
@@ -136,3 +138,9 @@ def test_the_public_surface_is_the_contract() -> None:
     for name in names:
         defined_in = getattr(train, name).__module__
         assert defined_in.startswith("atomr.train."), (name, defined_in)
+
+
+def test_every_training_error_is_exported_by_core() -> None:
+    """A caller catches the training layer's errors from `atomr.train.core`
+    (`atomr.train` re-exports the commonest): `StepLimitError` was missing."""
+    assert set(errors.__all__) <= set(core.__all__), sorted(set(errors.__all__) - set(core.__all__))

@@ -24,8 +24,12 @@ from atomr.train import (
     fit,
 )
 from atomr.train.comm.mpi.job import DistributedTrainConfig
-from atomr.train.core import GetTrainingState, TrainingState, synthetic_classification
-from atomr.train.core.errors import StepLimitError
+from atomr.train.core import (
+    GetTrainingState,
+    StepLimitError,
+    TrainingState,
+    synthetic_classification,
+)
 from atomr.train.core.stats import ShardStepResult
 from atomr.train.parameter_server import Consistency, TrainEpochs
 from tests.train.test_contract import STRATEGIES

@@ -9,7 +9,9 @@ data, validation and the messages every trainer answers. No actors live here.
 - The contract's messages (`messages.py`) and replies (`stats.py`).
 - Checkpoints (`checkpoint.py`; an accumulation window saved in one:
   `accumulation.py`; what every `LoadCheckpoint` reads, a sharded save's
-  files merged: `sharded_index.py`), data sets (`data.py`), errors (`errors.py`).
+  files merged: `sharded_index.py`), data sets (`data.py`), errors (`errors.py`: every one a caller catches
+  is exported here, `StepLimitError` included; `atomr.train` re-exports the
+  commonest).
 - One home per rule: `validation.py` (a batch), `_step_checks.py` (a step's
   loss, normaliser and gradient), `partition.py` (splitting n items into k
   parts), `device_guard.py` (which errors reject a request).
@@ -24,6 +26,7 @@ from atomr.train.core.errors import (
     InvalidBatchError,
     NonFiniteError,
     OtherProcessFailed,
+    StepLimitError,
     WorkerStateLost,
 )
 from atomr.train.core.loss import LossKind
@@ -64,6 +67,7 @@ __all__ = [
     "SaveCheckpoint",
     "SetLearningRate",
     "Step",
+    "StepLimitError",
     "StepStats",
     "TrainerConfig",
     "TrainingState",

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 __all__ = [
-    "StepLimitError",
     "CheckpointError",
     "InvalidBatchError",
     "NonFiniteError",
     "OtherProcessFailed",
+    "StepLimitError",
     "WorkerStateLost",
 ]
 

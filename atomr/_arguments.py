@@ -1,30 +1,49 @@
 """`int_at_least`: the one check of a count argument (an int, not a bool,
 at least some bound), shared by the runtime's and the trainers' options;
 `bool_flag`: the one check of a yes-or-no argument (a bool, not merely
-truthy); `real_as_float`: a real number as a float, for the finiteness
-checks of numeric arguments and of the numbers a checkpoint holds."""
+truthy); `real_number`: the one check that a numeric argument is a real
+number; `real_as_float`: a real number as a float, for the finiteness
+checks of numeric arguments and of the numbers a checkpoint holds.
+
+The rule they share: a wrong type is a TypeError, a wrong value a
+ValueError; NumPy's scalars count as what they are (`np.int64(3)` an int,
+`np.float32(0.5)` a real, `np.bool_(True)` a bool), a bool is no number."""
 
 from __future__ import annotations
 
 import math
 import sys
+from numbers import Integral, Real
 from typing import SupportsFloat
 
-__all__ = ["bool_flag", "int_at_least", "real_as_float"]
+__all__ = ["bool_flag", "int_at_least", "real_as_float", "real_number"]
 
 
 def int_at_least(name: str, value: object, low: int = 1) -> int:
-    """`value`, checked to be an int (a bool is not) of at least `low`.
+    """`value` as an int, checked to be an integer (NumPy's too; a bool is
+    not) of at least `low`.
 
     Raises:
-        TypeError: not an int (the message names `name`).
+        TypeError: not an integer (the message names `name`).
         ValueError: below `low`.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}"[:200])
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
+    return int(value)
+
+
+def real_number(name: str, value: object) -> float:
+    """`value` as a float (`real_as_float`), checked to be a real number
+    (NumPy's too; a bool is not). Its range is the caller's to check.
+
+    Raises:
+        TypeError: not a real number (the message names `name`).
+    """
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}"[:200])
+    return real_as_float(value)
 
 
 def bool_flag(name: str, value: object) -> bool:

@@ -60,8 +60,8 @@ async def test_every_strategy_stops_at_max_steps(strategy: str, tmp_path: Path) 
 
 
 def test_max_steps_is_checked() -> None:
-    for bad in (0, -3, 2.5, True):
-        with pytest.raises(ValueError, match="max_steps"):
+    for bad, error in ((0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="max_steps"):
             TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY, max_steps=bad)  # type: ignore[arg-type]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from numbers import Real
 
+from atomr._arguments import int_at_least, real_number
 from atomr.train.core.loss import LossKind
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.schedule import LrSchedule
@@ -67,11 +68,12 @@ class TrainerConfig:
 
     Raises:
         TypeError: `optimizer` or `loss` has the wrong type,
-            `worker_timeout` is not a number or None, or `schedule` is not an
-            `LrSchedule`.
+            `worker_timeout` is not a number or None, `accumulation_steps`
+            is not an int, `max_steps` not an int or None, or `schedule` is
+            not an `LrSchedule` (NumPy's scalars are numbers: `_arguments`).
         ValueError: `gradient_clip` is not positive and finite,
             `accumulation_steps < 1`, `worker_timeout` is not positive
-            and finite, `max_steps` is not an int >= 1 or None, or both
+            and finite, `max_steps < 1`, or both
             `schedule` and `optimizer.schedule` are set.
     """
 
@@ -91,21 +93,11 @@ class TrainerConfig:
                     "schedule given twice (TrainerConfig.schedule and optimizer.schedule)"
                 )
             object.__setattr__(self, "optimizer", self.optimizer.with_schedule(self.schedule))
-        if (
-            isinstance(self.accumulation_steps, bool)
-            or not isinstance(self.accumulation_steps, int)
-            or self.accumulation_steps < 1
-        ):
-            raise ValueError(
-                f"accumulation_steps must be an int >= 1, got {self.accumulation_steps}"
-            )
+        steps = int_at_least("accumulation_steps", self.accumulation_steps, 1)
+        object.__setattr__(self, "accumulation_steps", steps)
         _check_timeout(self.worker_timeout)
-        if self.max_steps is not None and (
-            isinstance(self.max_steps, bool)
-            or not isinstance(self.max_steps, int)
-            or self.max_steps < 1
-        ):
-            raise ValueError(f"max_steps must be an int >= 1 or None, got {self.max_steps!r}")
+        if self.max_steps is not None:
+            object.__setattr__(self, "max_steps", int_at_least("max_steps", self.max_steps, 1))
 
 
 def _check_timeout(timeout: object) -> None:
@@ -117,7 +109,5 @@ def _check_timeout(timeout: object) -> None:
     """
     if timeout is None:
         return
-    if isinstance(timeout, bool) or not isinstance(timeout, Real):
-        raise TypeError(f"worker_timeout must be a number of seconds or None, got {timeout!r}")
-    if not 0.0 < float(timeout) < float("inf"):
+    if not 0.0 < real_number("worker_timeout", timeout) < float("inf"):
         raise ValueError(f"worker_timeout must be positive and finite, got {timeout}")

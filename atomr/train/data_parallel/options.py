@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from atomr._arguments import bool_flag, int_at_least, real_as_float
+from atomr._arguments import bool_flag, int_at_least, real_as_float, real_number
 from atomr.actor.errors import bounded_repr
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.collective import MpiCollective
@@ -177,18 +177,13 @@ class DataParallelOptions:
             raise TypeError(f"policy must be an ApplyPolicy, got {self.policy!r}")
         int_at_least("average_every", self.average_every, 1)
         seconds = self.average_seconds
-        if seconds is not None and (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, int | float)
-            or not math.isfinite(seconds)
-            or seconds <= 0
-        ):
+        if seconds is not None and not 0 < real_number("average_seconds", seconds) < math.inf:
             raise ValueError(f"average_seconds must be a positive number or None, got {seconds!r}")
         int_at_least("cadence_anchor", self.cadence_anchor, 1)
         for name in ("cadence_auto_tune", "cadence_measure_speeds"):
             object.__setattr__(self, name, bool_flag(name, getattr(self, name)))
         target = self.cadence_target
-        if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < 1:
+        if not 0 < real_number("cadence_target", target) < 1:
             raise ValueError(f"cadence_target must be in (0, 1), got {target!r}")
         if self.policy is ApplyPolicy.CADENCE:
             self._check_first_quota()

@@ -9,6 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from atomr.train import (
@@ -178,3 +179,28 @@ def test_the_docs_options_table_lists_every_field() -> None:
     rows = re.findall(r"^\| (`[^|]*`) \|", page.read_text(encoding="utf-8"), flags=re.M)
     listed = {name for row in rows for name in re.findall(r"`(\w+)`", row)}
     assert [f.name for f in fields(DataParallelOptions) if f.name not in listed] == []
+
+
+def test_numbers_are_checked_by_the_one_rule_numpy_scalars_included() -> None:
+    """`atomr._arguments`: a wrong type is a TypeError, and NumPy's scalars
+    are numbers. `max_steps` and `accumulation_steps` answered a wrong type
+    with ValueError and refused `np.int64`; `average_seconds`,
+    `cadence_target` and `cadence_anchor` refused NumPy's scalars;
+    `collective_timeout` took True as 1 s, and "x" failed inside `float()`."""
+    sgd, ce = OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY
+    config = TrainerConfig(sgd, ce, accumulation_steps=np.int64(2), max_steps=np.int64(5))
+    assert (config.accumulation_steps, config.max_steps) == (2, 5)
+    for field in ("accumulation_steps", "max_steps"):
+        for wrong in ("3", 2.0, True):
+            with pytest.raises(TypeError, match=field):
+                TrainerConfig(sgd, ce, **{field: wrong})
+    DataParallelOptions(policy=ApplyPolicy.ASYNC, average_seconds=np.float32(0.5))
+    DataParallelOptions(
+        policy=ApplyPolicy.CADENCE, cadence_target=np.float32(0.2), cadence_anchor=np.int64(2)
+    )
+    with pytest.raises(TypeError, match="cadence_target"):
+        DataParallelOptions(policy=ApplyPolicy.CADENCE, cadence_target="0.2")
+    assert DistributedTrainConfig(collective_timeout=np.float32(2.0)).collective_timeout == 2.0
+    for wrong in (True, "x"):
+        with pytest.raises(TypeError, match="collective_timeout"):
+            DistributedTrainConfig(collective_timeout=wrong)

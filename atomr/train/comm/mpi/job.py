@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from atomr._arguments import real_number
 from atomr.train.core.partition import split_bounds
 
 __all__ = ["DistributedTrainConfig", "NotLaunchedError", "shard_for_rank"]
@@ -79,6 +80,8 @@ class DistributedTrainConfig:
             strategy.
 
     Raises:
+        TypeError: `collective_timeout` is not a number or None (a bool is
+            not one; NumPy's numbers are: `atomr._arguments`).
         ValueError: a field is out of range or inconsistent.
     """
 
@@ -113,9 +116,8 @@ class DistributedTrainConfig:
         self._check_role()
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.collective_timeout is not None and not (
-            0.0 < float(self.collective_timeout) < math.inf
-        ):
+        timeout = self.collective_timeout
+        if timeout is not None and not 0.0 < real_number("collective_timeout", timeout) < math.inf:
             raise ValueError(
                 f"collective_timeout must be positive and finite or None, "
                 f"got {self.collective_timeout}"

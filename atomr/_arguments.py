@@ -16,6 +16,8 @@ import sys
 from numbers import Integral, Real
 from typing import SupportsFloat
 
+from atomr._repr import bounded_repr
+
 __all__ = ["bool_flag", "int_at_least", "real_as_float", "real_number"]
 
 
@@ -28,7 +30,7 @@ def int_at_least(name: str, value: object, low: int = 1) -> int:
         ValueError: below `low`.
     """
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an int, got {value!r}"[:200])
+        raise TypeError(f"{name} must be an int, got {bounded_repr(value)}")
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     return int(value)
@@ -42,7 +44,7 @@ def real_number(name: str, value: object) -> float:
         TypeError: not a real number (the message names `name`).
     """
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}"[:200])
+        raise TypeError(f"{name} must be a real number, got {bounded_repr(value)}")
     return real_as_float(value)
 
 
@@ -57,7 +59,7 @@ def bool_flag(name: str, value: object) -> bool:
         return value
     numpy = sys.modules.get("numpy")  # not imported: `value` is no numpy bool
     if numpy is None or not isinstance(value, numpy.bool_):
-        raise TypeError(f"{name} must be True or False, got {value!r}"[:200])
+        raise TypeError(f"{name} must be True or False, got {bounded_repr(value)}")
     return bool(value)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from atomr._arguments import int_at_least
+from atomr._repr import bounded_repr
 from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
 from atomr.cli.run_config import RunConfig
@@ -81,8 +82,8 @@ def resume_position(
     position = _saved_position(saved, steps)
     if position is None:
         _warn(
-            f"--resume: ignoring the position in {history_path_for(path)} ({saved!r}"[:200]
-            + "): not whole numbers within the run; taking it from the checkpoint's step"
+            f"--resume: ignoring the position in {history_path_for(path)} ({bounded_repr(saved)}): "
+            "not whole numbers within the run; taking it from the checkpoint's step"
         )
         return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, save)
     history.epochs = [r for r in earlier.epochs if r.epoch <= position.epoch]

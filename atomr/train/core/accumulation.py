@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from atomr._arguments import real_as_float
+from atomr._repr import bounded_repr
 from atomr.train.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -202,8 +203,8 @@ def _finite_number(extra: dict[str, Any], key: str) -> float:
     if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "fiu":
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise CheckpointError(f"checkpoint's {key} must be a number, got {value!r}")
+        raise CheckpointError(f"checkpoint's {key} must be a number, got {bounded_repr(value)}")
     number = real_as_float(value)
     if not math.isfinite(number):
-        raise CheckpointError(f"checkpoint's {key} is not finite: {value!r}"[:200])
+        raise CheckpointError(f"checkpoint's {key} is not finite: {bounded_repr(value)}")
     return number

@@ -82,9 +82,19 @@ async def test_a_round_also_comes_after_average_seconds(
     assert identical == expected
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1"])
-def test_bad_average_seconds_are_refused(bad: object) -> None:
-    with pytest.raises(ValueError, match="average_seconds"):
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (0, ValueError),
+        (-1.0, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (True, TypeError),
+        ("1", TypeError),
+    ],
+)
+def test_bad_average_seconds_are_refused(bad: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="average_seconds"):
         DataParallelOptions(policy=ApplyPolicy.ASYNC, average_seconds=bad)  # type: ignore[arg-type]
 
 

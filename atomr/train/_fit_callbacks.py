@@ -4,10 +4,10 @@ failures of those that raise (the rule is `FitCallback`'s docstring)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from atomr.train.fit_events import FitCallback
+from atomr.train.fit_events import FitCallback, FitPosition
 
 __all__ = ["CallbackFailure", "Callbacks"]
 
@@ -37,12 +37,15 @@ class Callbacks:
     def tell(self, hook: str, step: int, *args: Any) -> None:
         """Call `hook(*args)` of every callback that has not raised yet, in
         order; one that raises is kept in `failures` (at `step`), and the
-        others are still called."""
+        others are still called. Each callback gets a copy of its own of a
+        `FitPosition` among `args` (the run's moves on with every step: a
+        callback may keep its copy, or change it, and nothing else moves)."""
         for callback in self._callbacks:
             if any(callback is failed for failed in self._failed):
                 continue
+            own = [replace(a) if isinstance(a, FitPosition) else a for a in args]
             try:
-                getattr(callback, hook)(*args)
+                getattr(callback, hook)(*own)
             except Exception as exc:
                 self._failed.append(callback)
                 self.failures.append(

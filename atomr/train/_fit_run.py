@@ -103,11 +103,12 @@ class FitRun:
         if self.checkpoint is None:
             return
         await self.trainer.ask(SaveCheckpoint(str(self.checkpoint)), timeout=self.timeout)
-        self.tell("on_checkpoint", self.checkpoint, FitPosition(**vars(self.position)))
+        self.tell("on_checkpoint", self.checkpoint, self.position)
 
     def tell(self, hook: str, *args: Any) -> None:
-        """Call the callbacks' `hook` with `args` (`Callbacks.tell`: one that
-        raises is kept, and the run stops at the next point that resumes)."""
+        """Call the callbacks' `hook` with `args` (`Callbacks.tell`: each gets
+        a position of its own; one that raises is kept, and the run stops at
+        the next point that resumes)."""
         self.callbacks.tell(hook, self.position.step, *args)
 
     def held(self) -> str:
@@ -279,7 +280,7 @@ class FitRun:
             await self.evaluate_source("validation", self.validation, first_only=True)
 
     def heard(self, split: str, figures: tuple[float, float], at: FitPosition) -> None:
-        self.tell("on_evaluate", split, *figures, FitPosition(**vars(at)))
+        self.tell("on_evaluate", split, *figures, at)
 
     async def evaluate_source(
         self, split: str, source: BatchSource, *, first_only: bool = False

@@ -116,7 +116,9 @@ class FitCallback:
     def on_step(
         self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
     ) -> None:
-        """A step finished; `mean_loss` and `rate` (samples/s) are the epoch's so far."""
+        """A step finished; `position` is where the run stands after it (a
+        copy of its own: keep it, or change it, without moving the run);
+        `mean_loss` and `rate` (samples/s) are the epoch's so far."""
 
     def on_evaluate(self, split: str, loss: float, accuracy: float, position: FitPosition) -> None:
         """After an epoch, `split` ("train" or "validation") was evaluated."""

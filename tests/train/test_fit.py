@@ -3,6 +3,7 @@ batch where a checkpoint was taken, and refuses bad arguments before a step."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -225,3 +226,50 @@ async def test_a_refused_training_batch_saves_the_checkpoint_at_it(tmp_path: Pat
         np.testing.assert_array_equal(
             await second.ask(GetWeights()), await straight.ask(GetWeights())
         )
+
+
+class _Keeps(FitCallback):
+    """Keeps every position it hears of."""
+
+    def __init__(self) -> None:
+        self.kept: list[FitPosition] = []
+
+    def on_step(
+        self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
+    ) -> None:
+        self.kept.append(position)
+
+    def on_checkpoint(self, path: Path, position: FitPosition) -> None:
+        self.kept.append(position)
+
+
+class _Moves(FitCallback):
+    """Moves every position it hears of back to the start (a careless callback)."""
+
+    def on_step(
+        self, position: FitPosition, stats: StepStats, mean_loss: float, rate: float
+    ) -> None:
+        position.epoch, position.batch, position.step = 0, 0, 0
+
+    def on_checkpoint(self, path: Path, position: FitPosition) -> None:
+        position.epoch, position.batch, position.step = 0, 0, 0
+
+
+async def test_each_callback_gets_a_position_of_its_own(tmp_path: Path) -> None:
+    x, y = _data(64)
+    keeps, after = _Keeps(), _Keeps()
+    async with ActorSystem("fit") as system:
+        trainer = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        async with asyncio.timeout(60):  # moving the run's own position looped for ever
+            result = await fit(
+                trainer,
+                (x, y),
+                epochs=2,
+                batch_size=32,
+                checkpoint=tmp_path / "c.ckpt",
+                callbacks=[keeps, _Moves(), after],
+            )
+    expected = [(0, 1, 1), (0, 2, 2), (1, 0, 2), (1, 1, 3), (1, 2, 4), (2, 0, 4)]
+    assert [(p.epoch, p.batch, p.step) for p in keeps.kept] == expected
+    assert [(p.epoch, p.batch, p.step) for p in after.kept] == expected
+    assert (result.position.epoch, result.position.batch, result.position.step) == (2, 0, 4)

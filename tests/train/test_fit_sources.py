@@ -154,6 +154,30 @@ class _RaggedEnd(Samples):
         return (x[:3] if i == len(self.y) - 1 else x), y
 
 
+class _Keyed:
+    """Samples in a dict by row number, claiming more than it holds (a
+    mapping raises KeyError, not IndexError)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.rows = {i: (x[i], y[i]) for i in range(len(y))}
+
+    def __len__(self) -> int:
+        return len(self.rows) + 5
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.int64]:
+        return self.rows[i]
+
+
+class _KeyedBatches(Batches):
+    def __len__(self) -> int:
+        return len(self.y) + 5
+
+    def get_batch(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = dict(enumerate(zip(self.x, self.y, strict=True)))
+        x, y = zip(*(rows[int(i)] for i in idx), strict=True)
+        return np.stack(x), np.array(y)
+
+
 class _SkipsARecord(Batches):
     def get_batch(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         kept = idx[:-1] if len(idx) > 2 else idx  # a reader that skips an unreadable record
@@ -174,6 +198,8 @@ class _ShortLabels(Batches):
     "data, error, needle",
     [
         (_Short(X, Y), ValueError, "out of range although len(dataset) is 95"),
+        (_Keyed(X, Y), InvalidDataError, "sample 94 is out of range although len(dataset) is 95"),
+        (_KeyedBatches(X, Y), InvalidDataError, "samples up to 94 failed although len(dataset)"),
         (_SkipsARecord(X, Y), InvalidDataError, "get_batch returned 15 features for 16 indices"),
         (_FixedBlock(X, Y), InvalidDataError, "get_batch returned 32 features for 2 indices"),
         (_ShortLabels(X, Y), InvalidDataError, "get_batch returned 1 labels for 2 indices"),
@@ -182,7 +208,18 @@ class _ShortLabels(Batches):
         (iter([(X, Y)]), TypeError, "read only once"),
         (42, TypeError, "must be (features, labels) arrays, a dataset"),
     ],
-    ids=["length", "skips", "block", "labels", "last-shape", "pair", "generator", "number"],
+    ids=[
+        "length",
+        "keyed",
+        "keyed-batch",
+        "skips",
+        "block",
+        "labels",
+        "last-shape",
+        "pair",
+        "generator",
+        "number",
+    ],
 )
 async def test_bad_data_is_a_clear_error_and_trains_nothing(
     data: Any, error: type, needle: str

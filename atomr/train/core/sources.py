@@ -203,10 +203,10 @@ def _sample_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
         for i in idx.tolist():
             try:
                 sample = dataset[i]
-            except IndexError as exc:
+            except LookupError as exc:  # IndexError, or KeyError from a mapping
                 raise InvalidDataError(
                     f"{name}: sample {i} is out of range although len(dataset) is "
-                    f"{len(dataset)} ({exc})"
+                    f"{len(dataset)} ({exc!r})"
                 ) from None
             if not _is_pair(sample):
                 raise InvalidDataError(f"{name}: sample {i} must be a (features, label) pair")
@@ -230,10 +230,10 @@ def _batch_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
     def fetch(idx: np.ndarray) -> Batch:
         try:
             batch = dataset.get_batch(idx)
-        except IndexError as exc:
+        except LookupError as exc:  # IndexError, or KeyError from a mapping
             raise InvalidDataError(
                 f"{name}: get_batch of samples up to {int(idx.max())} failed although "
-                f"len(dataset) is {len(dataset)} ({exc})"
+                f"len(dataset) is {len(dataset)} ({exc!r})"
             ) from None
         if not _is_pair(batch):
             raise InvalidDataError(

@@ -193,7 +193,8 @@ async def fit(
 
     Raises:
         TypeError, ValueError: bad arguments (checked before any step: a
-            `start` that does not fit, a `checkpoint` whose folder is missing
+            count that is not an int >= 1 (`seed`: >= 0; a bool is no
+            int), a `start` that does not fit, a `checkpoint` whose folder is missing
             or that is not a file, `drop_last` not a bool, or True for an
             iterable or a callable), or a dataset or batch of the wrong
             length or shape.
@@ -216,6 +217,7 @@ async def fit(
     int_at_least("epochs", epochs)
     int_at_least("seed", seed, 0)
     int_at_least("batch_size", batch_size)
+    int_at_least("min_batch_size", min_batch_size)
     _check_hooks(callbacks, stop, agree_to_stop, evaluate)
     check_timeout(timeout)
     if checkpoint is not None:

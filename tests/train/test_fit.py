@@ -149,6 +149,8 @@ async def test_stopped_then_resumed_equals_uninterrupted(tmp_path: Path) -> None
         ({"start": FitPosition(epoch=2)}, ValueError, "pass epochs > 2"),
         ({"start": FitPosition(batch=99)}, ValueError, "past the epoch"),
         ({"batch_size": 4, "min_batch_size": 5}, ValueError, "below the smallest usable 5"),
+        ({"validation": (np.zeros((0, 6)), np.zeros(0))}, ValueError, "validation: the set (0"),
+        ({"train": (np.zeros((0, 6)), np.zeros(0))}, ValueError, "train: the set (0 samples)"),
         ({"min_batch_size": True}, TypeError, "min_batch_size must be an int, got True"),
         ({"min_batch_size": "2"}, TypeError, "min_batch_size must be an int, got '2'"),
         ({"min_batch_size": 0}, ValueError, "min_batch_size must be >= 1, got 0"),

@@ -49,10 +49,16 @@ def _is_pair(value: Any) -> bool:
 
 
 def batch_bounds(
-    n: int, batch_size: int, min_batch_size: int = 1, drop_last: bool = False
+    n: int,
+    batch_size: int,
+    min_batch_size: int = 1,
+    drop_last: bool = False,
+    *,
+    name: str = "train",
 ) -> list[tuple[int, int]]:
     """The `[start, stop)` bounds of an epoch's batches; a tail batch smaller
     than `min_batch_size` (or than `batch_size` with `drop_last`) is dropped.
+    `name` names the set in the errors ("train", "validation").
 
     Raises:
         TypeError: `drop_last` is not a bool.
@@ -66,7 +72,7 @@ def batch_bounds(
     if bounds and bounds[-1][1] - bounds[-1][0] < smallest:
         bounds.pop()
     if not bounds:
-        raise ValueError(f"the training set ({n} samples) is smaller than one batch")
+        raise ValueError(f"{name}: the set ({n} samples) is smaller than one batch")
     return bounds
 
 
@@ -348,7 +354,7 @@ def as_source(
         raise TypeError(f"{name} must be a (features, labels) pair of arrays, got one ndarray")
     if _is_array_pair(data):
         x, y = check_arrays(name, data)
-        bounds = batch_bounds(x.shape[0], batch_size, min_batch_size, drop_last)
+        bounds = batch_bounds(x.shape[0], batch_size, min_batch_size, drop_last, name=name)
         source = _Indexed(name, x.shape[0], lambda idx: (x[idx], y[idx]), seed, bounds)
         source.arrays = (x, y)
         return source
@@ -358,7 +364,7 @@ def as_source(
         hasattr(data, "__getitem__") or callable(getattr(data, "get_batch", None))
     ):
         n = _dataset_length(name, data)
-        bounds = batch_bounds(n, batch_size, min_batch_size, drop_last)
+        bounds = batch_bounds(n, batch_size, min_batch_size, drop_last, name=name)
         source = _Indexed(name, n, _sample_fetcher(name, data), seed, bounds)
         source.probe()
         return source

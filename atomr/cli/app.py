@@ -1,5 +1,9 @@
 """`main`: parse the command line, dispatch to a subcommand, and turn every
-user-facing error into one line and a non-zero exit status."""
+user-facing error into one line and a non-zero exit status.
+
+This module and `errors` import nothing heavy: the parser (which imports the
+training layer, numba with it: a second or more) is imported inside `main`,
+so that a Ctrl-C meanwhile ends in one line, as it does later."""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ from collections.abc import Sequence
 
 import atomr
 from atomr.cli.errors import CliError, reported_as
-from atomr.cli.parser import asks_for_distributed_training, build_parser
 
 __all__ = ["main"]
 
@@ -29,6 +32,8 @@ def _parsed(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     Raises:
         CliError: arguments the command does not take.
     """
+    from atomr.cli.parser import build_parser
+
     own, passed = _split_passthrough(argv)
     args, extra = build_parser(atomr.__version__).parse_known_args(own)
     if extra:  # named after the command, whose --help lists what it takes
@@ -44,6 +49,8 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     try:
         args, passed = _parsed(words)
     except CliError as exc:
+        from atomr.cli.parser import asks_for_distributed_training
+
         if asks_for_distributed_training(_split_passthrough(words)[0]):
             from atomr.cli.job import stop_every_rank
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from atomr.train.core.errors import CheckpointError
-
 __all__ = ["CliError", "reported_as"]
 
 
@@ -28,6 +26,10 @@ def reported_as(error: BaseException) -> CliError | None:
     exit status 1; None for anything else (a bug: its traceback is printed)."""
     if isinstance(error, CliError):
         return error
+    # here, not at the top: the command imports this module before the
+    # training layer, so that a Ctrl-C while that loads is one line (`app`)
+    from atomr.train.core.errors import CheckpointError
+
     if isinstance(error, OSError | CheckpointError):
         return CliError(str(error), 1)
     return None

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from atomr._arguments import real_as_float
+from atomr._arguments import int_at_least, real_as_float
 
 __all__ = [
     "ChainedScheduler",
@@ -41,12 +41,6 @@ __all__ = [
     "StepLR",
     "schedule_from_config",
 ]
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
 
 
 def _finite(name: str, value: object, *, low: float = 0.0, strict: bool = False) -> float:
@@ -79,7 +73,8 @@ class StepLR(LrSchedule):
     """Decay by `gamma` every `step_size` epochs (torch's `StepLR`).
 
     Raises:
-        ValueError: `step_size` not an integer >= 1, `gamma` negative or not finite.
+        TypeError: `step_size` not an int (a bool is none), `gamma` not a number.
+        ValueError: `step_size` below 1, `gamma` negative or not finite.
     """
 
     step_size: int
@@ -87,7 +82,7 @@ class StepLR(LrSchedule):
     kind: ClassVar[str] = "step"
 
     def __post_init__(self) -> None:
-        _positive_int("step_size", self.step_size)
+        int_at_least("step_size", self.step_size)
         object.__setattr__(self, "gamma", _finite("gamma", self.gamma))
 
     def lr(self, base: float, epoch: int) -> float:
@@ -102,8 +97,9 @@ class MultiStepLR(LrSchedule):
     """Decay by `gamma` at each milestone epoch (torch's `MultiStepLR`).
 
     Raises:
-        ValueError: milestones empty, not integers >= 1 or not increasing;
-            `gamma` negative or not finite.
+        TypeError: a milestone not an int (a bool is none), `gamma` not a number.
+        ValueError: milestones empty, below 1 or not increasing; `gamma`
+            negative or not finite.
     """
 
     milestones: tuple[int, ...]
@@ -111,7 +107,7 @@ class MultiStepLR(LrSchedule):
     kind: ClassVar[str] = "multistep"
 
     def __post_init__(self) -> None:
-        milestones = tuple(_positive_int("a milestone", m) for m in self.milestones)
+        milestones = tuple(int_at_least("a milestone", m) for m in self.milestones)
         if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:], strict=False)):
             raise ValueError(f"milestones must be increasing and non-empty, got {milestones}")
         object.__setattr__(self, "milestones", milestones)
@@ -130,7 +126,8 @@ class CosineAnnealingLR(LrSchedule):
     back up (the closed form of torch's `CosineAnnealingLR`).
 
     Raises:
-        ValueError: `t_max` not an integer >= 1, `eta_min` negative or not finite.
+        TypeError: `t_max` not an int (a bool is none), `eta_min` not a number.
+        ValueError: `t_max` below 1, `eta_min` negative or not finite.
     """
 
     t_max: int
@@ -139,7 +136,7 @@ class CosineAnnealingLR(LrSchedule):
     multiplicative: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        _positive_int("t_max", self.t_max)
+        int_at_least("t_max", self.t_max)
         object.__setattr__(self, "eta_min", _finite("eta_min", self.eta_min))
 
     def lr(self, base: float, epoch: int) -> float:
@@ -156,8 +153,10 @@ class LinearLR(LrSchedule):
     `total_iters` epochs, then hold it (torch's `LinearLR`; a warm-up).
 
     Raises:
+        TypeError: a factor not a number, `total_iters` not an int (a bool
+            is none).
         ValueError: `start_factor` not in (0, 1], `end_factor` not in [0, 1],
-            `total_iters` not an integer >= 1 (torch's bounds).
+            `total_iters` below 1 (torch's bounds).
     """
 
     start_factor: float = 1.0 / 3.0
@@ -170,7 +169,7 @@ class LinearLR(LrSchedule):
         end = _finite("end_factor", self.end_factor)
         if start > 1.0 or end > 1.0:
             raise ValueError(f"start_factor and end_factor must be <= 1, got {start}, {end}")
-        _positive_int("total_iters", self.total_iters)
+        int_at_least("total_iters", self.total_iters)
         object.__setattr__(self, "start_factor", start)
         object.__setattr__(self, "end_factor", end)
 
@@ -200,7 +199,8 @@ class SequentialLR(LrSchedule):
     epochs counted from its start (torch's `SequentialLR`: warm-up, then decay).
 
     Raises:
-        TypeError: `schedules` not schedules.
+        TypeError: `schedules` not schedules, a milestone not an int (a bool
+            is none).
         ValueError: not exactly `len(schedules) - 1` increasing milestones >= 1.
     """
 
@@ -211,7 +211,7 @@ class SequentialLR(LrSchedule):
 
     def __post_init__(self) -> None:
         schedules = _schedules(self.schedules)
-        milestones = tuple(_positive_int("a milestone", m) for m in self.milestones)
+        milestones = tuple(int_at_least("a milestone", m) for m in self.milestones)
         if len(milestones) != len(schedules) - 1 or any(
             b <= a for a, b in zip(milestones, milestones[1:], strict=False)
         ):

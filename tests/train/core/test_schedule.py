@@ -140,6 +140,12 @@ def test_schedules_round_trip_through_their_config_and_the_optimizers() -> None:
     "make, error, match",
     [
         (lambda: StepLR(0), ValueError, "step_size"),
+        (lambda: StepLR(2.5), TypeError, "step_size must be an int, got 2.5"),
+        (lambda: StepLR(True), TypeError, "step_size must be an int, got True"),
+        (lambda: MultiStepLR((2, 4.0)), TypeError, "a milestone must be an int"),
+        (lambda: CosineAnnealingLR("9"), TypeError, "t_max must be an int"),
+        (lambda: LinearLR(0.5, 1.0, 3.0), TypeError, "total_iters must be an int"),
+        (lambda: SequentialLR((StepLR(2), StepLR(3)), (True,)), TypeError, "a milestone"),
         (lambda: StepLR(3, float("nan")), ValueError, "gamma"),
         (lambda: StepLR(3, "0.1"), TypeError, "gamma"),
         (lambda: MultiStepLR((5, 3)), ValueError, "increasing"),

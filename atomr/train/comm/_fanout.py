@@ -341,8 +341,9 @@ async def load_all_or_none(
     kind: str,
 ) -> None:
     """Give every worker its part of a checkpoint, all or none (the tensor-
-    and pipeline-parallel `LoadCheckpoint`): if one fails, every worker is
-    asked its `restore` message, its state from before the load.
+    and pipeline-parallel and the parameter server's `LoadCheckpoint`): if
+    one fails, every worker is asked its `restore` message, its state from
+    before the load.
 
     Args:
         refs: the workers.
@@ -352,7 +353,7 @@ async def load_all_or_none(
         timeout: each ask's timeout in seconds (None: wait forever). A
             worker whose load timed out may still load later: its restore
             waits in its mailbox behind that load.
-        kind: "shard" or "stage", for the note.
+        kind: "shard", "stage" or "server shard", for the note.
 
     Raises:
         ValueError: a number of messages that differs from the number of workers.

@@ -3,26 +3,32 @@
 The weight vector and the optimizer's buffers are cut into contiguous
 ranges, one per server shard; a checkpoint holds them whole (the
 `atomr.train.core.checkpoint` format every trainer reads and writes). The
-trainer and a lone server shard both go through these two functions.
+trainer and a lone server shard both go through `checkpoint_of` and
+`server_states`; the trainer saves and loads its shards with `save_servers`
+and `load_servers` (all or none: `load_all_or_none`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from atomr.actor import ActorRef
+from atomr.train.comm._fanout import ask_all, load_all_or_none
 from atomr.train.core.accumulation import check_resumable_window
 from atomr.train.core.checkpoint import (
     Checkpoint,
     check_model_matches,
     check_optimizer_state,
+    save_checkpoint,
 )
 from atomr.train.core.optimizer import OptimizerKind
-from atomr.train.parameter_server.messages import ServerState
+from atomr.train.parameter_server.messages import GetServerState, ServerState, SetServerState
 
-__all__ = ["checkpoint_of", "server_states"]
+__all__ = ["checkpoint_of", "load_servers", "save_servers", "server_states"]
 
 
 def checkpoint_of(
@@ -94,3 +100,59 @@ def server_states(
         )
         for lo, hi in ranges
     ]
+
+
+async def save_servers(
+    servers: Sequence[ActorRef],
+    path: Any,
+    model_config: Mapping[str, Any],
+    workers: int,
+    timeout: float | None,
+) -> None:
+    """Every server shard's range (in range order) saved as one checkpoint at `path`.
+
+    Args:
+        servers: the server shards, in range order.
+        path: where to save (`save_checkpoint`).
+        model_config: the model's `Mlp.config()`.
+        workers: the number of workers (recorded in the checkpoint).
+        timeout: each ask's timeout in seconds (None: wait forever).
+
+    Raises:
+        Exception: a shard's failure to give its state (nothing was
+            written), or `save_checkpoint`'s.
+    """
+    states = await ask_all(servers, GetServerState(), timeout, per_worker=False)
+    ckpt = checkpoint_of(states, model_config, workers)
+    await asyncio.to_thread(save_checkpoint, path, ckpt)
+
+
+async def load_servers(
+    servers: Sequence[ActorRef],
+    states: Sequence[ServerState],
+    keep_old: bool,
+    timeout: float | None,
+) -> None:
+    """Give every server shard its state (`server_states`), all or none
+    (`load_all_or_none`): if one fails, every shard is given back its state
+    from before the load (weights, optimizer state, version).
+
+    Args:
+        servers: the server shards, in range order.
+        states: one state per shard.
+        keep_old: ask every shard its state first, to give it back after a
+            failure; False when a shard's state is lost anyway (a restarted
+            shard: there is nothing consistent to go back to).
+        timeout: each ask's timeout in seconds (None: wait forever).
+
+    Raises:
+        Exception: a shard's failure to give its old state (nothing was
+            loaded), or the first shard's failure to load (`worker_index`
+            set, a note saying whether every shard has its old state back).
+    """
+    restore = None
+    if keep_old:
+        old = await ask_all(servers, GetServerState(), timeout, per_worker=False)
+        restore = [SetServerState(s) for s in old]
+    messages = [SetServerState(s) for s in states]
+    await load_all_or_none(servers, messages, restore, timeout, "server shard")

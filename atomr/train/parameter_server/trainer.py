@@ -46,7 +46,6 @@ from atomr.train._contract import check_name, check_system, spawn_ready
 from atomr.train._recovery import StateLossWatch, state_keeping_decider
 from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.core._step_checks import check_step_limit
-from atomr.train.core.checkpoint import save_checkpoint
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.data import epoch_order
 from atomr.train.core.messages import (
@@ -62,15 +61,17 @@ from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.sharded_index import merge_shards
 from atomr.train.core.stats import StepStats, TrainingState
-from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
+from atomr.train.parameter_server._checkpoint import (
+    load_servers,
+    save_servers,
+    server_states,
+)
 from atomr.train.parameter_server._layout import Layout
 from atomr.train.parameter_server._pool import WorkerPool, combine, split_among
 from atomr.train.parameter_server.messages import (
     EpochReport,
-    GetServerState,
     GetServerStats,
     ParameterServerStats,
-    SetServerState,
     Stats,
     TrainEpochs,
 )
@@ -85,7 +86,7 @@ class AsyncParameterServer(Actor):
     Answers `Step -> StepStats`, `Evaluate -> EvalResult` (worker 0, with
     freshly pulled weights), `GetWeights -> ndarray` (every range, gathered),
     `SaveCheckpoint`, `LoadCheckpoint` (the checkpoint format of every
-    trainer), `GetServerStats -> list[ParameterServerStats]` and
+    trainer; all or none across the shards), `GetServerStats -> list[ParameterServerStats]` and
     `TrainEpochs -> list[EpochReport]`. Every failure is answered with a
     `Failure`; the trainer itself is never restarted for one. After a server
     shard was restarted (it lost its range's weights and optimizer state),
@@ -279,21 +280,23 @@ class AsyncParameterServer(Actor):
         return np.concatenate([np.asarray(p) for p in parts])
 
     async def _save(self, path: Any) -> None:
-        """Every range's weights and optimizer state as one checkpoint."""
+        """Every range's weights and optimizer state as one checkpoint (`save_servers`)."""
         timeout = self.config.worker_timeout
-        states = await ask_all(self.servers, GetServerState(), timeout, per_worker=False)
-        ckpt = checkpoint_of(states, self.model_config, len(self.pool))
-        await asyncio.to_thread(save_checkpoint, path, ckpt)
+        await save_servers(self.servers, path, self.model_config, len(self.pool), timeout)
 
     async def _load(self, path: Any) -> None:
-        """A checkpoint into every range, checked whole before any shard changes."""
+        """A checkpoint into every range, all or none (`load_servers`).
+
+        Raises:
+            CheckpointError: a bad checkpoint (`server_states`: no shard changed).
+            Exception: as `load_servers`.
+        """
         ckpt = await asyncio.to_thread(merge_shards, path)
-        ranges = self.layout.ranges
-        optimizer = self.config.optimizer
+        ranges, optimizer = self.layout.ranges, self.config.optimizer
         states = server_states(ckpt, ranges, optimizer, self.model_config, "AsyncParameterServer")
-        self.pool.weights_changed()  # also when the load fails half-way
-        messages = [SetServerState(s) for s in states]
-        await ask_all(self.servers, messages, self.config.worker_timeout)
+        self.pool.weights_changed()  # also when the load fails and is undone
+        keep_old = self._watch.lost() is None  # else nothing to go back to
+        await load_servers(self.servers, states, keep_old, self.config.worker_timeout)
 
     async def _reload(self, message: LoadCheckpoint) -> None:
         """`LoadCheckpoint` after a server shard lost its state: every range

@@ -1,4 +1,5 @@
-"""A round of the parameter server applied once, on every shard or on none.
+"""A round of the parameter server applied once, on every shard or on none;
+a checkpoint loaded by every shard or by none.
 
 A part whose push landed before its worker failed must not be applied again
 when the trainer sends it again (`TrainBatch.round_id`: the shards accept one
@@ -6,7 +7,10 @@ push per worker and round), and a synchronous round that fails on one server
 shard (its optimizer dying, or the shard failing on a push and resumed) must
 leave every shard as it was (`RollbackRound`), where the other shards used to
 keep their part of the update. Each run is compared with a single-device
-`Trainer` that trains the same batches, less the failed one.
+`Trainer` that trains the same batches, less the failed one. A
+`LoadCheckpoint` that fails on one server shard must leave every shard with
+its old weights, optimizer state and version (the other shard used to keep
+the checkpoint's).
 
 The faults go in through `atomr.testkit.inject_faults` and
 `tests.reliability.faults.dying_optimizer`, given to the trainer as
@@ -15,6 +19,7 @@ The faults go in through `atomr.testkit.inject_faults` and
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,14 +28,28 @@ import pytest
 from atomr import ActorRef, ActorSystem
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.testkit import inject_faults
-from atomr.train import LossKind, Mlp, OptimizerKind, Step, Trainer, TrainerConfig
+from atomr.train import (
+    LoadCheckpoint,
+    LossKind,
+    Mlp,
+    OptimizerKind,
+    SaveCheckpoint,
+    Step,
+    Trainer,
+    TrainerConfig,
+    load_checkpoint,
+)
 from atomr.train.parameter_server import (
     Consistency,
     ParameterServerWorker,
     RoundFailedError,
     ServerShard,
 )
-from atomr.train.parameter_server.messages import PushGradient, TrainBatch
+from atomr.train.parameter_server.messages import (
+    PushGradient,
+    SetServerState,
+    TrainBatch,
+)
 from tests.reliability.faults import (
     FAULT_AT,
     STEPS,
@@ -170,3 +189,57 @@ async def test_a_shard_resumed_after_failing_on_a_push_leaves_no_shard_changed(
     plan = Plan()
     shard = inject_faults(NumberedShard, plan, {"push": PushGradient}, worker=1)
     await _round_fails_on_one_shard(actor_system, plan, "push", shard, RuntimeError)
+
+
+def _assert_same_checkpoint(path: Path, other: Path) -> None:
+    """The two checkpoints hold the same weights, optimizer state and step."""
+    a, b = load_checkpoint(path), load_checkpoint(other)
+    np.testing.assert_array_equal(a.weights, b.weights)
+    assert a.step == b.step
+    assert a.optimizer.keys() == b.optimizer.keys()
+    for key, value in a.optimizer.items():
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(b.optimizer[key]))
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-loading", "after-loading"])
+@pytest.mark.parametrize("failing", [0, 1])
+async def test_a_load_that_fails_on_one_server_shard_changes_no_shard(
+    actor_system: ActorSystem, tmp_path: Path, failing: int, after: bool
+) -> None:
+    """Shard `failing` fails on its part of a `LoadCheckpoint` (before
+    loading it, or `after` loading it, and is resumed): the other shard used
+    to keep the checkpoint's state, a half-loaded model. Now every shard is
+    given back its weights, optimizer state and version from before the
+    load, the error says so, the next step equals the single-device
+    Trainer's from the old state, and a load that succeeds equals the
+    Trainer's load of the same checkpoint."""
+    plan = Plan()
+    shard = inject_faults(NumberedShard, plan, {"load": SetServerState}, worker=failing)
+    ps, single = await _pair(actor_system, 2, Consistency.synchronous(), server_class=shard)
+    data = batches()
+    early, old, now = tmp_path / "early.ckpt", tmp_path / "old.ckpt", tmp_path / "now.ckpt"
+    await ps.ask(SaveCheckpoint(early), timeout=T)
+    for x, y in data[:FAULT_AT]:
+        await ps.ask(Step(x, y), timeout=T)
+        await single.ask(Step(x, y), timeout=T)
+    await ps.ask(SaveCheckpoint(old), timeout=T)
+    plan.arm("load", RuntimeError, after=after)
+    with pytest.raises(RuntimeError) as info:
+        await ps.ask(LoadCheckpoint(early), timeout=T)
+    assert plan.fired == ["load"]
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert f"server shard {failing} failed to load the checkpoint" in notes
+    assert "every server shard was given back its state from before the load" in notes
+    await ps.ask(SaveCheckpoint(now), timeout=T)
+    _assert_same_checkpoint(old, now)
+    assert [st.version for st in await server_stats(ps)] == [FAULT_AT, FAULT_AT]
+    x, y = data[FAULT_AT]
+    await ps.ask(Step(x, y), timeout=T)
+    await single.ask(Step(x, y), timeout=T)
+    await assert_same_training(ps, single)
+    await ps.ask(LoadCheckpoint(early), timeout=T)
+    await single.ask(LoadCheckpoint(early), timeout=T)
+    for x, y in data[FAULT_AT + 1 :]:
+        await ps.ask(Step(x, y), timeout=T)
+        await single.ask(Step(x, y), timeout=T)
+    await assert_same_training(ps, single)

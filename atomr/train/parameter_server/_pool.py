@@ -267,7 +267,8 @@ class WorkerPool:
         from those rounds are not reused (`weights_changed`). Notes on `error`
         what was undone, or which shards could not be asked (the model may
         then be inconsistent: a synchronous worker refuses shards at
-        different versions, `RoundFailedError`, until a checkpoint is loaded)."""
+        different versions, to train or evaluate, `RoundFailedError`, until a
+        checkpoint is loaded)."""
         self.weights_changed()
         replies = await ask_all_settled(
             self.servers, RollbackRound(tuple(sorted(rounds))), self.timeout, per_worker=False

@@ -84,7 +84,8 @@ class AsyncParameterServer(Actor):
     """The parameter-server trainer (module docstring).
 
     Answers `Step -> StepStats`, `Evaluate -> EvalResult` (worker 0, with
-    freshly pulled weights), `GetWeights -> ndarray` (every range, gathered),
+    freshly pulled weights; in synchronous mode `RoundFailedError` when the
+    shards are at different versions), `GetWeights -> ndarray` (every range, gathered),
     `SaveCheckpoint`, `LoadCheckpoint` (the checkpoint format of every
     trainer; all or none across the shards), `GetServerStats -> list[ParameterServerStats]` and
     `TrainEpochs -> list[EpochReport]`. Every failure is answered with a

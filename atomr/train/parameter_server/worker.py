@@ -232,12 +232,25 @@ class ParameterServerWorker(DeviceActor):
         return grad, float(norm), float(loss_sum / norm), float(grad_norm)
 
     async def _evaluate(self, msg: Evaluate) -> Any:
+        """`Evaluate` on freshly pulled weights; in synchronous mode, only
+        from shards at one version (`ShardedClient.check_versions`), as a
+        batch is trained.
+
+        Returns:
+            The `EvalResult`, or a `Failure` of `InvalidBatchError` (a set that
+            does not fit the model), `RoundFailedError` (the shards are at
+            different versions) or the device's error.
+        """
         await self._ready()
         try:
             x, y = self._validate(msg.features, msg.labels)
         except InvalidBatchError as exc:
             return Failure(exc)
-        weights, _ = await self.client.pull(self.worker_id)
+        weights, versions = await self.client.pull(self.worker_id)
+        try:
+            self.client.check_versions(versions)
+        except RoundFailedError as exc:  # a round applied on some shards only
+            return Failure(exc)
         result = await self.on_device(guarded, self._eval, weights, x, y)
         return Failure(result.error) if isinstance(result, Rejected) else result
 

@@ -10,7 +10,8 @@ keep their part of the update. Each run is compared with a single-device
 `Trainer` that trains the same batches, less the failed one. A
 `LoadCheckpoint` that fails on one server shard must leave every shard with
 its old weights, optimizer state and version (the other shard used to keep
-the checkpoint's).
+the checkpoint's), and an `Evaluate` must refuse shards left at different
+versions (a rollback that failed) instead of evaluating a mixed model.
 
 The faults go in through `atomr.testkit.inject_faults` and
 `tests.reliability.faults.dying_optimizer`, given to the trainer as
@@ -29,6 +30,7 @@ from atomr import ActorRef, ActorSystem
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.testkit import inject_faults
 from atomr.train import (
+    Evaluate,
     LoadCheckpoint,
     LossKind,
     Mlp,
@@ -47,6 +49,7 @@ from atomr.train.parameter_server import (
 )
 from atomr.train.parameter_server.messages import (
     PushGradient,
+    RollbackRound,
     SetServerState,
     TrainBatch,
 )
@@ -58,6 +61,7 @@ from tests.reliability.faults import (
     assert_same_training,
     batches,
     dying_optimizer,
+    held_out,
 )
 from tests.train.parameter_server.common import (
     TWO_RANGE_SIZES,
@@ -242,4 +246,33 @@ async def test_a_load_that_fails_on_one_server_shard_changes_no_shard(
     for x, y in data[FAULT_AT + 1 :]:
         await ps.ask(Step(x, y), timeout=T)
         await single.ask(Step(x, y), timeout=T)
+    await assert_same_training(ps, single)
+
+
+async def test_evaluate_refuses_shards_at_different_versions(
+    actor_system: ActorSystem, tmp_path: Path
+) -> None:
+    """A synchronous round fails on shard 0 (its optimizer dies) and shard 1
+    fails to roll it back: the shards are one version apart. `Evaluate` used
+    to evaluate that mixed model; now it refuses with `RoundFailedError`, as
+    a synchronous worker's step does (`ShardedClient.check_versions`), until
+    a checkpoint is loaded."""
+    plan = Plan()
+    rollback = inject_faults(NumberedShard, plan, {"rollback": RollbackRound}, worker=1)
+    shard = dying_optimizer(rollback, plan, worker=0)
+    ps, single = await _pair(actor_system, 2, Consistency.synchronous(), server_class=shard)
+    data = batches()
+    for x, y in data[:FAULT_AT]:
+        await ps.ask(Step(x, y), timeout=T)
+        await single.ask(Step(x, y), timeout=T)
+    await ps.ask(SaveCheckpoint(tmp_path / "old.ckpt"), timeout=T)
+    plan.arm("mid_optimizer", ContextPoisoned)
+    plan.arm("rollback", RuntimeError)
+    with pytest.raises(RoundFailedError):
+        await ps.ask(Step(*data[FAULT_AT]), timeout=T)
+    assert plan.fired == ["mid_optimizer", "rollback"]
+    assert [st.version for st in await server_stats(ps)] == [FAULT_AT, FAULT_AT + 1]
+    with pytest.raises(RoundFailedError, match="versions"):
+        await ps.ask(Evaluate(*held_out()), timeout=T)
+    await ps.ask(LoadCheckpoint(tmp_path / "old.ckpt"), timeout=T)
     await assert_same_training(ps, single)

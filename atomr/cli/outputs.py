@@ -5,13 +5,13 @@ the whole run); `--tensorboard` also needs tensorboardX."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 from atomr.cli.errors import CliError
 from atomr.cli.history import history_path_for
 from atomr.cli.run_config import RunConfig
+from atomr.train.core.checkpoint import probe_write
 from atomr.train.metrics import summary_writer_class
 
 __all__ = ["RUNS_DIR", "check_outputs", "output_paths"]
@@ -79,19 +79,10 @@ def _probe_nearest_folder(parent: Path) -> str | None:
         parent = parent.parent
     if not parent.is_dir():
         return f"{parent} is not a directory"
-    probe = parent / f".atomr-probe-{os.getpid()}-{time.monotonic_ns()}"
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        probe_write(parent)
     except OSError as exc:
         return f"{parent}: {exc.strerror or exc}"
-    try:
-        os.write(fd, b"\0")
-        os.fsync(fd)
-    except OSError as exc:
-        return f"{parent}: {exc.strerror or exc}"
-    finally:
-        os.close(fd)
-        probe.unlink(missing_ok=True)
     return None
 
 

@@ -31,7 +31,7 @@ from atomr.actor import ActorRef
 from atomr.actor.ref import check_timeout
 from atomr.train._fit_callbacks import Callbacks
 from atomr.train._fit_run import FitRun, Measure
-from atomr.train.core.checkpoint import check_save_target
+from atomr.train.core.checkpoint import check_save_location
 from atomr.train.core.data import epoch_order
 from atomr.train.core.messages import Evaluate, GetTrainingState
 from atomr.train.core.sources import DataSourceError, as_source, batch_bounds
@@ -194,10 +194,12 @@ async def fit(
     Raises:
         TypeError, ValueError: bad arguments (checked before any step: a
             count that is not an int >= 1 (`seed`: >= 0; a bool is no
-            int), a `start` that does not fit, a `checkpoint` whose folder is missing
-            or that is not a file, `drop_last` not a bool, or True for an
-            iterable or a callable), or a dataset or batch of the wrong
-            length or shape.
+            int), a `start` that does not fit, `drop_last` not a bool, or
+            True for an iterable or a callable), or a dataset or batch of the
+            wrong length or shape.
+        FileNotFoundError, CheckpointError, OSError: a `checkpoint` whose
+            folder is missing, that is not a regular file, or whose folder a
+            test write fails in (no permission, read-only), before any step.
         RuntimeError: another `fit` is training `trainer` now.
         DataSourceError: the training data raised part way through an
             epoch; the checkpoint (if any) was saved at the position reached.
@@ -221,7 +223,7 @@ async def fit(
     _check_hooks(callbacks, stop, agree_to_stop, evaluate)
     check_timeout(timeout)
     if checkpoint is not None:
-        check_save_target(checkpoint)  # not after the first epoch's training
+        check_save_location(checkpoint)  # not after the first epoch's training
     source = as_source(
         "train", train, batch_size=batch_size, seed=seed, min_batch_size=min_batch_size,
         drop_last=drop_last,

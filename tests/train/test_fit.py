@@ -4,6 +4,7 @@ batch where a checkpoint was taken, and refuses bad arguments before a step."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +202,42 @@ async def test_a_validation_set_the_trainer_refuses_fails_before_any_step(
         assert "in the validation set" in "".join(caught.value.__notes__)
         assert rec.steps == []
         np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
+
+
+def _unwritable_folder(kind: str, tmp_path: Path) -> Path:
+    """A folder that exists but takes no new file: sysfs refuses one even to
+    root; a folder without write permission only stops another user."""
+    if kind == "sysfs":
+        if not Path("/sys/kernel").is_dir():
+            pytest.skip("no /sys on this system")
+        return Path("/sys/kernel")
+    if os.geteuid() == 0:
+        pytest.skip("root writes in a folder without write permission")
+    tmp_path.chmod(0o500)
+    return tmp_path
+
+
+@pytest.mark.parametrize("kind", ["sysfs", "no-permission"])
+async def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_any_step(
+    kind: str, tmp_path: Path
+) -> None:
+    folder = _unwritable_folder(kind, tmp_path)
+    x, y = _data()
+    try:
+        async with ActorSystem("fit") as system:
+            trainer = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+            before = await trainer.ask(GetWeights())
+            rec = _Recorder()
+            with pytest.raises(OSError) as caught:
+                await fit(
+                    trainer, (x, y), epochs=1, batch_size=16, checkpoint=folder / "c.ckpt",
+                    callbacks=[rec],
+                )  # fmt: skip
+            assert "a test write for the checkpoint" in "".join(caught.value.__notes__)
+            assert rec.started == [] and rec.steps == []
+            np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
+    finally:
+        tmp_path.chmod(0o700)
 
 
 async def test_a_refused_training_batch_saves_the_checkpoint_at_it(tmp_path: Path) -> None:

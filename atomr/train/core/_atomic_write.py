@@ -19,11 +19,12 @@ import re
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from atomr.train.core.errors import CheckpointError
 
-__all__ = ["check_target", "write_atomically"]
+__all__ = ["check_target", "probe_write", "write_atomically"]
 
 _TEMP_TAIL = re.compile(r"[A-Za-z0-9_]{8}\.tmp")
 
@@ -168,6 +169,30 @@ def check_target(target: Path) -> Path:
             f"{target}: exists and is not a regular file (refusing to replace it)"
         )
     return directory
+
+
+def probe_write(directory: Path) -> None:
+    """Write, fsync and remove a one-byte temporary file in `directory`: a
+    real write, so a folder without write permission, on a read-only or full
+    file system, or failing with EIO shows up now, not at the first save.
+
+    Raises:
+        OSError: the file system refused (`errno` and `strerror` are its
+            own; `filename` is `directory`).
+    """
+    probe = directory / f".atomr-probe-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, os.fspath(directory)) from None
+    try:
+        os.write(fd, b"\0")
+        os.fsync(fd)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, os.fspath(directory)) from None
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
 
 
 def _remove_stale_temps(directory: Path, name: str) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr.train.core._atomic_write import check_target, write_atomically
+from atomr.train.core._atomic_write import check_target, probe_write, write_atomically
 from atomr.train.core._checkpoint_members import read_members
 from atomr.train.core._checkpoint_validation import (
     check_count,
@@ -51,12 +51,14 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "check_model_matches",
+    "check_save_location",
     "check_save_target",
     "check_optimizer_state",
     "checkpoint_digest",
     "extra_count",
     "pending_micro_steps",
     "load_checkpoint",
+    "probe_write",
     "save_checkpoint",
 ]
 
@@ -170,6 +172,25 @@ def check_save_target(path: str | os.PathLike[str]) -> None:
         CheckpointError: `path` exists and is not a regular file.
     """
     check_target(Path(path))
+
+
+def check_save_location(path: str | os.PathLike[str]) -> None:
+    """`check_save_target`, and a real test write in the folder of `path`
+    (`probe_write`): for a run that saves only after long work (`fit`), so a
+    folder it cannot write in is refused before that work, not after it.
+
+    Raises:
+        FileNotFoundError: the directory of `path` does not exist.
+        CheckpointError: `path` exists and is not a regular file.
+        OSError: a file cannot be written in that directory (no permission,
+            a read-only or full file system); a note says the test write failed.
+    """
+    directory = check_target(Path(path))
+    try:
+        probe_write(directory)
+    except OSError as exc:
+        exc.add_note(f"a test write for the checkpoint {path} failed in {directory}")
+        raise
 
 
 def checkpoint_digest(path: str | os.PathLike[str]) -> str:

@@ -3,13 +3,30 @@ failures of those that raise (the rule is `FitCallback`'s docstring)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from atomr.train.fit_events import FitCallback, FitPosition
 
-__all__ = ["CallbackFailure", "Callbacks"]
+__all__ = ["CallbackFailure", "Callbacks", "awaited"]
+
+
+async def awaited(hook: str, result: object) -> Any:
+    """What `fit`'s hook `hook` (`evaluate`, `agree_to_stop`) returned,
+    awaited: a hook is an async function, so its result must be awaitable.
+
+    Raises:
+        TypeError: `result` is not awaitable (a plain function was given;
+            the message names `hook`).
+    """
+    if not inspect.isawaitable(result):
+        raise TypeError(
+            f"{hook} must be an async function (its result awaitable), "
+            f"but it returned {type(result).__name__}"
+        )
+    return await result
 
 
 @dataclass(frozen=True)

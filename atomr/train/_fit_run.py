@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atomr._arguments import bool_flag
 from atomr.actor import ActorRef, AskTimeoutError
-from atomr.train._fit_callbacks import CallbackFailure, Callbacks
+from atomr.train._fit_callbacks import CallbackFailure, Callbacks, awaited
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError, StepLimitError
 from atomr.train.core.messages import CloseRound, SaveCheckpoint, Step
 from atomr.train.core.sources import BatchSource, DataSourceError, InvalidDataError
@@ -355,9 +356,14 @@ class FitRun:
         )
 
     async def stop_now(self) -> bool:
-        """At an epoch's end: whether to stop (every process agrees, in a job)."""
+        """At an epoch's end: whether to stop (every process agrees, in a job).
+
+        Raises:
+            TypeError: `agree_to_stop` is no async function, or its answer no bool.
+        """
         if self.agree_to_stop is not None:
-            return await self.agree_to_stop(self.stop.requested)
+            answer = await awaited("agree_to_stop", self.agree_to_stop(self.stop.requested))
+            return bool_flag("agree_to_stop's answer", answer)
         return self.stop.requested
 
     async def loop(self) -> str:

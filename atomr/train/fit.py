@@ -174,9 +174,11 @@ async def fit(
         callbacks: `FitCallback`s, called in order.
         stop: checked after every step; once requested, the run saves its
             checkpoint and returns "interrupted".
-        agree_to_stop: for the processes of a job: called at every epoch's
-            end with this process's request, returns whether all stop; with
-            it, `stop` is only honoured at epoch ends.
+        agree_to_stop: for the processes of a job: an async function called
+            at every epoch's end with this process's request, returning
+            whether all stop (True or False: anything else, such as 'no', is
+            a TypeError then, not taken by its truth); with it, `stop` is
+            only honoured at epoch ends.
         evaluate: `(features, labels) -> (loss, accuracy)`; default: ask the
             trainer to `Evaluate`. Arrays are evaluated in one call, a dataset
             or iterable batch by batch: the batches' accuracies weighted by

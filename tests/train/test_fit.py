@@ -240,6 +240,27 @@ async def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_any_
         tmp_path.chmod(0o700)
 
 
+async def _answers_no(requested: bool) -> object:
+    return "no"
+
+
+@pytest.mark.parametrize(
+    ("agree", "needle"),
+    [
+        (_answers_no, "agree_to_stop's answer must be True or False, got 'no'"),
+        (lambda requested: False, "agree_to_stop must be an async function .* returned bool"),
+    ],
+)
+async def test_an_agree_to_stop_that_answers_no_bool_is_refused_not_taken_by_its_truth(
+    agree: object, needle: str
+) -> None:
+    x, y = _data()
+    async with ActorSystem("fit") as system:
+        trainer = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        with pytest.raises(TypeError, match=needle):
+            await fit(trainer, (x, y), epochs=2, batch_size=16, agree_to_stop=agree)  # type: ignore[arg-type]
+
+
 async def test_a_refused_training_batch_saves_the_checkpoint_at_it(tmp_path: Path) -> None:
     """A bad sample part way through: the steps before it are kept in the
     checkpoint, a note says which batch, and a resume with the data mended

@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from atomr._arguments import int_at_least
+from atomr._repr import bounded_repr
 from atomr.actor import ActorRef
 from atomr.actor.ref import check_timeout
-from atomr.train._fit_callbacks import Callbacks
+from atomr.train._fit_callbacks import Callbacks, awaited
 from atomr.train._fit_run import FitRun, Measure
 from atomr.train.core.checkpoint import check_save_location
 from atomr.train.core.data import epoch_order
@@ -113,6 +114,22 @@ async def _training_state(trainer: ActorRef, timeout: float | None) -> TrainingS
     return state if isinstance(state, TrainingState) else None
 
 
+def _loss_and_accuracy(result: object) -> tuple[float, float]:
+    """The `(loss, accuracy)` an `evaluate` hook returned, as floats.
+
+    Raises:
+        TypeError: not a pair of numbers (the message names the hook).
+    """
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        raise TypeError(f"evaluate must return (loss, accuracy), got {bounded_repr(result)}")
+    try:
+        return float(result[0]), float(result[1])
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"evaluate must return two numbers (loss, accuracy), got {bounded_repr(result)}"
+        ) from None
+
+
 def _measure(trainer: ActorRef, hook: Evaluator | None, timeout: float | None) -> Measure:
     """How `fit` evaluates a batch: the trainer's `EvalResult`, or the
     hook's `(loss, accuracy)` (no normaliser: weighted by the label count)."""
@@ -126,8 +143,8 @@ def _measure(trainer: ActorRef, hook: Evaluator | None, timeout: float | None) -
     evaluate: Evaluator = hook
 
     async def call(x: np.ndarray, y: np.ndarray) -> EvalResult:
-        loss, accuracy = await evaluate(x, y)
-        return EvalResult(float(loss), float(accuracy), len(x))
+        loss, accuracy = _loss_and_accuracy(await awaited("evaluate", evaluate(x, y)))
+        return EvalResult(loss, accuracy, len(x))
 
     return call
 
@@ -179,8 +196,11 @@ async def fit(
             whether all stop (True or False: anything else, such as 'no', is
             a TypeError then, not taken by its truth); with it, `stop` is
             only honoured at epoch ends.
-        evaluate: `(features, labels) -> (loss, accuracy)`; default: ask the
-            trainer to `Evaluate`. Arrays are evaluated in one call, a dataset
+        evaluate: an async function `(features, labels) -> (loss, accuracy)`
+            (anything else is a TypeError naming it at its first call: before
+            any step with `validation`, else after the first epoch's
+            training, which the checkpoint keeps); default: ask the trainer
+            to `Evaluate`. Arrays are evaluated in one call, a dataset
             or iterable batch by batch: the batches' accuracies weighted by
             their label counts (`labels.size`: rows, tokens), their losses by
             their normalisers (`EvalResult.normaliser`). A hook gives none,
@@ -198,7 +218,9 @@ async def fit(
             count that is not an int >= 1 (`seed`: >= 0; a bool is no
             int), a `start` that does not fit, `drop_last` not a bool, or
             True for an iterable or a callable), or a dataset or batch of the
-            wrong length or shape.
+            wrong length or shape; TypeError also for an `evaluate` or
+            `agree_to_stop` hook that is no async function or returns the
+            wrong thing, when it is first called.
         FileNotFoundError, CheckpointError, OSError: a `checkpoint` whose
             folder is missing, that is not a regular file, or whose folder a
             test write fails in (no permission, read-only), before any step.

@@ -16,6 +16,7 @@ from atomr.train import (
     DataParallelOptions,
     DataParallelTrainer,
     Evaluate,
+    GetWeights,
     LossKind,
     Mlp,
     OptimizerKind,
@@ -84,3 +85,35 @@ async def test_a_hooks_mean_over_labels_batch_by_batch_equals_the_whole_set() ->
         record = await _validated(system, "single", Batches(XS, YS), plain, _asking)
     assert record.test_loss == pytest.approx(whole.test_loss, rel=1e-6)
     assert record.test_accuracy == pytest.approx(whole.test_accuracy, rel=1e-12)
+
+
+async def _no_figures(x: np.ndarray, y: np.ndarray) -> None:
+    return None
+
+
+async def _one_figure(x: np.ndarray, y: np.ndarray) -> tuple[float]:
+    return (0.5,)
+
+
+async def _words(x: np.ndarray, y: np.ndarray) -> tuple[str, str]:
+    return ("low", "high")
+
+
+@pytest.mark.parametrize(
+    ("hook", "needle"),
+    [
+        (lambda x, y: (0.5, 0.5), "evaluate must be an async function .* returned tuple"),
+        (_no_figures, r"evaluate must return \(loss, accuracy\), got None"),
+        (_one_figure, r"evaluate must return \(loss, accuracy\), got \(0.5,\)"),
+        (_words, r"evaluate must return two numbers \(loss, accuracy\), got \('low', 'high'\)"),
+    ],
+)
+async def test_a_misused_evaluate_hook_is_refused_naming_it_before_any_step(
+    hook: Any, needle: str
+) -> None:
+    async with ActorSystem("fit-evaluation") as system:
+        ref = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", WEIGHTED)
+        before = await ref.ask(GetWeights())
+        with pytest.raises(TypeError, match=needle):
+            await fit(ref, (X, Y), validation=(XV, YV), epochs=1, batch_size=16, evaluate=hook)
+        np.testing.assert_array_equal(await ref.ask(GetWeights()), before)

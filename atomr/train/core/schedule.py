@@ -23,13 +23,15 @@ exactly.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import reprlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from atomr._arguments import int_at_least, real_as_float
+from atomr._repr import bounded_repr
 
 __all__ = [
     "ChainedScheduler",
@@ -97,7 +99,8 @@ class MultiStepLR(LrSchedule):
     """Decay by `gamma` at each milestone epoch (torch's `MultiStepLR`).
 
     Raises:
-        TypeError: a milestone not an int (a bool is none), `gamma` not a number.
+        TypeError: `milestones` not a sequence (`MultiStepLR(5)`), a milestone
+            not an int (a bool is none), `gamma` not a number.
         ValueError: milestones empty, below 1 or not increasing; `gamma`
             negative or not finite.
     """
@@ -107,7 +110,7 @@ class MultiStepLR(LrSchedule):
     kind: ClassVar[str] = "multistep"
 
     def __post_init__(self) -> None:
-        milestones = tuple(int_at_least("a milestone", m) for m in self.milestones)
+        milestones = _milestones(self.milestones)
         if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:], strict=False)):
             raise ValueError(f"milestones must be increasing and non-empty, got {milestones}")
         object.__setattr__(self, "milestones", milestones)
@@ -186,8 +189,29 @@ class LinearLR(LrSchedule):
         }
 
 
+def _sequence(name: str, value: object) -> tuple[Any, ...]:
+    """`value` (a list, tuple or other iterable, not a string) as a tuple.
+
+    Raises:
+        TypeError: not such an iterable (`MultiStepLR(5)`; the message names `name`).
+    """
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a sequence, got {bounded_repr(value)}")
+    return tuple(value)
+
+
+def _milestones(value: object) -> tuple[int, ...]:
+    """The milestones, each checked to be an int >= 1.
+
+    Raises:
+        TypeError: not a sequence, or a milestone not an int (a bool is none).
+        ValueError: a milestone below 1.
+    """
+    return tuple(int_at_least("a milestone", m) for m in _sequence("milestones", value))
+
+
 def _schedules(value: Sequence[LrSchedule]) -> tuple[LrSchedule, ...]:
-    schedules = tuple(value)
+    schedules = _sequence("schedules", value)
     if not schedules or not all(isinstance(s, LrSchedule) for s in schedules):
         raise TypeError(f"schedules must be a non-empty sequence of schedules, got {value!r}")
     return schedules
@@ -199,8 +223,8 @@ class SequentialLR(LrSchedule):
     epochs counted from its start (torch's `SequentialLR`: warm-up, then decay).
 
     Raises:
-        TypeError: `schedules` not schedules, a milestone not an int (a bool
-            is none).
+        TypeError: `schedules` not schedules, `milestones` not a sequence, a
+            milestone not an int (a bool is none).
         ValueError: not exactly `len(schedules) - 1` increasing milestones >= 1.
     """
 
@@ -211,7 +235,7 @@ class SequentialLR(LrSchedule):
 
     def __post_init__(self) -> None:
         schedules = _schedules(self.schedules)
-        milestones = tuple(int_at_least("a milestone", m) for m in self.milestones)
+        milestones = _milestones(self.milestones)
         if len(milestones) != len(schedules) - 1 or any(
             b <= a for a, b in zip(milestones, milestones[1:], strict=False)
         ):
@@ -282,7 +306,8 @@ def schedule_from_config(config: Any, depth: int = 0) -> LrSchedule:
     Raises:
         ValueError: an unknown kind, unknown or missing fields, bad values, or
             nesting deeper than a few levels (a hostile checkpoint).
-        TypeError: not a dict, or values of the wrong type.
+        TypeError: not a dict, or values of the wrong type (a `step_size`
+            of '3', a `milestones` that is no list), as the classes raise.
     """
     if not isinstance(config, dict) or not isinstance(config.get("kind"), str):
         raise TypeError(f"a schedule config must be a dict with a 'kind', got {config!r}")
@@ -300,7 +325,16 @@ def schedule_from_config(config: Any, depth: int = 0) -> LrSchedule:
         if not isinstance(fields["milestones"], list):
             raise TypeError("a schedule's 'milestones' must be a list")
         fields["milestones"] = tuple(fields["milestones"])
-    try:
-        return cls(**fields)
-    except TypeError as exc:
-        raise ValueError(f"bad fields for schedule {config['kind']!r}: {exc}") from None
+    _check_fields(config["kind"], cls, fields)
+    return cls(**fields)
+
+
+def _check_fields(kind: str, cls: type[LrSchedule], given: dict[str, Any]) -> None:
+    """Raises ValueError when `given` names a field `cls` does not have, or
+    lacks one it needs (their values are `cls`'s to check)."""
+    known = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    needed = {f.name for f in known if f.default is dataclasses.MISSING}
+    unknown = sorted(set(given) - {f.name for f in known})
+    missing = sorted(needed - set(given))
+    if unknown or missing:
+        raise ValueError(f"bad fields for schedule {kind!r}: unknown {unknown}, missing {missing}")

@@ -150,6 +150,9 @@ def test_schedules_round_trip_through_their_config_and_the_optimizers() -> None:
         (lambda: StepLR(3, "0.1"), TypeError, "gamma"),
         (lambda: MultiStepLR((5, 3)), ValueError, "increasing"),
         (lambda: MultiStepLR(()), ValueError, "non-empty"),
+        (lambda: MultiStepLR(5), TypeError, "milestones must be a sequence, got 5"),
+        (lambda: MultiStepLR("35"), TypeError, "milestones must be a sequence, got '35'"),
+        (lambda: SequentialLR(StepLR(2), (3,)), TypeError, "schedules must be a sequence"),
         (lambda: CosineAnnealingLR(0), ValueError, "t_max"),
         (lambda: LinearLR(0.0), ValueError, "start_factor"),
         (lambda: LinearLR(0.5, 2.0), ValueError, "<= 1"),
@@ -178,6 +181,26 @@ def test_bad_schedules_are_refused(make: object, error: type, match: str) -> Non
 def test_hostile_schedule_configs_are_refused(config: object, match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
         schedule_from_config(config)
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "match"),
+    [
+        ({"kind": "step", "step_size": "3"}, TypeError, "step_size must be an int, got '3'"),
+        ({"kind": "multistep", "milestones": [2.5]}, TypeError, "a milestone must be an int"),
+        ({"kind": "cosine", "t_max": True}, TypeError, "t_max must be an int, got True"),
+        ({"kind": "step", "step_size": 3, "evil": 1}, ValueError, r"unknown \['evil'\]"),
+        ({"kind": "step"}, ValueError, r"missing \['step_size'\]"),
+    ],
+)
+def test_a_config_of_the_wrong_type_is_a_type_error_a_wrong_field_a_value_error(
+    config: dict[str, Any], error: type, match: str
+) -> None:
+    """As the docs say: a wrong type is a TypeError (it was a ValueError
+    'bad fields ...'), an unknown or missing field a ValueError."""
+    with pytest.raises(error, match=match) as caught:
+        schedule_from_config(config)
+    assert type(caught.value) is error
 
 
 @pytest.mark.parametrize(

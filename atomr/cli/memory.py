@@ -49,7 +49,8 @@ def estimate_memory(run: RunConfig) -> MemoryEstimate:
         parameters: weights and gradients of every replica, and the
         initial model built by the command; optimizer: the
         moments (Adam: two, SGD with momentum: one) of every replica;
-        activations: forward and backward values of a step and of the
+        activations: forward and backward values of a step (of
+        `--batch-size` samples, or all of them when fewer) and of the
         evaluation of the training set; data: the data set while generated.
         A GPT's counts leave out what its text decides (the vocabulary's
         rows, the windows), which is read only after this check.
@@ -71,9 +72,15 @@ def estimate_memory(run: RunConfig) -> MemoryEstimate:
     return MemoryEstimate(
         parameters=_F32 * params * (2 * replicas + 1),
         optimizer=moments * _F32 * params * replicas,
-        activations=2 * _F32 * per_sample * (run.batch_size + samples),
+        activations=2 * _F32 * per_sample * (_step_batch(run, samples) + samples),
         data=data,
     )
+
+
+def _step_batch(run: RunConfig, samples: int) -> int:
+    """The samples of one step: `--batch-size`, but no more than the data
+    holds (a GPT's windows are counted only later: its `--batch-size`)."""
+    return run.batch_size if run.gpt is not None else min(run.batch_size, samples)
 
 
 def _gpt_sizes(shape: GptShape) -> tuple[int, int]:

@@ -81,6 +81,16 @@ def test_the_estimate_counts_the_model_copies_of_the_strategy(argv: list[str], c
     assert estimate_memory(run).optimizer == 2 * 4 * params * copies
 
 
+def test_a_batch_larger_than_the_data_counts_only_the_data() -> None:
+    """`--batch-size 99999999999` on 200 samples trains on 200 a step: it
+    was refused as needing 8,195 GiB."""
+    argv = ["--dataset", "synthetic", "--samples", "200", "--features", "10", "--hidden", "4"]
+    huge = _run_config(*argv, "--batch-size", "99999999999")
+    whole = _run_config(*argv, "--batch-size", "200")
+    assert estimate_memory(huge) == estimate_memory(whole)
+    check_memory(huge, available=2**30)
+
+
 def test_a_run_that_fits_passes() -> None:
     run = _run_config("--strategy", "single")
     check_memory(run, available=estimate_memory(run).total)

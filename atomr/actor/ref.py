@@ -58,19 +58,22 @@ def _ask_lane(cell: ActorCell, timeout: float) -> AskDeadlines | None:
     return lane
 
 
-def check_timeout(timeout: float | None, name: str = "timeout") -> None:
-    """Validate a timeout in seconds (None: wait without a deadline).
+def check_timeout(timeout: float | None, name: str = "timeout", *, optional: bool = True) -> None:
+    """Validate a timeout in seconds (None: wait without a deadline, where
+    `optional`; the messages offer None only then).
 
     Raises:
-        TypeError: if it is not a number or None.
+        TypeError: if it is not a number (or None, where `optional`).
         ValueError: if it is not > 0, or is an int too large for a float.
     """
-    if timeout is None:
+    if timeout is None and optional:
         return
+    seconds = "a number of seconds or None" if optional else "a number of seconds"
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"{name} must be a number of seconds or None, got {type(timeout).__name__}")
+        raise TypeError(f"{name} must be {seconds}, got {type(timeout).__name__}")
     if not timeout > 0:
-        raise ValueError(f"{name} must be > 0 seconds or None, got {bounded_repr(timeout)}")
+        bound = "> 0 seconds or None" if optional else "> 0 seconds"
+        raise ValueError(f"{name} must be {bound}, got {bounded_repr(timeout)}")
     as_seconds(name, timeout)
 
 

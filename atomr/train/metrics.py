@@ -263,9 +263,7 @@ class TensorBoardLog(_Log):
     """
 
     def __init__(self, logdir: str | Path, *, timeout: float = 60.0) -> None:
-        if timeout is None:
-            raise TypeError("timeout must be a number of seconds, got None")
-        check_timeout(timeout)
+        check_timeout(timeout, optional=False)
         self.timeout = float(timeout)
         writer_class = summary_writer_class()
         self.logdir = self._target = Path(logdir)

@@ -203,7 +203,10 @@ def test_a_json_lines_log_appends_after_a_cut_line_on_a_new_line(tmp_path: Path)
 def test_a_tensorboard_log_refuses_a_bad_timeout_before_making_a_file(
     timeout: object, error: type[Exception], tmp_path: Path
 ) -> None:
+    """The message offers no None, which the log refuses (it said '> 0
+    seconds or None')."""
     pytest.importorskip("tensorboardX", reason="tensorboardX (atomr[tensorboard]) not installed")
-    with pytest.raises(error, match="timeout"):
+    with pytest.raises(error, match="timeout must be .*seconds, got") as caught:
         TensorBoardLog(tmp_path / "tb", timeout=timeout)  # type: ignore[arg-type]
+    assert "None" not in str(caught.value).split(", got")[0]
     assert not (tmp_path / "tb").exists()

@@ -12,9 +12,13 @@ from types import FrameType
 
 from atomr.train.fit import StopFlag
 
-__all__ = ["SECOND_CTRL_C_HINT", "STOPPING_SIGNALS", "stop_on_signals"]
+__all__ = ["SECOND_CTRL_C_HINT", "SECOND_SIGTERM_HINT", "STOPPING_SIGNALS", "stop_on_signals"]
 
 SECOND_CTRL_C_HINT = "atomr: stopping after this step; press Ctrl-C again to quit at once"
+SECOND_SIGTERM_HINT = (
+    "atomr: SIGTERM: stopping after this step; a second SIGTERM or Ctrl-C quits at once"
+)
+"""What a first SIGTERM prints: its sender may be no terminal's user."""
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """Ctrl-C, and what `kill`, `docker stop` and cluster schedulers send."""
@@ -23,7 +27,7 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 @contextlib.contextmanager
 def stop_on_signals(flag: StopFlag, received: list[int]) -> Iterator[None]:
     """Within the block, the first SIGINT (Ctrl-C) or SIGTERM sets `flag` and
-    prints `SECOND_CTRL_C_HINT` on stderr; a second one ends the process at
+    prints `SECOND_CTRL_C_HINT` (`SECOND_SIGTERM_HINT` for SIGTERM) on stderr; a second one ends the process at
     once, whatever it is doing.
 
     Each signal that comes is appended to `received` (the caller exits with
@@ -44,8 +48,9 @@ def stop_on_signals(flag: StopFlag, received: list[int]) -> Iterator[None]:
             signal.signal(each, signal.SIG_DFL)
         received.append(signum)
         flag.request()
+        hint = SECOND_SIGTERM_HINT if signum == signal.SIGTERM else SECOND_CTRL_C_HINT
         # os.write: a signal handler must not re-enter sys.stderr's buffer
-        os.write(2, f"\n{SECOND_CTRL_C_HINT}\n".encode())
+        os.write(2, f"\n{hint}\n".encode())
 
     previous = {each: signal.signal(each, on_signal) for each in STOPPING_SIGNALS}
     try:

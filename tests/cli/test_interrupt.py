@@ -150,6 +150,8 @@ def test_ctrl_c_or_sigterm_stops_cleanly_after_saving(tmp_path: Path, signum: in
             proc.wait(timeout=30)
     assert proc.returncode == 128 + signum, err.decode()
     assert b"Traceback" not in err
+    hint = "press Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
+    assert hint in err.decode()  # a SIGTERM's hint spoke of a Ctrl-C
     assert err.decode().strip().splitlines()[-1] == (
         f"atomr: interrupted; checkpoint saved to {ckpt}"
     )

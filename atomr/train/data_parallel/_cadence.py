@@ -40,7 +40,7 @@ from atomr.train.data_parallel.messages import (
     SetGradients,
 )
 from atomr.train.data_parallel.options import DataParallelOptions
-from atomr.train.data_parallel.speed_balancer import ReplicaSpeeds
+from atomr.train.data_parallel.speed_balancer import ReplicaSpeeds, round_quotas
 
 __all__ = ["Cadence"]
 
@@ -73,7 +73,7 @@ class Cadence:
         if self.speeds is None or len(self.speeds.seconds_per_sample) != n:
             self.speeds = ReplicaSpeeds(self.options.speed_hint, n, self.options.clock)
         spp = self.speeds.seconds_per_sample
-        self.quotas = [max(1, round(self.anchor * max(spp) / t)) for t in spp]
+        self.quotas = [max(1, round(q)) for q in round_quotas(self.anchor, spp)]
         self._pending = [[] for _ in range(n)]
         self._busy = [0.0] * n
         self._samples = 0

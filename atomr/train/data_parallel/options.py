@@ -16,7 +16,11 @@ from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.collective import MpiCollective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.data_parallel.replica import ReplicaActor
-from atomr.train.data_parallel.speed_balancer import check_balance_settings
+from atomr.train.data_parallel.speed_balancer import (
+    check_balance_settings,
+    initial_seconds_per_sample,
+    round_quotas,
+)
 
 __all__ = ["ApplyPolicy", "COLLECTIVES", "DataParallelOptions"]
 
@@ -194,15 +198,16 @@ class DataParallelOptions:
         self._refuse_other_policy_settings()
 
     def _check_first_quota(self) -> None:
-        """CADENCE's first round gives the fastest replica `cadence_anchor`
-        times the hint's fastest-to-slowest ratio batches (`_cadence`).
+        """CADENCE's first round gives each replica `round_quotas` of
+        `cadence_anchor` and the hinted speeds, as `_cadence` computes them.
 
         Raises:
-            ValueError: that is no finite number.
+            ValueError: one of them is no finite number.
         """
-        hint = self.speed_hint or (1.0,)
-        quota = real_as_float(self.cadence_anchor) * (max(hint) / min(hint))
-        if not math.isfinite(quota):
+        hint = self.speed_hint
+        seconds = initial_seconds_per_sample(hint, len(hint) if hint else 1)
+        quotas = round_quotas(real_as_float(self.cadence_anchor), seconds)
+        if not all(math.isfinite(q) for q in quotas):
             raise ValueError(
                 f"cadence_anchor {bounded_repr(self.cadence_anchor)} times speed_hint's "
                 f"fastest-to-slowest ratio gives the fastest replica no finite number of "

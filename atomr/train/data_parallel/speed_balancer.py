@@ -1,5 +1,6 @@
 """`SpeedBalancer`: how a data-parallel step splits its batch among replicas;
-`ReplicaSpeeds`: the replicas' speeds as CADENCE and ASYNC measure them.
+`ReplicaSpeeds`: the replicas' speeds as CADENCE and ASYNC measure them,
+and `round_quotas`, what CADENCE makes of them.
 
 Off (the default), the batch is split as evenly as possible. On, the split
 follows each replica's measured throughput (samples per second of its
@@ -29,6 +30,7 @@ __all__ = [
     "check_balance_settings",
     "initial_seconds_per_sample",
     "in_seconds",
+    "round_quotas",
     "smoothed",
 ]
 
@@ -41,6 +43,14 @@ def initial_seconds_per_sample(hint: tuple[float, ...] | None, replicas: int) ->
     relative speeds in `hint` when it has one per replica, else equal."""
     speeds = hint if hint is not None and len(hint) == replicas else (1.0,) * replicas
     return [1.0 / s for s in speeds]
+
+
+def round_quotas(anchor: float, seconds_per_sample: Sequence[float]) -> list[float]:
+    """Each replica's batches in one El Che round, before rounding
+    (`_cadence`): `anchor` for the slowest, and more for a faster one in
+    proportion to its speed; `inf` or NaN where that is no float."""
+    slowest = max(seconds_per_sample)
+    return [anchor * slowest / t for t in seconds_per_sample]
 
 
 def in_seconds(hinted: list[float], measured: dict[int, float]) -> list[float]:

@@ -209,9 +209,10 @@ class DataParallelOptions:
         quotas = round_quotas(real_as_float(self.cadence_anchor), seconds)
         if not all(math.isfinite(q) for q in quotas):
             raise ValueError(
-                f"cadence_anchor {bounded_repr(self.cadence_anchor)} times speed_hint's "
-                f"fastest-to-slowest ratio gives the fastest replica no finite number of "
-                "batches per round: give a smaller anchor or closer speeds"
+                f"cadence_anchor {bounded_repr(self.cadence_anchor)} with speed_hint "
+                f"{bounded_repr(self.speed_hint)} gives a replica no finite number of "
+                "batches per round: give a smaller anchor, or speeds closer together "
+                "(relative speeds, such as 1 and 2.5)"
             )
 
     def _refuse_other_policy_settings(self) -> None:

@@ -27,8 +27,8 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 @contextlib.contextmanager
 def stop_on_signals(flag: StopFlag, received: list[int]) -> Iterator[None]:
     """Within the block, the first SIGINT (Ctrl-C) or SIGTERM sets `flag` and
-    prints `SECOND_CTRL_C_HINT` (`SECOND_SIGTERM_HINT` for SIGTERM) on stderr; a second one ends the process at
-    once, whatever it is doing.
+    prints `SECOND_CTRL_C_HINT` (`SECOND_SIGTERM_HINT` for SIGTERM) on
+    stderr; a second one ends the process at once, whatever it is doing.
 
     Each signal that comes is appended to `received` (the caller exits with
     128 + the first, as a shell reports a process that signal ended).

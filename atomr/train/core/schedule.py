@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from atomr._arguments import int_at_least, real_as_float
+from atomr._arguments import int_at_least, real_number
 from atomr._repr import bounded_repr
 
 __all__ = [
@@ -46,9 +46,14 @@ __all__ = [
 
 
 def _finite(name: str, value: object, *, low: float = 0.0, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    number = real_as_float(value)
+    """`value` as a float (NumPy's real scalars too), checked to be finite
+    and at least `low` (above it when `strict`).
+
+    Raises:
+        TypeError: not a real number (a bool is none).
+        ValueError: not finite, or out of range.
+    """
+    number = real_number(name, value)
     if not math.isfinite(number) or number < low or (strict and number == low):
         bound = f"> {low:g}" if strict else f">= {low:g}"
         raise ValueError(f"{name} must be finite and {bound}, got {reprlib.repr(value)}")
@@ -84,7 +89,7 @@ class StepLR(LrSchedule):
     kind: ClassVar[str] = "step"
 
     def __post_init__(self) -> None:
-        int_at_least("step_size", self.step_size)
+        object.__setattr__(self, "step_size", int_at_least("step_size", self.step_size))
         object.__setattr__(self, "gamma", _finite("gamma", self.gamma))
 
     def lr(self, base: float, epoch: int) -> float:
@@ -139,7 +144,7 @@ class CosineAnnealingLR(LrSchedule):
     multiplicative: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        int_at_least("t_max", self.t_max)
+        object.__setattr__(self, "t_max", int_at_least("t_max", self.t_max))
         object.__setattr__(self, "eta_min", _finite("eta_min", self.eta_min))
 
     def lr(self, base: float, epoch: int) -> float:
@@ -172,7 +177,7 @@ class LinearLR(LrSchedule):
         end = _finite("end_factor", self.end_factor)
         if start > 1.0 or end > 1.0:
             raise ValueError(f"start_factor and end_factor must be <= 1, got {start}, {end}")
-        int_at_least("total_iters", self.total_iters)
+        object.__setattr__(self, "total_iters", int_at_least("total_iters", self.total_iters))
         object.__setattr__(self, "start_factor", start)
         object.__setattr__(self, "end_factor", end)
 

@@ -8,6 +8,7 @@ uses the closed forms. They must agree step for step.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -134,6 +135,26 @@ def test_schedules_round_trip_through_their_config_and_the_optimizers() -> None:
     kind = OptimizerKind.adamw(1e-3).with_schedule(schedule)
     assert OptimizerKind.from_config(kind.to_config()) == kind
     assert "schedule" not in OptimizerKind.adamw(1e-3).to_config()  # the old format
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: StepLR(np.int64(3), np.float32(0.5)),
+        lambda: MultiStepLR([np.int32(2), np.int64(5)], np.float64(0.1)),
+        lambda: CosineAnnealingLR(np.int64(9), np.float32(0.25)),
+        lambda: LinearLR(np.float32(0.5), np.float16(1.0), np.uint8(4)),
+    ],
+    ids=["step", "multistep", "cosine", "linear"],
+)
+def test_numpy_scalars_are_taken_as_plain_numbers_and_the_config_is_json(make: Any) -> None:
+    """An `np.int64` step size was kept as it came, and the checkpoint's
+    JSON header could not hold the config (the save failed after the
+    training); an `np.float32` gamma was refused as 'not a number'."""
+    schedule = make()
+    config = schedule.to_config()
+    assert all(type(v) in (str, int, float, list) for v in config.values())
+    assert schedule_from_config(json.loads(json.dumps(config))) == schedule
 
 
 @pytest.mark.parametrize(

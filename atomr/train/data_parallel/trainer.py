@@ -359,7 +359,10 @@ class DataParallelTrainer(Actor):
         return self.replicas.spec().validate(message.features, message.labels, self.config.loss)
 
     async def _step(self, message: Step) -> StepStats | Failure:
-        """Validate the batch; in a job, take this process's share of it."""
+        """Validate the batch; in a job, take this process's share of it.
+        Under CADENCE and ASYNC the `Step` answers before its batch is
+        applied, so the trainer keeps a copy: the sender may refill its
+        arrays for the next batch (a loader's reused buffer)."""
         check_step_limit(self._runner.steps, self.config.max_steps)
         x, y = self._validate(message)
         self._manual.forget()  # the step overwrites the replicas' gradient buffers
@@ -368,6 +371,8 @@ class DataParallelTrainer(Actor):
         if o.process_collective is not None:
             share = shard_for_rank(rows, o.process_rank, o.process_count)
             x, y, offset = x[share], y[share], int(share.start or 0)
+        if o.policy is not ApplyPolicy.SYNC:
+            x, y = np.array(x, copy=True), np.array(y, copy=True)
         if o.policy is ApplyPolicy.ASYNC:
             return await self._local.step(x, y, rows)
         if o.policy is ApplyPolicy.CADENCE:

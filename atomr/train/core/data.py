@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from atomr._arguments import int_at_least, real_number
+
 __all__ = ["epoch_order", "load_digits_split", "synthetic_classification"]
 
 
@@ -25,10 +27,13 @@ def load_digits_split(
         `(n, 64)` and int64 labels of shape `(n,)`.
 
     Raises:
-        ValueError: `test_fraction` is not in (0, 1).
+        TypeError: `seed` is not an int or `test_fraction` not a number (a
+            bool is neither).
+        ValueError: `seed` is negative, or `test_fraction` not in (0, 1).
         ImportError: scikit-learn is not installed (`pip install atomr[train]`).
     """
-    if not 0.0 < test_fraction < 1.0:
+    seed = int_at_least("seed", seed, 0)
+    if not 0.0 < real_number("test_fraction", test_fraction) < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     from sklearn.datasets import load_digits
 
@@ -66,12 +71,11 @@ def synthetic_classification(
         in `[0, classes)`.
 
     Raises:
-        ValueError: a size is out of range.
+        TypeError: a size or the seed is not an int (a bool is none).
+        ValueError: a size is out of range, or the seed negative.
     """
-    if n < 1 or features < 1 or classes < 2:
-        raise ValueError(
-            f"need n >= 1, features >= 1, classes >= 2; got {n}, {features}, {classes}"
-        )
+    n, features = int_at_least("n", n), int_at_least("features", features)
+    classes, seed = int_at_least("classes", classes, 2), int_at_least("seed", seed, 0)
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((classes, features))
     y = rng.integers(0, classes, size=n, dtype=np.int64)

@@ -30,7 +30,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from atomr._arguments import bool_flag
+from atomr._arguments import bool_flag, int_at_least
 from atomr.accel import ACTIVATIONS
 from atomr.actor.errors import bounded_repr
 from atomr.train.core.model.inputs import positive_ints
@@ -93,10 +93,11 @@ class Mlp(Sequential):
             pipeline stages that are not the model's final one).
 
     Raises:
+        TypeError: `seed` is not an int (a bool is none).
         ValueError: `sizes` not a list of at least two positive ints (a bool
             or a float is not; the message names the entry), an unknown
-            activation or dtype, or an `activate_last` that is not a bool;
-            checked before any parameter is drawn.
+            activation or dtype, an `activate_last` that is not a bool, or a
+            negative `seed`; checked before any parameter is drawn.
     """
 
     seed: int | None
@@ -111,9 +112,10 @@ class Mlp(Sequential):
         device: Any = None,
         activate_last: bool = False,
     ) -> None:
+        seed = int_at_least("seed", seed, 0)
         self._setup_mlp(sizes, activation, dtype, device, activate_last)
         self._allocate(self._initial(np.random.default_rng(seed)))
-        self.seed = int(seed)
+        self.seed = seed
 
     # -- construction -------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr._arguments import real_as_float
+from atomr._arguments import int_at_least, real_as_float, real_number
 from atomr.train.core.model.inputs import token_vocab
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.validation import check_token_ids
@@ -116,12 +116,14 @@ def char_lm_split(
         `(x_train, y_train, x_val, y_val, vocab)`: int64 `(windows, context)`.
 
     Raises:
-        TypeError: `text` is not a str.
+        TypeError: `text` is not a str, `context` not an int or `validation`
+            not a number (a bool is neither).
         ValueError: a context below 1, a fraction outside (0, 1), or a text
             too short for one window on each side.
     """
-    if context < 1 or not 0.0 < validation < 1.0:
-        raise ValueError(f"need context >= 1 and 0 < validation < 1, got {context}, {validation}")
+    context = int_at_least("context", context)
+    if not 0.0 < real_number("validation", validation) < 1.0:
+        raise ValueError(f"validation must be in (0, 1), got {validation!r}")
     vocab = CharVocab.of(text)
     ids = vocab.encode(text)
     cut = int(len(ids) * (1.0 - validation))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -49,3 +51,27 @@ def test_digits_split_keeps_every_sample_and_both_sides_non_empty(fraction: floa
 
     raw = np.asarray(load_digits().data, dtype=np.float32) / np.float32(16.0)
     assert sorted(map(bytes, x_all)) == sorted(map(bytes, raw))
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "needle"),
+    [
+        (lambda: synthetic_classification(True, 4, 3), TypeError, "n must be an int, got True"),
+        (lambda: synthetic_classification(8, 2.0, 3), TypeError, "features must be an int"),
+        (lambda: synthetic_classification(8, 4, True), TypeError, "classes must be an int"),
+        (lambda: synthetic_classification(8, 4, 1), ValueError, "classes must be >= 2, got 1"),
+        (lambda: synthetic_classification(8, 4, 3, seed=-1), ValueError, "seed must be >= 0"),
+        (lambda: load_digits_split(seed=1.5), TypeError, "seed must be an int, got 1.5"),
+        (lambda: load_digits_split(0, "0.2"), TypeError, "test_fraction must be a real"),
+    ],
+)
+def test_a_size_seed_or_fraction_of_the_wrong_type_is_named(
+    make: Any, error: type, needle: str
+) -> None:
+    """A bool size was taken as 1 (`classes=True` then failed as 'need
+    classes >= 2; got True'), a float one failed inside NumPy ('float object
+    cannot be interpreted as an integer'), a bad seed or fraction without
+    its name."""
+    with pytest.raises(error) as info:
+        make()
+    assert needle in str(info.value)

@@ -28,6 +28,26 @@ def test_pydoc_is_split_into_windows_and_next_characters() -> None:
     assert vocab.decode(x_val[0]) == text[cut : cut + 32]  # the tail, after every training window
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error", "needle"),
+    [
+        ({"context": True}, TypeError, "context must be an int, got True"),
+        ({"context": 4.0}, TypeError, "context must be an int, got 4.0"),
+        ({"context": 0}, ValueError, "context must be >= 1, got 0"),
+        ({"context": 4, "validation": "0.1"}, TypeError, "validation must be a real number"),
+        ({"context": 4, "validation": 1.0}, ValueError, "validation must be in (0, 1), got 1.0"),
+    ],
+)
+def test_a_context_or_fraction_of_the_wrong_type_is_named(
+    kwargs: dict[str, Any], error: type, needle: str
+) -> None:
+    """`context=True` cut windows of one character; a float context failed
+    inside NumPy, a str fraction as a comparison of float and str."""
+    with pytest.raises(error) as info:
+        char_lm_split("abcdefghij" * 10, **kwargs)
+    assert needle in str(info.value)
+
+
 def test_the_vocabulary_round_trips_and_refuses_strangers() -> None:
     vocab = CharVocab.of("hello world")
     assert vocab.decode(vocab.encode("low")) == "low"

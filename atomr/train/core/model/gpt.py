@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr._arguments import int_at_least
 from atomr.train.core.model.inputs import positive_int
 from atomr.train.core.model.layer import Layer
 from atomr.train.core.model.linear import Activation, Linear
@@ -74,6 +75,8 @@ def gpt(
             `d_model`) that is not a positive int (a bool or a float is not),
             `n_head` not dividing `d_model`, or `dropout` not a number in
             [0, 1); checked before any parameter is drawn (the message names it).
+        TypeError: `seed` is not an int (a bool is none).
+        ValueError: `seed` is negative.
     """
     sizes = {
         "vocab": vocab,
@@ -85,6 +88,7 @@ def gpt(
     for name, size in sizes.items():
         positive_int(name, size)
     dropout = drop_probability("dropout", dropout)
+    seed = int_at_least("seed", seed, 0)
     layers: list[Layer] = [Embedding(vocab, d_model, context)]
     for i in range(n_layer):
         layers += _block(d_model, n_head, dropout, seed + 2 * i)

@@ -19,6 +19,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from atomr._arguments import int_at_least
 from atomr.accel import Device, backend_for
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.model._layout import flat_layout
@@ -73,10 +74,12 @@ class Sequential:
             (each pass checks every layer's output against it).
 
     Raises:
+        TypeError: `seed` is not an int (a bool is none).
         ValueError: no layers, an `input_shape` that is not a non-empty list
             of positive ints, a layer that refuses its input shape, an
-            unknown input kind or dtype, or token input into a first layer
-            without an int `vocab`; checked before any parameter is drawn.
+            unknown input kind or dtype, token input into a first layer
+            without an int `vocab`, or a negative `seed`; checked before any
+            parameter is drawn.
     """
 
     seed: int | None
@@ -91,9 +94,10 @@ class Sequential:
         dtype: Any = np.float32,
         device: Any = None,
     ) -> None:
+        seed = int_at_least("seed", seed, 0)
         self._setup(layers, input_shape, input_kind, dtype, device)
         self._allocate(self._initial(np.random.default_rng(seed)))
-        self.seed = int(seed)
+        self.seed = seed
 
     # -- construction -------------------------------------------------------
 

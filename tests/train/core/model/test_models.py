@@ -317,6 +317,25 @@ def test_gpt_refuses_a_size_or_dropout_out_of_range_naming_it(
 
 
 @pytest.mark.parametrize(
+    "make",
+    [
+        lambda seed: Mlp([3, 2], seed=seed),
+        lambda seed: Sequential([Linear(3, 2)], (3,), seed=seed),
+        lambda seed: gpt(5, 4, n_layer=1, n_head=1, d_model=4, dropout=0.1, seed=seed),
+    ],
+    ids=["mlp", "sequential", "gpt"],
+)
+@pytest.mark.parametrize(
+    ("seed", "error"), [(True, TypeError), (1.5, TypeError), ("1", TypeError), (-1, ValueError)]
+)
+def test_a_models_seed_must_be_an_int_at_least_0(make: Any, seed: object, error: type) -> None:
+    """`seed=True` drew the model of seed 1 (and its config said 1); a float,
+    a str or a negative seed failed inside NumPy, without the word seed."""
+    with pytest.raises(error, match="seed must be"):
+        make(seed)
+
+
+@pytest.mark.parametrize(
     ("shape", "needle"),
     [
         ((4.7,), "input_shape[0] must be a positive int, got 4.7"),

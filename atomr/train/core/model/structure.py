@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -20,10 +21,11 @@ def drop_probability(name: str, p: object) -> float:
     """`p` as a float, checked to be a drop probability: a number in [0, 1).
 
     Raises:
-        ValueError: anything else, a bool or NaN included (the message names `name`).
+        ValueError: anything else, a bool or NaN included (the message names
+            `name`); NumPy's real scalars are numbers.
     """
     if isinstance(p, bool) or not (
-        isinstance(p, int | float) and math.isfinite(p) and 0.0 <= p < 1.0
+        isinstance(p, Real) and math.isfinite(p) and 0.0 <= float(p) < 1.0
     ):
         raise ValueError(f"{name} must be a number in [0, 1), got {bounded_repr(p)}")
     return float(p)
@@ -179,10 +181,10 @@ class Dropout(Layer):
 
     def __init__(self, p: float, seed: int = 0) -> None:
         self.p = drop_probability("p", p)
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**32:
             # the kernel draws from 32 bits: 2**32 + 1 would repeat seed 1's masks
             raise ValueError(f"seed must be an int in [0, 2**32), got {bounded_repr(seed)}")
-        self.seed = seed
+        self.seed: int = int(seed)
 
     def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The input's shape."""

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import sequence_ops as ops
+from atomr.accel.hyperparameters import given_in_float32
 from atomr.train.core.model.inputs import positive_int
 from atomr.train.core.model.layer import ForwardContext, Layer
 from atomr.train.core.model.registry import register_layer
@@ -110,16 +111,21 @@ class LayerNorm(Layer):
     `gamma` initialised to 1 and `beta` to 0.
 
     Raises:
-        ValueError: `d_model` not a positive int, or `eps` not positive.
+        ValueError: `d_model` not a positive int, or `eps` not a number
+            (a bool is none; NumPy's real scalars are) that is positive and
+            finite, and not 0, in float32.
     """
 
     kind = "layernorm"
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         self.d_model = positive_int("d_model", d_model)
-        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        try:
+            self.eps = given_in_float32("eps", eps)
+        except TypeError as exc:  # a layer config that does not build is a ValueError
+            raise ValueError(str(exc)) from None
+        if not self.eps > 0:
             raise ValueError(f"eps must be positive, got {eps!r}")
-        self.eps = float(eps)
 
     def param_shapes(self) -> list[tuple[int, ...]]:
         """`gamma` `(d,)`, then `beta` `(d,)`."""

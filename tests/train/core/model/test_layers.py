@@ -6,6 +6,7 @@ mask)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
@@ -292,6 +293,41 @@ def test_a_direct_forward_refuses_token_ids_outside_the_vocabulary(
     assert model.forward(np.array([[1, 2, 3, 9]])).shape == (1, 4, 10)
     with pytest.raises(error, match=re.escape(needle)):
         model.forward(np.array(ids))
+
+
+def test_numpy_scalars_build_layers_whose_configs_are_json() -> None:
+    """`Dropout(np.float32(0.1))` and `LayerNorm(4, eps=np.float32(1e-6))`
+    were refused as 'must be a number in [0, 1)' and 'must be positive',
+    `Dropout(seed=np.int64(3))` as not an int."""
+    layers = [
+        LayerNorm(4, eps=np.float32(1e-6)),
+        Dropout(np.float32(0.25), seed=np.int64(3)),
+        Dropout(np.float64(0.5), seed=np.uint32(7)),
+    ]
+    for layer in layers:
+        config = json.loads(json.dumps(layer.config()))
+        assert layer_from_config(config).config() == config
+    assert gpt(5, 3, n_layer=1, n_head=1, d_model=2, dropout=np.float32(0.1)).layers
+
+
+@pytest.mark.parametrize(
+    ("eps", "needle"),
+    [
+        (True, "eps must be a real number, got bool"),
+        (1e-50, "eps=1e-50 rounds to 0 in float32"),
+        (1e300, "eps must be finite in float32, got 1e+300"),
+        (0.0, "eps must be positive, got 0.0"),
+        ("1e-5", "eps must be a real number, got str"),
+    ],
+)
+def test_layernorm_refuses_an_eps_it_would_not_compute_with(eps: object, needle: str) -> None:
+    """`eps=True` built a LayerNorm of eps 1.0; 1e-50 was taken though it is
+    0 in float32, and 1e300 (inf in float32) zeroed every output."""
+    with pytest.raises(ValueError) as info:
+        LayerNorm(4, eps=eps)  # type: ignore[arg-type]
+    assert needle in str(info.value)
+    with pytest.raises(ValueError, match="eps"):
+        layer_from_config({"kind": "layernorm", "d_model": 4, "eps": eps})
 
 
 @pytest.mark.parametrize("seed", [-1, 2**32, 2**64, True, 1.0])

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr._arguments import bool_flag
+from atomr._arguments import bool_flag, int_at_least
 from atomr.train.core.data import epoch_order
 
 __all__ = [
@@ -61,9 +61,13 @@ def batch_bounds(
     `name` names the set in the errors ("train", "validation").
 
     Raises:
-        TypeError: `drop_last` is not a bool.
-        ValueError: `batch_size < min_batch_size`, or `n` holds no batch.
+        TypeError: a count that is not an int (a bool is none), or
+            `drop_last` not a bool.
+        ValueError: a negative `n`, a batch size below 1,
+            `batch_size < min_batch_size`, or `n` holds no batch.
     """
+    n = int_at_least("n", n, 0)
+    batch_size, min_batch_size = _batch_sizes(batch_size, min_batch_size)
     drop_last = bool_flag("drop_last", drop_last)
     if batch_size < min_batch_size:
         raise ValueError(f"batch_size {batch_size} is below the smallest usable {min_batch_size}")
@@ -74,6 +78,18 @@ def batch_bounds(
     if not bounds:
         raise ValueError(f"{name}: the set ({n} samples) is smaller than one batch")
     return bounds
+
+
+def _batch_sizes(batch_size: object, min_batch_size: object) -> tuple[int, int]:
+    """Both sizes as ints; raises TypeError / ValueError unless each is an int >= 1."""
+    return int_at_least("batch_size", batch_size), int_at_least("min_batch_size", min_batch_size)
+
+
+def _check_position(epoch: object, start: object) -> None:
+    """Raises TypeError / ValueError unless both are ints >= 0 (a negative
+    `start` would count batches from the epoch's end)."""
+    int_at_least("epoch", epoch, 0)
+    int_at_least("start", start, 0)
 
 
 def check_arrays(name: str, data: Any) -> Batch:
@@ -111,7 +127,12 @@ class BatchSource:
     arrays: Batch | None = None
 
     def batches(self, epoch: int, start: int) -> Iterator[Batch]:
-        """Epoch `epoch`'s batches from batch `start` on."""
+        """Epoch `epoch`'s batches from batch `start` on (both 0-based).
+
+        Raises:
+            TypeError, ValueError: `epoch` or `start` not an int >= 0 (at
+                the call, before any batch is read).
+        """
         raise NotImplementedError
 
     def count(self) -> int | None:
@@ -154,6 +175,10 @@ class _Indexed(BatchSource):
         self._shape = _Shape(name)
 
     def batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        _check_position(epoch, start)
+        return self._batches(epoch, start)
+
+    def _batches(self, epoch: int, start: int) -> Iterator[Batch]:
         order = epoch_order(self._n, self._seed, epoch)
         for k in range(start, len(self._bounds)):
             lo, hi = self._bounds[k]
@@ -270,10 +295,15 @@ class _Streamed(BatchSource):
         """The epoch's batches from `start` on.
 
         Raises:
+            TypeError, ValueError: `epoch` or `start` not an int >= 0 (at the call).
             InvalidDataError: a batch that is not a pair, of another shape or
                 too small; an epoch without batches; fewer batches than
                 `start` (a resume position past the epoch's end).
         """
+        _check_position(epoch, start)
+        return self._batches(epoch, start)
+
+    def _batches(self, epoch: int, start: int) -> Iterator[Batch]:
         seen = 0
         for k, batch in enumerate(self._make(epoch)):
             seen = k + 1
@@ -343,12 +373,16 @@ def as_source(
     """The `BatchSource` for `data` (see the module docstring).
 
     Raises:
-        TypeError: not arrays, a dataset, an iterable or a callable; or
-            `drop_last` not a bool.
-        ValueError: arrays of different lengths, an empty dataset, fewer
+        TypeError: not arrays, a dataset, an iterable or a callable; a batch
+            size or the seed not an int (a bool is none); or `drop_last`
+            not a bool.
+        ValueError: a batch size below 1, a negative seed, arrays of
+            different lengths, an empty dataset, fewer
             samples than one batch, or `drop_last` for batches taken as they
             come (an iterable or a callable), which it does not apply to.
     """
+    batch_size, min_batch_size = _batch_sizes(batch_size, min_batch_size)
+    seed = int_at_least("seed", seed, 0)
     drop_last = bool_flag("drop_last", drop_last)
     if isinstance(data, np.ndarray):
         raise TypeError(f"{name} must be a (features, labels) pair of arrays, got one ndarray")

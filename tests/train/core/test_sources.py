@@ -1,0 +1,73 @@
+"""`as_source` and `batch_bounds` called directly (`fit` checks its own
+arguments first): a count of the wrong type or sign is refused by name
+when the source is made, and a resume position below 0 when its batches
+are asked for, before any batch is read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from atomr.train.core import synthetic_classification
+from atomr.train.core.sources import as_source, batch_bounds
+
+X, Y = synthetic_classification(10, 3, 2, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "needle"),
+    [
+        ({"batch_size": True}, TypeError, "batch_size must be an int, got True"),
+        ({"batch_size": 2.5}, TypeError, "batch_size must be an int, got 2.5"),
+        ({"batch_size": 0}, ValueError, "batch_size must be >= 1, got 0"),
+        ({"min_batch_size": 0}, ValueError, "min_batch_size must be >= 1, got 0"),
+        ({"seed": -1}, ValueError, "seed must be >= 0, got -1"),
+        ({"seed": 1.5}, TypeError, "seed must be an int, got 1.5"),
+    ],
+)
+@pytest.mark.parametrize("data", ["arrays", "batches"])
+def test_a_count_of_the_wrong_type_or_sign_is_refused_when_the_source_is_made(
+    kwargs: dict[str, Any], error: type, needle: str, data: str
+) -> None:
+    """`batch_size=True` cut batches of one sample; a float batch size failed
+    inside `range`; a negative or float seed was taken, and failed inside
+    NumPy at the first batch ('expected non-negative integer')."""
+    given: Any = (X, Y) if data == "arrays" else [(X[:5], Y[:5]), (X[5:], Y[5:])]
+    args = {"batch_size": 2, "seed": 0, **kwargs}
+    with pytest.raises(error) as info:
+        as_source("train", given, **args)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "needle"),
+    [
+        ((10, True), TypeError, "batch_size must be an int, got True"),
+        ((10, 2.0), TypeError, "batch_size must be an int, got 2.0"),
+        ((10, 0, 0), ValueError, "batch_size must be >= 1, got 0"),
+        ((-5, 2), ValueError, "n must be >= 0, got -5"),
+    ],
+)
+def test_batch_bounds_refuses_a_count_of_the_wrong_type_or_sign(
+    args: tuple[Any, ...], error: type, needle: str
+) -> None:
+    """`batch_bounds(10, 0, 0)` failed as 'range() arg 3 must not be zero',
+    and a negative `n` as a set 'smaller than one batch'."""
+    with pytest.raises(error) as info:
+        batch_bounds(*args)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("data", ["arrays", "batches"])
+@pytest.mark.parametrize(("epoch", "start"), [(0, -2), (-1, 0), (0, 1.0)])
+def test_a_position_below_0_is_refused_when_the_batches_are_asked_for(
+    data: str, epoch: Any, start: Any
+) -> None:
+    """`batches(0, -2)` of a 5-batch epoch yielded 7 batches: the last two
+    twice, counted from the epoch's end."""
+    given: Any = (X, Y) if data == "arrays" else [(X[:5], Y[:5]), (X[5:], Y[5:])]
+    source = as_source("train", given, batch_size=2, seed=0)
+    with pytest.raises((TypeError, ValueError), match="epoch must be|start must be"):
+        source.batches(epoch, start)
+    assert sum(1 for _ in source.batches(0, 1)) == (4 if data == "arrays" else 1)

@@ -170,7 +170,9 @@ class Mlp(Sequential):
             The model, its gradients zeroed.
 
         Raises:
-            ValueError: as for `Mlp`, or `params` of the wrong length.
+            TypeError: `params` are not real numbers.
+            ValueError: as for `Mlp`, or `params` of the wrong length or
+                too large for `dtype`.
         """
         model = cls.__new__(cls)
         model._setup_mlp(sizes, activation, dtype, device, activate_last)

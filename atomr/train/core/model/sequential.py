@@ -147,7 +147,9 @@ class Sequential:
         """Rebuild a model from `config()` and a host parameter vector.
 
         Raises:
-            ValueError: a config that does not build, or `params` of the wrong length.
+            TypeError: `params` are not real numbers.
+            ValueError: a config that does not build, or `params` of the
+                wrong length or too large for the model's dtype.
         """
         model = cls._unloaded(config, device)
         model._load(params)
@@ -184,6 +186,7 @@ class Sequential:
         its dtype is `params`'s.
 
         Raises:
+            TypeError: `params` are not real numbers.
             ValueError: as for the class, or `params` of the wrong length.
         """
         model = cls.__new__(cls)
@@ -192,10 +195,27 @@ class Sequential:
         return model
 
     def _load(self, params: np.ndarray) -> None:
-        flat = np.asarray(params).reshape(-1)
+        self._allocate(self._host_vector(params))
+
+    def _host_vector(self, host: Any) -> np.ndarray:
+        """`host` as a flat contiguous vector of `dtype`, checked.
+
+        Raises:
+            TypeError: not real numbers (bools, complex numbers, strings).
+            ValueError: not `n_params` values, or a finite value that the
+                cast to `dtype` makes infinite (1e300 into float32).
+        """
+        array = np.asarray(host)
+        if array.dtype.kind not in "fiu":
+            raise TypeError(f"params must be real numbers, got dtype {array.dtype}")
+        with np.errstate(over="ignore"):  # an overflow is refused below
+            flat = np.ascontiguousarray(array.reshape(-1), dtype=self.dtype)
         if flat.shape[0] != self.n_params:
             raise ValueError(f"params has {flat.shape[0]} values, the model needs {self.n_params}")
-        self._allocate(flat)
+        narrowed = array.dtype.kind == "f" and array.dtype.itemsize > self.dtype.itemsize
+        if narrowed and (np.isinf(flat) & np.isfinite(array.reshape(-1))).any():
+            raise ValueError(f"params hold values too large for {self.dtype} (Inf after the cast)")
+        return flat
 
     def config(self) -> dict[str, Any]:
         """JSON-serialisable description: the layers' configs, input shape and
@@ -294,11 +314,11 @@ class Sequential:
         """Overwrite the parameters with a host vector (copied, cast to `dtype`).
 
         Raises:
-            ValueError: wrong length.
+            TypeError: not real numbers (bools, complex numbers, strings).
+            ValueError: wrong length, or a value the cast makes infinite;
+                the parameters are unchanged.
         """
-        flat = np.ascontiguousarray(np.asarray(host).reshape(-1), dtype=self.dtype)
-        if flat.shape[0] != self.n_params:
-            raise ValueError(f"got {flat.shape[0]} values, the model has {self.n_params}")
+        flat = self._host_vector(host)
         self.backend.copy(self.backend.to_device(flat), self.params)
 
     def zero_grads(self) -> None:

@@ -420,3 +420,33 @@ def test_batch_spec_is_what_the_built_model_takes_and_gives() -> None:
         assert (spec.in_shape, spec.out_shape) == (model.in_shape, model.out_shape)
         assert (spec.input_kind, spec.dtype) == (model.input_kind, model.dtype)
     assert batch_spec(gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2).config()).vocab == VOCAB
+
+
+@pytest.mark.parametrize(
+    ("params", "error", "needle"),
+    [
+        (np.ones(9, dtype=bool), TypeError, "params must be real numbers, got dtype bool"),
+        (np.ones(9, dtype=complex), TypeError, "got dtype complex128"),
+        (np.array(list("123456789")), TypeError, "got dtype <U1"),
+        (np.full(9, 1e300), ValueError, "params hold values too large for float32"),
+        (np.zeros(8), ValueError, "params has 8 values, the model needs 9"),
+    ],
+)
+def test_parameters_that_the_cast_would_change_are_refused(
+    params: np.ndarray, error: type, needle: str
+) -> None:
+    """Bools were taken as 1.0, complex numbers lost their imaginary part
+    (with only a warning), and 1e300 became inf in float32 (with only a
+    RuntimeWarning): `set_params` and every constructor that takes params."""
+    model = Mlp([2, 3], seed=0)
+    before = model.get_params()
+    with pytest.raises(error) as info:
+        model.set_params(params)
+    assert needle in str(info.value)
+    np.testing.assert_array_equal(model.get_params(), before)
+    with pytest.raises(error, match=needle.split(",")[0]):
+        Mlp.from_params([2, 3], params)
+    with pytest.raises(error, match=needle.split(",")[0]):
+        model_from_config(model.config(), params)
+    model.set_params(np.full(9, 1e30))  # float64, finite in float32
+    assert np.isfinite(model.get_params()).all()

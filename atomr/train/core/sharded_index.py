@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr._repr import bounded_repr
 from atomr.train.core.checkpoint import (
     SHARDED_INDEX_KEY,
     Checkpoint,
@@ -140,15 +141,27 @@ def _index_info(path: str | os.PathLike[str], info: Any) -> tuple[int, int, int]
         CheckpointError: a field is missing, not an integer, or out of range.
     """
     try:
-        count, n = int(info["count"]), int(info["n_params"])
-        generation = int(info.get("generation", 0))
-    except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+        count, n = _whole(info["count"]), _whole(info["n_params"])
+        generation = _whole(info.get("generation", 0))
+    except (AttributeError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path}: a bad shard index: {exc!r}") from exc
     if count < 1 or n < 1 or generation < 0:
         raise CheckpointError(
             f"{path}: a bad shard index: {count} shards, {n} parameters, generation {generation}"
         )
     return count, n, generation
+
+
+def _whole(value: Any) -> int:
+    """`value`, an int as JSON gives it (not a bool, a float or a string,
+    which `int()` would round or parse).
+
+    Raises:
+        TypeError: anything else.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{bounded_repr(value)} is not an int")
+    return value
 
 
 def _load_shard(
@@ -178,7 +191,7 @@ def _place(
         full = np.zeros(n, dtype=piece.dtype)
     at = 0
     try:
-        ranges = [(int(lo), int(hi)) for lo, hi in shard.extra["owned"]]
+        ranges = [(_whole(lo), _whole(hi)) for lo, hi in shard.extra["owned"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"shard {g} has no valid owned ranges: {exc}") from exc
     for lo, hi in ranges:

@@ -252,6 +252,25 @@ async def test_a_hostile_index_is_a_checkpoint_error(info: Any, tmp_path: Path) 
         merge_shards(path)
 
 
+@pytest.mark.parametrize(
+    "change", [{"count": 2.9}, {"count": "2"}, {"count": True}, {"generation": 1.0}]
+)
+async def test_an_index_field_that_is_no_json_int_is_a_checkpoint_error(
+    change: dict[str, Any], tmp_path: Path
+) -> None:
+    """`int()` took a count of 2.9 or "2" as 2 shards (the save loaded as if
+    whole), True as 1 (a FileNotFoundError for a shard never written)."""
+    path = tmp_path / "sharded.ckpt"
+    async with ActorSystem("zero-ckpt") as system:
+        writer = await _sharded(system, 2, stage=1, shard_checkpoints=True)
+        await writer.ask(SaveCheckpoint(path))
+    index = load_checkpoint(path)
+    index.extra["sharded"] = {**index.extra["sharded"], **change}
+    save_checkpoint(path, index)
+    with pytest.raises(CheckpointError, match="a bad shard index: .* is not an int"):
+        merge_shards(path)
+
+
 def _save_in_shards(path: Path, weights: np.ndarray) -> None:
     """A save of step 3, one file per replica of two, generation 1."""
     config = writer_model().config()

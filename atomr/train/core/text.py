@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from atomr._arguments import int_at_least, real_as_float, real_number
+from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.model.inputs import token_vocab
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.validation import check_token_ids
@@ -47,10 +49,24 @@ class CharVocab:
     """The characters of a text, sorted; a character's id is its index.
 
     Attributes:
-        chars: the characters.
+        chars: the characters, each once (in any order: `of` sorts them).
+
+    Raises:
+        TypeError: `chars` is not a str.
+        ValueError: a character repeats.
     """
 
     chars: str
+
+    def __post_init__(self) -> None:
+        """Raises TypeError unless `chars` is a str, ValueError when a
+        character repeats (its ids would disagree: `encode` gives the last,
+        `decode` reads every one)."""
+        if not isinstance(self.chars, str):
+            raise TypeError(f"chars must be a str, got {type(self.chars).__name__}")
+        if len(set(self.chars)) != len(self.chars):
+            repeated = sorted(c for c, k in Counter(self.chars).items() if k > 1)
+            raise ValueError(f"chars must not repeat a character; repeated: {repeated[:8]!r}")
 
     @classmethod
     def of(cls, text: str) -> CharVocab:
@@ -211,6 +227,8 @@ def generate(
             an empty prompt, a prompt character outside the vocabulary, a
             length outside [0, MAX_GENERATE_LENGTH], or a temperature that
             is not finite and positive.
+        NonFiniteError: the model's logits are NaN or infinite (it was
+            'Probabilities contain NaN', from NumPy's sampler).
     """
     _check_model(model, vocab)
     count, divisor = _check_sampling(prompt, length, temperature)
@@ -226,6 +244,11 @@ def generate(
         x[0, : len(history)] = history
         logits = np.asarray(model.backend.to_host(model.forward(model.backend.to_device(x))))
         row = logits[0, len(history) - 1].astype(np.float64)
+        if not np.isfinite(row).all():
+            raise NonFiniteError(
+                f"the model's logits after {len(ids) - len(prompt)} sampled characters "
+                "are NaN or infinite (are its weights?)"
+            )
         with np.errstate(over="ignore"):  # a tiny temperature: -inf, a probability of 0
             p = np.exp((row - row.max()) / divisor)
         ids.append(int(rng.choice(len(p), p=p / p.sum())))

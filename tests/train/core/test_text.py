@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from atomr.train import Mlp
+from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.model import gpt
 from atomr.train.core.text import CharVocab, char_lm_split, generate, pydoc_text
 
@@ -163,3 +164,29 @@ async def test_a_small_gpt_beats_the_unigram_baseline_on_held_out_text() -> None
             await trainer.ask(Step(x_tr[rows], y_tr[rows]), timeout=120)
         result = await trainer.ask(Evaluate(x_val[:512], y_val[:512]), timeout=120)
     assert result.loss < unigram - 0.5, (result.loss, unigram)
+
+
+@pytest.mark.parametrize(
+    ("chars", "error", "needle"),
+    [
+        ("aab", ValueError, "repeated: ['a']"),
+        (["a", "b"], TypeError, "chars must be a str, got list"),
+    ],
+)
+def test_a_vocabulary_refuses_repeated_characters_or_no_str(
+    chars: Any, error: type, needle: str
+) -> None:
+    """`CharVocab("aab")` was taken: 'a' encoded as 1, while 0 decoded as 'a'."""
+    with pytest.raises(error) as info:
+        CharVocab(chars)
+    assert needle in str(info.value)
+    assert CharVocab("ba").decode(CharVocab("ba").encode("ab")) == "ab"  # any order is a vocabulary
+
+
+def test_generation_from_a_model_of_nan_weights_is_a_non_finite_error() -> None:
+    """It failed in NumPy's sampler as 'Probabilities contain NaN'."""
+    vocab = CharVocab.of("abc")
+    model = gpt(len(vocab), 4, n_layer=1, n_head=1, d_model=4)
+    model.set_params(np.full(model.n_params, np.nan, dtype=np.float32))
+    with pytest.raises(NonFiniteError, match="logits after 0 sampled characters are NaN"):
+        generate(model, vocab, "ab", 3)

@@ -9,11 +9,13 @@ and accumulation steps add), with and without the input gradient
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from atomr._arguments import int_at_least, real_number
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.model.layer import ForwardContext, Layer
 
@@ -76,9 +78,22 @@ def _backward(
     return grads, dx
 
 
-def _error(analytic: Any, numeric: np.ndarray) -> float:
+def _error(analytic: Any, numeric: np.ndarray, what: str) -> float:
+    """`max |analytic - numeric| / max(1, max |numeric|)`: infinite when
+    either holds a NaN or an infinity (a NaN would compare as no error).
+
+    Raises:
+        ValueError: `analytic` is missing or not of `numeric`'s shape (it
+            would broadcast).
+    """
+    if analytic is None or np.shape(analytic) != numeric.shape:
+        shown = "none" if analytic is None else f"shape {np.shape(analytic)}"
+        raise ValueError(f"{what}: the backward gave {shown}, expected shape {numeric.shape}")
+    diff = np.abs(np.asarray(analytic, dtype=np.float64) - numeric)
+    if not (np.isfinite(diff).all() and np.isfinite(numeric).all()):
+        return math.inf
     scale = max(1.0, float(np.max(np.abs(numeric), initial=0.0)))
-    return float(np.max(np.abs(np.asarray(analytic) - numeric), initial=0.0)) / scale
+    return float(np.max(diff, initial=0.0)) / scale
 
 
 def gradient_check(
@@ -113,12 +128,19 @@ def gradient_check(
 
     Returns:
         `max |analytic - numeric| / max(1, max |numeric|)` over every mode,
-        every parameter and (for float inputs, when asked) the input.
+        every parameter and (for float inputs, when asked) the input;
+        infinite when a gradient, analytic or numeric, is NaN or infinite.
 
     Raises:
-        ValueError: the backward returns an input gradient when not asked
-            for one.
+        TypeError: `batch` or `seed` not an int, `eps` not a number.
+        ValueError: `batch` below 1, `seed` negative, `eps` not finite and
+            positive; the backward returns an input gradient when not asked
+            for one, none when asked, or one of another shape than the input.
     """
+    batch, seed = int_at_least("batch", batch), int_at_least("seed", seed, 0)
+    step = real_number("eps", eps)
+    if not (math.isfinite(step) and step > 0):
+        raise ValueError(f"eps must be finite and > 0, got {eps!r}")
     rng = np.random.default_rng(seed)
     ctx = ForwardContext(train=True) if ctx is None else ctx
     params = [
@@ -132,15 +154,15 @@ def gradient_check(
         x = rng.integers(0, tokens, size=shape).astype(np.int64)
     y, _ = layer.forward(cpu_backend(), params, x, ctx)
     r = rng.standard_normal(np.shape(y))
-    numeric = [_numeric(layer, params, x, r, p, eps, ctx) for p in params]
-    dx_numeric = _numeric(layer, params, x, r, x, eps, ctx) if tokens is None else None
+    numeric = [_numeric(layer, params, x, r, p, step, ctx) for p in params]
+    dx_numeric = _numeric(layer, params, x, r, x, step, ctx) if tokens is None else None
     prefill = [rng.standard_normal(p.shape) for p in params]
     worst = 0.0
     for accumulate in (False, True):
         for input_grad in sorted({False, tokens is None}):
             grads, dx = _backward(layer, params, x, r, ctx, prefill, accumulate, input_grad)
-            for g, base, want in zip(grads, prefill, numeric, strict=True):
-                worst = max(worst, _error(g - base if accumulate else g, want))
+            for k, (g, base, want) in enumerate(zip(grads, prefill, numeric, strict=True)):
+                worst = max(worst, _error(g - base if accumulate else g, want, f"parameter {k}"))
             if input_grad and dx_numeric is not None:
-                worst = max(worst, _error(dx, dx_numeric))
+                worst = max(worst, _error(dx, dx_numeric, "the input gradient"))
     return worst

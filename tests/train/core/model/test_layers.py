@@ -83,8 +83,14 @@ class Scale(Layer):
     def backward(self, be, params, grads, saved, dy, accumulate, input_grad) -> Any:  # noqa: ANN001
         dw = np.sum(dy * saved, axis=tuple(range(dy.ndim - 1)))
         adds = {"always overwrites": False, "always adds": True}.get(self.bug, accumulate)
+        if self.bug == "nan weights":
+            dw = dw * np.nan
         if input_grad or self.bug != "weights only with input_grad":
             grads[0][...] = grads[0] + dw if adds else dw
+        if self.bug == "no input gradient":
+            return None
+        if self.bug == "one row of input gradient" and input_grad:
+            return (dy * params[0])[:1]
         if input_grad or self.bug == "input_grad when not asked":
             return dy * params[0]
         return None
@@ -113,6 +119,46 @@ def test_gradient_check_catches_a_backward_wrong_in_one_mode(bug: str) -> None:
 def test_gradient_check_refuses_an_input_gradient_not_asked_for() -> None:
     with pytest.raises(ValueError, match=r"Scale\.backward returned an input gradient with"):
         gradient_check(Scale(4, "input_grad when not asked"), (4,))
+
+
+def test_gradient_check_finds_a_nan_gradient_infinitely_wrong() -> None:
+    """A NaN error compared as no error (`max(0.0, nan)` is 0.0): a backward
+    of NaN weight gradients passed the check with 5e-11."""
+    assert gradient_check(Scale(4, "nan weights"), (4,)) == math.inf
+
+
+@pytest.mark.parametrize(
+    ("bug", "needle"),
+    [
+        ("no input gradient", "the input gradient: the backward gave none, expected shape (2, 4)"),
+        ("one row of input gradient", "gave shape (1, 4), expected shape (2, 4)"),
+    ],
+)
+def test_gradient_check_refuses_an_input_gradient_missing_or_of_another_shape(
+    bug: str, needle: str
+) -> None:
+    """None failed as 'unsupported operand type(s)'; one row of a batch of
+    two broadcast against the numeric gradient (scored 0.77, not a shape error)."""
+    with pytest.raises(ValueError) as info:
+        gradient_check(Scale(4, bug), (4,))
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "needle"),
+    [
+        ({"batch": 0}, ValueError, "batch must be >= 1"),  # was: 0.0, an empty check passed
+        ({"batch": True}, TypeError, "batch must be an int"),
+        ({"eps": 0.0}, ValueError, "eps must be finite and > 0"),  # was: a ZeroDivisionError
+        ({"eps": float("nan")}, ValueError, "eps must be finite and > 0"),  # was: 0.0, passed
+        ({"seed": -1}, ValueError, "seed must be >= 0"),
+    ],
+)
+def test_gradient_check_refuses_arguments_that_check_nothing(
+    kwargs: dict[str, Any], error: type, needle: str
+) -> None:
+    with pytest.raises(error, match=needle):
+        gradient_check(Scale(4), (4,), **kwargs)
 
 
 def _reference_attention(x: np.ndarray, params: list[np.ndarray], heads: int) -> np.ndarray:

@@ -97,11 +97,15 @@ def check_arrays(name: str, data: Any) -> Batch:
 
     Raises:
         TypeError: not a pair of arrays.
-        ValueError: the lengths differ.
+        ValueError: the lengths differ, or nested lists that are no array
+            (rows of different lengths): an `InvalidDataError` naming `name`.
     """
     if not _is_pair(data):
         raise TypeError(f"{name} must be a (features, labels) pair, got {type(data).__name__}")
-    x, y = (np.asarray(a) for a in data)
+    try:
+        x, y = (np.asarray(a) for a in data)
+    except ValueError as exc:  # NumPy refuses a ragged nesting
+        raise InvalidDataError(f"{name}: features or labels are not an array: {exc}") from None
     if x.ndim < 1 or y.ndim < 1 or x.shape[0] != y.shape[0]:
         raise ValueError(f"{name}: features and labels differ in length ({x.shape}, {y.shape})")
     return x, y

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from atomr.train.core import synthetic_classification
-from atomr.train.core.sources import as_source, batch_bounds
+from atomr.train.core.sources import InvalidDataError, as_source, batch_bounds
 
 X, Y = synthetic_classification(10, 3, 2, seed=0)
 
@@ -71,3 +71,10 @@ def test_a_position_below_0_is_refused_when_the_batches_are_asked_for(
     with pytest.raises((TypeError, ValueError), match="epoch must be|start must be"):
         source.batches(epoch, start)
     assert sum(1 for _ in source.batches(0, 1)) == (4 if data == "arrays" else 1)
+
+
+def test_ragged_nested_lists_are_an_invalid_data_error_naming_the_set() -> None:
+    """They failed with NumPy's bare 'setting an array element with a
+    sequence', which named neither the set nor the features."""
+    with pytest.raises(InvalidDataError, match="validation: features or labels are not an array"):
+        as_source("validation", ([[1.0, 2.0], [3.0]], [0, 1]), batch_size=2, seed=0)

@@ -34,7 +34,7 @@ from atomr.accel import AdamHyperparameters, SgdHyperparameters
 from atomr.accel.hyperparameters import given_in_float32
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.optimizer_state import Adam, Optimizer, Sgd
-from atomr.train.core.schedule import LrSchedule, schedule_from_config
+from atomr.train.core.schedule import LrSchedule, check_restorable, schedule_from_config
 
 __all__ = ["OptimizerKind"]
 
@@ -68,7 +68,9 @@ class OptimizerKind:
         ValueError: an unknown name; a value that is negative, NaN or
             infinite in float32; betas outside [0, 1); nesterov without
             momentum or with dampening; a setting of the other rule
-            (momentum for Adam, betas for SGD) that is not its default.
+            (momentum for Adam, betas for SGD) that is not its default; a
+            schedule whose config does not rebuild it (`check_restorable`:
+            a class of your own not registered with `register_schedule`).
         TypeError: a value that is not a number; `nesterov` not a bool
             (numpy's is one); a schedule that is not an `LrSchedule`.
     """
@@ -108,8 +110,11 @@ class OptimizerKind:
             )
         object.__setattr__(self, "hyperparameters", hyper)
         object.__setattr__(self, "_scheduled", (self.lr, hyper))
-        if self.schedule is not None and not isinstance(self.schedule, LrSchedule):
-            raise TypeError(f"schedule must be an LrSchedule, got {type(self.schedule).__name__}")
+        if self.schedule is not None:
+            if not isinstance(self.schedule, LrSchedule):
+                name = type(self.schedule).__name__
+                raise TypeError(f"schedule must be an LrSchedule, got {name}")
+            check_restorable(self.schedule)
 
     def _refuse_settings_of_other_rule(self, defaults: dict[str, Any]) -> None:
         for setting, default in defaults.items():

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import math
 import reprlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from atomr._arguments import int_at_least, real_number
 from atomr._repr import bounded_repr
@@ -41,6 +42,8 @@ __all__ = [
     "MultiStepLR",
     "SequentialLR",
     "StepLR",
+    "check_restorable",
+    "register_schedule",
     "schedule_from_config",
 ]
 
@@ -303,6 +306,48 @@ _KINDS: dict[str, type[LrSchedule]] = {
     for cls in (StepLR, MultiStepLR, CosineAnnealingLR, LinearLR, SequentialLR, ChainedScheduler)
 }
 _MAX_DEPTH = 4  # nesting a checkpoint may hold (sequential of chained of ...)
+S = TypeVar("S", bound=type[LrSchedule])
+
+
+def register_schedule(cls: S) -> S:
+    """Class decorator: make a schedule class of your own rebuildable from
+    its `to_config()` (whose `kind` names it, the other keys its fields) by
+    `schedule_from_config`, so that a checkpoint of it resumes. Registering
+    it again, or a redefinition of the same module and qualified name (a
+    notebook cell run again), replaces it.
+
+    Raises:
+        TypeError: `cls` is not an `LrSchedule` class.
+        ValueError: it has no `kind`, or another class holds that kind.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, LrSchedule)):
+        raise TypeError(f"register_schedule takes an LrSchedule class, got {bounded_repr(cls)}")
+    kind = getattr(cls, "kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"{cls.__name__} needs a str `kind` to be registered")
+    holder = _KINDS.get(kind, cls)
+    if (holder.__module__, holder.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"schedule kind {kind!r} is taken by {holder.__qualname__}")
+    _KINDS[kind] = cls
+    return cls
+
+
+def check_restorable(schedule: LrSchedule) -> None:
+    """Check that `schedule.to_config()`, through JSON, rebuilds a schedule:
+    a checkpoint stores that config, and one that does not rebuild would be
+    saved, then fail to load.
+
+    Raises:
+        ValueError: it does not (a class not registered with
+            `register_schedule`, or a config that is not JSON or not its fields).
+    """
+    try:
+        schedule_from_config(json.loads(json.dumps(schedule.to_config())))
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise ValueError(
+            f"{type(schedule).__name__}'s config does not rebuild it, so a checkpoint "
+            f"could not resume it ({exc}); a schedule of your own needs @register_schedule"
+        ) from exc
 
 
 def schedule_from_config(config: Any, depth: int = 0) -> LrSchedule:

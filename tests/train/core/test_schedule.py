@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -20,9 +22,11 @@ from atomr.train.core.schedule import (
     ChainedScheduler,
     CosineAnnealingLR,
     LinearLR,
+    LrSchedule,
     MultiStepLR,
     SequentialLR,
     StepLR,
+    register_schedule,
     schedule_from_config,
 )
 
@@ -274,3 +278,46 @@ def test_a_schedule_beyond_floats_range_is_the_same_value_error(schedule: Any) -
     kind = OptimizerKind.sgd(1.0).with_schedule(schedule)
     with pytest.raises(ValueError, match="update 401: scheduled"):
         kind.hyperparameters_at(400)
+
+
+@dataclass(frozen=True)
+class _Halving(LrSchedule):
+    """A schedule of a user's own: halve every `every` epochs."""
+
+    every: int
+    kind: ClassVar[str] = "halving-test"
+
+    def lr(self, base: float, epoch: int) -> float:
+        return base * 0.5 ** (epoch // self.every)
+
+    def to_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "every": self.every}
+
+
+def test_a_schedule_of_ones_own_is_refused_until_registered_then_resumes() -> None:
+    """An unregistered class was taken: its checkpoint saved, then failed to
+    load ('unknown schedule'), hours of training later."""
+    with pytest.raises(ValueError, match="_Halving's config does not rebuild it") as info:
+        OptimizerKind.sgd(0.1).with_schedule(_Halving(2))
+    assert "register_schedule" in str(info.value)
+    with pytest.raises(ValueError, match="does not rebuild it"):  # nested too
+        OptimizerKind.sgd(0.1).with_schedule(SequentialLR((StepLR(2), _Halving(2)), (3,)))
+    register_schedule(_Halving)
+    kind = OptimizerKind.sgd(0.1).with_schedule(SequentialLR((StepLR(2), _Halving(2)), (3,)))
+    assert OptimizerKind.from_config(json.loads(json.dumps(kind.to_config()))) == kind
+    assert register_schedule(_Halving) is _Halving  # again: no change
+
+
+@pytest.mark.parametrize(
+    ("cls", "error", "needle"),
+    [
+        (StepLR(2), TypeError, "takes an LrSchedule class"),
+        (type("Other", (LrSchedule,), {"kind": "step"}), ValueError, "'step' is taken by StepLR"),
+        (type("NoKind", (LrSchedule,), {}), ValueError, "needs a str `kind`"),
+    ],
+)
+def test_register_schedule_refuses_what_it_cannot_register(
+    cls: Any, error: type, needle: str
+) -> None:
+    with pytest.raises(error, match=re.escape(needle)):
+        register_schedule(cls)

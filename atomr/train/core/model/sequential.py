@@ -331,18 +331,24 @@ class Sequential:
 
     def _check_input(self, x: Any) -> None:
         """Raises ValueError unless `x` is `(batch, *in_shape)` (a layer given
-        another shape would fail later with a message about itself)."""
+        another shape would fail later with a message about itself), and
+        TypeError when a float model is given no floats (bools or ints
+        would be cast without a word; token ids are the first layer's to check)."""
         shape = getattr(x, "shape", None)
         if shape is None or len(shape) < 1 or tuple(shape[1:]) != self.in_shape:
             shown = tuple(shape) if shape is not None else type(x).__name__
             wanted = ", ".join(["batch", *map(str, self.in_shape)])
             raise ValueError(f"the model takes inputs of shape ({wanted}), got {shown}")
+        kind = getattr(getattr(x, "dtype", None), "kind", None)
+        if self.input_kind == "float" and kind != "f":
+            raise TypeError(f"the model takes float features, got {getattr(x, 'dtype', None)}")
 
     def forward(self, x: Any, ctx: ForwardContext = INFERENCE) -> Any:
         """The output for a batch (keeps nothing for backward).
 
         Raises:
             ValueError: `x` is not `(batch, *in_shape)`.
+            TypeError: a float model given no floats (bools, ints).
         """
         self._check_input(x)
         for i, layer in enumerate(self.layers):
@@ -363,6 +369,7 @@ class Sequential:
 
         Raises:
             ValueError: `x` is not `(batch, *in_shape)`.
+            TypeError: a float model given no floats (bools, ints).
         """
         self._check_input(x)
         tape = SequentialTape()

@@ -450,3 +450,16 @@ def test_parameters_that_the_cast_would_change_are_refused(
         model_from_config(model.config(), params)
     model.set_params(np.full(9, 1e30))  # float64, finite in float32
     assert np.isfinite(model.get_params()).all()
+
+
+@pytest.mark.parametrize("dtype", [bool, np.int64, np.uint8])
+def test_a_float_model_called_directly_refuses_features_that_are_no_floats(dtype: Any) -> None:
+    """Bools and ints were cast without a word (`Mlp.forward` of a bool
+    batch gave the logits of 1.0 and 0.0); the trainers refuse them too."""
+    model = Mlp([3, 2], seed=0)
+    x = np.ones((2, 3), dtype=dtype)
+    with pytest.raises(TypeError, match=f"the model takes float features, got {np.dtype(dtype)}"):
+        model.forward(x)
+    with pytest.raises(TypeError, match="float features"):
+        model.forward_train(x)
+    assert model.forward(x.astype(np.float64)).dtype == np.float32  # a float is cast

@@ -23,12 +23,20 @@ the sample or batch.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from atomr._arguments import bool_flag, int_at_least
+from atomr.train.core._datasets import (
+    Batch,
+    InvalidDataError,
+    dataset_length,
+    is_pair,
+    sample_fetcher,
+)
 from atomr.train.core.data import epoch_order
 
 __all__ = [
@@ -39,13 +47,6 @@ __all__ = [
     "batch_bounds",
     "check_arrays",
 ]
-
-Batch = tuple[np.ndarray, np.ndarray]
-
-
-def _is_pair(value: Any) -> bool:
-    """A tuple or list of two: `(features, labels)`, a sample or a batch."""
-    return isinstance(value, tuple | list) and len(value) == 2
 
 
 def batch_bounds(
@@ -100,7 +101,7 @@ def check_arrays(name: str, data: Any) -> Batch:
         ValueError: the lengths differ, or nested lists that are no array
             (rows of different lengths): an `InvalidDataError` naming `name`.
     """
-    if not _is_pair(data):
+    if not is_pair(data):
         raise TypeError(f"{name} must be a (features, labels) pair, got {type(data).__name__}")
     try:
         x, y = (np.asarray(a) for a in data)
@@ -109,10 +110,6 @@ def check_arrays(name: str, data: Any) -> Batch:
     if x.ndim < 1 or y.ndim < 1 or x.shape[0] != y.shape[0]:
         raise ValueError(f"{name}: features and labels differ in length ({x.shape}, {y.shape})")
     return x, y
-
-
-class InvalidDataError(ValueError):
-    """A dataset or batch of the wrong length or shape (it names which)."""
 
 
 class DataSourceError(RuntimeError):
@@ -219,75 +216,6 @@ class _Indexed(BatchSource):
         return self._shape.check(np.asarray(x), np.asarray(y), where)
 
 
-def _dataset_length(name: str, dataset: Any) -> int:
-    try:
-        n = len(dataset)
-    except (TypeError, ValueError) as exc:  # Python's own checks of what __len__ returned
-        raise InvalidDataError(f"{name}: len(dataset) failed: {exc}") from None
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name}: len(dataset) must be an int >= 1, got {n!r}")
-    return n
-
-
-def _sample_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
-    if callable(getattr(dataset, "get_batch", None)):
-        return _batch_fetcher(name, dataset)
-
-    def fetch(idx: np.ndarray) -> Batch:
-        features, labels = [], []
-        for i in idx.tolist():
-            try:
-                sample = dataset[i]
-            except LookupError as exc:  # IndexError, or KeyError from a mapping
-                raise InvalidDataError(
-                    f"{name}: sample {i} is out of range although len(dataset) is "
-                    f"{len(dataset)} ({exc!r})"
-                ) from None
-            if not _is_pair(sample):
-                raise InvalidDataError(f"{name}: sample {i} must be a (features, label) pair")
-            features.append(np.asarray(sample[0]))
-            labels.append(np.asarray(sample[1]))
-        try:
-            return np.stack(features), np.stack(labels)
-        except ValueError as exc:
-            raise InvalidDataError(
-                f"{name}: samples {idx[:8].tolist()}.. differ in shape ({exc})"
-            ) from None
-
-    return fetch
-
-
-def _batch_fetcher(name: str, dataset: Any) -> Callable[[np.ndarray], Batch]:
-    """`dataset.get_batch(indices)`, checked: an index past a wrong `len()`,
-    a reply that is not a pair, and one with another number of features or
-    labels than indices (a reader that skips a record) are named."""
-
-    def fetch(idx: np.ndarray) -> Batch:
-        try:
-            batch = dataset.get_batch(idx)
-        except LookupError as exc:  # IndexError, or KeyError from a mapping
-            raise InvalidDataError(
-                f"{name}: get_batch of samples up to {int(idx.max())} failed although "
-                f"len(dataset) is {len(dataset)} ({exc!r})"
-            ) from None
-        if not _is_pair(batch):
-            raise InvalidDataError(
-                f"{name}: get_batch must return a (features, labels) pair, "
-                f"got {type(batch).__name__}"
-            )
-        x, y = np.asarray(batch[0]), np.asarray(batch[1])
-        for what, part in (("features", x), ("labels", y)):
-            rows = part.shape[0] if part.ndim else 0
-            if rows != len(idx):
-                raise InvalidDataError(
-                    f"{name}: get_batch returned {rows} {what} for {len(idx)} indices; "
-                    "it must return one per index"
-                )
-        return x, y
-
-    return fetch
-
-
 class _Streamed(BatchSource):
     """Any iterable of batches, read once per epoch."""
 
@@ -300,7 +228,7 @@ class _Streamed(BatchSource):
 
         Raises:
             TypeError, ValueError: `epoch` or `start` not an int >= 0 (at the call).
-            InvalidDataError: a batch that is not a pair, of another shape or
+            InvalidDataError: a callable that gave no iterable; a batch that is not a pair, of another shape or
                 too small; an epoch without batches; fewer batches than
                 `start` (a resume position past the epoch's end).
         """
@@ -308,10 +236,16 @@ class _Streamed(BatchSource):
         return self._batches(epoch, start)
 
     def _batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        made = self._make(epoch)
+        if not isinstance(made, Iterable):
+            raise InvalidDataError(
+                f"{self._name}: epoch {epoch}'s batches are a {type(made).__name__}, "
+                "not an iterable of (features, labels) batches"
+            )
         seen = 0
-        for k, batch in enumerate(self._make(epoch)):
+        for k, batch in enumerate(made):
             seen = k + 1
-            if not _is_pair(batch):
+            if not is_pair(batch):
                 raise InvalidDataError(f"{self._name}: batch {k} of epoch {epoch} is not a pair")
             if k < start:
                 continue  # trained on before the resume
@@ -347,14 +281,31 @@ def _streamed(
     return _Streamed(name, make, min_batch)
 
 
+def _check_takes_the_epoch(name: str, make: Callable[..., Any]) -> None:
+    """Raises TypeError when `make` cannot be called with the epoch alone
+    (a generator function of no arguments, say); a callable whose signature
+    cannot be read is taken as it is."""
+    try:
+        signature = inspect.signature(make)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(0)
+    except TypeError:
+        raise TypeError(
+            f"{name}: a callable must take the epoch (epoch -> iterable of batches); "
+            f"{getattr(make, '__qualname__', type(make).__name__)}{signature} does not"
+        ) from None
+
+
 def _is_array_pair(data: Any) -> bool:
     """`(features, labels)`, not a list of two `(features, labels)` batches:
     the second item is labels (a label per row), not a batch whose features
     have rows of their own, whether arrays or nested lists."""
-    if not _is_pair(data):
+    if not is_pair(data):
         return False
     second = data[1]
-    return not (_is_pair(second) and _ndim(second[0]) >= 2)
+    return not (is_pair(second) and _ndim(second[0]) >= 2)
 
 
 def _ndim(value: Any) -> int:
@@ -377,9 +328,9 @@ def as_source(
     """The `BatchSource` for `data` (see the module docstring).
 
     Raises:
-        TypeError: not arrays, a dataset, an iterable or a callable; a batch
-            size or the seed not an int (a bool is none); or `drop_last`
-            not a bool.
+        TypeError: not arrays, a dataset, an iterable or a callable; a
+            callable that does not take the epoch; a batch size or the seed
+            not an int (a bool is none); or `drop_last` not a bool.
         ValueError: a batch size below 1, a negative seed, arrays of
             different lengths, an empty dataset, fewer
             samples than one batch, or `drop_last` for batches taken as they
@@ -401,12 +352,13 @@ def as_source(
     if hasattr(data, "__len__") and (
         hasattr(data, "__getitem__") or callable(getattr(data, "get_batch", None))
     ):
-        n = _dataset_length(name, data)
+        n = dataset_length(name, data)
         bounds = batch_bounds(n, batch_size, min_batch_size, drop_last, name=name)
-        source = _Indexed(name, n, _sample_fetcher(name, data), seed, bounds)
+        source = _Indexed(name, n, sample_fetcher(name, data), seed, bounds)
         source.probe()
         return source
     if callable(data):
+        _check_takes_the_epoch(name, data)
         return _streamed(name, data, min_batch_size, drop_last)
     if isinstance(data, Iterable):
         if iter(data) is data:

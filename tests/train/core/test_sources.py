@@ -78,3 +78,23 @@ def test_ragged_nested_lists_are_an_invalid_data_error_naming_the_set() -> None:
     sequence', which named neither the set nor the features."""
     with pytest.raises(InvalidDataError, match="validation: features or labels are not an array"):
         as_source("validation", ([[1.0, 2.0], [3.0]], [0, 1]), batch_size=2, seed=0)
+
+
+def test_a_callable_that_does_not_take_the_epoch_is_refused_when_the_source_is_made() -> None:
+    """A generator function of no arguments was taken, and `fit` failed at
+    the first batch with a DataSourceError (saving a checkpoint first)."""
+
+    def batches() -> Any:
+        yield X, Y
+
+    with pytest.raises(TypeError, match=r"train: a callable must take the epoch .*batches\(\)"):
+        as_source("train", batches, batch_size=2, seed=0)
+    source = as_source("train", lambda epoch, *rest: batches(), batch_size=2, seed=0)
+    assert len(list(source.batches(0, 0))) == 1
+
+
+def test_a_callable_that_gives_no_iterable_is_an_invalid_data_error() -> None:
+    """It was "'NoneType' object is not iterable", inside a DataSourceError."""
+    source = as_source("train", lambda epoch: None, batch_size=2, seed=0)
+    with pytest.raises(InvalidDataError, match="epoch 0's batches are a NoneType, not an iterable"):
+        next(source.batches(0, 0))

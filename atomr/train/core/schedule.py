@@ -151,7 +151,11 @@ class CosineAnnealingLR(LrSchedule):
         object.__setattr__(self, "eta_min", _finite("eta_min", self.eta_min))
 
     def lr(self, base: float, epoch: int) -> float:
-        cos = math.cos(math.pi * epoch / self.t_max)
+        try:
+            phase = math.pi * epoch / self.t_max
+        except OverflowError:  # a t_max beyond float's range: the phase is 0
+            phase = 0.0
+        cos = math.cos(phase)
         return self.eta_min + (base - self.eta_min) * (1.0 + cos) / 2.0
 
     def to_config(self) -> dict[str, Any]:

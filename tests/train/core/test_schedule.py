@@ -321,3 +321,13 @@ def test_register_schedule_refuses_what_it_cannot_register(
 ) -> None:
     with pytest.raises(error, match=re.escape(needle)):
         register_schedule(cls)
+
+
+def test_a_cosine_of_a_t_max_beyond_floats_range_holds_the_base_rate() -> None:
+    """A t_max of 10**400 (valid JSON, so a checkpoint may hold it) failed
+    every update with 'scheduled lr must be finite in float32, got inf':
+    `pi * epoch / t_max` overflowed converting t_max to a float."""
+    schedule = CosineAnnealingLR(10**400, 0.001)
+    assert [schedule.lr(0.1, e) for e in (0, 5, 10**6)] == [0.1, 0.1, 0.1]
+    kind = OptimizerKind.sgd(0.1).with_schedule(schedule)
+    assert kind.hyperparameters_at(5).lr == 0.1

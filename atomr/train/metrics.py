@@ -27,6 +27,8 @@ from io import FileIO
 from pathlib import Path
 from typing import Any, Self
 
+import numpy as np
+
 from atomr.actor.ref import check_timeout
 from atomr.train._tensorboard_writer import (
     QUEUE,
@@ -57,7 +59,11 @@ def step_metrics(stats: StepStats, rate: float) -> dict[str, float]:
 
 
 def json_value(value: Any) -> Any:
-    """`value`, or None for a NaN or infinite float (JSON has none)."""
+    """`value` as JSON takes it: a NumPy scalar as the Python bool, int or
+    float it is (a trainer of one's own may answer them), and None for a
+    NaN or infinite float (JSON has none)."""
+    if isinstance(value, np.generic) and isinstance(value, np.bool_ | np.number):
+        value = value.item()
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 

@@ -88,6 +88,27 @@ def test_the_json_lines_log_writes_nan_and_infinity_as_null(tmp_path: Path) -> N
     assert (epoch["train_loss"], epoch["train_accuracy"], epoch["test_loss"]) == (None, None, 1.0)
 
 
+def test_the_json_lines_log_takes_numpy_scalars_from_a_trainer_of_ones_own(
+    tmp_path: Path,
+) -> None:
+    """A trainer of one's own may answer `StepStats` of NumPy scalars: the
+    step failed with 'Object of type float32 is not JSON serializable' (and
+    an np.float32 NaN would not have been nulled)."""
+    path = tmp_path / "m.jsonl"
+    stats = StepStats(
+        np.float32(0.5), np.float32(np.nan), np.int64(10), np.int64(4), np.bool_(True)
+    )
+    with JsonLinesLog(path) as log:
+        log.on_step(FitPosition(0, 1, 1), stats, 0.5, 2.0)  # type: ignore[arg-type]
+    step = json.loads(path.read_text())
+    assert (step["loss"], step["grad_norm"], step["samples"], step["applied"]) == (
+        0.5,
+        None,
+        4.0,
+        True,
+    )
+
+
 def _read_events(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar of the event files, by tag: TFRecord framing, decoded with
     tensorboardX's own `Event` message."""

@@ -221,17 +221,19 @@ def generate(
 
     Raises:
         TypeError: a model that does not take token ids, a vocab that is not
-            a `CharVocab`, a prompt that is not a str, a length that is not
-            an int or a temperature that is not a number.
+            a `CharVocab`, a prompt that is not a str, a length or seed that
+            is not an int (a bool is none) or a temperature that is not a
+            number.
         ValueError: a model whose vocabulary or output is not `vocab`'s size,
             an empty prompt, a prompt character outside the vocabulary, a
-            length outside [0, MAX_GENERATE_LENGTH], or a temperature that
-            is not finite and positive.
+            length outside [0, MAX_GENERATE_LENGTH], a negative seed, or a
+            temperature that is not finite and positive.
         NonFiniteError: the model's logits are NaN or infinite (it was
             'Probabilities contain NaN', from NumPy's sampler).
     """
     _check_model(model, vocab)
     count, divisor = _check_sampling(prompt, length, temperature)
+    seed = int_at_least("seed", seed, 0)
     try:
         ids = vocab.encode(prompt).tolist()
     except ValueError as exc:

@@ -115,6 +115,8 @@ VOCAB = CharVocab.of("abcdefgh ")
         ({"vocab": "abcdefgh "}, TypeError, "vocab must be a CharVocab, got str"),
         ({"model": gpt(12, 8, n_layer=1, d_model=8, n_head=2)}, ValueError, "ids below 12"),
         ({"model": Mlp([8, 9])}, TypeError, "model must be a Sequential taking token ids"),
+        ({"seed": -1}, ValueError, "seed must be >= 0, got -1"),  # was: NumPy's, unnamed
+        ({"seed": True}, TypeError, "seed must be an int, got True"),  # was: seed 1
     ],
 )
 def test_generation_refuses_bad_arguments_before_a_forward_pass(

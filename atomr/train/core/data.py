@@ -87,5 +87,13 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """The shuffled sample order of `epoch` (0-based): `default_rng([seed,
     epoch]).permutation(n)`, a function of the seed and the epoch only, so a
     run resumed at an epoch sees the same order. Every epoch loop uses it
-    (`atomr.train.fit`, the parameter server's `TrainEpochs`)."""
+    (`atomr.train.fit`, the parameter server's `TrainEpochs`).
+
+    Raises:
+        TypeError: an argument that is not an int (a bool is none).
+        ValueError: a negative one.
+    """
+    n, seed, epoch = (
+        int_at_least(k, v, 0) for k, v in (("n", n), ("seed", seed), ("epoch", epoch))
+    )
     return np.random.default_rng([seed, epoch]).permutation(n)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from atomr.train.core import load_digits_split, synthetic_classification
+from atomr.train.core.data import epoch_order
 
 
 def test_digits_split_shapes_dtypes_and_range() -> None:
@@ -75,3 +76,20 @@ def test_a_size_seed_or_fraction_of_the_wrong_type_is_named(
     with pytest.raises(error) as info:
         make()
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "needle"),
+    [
+        ((-1, 0, 0), ValueError, "n must be >= 0, got -1"),  # was: an empty order
+        ((4, -1, 0), ValueError, "seed must be >= 0, got -1"),
+        ((4, 0, True), TypeError, "epoch must be an int, got True"),  # was: epoch 1's order
+    ],
+)
+def test_epoch_order_refuses_a_count_of_the_wrong_type_or_sign(
+    args: tuple[Any, ...], error: type, needle: str
+) -> None:
+    with pytest.raises(error) as info:
+        epoch_order(*args)
+    assert needle in str(info.value)
+    assert sorted(epoch_order(4, 0, 1).tolist()) == [0, 1, 2, 3]

@@ -64,6 +64,18 @@ class LayerOffsets:
         return self.b_offset + self.b_shape[0]
 
 
+def _widths(sizes: object) -> tuple[int, ...]:
+    """`sizes` as a tuple of at least two positive ints.
+
+    Raises:
+        ValueError: anything else (the message names the entry).
+    """
+    widths = positive_ints("sizes", sizes)
+    if len(widths) < 2:
+        raise ValueError(f"sizes must have >= 2 entries, got {list(widths)}")
+    return widths
+
+
 def _layout(sizes: Sequence[int]) -> list[LayerOffsets]:
     offsets = []
     pos = 0
@@ -122,9 +134,7 @@ class Mlp(Sequential):
     def _setup_mlp(
         self, sizes: Sequence[int], activation: str, dtype: Any, device: Any, activate_last: bool
     ) -> None:
-        self.sizes: tuple[int, ...] = positive_ints("sizes", sizes)
-        if len(self.sizes) < 2:
-            raise ValueError(f"sizes must have >= 2 entries, got {list(self.sizes)}")
+        self.sizes: tuple[int, ...] = _widths(sizes)
         if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise ValueError(
                 f"unknown activation {bounded_repr(activation)}; "
@@ -204,8 +214,14 @@ class Mlp(Sequential):
 
     @staticmethod
     def param_count(sizes: Sequence[int]) -> int:
-        """Number of parameters of an MLP with these sizes (sum of in*out + out)."""
-        return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+        """Number of parameters of an MLP with these sizes (sum of in*out + out).
+
+        Raises:
+            ValueError: `sizes` not a list of at least two positive ints, as
+                for `Mlp` (a negative size counted negative parameters).
+        """
+        widths = _widths(sizes)
+        return sum(a * b + b for a, b in zip(widths[:-1], widths[1:], strict=True))
 
     def config(self) -> dict[str, Any]:
         """JSON-serialisable description: sizes, activation, dtype, activate_last, seed."""

@@ -192,3 +192,16 @@ def test_activate_last_must_be_a_bool(flag: object) -> None:
     with pytest.raises(ValueError, match="activate_last must be True or False"):
         Mlp.from_config({"sizes": [4, 3], "activate_last": flag}, np.zeros(15))
     assert Mlp([4, 3], activate_last=np.bool_(True)).activate_last is True
+
+
+@pytest.mark.parametrize(
+    ("sizes", "needle"),
+    [([2, -3], "sizes[1] must be a positive int, got -3"), ([4], "sizes must have >= 2 entries")],
+)
+def test_param_count_refuses_sizes_mlp_refuses(sizes: list[int], needle: str) -> None:
+    """`param_count([2, -3])` was -9 and `param_count([4])` 0, for models
+    that `Mlp` refuses to build."""
+    with pytest.raises(ValueError) as info:
+        Mlp.param_count(sizes)
+    assert needle in str(info.value)
+    assert Mlp.param_count(np.array([3, 5, 2])) == 3 * 5 + 5 + 5 * 2 + 2

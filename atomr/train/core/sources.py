@@ -195,7 +195,8 @@ class _Indexed(BatchSource):
         Raises:
             InvalidDataError: see `_Shape.check` and the fetchers.
         """
-        self._fetched(np.array([0, self._n - 1]), "the first and last samples")
+        # unique and increasing, as h5py's indexing needs (a set of one sample: [0])
+        self._fetched(np.unique([0, self._n - 1]), "the first and last samples")
 
     def in_order(self, batch_size: int) -> Iterator[Batch]:
         """The whole set in its own order (evaluation)."""

@@ -98,3 +98,26 @@ def test_a_callable_that_gives_no_iterable_is_an_invalid_data_error() -> None:
     source = as_source("train", lambda epoch: None, batch_size=2, seed=0)
     with pytest.raises(InvalidDataError, match="epoch 0's batches are a NoneType, not an iterable"):
         next(source.batches(0, 0))
+
+
+class _IncreasingOnly:
+    """A dataset whose `get_batch` takes only increasing unique indices, as
+    h5py's indexing does."""
+
+    def __init__(self, n: int) -> None:
+        self.x, self.y = X[:n], Y[:n]
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def get_batch(self, indices: Any) -> Any:
+        if any(b <= a for a, b in zip(indices[:-1], indices[1:], strict=False)):
+            raise TypeError("Indexing elements must be in increasing order")
+        return self.x[indices], self.y[indices]
+
+
+def test_a_one_sample_dataset_is_probed_with_unique_indices() -> None:
+    """The probe of the first and last samples asked a one-sample set for
+    [0, 0], which h5py-style readers refuse."""
+    source = as_source("train", _IncreasingOnly(1), batch_size=1, seed=0)
+    assert [len(y) for _, y in source.batches(0, 0)] == [1]

@@ -314,9 +314,10 @@ S = TypeVar("S", bound=type[LrSchedule])
 
 
 def register_schedule(cls: S) -> S:
-    """Class decorator: make a schedule class of your own rebuildable from
-    its `to_config()` (whose `kind` names it, the other keys its fields) by
-    `schedule_from_config`, so that a checkpoint of it resumes. Registering
+    """Class decorator: make a schedule class of your own (a dataclass, as
+    the built-in ones are) rebuildable from its `to_config()` (whose `kind`
+    names it, the other keys its fields) by `schedule_from_config`, so that
+    a checkpoint of it resumes. Registering
     it again, or a redefinition of the same module and qualified name (a
     notebook cell run again), replaces it.
 

@@ -1,5 +1,6 @@
 """`stop_on_signals`: Ctrl-C (SIGINT) or SIGTERM ends a run cleanly between
-steps (it sets a `StopFlag`); a second one ends the process at once."""
+steps (it sets a `StopFlag`); once training is over, the outputs are written
+first; a second one ends the process at once."""
 
 from __future__ import annotations
 
@@ -7,31 +8,49 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from atomr.train.fit import StopFlag
 
-__all__ = ["SECOND_CTRL_C_HINT", "SECOND_SIGTERM_HINT", "STOPPING_SIGNALS", "stop_on_signals"]
+__all__ = [
+    "SECOND_CTRL_C_HINT",
+    "SECOND_SIGTERM_HINT",
+    "STOPPING_SIGNALS",
+    "WRITING_HINT",
+    "stop_on_signals",
+]
 
 SECOND_CTRL_C_HINT = "atomr: stopping after this step; press Ctrl-C again to quit at once"
 SECOND_SIGTERM_HINT = (
     "atomr: SIGTERM: stopping after this step; a second SIGTERM or Ctrl-C quits at once"
 )
 """What a first SIGTERM prints: its sender may be no terminal's user."""
+WRITING_HINT = (
+    "atomr: {signal}: training is over: writing its outputs first; {again} quits at once, "
+    "without them"
+)
+"""What a first signal prints once training is over (`{signal}`: its name;
+`{again}`: what quits at once)."""
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """Ctrl-C, and what `kill`, `docker stop` and cluster schedulers send."""
 
 
 @contextlib.contextmanager
-def stop_on_signals(flag: StopFlag, received: list[int]) -> Iterator[None]:
+def stop_on_signals(
+    flag: StopFlag, received: list[int], over: Callable[[], bool] = lambda: False
+) -> Iterator[None]:
     """Within the block, the first SIGINT (Ctrl-C) or SIGTERM sets `flag` and
     prints `SECOND_CTRL_C_HINT` (`SECOND_SIGTERM_HINT` for SIGTERM) on
     stderr; a second one ends the process at once, whatever it is doing.
+    Once `over()` is true (training is over: the block goes on to write its
+    outputs), the first prints `WRITING_HINT` instead, and the block goes on:
+    the results of a finished run are not lost to a late signal.
 
-    Each signal that comes is appended to `received` (the caller exits with
-    128 + the first, as a shell reports a process that signal ended).
+    Each signal that comes is appended to `received` (the caller of a run
+    it stopped exits with 128 + the first, as a shell reports a process that
+    signal ended).
 
     The second signal gets the operating system's default action (the
     process is killed by it): no Python code runs, so neither worker threads
@@ -48,7 +67,7 @@ def stop_on_signals(flag: StopFlag, received: list[int]) -> Iterator[None]:
             signal.signal(each, signal.SIG_DFL)
         received.append(signum)
         flag.request()
-        hint = SECOND_SIGTERM_HINT if signum == signal.SIGTERM else SECOND_CTRL_C_HINT
+        hint = _hint(signum, over())
         # os.write: a signal handler must not re-enter sys.stderr's buffer
         os.write(2, f"\n{hint}\n".encode())
 
@@ -59,3 +78,12 @@ def stop_on_signals(flag: StopFlag, received: list[int]) -> Iterator[None]:
         if not received:  # none came: put the handlers back
             for each, handler in previous.items():
                 signal.signal(each, handler)
+
+
+def _hint(signum: int, over: bool) -> str:
+    """What a first signal `signum` prints; `over`: training is over."""
+    term = signum == signal.SIGTERM
+    if over:
+        again = "a second SIGTERM or Ctrl-C" if term else "Ctrl-C again"
+        return WRITING_HINT.format(signal="SIGTERM" if term else "Ctrl-C", again=again)
+    return SECOND_SIGTERM_HINT if term else SECOND_CTRL_C_HINT

@@ -163,7 +163,8 @@ def train_command(args: argparse.Namespace, stop: StopFlag | None = None) -> int
 
     Returns:
         The exit status: 0 when finished, 130 when stopped by Ctrl-C (or a
-        `stop` flag), 143 by SIGTERM.
+        `stop` flag), 143 by SIGTERM (a signal once training is over lets
+        the outputs be written and leaves the run's status).
 
     Raises:
         CliError: bad options, unusable checkpoints, missing optional
@@ -187,8 +188,10 @@ def train_command(args: argparse.Namespace, stop: StopFlag | None = None) -> int
 
 def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
     """Train the prepared run in its job; write its outputs and print its
-    summary where this process writes files. Returns and raises as
-    `train_command`."""
+    summary where this process writes files. A signal is handled from the
+    start of training to the last output written (`stop_on_signals`): one
+    that comes once training is over lets the outputs be written. Returns
+    and raises as `train_command`."""
     run, data, history = prepared.run, prepared.data, prepared.history
 
     def progress(total: int, done: int) -> Progress:
@@ -205,7 +208,7 @@ def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
 
     async def go() -> History:
         await job.none_failed(failed)  # rank 0 alone opens logs: all stop if it could not
-        with stop_on_signals(flag, signals), say_when_compiling(enabled=not run.quiet):
+        with say_when_compiling(enabled=not run.quiet):
             return await train_epochs(
                 run,
                 data,
@@ -218,24 +221,35 @@ def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
                 start=prepared.start,
             )
 
-    try:
-        with _closing(logs):
-            atomr.run(go())
-    except Exception as exc:
-        _fail_in_one_line(run, exc, history, prepared.plot_path, prepared.history_path)
-        raise
-    interrupted = 128 + signals[0] if signals else EXIT_INTERRUPTED
-    if run.dist is not None and not run.dist.is_root:
-        return interrupted if history.status == "interrupted" else 0
+    with stop_on_signals(flag, signals, over=lambda: history.status != "running"):
+        try:
+            with _closing(logs):
+                atomr.run(go())
+        except Exception as exc:
+            _fail_in_one_line(run, exc, history, prepared.plot_path, prepared.history_path)
+            raise
+        if run.dist is None or run.dist.is_root:
+            _report(prepared, trained)
+    if history.status != "interrupted":
+        return 0
+    return 128 + signals[0] if signals else EXIT_INTERRUPTED
+
+
+def _report(prepared: _Prepared, trained: list[np.ndarray]) -> None:
+    """Write the outputs of a run that ended, print its summary (and the
+    GPT's sample from its `trained` weights), and say when it was stopped.
+
+    Raises:
+        CliError: as `_write_outputs`.
+    """
+    run, history = prepared.run, prepared.history
     _write_outputs(history, prepared.plot_path, prepared.history_path)
     _print_summary(run, history, prepared.plot_path, prepared.history_path)
-    if trained and data.vocab is not None:
-        print(_sample(run, data, trained[-1]))
+    if trained and prepared.data.vocab is not None:
+        print(_sample(run, prepared.data, trained[-1]))
     if history.status == "interrupted":
         where = f"; checkpoint saved to {run.checkpoint}" if run.checkpoint else ""
         print(f"atomr: interrupted{where}", file=sys.stderr)
-        return interrupted
-    return 0
 
 
 def _closing(logs: list[JsonLinesLog | TensorBoardLog]) -> contextlib.ExitStack:

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -179,3 +180,44 @@ def test_ctrl_c_or_sigterm_stops_cleanly_after_saving(tmp_path: Path, signum: in
         ]
     )
     assert code == 0
+
+
+_SIGNAL_WHILE_PLOTTING = textwrap.dedent(
+    """
+    import os, sys
+    from importlib.abc import MetaPathFinder
+
+    class Signal(MetaPathFinder):  # the signal comes as the curves are drawn
+        def find_spec(self, name, path, target=None):
+            if name == "matplotlib":
+                sys.meta_path.remove(self)
+                os.kill(os.getpid(), int(sys.argv[1]))
+            return None
+
+    sys.meta_path.insert(0, Signal())
+    from atomr.cli import main
+
+    sys.exit(main(["train", "--quiet", *sys.argv[2:]]))
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_after_training_finished_still_writes_the_outputs(
+    tmp_path: Path, signum: int
+) -> None:
+    """Training is over when the signal comes (the curves are being drawn):
+    its results are written, not lost (a Ctrl-C left no plot and said
+    nothing of it; a SIGTERM killed the process before the plot)."""
+    args = ["--strategy", "single", "--epochs", "1", "--run-dir", str(tmp_path / "run")]
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_WHILE_PLOTTING, str(int(signum)), *args],
+        capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "training is over: writing its outputs first" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 0
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert history["status"] == "finished"
+    assert done.stdout.startswith("finished: test accuracy")

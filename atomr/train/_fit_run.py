@@ -273,12 +273,22 @@ class FitRun:
             raise
         return stats
 
-    async def probe_validation(self) -> None:
+    async def probe_evaluation(self, hook: bool) -> None:
         """Evaluate the validation set's first batch before any step (as
-        Lightning's sanity check does): a set the trainer refuses fails
-        before training, not after the first epoch."""
+        Lightning's sanity check does): a set the trainer refuses, or an
+        `evaluate` hook (`hook`) that is misused, fails before training, not
+        after the first epoch. Without a validation set, a hook is tried on
+        the training set's first batch.
+
+        Raises:
+            InvalidBatchError, NonFiniteError: the trainer refused the batch.
+            TypeError: the hook is no async function or returns no
+                `(loss, accuracy)`.
+        """
         if self.validation is not None:
             await self.evaluate_source("validation", self.validation, first_only=True)
+        elif hook:
+            await self.evaluate_source("train", self.train, first_only=True)
 
     def heard(self, split: str, figures: tuple[float, float], at: FitPosition) -> None:
         self.tell("on_evaluate", split, *figures, at)

@@ -197,10 +197,10 @@ async def fit(
             a TypeError then, not taken by its truth); with it, `stop` is
             only honoured at epoch ends.
         evaluate: an async function `(features, labels) -> (loss, accuracy)`
-            (anything else is a TypeError naming it at its first call: before
-            any step with `validation`, else after the first epoch's
-            training, which the checkpoint keeps); default: ask the trainer
-            to `Evaluate`. Arrays are evaluated in one call, a dataset
+            (anything else is a TypeError naming it, before any step: it is
+            first called on the validation set's first batch, or without
+            one the training set's); default: ask the trainer to
+            `Evaluate`. Arrays are evaluated in one call, a dataset
             or iterable batch by batch: the batches' accuracies weighted by
             their label counts (`labels.size`: rows, tokens), their losses by
             their normalisers (`EvalResult.normaliser`). A hook gives none,
@@ -218,9 +218,10 @@ async def fit(
             count that is not an int >= 1 (`seed`: >= 0; a bool is no
             int), a `start` that does not fit, `drop_last` not a bool, or
             True for an iterable or a callable), or a dataset or batch of the
-            wrong length or shape; TypeError also for an `evaluate` or
-            `agree_to_stop` hook that is no async function or returns the
-            wrong thing, when it is first called.
+            wrong length or shape; TypeError also for an `evaluate` hook
+            that is no async function or returns the wrong thing (before any
+            step), or an `agree_to_stop` hook that does so, when it is first
+            called.
         FileNotFoundError, CheckpointError, OSError: a `checkpoint` whose
             folder is missing, that is not a regular file, or whose folder a
             test write fails in (no permission, read-only), before any step.
@@ -277,7 +278,7 @@ async def fit(
         state = await _training_state(trainer, timeout)
         if state is not None:
             run.max_steps, run.rounds = state.max_steps, state.rounds
-        await run.probe_validation()
+        await run.probe_evaluation(hook=evaluate is not None)
         status = await run.loop()
         await run.save()
         run.callbacks.raise_first()

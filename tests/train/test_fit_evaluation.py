@@ -108,12 +108,15 @@ async def _words(x: np.ndarray, y: np.ndarray) -> tuple[str, str]:
         (_words, r"evaluate must return two numbers \(loss, accuracy\), got \('low', 'high'\)"),
     ],
 )
+@pytest.mark.parametrize("validation", [(XV, YV), None], ids=["validation", "none"])
 async def test_a_misused_evaluate_hook_is_refused_naming_it_before_any_step(
-    hook: Any, needle: str
+    hook: Any, needle: str, validation: Any
 ) -> None:
+    """Without a validation set too: the hook was first called after the
+    first epoch's training, which was wasted."""
     async with ActorSystem("fit-evaluation") as system:
         ref = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", WEIGHTED)
         before = await ref.ask(GetWeights())
         with pytest.raises(TypeError, match=needle):
-            await fit(ref, (X, Y), validation=(XV, YV), epochs=1, batch_size=16, evaluate=hook)
+            await fit(ref, (X, Y), validation=validation, epochs=1, batch_size=16, evaluate=hook)
         np.testing.assert_array_equal(await ref.ask(GetWeights()), before)

@@ -32,7 +32,8 @@ class Job:
     Attributes:
         is_root: True where this process writes files.
         agree_to_stop: None (a single process stops between any two steps),
-            or, for an MPI job, `(requested) -> all stop` at an epoch's end.
+            or, for an MPI job, `(requested) -> all stop`, which `fit` asks
+            before the first step and at an epoch's end.
         collective: the collective joining the processes (None: one process).
     """
 

@@ -366,7 +366,8 @@ class FitRun:
         )
 
     async def stop_now(self) -> bool:
-        """At an epoch's end: whether to stop (every process agrees, in a job).
+        """At the run's start and an epoch's end: whether to stop (every
+        process agrees, in a job).
 
         Raises:
             TypeError: `agree_to_stop` is no async function, or its answer no bool.
@@ -377,13 +378,19 @@ class FitRun:
         return self.stop.requested
 
     async def loop(self) -> str:
-        """The epochs left; the run's status.
+        """The epochs left; the run's status. Whether to stop is asked
+        (`stop_now`) before the first step too: a stop requested already
+        ends the run there, and a misused `agree_to_stop` fails before any
+        step.
 
         Raises:
+            TypeError: as `stop_now`.
             Exception: what a callback raised first (`Callbacks.raise_first`:
                 at the epoch's start, after the step, the epoch or the save
                 it raised in), or as `train_epoch`.
         """
+        if await self.stop_now():
+            return "interrupted"
         while self.position.epoch < self.epochs:
             if self.reached_max_steps():
                 return "reached max_steps"

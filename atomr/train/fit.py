@@ -189,13 +189,14 @@ async def fit(
             checkpoint's state); None starts at the beginning.
         checkpoint: save here after every epoch, at the end and on a stop.
         callbacks: `FitCallback`s, called in order.
-        stop: checked after every step; once requested, the run saves its
-            checkpoint and returns "interrupted".
+        stop: checked before the first step and after every step; once
+            requested, the run saves its checkpoint and returns "interrupted".
         agree_to_stop: for the processes of a job: an async function called
-            at every epoch's end with this process's request, returning
+            before the first step and at every epoch's end but the last (the
+            run ends there anyway) with this process's request, returning
             whether all stop (True or False: anything else, such as 'no', is
-            a TypeError then, not taken by its truth); with it, `stop` is
-            only honoured at epoch ends.
+            a TypeError, before any step, not taken by its truth); with it,
+            `stop` is only honoured there.
         evaluate: an async function `(features, labels) -> (loss, accuracy)`
             (anything else is a TypeError naming it, before any step: it is
             first called on the validation set's first batch, or without
@@ -218,10 +219,9 @@ async def fit(
             count that is not an int >= 1 (`seed`: >= 0; a bool is no
             int), a `start` that does not fit, `drop_last` not a bool, or
             True for an iterable or a callable), or a dataset or batch of the
-            wrong length or shape; TypeError also for an `evaluate` hook
-            that is no async function or returns the wrong thing (before any
-            step), or an `agree_to_stop` hook that does so, when it is first
-            called.
+            wrong length or shape; TypeError also for an `evaluate` or
+            `agree_to_stop` hook that is no async function or returns the
+            wrong thing (before any step).
         FileNotFoundError, CheckpointError, OSError: a `checkpoint` whose
             folder is missing, that is not a regular file, or whose folder a
             test write fails in (no permission, read-only), before any step.

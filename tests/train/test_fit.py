@@ -254,11 +254,43 @@ async def _answers_no(requested: bool) -> object:
 async def test_an_agree_to_stop_that_answers_no_bool_is_refused_not_taken_by_its_truth(
     agree: object, needle: str
 ) -> None:
+    """Before any step, even in a run of one epoch (it was first called at
+    the first epoch's end: never in a run of one, after an epoch's training
+    in a longer one)."""
     x, y = _data()
     async with ActorSystem("fit") as system:
         trainer = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        before = await trainer.ask(GetWeights())
         with pytest.raises(TypeError, match=needle):
-            await fit(trainer, (x, y), epochs=2, batch_size=16, agree_to_stop=agree)  # type: ignore[arg-type]
+            await fit(trainer, (x, y), epochs=1, batch_size=16, agree_to_stop=agree)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
+
+
+async def test_a_jobs_stop_requested_before_the_first_step_is_agreed_before_it(
+    tmp_path: Path,
+) -> None:
+    """A stop that came while the job started (a Ctrl-C) stops every
+    process before any step, the checkpoint saved where the run starts (it
+    trained the whole first epoch before its first agreement)."""
+    heard: list[bool] = []
+
+    async def agree(requested: bool) -> bool:
+        heard.append(requested)
+        return requested
+
+    x, y = _data()
+    stop, seen = StopFlag(), _Recorder()
+    stop.request()
+    async with ActorSystem("fit") as system:
+        trainer = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        before = await trainer.ask(GetWeights())
+        result = await fit(
+            trainer, (x, y), epochs=2, batch_size=16, stop=stop, agree_to_stop=agree,
+            checkpoint=tmp_path / "c", callbacks=[seen],
+        )  # fmt: skip
+        np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
+    assert (result.status, result.position, heard) == ("interrupted", FitPosition(), [True])
+    assert (seen.steps, seen.saved) == ([], [FitPosition()])
 
 
 async def test_a_refused_training_batch_saves_the_checkpoint_at_it(tmp_path: Path) -> None:

@@ -13,17 +13,14 @@ from typing import Any
 from atomr._arguments import bool_flag
 from atomr.actor import ActorRef, AskTimeoutError
 from atomr.train._fit_callbacks import CallbackFailure, Callbacks, awaited
+from atomr.train._fit_evaluation import Measure, evaluate_set
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError, StepLimitError
 from atomr.train.core.messages import CloseRound, SaveCheckpoint, Step
 from atomr.train.core.sources import BatchSource, DataSourceError, InvalidDataError
-from atomr.train.core.stats import EvalResult, StepStats
+from atomr.train.core.stats import StepStats
 from atomr.train.fit_events import EpochRecord, FitPosition, StopFlag
 
-__all__ = ["FitRun", "Measure"]
-
-Measure = Callable[[Any, Any], Awaitable[EvalResult]]
-"""How `fit` evaluates `(features, labels)`: the trainer's `EvalResult`, or
-a user's `Evaluator` hook's `(loss, accuracy)` without a normaliser."""
+__all__ = ["FitRun"]
 
 
 @dataclass
@@ -39,30 +36,6 @@ class _Tally:
     @property
     def rate(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class _Weighted:
-    """A set's evaluation from its batches': each loss weighted by its
-    normaliser (the label count when a trainer or hook does not give one),
-    each accuracy by its label count (rows, or tokens)."""
-
-    loss_sum: float = 0.0
-    normaliser: float = 0.0
-    correct: float = 0.0
-    labels: int = 0
-
-    def add(self, result: EvalResult, labels: int) -> None:
-        weight = labels if result.normaliser is None else result.normaliser
-        self.loss_sum += result.loss * weight
-        self.normaliser += weight
-        self.correct += result.accuracy * labels
-        self.labels += labels
-
-    def means(self) -> tuple[float, float]:
-        """`(loss, accuracy)` of the batches added; NaN for none."""
-        loss = self.loss_sum / self.normaliser if self.normaliser > 0 else math.nan
-        return loss, self.correct / self.labels if self.labels else math.nan
 
 
 def _exhausted(batches: Iterator[Any]) -> bool:
@@ -296,25 +269,18 @@ class FitRun:
     async def evaluate_source(
         self, split: str, source: BatchSource, *, first_only: bool = False
     ) -> tuple[float, float]:
-        """Loss and accuracy over a whole data set (or its first batch): one
-        request for arrays, else batch by batch (`_Weighted`).
+        """Loss and accuracy over a whole data set, or its first batch
+        (`evaluate_set`).
 
         Raises:
             InvalidBatchError: the trainer refused it (a note names `split`).
+            Exception: as `evaluate_set`.
         """
-        total = _Weighted()
         try:
-            if source.arrays is not None and not first_only:
-                whole = await self.evaluate(*source.arrays)
-                return float(whole.loss), float(whole.accuracy)
-            for x, y in _in_order(source, self.batch_size):
-                total.add(await self.evaluate(x, y), int(y.size))
-                if first_only:
-                    break
+            return await evaluate_set(self.evaluate, source, self.batch_size, first_only=first_only)
         except InvalidBatchError as exc:
             exc.add_note(f"in the {split} set (epoch {self.position.epoch + 1})")
             raise
-        return total.means()
 
     async def finish_epoch(self, tally: _Tally) -> None:
         """Evaluate, record and close the epoch just trained. The position
@@ -409,9 +375,3 @@ class FitRun:
             await self.save()
             self.callbacks.raise_first()
         return "finished"
-
-
-def _in_order(source: BatchSource, batch_size: int) -> Any:
-    """A data set's batches for evaluation: its own order, or epoch 0's."""
-    in_order = getattr(source, "in_order", None)
-    return in_order(batch_size) if in_order is not None else source.batches(0, 0)

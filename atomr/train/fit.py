@@ -24,19 +24,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from atomr._arguments import int_at_least
-from atomr._repr import bounded_repr
 from atomr.actor import ActorRef
 from atomr.actor.ref import check_timeout
-from atomr.train._fit_callbacks import Callbacks, awaited
-from atomr.train._fit_run import FitRun, Measure
+from atomr.train._fit_callbacks import Callbacks
+from atomr.train._fit_evaluation import measure
+from atomr.train._fit_run import FitRun
 from atomr.train.core.checkpoint import check_save_location
 from atomr.train.core.data import epoch_order
-from atomr.train.core.messages import Evaluate, GetTrainingState
+from atomr.train.core.messages import GetTrainingState
 from atomr.train.core.sources import DataSourceError, as_source, batch_bounds
-from atomr.train.core.stats import EvalResult, TrainingState
+from atomr.train.core.stats import TrainingState
 from atomr.train.fit_events import (
     EpochRecord,
     Evaluator,
@@ -112,41 +110,6 @@ async def _training_state(trainer: ActorRef, timeout: float | None) -> TrainingS
     except TypeError:
         return None
     return state if isinstance(state, TrainingState) else None
-
-
-def _loss_and_accuracy(result: object) -> tuple[float, float]:
-    """The `(loss, accuracy)` an `evaluate` hook returned, as floats.
-
-    Raises:
-        TypeError: not a pair of numbers (the message names the hook).
-    """
-    if not isinstance(result, tuple | list) or len(result) != 2:
-        raise TypeError(f"evaluate must return (loss, accuracy), got {bounded_repr(result)}")
-    try:
-        return float(result[0]), float(result[1])
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"evaluate must return two numbers (loss, accuracy), got {bounded_repr(result)}"
-        ) from None
-
-
-def _measure(trainer: ActorRef, hook: Evaluator | None, timeout: float | None) -> Measure:
-    """How `fit` evaluates a batch: the trainer's `EvalResult`, or the
-    hook's `(loss, accuracy)` (no normaliser: weighted by the label count)."""
-
-    async def ask(x: np.ndarray, y: np.ndarray) -> EvalResult:
-        result: EvalResult = await trainer.ask(Evaluate(x, y), timeout=timeout)
-        return result
-
-    if hook is None:
-        return ask
-    evaluate: Evaluator = hook
-
-    async def call(x: np.ndarray, y: np.ndarray) -> EvalResult:
-        loss, accuracy = _loss_and_accuracy(await awaited("evaluate", evaluate(x, y)))
-        return EvalResult(loss, accuracy, len(x))
-
-    return call
 
 
 async def fit(
@@ -267,7 +230,7 @@ async def fit(
         callbacks=Callbacks(callbacks),
         stop=stop if stop is not None else StopFlag(),
         agree_to_stop=agree_to_stop,
-        evaluate=_measure(trainer, evaluate, timeout),
+        evaluate=measure(trainer, evaluate, timeout),
         checkpoint=Path(checkpoint) if checkpoint is not None else None,
         timeout=timeout,
     )

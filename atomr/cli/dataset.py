@@ -54,13 +54,22 @@ def load_dataset(run: RunConfig) -> Dataset:
     both shuffled with `run.seed`.
 
     Raises:
-        CliError: scikit-learn is missing, the set is too small to split, or
-            the text too short for `--context`.
+        CliError: scikit-learn is missing (digits), this Python has no
+            `pydoc_data` (pydoc; exit status 1), the set is too small to
+            split, or the text too short for `--context`.
     """
     if run.dataset == "pydoc":
         assert run.gpt is not None
         try:
-            x_tr, y_tr, x_te, y_te, vocab = char_lm_split(pydoc_text(), run.gpt.context)
+            text = pydoc_text()
+        except ImportError:
+            raise CliError(
+                "--dataset pydoc: this Python ships without its documentation (pydoc_data): "
+                "install a full Python, or train another --dataset",
+                1,
+            ) from None
+        try:
+            x_tr, y_tr, x_te, y_te, vocab = char_lm_split(text, run.gpt.context)
         except ValueError as exc:  # a --context longer than the text can hold out
             raise CliError(f"--context {run.gpt.context}: {exc}") from None
         return Dataset("pydoc", x_tr, y_tr, x_te, y_te, len(vocab), vocab)

@@ -19,6 +19,7 @@ from atomr._arguments import int_at_least
 from atomr._repr import bounded_repr
 from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
+from atomr.cli.model_options import flag_of
 from atomr.cli.run_config import RunConfig
 from atomr.cli.strategies import saved_steps_per_batch
 from atomr.train import CheckpointError, load_checkpoint
@@ -74,11 +75,7 @@ def resume_position(
     if earlier is None:
         return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, save)
     saved = earlier.position or {}
-    if saved.get("data") != run.data_options():
-        raise CliError(
-            f"--resume: the checkpoint was made with {saved.get('data')}; "
-            f"resume with the same data options (got {run.data_options()})"
-        )
+    _check_data_options(saved.get("data"), run.data_options())
     position = _saved_position(saved, steps)
     if position is None:
         _warn(
@@ -198,6 +195,43 @@ def _check_model_options(run: RunConfig, ckpt: Checkpoint, sizes: list[int]) -> 
     raise CliError(
         f"--resume: the checkpoint is of a {shape} {activation} model, not {mine} "
         f"{run.activation}; resume with {fix}"
+    )
+
+
+def _check_data_options(saved: Any, mine: dict[str, Any]) -> None:
+    """Refuse to resume with other data options (`RunConfig.data_options`)
+    than those in the checkpoint's history file: other data, or another
+    order of it, would not continue the run at its batch.
+
+    Raises:
+        CliError: naming each option that differs (only `--dataset` when it
+            does: the others follow from it) and its saved value.
+    """
+    if saved == mine:
+        return
+    differing = []
+    if isinstance(saved, dict):
+        keys = ["dataset"] if saved.get("dataset") != mine["dataset"] else list(mine)
+        differing = [k for k in keys if k in saved and saved[k] != mine[k]]
+    if not differing:
+        raise CliError(
+            f"--resume: the checkpoint was made with {bounded_repr(saved)}; "
+            f"resume with the same data options (got {mine})"
+        )
+    made = " and ".join(f"{flag_of(k)} {_shown(saved[k])} (not {mine[k]})" for k in differing)
+    fix = " ".join(f"{flag_of(k)} {_shown(saved[k])}" for k in differing)
+    raise CliError(
+        f"--resume: the checkpoint was made with {made}; resume with {fix} "
+        "(the data and its order must be the checkpoint's)"
+    )
+
+
+def _shown(value: Any) -> str:
+    """An option's value read from a file, as a flag would take it (bounded)."""
+    return (
+        str(value)
+        if isinstance(value, int | str) and len(str(value)) <= 80
+        else bounded_repr(value)
     )
 
 

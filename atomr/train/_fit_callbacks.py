@@ -10,7 +10,7 @@ from typing import Any
 
 from atomr.train.fit_events import FitCallback, FitPosition
 
-__all__ = ["CallbackFailure", "Callbacks", "awaited"]
+__all__ = ["CallbackFailure", "Callbacks", "awaited", "check_callable_hooks"]
 
 
 async def awaited(hook: str, result: object) -> Any:
@@ -27,6 +27,34 @@ async def awaited(hook: str, result: object) -> Any:
             f"but it returned {type(result).__name__}"
         )
     return await result
+
+
+def _parameters(hook: str) -> list[str]:
+    """The arguments `fit` passes `FitCallback.hook`, by name (its signature's)."""
+    return list(inspect.signature(getattr(FitCallback, hook)).parameters)[1:]
+
+
+HOOKS = {name: _parameters(name) for name in vars(FitCallback) if name.startswith("on_")}
+"""Every `FitCallback` hook and the arguments `fit` calls it with."""
+
+
+def check_callable_hooks(callbacks: Sequence[FitCallback]) -> None:
+    """Raises TypeError, naming it, for a hook of `callbacks` that cannot
+    take the arguments `fit` passes it (an `on_evaluate` written without its
+    `position`, say): checked before any step, not when first called, after
+    the first epoch's training. A hook whose signature Python cannot read
+    (a builtin) is left to its call."""
+    for callback in callbacks:
+        for hook, names in HOOKS.items():
+            try:
+                inspect.signature(getattr(callback, hook)).bind(*names)
+            except ValueError:
+                continue
+            except TypeError as exc:
+                raise TypeError(
+                    f"callbacks: {type(callback).__name__}.{hook} cannot take the "
+                    f"{len(names)} arguments fit passes it ({', '.join(names)}): {exc}"
+                ) from None
 
 
 @dataclass(frozen=True)

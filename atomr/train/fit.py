@@ -27,7 +27,7 @@ from typing import Any
 from atomr._arguments import int_at_least
 from atomr.actor import ActorRef
 from atomr.actor.ref import check_timeout
-from atomr.train._fit_callbacks import Callbacks
+from atomr.train._fit_callbacks import Callbacks, check_callable_hooks
 from atomr.train._fit_evaluation import measure
 from atomr.train._fit_run import FitRun
 from atomr.train.core.checkpoint import check_save_location
@@ -59,9 +59,10 @@ __all__ = [
 
 
 def _check_hooks(callbacks: Any, stop: Any, agree_to_stop: Any, evaluate: Any) -> None:
-    """Raises TypeError unless `callbacks` is a sequence of `FitCallback`s,
-    `stop` a `StopFlag` or None, and `agree_to_stop` and `evaluate` callables
-    or None (else a step would be applied before the first use failed)."""
+    """Raises TypeError unless `callbacks` is a sequence of `FitCallback`s
+    whose hooks take fit's arguments, `stop` a `StopFlag` or None, and
+    `agree_to_stop` and `evaluate` callables or None (else a step would be
+    applied before the first use failed)."""
     if not isinstance(callbacks, Sequence) or isinstance(callbacks, str | bytes):
         raise TypeError(
             f"callbacks must be a sequence of FitCallback, got {type(callbacks).__name__}"
@@ -69,6 +70,7 @@ def _check_hooks(callbacks: Any, stop: Any, agree_to_stop: Any, evaluate: Any) -
     for cb in callbacks:
         if not isinstance(cb, FitCallback):
             raise TypeError(f"callbacks must be FitCallback instances, got {type(cb).__name__}")
+    check_callable_hooks(callbacks)
     if stop is not None and not isinstance(stop, StopFlag):
         raise TypeError(f"stop must be a StopFlag or None, got {type(stop).__name__}")
     for name, hook in (("agree_to_stop", agree_to_stop), ("evaluate", evaluate)):
@@ -180,7 +182,8 @@ async def fit(
     Raises:
         TypeError, ValueError: bad arguments (checked before any step: a
             count that is not an int >= 1 (`seed`: >= 0; a bool is no
-            int), a `start` that does not fit, `drop_last` not a bool, or
+            int), a callback hook that cannot take the arguments `fit`
+            passes it, a `start` that does not fit, `drop_last` not a bool, or
             True for an iterable or a callable), or a dataset or batch of the
             wrong length or shape; TypeError also for an `evaluate` or
             `agree_to_stop` hook that is no async function or returns the

@@ -55,8 +55,9 @@ def load_dataset(run: RunConfig) -> Dataset:
 
     Raises:
         CliError: scikit-learn is missing (digits), this Python has no
-            `pydoc_data` (pydoc; exit status 1), the set is too small to
-            split, or the text too short for `--context`.
+            `pydoc_data` (pydoc; exit status 1), or the text is too short for
+            `--context` (`--samples` too few to split is refused with the
+            options: `run_args.MIN_SAMPLES`).
     """
     if run.dataset == "pydoc":
         assert run.gpt is not None
@@ -81,8 +82,6 @@ def load_dataset(run: RunConfig) -> Dataset:
                 "the digits data set needs scikit-learn: pip install -e '.[train]'", 1
             ) from None
         return Dataset("digits", x_tr, y_tr, x_te, y_te, 10)
-    if run.samples < 10:
-        raise CliError(f"--samples must be >= 10 to hold out a test set, got {run.samples}")
     x, y = synthetic_classification(run.samples, run.features, run.classes, seed=run.seed)
     n_test = max(1, int(round(run.samples * _TEST_FRACTION)))
     return Dataset("synthetic", x[n_test:], y[n_test:], x[:n_test], y[:n_test], run.classes)

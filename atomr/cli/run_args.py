@@ -20,9 +20,11 @@ from atomr.cli.model_options import GptShape, resolve_model
 from atomr.cli.strategies import STRATEGIES
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
 
-__all__ = ["checked_fields", "default_lr", "mpi_place", "parse_hidden"]
+__all__ = ["MIN_SAMPLES", "checked_fields", "default_lr", "mpi_place", "parse_hidden"]
 
 _SYNTHETIC_DEFAULTS = {"samples": 20_000, "features": 64, "classes": 10}
+MIN_SAMPLES = 10
+"""The fewest `--samples` a synthetic set may have: a fifth is held out for testing."""
 _DEFAULT_MOMENTUM = 0.9
 
 
@@ -125,14 +127,18 @@ def _check_counts(args: argparse.Namespace) -> None:
     and `--seed`.
 
     Raises:
-        CliError: a count below 1 (`--classes` below 2), a negative seed, or
+        CliError: a count below 1 (`--classes` below 2, `--samples` below
+            `MIN_SAMPLES`), a negative seed, or
             a `--micro-batch-size` larger than `--batch-size`.
     """
     for name in (
-        "epochs", "batch_size", "micro_batch_size", "workers", "samples", "features",
-        "average_every",
+        "epochs", "batch_size", "micro_batch_size", "workers", "features", "average_every",
     ):  # fmt: skip
         _positive(name.replace("_", "-"), getattr(args, name))
+    if args.samples is not None and args.samples < MIN_SAMPLES:
+        raise CliError(
+            f"--samples must be >= {MIN_SAMPLES} to hold out a test set, got {args.samples}"
+        )
     if args.classes is not None and args.classes < 2:
         raise CliError(f"--classes must be >= 2, got {args.classes}")
     micro = args.micro_batch_size

@@ -75,6 +75,10 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["train", "--workers", "3"], "--workers only applies to --strategy ps"),
         (["train", "--resume", "/nonexistent/ckpt.bin"], "no such checkpoint file"),
         (["train", "--classes", "1", "--dataset", "synthetic"], "--classes must be >= 2"),
+        (  # it said >= 1; then 1 was refused as below 10
+            ["train", "--dataset", "synthetic", "--samples", "0"],
+            "--samples must be >= 10 to hold out a test set, got 0",
+        ),
         (["train", "--seed", "-1"], "--seed must be >= 0"),
         (["train", "--optimizer", "lion"], "invalid choice: 'lion'"),
         (["train", "--distributed", "--strategy", "pipeline"], "cannot be combined"),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from atomr.cli.errors import CliError
 from atomr.cli.history import history_path_for
+from atomr.cli.plotting import check_matplotlib
 from atomr.cli.run_config import RunConfig
 from atomr.train.core.checkpoint import probe_write
 from atomr.train.metrics import summary_writer_class
@@ -132,7 +133,8 @@ def check_outputs(run: RunConfig, plot: Path, history: Path) -> None:
     Raises:
         CliError: naming the option to change: `--plot` not ending in .png
             (exit 2), two outputs on one file (exit 2), a path that cannot be
-            written, or `--tensorboard` without tensorboardX (exit 1).
+            written, `--tensorboard` without tensorboardX, or no matplotlib
+            to draw the curves with (exit 1).
     """
     if run.plot is not None and run.plot.suffix.lower() != ".png":
         raise CliError(f"--plot writes a PNG: give a path ending in .png, got {run.plot}")
@@ -151,3 +153,4 @@ def check_outputs(run: RunConfig, plot: Path, history: Path) -> None:
             summary_writer_class()
         except ImportError as exc:
             raise CliError(f"--tensorboard: {exc}", 1) from None
+    check_matplotlib()  # the curves are drawn after training: not then

@@ -10,7 +10,21 @@ from atomr.cli.errors import CliError
 from atomr.cli.history import History
 from atomr.train.core._atomic_write import write_atomically
 
-__all__ = ["save_curves"]
+__all__ = ["check_matplotlib", "save_curves"]
+
+
+def check_matplotlib() -> None:
+    """Check that plots can be drawn (matplotlib imports, on its Agg backend).
+
+    Raises:
+        CliError: matplotlib is not installed (exit status 1).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        raise CliError("plots need matplotlib: pip install -e '.[train]'", 1) from None
 
 
 def save_curves(history: History, path: str | os.PathLike[str]) -> Path:
@@ -33,14 +47,10 @@ def save_curves(history: History, path: str | os.PathLike[str]) -> Path:
         OSError: the file cannot be written.
         CheckpointError: `path` exists and is not a regular file.
     """
-    try:
-        import matplotlib
+    check_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-        matplotlib.use("Agg")
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        raise CliError("plots need matplotlib: pip install -e '.[train]'", 1) from None
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     epochs = [r.epoch for r in history.epochs]

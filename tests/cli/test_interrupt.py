@@ -189,7 +189,7 @@ _SIGNAL_WHILE_PLOTTING = textwrap.dedent(
 
     class Signal(MetaPathFinder):  # the signal comes as the curves are drawn
         def find_spec(self, name, path, target=None):
-            if name == "matplotlib":
+            if name == "matplotlib.figure":
                 sys.meta_path.remove(self)
                 os.kill(os.getpid(), int(sys.argv[1]))
             return None

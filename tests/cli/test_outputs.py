@@ -200,3 +200,18 @@ def test_tensorboard_without_tensorboardx_is_refused_before_any_file_is_written(
     line = _one_line_error(capsys, [*argv, "--run-dir", str(tmp_path / "run")], 1)
     assert line.startswith("atomr: error: --tensorboard: TensorBoard logs need tensorboardX")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_plots_without_matplotlib_are_refused_before_training(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    no_training: None,
+) -> None:
+    """`pip install -e .` without [train]: the run trained to its end, then
+    failed drawing the curves."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    argv = ["--dataset", "synthetic", "--run-dir", str(tmp_path / "run")]
+    line = _one_line_error(capsys, argv, 1)
+    assert line == "atomr: error: plots need matplotlib: pip install -e '.[train]'"
+    assert list(tmp_path.iterdir()) == []

@@ -34,6 +34,7 @@ from atomr.cli.run_config import RunConfig
 from atomr.cli.summary import summary_table
 from atomr.cli.training_run import RunStart, plan_start, train_epochs
 from atomr.train.core.errors import (
+    CheckpointError,
     InvalidBatchError,
     NonFiniteError,
     OtherProcessFailed,
@@ -304,16 +305,32 @@ def _failure_line(run: RunConfig, exc: BaseException, history_path: Path) -> str
 
 
 def _write_outputs(history: History, plot_path: Path, history_path: Path) -> None:
-    """Save the run's history (JSON) and its curves (plot).
+    """Save the run's history (JSON) and its curves (plot), each whatever
+    became of the other.
 
     Raises:
-        CliError: if either file cannot be written.
+        CliError: naming each file that could not be written and why, and
+            the one that was (exit status 1); as `save_curves` without
+            matplotlib.
     """
-    try:
-        history.save(history_path)
-        save_curves(history, plot_path)
-    except OSError as exc:
-        raise CliError(f"cannot write the run's outputs: {exc}", 1) from None
+    outputs = (
+        ("history", history_path, lambda: history.save(history_path)),
+        ("plot", plot_path, lambda: save_curves(history, plot_path)),
+    )
+    unwritten, written = [], []
+    for what, path, write in outputs:
+        try:
+            write()
+        except (OSError, CheckpointError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            unwritten.append(f"the {what} {path}: {reason}")
+        else:
+            written.append(f"; the {what} was written to {path}")
+    if unwritten:
+        raise CliError(
+            f"cannot write {' nor '.join(unwritten)}{''.join(written)} (the run {history.status})",
+            1,
+        )
 
 
 def _print_summary(run: RunConfig, history: History, plot_path: Path, history_path: Path) -> None:

@@ -215,3 +215,25 @@ def test_plots_without_matplotlib_are_refused_before_training(
     line = _one_line_error(capsys, argv, 1)
     assert line == "atomr: error: plots need matplotlib: pip install -e '.[train]'"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_that_fails_after_training_names_what_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The disk fills up as the curves are drawn: the line says the history
+    was written, and where (it said only that "the run's outputs" failed)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    def full_disk(self: Figure, fname: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    plot, history = tmp_path / "p.png", tmp_path / "h.json"
+    argv = ["--strategy", "single", "--plot", str(plot), "--history", str(history)]
+    line = _one_line_error(capsys, argv, 1)
+    assert line == (
+        f"atomr: error: cannot write the plot {plot}: No space left on device; "
+        f"the history was written to {history} (the run finished)"
+    )
+    assert history.exists() and not plot.exists()

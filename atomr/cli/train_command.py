@@ -269,14 +269,18 @@ def _fail_in_one_line(
     failed run and raise its one line; return for any other error.
 
     Raises:
-        CliError: `exc` is a training failure (exit status 1).
+        CliError: `exc` is a training failure (exit status 1), followed by
+            what `_write_outputs` could not write.
     """
     line = _failure_line(run, exc, history_path)
     if line is None:
         return
     history.status = "failed"
     if run.dist is None or run.dist.is_root:
-        _write_outputs(history, plot_path, history_path)
+        try:
+            _write_outputs(history, plot_path, history_path)
+        except CliError as unwritten:  # the run's own failure stays the news
+            line = f"{line}; but {unwritten}"
     raise CliError(line, exit_code=1) from exc
 
 

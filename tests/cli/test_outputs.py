@@ -237,3 +237,24 @@ def test_an_output_that_fails_after_training_names_what_was_written(
         f"the history was written to {history} (the run finished)"
     )
     assert history.exists() and not plot.exists()
+
+
+def test_a_failed_run_whose_plot_cannot_be_written_still_says_why_it_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plot's error took the place of the run's: the diverging loss went unsaid."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    def full_disk(self: Figure, fname: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    plot, history = tmp_path / "p.png", tmp_path / "h.json"
+    argv = ["--strategy", "single", "--optimizer", "sgd", "--lr", "1e10"]
+    line = _one_line_error(capsys, [*argv, "--plot", str(plot), "--history", str(history)], 1)
+    assert line.startswith("atomr: error: training failed: loss is not finite"), line
+    assert line.endswith(
+        f"; but cannot write the plot {plot}: No space left on device; "
+        f"the history was written to {history} (the run failed)"
+    )

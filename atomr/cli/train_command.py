@@ -331,10 +331,8 @@ def _write_outputs(history: History, plot_path: Path, history_path: Path) -> Non
         else:
             written.append(f"; the {what} was written to {path}")
     if unwritten:
-        raise CliError(
-            f"cannot write {' nor '.join(unwritten)}{''.join(written)} (the run {history.status})",
-            1,
-        )
+        status = f" (run status: {history.status})"
+        raise CliError(f"cannot write {' nor '.join(unwritten)}{''.join(written)}{status}", 1)
 
 
 def _print_summary(run: RunConfig, history: History, plot_path: Path, history_path: Path) -> None:

@@ -234,7 +234,7 @@ def test_an_output_that_fails_after_training_names_what_was_written(
     line = _one_line_error(capsys, argv, 1)
     assert line == (
         f"atomr: error: cannot write the plot {plot}: No space left on device; "
-        f"the history was written to {history} (the run finished)"
+        f"the history was written to {history} (run status: finished)"
     )
     assert history.exists() and not plot.exists()
 
@@ -256,5 +256,5 @@ def test_a_failed_run_whose_plot_cannot_be_written_still_says_why_it_failed(
     assert line.startswith("atomr: error: training failed: loss is not finite"), line
     assert line.endswith(
         f"; but cannot write the plot {plot}: No space left on device; "
-        f"the history was written to {history} (the run failed)"
+        f"the history was written to {history} (run status: failed)"
     )

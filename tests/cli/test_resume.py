@@ -314,6 +314,7 @@ def test_a_parameter_server_checkpoint_at_its_step_limit_is_not_resumed(
     per worker per batch, not the batches."""
     ckpt = tmp_path / "ps.ckpt"
     argv = ["train", "--quiet", "--strategy", "ps", "--workers", "2", "--max-steps", "4"]
+    argv += ["--run-dir", str(tmp_path / "run")]  # not ./atomr-runs of the folder it runs in
     assert atomr.cli.main([*argv, "--checkpoint", str(ckpt)]) == 0
     assert load_checkpoint(ckpt).step == 4
     capsys.readouterr()

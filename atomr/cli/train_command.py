@@ -241,10 +241,15 @@ def _report(prepared: _Prepared, trained: list[np.ndarray]) -> None:
     GPT's sample from its `trained` weights), and say when it was stopped.
 
     Raises:
-        CliError: as `_write_outputs`.
+        CliError: as `_write_outputs`, saying where the checkpoint was saved.
     """
     run, history = prepared.run, prepared.history
-    _write_outputs(history, prepared.plot_path, prepared.history_path)
+    try:
+        _write_outputs(history, prepared.plot_path, prepared.history_path)
+    except CliError as exc:
+        if run.checkpoint is None:
+            raise
+        raise CliError(f"{exc}; checkpoint saved to {run.checkpoint}", exc.exit_code) from None
     _print_summary(run, history, prepared.plot_path, prepared.history_path)
     if trained and prepared.data.vocab is not None:
         print(_sample(run, prepared.data, trained[-1]))

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from atomr.cli import main, train_command
+from atomr.cli import CliError, main, train_command
+from atomr.cli.parser import build_parser
+from atomr.train.fit import StopFlag
 
 
 @pytest.fixture
@@ -258,3 +260,26 @@ def test_a_failed_run_whose_plot_cannot_be_written_still_says_why_it_failed(
         f"; but cannot write the plot {plot}: No space left on device; "
         f"the history was written to {history} (run status: failed)"
     )
+
+
+def test_a_stopped_run_whose_plot_cannot_be_written_says_its_checkpoint_was_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The line of an unwritten output took the place of "interrupted;
+    checkpoint saved to ...": the user was not told the save stood."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    def full_disk(self: Figure, fname: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    ckpt, plot = tmp_path / "c.ckpt", tmp_path / "p.png"
+    argv = ["train", "--quiet", "--strategy", "single", "--checkpoint", str(ckpt)]
+    argv += ["--plot", str(plot), "--history", str(tmp_path / "h.json")]
+    stop = StopFlag()
+    stop.request()  # a Ctrl-C as the run starts
+    with pytest.raises(CliError) as caught:
+        train_command.train_command(build_parser("atomr").parse_args(argv), stop)
+    assert str(caught.value).endswith("(run status: interrupted); checkpoint saved to " + str(ckpt))
+    assert ckpt.exists()

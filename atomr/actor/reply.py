@@ -44,7 +44,10 @@ def actor_failed(error: BaseException) -> bool:
     it (resumed, restarted with its state lost, or stopped), rather than the
     actor answering `Failure(error)` itself and keeping its state. Read it
     as soon as the ask raised: answering the same exception object again
-    (another actor's `Failure(error)`) clears the mark.
+    (another actor's `Failure(error)`) clears the mark. A deferred reply
+    (`Context.defer`) still out when a failure restarts the actor is failed
+    with that failure's exception, marked too: the instance that held it is
+    gone.
 
     Args:
         error: what an `ask` raised.

@@ -184,10 +184,11 @@ async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
         unwatch(cell, child)
     await stop_children(cell)
     # deferred replies belonged to the discarded instance: fail them now
-    # (with the error that caused the restart) instead of leaving the
-    # askers to hang until their timeouts
+    # (with the error that caused the restart, marked as one that failed the
+    # actor: `actor_failed`) instead of leaving the askers to hang until
+    # their timeouts
     for deferred in list(cell.replies):
-        deferred.set_exception(error)
+        deferred.set_exception(delivered(error, True))
     cell.replies = NONE
     try:
         await maybe_await(old.pre_restart(error, message))

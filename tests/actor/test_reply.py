@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -50,3 +51,40 @@ async def test_an_actor_answering_an_error_it_was_given_clears_the_mark(
     with pytest.raises(ValueError) as relayed:  # the relay answered it: the relay is intact
         await relay.ask(("forward", failing, ("raise", ValueError("bad"))), timeout=5)
     assert not actor_failed(relayed.value)
+
+
+class Deferring(Actor):
+    """Defers the answer to `"later"` (never given); raises an exception told
+    as `("raise", e)`, or from a task for `("task", e)`."""
+
+    async def receive(self, message: Any) -> Any:
+        if message == "later":
+            self.context.defer()
+            return None
+        if message == "sync":
+            return "synced"
+        verb, error = message
+        if verb == "raise":
+            raise error
+
+        async def fail() -> None:
+            raise error
+
+        self.context.create_task(fail())
+        return None
+
+
+@pytest.mark.parametrize("how", ["raise", "task"])
+async def test_a_deferred_reply_failed_by_a_restart_is_marked(
+    actor_system: ActorSystem, how: str
+) -> None:
+    """The restart that discards the instance holding the reply fails the
+    ask with the error that failed the actor: the actor failed, whether a
+    told message's handler or one of its tasks raised."""
+    ref = actor_system.spawn(Props(Deferring))
+    pending = asyncio.ensure_future(ref.ask("later", timeout=5))
+    assert await ref.ask("sync", timeout=5) == "synced"  # the reply is deferred now
+    ref.tell((how, ValueError("bad")))
+    with pytest.raises(ValueError) as failed:
+        await pending
+    assert actor_failed(failed.value)

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .cell import ActorCell
 
-__all__ = ["Failure", "Reply", "actor_failed", "delivered", "future_safe", "not_handled"]
+__all__ = [
+    "Failure",
+    "Reply",
+    "actor_failed",
+    "delivered",
+    "fail_deferred",
+    "future_safe",
+    "not_handled",
+]
 
 _FAILED_ACTOR = "__atomr_failed_actor__"
 
@@ -142,7 +151,8 @@ class Reply:
         return True
 
     def set_exception(self, exc: BaseException) -> bool:
-        """Answer the ask by raising ``exc`` in the asker.
+        """Answer the ask by raising ``exc`` in the asker (the actor answered
+        it: not marked `actor_failed`).
 
         Returns:
             True if an asker was waiting and got the exception.
@@ -151,10 +161,14 @@ class Reply:
         """
         if not isinstance(exc, BaseException):
             raise TypeError(f"set_exception expects an exception, got {type(exc).__name__}")
+        return self._answer(delivered(exc, False))
+
+    def _answer(self, error: BaseException) -> bool:
+        """Raise `error` (already `delivered`) in the asker, if one waits."""
         fut = self._release()
         if fut is None:
             return False
-        fut.set_exception(future_safe(exc))
+        fut.set_exception(error)
         return True
 
     def _release(self) -> asyncio.Future[Any] | None:
@@ -169,3 +183,13 @@ class Reply:
 
     def __repr__(self) -> str:
         return f"Reply(done={self.done})"
+
+
+def fail_deferred(replies: Iterable[Reply], error: BaseException, failed: bool) -> None:
+    """Answer every reply still out with `error`, marked for `actor_failed`
+    when `failed` (the actor failed and its instance is gone), as
+    `delivered` marks it: the runtime's answer to the deferred replies of an
+    instance that restarts or stops."""
+    answer = delivered(error, failed)
+    for reply in list(replies):
+        reply._answer(answer)

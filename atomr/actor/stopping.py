@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .empty import NONE
 from .errors import ActorStoppedError, bounded_repr
 from .messages import PoisonPill, Terminated
+from .reply import fail_deferred
 
 if TYPE_CHECKING:
     from .cell import ActorCell
@@ -226,8 +227,7 @@ def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
     fail_queued(cell, stopped)
     _fail(cell, stash, stopped)
     cell.sysq = ()
-    for deferred in list(cell.replies):
-        deferred.set_exception(stopped)
+    fail_deferred(cell.replies, stopped, False)
     cell.replies = NONE
     if cell.ask_lanes is not None:
         for lane in cell.ask_lanes.values():

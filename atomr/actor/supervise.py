@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .empty import NONE
 from .errors import bounded_repr
-from .reply import delivered
+from .reply import delivered, fail_deferred
 from .stopping import cancel_tasks, maybe_await, stop_children, unwatch
 from .supervision import Directive, SupervisorStrategy
 
@@ -187,8 +187,7 @@ async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
     # (with the error that caused the restart, marked as one that failed the
     # actor: `actor_failed`) instead of leaving the askers to hang until
     # their timeouts
-    for deferred in list(cell.replies):
-        deferred.set_exception(delivered(error, True))
+    fail_deferred(cell.replies, error, True)
     cell.replies = NONE
     try:
         await maybe_await(old.pre_restart(error, message))

@@ -88,3 +88,36 @@ async def test_a_deferred_reply_failed_by_a_restart_is_marked(
     with pytest.raises(ValueError) as failed:
         await pending
     assert actor_failed(failed.value)
+
+
+class DeferredRelay(Actor):
+    """Asks `("forward", ref, m)` of `ref` from a task, answering its deferred
+    reply with what that ask raised: by `set_exception`, or by
+    `set_result(Failure(...))` for `("forward-failure", ref, m)`."""
+
+    async def receive(self, message: Any) -> Any:
+        verb, ref, inner = message
+        reply = self.context.defer()
+
+        async def relay() -> None:
+            try:
+                reply.set_result(await ref.ask(inner, timeout=5))
+            except ValueError as exc:
+                if verb == "forward":
+                    reply.set_exception(exc)
+                else:
+                    reply.set_result(Failure(exc))
+
+        self.context.create_task(relay())
+        return None
+
+
+@pytest.mark.parametrize("verb", ["forward", "forward-failure"])
+async def test_an_actor_answering_a_deferred_reply_with_an_error_clears_the_mark(
+    actor_system: ActorSystem, verb: str
+) -> None:
+    failing: ActorRef = actor_system.spawn(Props(Answering))
+    relay = actor_system.spawn(Props(DeferredRelay))
+    with pytest.raises(ValueError) as relayed:  # the relay answered it: the relay is intact
+        await relay.ask((verb, failing, ("raise", ValueError("bad"))), timeout=5)
+    assert not actor_failed(relayed.value)

@@ -265,9 +265,11 @@ class Context:
         if not asyncio.iscoroutine(coro):
             raise TypeError(f"create_task expects a coroutine, got {type(coro).__name__}")
         cell = self._cell
-        if not cell.accepting:
-            coro.close()
-        _require_running(cell, "create tasks")
+        try:
+            _require_running(cell, "create tasks")
+        except ActorStoppedError:
+            coro.close()  # never to run: no "never awaited" warning
+            raise
         return cell.create_task(coro, name)
 
     def schedule_once(self, delay: float, message: Any, key: Hashable | None = None) -> Cancellable:

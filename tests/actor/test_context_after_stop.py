@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -113,6 +114,15 @@ async def test_what_would_start_for_a_stopped_actor_is_refused(what: str, late: 
     _, done, letters, _ = await _outlive(late)
     with pytest.raises(ActorStoppedError, match=f"outlives is stopping; cannot {what}"):
         await done
+    assert letters == []
+
+
+async def test_a_task_refused_to_a_stopped_actor_is_closed_unrun() -> None:
+    coroutine = asyncio.sleep(0)
+    _, done, letters, _ = await _outlive(lambda context: context.create_task(coroutine))
+    with pytest.raises(ActorStoppedError, match="outlives is stopping; cannot create tasks"):
+        await done
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED  # no "never awaited"
     assert letters == []
 
 

@@ -14,7 +14,7 @@ from .errors import ActorStoppedError, AskTimeoutError, MailboxFullError, bounde
 from .mailbox import OverflowPolicy
 from .stopping import waits_for_caller, why_stopped
 from .threads import closed_loop, deliver_from_thread, idle_loop_error, wake_from_thread
-from .timers import as_seconds
+from .timers import check_delay
 
 if TYPE_CHECKING:
     from .cell import ActorCell
@@ -58,23 +58,27 @@ def _ask_lane(cell: ActorCell, timeout: float) -> AskDeadlines | None:
     return lane
 
 
-def check_timeout(timeout: float | None, name: str = "timeout", *, optional: bool = True) -> None:
-    """Validate a timeout in seconds (None: wait without a deadline, where
-    `optional`; the messages offer None only then).
+def check_timeout(
+    timeout: object, name: str = "timeout", *, optional: bool = True, finite: bool = False
+) -> None:
+    """Validate a timeout in seconds (`check_delay`: a real number, NumPy's
+    scalars too), for the runtime's waits and the trainers' options alike.
+
+    Args:
+        timeout: the timeout.
+        name: the argument's name, for the messages.
+        optional: None is taken (wait without a deadline); the messages
+            offer None only then.
+        finite: infinity is refused.
 
     Raises:
-        TypeError: if it is not a number (or None, where `optional`).
-        ValueError: if it is not > 0, or is an int too large for a float.
+        TypeError: if it is not a real number (or None, where `optional`).
+        ValueError: if it is not > 0 (NaN included), is infinite where
+            `finite`, or is an int too large for a float.
     """
     if timeout is None and optional:
         return
-    seconds = "a number of seconds or None" if optional else "a number of seconds"
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"{name} must be {seconds}, got {type(timeout).__name__}")
-    if not timeout > 0:
-        bound = "> 0 seconds or None" if optional else "> 0 seconds"
-        raise ValueError(f"{name} must be {bound}, got {bounded_repr(timeout)}")
-    as_seconds(name, timeout)
+    check_delay(name, timeout, allow_zero=False, or_none=optional, finite=finite)  # type: ignore[arg-type]
 
 
 async def _on_actor_loop(cell: ActorCell, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:

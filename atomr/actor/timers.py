@@ -9,8 +9,11 @@ as Akka guarantees, at no cost to other messages.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
+
+from atomr._arguments import real_number
 
 from .errors import bounded_repr
 
@@ -133,19 +136,39 @@ class Cancellable:
         return f"Cancellable({key}active={self.active}, cancelled={self._cancelled})"
 
 
-def check_delay(name: str, value: float, allow_zero: bool) -> float:
-    """Validate a delay in seconds.
+def check_delay(
+    name: str, value: float, allow_zero: bool, *, or_none: bool = False, finite: bool = False
+) -> float:
+    """Validate a delay in seconds: a real number (`_arguments.real_number`:
+    NumPy's scalars too, a bool not), returned as a float. The one rule of
+    the runtime's and the trainers' delays and timeouts (`check_timeout`).
+
+    Args:
+        name: the argument's name, for the messages.
+        value: the delay.
+        allow_zero: 0 is a delay (else it must be > 0).
+        or_none: the messages offer None (the caller takes it: no deadline).
+        finite: infinity is refused (else it is a delay that never ends).
 
     Raises:
-        TypeError: for a value that is not a number.
-        ValueError: for a negative or NaN value (or zero, unless ``allow_zero``).
+        TypeError: for a value that is not a real number.
+        ValueError: for a negative or NaN value (or zero, unless ``allow_zero``;
+            infinity with ``finite``), or an int too large for a float.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    none = " or None" if or_none else ""
+    try:
+        real_number(name, value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a number of seconds{none}, got {type(value).__name__}"
+        ) from None
     if value < 0 or (value == 0 and not allow_zero) or value != value:
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be {bound} seconds, got {bounded_repr(value)}")
-    return as_seconds(name, value)
+        raise ValueError(f"{name} must be {bound} seconds{none}, got {bounded_repr(value)}")
+    seconds = as_seconds(name, value)
+    if finite and seconds == math.inf:
+        raise ValueError(f"{name} must be a finite number of seconds{none}, got {value}")
+    return seconds
 
 
 def as_seconds(name: str, value: float) -> float:

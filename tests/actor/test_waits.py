@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 
 import atomr.actor
@@ -30,6 +31,8 @@ from atomr import (
     Props,
 )
 from atomr.testkit import TestProbe, await_condition, expect_log
+
+from .actors import Echo
 
 
 class Silent(Actor):
@@ -350,3 +353,17 @@ async def test_strategy_and_schedule_arguments_are_checked() -> None:
     async with ActorSystem("waits") as system:
         with pytest.raises(TypeError, match="schedule_once\\(\\) takes an ActorRef, got str"):
             system.schedule_once(1.0, "not-a-ref", "m")  # type: ignore[arg-type]
+
+
+async def test_numpy_scalars_are_numbers_of_seconds() -> None:
+    """As `atomr._arguments` rules, NumPy's scalars are numbers: an ask's
+    timeout, a strategy's window, a timer's delay and a probe's wait take
+    them (each was a TypeError, though `np.float64`, a float, was taken)."""
+    async with ActorSystem("waits") as system:
+        ref = system.spawn(Props(Echo))
+        assert await ref.ask("hi", timeout=np.float32(5)) == "hi"
+        await ref.send("sent", timeout=np.int64(5))
+        atomr.actor.OneForOneStrategy(within=np.int64(60))
+        probe = TestProbe(system)
+        system.schedule_once(np.float32(0), probe.ref, "tick")
+        assert await probe.expect_msg("tick", timeout=np.float32(5)) == "tick"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from numbers import Real
 
-from atomr._arguments import int_at_least, real_number
+from atomr._arguments import int_at_least
+from atomr.actor.ref import check_timeout
 from atomr.train.core.loss import LossKind
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.schedule import LrSchedule
@@ -95,19 +96,6 @@ class TrainerConfig:
             object.__setattr__(self, "optimizer", self.optimizer.with_schedule(self.schedule))
         steps = int_at_least("accumulation_steps", self.accumulation_steps, 1)
         object.__setattr__(self, "accumulation_steps", steps)
-        _check_timeout(self.worker_timeout)
+        check_timeout(self.worker_timeout, "worker_timeout", finite=True)
         if self.max_steps is not None:
             object.__setattr__(self, "max_steps", int_at_least("max_steps", self.max_steps, 1))
-
-
-def _check_timeout(timeout: object) -> None:
-    """None, or a positive finite number of seconds.
-
-    Raises:
-        TypeError: not a real number (a bool included) and not None.
-        ValueError: not positive and finite.
-    """
-    if timeout is None:
-        return
-    if not 0.0 < real_number("worker_timeout", timeout) < float("inf"):
-        raise ValueError(f"worker_timeout must be positive and finite, got {timeout}")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Real
 
-from atomr._arguments import int_at_least
+from atomr._arguments import int_at_least, real_number
 from atomr.actor.ref import check_timeout
 from atomr.train.core.loss import LossKind
 from atomr.train.core.optimizer import OptimizerKind
@@ -25,7 +24,8 @@ def check_update_rule(optimizer: object, loss: object, gradient_clip: float | No
     Raises:
         TypeError: `optimizer` or `loss` has the wrong type, or `gradient_clip`
             is not a real number (a string such as "1" included).
-        ValueError: `gradient_clip` is not positive and finite.
+        ValueError: `gradient_clip` is not positive and finite (an int beyond
+            float's range included).
     """
     if not isinstance(optimizer, OptimizerKind):
         raise TypeError(f"optimizer must be an OptimizerKind, got {optimizer!r}")
@@ -33,9 +33,7 @@ def check_update_rule(optimizer: object, loss: object, gradient_clip: float | No
         raise TypeError(f"loss must be a LossKind, got {loss!r}")
     if gradient_clip is None:
         return
-    if isinstance(gradient_clip, bool) or not isinstance(gradient_clip, Real):
-        raise TypeError(f"gradient_clip must be a number or None, got {gradient_clip!r}")
-    if not 0.0 < float(gradient_clip) < float("inf"):
+    if not 0.0 < real_number("gradient_clip", gradient_clip) < float("inf"):
         raise ValueError(f"gradient_clip must be positive and finite, got {gradient_clip}")
 
 
@@ -72,7 +70,8 @@ class TrainerConfig:
             `worker_timeout` is not a number or None, `accumulation_steps`
             is not an int, `max_steps` not an int or None, or `schedule` is
             not an `LrSchedule` (NumPy's scalars are numbers: `_arguments`).
-        ValueError: `gradient_clip` is not positive and finite,
+        ValueError: `gradient_clip` is not positive and finite (an int beyond
+            float's range included).
             `accumulation_steps < 1`, `worker_timeout` is not positive
             and finite, `max_steps < 1`, or both
             `schedule` and `optimizer.schedule` are set.

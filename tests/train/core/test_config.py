@@ -39,3 +39,24 @@ def test_worker_timeout_is_checked_as_every_timeout_is(
     finite: None is how a trainer waits without a deadline."""
     with pytest.raises(error, match=match):
         _config(worker_timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("clip", "error", "match"),
+    [
+        ("1", TypeError, "gradient_clip must be a real number, got '1'"),
+        (True, TypeError, "gradient_clip must be a real number, got True"),
+        (0.0, ValueError, "gradient_clip must be positive and finite, got 0.0"),
+        (float("inf"), ValueError, "gradient_clip must be positive and finite"),
+        (10**400, ValueError, "gradient_clip must be positive and finite"),
+    ],
+    ids=["str", "bool", "zero", "inf", "huge"],
+)
+def test_gradient_clip_is_a_positive_finite_real_number(
+    clip: Any, error: type[Exception], match: str
+) -> None:
+    """Checked by `_arguments.real_number`: an int beyond float's range is a
+    ValueError like any infinite clip (it was an OverflowError)."""
+    with pytest.raises(error, match=match):
+        _config(gradient_clip=clip)
+    assert _config(gradient_clip=np.float32(0.5)).gradient_clip == 0.5

@@ -24,6 +24,12 @@ k's `buffers[0]` across processes; "chunk k": positions `lo_k:hi_k` of
 | `broadcast` | the root's buffer | every buffer holds the root's bits |
 | `barrier` | | every participant has arrived |
 
+The dtypes, the same for every collective (`_checks.check_dtype`, the one
+rule): the sums (`all_reduce`, `reduce_scatter`) take float32 and float64;
+the copies (`all_gather`, `broadcast`) take every bool, integer, float or
+complex dtype in native byte order (what MPI can move, bit for bit). Any
+other dtype is a `TypeError` from every collective.
+
 `reduce_scatter` then `all_gather` is an all-reduce into the participants'
 own buffers. Every participant ends with the same bits. `len` need not be a
 multiple of `n`: the first `len % n` chunks are one element longer.
@@ -41,7 +47,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr.accel.serial_worker import SerialWorker
-from atomr.train.comm._checks import check_buffers, check_root
+from atomr.train.comm._checks import SUMMED_DTYPES, check_buffers, check_root
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.partition import split_bounds
 
@@ -91,8 +97,9 @@ class Collective(abc.ABC):
             return None.
 
         Raises:
-            ValueError, TypeError: no buffers, or buffers of different
-                shapes / dtypes.
+            ValueError, TypeError: no buffers, buffers of different shapes /
+                dtypes, or a dtype a sum does not take (see the module
+                docstring).
         """
 
     @abc.abstractmethod
@@ -116,7 +123,8 @@ class Collective(abc.ABC):
 
         Raises:
             ValueError, TypeError: no buffers, buffers of different shapes /
-                dtypes, or not flat.
+                dtypes, not flat, or a dtype a sum does not take (see the
+                module docstring).
         """
 
     @abc.abstractmethod
@@ -138,7 +146,8 @@ class Collective(abc.ABC):
 
         Raises:
             ValueError, TypeError: no buffers, buffers of different shapes /
-                dtypes, not flat, or not writable.
+                dtypes, not flat, not writable, or a dtype a copy does not
+                take (see the module docstring).
         """
 
     @abc.abstractmethod
@@ -154,7 +163,8 @@ class Collective(abc.ABC):
             IndexError: `root` is out of range.
             TypeError: `root` is not an integer (NumPy integers are, bools
                 are not).
-            ValueError, TypeError: buffers of different shapes / dtypes.
+            ValueError, TypeError: buffers of different shapes / dtypes, or
+                a dtype a copy does not take (see the module docstring).
         """
 
     @abc.abstractmethod
@@ -194,12 +204,22 @@ class HostCollective(Collective):
     work in place on the caller's arrays, on the same thread.
 
     Args:
-        backend: the kernels to use (default: the CPU backend).
+        backend: the kernels to use (default: the CPU backend); it must sum
+            every dtype a collective sums (`SUMMED_DTYPES`).
+
+    Raises:
+        ValueError: a backend that does not sum float32 and float64.
     """
 
     def __init__(self, backend: Any = None) -> None:
         if backend is None:
             backend = cpu_backend()
+        missing = [str(d) for d in SUMMED_DTYPES if d not in backend.float_dtypes]
+        if missing:
+            raise ValueError(
+                f"a HostCollective sums float32 and float64; backend {backend!r} "
+                f"does not sum {' or '.join(missing)}"
+            )
         self.backend = backend
         self._out: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
         self._thread = SerialWorker("atomr-host-collective")
@@ -217,8 +237,8 @@ class HostCollective(Collective):
         return out
 
     def _sum(self, buffers: list[np.ndarray]) -> np.ndarray:
-        """The sum of buffers `check_buffers` passed (in one of the backend's
-        `float_dtypes`, at every group size), into the collective's own
+        """The sum of buffers `check_buffers` passed (in one of
+        `SUMMED_DTYPES`, at every group size), into the collective's own
         output: the backend's unchecked kernel over flat views (copies where
         a buffer is not contiguous)."""
         out = self._out_for(buffers[0])
@@ -246,11 +266,11 @@ class HostCollective(Collective):
             by the next call of the same shape and dtype).
 
         Raises:
-            TypeError: not a list of numpy arrays, or a dtype the backend
-                does not accept.
+            TypeError: not a list of numpy arrays, or a dtype other than
+                float32 / float64 (`_checks.check_dtype`).
             ValueError: no buffers, or their shapes / dtypes differ.
         """
-        checked = check_buffers(buffers, dtypes=self.backend.float_dtypes)
+        checked = check_buffers(buffers, sums=True)
         if scale is None:
             result: np.ndarray = await self._run(self._sum, checked)
             return result
@@ -299,12 +319,12 @@ class HostCollective(Collective):
             a view into its buffer.
 
         Raises:
-            TypeError: not a list of numpy arrays, or a dtype the backend
-                does not accept.
+            TypeError: not a list of numpy arrays, or a dtype other than
+                float32 / float64 (`_checks.check_dtype`).
             ValueError: no buffers, their shapes / dtypes differ, they are
                 not 1-D, or one is read-only.
         """
-        checked = check_buffers(buffers, flat=True, writable=True, dtypes=self.backend.float_dtypes)
+        checked = check_buffers(buffers, sums=True, flat=True, writable=True)
         bounds = split_bounds(checked[0].size, len(checked))
 
         def scatter() -> list[np.ndarray]:
@@ -326,10 +346,11 @@ class HostCollective(Collective):
                 participant, writable.
 
         Raises:
-            TypeError, ValueError: as `reduce_scatter`, but any dtype is
-                taken (nothing is summed).
+            TypeError, ValueError: as `reduce_scatter`, but the dtypes taken
+                are those copied (bool, integer, float or complex, in native
+                byte order: `_checks.check_dtype`).
         """
-        checked = check_buffers(buffers, flat=True, writable=True)
+        checked = check_buffers(buffers, sums=False, flat=True, writable=True)
         bounds = split_bounds(checked[0].size, len(checked))
 
         def gather() -> None:
@@ -346,11 +367,11 @@ class HostCollective(Collective):
         Raises:
             IndexError: `root` is out of range.
             TypeError: `root` is not an integer; or as `all_reduce`, but
-                any dtype is taken (nothing is summed).
+                the dtypes taken are those copied (as `all_gather`).
             ValueError: as `all_reduce`; also a read-only buffer other than
                 the root's.
         """
-        checked = check_buffers(buffers)
+        checked = check_buffers(buffers, sums=False)
         root = check_root(root, len(checked))
         for k, b in enumerate(checked):  # all refused before any is written
             if k != root and not b.flags.writeable:

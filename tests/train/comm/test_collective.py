@@ -77,6 +77,19 @@ async def test_host_sums_refuse_other_dtypes_at_every_group_size(n: int, dtype: 
     host.close()
 
 
+class _Float32Kernels:
+    """A backend that sums float32 only (as a GPU backend may)."""
+
+    float_dtypes = (np.dtype(np.float32),)
+
+
+def test_a_backend_that_cannot_sum_every_summed_dtype_is_refused() -> None:
+    """The sums take float32 and float64 in every collective, so a backend
+    that sums less is refused up front, not at the first float64 sum."""
+    with pytest.raises(ValueError, match="does not sum float64"):
+        HostCollective(backend=_Float32Kernels())
+
+
 async def test_host_broadcast_and_barrier() -> None:
     host = HostCollective()
     bufs = _buffers(3, 50)

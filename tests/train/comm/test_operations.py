@@ -222,3 +222,69 @@ async def test_host_broadcast_refuses_a_read_only_buffer_before_writing_any() ->
         await HostCollective().broadcast([root, a, read_only, b])
     np.testing.assert_array_equal(a, np.zeros(3))
     np.testing.assert_array_equal(b, np.zeros(3))
+
+
+COPIED = [np.bool_, np.int8, np.int64, np.uint16, np.float16, np.float32, np.complex128]
+"""Dtypes every collective copies (`all_gather`, `broadcast`): what MPI moves."""
+NOT_COPIED = ["O", "U2", "datetime64[s]", ">f4", "f4,i4"]
+"""Dtypes no collective takes: MPI cannot move them (an object, a string, a
+datetime, a non-native byte order, a structured dtype)."""
+NOT_SUMMED = [np.bool_, np.int32, np.int64, np.float16, np.complex64]
+"""Copied but not summed: the host's kernels and MPI's reductions sum float32
+and float64 only."""
+
+
+def _distinct(n: int, size: int, dtype: Any) -> list[np.ndarray]:
+    """Participant k's buffer: values that differ from every other one's."""
+    return [(np.arange(size) * n + k).astype(dtype) for k in range(n)]
+
+
+@pytest.mark.parametrize("dtype", COPIED)
+async def test_the_copies_move_every_numeric_dtype_bit_for_bit(
+    make_group: Callable[..., Group], dtype: Any
+) -> None:
+    n, size = 3, 7
+    arrays = _distinct(n, size, dtype)
+    group = make_group(arrays)
+    await group.collective.broadcast(group.participants, root=1)
+    for b in await group.buffers():
+        assert b.dtype == np.dtype(dtype) and b.tobytes() == arrays[1].tobytes()
+    group = make_group(arrays)
+    await group.collective.all_gather(group.participants)
+    expected = np.empty(size, dtype)
+    for k, (lo, hi) in enumerate(split_bounds(size, n)):
+        expected[lo:hi] = arrays[k][lo:hi]
+    for b in await group.buffers():
+        assert b.tobytes() == expected.tobytes()
+
+
+async def _refused(group: Group, operation: str, arrays: Sequence[np.ndarray], match: str) -> None:
+    """`operation` raises TypeError (`match`), every buffer is as it was, and
+    the participants still answer."""
+    with pytest.raises(TypeError, match=match):
+        await getattr(group.collective, operation)(group.participants)
+    for b, a in zip(await group.buffers(), arrays, strict=True):
+        assert b.dtype == a.dtype and b.tobytes() == a.tobytes()
+    await group.collective.barrier(group.participants)
+
+
+@pytest.mark.parametrize("dtype", NOT_COPIED)
+@pytest.mark.parametrize("operation", ["all_gather", "broadcast"])
+async def test_the_copies_refuse_what_mpi_cannot_move(
+    make_group: Callable[..., Group], operation: str, dtype: str
+) -> None:
+    """The same answer as the MPI collective's: a TypeError, nothing written
+    (the host and the ring used to copy them)."""
+    arrays = [np.zeros(5, dtype) for _ in range(2)]
+    await _refused(make_group(arrays), operation, arrays, "a collective copies bool, integer")
+
+
+@pytest.mark.parametrize("dtype", NOT_SUMMED)
+@pytest.mark.parametrize("operation", ["all_reduce", "reduce_scatter"])
+async def test_the_sums_refuse_every_dtype_but_float32_and_float64(
+    make_group: Callable[..., Group], operation: str, dtype: Any
+) -> None:
+    """The same answer as the host's and the MPI collective's: a TypeError,
+    nothing written (the ring used to sum integers, and float16)."""
+    arrays = _distinct(2, 5, dtype)
+    await _refused(make_group(arrays), operation, arrays, "a collective sums float32 or float64")

@@ -72,6 +72,34 @@ async def all_gather_checks(coll: MpiCollective, parts: list[np.ndarray]) -> Non
         assert have.tobytes() == expected.tobytes()
 
 
+COPIED = (np.bool_, np.int8, np.int64, np.uint16, np.float16, np.complex128)
+"""Dtypes the copies take besides the floats the sums take (`check_dtype`)."""
+
+
+async def copies_of_every_dtype(coll: MpiCollective) -> None:
+    """broadcast and all_gather move every copied dtype bit for bit, as the
+    host collective does."""
+    world, rank = coll.world_size, coll.rank
+    for dtype in COPIED:
+        parts = [(np.arange(7) * world + k).astype(dtype) for k in range(world)]
+        for root in range(world):
+            local = [parts[rank].copy(), np.zeros(7, dtype)]
+            await coll.broadcast(local, root=root)
+            assert all(have.tobytes() == parts[root].tobytes() for have in local)
+        await all_gather_checks_exact(coll, parts)
+
+
+async def all_gather_checks_exact(coll: MpiCollective, parts: list[np.ndarray]) -> None:
+    """Every rank ends with chunk k of rank k, in every local buffer."""
+    bounds = split_bounds(parts[0].size, coll.world_size)
+    expected = np.empty_like(parts[0])
+    for k, (lo, hi) in enumerate(bounds):
+        expected[lo:hi] = parts[k][lo:hi]
+    local = [parts[coll.rank].copy(), np.zeros_like(parts[0])]
+    await coll.all_gather(local)
+    assert all(have.tobytes() == expected.tobytes() for have in local)
+
+
 async def scatter_and_gather(coll: MpiCollective) -> str:
     """reduce_scatter and all_gather for every size and dtype; returns a
     digest of a reduce_scatter then all_gather (the same on every rank)."""
@@ -122,6 +150,8 @@ async def main(out_dir: Path) -> None:
     checks["all_reduce_and_broadcast"] = "ok"
     checks["phased_digest"] = await scatter_and_gather(coll)
     checks["reduce_scatter_and_all_gather"] = "ok"
+    await copies_of_every_dtype(coll)
+    checks["copies_of_every_dtype"] = "ok"
     # every rank ends with identical bits
     probe = contributions(99, world, 4096, np.float32)[rank]
     await coll.all_reduce(probe)

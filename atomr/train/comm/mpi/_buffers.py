@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from atomr.train.comm._checks import SUMMED_DTYPES
 from atomr.train.comm._checks import check_buffers as check_group
 
 __all__ = [
-    "DTYPES",
     "INLINE_BYTES",
     "OPS",
     "check_buffers",
@@ -27,8 +27,6 @@ __all__ = [
     "sum_into",
 ]
 
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-"""The dtypes MPI collectives take."""
 OPS = ("sum", "mean")
 """The reductions: the sum, or the sum divided by the number of contributions."""
 INLINE_BYTES = 1 << 20
@@ -36,30 +34,36 @@ INLINE_BYTES = 1 << 20
 MPI thread."""
 
 
-def check_buffers(buffers: Sequence[Any] | np.ndarray, *, flat: bool = False) -> list[np.ndarray]:
+def check_buffers(
+    buffers: Sequence[Any] | np.ndarray, *, sums: bool, flat: bool = False
+) -> list[np.ndarray]:
     """Validate this process's buffers (`comm._checks.check_buffers`, and
     what MPI needs of them); returns them as a list.
 
     Args:
         buffers: an array, or a list of arrays of one shape and dtype.
+        sums: the operation sums them (else it copies them: the dtypes
+            taken are `comm._checks.check_dtype`'s).
         flat: the buffers must be 1-D.
 
     Raises:
-        TypeError: not numpy arrays, or a dtype other than float32/float64.
+        TypeError: not numpy arrays, or a dtype the operation does not take
+            (a sum: float32 or float64; a copy: bool, integer, float or
+            complex in native byte order).
         ValueError: no buffers, mixed shapes / dtypes, not flat (with
             `flat`), `buffers[0]` non-contiguous or read-only, or another
             buffer that overlaps `buffers[0]` (the local buffers are summed
             into it, or receive it: one that overlaps it would be read after,
             or written over, the result).
     """
-    if type(buffers) is np.ndarray and buffers.dtype in DTYPES and buffers.flags.carray:
-        bufs = [buffers]  # the common case, checked in one go
+    if type(buffers) is np.ndarray and buffers.dtype in SUMMED_DTYPES and buffers.flags.carray:
+        bufs = [buffers]  # the common case (every operation takes it), checked in one go
     else:
         if isinstance(buffers, str | bytes) or not isinstance(buffers, Sequence | np.ndarray):
             raise TypeError(
                 f"buffers must be an array or a list of arrays, got {type(buffers).__name__}"
             )
-        bufs = check_group([buffers] if isinstance(buffers, np.ndarray) else buffers, dtypes=DTYPES)
+        bufs = check_group([buffers] if isinstance(buffers, np.ndarray) else buffers, sums=sums)
         if not bufs[0].flags.c_contiguous:
             raise ValueError("buffers[0] must be C-contiguous (MPI works on the raw memory)")
         if not bufs[0].flags.writeable:

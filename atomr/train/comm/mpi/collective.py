@@ -12,6 +12,10 @@ Every operation is one non-blocking MPI collective on raw numeric buffers
 | `broadcast` | `Ibcast(buf, root)` |
 | `barrier` | `Ibarrier()` |
 
+The dtypes are every collective's (`comm/collective.py`): float32 and
+float64 for the sums, every bool, integer, float or complex dtype for the
+copies.
+
 The counts of `reduce_scatter` and `all_gather` are the sizes of
 `split_bounds(len, world_size)`, so the length need not be a multiple of
 the world size. A rank may pass several local buffers: they are summed into
@@ -195,7 +199,7 @@ class MpiCollective(Collective):
             RankFailedError: MPI reported a failure, or an earlier operation
                 failed (the collective is broken).
         """
-        bufs = check_buffers(buffers)
+        bufs = check_buffers(buffers, sums=True)
         target = bufs[0]
         await self._driver.submit(
             "all_reduce",
@@ -228,7 +232,7 @@ class MpiCollective(Collective):
                 1-D.
             CollectiveTimeoutError, RankFailedError: as `all_reduce`.
         """
-        bufs = check_buffers(buffers, flat=True)
+        bufs = check_buffers(buffers, sums=True, flat=True)
         target = bufs[0]
         bounds = split_bounds(target.size, self.world_size)
         lo, hi = bounds[self.rank]
@@ -251,14 +255,16 @@ class MpiCollective(Collective):
 
         Args:
             buffers: this process's buffers: a flat, C-contiguous, writable
-                float32 or float64 array, or a list of such arrays of one
-                length and dtype.
+                array of a bool, integer, float or complex dtype (native byte
+                order), or a list of such arrays of one length and dtype.
 
         Raises:
-            TypeError, ValueError: as `reduce_scatter`; also a read-only buffer.
+            TypeError: not numpy arrays, or a dtype that is not copied (see
+                `buffers`).
+            ValueError: as `reduce_scatter`; also a read-only buffer.
             CollectiveTimeoutError, RankFailedError: as `all_reduce`.
         """
-        bufs = check_buffers(buffers, flat=True)
+        bufs = check_buffers(buffers, sums=False, flat=True)
         check_writable(bufs, "all_gather")
         bounds = split_bounds(bufs[0].size, self.world_size)
         layout = ([b - a for a, b in bounds], [a for a, _ in bounds])
@@ -274,18 +280,19 @@ class MpiCollective(Collective):
 
         Args:
             buffers: this process's buffers (an array or a list of arrays of
-                one shape and dtype; the same shape and dtype on every rank).
+                one shape and dtype; the same shape and dtype on every rank),
+                of a dtype `all_gather` takes.
             root: the rank whose `buffers[0]` is copied.
 
         Raises:
             IndexError: `root` is not a rank of the communicator.
             TypeError: `root` is not an integer (NumPy integers are, bools
-                are not).
-            TypeError, ValueError: as `all_reduce`; also a read-only buffer.
+                are not), or a dtype `all_gather` does not take.
+            ValueError: as `all_reduce`; also a read-only buffer.
             CollectiveTimeoutError, RankFailedError: as `all_reduce`.
         """
         root = check_root(root, self.world_size)
-        bufs = check_buffers(buffers)
+        bufs = check_buffers(buffers, sums=False)
         check_writable(bufs, "broadcast")
         await self._driver.submit(
             "broadcast",

@@ -87,6 +87,9 @@ class RingCollective(Collective):
         Raises:
             TypeError, ValueError: not a non-empty list of `ActorRef`s, or
                 one named twice (refused before any member is asked).
+            TypeError: the members' buffers are of a dtype the operation
+                does not take (every collective's rule: see `Collective`),
+                refused by each member before it sends anything.
             IndexError: `result_from` is not a member's index.
             RingTimeoutError: a member waited `timeout` for a chunk (a member
                 stalled or out of step).

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from atomr.actor import Context
+from atomr.train.comm._checks import check_dtype
 from atomr.train.comm.ring.errors import RingAbortedError, RingMismatchError, RingTimeoutError
 from atomr.train.comm.ring.messages import (
     RING_MESSAGES,
@@ -82,7 +83,10 @@ class RingMember:
     work fails (not an abort, a timeout or a `RingMismatchError`: a
     neighbour whose buffer differs in length or dtype, found before the
     chunk it sent is used), the asker gets the error and the
-    actor fails too, so its supervisor decides (e.g. restart).
+    actor fails too, so its supervisor decides (e.g. restart). A buffer of
+    a dtype the operation does not take (`comm._checks.check_dtype`, every
+    collective's rule) is refused with `TypeError` before anything is sent,
+    the actor intact.
 
     Args:
         buffer: the member's buffer.
@@ -220,6 +224,12 @@ class RingMember:
 
     async def _run(self, message: RingOperation, reply: Any) -> None:
         try:
+            await self._check_dtype(message)
+        except TypeError as exc:  # the caller's mistake: this member is intact
+            self._abort(message.session)
+            reply.set_exception(exc)
+            return
+        try:
             result = await self._perform(message)
         except Exception as exc:
             self._abort(message.session)
@@ -229,6 +239,17 @@ class RingMember:
             return
         self._abort(message.session)  # close the session: late chunks are dropped
         reply.set_result(result)
+
+    async def _check_dtype(self, msg: RingOperation) -> None:
+        """Refuse, before anything is sent, a buffer whose dtype the
+        operation does not take: every collective's rule (`check_dtype`).
+
+        Raises:
+            TypeError: a sum of a dtype other than float32 / float64, or a
+                copy of one that is not bool, integer, float or complex.
+        """
+        dtype = (await self.buffer.read_chunk(0, 0)).dtype
+        check_dtype(dtype, sums=not isinstance(msg, RingAllGather | RingBroadcast))
 
     def _slot(self, key: tuple[int, str, int]) -> asyncio.Future[RingChunk]:
         fut = self._inbox.get(key)

@@ -26,6 +26,7 @@ def test_results_equal_host_collective(n: int, tmp_path) -> None:
     assert [r["world_size"] for r in reports] == [n] * n
     assert all(r["all_reduce_and_broadcast"] == "ok" for r in reports)
     assert all(r["reduce_scatter_and_all_gather"] == "ok" for r in reports)
+    assert all(r["copies_of_every_dtype"] == "ok" for r in reports)
     assert len({r["digest"] for r in reports}) == 1, "ranks hold different bits"
     assert len({r["phased_digest"] for r in reports}) == 1, "ranks hold different bits"
     # nobody left the barrier before the late rank had entered it
@@ -251,6 +252,37 @@ def test_broadcast_takes_a_numpy_integer_root() -> None:
                 await coll.broadcast(np.zeros(3), root=root)
         with pytest.raises(IndexError, match="out of range"):
             await coll.broadcast(np.zeros(3), root=np.int64(1))
+        coll.close()
+
+    asyncio.run(go())
+
+
+def test_the_copies_take_every_numeric_dtype_and_the_sums_floats() -> None:
+    """The dtype rule of every collective (`_checks.check_dtype`): a
+    broadcast or all-gather of integers, bools or complex numbers is taken
+    (MPI moves them; they were refused as not float32 / float64), what MPI
+    cannot move is refused, and a sum takes float32 and float64 only.
+    Across ranks: `mpi_scripts/collective_check.py`."""
+    pytest.importorskip("mpi4py")
+    import asyncio
+
+    from atomr.train.comm.mpi.collective import MpiCollective
+
+    async def go() -> None:
+        coll = MpiCollective(timeout=5.0)  # a world of one (no launcher)
+        for dtype in (np.bool_, np.int32, np.uint8, np.complex64, np.float16):
+            source, out = np.arange(5).astype(dtype), np.zeros(5, dtype)
+            await coll.broadcast([source, out])
+            assert out.tobytes() == source.tobytes()
+            out = np.zeros(5, dtype)
+            await coll.all_gather([source, out])
+            assert out.tobytes() == source.tobytes()
+            with pytest.raises(TypeError, match="a collective sums float32 or float64"):
+                await coll.all_reduce(np.zeros(5, dtype))
+        for dtype in ("O", "U2", ">f4"):
+            with pytest.raises(TypeError, match="a collective copies bool, integer"):
+                await coll.broadcast(np.zeros(5, dtype))
+        assert not coll.broken
         coll.close()
 
     asyncio.run(go())

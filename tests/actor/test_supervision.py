@@ -537,3 +537,42 @@ async def test_a_handler_raising_stop_iteration_answers_and_is_supervised(
     with pytest.raises(RuntimeError, match="StopAsyncIteration"):
         await asyncio.wait_for(ref.ask("deferred", timeout=timeout), 10)
     assert ref.is_alive
+
+
+class SlowRestart(Actor):
+    """Its async ``pre_start`` never returns once it has failed (a slow
+    device init, run again by the default ``post_restart``)."""
+
+    def __init__(self, probe: ActorRef, failed: asyncio.Event) -> None:
+        super().__init__()
+        self.probe = probe
+        self.failed = failed
+
+    async def pre_start(self) -> None:
+        self.probe.tell("pre_start")
+        if self.failed.is_set():
+            await asyncio.Event().wait()  # hangs until a stop cancels it
+
+    def post_stop(self) -> None:
+        self.probe.tell("post_stop")
+
+    def receive(self, message: Any) -> Any:
+        self.failed.set()
+        raise RuntimeError("boom")
+
+
+async def test_a_stop_cancels_an_async_post_restart_as_it_cancels_pre_start(
+    actor_system: ActorSystem,
+) -> None:
+    """The new instance's async ``post_restart`` is cancelled by a stop, as
+    the first ``pre_start`` is (it used to hold the stop, and ``terminate``,
+    until it returned: forever here); the instance never started, so no
+    ``post_stop``."""
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(SlowRestart, probe.ref, asyncio.Event()))
+    await probe.expect_msg("pre_start")
+    ref.tell("fail")
+    await probe.expect_msg("post_stop")  # the default pre_restart
+    await probe.expect_msg("pre_start")  # the new instance's, hanging
+    await asyncio.wait_for(ref.stop(), 5)
+    await probe.expect_no_msg()

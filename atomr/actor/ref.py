@@ -60,9 +60,10 @@ def _ask_lane(cell: ActorCell, timeout: float) -> AskDeadlines | None:
 
 def check_timeout(
     timeout: object, name: str = "timeout", *, optional: bool = True, finite: bool = False
-) -> None:
+) -> float | None:
     """Validate a timeout in seconds (`check_delay`: a real number, NumPy's
-    scalars too), for the runtime's waits and the trainers' options alike.
+    scalars too), for the runtime's waits and the trainers' options alike;
+    returns it as a float (None stays None).
 
     Args:
         timeout: the timeout.
@@ -77,8 +78,8 @@ def check_timeout(
             `finite`, or is an int too large for a float.
     """
     if timeout is None and optional:
-        return
-    check_delay(name, timeout, allow_zero=False, or_none=optional, finite=finite)  # type: ignore[arg-type]
+        return None
+    return check_delay(name, timeout, allow_zero=False, or_none=optional, finite=finite)  # type: ignore[arg-type]
 
 
 async def _on_actor_loop(cell: ActorCell, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
@@ -221,7 +222,7 @@ class ActorRef:
             RuntimeError: as ``ask``, from another loop of the actor's thread.
             ValueError, TypeError: for a bad timeout.
         """
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         cell = self._cell
         if get_running_loop() is not cell.loop:
             try:
@@ -263,7 +264,7 @@ class ActorRef:
             Exception: whatever the handler raised (or answered with ``Failure``).
         """
         if timeout is not None and (timeout.__class__ is not float or not timeout > 0):
-            check_timeout(timeout)
+            timeout = check_timeout(timeout)
         cell = self._cell
         if get_ident() != cell.thread_id:
             try:

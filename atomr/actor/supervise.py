@@ -171,7 +171,9 @@ async def handle_failure(cell: ActorCell, error: Exception, message: Any) -> Non
 async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
     """Replace the instance by a new one from Props (Akka's restart): timers,
     tasks, children and deferred replies of the old one go; the mailbox and
-    the stash stay."""
+    the stash stay. A stop that comes while it waits (for the old tasks,
+    children or ``pre_restart``) ends it there: no new instance is built
+    only to be stopped."""
     if cell.stop_requested:
         return
     old = cell.instance
@@ -184,6 +186,8 @@ async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
     for child in cell.children.values():
         unwatch(cell, child)
     await stop_children(cell)
+    if cell.stop_requested:  # stopped meanwhile: it ends as any stop does (post_stop)
+        return
     # deferred replies belonged to the discarded instance: fail them now
     # (with the error that caused the restart, marked as one that failed the
     # actor: `actor_failed`) instead of leaving the askers to hang until
@@ -194,6 +198,9 @@ async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
         await maybe_await(old.pre_restart(error, message))
     except Exception:
         logger.exception("pre_restart of %s failed", cell.label)
+    if cell.stop_requested:  # stopped during pre_restart, which cleaned up: no post_stop
+        cell.started = False
+        return
     if cell.stash:
         cell.queue.extendleft(reversed(cell.stash))
         cell.stash = ()

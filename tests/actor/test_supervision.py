@@ -19,7 +19,7 @@ from atomr import (
     SupervisorStrategy,
     Terminated,
 )
-from atomr.testkit import ChildFailed, ManualClock, TestProbe
+from atomr.testkit import ChildFailed, ManualClock, TestProbe, expect_log
 
 from .actors import Echo
 
@@ -575,4 +575,58 @@ async def test_a_stop_cancels_an_async_post_restart_as_it_cancels_pre_start(
     await probe.expect_msg("post_stop")  # the default pre_restart
     await probe.expect_msg("pre_start")  # the new instance's, hanging
     await asyncio.wait_for(ref.stop(), 5)
+    await probe.expect_no_msg()
+
+
+class SlowToStop(Actor):
+    """Its async ``post_stop`` tells ``probe`` "stopping", then waits for
+    ``release``."""
+
+    def __init__(self, probe: ActorRef, release: asyncio.Event) -> None:
+        super().__init__()
+        self.probe = probe
+        self.release = release
+
+    async def post_stop(self) -> None:
+        self.probe.tell("stopping")
+        await self.release.wait()
+
+
+class ParentOfSlowToStop(Actor):
+    """Spawns a `SlowToStop` child in ``pre_start`` (each instance anew), and
+    fails on every message."""
+
+    def __init__(self, probe: ActorRef, release: asyncio.Event) -> None:
+        super().__init__()
+        self.probe = probe
+        self.release = release
+
+    def pre_start(self) -> None:
+        self.probe.tell("pre_start")
+        self.context.spawn(Props(SlowToStop, self.probe, self.release), name="slow")
+
+    def post_stop(self) -> None:
+        self.probe.tell("post_stop")
+
+    def receive(self, message: Any) -> Any:
+        raise RuntimeError("boom")
+
+
+async def test_a_stop_during_a_restart_starts_no_new_instance(
+    actor_system: ActorSystem,
+) -> None:
+    """A stop that comes while the restart waits for the old children to
+    stop ends the actor there: no new instance is built only to be stopped
+    (its pre_start used to run, and fail to spawn, logged as a failed
+    restart), and post_stop runs once (the default pre_restart's)."""
+    probe, release = TestProbe(actor_system), asyncio.Event()
+    ref = actor_system.spawn(Props(ParentOfSlowToStop, probe.ref, release))
+    await probe.expect_msg("pre_start")
+    async with expect_log("restart of .* failed", level="ERROR", count=0):
+        ref.tell("fail")
+        await probe.expect_msg("stopping")  # the restart waits for the old child
+        stopping = asyncio.ensure_future(ref.stop())
+        release.set()
+        await asyncio.wait_for(stopping, 5)
+    await probe.expect_msg("post_stop")
     await probe.expect_no_msg()

@@ -111,7 +111,9 @@ class Reply:
     """Handle to answer an ask after the handler returned (``context.defer()``).
 
     A reply to a ``tell`` goes nowhere (both setters return False). If the
-    actor stops before answering, the asker gets ``ActorStoppedError``.
+    actor stops before answering, the asker gets ``ActorStoppedError``. It
+    may be answered from any thread (a worker thread's result, as in Akka):
+    off the actor's event loop the answer is handed over to that loop.
     """
 
     __slots__ = ("_cell", "_future")
@@ -140,22 +142,20 @@ class Reply:
         """Answer the ask with ``value`` (a ``Failure`` answers with its exception).
 
         Returns:
-            True if an asker was waiting and got the answer.
+            True if an asker was waiting and got the answer (from another
+            thread: was waiting when called; the answer follows on its loop).
         """
         if isinstance(value, Failure):
             return self.set_exception(value.exception)
-        fut = self._release()
-        if fut is None:
-            return False
-        fut.set_result(value)
-        return True
+        return self._settle(value, None)
 
     def set_exception(self, exc: BaseException) -> bool:
         """Answer the ask by raising ``exc`` in the asker (the actor answered
         it: not marked `actor_failed`).
 
         Returns:
-            True if an asker was waiting and got the exception.
+            True if an asker was waiting and got the exception (from another
+            thread: as ``set_result``).
         Raises:
             TypeError: if ``exc`` is not an exception instance.
         """
@@ -165,10 +165,27 @@ class Reply:
 
     def _answer(self, error: BaseException) -> bool:
         """Raise `error` (already `delivered`) in the asker, if one waits."""
+        return self._settle(None, error)
+
+    def _settle(self, value: Any, error: BaseException | None) -> bool:
+        """Answer with `error`, or else `value`; called off the asker's loop
+        (another thread), hand the answer over to that loop."""
+        fut = self._future
+        if fut is not None and not _on_loop_of(fut):
+            if fut.done():
+                return False
+            try:
+                fut.get_loop().call_soon_threadsafe(self._settle, value, error)
+            except RuntimeError:  # its loop is closed: nobody waits any more
+                return False
+            return True
         fut = self._release()
         if fut is None:
             return False
-        fut.set_exception(error)
+        if error is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(error)
         return True
 
     def _release(self) -> asyncio.Future[Any] | None:
@@ -183,6 +200,14 @@ class Reply:
 
     def __repr__(self) -> str:
         return f"Reply(done={self.done})"
+
+
+def _on_loop_of(future: asyncio.Future[Any]) -> bool:
+    """Whether the running code runs on `future`'s event loop."""
+    try:
+        return asyncio.get_running_loop() is future.get_loop()
+    except RuntimeError:  # no running loop: another thread
+        return False
 
 
 def fail_deferred(replies: Iterable[Reply], error: BaseException, failed: bool) -> None:

@@ -524,3 +524,52 @@ async def test_every_tell_from_a_thread_while_the_actor_stops_is_handled_or_a_de
             timeout=10,
             message=f"attempt {attempt}: every message handled or dead-lettered",
         )
+
+
+class AnswersFromAThread(Actor):
+    """Defers each ask and answers it from a new thread: ``("ok", v)`` with
+    ``v``, ``("fail", e)`` with ``e``; what each setter returned or raised
+    goes into ``outcomes``."""
+
+    def __init__(self, outcomes: Future[Any]) -> None:
+        super().__init__()
+        self.outcomes = outcomes
+
+    def receive(self, message: Any) -> None:
+        reply, (verb, value) = self.context.defer(), message
+
+        def answer() -> None:
+            try:
+                setter = reply.set_result if verb == "ok" else reply.set_exception
+                self.outcomes.set_result(setter(value))
+            except BaseException as error:
+                self.outcomes.set_exception(error)
+
+        threading.Thread(target=answer).start()
+
+
+@pytest.mark.parametrize("verb", ["ok", "fail"])
+async def test_a_deferred_reply_may_be_answered_from_another_thread(
+    actor_system: ActorSystem, verb: str
+) -> None:
+    """The answer is handed over to the actor's loop. It used to be set on
+    the asker's future from the thread itself: asyncio's debug mode refuses
+    that (RuntimeError), and otherwise the asker woke only when something
+    else woke the loop (its ask timeout, here)."""
+    loop = asyncio.get_running_loop()
+    debug = loop.get_debug()
+    loop.set_debug(True)  # asyncio then refuses a cross-thread set_result
+    try:
+        outcomes: Future[Any] = Future()
+        ref = actor_system.spawn(Props(AnswersFromAThread, outcomes))
+        asked = asyncio.ensure_future(
+            ref.ask((verb, "v" if verb == "ok" else KeyError("k")), timeout=30)
+        )
+        assert await asyncio.wait_for(asyncio.wrap_future(outcomes), 10) is True
+        if verb == "ok":
+            assert await asyncio.wait_for(asked, 10) == "v"
+        else:
+            with pytest.raises(KeyError):
+                await asyncio.wait_for(asked, 10)
+    finally:
+        loop.set_debug(debug)

@@ -6,6 +6,8 @@ import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
+from atomr._arguments import int_at_least
+
 from .errors import bounded_repr
 from .ref import check_timeout
 
@@ -50,7 +52,10 @@ class SupervisorStrategy:
         decider: maps the error to a ``Directive`` (default: always RESTART).
     Raises:
         ValueError: for a negative ``max_restarts`` or a ``within`` <= 0.
-        TypeError: if ``decider`` is not callable.
+        TypeError: if ``max_restarts`` is not an int (NumPy's are; a bool is
+            not) or None, ``within`` not a number of seconds or None (the one
+            rules of `_arguments.int_at_least` and `check_timeout`), or
+            ``decider`` is not callable.
     """
 
     applies_to_all: ClassVar[bool] = False
@@ -61,13 +66,9 @@ class SupervisorStrategy:
         within: float | None = None,
         decider: Callable[[BaseException], Directive] | None = None,
     ) -> None:
-        if max_restarts is not None and (
-            isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0
-        ):
-            raise ValueError(
-                f"max_restarts must be an int >= 0 or None, got {bounded_repr(max_restarts)}"
-            )
-        check_timeout(within, "within")
+        if max_restarts is not None:
+            max_restarts = int_at_least("max_restarts", max_restarts, 0)
+        within = check_timeout(within, "within")
         if decider is not None and not callable(decider):
             raise TypeError(f"decider must be callable, got {type(decider).__name__}")
         self.max_restarts = max_restarts

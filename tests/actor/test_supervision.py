@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
 
 from atomr import (
@@ -369,6 +370,12 @@ async def test_failing_pre_start_stops_actor(actor_system: ActorSystem) -> None:
 def test_strategy_validation() -> None:
     with pytest.raises(ValueError, match="max_restarts"):
         OneForOneStrategy(max_restarts=-1)
+    for wrong in (True, 1.0, "1"):
+        with pytest.raises(TypeError, match="max_restarts must be an int"):
+            OneForOneStrategy(max_restarts=wrong)  # type: ignore[arg-type]
+    strategy = OneForOneStrategy(max_restarts=np.int64(2), within=np.float32(10))
+    assert (strategy.max_restarts, strategy.within) == (2, 10.0)  # NumPy's numbers are numbers
+    assert type(strategy.max_restarts) is int and type(strategy.within) is float
     with pytest.raises(ValueError, match="within"):
         OneForOneStrategy(max_restarts=1, within=-2.0)
     with pytest.raises(TypeError, match="decider"):

@@ -346,7 +346,7 @@ async def test_a_probe_refuses_a_timeout_that_is_no_duration(timeout: Any) -> No
 
 
 async def test_strategy_and_schedule_arguments_are_checked() -> None:
-    with pytest.raises(ValueError, match="max_restarts must be an int"):
+    with pytest.raises(TypeError, match="max_restarts must be an int"):
         atomr.actor.OneForOneStrategy(max_restarts=True)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="within must be a number of seconds"):
         atomr.actor.OneForOneStrategy(within="1")  # type: ignore[arg-type]

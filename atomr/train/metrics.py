@@ -265,12 +265,14 @@ class TensorBoardLog(_Log):
 
     Raises:
         ImportError: tensorboardX is not installed (`pip install 'atomr[tensorboard]'`).
-        TypeError, ValueError: `timeout` is not a number of seconds > 0.
+        TypeError, ValueError: `timeout` is not a finite number of seconds
+            > 0 (an infinite one would wait on a stuck thread for ever).
     """
 
     def __init__(self, logdir: str | Path, *, timeout: float = 60.0) -> None:
-        check_timeout(timeout, optional=False)
-        self.timeout = float(timeout)
+        seconds = check_timeout(timeout, optional=False, finite=True)
+        assert seconds is not None  # not optional
+        self.timeout = seconds
         writer_class = summary_writer_class()
         self.logdir = self._target = Path(logdir)
         self._writer: Any | None = writer_class(

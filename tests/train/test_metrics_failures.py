@@ -9,6 +9,7 @@ import json
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from atomr.testkit import wait_until
@@ -198,7 +199,14 @@ def test_a_json_lines_log_appends_after_a_cut_line_on_a_new_line(tmp_path: Path)
 
 
 @pytest.mark.parametrize(
-    ("timeout", "error"), [(None, TypeError), ("1", TypeError), (0, ValueError), (-1.0, ValueError)]
+    ("timeout", "error"),
+    [
+        (None, TypeError),
+        ("1", TypeError),
+        (0, ValueError),
+        (-1.0, ValueError),
+        (float("inf"), ValueError),  # was taken: a stuck writer waited on for ever
+    ],
 )
 def test_a_tensorboard_log_refuses_a_bad_timeout_before_making_a_file(
     timeout: object, error: type[Exception], tmp_path: Path
@@ -210,3 +218,10 @@ def test_a_tensorboard_log_refuses_a_bad_timeout_before_making_a_file(
         TensorBoardLog(tmp_path / "tb", timeout=timeout)  # type: ignore[arg-type]
     assert "None" not in str(caught.value).split(", got")[0]
     assert not (tmp_path / "tb").exists()
+
+
+def test_a_tensorboard_log_takes_a_numpy_timeout_as_seconds(tmp_path: Path) -> None:
+    """`np.float32(5)` was a TypeError ('must be a number of seconds')."""
+    pytest.importorskip("tensorboardX", reason="tensorboardX (atomr[tensorboard]) not installed")
+    with TensorBoardLog(tmp_path / "tb", timeout=np.float32(5)) as log:  # type: ignore[arg-type]
+        assert log.timeout == 5.0 and type(log.timeout) is float

@@ -10,6 +10,13 @@ then, in the asynchronous models, the first shard decides staleness and the
 others apply what it accepted, counting the staleness it decided (a
 follower's range may have seen up to workers - 1 other pushes interleaved
 differently; the order of concurrent pushes is not global, as in ps-lite).
+A follower that fails on its range (its device, its optimizer) has changed
+nothing, but the shards before it applied theirs: the push is then rolled
+back on every shard (`RollbackRound` naming the worker, `_round.roll_back`,
+as the trainer rolls a synchronous round back) and `push` raises
+`RoundFailedError`. A shard keeps only its last update undoable: one that
+took another push since refuses to serve from then on (the model is mixed)
+until a checkpoint is loaded, and the error's note says so.
 In synchronous mode every shard holds the push until its round is complete,
 so all shards apply the same rounds; an abort (`abort`, for a batch without
 a usable gradient) goes to every shard, so every shard drops the same round.
@@ -29,15 +36,17 @@ from typing import Any
 import numpy as np
 
 from atomr.actor import ActorRef
-from atomr.train.comm._fanout import ask_all
+from atomr.actor.errors import bounded_repr
+from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, name_failures
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.partition import split_bounds
-from atomr.train.parameter_server._round import RoundFailedError
+from atomr.train.parameter_server._round import RoundFailedError, roll_back
 from atomr.train.parameter_server.messages import (
     AbortPush,
     PullWeights,
     PushedWeights,
     PushGradient,
+    RollbackRound,
 )
 
 __all__ = ["ShardedClient", "split_ranges"]
@@ -146,7 +155,11 @@ class ShardedClient:
             NonFiniteError: a non-finite gradient (nothing was sent).
             StaleGradientError: the first shard refused it (nothing applied).
             RoundFailedError: synchronous mode: a shard's update of the round
-                failed (the trainer rolls it back on the others).
+                failed (the trainer rolls it back on the others); the
+                asynchronous models: a follower shard failed on its range (its
+                error the `__cause__`) and the push was rolled back on every
+                shard that applied it (the notes say so, or name a shard that
+                could not undo it and now refuses to serve).
             Exception: a server's failure.
         """
         pushed = await self._push(worker, versions, gradient, weight, False, round_id)
@@ -211,7 +224,40 @@ class ShardedClient:
         version = first.version if return_weights else int(first)
         staleness = version - 1 - msgs[0].worker_version if weight > 0.0 else 0
         rest = [replace(m, arbitrated_staleness=staleness) for m in msgs[1:]]
-        return [first, *await ask_all(self.servers[1:], rest, self.timeout, first_index=1)]
+        if weight <= 0.0:  # a clock tick: nothing applied anywhere, nothing to undo
+            return [first, *await ask_all(self.servers[1:], rest, self.timeout, first_index=1)]
+        replies = await ask_all_settled(self.servers[1:], rest, self.timeout)
+        if failed_indices(replies):
+            await self._undo(worker, round_id, [first, *replies])
+        return [first, *replies]
+
+    async def _undo(self, worker: int, round_id: int | None, replies: list[Any]) -> None:
+        """Shard 0 applied the asynchronous push but a follower failed on its
+        range (`replies`, settled, in shard order): roll it back on every shard.
+
+        Raises:
+            RoundFailedError: always, caused by the first follower's failure,
+                noting what was undone (`roll_back`).
+        """
+        name_failures(replies)
+        index = failed_indices(replies)[0]
+        cause = replies[index]
+        error = RoundFailedError(
+            f"server shard {index} failed on its range of worker {worker}'s push "
+            f"({bounded_repr(cause)}), which the shards before it had applied"
+        )
+        error.__cause__ = cause
+        if round_id is None:  # a push no shard can name: not undone
+            applied = [k for k, r in enumerate(replies) if not isinstance(r, BaseException)]
+            error.add_note(
+                f"the push carries no round id, so it cannot be undone: server shards "
+                f"{applied} hold it, the others do not; load a checkpoint"
+            )
+            raise error
+        await roll_back(
+            self.servers, RollbackRound((round_id,), worker), self.timeout, error, "push"
+        )
+        raise error
 
     async def abort(
         self, worker: int, versions: Sequence[int], reason: str, round_id: int | None = None

@@ -17,9 +17,11 @@ Every part names its round (`TrainBatch.round_id`: one per global batch), so
 that a part sent again after its push landed (its worker failed before
 answering) is not applied twice: the shards take one push per worker and
 round. A synchronous request that fails has its failed rounds rolled back
-on every server shard (`RollbackRound`): a round is kept by every shard or
-by none, and a round that failed on a shard (`RoundFailedError`) is not
-sent again.
+on every server shard (`RollbackRound`, `_round.roll_back`): a round is
+kept by every shard or by none, and a round that failed on a shard
+(`RoundFailedError`) is not sent again; nor is a part answered with
+`WorkerStateLost` (a server shard restarted, which refuses to serve until
+a checkpoint is loaded).
 """
 
 from __future__ import annotations
@@ -33,18 +35,12 @@ import numpy as np
 
 from atomr.actor import ActorRef, ActorStoppedError, AskTimeoutError
 from atomr.actor.errors import bounded_repr
-from atomr.train.comm._fanout import (
-    ask_all,
-    ask_all_settled,
-    failed_indices,
-    fence,
-    raise_first_failure,
-)
+from atomr.train.comm._fanout import ask_all, fence, raise_first_failure
 from atomr.train.core.device_guard import REQUEST_ERRORS
-from atomr.train.core.errors import InvalidBatchError
+from atomr.train.core.errors import InvalidBatchError, WorkerStateLost
 from atomr.train.core.partition import split_bounds
 from atomr.train.core.stats import StepStats
-from atomr.train.parameter_server._round import RoundDroppedError, RoundFailedError
+from atomr.train.parameter_server._round import RoundDroppedError, RoundFailedError, roll_back
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.messages import (
     AbortPush,
@@ -66,6 +62,7 @@ _NOT_RETRIED: tuple[type[Exception], ...] = (
     FloatingPointError,  # NonFiniteError included
     StaleGradientError,
     RoundFailedError,  # a copy would compute from weights some shards moved on from
+    WorkerStateLost,  # a server shard refuses to serve until a checkpoint is loaded
 )
 
 # the worker answers these itself, after withdrawing from the round (or the
@@ -270,22 +267,8 @@ class WorkerPool:
         different versions, to train or evaluate, `RoundFailedError`, until a
         checkpoint is loaded)."""
         self.weights_changed()
-        replies = await ask_all_settled(
-            self.servers, RollbackRound(tuple(sorted(rounds))), self.timeout, per_worker=False
-        )
-        unknown = failed_indices(replies)
-        undone = [k for k, r in enumerate(replies) if r is True]
-        if unknown:
-            error.add_note(
-                f"server shards {unknown} could not roll back the failed round "
-                f"({bounded_repr(replies[unknown[0]])}): they may hold a round the "
-                "others do not; load a checkpoint"
-            )
-        elif undone:
-            error.add_note(
-                f"server shards {undone} rolled the failed round back: nothing of it is "
-                "applied on any shard"
-            )
+        message = RollbackRound(tuple(sorted(rounds)))
+        await roll_back(self.servers, message, self.timeout, error, "round")
 
     async def _withdraw(self, index: int, error: Exception, round_id: int | None) -> None:
         """`AbortPush` on behalf of worker `index` at the servers' current

@@ -1,7 +1,15 @@
 """The checks a server shard runs on a push, a pull or an abort before it
 touches anything: the worker's id, the version the worker pulled, and the
 gradient's type, length and weight (finiteness is checked where the gradient
-is summed)."""
+is summed).
+
+An id or a version is checked by the project's one rule for counts
+(`atomr._arguments.int_at_least`: an int or a NumPy integer, not a bool) and
+shown bounded (`bounded_repr`), but every refusal here is a ValueError, a
+wrongly typed id too: the shard's handlers answer a bad message with
+`Failure` (`_pull` and `_abort` catch ValueError only; a TypeError escaping
+them would fail the shard, which is never restarted for bad input), and an
+asker catching ValueError keeps getting it."""
 
 from __future__ import annotations
 
@@ -10,9 +18,24 @@ from typing import Any
 
 import numpy as np
 
+from atomr._arguments import int_at_least, real_number
+from atomr._repr import bounded_repr
 from atomr.train.parameter_server.messages import PushGradient
 
 __all__ = ["check_push", "check_round_id", "check_staleness", "check_worker"]
+
+
+def _count(name: str, value: Any) -> int:
+    """`value` as an int >= 0 (`int_at_least`), a wrong type refused with
+    ValueError too (module docstring).
+
+    Raises:
+        ValueError: not an int, or below 0 (the message names `name`).
+    """
+    try:
+        return int_at_least(name, value, 0)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def check_worker(worker: Any, workers: int | None) -> int:
@@ -25,11 +48,10 @@ def check_worker(worker: Any, workers: int | None) -> int:
     Raises:
         ValueError: not an int >= 0, or not a known worker.
     """
-    if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)) or worker < 0:
-        raise ValueError(f"worker must be an int >= 0, got {worker!r}")
-    if workers is not None and worker >= workers:
-        raise ValueError(f"unknown worker {worker}; this server has {workers} workers")
-    return int(worker)
+    index = _count("worker", worker)
+    if workers is not None and index >= workers:
+        raise ValueError(f"unknown worker {bounded_repr(index)}; this server has {workers} workers")
+    return index
 
 
 def check_round_id(round_id: Any) -> int | None:
@@ -40,9 +62,7 @@ def check_round_id(round_id: Any) -> int | None:
     """
     if round_id is None:
         return None
-    if isinstance(round_id, bool) or not isinstance(round_id, (int, np.integer)) or round_id < 0:
-        raise ValueError(f"round_id must be None or an int >= 0, got {round_id!r}")
-    return int(round_id)
+    return _count("round_id", round_id)
 
 
 def check_staleness(worker_version: Any, version: int) -> int:
@@ -51,12 +71,12 @@ def check_staleness(worker_version: Any, version: int) -> int:
     Raises:
         ValueError: `worker_version` is not an int >= 0, or is ahead of `version`.
     """
-    wv = worker_version
-    if isinstance(wv, bool) or not isinstance(wv, (int, np.integer)) or wv < 0:
-        raise ValueError(f"worker_version must be an int >= 0, got {wv!r}")
+    wv = _count("worker_version", worker_version)
     if wv > version:
-        raise ValueError(f"worker_version {wv} is ahead of the server's version {version}")
-    return version - int(wv)
+        raise ValueError(
+            f"worker_version {bounded_repr(wv)} is ahead of the server's version {version}"
+        )
+    return version - wv
 
 
 def check_push(
@@ -74,7 +94,8 @@ def check_push(
         `(worker, gradient, weight, staleness)`.
 
     Raises:
-        TypeError: the gradient is not a float numpy array.
+        TypeError: the gradient is not a float numpy array, or the weight
+            not a real number.
         ValueError: a bad worker, version, round id, gradient length (never
             truncated or padded) or weight.
     """
@@ -89,7 +110,7 @@ def check_push(
             f"gradient has shape {grad.shape}, this server holds {n} weights "
             "(gradients are never truncated or padded)"
         )
-    weight = float(msg.weight)
+    weight = real_number("weight", msg.weight)
     if not (math.isfinite(weight) and weight >= 0.0):
-        raise ValueError(f"weight must be finite and >= 0, got {msg.weight!r}")
+        raise ValueError(f"weight must be finite and >= 0, got {bounded_repr(msg.weight)}")
     return worker, grad, weight, staleness

@@ -7,23 +7,35 @@ push of it failing with `RoundDroppedError`). A worker restarted
 mid-round pushes again: its newer push replaces the older one, whose asker
 is told it was superseded. Once the round is full, `round_update` turns it
 into the weighted parts to apply, or the error that every push of it gets.
-An applied round stays undoable (`StagedRound`) until the shard's next
-update, so that a round failing on another shard is undone on every shard
-(`RollbackRound`); a round whose update fails on a shard is answered with
-`RoundFailedError` there.
+
+Pushes name the trainer's round (`PushGradient.round_id`, increasing), and
+the latest round named is the current one: a push or abort of an earlier
+round (late: its part timed out and the trainer went on) is dropped, never
+applied, and a push of a later round ends the entries of earlier rounds
+still waiting, so that one update never mixes two rounds' gradients. Both
+are answered with `RoundFailedError` and logged.
+
+An applied update stays undoable (`StagedRound`) until the shard's next
+update: a synchronous round failing on another shard, or an asynchronous
+push failing on another shard (its range of a sharded push), is undone on
+every shard that applied it (`RollbackRound`, sent by `roll_back`); a round
+whose update fails on a shard is answered with `RoundFailedError` there.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from atomr.actor import Reply
+from atomr.actor import ActorRef, Reply
 from atomr.actor.errors import bounded_repr
+from atomr.train.comm._fanout import ask_all_settled, failed_indices
 from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.errors import NonFiniteError
-from atomr.train.parameter_server.messages import StaleGradientError
+from atomr.train.parameter_server.messages import RollbackRound, StaleGradientError
 
 __all__ = [
     "PendingPush",
@@ -31,9 +43,12 @@ __all__ = [
     "RoundFailedError",
     "StagedRound",
     "SynchronousRound",
+    "roll_back",
     "round_failure",
     "round_update",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class RoundDroppedError(NonFiniteError):
@@ -44,30 +59,50 @@ class RoundDroppedError(NonFiniteError):
 
 
 class RoundFailedError(RuntimeError):
-    """A synchronous round failed on a server shard: its update raised there
-    (the error is this one's `__cause__`), so that shard applied nothing of
-    it, or a worker found the shards at different versions (a round applied
-    on some of them only). The trainer then rolls the round back on every
-    shard (`RollbackRound`): a request answered with it applied nothing
-    (its notes say so, or name a shard that could not be rolled back). It
-    is not sent to the workers again: a copy of the part would be computed
-    from weights some shards had already moved on from."""
+    """A round, or a sharded push, failed on a server shard and was not kept.
+
+    - Synchronous: the round's update raised on a shard (the error is this
+      one's `__cause__`), so that shard applied nothing of it, or a worker
+      found the shards at different versions (a round applied on some of
+      them only). The trainer then rolls the round back on every shard
+      (`RollbackRound`): a request answered with it applied nothing (its
+      notes say so, or name a shard that could not be rolled back).
+    - Asynchronous, several shards: a follower shard failed on its range of
+      a push (the error is the `__cause__`) that other shards had applied;
+      they undid it (`RollbackRound` naming the worker), or one could not
+      (another push landed on it since) and refuses every push, pull and
+      abort with this error until it is given a state (the notes say which).
+    - A push or abort of a round that is over (late), or of a round ended by
+      a later one, dropped without being applied.
+
+    It is not sent to the workers again: a copy of the part would be
+    computed from weights some shards had already moved on from."""
 
 
 @dataclass(frozen=True)
 class StagedRound:
-    """A synchronous shard's last round, applied but still undoable.
+    """A shard's last update (a synchronous round, or one asynchronous push),
+    applied but still undoable.
 
     Attributes:
-        round_ids: the trainer rounds of its pushes (`PushGradient.round_id`).
+        pushes: `(worker, round_id)` of its pushes (`PushGradient.round_id`;
+            pushes without a round cannot be named, so not undone).
         taken_before: what `AcceptedRounds.take` returned when its pushes
-            were taken (restored if it is undone).
-        parts: the gradients it applied (undone from the shard's counters).
+            were taken, restored if it is undone; None: its pushes stay
+            taken (an asynchronous push undone counts as an aborted batch:
+            its worker's clock ticked, a copy of it applies nothing).
+        counters_before: the shard's `(applied, staleness sum, max staleness
+            seen)` before it, restored if it is undone.
     """
 
-    round_ids: frozenset[int]
-    taken_before: dict[int, int | None]
-    parts: int
+    pushes: frozenset[tuple[int, int]]
+    taken_before: dict[int, int | None] | None
+    counters_before: tuple[int, int, int]
+
+    def holds(self, round_ids: Sequence[int | None], worker: int | None = None) -> bool:
+        """True when it holds a push of one of `round_ids` (of `worker` only,
+        unless None)."""
+        return any(r in round_ids and worker in (None, w) for w, r in self.pushes)
 
 
 @dataclass
@@ -101,6 +136,7 @@ class SynchronousRound:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._entries: dict[int, PendingPush] = {}
+        self.round_id: int | None = None  # the latest trainer round named: the current one
 
     @property
     def in_progress(self) -> bool:
@@ -109,12 +145,18 @@ class SynchronousRound:
 
     def join(self, worker: int, entry: PendingPush) -> list[tuple[int, PendingPush]] | None:
         """Add `worker`'s push; a push of the same worker already in the round
-        is replaced (its asker gets a `StaleGradientError`).
+        is replaced (its asker gets a `StaleGradientError`). A push of a round
+        before the current one is answered with `RoundFailedError` and not
+        added; one of a later round first ends the entries of earlier rounds
+        (each answered with `RoundFailedError`). Pushes without a round
+        (`round_id` None) are never late and never ended so.
 
         Returns:
             The full round in worker order (the round starts empty again), or
-            None while some worker has not pushed.
+            None while some worker has not pushed (or the push was late).
         """
+        if not self._current(worker, entry):
+            return None
         previous = self._entries.pop(worker, None)
         if previous is not None:
             previous.reply.set_exception(
@@ -126,6 +168,37 @@ class SynchronousRound:
         ordered = sorted(self._entries.items())
         self._entries = {}
         return ordered
+
+    def _current(self, worker: int, entry: PendingPush) -> bool:
+        """False when `entry` is of a round before the current one (it is
+        answered and dropped); a later round becomes the current one, and the
+        entries of earlier rounds are answered and dropped."""
+        round_id, current = entry.round_id, self.round_id
+        if round_id is None:
+            return True
+        if current is not None and round_id < current:
+            _drop_late(worker, entry, current)
+            return False
+        if current is None or round_id > current:
+            self.round_id = round_id
+            for other, waiting in list(self._entries.items()):
+                if waiting.round_id is not None and waiting.round_id < round_id:
+                    del self._entries[other]
+                    _drop_late(other, waiting, round_id)
+        return True
+
+
+def _drop_late(worker: int, entry: PendingPush, current: int) -> None:
+    """Answer the push (or abort) `entry` of a round before `current` with
+    `RoundFailedError`, and log it: it is dropped, never applied."""
+    what = "abort" if entry.abort is not None else "push"
+    text = (
+        f"worker {worker}'s {what} of round {entry.round_id} came after round {current} "
+        f"started (its part timed out, or its round was left behind): dropped, nothing of "
+        "it applied"
+    )
+    logger.warning("server shard: %s", text)
+    entry.reply.set_exception(RoundFailedError(text))
 
 
 def round_update(ordered: list[tuple[int, PendingPush]]) -> list[tuple[np.ndarray, float]]:
@@ -168,3 +241,44 @@ def round_failure(error: Exception) -> Exception:
     )
     failed.__cause__ = error
     return failed
+
+
+async def roll_back(
+    servers: Sequence[ActorRef],
+    message: RollbackRound,
+    timeout: float | None,
+    error: BaseException,
+    what: str,
+) -> list[int]:
+    """Ask every server shard to undo `message`'s round (or push) and note on
+    `error` what came of it: the shards that undid it (nothing of it is then
+    applied on any shard), or those that could not, whose state may hold it
+    where the others' do not (a load of a checkpoint is then needed). The
+    one way a trainer (a failed synchronous round) and a sharded client (a
+    push that failed on a follower shard) undo an update.
+
+    Args:
+        servers: every server shard, in range order.
+        message: the `RollbackRound`.
+        timeout: each ask's timeout in seconds (None: wait forever).
+        error: the failure that is being answered, noted.
+        what: what is undone, for the note ("round", "push").
+
+    Returns:
+        The shards that could not undo it (failed, or could not be asked).
+    """
+    replies = await ask_all_settled(servers, message, timeout, per_worker=False)
+    unknown = failed_indices(replies)
+    undone = [k for k, r in enumerate(replies) if r is True]
+    if unknown:
+        error.add_note(
+            f"server shards {unknown} could not undo the failed {what} "
+            f"({bounded_repr(replies[unknown[0]])}): they may hold it where the others do "
+            "not; load a checkpoint"
+        )
+    elif undone:
+        error.add_note(
+            f"server shards {undone} rolled the failed {what} back: nothing of it is applied "
+            "on any shard"
+        )
+    return unknown

@@ -1,18 +1,27 @@
 """`ShardStore`: what a server shard holds (the weights, the optimizer's
 state and the version) and the only ways they change: an atomic update, the
-undoing of the last synchronous round, and a whole-state replacement.
+undoing of the last update, and a whole-state replacement.
 
 An update sums its parts, checks the sum finite, clips it and runs one
 optimizer step out of place (`atomr.train._recovery.DoubleBuffer`): any
 failure changes nothing, and is handed back to the caller as a value to
 answer with, so the shard is never restarted for it. The old weights and
 optimizer state are kept until the next update (`DoubleBuffer.apply`
-commits the pending one first), so that the last synchronous round can be
-rolled back (`StagedRound`, `_roll_back_round`) when it failed on another
-shard. Everything here but `_ready`, `_apply_or_undo`, `_stage`,
-`_roll_back_round` and `_count_applied` (the event loop's) runs on the
-device's worker thread. The update is a hook subclasses may override
-(an instrumented server, a fault-injected one: `atomr.testkit.inject_faults`):
+commits the pending one first), so that the last update (a synchronous
+round, or an asynchronous push) can be rolled back (`StagedRound`,
+`_roll_back_round`) when it failed on another shard.
+
+A shard whose state is known to be wrong refuses every push, abort and pull
+(`_refusal`) until it is given a whole state (`_commit_state`: a
+`SetServerState`, a `LoadCheckpoint`): one restarted by its supervisor (it
+lost its weights and optimizer state: `WorkerStateLost`), or one that holds
+an asynchronous push that failed on another shard and can no longer be
+undone here (`RoundFailedError`).
+
+Everything here but `_ready`, `_apply_or_undo`, `_stage`, `_roll_back_round`,
+`_refusal`, `_refuse` and `_count_applied` (the event loop's) runs on the
+device's worker thread. The update is a hook subclasses may override (an
+instrumented server, a fault-injected one: `atomr.testkit.inject_faults`):
 `apply_gradients`.
 
 `ServerShard` (server.py) is the actor: it builds the store in its
@@ -22,6 +31,7 @@ worker clocks and the messages on top.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,7 +44,7 @@ from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.parameter_server._accepted import AcceptedRounds
-from atomr.train.parameter_server._round import StagedRound
+from atomr.train.parameter_server._round import RoundFailedError, StagedRound
 from atomr.train.parameter_server.messages import ServerState
 
 __all__ = ["ShardStore", "as_optimizer_kind"]
@@ -75,6 +85,10 @@ class ShardStore(DeviceActor):
     _buffers: DoubleBuffer
     _accepted: AcceptedRounds
     _staged: StagedRound | None
+    # the round of each worker's last asynchronous push applied here and not undone
+    _in_effect: dict[int, int]
+    # makes the error every push, abort and pull is refused with (None: served)
+    _refusing: Callable[[], Exception] | None
 
     def _build(self) -> None:
         """On the device thread: weights and optimizer state on the device."""
@@ -176,35 +190,75 @@ class ShardStore(DeviceActor):
         self._staleness_sum += sum(stalenesses)
         self.max_staleness_seen = max([self.max_staleness_seen, *stalenesses])
 
-    # -- the last synchronous round ---------------------------------------------
+    # -- the last update, undoable -----------------------------------------------
 
-    def _stage(self, entries: list[tuple[int, int | None]], parts: int) -> None:
-        """A synchronous round of `entries` (`(worker, round_id)`) applied its
-        `parts`: count them, take its pushes and keep it undoable."""
-        self._count_applied([0] * parts)
-        taken_before = self._accepted.take(entries)
-        rounds = frozenset(r for _, r in entries if r is not None)
-        self._staged = StagedRound(rounds, taken_before, parts)
+    def _stage(
+        self,
+        pushes: list[tuple[int, int | None]],
+        stalenesses: list[int],
+        *,
+        undo_takes: bool,
+    ) -> None:
+        """The update just applied holds `pushes` (`(worker, round_id)`: a
+        synchronous round's, or one asynchronous push), applying one gradient
+        per staleness in `stalenesses`: count them, take the pushes and keep
+        the update undoable (`_roll_back_round`). `undo_takes`: undoing it
+        forgets the takes too (a synchronous round); else they stay (an
+        asynchronous push undone counts as an aborted batch)."""
+        before = (self.applied, self._staleness_sum, self.max_staleness_seen)
+        self._count_applied(stalenesses)
+        taken_before = self._accepted.take(pushes)
+        named = frozenset((w, r) for w, r in pushes if r is not None)
+        self._staged = StagedRound(named, taken_before if undo_takes else None, before)
+        if not undo_takes:
+            self._in_effect.update(named)
 
-    async def _roll_back_round(self, round_ids: tuple[int | None, ...]) -> bool:
-        """`RollbackRound`: undo the last update if it is the round of one of
-        `round_ids` (weights, optimizer state, version, counters, taken pushes).
+    async def _roll_back_round(
+        self, round_ids: tuple[int | None, ...], worker: int | None = None
+    ) -> bool:
+        """`RollbackRound`: undo the last update if it holds a push of one of
+        `round_ids` (of `worker` only, unless None): weights, optimizer
+        state, version, counters (and taken pushes, for a synchronous round).
 
         Returns:
-            True when it was undone.
+            True when it was undone; False when there was nothing of it to undo.
 
         Raises:
+            RoundFailedError: `worker`'s push of one of `round_ids` was applied
+                here but another update came after it, so it cannot be undone;
+                the shard refuses every push, abort and pull from now on
+                (`_refuse`) until it is given a state.
             Exception: the device's failure undoing it (the shard is then
                 resumed or restarted by its supervisor).
         """
         staged = self._staged
-        if staged is None or staged.round_ids.isdisjoint(round_ids):
+        if staged is None or not staged.holds(round_ids, worker):
+            held = None if worker is None else self._in_effect.get(worker)
+            if held is not None and held in round_ids:  # applied here, another update on it
+                error = _held_for_good(worker, held)
+                self._refuse(error)
+                raise error()
             return False
         self._staged = None
         await self.on_device(self._undo_last)
-        self.applied -= staged.parts
-        self._accepted.restore(staged.taken_before)
+        self.applied, self._staleness_sum, self.max_staleness_seen = staged.counters_before
+        if staged.taken_before is not None:
+            self._accepted.restore(staged.taken_before)
+        for w, r in staged.pushes:
+            if self._in_effect.get(w) == r:
+                del self._in_effect[w]
         return True
+
+    # -- refusing a wrong state -------------------------------------------------
+
+    def _refuse(self, error: Callable[[], Exception]) -> None:
+        """Refuse every push, abort and pull with `error()` (a fresh one each
+        time) until a whole state is committed (`_commit_state`)."""
+        self._refusing = error
+
+    def _refusal(self) -> Exception | None:
+        """The error to refuse a push, abort or pull with now, or None (served)."""
+        return None if self._refusing is None else self._refusing()
 
     # -- whole state ------------------------------------------------------------
 
@@ -232,7 +286,23 @@ class ShardStore(DeviceActor):
             raise ValueError(f"optimizer state does not fit: {exc!r}") from exc
         self._buffers.commit()  # the last update can no longer be undone
         self._staged = None
+        self._in_effect.clear()
+        self._refusing = None  # a whole state: whatever was wrong is replaced
         self.backend.copy(self.backend.to_device(np.ascontiguousarray(w)), self.weights)
         self.optimizer = fresh
         self.kind = fresh.kind
         self.version = int(state.version)
+
+
+def _held_for_good(worker: int | None, round_id: int) -> Callable[[], Exception]:
+    """What a shard that cannot undo `worker`'s push of `round_id` refuses with."""
+
+    def error() -> Exception:
+        return RoundFailedError(
+            f"this server shard holds worker {worker}'s push of round {round_id}, which "
+            "failed on another shard, and cannot undo it (another push was applied after "
+            "it): the shards hold a model mixed from two versions, so it refuses to serve "
+            "until a checkpoint is loaded (LoadCheckpoint, or SetServerState)"
+        )
+
+    return error

@@ -143,22 +143,34 @@ class AbortPush:
 
 @dataclass(frozen=True, slots=True)
 class RollbackRound:
-    """Undo a synchronous round that a server shard applied but that failed
-    elsewhere (on another shard, or for a worker); answered with True when
-    the shard's last update was a round holding a push of one of
-    `round_ids` and is undone (weights, optimizer state, version and
-    counters as before it, its pushes no longer taken), else False
-    (nothing to undo: the round failed here, or never completed).
+    """Undo an update that a server shard applied but that failed elsewhere;
+    answered with True when the shard's last update holds it and is undone
+    (weights, optimizer state, version and counters as before it), else
+    False (nothing of it to undo here: it failed here, or never completed).
 
-    A synchronous shard keeps its last round undoable until its next update
-    (`atomr.train._recovery.DoubleBuffer`): the trainer rolls a failed round
-    back on every shard, so that a round is kept by every shard or by none.
+    A shard keeps its last update undoable until its next one
+    (`atomr.train._recovery.DoubleBuffer`), so that an update is kept by
+    every shard or by none:
+
+    - synchronous (`worker` None): a round holding a push of one of
+      `round_ids`, which failed on another shard or for a worker; the
+      trainer rolls a failed round back on every shard. Its pushes are no
+      longer taken.
+    - asynchronous (`worker` set): that worker's push of one of
+      `round_ids`, whose range failed on a follower shard; the worker's
+      client rolls it back on every shard. The push stays taken (it counts
+      as an aborted batch). If the shard applied the push but another push
+      came after it, it cannot be undone: the shard answers
+      `Failure(RoundFailedError)` and refuses every push, abort and pull so
+      until it is given a state (`SetServerState`, `LoadCheckpoint`).
 
     Attributes:
         round_ids: the trainer's rounds of the failed request.
+        worker: the worker whose push is undone, or None for whole rounds.
     """
 
     round_ids: tuple[int, ...]
+    worker: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

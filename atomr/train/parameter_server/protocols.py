@@ -32,15 +32,15 @@ class ServerShardProtocol:
 
     | message | reply | meaning |
     |---|---|---|
-    | `PushGradient(worker, worker_version, gradient, weight, arbitrated_staleness, return_weights, round_id)` | the new version (`int`), or `PushedWeights` with `return_weights` | apply (asynchronous, bounded) or join the round (synchronous: answered once every worker pushed and the round is applied; a round whose update fails here is answered with `Failure(RoundFailedError)`, caused by the error); a push staler than the bound is answered with `Failure(StaleGradientError)` and changes nothing; a push of a `round_id` already taken from this worker is answered as that push was and applies nothing |
-    | `AbortPush(worker, worker_version, reason, round_id)` | the version (nothing applied); synchronous: `Failure(RoundDroppedError)` (a `NonFiniteError`) for the whole round | sent instead of a push: synchronous, it takes the worker's place in the round, which applies nothing, and every push of the round is answered with the failure; asynchronous / bounded, the worker's clock ticks; an abort of a `round_id` already taken from this worker changes nothing |
-    | `RollbackRound(round_ids)` | `bool`: True when undone | undo the last update if it is the synchronous round of one of `round_ids` (weights, optimizer state, version, counters); the trainer's, for a round that failed elsewhere |
+    | `PushGradient(worker, worker_version, gradient, weight, arbitrated_staleness, return_weights, round_id)` | the new version (`int`), or `PushedWeights` with `return_weights` | apply (asynchronous, bounded) or join the round (synchronous: answered once every worker pushed and the round is applied; a round whose update fails here is answered with `Failure(RoundFailedError)`, caused by the error; a push of a round before the current one, the latest `round_id` pushed, is late: answered with `Failure(RoundFailedError)`, never applied, and a push of a later round answers the earlier rounds' pushes still waiting so); a push staler than the bound is answered with `Failure(StaleGradientError)` and changes nothing; a push of a `round_id` already taken from this worker is answered as that push was and applies nothing |
+    | `AbortPush(worker, worker_version, reason, round_id)` | the version (nothing applied); synchronous: `Failure(RoundDroppedError)` (a `NonFiniteError`) for the whole round | sent instead of a push: synchronous, it takes the worker's place in the round, which applies nothing, and every push of the round is answered with the failure (a late abort, of a round before the current one, is answered with `Failure(RoundFailedError)` and drops nothing); asynchronous / bounded, the worker's clock ticks; an abort of a `round_id` already taken from this worker changes nothing |
+    | `RollbackRound(round_ids, worker=None)` | `bool`: True when undone | undo the last update if it is the synchronous round of one of `round_ids` (weights, optimizer state, version, counters; the trainer's, for a round that failed elsewhere), or with `worker`, that worker's asynchronous push of one of them (its client's, for a push whose range failed on another shard); a push applied here with another update after it cannot be undone: `Failure(RoundFailedError)`, and the shard refuses to serve until it is given a state |
     | `PullWeights(worker)` | `(weights, version)` | a host copy; under bounded staleness the reply waits while the worker is too far ahead of the slowest |
     | `Stats()` | `ParameterServerStats` | the shard's counters |
     | `GetWeights()` | `ndarray` | a host copy of the shard's range |
     | `SetLearningRate(lr)` | `float`: the rate it replaces (given back if another worker fails) | the optimizer's learning rate |
     | `GetServerState()` | `ServerState` | weights and optimizer state of the shard's range, and the version |
-    | `SetServerState(state)` | None | replace them; refused with `Failure(RuntimeError)` while a synchronous round is in progress |
+    | `SetServerState(state)` | None | replace them (a shard that refused to serve serves again); refused with `Failure(RuntimeError)` while a synchronous round is in progress |
     | `SaveCheckpoint(path)` | None | a checkpoint of the shard's range |
     | `LoadCheckpoint(path)` | None | restore it; `Failure(CheckpointError)` if it does not fit |
 
@@ -50,7 +50,11 @@ class ServerShardProtocol:
     is answered with `Failure(exc)` and leaves the weights and version as
     they were; the shard is never restarted for it and goes on serving. It
     takes one push (or abort) per worker and trainer round. Its last update
-    stays undoable until the next one (`RollbackRound`).
+    stays undoable until the next one (`RollbackRound`). A shard restarted by
+    its supervisor (its state lost) answers every push, abort and pull with
+    `Failure(WorkerStateLost)`, and one holding a push it could not undo with
+    `Failure(RoundFailedError)`, until it is given a state (`SetServerState`,
+    `LoadCheckpoint`); `Stats`, `GetWeights` and `GetServerState` are served.
     Other messages go to `DeviceActor.receive` (`OnDevice`; anything else is
     answered with `Failure(TypeError)`).
 
@@ -93,7 +97,13 @@ class ParameterServerWorkerProtocol:
     pulled from shards at different versions (a round applied on some only)
     are not computed from: the worker aborts its part and answers
     `Failure(RoundFailedError)`, as it answers a round that failed on a
-    shard. A part sent again after its push landed is pushed with the same
+    shard. In the asynchronous models, a push whose range failed on a
+    follower shard was rolled back (`ShardedClient.push`): the worker sends
+    `AbortPush` (its batch counts as done for the clocks) and answers
+    `Failure(RoundFailedError)`. A shard refusing to serve (its state lost,
+    `WorkerStateLost`, or a push it could not undo, `RoundFailedError`) is
+    answered with its failure at once. A part sent again after its push
+    landed is pushed with the same
     `round_id`, which the shards do not apply twice (its `BatchResult` then
     reports the loss at the weights it was computed from the second time).
     Between batches a worker

@@ -18,6 +18,15 @@ here) under one of three consistency models (`Consistency`):
   `RoundDroppedError` (a `NonFiniteError`). A round whose update fails here
   fails with `RoundFailedError`; one applied here but failed elsewhere is
   undone by the trainer's `RollbackRound` (the last update stays undoable).
+  A push or abort of a round before the current one (late) is dropped with
+  `RoundFailedError`, never applied.
+
+In the asynchronous models an applied push stays undoable too, until the
+next update: a sharded push whose range failed on a follower shard is
+undone by its client's `RollbackRound` naming the worker; a shard that took
+another push since cannot undo it, and refuses every push, abort and pull
+with `RoundFailedError` until it is given a state. A shard restarted by its
+supervisor (its state lost) refuses them so with `WorkerStateLost`.
 
 A push is atomic: its length, finiteness and staleness are checked first,
 and only then is the optimizer applied, on the device's worker thread. Bad
@@ -49,7 +58,7 @@ from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.checkpoint import CheckpointError, save_checkpoint
 from atomr.train.core.device_guard import Rejected, guarded
-from atomr.train.core.errors import NonFiniteError
+from atomr.train.core.errors import NonFiniteError, WorkerStateLost
 from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint, SetLearningRate
 from atomr.train.core.model.inputs import model_dtype
 from atomr.train.core.optimizer import OptimizerKind
@@ -67,6 +76,7 @@ from atomr.train.parameter_server._push_checks import (
 from atomr.train.parameter_server._round import (
     PendingPush,
     RoundDroppedError,
+    RoundFailedError,
     SynchronousRound,
     round_failure,
     round_update,
@@ -170,6 +180,8 @@ class ServerShard(ShardStore):
         self._buffers = DoubleBuffer()
         self._accepted = AcceptedRounds()
         self._staged = None
+        self._in_effect = {}
+        self._refusing = None
 
     @classmethod
     def props(
@@ -201,21 +213,31 @@ class ServerShard(ShardStore):
             self.max_clock_gap,
         )
 
+    def post_restart(self, error: BaseException) -> Any:
+        """Restarted by its supervisor, the shard has its initial weights and
+        the spawn config's optimizer: it lost its state, so it refuses every
+        push, abort and pull with `WorkerStateLost` (kind "server shard")
+        until it is given a state (`SetServerState`, `LoadCheckpoint`),
+        instead of serving the reset weights or holding a push in a round
+        whose other pushes were lost with the old instance."""
+        self._refuse(lambda: WorkerStateLost("server shard", None, error))
+        return super().post_restart(error)
+
     # -- messages -------------------------------------------------------------
 
     async def receive(self, message: Any) -> Any:
         """Dispatch a server message (see the class docstring)."""
         await self._ready()
+        if isinstance(message, (PushGradient, AbortPush, PullWeights)):
+            refused = self._refusal()
+            if refused is not None:
+                return Failure(refused)
         if isinstance(message, PushGradient):
             return await self._push(message)
         if isinstance(message, AbortPush):
             return await self._abort(message)
         if isinstance(message, RollbackRound):
-            try:
-                rounds = tuple(check_round_id(r) for r in message.round_ids)
-            except (TypeError, ValueError) as exc:
-                return Failure(TypeError(f"round_ids must be a tuple of round ids: {exc}"))
-            return await self._roll_back_round(rounds)
+            return await self._roll_back(message)
         if isinstance(message, PullWeights):
             return await self._pull(message)
         if isinstance(message, Stats):
@@ -254,8 +276,10 @@ class ServerShard(ShardStore):
             error, weights = await self._apply_or_undo([(grad, 1.0)], msg.return_weights)
             if error is not None:
                 return Failure(error)
-            self._count_applied([staleness])
-        self._accepted.take([(worker, msg.round_id)])
+            # undoable until the next update, should its range fail on another shard
+            self._stage([(worker, msg.round_id)], [staleness], undo_takes=False)
+        else:
+            self._accepted.take([(worker, msg.round_id)])
         await self._batch_done(worker)
         return await self._answer_push(worker, msg.return_weights, weights)
 
@@ -326,7 +350,8 @@ class ServerShard(ShardStore):
             wanted = any(p.wants_weights for _, p in ordered)
             error, weights = await self._apply_or_undo(parts, wanted)
             if error is None:
-                self._stage([(w, p.round_id) for w, p in ordered], len(parts))
+                entries = [(w, p.round_id) for w, p in ordered]
+                self._stage(entries, [0] * len(parts), undo_takes=True)
         for _, p in ordered:
             if error is not None:
                 p.reply.set_exception(round_failure(error))
@@ -334,6 +359,19 @@ class ServerShard(ShardStore):
                 p.reply.set_result(PushedWeights(self.version, weights))
             else:
                 p.reply.set_result(self.version)
+
+    async def _roll_back(self, msg: RollbackRound) -> Any:
+        """`RollbackRound`: undo the last update if it holds the failed round
+        (or the worker's failed push); see `ShardStore._roll_back_round`."""
+        try:
+            rounds = tuple(check_round_id(r) for r in msg.round_ids)
+            worker = None if msg.worker is None else check_worker(msg.worker, self.n_workers)
+        except (TypeError, ValueError) as exc:
+            return Failure(TypeError(f"RollbackRound needs round ids and a worker id: {exc}"))
+        try:
+            return await self._roll_back_round(rounds, worker)
+        except RoundFailedError as exc:  # held for good: the shard now refuses
+            return Failure(exc)
 
     # -- pulls and clocks (bounded staleness) ---------------------------------
 

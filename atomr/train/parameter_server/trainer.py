@@ -17,10 +17,13 @@ between batches, so the part it failed on is simply sent again
 (`ParameterServerOptions.max_retries`), with its round id, so that the
 shards do not apply a part twice whose push had landed; a shard's updates
 are atomic, so a resumed shard's state is valid, and a synchronous round
-that failed is rolled back on every shard (`WorkerPool`). A restarted shard, though, comes back with
-its initial weights and optimizer: the trainer then answers every request
-with `WorkerStateLost` until a `LoadCheckpoint` succeeds
-(`recovery.StateLossWatch`; no host copy of the state is kept).
+that failed is rolled back on every shard (`WorkerPool`), as is an
+asynchronous push whose range failed on one shard (`ShardedClient.push`).
+A restarted shard, though, comes back with its initial weights and
+optimizer: it refuses to serve, so the request under way fails at once,
+and the trainer answers every request with `WorkerStateLost` until a
+`LoadCheckpoint` succeeds (`recovery.StateLossWatch`; no host copy of the
+state is kept).
 """
 
 from __future__ import annotations
@@ -102,7 +105,11 @@ class AsyncParameterServer(Actor):
     optimizer step on the whole batch, equal to the single-device
     `Trainer`'s, kept by every shard or by none (a round that failed on one
     shard is rolled back on the others: `RoundFailedError`); in the
-    asynchronous models every part is applied on arrival.
+    asynchronous models every part is applied on arrival, on every shard or
+    on none (a part whose range failed on one shard is rolled back on the
+    others: `RoundFailedError`; where a shard took another push since and
+    cannot undo it, every `Step` and `Evaluate` is refused with
+    `RoundFailedError` until a checkpoint is loaded).
 
     Args:
         layout: the checked deployment (`Layout.plan`; use `props` or `spawn`).

@@ -8,9 +8,13 @@ and the next batch of the same generation starts from them instead of a
 pull. A push refused as stale is retried with fresh weights. A batch
 without a usable gradient (non-finite loss or gradient) sends `AbortPush`
 instead, so that a synchronous round fails for every worker rather than
-waiting for this one, and answers the error. Between batches the worker
-keeps its model buffers and at most the weights its last push returned, so
-a restarted worker simply pulls fresh weights on its next batch.
+waiting for this one, and answers the error; so does a batch whose
+asynchronous push was rolled back (its range failed on a follower shard).
+A server shard that refuses to serve (its state lost, or a push it could
+not undo) is answered with its error: the worker has not failed. Between
+batches the worker keeps its model buffers and at most the weights its
+last push returned, so a restarted worker simply pulls fresh weights on its
+next batch.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from atomr.train.core._step_checks import check_gradient, check_loss, check_norm
 from atomr.train.core.clip import global_norm
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import Rejected, guarded
-from atomr.train.core.errors import InvalidBatchError, NonFiniteError
+from atomr.train.core.errors import InvalidBatchError, NonFiniteError, WorkerStateLost
 from atomr.train.core.messages import Evaluate
 from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
@@ -39,6 +43,10 @@ from atomr.train.parameter_server._round import RoundFailedError
 from atomr.train.parameter_server.messages import BatchResult, StaleGradientError, TrainBatch
 
 __all__ = ["ParameterServerWorker"]
+
+# a server shard refusing to serve: it lost its state (restarted), or holds a
+# push it could not undo, or a round is over; the worker answers them itself
+_REFUSALS: tuple[type[Exception], ...] = (RoundFailedError, WorkerStateLost)
 
 
 class ParameterServerWorker(DeviceActor):
@@ -108,11 +116,16 @@ class ParameterServerWorker(DeviceActor):
         return self.model
 
     async def receive(self, message: Any) -> Any:
-        """Dispatch `TrainBatch` / `Evaluate`; anything else to `DeviceActor.receive`."""
-        if isinstance(message, TrainBatch):
-            return await self._train(message)
-        if isinstance(message, Evaluate):
-            return await self._evaluate(message)
+        """Dispatch `TrainBatch` / `Evaluate`; anything else to `DeviceActor.receive`.
+        A server shard refusing to serve (`_REFUSALS`) is answered with its
+        error: the worker itself has not failed."""
+        try:
+            if isinstance(message, TrainBatch):
+                return await self._train(message)
+            if isinstance(message, Evaluate):
+                return await self._evaluate(message)
+        except _REFUSALS as exc:
+            return Failure(exc)
         return await super().receive(message)
 
     def _validate(self, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -153,8 +166,11 @@ class ParameterServerWorker(DeviceActor):
             except StaleGradientError:
                 self.stale_pushes += 1
                 continue
-            # the round was dropped (or its sum overflowed), or failed on a shard
-            except (NonFiniteError, RoundFailedError) as exc:
+            except RoundFailedError as exc:  # the round, or the push, failed on a shard
+                if not self.client.synchronous:  # rolled back: the batch counts as aborted
+                    await self._abort(versions, exc, msg.round_id)
+                return Failure(exc)
+            except NonFiniteError as exc:  # the round was dropped (or its sum overflowed)
                 return Failure(exc)
             micros = (time.perf_counter_ns() - t0) // 1000
             return BatchResult(StepStats(loss, grad_norm, int(micros), int(x.shape[0])), norm)
@@ -191,7 +207,7 @@ class ParameterServerWorker(DeviceActor):
         round is dropped (its other pushes fail too instead of waiting for this
         worker), a bounded-staleness clock ticks. The round's answer is not
         needed: this worker reports its own error."""
-        with contextlib.suppress(NonFiniteError, StaleGradientError):
+        with contextlib.suppress(NonFiniteError, StaleGradientError, *_REFUSALS):
             await self.client.abort(self.worker_id, versions, str(error), round_id)
 
     def compute_gradients(

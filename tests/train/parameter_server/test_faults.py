@@ -197,7 +197,9 @@ async def test_a_worker_slower_than_its_timeout_is_not_sent_its_part_again(
             assert (await ps.ask(Step(x, y), timeout=T)).applied
         after = (await ps.ask(GetServerStats(), timeout=T))[0].version
         # one version per synchronous round, one per push otherwise; the held
-        # part's single late push may land in the first of them
+        # part's single late push may land after `before` was read: applied
+        # (asynchronous), or completing its own round (synchronous: a push of
+        # an earlier round never joins a later one, test_server.py)
         assert after - before in ((3, 4) if synchronous else (6, 7))
 
 
@@ -205,9 +207,14 @@ FAULTY_SHARD = 1
 
 
 @pytest.mark.parametrize(
-    ("workers", "consistency", "trigger"),
-    [(2, Consistency.synchronous(), Evaluate(*held_out())), (1, Consistency.asynchronous(), None)],
-    ids=["sync-evaluate", "async-step"],
+    ("workers", "consistency", "trigger", "message"),
+    [
+        (2, Consistency.synchronous(), Evaluate(*held_out()), PullWeights),
+        (1, Consistency.asynchronous(), None, PullWeights),
+        (2, Consistency.synchronous(), None, PushGradient),
+        (1, Consistency.bounded(1), None, PushGradient),
+    ],
+    ids=["sync-evaluate", "async-step", "sync-mid-round", "bounded-push"],
 )
 async def test_a_restarted_server_shard_refuses_until_a_checkpoint_is_loaded(
     actor_system: ActorSystem,
@@ -215,19 +222,29 @@ async def test_a_restarted_server_shard_refuses_until_a_checkpoint_is_loaded(
     workers: int,
     consistency: Consistency,
     trigger: Evaluate | None,
+    message: type,
 ) -> None:
-    """Shard 1's device context is poisoned while it serves a pull (outside
-    its update): it is restarted with its initial weights and the spawn
-    config's optimizer. The trainer used to go on from there, silently (the
-    worker was sent its part again and trained it on the reset shard); now
-    that request and every later one fail with `WorkerStateLost` naming the
-    shard until a checkpoint is loaded, and then it trains as a single-device
-    `Trainer` loaded from the same checkpoint (synchronous rounds, or one
-    asynchronous worker, equal its steps). The pull is a `Step`'s in the
-    asynchronous model, an `Evaluate`'s in the synchronous one (whose steps
-    start from the weights their last push returned)."""
+    """Shard 1's device context is poisoned while it serves a pull or a push
+    (outside its update): it is restarted with its initial weights and the
+    spawn config's optimizer. The trainer used to go on from there, silently
+    (the worker was sent its part again and trained it on the reset shard);
+    now that request and every later one fail with `WorkerStateLost` naming
+    the shard until a checkpoint is loaded, and then it trains as a
+    single-device `Trainer` loaded from the same checkpoint (synchronous
+    rounds, or one asynchronous worker, equal its steps). The pull is a
+    `Step`'s in the asynchronous model, an `Evaluate`'s in the synchronous
+    one (whose steps start from the weights their last push returned).
+
+    Restarted mid-round (its first push of a synchronous round), the shard
+    comes back with an empty round: a worker's part sent again used to
+    abort into that round and wait there for the other worker's push, which
+    had already been answered, until `worker_timeout` (here longer than the
+    test's ask timeout); now the restarted shard refuses every push, abort
+    and pull at once until it is given a state, and the request fails
+    promptly."""
     plan = Plan()
-    shard = inject_faults(NumberedShard, plan, {"pull": PullWeights}, worker=FAULTY_SHARD)
+    phase = "pull" if message is PullWeights else "push"
+    shard = inject_faults(NumberedShard, plan, {phase: message}, worker=FAULTY_SHARD)
     config = TrainerConfig(OptimizerKind.adam(0.05), LossKind.CROSS_ENTROPY)
     model = Mlp(TWO_RANGE_SIZES, activation="tanh", seed=4)
     assert model.n_params == 2 * FIRST_RANGE - 1
@@ -243,7 +260,7 @@ async def test_a_restarted_server_shard_refuses_until_a_checkpoint_is_loaded(
         single,
         batches(),
         plan,
-        "pull",
+        phase,
         "server shard",
         FAULTY_SHARD,
         tmp_path,

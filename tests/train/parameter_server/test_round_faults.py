@@ -132,16 +132,20 @@ async def _round_fails_on_one_shard(
     phase: str,
     shard: type[ServerShard],
     error: type[BaseException] = ContextPoisoned,
+    workers: int = 2,
+    consistency: Consistency | None = None,
 ) -> BaseException:
-    """Train a synchronous parameter server of two workers and two shards
-    (`shard` its server class) and a single-device Trainer; `phase` is armed
-    with `error` for the step `FAULT_AT`, which must fail leaving every shard's weights and
-    version as they were, and the Trainer skips it. The runs must end equal.
+    """Train a parameter server of `workers` workers and two shards (`shard`
+    its server class; synchronous unless `consistency` says otherwise) and a
+    single-device Trainer; `phase` is armed with `error` for the step
+    `FAULT_AT`, which must fail leaving every shard's weights and version as
+    they were, and the Trainer skips it. The runs must end equal.
 
     Returns:
         The error the failed step was answered with.
     """
-    ps, single = await _pair(system, 2, Consistency.synchronous(), server_class=shard)
+    consistency = consistency or Consistency.synchronous()
+    ps, single = await _pair(system, workers, consistency, server_class=shard)
     raised = None
     for i, (x, y) in enumerate(batches()):
         if i != FAULT_AT:
@@ -157,7 +161,7 @@ async def _round_fails_on_one_shard(
         assert [st.version for st in await server_stats(ps)] == [FAULT_AT, FAULT_AT]
     assert plan.fired == [phase]
     for st in await server_stats(ps):
-        assert (st.version, st.gradients_applied) == (STEPS - 1, 2 * (STEPS - 1))
+        assert (st.version, st.gradients_applied) == (STEPS - 1, workers * (STEPS - 1))
     await assert_same_training(ps, single)
     assert raised is not None
     return raised
@@ -193,6 +197,74 @@ async def test_a_shard_resumed_after_failing_on_a_push_leaves_no_shard_changed(
     plan = Plan()
     shard = inject_faults(NumberedShard, plan, {"push": PushGradient}, worker=1)
     await _round_fails_on_one_shard(actor_system, plan, "push", shard, RuntimeError)
+
+
+@pytest.mark.parametrize(
+    ("phase", "error"),
+    [("mid_optimizer", ContextPoisoned), ("push", RuntimeError)],
+    ids=["optimizer-dies", "shard-fails-on-the-push"],
+)
+async def test_an_asynchronous_push_that_fails_on_a_follower_shard_changes_no_shard(
+    actor_system: ActorSystem, phase: str, error: type[BaseException]
+) -> None:
+    """One asynchronous worker, two shards: shard 1 (a follower: shard 0
+    decides a push's staleness and applies its range first) fails on its
+    range of the push (its optimizer dies, or it raises on the message and
+    is resumed). Shard 0 used to keep its range of the update and the part
+    was sent again, computed from that half-updated model, so the run
+    silently left the single-device Trainer's. Now shard 0 undoes its range
+    (`RollbackRound`, as for a synchronous round), the step fails with
+    `RoundFailedError` caused by the follower's error, and training goes on
+    as if the step had not been asked: equal to the Trainer's."""
+    plan = Plan()
+    if phase == "push":
+        shard = inject_faults(NumberedShard, plan, {"push": PushGradient}, worker=1)
+    else:
+        shard = dying_optimizer(NumberedShard, plan, worker=1)
+    raised = await _round_fails_on_one_shard(
+        actor_system, plan, phase, shard, error, workers=1, consistency=Consistency.asynchronous()
+    )
+    assert isinstance(raised.__cause__, error)
+    notes = "\n".join(getattr(raised, "__notes__", []))
+    assert "nothing of it is applied on any shard" in notes
+
+
+async def test_an_asynchronous_push_left_half_applied_is_refused_until_a_checkpoint_is_loaded(
+    actor_system: ActorSystem, tmp_path: Path
+) -> None:
+    """Two asynchronous workers, two shards: shard 1 dies in its range of one
+    worker's push after a delay, while the other worker's push lands on
+    shard 0 on top of it, so shard 0 can no longer undo it (it keeps its
+    last update undoable only). The push is half-applied: the step fails
+    with `RoundFailedError` saying so, and every later `Step` and `Evaluate`
+    is refused (`RoundFailedError`) instead of training or evaluating a
+    model mixed from two versions, until a checkpoint is loaded."""
+    plan = Plan()
+    shard = dying_optimizer(NumberedShard, plan, worker=1)
+    ps, _single = await _pair(actor_system, 2, Consistency.asynchronous(), server_class=shard)
+    data = batches()
+    for x, y in data[:FAULT_AT]:
+        await ps.ask(Step(x, y), timeout=T)
+    ckpt = tmp_path / "before.ckpt"
+    await ps.ask(SaveCheckpoint(ckpt), timeout=T)
+    plan.arm("mid_optimizer", ContextPoisoned, delay=0.5)
+    with pytest.raises(RoundFailedError) as info:
+        await ps.ask(Step(*data[FAULT_AT]), timeout=T)
+    assert plan.fired == ["mid_optimizer"]
+    assert isinstance(info.value.__cause__, ContextPoisoned)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "server shards [0] could not undo" in notes and "load a checkpoint" in notes
+    assert [st.version for st in await server_stats(ps)] == [2 * FAULT_AT + 2, 2 * FAULT_AT + 1]
+    for request in (Step(*data[FAULT_AT + 1]), Evaluate(*held_out())):
+        with pytest.raises(RoundFailedError, match="until a checkpoint is loaded"):
+            await ps.ask(request, timeout=T)
+    assert [st.version for st in await server_stats(ps)] == [2 * FAULT_AT + 2, 2 * FAULT_AT + 1]
+    await ps.ask(LoadCheckpoint(ckpt), timeout=T)
+    for x, y in data[FAULT_AT:]:
+        assert (await ps.ask(Step(x, y), timeout=T)).updates == 2
+    versions = [st.version for st in await server_stats(ps)]
+    assert versions == [2 * len(data)] * 2  # from the checkpoint at 2 * FAULT_AT
+    await ps.ask(Evaluate(*held_out()), timeout=T)
 
 
 def _assert_same_checkpoint(path: Path, other: Path) -> None:

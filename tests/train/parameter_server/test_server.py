@@ -5,6 +5,7 @@ message level, and its own checkpoints."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core.errors import CheckpointError, NonFiniteError
+from atomr.train.parameter_server import RoundFailedError
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.messages import (
     AbortPush,
@@ -90,6 +92,43 @@ async def test_bad_push_is_a_failure_that_changes_nothing(actor_system, push, er
     assert version == 0
     np.testing.assert_array_equal(weights, [10, 20])
     assert (await ref.ask(PushGradient(0, 0, _f32(1, 2)))) == 1
+
+
+_HUGE = "w" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (PushGradient(_HUGE, 0, _f32(1, 2)), ValueError),  # type: ignore[arg-type]
+        (PushGradient(0, 0, _f32(1, 2), round_id=_HUGE), ValueError),  # type: ignore[arg-type]
+        (PushGradient(0, _HUGE, _f32(1, 2)), ValueError),  # type: ignore[arg-type]
+        (PushGradient(0, 0, _f32(1, 2), weight=_HUGE), TypeError),  # type: ignore[arg-type]
+        (AbortPush(_HUGE, 0, "no gradient"), ValueError),  # type: ignore[arg-type]
+        (AbortPush(0, 0, "no gradient", round_id=[_HUGE]), ValueError),  # type: ignore[arg-type]
+        (PullWeights(_HUGE), ValueError),  # type: ignore[arg-type]
+        (PullWeights(10**100), ValueError),
+    ],
+    ids=["worker", "round", "version", "weight", "abort", "abort-round", "pull", "pull-big"],
+)
+async def test_a_bad_argument_is_answered_with_a_bounded_error_and_changes_nothing(
+    actor_system, message, error
+) -> None:
+    """A push, abort or pull naming a worker, round or version that is no
+    int >= 0 (a 100,000-character string, say) is answered with a
+    ValueError whose text shows the value bounded (`bounded_repr`), not the
+    whole of it; a wrongly typed id too (the handlers answer ValueError,
+    and the shard is not failed for bad input: it goes on serving). A
+    weight that is no number is a TypeError, bounded too (it was Python's
+    own "could not convert string to float" with the whole string, and a
+    numeric string was taken as a number)."""
+    ref = actor_system.spawn(ServerShard.props(_f32(10, 20), OptimizerKind.sgd(0.1), workers=1))
+    with pytest.raises(error) as info:
+        await ref.ask(message)
+    assert len(str(info.value)) < 400
+    weights, version = await ref.ask(PullWeights(0))  # same instance, still serving
+    assert version == 0
+    np.testing.assert_array_equal(weights, [10, 20])
 
 
 @pytest.mark.parametrize(
@@ -180,6 +219,60 @@ async def test_synchronous_round_with_an_abort_applies_nothing_and_answers_every
     second = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(2, 0))))
     assert await asyncio.wait_for(ref.ask(PushGradient(1, 0, _f32(0, 2))), 5) == 1
     assert await asyncio.wait_for(second, 5) == 1
+    weights, _ = await ref.ask(PullWeights(0))
+    np.testing.assert_allclose(weights, [-1.0, -1.0])
+
+
+def _synchronous_pair(actor_system) -> Any:
+    """A synchronous shard of two workers on `[0, 0]` with plain SGD at rate 1."""
+    props = ServerShard.props(
+        _f32(0, 0), OptimizerKind.sgd(1.0), None, consistency=Consistency.synchronous(), workers=2
+    )
+    return actor_system.spawn(props)
+
+
+@pytest.mark.parametrize("late", ["push", "abort"])
+async def test_a_late_push_of_an_earlier_round_is_dropped_not_applied(actor_system, late) -> None:
+    """Worker 1's push (or abort) of round 0 arrives after round 1 started
+    (its part timed out, the trainer moved on): it used to take worker 1's
+    place in round 1, which was then applied with round 0's gradient (or
+    dropped by round 0's abort). Now it is refused with `RoundFailedError`,
+    nothing of it applied, and round 1 waits for worker 1's push of round 1."""
+    ref = _synchronous_pair(actor_system)
+    pending = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(2, 0), round_id=1)))
+    await ref.ask(Stats())
+    stale = (
+        PushGradient(1, 0, _f32(100, 100), round_id=0)
+        if late == "push"
+        else AbortPush(1, 0, "loss is not finite (inf)", round_id=0)
+    )
+    with pytest.raises(RoundFailedError, match="round 0 .*round 1"):
+        await asyncio.wait_for(ref.ask(stale), 5)
+    assert not pending.done()
+    assert (await ref.ask(Stats())).version == 0
+    assert await asyncio.wait_for(ref.ask(PushGradient(1, 0, _f32(0, 2), round_id=1)), 5) == 1
+    assert await asyncio.wait_for(pending, 5) == 1
+    weights, _ = await ref.ask(PullWeights(0))
+    np.testing.assert_allclose(weights, [-1.0, -1.0])
+
+
+async def test_a_push_of_a_later_round_ends_the_round_left_behind(actor_system) -> None:
+    """Worker 0's push of round 0 waits for worker 1, whose part timed out;
+    the trainer goes on to round 1. Worker 1's push of round 1 used to
+    complete round 0 with it (two rounds' gradients mixed into one update);
+    now it ends round 0 (worker 0's push of it is answered with
+    `RoundFailedError`, nothing applied) and starts round 1, which
+    completes with round 1's pushes alone."""
+    ref = _synchronous_pair(actor_system)
+    left_behind = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(100, 100), round_id=0)))
+    await ref.ask(Stats())
+    pending = asyncio.ensure_future(ref.ask(PushGradient(1, 0, _f32(0, 2), round_id=1)))
+    with pytest.raises(RoundFailedError, match="round 0 .*round 1"):
+        await asyncio.wait_for(left_behind, 5)
+    assert not pending.done()
+    assert (await ref.ask(Stats())).version == 0
+    assert await asyncio.wait_for(ref.ask(PushGradient(0, 0, _f32(2, 0), round_id=1)), 5) == 1
+    assert await asyncio.wait_for(pending, 5) == 1
     weights, _ = await ref.ask(PullWeights(0))
     np.testing.assert_allclose(weights, [-1.0, -1.0])
 

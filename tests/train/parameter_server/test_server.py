@@ -231,6 +231,18 @@ def _synchronous_pair(actor_system) -> Any:
     return actor_system.spawn(props)
 
 
+async def _round_one_completes(ref: Any, pending: Any, last: PushGradient) -> None:
+    """Round 1 of `_synchronous_pair` holds one push (`pending`, still
+    unanswered, nothing applied) and completes with `last`: both answered
+    with version 1, the weights moved by the mean of `(2, 0)` and `(0, 2)`."""
+    assert not pending.done()
+    assert (await ref.ask(Stats())).version == 0
+    assert await asyncio.wait_for(ref.ask(last), 5) == 1
+    assert await asyncio.wait_for(pending, 5) == 1
+    weights, _ = await ref.ask(PullWeights(0))
+    np.testing.assert_allclose(weights, [-1.0, -1.0])
+
+
 @pytest.mark.parametrize("late", ["push", "abort"])
 async def test_a_late_push_of_an_earlier_round_is_dropped_not_applied(actor_system, late) -> None:
     """Worker 1's push (or abort) of round 0 arrives after round 1 started
@@ -248,12 +260,7 @@ async def test_a_late_push_of_an_earlier_round_is_dropped_not_applied(actor_syst
     )
     with pytest.raises(RoundFailedError, match="round 0 .*round 1"):
         await asyncio.wait_for(ref.ask(stale), 5)
-    assert not pending.done()
-    assert (await ref.ask(Stats())).version == 0
-    assert await asyncio.wait_for(ref.ask(PushGradient(1, 0, _f32(0, 2), round_id=1)), 5) == 1
-    assert await asyncio.wait_for(pending, 5) == 1
-    weights, _ = await ref.ask(PullWeights(0))
-    np.testing.assert_allclose(weights, [-1.0, -1.0])
+    await _round_one_completes(ref, pending, PushGradient(1, 0, _f32(0, 2), round_id=1))
 
 
 async def test_a_push_of_a_later_round_ends_the_round_left_behind(actor_system) -> None:
@@ -269,12 +276,7 @@ async def test_a_push_of_a_later_round_ends_the_round_left_behind(actor_system) 
     pending = asyncio.ensure_future(ref.ask(PushGradient(1, 0, _f32(0, 2), round_id=1)))
     with pytest.raises(RoundFailedError, match="round 0 .*round 1"):
         await asyncio.wait_for(left_behind, 5)
-    assert not pending.done()
-    assert (await ref.ask(Stats())).version == 0
-    assert await asyncio.wait_for(ref.ask(PushGradient(0, 0, _f32(2, 0), round_id=1)), 5) == 1
-    assert await asyncio.wait_for(pending, 5) == 1
-    weights, _ = await ref.ask(PullWeights(0))
-    np.testing.assert_allclose(weights, [-1.0, -1.0])
+    await _round_one_completes(ref, pending, PushGradient(0, 0, _f32(2, 0), round_id=1))
 
 
 async def test_abort_in_bounded_mode_ticks_the_clock_and_applies_nothing(actor_system) -> None:

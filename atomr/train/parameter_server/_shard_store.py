@@ -18,9 +18,12 @@ lost its weights and optimizer state: `WorkerStateLost`), or one that holds
 an asynchronous push that failed on another shard and can no longer be
 undone here (`RoundFailedError`).
 
+A whole state comes from `SetServerState` or `LoadCheckpoint`, and
+`SaveCheckpoint` writes it (`_set_state`, `_load`, `_save`).
+
 Everything here but `_ready`, `_apply_or_undo`, `_stage`, `_roll_back_round`,
-`_refusal`, `_refuse` and `_count_applied` (the event loop's) runs on the
-device's worker thread. The update is a hook subclasses may override (an
+`_refusal`, `_refuse`, `_count_applied`, `_set_state`, `_save` and `_load`
+(the event loop's) runs on the device's worker thread. The update is a hook subclasses may override (an
 instrumented server, a fault-injected one: `atomr.testkit.inject_faults`):
 `apply_gradients`.
 
@@ -37,14 +40,18 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import DeviceActor
+from atomr.actor import Failure
 from atomr.train._recovery import DoubleBuffer
+from atomr.train.core.checkpoint import CheckpointError, save_checkpoint
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
+from atomr.train.core.sharded_index import merge_shards
 from atomr.train.parameter_server._accepted import AcceptedRounds
-from atomr.train.parameter_server._round import RoundFailedError, StagedRound
+from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
+from atomr.train.parameter_server._round import RoundFailedError, StagedRound, SynchronousRound
 from atomr.train.parameter_server.messages import ServerState
 
 __all__ = ["ShardStore", "as_optimizer_kind"]
@@ -85,6 +92,8 @@ class ShardStore(DeviceActor):
     _buffers: DoubleBuffer
     _accepted: AcceptedRounds
     _staged: StagedRound | None
+    _round: SynchronousRound
+    model_config: dict[str, Any]
     # the round of each worker's last asynchronous push applied here and not undone
     _in_effect: dict[int, int]
     # makes the error every push, abort and pull is refused with (None: served)
@@ -292,6 +301,41 @@ class ShardStore(DeviceActor):
         self.optimizer = fresh
         self.kind = fresh.kind
         self.version = int(state.version)
+
+    async def _set_state(self, state: Any) -> Any:
+        """`SetServerState`: replace the whole state (`_commit_state`), not
+        while a synchronous round is in progress."""
+        if self._round.in_progress:
+            return Failure(RuntimeError("a synchronous round is in progress; try again after it"))
+        if not isinstance(state, ServerState):
+            return Failure(TypeError(f"expected a ServerState, got {type(state).__name__}"))
+        try:
+            return await self.on_device(self._commit_state, state)
+        except (ValueError, TypeError) as exc:
+            return Failure(exc)
+
+    async def _save(self, path: Any) -> Any:
+        """`SaveCheckpoint`: this shard's state, as a checkpoint at `path`."""
+        ckpt = checkpoint_of([await self.on_device(self._server_state)], self.model_config)
+        result = await self.on_device(guarded, save_checkpoint, path, ckpt)
+        return Failure(result.error) if isinstance(result, Rejected) else None
+
+    async def _load(self, path: Any) -> Any:
+        """`LoadCheckpoint`: a checkpoint's state, read as a shard of its own
+        (its range the whole vector; the trainer loads its shards through
+        `SetServerState`), through `_set_state`."""
+        ckpt = await self.on_device(guarded, merge_shards, path)
+        if isinstance(ckpt, Rejected):
+            return Failure(ckpt.error)
+        try:
+            ranges = [(0, self.n)]
+            (state,) = server_states(ckpt, ranges, self.kind, self.model_config, "ServerShard")
+        except CheckpointError as exc:
+            return Failure(exc)
+        result = await self._set_state(state)
+        if isinstance(result, Failure):
+            return Failure(CheckpointError(f"checkpoint does not fit: {result.exception}"))
+        return None
 
 
 def _held_for_good(worker: int | None, round_id: int) -> Callable[[], Exception]:

@@ -37,9 +37,10 @@ of place and swapped in only once complete (`atomr.train._recovery.DoubleBuffer`
 and is answered with `Failure(exc)` too: the pusher gets the typed error, the
 shard keeps its weights and version and goes on serving. A push (or abort)
 of a trainer round already taken from its worker (`AcceptedRounds`) is
-answered without being applied again. The state and its atomic update are
-`ShardStore`'s (`_shard_store.py`); `ServerShard` adds the consistency
-models and the messages.
+answered without being applied again. The state, its atomic update and its
+whole-state messages (`SetServerState`, `SaveCheckpoint`, `LoadCheckpoint`)
+are `ShardStore`'s (`_shard_store.py`); `ServerShard` adds the consistency
+models and the other messages.
 
 A shard may hold one range of a larger vector: the trainer
 (`AsyncParameterServer`) spawns K of them and its workers push and pull
@@ -56,16 +57,12 @@ import numpy as np
 from atomr.accel import Device
 from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
-from atomr.train.core.checkpoint import CheckpointError, save_checkpoint
-from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError, WorkerStateLost
 from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint, SetLearningRate
 from atomr.train.core.model.inputs import model_dtype
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
-from atomr.train.core.sharded_index import merge_shards
 from atomr.train.parameter_server._accepted import AcceptedRounds
-from atomr.train.parameter_server._checkpoint import checkpoint_of, server_states
 from atomr.train.parameter_server._clocks import WorkerClocks
 from atomr.train.parameter_server._push_checks import (
     check_push,
@@ -91,7 +88,6 @@ from atomr.train.parameter_server.messages import (
     PushedWeights,
     PushGradient,
     RollbackRound,
-    ServerState,
     SetServerState,
     StaleGradientError,
     Stats,
@@ -400,34 +396,3 @@ class ServerShard(ShardStore):
         weights = await self.on_device(self.backend.to_host, self.weights)
         self.pulled += 1
         return np.asarray(weights), self.version
-
-    # -- state transfer and checkpoints ---------------------------------------
-
-    async def _set_state(self, state: Any) -> Any:
-        if self._round.in_progress:
-            return Failure(RuntimeError("a synchronous round is in progress; try again after it"))
-        if not isinstance(state, ServerState):
-            return Failure(TypeError(f"expected a ServerState, got {type(state).__name__}"))
-        try:
-            return await self.on_device(self._commit_state, state)
-        except (ValueError, TypeError) as exc:
-            return Failure(exc)
-
-    async def _save(self, path: Any) -> Any:
-        ckpt = checkpoint_of([await self.on_device(self._server_state)], self.model_config)
-        result = await self.on_device(guarded, save_checkpoint, path, ckpt)
-        return Failure(result.error) if isinstance(result, Rejected) else None
-
-    async def _load(self, path: Any) -> Any:
-        ckpt = await self.on_device(guarded, merge_shards, path)
-        if isinstance(ckpt, Rejected):
-            return Failure(ckpt.error)
-        try:
-            ranges = [(0, self.n)]
-            (state,) = server_states(ckpt, ranges, self.kind, self.model_config, "ServerShard")
-        except CheckpointError as exc:
-            return Failure(exc)
-        result = await self._set_state(state)
-        if isinstance(result, Failure):
-            return Failure(CheckpointError(f"checkpoint does not fit: {result.exception}"))
-        return None

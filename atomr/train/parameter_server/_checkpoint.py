@@ -119,10 +119,11 @@ async def save_servers(
         timeout: each ask's timeout in seconds (None: wait forever).
 
     Raises:
-        Exception: a shard's failure to give its state (nothing was
-            written), or `save_checkpoint`'s.
+        Exception: a shard's failure to give its state, or its refusal
+            (`GetServerState.to_save`: its state is known to be wrong)
+            (nothing was written), or `save_checkpoint`'s.
     """
-    states = await ask_all(servers, GetServerState(), timeout, per_worker=False)
+    states = await ask_all(servers, GetServerState(to_save=True), timeout, per_worker=False)
     ckpt = checkpoint_of(states, model_config, workers)
     await asyncio.to_thread(save_checkpoint, path, ckpt)
 

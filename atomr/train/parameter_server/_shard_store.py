@@ -314,9 +314,24 @@ class ShardStore(DeviceActor):
         except (ValueError, TypeError) as exc:
             return Failure(exc)
 
+    async def _state_for(self, to_save: bool) -> ServerState | Failure:
+        """`GetServerState`: the state, or (`to_save`) the refusal of a shard
+        whose state is known to be wrong (`_refusal`), noted: no checkpoint
+        is to hold it."""
+        refused = self._refusal() if to_save else None
+        if refused is not None:
+            refused.add_note("this server shard's state was not saved")
+            return Failure(refused)
+        state: ServerState = await self.on_device(self._server_state)
+        return state
+
     async def _save(self, path: Any) -> Any:
-        """`SaveCheckpoint`: this shard's state, as a checkpoint at `path`."""
-        ckpt = checkpoint_of([await self.on_device(self._server_state)], self.model_config)
+        """`SaveCheckpoint`: this shard's state, as a checkpoint at `path`
+        (refused, nothing written, where `_state_for` refuses it)."""
+        state = await self._state_for(to_save=True)
+        if isinstance(state, Failure):
+            return state
+        ckpt = checkpoint_of([state], self.model_config)
         result = await self.on_device(guarded, save_checkpoint, path, ckpt)
         return Failure(result.error) if isinstance(result, Rejected) else None
 

@@ -220,7 +220,16 @@ class ParameterServerStats:
 
 @dataclass(frozen=True, slots=True)
 class GetServerState:
-    """Ask a server shard for its `ServerState` (the trainer checkpoints from them)."""
+    """Ask a server shard for its `ServerState` (the trainer checkpoints from them).
+
+    Attributes:
+        to_save: the state is for a checkpoint: a shard whose state is known
+            to be wrong (it refuses pushes and pulls until it is given a
+            state: restarted, or holding half of a push) answers its refusal
+            instead, so that no checkpoint holds such a state.
+    """
+
+    to_save: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -243,7 +243,7 @@ class ServerShard(ShardStore):
         if isinstance(message, SetLearningRate):
             return await self.on_device(self._set_lr, message.lr)
         if isinstance(message, GetServerState):
-            return await self.on_device(self._server_state)
+            return await self._state_for(message.to_save)
         if isinstance(message, SetServerState):
             return await self._set_state(message.state)
         if isinstance(message, SaveCheckpoint):

@@ -238,7 +238,8 @@ async def test_an_asynchronous_push_left_half_applied_is_refused_until_a_checkpo
     last update undoable only). The push is half-applied: the step fails
     with `RoundFailedError` saying so, and every later `Step` and `Evaluate`
     is refused (`RoundFailedError`) instead of training or evaluating a
-    model mixed from two versions, until a checkpoint is loaded."""
+    model mixed from two versions, until a checkpoint is loaded; a
+    `SaveCheckpoint` too (it used to save the mixed model)."""
     plan = Plan()
     shard = dying_optimizer(NumberedShard, plan, worker=1)
     ps, _single = await _pair(actor_system, 2, Consistency.asynchronous(), server_class=shard)
@@ -247,7 +248,9 @@ async def test_an_asynchronous_push_left_half_applied_is_refused_until_a_checkpo
         await ps.ask(Step(x, y), timeout=T)
     ckpt = tmp_path / "before.ckpt"
     await ps.ask(SaveCheckpoint(ckpt), timeout=T)
-    plan.arm("mid_optimizer", ContextPoisoned, delay=0.5)
+    # the stall lets the other worker's push land on shard 0 on top of it
+    # (2 s: ample on a loaded machine; the assertions below say if it did not)
+    plan.arm("mid_optimizer", ContextPoisoned, delay=2.0)
     with pytest.raises(RoundFailedError) as info:
         await ps.ask(Step(*data[FAULT_AT]), timeout=T)
     assert plan.fired == ["mid_optimizer"]
@@ -255,9 +258,11 @@ async def test_an_asynchronous_push_left_half_applied_is_refused_until_a_checkpo
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "server shards [0] could not undo" in notes and "load a checkpoint" in notes
     assert [st.version for st in await server_stats(ps)] == [2 * FAULT_AT + 2, 2 * FAULT_AT + 1]
-    for request in (Step(*data[FAULT_AT + 1]), Evaluate(*held_out())):
+    mixed = tmp_path / "mixed.ckpt"
+    for request in (Step(*data[FAULT_AT + 1]), Evaluate(*held_out()), SaveCheckpoint(mixed)):
         with pytest.raises(RoundFailedError, match="until a checkpoint is loaded"):
             await ps.ask(request, timeout=T)
+    assert not mixed.exists()  # a save used to write the mixed model
     assert [st.version for st in await server_stats(ps)] == [2 * FAULT_AT + 2, 2 * FAULT_AT + 1]
     await ps.ask(LoadCheckpoint(ckpt), timeout=T)
     for x, y in data[FAULT_AT:]:

@@ -29,7 +29,14 @@ from .messages import PoisonPill, ReceiveTimeout
 from .props import Props
 from .ref import ActorRef
 from .reply import Failure, Reply, delivered
-from .stopping import died, discard, ended_from_outside, maybe_await, shutdown, stopped_in_handler
+from .stopping import (
+    died,
+    discard,
+    ended_from_outside,
+    run_start_hook,
+    shutdown,
+    stopped_in_handler,
+)
 from .supervise import decide, failed, process_system, strategy_of
 from .supervision import Directive, SupervisorStrategy
 from .timers import Scheduler, TimerSet
@@ -258,21 +265,8 @@ class ActorCell(Inbound):
             await shutdown(self)
 
     async def _start(self) -> bool:
-        try:
-            started = self.instance.pre_start()
-            if started is not None:  # an async hook's coroutine: a stop cancels it
-                self.in_handler = True
-                try:
-                    await maybe_await(started)
-                finally:
-                    self.in_handler = False
-        except Exception:
-            logger.exception("pre_start of %s failed; stopping it", self.label)
+        if not await run_start_hook(self, self.instance.pre_start, "pre_start", "pre_start"):
             return False
-        except asyncio.CancelledError:
-            if stopped_in_handler(self, None, "pre_start"):
-                return False
-            raise
         self.started = True
         return True
 

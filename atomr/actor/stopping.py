@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -327,6 +327,39 @@ def ended_from_outside(cell: ActorCell, ending: BaseException) -> None:
         "'async with', before closing the loop",
         cell.label,
     )
+
+
+async def run_start_hook(cell: ActorCell, call: Callable[[], Any], hook: str, what: str) -> bool:
+    """Run a starting hook: `call()` (the first `pre_start`, or a new
+    instance's `post_restart`); an async one runs as a handler, so that a
+    stop cancels it.
+
+    Args:
+        cell: the actor's cell.
+        call: builds what the hook returns (raising as the hook raises).
+        hook: the hook's name, for `stopped_in_handler`.
+        what: what failed, for the log ("pre_start", "restart").
+
+    Returns:
+        Whether it finished: False when it raised (logged: the actor stops)
+        or a stop cancelled it.
+    """
+    try:
+        started = call()
+        if started is not None:  # an async hook's coroutine: a stop cancels it
+            cell.in_handler = True
+            try:
+                await maybe_await(started)
+            finally:
+                cell.in_handler = False
+    except Exception:
+        logger.exception("%s of %s failed; stopping it", what, cell.label)
+        return False
+    except asyncio.CancelledError:
+        if stopped_in_handler(cell, None, hook):
+            return False
+        raise
+    return True
 
 
 def stopped_in_handler(cell: ActorCell, message: Any, hook: str = "receive") -> bool:

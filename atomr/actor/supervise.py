@@ -3,14 +3,13 @@ stop or escalate (Akka's fault handling). Internal."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .empty import NONE
 from .errors import bounded_repr
 from .reply import delivered, fail_deferred
-from .stopping import cancel_tasks, maybe_await, stop_children, stopped_in_handler, unwatch
+from .stopping import cancel_tasks, maybe_await, run_start_hook, stop_children, unwatch
 from .supervision import Directive, SupervisorStrategy
 
 if TYPE_CHECKING:
@@ -215,24 +214,11 @@ async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
 
 
 async def _start_new_instance(cell: ActorCell, error: BaseException) -> bool:
-    """Build the new instance from Props and run its ``post_restart``; as for
-    the first ``pre_start`` (``ActorCell._start``), a stop cancels an async
-    one. Returns whether it started: False when building it or the hook
-    raised (logged) or a stop cancelled the hook."""
-    try:
-        instance = cell.new_instance()
-        started = instance.post_restart(error)
-        if started is not None:  # an async hook's coroutine: a stop cancels it
-            cell.in_handler = True
-            try:
-                await maybe_await(started)
-            finally:
-                cell.in_handler = False
-    except Exception:
-        logger.exception("restart of %s failed; stopping it", cell.label)
-        return False
-    except asyncio.CancelledError:
-        if stopped_in_handler(cell, None, "post_restart"):
-            return False
-        raise
-    return True
+    """Build the new instance from Props and run its ``post_restart``
+    (`run_start_hook`: as the first ``pre_start``, a stop cancels an async
+    one). Returns whether it started."""
+
+    def post_restart() -> Any:
+        return cell.new_instance().post_restart(error)
+
+    return await run_start_hook(cell, post_restart, "post_restart", "restart")

@@ -4,9 +4,10 @@ may go on from it.
 The checkpoint is the truth; its history file (`<checkpoint>.history.json`)
 gives the fit loop's position and the earlier epoch records only when it
 was written with that very save (the checkpoint's digest). The run's
-options are checked against the checkpoint's: another model, optimizer or
-schedule, or nothing left to train, is a `CliError` that names the option
-to change.
+options are checked against the checkpoint's (and the data options and
+`--loss` against its history file's): another model, optimizer, schedule,
+data or loss, or nothing left to train, is a `CliError` that names the
+option to change.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def resume_position(
         CliError: an unusable checkpoint (a sharded index whose shard
             files are missing or do not fit it), another model or optimizer
             (a sharded save's, from its shard files), a history file of
-            other data options, or a strategy whose steps per batch vary
+            other data options or another loss, or a strategy whose steps per batch vary
             with no history file of this checkpoint.
     """
     try:
@@ -76,6 +77,7 @@ def resume_position(
         return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, save)
     saved = earlier.position or {}
     _check_data_options(saved.get("data"), run.data_options())
+    _check_loss(saved.get("loss"), run.loss)
     position = _saved_position(saved, steps)
     if position is None:
         _warn(
@@ -223,6 +225,23 @@ def _check_data_options(saved: Any, mine: dict[str, Any]) -> None:
     raise CliError(
         f"--resume: the checkpoint was made with {made}; resume with {fix} "
         "(the data and its order must be the checkpoint's)"
+    )
+
+
+def _check_loss(saved: Any, mine: str) -> None:
+    """Refuse to resume with another `--loss` than the one in the
+    checkpoint's history file (a checkpoint does not keep its loss, and one
+    file may be fine-tuned under another by a script, not by `--resume`).
+    A history file from before the loss was recorded checks nothing.
+
+    Raises:
+        CliError: naming the saved loss.
+    """
+    if saved is None or saved == mine:
+        return
+    raise CliError(
+        f"--resume: the checkpoint was trained with --loss {_shown(saved)}, not {mine}; "
+        f"resume with --loss {_shown(saved)} (the loss is part of the run it continues)"
     )
 
 

@@ -105,6 +105,7 @@ class _HistoryKeeper(FitCallback):
             "batch": position.batch,
             "step": position.step,
             "data": self.run.data_options(),
+            "loss": self.run.loss,
         }
         if checkpoint is not None:
             self.history.position["checkpoint"] = checkpoint_digest(checkpoint)

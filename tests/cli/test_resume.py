@@ -187,7 +187,12 @@ def test_history_save_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         (["--model", "gpt"], "is of a --model mlp model, not --model gpt; resume with --model mlp"),
         (["--max-steps", "10"], "at or past --max-steps 10; pass a larger --max-steps"),
         (["--lr-schedule", "cosine"], "learning-rate schedule is none, this run's cosine (eta_min"),
+        (
+            ["--loss", "mse"],
+            "trained with --loss cross_entropy, not mse; resume with --loss cross_entropy",
+        ),
     ],
+    ids=["optimizer", "model", "max-steps", "lr-schedule", "loss"],
 )
 def test_a_resume_that_cannot_continue_says_which_option_to_change(
     stopped: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
@@ -292,7 +297,7 @@ def test_a_strategy_of_varying_steps_per_batch_resumes_at_the_batch_it_stopped(
             atomr.run(train_epochs(run, load_dataset(run), History(config={}), StopFlag()))
 
 
-def test_a_history_file_from_before_digests_matches_by_step(
+def test_a_history_file_from_before_digests_and_the_loss_matches_by_step(
     stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ckpt = _copy(stopped, tmp_path)
@@ -300,6 +305,7 @@ def test_a_history_file_from_before_digests_matches_by_step(
     older = History.load(side)
     assert older.position is not None
     del older.position["checkpoint"]
+    del older.position["loss"]  # nor the loss: it is not checked then
     older.save(side)
     seen, history = _resume(ckpt)
     assert seen[0][2] == load_checkpoint(ckpt).step + 1

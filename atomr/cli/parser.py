@@ -271,7 +271,7 @@ def _add_checkpoint_options(out: argparse._ArgumentGroup) -> None:
         "--checkpoint",
         default=None,
         metavar="PATH",
-        help="save a checkpoint here after every epoch, at the end and on Ctrl-C",
+        help="save a checkpoint here after every epoch, at the end and on Ctrl-C or SIGTERM",
     )
     out.add_argument(
         "--resume",

@@ -250,6 +250,18 @@ def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
         assert option in out
 
 
+def test_the_help_says_a_checkpoint_is_saved_on_sigterm_too(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It said "on Ctrl-C" only, while SIGTERM stops and saves as well
+    (tests/cli/test_interrupt.py)."""
+    code, out, _ = _run(capsys, "train", "--help")
+    assert code == 0
+    text = " ".join(out.split())
+    entry = text.rsplit("--checkpoint PATH", 1)[1].split("--resume PATH", 1)[0]  # not the usage
+    assert "on Ctrl-C or SIGTERM" in entry, entry
+
+
 def test_the_installed_command_prints_no_traceback() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "atomr.cli", "train", "--epochs", "-1"],

@@ -290,7 +290,12 @@ def _add_report_options(out: argparse._ArgumentGroup) -> None:
         metavar="DIR",
         help="where curves.png and history.json go (default: ./atomr-runs/<name>)",
     )
-    out.add_argument("--name", default=None, help="run name (default: <timestamp>-<strategy>)")
+    out.add_argument(
+        "--name",
+        default=None,
+        help="run name (default: <timestamp>-<strategy>); a name whose folder holds a run's "
+        "outputs is refused, unless --resume continues that run",
+    )
     out.add_argument("--plot", default=None, metavar="PATH", help="write the curves PNG here")
     out.add_argument("--history", default=None, metavar="PATH", help="write the JSON history here")
     out.add_argument(

@@ -33,7 +33,7 @@ import numpy as np
 from atomr._arguments import bool_flag, int_at_least
 from atomr.accel import ACTIVATIONS
 from atomr.actor.errors import bounded_repr
-from atomr.train.core.model.inputs import positive_ints
+from atomr.train.core.model.inputs import MLP_KEYS, known_keys, positive_ints
 from atomr.train.core.model.layer import Layer
 from atomr.train.core.model.linear import Activation, Linear
 from atomr.train.core.model.sequential import Sequential
@@ -195,13 +195,15 @@ class Mlp(Sequential):
         (`from_config` loads them).
 
         Raises:
-            ValueError: no `sizes`, or a value `from_params` refuses.
+            ValueError: no `sizes`, a key not in `MLP_KEYS`, or a value
+                `from_params` refuses.
         """
         if "sizes" not in config:
             raise ValueError(
                 "a model config needs 'sizes' (an Mlp's) or 'layers' (a Sequential's); "
                 f"it has {bounded_repr(list(config))}"
             )
+        known_keys("an Mlp", config, MLP_KEYS)
         model = cls.__new__(cls)
         model._setup_mlp(
             config["sizes"],

@@ -22,10 +22,11 @@ def model_from_config(config: dict[str, Any], params: np.ndarray, device: Any = 
 
     Raises:
         TypeError: `config` is not a dict, or `params` are not real numbers.
-        ValueError: a config that does not build (a missing key, a value of
-            the wrong type or range, an unknown layer kind, layers nested too
-            deep; the message names it), or `params` of the wrong length or
-            too large for the model's dtype.
+        ValueError: a config that does not build (a missing key, a key no
+            version of atomr wrote, a value of the wrong type or range, an
+            unknown layer kind, layers nested too deep; the message names
+            it), or `params` of the wrong length or too large for the
+            model's dtype.
     """
     return _model_class(config).from_config(config, params, device)
 

@@ -1,10 +1,10 @@
 """What a model takes and is built of: its input kind and shape, its dtype,
-for token ids their range, and its sizes; checked once, where a model (or a
-server holding its weights) is built."""
+for token ids their range, its sizes, and the keys of its config; checked
+once, where a model (or a server holding its weights) is built."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -13,6 +13,9 @@ from atomr.actor.errors import bounded_repr
 
 __all__ = [
     "INPUT_KINDS",
+    "MLP_KEYS",
+    "SEQUENTIAL_KEYS",
+    "known_keys",
     "model_dtype",
     "model_input",
     "positive_int",
@@ -22,6 +25,14 @@ __all__ = [
 
 INPUT_KINDS = ("float", "tokens")
 """What a model takes: float features (of the model's dtype) or int64 token ids."""
+
+MLP_KEYS = ("sizes", "activation", "dtype", "activate_last", "seed")
+"""Every key an `Mlp.config()` has written, in any version (one older than
+`activate_last` lacks it), as has a pipeline's merged config of an `Mlp`."""
+
+SEQUENTIAL_KEYS = ("kind", "layers", "input_shape", "input_kind", "dtype", "seed")
+"""Every key a `Sequential.config()` has written (a GPT's and a pipeline's
+merged config too)."""
 
 
 def model_dtype(dtype: Any) -> np.dtype:
@@ -95,3 +106,17 @@ def model_input(first_layer: Any, input_shape: object, input_kind: object) -> tu
     if not shape:
         raise ValueError("input_shape must have at least one axis, got ()")
     return shape
+
+
+def known_keys(what: str, config: Mapping[str, Any], known: Collection[str]) -> None:
+    """Refuse a config key that is not in `known`: a typo (`"activaton"`)
+    would otherwise be ignored and leave the default in its place.
+
+    Raises:
+        ValueError: naming the first unknown key, `what` and the known keys.
+    """
+    for key in config:
+        if key not in known:
+            raise ValueError(
+                f"{what} config has an unknown key {bounded_repr(key)}; known: {list(known)}"
+            )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from atomr.actor.errors import bounded_repr
+from atomr.train.core.model.inputs import known_keys
 from atomr.train.core.model.layer import Layer
 
 __all__ = ["LAYERS", "MAX_NESTING", "layer_from_config", "register_layer"]
@@ -57,7 +59,9 @@ def layer_from_config(config: Any) -> Layer:
     """The layer a `Layer.config()` describes.
 
     Raises:
-        ValueError: not a dict, an unknown kind, arguments the layer refuses,
+        ValueError: not a dict, an unknown kind, a key that is neither `kind`
+            nor an argument of the layer's class (a class with `from_config`
+            checks its own keys), arguments the layer refuses,
             or layers nested more than `MAX_NESTING` deep (a hostile
             checkpoint's config would otherwise end in a RecursionError).
     """
@@ -83,6 +87,17 @@ def _build(config: Any) -> Layer:
         if from_config is not None:
             layer: Layer = from_config(config)
             return layer
+        arguments = _arguments(cls)
+        if arguments is not None:
+            known_keys(f"layer {kind!r}", config, ("kind", *arguments))
         return cls(**{k: v for k, v in config.items() if k != "kind"})
     except (TypeError, KeyError) as exc:
         raise ValueError(f"layer {kind!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _arguments(cls: type[Layer]) -> tuple[str, ...] | None:
+    """The names `cls(...)` takes by keyword; None when it takes any (`**kwargs`)."""
+    params = inspect.signature(cls).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))

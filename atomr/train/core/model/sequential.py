@@ -23,7 +23,7 @@ from atomr._arguments import int_at_least
 from atomr.accel import Device, backend_for
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.model._layout import flat_layout
-from atomr.train.core.model.inputs import model_dtype, model_input
+from atomr.train.core.model.inputs import SEQUENTIAL_KEYS, known_keys, model_dtype, model_input
 from atomr.train.core.model.layer import (
     INFERENCE,
     ForwardContext,
@@ -161,8 +161,10 @@ class Sequential:
         (`from_config` loads them; `batch_spec` reads its shapes).
 
         Raises:
-            ValueError: a config that does not build (the message says why).
+            ValueError: a config that does not build (the message says why),
+                a key not in `SEQUENTIAL_KEYS` included.
         """
+        known_keys("a sequential model", config, SEQUENTIAL_KEYS)
         layers = config.get("layers")
         if not isinstance(layers, list):
             raise ValueError("a sequential model config needs a 'layers' list")

@@ -11,6 +11,7 @@ import numpy as np
 
 from atomr.accel import sequence_ops as ops
 from atomr.actor.errors import bounded_repr
+from atomr.train.core.model.inputs import known_keys
 from atomr.train.core.model.layer import ForwardContext, Layer, backward_checked, forward_checked
 from atomr.train.core.model.registry import layer_from_config, register_layer
 
@@ -61,8 +62,10 @@ class Residual(Layer):
         """Rebuild from `config()` (each inner layer by its kind).
 
         Raises:
-            ValueError: no `layers` list, or an inner config that does not build.
+            ValueError: no `layers` list, a key other than `kind` and
+                `layers`, or an inner config that does not build.
         """
+        known_keys("a residual layer", config, ("kind", "layers"))
         inner = config.get("layers")
         if not isinstance(inner, list):
             raise ValueError("a residual config needs a 'layers' list")

@@ -35,6 +35,7 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
+from atomr.train.core.checkpoint import load_checkpoint
 from atomr.train.core.model import Activation, Linear, Sequential, gpt
 from atomr.train.core.models import batch_spec, model_from_config
 from atomr.train.parameter_server import Consistency
@@ -400,6 +401,54 @@ def test_a_config_that_does_not_build_raises_value_error_naming_what_is_wrong(
         with pytest.raises(ValueError) as info:
             build()
         assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "known"),
+    [
+        ({"sizes": [2, 2], "activaton": "tanh"}, "'activaton'", "'activation'"),
+        ({"layers": [LINEAR], "input_shape": [2], "dtpye": "float64"}, "'dtpye'", "'dtype'"),
+        (
+            {"layers": [{"kind": "residual", "layers": [LINEAR], "layer": []}], "input_shape": [2]},
+            "'layer'",
+            "'layers'",
+        ),
+        ({"layers": [{**LINEAR, "TP": "row"}], "input_shape": [2]}, "'TP'", "'tp'"),
+    ],
+)
+def test_a_config_key_that_no_version_wrote_is_refused_naming_it_and_the_known_ones(
+    config: dict[str, Any], key: str, known: str
+) -> None:
+    """A misspelt key was ignored: `{"sizes": [2, 2], "activaton": "tanh"}`
+    built a relu model without a word (a residual's extra key likewise)."""
+    for build in (lambda: model_from_config(config, np.zeros(6)), lambda: batch_spec(config)):
+        with pytest.raises(ValueError, match="unknown key") as info:
+            build()
+        assert key in str(info.value) and known in str(info.value)
+
+
+async def test_the_configs_that_atomr_wrote_still_build(tmp_path: Path) -> None:
+    """Every key a `config()` has written is accepted: an Mlp's (one older
+    than `activate_last` too), a GPT's (every built-in layer kind) and the
+    merged config of a pipeline's checkpoint."""
+    older = {"sizes": [3, 4, 2], "activation": "tanh", "dtype": "float32", "seed": 1}
+    models = [
+        Mlp([3, 4, 2], "gelu", activate_last=True),
+        Sequential([Linear(3, 4, tp="row"), Activation("relu")], (3,)),
+        gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2, dropout=0.1, seed=3),
+    ]
+    for config, params in [(older, np.zeros(26)), *((m.config(), m.get_params()) for m in models)]:
+        assert model_from_config(config, params).n_params == len(params)
+    for model, n in ((Mlp([4, 6, 5, 3], seed=1), 2), (models[2], 3)):
+        async with ActorSystem("configs") as system:
+            options = PipelineOptions(micro_batch_size=2)
+            ref = await PipelineParallelTrainer.spawn(
+                system, model, cpu_devices(n), CONFIG, options
+            )
+            await ref.ask(SaveCheckpoint(str(tmp_path / "p.ckpt")))
+        ckpt = load_checkpoint(tmp_path / "p.ckpt")
+        rebuilt = model_from_config(ckpt.model, ckpt.weights)
+        assert rebuilt.config() == {**model.config(), "seed": None}
 
 
 def test_a_config_that_is_not_a_dict_raises_type_error() -> None:

@@ -33,6 +33,7 @@ import numpy as np
 from atomr._arguments import bool_flag, int_at_least
 from atomr.accel import ACTIVATIONS
 from atomr.actor.errors import bounded_repr
+from atomr.train.core.model._layout import layer_range
 from atomr.train.core.model.inputs import MLP_KEYS, known_keys, positive_ints
 from atomr.train.core.model.layer import Layer
 from atomr.train.core.model.linear import Activation, Linear
@@ -250,10 +251,10 @@ class Mlp(Sequential):
             The sub-model.
 
         Raises:
-            ValueError: empty or out-of-range layer range.
+            TypeError: a bound that is not an int (a bool or a float is none).
+            ValueError: an empty or out-of-range layer range.
         """
-        if not 0 <= start < stop <= self.n_layers:
-            raise ValueError(f"need 0 <= start < stop <= {self.n_layers}, got {start}, {stop}")
+        start, stop = layer_range(start, stop, self.n_layers)
         lo = self._offsets[start].w_offset
         hi = self._offsets[stop - 1].stop
         host = self.get_params()[lo:hi]

@@ -1,14 +1,16 @@
 """Where a `Sequential`'s layers sit: the per-sample shape between layers,
-and each layer's parameter arrays in the model's one flat vector."""
+each layer's parameter arrays in the model's one flat vector, and which
+ranges of its layers a sub-model may take (`layer_range`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
+from atomr._arguments import int_at_least
 from atomr.train.core.model.layer import Layer
 
-__all__ = ["Slot", "flat_layout"]
+__all__ = ["Slot", "flat_layout", "layer_range"]
 
 Slot = tuple[int, int, tuple[int, ...]]
 """One parameter array: `(start, stop, shape)` in the flat vector, in Python
@@ -42,3 +44,18 @@ def flat_layout(
             pos += size
         slots.append(own)
     return shapes, slots, pos
+
+
+def layer_range(start: object, stop: object, n_layers: int) -> tuple[int, int]:
+    """`(start, stop)` as ints, checked to be a non-empty range of a model's
+    `n_layers` layers (`slice_layers`' bounds).
+
+    Raises:
+        TypeError: a bound that is not an int (a bool or a float is none;
+            NumPy's ints are).
+        ValueError: a negative `start`, or not `start < stop <= n_layers`.
+    """
+    first, last = int_at_least("start", start, 0), int_at_least("stop", stop, 0)
+    if not first < last <= n_layers:
+        raise ValueError(f"need 0 <= start < stop <= {n_layers}, got {first}, {last}")
+    return first, last

@@ -22,7 +22,7 @@ import numpy as np
 from atomr._arguments import int_at_least
 from atomr.accel import Device, backend_for
 from atomr.train.core._cpu import cpu_backend
-from atomr.train.core.model._layout import flat_layout
+from atomr.train.core.model._layout import flat_layout, layer_range
 from atomr.train.core.model.inputs import SEQUENTIAL_KEYS, known_keys, model_dtype, model_input
 from atomr.train.core.model.layer import (
     INFERENCE,
@@ -259,10 +259,10 @@ class Sequential:
         their parameters (a copy), taking what layer `start` takes.
 
         Raises:
+            TypeError: a bound that is not an int (a bool or a float is none).
             ValueError: an empty or out-of-range layer range.
         """
-        if not 0 <= start < stop <= self.n_layers:
-            raise ValueError(f"need 0 <= start < stop <= {self.n_layers}, got {start}, {stop}")
+        start, stop = layer_range(start, stop, self.n_layers)
         shape = self.in_shape
         for layer in self.layers[:start]:
             shape = layer.out_shape(shape)

@@ -5,6 +5,7 @@ configs and checkpoints round-trip."""
 
 from __future__ import annotations
 
+import re
 import weakref
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,33 @@ def test_pipeline_stages_are_cut_at_blocks_balanced_by_cost() -> None:
     stage = model.slice_layers(1, 3)
     assert stage.in_shape == (T, 8) and stage.input_kind == "float"
     assert stage.n_params == sum(b - a for a, b in model.layer_ranges()[1:3])
+
+
+@pytest.mark.parametrize("make", [lambda: Mlp([3, 4, 5, 2]), lambda: gpt(VOCAB, T, n_layer=1)])
+@pytest.mark.parametrize(
+    ("start", "stop", "error", "needle"),
+    [
+        (True, 2, TypeError, "start must be an int, got True"),
+        (0, np.True_, TypeError, "stop must be an int"),
+        (0.5, 2, TypeError, "start must be an int, got 0.5"),
+        (0, 2.0, TypeError, "stop must be an int, got 2.0"),
+        ("1", 2, TypeError, "start must be an int"),
+        (-1, 2, ValueError, "start must be >= 0, got -1"),
+        (2, 2, ValueError, "need 0 <= start < stop <= "),
+        (2, 1, ValueError, "need 0 <= start < stop <= "),
+        (0, 99, ValueError, "need 0 <= start < stop <= "),
+    ],
+)
+def test_slice_layers_refuses_bounds_that_are_no_ints_or_no_layers(
+    make: Any, start: Any, stop: Any, error: type, needle: str
+) -> None:
+    """`slice_layers(True, 2)` was taken as start 1 and `0.5` failed inside
+    with "list indices must be integers"; NumPy's ints are ints."""
+    model = make()
+    with pytest.raises(error, match=re.escape(needle)):
+        model.slice_layers(start, stop)
+    part = model.slice_layers(np.int64(1), np.int64(2))
+    assert part.n_params == model.slice_layers(1, 2).n_params
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])

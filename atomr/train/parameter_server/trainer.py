@@ -259,6 +259,8 @@ class AsyncParameterServer(Actor):
         """The batch split among the workers, each part pushed as one update
         (one round under synchronous consistency); under a step limit, among
         no more workers than updates remain, so the limit is met exactly.
+        Under a `worker_timeout` the workers get a copy: a worker past it may
+        read its part after the `Step` answered, and the sender refilled it.
 
         Raises:
             StepLimitError: the server is at `max_steps`.
@@ -272,6 +274,8 @@ class AsyncParameterServer(Actor):
             if not synchronous:
                 workers = min(workers, limit - applied)
         x, y = self._validate(msg.features, msg.labels)
+        if self.config.worker_timeout is not None:
+            x, y = np.array(x, copy=True), np.array(y, copy=True)
         return combine(await self.pool.train(split_among(x, y, workers)), synchronous)
 
     async def _applied(self) -> int:

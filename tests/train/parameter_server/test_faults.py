@@ -31,7 +31,7 @@ import pytest
 from atomr import ActorSystem, Props
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.actor import AskTimeoutError
-from atomr.testkit import inject_faults
+from atomr.testkit import await_condition, inject_faults
 from atomr.train import (
     AsyncParameterServer,
     Evaluate,
@@ -48,10 +48,11 @@ from atomr.train.core.model import Activation, Layer, Linear, Sequential, regist
 from atomr.train.parameter_server import (
     Consistency,
     GetServerStats,
+    ParameterServerWorker,
     RoundFailedError,
     ServerShard,
 )
-from atomr.train.parameter_server.messages import PullWeights, PushGradient
+from atomr.train.parameter_server.messages import PullWeights, PushGradient, TrainBatch
 from tests.reliability.faults import (
     FAULT_AT,
     Plan,
@@ -203,6 +204,56 @@ async def test_a_worker_slower_than_its_timeout_is_not_sent_its_part_again(
         assert after - before in ((3, 4) if synchronous else (6, 7))
 
 
+class _NotedPushes(ServerShard):
+    """A server shard that notes every `PushGradient` it answered."""
+
+    pushes = 0
+
+    async def receive(self, message: Any) -> Any:
+        answer = await super().receive(message)
+        if isinstance(message, PushGradient):
+            type(self).pushes += 1
+        return answer
+
+
+@pytest.mark.parametrize("synchronous", [True, False])
+async def test_a_batch_refilled_after_its_timed_out_step_answers_trains_as_it_was_sent(
+    synchronous: bool,
+) -> None:
+    """A `Step` whose worker outlived its timeout (and the fence after it)
+    answered `AskTimeoutError` while the worker had not yet read its part:
+    a loader that refilled its buffer once the `Step` answered had the late
+    push computed from the refill (its gradient applied all the same)."""
+    plan = Plan()
+    worker = inject_faults(ParameterServerWorker, plan, {"held": TrainBatch})
+    config = TrainerConfig(OptimizerKind.sgd(0.5), LossKind.CROSS_ENTROPY, worker_timeout=0.25)
+    consistency = Consistency.synchronous() if synchronous else Consistency.asynchronous()
+    options = ParameterServerOptions(
+        workers=1, consistency=consistency, worker_class=worker, server_class=_NotedPushes
+    )
+    rng = np.random.default_rng(3)
+    sent = rng.standard_normal((8, 5)).astype(np.float32), rng.integers(0, 3, 8)
+
+    async def trained(refill: bool) -> np.ndarray:
+        x, y = sent[0].copy(), sent[1].copy()
+        _NotedPushes.pushes = 0
+        async with ActorSystem("ps-refilled") as system:
+            model = Mlp([5, 4, 3], seed=2)
+            ps = await AsyncParameterServer.spawn(system, model, cpu_devices(1), config, options)
+            # the worker wakes well after the Step's timeout and its fence (0.25 s each)
+            plan.arm("held", None, delay=2.0)
+            with pytest.raises(AskTimeoutError):
+                await ps.ask(Step(x, y), timeout=T)
+            if refill:
+                x[:], y[:] = 0.0, 0
+            await await_condition(lambda: _NotedPushes.pushes == 1, timeout=T)
+            weights: np.ndarray = await ps.ask(GetWeights(), timeout=T)
+        return weights
+
+    np.testing.assert_array_equal(await trained(refill=True), await trained(refill=False))
+
+
+FAULTY_SHARD = 1
 FAULTY_SHARD = 1
 
 

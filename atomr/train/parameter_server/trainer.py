@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -39,14 +39,12 @@ from atomr.accel import Device
 from atomr.actor import (
     Actor,
     ActorRef,
-    Directive,
-    OneForOneStrategy,
     Props,
     SupervisorStrategy,
     not_handled,
 )
 from atomr.train._contract import check_name, check_system, spawn_ready
-from atomr.train._recovery import StateLossWatch, state_keeping_decider
+from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.core._step_checks import check_step_limit
 from atomr.train.core.config import TrainerConfig
@@ -71,6 +69,7 @@ from atomr.train.parameter_server._checkpoint import (
 )
 from atomr.train.parameter_server._layout import Layout
 from atomr.train.parameter_server._pool import WorkerPool, combine, split_among
+from atomr.train.parameter_server._supervision import ShardLossStrategy
 from atomr.train.parameter_server.messages import (
     EpochReport,
     GetServerStats,
@@ -189,7 +188,7 @@ class AsyncParameterServer(Actor):
     def supervisor_strategy(self) -> SupervisorStrategy:
         """`state_keeping_decider` for the shards and workers; a server shard's
         restart is recorded as a loss of its state (`StateLossWatch`)."""
-        return _ShardLossStrategy(self._watch, lambda: self.servers)
+        return ShardLossStrategy(self._watch, lambda: self.servers)
 
     def pre_start(self) -> None:
         """Spawn the server shards, then the workers."""
@@ -383,27 +382,3 @@ class AsyncParameterServer(Actor):
             seconds,
             self.pool.retries - retries_before,
         )
-
-
-class _ShardLossStrategy(OneForOneStrategy):
-    """`state_keeping_decider` for every child; a server shard's failure goes
-    through `watch.decide` too, which records its restart (the shard's index
-    named), so that the trainer refuses to train on its reset state. A
-    worker's restart is not recorded: it keeps no state between batches.
-
-    Args:
-        watch: the trainer's watch.
-        servers: gives the server shards' refs, in range order.
-    """
-
-    def __init__(self, watch: StateLossWatch, servers: Callable[[], Sequence[ActorRef]]) -> None:
-        super().__init__(decider=state_keeping_decider)
-        self._watch = watch
-        self._servers = servers
-
-    def directive_for(self, child: ActorRef, error: BaseException) -> Directive:
-        """The directive for `child`'s failure (`state_keeping_decider`)."""
-        for k, server in enumerate(self._servers()):
-            if server is child:
-                return self._watch.decide(error, k)
-        return self.decide(error)

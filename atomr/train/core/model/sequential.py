@@ -23,7 +23,14 @@ from atomr._arguments import int_at_least
 from atomr.accel import Device, backend_for
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core.model._layout import flat_layout, layer_range
-from atomr.train.core.model.inputs import SEQUENTIAL_KEYS, known_keys, model_dtype, model_input
+from atomr.train.core.model.inputs import (
+    SEQUENTIAL_KEYS,
+    check_batch_input,
+    known_keys,
+    model_dtype,
+    model_input,
+    params_vector,
+)
 from atomr.train.core.model.layer import (
     INFERENCE,
     ForwardContext,
@@ -197,27 +204,7 @@ class Sequential:
         return model
 
     def _load(self, params: np.ndarray) -> None:
-        self._allocate(self._host_vector(params))
-
-    def _host_vector(self, host: Any) -> np.ndarray:
-        """`host` as a flat contiguous vector of `dtype`, checked.
-
-        Raises:
-            TypeError: not real numbers (bools, complex numbers, strings).
-            ValueError: not `n_params` values, or a finite value that the
-                cast to `dtype` makes infinite (1e300 into float32).
-        """
-        array = np.asarray(host)
-        if array.dtype.kind not in "fiu":
-            raise TypeError(f"params must be real numbers, got dtype {array.dtype}")
-        with np.errstate(over="ignore"):  # an overflow is refused below
-            flat = np.ascontiguousarray(array.reshape(-1), dtype=self.dtype)
-        if flat.shape[0] != self.n_params:
-            raise ValueError(f"params has {flat.shape[0]} values, the model needs {self.n_params}")
-        narrowed = array.dtype.kind == "f" and array.dtype.itemsize > self.dtype.itemsize
-        if narrowed and (np.isinf(flat) & np.isfinite(array.reshape(-1))).any():
-            raise ValueError(f"params hold values too large for {self.dtype} (Inf after the cast)")
-        return flat
+        self._allocate(params_vector(params, self.dtype, self.n_params))
 
     def config(self) -> dict[str, Any]:
         """JSON-serialisable description: the layers' configs, input shape and
@@ -320,7 +307,7 @@ class Sequential:
             ValueError: wrong length, or a value the cast makes infinite;
                 the parameters are unchanged.
         """
-        flat = self._host_vector(host)
+        flat = params_vector(host, self.dtype, self.n_params)
         self.backend.copy(self.backend.to_device(flat), self.params)
 
     def zero_grads(self) -> None:
@@ -331,20 +318,6 @@ class Sequential:
 
     # -- math ---------------------------------------------------------------
 
-    def _check_input(self, x: Any) -> None:
-        """Raises ValueError unless `x` is `(batch, *in_shape)` (a layer given
-        another shape would fail later with a message about itself), and
-        TypeError when a float model is given no floats (bools or ints
-        would be cast without a word; token ids are the first layer's to check)."""
-        shape = getattr(x, "shape", None)
-        if shape is None or len(shape) < 1 or tuple(shape[1:]) != self.in_shape:
-            shown = tuple(shape) if shape is not None else type(x).__name__
-            wanted = ", ".join(["batch", *map(str, self.in_shape)])
-            raise ValueError(f"the model takes inputs of shape ({wanted}), got {shown}")
-        kind = getattr(getattr(x, "dtype", None), "kind", None)
-        if self.input_kind == "float" and kind != "f":
-            raise TypeError(f"the model takes float features, got {getattr(x, 'dtype', None)}")
-
     def forward(self, x: Any, ctx: ForwardContext = INFERENCE) -> Any:
         """The output for a batch (keeps nothing for backward).
 
@@ -352,7 +325,7 @@ class Sequential:
             ValueError: `x` is not `(batch, *in_shape)`.
             TypeError: a float model given no floats (bools, ints).
         """
-        self._check_input(x)
+        check_batch_input(x, self.in_shape, self.input_kind)
         for i, layer in enumerate(self.layers):
             views = self.views(self.params, i)
             x, _ = forward_checked(layer, self.backend, views, x, ctx, self.shapes[i + 1])
@@ -373,7 +346,7 @@ class Sequential:
             ValueError: `x` is not `(batch, *in_shape)`.
             TypeError: a float model given no floats (bools, ints).
         """
-        self._check_input(x)
+        check_batch_input(x, self.in_shape, self.input_kind)
         tape = SequentialTape()
         for i, layer in enumerate(self.layers):
             views = self.views(self.params, i)

@@ -1,6 +1,7 @@
 """Where a `Sequential`'s layers sit: the per-sample shape between layers,
-each layer's parameter arrays in the model's one flat vector, and which
-ranges of its layers a sub-model may take (`layer_range`)."""
+each layer's parameter arrays in the model's one flat vector (and its
+range there: `layer_ranges`), each layer's cost, and which ranges of its
+layers a sub-model may take (`layer_range`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 from atomr._arguments import int_at_least
 from atomr.train.core.model.layer import Layer
 
-__all__ = ["Slot", "flat_layout", "layer_range"]
+__all__ = ["Slot", "flat_layout", "layer_costs", "layer_range", "layer_ranges"]
 
 Slot = tuple[int, int, tuple[int, ...]]
 """One parameter array: `(start, stop, shape)` in the flat vector, in Python
@@ -59,3 +60,22 @@ def layer_range(start: object, stop: object, n_layers: int) -> tuple[int, int]:
     if not first < last <= n_layers:
         raise ValueError(f"need 0 <= start < stop <= {n_layers}, got {first}, {last}")
     return first, last
+
+
+def layer_ranges(layers: Sequence[Layer]) -> list[tuple[int, int]]:
+    """`(start, stop)` of each layer's parameters in the flat vector
+    (`start == stop` for a layer without parameters)."""
+    ranges, pos = [], 0
+    for layer in layers:
+        ranges.append((pos, pos + layer.n_params))
+        pos += layer.n_params
+    return ranges
+
+
+def layer_costs(layers: Sequence[Layer], in_shape: tuple[int, ...]) -> list[float]:
+    """Each layer's work per sample (`Layer.cost`) taking inputs of `in_shape`."""
+    costs, shape = [], in_shape
+    for layer in layers:
+        costs.append(layer.cost(shape))
+        shape = layer.out_shape(shape)
+    return costs

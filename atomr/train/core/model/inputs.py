@@ -1,7 +1,7 @@
 """What a model takes and is built of: its input kind and shape, its dtype,
 for token ids their range, its sizes, the keys of its config and its
-parameter vector, checked once, where a model (or a server holding its
-weights) is built; and each batch given it (`check_batch_input`)."""
+parameter vector; checked once, where a model (or a server holding its
+weights) is built."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ __all__ = [
     "INPUT_KINDS",
     "MLP_KEYS",
     "SEQUENTIAL_KEYS",
-    "check_batch_input",
     "known_keys",
     "model_dtype",
     "model_input",
@@ -144,23 +143,3 @@ def params_vector(host: Any, dtype: np.dtype, n_params: int) -> np.ndarray:
     if narrowed and (np.isinf(flat) & np.isfinite(array.reshape(-1))).any():
         raise ValueError(f"params hold values too large for {dtype} (Inf after the cast)")
     return flat
-
-
-def check_batch_input(x: Any, in_shape: tuple[int, ...], input_kind: str) -> None:
-    """Check a batch given to a model taking `(batch, *in_shape)` inputs of
-    `input_kind` (a layer given another shape would fail later with a
-    message about itself; bools or ints given to a float model would be
-    cast without a word; token ids are the first layer's to check).
-
-    Raises:
-        ValueError: `x` is not `(batch, *in_shape)`.
-        TypeError: a float model is given no floats.
-    """
-    shape = getattr(x, "shape", None)
-    if shape is None or len(shape) < 1 or tuple(shape[1:]) != in_shape:
-        shown = tuple(shape) if shape is not None else type(x).__name__
-        wanted = ", ".join(["batch", *map(str, in_shape)])
-        raise ValueError(f"the model takes inputs of shape ({wanted}), got {shown}")
-    kind = getattr(getattr(x, "dtype", None), "kind", None)
-    if input_kind == "float" and kind != "f":
-        raise TypeError(f"the model takes float features, got {getattr(x, 'dtype', None)}")

@@ -22,10 +22,9 @@ import numpy as np
 from atomr._arguments import int_at_least
 from atomr.accel import Device, backend_for
 from atomr.train.core._cpu import cpu_backend
-from atomr.train.core.model._layout import flat_layout, layer_range
+from atomr.train.core.model._layout import flat_layout, layer_costs, layer_range, layer_ranges
 from atomr.train.core.model.inputs import (
     SEQUENTIAL_KEYS,
-    check_batch_input,
     known_keys,
     model_dtype,
     model_input,
@@ -263,19 +262,11 @@ class Sequential:
     def layer_ranges(self) -> list[tuple[int, int]]:
         """`(start, stop)` of each layer's parameters in the flat vector
         (`start == stop` for a layer without parameters)."""
-        ranges, pos = [], 0
-        for layer in self.layers:
-            ranges.append((pos, pos + layer.n_params))
-            pos += layer.n_params
-        return ranges
+        return layer_ranges(self.layers)
 
     def layer_costs(self) -> list[float]:
         """Each layer's work per sample (`Layer.cost`), to balance pipeline stages."""
-        costs, shape = [], self.in_shape
-        for layer in self.layers:
-            costs.append(layer.cost(shape))
-            shape = layer.out_shape(shape)
-        return costs
+        return layer_costs(self.layers, self.in_shape)
 
     def views(self, vector: Any, index: int) -> list[Any]:
         """Layer `index`'s arrays as views into `vector` (`params` or `grads`).
@@ -318,6 +309,20 @@ class Sequential:
 
     # -- math ---------------------------------------------------------------
 
+    def _check_input(self, x: Any) -> None:
+        """Raises ValueError unless `x` is `(batch, *in_shape)` (a layer given
+        another shape would fail later with a message about itself), and
+        TypeError when a float model is given no floats (bools or ints
+        would be cast without a word; token ids are the first layer's to check)."""
+        shape = getattr(x, "shape", None)
+        if shape is None or len(shape) < 1 or tuple(shape[1:]) != self.in_shape:
+            shown = tuple(shape) if shape is not None else type(x).__name__
+            wanted = ", ".join(["batch", *map(str, self.in_shape)])
+            raise ValueError(f"the model takes inputs of shape ({wanted}), got {shown}")
+        kind = getattr(getattr(x, "dtype", None), "kind", None)
+        if self.input_kind == "float" and kind != "f":
+            raise TypeError(f"the model takes float features, got {getattr(x, 'dtype', None)}")
+
     def forward(self, x: Any, ctx: ForwardContext = INFERENCE) -> Any:
         """The output for a batch (keeps nothing for backward).
 
@@ -325,7 +330,7 @@ class Sequential:
             ValueError: `x` is not `(batch, *in_shape)`.
             TypeError: a float model given no floats (bools, ints).
         """
-        check_batch_input(x, self.in_shape, self.input_kind)
+        self._check_input(x)
         for i, layer in enumerate(self.layers):
             views = self.views(self.params, i)
             x, _ = forward_checked(layer, self.backend, views, x, ctx, self.shapes[i + 1])
@@ -346,7 +351,7 @@ class Sequential:
             ValueError: `x` is not `(batch, *in_shape)`.
             TypeError: a float model given no floats (bools, ints).
         """
-        check_batch_input(x, self.in_shape, self.input_kind)
+        self._check_input(x)
         tape = SequentialTape()
         for i, layer in enumerate(self.layers):
             views = self.views(self.params, i)

@@ -156,12 +156,13 @@ def check_delay(
             infinity with ``finite``), or an int too large for a float.
     """
     none = " or None" if or_none else ""
-    try:
-        real_number(name, value)
-    except TypeError:
-        raise TypeError(
-            f"{name} must be a number of seconds{none}, got {type(value).__name__}"
-        ) from None
+    if value.__class__ is not float and value.__class__ is not int:  # those are real
+        try:
+            real_number(name, value)
+        except TypeError:
+            raise TypeError(
+                f"{name} must be a number of seconds{none}, got {type(value).__name__}"
+            ) from None
     if value < 0 or (value == 0 and not allow_zero) or value != value:
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be {bound} seconds{none}, got {bounded_repr(value)}")

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from atomr.actor import Context
+from atomr.actor import Context, Reply
+from atomr.actor.reply import fail_deferred
 from atomr.train.comm._checks import check_dtype
 from atomr.train.comm.ring.errors import RingAbortedError, RingMismatchError, RingTimeoutError
 from atomr.train.comm.ring.messages import (
@@ -82,7 +83,8 @@ class RingMember:
     `RingChunk`s its neighbours send meanwhile. When the member's own buffer
     work fails (not an abort, a timeout or a `RingMismatchError`: a
     neighbour whose buffer differs in length or dtype, found before the
-    chunk it sent is used), the asker gets the error and the
+    chunk it sent is used), the asker gets the error, marked
+    `atomr.actor.actor_failed` (the member's state may be lost), and the
     actor fails too, so its supervisor decides (e.g. restart). A buffer of
     a dtype the operation does not take (`comm._checks.check_dtype`, every
     collective's rule) is refused with `TypeError` before anything is sent,
@@ -222,7 +224,7 @@ class RingMember:
 
     # -- sessions -----------------------------------------------------------------
 
-    async def _run(self, message: RingOperation, reply: Any) -> None:
+    async def _run(self, message: RingOperation, reply: Reply) -> None:
         try:
             await self._check_dtype(message)
         except TypeError as exc:  # the caller's mistake: this member is intact
@@ -231,12 +233,17 @@ class RingMember:
             return
         try:
             result = await self._perform(message)
+        except (RingAbortedError, RingTimeoutError, RingMismatchError) as exc:
+            self._abort(message.session)  # the ring failed, not this member: answered
+            reply.set_exception(exc)
+            return
         except Exception as exc:
             self._abort(message.session)
-            reply.set_exception(exc)
-            if not isinstance(exc, RingAbortedError | RingTimeoutError | RingMismatchError):
-                raise  # the member itself failed: its supervisor decides
-            return
+            # the member itself failed (its supervisor decides, a restart loses
+            # its state): answered as every error that escaped an actor is,
+            # marked `actor_failed`
+            fail_deferred([reply], exc, True)
+            raise
         self._abort(message.session)  # close the session: late chunks are dropped
         reply.set_result(result)
 

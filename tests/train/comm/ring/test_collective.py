@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from atomr import ActorRef, ActorStoppedError
+from atomr.actor import actor_failed
 from atomr.train.comm.ring import RingCollective, RingMismatchError, RingTimeoutError
 
 DEADLINE_S = 10.0  # far above what any case below needs; a hang fails the test
@@ -42,12 +43,17 @@ async def _run(ring: RingCollective, operation: str, refs: list[ActorRef], **kw:
 async def test_a_failing_member_raises_its_own_error(
     spawn_ring: Callable[..., list[ActorRef]], operation: str, fault: str
 ) -> None:
+    """The member failed on its own buffer work and was restarted by its
+    supervisor: its error is marked `actor_failed` (its state is lost), as
+    every error that escaped an actor is; it was answered unmarked, as if
+    the member had kept its state."""
     refs = spawn_ring(_buffers(3), faults={1: fault})
     ring = RingCollective(timeout=5.0)
     with pytest.raises(RuntimeError, match=f"injected {fault[5:]} failure") as info:
         await _run(ring, operation, refs)
     assert info.value.failed_workers == [1]
     assert info.value.worker_index == 1
+    assert actor_failed(info.value)
     # the members keep working: a later ring among the healthy ones succeeds
     await _run(ring, operation, [refs[0], refs[2]])
 
@@ -79,6 +85,7 @@ async def test_a_member_that_does_not_take_part_times_the_ring_out(
         await _run(ring, operation, refs)
     assert 1 not in info.value.failed_workers
     assert info.value.worker_index in (0, 2)
+    assert not actor_failed(info.value)  # the member that timed out is intact
 
 
 async def test_a_stalled_member_times_its_successor_out(

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from atomr import ActorRef
+from atomr.actor import actor_failed
 from atomr.train.comm.ring import RingCollective, RingMember
+from atomr.train.comm.ring.messages import RingAbort, RingReduce
 from atomr.train.core.partition import split_bounds
 
 
@@ -77,3 +79,24 @@ async def test_result_from_must_name_a_member(
 def test_member_handles_only_ring_messages() -> None:
     assert not RingMember.handles("get")
     assert not RingMember.handles(np.zeros(3))
+
+
+async def test_a_member_that_fails_on_its_own_buffer_work_answers_actor_failed(
+    spawn_ring: Callable[..., list[ActorRef]],
+) -> None:
+    """Member 1's `add_chunk` raises: the member fails (its supervisor
+    restarts it, its state lost), so its asker's error is marked
+    `actor_failed` as soon as the ask raises, as every error that escaped an
+    actor is. It was answered unmarked, as if the member kept its state."""
+    refs = spawn_ring(_buffers(2, 4), faults={1: "fail_add"})
+    peers = tuple(refs)
+    refs[0].tell(RingReduce(7, peers, 0))
+    try:
+        await refs[1].ask(RingReduce(7, peers, 1), timeout=5.0)
+    except RuntimeError as exc:
+        error, marked = exc, actor_failed(exc)  # read as soon as the ask raised
+    else:
+        pytest.fail("the failing member answered")
+    refs[0].tell(RingAbort(7))
+    assert str(error) == "injected add failure"
+    assert marked

@@ -1,6 +1,7 @@
 """The files an `atomr train` run writes, and the checks made on them
 before any training: they must be distinct, of the right kind, not
-an earlier run's of the same `--name` (but for `--resume`), and
+in a run folder (`--run-dir`, `--name`'s) of an earlier run's outputs (but
+for `--resume`), and
 writable (probed with a real write, so EPERM or EIO show up now, not after
 the whole run); `--tensorboard` also needs tensorboardX."""
 
@@ -126,23 +127,38 @@ def _check_distinct(run: RunConfig, targets: list[tuple[str, Path]]) -> None:
             )
 
 
-def _check_name_unused(run: RunConfig, plot: Path, history: Path) -> None:
-    """Refuse a `--name` whose folder holds the outputs of an earlier run
-    (this run's would replace them), unless `--resume` continues it.
+def _run_folder(run: RunConfig, plot: Path, history: Path) -> tuple[str, list[Path]]:
+    """The option that names the run's folder (`--run-dir DIR` or `--name
+    NAME`; "" for a folder named by time, new) and the outputs it puts
+    there (not those `--plot` or `--history` name)."""
+    flag = (
+        f"--run-dir {run.run_dir}"
+        if run.run_dir is not None
+        else ("" if run.name is None else f"--name {run.name}")
+    )
+    given = ((plot, run.plot), (history, run.history))
+    return flag, [path for path, named in given if named is None]
+
+
+def _check_run_folder_unused(run: RunConfig, plot: Path, history: Path) -> None:
+    """Refuse a run folder (`--run-dir`, or `--name`'s) that holds the
+    outputs of an earlier run (this run's would replace them), unless
+    `--resume` continues it.
 
     Raises:
-        CliError: naming the folder, the files and the ways out.
+        CliError: naming the option, the folder, the files and the ways out.
     """
-    if run.name is None or run.resume is not None:
+    flag, outputs = _run_folder(run, plot, history)
+    kept = sorted(p.name for p in outputs if p.exists())
+    if not flag or not kept or run.resume is not None:
         return
-    folder = RUNS_DIR / run.name
-    kept = sorted(p.name for p in (plot, history) if p.parent == folder and p.exists())
-    if kept:
-        raise CliError(
-            f"--name {run.name}: {folder} already holds the outputs of a run "
-            f"({', '.join(kept)}); choose another --name, remove {folder}, "
-            "or continue that run with --resume and its checkpoint"
-        )
+    folder = outputs[0].parent
+    option = flag.split(" ")[0]
+    raise CliError(
+        f"{flag}: {folder} already holds the outputs of a run ({', '.join(kept)}); "
+        f"choose another {option}, remove {folder}, "
+        "or continue that run with --resume and its checkpoint"
+    )
 
 
 def check_outputs(run: RunConfig, plot: Path, history: Path) -> None:
@@ -152,14 +168,14 @@ def check_outputs(run: RunConfig, plot: Path, history: Path) -> None:
 
     Raises:
         CliError: naming the option to change: `--plot` not ending in .png
-            (exit 2), two outputs on one file (exit 2), a `--name` of an
+            (exit 2), two outputs on one file (exit 2), a run folder of an
             earlier run's outputs without `--resume` (exit 2), a path that cannot be
             written, `--tensorboard` without tensorboardX, or no matplotlib
             to draw the curves with (exit 1).
     """
     if run.plot is not None and run.plot.suffix.lower() != ".png":
         raise CliError(f"--plot writes a PNG: give a path ending in .png, got {run.plot}")
-    _check_name_unused(run, plot, history)
+    _check_run_folder_unused(run, plot, history)
     targets = _named_outputs(run, plot, history)
     folders = [("--tensorboard", run.tensorboard)] if run.tensorboard is not None else []
     _check_distinct(run, targets + folders)

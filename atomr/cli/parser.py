@@ -288,7 +288,8 @@ def _add_report_options(out: argparse._ArgumentGroup) -> None:
         "--run-dir",
         default=None,
         metavar="DIR",
-        help="where curves.png and history.json go (default: ./atomr-runs/<name>)",
+        help="where curves.png and history.json go (default: ./atomr-runs/<name>); a folder "
+        "holding a run's outputs is refused, unless --resume continues that run",
     )
     out.add_argument(
         "--name",

@@ -285,26 +285,33 @@ def test_a_stopped_run_whose_plot_cannot_be_written_says_its_checkpoint_was_save
     assert ckpt.exists()
 
 
-def test_a_name_given_twice_is_refused_unless_the_run_is_resumed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("flag", "value", "folder"), [("--name", "x", "atomr-runs/x"), ("--run-dir", "d", "d")]
+)
+def test_a_run_folder_given_twice_is_refused_unless_the_run_is_resumed(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flag: str,
+    value: str,
+    folder: str,
 ) -> None:
-    """A second `--name x` overwrote the first run's history.json and
-    curves.png without a word (automatic names get a suffix); `--resume`
-    continues the run of that name into its folder."""
+    """A second `--name x` (or `--run-dir d`) overwrote the first run's
+    history.json and curves.png without a word (automatic names get a
+    suffix); `--resume` continues the run of that folder into it."""
     pytest.importorskip("matplotlib")
     monkeypatch.chdir(tmp_path)
-    argv = ["--strategy", "single", "--name", "x"]
+    argv = ["--strategy", "single", flag, value]
     assert main(["train", "--quiet", "--epochs", "1", *argv, "--checkpoint", "c.ckpt"]) == 0
-    folder = tmp_path / "atomr-runs" / "x"
-    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    before = {p.name: p.read_bytes() for p in (tmp_path / folder).iterdir()}
     assert sorted(before) == ["curves.png", "history.json"]
     capsys.readouterr()
     line = _one_line_error(capsys, argv, 2)
     assert line == (
-        "atomr: error: --name x: atomr-runs/x already holds the outputs of a run "
-        "(curves.png, history.json); choose another --name, remove atomr-runs/x, "
+        f"atomr: error: {flag} {value}: {folder} already holds the outputs of a run "
+        f"(curves.png, history.json); choose another {flag}, remove {folder}, "
         "or continue that run with --resume and its checkpoint"
     )
-    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # nothing changed
+    assert {p.name: p.read_bytes() for p in (tmp_path / folder).iterdir()} == before
     assert main(["train", "--quiet", "--epochs", "2", *argv, "--resume", "c.ckpt"]) == 0
-    assert '"epoch": 2' in (folder / "history.json").read_text()
+    assert '"epoch": 2' in (tmp_path / folder / "history.json").read_text()

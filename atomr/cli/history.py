@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,10 @@ class History:
         position: where training stands (next epoch and batch, steps done,
             data options): written next to checkpoints so `--resume` continues
             at the same batch.
+        run_id: which run this is: new for a fresh run, the checkpoint's
+            run's when `--resume` continues it (None in a file from before
+            ids were kept): only that run may write into a folder holding
+            its outputs.
     """
 
     config: dict[str, Any]
@@ -56,6 +61,7 @@ class History:
     wall_seconds: float = 0.0
     resumed_from: str | None = None
     position: dict[str, Any] | None = None
+    run_id: str | None = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def last(self) -> EpochRecord | None:
@@ -71,6 +77,7 @@ class History:
             "resumed_from": self.resumed_from,
             "wall_seconds": round(self.wall_seconds, 3),
             "position": self.position,
+            "run_id": self.run_id,
             "epochs": [{k: json_value(v) for k, v in asdict(rec).items()} for rec in self.epochs],
         }
 
@@ -117,6 +124,7 @@ class History:
                 wall_seconds=float(data["wall_seconds"]),
                 resumed_from=data.get("resumed_from"),
                 position=data.get("position"),
+                run_id=run_id if isinstance(run_id := data.get("run_id"), str) else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: not an atomr history file ({exc})") from None

@@ -1,7 +1,7 @@
 """The files an `atomr train` run writes, and the checks made on them
 before any training: they must be distinct, of the right kind, not
 in a run folder (`--run-dir`, `--name`'s) of an earlier run's outputs (but
-for `--resume`), and
+for a `--resume` that continues that run), and
 writable (probed with a real write, so EPERM or EIO show up now, not after
 the whole run); `--tensorboard` also needs tensorboardX."""
 
@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 from atomr.cli.errors import CliError
-from atomr.cli.history import history_path_for
+from atomr.cli.history import History, history_path_for
 from atomr.cli.plotting import check_matplotlib
 from atomr.cli.run_config import RunConfig
 from atomr.train.core.checkpoint import probe_write
 from atomr.train.metrics import summary_writer_class
 
-__all__ = ["RUNS_DIR", "check_outputs", "output_paths"]
+__all__ = ["RUNS_DIR", "check_outputs", "check_run_folder", "output_paths"]
 
 RUNS_DIR = Path("atomr-runs")
 
@@ -140,24 +140,40 @@ def _run_folder(run: RunConfig, plot: Path, history: Path) -> tuple[str, list[Pa
     return flag, [path for path, named in given if named is None]
 
 
-def _check_run_folder_unused(run: RunConfig, plot: Path, history: Path) -> None:
+def check_run_folder(run: RunConfig, plot: Path, history_path: Path, history: History) -> None:
     """Refuse a run folder (`--run-dir`, or `--name`'s) that holds the
-    outputs of an earlier run (this run's would replace them), unless
-    `--resume` continues it.
+    outputs of an earlier run, which this run's would replace, unless this
+    run continues that one: `history`'s run id (the `--resume`
+    checkpoint's run's, `resume_position`) is the one in the folder's
+    history.json. Call it once `history` is planned, before any training.
 
     Raises:
-        CliError: naming the option, the folder, the files and the ways out.
+        CliError: (exit 2) naming the option, the folder, the files and the
+            ways out.
     """
-    flag, outputs = _run_folder(run, plot, history)
+    flag, outputs = _run_folder(run, plot, history_path)
     kept = sorted(p.name for p in outputs if p.exists())
-    if not flag or not kept or run.resume is not None:
+    if not flag or not kept:
         return
     folder = outputs[0].parent
+    try:
+        earlier: str | None = History.load(folder / "history.json").run_id
+    except (OSError, ValueError):
+        earlier = None  # no history (or not one): which run it was is unknown
+    if earlier is not None and earlier == history.run_id:
+        return
     option = flag.split(" ")[0]
+    if run.resume is None:
+        raise CliError(
+            f"{flag}: {folder} already holds the outputs of a run ({', '.join(kept)}); "
+            f"choose another {option}, remove {folder}, "
+            "or continue that run with --resume and its checkpoint"
+        )
+    unknown = "is not known to continue" if earlier is None else "does not continue"
     raise CliError(
-        f"{flag}: {folder} already holds the outputs of a run ({', '.join(kept)}); "
-        f"choose another {option}, remove {folder}, "
-        "or continue that run with --resume and its checkpoint"
+        f"{flag}: {folder} holds the outputs of a run that --resume {run.resume} {unknown} "
+        f"({', '.join(kept)}); choose another {option} or remove {folder} "
+        "(a checkpoint continues the run its history file names)"
     )
 
 
@@ -168,14 +184,12 @@ def check_outputs(run: RunConfig, plot: Path, history: Path) -> None:
 
     Raises:
         CliError: naming the option to change: `--plot` not ending in .png
-            (exit 2), two outputs on one file (exit 2), a run folder of an
-            earlier run's outputs without `--resume` (exit 2), a path that cannot be
+            (exit 2), two outputs on one file (exit 2), a path that cannot be
             written, `--tensorboard` without tensorboardX, or no matplotlib
             to draw the curves with (exit 1).
     """
     if run.plot is not None and run.plot.suffix.lower() != ".png":
         raise CliError(f"--plot writes a PNG: give a path ending in .png, got {run.plot}")
-    _check_run_folder_unused(run, plot, history)
     targets = _named_outputs(run, plot, history)
     folders = [("--tensorboard", run.tensorboard)] if run.tensorboard is not None else []
     _check_distinct(run, targets + folders)

@@ -47,7 +47,7 @@ def resume_position(
 ) -> ResumePoint:
     """Where the checkpoint stands (the fit loop's position, the trainer's
     own step count and the save's digest), and the earlier epoch
-    records: from its history file when that file was written with this
+    records and run id (`history` continues that run): from its history file when that file was written with this
     very checkpoint (its digest says so), else from the checkpoint's own
     step where the strategy takes a fixed number of steps per batch (with a
     warning on stderr).
@@ -86,6 +86,7 @@ def resume_position(
         )
         return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, save)
     history.epochs = [r for r in earlier.epochs if r.epoch <= position.epoch]
+    history.run_id = earlier.run_id or history.run_id  # the run it continues
     return ResumePoint(position, ckpt.step, save)
 
 

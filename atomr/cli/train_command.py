@@ -27,7 +27,7 @@ from atomr.cli.history import History, history_path_for
 from atomr.cli.interrupt import stop_on_signals
 from atomr.cli.job import Job, open_job, stop_every_rank
 from atomr.cli.memory import check_memory
-from atomr.cli.outputs import check_outputs, output_paths
+from atomr.cli.outputs import check_outputs, check_run_folder, output_paths
 from atomr.cli.plotting import save_curves
 from atomr.cli.progress import Progress
 from atomr.cli.run_config import RunConfig
@@ -142,16 +142,19 @@ def _prepare(args: argparse.Namespace) -> _Prepared:
 
     Raises:
         CliError: as `RunConfig.from_args`, `check_outputs`, `check_memory`,
-            `load_dataset` and `plan_start`.
+            `load_dataset`, `plan_start` and `check_run_folder`.
     """
     run = RunConfig.from_args(args)
     plot_path, history_path = output_paths(run)
-    if run.dist is None or run.dist.is_root:
+    writes = run.dist is None or run.dist.is_root
+    if writes:
         check_outputs(run, plot_path, history_path)
     check_memory(run)
     data = load_dataset(run)
     history = History(config=run.to_json())
     start = plan_start(run, data, history)
+    if writes:  # once the run it continues, if any, is known
+        check_run_folder(run, plot_path, history_path, history)
     return _Prepared(run, plot_path, history_path, data, history, start)
 
 

@@ -61,7 +61,7 @@ class RunStart:
 def plan_start(run: RunConfig, data: Dataset, history: History) -> RunStart:
     """Where `run` starts on `data` (and, under `--distributed`, which data
     that is); fills in `history`'s model sizes and, resuming, the
-    checkpoint's earlier epochs and `resumed_from`.
+    checkpoint's earlier epochs, run id and `resumed_from`.
 
     Raises:
         CliError: a batch size too small for the strategy, a training set

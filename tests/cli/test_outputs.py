@@ -315,3 +315,28 @@ def test_a_run_folder_given_twice_is_refused_unless_the_run_is_resumed(
     assert {p.name: p.read_bytes() for p in (tmp_path / folder).iterdir()} == before
     assert main(["train", "--quiet", "--epochs", "2", *argv, "--resume", "c.ckpt"]) == 0
     assert '"epoch": 2' in (tmp_path / folder / "history.json").read_text()
+
+
+def test_a_resume_of_another_run_is_refused_into_a_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--resume y.ckpt --name x`, y.ckpt saved by run y, was accepted: run
+    x's history.json was replaced by y's epochs and its curves.png redrawn,
+    without a word. Only the run that saved the checkpoint (its history file
+    says which) continues into a folder of outputs."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    train = ["train", "--quiet", "--strategy", "single", "--epochs", "1"]
+    assert main([*train, "--name", "x", "--checkpoint", "x.ckpt"]) == 0
+    assert main([*train, "--name", "y", "--checkpoint", "y.ckpt", "--seed", "1"]) == 0
+    folder = tmp_path / "atomr-runs" / "x"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    capsys.readouterr()
+    resume = ["--name", "x", "--resume", "y.ckpt", "--seed", "1", "--epochs", "2"]
+    line = _one_line_error(capsys, resume, 2)
+    assert line == (
+        "atomr: error: --name x: atomr-runs/x holds the outputs of a run that --resume "
+        "y.ckpt does not continue (curves.png, history.json); choose another --name or "
+        "remove atomr-runs/x (a checkpoint continues the run its history file names)"
+    )
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # nothing changed

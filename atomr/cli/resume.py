@@ -77,7 +77,7 @@ def resume_position(
         return ResumePoint(_position_from_step(run, path, ckpt, steps), ckpt.step, save)
     saved = earlier.position or {}
     _check_data_options(saved.get("data"), run.data_options())
-    _check_loss(saved.get("loss"), run.loss)
+    _check_loss(_trained_loss(earlier), run.loss)
     position = _saved_position(saved, steps)
     if position is None:
         _warn(
@@ -229,11 +229,20 @@ def _check_data_options(saved: Any, mine: dict[str, Any]) -> None:
     )
 
 
+def _trained_loss(earlier: History) -> Any:
+    """The loss the checkpoint's run trained with, as its history file
+    says: its position's (written with every save), else, in a file from
+    before the position recorded it, the run's `--loss` among its options
+    (`config`); None when it has neither (a library run's file)."""
+    saved = earlier.position or {}
+    return saved["loss"] if "loss" in saved else earlier.config.get("loss")
+
+
 def _check_loss(saved: Any, mine: str) -> None:
-    """Refuse to resume with another `--loss` than the one in the
-    checkpoint's history file (a checkpoint does not keep its loss, and one
-    file may be fine-tuned under another by a script, not by `--resume`).
-    A history file from before the loss was recorded checks nothing.
+    """Refuse to resume with another `--loss` than the one the checkpoint's
+    run trained with (`_trained_loss`: a checkpoint does not keep its loss,
+    and one file may be fine-tuned under another by a script, not by
+    `--resume`). None (not recorded) checks nothing.
 
     Raises:
         CliError: naming the saved loss.

@@ -305,12 +305,36 @@ def test_a_history_file_from_before_digests_and_the_loss_matches_by_step(
     older = History.load(side)
     assert older.position is not None
     del older.position["checkpoint"]
-    del older.position["loss"]  # nor the loss: it is not checked then
+    del older.position["loss"]  # nor the loss, nor a config: it is not checked then
     older.save(side)
     seen, history = _resume(ckpt)
     assert seen[0][2] == load_checkpoint(ckpt).step + 1
     assert [r.epoch for r in history.epochs] == [1, 2, 3]
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_history_file_from_before_the_loss_was_recorded_checks_its_config_loss(
+    stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A history file written before its position recorded the loss still
+    holds it among the run's options (`config`): `--resume --loss mse` of a
+    cross_entropy run was accepted unchecked, and trained on with mse."""
+    ckpt = _copy(stopped, tmp_path)
+    side = history_path_for(ckpt)
+    older = History.load(side)
+    assert older.position is not None
+    del older.position["loss"]
+    older.config = _run_config("--strategy", "single", "--epochs", "3").to_json()
+    assert older.config["loss"] == "cross_entropy"
+    older.save(side)
+    argv = ["train", "--quiet", "--strategy", "single", "--epochs", "3", "--resume", str(ckpt)]
+    argv += ["--loss", "mse", "--run-dir", str(tmp_path / "run")]
+    assert atomr.cli.main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "atomr: error: --resume: the checkpoint was trained with --loss cross_entropy, not "
+        "mse; resume with --loss cross_entropy (the loss is part of the run it continues)"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_parameter_server_checkpoint_at_its_step_limit_is_not_resumed(

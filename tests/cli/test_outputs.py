@@ -5,6 +5,7 @@ folder, EPERM and EIO all fail at once in one line."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -340,3 +341,23 @@ def test_a_resume_of_another_run_is_refused_into_a_run_folder(
         "remove atomr-runs/x (a checkpoint continues the run its history file names)"
     )
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # nothing changed
+
+
+def test_a_run_folder_from_before_run_ids_is_not_resumed_into(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder whose history.json names no run (written before run ids were
+    kept) cannot be shown to be the checkpoint's run's: refused, unchanged."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    argv = ["--strategy", "single", "--name", "x"]
+    assert main(["train", "--quiet", "--epochs", "1", *argv, "--checkpoint", "x.ckpt"]) == 0
+    folder = tmp_path / "atomr-runs" / "x"
+    older = json.loads((folder / "history.json").read_text())
+    del older["run_id"]
+    (folder / "history.json").write_text(json.dumps(older))
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    capsys.readouterr()
+    line = _one_line_error(capsys, [*argv, "--resume", "x.ckpt", "--epochs", "2"], 2)
+    assert "atomr-runs/x holds the outputs of a run that --resume x.ckpt is not known to " in line
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

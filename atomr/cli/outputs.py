@@ -145,7 +145,9 @@ def check_run_folder(run: RunConfig, plot: Path, history_path: Path, history: Hi
     outputs of an earlier run, which this run's would replace, unless this
     run continues that one: `history`'s run id (the `--resume`
     checkpoint's run's, `resume_position`) is the one in the folder's
-    history.json. Call it once `history` is planned, before any training.
+    history.json. A `--resume` into a folder whose history.json was written
+    before run ids were kept (it names none) is taken on trust, as it was
+    then. Call it once `history` is planned, before any training.
 
     Raises:
         CliError: (exit 2) naming the option, the folder, the files and the
@@ -157,11 +159,13 @@ def check_run_folder(run: RunConfig, plot: Path, history_path: Path, history: Hi
         return
     folder = outputs[0].parent
     try:
-        earlier: str | None = History.load(folder / "history.json").run_id
+        earlier: History | None = History.load(folder / "history.json")
     except (OSError, ValueError):
         earlier = None  # no history (or not one): which run it was is unknown
-    if earlier is not None and earlier == history.run_id:
-        return
+    if earlier is not None and earlier.run_id == history.run_id:
+        return  # this run continues it
+    if earlier is not None and earlier.run_id is None and run.resume is not None:
+        return  # a folder from before run ids: its --resume is taken on trust, as then
     option = flag.split(" ")[0]
     if run.resume is None:
         raise CliError(

@@ -136,7 +136,8 @@ async def load_servers(
 ) -> None:
     """Give every server shard its state (`server_states`), all or none
     (`load_all_or_none`): if one fails, every shard is given back its state
-    from before the load (weights, optimizer state, version).
+    from before the load (weights, optimizer state, version, and a refusal
+    to serve: a shard whose state was known to be wrong keeps refusing).
 
     Args:
         servers: the server shards, in range order.

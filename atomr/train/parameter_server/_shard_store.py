@@ -13,7 +13,8 @@ round, or an asynchronous push) can be rolled back (`StagedRound`,
 
 A shard whose state is known to be wrong refuses every push, abort and pull
 (`_refusal`) until it is given a whole state (`_commit_state`: a
-`SetServerState`, a `LoadCheckpoint`): one restarted by its supervisor (it
+`SetServerState`, a `LoadCheckpoint`; not its own state given back, as a
+failed load's restore does: `ServerState.refusing`): one restarted by its supervisor (it
 lost its weights and optimizer state: `WorkerStateLost`), or one that holds
 an asynchronous push that failed on another shard and can no longer be
 undone here (`RoundFailedError`).
@@ -274,10 +275,13 @@ class ShardStore(DeviceActor):
     def _server_state(self) -> ServerState:
         assert self.optimizer is not None
         weights = np.asarray(self.backend.to_host(self.weights))
-        return ServerState(weights, self.optimizer.state_dict(), self.version)
+        return ServerState(weights, self.optimizer.state_dict(), self.version, self._refusing)
 
     def _commit_state(self, state: ServerState) -> None:
-        """On the device thread: check everything, then replace weights, optimizer, version.
+        """On the device thread: check everything, then replace weights,
+        optimizer, version, and the refusal (`_refuse`): none, unless `state`
+        is one this shard refused to serve with, given back (a failed load's
+        restore): its state is still known to be wrong.
 
         Raises:
             ValueError: the wrong number of weights, non-finite weights, or an
@@ -296,7 +300,7 @@ class ShardStore(DeviceActor):
         self._buffers.commit()  # the last update can no longer be undone
         self._staged = None
         self._in_effect.clear()
-        self._refusing = None  # a whole state: whatever was wrong is replaced
+        self._refusing = state.refusing
         self.backend.copy(self.backend.to_device(np.ascontiguousarray(w)), self.weights)
         self.optimizer = fresh
         self.kind = fresh.kind

@@ -12,6 +12,7 @@ answers `ParameterServerWorkerProtocol` (both in `protocols.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,13 +221,14 @@ class ParameterServerStats:
 
 @dataclass(frozen=True, slots=True)
 class GetServerState:
-    """Ask a server shard for its `ServerState` (the trainer checkpoints from them).
+    """Ask a server shard for its `ServerState` (the trainer checkpoints from
+    them, and snapshots them before a load). The state of a shard whose state
+    is known to be wrong (it refuses pushes and pulls until it is given a
+    state: restarted, or holding half of a push) says so (`refusing`).
 
     Attributes:
-        to_save: the state is for a checkpoint: a shard whose state is known
-            to be wrong (it refuses pushes and pulls until it is given a
-            state: restarted, or holding half of a push) answers its refusal
-            instead, so that no checkpoint holds such a state.
+        to_save: the state is for a checkpoint: such a shard answers its
+            refusal instead, so that no checkpoint holds such a state.
     """
 
     to_save: bool = False
@@ -240,17 +242,24 @@ class ServerState:
         weights: host copy of the range's weights.
         optimizer: the optimizer's `state_dict()` for the range.
         version: the server's version.
+        refusing: None, or (in the state of a shard that refused to serve:
+            its state known to be wrong, see `GetServerState`) what makes the
+            error it refused with; a shard given this state back
+            (`SetServerState`, a failed load's restore) keeps refusing so.
     """
 
     weights: np.ndarray
     optimizer: dict[str, Any] = field(default_factory=dict)
     version: int = 0
+    refusing: Callable[[], Exception] | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class SetServerState:
     """Replace a server's weights, optimizer state and version; answered with
-    None, or a `Failure(ValueError)` that changes nothing.
+    None, or a `Failure(ValueError)` that changes nothing. The shard serves
+    from then on, unless the state is one it refused to serve with
+    (`ServerState.refusing`): given back, it keeps refusing so.
 
     Attributes:
         state: the new state (same range length, same optimizer kind).

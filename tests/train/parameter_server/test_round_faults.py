@@ -229,24 +229,17 @@ async def test_an_asynchronous_push_that_fails_on_a_follower_shard_changes_no_sh
     assert "nothing of it is applied on any shard" in notes
 
 
-async def test_an_asynchronous_push_left_half_applied_is_refused_until_a_checkpoint_is_loaded(
-    actor_system: ActorSystem, tmp_path: Path
+async def _leave_a_push_half_applied(
+    ps: ActorRef, plan: Plan, data: list[tuple[np.ndarray, np.ndarray]], ckpt: Path
 ) -> None:
-    """Two asynchronous workers, two shards: shard 1 dies in its range of one
-    worker's push after a delay, while the other worker's push lands on
-    shard 0 on top of it, so shard 0 can no longer undo it (it keeps its
-    last update undoable only). The push is half-applied: the step fails
-    with `RoundFailedError` saying so, and every later `Step` and `Evaluate`
-    is refused (`RoundFailedError`) instead of training or evaluating a
-    model mixed from two versions, until a checkpoint is loaded; a
-    `SaveCheckpoint` too (it used to save the mixed model)."""
-    plan = Plan()
-    shard = dying_optimizer(NumberedShard, plan, worker=1)
-    ps, _single = await _pair(actor_system, 2, Consistency.asynchronous(), server_class=shard)
-    data = batches()
+    """Two asynchronous workers, two shards (shard 1 a `dying_optimizer`):
+    train `FAULT_AT` steps and save `ckpt`, then shard 1 dies in its range of
+    one worker's push after a delay, while the other worker's push lands on
+    shard 0 on top of it, so shard 0 can no longer undo it (it keeps its last
+    update undoable only): the push is half-applied, the step fails with
+    `RoundFailedError` saying so, and shard 0 refuses to serve."""
     for x, y in data[:FAULT_AT]:
         await ps.ask(Step(x, y), timeout=T)
-    ckpt = tmp_path / "before.ckpt"
     await ps.ask(SaveCheckpoint(ckpt), timeout=T)
     # the stall lets the other worker's push land on shard 0 on top of it
     # (2 s: ample on a loaded machine; the assertions below say if it did not)
@@ -258,18 +251,65 @@ async def test_an_asynchronous_push_left_half_applied_is_refused_until_a_checkpo
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "server shards [0] could not undo" in notes and "load a checkpoint" in notes
     assert [st.version for st in await server_stats(ps)] == [2 * FAULT_AT + 2, 2 * FAULT_AT + 1]
-    mixed = tmp_path / "mixed.ckpt"
-    for request in (Step(*data[FAULT_AT + 1]), Evaluate(*held_out()), SaveCheckpoint(mixed)):
+
+
+async def _assert_refused_until_loaded(ps: ActorRef, path: Path, *requests: Any) -> None:
+    """Every request is refused (`RoundFailedError`) instead of serving the
+    model mixed from two versions, and a save (to `path`) writes nothing."""
+    for request in (*requests, SaveCheckpoint(path)):
         with pytest.raises(RoundFailedError, match="until a checkpoint is loaded"):
             await ps.ask(request, timeout=T)
-    assert not mixed.exists()  # a save used to write the mixed model
+    assert not path.exists()  # a save used to write the mixed model
     assert [st.version for st in await server_stats(ps)] == [2 * FAULT_AT + 2, 2 * FAULT_AT + 1]
+
+
+async def test_an_asynchronous_push_left_half_applied_is_refused_until_a_checkpoint_is_loaded(
+    actor_system: ActorSystem, tmp_path: Path
+) -> None:
+    """A push left half-applied (`_leave_a_push_half_applied`): every later
+    `Step` and `Evaluate` is refused (`RoundFailedError`) instead of training
+    or evaluating a model mixed from two versions, until a checkpoint is
+    loaded; a `SaveCheckpoint` too (it used to save the mixed model)."""
+    plan = Plan()
+    shard = dying_optimizer(NumberedShard, plan, worker=1)
+    ps, _single = await _pair(actor_system, 2, Consistency.asynchronous(), server_class=shard)
+    data, ckpt = batches(), tmp_path / "before.ckpt"
+    await _leave_a_push_half_applied(ps, plan, data, ckpt)
+    mixed = tmp_path / "mixed.ckpt"
+    await _assert_refused_until_loaded(ps, mixed, Step(*data[FAULT_AT + 1]), Evaluate(*held_out()))
     await ps.ask(LoadCheckpoint(ckpt), timeout=T)
     for x, y in data[FAULT_AT:]:
         assert (await ps.ask(Step(x, y), timeout=T)).updates == 2
     versions = [st.version for st in await server_stats(ps)]
     assert versions == [2 * len(data)] * 2  # from the checkpoint at 2 * FAULT_AT
     await ps.ask(Evaluate(*held_out()), timeout=T)
+
+
+async def test_a_load_that_fails_leaves_a_refusing_shard_refusing(
+    actor_system: ActorSystem, tmp_path: Path
+) -> None:
+    """Shard 0 refuses to serve (it holds half of a push:
+    `_leave_a_push_half_applied`) and a `LoadCheckpoint` fails on shard 1:
+    every shard is given back its state from before the load, which used to
+    clear shard 0's refusal too, so the trainer then trained on and saved the
+    mixed model as good. Now the snapshot says shard 0 was refusing and its
+    restore keeps it so, until a load succeeds."""
+    plan = Plan()
+    dying = dying_optimizer(NumberedShard, plan, worker=1)
+    shard = inject_faults(dying, plan, {"load": SetServerState}, worker=1)
+    ps, _single = await _pair(actor_system, 2, Consistency.asynchronous(), server_class=shard)
+    data, ckpt = batches(), tmp_path / "before.ckpt"
+    await _leave_a_push_half_applied(ps, plan, data, ckpt)
+    plan.arm("load", RuntimeError)
+    with pytest.raises(RuntimeError) as info:
+        await ps.ask(LoadCheckpoint(ckpt), timeout=T)
+    assert plan.fired == ["mid_optimizer", "load"]
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "every server shard was given back its state from before the load" in notes
+    await _assert_refused_until_loaded(ps, tmp_path / "mixed.ckpt", Step(*data[FAULT_AT + 1]))
+    await ps.ask(LoadCheckpoint(ckpt), timeout=T)
+    for x, y in data[FAULT_AT:]:
+        assert (await ps.ask(Step(x, y), timeout=T)).updates == 2
 
 
 def _assert_same_checkpoint(path: Path, other: Path) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from atomr.accel import ContextPoisoned
+from atomr.testkit import Plan, inject_faults
 from atomr.train import (
     GetWeights,
     LoadCheckpoint,
@@ -20,13 +22,16 @@ from atomr.train import (
     Trainer,
     TrainerConfig,
 )
-from atomr.train.core.errors import CheckpointError, NonFiniteError
+from atomr.train.core.errors import CheckpointError, NonFiniteError, WorkerStateLost
 from atomr.train.parameter_server import RoundFailedError
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.messages import (
     AbortPush,
+    GetServerState,
     PullWeights,
     PushGradient,
+    ServerState,
+    SetServerState,
     StaleGradientError,
     Stats,
 )
@@ -361,3 +366,28 @@ async def test_a_lone_server_checkpoints_in_the_format_of_every_trainer(
     after, version_after = await server.ask(PullWeights(0))
     np.testing.assert_array_equal(after, before)
     assert version_after == version == 1
+
+
+async def test_a_restarted_shard_given_its_own_state_back_keeps_refusing(actor_system) -> None:
+    """A shard restarted after `ContextPoisoned` refuses to serve (its state
+    is lost: `WorkerStateLost`). Its state (`GetServerState`), given back by
+    `SetServerState` as a failed load's restore does, used to clear that
+    refusal, so it served its reset weights as good; now it keeps refusing,
+    and a state from elsewhere (a checkpoint's) makes it serve again."""
+    plan = Plan()
+    shard = inject_faults(ServerShard, plan, {"pull": PullWeights})
+    ref = actor_system.spawn(shard.props(_f32(10, 20), OptimizerKind.sgd(0.1), 4))
+    await ref.ask(PushGradient(0, 0, _f32(1, 2)))
+    plan.arm("pull", ContextPoisoned)
+    with pytest.raises(ContextPoisoned):
+        await ref.ask(PullWeights(0))
+    with pytest.raises(WorkerStateLost):  # restarted: its initial weights, version 0
+        await ref.ask(PullWeights(0))
+    state = await ref.ask(GetServerState())
+    await ref.ask(SetServerState(state))
+    with pytest.raises(WorkerStateLost):
+        await ref.ask(PullWeights(0))
+    await ref.ask(SetServerState(ServerState(_f32(9.9, 19.8), state.optimizer, 1)))
+    weights, version = await ref.ask(PullWeights(0))
+    np.testing.assert_array_equal(weights, _f32(9.9, 19.8))
+    assert version == 1

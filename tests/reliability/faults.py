@@ -1,26 +1,32 @@
 """Shared helpers of the fault-injection tests: the data, a plan armed with
-device failures, an optimizer that dies mid-update, and the "faulted run
-equals the unfaulted run" comparisons. The injection itself is
-`atomr.testkit` (`Plan`, `inject_faults`)."""
+device failures, an optimizer that dies mid-update, the "faulted run
+equals the unfaulted run" comparisons, and the check that a worker late
+past its timeout trains nothing from a batch refilled after its `Step`
+answered. The injection itself is `atomr.testkit` (`Plan`, `inject_faults`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
-from atomr import ActorRef, testkit
+from atomr import ActorRef, ActorSystem, testkit
 from atomr.accel import ContextPoisoned
+from atomr.actor import AskTimeoutError
 from atomr.train import (
     CheckpointError,
     Evaluate,
     GetWeights,
     LoadCheckpoint,
+    LossKind,
+    OptimizerKind,
     SaveCheckpoint,
     Step,
+    TrainerConfig,
     WorkerStateLost,
 )
 from atomr.train.core import synthetic_classification
@@ -256,3 +262,61 @@ async def lost_until_reloaded(
         assert a.loss == pytest.approx(b.loss, rel=1e-5)
         assert not grad_norm or a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
     await assert_same_training(trainer, reference)
+
+
+LATE_TIMEOUT = 0.5
+"""`worker_timeout` of `assert_a_late_read_is_not_trained` (its held worker
+wakes `LATE_HOLD` seconds later, past the `Step`'s answer)."""
+LATE_HOLD = 2.5
+
+
+def noting(worker_class: W, message: type, worker: int, notes: list[Any]) -> W:
+    """A subclass of an actor class whose instance `worker` (its
+    `worker_index`) appends to `notes` every `message` it handled."""
+
+    async def receive(self: Any, msg: Any) -> Any:
+        answer = await worker_class.receive(self, msg)  # type: ignore[attr-defined]
+        if isinstance(msg, message) and self.worker_index == worker:
+            notes.append(msg)
+        return answer
+
+    return type(f"Noting{worker_class.__name__}", (worker_class,), {"receive": receive})  # type: ignore[return-value]
+
+
+async def assert_a_late_read_is_not_trained(
+    spawn: Callable[[ActorSystem, TrainerConfig], Awaitable[ActorRef]],
+    plan: testkit.Plan,
+    notes: list[Any],
+    data: list[tuple[np.ndarray, np.ndarray]],
+) -> None:
+    """A trainer (`spawn(system, config)`) whose worker, held by `plan`'s
+    "held" phase past its `worker_timeout` on the message that reads its part
+    of a `Step`'s batch (a view of the caller's arrays), answers that `Step`
+    with `AskTimeoutError` before the worker read it; the caller refills its
+    arrays then (a loader's reused buffer). Once the worker handled it
+    (noted in `notes`: `noting`) and one more `Step` trained, the weights
+    must equal those of the same run without the refill: what the late
+    worker read is never applied (its step applied nothing anywhere). A
+    first trainer with a long `worker_timeout` takes one step first, so
+    that compiling the kernels meets no deadline."""
+    config = TrainerConfig(
+        OptimizerKind.sgd(0.3), LossKind.CROSS_ENTROPY, worker_timeout=LATE_TIMEOUT
+    )
+
+    async def trained(refill: bool) -> np.ndarray:
+        async with ActorSystem("late-read") as system:
+            warm = await spawn(system, dataclasses.replace(config, worker_timeout=T))
+            await warm.ask(Step(*data[0]), timeout=T)
+            trainer = await spawn(system, config)
+            x, y = data[1][0].copy(), data[1][1].copy()
+            handled = len(notes)
+            plan.arm("held", None, delay=LATE_HOLD)
+            with pytest.raises(AskTimeoutError):
+                await trainer.ask(Step(x, y), timeout=T)
+            if refill:
+                x[...], y[...] = 0, 0
+            await testkit.await_condition(lambda: len(notes) > handled, timeout=T)
+            await trainer.ask(Step(*data[2]), timeout=T)
+            return np.asarray(await trainer.ask(GetWeights(), timeout=T))
+
+    np.testing.assert_array_equal(await trained(refill=True), await trained(refill=False))

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr import ActorSystem, AskTimeoutError, Props
+from atomr import ActorRef, ActorSystem, AskTimeoutError, Props
 from atomr.accel import ContextPoisoned, OutOfMemory
 from atomr.testkit import Plan, inject_faults
 from atomr.train import (
@@ -61,6 +61,7 @@ from tests.reliability.faults import (
     FAULT_AT,
     IN,
     T,
+    assert_a_late_read_is_not_trained,
     assert_same_optimizer_state,
     assert_same_training,
     assert_unchanged,
@@ -68,6 +69,7 @@ from tests.reliability.faults import (
     clean_run,
     dying_optimizer,
     faulted_run,
+    noting,
 )
 
 SIZES = [IN, 8, CLASSES]
@@ -343,3 +345,22 @@ async def test_a_replica_restarted_after_a_request_error_type_is_re_synced(
         np.testing.assert_array_equal(state.weights, states[0].weights)
         assert_same_optimizer_state(state.optimizer, states[0].optimizer)
     await assert_same_training(dp, reference)
+
+
+async def test_a_batch_refilled_after_its_timed_out_step_answers_is_not_trained() -> None:
+    """Under SYNC the replicas get views of the `Step`'s arrays (CADENCE and
+    ASYNC copy them: their `Step` answers before the batch is applied). A
+    replica held past `worker_timeout` reads its part after the `Step`
+    answered `AskTimeoutError` and the sender refilled it, but its gradient
+    is never applied (phase 2 runs only once every replica answered phase 1,
+    and the next step's phase 1 overwrites it), so no copy is needed."""
+    plan, notes = Plan(), list[Any]()
+    noted = noting(ReplicaActor, ComputeGradients, 1, notes)
+    replica = inject_faults(noted, plan, {"held": ComputeGradients}, worker=1)
+    options = DataParallelOptions(replica_class=replica)
+
+    async def spawn(system: ActorSystem, config: TrainerConfig) -> ActorRef:
+        model = Mlp([IN, 8, CLASSES], seed=2)
+        return await DataParallelTrainer.spawn(system, model, ["cpu:0", "cpu:1"], config, options)
+
+    await assert_a_late_read_is_not_trained(spawn, plan, notes, batches(3))

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr import ActorSystem
+from atomr import ActorRef, ActorSystem
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.testkit import Plan, inject_faults
 from atomr.train import (
@@ -49,6 +49,7 @@ from tests.reliability.faults import (
     CLASSES,
     IN,
     T,
+    assert_a_late_read_is_not_trained,
     assert_same_training,
     assert_unchanged,
     batches,
@@ -56,6 +57,7 @@ from tests.reliability.faults import (
     dying_optimizer,
     faulted_run,
     lost_until_reloaded,
+    noting,
 )
 
 SIZES = [IN, 8, 8, CLASSES]
@@ -166,3 +168,23 @@ async def test_a_stage_crashing_mid_load_leaves_every_stage_as_before_the_load(
         for trainer in (pipe, clean):
             await trainer.ask(Step(x, y), timeout=T)
     await assert_same_training(pipe, clean, atol=0.0)
+
+
+async def test_a_batch_refilled_after_its_timed_out_step_answers_is_not_trained() -> None:
+    """The first stage gets views of the `Step`'s features (its
+    micro-batches), the last of its labels. The first stage held past
+    `worker_timeout` reads them after the `Step` answered `AskTimeoutError`
+    (every stage was sent `AbortStep`) and the sender refilled them, but
+    what it computes is never applied (`ApplyStageGradients` is sent only
+    once every stage answered the pass, which the abort ended), so no copy
+    is needed."""
+    plan, notes = Plan(), list[Any]()
+    noted = noting(StageActor, RunMicroBatches, 0, notes)
+    stage = inject_faults(noted, plan, {"held": RunMicroBatches}, worker=0)
+    options = PipelineOptions(micro_batch_size=8, stage_class=stage)
+
+    async def spawn(system: ActorSystem, config: TrainerConfig) -> ActorRef:
+        model = Mlp([IN, 8, CLASSES], seed=2)
+        return await PipelineParallelTrainer.spawn(system, model, cpu_devices(2), config, options)
+
+    await assert_a_late_read_is_not_trained(spawn, plan, notes, batches(3))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from atomr import ActorSystem
+from atomr import ActorRef, ActorSystem
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.testkit import inject_faults
 from atomr.train import (
@@ -31,6 +31,7 @@ from atomr.train import (
 from atomr.train.sharded import ShardedReplica
 from atomr.train.sharded.messages import (
     CommitShard,
+    ComputeShardGradients,
     ForwardLayer,
     RollbackShard,
     ShardLayerParams,
@@ -40,12 +41,14 @@ from tests.reliability.faults import (
     IN,
     Plan,
     T,
+    assert_a_late_read_is_not_trained,
     assert_same_training,
     assert_unchanged,
     batches,
     clean_run,
     faulted_run,
     lost_until_reloaded,
+    noting,
 )
 
 CONFIG = TrainerConfig(OptimizerKind.adamw(0.05), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
@@ -123,3 +126,30 @@ async def test_a_replica_poisoned_while_rolling_back_is_named() -> None:
             await trainer.ask(Step(*batches()[0]), timeout=T)
         assert sorted(plan.fired) == ["apply", "rollback"]
         assert info.value.worker == FAULTY and f"replica {FAULTY} lost" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("stage", "reads"), [(1, ComputeShardGradients), (3, ForwardLayer)], ids=["stage1", "stage3"]
+)
+async def test_a_batch_refilled_after_its_timed_out_step_answers_is_not_trained(
+    stage: int, reads: type
+) -> None:
+    """The replicas get views of the `Step`'s arrays. A replica held past
+    `worker_timeout` on the message that reads its rows (the whole gradient,
+    or stage 3's first layer forward) reads them after the `Step` answered
+    `AskTimeoutError` and the sender refilled them, but nothing it computes
+    from them is applied (phase 2 runs only once every replica answered
+    phase 1, and the next step's phase 1 overwrites it), so no copy is needed."""
+    plan, notes = Plan(), list[Any]()
+    replica = inject_faults(
+        noting(ShardedReplica, reads, 1, notes), plan, {"held": reads}, worker=1
+    )
+    options = ShardedOptions(stage=stage, replica_class=replica)
+
+    async def spawn(system: ActorSystem, config: TrainerConfig) -> ActorRef:
+        model = Mlp([IN, 8, CLASSES], seed=2)
+        return await ShardedDataParallelTrainer.spawn(
+            system, model, cpu_devices(2), config, options
+        )
+
+    await assert_a_late_read_is_not_trained(spawn, plan, notes, batches(3))

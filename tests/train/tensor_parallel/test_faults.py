@@ -58,6 +58,7 @@ from tests.reliability.faults import (
     FAULT_AT,
     IN,
     T,
+    assert_a_late_read_is_not_trained,
     assert_same_optimizer_state,
     assert_same_training,
     assert_unchanged,
@@ -66,6 +67,7 @@ from tests.reliability.faults import (
     dying_optimizer,
     faulted_run,
     lost_until_reloaded,
+    noting,
 )
 
 SIZES = [IN, 8, 8, CLASSES]
@@ -249,3 +251,23 @@ async def test_a_shard_crashing_mid_load_leaves_every_shard_as_before_the_load(
         for trainer in (tp, clean):
             await asyncio.wait_for(trainer.ask(Step(x, y)), 5)
     await assert_same_training(tp, clean, atol=0.0)
+
+
+async def test_a_batch_refilled_after_its_timed_out_step_answers_is_not_trained() -> None:
+    """The shards get views of the `Step`'s features (a shard of the whole
+    input width). A shard held past `worker_timeout` on its first forward
+    reads them after the `Step` answered `AskTimeoutError` and the sender
+    refilled them, but what it computes is never applied (the apply is sent
+    only once every shard answered the pass, and the next pass overwrites
+    it), so no copy is needed."""
+    plan, notes = Plan(), list[Any]()
+    shard = inject_faults(
+        noting(ShardActor, ShardForward, 1, notes), plan, {"held": ShardForward}, worker=1
+    )
+    options = TensorParallelOptions(shard_class=shard)
+
+    async def spawn(system: ActorSystem, config: TrainerConfig) -> ActorRef:
+        model = Mlp([IN, 8, CLASSES], seed=2)
+        return await TensorParallelTrainer.spawn(system, model, cpu_devices(2), config, options)
+
+    await assert_a_late_read_is_not_trained(spawn, plan, notes, batches(3))

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr import ActorSystem
+from atomr import ActorRef, ActorSystem
 from atomr.accel import cpu_devices
 from atomr.actor import AskTimeoutError
 from atomr.testkit import Plan, inject_faults
@@ -37,6 +37,7 @@ from atomr.train import (
 from atomr.train.core.model import gpt
 from atomr.train.tensor_parallel.layer_messages import ShardCommit, ShardPass, ShardStateSet
 from atomr.train.tensor_parallel.layer_shard import LayerShardActor
+from tests.reliability.faults import assert_a_late_read_is_not_trained, noting
 
 CONFIG = TrainerConfig(
     OptimizerKind.sgd(0.3, momentum=0.9),
@@ -205,3 +206,21 @@ async def test_a_shard_failing_its_commit_does_not_fail_an_applied_step() -> Non
         np.testing.assert_allclose(
             await tp.ask(GetWeights()), await one.ask(GetWeights()), rtol=2e-4, atol=2e-6
         )
+
+
+async def test_a_batch_refilled_after_its_timed_out_step_answers_is_not_trained() -> None:
+    """Every shard gets the `Step`'s arrays themselves. A shard held past
+    `worker_timeout` on its pass reads them after the `Step` answered
+    `AskTimeoutError` and the sender refilled them, but its pass changes no
+    weight and meets an aborted group, and the apply is sent only once every
+    shard answered its pass, so no copy is needed."""
+    plan, notes = Plan(), list[Any]()
+    noted = noting(LayerShardActor, ShardPass, 1, notes)
+    options = TensorParallelOptions(
+        layer_shard_class=inject_faults(noted, plan, {"held": ShardPass}, worker=1)
+    )
+
+    async def spawn(system: ActorSystem, config: TrainerConfig) -> ActorRef:
+        return await TensorParallelTrainer.spawn(system, _model(), cpu_devices(2), config, options)
+
+    await assert_a_late_read_is_not_trained(spawn, plan, notes, _data(3))

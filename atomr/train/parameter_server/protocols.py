@@ -39,8 +39,8 @@ class ServerShardProtocol:
     | `Stats()` | `ParameterServerStats` | the shard's counters |
     | `GetWeights()` | `ndarray` | a host copy of the shard's range |
     | `SetLearningRate(lr)` | `float`: the rate it replaces (given back if another worker fails) | the optimizer's learning rate |
-    | `GetServerState(to_save)` | `ServerState` | weights and optimizer state of the shard's range, and the version; with `to_save` (for a checkpoint), a shard that refuses pushes answers its refusal |
-    | `SetServerState(state)` | None | replace them (a shard that refused to serve serves again); refused with `Failure(RuntimeError)` while a synchronous round is in progress |
+    | `GetServerState(to_save)` | `ServerState` | weights and optimizer state of the shard's range, the version, and (`refusing`) whether it refuses to serve; with `to_save` (for a checkpoint), a shard that refuses pushes answers its refusal |
+    | `SetServerState(state)` | None | replace them (a shard that refused to serve serves again, unless `state` is its own refusing state given back); refused with `Failure(RuntimeError)` while a synchronous round is in progress |
     | `SaveCheckpoint(path)` | None | a checkpoint of the shard's range; a shard that refuses pushes answers its refusal, writing nothing |
     | `LoadCheckpoint(path)` | None | restore it; `Failure(CheckpointError)` if it does not fit |
 
@@ -54,7 +54,9 @@ class ServerShardProtocol:
     its supervisor (its state lost) answers every push, abort and pull with
     `Failure(WorkerStateLost)`, and one holding a push it could not undo with
     `Failure(RoundFailedError)`, until it is given a state (`SetServerState`,
-    `LoadCheckpoint`); `Stats`, `GetWeights` and `GetServerState` are served,
+    `LoadCheckpoint`; its own state given back, `ServerState.refusing` set
+    from its refusal, as a failed load's restore does, leaves it refusing);
+    `Stats`, `GetWeights` and `GetServerState` are served,
     but no checkpoint is made of its state (`SaveCheckpoint`, `to_save`).
     Other messages go to `DeviceActor.receive` (`OnDevice`; anything else is
     answered with `Failure(TypeError)`).

@@ -254,7 +254,6 @@ async def test_a_batch_refilled_after_its_timed_out_step_answers_trains_as_it_wa
 
 
 FAULTY_SHARD = 1
-FAULTY_SHARD = 1
 
 
 @pytest.mark.parametrize(

@@ -362,7 +362,9 @@ class DataParallelTrainer(Actor):
         """Validate the batch; in a job, take this process's share of it.
         Under CADENCE and ASYNC the `Step` answers before its batch is
         applied, so the trainer keeps a copy: the sender may refill its
-        arrays for the next batch (a loader's reused buffer)."""
+        arrays for the next batch (a loader's reused buffer). Under SYNC a
+        replica late past `worker_timeout` may read its rows after the `Step`
+        answered, but its gradient is never applied: no copy."""
         check_step_limit(self._runner.steps, self.config.max_steps)
         x, y = self._validate(message)
         self._manual.forget()  # the step overwrites the replicas' gradient buffers

@@ -31,10 +31,13 @@ def crashed(error: object) -> bool:
     """Whether a replica's failed request may have cost it its state: the
     error escaped its `receive` (`actor_failed`: its supervisor restarted,
     resumed or stopped it), whatever its type, or it is not a
-    `REQUEST_ERRORS` one (an ask timeout, a stopped replica, a replica's own
-    answer of an unexpected error). Only a `REQUEST_ERRORS` exception the
-    replica answered itself (`Failure`) left it intact. Read it as soon as
-    the ask settled (see `actor_failed`)."""
+    `REQUEST_ERRORS` one (a stopped replica, a replica's own answer of an
+    unexpected error). A `REQUEST_ERRORS` exception the replica answered
+    itself (`Failure`) left it intact, and so does an ask timeout (an
+    `OSError`, so one of them): the late replica is intact, and what the
+    trainer sends it next (a rollback, a learning rate) is queued behind
+    the late request, so it arrives in order. Read it as soon as the ask
+    settled (see `actor_failed`)."""
     if not isinstance(error, BaseException):
         return False
     return actor_failed(error) or not isinstance(error, REQUEST_ERRORS)

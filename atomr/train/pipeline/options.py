@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from atomr._arguments import int_at_least
 from atomr.train.pipeline.schedule import Schedule, split_micro_batches
 from atomr.train.pipeline.stage import StageActor
 
@@ -36,9 +37,10 @@ class PipelineOptions:
 
     Raises:
         TypeError: a field of the wrong type (a `stage_class` that is not a
-            `StageActor` subclass included).
-        ValueError: `micro_batch_size < 1`, an unknown schedule name, or a
-            split entry below 1.
+            `StageActor` subclass included; NumPy's integers are ints,
+            `_arguments.int_at_least`).
+        ValueError: `micro_batch_size < 1`, an unknown schedule name, an
+            empty split or a split entry below 1.
     """
 
     micro_batch_size: int | None = None
@@ -49,10 +51,7 @@ class PipelineOptions:
     def __post_init__(self) -> None:
         size = self.micro_batch_size
         if size is not None:
-            if isinstance(size, bool) or not isinstance(size, int):
-                raise TypeError(f"micro_batch_size must be an int or None, got {size!r}")
-            if size < 1:
-                raise ValueError(f"micro_batch_size must be an int >= 1, got {size}")
+            object.__setattr__(self, "micro_batch_size", int_at_least("micro_batch_size", size, 1))
         if not isinstance(self.schedule, str):  # a Schedule is a str too
             raise TypeError(f"schedule must be a Schedule or its name, got {self.schedule!r}")
         object.__setattr__(self, "schedule", Schedule.parse(self.schedule))
@@ -80,17 +79,14 @@ class PipelineOptions:
 
 
 def _checked_split(split: object) -> tuple[int, ...]:
-    """`split` as a tuple of ints >= 1.
+    """`split` as a tuple of ints >= 1 (NumPy's integers as ints).
 
     Raises:
         TypeError: not a sequence of ints.
-        ValueError: an entry below 1.
+        ValueError: no entry, or an entry below 1.
     """
     if isinstance(split, str) or not isinstance(split, Sequence):
         raise TypeError(f"split must be a sequence of ints or None, got {split!r}")
-    for count in split:
-        if isinstance(count, bool) or not isinstance(count, int):
-            raise TypeError(f"split must hold ints, got {count!r}")
-        if count < 1:
-            raise ValueError(f"every stage needs at least one layer: split {list(split)}")
-    return tuple(split)
+    if not split:
+        raise ValueError("split must give at least one stage its layers, got an empty split")
+    return tuple(int_at_least("every split entry (layers of a stage)", c, 1) for c in split)

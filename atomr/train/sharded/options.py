@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from atomr._arguments import bool_flag
-from atomr.actor.errors import bounded_repr
+from atomr._arguments import bool_flag, int_at_least
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.data_parallel.options import DataParallelOptions
@@ -38,7 +37,8 @@ class ShardedOptions:
             `atomr.testkit.inject_faults`).
 
     Raises:
-        TypeError: a field of the wrong type (a stage that is no int: 2.0).
+        TypeError: a field of the wrong type (a stage, rank or count that is
+            no int: 2.0, True; NumPy's integers are ints, `_arguments`).
         ValueError: a stage other than 1, 2, 3; a collective that keeps its
             buffers on its members; a rank out of range; several processes
             without a process collective.
@@ -53,10 +53,10 @@ class ShardedOptions:
     replica_class: type[ShardedReplica] = ShardedReplica
 
     def __post_init__(self) -> None:
-        if not isinstance(self.stage, int):  # 2.0 would pass `in (1, 2, 3)`
-            raise TypeError(f"stage must be an int (1, 2 or 3), got {bounded_repr(self.stage)}")
-        if isinstance(self.stage, bool) or self.stage not in (1, 2, 3):
-            raise ValueError(f"stage must be 1, 2 or 3, got {self.stage!r}")
+        stage = int_at_least("stage", self.stage, 1)  # 2.0 would pass `in (1, 2, 3)`
+        if stage not in (1, 2, 3):
+            raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
+        object.__setattr__(self, "stage", stage)
         c = self.collective
         if not (c == "host" or isinstance(c, Collective)):
             raise TypeError(f"collective must be 'host' or a Collective, got {c!r}")
@@ -78,11 +78,11 @@ class ShardedOptions:
             raise TypeError(f"replica_class must be ShardedReplica or a subclass, got {rc!r}")
 
     def _check_processes(self) -> None:
-        for name in ("process_rank", "process_count"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if self.process_count < 1 or not 0 <= self.process_rank < self.process_count:
+        count = int_at_least("process_count", self.process_count, 1)
+        rank = int_at_least("process_rank", self.process_rank, 0)
+        object.__setattr__(self, "process_count", count)
+        object.__setattr__(self, "process_rank", rank)
+        if rank >= count:
             raise ValueError(
                 f"need 0 <= process_rank < process_count, got {self.process_rank}, "
                 f"{self.process_count}"

@@ -3,6 +3,7 @@ default micro-batch size (a quarter of the batch, at least 1)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from atomr.train import Trainer
@@ -35,16 +36,26 @@ def test_schedule_names_are_parsed() -> None:
     assert PipelineOptions(split=[2, 1]).split == (2, 1)
 
 
+def test_numpy_integers_are_ints() -> None:
+    # the rule of every count argument (`atomr._arguments`): np.int64(2) is an int
+    options = PipelineOptions(micro_batch_size=np.int64(2), split=[np.int64(2), np.int32(1)])  # type: ignore[arg-type]
+    assert options.micro_batch_size == 2 and type(options.micro_batch_size) is int
+    assert options.split == (2, 1) and all(type(c) is int for c in options.split)
+    assert options.micro_batch_sizes(5) == [2, 2, 1]
+
+
 @pytest.mark.parametrize(
     ("error", "match", "kwargs"),
     [
-        (ValueError, "micro_batch_size must be an int >= 1", {"micro_batch_size": 0}),
-        (TypeError, "micro_batch_size must be an int or None", {"micro_batch_size": 2.0}),
-        (TypeError, "micro_batch_size must be an int or None", {"micro_batch_size": True}),
+        (ValueError, "micro_batch_size must be >= 1", {"micro_batch_size": 0}),
+        (TypeError, "micro_batch_size must be an int", {"micro_batch_size": 2.0}),
+        (TypeError, "micro_batch_size must be an int", {"micro_batch_size": True}),
         (ValueError, "unknown schedule", {"schedule": "zero-bubble"}),
         (TypeError, "schedule must be a Schedule", {"schedule": 1}),
-        (ValueError, "at least one layer", {"split": [2, 0]}),
-        (TypeError, "split must hold ints", {"split": [2, "1"]}),
+        (ValueError, r"split entry \(layers of a stage\) must be >= 1", {"split": [2, 0]}),
+        (ValueError, "empty split", {"split": []}),
+        (TypeError, "split entry .* must be an int", {"split": [2, "1"]}),
+        (TypeError, "split entry .* must be an int", {"split": [2, True]}),
         (TypeError, "split must be a sequence", {"split": 3}),
         (TypeError, "stage_class must be a StageActor subclass", {"stage_class": Trainer}),
     ],

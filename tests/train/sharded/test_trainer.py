@@ -143,7 +143,7 @@ async def test_the_contract_messages_and_bad_input() -> None:
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="stage"):
         ShardedOptions(stage=4)
-    with pytest.raises(ValueError, match="stage"):
+    with pytest.raises(TypeError, match="stage"):
         ShardedOptions(stage=True)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="stage"):
         ShardedOptions(stage=2.0)  # type: ignore[arg-type]
@@ -153,6 +153,17 @@ def test_bad_options_are_refused() -> None:
         ShardedOptions(process_count=2, process_rank=1)
     with pytest.raises(TypeError, match="replica_class"):
         ShardedOptions(replica_class=int)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="process_rank"):
+        ShardedOptions(process_rank=False)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="process_rank"):
+        ShardedOptions(process_rank=1, process_count=1)
+
+
+def test_numpy_integers_are_ints() -> None:
+    # the rule of every count argument (`atomr._arguments`): np.int64(2) is an int
+    options = ShardedOptions(stage=np.int64(2), process_rank=np.int32(0), process_count=np.int64(1))  # type: ignore[arg-type]
+    assert (options.stage, options.process_rank, options.process_count) == (2, 0, 1)
+    assert all(type(v) is int for v in (options.stage, options.process_rank, options.process_count))
 
 
 async def test_accumulation_is_refused_before_anything_is_spawned() -> None:

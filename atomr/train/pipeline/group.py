@@ -81,7 +81,8 @@ class StageGroup:
 
         Raises:
             TypeError: a stage does not answer with a `StageInfo`.
-            ValueError: a stage's output width differs from the next one's input.
+            ValueError: a stage's output width differs from the next one's
+                input, or its dtype from the first stage's.
         """
         p = len(refs)
         msgs = [
@@ -99,6 +100,10 @@ class StageGroup:
             if not isinstance(info, StageInfo):
                 raise TypeError(f"stage {i} answered ConnectStage with {type(info).__name__}")
         for i in range(p - 1):
+            if infos[i + 1].dtype != infos[0].dtype:  # one model, one dtype: none rounded
+                raise ValueError(
+                    f"stage {i + 1} computes in {infos[i + 1].dtype}, stage 0 in {infos[0].dtype}"
+                )
             if tuple(infos[i].out_shape) != tuple(infos[i + 1].in_shape):
                 raise ValueError(
                     f"stage {i} outputs {tuple(infos[i].out_shape)} per sample, stage {i + 1} "

@@ -108,9 +108,9 @@ class ShardGroup:
             The group.
 
         Raises:
-            ValueError: the shards disagree with each other, with their rank
-                order, or with their number, or their parameters do not add
-                up to the model's.
+            ValueError: the shards disagree with each other (their model or
+                its dtype), with their rank order, or with their number, or
+                their parameters do not add up to the model's.
             TypeError: a shard does not answer `ShardDescribe` with a `ShardInfo`.
         """
         timeout = config.worker_timeout
@@ -280,8 +280,8 @@ class ShardGroup:
 
 
 def _check_infos(infos: Sequence[Any]) -> None:
-    """Check the shards' `ShardInfo`s: rank order, one shard count, one model,
-    and parameters that add up to the model's.
+    """Check the shards' `ShardInfo`s: rank order, one shard count, one model
+    in one dtype, and parameters that add up to the model's.
 
     Raises:
         TypeError: an answer is not a `ShardInfo`.
@@ -299,6 +299,9 @@ def _check_infos(infos: Sequence[Any]) -> None:
             )
         if _model_of(info) != _model_of(infos[0]):
             raise ValueError(f"shard {rank} holds another model than shard 0")
+        dtype, first = info.model.get("dtype"), infos[0].model.get("dtype")
+        if dtype != first:  # one model computes in one dtype; its slices would be rounded
+            raise ValueError(f"shard {rank} computes in {dtype}, shard 0 in {first}")
     owned = sum(info.n_params for info in infos)
     if owned != infos[0].total_params:
         raise ValueError(

@@ -517,6 +517,21 @@ async def test_props_refuses_bad_arguments_before_spawning(actor_system) -> None
     assert actor_system.actors == before
 
 
+async def test_stages_of_another_dtype_are_refused_at_the_first_request(actor_system) -> None:
+    # one model computes in one dtype: a float64 stage behind a float32 one
+    # would train a mix equal to no single-device model, saved as float64
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    m32, m64 = Mlp(SIZES, seed=1), Mlp(SIZES, seed=1, dtype=np.float64)
+    stages = [
+        StageActor.props(m32.slice_layers(0, 2), "cpu:0"),
+        StageActor.props(m64.slice_layers(2, 5), "cpu:1"),
+    ]
+    pipe = actor_system.spawn(PipelineParallelTrainer.props(config, stages))
+    x, y = _batches(1)[0]
+    with pytest.raises(ValueError, match="stage 1 computes in float64, stage 0 in float32"):
+        await pipe.ask(Step(x, y), timeout=T)
+
+
 async def test_the_default_micro_batch_is_a_quarter_of_the_batch(actor_system) -> None:
     model = Mlp(SIZES, activation="tanh", seed=8)
     config = TrainerConfig(OptimizerKind.adam(0.02), WCE)

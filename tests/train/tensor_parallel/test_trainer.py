@@ -325,6 +325,17 @@ async def test_the_shards_must_agree_with_their_number_and_order(
         await swapped.ask(GetWeights(), timeout=10)
 
 
+async def test_shards_of_another_dtype_are_refused(actor_system: ActorSystem) -> None:
+    # one model computes in one dtype: shard 1's float64 slice would be
+    # rounded into shard 0's float32 weights by GetWeights and checkpoints
+    config = TrainerConfig(OptimizerKind.sgd(0.1), CE)
+    models = [Mlp(EVEN), Mlp(EVEN, dtype=np.float64)]
+    refs = [actor_system.spawn(ShardActor.props(models[r], r, 2, "cpu:0")) for r in range(2)]
+    tp = actor_system.spawn(TensorParallelTrainer.props(config, refs))
+    with pytest.raises(ValueError, match="shard 1 computes in float64, shard 0 in float32"):
+        await tp.ask(GetWeights(), timeout=10)
+
+
 async def test_spawn_refuses_bad_arguments_before_spawning(actor_system: ActorSystem) -> None:
     model, devices = Mlp(EVEN), _devices(2)
     config = TrainerConfig(OptimizerKind.sgd(0.1), CE)

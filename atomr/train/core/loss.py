@@ -87,13 +87,16 @@ class LossKind:
         """True for cross-entropy (integer class labels), False for MSE."""
         return self.name == "cross_entropy"
 
-    def normaliser(self, targets: np.ndarray) -> float:
+    def normaliser(self, targets: np.ndarray, dtype: Any = np.float32) -> float:
         """The normaliser `sums` gives, from validated host targets alone (the
         table above): every MSE target value, every labelled row or token, or
-        the sum of their class weights."""
+        the sum of their class weights, each weight rounded to the model's
+        `dtype` as `sums` gives it to the kernel (0.2 is 0.20000000298 in
+        float32), summed in float64."""
         if self.class_weights is None or not self.is_classification:
             return float(targets.size)
-        return float(np.asarray(self.class_weights, dtype=np.float64)[targets].sum())
+        weights = np.asarray(self.class_weights, dtype=np.dtype(dtype)).astype(np.float64)
+        return float(weights[targets].sum())
 
     def sums(self, backend: Any, outputs: Any, targets: Any, grad: Any) -> tuple[float, float]:
         """Loss sum and normaliser on a device, with the gradient of the sum.

@@ -263,7 +263,7 @@ class PipelineParallelTrainer(Actor):
             InvalidBatchError: bad input, or every target of weight 0.
         """
         x, y = group.spec.validate(features, labels, self.config.loss)
-        norm = self.config.loss.normaliser(y)
+        norm = self.config.loss.normaliser(y, group.spec.dtype)
         check_normaliser(norm)
         bounds = np.cumsum([0, *self.options.micro_batch_sizes(x.shape[0])])
         xs = tuple(x[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))

@@ -532,6 +532,20 @@ async def test_stages_of_another_dtype_are_refused_at_the_first_request(actor_sy
         await pipe.ask(Step(x, y), timeout=T)
 
 
+async def test_the_normaliser_rounds_class_weights_as_the_kernels_do(actor_system) -> None:
+    # 0.2 is 0.20000000298 in float32, the weight the single-device kernel sums:
+    # the pipeline's normaliser (from the labels) must be that sum, not 0.2's
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.weighted_cross_entropy([0.2, 1.0, 3.0]))
+    model = Mlp(SIZES, seed=4)
+    pipe = await PipelineParallelTrainer.spawn(actor_system, model, cpu_devices(2), config)
+    ref = await Trainer.spawn(actor_system, model, "cpu:0", config)
+    x, y = _batches(1)[0]
+    a = await pipe.ask(Evaluate(x, y), timeout=T)
+    b = await ref.ask(Evaluate(x, y), timeout=T)
+    assert a.normaliser == b.normaliser
+    assert a.loss == pytest.approx(b.loss, rel=1e-6)
+
+
 async def test_the_default_micro_batch_is_a_quarter_of_the_batch(actor_system) -> None:
     model = Mlp(SIZES, activation="tanh", seed=8)
     config = TrainerConfig(OptimizerKind.adam(0.02), WCE)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atomr._arguments import bool_flag, int_at_least
+from atomr._repr import bounded_repr
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.data_parallel.options import DataParallelOptions
@@ -39,9 +40,10 @@ class ShardedOptions:
     Raises:
         TypeError: a field of the wrong type (a stage, rank or count that is
             no int: 2.0, True; NumPy's integers are ints, `_arguments`).
-        ValueError: a stage other than 1, 2, 3; a collective that keeps its
-            buffers on its members; a rank out of range; several processes
-            without a process collective.
+        ValueError: a stage other than 1, 2, 3; a collective name other than
+            "host"; a collective that keeps its buffers on its members; a
+            rank out of range; several processes without a process
+            collective.
     """
 
     stage: int = 1
@@ -58,8 +60,10 @@ class ShardedOptions:
             raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
         object.__setattr__(self, "stage", stage)
         c = self.collective
-        if not (c == "host" or isinstance(c, Collective)):
-            raise TypeError(f"collective must be 'host' or a Collective, got {c!r}")
+        if isinstance(c, str) and c != "host":  # a name, but not one it knows
+            raise ValueError(f"collective must be 'host' or a Collective, got {bounded_repr(c)}")
+        if not isinstance(c, str | Collective):
+            raise TypeError(f"collective must be 'host' or a Collective, got {type(c).__name__}")
         for name in ("collective", "process_collective"):
             value = getattr(self, name)
             if isinstance(value, Collective) and value.members_hold_buffers:

@@ -147,8 +147,10 @@ def test_bad_options_are_refused() -> None:
         ShardedOptions(stage=True)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="stage"):
         ShardedOptions(stage=2.0)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="collective"):
-        ShardedOptions(collective="ring")
+    with pytest.raises(ValueError, match="collective must be 'host' or a Collective, got 'ring'"):
+        ShardedOptions(collective="ring")  # a name it does not know: as DataParallelOptions
+    with pytest.raises(TypeError, match="collective must be 'host' or a Collective, got int"):
+        ShardedOptions(collective=5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="process_collective"):
         ShardedOptions(process_count=2, process_rank=1)
     with pytest.raises(TypeError, match="replica_class"):

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from atomr._arguments import int_at_least
+
 __all__ = [
     "Op",
     "OpKind",
@@ -68,9 +70,10 @@ class Op:
 
 
 def _check_counts(n_stages: int, n_micro: int) -> None:
-    for name, value in (("n_stages", n_stages), ("n_micro", n_micro)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    """Raises: TypeError: a count that is no int (NumPy's are ints, a bool is
+    not: `int_at_least`). ValueError: a count below 1."""
+    int_at_least("n_stages", n_stages, 1)
+    int_at_least("n_micro", n_micro, 1)
 
 
 class Schedule(StrEnum):
@@ -107,10 +110,11 @@ class Schedule(StrEnum):
             `2 m` ops: every micro-batch's F and B, in this schedule's order.
 
         Raises:
+            TypeError: a count or stage index that is no int.
             ValueError: bad counts or stage index.
         """
         _check_counts(n_stages, n_micro)
-        if not 0 <= stage < n_stages:
+        if not 0 <= int_at_least("stage", stage, 0) < n_stages:
             raise ValueError(f"stage must be in [0, {n_stages}), got {stage}")
         fwd = [Op(OpKind.FORWARD, k) for k in range(n_micro)]
         bwd = [Op(OpKind.BACKWARD, k) for k in range(n_micro)]
@@ -127,6 +131,7 @@ class Schedule(StrEnum):
         """Every stage's ops (`plan[s]` is `stage_ops(s, ...)`).
 
         Raises:
+            TypeError: a count that is no int.
             ValueError: bad counts.
         """
         _check_counts(n_stages, n_micro)
@@ -216,13 +221,19 @@ def simulate(
 
 def ideal_step_time(n_stages: int, n_micro: int, stage_time: float) -> float:
     """`(m + p - 1) * stage_time`: a step of GPipe or 1F1B when every stage
-    spends `stage_time` (forward + backward) on each micro-batch."""
+    spends `stage_time` (forward + backward) on each micro-batch.
+
+    Raises:
+        TypeError, ValueError: as `Schedule.plan`, for the counts."""
     _check_counts(n_stages, n_micro)
     return (n_micro + n_stages - 1) * stage_time
 
 
 def ideal_bubble_fraction(n_stages: int, n_micro: int) -> float:
-    """`(p - 1) / (m + p - 1)`: the idle share of each stage in an ideal step."""
+    """`(p - 1) / (m + p - 1)`: the idle share of each stage in an ideal step.
+
+    Raises:
+        TypeError, ValueError: as `Schedule.plan`, for the counts."""
     _check_counts(n_stages, n_micro)
     return (n_stages - 1) / (n_micro + n_stages - 1)
 

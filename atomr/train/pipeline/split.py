@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from atomr._arguments import int_at_least
 from atomr.train.core.model.sequential import Sequential
 
 __all__ = ["balanced_split", "stage_layer_counts"]
@@ -29,12 +30,12 @@ def balanced_split(
         count, the one whose stages are filled front first.
 
     Raises:
+        TypeError: `n_stages` is no int (NumPy's are ints: `int_at_least`).
         ValueError: `n_stages` below 1 or above the number of layers (or,
             with `holds`, of layers with parameters).
     """
     n = len(layer_params)
-    if isinstance(n_stages, bool) or not isinstance(n_stages, int) or n_stages < 1:
-        raise ValueError(f"the number of stages must be an int >= 1, got {n_stages!r}")
+    n_stages = int_at_least("the number of stages", n_stages, 1)
     if n_stages > n:
         raise ValueError(
             f"{n_stages} stages for a model of {n} layers: every stage needs at least one "

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr._arguments import int_at_least
 from atomr.train.core.partition import split_bounds
 
 __all__ = [
@@ -83,10 +84,10 @@ def check_shardable(sizes: Sequence[int], shard_count: int) -> None:
     is split, so each must be at least `shard_count`.
 
     Raises:
+        TypeError: `shard_count` is no int (NumPy's are ints: `int_at_least`).
         ValueError: `shard_count < 1`, or a sharded width is smaller than it.
     """
-    if isinstance(shard_count, bool) or not isinstance(shard_count, int) or shard_count < 1:
-        raise ValueError(f"shard_count must be an int >= 1, got {shard_count!r}")
+    shard_count = int_at_least("shard_count", shard_count, 1)
     for layer in range(0, len(sizes) - 1, 2):
         width = int(sizes[layer + 1])
         if width < shard_count:

@@ -3,6 +3,7 @@ ideal step time and bubble, activations held per stage, splitting."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from atomr.train.pipeline.schedule import (
@@ -75,6 +76,20 @@ def test_parse_and_bad_counts() -> None:
         Schedule.GPIPE.plan(2, 0)
     with pytest.raises(ValueError, match="stage"):
         Schedule.GPIPE.stage_ops(2, 2, 1)
+
+
+def test_counts_are_ints_numpy_ones_too() -> None:
+    # the rule of every count argument (`atomr._arguments.int_at_least`)
+    p, m = np.int64(3), np.int32(4)
+    assert Schedule.ONE_F_ONE_B.plan(p, m) == Schedule.ONE_F_ONE_B.plan(3, 4)  # type: ignore[arg-type]
+    assert ideal_bubble_fraction(p, m) == ideal_bubble_fraction(3, 4)  # type: ignore[arg-type]
+    assert balanced_split([5, 5, 5], np.int64(3)) == [1, 1, 1]  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="n_micro must be an int"):
+        Schedule.GPIPE.plan(2, 2.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stage must be an int"):
+        Schedule.ONE_F_ONE_B.stage_ops(0.5, 2, 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="number of stages must be an int"):
+        balanced_split([5, 5, 5], True)  # type: ignore[arg-type]
 
 
 def test_split_micro_batches() -> None:

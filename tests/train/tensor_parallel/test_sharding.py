@@ -76,6 +76,9 @@ def test_width_smaller_than_shard_count_is_a_clear_error() -> None:
     check_shardable([8, 8, 2], 4)  # a row-parallel output is not split
     with pytest.raises(ValueError, match="shard_count"):
         check_shardable([8, 8], 0)
+    check_shardable([8, 8, 2], np.int64(4))  # type: ignore[arg-type]  # NumPy's ints are ints
+    with pytest.raises(TypeError, match="shard_count must be an int"):
+        check_shardable([8, 8], 2.0)  # type: ignore[arg-type]
 
 
 def test_scatter_pieces_checks_coverage() -> None:

@@ -186,7 +186,7 @@ def check_workers(config: Any, workers: Any, what: str) -> tuple[TrainerConfig, 
         TypeError: `config` is not a `TrainerConfig`, `workers` is not a
             sequence, or it holds something other than all `ActorRef`s or all
             `Props`.
-        ValueError: `workers` is empty.
+        ValueError: `workers` is empty, or names one actor twice.
     """
     config = check_config(config)
     if not isinstance(workers, Sequence) or isinstance(workers, str):
@@ -194,10 +194,25 @@ def check_workers(config: Any, workers: Any, what: str) -> tuple[TrainerConfig, 
     items = list(workers)
     if not items:
         raise ValueError(f"{what} is empty: give at least one")
-    if all(isinstance(w, ActorRef) for w in items) or all(isinstance(w, Props) for w in items):
+    if all(isinstance(w, Props) for w in items):
+        return config, items
+    if all(isinstance(w, ActorRef) for w in items):
+        _refuse_repeats(items, what)
         return config, items
     kinds = sorted({type(w).__name__ for w in items})
     raise TypeError(f"{what} must all be ActorRefs or all be Props, got {', '.join(kinds)}")
+
+
+def _refuse_repeats(refs: list[ActorRef], what: str) -> None:
+    """Raises: ValueError: one actor at two places (its path named twice):
+    it would take both places' messages, as two workers."""
+    first: dict[str, int] = {}
+    for k, ref in enumerate(refs):
+        at = first.setdefault(str(ref.path), k)
+        if at != k:
+            raise ValueError(
+                f"{what}[{k}] is {what}[{at}] again ({ref.path}): each must be an actor of its own"
+            )
 
 
 def refuse_accumulation(config: TrainerConfig, strategy: str) -> None:

@@ -117,7 +117,7 @@ class PipelineParallelTrainer(Actor):
     Raises:
         TypeError: `config`, `stages` or `options` of the wrong type (the
             stages neither all `ActorRef`s nor all `Props`).
-        ValueError: no stages, `config.accumulation_steps > 1`, or
+        ValueError: no stages, one stage given twice, `accumulation_steps > 1`, or
             `options.split` / `options.stage_class` set (they are for `spawn`).
     """
 

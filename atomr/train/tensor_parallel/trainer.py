@@ -102,7 +102,7 @@ class TensorParallelTrainer(Actor):
     Raises:
         TypeError: `config`, `shards` or `options` of the wrong type (the
             shards neither all `ActorRef`s nor all `Props`).
-        ValueError: no shards, `config.accumulation_steps > 1`, or
+        ValueError: no shards, one shard given twice, `accumulation_steps > 1`, or
             `options.shard_class` or `options.layer_shard_class` set (they
             are for `spawn`).
     """

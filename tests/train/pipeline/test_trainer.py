@@ -506,6 +506,8 @@ async def test_props_refuses_bad_arguments_before_spawning(actor_system) -> None
         props(config, [ref, stages[1]])
     with pytest.raises(ValueError, match="stages is empty"):
         props(config, [])
+    with pytest.raises(ValueError, match=r"stages\[1\] is stages\[0\] again"):
+        props(config, [ref, ref])  # one actor cannot be two stages
     with pytest.raises(TypeError, match="options must be a PipelineOptions"):
         props(config, stages, config)
     with pytest.raises(ValueError, match="does not accumulate"):

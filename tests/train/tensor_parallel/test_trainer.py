@@ -381,6 +381,8 @@ async def test_props_refuses_bad_arguments_before_spawning(actor_system: ActorSy
         props(config, [ref, shards[1]])
     with pytest.raises(ValueError, match="shards is empty"):
         props(config, [])
+    with pytest.raises(ValueError, match=r"shards\[1\] is shards\[0\] again"):
+        props(config, [ref, ref])  # one actor cannot be two shards
     with pytest.raises(TypeError, match="options must be a TensorParallelOptions"):
         props(config, shards, config)  # type: ignore[arg-type]
     accumulating = TrainerConfig(config.optimizer, CE, accumulation_steps=3)

@@ -1,6 +1,7 @@
 """The pipeline's side of the one checkpoint format: the whole model's
-config from its stages, the stages' states merged into full vectors, and a
-checkpoint cut back into one state per stage."""
+config from its stages (and the check that they make one model it can
+name), the stages' states merged into full vectors, and a checkpoint cut
+back into one state per stage."""
 
 from __future__ import annotations
 
@@ -12,7 +13,42 @@ import numpy as np
 from atomr.train.core.checkpoint import Checkpoint
 from atomr.train.pipeline.messages import StageInfo, StageState
 
-__all__ = ["merge_stage_states", "model_config", "split_checkpoint"]
+__all__ = ["check_one_model", "merge_stage_states", "model_config", "split_checkpoint"]
+
+
+def check_one_model(infos: Sequence[StageInfo]) -> None:
+    """Check that the stages make one model `model_config` names truly: one
+    dtype, and either no `Mlp` slice or only slices of one `Mlp` (one
+    activation, applied after every stage but the last, as `Mlp.slice_layers`
+    cuts it). Stages built otherwise (by hand, for `props`) would train a
+    model other than the one their checkpoints name, and load into it.
+
+    Raises:
+        ValueError: the first stage that breaks this, named with stage 0.
+    """
+    first = infos[0]
+    mlp = "sizes" in first.model
+    for k, info in enumerate(infos):
+        if info.dtype != first.dtype:  # one model, one dtype: none rounded
+            raise ValueError(f"stage {k} computes in {info.dtype}, stage 0 in {first.dtype}")
+        if ("sizes" in info.model) != mlp:
+            raise ValueError(
+                f"stage {k} is {'not ' if mlp else ''}an Mlp slice and stage 0 is"
+                f"{'' if mlp else ' not'}: the stages are slices of one Mlp, or none is one"
+            )
+        if not mlp:
+            continue
+        if info.model["activation"] != first.model["activation"]:
+            raise ValueError(
+                f"stage {k} applies {info.model['activation']!r}, stage 0 "
+                f"{first.model['activation']!r}: an Mlp has one activation"
+            )
+        if k < len(infos) - 1 and not info.model.get("activate_last", False):
+            raise ValueError(
+                f"stage {k} does not end in its activation (activate_last=False) but is not "
+                "the last stage: an Mlp applies it after every layer but the last "
+                "(cut the stages with Mlp.slice_layers)"
+            )
 
 
 def model_config(infos: Sequence[StageInfo]) -> dict[str, Any]:
@@ -24,7 +60,8 @@ def model_config(infos: Sequence[StageInfo]) -> dict[str, Any]:
     Returns:
         The config the single-device model of the same layers reports (an
         `Mlp`'s when the stages are `Mlp` slices: its `activate_last` is
-        the last stage's, the others keep their activation by construction).
+        the last stage's, the others keep their activation, as
+        `check_one_model` checked).
     """
     first = infos[0].model
     if "sizes" not in first:

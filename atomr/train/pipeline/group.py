@@ -22,7 +22,7 @@ from atomr.train.comm._fanout import (
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.models import batch_spec
 from atomr.train.core.validation import BatchSpec
-from atomr.train.pipeline._checkpoint import merge_stage_states, model_config
+from atomr.train.pipeline._checkpoint import check_one_model, merge_stage_states, model_config
 from atomr.train.pipeline.messages import (
     AbortStep,
     ApplyStageGradients,
@@ -82,7 +82,8 @@ class StageGroup:
         Raises:
             TypeError: a stage does not answer with a `StageInfo`.
             ValueError: a stage's output width differs from the next one's
-                input, or its dtype from the first stage's.
+                input, or the stages do not make one model (`check_one_model`:
+                another dtype, or not the slices of one `Mlp`).
         """
         p = len(refs)
         msgs = [
@@ -99,11 +100,8 @@ class StageGroup:
         for i, info in enumerate(infos):
             if not isinstance(info, StageInfo):
                 raise TypeError(f"stage {i} answered ConnectStage with {type(info).__name__}")
+        check_one_model(infos)
         for i in range(p - 1):
-            if infos[i + 1].dtype != infos[0].dtype:  # one model, one dtype: none rounded
-                raise ValueError(
-                    f"stage {i + 1} computes in {infos[i + 1].dtype}, stage 0 in {infos[0].dtype}"
-                )
             if tuple(infos[i].out_shape) != tuple(infos[i + 1].in_shape):
                 raise ValueError(
                     f"stage {i} outputs {tuple(infos[i].out_shape)} per sample, stage {i + 1} "

@@ -519,18 +519,39 @@ async def test_props_refuses_bad_arguments_before_spawning(actor_system) -> None
     assert actor_system.actors == before
 
 
-async def test_stages_of_another_dtype_are_refused_at_the_first_request(actor_system) -> None:
-    # one model computes in one dtype: a float64 stage behind a float32 one
-    # would train a mix equal to no single-device model, saved as float64
+def _not_one_model(case: str) -> list[Props]:
+    """Two stages for props that are no cut of one model (the case named)."""
+    relu = Mlp([6, 5, 3], seed=1)
+    second = relu.slice_layers(1, 2)
+    if case == "dtype":
+        second = Mlp([6, 5, 3], seed=1, dtype=np.float64).slice_layers(1, 2)
+    if case == "activation":
+        second = Mlp([6, 5, 3], activation="tanh", seed=1).slice_layers(1, 2)
+    if case == "sequential":
+        second = Sequential([Linear(5, 3)], [5])
+    first = Mlp([6, 5], seed=1) if case == "no activation" else relu.slice_layers(0, 1)
+    return [StageActor.props(first, "cpu:0"), StageActor.props(second, "cpu:1")]
+
+
+@pytest.mark.parametrize(
+    ("case", "match"),
+    [
+        ("dtype", "stage 1 computes in float64, stage 0 in float32"),
+        ("activation", "stage 1 applies 'tanh', stage 0 'relu'"),
+        ("no activation", "stage 0 does not end in its activation"),
+        ("sequential", "stage 1 is not an Mlp slice and stage 0 is"),
+    ],
+)
+async def test_stages_that_are_no_cut_of_one_model_are_refused_at_the_first_request(
+    actor_system, case: str, match: str
+) -> None:
+    # such stages train a model other than the one their checkpoint would name
+    # (an Mlp of stage 0's activation and dtype, activation after every inner
+    # stage), and that checkpoint loaded silently into that other model
     config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
-    m32, m64 = Mlp(SIZES, seed=1), Mlp(SIZES, seed=1, dtype=np.float64)
-    stages = [
-        StageActor.props(m32.slice_layers(0, 2), "cpu:0"),
-        StageActor.props(m64.slice_layers(2, 5), "cpu:1"),
-    ]
-    pipe = actor_system.spawn(PipelineParallelTrainer.props(config, stages))
-    x, y = _batches(1)[0]
-    with pytest.raises(ValueError, match="stage 1 computes in float64, stage 0 in float32"):
+    pipe = actor_system.spawn(PipelineParallelTrainer.props(config, _not_one_model(case)))
+    x, y = synthetic_classification(4, 6, 3, seed=0)
+    with pytest.raises(ValueError, match=match):
         await pipe.ask(Step(x, y), timeout=T)
 
 

@@ -209,6 +209,7 @@ def shard_layout(sizes: Sequence[int], shard_count: int, rank: int) -> ShardLayo
         The `ShardLayout`.
 
     Raises:
+        TypeError: `shard_count` or `rank` is no int (a bool is none).
         ValueError: bad sizes, a sharded width smaller than `shard_count`, or
             `rank` out of range.
     """
@@ -216,7 +217,7 @@ def shard_layout(sizes: Sequence[int], shard_count: int, rank: int) -> ShardLayo
     if len(widths) < 2 or any(s < 1 for s in widths):
         raise ValueError(f"sizes must have >= 2 entries, each >= 1; got {list(widths)}")
     check_shardable(widths, shard_count)
-    if not 0 <= rank < shard_count:
+    if not 0 <= int_at_least("rank", rank, 0) < shard_count:
         raise ValueError(f"rank must be in [0, {shard_count}), got {rank}")
     n_layers = len(widths) - 1
     layers = []

@@ -77,6 +77,16 @@ def test_width_smaller_than_shard_count_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="shard_count"):
         check_shardable([8, 8], 0)
     check_shardable([8, 8, 2], np.int64(4))  # type: ignore[arg-type]  # NumPy's ints are ints
+
+
+def test_a_rank_is_an_int_in_range() -> None:
+    assert shard_layout([8, 8, 2], 2, np.int64(1)) == shard_layout([8, 8, 2], 2, 1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rank must be an int"):
+        shard_layout([8, 8, 2], 2, True)  # type: ignore[arg-type]  # a bool is no rank
+    with pytest.raises(ValueError, match="rank must be"):
+        shard_layout([8, 8, 2], 2, 2)
+    with pytest.raises(ValueError, match="rank must be"):
+        shard_layout([8, 8, 2], 2, -1)
     with pytest.raises(TypeError, match="shard_count must be an int"):
         check_shardable([8, 8], 2.0)  # type: ignore[arg-type]
 

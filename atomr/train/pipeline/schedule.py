@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from atomr._arguments import int_at_least
+from atomr._repr import bounded_repr
 
 __all__ = [
     "Op",
@@ -87,16 +88,18 @@ class Schedule(StrEnum):
         """A `Schedule` from itself or its name ("gpipe", "1f1b"; case-insensitive).
 
         Raises:
+            TypeError: neither a `Schedule` nor a str.
             ValueError: unknown name.
         """
         if isinstance(value, Schedule):
             return value
-        if isinstance(value, str):
-            key = value.strip().lower().replace("-", "")
-            for member in cls:
-                if member.value == key:
-                    return member
-        raise ValueError(f"unknown schedule {value!r}; expected 'gpipe' or '1f1b'")
+        if not isinstance(value, str):
+            raise TypeError(f"a schedule is a Schedule or its name, got {type(value).__name__}")
+        key = value.strip().lower().replace("-", "")
+        for member in cls:
+            if member.value == key:
+                return member
+        raise ValueError(f"unknown schedule {bounded_repr(value)}; expected 'gpipe' or '1f1b'")
 
     def stage_ops(self, stage: int, n_stages: int, n_micro: int) -> tuple[Op, ...]:
         """The ordered ops of one stage.

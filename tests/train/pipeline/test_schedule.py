@@ -72,6 +72,8 @@ def test_parse_and_bad_counts() -> None:
     assert Schedule.parse(Schedule.GPIPE) is Schedule.GPIPE
     with pytest.raises(ValueError, match="unknown schedule"):
         Schedule.parse("zigzag")
+    with pytest.raises(TypeError, match="a schedule is a Schedule or its name, got int"):
+        Schedule.parse(1)  # type: ignore[arg-type]  # a wrong type, not an unknown name
     with pytest.raises(ValueError, match="n_micro"):
         Schedule.GPIPE.plan(2, 0)
     with pytest.raises(ValueError, match="stage"):

@@ -153,10 +153,15 @@ def check_target(target: Path) -> Path:
 
     Raises:
         FileNotFoundError: the directory of `target` does not exist.
+        NotADirectoryError: it exists, but is not a directory (a file).
         CheckpointError: `target` exists and is not a regular file.
     """
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
+        if directory.exists():  # a file where the folder should be: "does not exist" misleads
+            raise NotADirectoryError(
+                errno.ENOTDIR, "checkpoint directory is not a directory", os.fspath(directory)
+            )
         raise FileNotFoundError(
             errno.ENOENT, "checkpoint directory does not exist", os.fspath(directory)
         )

@@ -152,6 +152,7 @@ def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
             without pickles (object arrays, non-JSON scalars).
         FileNotFoundError: the directory of `path` does not exist (its
             `filename` is that directory).
+        NotADirectoryError: that directory is a file (`filename` names it).
         CheckpointError: `path` exists and is not a regular file (a symlink,
             device, FIFO or directory is never replaced).
         OSError: the file system refused (the previous checkpoint, if any, is
@@ -169,6 +170,7 @@ def check_save_target(path: str | os.PathLike[str]) -> None:
 
     Raises:
         FileNotFoundError: the directory of `path` does not exist.
+        NotADirectoryError: it is a file.
         CheckpointError: `path` exists and is not a regular file.
     """
     check_target(Path(path))
@@ -181,6 +183,7 @@ def check_save_location(path: str | os.PathLike[str]) -> None:
 
     Raises:
         FileNotFoundError: the directory of `path` does not exist.
+        NotADirectoryError: it is a file.
         CheckpointError: `path` exists and is not a regular file.
         OSError: a file cannot be written in that directory (no permission,
             a read-only or full file system); a note says the test write failed.

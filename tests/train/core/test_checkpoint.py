@@ -178,6 +178,16 @@ def test_save_into_a_missing_directory_names_the_directory(tmp_path: Path) -> No
     assert not missing.exists()
 
 
+def test_save_under_a_file_says_it_is_no_directory(tmp_path: Path) -> None:
+    # it exists: "directory does not exist" would send the user looking for it
+    file = tmp_path / "a-file"
+    file.write_bytes(b"x")
+    with pytest.raises(NotADirectoryError, match="is not a directory") as info:
+        save_checkpoint(file / "a.ckpt", _ckpt())
+    assert info.value.filename == str(file)
+    assert file.read_bytes() == b"x"
+
+
 def test_object_weights_are_refused(tmp_path: Path) -> None:
     ckpt = _ckpt()
     ckpt.weights = np.array([object()] * 3, dtype=object)

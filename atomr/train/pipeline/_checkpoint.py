@@ -18,9 +18,9 @@ __all__ = ["check_one_model", "merge_stage_states", "model_config", "split_check
 
 def check_one_model(infos: Sequence[StageInfo]) -> None:
     """Check that the stages make one model `model_config` names truly: one
-    dtype, and either no `Mlp` slice or only slices of one `Mlp` (one
-    activation, applied after every stage but the last, as `Mlp.slice_layers`
-    cuts it). Stages built otherwise (by hand, for `props`) would train a
+    dtype, token ids taken by stage 0 only, and either no `Mlp` slice or
+    only slices of one `Mlp` (one activation, applied after every stage but
+    the last, as `Mlp.slice_layers` cuts it). Stages built otherwise (by hand, for `props`) would train a
     model other than the one their checkpoints name, and load into it.
 
     Raises:
@@ -35,6 +35,11 @@ def check_one_model(infos: Sequence[StageInfo]) -> None:
             raise ValueError(
                 f"stage {k} is {'not ' if mlp else ''}an Mlp slice and stage 0 is"
                 f"{'' if mlp else ' not'}: the stages are slices of one Mlp, or none is one"
+            )
+        if k > 0 and info.model.get("input_kind", "float") != "float":
+            raise ValueError(
+                f"stage {k} takes token ids, but only stage 0 takes the batch: every later "
+                "stage takes the float outputs of the stage before it"
             )
         if not mlp:
             continue

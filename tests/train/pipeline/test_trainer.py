@@ -29,6 +29,7 @@ from atomr.train import (
 )
 from atomr.train.core import synthetic_classification
 from atomr.train.core.model import Activation, Linear, Sequential
+from atomr.train.core.model.transformer import Embedding
 from atomr.train.pipeline import (
     GetGradients,
     GetTimeline,
@@ -529,7 +530,12 @@ def _not_one_model(case: str) -> list[Props]:
         second = Mlp([6, 5, 3], activation="tanh", seed=1).slice_layers(1, 2)
     if case == "sequential":
         second = Sequential([Linear(5, 3)], [5])
+    if case == "tokens":  # token ids in, behind a stage that gives floats
+        embed = Embedding(vocab=3, d_model=4, context=5)
+        second = Sequential([embed, Linear(4, 3)], [5], input_kind="tokens")
     first = Mlp([6, 5], seed=1) if case == "no activation" else relu.slice_layers(0, 1)
+    if case == "tokens":
+        first = Sequential([Linear(6, 5)], [6])
     return [StageActor.props(first, "cpu:0"), StageActor.props(second, "cpu:1")]
 
 
@@ -540,6 +546,7 @@ def _not_one_model(case: str) -> list[Props]:
         ("activation", "stage 1 applies 'tanh', stage 0 'relu'"),
         ("no activation", "stage 0 does not end in its activation"),
         ("sequential", "stage 1 is not an Mlp slice and stage 0 is"),
+        ("tokens", "stage 1 takes token ids, but only stage 0 takes the batch"),
     ],
 )
 async def test_stages_that_are_no_cut_of_one_model_are_refused_at_the_first_request(
@@ -551,6 +558,8 @@ async def test_stages_that_are_no_cut_of_one_model_are_refused_at_the_first_requ
     config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
     pipe = actor_system.spawn(PipelineParallelTrainer.props(config, _not_one_model(case)))
     x, y = synthetic_classification(4, 6, 3, seed=0)
+    if case == "tokens":  # the token stage outputs a (5, 3) sequence per sample
+        y = np.zeros((4, 5), dtype=np.int64)
     with pytest.raises(ValueError, match=match):
         await pipe.ask(Step(x, y), timeout=T)
 

@@ -99,7 +99,14 @@ class FitRun:
         """`what` ended the run with `error`: save the checkpoint where the
         run stands, and note on `error` what happened and what the
         checkpoint holds (or that saving failed too: `error` is still the
-        one to raise)."""
+        one to raise). In a job (`agree_to_stop`) nothing is saved, and the
+        note says so: a save takes every process, and a failure is this
+        process's alone (the others train on, and would not join the save)."""
+        if self.agree_to_stop is not None:
+            error.add_note(
+                f"{what}; the checkpoint was not saved (a job's processes save together)"
+            )
+            return
         try:
             await self.save()
         except Exception as failed:
@@ -112,9 +119,8 @@ class FitRun:
         failure (`Callbacks.raise_first`): save the checkpoint where the run
         stands (the epoch of the failure is finished already) and note which
         callback it was and what the checkpoint holds; a failure to hear of a
-        save is noted without saving again. In a job (`agree_to_stop`)
-        nothing is saved: a save takes every process, and the others are
-        training on. Then name on `error` any other callback that raised."""
+        save is noted without saving again; in a job nothing is saved
+        (`save_reached`). Then name on `error` any other callback that raised."""
         first = self.callbacks.first
         if first is not None and first.error is error:
             await self.save_after_callback(first)
@@ -125,10 +131,6 @@ class FitRun:
         what = f"the callback {failure.hook} raised after step {failure.step}; the run stopped"
         if failure.hook.endswith(".on_checkpoint"):
             failure.error.add_note(what + self.held())
-        elif self.agree_to_stop is not None:
-            failure.error.add_note(
-                f"{what}; the checkpoint was not saved (a job's processes save together)"
-            )
         else:
             await self.save_reached(failure.error, what)
 
@@ -155,7 +157,7 @@ class FitRun:
         trained.
 
         Raises:
-            DataSourceError: the data raised (after the checkpoint is saved).
+            DataSourceError: the data raised (after the checkpoint is saved: `save_reached`).
             InvalidDataError: a bad batch, or an epoch without batches.
             Exception: what the trainer answered a `CloseRound` with.
         """
@@ -206,8 +208,8 @@ class FitRun:
         """The epoch's next batch, or None at its end.
 
         Raises:
-            InvalidDataError: a bad batch (after the checkpoint is saved).
-            DataSourceError: the data raised (after the checkpoint is saved).
+            InvalidDataError: a bad batch (after the checkpoint is saved: `save_reached`).
+            DataSourceError: the data raised (after the checkpoint is saved: `save_reached`).
         """
         try:
             return next(batches, None)
@@ -227,7 +229,8 @@ class FitRun:
 
         Raises:
             InvalidBatchError, NonFiniteError: the trainer refused the batch
-                (nothing of it was applied); the checkpoint is saved first.
+                (nothing of it was applied); the checkpoint is saved first
+                (`save_reached`).
         """
         try:
             stats: StepStats = await self.trainer.ask(Step(*batch), timeout=self.timeout)
@@ -321,7 +324,8 @@ class FitRun:
     async def keep_trained_epoch(self, error: Exception) -> None:
         """The evaluation after an epoch failed: its training is kept. The
         position moves to the next epoch (without a record) and the
-        checkpoint is saved; `error` gets a note saying so."""
+        checkpoint is saved (not in a job: `save_reached`); `error` gets a
+        note saying so."""
         self.next_epoch()
         epoch = self.position.epoch
         if isinstance(error, AskTimeoutError):  # a save would wait as long again

@@ -11,7 +11,9 @@ taken. If the data raises part way through an epoch, the trainer first saves
 its checkpoint at the position reached (nothing trained on is lost), then
 `fit` raises `DataSourceError`; a callback that raises ends the run the same
 way, with its own exception, after the other callbacks have heard the rest of
-the step or epoch in flight (`FitCallback` says what each hears).
+the step or epoch in flight (`FitCallback` says what each hears). In a job
+(`agree_to_stop`) such a failure saves nothing: a save takes every process,
+and the failure is one process's alone; the error says so.
 
 With `checkpoint=path`, the trainer saves after every epoch, at the end and
 when the run is stopped; `FitCallback.on_checkpoint` hears of each save with
@@ -194,6 +196,8 @@ async def fit(
         RuntimeError: another `fit` is training `trainer` now.
         DataSourceError: the training data raised part way through an
             epoch; the checkpoint (if any) was saved at the position reached.
+            In a job (`agree_to_stop`) no failure below saves the checkpoint
+            (a save takes every process); a note on the error says so.
         Exception: what a callback raised first (a metrics log's `OSError`
             on a full disk, say), once the others have heard the rest of the
             step, or of the epoch on its last batch; the checkpoint (if any)

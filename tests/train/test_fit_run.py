@@ -315,23 +315,6 @@ async def test_a_failing_callback_saves_the_checkpoint_where_the_run_stands(
         )
 
 
-async def test_a_failing_callback_in_a_job_does_not_save_alone(tmp_path: Path) -> None:
-    """In a job a save takes every process: one process alone must not start it."""
-
-    async def agree(requested: bool) -> bool:
-        return requested
-
-    async with ActorSystem("fit-run") as system:
-        heard = _StopAt(StopFlag(), -1)
-        with pytest.raises(OSError) as caught:
-            await fit(
-                await _trainer(system), (X, Y), epochs=2, batch_size=8, checkpoint=tmp_path / "c",
-                callbacks=[heard, _FailsAt("on_step", 3)], agree_to_stop=agree,
-            )  # fmt: skip
-        assert heard.saved == []
-        assert "the checkpoint was not saved" in "".join(caught.value.__notes__)
-
-
 class _Hears(FitCallback):
     """Records what it hears; raises at `fail_at` (a hook, or "on_step N")."""
 

@@ -44,6 +44,7 @@ from atomr.train.core._checkpoint_validation import (
     parse_header,
     read_regular_file,
 )
+from atomr.train.core._shard_files import remove_shard_files
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
 
@@ -144,7 +145,9 @@ def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
 
     Args:
         path: destination file; its directory must exist. An existing file is
-            replaced only once the new one is complete and fsynced.
+            replaced only once the new one is complete and fsynced; then,
+            unless `ckpt` is an index, the shard files of an index it
+            replaced go (`remove_shard_files`).
         ckpt: what to write.
 
     Raises:
@@ -158,9 +161,9 @@ def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> None:
         OSError: the file system refused (the previous checkpoint, if any, is
             left intact and no temporary file remains).
     """
-    target = Path(path)
-    data = _encode(ckpt)
-    write_atomically(target, data)
+    write_atomically(Path(path), _encode(ckpt))
+    if SHARDED_INDEX_KEY not in ckpt.extra:  # an index's writer keeps its own generation
+        remove_shard_files(path)
 
 
 def check_save_target(path: str | os.PathLike[str]) -> None:

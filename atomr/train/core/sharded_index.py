@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from atomr._repr import bounded_repr
+from atomr.train.core._shard_files import shard_path
 from atomr.train.core.checkpoint import (
     SHARDED_INDEX_KEY,
     Checkpoint,
@@ -30,15 +30,6 @@ from atomr.train.core.checkpoint import (
 )
 
 __all__ = ["merge_shards", "save_digest", "shard_path"]
-
-
-def shard_path(path: str | os.PathLike[str], index: int, count: int, generation: int = 0) -> Path:
-    """The file of shard `index` of `count`, of save `generation`, next to
-    the index at `path` (generation 0: the name of indexes written before
-    generations existed)."""
-    if generation == 0:
-        return Path(f"{path}.shard-{index}-of-{count}")
-    return Path(f"{path}.gen-{generation}.shard-{index}-of-{count}")
 
 
 def merge_shards(path: str | os.PathLike[str], index: Checkpoint | None = None) -> Checkpoint:

@@ -20,7 +20,9 @@ A save is crash-safe: each save writes a new generation of shard files
 the index, then deletes the older generations' files (and the temp files
 a killed save of one left). Until the index is replaced it names the
 previous save's files, which nothing has touched; a kill at any moment
-leaves one whole checkpoint. Indexes written before generations existed
+leaves one whole checkpoint. A full-format save at the path deletes every
+generation's files once its own file is in place (`save_checkpoint`; the
+rule: `core/_shard_files.py`). Indexes written before generations existed
 name `<path>.shard-<g>-of-<G>` and still load. Every file named like a
 shard of `<path>` belongs to it: do not name another checkpoint
 `<path>.gen-<N>`, whose shard files a save at `<path>` would take for its
@@ -29,15 +31,13 @@ own.
 
 from __future__ import annotations
 
-import contextlib
-import glob
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from atomr.train.core._shard_files import remove_shard_files, shard_generations
 from atomr.train.core.checkpoint import (
     SHARDED_INDEX_KEY,
     Checkpoint,
@@ -60,30 +60,10 @@ __all__ = [
 ]
 
 
-def _generations(path: str | Path) -> dict[int, list[Path]]:
-    """The shard files beside `path` by generation, with the temp files a
-    killed write of one left (`.<shard file>.<8 characters>.tmp`)."""
-    target = Path(path)
-    shard = re.escape(target.name) + r"(?:\.gen-(\d+))?\.shard-\d+-of-\d+"
-    pattern = re.compile(rf"(?:{shard}|\.{shard}\.[A-Za-z0-9_]{{8}}\.tmp)")
-    name = glob.escape(target.name)
-    candidates = [
-        *target.parent.glob(name + "*.shard-*-of-*"),
-        *target.parent.glob("." + name + "*.shard-*-of-*.tmp"),
-    ]
-    found: dict[int, list[Path]] = {}
-    for candidate in candidates:
-        match = pattern.fullmatch(candidate.name)
-        if match is not None:
-            generation = match.group(1) or match.group(2) or 0
-            found.setdefault(int(generation), []).append(candidate)
-    return found
-
-
 def next_generation(path: str | Path) -> int:
     """The generation a new save at `path` writes: one above every
     generation of shard files beside it, so it overwrites none of them."""
-    return max(_generations(path), default=0) + 1
+    return max(shard_generations(path), default=0) + 1
 
 
 def assemble_state(
@@ -166,9 +146,4 @@ def write_index(
         model, np.zeros(0, np.float32), steps, {}, {SHARDED_INDEX_KEY: info, **extra}
     )
     save_checkpoint(path, index)
-    for older, files in _generations(path).items():
-        if older != generation:
-            for file in files:
-                with contextlib.suppress(OSError):  # the save is done; a leftover is harmless
-                    if file.is_file() and not file.is_symlink():
-                        file.unlink()
+    remove_shard_files(path, keep=generation)

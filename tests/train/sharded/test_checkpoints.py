@@ -26,11 +26,17 @@ from atomr.train import (
     ShardedDataParallelTrainer,
     ShardedOptions,
     Step,
+    TensorParallelTrainer,
     Trainer,
     TrainerConfig,
     load_checkpoint,
 )
-from atomr.train.core.checkpoint import check_model_matches, checkpoint_digest, save_checkpoint
+from atomr.train.core.checkpoint import (
+    Checkpoint,
+    check_model_matches,
+    checkpoint_digest,
+    save_checkpoint,
+)
 from atomr.train.sharded import merge_shards
 from atomr.train.sharded.checkpoints import (
     next_generation,
@@ -227,6 +233,43 @@ async def test_an_index_written_before_generations_still_loads(tmp_path: Path) -
         np.testing.assert_array_equal(merge_shards(path).weights, await writer.ask(GetWeights()))
         await writer.ask(SaveCheckpoint(path))  # a new save replaces the old files too
     assert not shard_path(path, 0, 2).exists() and shard_path(path, 0, 2, generation=1).is_file()
+
+
+@pytest.mark.parametrize("writer", ["single", "tensor parallel", "sharded full format"])
+async def test_a_full_save_over_an_index_removes_its_shard_files(
+    writer: str, tmp_path: Path
+) -> None:
+    """The shard files of an index a full save replaced stayed for good."""
+    path = tmp_path / "sharded.ckpt"
+    async with ActorSystem("zero-ckpt") as system:
+        sharded = await _sharded(system, 2, stage=3, shard_checkpoints=True)
+        await sharded.ask(SaveCheckpoint(path))
+        (tmp_path / ".sharded.ckpt.gen-2.shard-1-of-2.Ab3_x9Zq.tmp").write_bytes(b"partial")
+        if writer == "single":
+            full = await Trainer.spawn(system, Mlp(SIZES, seed=5), ["cpu:0"], CONFIG)
+        elif writer == "tensor parallel":
+            full = await TensorParallelTrainer.spawn(
+                system, Mlp(SIZES, seed=5), cpu_devices(2), CONFIG
+            )
+        else:
+            full = await _sharded(system, 2, stage=3)
+        await _steps(full, 1)
+        await full.ask(SaveCheckpoint(path))
+        np.testing.assert_array_equal(merge_shards(path).weights, await full.ask(GetWeights()))
+    assert [p.name for p in tmp_path.iterdir()] == ["sharded.ckpt"]
+
+
+def test_a_full_save_that_fails_leaves_the_index_and_its_shards(tmp_path: Path) -> None:
+    """The shard files go only once the new file is in place."""
+    path = tmp_path / "s.ckpt"
+    weights = writer_model().get_params()
+    _save_in_shards(path, weights)
+    before = sorted(tmp_path.iterdir())
+    bad = Checkpoint(writer_model().config(), weights, 3, {}, {"x": np.array([None], object)})
+    with pytest.raises(CheckpointError):
+        save_checkpoint(path, bad)
+    assert sorted(tmp_path.iterdir()) == before
+    np.testing.assert_array_equal(merge_shards(path).weights, weights)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from atomr.train import LossKind, Mlp, OptimizerKind, Trainer, TrainerConfig
 from atomr.train.core import synthetic_classification
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.fit import DataSourceError, FitCallback, FitPosition, fit
+from tests.train.mpi_scripts.harness import run_script
 
 CONFIG = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
 X, Y = synthetic_classification(40, 6, 3, seed=1)  # batch 8: five batches an epoch
@@ -102,3 +103,19 @@ async def test_a_failure_of_one_process_in_a_job_saves_nothing(
     assert not ckpt.exists()
     note = "".join(caught.value.__notes__)
     assert f"{what}; the checkpoint was not saved (a job's processes save together)" in note
+
+
+@pytest.mark.mpi
+def test_a_ranks_data_failure_saves_nothing_under_mpiexec(tmp_path: Path) -> None:
+    """Two ranks of a sharded trainer: rank 1's data raises, rank 0's does
+    not. Rank 1 saved alone before: its save's collectives met rank 0's
+    step's, and its note said "the checkpoint holds the 2 steps trained" of
+    a checkpoint never written (or, where they do not meet, it waited until
+    the collective's timeout: "saving the checkpoint failed too")."""
+    result, _ = run_script(2, "fit_rank_failure.py", tmp_path, 30.0, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output
+    assert "[rank 1] DataSourceError(" in output, output
+    assert "the checkpoint was not saved (a job's processes save together)" in output, output
+    assert "saving the checkpoint failed too" not in output
+    assert not (tmp_path / "fit.ckpt").exists()

@@ -10,9 +10,12 @@ threads and processes (it blocks the calling thread).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterator
+
+from atomr._repr import bounded_repr
 
 __all__ = ["await_condition", "wait_until"]
 
@@ -31,6 +34,34 @@ def _deadline(timeout: float, interval: float) -> float:
     return time.monotonic() + timeout
 
 
+def _holds(condition: Callable[[], object]) -> object:
+    """What ``condition()`` returns, refused if it is awaitable: a coroutine
+    is always true, so an ``async def`` condition would pass unchecked.
+
+    Raises:
+        TypeError: ``condition()`` returned an awaitable (a coroutine is
+            closed first, so it does not warn that it was never awaited).
+    """
+    value = condition()
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()
+        raise TypeError(
+            f"condition {_name(condition)} returned an awaitable, which is always true: "
+            "pass a plain function that returns a bool (an async one cannot be checked)"
+        )
+    return value
+
+
+def _name(condition: Callable[[], object]) -> str:
+    """The condition's name, and for a lambda where it was written."""
+    name = getattr(condition, "__name__", None) or bounded_repr(condition)
+    code = getattr(condition, "__code__", None)
+    if name == "<lambda>" and code is not None:
+        return f"<lambda> at {code.co_filename}:{code.co_firstlineno}"
+    return name
+
+
 def _pauses(
     condition: Callable[[], object], timeout: float, interval: float, message: str
 ) -> Iterator[float]:
@@ -39,14 +70,20 @@ def _pauses(
 
     Raises:
         AssertionError: the condition is still false at the deadline.
+        TypeError: `condition` is not callable, or returns an awaitable.
         ValueError: as `_deadline`.
     """
+    if not callable(condition):
+        raise TypeError(f"condition must be a function, got {bounded_repr(condition)}")
     deadline = _deadline(timeout, interval)
-    while not condition():
+    while not (value := _holds(condition)):
         left = deadline - time.monotonic()
         if left <= 0:
-            what = message or getattr(condition, "__name__", repr(condition))
-            raise AssertionError(f"condition not met within {timeout} s: {what}")
+            what = message or _name(condition)
+            last = bounded_repr(value)
+            raise AssertionError(
+                f"condition not met within {timeout} s: {what} (last returned {last})"
+            )
         yield min(interval, left)
 
 
@@ -66,7 +103,10 @@ async def await_condition(
 
     Raises:
         AssertionError: if the condition is still false at the deadline; the
-            message names ``message``, or the condition's ``__name__``.
+            message names ``message``, or the condition's ``__name__`` (and
+            where a lambda was written), and what it last returned.
+        TypeError: if ``condition`` is not callable, or returns an awaitable
+            (an ``async def`` condition: its coroutine is always true).
         ValueError: if ``timeout`` or ``interval`` is not a finite number > 0.
         Exception: whatever ``condition`` raises, at once.
     """
@@ -87,6 +127,7 @@ def wait_until(
 
     Raises:
         AssertionError: if the condition is still false at the deadline.
+        TypeError: as ``await_condition``.
         ValueError: if ``timeout`` or ``interval`` is not a finite number > 0.
         Exception: whatever ``condition`` raises, at once.
     """

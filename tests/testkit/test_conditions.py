@@ -4,6 +4,7 @@ the deadline, refuse bad arguments, and let the loop run while waiting."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 
@@ -49,6 +50,26 @@ async def test_a_condition_that_raises_fails_at_once() -> None:
 
     with pytest.raises(KeyError):
         await await_condition(broken, timeout=60)
+
+
+async def test_an_async_condition_is_refused_not_passed_unchecked() -> None:
+    async def never() -> bool:
+        return False
+
+    with pytest.raises(TypeError, match="never returned an awaitable"):
+        await await_condition(never, timeout=0.05)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="awaitable"):
+        wait_until(never, timeout=0.05)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be a function"):
+        await await_condition(False, timeout=0.05)  # type: ignore[arg-type]
+
+
+async def test_the_failure_says_where_a_lambda_was_written_and_what_it_returned() -> None:
+    line = sys._getframe().f_lineno + 2
+    with pytest.raises(AssertionError) as failed:
+        await await_condition(lambda: [], timeout=0.02)
+    assert f"<lambda> at {__file__}:{line}" in str(failed.value)
+    assert "last returned []" in str(failed.value)
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "1", True, None])

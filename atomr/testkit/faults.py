@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from atomr._arguments import bool_flag, int_at_least
+from atomr.actor.timers import check_delay
 
 __all__ = ["Plan", "inject_faults"]
 
@@ -112,8 +112,8 @@ class Plan:
         Raises:
             TypeError: `phase` is not a str, `error` is not an exception
                 class or instance, `times` or `skip` not an int, `after`
-                not a bool.
-            ValueError: `times < 1`, `skip < 0`, a negative or infinite
+                not a bool, `delay` not a number of seconds (a bool is not).
+            ValueError: `times < 1`, `skip < 0`, a negative, NaN or infinite
                 `delay`, or neither an error nor a delay.
         """
         if not isinstance(phase, str):
@@ -122,12 +122,11 @@ class Plan:
         int_at_least("times", times, 1)
         int_at_least("skip", skip, 0)
         bool_flag("after", after)
-        if not (math.isfinite(delay) and delay >= 0.0):
-            raise ValueError(f"delay must be finite and >= 0, got {delay}")
+        delay = check_delay("delay", delay, allow_zero=True, finite=True)
         if error is None and delay == 0.0:
             raise ValueError(f"arming {phase!r} with neither an error nor a delay injects nothing")
         with self._lock:
-            self._armed[phase] = _Armed(error, times, float(delay), bool(after), skip)
+            self._armed[phase] = _Armed(error, times, delay, bool(after), skip)
 
     def disarm(self, phase: str) -> int:
         """Stop failing `phase` (a worker that recovers).
@@ -222,15 +221,17 @@ def inject_faults(
     Raises:
         TypeError: `worker_class` is not a class, `plan` not a `Plan`, a
             place is neither a str nor a class, a message phase on a class
-            without `receive`, or `worker` given for a class without a
-            `worker_index`.
-        ValueError: no phases, or a method name that is private (starts
-            with "_") or not a method of the class.
+            without `receive`, `worker` not an int (a bool is not), or
+            given for a class without a `worker_index`.
+        ValueError: no phases, a negative `worker`, or a method name that
+            is private (starts with "_") or not a method of the class.
     """
     if not isinstance(worker_class, type):
         raise TypeError(f"worker_class must be a class, got {worker_class!r}")
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a Plan, got {type(plan).__name__}")
+    if worker is not None:
+        worker = int_at_least("worker", worker, 0)  # True or "1" would match no worker, or 1
     if worker is not None and not hasattr(worker_class, "worker_index"):
         raise TypeError(
             f"{worker_class.__name__} has no worker_index, so worker={worker} cannot pick one "

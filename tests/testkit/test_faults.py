@@ -130,6 +130,9 @@ def test_skip_counts_only_the_named_workers_passes() -> None:
         (("p",), {"times": 1.5}, TypeError),
         (("p",), {"delay": -1.0}, ValueError),
         (("p",), {"delay": float("inf")}, ValueError),
+        (("p",), {"delay": float("nan")}, ValueError),
+        (("p",), {"delay": True}, TypeError),  # was: a 1 s stall
+        (("p",), {"delay": "1"}, TypeError),
         (("p", None), {}, ValueError),
         (("p",), {"skip": -1}, ValueError),
         (("p",), {"skip": True}, TypeError),
@@ -225,6 +228,9 @@ class NoIndex:
         (NoIndex, {"p": 3}, {}, TypeError, "message class or a method name"),
         (NoIndex, {"p": str}, {}, TypeError, "no receive"),
         (NoIndex, {"p": "work"}, {"worker": 1}, TypeError, "no worker_index"),
+        (Worker, {"p": "step"}, {"worker": True}, TypeError, "worker must be an int"),
+        (Worker, {"p": "step"}, {"worker": "1"}, TypeError, "worker must be an int"),
+        (Worker, {"p": "step"}, {"worker": -1}, ValueError, "worker must be >= 0"),
     ],
 )
 def test_inject_faults_refuses_what_it_cannot_hook(

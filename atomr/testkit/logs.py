@@ -8,7 +8,9 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 
+from atomr._arguments import int_at_least
 from atomr.actor.errors import bounded_repr
+from atomr.actor.timers import check_delay
 
 __all__ = ["expect_log"]
 
@@ -56,10 +58,13 @@ async def expect_log(
     Raises:
         AssertionError: on leaving the block, if fewer than ``count`` matching
             records came within ``timeout``, or more than ``count``.
-        ValueError: for ``count`` < 0 or an unknown level name.
+        TypeError: ``count`` is not an int (a bool is not), or ``timeout``
+            not a number of seconds.
+        ValueError: for ``count`` < 0, a negative or NaN ``timeout``, or an
+            unknown level name.
     """
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
+    count = int_at_least("count", count, 0)
+    timeout = check_delay("timeout", timeout, allow_zero=True)
     number = logging.getLevelName(level) if isinstance(level, str) else level
     if not isinstance(number, int):
         raise ValueError(f"unknown log level {bounded_repr(level)}")

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from atomr._arguments import int_at_least
 from atomr.actor.actor import Actor
 from atomr.actor.errors import bounded_repr
 from atomr.actor.messages import Terminated
@@ -180,10 +181,10 @@ class TestProbe:
             The messages in arrival order.
         Raises:
             AssertionError: if fewer than ``n`` arrive in time.
+            TypeError: if ``n`` is not an int (a bool is not).
             ValueError: if ``n`` < 0.
         """
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+        n = int_at_least("n", n, 0)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._bound(timeout)
         out: list[Any] = []
@@ -231,9 +232,13 @@ class TestProbe:
 
         Raises:
             AssertionError: if the block finishes after ``max`` or before ``min``.
-            ValueError: if ``max`` < ``min`` or ``min`` < 0.
+            TypeError: if ``max`` or ``min`` is not a number of seconds.
+            ValueError: if ``max`` < ``min``, or either is negative or NaN
+                (a NaN ``max`` would bound nothing and never fail).
         """
-        if min < 0 or max < min:
+        max = check_delay("max", max, allow_zero=True)
+        min = check_delay("min", min, allow_zero=True)
+        if max < min:
             raise ValueError(f"need 0 <= min <= max, got min={min}, max={max}")
         loop = asyncio.get_running_loop()
         start = loop.time()

@@ -160,6 +160,28 @@ async def test_expect_log_counts_matching_records(actor_system: ActorSystem) -> 
             pass
 
 
+async def test_counts_and_durations_are_checked_not_taken_by_their_truth(
+    actor_system: ActorSystem,
+) -> None:
+    probe = TestProbe(actor_system)
+    probe.ref.tell("only one")
+    with pytest.raises(TypeError, match="n must be an int"):
+        await probe.receive_n(True)  # type: ignore[arg-type]  # was: one message
+    with pytest.raises(ValueError, match="max"):
+        async with probe.within(float("nan")):  # was: a block that could never fail
+            pass
+    with pytest.raises(TypeError, match="max"):
+        async with probe.within(True):  # type: ignore[arg-type]
+            pass
+    with pytest.raises(TypeError, match="count must be an int"):
+        async with expect_log("x", count=True):  # type: ignore[arg-type]
+            pass
+    with pytest.raises(ValueError, match="timeout"):
+        async with expect_log("x", timeout=float("nan")):
+            pass
+    assert await probe.receive_n(1) == ["only one"]  # the refusals took nothing
+
+
 class ChildOfProbe(Actor):
     """Tells its parent hello; raises what it is sent."""
 

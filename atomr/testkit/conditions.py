@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import time
 from collections.abc import Callable, Iterator
 
 from atomr._repr import bounded_repr
+from atomr.actor.timers import check_delay
 
 __all__ = ["await_condition", "wait_until"]
 
@@ -24,13 +24,12 @@ def _deadline(timeout: float, interval: float) -> float:
     """The monotonic time the wait gives up at.
 
     Raises:
-        ValueError: if ``timeout`` or ``interval`` is not a finite number > 0.
+        TypeError: if ``timeout`` or ``interval`` is not a number of seconds
+            (NumPy's are; a bool is not).
+        ValueError: if either is not finite and > 0.
     """
-    for name, value in (("timeout", timeout), ("interval", interval)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    timeout = check_delay("timeout", timeout, allow_zero=False, finite=True)
+    check_delay("interval", interval, allow_zero=False, finite=True)
     return time.monotonic() + timeout
 
 
@@ -70,7 +69,8 @@ def _pauses(
 
     Raises:
         AssertionError: the condition is still false at the deadline.
-        TypeError: `condition` is not callable, or returns an awaitable.
+        TypeError: `condition` is not callable, or returns an awaitable; as
+            `_deadline`.
         ValueError: as `_deadline`.
     """
     if not callable(condition):
@@ -106,8 +106,9 @@ async def await_condition(
             message names ``message``, or the condition's ``__name__`` (and
             where a lambda was written), and what it last returned.
         TypeError: if ``condition`` is not callable, or returns an awaitable
-            (an ``async def`` condition: its coroutine is always true).
-        ValueError: if ``timeout`` or ``interval`` is not a finite number > 0.
+            (an ``async def`` condition: its coroutine is always true), or
+            ``timeout`` or ``interval`` is not a number of seconds.
+        ValueError: if ``timeout`` or ``interval`` is not finite and > 0.
         Exception: whatever ``condition`` raises, at once.
     """
     for pause in _pauses(condition, timeout, interval, message):
@@ -128,7 +129,7 @@ def wait_until(
     Raises:
         AssertionError: if the condition is still false at the deadline.
         TypeError: as ``await_condition``.
-        ValueError: if ``timeout`` or ``interval`` is not a finite number > 0.
+        ValueError: if ``timeout`` or ``interval`` is not finite and > 0.
         Exception: whatever ``condition`` raises, at once.
     """
     for pause in _pauses(condition, timeout, interval, message):

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from atomr import ActorSystem, Props
@@ -72,12 +73,28 @@ async def test_the_failure_says_where_a_lambda_was_written_and_what_it_returned(
     assert "last returned []" in str(failed.value)
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "1", True, None])
-async def test_bad_timeout_or_interval_is_refused(bad: object) -> None:
-    with pytest.raises(ValueError, match="timeout"):
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        ("1", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
+)
+async def test_bad_timeout_or_interval_is_refused(bad: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="timeout"):
         await await_condition(lambda: True, timeout=bad)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="interval"):
+    with pytest.raises(error, match="interval"):
         wait_until(lambda: True, interval=bad)  # type: ignore[arg-type]
+
+
+async def test_numpy_seconds_are_seconds() -> None:
+    await await_condition(lambda: True, timeout=np.float32(0.5), interval=np.int64(1))
+    wait_until(lambda: True, timeout=np.float32(0.5))
 
 
 def test_wait_until_returns_when_another_thread_sets_it() -> None:

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from atomr._arguments import real_number
 from atomr.actor.timers import check_delay
 
 __all__ = ["ManualClock"]
@@ -41,10 +42,17 @@ class ManualClock:
 
     Args:
         start: the clock's time at first.
+
+    Raises:
+        TypeError: ``start`` is not a real number (a bool or a str is not).
+        ValueError: ``start`` is NaN or infinite (nothing would ever fall due).
     """
 
     def __init__(self, start: float = 0.0) -> None:
-        self._now = float(start)
+        now = real_number("start", start)
+        if not math.isfinite(now):
+            raise ValueError(f"start must be finite: nothing would ever fall due; got {now}")
+        self._now = now
         self._calls: list[tuple[float, int, _Call]] = []
         self._order = itertools.count()
 

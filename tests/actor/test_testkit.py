@@ -7,6 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
+import numpy as np
 import pytest
 
 from atomr import Actor, ActorSystem, Directive, OneForOneStrategy, Props
@@ -244,3 +245,15 @@ def test_manual_clock_refuses_to_advance_forever() -> None:
     with pytest.raises(ValueError, match="finite"):
         clock.advance(float("inf"))
     assert ticks == [] and clock.time() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("start", "error"),
+    [(True, TypeError), ("5", TypeError), (float("nan"), ValueError), (float("inf"), ValueError)],
+)
+def test_manual_clock_refuses_a_start_at_which_nothing_would_fall_due(
+    start: object, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="start"):
+        ManualClock(start)  # type: ignore[arg-type]  # nan was taken: no timer ever fired
+    assert ManualClock(np.float32(2.5)).time() == 2.5

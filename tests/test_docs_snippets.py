@@ -1,7 +1,7 @@
-"""The Python snippets of docs/getting_started.md, docs/training.md,
-docs/reliability.md, docs/sharded.md, docs/models.md and
-docs/data_parallel.md run as written (each in a fresh interpreter, in an
-empty folder)."""
+"""The Python snippets of the pages in `PAGES` run as written (each in a
+fresh interpreter, in an empty folder). docs/actors.md's programs run in
+tests/actor/test_docs.py; the pages left out (distributed.md: MPI; index,
+benchmarks: no Python) hold no snippet that runs on its own."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ PAGES = (
     "sharded.md",
     "models.md",
     "data_parallel.md",
+    "tensor_parallel.md",
+    "pipeline_parallel.md",
+    "parameter_server.md",
+    "collectives.md",
+    "devices.md",
+    "internals.md",
 )
 BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 

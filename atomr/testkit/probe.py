@@ -85,6 +85,11 @@ class TestProbe:
             told it), None for an ask or an anonymous tell. Reply to it with
             ``probe.last_sender.tell(...)``, or to an ask with ``probe.reply``.
 
+    Every wait (``expect_*``, ``receive_n``, ``fish_for_message``) takes a
+    ``timeout`` (``expect_no_msg`` a ``duration``) that must be a finite
+    number of seconds > 0: a bool, NaN or infinity raises TypeError or
+    ValueError before any message is taken.
+
     Args:
         system: the system to spawn the probe in (needs a running loop).
         name: optional actor name.
@@ -119,9 +124,10 @@ class TestProbe:
         """``timeout``, checked, cut to what is left of an enclosing ``within`` block.
 
         Raises:
-            TypeError, ValueError: not a number of seconds > 0 (NaN included).
+            TypeError, ValueError: not a finite number of seconds > 0 (NaN
+                and infinity included: a probe's wait always ends).
         """
-        timeout = check_delay("timeout", timeout, allow_zero=False)
+        timeout = check_delay("timeout", timeout, allow_zero=False, finite=True)
         if self._deadline is None:
             return timeout
         left = self._deadline - asyncio.get_running_loop().time()
@@ -144,6 +150,7 @@ class TestProbe:
             The message.
         Raises:
             AssertionError: on timeout or a different message.
+            TypeError, ValueError: a bad ``timeout`` (see the class).
         """
         what = "any message" if expected is _MISSING else bounded_repr(expected)
         message = await self._next(timeout, what)
@@ -156,7 +163,11 @@ class TestProbe:
 
         Raises:
             AssertionError: on timeout or a message of another type.
+            TypeError: ``cls`` is not a class (checked before any message is taken).
+            TypeError, ValueError: a bad ``timeout`` (see the class).
         """
+        if not isinstance(cls, type):
+            raise TypeError(f"cls must be a class, got {bounded_repr(cls)}")
         message = await self._next(timeout, cls.__name__)
         if not isinstance(message, cls):
             raise AssertionError(f"expected a {cls.__name__}, got {bounded_repr(message)}")
@@ -167,9 +178,11 @@ class TestProbe:
 
         Raises:
             AssertionError: if one arrives.
+            TypeError, ValueError: a bad ``duration`` (see the class).
         """
+        duration = self._bound(duration)  # before the get(): a refusal leaves no coroutine
         try:
-            message, _, _ = await asyncio.wait_for(self._queue.get(), self._bound(duration))
+            message, _, _ = await asyncio.wait_for(self._queue.get(), duration)
         except TimeoutError:
             return
         raise AssertionError(f"expected no message, got {bounded_repr(message)}")
@@ -183,6 +196,7 @@ class TestProbe:
             AssertionError: if fewer than ``n`` arrive in time.
             TypeError: if ``n`` is not an int (a bool is not).
             ValueError: if ``n`` < 0.
+            TypeError, ValueError: a bad ``timeout`` (see the class).
         """
         n = int_at_least("n", n, 0)
         loop = asyncio.get_running_loop()
@@ -202,6 +216,7 @@ class TestProbe:
             The first message the predicate accepts.
         Raises:
             AssertionError: if none comes within ``timeout`` (for all of them).
+            TypeError, ValueError: a bad ``timeout`` (see the class).
             Exception: whatever ``predicate`` raises (use it to fail on a
                 message that must not come).
         """
@@ -276,6 +291,7 @@ class TestProbe:
 
         Raises:
             AssertionError: on timeout or another message.
+            TypeError, ValueError: a bad ``timeout`` (see the class).
         """
         message = await self.expect_msg_type(Terminated, timeout)
         if message.ref is not ref:

@@ -183,6 +183,19 @@ async def test_counts_and_durations_are_checked_not_taken_by_their_truth(
     assert await probe.receive_n(1) == ["only one"]  # the refusals took nothing
 
 
+async def test_a_probe_wait_always_ends_and_a_refused_one_takes_nothing(
+    actor_system: ActorSystem,
+) -> None:
+    probe = TestProbe(actor_system)
+    probe.ref.tell("kept")
+    for wait in (probe.expect_no_msg(float("inf")), probe.expect_msg("x", timeout=float("inf"))):
+        with pytest.raises(ValueError, match="finite"):  # was: a wait with no end
+            await asyncio.wait_for(wait, 5)
+    with pytest.raises(TypeError, match="cls must be a class"):
+        await probe.expect_msg_type("str")  # type: ignore[arg-type]  # was: took 'kept', then failed
+    assert await probe.expect_msg_type(str) == "kept"
+
+
 class ChildOfProbe(Actor):
     """Tells its parent hello; raises what it is sent."""
 

@@ -42,6 +42,22 @@ class ChildFailed:
     directive: Directive
 
 
+@dataclass(frozen=True, slots=True)
+class _Unfiltered:
+    """A message ``ignore_msg``'s predicate raised on: kept, and the wait
+    that takes it fails saying so (the probe actor and its supervision go on)."""
+
+    message: Any
+    error: Exception
+
+    def fail(self) -> None:
+        """Raises: AssertionError, from the predicate's error."""
+        raise AssertionError(
+            f"ignore_msg's predicate raised {type(self.error).__name__}: {self.error} "
+            f"on {bounded_repr(self.message)}"
+        ) from self.error
+
+
 class _ReportingStrategy(SupervisorStrategy):
     """The probe's strategy for its children: ``inner`` decides, the probe is told."""
 
@@ -116,8 +132,12 @@ class TestProbe:
 
     def _received(self, message: Any, sender: ActorRef | None, reply: Reply) -> None:
         ignore = self._ignore
-        if ignore is not None and ignore(message):
-            return
+        if ignore is not None:
+            try:
+                if ignore(message):
+                    return
+            except Exception as error:  # on the probe's turn: the test's wait reports it
+                message = _Unfiltered(message, error)
         self._queue.put_nowait((message, sender, reply))
 
     def _bound(self, timeout: float) -> float:
@@ -139,6 +159,8 @@ class TestProbe:
             message, sender, reply = await asyncio.wait_for(self._queue.get(), timeout)
         except TimeoutError:
             raise AssertionError(f"timeout ({timeout:.3g} s) waiting for {what}") from None
+        if isinstance(message, _Unfiltered):
+            message.fail()
         self.last_sender = sender
         self._last_reply = reply
         return message
@@ -185,6 +207,8 @@ class TestProbe:
             message, _, _ = await asyncio.wait_for(self._queue.get(), duration)
         except TimeoutError:
             return
+        if isinstance(message, _Unfiltered):
+            message.fail()
         raise AssertionError(f"expected no message, got {bounded_repr(message)}")
 
     async def receive_n(self, n: int, timeout: float = 3.0) -> list[Any]:
@@ -233,8 +257,15 @@ class TestProbe:
     def ignore_msg(self, predicate: Callable[[Any], bool] | None) -> None:
         """Drop, from now on, every arriving message for which ``predicate`` is
         true (Akka's ``ignoreMsg``); None stops ignoring. Messages already
-        queued stay. An ignored ask is never answered.
+        queued stay. An ignored ask is never answered. A message the predicate
+        raises on is kept, and the wait that takes it fails with an
+        ``AssertionError`` saying so (it was lost, and the probe restarted).
+
+        Raises:
+            TypeError: ``predicate`` is neither callable nor None.
         """
+        if predicate is not None and not callable(predicate):
+            raise TypeError(f"predicate must be a function or None, got {bounded_repr(predicate)}")
         self._ignore = predicate
 
     @asynccontextmanager

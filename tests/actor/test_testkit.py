@@ -118,6 +118,22 @@ async def test_ignore_msg_drops_matching_messages(actor_system: ActorSystem) -> 
     await probe.expect_msg("tick")
 
 
+async def test_a_message_the_ignore_predicate_raises_on_is_reported_not_lost(
+    actor_system: ActorSystem,
+) -> None:
+    probe = TestProbe(actor_system)
+    probe.ignore_msg(lambda m: m.startswith("tick"))
+    for message in (42, "tick", "hello", 7):
+        probe.ref.tell(message)
+    with pytest.raises(AssertionError, match="predicate raised AttributeError.* on 42"):
+        await probe.expect_msg()  # was: 42 lost, the probe actor restarted, a timeout
+    assert await probe.expect_msg("hello") == "hello"
+    with pytest.raises(AssertionError, match="on 7"):
+        await probe.expect_no_msg(1.0)
+    with pytest.raises(TypeError, match="predicate must be a function"):
+        probe.ignore_msg("tick")  # type: ignore[arg-type]
+
+
 async def test_within_bounds_every_wait_inside_it(actor_system: ActorSystem) -> None:
     probe = TestProbe(actor_system)
     loop = asyncio.get_running_loop()

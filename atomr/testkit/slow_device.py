@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from atomr._arguments import real_number
+
 if TYPE_CHECKING:
     from atomr.accel import Device, DeviceActor
 
@@ -50,7 +52,8 @@ def slow_device(actor_class: A, device: Device | str, factor: float) -> A:
         factor: how many times as long each job takes (>= 1).
 
     Raises:
-        TypeError: ``actor_class`` is not a ``DeviceActor`` subclass.
+        TypeError: ``actor_class`` is not a ``DeviceActor`` subclass, or
+            ``factor`` is not a real number (NumPy's are; a bool is not).
         ValueError: a CUDA device (its time is the GPU's), an unparseable
             device, or a factor below 1 or not finite.
     """
@@ -63,11 +66,9 @@ def slow_device(actor_class: A, device: Device | str, factor: float) -> A:
     slow = Device.parse(device)
     if slow.is_cuda:
         raise ValueError("slow_device applies to logical CPU devices only")
-    if isinstance(factor, bool) or not (
-        isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 1.0
-    ):
+    rate = real_number("factor", factor)
+    if not (math.isfinite(rate) and rate >= 1.0):
         raise ValueError(f"factor must be finite and >= 1, got {factor!r}")
-    rate = float(factor)
 
     async def on_device(self: DeviceActor, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self.device != slow:

@@ -305,9 +305,13 @@ async def test_a_slowed_device_takes_factor_times_as_long() -> None:
 def test_slow_device_is_refused_for_bad_arguments() -> None:
     with pytest.raises(ValueError, match="CPU devices only"):
         slow_device(_Sleeper, "cuda:0", 2.0)
-    for factor in (0.5, float("nan"), float("inf"), True):
+    for factor in (0.5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match=">= 1"):
             slow_device(_Sleeper, "cpu:1", factor)
+    for bad in (True, "3"):  # a bool is no number: the shared rule's TypeError
+        with pytest.raises(TypeError, match="factor must be a real number"):
+            slow_device(_Sleeper, "cpu:1", bad)  # type: ignore[arg-type]
+    assert slow_device(_Sleeper, "cpu:1", np.float32(3)).__name__ == "Slow_Sleeper"
     with pytest.raises(TypeError, match="DeviceActor"):
         slow_device(int, "cpu:1", 2.0)  # type: ignore[type-var]
 

@@ -127,10 +127,30 @@ def wait_until(
     with no event loop, such as a test driving subprocesses).
 
     Raises:
-        AssertionError: if the condition is still false at the deadline.
+        AssertionError: if the condition is still false at the deadline
+            (called on a thread running an event loop, such as an async
+            test's, it says that the loop, and its actors, were blocked).
         TypeError: as ``await_condition``.
         ValueError: if ``timeout`` or ``interval`` is not finite and > 0.
         Exception: whatever ``condition`` raises, at once.
     """
-    for pause in _pauses(condition, timeout, interval, message):
-        time.sleep(pause)
+    try:
+        for pause in _pauses(condition, timeout, interval, message):
+            time.sleep(pause)
+    except AssertionError as failure:
+        if not _on_a_running_loop():
+            raise
+        raise AssertionError(
+            f"{failure}; wait_until blocked this thread's running event loop, so nothing "
+            "on it (actors included) could make the condition true: "
+            "use `await await_condition(...)` in async code"
+        ) from None
+
+
+def _on_a_running_loop() -> bool:
+    """Whether this thread is running an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

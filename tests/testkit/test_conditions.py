@@ -97,6 +97,14 @@ async def test_numpy_seconds_are_seconds() -> None:
     wait_until(lambda: True, timeout=np.float32(0.5))
 
 
+async def test_wait_until_on_a_running_loop_says_it_blocked_the_loop() -> None:
+    flag: list[bool] = []
+    asyncio.get_running_loop().call_soon(flag.append, True)  # never runs while blocked
+    with pytest.raises(AssertionError, match="blocked this thread's running event loop"):
+        wait_until(lambda: bool(flag), timeout=0.05)
+    await await_condition(lambda: bool(flag), timeout=5)  # what to use instead
+
+
 def test_wait_until_returns_when_another_thread_sets_it() -> None:
     event = threading.Event()
     threading.Timer(0.05, event.set).start()

@@ -1,7 +1,8 @@
 """The Python snippets of the pages in `PAGES` run as written (each in a
 fresh interpreter, in an empty folder). docs/actors.md's programs run in
-tests/actor/test_docs.py; the pages left out (distributed.md: MPI; index,
-benchmarks: no Python) hold no snippet that runs on its own."""
+tests/actor/test_docs.py; docs/distributed.md's complete programs run on
+two MPI ranks (marker `mpi`); the pages left out (index, benchmarks: no
+Python) hold no snippet that runs on its own."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.train.mpi_scripts.harness import require_mpi
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (
@@ -27,23 +30,26 @@ PAGES = (
     "devices.md",
     "internals.md",
 )
+MPI_PAGES = ("distributed.md",)
 BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 
-def _snippets() -> list[tuple[str, str]]:
+def _snippets(pages: tuple[str, ...] = PAGES) -> list[tuple[str, str]]:
     """`(id, code)` of every ```python block on the pages."""
     found = []
-    for page in PAGES:
+    for page in pages:
         blocks = BLOCK.findall((ROOT / "docs" / page).read_text(encoding="utf-8"))
         found += [(f"{page}:{i}", code) for i, code in enumerate(blocks)]
     return found
 
 
 SNIPPETS = _snippets()
+MPI_PROGRAMS = [(name, code) for name, code in _snippets(MPI_PAGES) if "atomr.run(main())" in code]
 
 
 def test_the_pages_have_snippets() -> None:
     assert len(SNIPPETS) >= 3
+    assert MPI_PROGRAMS  # distributed.md's program is complete (it was a fragment)
 
 
 @pytest.mark.parametrize(("name", "code"), SNIPPETS, ids=[name for name, _ in SNIPPETS])
@@ -60,3 +66,20 @@ def test_snippet_runs(name: str, code: str, tmp_path: Path) -> None:
     assert result.returncode == 0, f"{name} failed:\n{result.stderr}"
     if "class Counter" in code:
         assert result.stdout.strip() == "5"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("name", "code"), MPI_PROGRAMS, ids=[name for name, _ in MPI_PROGRAMS])
+def test_mpi_program_runs_on_two_ranks(
+    name: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_mpi()
+    from atomr.train.comm.mpi.launch import run_mpiexec
+
+    script = tmp_path / "train.py"
+    script.write_text(code, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)  # the program writes its checkpoint here
+    result = run_mpiexec(2, [sys.executable, str(script)], timeout=240, capture=True)
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"
+    losses = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if "loss" in line]
+    assert len(losses) == 2 and len(set(losses)) == 1, result.stdout  # both ranks, one loss

@@ -8,7 +8,9 @@ as it documents."""
 
 from __future__ import annotations
 
+import re
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,7 @@ from atomr.train.parameter_server import (
     GetServerStats,
     ParameterServerOptions,
     ParameterServerWorker,
+    ServerShard,
 )
 from tests.reliability.faults import (
     CLASSES,
@@ -240,6 +243,27 @@ def test_inject_faults_refuses_what_it_cannot_hook(
         inject_faults(cls, Plan(), phases, **kwargs)
     with pytest.raises(TypeError, match="plan must be a Plan"):
         inject_faults(NoIndex, object(), {"p": "work"})  # type: ignore[arg-type]
+
+
+def _documented_hooks() -> list[tuple[str, str]]:
+    """`(class name, method)` of every hook docs/reliability.md lists for
+    `inject_faults` (`Class.a` / `b` / `c`)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
+    section = text[text.index("The hooks are documented") : text.index("Private methods")]
+    found = []
+    for cls, first, rest in re.findall(r"`([A-Z]\w+)\.(\w+)`((?:\s*/\s*`\w+`)*)", section):
+        found += [(cls, name) for name in [first, *re.findall(r"`(\w+)`", rest)]]
+    return found
+
+
+@pytest.mark.parametrize(("cls", "method"), _documented_hooks())
+def test_every_hook_the_docs_name_is_one_inject_faults_takes(cls: str, method: str) -> None:
+    from atomr.train.pipeline import StageActor
+    from atomr.train.tensor_parallel import ShardActor
+
+    classes = {c.__name__: c for c in (ReplicaActor, ShardActor, StageActor)}
+    classes |= {c.__name__: c for c in (ParameterServerWorker, ServerShard)}
+    inject_faults(classes[cls], Plan(), {"p": method})
 
 
 # -- the trainers' own workers, worker k faulted through the trainer's options --

@@ -219,8 +219,9 @@ def inject_faults(
         `worker_class` would be.
 
     Raises:
-        TypeError: `worker_class` is not a class, `plan` not a `Plan`, a
-            place is neither a str nor a class, a message phase on a class
+        TypeError: `worker_class` is not a class, `plan` not a `Plan`,
+            `phases` not a mapping or a phase name not a str, a place
+            neither a str nor a class, a message phase on a class
             without `receive`, `worker` not an int (a bool is not), or
             given for a class without a `worker_index`.
         ValueError: no phases, a negative `worker`, or a method name that
@@ -264,11 +265,15 @@ def _places(
 ) -> tuple[list[tuple[str, type]], dict[str, list[str]]]:
     """`phases` split into message phases `(phase, message class)` and hook
     phases `{method name: [phase, ...]}`, checked (see `inject_faults`)."""
+    if not isinstance(phases, Mapping):
+        raise TypeError(f"phases must be a mapping of phase name -> place, got {phases!r}")
     if not phases:
         raise ValueError("phases is empty: name at least one phase to fail")
     on_message: list[tuple[str, type]] = []
     on_method: dict[str, list[str]] = {}
     for phase, place in phases.items():
+        if not isinstance(phase, str):  # Plan.arm takes str names only: it could never fire
+            raise TypeError(f"phase names must be str, got {phase!r}")
         if isinstance(place, type):
             if not has_receive:
                 raise TypeError(

@@ -231,6 +231,8 @@ class NoIndex:
         (NoIndex, {"p": 3}, {}, TypeError, "message class or a method name"),
         (NoIndex, {"p": str}, {}, TypeError, "no receive"),
         (NoIndex, {"p": "work"}, {"worker": 1}, TypeError, "no worker_index"),
+        (NoIndex, [("p", "work")], {}, TypeError, "phases must be a mapping"),
+        (NoIndex, {1: "work"}, {}, TypeError, "phase names must be str"),  # could never be armed
         (Worker, {"p": "step"}, {"worker": True}, TypeError, "worker must be an int"),
         (Worker, {"p": "step"}, {"worker": "1"}, TypeError, "worker must be an int"),
         (Worker, {"p": "step"}, {"worker": -1}, ValueError, "worker must be >= 0"),

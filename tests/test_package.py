@@ -1,5 +1,6 @@
 """``import atomr``: cheap, and every public name still importable from it."""
 
+import re
 import subprocess
 import sys
 
@@ -39,3 +40,15 @@ def test_an_unknown_name_raises_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         atomr.Nope  # noqa: B018
     assert not hasattr(atomr, "_private")
+
+
+def test_the_readme_s_from_atomr_import_names_are_atomr_s() -> None:
+    """The README's "Actors (`from atomr import ...`)" bullet names what
+    `atomr` exports (it once listed `TestProbe`, which is `atomr.testkit`'s)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    bullet = readme[readme.index("(`from atomr import ...`)") :].split("\n- ", 1)[0]
+    bullet = bullet.split("atomr.testkit", 1)[0]  # what follows is the test kit's
+    names = {name.split(".")[0] for name in re.findall(r"`([A-Z]\w*(?:\.\w+)?)`", bullet)}
+    assert names and names <= set(atomr.__all__), names - set(atomr.__all__)

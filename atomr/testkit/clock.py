@@ -87,6 +87,9 @@ class ManualClock:
         Raises:
             ValueError, TypeError: for a negative, infinite or non-numeric
                 ``seconds`` (a repeating timer would fall due forever).
+            Exception: whatever a callback raises; time then stays at that
+                callback's due time, and the callbacks due after it stay
+                scheduled for the next ``advance``.
         """
         seconds = check_delay("seconds", seconds, allow_zero=True)
         if math.isinf(seconds):

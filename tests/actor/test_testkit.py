@@ -286,3 +286,18 @@ def test_manual_clock_refuses_a_start_at_which_nothing_would_fall_due(
     with pytest.raises(error, match="start"):
         ManualClock(start)  # type: ignore[arg-type]  # nan was taken: no timer ever fired
     assert ManualClock(np.float32(2.5)).time() == 2.5
+
+
+def test_a_callback_that_raises_stops_advance_where_it_was_due() -> None:
+    clock, ran = ManualClock(), []
+
+    def boom() -> None:
+        raise KeyError("boom")
+
+    clock.call_later(1, ran.append, 1)
+    clock.call_later(2, boom)
+    clock.call_later(3, ran.append, 3)
+    with pytest.raises(KeyError):
+        clock.advance(5)
+    assert (clock.time(), ran, clock.pending) == (2.0, [1], 1)
+    assert clock.advance(5) == 1 and ran == [1, 3] and clock.time() == 7.0

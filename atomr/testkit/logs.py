@@ -58,13 +58,16 @@ async def expect_log(
     Raises:
         AssertionError: on leaving the block, if fewer than ``count`` matching
             records came within ``timeout``, or more than ``count``.
-        TypeError: ``count`` is not an int (a bool is not), or ``timeout``
-            not a number of seconds.
+        TypeError: ``count`` is not an int (a bool is not), ``timeout``
+            not a number of seconds, or ``level`` neither a level name nor
+            an int (a bool is not: True would count DEBUG records).
         ValueError: for ``count`` < 0, a negative or NaN ``timeout``, or an
             unknown level name.
     """
     count = int_at_least("count", count, 0)
     timeout = check_delay("timeout", timeout, allow_zero=True)
+    if not isinstance(level, str):
+        level = int_at_least("level", level, 0)
     number = logging.getLevelName(level) if isinstance(level, str) else level
     if not isinstance(number, int):
         raise ValueError(f"unknown log level {bounded_repr(level)}")

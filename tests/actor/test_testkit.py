@@ -196,6 +196,9 @@ async def test_counts_and_durations_are_checked_not_taken_by_their_truth(
     with pytest.raises(ValueError, match="timeout"):
         async with expect_log("x", timeout=float("nan")):
             pass
+    with pytest.raises(TypeError, match="level must be an int"):
+        async with expect_log("x", level=True):  # type: ignore[arg-type]  # was: DEBUG and up
+            pass
     assert await probe.receive_n(1) == ["only one"]  # the refusals took nothing
 
 

@@ -154,7 +154,21 @@ class TestProbe:
         return max(min(timeout, left), 0.0)
 
     async def _next(self, timeout: float, what: str) -> Any:
-        timeout = self._bound(timeout)
+        """The next message, within ``timeout`` (checked, and cut by ``within``).
+
+        Raises:
+            AssertionError: none came in time.
+            TypeError, ValueError: as ``_bound``.
+        """
+        return await self._take(self._bound(timeout), what)
+
+    async def _take(self, timeout: float, what: str) -> Any:
+        """The next message, within ``timeout`` seconds, already bounded (0:
+        the deadline of a wait for several messages has passed).
+
+        Raises:
+            AssertionError: none came in time.
+        """
         try:
             message, sender, reply = await asyncio.wait_for(self._queue.get(), timeout)
         except TimeoutError:
@@ -229,7 +243,7 @@ class TestProbe:
         for i in range(n):
             remaining = max(deadline - loop.time(), 0.0)
             got = bounded_repr(out)
-            out.append(await self._next(remaining, f"message {i + 1} of {n} (got {got})"))
+            out.append(await self._take(remaining, f"message {i + 1} of {n} (got {got})"))
         return out
 
     async def fish_for_message(self, predicate: Callable[[Any], bool], timeout: float = 3.0) -> Any:
@@ -249,7 +263,7 @@ class TestProbe:
         skipped = 0
         while True:
             remaining = max(deadline - loop.time(), 0.0)
-            message = await self._next(remaining, f"a fish (skipped {skipped} message(s))")
+            message = await self._take(remaining, f"a fish (skipped {skipped} message(s))")
             if predicate(message):
                 return message
             skipped += 1

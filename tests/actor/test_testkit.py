@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,18 @@ async def test_fish_for_message_skips_until_the_predicate_accepts(
     with pytest.raises(AssertionError, match=r"skipped 1 message"):
         probe.ref.tell("more noise")
         await probe.fish_for_message(lambda m: m == 3, timeout=0.05)
+
+
+async def test_a_fish_past_its_deadline_fails_as_a_timeout(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    probe.ref.tell("a")
+
+    def slow_no(message: object) -> bool:
+        time.sleep(0.1)  # a slow predicate, the scenario: the deadline passes inside it
+        return False
+
+    with pytest.raises(AssertionError, match=r"timeout \(0 s\) waiting for a fish \(skipped 1"):
+        await probe.fish_for_message(slow_no, timeout=0.05)  # was: ValueError, timeout 0.0
 
 
 async def test_ignore_msg_drops_matching_messages(actor_system: ActorSystem) -> None:

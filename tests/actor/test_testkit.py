@@ -120,6 +120,21 @@ async def test_a_fish_past_its_deadline_fails_as_a_timeout(actor_system: ActorSy
         await probe.fish_for_message(slow_no, timeout=0.05)  # was: ValueError, timeout 0.0
 
 
+async def test_a_message_already_queued_is_taken_with_no_time_left(
+    actor_system: ActorSystem,
+) -> None:
+    probe = TestProbe(actor_system)
+    probe.ref.tell("a")
+    probe.ref.tell("b")  # the probe actor queues both in one turn
+
+    def slow_on_a(message: object) -> bool:
+        if message == "a":
+            time.sleep(0.1)  # a slow predicate, the scenario: the deadline passes inside it
+        return message == "b"
+
+    assert await probe.fish_for_message(slow_on_a, timeout=0.05) == "b"  # was: a timeout
+
+
 async def test_ignore_msg_drops_matching_messages(actor_system: ActorSystem) -> None:
     probe = TestProbe(actor_system)
     probe.ignore_msg(lambda m: m == "tick")

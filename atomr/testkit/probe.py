@@ -111,6 +111,12 @@ class TestProbe:
         name: optional actor name.
         supervisor_strategy: how the probe supervises its children
             (default: restart, as any actor).
+
+    Raises:
+        TypeError: ``system`` is not an ``ActorSystem``, or
+            ``supervisor_strategy`` not a ``SupervisorStrategy``.
+        RuntimeError, InvalidActorNameError, ActorNameTakenError: as
+            ``system.spawn`` (no running loop, a bad or taken name).
     """
 
     __test__ = False  # not a pytest test class
@@ -121,6 +127,15 @@ class TestProbe:
         name: str | None = None,
         supervisor_strategy: SupervisorStrategy | None = None,
     ) -> None:
+        if not isinstance(system, ActorSystem):
+            raise TypeError(f"system must be an ActorSystem, got {bounded_repr(system)}")
+        if supervisor_strategy is not None and not isinstance(
+            supervisor_strategy, SupervisorStrategy
+        ):
+            raise TypeError(
+                "supervisor_strategy must be a SupervisorStrategy (e.g. OneForOneStrategy()), "
+                f"got {bounded_repr(supervisor_strategy)}"
+            )
         self._queue: asyncio.Queue[tuple[Any, ActorRef | None, Reply]] = asyncio.Queue()
         self._ignore: Callable[[Any], bool] | None = None
         self._deadline: float | None = None

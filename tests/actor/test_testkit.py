@@ -39,6 +39,14 @@ def test_the_pytest_plugin_loads_neither_numpy_nor_numba() -> None:
     assert result.stdout.strip() == "[]"  # was: ['atomr.accel', 'numba', 'numpy']
 
 
+async def test_a_probe_refuses_what_is_no_system_or_strategy(actor_system: ActorSystem) -> None:
+    with pytest.raises(TypeError, match="system must be an ActorSystem"):
+        TestProbe("system")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="supervisor_strategy must be a SupervisorStrategy"):
+        TestProbe(actor_system, supervisor_strategy="restart")  # type: ignore[arg-type]
+    assert not actor_system.actors  # nothing spawned
+
+
 async def test_expect_msg(actor_system: ActorSystem) -> None:
     probe = TestProbe(actor_system)
     probe.ref.tell("a")

@@ -43,7 +43,8 @@ class LossOps(OpsBase, abc.ABC):
             weights: per-class weights (c,) or None, finite in the logits'
                 dtype and non-negative; a host array is accepted by both
                 backends, a device array must have the logits' dtype.
-            grad: written, (n, c); may be ``logits`` itself.
+            grad: written, (n, c); may be ``logits`` itself, must share no
+                memory with labels or weights.
 
         Returns:
             (loss_sum, weight_sum) as Python floats.
@@ -51,7 +52,8 @@ class LossOps(OpsBase, abc.ABC):
         Raises:
             TypeError: wrong array type or dtype, labels not integers.
             ValueError: shape mismatch, not contiguous, a label out of range, a
-                weight non-finite or negative.
+                weight non-finite or negative, or grad sharing memory with
+                labels or weights.
         """
         self.validate("softmax_cross_entropy", logits=logits, grad=grad, read_only=("logits",))
         self._ndim("softmax_cross_entropy", 2, logits=logits)
@@ -62,6 +64,11 @@ class LossOps(OpsBase, abc.ABC):
         self._check_ce_labels(labels, n, c)
         if weights is not None:
             self._check_ce_weights(weights, c, logits.dtype)
+        # grad is written row by row while labels and weights are read: none
+        # of their memory may be grad's (host arrays on CUDA cannot be)
+        others = {"labels": labels, "weights": weights}
+        read = {k: x for k, x in others.items() if x is not None and self._is_buffer(x)}
+        self._check_aliasing("softmax_cross_entropy", tuple(read), {"grad": grad, **read})
         loss, wsum = self.softmax_cross_entropy_unchecked(logits, labels, weights, grad)
         return float(loss), float(wsum)
 

@@ -33,6 +33,10 @@ class OpsBase:
 
         def _overlaps(self, x: Any, y: Any) -> bool: ...
 
+        def _check_aliasing(
+            self, op: str, read_only: Collection[str], buffers: dict[str, Any]
+        ) -> None: ...
+
         def _flat(self, x: Any) -> Any: ...
 
         @staticmethod

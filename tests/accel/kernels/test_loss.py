@@ -113,3 +113,21 @@ def test_cpu_losses_random(n, c, weighted, dtype, seed):
     assert mloss == pytest.approx(
         float(np.sum((logits.astype(np.float64) - target) ** 2)), rel=1e-5
     )
+
+
+def test_softmax_cross_entropy_refuses_weights_or_labels_in_grads_memory():
+    # grad is written row by row while weights and labels are read: weights
+    # that are grad's first row changed under the kernel (loss 1.83, not 3 log 3)
+    be = backend_for("cpu:0")
+    logits = np.zeros((3, 3), np.float32)
+    grad = np.ones((3, 3), np.float32)
+    with pytest.raises(ValueError, match="grad shares memory with weights"):
+        be.softmax_cross_entropy(logits, np.array([0, 1, 2]), grad[0], grad)
+    np.testing.assert_array_equal(grad, 1.0)
+    grad = np.zeros((4, 1), np.float32)
+    labels = grad.view(np.int32).reshape(4)
+    with pytest.raises(ValueError, match="grad shares memory with labels"):
+        be.softmax_cross_entropy(np.zeros((4, 1), np.float32), labels, None, grad)
+    # grad may still be logits itself
+    loss, _ = be.softmax_cross_entropy(logits, np.array([0, 1, 2]), np.ones(3), logits)
+    assert loss == pytest.approx(3 * np.log(3))

@@ -6,7 +6,7 @@ Both return *sums* (the trainers add sums across shards and divide once):
   ``loss_sum = sum_i w[y_i] * (logsumexp(logits_i) - logits_i[y_i])``,
   ``weight_sum = sum_i w[y_i]`` (w = 1 without weights),
   ``grad_ij = w[y_i] * (softmax(logits_i)_j - [j == y_i])``.
-- MSE: ``loss_sum = sum (pred - target)^2``, ``grad = 2 (pred - target)``.
+- MSE: ``loss_sum = sum (pred - target)^2`` (float64), ``grad = 2 (pred - target)``.
 
 The per-row / per-element math is written once (``ce_row``, ``sq_diff``) and
 compiled for both targets. On CUDA, CE runs one thread per row and writes
@@ -77,7 +77,13 @@ def ce_row(logits: Any, grad: Any, i: int, y: int, w: float, approx: bool) -> fl
 
 
 def sq_diff(p: float, t: float) -> tuple[float, float]:
-    """(d^2, 2d) for d = p - t: the MSE term and its derivative."""
+    """(d^2, 2d) for d = p - t: the MSE term and its derivative.
+
+    Callers pass p and t as float64: d^2 then neither overflows nor
+    underflows in float32 (d = 1e20 gives 1e40, not inf), and 2d stored in a
+    float32 grad is the float32 ``2 * (p - t)`` bit for bit (float64 holds
+    the float32 difference's correct rounding).
+    """
     d = p - t
     return d * d, 2.0 * d
 
@@ -118,7 +124,7 @@ def _mse_kernel(pred, target, grad, partial):
     stride = cuda.gridsize(1)
     s = 0.0
     while i < pred.size:
-        sq, g = _sq_diff_gpu(pred[i], target[i])
+        sq, g = _sq_diff_gpu(float64(pred[i]), float64(target[i]))
         grad[i] = g
         s += sq
         i += stride
@@ -193,7 +199,7 @@ def mse_cpu(pred, target, grad):
     """Fused MSE on flat arrays; returns loss_sum (float64 accumulation)."""
     s = 0.0
     for i in range(pred.size):
-        sq, g = _sq_diff_cpu(pred[i], target[i])
+        sq, g = _sq_diff_cpu(np.float64(pred[i]), np.float64(target[i]))
         grad[i] = g
         s += sq
     return s

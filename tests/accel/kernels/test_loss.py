@@ -86,6 +86,18 @@ def test_mse(be, rng, shape):
     np.testing.assert_allclose(get(be, grad), 2 * diff, **tol(np.float32))
 
 
+def test_mse_squares_in_float64(be):
+    # a float32 difference squared in float32 overflowed (1e20 -> inf) or
+    # underflowed (1e-30 -> 0), though the sum is float64
+    pred = np.array([1e20, 1e-30, -0.0, 3.0], np.float32)
+    target = np.array([0.0, 0.0, 0.0, 1.5], np.float32)
+    grad = put(be, np.full(4, np.nan, np.float32))
+    loss = be.mse(put(be, pred), put(be, target), grad)
+    diff = pred.astype(np.float64) - target
+    assert loss == pytest.approx(float(np.sum(diff**2)), rel=1e-12)
+    np.testing.assert_array_equal(get(be, grad), 2 * (pred - target))
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     n=st.integers(1, 200),

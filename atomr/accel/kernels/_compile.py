@@ -55,6 +55,7 @@ __all__ = [
     "cuda",
     "BLOCK",
     "MAX_BLOCKS",
+    "MAX_GRID_Y",
     "SIMULATED",
     "TILE",
     "cache_dir_of",
@@ -79,6 +80,11 @@ MAX_BLOCKS: int = 4 if SIMULATED else 1024
 
 TILE: int = 4 if SIMULATED else 16
 """Side of the square shared-memory tile of the matmul kernel (and of 2-D blocks)."""
+
+MAX_GRID_Y: int = 2 if SIMULATED else 65535
+"""Upper bound on the row blocks of a 2-D launch (CUDA refuses a grid taller
+than 65535 blocks); the 2-D kernels loop over row blocks with a stride of
+``gridDim.y`` (2 under the simulator, so that tiny shapes run the loop)."""
 
 
 def cpu_scalar(fn: Callable[..., Any]) -> Any:
@@ -218,7 +224,9 @@ def launch_1d(kernel: Any, n: int, *args: Any) -> None:
 
 
 def launch_2d(kernel: Any, rows: int, cols: int, *args: Any) -> None:
-    """Launch a 2-D kernel with TILE x TILE blocks covering ``rows`` x ``cols``.
+    """Launch a 2-D kernel with TILE x TILE blocks covering ``cols`` and at
+    most ``MAX_GRID_Y`` blocks of rows: the kernel loops over row blocks, the
+    next one ``gridDim.y`` blocks further down.
 
     Thread x runs along columns, y along rows.
 
@@ -230,6 +238,6 @@ def launch_2d(kernel: Any, rows: int, cols: int, *args: Any) -> None:
     """
     if rows <= 0 or cols <= 0:
         return
-    grid = ((cols + TILE - 1) // TILE, (rows + TILE - 1) // TILE)
+    grid = ((cols + TILE - 1) // TILE, min(MAX_GRID_Y, (rows + TILE - 1) // TILE))
     with launch_lock():
         kernel[grid, (TILE, TILE)](*args)

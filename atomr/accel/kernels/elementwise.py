@@ -175,8 +175,10 @@ def _scale_kernel(x, alpha):
 def _bias_add_kernel(x, bias):
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     r = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
-    if r < x.shape[0] and c < x.shape[1]:
-        x[r, c] += bias[c]
+    if c < x.shape[1]:
+        while r < x.shape[0]:  # row-stride: the grid has at most MAX_GRID_Y row blocks
+            x[r, c] += bias[c]
+            r += cuda.gridDim.y * cuda.blockDim.y
 
 
 def activation_forward_cuda(kind: int, x: Any, out: Any) -> None:

@@ -28,32 +28,37 @@ def _matmul_kernel(a, b, out, trans_a, trans_b, accumulate):
     sb = cuda.shared.array((TILE, TILE), float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
-    row = cuda.blockIdx.y * TILE + ty
     col = cuda.blockIdx.x * TILE + tx
     m = out.shape[0]
     n = out.shape[1]
     k = a.shape[0] if trans_a else a.shape[1]
-    acc = float32(0.0)
-    for t in range((k + TILE - 1) // TILE):
-        ka = t * TILE + tx
-        if row < m and ka < k:
-            sa[ty, tx] = a[ka, row] if trans_a else a[row, ka]
-        else:
-            sa[ty, tx] = 0.0
-        kb = t * TILE + ty
-        if col < n and kb < k:
-            sb[ty, tx] = b[col, kb] if trans_b else b[kb, col]
-        else:
-            sb[ty, tx] = 0.0
-        cuda.syncthreads()
-        for j in range(TILE):
-            acc += sa[ty, j] * sb[j, tx]
-        cuda.syncthreads()
-    if row < m and col < n:
-        if accumulate:
-            out[row, col] += acc
-        else:
-            out[row, col] = acc
+    # row blocks blockIdx.y, + gridDim.y, ...: the condition is the block's,
+    # so every thread of a block takes the same turns (syncthreads is safe)
+    row_block = cuda.blockIdx.y
+    while row_block * TILE < m:
+        row = row_block * TILE + ty
+        acc = float32(0.0)
+        for t in range((k + TILE - 1) // TILE):
+            ka = t * TILE + tx
+            if row < m and ka < k:
+                sa[ty, tx] = a[ka, row] if trans_a else a[row, ka]
+            else:
+                sa[ty, tx] = 0.0
+            kb = t * TILE + ty
+            if col < n and kb < k:
+                sb[ty, tx] = b[col, kb] if trans_b else b[kb, col]
+            else:
+                sb[ty, tx] = 0.0
+            cuda.syncthreads()
+            for j in range(TILE):
+                acc += sa[ty, j] * sb[j, tx]
+            cuda.syncthreads()
+        if row < m and col < n:
+            if accumulate:
+                out[row, col] += acc
+            else:
+                out[row, col] = acc
+        row_block += cuda.gridDim.y
 
 
 def matmul_cuda(

@@ -70,7 +70,8 @@ class ReduceOps(OpsBase, abc.ABC):
         """``scale`` without the checks, on a flat buffer; ``alpha`` a scalar of its dtype. See "Unchecked entries" in the class docstring."""
 
     def sum_into(self, out: Any, buffers: Sequence[Any]) -> None:
-        """``out = sum(buffers)`` element-wise (the reference all-reduce).
+        """``out = sum(buffers)`` element-wise (the reference all-reduce),
+        added in float64 in the buffers' order and rounded once to out's dtype.
 
         Args:
             out: written; may be one of ``buffers``.

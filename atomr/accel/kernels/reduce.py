@@ -2,8 +2,12 @@
 
 - ``bias_grad``: ``out (+)= dy.sum(axis=0)``; CUDA runs one thread per
   column, the CPU twin walks rows in memory order.
-- ``sum_into``: ``out = sum_k buffers[k]`` (the reference all-reduce);
-  element-wise over k buffers in one pass. ``out`` may be one of the buffers.
+- ``sum_into``: ``out = sum_k buffers[k]`` (the reference all-reduce),
+  added in float64 in buffer order and rounded once, so both targets give the
+  same bits. The CPU twin makes one pass over k buffers; CUDA copies and adds
+  for one or two buffers (a float32 sum of two is already rounded once) and
+  accumulates three or more in a float64 scratch array. ``out`` may be one
+  of the buffers.
 - ``squared_norm``: ``sum x^2`` accumulated in float64 (gradient clipping);
   CUDA reduces per block through shared memory and the host adds the block
   sums.
@@ -88,6 +92,33 @@ def _add_kernel(src, out):
 
 
 @gpu_kernel
+def _widen_kernel(src, acc):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < acc.size:
+        acc[i] = float64(src[i])
+        i += stride
+
+
+@gpu_kernel
+def _widen_add_kernel(src, acc):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < acc.size:
+        acc[i] += float64(src[i])
+        i += stride
+
+
+@gpu_kernel
+def _add_narrow_kernel(src, acc, out):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < out.size:
+        out[i] = acc[i] + float64(src[i])  # rounded once, to out's dtype
+        i += stride
+
+
+@gpu_kernel
 def _squared_norm_kernel(x, partial):
     acc = cuda.shared.array(BLOCK, float64)
     tid = cuda.threadIdx.x
@@ -139,10 +170,19 @@ def bias_grad_cuda(dy: Any, out: Any, accumulate: bool = False) -> None:
 
 
 def sum_into_cuda(out: Any, buffers: Sequence[Any], alias: int | None = None) -> None:
-    """out = sum of buffers on flat device arrays (one pass per buffer).
+    """out = sum of buffers on flat device arrays (one pass per buffer), as
+    the CPU twin: added in float64 in buffer order, rounded once.
 
     ``alias`` is the index of the buffer that *is* ``out`` (same memory), if any.
     """
+    if len(buffers) > 2:  # a float32 running sum would round at each buffer
+        with launch_lock():
+            acc = cuda.device_array(out.size, dtype=np.float64)
+        launch_1d(_widen_kernel, out.size, buffers[0], acc)
+        for b in buffers[1:-1]:
+            launch_1d(_widen_add_kernel, out.size, b, acc)
+        launch_1d(_add_narrow_kernel, out.size, buffers[-1], acc, out)
+        return
     if alias is None:
         with launch_lock():
             out.copy_to_device(buffers[0])

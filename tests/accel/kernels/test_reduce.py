@@ -141,3 +141,20 @@ def test_sum_into_out_aliased_through_a_view(be, rng):
     expected = (x + y) * np.float32(0.5)
     np.testing.assert_allclose(get(be, out), expected, **tol(np.float32))
     assert norm == pytest.approx(float(np.sum(expected.astype(np.float64) ** 2)), rel=1e-5)
+
+
+@pytest.mark.parametrize("position", [None, 0, 2])
+def test_sum_of_three_or_more_buffers_is_rounded_once(be, position):
+    # 1e8 + 1 - 1e8: a float32 running sum (the CUDA kernel's) lost the 1;
+    # both targets add in float64 and round once, as NumPy's float64 sum
+    host = [np.array([1e8, 3.0], np.float32), np.array([1.0, 2**-22], np.float32)]
+    host += [np.array([-1e8, -3.0], np.float32), np.array([0.0, 2**-22], np.float32)]
+    dev = [put(be, b) for b in host]
+    out = put(be, np.full(2, np.nan, np.float32)) if position is None else dev[position]
+    expected = np.sum(host, axis=0, dtype=np.float64).astype(np.float32)
+    be.sum_into(out, dev)
+    np.testing.assert_array_equal(get(be, out), expected)
+    dev = [put(be, b) for b in host]
+    out = put(be, np.full(2, np.nan, np.float32)) if position is None else dev[position]
+    be.sum_scale_norm(out, dev, 2.0)
+    np.testing.assert_array_equal(get(be, out), expected * np.float32(2.0))

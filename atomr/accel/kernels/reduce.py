@@ -1,6 +1,7 @@
 """Reductions: bias gradient (column sums), sum of several buffers, squared norm.
 
-- ``bias_grad``: ``out (+)= dy.sum(axis=0)``; CUDA runs one thread per
+- ``bias_grad``: ``out (+)= dy.sum(axis=0)``, each column (and out, when
+  accumulating) added in float64 and rounded once; CUDA runs one thread per
   column, the CPU twin walks rows in memory order.
 - ``sum_into``: ``out = sum_k buffers[k]`` (the reference all-reduce),
   added in float64 in buffer order and rounded once, so both targets give the
@@ -72,13 +73,10 @@ def _bias_grad_kernel(dy, out, accumulate):
     c = cuda.grid(1)
     stride = cuda.gridsize(1)
     while c < dy.shape[1]:
-        s = 0.0
+        s = float64(out[c]) if accumulate else float64(0.0)
         for r in range(dy.shape[0]):
-            s += dy[r, c]
-        if accumulate:
-            out[c] += s
-        else:
-            out[c] = s
+            s += float64(dy[r, c])
+        out[c] = s
         c += stride
 
 
@@ -228,12 +226,18 @@ def sum_scale_norm_cuda(
 
 @cpu_loop
 def bias_grad_cpu(dy, out, accumulate):
-    """out (+)= dy.sum(axis=0), rows walked in memory order."""
-    if not accumulate:
-        out[:] = 0.0
+    """out (+)= dy.sum(axis=0), rows walked in memory order, each column
+    summed in float64 and rounded once (as the CUDA kernel)."""
+    cols = dy.shape[1]
+    acc = np.zeros(cols, np.float64)
+    if accumulate:
+        for c in range(cols):
+            acc[c] = out[c]
     for r in range(dy.shape[0]):
-        for c in range(dy.shape[1]):
-            out[c] += dy[r, c]
+        for c in range(cols):
+            acc[c] += dy[r, c]
+    for c in range(cols):
+        out[c] = acc[c]
 
 
 @cpu_loop

@@ -21,6 +21,18 @@ def test_bias_grad(be, rng, rows, cols, accumulate):
     np.testing.assert_allclose(get(be, out), expected, **tol(np.float32))
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_bias_grad_sums_each_column_in_float64(be, accumulate):
+    # the CPU twin's float32 running sum gave 0 for 1e8 + 1 - 1e8 (and for
+    # out = 1e8 plus 1 and -1e8); the CUDA kernel's float64 sum gives 1
+    dy = np.array([[1.0, 3.0], [1e8, 1.0], [1.0, -3.0], [-1e8, 0.0]], np.float32)
+    start = np.array([-1.0, 2**-22], np.float32)
+    out = put(be, start)
+    be.bias_grad(put(be, dy), out, accumulate=accumulate)
+    expected = dy.astype(np.float64).sum(axis=0) + (start if accumulate else 0)
+    np.testing.assert_array_equal(get(be, out), expected.astype(np.float32))
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 @pytest.mark.parametrize("shape", [(1,), (7,), (3, 4)])
 def test_sum_into(be, rng, k, shape):

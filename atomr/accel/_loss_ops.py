@@ -38,8 +38,8 @@ class LossOps(OpsBase, abc.ABC):
 
         Args:
             logits: 2-D (n, c).
-            labels: 1-D (n,) integer class indices in [0, c): a host NumPy array,
-                or (CUDA) a device array.
+            labels: 1-D (n,) integer class indices in [0, c): a host NumPy array
+                (any integer dtype, either byte order), or (CUDA) a device array.
             weights: per-class weights (c,) or None, finite in the logits'
                 dtype and non-negative; a host array is accepted by both
                 backends, a device array must have the logits' dtype.
@@ -64,6 +64,8 @@ class LossOps(OpsBase, abc.ABC):
         self._check_ce_labels(labels, n, c)
         if weights is not None:
             self._check_ce_weights(weights, c, logits.dtype)
+        if isinstance(labels, np.ndarray) and not labels.dtype.isnative:
+            labels = labels.astype(labels.dtype.newbyteorder("="))  # the kernels' byte order
         # grad is written row by row while labels and weights are read: none
         # of their memory may be grad's (host arrays on CUDA cannot be)
         others = {"labels": labels, "weights": weights}

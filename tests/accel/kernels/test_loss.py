@@ -143,3 +143,15 @@ def test_softmax_cross_entropy_refuses_weights_or_labels_in_grads_memory():
     # grad may still be logits itself
     loss, _ = be.softmax_cross_entropy(logits, np.array([0, 1, 2]), np.ones(3), logits)
     assert loss == pytest.approx(3 * np.log(3))
+
+
+def test_softmax_cross_entropy_takes_big_endian_labels(be, rng):
+    # labels read from a big-endian file ('>i4') passed the checks, then numba
+    # refused their byte order with a TypingError (a DriverError on an actor)
+    logits = rand(rng, 3, 4)
+    labels = np.array([3, 0, 2], dtype=">i4")
+    grad = put(be, np.full((3, 4), np.nan, np.float32))
+    loss, wsum = be.softmax_cross_entropy(put(be, logits), labels, None, grad)
+    ref_loss, ref_wsum, ref_grad = ref_ce(logits, labels.astype(np.int64), None)
+    assert (loss, wsum) == (pytest.approx(ref_loss, rel=1e-5), ref_wsum)
+    np.testing.assert_allclose(get(be, grad), ref_grad, **tol(np.float32))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+from atomr._arguments import bool_flag
 from atomr.accel._ops_base import OpsBase
 from atomr.accel.kernels.elementwise import ACTIVATIONS
 
@@ -46,10 +47,14 @@ class DenseOps(OpsBase, abc.ABC):
             accumulate: add to ``out`` instead of overwriting it.
 
         Raises:
-            TypeError: wrong array type or dtype, mixed dtypes.
+            TypeError: wrong array type or dtype, mixed dtypes, a flag that is
+                not True or False.
             ValueError: not 2-D, inner or output dimensions mismatch, not contiguous,
                 out overlaps a or b.
         """
+        trans_a = bool_flag("matmul: trans_a", trans_a)
+        trans_b = bool_flag("matmul: trans_b", trans_b)
+        accumulate = bool_flag("matmul: accumulate", accumulate)
         self.validate("matmul", a=a, b=b, out=out, read_only=("a", "b"))
         self._ndim("matmul", 2, a=a, b=b, out=out)
         m, ka = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
@@ -64,7 +69,7 @@ class DenseOps(OpsBase, abc.ABC):
         for name, x in (("a", a), ("b", b)):
             if self._overlaps(out, x):
                 raise ValueError(f"matmul: out overlaps {name}; write to a separate buffer")
-        self.matmul_unchecked(a, b, out, bool(trans_a), bool(trans_b), bool(accumulate))
+        self.matmul_unchecked(a, b, out, trans_a, trans_b, accumulate)
 
     @abc.abstractmethod
     def matmul_unchecked(
@@ -108,9 +113,10 @@ class DenseOps(OpsBase, abc.ABC):
             accumulate: add to ``out`` instead of overwriting it.
 
         Raises:
-            TypeError: wrong array type or dtype.
+            TypeError: wrong array type or dtype, accumulate not True or False.
             ValueError: shapes do not match, not contiguous.
         """
+        accumulate = bool_flag("bias_grad: accumulate", accumulate)
         self.validate("bias_grad", dy=dy, out=out, read_only=("dy",))
         self._ndim("bias_grad", 2, dy=dy)
         self._ndim("bias_grad", 1, out=out)
@@ -118,7 +124,7 @@ class DenseOps(OpsBase, abc.ABC):
             raise ValueError(
                 f"bias_grad: out has shape {tuple(out.shape)}, expected ({dy.shape[1]},)"
             )
-        self.bias_grad_unchecked(dy, out, bool(accumulate))
+        self.bias_grad_unchecked(dy, out, accumulate)
 
     @abc.abstractmethod
     def bias_grad_unchecked(self, dy: Any, out: Any, acc: bool) -> None:

@@ -67,6 +67,23 @@ def test_cuda_rejects_float64(cuda_be):
             ValueError,
             "must be 2-D",
         ),
+        (  # a truthy 'no' transposed a: out got a.T @ b
+            lambda be: be.matmul(put(be, f32(3, 3)), put(be, f32(3, 3)), put(be, f32(3, 3)), "no"),
+            TypeError,
+            "matmul: trans_a must be True or False, got 'no'",
+        ),
+        (
+            lambda be: be.matmul(
+                put(be, f32(3, 3)), put(be, f32(3, 3)), put(be, f32(3, 3)), accumulate=1
+            ),
+            TypeError,
+            "matmul: accumulate must be True or False, got 1",
+        ),
+        (
+            lambda be: be.bias_grad(put(be, f32(2, 3)), put(be, f32(3)), accumulate="False"),
+            TypeError,
+            "bias_grad: accumulate must be True or False, got 'False'",
+        ),
         (lambda be: be.bias_add(put(be, f32(2, 3)), put(be, f32(4))), ValueError, "bias has shape"),
         (lambda be: be.bias_grad(put(be, f32(2, 3)), put(be, f32(2))), ValueError, "out has shape"),
         (

@@ -193,12 +193,14 @@ class DeviceActor(Actor):
         event loop's thread instead, when the worker is idle, since two thread
         wake-ups cost more than such a job (`atomr/accel/job_timing.py`).
 
-        A job has no deadline: cancelling this await (an ask that timed out,
-        ``asyncio.timeout``, the actor stopping) stops waiting for ``fn``, not
-        ``fn``, which runs on to its end (a thread cannot be cancelled), and
-        the jobs submitted after it wait behind it. Keep jobs short; to wait
-        until a job that timed out is done, run a job that does nothing (it
-        runs after every earlier one), as the trainers' fence does.
+        A job has no deadline: cancelling this await (``asyncio.timeout``, a
+        cancelled task, the actor stopping) stops waiting for ``fn``. A job
+        that has started runs on to its end (a thread cannot be cancelled),
+        and the jobs submitted after it wait behind it; one still queued
+        behind another job is dropped and never runs (the actor stopping
+        drops every queued job). Keep jobs short; to wait until a job that
+        was cancelled is done, run a job that does nothing (it runs after
+        every earlier one), as the trainers' fence does.
 
         Args:
             fn: the function.

@@ -64,6 +64,9 @@ class SerialWorker:
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Queue ``fn()`` and return a future of the running loop for its result.
 
+        Cancelling the future before ``fn`` starts drops the job (it never
+        runs); once started, ``fn`` runs on to its end.
+
         Raises:
             RuntimeError: without a running event loop.
         """

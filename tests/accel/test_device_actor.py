@@ -27,6 +27,17 @@ class Worker(DeviceActor):
             jobs = [self.on_device(self.log.append, i) for i in range(message[1])]
             await asyncio.gather(*jobs)
             return threading.current_thread().name
+        if isinstance(message, tuple) and message[0] == "cancel queued":
+            started, release = threading.Event(), threading.Event()
+            first = asyncio.ensure_future(self.on_device(lambda: (started.set(), release.wait(60))))
+            second = asyncio.ensure_future(self.on_device(self.log.append, "second"))
+            await await_condition(started.is_set, message="the first job started")
+            second.cancel()  # queued behind the first, not started
+            await asyncio.sleep(0)
+            release.set()
+            await first
+            await self.on_device(lambda: None)  # every earlier job is done or dropped
+            return second.cancelled()
         if isinstance(message, tuple) and message[0] == "thread":
             return await self.on_device(lambda: threading.current_thread().name)
         return await super().receive(message)
@@ -75,6 +86,15 @@ async def test_a_job_has_no_deadline_and_the_next_waits_behind_it(actor_system):
     release.set()
     await ref.ask(OnDevice(lambda: None), timeout=10)
     assert log == ["first", "second"]
+
+
+async def test_a_job_cancelled_before_it_starts_never_runs(actor_system):
+    """on_device's docstring said a cancelled await leaves the job to run on to
+    its end; one still queued behind another is dropped instead."""
+    log: list = []
+    ref = actor_system.spawn(Props(Worker, "cpu:0", log))
+    assert await ref.ask(("cancel queued",), timeout=10) is True
+    assert log == []
 
 
 async def test_buffers_stay_on_the_device_and_kernels_run_there(actor_system, rng):

@@ -66,6 +66,11 @@ def given_in_float32(name: str, value: Any) -> float:
 _FLOAT32_OVERFLOW = (2.0 - 2.0**-24) * 2.0**127
 _FLOAT32 = np.dtype(np.float32)
 
+# a step from which 1 - beta**step is exactly 1.0 for every float64 beta < 1
+# ((1 - 2**-53) ** 2**60 = exp(-128) < 2**-53): Adam's bias corrections are
+# the same past it, and a step beyond float's range (10**400) is not converted
+_BIAS_CORRECTION_DONE = 2**60
+
 
 def finite_in(v: float, dtype: np.dtype[Any]) -> bool:
     """Whether the float `v` is finite once cast to `dtype` (float32 or
@@ -178,6 +183,7 @@ class AdamHyperparameters:
         decay = 1` and AdamW `l2 = 0, decay = 1 - lr * weight_decay`."""
         t = np.dtype(dtype).type
         beta1, beta2, lr, wd = self.beta1, self.beta2, self.lr, self.weight_decay
+        step = min(step, _BIAS_CORRECTION_DONE)  # 10**400 overflowed float()
         step_size = lr / (1.0 - beta1**step)
         inv_bc2_sqrt = 1.0 / math.sqrt(1.0 - beta2**step)
         l2, decay = (0.0, 1.0 - lr * wd) if self.decoupled else (wd, 1.0)

@@ -122,3 +122,13 @@ def test_finite_in_agrees_with_the_cast_at_the_overflow_threshold(dtype: type) -
         for v in [*values, *(-x for x in values)]:
             cast = bool(np.isfinite(np.dtype(dtype).type(v)))
             assert finite_in(float(v), np.dtype(dtype)) is cast, v
+
+
+def test_adam_kernel_args_take_a_step_beyond_floats_range() -> None:
+    """beta ** 10**400 raised OverflowError from adam_step; past 2**60 steps
+    1 - beta**t is 1.0 for every beta < 1, so the coefficients are those of
+    any later step."""
+    hyper = AdamHyperparameters(lr=1e-3, beta1=1 - 2**-53, beta2=0.999)
+    late = hyper.kernel_args(10**400, np.float64)
+    assert late == hyper.kernel_args(2**60, np.float64) == hyper.kernel_args(2**62, np.float64)
+    assert late[6] == np.float64(1e-3)  # the step size: lr / (1 - 0)

@@ -5,7 +5,7 @@ thread wake-ups: about 140 us on this 2-core VM under a training step's
 load, more than the whole step of a small model (a 64-128-10 MLP at batch 32
 takes 50 us). With `DeviceActor.inline_below_s` set (opt-in), a job known to be short (its
 last runs averaged less than that) runs on the event loop's thread when the
-worker is idle. Every job's time is tracked by the function it runs (an
+worker is idle. Every job's time is tracked by the code it runs (an
 exponential average), so a checkpoint save or a big step keeps going to the
 worker thread; but a usually-short job that turns slow blocks the loop while
 it runs, which is why this is off by default.
@@ -28,17 +28,24 @@ _WEIGHT = 0.2  # of the newest run in the average
 _RUNS_BEFORE_INLINE = 3  # timed on the worker first
 
 
+def _code(fn: Any) -> Any:
+    """What identifies the function ``fn`` runs: its code object (a bound
+    method's function's), else ``fn`` itself (a builtin). A lambda or closure
+    made afresh for each job is one key per place in the source, and the key
+    holds none of the values it captured."""
+    fn = getattr(fn, "__func__", fn)
+    return getattr(fn, "__code__", fn)
+
+
 def _key(job: Callable[..., Any]) -> Any:
-    """Jobs are told apart by the function they run (a bound method's
-    function) and, for a wrapper given the work as its first argument
-    (`guarded(work, ...)`), by that work too: a checkpoint save and a step
-    through the same wrapper are different jobs."""
+    """Jobs are told apart by the code they run and, for a wrapper given the
+    work as its first argument (`guarded(work, ...)`), by that work too: a
+    checkpoint save and a step through the same wrapper are different jobs."""
     inner = getattr(job, "func", job)  # functools.partial
-    key = getattr(inner, "__func__", inner)
     args = getattr(job, "args", ())
     if args and callable(args[0]):
-        return key, getattr(args[0], "__func__", args[0])
-    return key
+        return _code(inner), _code(args[0])
+    return _code(inner)
 
 
 class JobTiming:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import pytest
 import atomr.train.trainer
 from atomr import ActorSystem, Props
 from atomr.accel import DeviceActor
-from atomr.accel.job_timing import INLINE_BELOW_S
+from atomr.accel.job_timing import INLINE_BELOW_S, JobTiming
 from atomr.train import (
     GetWeights,
     LossKind,
@@ -117,3 +119,23 @@ async def test_an_inline_trainer_saves_on_its_worker_thread(tmp_path: Path) -> N
             patch.setattr(atomr.train.trainer, "save_checkpoint", save)
             await fast.ask(SaveCheckpoint(tmp_path / "c.ckpt"))
     assert saving and saving[0] != threading.get_ident()
+
+
+def _job_over(data: np.ndarray) -> Callable[[], float]:
+    return lambda: float(data.sum())  # a closure made afresh for each job
+
+
+def test_jobs_made_afresh_share_one_timing_and_keep_nothing_alive() -> None:
+    """A lambda made for each job (as in `on_device(lambda: ...)`) was a new
+    key each time: it never ran inline, and the table kept every closure, and
+    the buffers it captured, for the actor's life."""
+    timing = JobTiming(threshold=1.0)
+    captured = []
+    for _ in range(5):
+        data = np.ones(1000)
+        captured.append(weakref.ref(data))
+        timing.timed(_job_over(data))()
+        del data
+    gc.collect()
+    assert [ref() for ref in captured] == [None] * 5
+    assert timing.inline(_job_over(np.ones(3)))

@@ -49,8 +49,11 @@ class CpuBackend(Backend):
     def _overlaps(self, x: Any, y: Any) -> bool:
         # two arrays that each own their memory (not views) are disjoint:
         # known without NumPy's bounds test (several pairs per checked call)
+        # (an empty array shares no memory, even with itself: in place is fine)
+        if x is y:
+            return x.size > 0
         owned = x.base is None and y.base is None and x.flags.owndata and y.flags.owndata
-        return x is y or (not owned and bool(np.may_share_memory(x, y)))
+        return not owned and bool(np.may_share_memory(x, y))
 
     def _same_memory(self, x: Any, y: Any) -> bool:
         return (

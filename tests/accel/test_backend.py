@@ -389,3 +389,17 @@ def test_in_place_outputs_are_still_accepted(be):
     np.testing.assert_array_equal(get(be, x), [0.0, 8.0])
     m, v = put(be, f32(2)), put(be, f32(2))
     be.adam_step(x, put(be, f32(2)), m, v, ADAM, 1, params_out=x, exp_avg_out=m)
+
+
+def test_empty_buffers_may_be_used_in_place(be):
+    """An empty buffer passed as its own output was refused on the CPU as
+    sharing memory (a replica's empty shard: loss with grad is logits, the
+    in-place gradient scaling)."""
+    x = put(be, np.zeros(0, np.float32))
+    be.activation_forward("relu", x, x)
+    be.copy(x, x)
+    be.sum_into(x, [x])
+    assert be.sum_scale_norm(x, [x, x], 0.5) == 0.0
+    assert be.mse(x, x, x) == 0.0
+    logits = put(be, np.zeros((0, 3), np.float32))
+    assert be.softmax_cross_entropy(logits, np.zeros(0, np.int64), None, logits) == (0.0, 0.0)

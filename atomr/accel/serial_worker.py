@@ -19,6 +19,7 @@ import functools
 import queue
 import threading
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, TypeVar
 
 from atomr.actor.reply import future_safe
@@ -108,11 +109,12 @@ class SerialWorker:
 
     def _serve(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
         failed: BaseException | None = None
+        failed_tb: TracebackType | None = None
         if self._initializer is not None:
             try:
                 self._initializer()
             except BaseException as error:
-                failed = error
+                failed, failed_tb = error, error.__traceback__
         get = jobs.get
         while True:
             job = get()
@@ -123,14 +125,25 @@ class SerialWorker:
                 fut.cancelled()
             ):  # a plain flag read; at worst the job runs and its result is dropped
                 continue
+            if failed is not None:
+                _hand_back(loop, _reject_again, fut, (failed, failed_tb))
+                continue
             try:
-                if failed is not None:
-                    raise failed
                 result = fn()
             except BaseException as error:
                 _hand_back(loop, _reject, fut, error)
             else:
                 _hand_back(loop, _resolve, fut, result)
+
+
+def _reject_again(
+    fut: asyncio.Future[Any], failure: tuple[BaseException, TracebackType | None]
+) -> None:
+    """Fail ``fut`` with the initializer's error, its traceback reset to the
+    initializer's own: each job's caller that raises it adds frames to the one
+    shared object, which would otherwise grow with every job."""
+    error, tb = failure
+    _reject(fut, error.with_traceback(tb))
 
 
 def _hand_back(

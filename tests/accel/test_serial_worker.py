@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import traceback
 
 import pytest
 
@@ -62,10 +63,14 @@ async def test_a_failed_initializer_fails_every_job() -> None:
         raise RuntimeError("no such device")
 
     worker = SerialWorker("test-serial", no_device)
-    for _ in range(2):
-        with pytest.raises(RuntimeError, match="no such device"):
+    depths = []
+    for _ in range(4):
+        with pytest.raises(RuntimeError, match="no such device") as got:
             await worker.run(lambda: 1)
+        depths.append(len(traceback.extract_tb(got.value.__traceback__)))
     worker.close()
+    # the one error was raised again for each job: 3 more frames every time
+    assert depths == [depths[0]] * 4
 
 
 async def test_a_job_raising_stop_iteration_reaches_the_caller_as_runtime_error() -> None:

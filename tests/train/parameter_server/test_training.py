@@ -143,7 +143,7 @@ class _CountingWorker(ParameterServerWorker):
 async def test_synchronous_non_finite_part_fails_the_step_and_changes_nothing(
     actor_system, bad_rows, shards
 ) -> None:
-    """One worker's part gives an infinite MSE loss: like the Trainer, the step
+    """One worker's part gives an infinite MSE gradient: like the Trainer, the step
     fails promptly with NonFiniteError and changes nothing (no gradient of the
     round applied, no push left waiting in the round), and the following steps
     equal the Trainer's step for step."""
@@ -165,7 +165,7 @@ async def test_synchronous_non_finite_part_fails_the_step_and_changes_nothing(
     await reference.ask(Step(*first))
     await ps.ask(Step(*first), timeout=_HANG)
     before = await weights(ps)
-    bad_y[bad_rows] = 1e30  # one worker's part only
+    bad_y[bad_rows] = 3e38  # one worker's part only: 2 x (output - 3e38) overflows float32
     with pytest.raises(NonFiniteError):
         await reference.ask(Step(bad_x, bad_y))
     with pytest.raises(NonFiniteError, match="not finite") as info:
@@ -202,7 +202,7 @@ async def test_bounded_non_finite_worker_does_not_hold_the_others_back(actor_sys
     )
     data = list(_mse_batches(4, 8, seed=4))
     for x, y in data[:3]:
-        y[4:] = 1e30  # worker 1's part
+        y[4:] = 3e38  # worker 1's part: its gradient overflows float32
         with pytest.raises(NonFiniteError):
             await ps.ask(Step(x, y), timeout=_HANG)
     stats = await ps.ask(Step(*data[3]), timeout=_HANG)

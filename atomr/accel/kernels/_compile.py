@@ -4,7 +4,7 @@
 njit function and as a numba.cuda device function; ``cpu_loop`` compiles a
 CPU twin (GIL released, cached on disk); ``gpu_kernel`` compiles a CUDA
 kernel (cached on disk where numba.cuda supports it). ``launch_1d`` /
-``launch_2d`` pick a grid and launch under the simulator lock.
+``launch_2d`` pick a grid and launch under the launch lock (`sim_lock`).
 
 Nothing here touches the CUDA driver at import time: numba.cuda compiles
 lazily, on the first launch.
@@ -18,7 +18,7 @@ from typing import Any
 import numba
 
 from atomr.accel.device import cuda_is_simulated
-from atomr.accel.sim_lock import launch_lock
+from atomr.accel.sim_lock import kernel_launch
 
 
 class _CudaUnavailable:
@@ -219,7 +219,7 @@ def launch_1d(kernel: Any, n: int, *args: Any) -> None:
     """
     if n <= 0:
         return
-    with launch_lock():
+    with kernel_launch():
         kernel[blocks_for(n), BLOCK](*args)
 
 
@@ -239,5 +239,5 @@ def launch_2d(kernel: Any, rows: int, cols: int, *args: Any) -> None:
     if rows <= 0 or cols <= 0:
         return
     grid = ((cols + TILE - 1) // TILE, min(MAX_GRID_Y, (rows + TILE - 1) // TILE))
-    with launch_lock():
+    with kernel_launch():
         kernel[grid, (TILE, TILE)](*args)

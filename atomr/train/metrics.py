@@ -62,7 +62,7 @@ def json_value(value: Any) -> Any:
     """`value` as JSON takes it: a NumPy scalar as the Python bool, int or
     float it is (a trainer of one's own may answer them), and None for a
     NaN or infinite float (JSON has none)."""
-    if isinstance(value, np.generic) and isinstance(value, np.bool_ | np.number):
+    if isinstance(value, np.bool_ | np.number):
         value = value.item()
     return None if isinstance(value, float) and not math.isfinite(value) else value
 

@@ -10,7 +10,7 @@ name resolves to ``Backend``'s (or its subclass's) own definition.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["OpsBase"]
@@ -24,7 +24,12 @@ class OpsBase:
     if TYPE_CHECKING:
 
         def validate(
-            self, op: str, any_dtype: bool = False, read_only: Collection[str] = (), **buffers: Any
+            self,
+            op: str,
+            any_dtype: bool = False,
+            read_only: Collection[str] = (),
+            in_place: Mapping[str, str] | None = None,
+            **buffers: Any,
         ) -> None: ...
 
         def _is_buffer(self, x: Any) -> bool: ...
@@ -34,7 +39,11 @@ class OpsBase:
         def _overlaps(self, x: Any, y: Any) -> bool: ...
 
         def _check_aliasing(
-            self, op: str, read_only: Collection[str], buffers: dict[str, Any]
+            self,
+            op: str,
+            read_only: Collection[str],
+            buffers: dict[str, Any],
+            in_place: Mapping[str, str] | None = None,
         ) -> None: ...
 
         def _flat(self, x: Any) -> Any: ...

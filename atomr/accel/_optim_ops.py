@@ -63,7 +63,12 @@ class OptimOps(OpsBase, abc.ABC):
         Raises:
             TypeError: wrong array type or dtype, or ``hyperparameters`` is not an
                 ``SgdHyperparameters``.
-            ValueError: shapes differ, not contiguous, a step below 1, missing buffer.
+            ValueError: shapes differ, not contiguous, a step below 1, missing buffer,
+                or an output sharing memory with a buffer it is not the in-place
+                update of (``params`` or ``momentum_buf`` sharing ``grads``'s memory,
+                the two sharing each other's, ``params_out`` sharing any buffer but
+                ``params``, ``momentum_out`` any but ``momentum_buf``); nothing is
+                written then.
         """
         if not isinstance(hyperparameters, SgdHyperparameters):
             raise TypeError(
@@ -84,7 +89,8 @@ class OptimOps(OpsBase, abc.ABC):
             bufs["momentum_out"] = momentum_out
         read_only = ["grads"] + ["params"] * (params_out is not None)
         read_only += ["momentum_buf"] * (momentum_out is not None)
-        self.validate("sgd_step", read_only=read_only, **bufs)
+        in_place = {"params_out": "params", "momentum_out": "momentum_buf"}
+        self.validate("sgd_step", read_only=read_only, in_place=in_place, **bufs)
         self._same_shape("sgd_step", *bufs.items())
         flat_p = self._flat(params)
         flat_buf = self._flat(momentum_buf) if momentum_buf is not None else flat_p
@@ -149,7 +155,12 @@ class OptimOps(OpsBase, abc.ABC):
         Raises:
             TypeError: wrong array type or dtype, or ``hyperparameters`` is not an
                 ``AdamHyperparameters``.
-            ValueError: shapes differ, not contiguous, a step below 1.
+            ValueError: shapes differ, not contiguous, a step below 1, or an output
+                sharing memory with a buffer it is not the in-place update of
+                (``params``, ``exp_avg`` or ``exp_avg_sq`` sharing ``grads``'s memory
+                or one another's; ``params_out`` any buffer but ``params``,
+                ``exp_avg_out`` any but ``exp_avg``, ``exp_avg_sq_out`` any but
+                ``exp_avg_sq``); nothing is written then.
         """
         if not isinstance(hyperparameters, AdamHyperparameters):
             raise TypeError(
@@ -163,7 +174,8 @@ class OptimOps(OpsBase, abc.ABC):
             if out is not None:
                 bufs[f"{name}_out"] = out
         read_only = ["grads"] + [name for name, out in outs.items() if out is not None]
-        self.validate("adam_step", read_only=read_only, **bufs)
+        in_place = {f"{name}_out": name for name in outs}
+        self.validate("adam_step", read_only=read_only, in_place=in_place, **bufs)
         self._same_shape("adam_step", *bufs.items())
         flat = {name: self._flat(bufs[name] if out is None else out) for name, out in outs.items()}
         return self.adam_step_unchecked(

@@ -21,7 +21,7 @@ Buffers must be C-contiguous. Labels are any integer dtype.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -179,7 +179,12 @@ class Backend(DenseOps, LossOps, ReduceOps, OptimOps, abc.ABC):
         return x.reshape(-1) if x.ndim != 1 else x
 
     def validate(
-        self, op: str, any_dtype: bool = False, read_only: Collection[str] = (), **buffers: Any
+        self,
+        op: str,
+        any_dtype: bool = False,
+        read_only: Collection[str] = (),
+        in_place: Mapping[str, str] | None = None,
+        **buffers: Any,
     ) -> None:
         """Check the buffers of one call of op ``op`` (what every checked op does first).
 
@@ -188,6 +193,9 @@ class Backend(DenseOps, LossOps, ReduceOps, OptimOps, abc.ABC):
             any_dtype: accept any dtype (else only ``float_dtypes``); all must share one.
             read_only: the names of the buffers the op only reads (the others
                 must be writable).
+            in_place: for an op whose outputs each update one input (an
+                optimizer), each output's name to the one input it may be;
+                see ``_check_aliasing``.
             **buffers: the buffers by name.
 
         Raises:
@@ -223,14 +231,27 @@ class Backend(DenseOps, LossOps, ReduceOps, OptimOps, abc.ABC):
                 )
             if name not in read_only and not self._is_writeable(x):
                 raise ValueError(f"{op}: {name} is read-only")
-        self._check_aliasing(op, read_only, buffers)
+        self._check_aliasing(op, read_only, buffers, in_place)
 
-    def _check_aliasing(self, op: str, read_only: Collection[str], buffers: dict[str, Any]) -> None:
+    def _check_aliasing(
+        self,
+        op: str,
+        read_only: Collection[str],
+        buffers: dict[str, Any],
+        in_place: Mapping[str, str] | None = None,
+    ) -> None:
         """A buffer the op writes may be the very buffer of an input it only
         reads (same memory, same shape: in place, as ``activation_forward(k, x,
         x)``), and must share no memory with any other buffer of the call:
         the kernels run element by element (in parallel on CUDA), so a shifted
         or partial overlap, or two outputs in one memory, gives wrong numbers.
+
+        With ``in_place`` (output name -> input name), an output may be only
+        the input it is the in-place update of (``params_out`` may be
+        ``params``), and an output not named there may be no input at all:
+        an optimizer's moment or weights written over its gradient would
+        destroy a read-only input and make the result depend on the order of
+        the stores.
 
         Raises:
             ValueError: naming the two buffers.
@@ -246,13 +267,10 @@ class Backend(DenseOps, LossOps, ReduceOps, OptimOps, abc.ABC):
                     continue  # itself, or a pair of outputs checked from the first
                 if not self._overlaps(x, y):
                     continue
-                in_place = other in read_only and tuple(x.shape) == tuple(y.shape)
-                if in_place and self._same_memory(x, y):
+                allowed = other in read_only and (in_place is None or in_place.get(name) == other)
+                if allowed and tuple(x.shape) == tuple(y.shape) and self._same_memory(x, y):
                     continue
-                raise ValueError(
-                    f"{op}: {name} shares memory with {other}; an output may be its"
-                    " input itself (in place) but must not overlap any other buffer"
-                )
+                raise ValueError(_aliasing_message(op, name, other, in_place))
 
     @staticmethod
     def _ndim(op: str, ndim: int, **buffers: Any) -> None:
@@ -269,6 +287,17 @@ class Backend(DenseOps, LossOps, ReduceOps, OptimOps, abc.ABC):
                     f"{op}: {name} has shape {tuple(x.shape)} but {first_name} has"
                     f" shape {tuple(first.shape)}; they must match"
                 )
+
+
+def _aliasing_message(op: str, name: str, other: str, in_place: Mapping[str, str] | None) -> str:
+    """The refusal of ``_check_aliasing``: ``name`` shares memory with ``other``."""
+    if in_place is None:
+        rule = "an output may be its input itself (in place) but must not overlap any other buffer"
+    elif name in in_place:
+        rule = f"{name} may be {in_place[name]} itself (in place) but no other buffer"
+    else:
+        rule = f"{name} is updated in place and must share no memory with any other buffer"
+    return f"{op}: {name} shares memory with {other}; {rule}"
 
 
 _BACKENDS: dict[Device, Backend] = {}

@@ -70,14 +70,16 @@ class Optimizer:
 
     def _check_args(self, op: str, read_only: tuple[str, ...], **buffers: Any) -> None:
         """The caller's buffers, checked once: `(n,)`, this optimizer's dtype,
-        and what the backend's kernels need (`Backend.validate`); the steps
-        then launch the unchecked kernels over them and the optimizer's own state."""
+        and what the backend's kernels need (`Backend.validate`; no output may
+        share memory with any input: `params` updated in place is not `grads`,
+        `params_out` is neither); the steps then launch the unchecked kernels
+        over them and the optimizer's own state."""
         for name, arr in buffers.items():
             if tuple(arr.shape) != (self.n,):
                 raise ValueError(f"{name} must have shape ({self.n},), got {tuple(arr.shape)}")
             if np.dtype(arr.dtype) != self.dtype:
                 raise ValueError(f"{name} must be {self.dtype}, got {arr.dtype}")
-        self.backend.validate(op, read_only=read_only, **buffers)
+        self.backend.validate(op, read_only=read_only, in_place={}, **buffers)
 
     def step(self, params: Any, grads: Any) -> None:
         """Apply one update to `params` in place (one fused kernel pass).
@@ -87,7 +89,8 @@ class Optimizer:
             grads: flat gradient vector `(n,)`, same memory and dtype.
 
         Raises:
-            ValueError: wrong shape or dtype (nothing is changed).
+            ValueError: wrong shape or dtype, or `params` sharing memory with
+                `grads` (nothing is changed).
             TypeError: not buffers of the optimizer's backend.
             NonFiniteError: the update made a weight non-finite. In place it
                 cannot be undone: `params` and the state hold it (the step is
@@ -123,7 +126,8 @@ class Optimizer:
             The new state buffers by name (as `buffers()` would give after `step`).
 
         Raises:
-            ValueError: wrong shape or dtype (nothing is changed).
+            ValueError: wrong shape or dtype, or `params_out` sharing memory
+                with `params` or `grads` (nothing is changed).
             TypeError: not buffers of the optimizer's backend.
             NonFiniteError: a new weight would be non-finite (checked in the
                 kernel's pass); nothing is changed (`params_out` and the spare

@@ -223,6 +223,33 @@ def test_settings_of_the_other_rule_are_refused() -> None:
 
 @pytest.mark.parametrize(
     "kind",
+    [OptimizerKind.sgd(0.05), OptimizerKind.sgd(0.05, momentum=0.9), OptimizerKind.adam(0.01)],
+    ids=["sgd", "sgd-momentum", "adam"],
+)
+def test_weights_sharing_the_gradients_memory_are_refused(kind: OptimizerKind) -> None:
+    """`step(g, g)` wrote the weights over the gradient, and `step_into` an
+    output over an input it must leave as it was: refused, nothing changed."""
+    opt = kind.create(N)
+    opt.step(_start(), _grads(5)[0])  # some state to keep
+    state = {k: None if v is None else v.copy() for k, v in opt.buffers().items()}
+    params, g = _start(), _grads(5)[1]
+    calls = {
+        "params shares memory with grads": lambda: opt.step(g, g),
+        "params_out shares memory with grads": lambda: opt.step_into(params, g, g, {}),
+        "params_out shares memory with params": lambda: opt.step_into(params, g, params, {}),
+    }
+    for needle, call in calls.items():
+        with pytest.raises(ValueError, match=needle):
+            call()
+        np.testing.assert_array_equal(params, _start())
+        np.testing.assert_array_equal(g, _grads(5)[1])
+        assert opt.step_count == 1
+        for name, buf in opt.buffers().items():
+            np.testing.assert_array_equal(buf, state[name], err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "kind",
     [OptimizerKind.sgd(0.05, momentum=0.9), OptimizerKind.adamw(0.01)],
     ids=["sgd", "adamw"],
 )

@@ -6,7 +6,11 @@ so the forward and the input gradient are *row* functions written once:
 the CPU twin loops over the rows, the CUDA kernel gives each thread rows
 (grid-stride). A row's mean and rstd are kept for the backward pass. The
 parameter gradients sum over the rows, so they are *column* functions (a
-thread per column), which needs no atomics. Sums accumulate in float64.
+thread per column), which needs no atomics. Sums accumulate in float64:
+each float32 term is cast with ``float64(...)``, which compiled code does
+anyway (a float32 plus a float64 is a float64) and which keeps the CUDA
+simulator from adding in float32 (NumPy 2 keeps a float32 scalar plus a
+Python float in float32), so that the simulator computes what a GPU does.
 
     xhat = (x - mean) * rstd          dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma
     dgamma = sum_rows(dy * xhat)      dbeta = sum_rows(dy)
@@ -16,6 +20,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+from numba import float64
 
 from atomr.accel.kernels._compile import (
     cpu_loop,
@@ -40,17 +46,17 @@ def _forward_row(x, gamma, beta, y, mean, rstd, eps, r):
     d = x.shape[1]
     s = 0.0
     for j in range(d):
-        s += x[r, j]
+        s += float64(x[r, j])
     m = s / d
     v = 0.0
     for j in range(d):
-        t = x[r, j] - m
+        t = float64(x[r, j]) - m
         v += t * t
     inv = 1.0 / math.sqrt(v / d + eps)
     mean[r] = m
     rstd[r] = inv
     for j in range(d):
-        y[r, j] = (x[r, j] - m) * inv * gamma[j] + beta[j]
+        y[r, j] = (float64(x[r, j]) - m) * inv * gamma[j] + beta[j]
 
 
 def _backward_row(x, gamma, mean, rstd, dy, dx, r):
@@ -60,9 +66,9 @@ def _backward_row(x, gamma, mean, rstd, dy, dx, r):
     sg = 0.0
     sgx = 0.0
     for j in range(d):
-        g = dy[r, j] * gamma[j]
-        sg += g
-        sgx += g * (x[r, j] - m) * inv
+        g = dy[r, j] * gamma[j]  # float32 products, as on a GPU; float64 sums
+        sg += float64(g)
+        sgx += float64(g * (x[r, j] - m) * inv)
     sg /= d
     sgx /= d
     for j in range(d):
@@ -74,8 +80,8 @@ def _params_column(x, mean, rstd, dy, dgamma, dbeta, accumulate, j):
     sg = 0.0
     sb = 0.0
     for r in range(x.shape[0]):
-        sg += dy[r, j] * (x[r, j] - mean[r]) * rstd[r]
-        sb += dy[r, j]
+        sg += float64(dy[r, j] * (x[r, j] - mean[r]) * rstd[r])
+        sb += float64(dy[r, j])
     if accumulate:
         dgamma[j] += sg
         dbeta[j] += sb

@@ -56,19 +56,25 @@ def ce_row(logits: Any, grad: Any, i: int, y: int, w: float, approx: bool) -> fl
     One exp per element: the exponentials go to grad[i, :] (after logits[i, y]
     is read, so grad may be logits), are summed, then scaled by w / sum.
     ``approx``: the vectorisable float32 exp (CPU, float32 buffers).
+
+    The sum of the exponentials and the loss are float64, as compiled code
+    types them (a float32 plus a float64 is a float64); the ``float64(...)``
+    casts say so for the CUDA simulator too, where NumPy 2 would keep a float32
+    scalar plus a Python float in float32 (``[[3e38, -3e38, 0]]`` with label 1
+    gave an infinite loss there, 6e38 on a GPU and on the CPU twin).
     """
     c = logits.shape[1]
     m = logits[i, 0]
     for j in range(1, c):
         v = logits[i, j]
         m = v if v > m else m
-    ly = logits[i, y]
+    ly = float64(logits[i, y])
     for j in range(c):
         grad[i, j] = fexp(logits[i, j] - m, approx)
     s = 0.0
     for j in range(c):
-        s += grad[i, j]
-    loss = w * (m + math.log(s) - ly)
+        s += float64(grad[i, j])
+    loss = w * (float64(m) + math.log(s) - ly)
     r = w / s
     for j in range(c):
         grad[i, j] = grad[i, j] * r
@@ -110,7 +116,7 @@ def _ce_kernel(logits, labels, weights, has_weights, grad, row_loss, row_weight,
             for j in range(c):
                 grad[i, j] = 0.0
         else:
-            w = weights[y] if has_weights else 1.0
+            w = float64(weights[y]) if has_weights else 1.0  # float64, as on a GPU
             row_loss[i] = _ce_row_gpu(logits, grad, i, y, w, False)
             row_weight[i] = w
         i += stride

@@ -47,6 +47,23 @@ def test_softmax_cross_entropy_is_stable_for_large_logits(be):
     assert np.all(np.isfinite(get(be, grad)))
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # -3e38 - 3e38
+@pytest.mark.parametrize("weighted", [False, True])
+def test_softmax_cross_entropy_beyond_the_float32_range_is_finite(be, weighted):
+    """The row loss is float64 on every target: 6e38 for label 1 of
+    [3e38, -3e38, 0], not float32's inf (the CUDA simulator added it in float32)."""
+    logits = np.array([[3e38, -3e38, 0.0], [-3e38, 0.0, 3e38]], np.float32)
+    labels = np.array([1, 0])
+    weights = np.array([0.5, 2.0, 1.0], np.float32) if weighted else None
+    grad = put(be, np.full(logits.shape, np.nan, np.float32))
+    loss, wsum = be.softmax_cross_entropy(put(be, logits), labels, weights, grad)
+    ref_loss, ref_wsum, ref_grad = ref_ce(logits, labels, weights)
+    assert np.isfinite(ref_loss)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    assert wsum == pytest.approx(ref_wsum, rel=1e-6)
+    np.testing.assert_allclose(get(be, grad), ref_grad, **tol(np.float32))
+
+
 def test_softmax_cross_entropy_grad_may_alias_logits(be, rng):
     logits = rand(rng, 3, 4)
     labels = np.array([3, 0, 1], np.int32)

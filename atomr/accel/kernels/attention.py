@@ -13,8 +13,11 @@ zero above the diagonal). One work item is one query row `(b, h, i)`.
 
 On CUDA the forward and the query-side backward are row functions over
 `(b, h, i)`, the key-side backward one over `(b, h, j)` (a thread each; sums
-in float64). The CPU twin is batched BLAS over every (batch, head), as the
-CPU matmul is BLAS: the same formulas, one `np.matmul` per product.
+in float64, each float32 product cast with ``float64(...)`` as compiled code
+does anyway, so that the CUDA simulator, where NumPy 2 keeps a float32 scalar
+plus a Python float in float32, adds as a GPU does). The CPU twin is
+batched BLAS over every (batch, head), as the CPU matmul is BLAS: the same
+formulas, one `np.matmul` per product.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import math
 from typing import Any
 
 import numpy as np
+from numba import float64
 
 from atomr.accel.kernels._compile import (
     cuda,
@@ -53,7 +57,7 @@ def _forward_row(qkv, p, o, heads, scale, idx):
         kj = b * t_len + j
         s = 0.0
         for e in range(dh):
-            s += qkv[qi, h * dh + e] * qkv[kj, d + h * dh + e]
+            s += float64(qkv[qi, h * dh + e] * qkv[kj, d + h * dh + e])
         s *= scale
         p[bh, i, j] = s
         if j == 0 or s > top:
@@ -70,7 +74,7 @@ def _forward_row(qkv, p, o, heads, scale, idx):
     for e in range(dh):
         acc = 0.0
         for j in range(i + 1):
-            acc += p[bh, i, j] * qkv[b * t_len + j, 2 * d + h * dh + e]
+            acc += float64(p[bh, i, j] * qkv[b * t_len + j, 2 * d + h * dh + e])
         o[qi, h * dh + e] = acc
 
 
@@ -87,15 +91,15 @@ def _query_row(qkv, p, dout, ds, dqkv, heads, scale, idx):
     for j in range(i + 1):
         dp = 0.0
         for e in range(dh):
-            dp += dout[qi, h * dh + e] * qkv[b * t_len + j, 2 * d + h * dh + e]
+            dp += float64(dout[qi, h * dh + e] * qkv[b * t_len + j, 2 * d + h * dh + e])
         ds[bh, i, j] = dp
-        dot += p[bh, i, j] * dp
+        dot += float64(p[bh, i, j]) * dp
     for j in range(i + 1):
         ds[bh, i, j] = p[bh, i, j] * (ds[bh, i, j] - dot)
     for e in range(dh):
         acc = 0.0
         for j in range(i + 1):
-            acc += ds[bh, i, j] * qkv[b * t_len + j, d + h * dh + e]
+            acc += float64(ds[bh, i, j] * qkv[b * t_len + j, d + h * dh + e])
         dqkv[qi, h * dh + e] = acc * scale
 
 
@@ -113,8 +117,8 @@ def _key_row(qkv, p, dout, ds, dqkv, heads, scale, idx):
         dv = 0.0
         for i in range(j, t_len):
             qi = b * t_len + i
-            dk += ds[bh, i, j] * qkv[qi, h * dh + e]
-            dv += p[bh, i, j] * dout[qi, h * dh + e]
+            dk += float64(ds[bh, i, j] * qkv[qi, h * dh + e])
+            dv += float64(p[bh, i, j] * dout[qi, h * dh + e])
         dqkv[kj, d + h * dh + e] = dk * scale
         dqkv[kj, 2 * d + h * dh + e] = dv
 

@@ -8,11 +8,18 @@ holds rows `lo:hi` of a batch draws exactly the mask one device draws for
 those rows: every strategy equals one device. The hash is a 32-bit integer
 mix (no state, no random generator to carry), computed again in the
 backward pass, which applies the same mask to the gradient.
+
+A kept element is ``float64(x) * scale`` rounded once to y's dtype: what
+compiled code computes for a float32 x times the float64 scale, said
+explicitly for the CUDA simulator, where NumPy 2 would round the scale to
+float32 first (a result one ulp off in about half the elements).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from numba import float64
 
 from atomr.accel.kernels._compile import (
     cpu_loop,
@@ -45,7 +52,7 @@ def _element_with(mix: Any) -> Any:
         h = mix((h ^ (sample & _MASK32)) & _MASK32)
         h = mix((h ^ (position & _MASK32)) & _MASK32)
         if h * 2.3283064365386963e-10 >= p:  # h / 2**32
-            y[idx] = x[idx] * scale
+            y[idx] = float64(x[idx]) * scale
         else:
             y[idx] = 0.0
 

@@ -4,12 +4,16 @@
 the `(T_max, D)` table; `y[r] = tokens[ids[r]] + positions[r % T]`. The
 backward sums are written per *table row* (a thread per vocabulary entry,
 one per position), so no two threads add into the same row: no atomics.
-Sums accumulate in float64.
+Sums accumulate in float64 (each float32 term cast with ``float64(...)``,
+as compiled code does anyway, so that the CUDA simulator, where NumPy 2 keeps
+a float32 scalar plus a Python float in float32, adds as a GPU does).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from numba import float64
 
 from atomr.accel.kernels._compile import (
     cpu_loop,
@@ -40,7 +44,7 @@ def _token_row(ids, dy, dtokens, accumulate, v):
         acc = 0.0
         for r in range(ids.shape[0]):
             if ids[r] == v:
-                acc += dy[r, j]
+                acc += float64(dy[r, j])
         if accumulate:
             dtokens[v, j] += acc
         else:
@@ -53,7 +57,7 @@ def _position_row(dy, dpositions, t_len, accumulate, t):
         acc = 0.0
         if t < t_len:
             for b in range(rows):
-                acc += dy[b * t_len + t, j]
+                acc += float64(dy[b * t_len + t, j])
         if accumulate:
             dpositions[t, j] += acc
         else:

@@ -90,7 +90,7 @@ class Optimizer:
 
         Raises:
             ValueError: wrong shape or dtype, or `params` sharing memory with
-                `grads` (nothing is changed).
+                `grads` or the optimizer's state (nothing is changed).
             TypeError: not buffers of the optimizer's backend.
             NonFiniteError: the update made a weight non-finite. In place it
                 cannot be undone: `params` and the state hold it (the step is
@@ -126,19 +126,24 @@ class Optimizer:
             The new state buffers by name (as `buffers()` would give after `step`).
 
         Raises:
-            ValueError: wrong shape or dtype, or `params_out` sharing memory
-                with `params` or `grads` (nothing is changed).
+            ValueError: wrong shape or dtype, or `params_out` or a spare buffer
+                it would reuse sharing memory with `params`, `grads`, the current
+                state or one another (nothing is changed).
             TypeError: not buffers of the optimizer's backend.
             NonFiniteError: a new weight would be non-finite (checked in the
                 kernel's pass); nothing is changed (`params_out` and the spare
                 buffers hold garbage).
         """
+        state = self._state()
+        reused = {f"spare[{k!r}]": spare[k] for k in self._buffers if self._fits(spare.get(k))}
         self._check_args(
             f"{type(self).__name__}.step_into",
-            ("params", "grads"),
+            ("params", "grads", *state),
             params=params,
             grads=grads,
             params_out=params_out,
+            **state,
+            **reused,
         )
         return self.step_into_unchecked(params, grads, params_out, spare)
 
@@ -171,11 +176,17 @@ class Optimizer:
             setattr(self, name, buffers.get(name))
         self.step_count = int(step_count)
 
+    def _fits(self, buf: Any) -> bool:
+        """True when a spare buffer is reused (`(n,)` of this dtype), not replaced."""
+        return buf is not None and tuple(buf.shape) == (self.n,) and np.dtype(buf.dtype) == self.dtype
+
     def _spare(self, spare: dict[str, Any], name: str) -> Any:
         buf = spare.get(name)
-        if buf is None or tuple(buf.shape) != (self.n,) or np.dtype(buf.dtype) != self.dtype:
-            buf = self.backend.empty((self.n,), dtype=self.dtype)
-        return buf
+        return buf if self._fits(buf) else self.backend.empty((self.n,), dtype=self.dtype)
+
+    def _state(self) -> dict[str, Any]:
+        """The state buffers created so far, by name (checked with the caller's)."""
+        return {k: b for k, b in self.buffers().items() if b is not None}
 
     def buffers(self) -> dict[str, Any]:
         """The state buffers by name (SGD: `momentum_buffer`; Adam and AdamW:
@@ -275,7 +286,7 @@ class Sgd(Optimizer):
         return self._buffers if step > 0 and kind.momentum != 0.0 else ()
 
     def _step_in_place(self, params: Any, grads: Any) -> bool:
-        self._check_args("Sgd.step", ("grads",), params=params, grads=grads)
+        self._check_args("Sgd.step", ("grads",), params=params, grads=grads, **self._state())
         k = self.kind
         step = self.step_count + 1
         if k.momentum != 0.0 and self.momentum_buffer is None:
@@ -331,7 +342,7 @@ class Adam(Optimizer):
         self.exp_avg_sq: Any = backend.zeros((n,), dtype=dtype)
 
     def _step_in_place(self, params: Any, grads: Any) -> bool:
-        self._check_args("Adam.step", ("grads",), params=params, grads=grads)
+        self._check_args("Adam.step", ("grads",), params=params, grads=grads, **self._state())
         m, v = self.exp_avg, self.exp_avg_sq
         hyper, step = self.kind.hyperparameters_at(self.step_count), self.step_count + 1
         return bool(

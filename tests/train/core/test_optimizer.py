@@ -250,6 +250,40 @@ def test_weights_sharing_the_gradients_memory_are_refused(kind: OptimizerKind) -
 
 @pytest.mark.parametrize(
     "kind",
+    [OptimizerKind.sgd(0.05, momentum=0.9), OptimizerKind.adam(0.01)],
+    ids=["sgd-momentum", "adam"],
+)
+def test_state_buffers_sharing_memory_with_the_step_buffers_are_refused(
+    kind: OptimizerKind,
+) -> None:
+    """A spare buffer that is the gradient, the current state or `params_out`
+    (the new state written over it), or weights that are a state buffer:
+    refused, nothing changed."""
+    opt = kind.create(N)
+    opt.step(_start(), _grads(6)[0])
+    first = next(iter(opt.buffers()))
+    params, g, out = _start(), _grads(6)[1], np.zeros(N, np.float32)
+    state = {k: v.copy() for k, v in opt.buffers().items()}
+    calls = {
+        f"spare\\['{first}'\\] shares memory with grads": {first: g},
+        f"spare\\['{first}'\\] shares memory with {first}": opt.buffers(),
+        f"params_out shares memory with spare\\['{first}'\\]": {first: out},
+    }
+    for needle, spare in calls.items():
+        with pytest.raises(ValueError, match=needle):
+            opt.step_into(params, g, out, spare)
+    with pytest.raises(ValueError, match=f"params shares memory with {first}"):
+        opt.step(opt.buffers()[first], g)
+    np.testing.assert_array_equal(params, _start())
+    np.testing.assert_array_equal(g, _grads(6)[1])
+    np.testing.assert_array_equal(out, np.zeros(N, np.float32))
+    assert opt.step_count == 1
+    for name, buf in opt.buffers().items():
+        np.testing.assert_array_equal(buf, state[name], err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "kind",
     [OptimizerKind.sgd(0.05, momentum=0.9), OptimizerKind.adamw(0.01)],
     ids=["sgd", "adamw"],
 )

@@ -75,6 +75,8 @@ class Optimizer:
         `params_out` is neither); the steps then launch the unchecked kernels
         over them and the optimizer's own state."""
         for name, arr in buffers.items():
+            if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
+                continue  # not an array: validate's TypeError names its type
             if tuple(arr.shape) != (self.n,):
                 raise ValueError(f"{name} must have shape ({self.n},), got {tuple(arr.shape)}")
             if np.dtype(arr.dtype) != self.dtype:
@@ -178,7 +180,9 @@ class Optimizer:
 
     def _fits(self, buf: Any) -> bool:
         """True when a spare buffer is reused (`(n,)` of this dtype), not replaced."""
-        return buf is not None and tuple(buf.shape) == (self.n,) and np.dtype(buf.dtype) == self.dtype
+        return (
+            buf is not None and tuple(buf.shape) == (self.n,) and np.dtype(buf.dtype) == self.dtype
+        )
 
     def _spare(self, spare: dict[str, Any], name: str) -> Any:
         buf = spare.get(name)
@@ -206,10 +210,15 @@ class Optimizer:
         (`(n,)` in the backend's memory, or None: not created yet).
 
         Raises:
-            ValueError: `name` is not one of this optimizer's buffers.
+            ValueError: `name` is not one of this optimizer's buffers, or the
+                buffer is not `(n,)` of the optimizer's dtype, not contiguous or
+                read-only (nothing is changed).
+            TypeError: not a buffer of the optimizer's backend.
         """
         if name not in self._buffers:
             raise ValueError(f"{type(self).__name__} has no buffer {name!r}")
+        if buffer is not None:
+            self._check_args(f"{type(self).__name__}.set_buffer", (), **{name: buffer})
         setattr(self, name, buffer)
 
     def state_dict(self) -> dict[str, Any]:

@@ -282,6 +282,35 @@ def test_state_buffers_sharing_memory_with_the_step_buffers_are_refused(
         np.testing.assert_array_equal(buf, state[name], err_msg=name)
 
 
+def test_a_state_buffer_of_the_wrong_size_is_refused_not_indexed_past_its_end() -> None:
+    """`set_buffer` checks the buffer; one adopted unchecked is checked by the
+    next `step` (the kernel read 8 moments from 4 elements of memory)."""
+    opt = OptimizerKind.adam(0.01).create(8)
+    moments = opt.exp_avg
+    frozen = np.zeros(8, np.float32)
+    frozen.flags.writeable = False
+    bad = {
+        "must have shape": np.zeros(4, np.float32),
+        "must be float32": np.zeros(8, np.float64),
+        "read-only": frozen,
+        "not C-contiguous": np.zeros(16, np.float32)[::2],
+    }
+    for needle, buf in bad.items():
+        with pytest.raises(ValueError, match=needle):
+            opt.set_buffer("exp_avg", buf)
+        assert opt.exp_avg is moments
+    with pytest.raises(TypeError, match="exp_avg must be a NumPy array"):
+        opt.set_buffer("exp_avg", [0.0] * 8)
+    with pytest.raises(TypeError, match="params must be a NumPy array"):
+        opt.step([1.0] * 8, np.ones(8, np.float32))
+    opt.adopt({"exp_avg": np.zeros(4, np.float32), "exp_avg_sq": opt.exp_avg_sq}, 0)
+    params = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="exp_avg must have shape"):
+        opt.step(params, np.ones(8, np.float32))
+    np.testing.assert_array_equal(params, np.ones(8, np.float32))
+    assert opt.step_count == 0
+
+
 @pytest.mark.parametrize(
     "kind",
     [OptimizerKind.sgd(0.05, momentum=0.9), OptimizerKind.adamw(0.01)],

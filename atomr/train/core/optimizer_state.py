@@ -75,10 +75,11 @@ class Optimizer:
         `params_out` is neither); the steps then launch the unchecked kernels
         over them and the optimizer's own state."""
         for name, arr in buffers.items():
-            if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
+            shape = getattr(arr, "shape", None)
+            if shape is None:
                 continue  # not an array: validate's TypeError names its type
-            if tuple(arr.shape) != (self.n,):
-                raise ValueError(f"{name} must have shape ({self.n},), got {tuple(arr.shape)}")
+            if tuple(shape) != (self.n,):
+                raise ValueError(f"{name} must have shape ({self.n},), got {tuple(shape)}")
             if np.dtype(arr.dtype) != self.dtype:
                 raise ValueError(f"{name} must be {self.dtype}, got {arr.dtype}")
         self.backend.validate(op, read_only=read_only, in_place={}, **buffers)

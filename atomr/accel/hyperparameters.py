@@ -25,6 +25,7 @@ __all__ = [
     "AdamHyperparameters",
     "SgdHyperparameters",
     "finite_in",
+    "given_in",
     "given_in_float32",
     "real_in_float32",
 ]
@@ -37,27 +38,45 @@ def real_in_float32(name: str, value: Any) -> float:
         TypeError: not a real number (a bool included).
         ValueError: NaN, or infinite in float32.
     """
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    v = real_as_float(value)
-    if not _finite_in_float32(v):
-        shown = reprlib.repr(value) if isinstance(value, int) else v
-        raise ValueError(f"{name} must be finite in float32, got {shown}")
-    return v
+    return _real_finite_in(name, value, _FLOAT32)
 
 
 def given_in_float32(name: str, value: Any) -> float:
-    """A hyperparameter as a user gives it: `real_in_float32`, and not so
-    small that it rounds to 0 in float32 (`lr=1e-50` would silently train
-    nothing). A schedule may still decay a rate to 0; this is for given values.
+    """A hyperparameter as a user gives it: `given_in` float32 (the
+    narrowest dtype the kernels compute in).
 
     Raises:
         TypeError: not a real number (a bool included).
         ValueError: NaN, infinite in float32, or non-zero but 0 in float32.
     """
-    v = real_in_float32(name, value)
-    if v != 0.0 and np.float32(v) == 0.0:
-        raise ValueError(f"{name}={v} rounds to 0 in float32; give 0 or a value >= 1e-45")
+    return given_in(name, value, _FLOAT32)
+
+
+def given_in(name: str, value: Any, dtype: Any) -> float:
+    """A hyperparameter as a user gives it, for kernels computing in `dtype`
+    (float32 or float64): a real number, finite in `dtype`, and not so small
+    that it rounds to 0 there (`lr=1e-50` would silently train nothing in
+    float32). A schedule may still decay a rate to 0; this is for given values.
+
+    Raises:
+        TypeError: not a real number (a bool included).
+        ValueError: NaN, infinite in `dtype`, or non-zero but 0 in `dtype`.
+    """
+    dt = np.dtype(dtype)
+    v = _real_finite_in(name, value, dt)
+    if v != 0.0 and dt.type(v) == 0.0:
+        least = float(np.finfo(dt).smallest_subnormal)
+        raise ValueError(f"{name}={v} rounds to 0 in {dt}; give 0 or a value >= {least:.0e}")
+    return v
+
+
+def _real_finite_in(name: str, value: Any, dtype: np.dtype[Any]) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    v = real_as_float(value)
+    if not finite_in(v, dtype):
+        shown = reprlib.repr(value) if isinstance(value, int) else v
+        raise ValueError(f"{name} must be finite in {dtype}, got {shown}")
     return v
 
 

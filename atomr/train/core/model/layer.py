@@ -12,7 +12,10 @@ memory), C-contiguous, of the model's dtype (token ids: int64).
 
 To write a layer: subclass `Layer`, give it a `kind` (its name in configs),
 register it (`atomr.train.core.model.register_layer`), and implement the
-abstract methods. `tests/train/core/model/test_layers.py` checks every
+abstract methods. A layer whose hyperparameters depend on the dtype it
+computes in (`LayerNorm`'s `eps`) checks them in `check_dtype`, which the
+model calls once its dtype is known, before it allocates anything.
+`tests/train/core/model/test_layers.py` checks every
 built-in layer against float64 finite differences; do the same for yours
 (`atomr.train.core.model.gradient_check`).
 """
@@ -123,6 +126,17 @@ class Layer(abc.ABC):
         Returns:
             dLoss/dx when `input_grad`, else None.
         """
+
+    def check_dtype(self, dtype: np.dtype[Any]) -> None:
+        """Check that the layer can compute in `dtype` (float32 or float64),
+        the model's; a model calls it when it is built, before it allocates
+        anything. Nothing to check by default.
+
+        Raises:
+            ValueError: a hyperparameter the layer cannot compute with in
+                `dtype` (a subclass's: the default raises nothing).
+        """
+        return None
 
     def cost(self, in_shape: tuple[int, ...]) -> float:
         """Work per sample (multiply-adds), to balance pipeline stages."""

@@ -82,10 +82,10 @@ class Sequential:
     Raises:
         TypeError: `seed` is not an int (a bool is none).
         ValueError: no layers, an `input_shape` that is not a non-empty list
-            of positive ints, a layer that refuses its input shape, an
-            unknown input kind or dtype, token input into a first layer
-            without an int `vocab`, or a negative `seed`; checked before any
-            parameter is drawn.
+            of positive ints, a layer that refuses its input shape or the
+            dtype (`Layer.check_dtype`), an unknown input kind or dtype, token
+            input into a first layer without an int `vocab`, or a negative
+            `seed`; checked before any parameter is drawn.
     """
 
     seed: int | None
@@ -121,6 +121,8 @@ class Sequential:
         self.in_shape = model_input(self.layers[0], input_shape, input_kind)
         self.input_kind = input_kind
         self.dtype = model_dtype(dtype)
+        for layer in self.layers:
+            layer.check_dtype(self.dtype)
         self.device: Any = None
         self.backend: Any = cpu_backend()
         if device is not None:

@@ -148,6 +148,15 @@ class Residual(Layer):
         be.axpy_unchecked(dx.dtype.type(1.0), g.reshape(-1), dx.reshape(-1))
         return dx
 
+    def check_dtype(self, dtype: np.dtype[Any]) -> None:
+        """Each inner layer's `check_dtype`.
+
+        Raises:
+            ValueError: an inner layer cannot compute in `dtype`.
+        """
+        for layer in self.layers:
+            layer.check_dtype(dtype)
+
     def cost(self, in_shape: tuple[int, ...]) -> float:
         """The inner layers' costs."""
         shapes = self._shapes(in_shape)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import sequence_ops as ops
-from atomr.accel.hyperparameters import given_in_float32
+from atomr.accel.hyperparameters import given_in
 from atomr.train.core.model.inputs import positive_int
 from atomr.train.core.model.layer import ForwardContext, Layer
 from atomr.train.core.model.registry import register_layer
@@ -110,10 +110,14 @@ class LayerNorm(Layer):
     """LayerNorm over the last axis (torch's: biased variance, `eps` 1e-5),
     `gamma` initialised to 1 and `beta` to 0.
 
+    `eps` is checked in float64 here, and in the model's dtype when a model
+    is built (`check_dtype`): a float64 model may take `eps=1e-50`, which is
+    0 in float32, and a float32 model refuses it.
+
     Raises:
         ValueError: `d_model` not a positive int, or `eps` not a number
             (a bool is none; NumPy's real scalars are) that is positive and
-            finite, and not 0, in float32.
+            finite, and not 0, in float64.
     """
 
     kind = "layernorm"
@@ -121,11 +125,22 @@ class LayerNorm(Layer):
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         self.d_model = positive_int("d_model", d_model)
         try:
-            self.eps = given_in_float32("eps", eps)
+            self.eps = given_in("eps", eps, np.float64)
         except TypeError as exc:  # a layer config that does not build is a ValueError
             raise ValueError(str(exc)) from None
         if not self.eps > 0:
             raise ValueError(f"eps must be positive, got {eps!r}")
+
+    def check_dtype(self, dtype: np.dtype[Any]) -> None:
+        """Check that `eps` is finite and not 0 in `dtype`.
+
+        Raises:
+            ValueError: `eps` is infinite or rounds to 0 in `dtype`.
+        """
+        try:
+            given_in("eps", self.eps, dtype)
+        except ValueError as exc:
+            raise ValueError(f"LayerNorm cannot compute in {np.dtype(dtype)}: {exc}") from None
 
     def param_shapes(self) -> list[tuple[int, ...]]:
         """`gamma` `(d,)`, then `beta` `(d,)`."""

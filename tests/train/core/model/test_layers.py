@@ -360,20 +360,49 @@ def test_numpy_scalars_build_layers_whose_configs_are_json() -> None:
     ("eps", "needle"),
     [
         (True, "eps must be a real number, got bool"),
-        (1e-50, "eps=1e-50 rounds to 0 in float32"),
-        (1e300, "eps must be finite in float32, got 1e+300"),
+        (10**400, "eps must be finite in float64"),
         (0.0, "eps must be positive, got 0.0"),
         ("1e-5", "eps must be a real number, got str"),
     ],
 )
 def test_layernorm_refuses_an_eps_it_would_not_compute_with(eps: object, needle: str) -> None:
-    """`eps=True` built a LayerNorm of eps 1.0; 1e-50 was taken though it is
-    0 in float32, and 1e300 (inf in float32) zeroed every output."""
+    """`eps=True` built a LayerNorm of eps 1.0; an eps that no dtype holds
+    is refused when the layer is built (the dtype's own range is checked
+    when a model is: `test_layernorm_eps_is_checked_in_the_models_dtype`)."""
     with pytest.raises(ValueError) as info:
         LayerNorm(4, eps=eps)  # type: ignore[arg-type]
     assert needle in str(info.value)
     with pytest.raises(ValueError, match="eps"):
         layer_from_config({"kind": "layernorm", "d_model": 4, "eps": eps})
+
+
+@pytest.mark.parametrize(
+    ("eps", "needle"),
+    [
+        (1e-50, "eps=1e-50 rounds to 0 in float32; give 0 or a value >= 1e-45"),
+        (1e300, "eps must be finite in float32, got 1e+300"),
+    ],
+)
+def test_layernorm_eps_is_checked_in_the_models_dtype(eps: float, needle: str) -> None:
+    """The eps was checked in float32 even in a float64 model (the layer is
+    built before the model's dtype is known): a float64 model takes 1e-50
+    and 1e300, a float32 model refuses them when built, naming the layer and
+    the dtype, also inside a `Residual` and from a config."""
+    layers = [Residual([LayerNorm(4, eps=eps)]), Linear(4, 2)]
+    wide = Sequential(layers, (4,), dtype=np.float64)
+    assert wide.layers[0].layers[0].eps == eps
+    out = wide.forward(np.ones((2, 4)))
+    assert np.isfinite(out).all()
+    for build in (
+        lambda: Sequential(layers, (4,), dtype=np.float32),
+        lambda: Sequential.from_config({**wide.config(), "dtype": "float32"}, wide.get_params()),
+        lambda: Sequential.from_layers(layers, (4,), wide.get_params().astype(np.float32)),
+    ):
+        with pytest.raises(ValueError) as info:
+            build()
+        assert f"LayerNorm cannot compute in float32: {needle}" in str(info.value)
+    again = Sequential.from_config(wide.config(), wide.get_params())
+    np.testing.assert_array_equal(again.get_params(), wide.get_params())
 
 
 @pytest.mark.parametrize("seed", [-1, 2**32, 2**64, True, 1.0])

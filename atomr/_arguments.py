@@ -3,7 +3,9 @@ at least some bound), shared by the runtime's and the trainers' options;
 `bool_flag`: the one check of a yes-or-no argument (a bool, not merely
 truthy); `real_number`: the one check that a numeric argument is a real
 number; `real_as_float`: a real number as a float, for the finiteness
-checks of numeric arguments and of the numbers a checkpoint holds.
+checks of numeric arguments and of the numbers a checkpoint holds;
+`sequence_entries`: the one check that an argument is a list of values
+(a list, a tuple or a 1-D NumPy array alike), whose entries the caller checks.
 
 The rule they share: a wrong type is a TypeError, a wrong value a
 ValueError; NumPy's scalars count as what they are (`np.int64(3)` an int,
@@ -13,12 +15,13 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import SupportsFloat
 
 from atomr._repr import bounded_repr
 
-__all__ = ["bool_flag", "int_at_least", "real_as_float", "real_number"]
+__all__ = ["bool_flag", "int_at_least", "real_as_float", "real_number", "sequence_entries"]
 
 
 def int_at_least(name: str, value: object, low: int = 1) -> int:
@@ -71,3 +74,33 @@ def real_as_float(value: SupportsFloat) -> float:
         return float(value)
     except OverflowError:
         return math.inf if value > 0 else -math.inf  # type: ignore[operator]
+
+
+def sequence_entries(name: str, value: object, what: str) -> list[object]:
+    """The entries of `value`: a list, a tuple or another sequence (a string
+    is none), or a 1-D NumPy array, whose entries come as NumPy scalars (so
+    the caller's per-entry check takes `np.int64(2)` as an int and refuses
+    `np.float64(2.0)` and `np.bool_(True)` as it refuses 2.0 and True).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the argument.
+        what: what its entries are, for the message (e.g. "ints").
+
+    Raises:
+        TypeError: not such a sequence: a string or bytes, a mapping, a set,
+            a scalar, or an array that is not 1-D.
+    """
+    numpy = sys.modules.get("numpy")  # not imported: `value` is no array
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        if value.ndim != 1:
+            raise TypeError(
+                f"{name} must be a list, tuple or 1-D array of {what}, "
+                f"got an array of shape {value.shape}"
+            )
+        return list(value)
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"{name} must be a list, tuple or 1-D array of {what}, got {bounded_repr(value)}"
+        )
+    return list(value)

@@ -72,7 +72,8 @@ class DataParallelOptions:
         balance: with SYNC, split batches by measured replica speed
             (`SpeedBalancer`); off: as evenly as possible.
         speed_hint: initial relative speed of each replica (SYNC with
-            `balance`, CADENCE or ASYNC), one per replica.
+            `balance`, CADENCE or ASYNC), one per replica: a list, tuple or
+            1-D array of positive numbers, stored as a tuple of floats.
         recalibrate_every: with SYNC and `balance`, steps between
             re-computations of the split.
         min_share: with SYNC and `balance`, smallest fraction of a batch

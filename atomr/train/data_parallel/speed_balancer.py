@@ -20,7 +20,7 @@ from numbers import Real
 
 import numpy as np
 
-from atomr._arguments import bool_flag, int_at_least
+from atomr._arguments import bool_flag, int_at_least, sequence_entries
 from atomr.train.core.partition import split_sizes
 
 __all__ = [
@@ -151,18 +151,20 @@ def _apportion(batch: int, shares: np.ndarray, minimum: int) -> list[int]:
 
 
 def check_balance_settings(
-    speed_hint: Sequence[float] | None, recalibrate_every: int, min_share: float
+    speed_hint: Sequence[float] | np.ndarray | None, recalibrate_every: int, min_share: float
 ) -> None:
     """Check the balancing settings that do not depend on the replica count.
 
     Args:
-        speed_hint: None, or positive finite relative speeds.
+        speed_hint: None, or positive finite relative speeds (a list, tuple
+            or 1-D array of real numbers).
         recalibrate_every: an int >= 1.
         min_share: a fraction in `[0, 1]`.
 
     Raises:
         TypeError: `recalibrate_every` is not an int, `min_share` not a
-            number, or `speed_hint` not a sequence of numbers.
+            number, or `speed_hint` not a list, tuple or 1-D array of
+            real numbers (a bool is none).
         ValueError: a value is out of range.
     """
     if isinstance(recalibrate_every, bool) or not isinstance(recalibrate_every, int):
@@ -175,11 +177,10 @@ def check_balance_settings(
         raise ValueError(f"min_share must be in [0, 1], got {min_share}")
     if speed_hint is None:
         return
-    if not isinstance(speed_hint, Sequence) or not all(
-        isinstance(s, Real) and not isinstance(s, bool) for s in speed_hint
-    ):
+    entries = sequence_entries("speed_hint", speed_hint, "numbers, or None")
+    if not all(isinstance(s, Real) and not isinstance(s, bool) for s in entries):
         raise TypeError(f"speed_hint must be a sequence of numbers or None, got {speed_hint!r}")
-    speeds = np.asarray(speed_hint, dtype=np.float64)
+    speeds = np.asarray(entries, dtype=np.float64)
     if not np.all(np.isfinite(speeds)) or not np.all(speeds > 0):
         raise ValueError(f"speed_hint must be positive finite numbers, got {speed_hint!r}")
 
@@ -209,7 +210,7 @@ class SpeedBalancer:
         n: int,
         *,
         enabled: bool = False,
-        speed_hint: Sequence[float] | None = None,
+        speed_hint: Sequence[float] | np.ndarray | None = None,
         recalibrate_every: int = 10,
         min_share: float = 0.05,
         smoothing: float = 0.3,

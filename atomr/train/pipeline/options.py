@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from atomr._arguments import int_at_least
+from atomr._arguments import int_at_least, sequence_entries
 from atomr.train.pipeline.schedule import Schedule, split_micro_batches
 from atomr.train.pipeline.stage import StageActor
 
@@ -27,7 +27,8 @@ class PipelineOptions:
         schedule: `Schedule.ONE_F_ONE_B` (the default) or `Schedule.GPIPE`;
             their names ("1f1b", "gpipe") are accepted too, and stored as the
             `Schedule`.
-        split: layers per stage for `spawn` (e.g. `(2, 1)`), or None for the
+        split: layers per stage for `spawn` (e.g. `(2, 1)`, a list or a 1-D
+            integer array alike, stored as a tuple of ints), or None for the
             split that balances the stages' parameter counts.
         stage_class: the stage actor `spawn` starts on each device:
             `StageActor` or a subclass of it.
@@ -79,14 +80,15 @@ class PipelineOptions:
 
 
 def _checked_split(split: object) -> tuple[int, ...]:
-    """`split` as a tuple of ints >= 1 (NumPy's integers as ints).
+    """`split` (a list, tuple or 1-D integer array) as a tuple of ints >= 1
+    (NumPy's integers as ints).
 
     Raises:
-        TypeError: not a sequence of ints.
+        TypeError: not a list, tuple or 1-D array (`sequence_entries`), or
+            an entry that is not an int (a float or a bool included).
         ValueError: no entry, or an entry below 1.
     """
-    if isinstance(split, str) or not isinstance(split, Sequence):
-        raise TypeError(f"split must be a sequence of ints or None, got {split!r}")
+    split = sequence_entries("split", split, "ints, or None")
     if not split:
         raise ValueError("split must give at least one stage its layers, got an empty split")
     return tuple(int_at_least("every split entry (layers of a stage)", c, 1) for c in split)

@@ -169,8 +169,8 @@ def test_bad_construction() -> None:
         ([4, True, 3], "sizes[1] must be a positive int, got True"),
         ([4, -2, 3], "sizes[1] must be a positive int, got -2"),
         ([4, 3, None], "sizes[2] must be a positive int, got None"),
-        ("43", "sizes must be a list of positive ints, got '43'"),
-        (5, "sizes must be a list of positive ints, got 5"),
+        ("43", "sizes must be a list, tuple or 1-D array of positive ints, got '43'"),
+        (5, "sizes must be a list, tuple or 1-D array of positive ints, got 5"),
         ([], "sizes must have >= 2 entries, got []"),
     ],
 )

@@ -30,6 +30,9 @@ MISTAKES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "balance": ({"balance": "yes"}, TypeError, "balance"),
     "speed_hint value": ({"speed_hint": (1.0, -1.0)}, ValueError, "speed_hint"),
     "speed_hint type": ({"speed_hint": "fast"}, TypeError, "speed_hint"),
+    "speed_hint 2-D": ({"speed_hint": np.ones((2, 2))}, TypeError, "speed_hint"),
+    "speed_hint bools": ({"speed_hint": np.array([True, True])}, TypeError, "speed_hint"),
+    "speed_hint array value": ({"speed_hint": np.array([1.0, -1.0])}, ValueError, "speed_hint"),
     "recalibrate_every value": ({"recalibrate_every": 0}, ValueError, "recalibrate_every"),
     "recalibrate_every type": ({"recalibrate_every": 1.5}, TypeError, "recalibrate_every"),
     "min_share value": ({"min_share": 2.0}, ValueError, "min_share"),
@@ -204,3 +207,13 @@ def test_numbers_are_checked_by_the_one_rule_numpy_scalars_included() -> None:
     for wrong in (True, "x"):
         with pytest.raises(TypeError, match="collective_timeout"):
             DistributedTrainConfig(collective_timeout=wrong)
+
+
+def test_a_speed_hint_may_be_a_1d_array() -> None:
+    """`speed_hint=np.array([1, 3])` was refused (an array is no
+    `Sequence`); a 1-D array of real numbers is stored as a tuple of floats,
+    as a list is."""
+    for hint in (np.array([1, 3]), np.array([1.0, 3.0], dtype=np.float32), [1, 3]):
+        options = DataParallelOptions(balance=True, speed_hint=hint)  # type: ignore[arg-type]
+        assert options.speed_hint == (1.0, 3.0)
+        assert all(type(s) is float for s in options.speed_hint)

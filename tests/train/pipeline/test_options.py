@@ -56,7 +56,21 @@ def test_numpy_integers_are_ints() -> None:
         (ValueError, "empty split", {"split": []}),
         (TypeError, "split entry .* must be an int", {"split": [2, "1"]}),
         (TypeError, "split entry .* must be an int", {"split": [2, True]}),
-        (TypeError, "split must be a sequence", {"split": 3}),
+        (TypeError, "split must be a list, tuple or 1-D array of ints", {"split": 3}),
+        (TypeError, "split must be a list, tuple or 1-D array of ints", {"split": "21"}),
+        (
+            TypeError,
+            r"1-D array of ints, or None, got an array of shape \(1, 2\)",
+            {"split": np.array([[2, 1]])},
+        ),
+        (TypeError, "split entry .* must be an int", {"split": np.array([2.0, 1.0])}),
+        (TypeError, "split entry .* must be an int", {"split": np.array([True, True])}),
+        (ValueError, "empty split", {"split": np.array([], dtype=np.int64)}),
+        (
+            ValueError,
+            r"split entry \(layers of a stage\) must be >= 1",
+            {"split": np.array([2, 0])},
+        ),
         (TypeError, "stage_class must be a StageActor subclass", {"stage_class": Trainer}),
     ],
 )
@@ -65,3 +79,12 @@ def test_bad_options_are_refused_when_built(
 ) -> None:
     with pytest.raises(error, match=match):
         PipelineOptions(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_split_may_be_a_1d_integer_array() -> None:
+    """`split=np.array([2, 1])` was refused (an array is no `Sequence`)
+    though a list of NumPy integers was taken; it is stored as a tuple of
+    ints, whatever the array's integer dtype."""
+    for split in (np.array([2, 1]), np.array([2, 1], dtype=np.uint8), (2, 1), [2, 1]):
+        options = PipelineOptions(split=split)  # type: ignore[arg-type]
+        assert options.split == (2, 1) and all(type(c) is int for c in options.split)

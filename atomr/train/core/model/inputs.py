@@ -5,11 +5,12 @@ weights) is built."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
 
+from atomr._arguments import sequence_entries
 from atomr.actor.errors import bounded_repr
 
 __all__ = [
@@ -79,17 +80,18 @@ def positive_int(name: str, value: object) -> int:
 
 
 def positive_ints(name: str, values: object) -> tuple[int, ...]:
-    """`values`, a list, tuple or 1-D array of positive ints, as a tuple.
+    """`values`, a list, tuple or 1-D array of positive ints
+    (`_arguments.sequence_entries`), as a tuple.
 
     Raises:
         ValueError: not such a sequence (a string is not), or an entry that
             is not a positive int (named by its index: `name[i]`).
     """
-    if isinstance(values, np.ndarray):
-        values = values.tolist()
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-        raise ValueError(f"{name} must be a list of positive ints, got {bounded_repr(values)}")
-    return tuple(positive_int(f"{name}[{i}]", v) for i, v in enumerate(values))
+    try:
+        entries = sequence_entries(name, values, "positive ints")
+    except TypeError as exc:  # a model config that does not build is a ValueError
+        raise ValueError(str(exc)) from None
+    return tuple(positive_int(f"{name}[{i}]", v) for i, v in enumerate(entries))
 
 
 def model_input(first_layer: Any, input_shape: object, input_kind: object) -> tuple[int, ...]:

@@ -371,7 +371,7 @@ def test_a_models_seed_must_be_an_int_at_least_0(make: Any, seed: object, error:
         ((-3,), "input_shape[0] must be a positive int, got -3"),
         ((0,), "input_shape[0] must be a positive int, got 0"),
         ((2, True), "input_shape[1] must be a positive int, got True"),
-        (4, "input_shape must be a list of positive ints, got 4"),
+        (4, "input_shape must be a list, tuple or 1-D array of positive ints, got 4"),
         ((), "input_shape must have at least one axis"),
     ],
 )
@@ -399,14 +399,17 @@ def _nested_residuals(depth: int) -> dict[str, Any]:
     ("config", "needle"),
     [
         ({}, "needs 'sizes' (an Mlp's) or 'layers' (a Sequential's)"),
-        ({"sizes": 5}, "sizes must be a list of positive ints, got 5"),
+        ({"sizes": 5}, "sizes must be a list, tuple or 1-D array of positive ints, got 5"),
         ({"sizes": [2, None]}, "sizes[1] must be a positive int, got None"),
         ({"sizes": []}, "sizes must have >= 2 entries"),
         ({"sizes": [2, 2], "activate_last": "false"}, "activate_last must be True or False"),
         ({"sizes": [2, 2], "activation": 5}, "unknown activation 5"),
         ({"layers": []}, "non-empty list of Layers"),
         ({"layers": 5, "input_shape": [2]}, "needs a 'layers' list"),
-        ({"layers": [LINEAR]}, "input_shape must be a list of positive ints, got None"),
+        (
+            {"layers": [LINEAR]},
+            "input_shape must be a list, tuple or 1-D array of positive ints, got None",
+        ),
         ({"layers": [LINEAR], "input_shape": 5}, "input_shape must be a list"),
         ({"layers": [LINEAR], "input_shape": [[2]]}, "input_shape[0] must be a positive int"),
         ({"layers": [LINEAR], "input_shape": [2.9]}, "input_shape[0] must be a positive int"),

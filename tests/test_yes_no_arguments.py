@@ -81,6 +81,7 @@ def test_runs_flags_are_none_or_a_bool(name: str) -> None:
 
 def test_a_fault_plans_after_is_a_bool() -> None:
     plan = Plan()
+    plan.declare("step")
     with pytest.raises(TypeError, match="after must be True or False, got 'no'"):
         plan.arm("step", after="no")  # type: ignore[arg-type]
     plan.arm("step", after=np.bool_(True))

@@ -24,45 +24,28 @@ the worker class would: a trainer's `replica_class` / `shard_class` /
         system, model, devices, config, TensorParallelOptions(shard_class=Shard)
     )
     plan.arm("loss", ContextPoisoned)      # shard 1's next loss fails
+
+A plan knows the phases that code checks: `inject_faults` declares its
+phases in the plan, and a hand-written hook declares its own
+(`Plan.declare`); arming, firing or disarming any other name is refused, so
+a misspelt phase is an error, not a fault that silently never fires.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from atomr._arguments import bool_flag, int_at_least
 from atomr.actor.timers import check_delay
+from atomr.testkit._fault_hooks import Armed, ErrorSpec, hooked, hooked_receive
 
 __all__ = ["Plan", "inject_faults"]
 
 W = TypeVar("W", bound=type)
-
-ErrorSpec = type[BaseException] | BaseException | None
-
-
-@dataclass
-class _Armed:
-    """One armed phase: what it does when it fires, and how often still."""
-
-    error: ErrorSpec
-    times: int
-    delay: float
-    after: bool
-    skip: int
-
-    def raise_error(self, phase: str) -> None:
-        """Raise the armed error (nothing when only a delay was armed)."""
-        if self.error is None:
-            return
-        if isinstance(self.error, BaseException):
-            raise self.error
-        raise self.error(f"injected failure: {phase}")
 
 
 class Plan:
@@ -75,9 +58,42 @@ class Plan:
     """
 
     def __init__(self) -> None:
-        self._armed: dict[str, _Armed] = {}
+        self._armed: dict[str, Armed] = {}
+        self._declared: set[str] = set()
         self._lock = threading.Lock()
         self.fired: list[str] = []
+
+    def declare(self, *phases: str) -> None:
+        """Name phases that code checks: a hand-written hook declares what it
+        passes to `fire` / `due` / `armed` (`inject_faults` declares its
+        phases itself). Declaring a phase again changes nothing.
+
+        Raises:
+            TypeError: a phase name that is not a str (nothing is declared).
+        """
+        for phase in phases:
+            if not isinstance(phase, str):
+                raise TypeError(f"phase must be a str, got {type(phase).__name__}")
+        with self._lock:
+            self._declared.update(phases)
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """The declared phases, sorted."""
+        with self._lock:
+            return tuple(sorted(self._declared))
+
+    def _check_declared(self, phase: object) -> None:
+        """Raises TypeError (not a str) or ValueError (not declared); call
+        it holding `_lock`."""
+        if not isinstance(phase, str):
+            raise TypeError(f"phase must be a str, got {type(phase).__name__}")
+        if phase not in self._declared:
+            known = ", ".join(repr(p) for p in sorted(self._declared)) or "none"
+            raise ValueError(
+                f"no code checks phase {phase!r} of this plan (the declared phases: {known}): "
+                "give it to inject_faults, or declare a hand-written hook's with Plan.declare"
+            )
 
     def arm(
         self,
@@ -93,8 +109,8 @@ class Plan:
         `skip` passes through (replacing whatever `phase` was armed with).
 
         Args:
-            phase: the phase's name (as given to `inject_faults`, or to
-                `fire` / `due` in a hand-written hook).
+            phase: the phase's name, declared (as given to `inject_faults`,
+                or to `declare` for a hand-written hook).
             error: the exception to raise: a class (built with the message
                 "injected failure: <phase>") or an instance; None for a
                 delay only.
@@ -113,11 +129,13 @@ class Plan:
             TypeError: `phase` is not a str, `error` is not an exception
                 class or instance, `times` or `skip` not an int, `after`
                 not a bool, `delay` not a number of seconds (a bool is not).
-            ValueError: `times < 1`, `skip < 0`, a negative, NaN or infinite
-                `delay`, or neither an error nor a delay.
+            ValueError: a `phase` no code declared (the message names the
+                declared ones), `times < 1`, `skip < 0`, a negative, NaN or
+                infinite `delay`, or neither an error nor a delay; nothing
+                is armed.
         """
-        if not isinstance(phase, str):
-            raise TypeError(f"phase must be a str, got {type(phase).__name__}")
+        with self._lock:
+            self._check_declared(phase)
         _check_error(error)
         int_at_least("times", times, 1)
         int_at_least("skip", skip, 0)
@@ -126,22 +144,31 @@ class Plan:
         if error is None and delay == 0.0:
             raise ValueError(f"arming {phase!r} with neither an error nor a delay injects nothing")
         with self._lock:
-            self._armed[phase] = _Armed(error, times, delay, bool(after), skip)
+            self._armed[phase] = Armed(error, times, delay, bool(after), skip)
 
     def disarm(self, phase: str) -> int:
         """Stop failing `phase` (a worker that recovers).
 
         Returns:
             How many more passes would have failed (0: it was not armed).
+
+        Raises:
+            TypeError, ValueError: `phase` is not a declared phase (`arm`).
         """
         with self._lock:
+            self._check_declared(phase)
             armed = self._armed.pop(phase, None)
             return 0 if armed is None else armed.times
 
-    def _take(self, phase: str) -> _Armed | None:
+    def _take(self, phase: str) -> Armed | None:
         """Use up one pass through `phase`: its fault (recorded in `fired`),
-        or None when `phase` is not armed or this pass is let through (`skip`)."""
+        or None when `phase` is not armed or this pass is let through (`skip`).
+
+        Raises:
+            TypeError, ValueError: `phase` is not a declared phase (`arm`).
+        """
         with self._lock:
+            self._check_declared(phase)
             armed = self._armed.get(phase)
             if armed is None:
                 return None
@@ -160,6 +187,7 @@ class Plan:
 
         Raises:
             BaseException: the armed error.
+            TypeError, ValueError: `phase` is not a declared phase (`arm`).
         """
         armed = self._take(phase)
         if armed is not None:
@@ -169,14 +197,23 @@ class Plan:
 
     def due(self, phase: str) -> bool:
         """In a hand-written hook that does something else than raise (e.g.
-        corrupts state first): True, using up one arming, if `phase` is armed."""
+        corrupts state first): True, using up one arming, if `phase` is armed.
+
+        Raises:
+            TypeError, ValueError: `phase` is not a declared phase (`arm`).
+        """
         return self._take(phase) is not None
 
     def armed(self, phase: str) -> int:
         """How many more passes through `phase` will fail (after those still
         to be let through: a hook written by hand that checks this before
-        `fire` must not be armed with `skip`)."""
+        `fire` must not be armed with `skip`).
+
+        Raises:
+            TypeError, ValueError: `phase` is not a declared phase (`arm`).
+        """
         with self._lock:
+            self._check_declared(phase)
             armed = self._armed.get(phase)
             return 0 if armed is None else armed.times
 
@@ -203,7 +240,8 @@ def inject_faults(
             `ServerShard`, a user's own; or any class whose public methods
             are its steps, e.g. a `Collective`).
         plan: the plan the phases consult (armed by the test).
-        phases: phase name -> where it fires:
+        phases: phase name -> where it fires (the names are declared in
+            `plan`, so it may arm them):
             - a message class: when the worker's `receive` gets such a
               message, before handling it (the actor fails: its supervisor
               decides what follows);
@@ -240,8 +278,9 @@ def inject_faults(
         )
     receive = getattr(worker_class, "receive", None)
     on_message, on_method = _places(worker_class, phases, callable(receive))
+    plan.declare(*phases)
 
-    def take(instance: Any, names: list[str]) -> tuple[str, _Armed] | None:
+    def take(instance: Any, names: list[str]) -> tuple[str, Armed] | None:
         if worker is not None and getattr(instance, "worker_index", None) != worker:
             return None
         for name in names:
@@ -252,9 +291,9 @@ def inject_faults(
 
     namespace: dict[str, Any] = {"__module__": worker_class.__module__}
     for method, names in on_method.items():
-        namespace[method] = _hooked(getattr(worker_class, method), names, take)
+        namespace[method] = hooked(getattr(worker_class, method), names, take)
     if on_message and receive is not None:
-        namespace["receive"] = _hooked_receive(receive, on_message, take)
+        namespace["receive"] = hooked_receive(receive, on_message, take)
     name = f"Faulty{worker_class.__name__}"
     namespace["__qualname__"] = name
     return type(name, (worker_class,), namespace)  # type: ignore[return-value]
@@ -298,73 +337,3 @@ def _check_hook(worker_class: type, name: str) -> None:
         )
     if not inspect.isfunction(inspect.getattr_static(worker_class, name, None)):
         raise ValueError(f"{worker_class.__name__} has no public method {name!r}")
-
-
-Taker = Callable[[Any, list[str]], "tuple[str, _Armed] | None"]
-
-
-def _hooked(original: Callable[..., Any], names: list[str], take: Taker) -> Callable[..., Any]:
-    """`original`, consulting the plan first (async if `original` is).
-
-    A fault stalls for its delay, then raises before the work, or with
-    `after` once the work is done (a delay-only fault raises nothing)."""
-    if inspect.iscoroutinefunction(original):
-
-        async def hooked_async(self: Any, *args: Any, **kwargs: Any) -> Any:
-            fault = take(self, names)
-            if fault is None:
-                return await original(self, *args, **kwargs)
-            phase, armed = fault
-            if armed.delay:
-                await asyncio.sleep(armed.delay)  # the injected slowness
-            if not armed.after:
-                armed.raise_error(phase)
-            result = await original(self, *args, **kwargs)
-            armed.raise_error(phase)
-            return result
-
-        return _named_like(hooked_async, original)
-
-    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        fault = take(self, names)
-        if fault is None:
-            return original(self, *args, **kwargs)
-        phase, armed = fault
-        if armed.delay:
-            time.sleep(armed.delay)  # the injected slowness, on the hook's own thread
-        if not armed.after:
-            armed.raise_error(phase)
-        result = original(self, *args, **kwargs)
-        armed.raise_error(phase)
-        return result
-
-    return _named_like(hooked, original)
-
-
-def _hooked_receive(
-    original: Callable[..., Any], on_message: list[tuple[str, type]], take: Taker
-) -> Callable[..., Any]:
-    """`receive`, consulting the plan for the message phases first (as `_hooked`)."""
-
-    async def receive(self: Any, message: Any) -> Any:
-        names = [phase for phase, kind in on_message if isinstance(message, kind)]
-        fault = take(self, names) if names else None
-        if fault is not None:
-            if fault[1].delay:
-                await asyncio.sleep(fault[1].delay)  # the injected slowness
-            if not fault[1].after:
-                fault[1].raise_error(fault[0])
-        result = original(self, message)
-        if inspect.isawaitable(result):
-            result = await result
-        if fault is not None:
-            fault[1].raise_error(fault[0])
-        return result
-
-    return _named_like(receive, original)
-
-
-def _named_like(hook: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
-    hook.__name__ = hook.__qualname__ = original.__name__
-    hook.__doc__ = original.__doc__
-    return hook

@@ -97,6 +97,7 @@ def dying_optimizer(
 
     `worker`: only the worker with that `worker_index` (None: every one).
     """
+    plan.declare(phase)
 
     def apply_gradients(self: Any, *args: Any) -> Any:
         mine = worker is None or self.worker_index == worker

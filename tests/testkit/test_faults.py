@@ -73,8 +73,15 @@ class Worker(Actor):
         return message
 
 
-def test_a_plan_fails_a_phase_as_often_as_armed() -> None:
+def _plan(*phases: str) -> Plan:
+    """A plan whose phases `phases` a hand-written hook checks."""
     plan = Plan()
+    plan.declare(*phases)
+    return plan
+
+
+def test_a_plan_fails_a_phase_as_often_as_armed() -> None:
+    plan = _plan("p", "q")
     plan.fire("p")  # not armed: nothing
     plan.arm("p", KeyError, times=2)
     assert plan.armed("p") == 2 and not plan.due("q")
@@ -91,7 +98,7 @@ def test_a_plan_fails_a_phase_as_often_as_armed() -> None:
 
 
 def test_a_disarmed_phase_fails_no_more() -> None:
-    plan = Plan()
+    plan = _plan("p")
     assert plan.disarm("p") == 0
     plan.arm("p", KeyError, times=5)
     assert plan.disarm("p") == 5
@@ -100,7 +107,7 @@ def test_a_disarmed_phase_fails_no_more() -> None:
 
 
 def test_a_plan_lets_the_skipped_passes_through_first() -> None:
-    plan = Plan()
+    plan = _plan("p")
     plan.arm("p", KeyError, skip=2)
     plan.fire("p")
     assert not plan.due("p")  # the two passes let through
@@ -144,8 +151,46 @@ def test_skip_counts_only_the_named_workers_passes() -> None:
 def test_arm_refuses_bad_arguments(
     args: tuple[Any, ...], kwargs: dict[str, Any], error: type
 ) -> None:
+    plan = _plan("p")
     with pytest.raises(error):
-        Plan().arm(*args, **kwargs)
+        plan.arm(*args, **kwargs)
+    assert plan.armed("p") == 0  # nothing armed
+
+
+@pytest.mark.parametrize("use", ["arm", "disarm", "fire", "due", "armed"])
+def test_a_phase_no_code_declared_is_refused(use: str) -> None:
+    """A plan armed under a misspelt phase ("lss" for "loss") never fired,
+    silently: every use of a name that neither `inject_faults` nor
+    `declare` gave the plan is a ValueError naming the declared phases, and
+    leaves the plan as it was."""
+    plan, log = Plan(), []
+    faulty = inject_faults(Worker, plan, {"loss": "step", "crash": tuple}, worker=0)
+    plan.declare("mid_backward")
+    assert plan.phases == ("crash", "loss", "mid_backward")
+    plan.arm("loss", KeyError)
+    with pytest.raises(ValueError) as info:
+        getattr(plan, use)("lss")
+    assert str(info.value).startswith(
+        "no code checks phase 'lss' of this plan "
+        "(the declared phases: 'crash', 'loss', 'mid_backward')"
+    )
+    with pytest.raises(TypeError, match="phase must be a str, got int"):
+        getattr(plan, use)(1)
+    assert plan.armed("loss") == 1 and plan.fired == []
+    with pytest.raises(KeyError):
+        faulty(0, log).step("a")  # the declared phase still fires
+    assert plan.fired == ["loss"]
+
+
+def test_a_fresh_plan_names_no_phases_and_declare_checks_its_names() -> None:
+    plan = Plan()
+    with pytest.raises(ValueError, match=r"\(the declared phases: none\)"):
+        plan.arm("p")
+    with pytest.raises(TypeError, match="phase must be a str, got int"):
+        plan.declare("p", 3)  # type: ignore[arg-type]
+    assert plan.phases == ()  # nothing declared
+    plan.declare("p", "p")
+    assert plan.phases == ("p",)
 
 
 def test_a_hook_fails_only_in_the_named_worker_before_or_after_its_work() -> None:
@@ -194,7 +239,7 @@ async def test_a_message_phase_fails_the_actor_in_receive(actor_system: ActorSys
 
 
 def test_a_plan_is_shared_safely_between_threads() -> None:
-    plan = Plan()
+    plan = _plan("p")
     plan.arm("p", RuntimeError, times=100)
     failures: list[int] = []
 

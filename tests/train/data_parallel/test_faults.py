@@ -121,6 +121,7 @@ def faulty_replica(plan: Plan) -> type[KnownReplica]:
                 plan.fire("mid_backward")  # ... then the device dies
             return result
 
+    plan.declare("mid_backward")
     return dying_optimizer(inject_faults(MidBackward, plan, PLACES), plan)
 
 

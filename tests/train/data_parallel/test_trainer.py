@@ -553,6 +553,7 @@ class CorruptingReplica(ReplicaActor):
 def flaky_replica(plan: Plan) -> type[CorruptingReplica]:
     """`CorruptingReplica` whose device also fails, when `plan` says, in the
     gradient computation ("compute") or in the ring's add of a chunk ("ring")."""
+    plan.declare("apply")  # `CorruptingReplica.apply_gradients` checks it
     return inject_faults(
         CorruptingReplica, plan, {"compute": "compute_gradients", "ring": "add_chunk"}
     )
@@ -755,8 +756,8 @@ async def test_a_replica_failing_to_start_on_one_process_fails_every_processs_sp
     broadcast (rank 0 with an error naming rank 1, not the group's timeout),
     and neither leaves a trainer or replica running."""
     plan = Plan()
-    plan.arm("start", RuntimeError)
     faulty = inject_faults(ReplicaActor, plan, {"start": "pre_start"}, worker=1)
+    plan.arm("start", RuntimeError)
     group = FakeProcessGroup(2)
     ranks = [group.rank(0), group.rank(1)]
     spawned = await asyncio.gather(

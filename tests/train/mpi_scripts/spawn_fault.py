@@ -85,11 +85,11 @@ async def spawn_case(system: ActorSystem, dist: DistributedTrainConfig, case: st
     replica = None
     if failing and fault in FAULTS:
         plan = Plan()
-        plan.arm(fault, RuntimeError if fault == "start" else MemoryError)
         data = strategy == "data"
         base = ReplicaActor if data else ShardedReplica
         where = FAULTS[fault][0 if data else 1]
         replica = inject_faults(base, plan, {fault: where}, worker=1)
+        plan.arm(fault, RuntimeError if fault == "start" else MemoryError)
     trainer, options = trainer_and_options(strategy, dist, replica)
     model = Mlp(SIZES, seed=1 + dist.rank)
     report: dict[str, Any] = {"type": None, "message": "", "notes": []}

@@ -227,6 +227,7 @@ async def test_epochs_stop_every_worker_on_a_non_finite_batch(actor_system, cons
     with NonFiniteError once every worker has stopped (none goes on pushing
     after it, none is left waiting for worker 1), so the trainer keeps working."""
     plan = Plan()
+    faulty = _faulty_worker(plan, 1)  # declares "gradient"
     plan.arm("gradient", NonFiniteError("loss is not finite (inf)"), skip=1)
     x_tr, y_tr, _, _ = load_digits_split(seed=0)
     ps = await spawn(
@@ -236,7 +237,7 @@ async def test_epochs_stop_every_worker_on_a_non_finite_batch(actor_system, cons
         config(OptimizerKind.sgd(0.05)),
         workers=4,
         consistency=consistency,
-        worker_class=_faulty_worker(plan, 1),
+        worker_class=faulty,
     )
     with pytest.raises(NonFiniteError):
         await ps.ask(TrainEpochs(x_tr[:640], y_tr[:640], 1, 32), timeout=4 * _HANG)
@@ -330,6 +331,7 @@ takes well under 1 ms."""
 
 async def _clock_gap_run(actor_system, consistency: Consistency):
     plan = Plan()
+    faulty = _faulty_worker(plan, 0)  # declares "gradient"
     plan.arm("gradient", None, delay=_SLOW, times=20)  # each of worker 0's 20 batches
     x_tr, y_tr, _, _ = load_digits_split(seed=0)
     ps = await spawn(
@@ -339,7 +341,7 @@ async def _clock_gap_run(actor_system, consistency: Consistency):
         config(OptimizerKind.sgd(0.05)),
         workers=4,
         consistency=consistency,
-        worker_class=_faulty_worker(plan, 0),
+        worker_class=faulty,
     )
     await ps.ask(TrainEpochs(x_tr[:640], y_tr[:640], 1, 32), timeout=T)  # 20 batches each
     assert plan.fired == ["gradient"] * 20
@@ -369,6 +371,7 @@ async def test_bounded_staleness_keeps_workers_within_s(actor_system, s) -> None
 async def test_killed_worker_is_restarted_and_training_continues(actor_system, consistency) -> None:
     # worker 1 fails on the device during its 3rd batch, once
     plan = Plan()
+    faulty = _faulty_worker(plan, 1)  # declares "gradient"
     plan.arm("gradient", ContextPoisoned("injected: illegal address"), skip=2)
     x_tr, y_tr, x_te, y_te = load_digits_split(seed=0)
     ps = await spawn(
@@ -378,7 +381,7 @@ async def test_killed_worker_is_restarted_and_training_continues(actor_system, c
         config(OptimizerKind.sgd(0.05, momentum=0.9)),
         workers=3,
         consistency=consistency,
-        worker_class=_faulty_worker(plan, 1),
+        worker_class=faulty,
     )
     request = TrainEpochs(x_tr, y_tr, 5, 96, test=(x_te, y_te))
     history = await ps.ask(request, timeout=5 * T)

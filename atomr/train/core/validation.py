@@ -18,6 +18,7 @@ __all__ = [
     "BatchSpec",
     "cast_finite",
     "check_token_ids",
+    "detached",
     "is_float32_or_64",
     "refuse_masked",
     "validate_batch",
@@ -164,6 +165,24 @@ def validate_batch(
     x = validate_features(features, in_width, dtype)
     y = validate_targets(labels, x.shape[0], (out_width,), loss, dtype)
     return x, y
+
+
+def detached(validated: np.ndarray, given: Any) -> np.ndarray:
+    """`validated`, what validation made of the caller's `given`, in memory
+    the caller cannot change: itself when validation already made a new
+    array (a cast, a contiguous copy), else a copy; so a batch a trainer
+    keeps past its answer is copied once, never twice.
+
+    Args:
+        validated: the validated array (or a view of it, e.g. a share).
+        given: what the caller sent (an array, or what validation took).
+
+    Returns:
+        An array that shares no memory with `given`.
+    """
+    if np.may_share_memory(validated, given):
+        return np.array(validated, copy=True)
+    return validated
 
 
 def validate_token_ids(features: Any, t_len: int, vocab: int) -> np.ndarray:

@@ -57,6 +57,7 @@ from atomr.train.core.messages import (
 )
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
+from atomr.train.core.validation import detached
 from atomr.train.data_parallel._cadence import Cadence
 from atomr.train.data_parallel._checkpoints import Checkpoints
 from atomr.train.data_parallel._construction import check_props, made_collective, spawn_replicas
@@ -362,7 +363,8 @@ class DataParallelTrainer(Actor):
         """Validate the batch; in a job, take this process's share of it.
         Under CADENCE and ASYNC the `Step` answers before its batch is
         applied, so the trainer keeps a copy: the sender may refill its
-        arrays for the next batch (a loader's reused buffer). Under SYNC a
+        arrays for the next batch (a loader's reused buffer; one validation
+        already cast is not copied again). Under SYNC a
         replica late past `worker_timeout` may read its rows after the `Step`
         answered, but its gradient is never applied: no copy."""
         check_step_limit(self._runner.steps, self.config.max_steps)
@@ -373,8 +375,8 @@ class DataParallelTrainer(Actor):
         if o.process_collective is not None:
             share = shard_for_rank(rows, o.process_rank, o.process_count)
             x, y, offset = x[share], y[share], int(share.start or 0)
-        if o.policy is not ApplyPolicy.SYNC:
-            x, y = np.array(x, copy=True), np.array(y, copy=True)
+        if o.policy is not ApplyPolicy.SYNC:  # copied unless validation made them anew
+            x, y = detached(x, message.features), detached(y, message.labels)
         if o.policy is ApplyPolicy.ASYNC:
             return await self._local.step(x, y, rows)
         if o.policy is ApplyPolicy.CADENCE:

@@ -62,6 +62,7 @@ from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.sharded_index import merge_shards
 from atomr.train.core.stats import StepStats, TrainingState
+from atomr.train.core.validation import detached
 from atomr.train.parameter_server._checkpoint import (
     load_servers,
     save_servers,
@@ -273,8 +274,8 @@ class AsyncParameterServer(Actor):
             if not synchronous:
                 workers = min(workers, limit - applied)
         x, y = self._validate(msg.features, msg.labels)
-        if self.config.worker_timeout is not None:
-            x, y = np.array(x, copy=True), np.array(y, copy=True)
+        if self.config.worker_timeout is not None:  # copied unless validation made them anew
+            x, y = detached(x, msg.features), detached(y, msg.labels)
         return combine(await self.pool.train(split_among(x, y, workers)), synchronous)
 
     async def _applied(self) -> int:

@@ -7,7 +7,7 @@ import pytest
 
 from atomr.train import InvalidBatchError, LossKind
 from atomr.train.core import validate_batch
-from atomr.train.core.validation import validate_features
+from atomr.train.core.validation import detached, validate_features
 
 CE = LossKind.CROSS_ENTROPY
 
@@ -94,3 +94,32 @@ def test_big_endian_floats_are_taken_as_their_values() -> None:
     np.testing.assert_array_equal(t, targets.astype(np.float32))
     with pytest.raises(InvalidBatchError, match="float32 or float64, got >f2"):
         validate_batch(native.astype(">f2"), np.array([0, 1, 2]), 4, CE, out_width=3)
+
+
+@pytest.mark.parametrize(
+    ("features", "cast"),
+    [
+        (np.ones((4, 3), np.float32), False),  # taken as it is: validation returns it
+        (np.ones((4, 3), np.float64), True),  # cast to float32: a new array
+        (np.ones((4, 6), np.float32)[:, ::2], True),  # made contiguous: a new array
+    ],
+)
+def test_detached_copies_only_the_callers_own_memory(features: np.ndarray, cast: bool) -> None:
+    """The trainers that keep a batch past their answer (data parallel under
+    CADENCE / ASYNC, a parameter server with a worker timeout) copied it
+    even when validation had already made a new array (a float64 batch was
+    copied twice). `detached` copies only what shares the caller's memory,
+    and the result never does."""
+    labels = np.array([0, 1, 2, 0])
+    x, y = validate_batch(features, labels, 3, LossKind.CROSS_ENTROPY, out_width=3)
+    kept_x, kept_y = detached(x, features), detached(y, labels)
+    assert (kept_x is x) == cast  # a new array is kept as it is, no second copy
+    assert kept_y is not y  # int64 labels are the caller's own: copied
+    for kept, given in ((kept_x, features), (kept_y, labels)):
+        assert not np.may_share_memory(kept, given)
+    np.testing.assert_array_equal(kept_x, features)
+    np.testing.assert_array_equal(kept_y, labels)
+    share = x[1:3]  # a process's share of the validated rows (a view)
+    assert (detached(share, features) is share) == cast
+    features[:] = 7.0  # the caller refills its buffer
+    assert np.all(kept_x == 1.0)

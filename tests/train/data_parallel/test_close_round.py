@@ -185,15 +185,20 @@ async def test_a_round_failing_before_a_load_or_new_replicas_is_logged_not_block
         assert await dp.ask(CloseRound()) is None  # nothing left open
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("policy", ["async", "cadence"])
-async def test_a_batch_refilled_after_its_step_answers_trains_as_it_was_sent(policy: str) -> None:
+async def test_a_batch_refilled_after_its_step_answers_trains_as_it_was_sent(
+    policy: str, dtype: type
+) -> None:
     """A `Step` answered before its batch is applied must not read the
     sender's arrays later: a loader that refills one buffer for the next
     batch (as soon as the `Step` answers) trained on the later batches'
-    data instead (the weights differed by up to 0.1)."""
+    data instead (the weights differed by up to 0.1). float64 features,
+    which validation casts to the model's float32 (a new array, which the
+    trainer keeps without copying it again), train as they were sent too."""
 
     async def trained(refill: bool) -> np.ndarray:
-        buffer_x, buffer_y = np.empty((16, 6), np.float32), np.empty(16, np.int64)
+        buffer_x, buffer_y = np.empty((16, 6), dtype), np.empty(16, np.int64)
         async with ActorSystem("close-round") as system:
             dp = await DataParallelTrainer.spawn(
                 system, Mlp([6, 8, 3], seed=1), cpu_devices(1), CONFIG, LONG_ROUNDS[policy]

@@ -216,14 +216,18 @@ class _NotedPushes(ServerShard):
         return answer
 
 
-@pytest.mark.parametrize("synchronous", [True, False])
+@pytest.mark.parametrize(
+    ("synchronous", "dtype"), [(True, np.float32), (False, np.float32), (False, np.float64)]
+)
 async def test_a_batch_refilled_after_its_timed_out_step_answers_trains_as_it_was_sent(
-    synchronous: bool,
+    synchronous: bool, dtype: type
 ) -> None:
     """A `Step` whose worker outlived its timeout (and the fence after it)
     answered `AskTimeoutError` while the worker had not yet read its part:
     a loader that refilled its buffer once the `Step` answered had the late
-    push computed from the refill (its gradient applied all the same)."""
+    push computed from the refill (its gradient applied all the same).
+    float64 features (cast to float32 by validation: kept, not copied again)
+    too."""
     plan = Plan()
     worker = inject_faults(ParameterServerWorker, plan, {"held": TrainBatch})
     config = TrainerConfig(OptimizerKind.sgd(0.5), LossKind.CROSS_ENTROPY, worker_timeout=0.25)
@@ -232,7 +236,7 @@ async def test_a_batch_refilled_after_its_timed_out_step_answers_trains_as_it_wa
         workers=1, consistency=consistency, worker_class=worker, server_class=_NotedPushes
     )
     rng = np.random.default_rng(3)
-    sent = rng.standard_normal((8, 5)).astype(np.float32), rng.integers(0, 3, 8)
+    sent = rng.standard_normal((8, 5)).astype(dtype), rng.integers(0, 3, 8)
 
     async def trained(refill: bool) -> np.ndarray:
         x, y = sent[0].copy(), sent[1].copy()

@@ -135,10 +135,11 @@ class RingMember:
 
     # -- the operations ---------------------------------------------------------
 
-    async def _perform(self, msg: RingOperation) -> np.ndarray | None:
-        """This member's part of one operation; returns what its asker wants."""
+    async def _perform(self, msg: RingOperation, dtype: np.dtype) -> np.ndarray | None:
+        """This member's part of one operation (its buffer of `dtype`,
+        checked); returns what its asker wants."""
         if isinstance(msg, RingBroadcast):
-            await self._broadcast(msg)
+            await self._broadcast(msg, dtype)
             return None
         size = self.buffer.ring_size
         bounds = split_bounds(size, len(msg.peers))
@@ -208,13 +209,15 @@ class RingMember:
             )
         return chunk.data
 
-    async def _broadcast(self, msg: RingBroadcast) -> None:
+    async def _broadcast(self, msg: RingBroadcast, dtype: np.dtype) -> None:
+        """The root sends its chunks along the ring; every other member
+        writes each chunk from its predecessor (checked to be of `dtype`,
+        its buffer's) and passes it on."""
         n, r, buf = len(msg.peers), msg.rank, self.buffer
         distance = (r - msg.root) % n
         nxt = msg.peers[(r + 1) % n]
-        dtype = None if distance == 0 else (await buf.read_chunk(0, 0)).dtype
         for c, (lo, hi) in enumerate(split_bounds(buf.ring_size, n)):
-            if dtype is None:
+            if distance == 0:
                 data = await buf.read_chunk(lo, hi)
             else:
                 data = self._accept(await self._recv(msg.session, "bc", c), dtype)
@@ -226,13 +229,13 @@ class RingMember:
 
     async def _run(self, message: RingOperation, reply: Reply) -> None:
         try:
-            await self._check_dtype(message)
+            dtype = await self._checked_dtype(message)
         except TypeError as exc:  # the caller's mistake: this member is intact
             self._abort(message.session)
             reply.set_exception(exc)
             return
         try:
-            result = await self._perform(message)
+            result = await self._perform(message, dtype)
         except (RingAbortedError, RingTimeoutError, RingMismatchError) as exc:
             self._abort(message.session)  # the ring failed, not this member: answered
             reply.set_exception(exc)
@@ -247,16 +250,18 @@ class RingMember:
         self._abort(message.session)  # close the session: late chunks are dropped
         reply.set_result(result)
 
-    async def _check_dtype(self, msg: RingOperation) -> None:
-        """Refuse, before anything is sent, a buffer whose dtype the
-        operation does not take: every collective's rule (`check_dtype`).
+    async def _checked_dtype(self, msg: RingOperation) -> np.dtype:
+        """The buffer's dtype, read once per operation; refused, before
+        anything is sent, when the operation does not take it: every
+        collective's rule (`check_dtype`).
 
         Raises:
             TypeError: a sum of a dtype other than float32 / float64, or a
                 copy of one that is not bool, integer, float or complex.
         """
-        dtype = (await self.buffer.read_chunk(0, 0)).dtype
+        dtype: np.dtype = (await self.buffer.read_chunk(0, 0)).dtype
         check_dtype(dtype, sums=not isinstance(msg, RingAllGather | RingBroadcast))
+        return dtype
 
     def _slot(self, key: tuple[int, str, int]) -> asyncio.Future[RingChunk]:
         fut = self._inbox.get(key)

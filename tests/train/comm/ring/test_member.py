@@ -8,11 +8,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from atomr import ActorRef
+from atomr import ActorRef, ActorSystem, Props
 from atomr.actor import actor_failed
 from atomr.train.comm.ring import RingCollective, RingMember
 from atomr.train.comm.ring.messages import RingAbort, RingReduce
 from atomr.train.core.partition import split_bounds
+from tests.train.comm.conftest import BufferActor
 
 
 def _buffers(n: int, size: int, seed: int = 0) -> list[np.ndarray]:
@@ -100,3 +101,36 @@ async def test_a_member_that_fails_on_its_own_buffer_work_answers_actor_failed(
     refs[0].tell(RingAbort(7))
     assert str(error) == "injected add failure"
     assert marked
+
+
+class _DtypeReads(BufferActor):
+    """A member counting the reads that only learn its buffer's dtype
+    (zero-length chunks)."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        super().__init__(data)
+        self.dtype_reads = 0
+
+    async def read_chunk(self, lo: int, hi: int) -> np.ndarray:
+        self.dtype_reads += lo == hi
+        return await super().read_chunk(lo, hi)
+
+    def receive(self, message):  # type: ignore[no-untyped-def]
+        if message == "dtype_reads":
+            return self.dtype_reads
+        return super().receive(message)
+
+
+@pytest.mark.parametrize("root", [0, 2])
+async def test_a_broadcast_reads_each_members_dtype_once(
+    actor_system: ActorSystem, root: int
+) -> None:
+    """A non-root member of a broadcast read its buffer's dtype twice: once
+    for the dtype rule (`check_dtype`), once more for the chunks it accepts.
+    It is read once per operation, and that one dtype serves both."""
+    bufs = _buffers(3, 11, seed=4)
+    refs = [actor_system.spawn(Props(_DtypeReads, b.copy())) for b in bufs]
+    await RingCollective(timeout=5.0).broadcast(refs, root)
+    for ref in refs:
+        np.testing.assert_array_equal(await ref.ask("get"), bufs[root])
+        assert await ref.ask("dtype_reads") == 1

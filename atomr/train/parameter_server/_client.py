@@ -24,7 +24,9 @@ A round that failed on one shard is rolled back on the others by the trainer
 (`RollbackRound`); weights pulled from shards at different versions (a
 round applied on some only) are refused in synchronous mode (`check_versions`).
 Every push and abort names its part's round (`round_id`), so that a shard
-takes it once however often it is sent.
+takes it once however often it is sent; a push across several shards must
+(`check_round`): one that failed on a shard is rolled back on the others by
+its round id, and without one it could not be.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from atomr.actor.errors import bounded_repr
 from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, name_failures
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.partition import split_bounds
+from atomr.train.parameter_server._push_checks import check_round_id
 from atomr.train.parameter_server._round import RoundFailedError, roll_back
 from atomr.train.parameter_server.messages import (
     AbortPush,
@@ -129,6 +132,25 @@ class ShardedClient:
                 "was applied on some of them only; no gradient is computed from them"
             )
 
+    def check_round(self, round_id: object) -> int | None:
+        """The round a push of this client names, checked: an int >= 0, or
+        None for a client of one server shard only. A push across several
+        shards that fails on one is rolled back on the others by its round
+        id (`RollbackRound`): without one it would stay half-applied.
+
+        Raises:
+            ValueError: not an int >= 0 (a bool is none), or None with
+                several server shards.
+        """
+        checked = check_round_id(round_id)
+        if checked is None and len(self.servers) > 1:
+            raise ValueError(
+                f"a push across {len(self.servers)} server shards needs a round_id (an int "
+                ">= 0, e.g. TrainBatch.round_id): one that failed on a shard is rolled back "
+                "on the others by it"
+            )
+        return checked
+
     async def push(
         self,
         worker: int,
@@ -144,14 +166,15 @@ class ShardedClient:
             versions: the versions returned by `pull`, one per server.
             gradient: the full gradient vector.
             weight: the batch's loss normaliser (see `PushGradient`).
-            round_id: the part's round (`TrainBatch.round_id`), or None.
+            round_id: the part's round (`TrainBatch.round_id`); None only
+                with one server shard (`check_round`).
 
         Returns:
             Each server's new version.
 
         Raises:
-            ValueError: wrong gradient length or number of versions (nothing
-                was sent).
+            ValueError: wrong gradient length or number of versions, or a
+                `round_id` `check_round` refuses (nothing was sent).
             NonFiniteError: a non-finite gradient (nothing was sent).
             StaleGradientError: the first shard refused it (nothing applied).
             RoundFailedError: synchronous mode: a shard's update of the round
@@ -207,6 +230,7 @@ class ShardedClient:
             raise ValueError(f"{len(versions)} versions for {len(self.servers)} servers")
         if not np.isfinite(grad).all():
             raise NonFiniteError("gradient holds NaN or Inf; not pushed")
+        checked = self.check_round(round_id)
         msgs = [
             PushGradient(
                 worker,
@@ -214,11 +238,11 @@ class ShardedClient:
                 grad[lo:hi],
                 weight,
                 return_weights=return_weights,
-                round_id=round_id,
+                round_id=checked,
             )
             for v, (lo, hi) in zip(versions, self.ranges, strict=True)
         ]
-        if self.synchronous or len(msgs) == 1:
+        if self.synchronous or checked is None or len(msgs) == 1:  # None: one shard
             return list(await ask_all(self.servers, msgs, self.timeout))
         first = await self.servers[0].ask(msgs[0], timeout=self.timeout)
         version = first.version if return_weights else int(first)
@@ -228,10 +252,10 @@ class ShardedClient:
             return [first, *await ask_all(self.servers[1:], rest, self.timeout, first_index=1)]
         replies = await ask_all_settled(self.servers[1:], rest, self.timeout)
         if failed_indices(replies):
-            await self._undo(worker, round_id, [first, *replies])
+            await self._undo(worker, checked, [first, *replies])
         return [first, *replies]
 
-    async def _undo(self, worker: int, round_id: int | None, replies: list[Any]) -> None:
+    async def _undo(self, worker: int, round_id: int, replies: list[Any]) -> None:
         """Shard 0 applied the asynchronous push but a follower failed on its
         range (`replies`, settled, in shard order): roll it back on every shard.
 
@@ -247,13 +271,6 @@ class ShardedClient:
             f"({bounded_repr(cause)}), which the shards before it had applied"
         )
         error.__cause__ = cause
-        if round_id is None:  # a push no shard can name: not undone
-            applied = [k for k, r in enumerate(replies) if not isinstance(r, BaseException)]
-            error.add_note(
-                f"the push carries no round id, so it cannot be undone: server shards "
-                f"{applied} hold it, the others do not; load a checkpoint"
-            )
-            raise error
         await roll_back(
             self.servers, RollbackRound((round_id,), worker), self.timeout, error, "push"
         )

@@ -288,7 +288,9 @@ class TrainBatch:
         round_id: the trainer's id of the global batch this part belongs to
             (increasing), sent with the push (`PushGradient.round_id`): a
             part sent again after its push landed is not applied twice.
-            None: not deduplicated.
+            None: not deduplicated, and for a worker of one server shard
+            only (a worker of several refuses it: a push that failed on one
+            shard could not be rolled back on the others).
     """
 
     features: np.ndarray

@@ -96,7 +96,11 @@ class ParameterServerWorkerProtocol:
     `AbortPush` instead of a push, so that a synchronous round fails for
     every worker rather than waiting for this one, and answers
     `Failure(NonFiniteError)`; a batch that does not fit the model is
-    answered with `Failure(InvalidBatchError)`. In synchronous mode, weights
+    answered with `Failure(InvalidBatchError)`, and one without a `round_id`
+    (an int >= 0) for a worker of several server shards with
+    `Failure(ValueError)` before anything is pulled (a push across shards
+    that fails on one is rolled back on the others by its round id; the
+    trainer numbers every batch). In synchronous mode, weights
     pulled from shards at different versions (a round applied on some only)
     are not computed from: the worker aborts its part and answers
     `Failure(RoundFailedError)`, as it answers a round that failed on a

@@ -132,6 +132,10 @@ class ParameterServerWorker(DeviceActor):
         return self._spec.validate(features, labels, self.config.loss)
 
     async def _train(self, msg: TrainBatch) -> Any:
+        try:  # before anything: a push it could not roll back is never made
+            self.client.check_round(msg.round_id)
+        except ValueError as exc:
+            return Failure(exc)
         model = await self._ready()
         t0 = time.perf_counter_ns()
         features = msg.features

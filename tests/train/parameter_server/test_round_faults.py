@@ -393,3 +393,57 @@ async def test_evaluate_refuses_shards_at_different_versions(
         await ps.ask(Evaluate(*held_out()), timeout=T)
     await ps.ask(LoadCheckpoint(tmp_path / "old.ckpt"), timeout=T)
     await assert_same_training(ps, single)
+
+
+class _KnownWorker(ParameterServerWorker):
+    """A worker that lists its own ref, so a test may ask it directly."""
+
+    refs: list[ActorRef] = []
+
+    def pre_start(self) -> None:
+        super().pre_start()
+        _KnownWorker.refs.append(self.context.self_ref)
+
+
+@pytest.mark.parametrize(
+    "consistency", [Consistency.asynchronous(), Consistency.synchronous()], ids=["async", "sync"]
+)
+async def test_a_batch_without_a_round_id_is_refused_by_a_worker_of_several_shards(
+    actor_system: ActorSystem, consistency: Consistency
+) -> None:
+    """A `TrainBatch` without a `round_id` (the trainer numbers every batch;
+    a user asking a worker directly need not) was pushed across the shards:
+    had it failed on a follower shard, the shards before it kept it, as "the
+    push carries no round id, so it cannot be undone". A worker of several
+    shards now refuses it before it pulls anything, and no shard changes."""
+    _KnownWorker.refs = []
+    ps, _ = await _pair(actor_system, 1, consistency, worker_class=_KnownWorker)
+    before, stats = await weights(ps), await server_stats(ps)
+    (worker,) = _KnownWorker.refs
+    x, y = next(iter(batches()))
+    for round_id in (None, -1, True, "3"):
+        with pytest.raises(ValueError, match="round_id") as info:
+            await worker.ask(TrainBatch(x, y, round_id=round_id), timeout=T)  # type: ignore[arg-type]
+        if round_id is None:
+            assert "a push across 2 server shards needs a round_id" in str(info.value)
+    np.testing.assert_array_equal(await weights(ps), before)
+    assert await server_stats(ps) == stats
+    await ps.ask(Step(x, y), timeout=T)  # the trainer's batches carry their round
+    assert [st.version for st in await server_stats(ps)] == [1, 1]
+
+
+async def test_a_worker_of_one_shard_takes_a_batch_without_a_round_id(
+    actor_system: ActorSystem,
+) -> None:
+    """With one server shard a push cannot be half-applied: a `TrainBatch`
+    without a `round_id` is still trained (and not deduplicated)."""
+    _KnownWorker.refs = []
+    model = Mlp(TWO_RANGE_SIZES, activation="tanh", seed=4)
+    ps = await spawn(
+        actor_system, model, cpu_devices(1), _CONFIG, workers=1, worker_class=_KnownWorker
+    )
+    (worker,) = _KnownWorker.refs
+    x, y = next(iter(batches()))
+    for _ in range(2):
+        await worker.ask(TrainBatch(x, y), timeout=T)
+    assert [st.version for st in await server_stats(ps)] == [2]

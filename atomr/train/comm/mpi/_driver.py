@@ -29,9 +29,12 @@ After either, the driver is broken (its MPI thread may be stuck inside MPI
 for good): operations queued behind the failed one and later calls raise at
 once.
 
-Its life, for one operation: local work before, start the non-blocking MPI
-call, test it from the loop for up to `_spin_s` (`_spin`), park it on the
-MPI thread (`_park`: `Wait`), local work after. `submit` runs the first
+Its life, for one operation: the operation check (`_order.py`: the ranks
+exchange what they are about to do, waited for like the operation itself;
+off with `MpiCollective(check_order=False)` and in a world of one), local
+work before, start the non-blocking MPI call, test it from the loop for up
+to `_SPIN_S` (`Spinner`, in `_operation.py`), park it on the MPI thread
+(`_park`: `Wait`), local work after. `submit` runs the first
 steps itself when the driver is idle (the fast path) and hands the rest to
 a driver task (`_drive`) when the operation outlives the spin. Only a parked
 operation can time out or talk to peers: every `_poll_s` it answers peers'
@@ -48,46 +51,16 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from atomr.train.comm.mpi._notes import FailureNotes, describe_missing
-from atomr.train.comm.mpi._worker import MpiThread, settle
-from atomr.train.comm.mpi.errors import CollectiveTimeoutError, RankFailedError
+from atomr.train.comm.mpi._notes import FailureNotes, failure_error, unusable_error
+from atomr.train.comm.mpi._operation import Operation, Resume, Signature, Spinner, new_future
+from atomr.train.comm.mpi._order import OrderCheck
+from atomr.train.comm.mpi._worker import LazyMpiThread, settle
+from atomr.train.comm.mpi.errors import CollectiveError, CollectiveMismatchError, RankFailedError
 
 __all__ = ["OperationDriver"]
 
 _POLL_S = 0.2  # a parked operation looks for peers' notes this often
 _SPIN_S = 0.010  # test a started operation from the loop this long before parking it
-_BURST_MIN_S = 100e-6  # ... in bursts of tests between yields to the loop: this long
-_BURST_MAX_S = 1e-3  # ... up to this long while the loop has nothing else to run
-_IDLE_YIELD_S = 50e-6  # a yield back within this found nothing else to run
-
-
-class _Operation:
-    """One collective, queued for the driver: its number, the non-blocking MPI
-    call that starts it, and the local numpy work before and after."""
-
-    __slots__ = ("after", "before", "future", "kind", "offload", "seq", "start")
-
-    def __init__(
-        self,
-        seq: int,
-        kind: str,
-        future: asyncio.Future[None],
-        start: Callable[[], Any],
-        before: Callable[[], None] | None = None,
-        after: Callable[[], None] | None = None,
-        offload: bool = False,
-    ) -> None:
-        self.seq = seq
-        self.kind = kind
-        self.future = future  # awaited by the caller; settled by the driver
-        self.start = start  # starts the MPI call; returns its request (None: nothing to do)
-        self.before = before
-        self.after = after
-        self.offload = offload  # before/after touch enough memory to run off the loop
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind} #{self.seq}"
 
 
 class OperationDriver:
@@ -100,29 +73,37 @@ class OperationDriver:
         timeout: seconds an operation may take from the moment it starts,
             or None to wait forever.
         notes: the failure-note exchange with the peers.
+        check: the operation check (`_order.py`) run before every
+            operation's MPI call, or None for none.
     """
 
     def __init__(
-        self, mpi: Any, rank: int, world_size: int, timeout: float | None, notes: FailureNotes
+        self,
+        mpi: Any,
+        rank: int,
+        world_size: int,
+        timeout: float | None,
+        notes: FailureNotes,
+        check: OrderCheck | None = None,
     ) -> None:
         self._mpi = mpi
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
         self._notes = notes
+        self._check = check
         self._seq = 0  # the number of the last operation submitted
         self._current = 0  # the number of the operation the driver is in (or last ran)
-        self.broken: RankFailedError | None = None
+        self.broken: RankFailedError | CollectiveMismatchError | None = None
         """The error of the operation that failed; every later one raises."""
-        self._worker: MpiThread | None = None
+        self._worker = LazyMpiThread(f"atomr-mpi-rank{rank}")
         # operations submitted and not yet finished, in order; one driver task runs them
-        self._queue: deque[_Operation] = deque()
+        self._queue: deque[Operation] = deque()
         self._driver: asyncio.Task[None] | None = None
-        self._burst_s = _BURST_MIN_S  # see _spin
         self._busy = False  # an operation is in flight (the fast path's or the driver's)
         # how often a parked operation looks for peers' notes
         self._poll_s = _POLL_S if timeout is None else min(_POLL_S, timeout / 4)
-        self._spin_s = min(_SPIN_S, self._poll_s)
+        self._spinner = Spinner(min(_SPIN_S, self._poll_s))
 
     async def submit(
         self,
@@ -132,17 +113,22 @@ class OperationDriver:
         before: Callable[[], None] | None = None,
         after: Callable[[], None] | None = None,
         offload: bool = False,
+        signature: Signature = (0, 0, -1),
     ) -> None:
-        """Run one operation: `before()`, `start(arg)` (the non-blocking MPI
-        call; returns its request, or None when there is nothing to wait
-        for), its completion, then `after()`. A cancelled caller leaves the
-        operation running.
+        """Run one operation: the operation check (when the driver has one),
+        `before()`, `start(arg)` (the non-blocking MPI call; returns its
+        request, or None when there is nothing to wait for), its completion,
+        then `after()`. A cancelled caller leaves the operation running.
 
         Args:
-            kind: the operation's name in errors, e.g. "all_reduce".
+            kind: the operation's name in errors, one of `_order.KINDS`.
             offload: run `before` / `after` on the MPI thread.
+            signature: the operation's count, dtype code and root
+                (`_order.signature_of`), compared across the ranks.
 
         Raises:
+            CollectiveMismatchError: the ranks are at different operations
+                (none ran it; the driver is broken).
             CollectiveTimeoutError: not complete within `timeout`.
             RankFailedError: MPI or the local work failed, or an earlier
                 operation did (the driver is broken).
@@ -152,21 +138,44 @@ class OperationDriver:
         self._seq += 1
         seq = self._seq
         if self._busy or offload:  # behind other operations, or heavy local work
-            await self._enqueue(seq, kind, partial(start, arg), before, after, offload)
+            job = partial(start, arg)
+            await self._enqueue(seq, kind, signature, job, before, after, offload)
             return
-        # The fast path: the driver is idle, so this caller starts its own
-        # operation and tests it: no task, no future, no hand-off (on a 1 MB
-        # buffer every object touched here costs cache misses). An operation
-        # still running after `_spin_s`, or a failure, goes to a driver task.
+        await self._fast(seq, kind, signature, start, arg, before, after)
+
+    async def _fast(
+        self,
+        seq: int,
+        kind: str,
+        signature: Signature,
+        start: Callable[[Any], Any],
+        arg: Any,
+        before: Callable[[], None] | None,
+        after: Callable[[], None] | None,
+    ) -> None:
+        """The fast path of `submit`: the driver is idle, so this caller runs
+        its own operation and tests it: no task, no future, no hand-off (on a
+        1 MB buffer every object touched here costs cache misses). An
+        operation still running after the spin, or a failure, goes to a
+        driver task."""
         self._busy = True
         self._current = seq
         started = time.monotonic()
         request: Any = None
+        checking = True  # the request in flight (if any) is the check's
+        failure: Exception | None = None  # None: still running after the spin
         try:
+            check = self._check
+            if check is not None:
+                request = check.start(seq, kind, signature)
+                if not await self._spinner.spin(request):
+                    raise _Unfinished
+                self._verify(check)
+            checking = False
             if before is not None:
                 before()
             request = start(arg)
-            if request is None or await self._spin(request):
+            if request is None or await self._spinner.spin(request):
                 if after is not None:
                     after()
                 self._busy = False
@@ -174,24 +183,20 @@ class OperationDriver:
                     self._start_driver()
                 return
         except asyncio.CancelledError:  # the operation goes on without its caller
-            self._enqueue(
-                seq, kind, partial(start, arg), before, after, resume=(request, started, None)
-            )
+            resume: Resume = (request, started, None, checking)
+            self._enqueue(seq, kind, signature, partial(start, arg), before, after, resume=resume)
             raise
+        except _Unfinished:
+            pass
         except Exception as exc:
-            failure: Exception | None = exc
-        else:
-            failure = None  # still running after the spin
-        await self._enqueue(
-            seq, kind, partial(start, arg), before, after, resume=(request, started, failure)
-        )
+            failure = exc
+        resume = (request, started, failure, checking)
+        await self._enqueue(seq, kind, signature, partial(start, arg), before, after, resume=resume)
 
     def close(self) -> None:
         """Stop the MPI thread once its current call is done (a later
         operation starts a new one)."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.jobs.put(None)
+        self._worker.close()
 
     # -- the driver task ------------------------------------------------------------
 
@@ -199,18 +204,19 @@ class OperationDriver:
         self,
         seq: int,
         kind: str,
+        signature: Signature,
         start: Callable[[], Any],
         before: Callable[[], None] | None,
         after: Callable[[], None] | None,
         offload: bool = False,
-        resume: tuple[Any, float, Exception | None] | None = None,
+        resume: Resume | None = None,
     ) -> asyncio.Future[None]:
         """Queue an operation for the driver task; returns its future.
 
-        `resume`: the fast path started it (its request, start time and
-        failure), so it goes first in line and the driver task starts now.
+        `resume`: the fast path began it (see `Resume`), so it goes first in
+        line and the driver task starts now.
         """
-        operation = _Operation(seq, kind, _new_future(), start, before, after, offload)
+        operation = Operation(seq, kind, signature, new_future(), start, before, after, offload)
         if resume is not None:
             self._queue.appendleft(operation)
             self._start_driver(resume)
@@ -220,23 +226,23 @@ class OperationDriver:
                 self._start_driver()
         return operation.future
 
-    def _start_driver(self, resume: tuple[Any, float, Exception | None] | None = None) -> None:
+    def _start_driver(self, resume: Resume | None = None) -> None:
         self._busy = True
         self._driver = asyncio.get_running_loop().create_task(
             self._drive(resume), name=f"atomr-mpi-rank{self.rank}"
         )
 
-    async def _drive(self, resume: tuple[Any, float, Exception | None] | None = None) -> None:
+    async def _drive(self, resume: Resume | None = None) -> None:
         """Run the queued operations one at a time, in submission order
         (`resume`: the first one was started by the fast path)."""
         queued = self._queue
         try:
             while queued:
                 operation = queued[0]
-                if self.broken is not None:
-                    error: BaseException | None = self._unusable()
-                elif resume is not None:
-                    error = await self._run(operation, *resume)
+                if resume is not None:  # its failure (if any) broke the driver
+                    error: CollectiveError | None = await self._run(operation, *resume)
+                elif self.broken is not None:
+                    error = self._unusable()
                 else:
                     self._current = operation.seq
                     error = await self._run(operation)
@@ -259,29 +265,36 @@ class OperationDriver:
 
     async def _run(
         self,
-        operation: _Operation,
+        operation: Operation,
         request: Any = None,
         started: float | None = None,
         failure: Exception | None = None,
-    ) -> RankFailedError | None:
-        """Run one operation, or resume one the fast path started (`request`
-        still running since `started`, or `failure` raised). Returns the
-        error for its caller, if any (and then the driver is broken)."""
+        checking: bool = True,
+    ) -> CollectiveError | None:
+        """Run one operation, or resume one the fast path began (`request`
+        in flight since `started`, the check's if `checking`; or `failure`
+        raised). Returns the error for its caller, if any (and then the
+        driver is broken)."""
         try:
             if failure is not None:
                 raise failure  # reported below like any failure here
             if started is None:
                 started = time.monotonic()
-                if operation.before is not None:
-                    await self._local(operation.before, operation.offload)
-                request = operation.start()
-                if request is not None and await self._spin(request):
-                    request = None
+                if self._check is not None:
+                    request = self._check.start(operation.seq, operation.kind, operation.signature)
+                    if await self._spinner.spin(request):
+                        request = None
+            if checking:  # the check (if any) is in flight or done; the call not begun
+                if request is not None:
+                    await self._park_check(operation, request, started)
+                if self._check is not None:
+                    self._verify(self._check)
+                request = await self._begin(operation)
             if request is not None:
                 await self._park(operation, request, started)
             if operation.after is not None:
                 await self._local(operation.after, operation.offload)
-        except RankFailedError as exc:
+        except CollectiveError as exc:
             return exc
         except self._mpi.Exception as exc:
             missing = await self._notes.gather(operation.seq, self._current)
@@ -290,58 +303,61 @@ class OperationDriver:
             return self._fail(operation, {}, f"failed on this rank: {exc!r}")
         return None
 
+    async def _begin(self, operation: Operation) -> Any:
+        """`before`, then start the MPI call and spin on it; returns its
+        request while it is still running, else None."""
+        if operation.before is not None:
+            await self._local(operation.before, operation.offload)
+        request = operation.start()
+        if request is not None and await self._spinner.spin(request):
+            return None
+        return request
+
+    async def _park_check(self, operation: Operation, request: Any, started: float) -> None:
+        """Park the check's `request`. When the loop stops meanwhile (this
+        task is cancelled), the MPI thread runs the rest of the operation,
+        as it finishes a parked operation, so the peers are not left waiting."""
+        try:
+            await self._park(operation, request, started)
+        except asyncio.CancelledError:
+            self._worker.run(partial(self._finish_off_loop, operation))
+            raise
+
+    def _finish_off_loop(self, operation: Operation) -> None:
+        """On the MPI thread, once the check's `Wait` returned: the rest of
+        an operation whose loop stopped (nothing when the ranks disagree)."""
+        assert self._check is not None
+        if self._check.mismatch() is not None:
+            return
+        if operation.before is not None:
+            operation.before()
+        request = operation.start()
+        if request is not None:
+            request.Wait()
+        if operation.after is not None:
+            operation.after()
+
+    def _verify(self, check: OrderCheck) -> None:
+        """After the check's exchange: raise (and break the driver) when the
+        ranks are at different operations."""
+        error = check.mismatch()
+        if error is not None:
+            if self.broken is None:
+                self.broken = error
+            raise error
+
     async def _local(self, fn: Callable[[], None], offload: bool) -> None:
         if offload:
-            await self._on_worker(fn)
+            await self._worker.run(fn)
         else:
             fn()
 
-    def _on_worker(self, fn: Callable[[], Any]) -> asyncio.Future[None]:
-        """Run `fn` on the MPI thread; the future settles when it returns."""
-        worker = self._worker
-        if worker is None:
-            worker = self._worker = MpiThread(f"atomr-mpi-rank{self.rank}")
-            worker.start()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        worker.jobs.put((fn, loop, future))
-        return future
-
     # -- waiting ----------------------------------------------------------------------
 
-    async def _spin(self, request: Any) -> bool:
-        """Test `request` from the loop for up to `_spin_s`; True when it completed.
-
-        Tests run in bursts with a yield to the loop between them. Each yield
-        stalls the collective on every rank for a moment, so the bursts adapt:
-        a yield that found nothing else to run doubles the next burst (up to
-        `_BURST_MAX_S`), one that ran other work shortens it to `_BURST_MIN_S`.
-        The length carries over to the next operation.
-        """
-        clock = time.monotonic
-        now = clock()
-        end = now + self._spin_s
-        burst = self._burst_s
-        while True:
-            stop = now + burst
-            while True:
-                if request.Test():
-                    self._burst_s = burst
-                    return True
-                now = clock()
-                if now >= stop:
-                    break
-            if now >= end:
-                self._burst_s = burst
-                return False
-            await asyncio.sleep(0)
-            then, now = now, clock()
-            burst = min(2 * burst, _BURST_MAX_S) if now - then < _IDLE_YIELD_S else _BURST_MIN_S
-
-    async def _park(self, operation: _Operation, request: Any, started: float) -> None:
+    async def _park(self, operation: Operation, request: Any, started: float) -> None:
         """Wait for `request` on the MPI thread, enforcing the deadline and
         answering peers' notes meanwhile."""
-        done = self._on_worker(request.Wait)
+        done = self._worker.run(request.Wait)
         timeout = self.timeout
         while True:
             wait = self._poll_s
@@ -365,24 +381,17 @@ class OperationDriver:
 
     def _unusable(self) -> RankFailedError:
         assert self.broken is not None
-        return RankFailedError(
-            f"collective unusable after an earlier failure: {self.broken}",
-            ranks=self.broken.ranks,
-            operation=self.broken.operation,
-        )
+        return unusable_error(self.broken)
 
     def _fail(
-        self, operation: _Operation, others: dict[int, int | None] | None, what: str
+        self, operation: Operation, others: dict[int, int | None] | None, what: str
     ) -> RankFailedError:
         """The error for a failed operation; marks the driver broken."""
-        where = f"MPI {operation.name} on rank {self.rank} of {self.world_size} {what}"
-        detail = describe_missing(others)
-        cls = CollectiveTimeoutError if what.startswith("timed out") else RankFailedError
-        error = cls(f"{where}: {detail}", ranks=list(others or ()), operation=operation.name)
+        error = failure_error(operation.name, self.rank, self.world_size, others, what)
         if self.broken is None:
             self.broken = error
         return error
 
 
-def _new_future() -> asyncio.Future[None]:
-    return asyncio.get_running_loop().create_future()
+class _Unfinished(Exception):
+    """The fast path's check outlived its spin: the driver task takes over."""

@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FailureNotes", "describe_missing"]
+from atomr.train.comm.mpi.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    RankFailedError,
+)
+
+__all__ = ["FailureNotes", "describe_missing", "failure_error", "unusable_error"]
 
 _NOTE_TAG = 7
 
@@ -134,6 +140,28 @@ def describe_missing(others: dict[int, int | None] | None) -> str:
     if seen:
         detail += f"; {', '.join(seen)}"
     return detail
+
+
+def failure_error(
+    operation: str, rank: int, world_size: int, others: dict[int, int | None] | None, what: str
+) -> RankFailedError:
+    """The error of `operation` (e.g. "all_reduce #7"), failed on `rank`
+    for the reason `what`; `others` as `FailureNotes.gather` returns.
+    `CollectiveTimeoutError` when `what` says it timed out."""
+    where = f"MPI {operation} on rank {rank} of {world_size} {what}"
+    cls = CollectiveTimeoutError if what.startswith("timed out") else RankFailedError
+    return cls(
+        f"{where}: {describe_missing(others)}", ranks=list(others or ()), operation=operation
+    )
+
+
+def unusable_error(broken: RankFailedError | CollectiveMismatchError) -> RankFailedError:
+    """What an operation raises after `broken` broke the collective."""
+    return RankFailedError(
+        f"collective unusable after an earlier failure: {broken}",
+        ranks=broken.ranks,
+        operation=broken.operation,
+    )
 
 
 def _test(req: Any, mpi: Any) -> bool:

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MpiThread", "settle"]
+__all__ = ["LazyMpiThread", "MpiThread", "settle"]
 
 
 class MpiThread(threading.Thread):
@@ -44,6 +44,36 @@ class MpiThread(threading.Thread):
                 error = exc
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
                 loop.call_soon_threadsafe(settle, future, error)
+
+
+class LazyMpiThread:
+    """An `MpiThread` started on first use, and again after `close`.
+
+    Args:
+        name: the thread's name.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._thread: MpiThread | None = None
+
+    def run(self, fn: Callable[[], Any]) -> asyncio.Future[None]:
+        """Run `fn` on the thread; the future (of the running loop) settles
+        when it returns, with its exception if it raised."""
+        thread = self._thread
+        if thread is None:
+            thread = self._thread = MpiThread(self._name)
+            thread.start()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        thread.jobs.put((fn, loop, future))
+        return future
+
+    def close(self) -> None:
+        """Stop the thread once its current call is done."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.jobs.put(None)
 
 
 def settle(future: asyncio.Future[None], error: BaseException | None) -> None:

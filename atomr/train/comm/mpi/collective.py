@@ -58,13 +58,20 @@ from atomr.train.comm.mpi._buffers import (
 )
 from atomr.train.comm.mpi._driver import OperationDriver
 from atomr.train.comm.mpi._notes import FailureNotes
-from atomr.train.comm.mpi.errors import CollectiveError, CollectiveTimeoutError, RankFailedError
+from atomr.train.comm.mpi._order import OrderCheck, agree_on_check, signature_of
+from atomr.train.comm.mpi.errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    RankFailedError,
+)
 from atomr.train.comm.mpi.startup import StartupDeadline
 from atomr.train.comm.mpi.watchdog import watch_launcher
 from atomr.train.core.partition import split_bounds
 
 __all__ = [
     "CollectiveError",
+    "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "MpiCollective",
     "RankFailedError",
@@ -115,7 +122,9 @@ class MpiCollective(Collective):
             `MPI_THREAD_SERIALIZED` (calls from a worker thread would be unsafe).
     """
 
-    def __init__(self, comm: Any = None, *, timeout: float | None = 300.0) -> None:
+    def __init__(
+        self, comm: Any = None, *, timeout: float | None = 300.0, check_order: bool = True
+    ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive or None, got {timeout}")
         watch_launcher()  # exit if the `atomr launch` that started this rank dies
@@ -132,6 +141,7 @@ class MpiCollective(Collective):
         base = mpi.COMM_WORLD if comm is None else comm
         self._comm = base.Dup()
         self._ctl = base.Dup()
+        agree_on_check(self._ctl, check_order)
         startup.done()
         for c in (self._comm, self._ctl):
             c.Set_errhandler(mpi.ERRORS_RETURN)
@@ -146,7 +156,8 @@ class MpiCollective(Collective):
         self._notes = FailureNotes(
             mpi, self._ctl, enabled=level >= mpi.THREAD_MULTIPLE, grace_s=grace_s
         )
-        self._driver = OperationDriver(mpi, self.rank, self.world_size, timeout, self._notes)
+        check = OrderCheck(mpi, self._comm) if check_order and self.world_size > 1 else None
+        self._driver = OperationDriver(mpi, self.rank, self.world_size, timeout, self._notes, check)
 
     @classmethod
     def from_config(cls, config: Any, comm: Any = None) -> MpiCollective:
@@ -206,6 +217,7 @@ class MpiCollective(Collective):
             self._start_all_reduce,
             target,
             *reduction_work(bufs, op, self.world_size),
+            signature=signature_of(target),
         )
         return target
 
@@ -242,6 +254,7 @@ class MpiCollective(Collective):
             partial(self._start_reduce_scatter, counts=counts),
             target,
             *reduction_work(bufs, op, self.world_size, (lo, hi)),
+            signature=signature_of(target),
         )
         return target[lo:hi]
 
@@ -273,6 +286,7 @@ class MpiCollective(Collective):
             partial(self._start_all_gather, layout=layout),
             bufs[0],
             *distribution_work(bufs),
+            signature=signature_of(bufs[0]),
         )
 
     async def broadcast(self, buffers: Sequence[Any] | np.ndarray, root: int = 0) -> None:
@@ -299,6 +313,7 @@ class MpiCollective(Collective):
             partial(self._start_broadcast, root=root),
             bufs[0],
             *distribution_work(bufs),
+            signature=signature_of(bufs[0], root),
         )
 
     async def barrier(self, buffers: Sequence[Any] = ()) -> None:

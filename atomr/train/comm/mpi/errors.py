@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["CollectiveError", "CollectiveTimeoutError", "RankFailedError"]
+__all__ = [
+    "CollectiveError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "RankFailedError",
+]
 
 
 class CollectiveError(RuntimeError):
@@ -29,3 +34,28 @@ class RankFailedError(CollectiveError):
 class CollectiveTimeoutError(RankFailedError, TimeoutError):
     """A collective did not complete within the collective's timeout; `ranks`
     names the ranks that never joined it."""
+
+
+class CollectiveMismatchError(CollectiveError):
+    """The ranks reached different operations (another kind, element count,
+    dtype, root or number): no rank ran it, and the collective can no longer
+    be used. Every rank raises it, with the same list of operations.
+
+    Attributes:
+        operations: each rank's operation in words, by rank, e.g.
+            "all_reduce #7 (1024 float32)".
+        ranks: the ranks whose operation differs from this rank's.
+        operation: this rank's operation, e.g. "all_reduce #7".
+    """
+
+    def __init__(
+        self,
+        message: str,
+        operations: Sequence[str] = (),
+        ranks: Sequence[int] = (),
+        operation: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.operations = tuple(operations)
+        self.ranks = tuple(ranks)
+        self.operation = operation

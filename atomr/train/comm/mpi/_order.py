@@ -1,0 +1,143 @@
+"""The operation check: before each operation's MPI call, the ranks of an
+`MpiCollective` exchange what they are about to do, and none runs it unless
+all are about to do the same.
+
+MPI requires every rank to issue the same collectives in the same order,
+with matching sizes; a mismatch is undefined behaviour (wrong data,
+truncation, a hang), and MPI itself rarely notices. For example, a lone
+rank's checkpoint save (all-gathers) that meets another rank's training
+step (reduce-scatters of the same length) can "succeed" with garbage.
+
+The *signature* of an operation is five int64: its number (the driver's
+`seq`, equal on every rank while they are in step), its kind, its element
+count, its dtype (kind character and item size) and its root (broadcast;
+-1 otherwise). One `Iallgather` of the signatures (40 bytes a rank, on the
+collective's own communicator, just before the operation's call) gives
+every rank every rank's; if they differ, every rank raises the same
+`CollectiveMismatchError` naming each rank's operation, and no rank issues
+the operation. The exchange is waited for like the operation itself (spun
+on the loop, then parked, within the same timeout), so a rank that never
+arrives is still named by `CollectiveTimeoutError`.
+
+Cost: one small-message latency and a few microseconds of Python per
+operation (`docs/benchmarks.md`, "Session 18: the operation check").
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr.train.comm.mpi.errors import CollectiveMismatchError
+
+__all__ = ["KINDS", "OrderCheck", "agree_on_check", "describe_signature", "signature_of"]
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
+"""The operations, by their code in a signature."""
+
+_CODES = {kind: code for code, kind in enumerate(KINDS)}
+_LAYOUT = struct.Struct("=5q")  # seq, kind, count, dtype, root
+
+
+def agree_on_check(comm: Any, enabled: bool) -> None:
+    """Check that every rank of `comm` has the check on, or every rank off
+    (one rank's exchange would otherwise meet another's operation). A
+    blocking collective, once, when the `MpiCollective` is made.
+
+    Raises:
+        ValueError: the ranks disagree; names the ranks that have it off.
+    """
+    size = comm.Get_size()
+    if size == 1:
+        return
+    flags = np.zeros(size, dtype=np.int64)
+    comm.Allgather(np.array([int(enabled)], dtype=np.int64), flags)
+    if flags.min() != flags.max():
+        off = [str(k) for k in np.flatnonzero(flags == 0)]
+        who = f"{'rank' if len(off) == 1 else 'ranks'} {', '.join(off)}"
+        raise ValueError(
+            f"check_order must be the same on every rank; {who} turned it off "
+            f"and the others did not (rank {comm.Get_rank()} has it "
+            f"{'on' if enabled else 'off'})"
+        )
+
+
+def signature_of(buffer: np.ndarray | None, root: int = -1) -> tuple[int, int, int]:
+    """The shape of an operation on `buffer` (None: a barrier) in a
+    signature: (element count, dtype code, root)."""
+    if buffer is None:
+        return (0, 0, root)
+    dtype = buffer.dtype
+    return (buffer.size, ord(dtype.kind) << 8 | dtype.itemsize, root)
+
+
+def describe_signature(row: Sequence[int]) -> str:
+    """An operation's signature in words, e.g. "all_reduce #7 (1024 float32)"."""
+    seq, code, count, dtype, root = (int(v) for v in row)
+    if not 0 <= code < len(KINDS):
+        return f"an unknown operation #{seq} (code {code})"
+    kind = KINDS[code]
+    if kind == "barrier":
+        return f"barrier #{seq}"
+    try:
+        name = np.dtype(f"{chr(dtype >> 8)}{dtype & 0xFF}").name
+    except (TypeError, ValueError):
+        name = f"dtype code {dtype}"
+    where = f", root {root}" if kind == "broadcast" else ""
+    return f"{kind} #{seq} ({count} {name}{where})"
+
+
+class OrderCheck:
+    """The signature exchange of one rank, on the collective's communicator.
+
+    Args:
+        mpi: the `mpi4py.MPI` module.
+        comm: the collective's communicator (more than one rank).
+    """
+
+    def __init__(self, mpi: Any, comm: Any) -> None:
+        self.rank: int = comm.Get_rank()
+        self.world_size: int = comm.Get_size()
+        self._comm = comm
+        self._send = bytearray(_LAYOUT.size)
+        self._recv = bytearray(_LAYOUT.size * self.world_size)
+        self._send_spec = [self._send, mpi.INT64_T]
+        self._recv_spec = [self._recv, mpi.INT64_T]
+
+    def start(self, seq: int, kind: str, signature: tuple[int, int, int]) -> Any:
+        """Start the exchange for operation `seq`; returns its MPI request.
+
+        Raises:
+            KeyError: `kind` is not one of `KINDS`.
+            mpi4py.MPI.Exception: MPI refused the call.
+        """
+        _LAYOUT.pack_into(self._send, 0, seq, _CODES[kind], *signature)
+        return self._comm.Iallgather(self._send_spec, self._recv_spec)
+
+    def mismatch(self) -> CollectiveMismatchError | None:
+        """After the exchange completed: None when every rank sent this
+        rank's signature, else the error naming each rank's operation."""
+        if self._recv == self._send * self.world_size:
+            return None
+        rows = [
+            describe_signature(_LAYOUT.unpack_from(self._recv, k * _LAYOUT.size))
+            for k in range(self.world_size)
+        ]
+        mine = rows[self.rank]
+        seq, code = _LAYOUT.unpack_from(self._send)[:2]
+        others = [k for k, row in enumerate(rows) if row != mine]
+        listed = ", ".join(
+            f"rank {k} is at {row}" if k == 0 else f"rank {k} at {row}"
+            for k, row in enumerate(rows)
+        )
+        return CollectiveMismatchError(
+            f"MPI operations out of step on rank {self.rank} of {self.world_size}: {listed}; "
+            "no rank ran it (every rank must issue the same operations in the same "
+            "order, with the same sizes, dtypes and roots)",
+            operations=rows,
+            ranks=others,
+            operation=f"{KINDS[code]} #{seq}",
+        )

@@ -1,0 +1,79 @@
+"""The operation check of `MpiCollective` (`_order.py`): ranks at different
+operations all raise `CollectiveMismatchError` naming every rank's
+operation, at once and before any of them runs it; the collective is broken
+afterwards. Matching operations: `test_collective.py` (results) and the
+missing-rank tests there (`CollectiveTimeoutError`, now raised while the
+check waits)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from atomr.train.comm.mpi._order import describe_signature, signature_of
+from tests.train.mpi_scripts.harness import run_script
+
+# a mismatch is found by one small exchange: far below the collective's timeout
+TIMEOUT_S = 20.0
+QUICK_S = 2.0
+
+EXPECTED = {  # scenario -> (the other ranks' operation, rank 1's)
+    "kind": ("all_reduce #3 (1024 float32)", "broadcast #3 (1024 float32, root 0)"),
+    "size": ("all_reduce #3 (1024 float32)", "all_reduce #3 (2048 float32)"),
+    "ahead": ("all_reduce #3 (100 float32)", "all_reduce #3 (200 float32)"),
+    "dtype": ("all_gather #3 (1024 float32)", "all_gather #3 (1024 float64)"),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_ranks_at_different_operations_all_raise_at_once(n: int, tmp_path) -> None:
+    result, _ = run_script(n, "out_of_step.py", tmp_path, TIMEOUT_S, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+    for scenario, (usual, odd) in EXPECTED.items():
+        operations = [odd if r == 1 else usual for r in range(n)]
+        listed = ", ".join(
+            f"rank {r} is at {op}" if r == 0 else f"rank {r} at {op}"
+            for r, op in enumerate(operations)
+        )
+        for rank, report in enumerate(r[scenario] for r in reports):
+            where = (scenario, rank, report)
+            assert report["error"].startswith("CollectiveMismatchError: "), where
+            assert f"on rank {rank} of {n}: {listed}; no rank ran it" in report["error"], where
+            assert report["operations"] == operations, where
+            assert report["ranks"] == ([1] if rank != 1 else [r for r in range(n) if r != 1])
+            assert report["operation"] == operations[rank].split(" (")[0], where
+            assert report["elapsed_s"] < QUICK_S, where
+            assert report["untouched"], where  # the operation never ran
+            assert report["broken"], where
+            assert report["later"].startswith(
+                "RankFailedError: collective unusable after an earlier failure: "
+                f"MPI operations out of step on rank {rank}"
+            ), where
+            assert report["later_s"] < 0.5, where
+    for rank, report in enumerate(reports):
+        assert report["disagreeing_option"] == (
+            "check_order must be the same on every rank; rank 1 turned it off and the "
+            f"others did not (rank {rank} has it {'off' if rank == 1 else 'on'})"
+        )
+        assert report["unchecked_sum_ok"], report
+
+
+def test_signatures_in_words() -> None:
+    buf = np.zeros(1024, np.float32)
+    assert describe_signature((7, 0, *signature_of(buf))) == "all_reduce #7 (1024 float32)"
+    assert (
+        describe_signature((2, 3, *signature_of(np.zeros(3, np.complex128), 1)))
+        == "broadcast #2 (3 complex128, root 1)"
+    )
+    assert describe_signature((4, 2, *signature_of(np.zeros(5, np.bool_)))) == (
+        "all_gather #4 (5 bool)"
+    )
+    assert describe_signature((9, 4, *signature_of(None))) == "barrier #9"
+    assert describe_signature((9, 17, 0, 0, -1)) == "an unknown operation #9 (code 17)"
+    # the dtype's kind and size, not NumPy's type number: int64 is one
+    # dtype whether it was made as "l" or "q"
+    assert signature_of(np.zeros(1, "l")) == signature_of(np.zeros(1, "q"))

@@ -12,10 +12,13 @@ Figures:
   seconds of one in-place sum through `await coll.all_reduce(buf)` (an
   `Iallreduce` started and tested on the event loop's thread, its timeout
   enforced) and of a bare
-  `comm.Allreduce(MPI.IN_PLACE, buf)` called directly. Each round times a
-  block of back-to-back calls of each (after a barrier; which one goes first
-  alternates between rounds); the figure is the median over the rounds of the
-  per-call mean. `ratio` = atomr / bare (target <= 1.10 at 1 MB and above).
+  `comm.Allreduce(MPI.IN_PLACE, buf)` called directly; also
+  `atomr_unchecked_all_reduce_s`, the same through an
+  `MpiCollective(check_order=False)` (no operation check: `_order.py`).
+  Each round times a block of back-to-back calls of each (after a barrier;
+  which one goes first rotates between rounds); the figure is the median
+  over the rounds of the per-call mean. `ratio` = atomr / bare (target <=
+  1.10 at 1 MB and above), `unchecked_ratio` = unchecked atomr / bare.
 - `dp_step`: one `Step` of a `DataParallelTrainer` spawned with
   `DataParallelOptions.for_job`, on the same global batch,
   with 1 process x 2 local devices and with 2 processes x 2 local devices;
@@ -70,6 +73,7 @@ async def _allreduce_rank(out: Path, repeat: int, max_mb: int) -> None:
 
     comm = MPI.COMM_WORLD
     coll = MpiCollective(timeout=120.0)
+    unchecked = MpiCollective(timeout=120.0, check_order=False)
     rows = []
     nbytes = 1024
     while nbytes <= max_mb * 1024 * 1024:
@@ -81,25 +85,28 @@ async def _allreduce_rank(out: Path, repeat: int, max_mb: int) -> None:
             reps = max(3, min(200, (4 << 20) // nbytes))
         else:
             reps = max(2, (16 << 20) // nbytes)
-        bare_t: list[float] = []
-        ours_t: list[float] = []
-        for _ in range(2):  # warm-up both paths
+        times: list[list[float]] = [[], [], []]  # bare, atomr, atomr unchecked
+        for _ in range(2):  # warm-up every path
             comm.Allreduce(MPI.IN_PLACE, buf)
             await coll.all_reduce(buf)
-        for k in range(repeat):  # interleaved rounds, alternating which goes first
-            for which in (0, 1) if k % 2 == 0 else (1, 0):
+            await unchecked.all_reduce(buf)
+        for k in range(repeat):  # interleaved rounds, rotating which goes first
+            for which in (k % 3, (k + 1) % 3, (k + 2) % 3):
                 comm.Barrier()
                 if which == 0:
-                    bare_t.append(_time_bare(comm, MPI.IN_PLACE, buf, reps))
+                    times[0].append(_time_bare(comm, MPI.IN_PLACE, buf, reps))
                 else:
-                    ours_t.append(await _time_ours(coll, buf, reps))
-        bare, ours = statistics.median(bare_t), statistics.median(ours_t)
+                    path = coll if which == 1 else unchecked
+                    times[which].append(await _time_ours(path, buf, reps))
+        bare, ours, plain = (statistics.median(t) for t in times)
         rows.append(
             {
                 "bytes": nbytes,
                 "mpi4py_allreduce_s": bare,
                 "atomr_all_reduce_s": ours,
+                "atomr_unchecked_all_reduce_s": plain,
                 "ratio": ours / bare,
+                "unchecked_ratio": plain / bare,
             }
         )
         buf.fill(1.0)
@@ -107,6 +114,7 @@ async def _allreduce_rank(out: Path, repeat: int, max_mb: int) -> None:
         assert float(buf[0]) == comm.Get_size(), "wrong sum"
         nbytes *= 4 if nbytes < (1 << 20) else 2
     coll.close()
+    unchecked.close()
     if comm.Get_rank() == 0:
         out.write_text(json.dumps({"processes": comm.Get_size(), "rows": rows}))
 

@@ -111,7 +111,9 @@ def test_a_ranks_data_failure_saves_nothing_under_mpiexec(tmp_path: Path) -> Non
     not. Rank 1 saved alone before: its save's collectives met rank 0's
     step's, and its note said "the checkpoint holds the 2 steps trained" of
     a checkpoint never written (or, where they do not meet, it waited until
-    the collective's timeout: "saving the checkpoint failed too")."""
+    the collective's timeout: "saving the checkpoint failed too"); the
+    operation check now refuses such a meeting (`CollectiveMismatchError`
+    on both ranks: `comm/mpi/test_order_check.py`)."""
     result, _ = run_script(2, "fit_rank_failure.py", tmp_path, 30.0, timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode == 3, output

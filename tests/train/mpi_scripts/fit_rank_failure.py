@@ -9,6 +9,8 @@ argv: OUT_DIR TIMEOUT (the collective's, seconds). Rank 1 prints the
 checkpoint alone: a save that takes every process, whose collectives either
 waited for rank 0 until TIMEOUT or met rank 0's step's instead (at stage 1
 they did: the save "succeeded", its note naming a checkpoint no file held).
+Such a meeting is now refused before it happens: the operation check
+(`comm/mpi/_order.py`) makes both ranks raise `CollectiveMismatchError`.
 """
 
 from __future__ import annotations

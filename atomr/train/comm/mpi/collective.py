@@ -23,11 +23,17 @@ the world size. A rank may pass several local buffers: they are summed into
 broadcast (so none may overlap `buffers[0]`).
 
 Operations run one at a time, in submission order, and never block the
-event loop; an operation that has not completed `timeout` seconds after it
-started raises `CollectiveTimeoutError` naming the ranks that never joined,
-and an error reported by MPI raises `RankFailedError` (see `_driver.py` for
-how, and what it costs). After either, the collective is broken: queued and
-later calls raise at once, and the program should report the error and
+event loop. Before each, the ranks check that they are all at the same
+operation (number, kind, element count, dtype, root: one `Iallgather` of 40
+bytes a rank, `_order.py`); if not, every rank raises
+`CollectiveMismatchError` naming each rank's operation, and none runs it.
+The check costs one small-message latency a call (about 6 us here: 2x at
+1 KB, 1-3 % from 1 MB; `docs/benchmarks.md`), and `check_order=False`
+turns it off. An operation that has not completed `timeout` seconds after
+it started raises `CollectiveTimeoutError` naming the ranks that never
+joined, and an error reported by MPI raises `RankFailedError` (see
+`_driver.py` for how, and what it costs). After any of these, the
+collective is broken: queued and later calls raise at once, and the program should report the error and
 call `abort()`, which ends the whole job through `MPI_Abort`. Naming the
 missing rank needs `MPI_THREAD_MULTIPLE` (the `mpich` wheel gives it); with
 less, the timeout still fires but cannot name the rank.
@@ -65,7 +71,7 @@ from atomr.train.comm.mpi.errors import (
     CollectiveTimeoutError,
     RankFailedError,
 )
-from atomr.train.comm.mpi.startup import StartupDeadline
+from atomr.train.comm.mpi.startup import StartupDeadline, import_mpi
 from atomr.train.comm.mpi.watchdog import watch_launcher
 from atomr.train.core.partition import split_bounds
 
@@ -79,22 +85,6 @@ __all__ = [
 ]
 
 _GRACE_S = 5.0  # the longest a failed rank waits for the others' notes
-
-
-def import_mpi() -> Any:
-    """Import and return `mpi4py.MPI` (initialising MPI on first use).
-
-    Raises:
-        ImportError: mpi4py is not installed; the message names the
-            `atomr[mpi]` extra.
-    """
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:
-        raise ImportError(
-            f"the MPI backend needs mpi4py and an MPI library: pip install 'atomr[mpi]' ({exc})"
-        ) from exc
-    return MPI
 
 
 class MpiCollective(Collective):
@@ -114,10 +104,17 @@ class MpiCollective(Collective):
             communicator duplication, which wait for every rank): past it,
             this process writes which ranks never arrived to stderr and exits
             with `STARTUP_TIMEOUT_EXIT_CODE` (`startup.py`).
+        check_order: check before each operation that every rank is at the
+            same one (see the module docstring); False saves one
+            small-message latency a call, and leaves ranks that issue
+            different operations to MPI's undefined behaviour (wrong
+            results, truncation, a hang). Must be the same on every rank.
 
     Raises:
         ImportError: mpi4py is not installed (`pip install 'atomr[mpi]'`).
-        ValueError: `timeout` is not positive.
+        TypeError: `check_order` is not a bool.
+        ValueError: `timeout` is not positive, or the ranks disagree on
+            `check_order` (raised on every rank).
         RuntimeError: the MPI library gives less than
             `MPI_THREAD_SERIALIZED` (calls from a worker thread would be unsafe).
     """
@@ -127,6 +124,8 @@ class MpiCollective(Collective):
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be positive or None, got {timeout}")
+        if not isinstance(check_order, bool):
+            raise TypeError(f"check_order must be a bool, got {check_order!r}")
         watch_launcher()  # exit if the `atomr launch` that started this rank dies
         # MPI's init and the Dups below block until every rank gets there
         startup = StartupDeadline(timeout)
@@ -205,6 +204,8 @@ class MpiCollective(Collective):
             ValueError: no buffers, mixed shapes / dtypes, non-contiguous or
                 read-only `buffers[0]`, another buffer overlapping
                 `buffers[0]`, or an unknown `op`.
+            CollectiveMismatchError: the ranks are at different operations
+                (none ran it; the collective is broken).
             CollectiveTimeoutError: the operation did not complete in time;
                 names the ranks that never joined.
             RankFailedError: MPI reported a failure, or an earlier operation
@@ -242,7 +243,8 @@ class MpiCollective(Collective):
         Raises:
             TypeError, ValueError: as `all_reduce`; also buffers that are not
                 1-D.
-            CollectiveTimeoutError, RankFailedError: as `all_reduce`.
+            CollectiveMismatchError, CollectiveTimeoutError, RankFailedError: as
+                `all_reduce`.
         """
         bufs = check_buffers(buffers, sums=True, flat=True)
         target = bufs[0]
@@ -275,7 +277,8 @@ class MpiCollective(Collective):
             TypeError: not numpy arrays, or a dtype that is not copied (see
                 `buffers`).
             ValueError: as `reduce_scatter`; also a read-only buffer.
-            CollectiveTimeoutError, RankFailedError: as `all_reduce`.
+            CollectiveMismatchError, CollectiveTimeoutError, RankFailedError: as
+                `all_reduce`.
         """
         bufs = check_buffers(buffers, sums=False, flat=True)
         check_writable(bufs, "all_gather")
@@ -303,7 +306,8 @@ class MpiCollective(Collective):
             TypeError: `root` is not an integer (NumPy integers are, bools
                 are not), or a dtype `all_gather` does not take.
             ValueError: as `all_reduce`; also a read-only buffer.
-            CollectiveTimeoutError, RankFailedError: as `all_reduce`.
+            CollectiveMismatchError, CollectiveTimeoutError, RankFailedError: as
+                `all_reduce`.
         """
         root = check_root(root, self.world_size)
         bufs = check_buffers(buffers, sums=False)
@@ -323,7 +327,8 @@ class MpiCollective(Collective):
             buffers: ignored.
 
         Raises:
-            CollectiveTimeoutError, RankFailedError: as `all_reduce`.
+            CollectiveMismatchError, CollectiveTimeoutError, RankFailedError: as
+                `all_reduce`.
         """
         await self._driver.submit("barrier", self._start_barrier, None)
 

@@ -16,6 +16,9 @@ world size come from the launcher's variables
 (`DistributedTrainConfig.from_environment`). A job started by hand with
 `mpiexec` has no such directory: each rank's deadline still ends that rank,
 without naming the others.
+
+`import_mpi` imports mpi4py (which initialises MPI), with an error naming
+the `atomr[mpi]` extra when it is missing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 
@@ -34,6 +38,7 @@ __all__ = [
     "STARTUP_TIMEOUT_EXIT_CODE",
     "StartupDeadline",
     "failure_reports",
+    "import_mpi",
     "missing_ranks",
 ]
 
@@ -139,3 +144,19 @@ class StartupDeadline:
             except subprocess.TimeoutExpired:
                 watchdog.kill()
                 watchdog.wait(timeout=5.0)
+
+
+def import_mpi() -> Any:
+    """Import and return `mpi4py.MPI` (initialising MPI on first use).
+
+    Raises:
+        ImportError: mpi4py is not installed; the message names the
+            `atomr[mpi]` extra.
+    """
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise ImportError(
+            f"the MPI backend needs mpi4py and an MPI library: pip install 'atomr[mpi]' ({exc})"
+        ) from exc
+    return MPI

@@ -28,7 +28,7 @@ operation (number, kind, element count, dtype, root: one `Iallgather` of 40
 bytes a rank, `_order.py`); if not, every rank raises
 `CollectiveMismatchError` naming each rank's operation, and none runs it.
 The check costs one small-message latency a call (about 6 us here: 2x at
-1 KB, 1-3 % from 1 MB; `docs/benchmarks.md`), and `check_order=False`
+1 KB, up to 4 % at 1 MB; `docs/benchmarks.md`), and `check_order=False`
 turns it off. An operation that has not completed `timeout` seconds after
 it started raises `CollectiveTimeoutError` naming the ranks that never
 joined, and an error reported by MPI raises `RankFailedError` (see

@@ -77,3 +77,26 @@ def test_signatures_in_words() -> None:
     # the dtype's kind and size, not NumPy's type number: int64 is one
     # dtype whether it was made as "l" or "q"
     assert signature_of(np.zeros(1, "l")) == signature_of(np.zeros(1, "q"))
+
+
+def test_check_order_must_be_a_bool() -> None:
+    """`check_order="no"` would be truthy: refused before MPI is touched; a
+    world of one runs no check either way."""
+    pytest.importorskip("mpi4py")
+    import asyncio
+
+    from atomr.train.comm.mpi.collective import MpiCollective
+
+    with pytest.raises(TypeError, match="check_order must be a bool, got 'no'"):
+        MpiCollective(timeout=5.0, check_order="no")  # type: ignore[arg-type]
+
+    async def go() -> None:
+        for check in (True, False):
+            coll = MpiCollective(timeout=5.0, check_order=check)
+            buf = np.arange(4.0)
+            assert await coll.all_reduce(buf) is buf
+            await coll.barrier()
+            assert not coll.broken
+            coll.close()
+
+    asyncio.run(go())

@@ -25,9 +25,10 @@ has not completed `timeout` seconds after it started, the rank asks its
 peers where they are (`FailureNotes`, in `_notes.py`) and raises
 `CollectiveTimeoutError` naming the ranks that never joined. An error
 reported by MPI itself raises `RankFailedError`, after the same exchange.
-After either, the driver is broken (its MPI thread may be stuck inside MPI
-for good): operations queued behind the failed one and later calls raise at
-once.
+Ranks whose checks disagree raise `CollectiveMismatchError` (every rank saw
+every rank's signature). After any of these, the driver is broken (its MPI
+thread may be stuck inside MPI for good): operations queued behind the
+failed one and later calls raise at once.
 
 Its life, for one operation: the operation check (`_order.py`: the ranks
 exchange what they are about to do, waited for like the operation itself;

@@ -63,18 +63,23 @@ class Job:
         if error is not None:
             raise error
 
-    def abort(self, error: BaseException) -> None:
+    def abort(self, error: BaseException, alone: bool = False) -> None:
         """Training failed with `error`; a single process has nobody to tell."""
-        del error
+        del error, alone
+
+    def failed(self) -> None:
+        """This process's failure is reported (its outputs are written and its
+        error is about to be printed); a single process has nobody to tell."""
 
     @contextmanager
-    def aborting(self) -> Iterator[None]:
+    def aborting(self, alone: bool = False) -> Iterator[None]:
         """Inside, an exception is passed to `abort` (which ends an MPI job
-        after a collective failure), then raised."""
+        after a collective failure; `alone`: any other failure is this
+        rank's alone, and `failed` tells the others of it), then raised."""
         try:
             yield
         except Exception as exc:
-            self.abort(exc)
+            self.abort(exc, alone)
             raise
 
 
@@ -85,6 +90,7 @@ class MpiJob(Job):
         self.collective = collective
         self.is_root = is_root
         self.agree_to_stop = self._agree
+        self._alone = False  # this rank failed on its own: `failed` tells the others
 
     async def none_failed(self, error: Exception | None) -> None:
         """Every rank learns whether any failed a step they all take before
@@ -103,13 +109,26 @@ class MpiJob(Job):
         total = await self.collective.all_reduce([np.array([1.0 if requested else 0.0])])
         return bool(np.asarray(total).reshape(-1)[0] > 0)
 
-    def abort(self, error: BaseException) -> None:
+    def abort(self, error: BaseException, alone: bool = False) -> None:
         """After a collective failure (a rank died or timed out), abort the
         whole MPI job with exit code 2 and the error as the message, on one
-        line (MPI's error stacks span several); any other error is left to
-        the caller."""
+        line (MPI's error stacks span several). Any other error is left to
+        the caller; `alone`: it is this rank's alone (as in `fit`), so
+        `failed` will tell the other ranks."""
         if isinstance(error, CollectiveError):
             self.collective.abort(2, f"{type(error).__name__}: {' '.join(str(error).split())}")
+        self._alone = self._alone or alone
+
+    def failed(self) -> None:
+        """This rank's failure is reported (its outputs written, its error
+        about to be printed): if it was this rank's alone, tell the others
+        (`MpiCollective.report_failure`), so that their collective fails at
+        once naming this rank, and they end the job, instead of waiting out
+        the collective's timeout (120 s). Told only now, because their abort
+        ends this process too: its own error must be out first."""
+        if self._alone:
+            self._alone = False
+            self.collective.report_failure()
 
 
 async def open_job(dist: DistributedTrainConfig | None, mine: Mapping[str, Any] | CliError) -> Job:

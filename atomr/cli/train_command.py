@@ -230,7 +230,10 @@ def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
             with _closing(logs):
                 atomr.run(go())
         except Exception as exc:
-            _fail_in_one_line(run, exc, history, prepared.plot_path, prepared.history_path)
+            try:
+                _fail_in_one_line(run, exc, history, prepared.plot_path, prepared.history_path)
+            finally:
+                job.failed()  # outputs written, the error printed next: tell the other ranks
             raise
         if run.dist is None or run.dist.is_root:
             _report(prepared, trained)

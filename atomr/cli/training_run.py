@@ -175,7 +175,7 @@ async def _train(
     bar = progress()  # only once the trainer took the options: errors stay one line
     callbacks = [keeper, bar, *callbacks]
     try:
-        with job.aborting():
+        with job.aborting(alone=True):  # a failure here is this rank's alone: tell the others
             result = await fit(
                 trainer,
                 (data.x_train, _targets(data.y_train, run, data.classes)),

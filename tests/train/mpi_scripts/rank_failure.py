@@ -1,12 +1,13 @@
 """Run under `mpiexec -n N`: one rank fails mid-run, the others must report it.
 
-argv: MODE VICTIM TIMEOUT [OPERATION], MODE in {"exit", "hang", "kill"}: at
-operation 5 the VICTIM rank leaves with `os._exit(3)`, stops taking part
-(sleeps forever), or is killed by SIGKILL (sent to itself: no Python
-cleanup, no exit handler, as the kernel's OOM killer would). The survivors'
+argv: MODE VICTIM TIMEOUT [OPERATION], MODE in {"exit", "hang", "kill",
+"report"}: at operation 5 the VICTIM rank leaves with `os._exit(3)`, stops
+taking part (sleeps forever), is killed by SIGKILL (sent to itself: no
+Python cleanup, no exit handler, as the kernel's OOM killer would), or says
+it failed (`report_failure`) and then stops taking part. The survivors'
 OPERATION ("all_reduce", "reduce_scatter" or "all_gather"; default
-all_reduce) times out after TIMEOUT seconds with an error naming the victim;
-they print it and abort the job.
+all_reduce) times out after TIMEOUT seconds with an error naming the victim
+(after a report: fails at once, naming it); they print it and abort the job.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ async def main(mode: str, victim: int, timeout: float, operation: str) -> None:
                     os._exit(3)
                 if mode == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if mode == "report":
+                    coll.report_failure()
                 await asyncio.sleep(3600)
             await run_one(coll, operation, buf)
     except CollectiveError as exc:

@@ -52,7 +52,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from atomr.train.comm.mpi._notes import FailureNotes, failure_error, unusable_error
+from atomr.train.comm.mpi._notes import LEFT, FailureNotes, failure_error, unusable_error
 from atomr.train.comm.mpi._operation import Operation, Resume, Signature, Spinner, new_future
 from atomr.train.comm.mpi._order import OrderCheck
 from atomr.train.comm.mpi._worker import LazyMpiThread, settle
@@ -369,6 +369,8 @@ class OperationDriver:
                 done.result()  # an MPI error is raised here
                 return
             self._notes.poll(self._current)
+            if left := self._notes.left():  # peers that failed on their own: no use waiting
+                raise self._fail(operation, {p: LEFT for p in left}, "could not complete")
             if timeout is not None and time.monotonic() - started >= timeout:
                 missing = await self._notes.gather(operation.seq, self._current, until=done)
                 if not done.done():
@@ -395,4 +397,4 @@ class OperationDriver:
 
 
 class _Unfinished(Exception):
-    """The fast path's check outlived its spin: the driver task takes over."""
+    """The fast path's check outlived its spin: the driver task hands over."""

@@ -10,6 +10,11 @@ collectives, never does, and is named. The exchange runs on the event loop's
 thread while the collective's own MPI call may be blocked on another thread,
 which needs `MPI_THREAD_MULTIPLE`; with less, nothing is exchanged and the
 failure cannot name the rank.
+
+A rank that failed on its own (not in a collective) and will issue no more
+operations can say so (`announce_failure`: a note of `LEFT`); a peer's
+parked operation sees it at its next poll (`left`) and fails at once,
+instead of waiting out its timeout.
 """
 
 from __future__ import annotations
@@ -26,9 +31,12 @@ from atomr.train.comm.mpi.errors import (
     RankFailedError,
 )
 
-__all__ = ["FailureNotes", "describe_missing", "failure_error", "unusable_error"]
+__all__ = ["LEFT", "FailureNotes", "describe_missing", "failure_error", "unusable_error"]
 
 _NOTE_TAG = 7
+_SEND_WAIT_S = 1.0  # the longest `announce_failure` waits for its notes to go out
+LEFT = -1
+"""A note saying: the sender failed on its own and left the collectives."""
 
 
 class FailureNotes:
@@ -70,10 +78,25 @@ class FailureNotes:
             if arrived:
                 self._notes[peer] = int(buf[0])
                 self._recvs[k] = self._post_recv(peer)
-        for peer in self._notes:
-            if self._sent.get(peer) != state:
+        for peer, note in self._notes.items():
+            if note != LEFT and self._sent.get(peer) != state:
                 self._send(peer, state)
         self._sends = [(r, b) for r, b in self._sends if not _test(r, mpi)]
+
+    def left(self) -> list[int]:
+        """The peers whose last note said they failed and left (`LEFT`)."""
+        return [peer for peer, note in self._notes.items() if note == LEFT]
+
+    def announce_failure(self) -> None:
+        """Send every peer a `LEFT` note, and wait (up to 1 s, blocking) for
+        the sends to complete, so that they go out before this process ends."""
+        if not self.enabled:
+            return
+        for peer in self._peers:
+            self._send(peer, LEFT)
+        end = time.monotonic() + _SEND_WAIT_S
+        while self._sends and time.monotonic() < end:
+            self._sends = [(r, b) for r, b in self._sends if not _test(r, self._mpi)]
 
     async def gather(
         self, seq: int, state: int, until: asyncio.Future[None] | None = None
@@ -88,7 +111,7 @@ class FailureNotes:
         if not self.enabled:
             return None if self._peers else {}
         for peer in self._peers:
-            if self._sent.get(peer) != state:
+            if self._notes.get(peer) != LEFT and self._sent.get(peer) != state:
                 self._send(peer, state)
         end = time.monotonic() + self._grace_s
         while True:
@@ -133,6 +156,12 @@ def describe_missing(others: dict[int, int | None] | None) -> str:
         return "could not tell which rank is missing (MPI lacks THREAD_MULTIPLE)"
     if not others:
         return "every rank had joined; a rank failed during the operation"
+    left = [p for p, v in others.items() if v == LEFT]
+    if len(left) == 1:
+        return f"rank {left[0]} reported a failure of its own and left (see its error)"
+    if left:
+        names = ", ".join(str(r) for r in left)
+        return f"ranks {names} reported failures of their own and left (see their errors)"
     names = ", ".join(str(r) for r in others)
     word = "rank" if len(others) == 1 else "ranks"
     detail = f"{word} {names} never joined (dead, stuck or out of step)"

@@ -14,9 +14,7 @@ Every operation is one non-blocking MPI collective on raw numeric buffers
 
 The dtypes are every collective's (`comm/collective.py`): float32 and
 float64 for the sums, every bool, integer, float or complex dtype for the
-copies.
-
-The counts of `reduce_scatter` and `all_gather` are the sizes of
+copies. The counts of `reduce_scatter` and `all_gather` are the sizes of
 `split_bounds(len, world_size)`, so the length need not be a multiple of
 the world size. A rank may pass several local buffers: they are summed into
 `buffers[0]` before a reduction, and receive `buffers[0]` after a gather or
@@ -24,16 +22,14 @@ broadcast (so none may overlap `buffers[0]`).
 
 Operations run one at a time, in submission order, and never block the
 event loop. Before each, the ranks check that they are all at the same
-operation (number, kind, element count, dtype, root: one `Iallgather` of 40
-bytes a rank, `_order.py`); if not, every rank raises
+operation (`_order.py`: one `Iallgather` of 40 bytes a rank, about 6 us
+here; `check_order=False` turns it off); if not, every rank raises
 `CollectiveMismatchError` naming each rank's operation, and none runs it.
-The check costs one small-message latency a call (about 6 us here: 2x at
-1 KB, up to 4 % at 1 MB; `docs/benchmarks.md`), and `check_order=False`
-turns it off. An operation that has not completed `timeout` seconds after
-it started raises `CollectiveTimeoutError` naming the ranks that never
-joined, and an error reported by MPI raises `RankFailedError` (see
-`_driver.py` for how, and what it costs). After any of these, the
-collective is broken: queued and later calls raise at once, and the program should report the error and
+An operation not complete `timeout` seconds after it started raises
+`CollectiveTimeoutError` naming the ranks that never joined; an error
+reported by MPI, or a peer's `report_failure()`, `RankFailedError` (see
+`_driver.py`). After any of these the collective is broken: queued and
+later calls raise at once, and the program should report the error and
 call `abort()`, which ends the whole job through `MPI_Abort`. Naming the
 missing rank needs `MPI_THREAD_MULTIPLE` (the `mpich` wheel gives it); with
 less, the timeout still fires but cannot name the rank.
@@ -359,6 +355,19 @@ class MpiCollective(Collective):
         # MPICH's launcher ends every process only for an abort on COMM_WORLD.
         self._mpi.COMM_WORLD.Abort(errorcode)
         os._exit(errorcode)  # MPI_Abort may return before the launcher acts
+
+    def report_failure(self) -> None:
+        """Tell the other ranks that this one failed on its own and will
+        issue no more operations: the operation each waits in, or its next,
+        raises `RankFailedError` naming this rank within about 0.2 s instead
+        of waiting out `timeout` (needs `MPI_THREAD_MULTIPLE`). Breaks this
+        collective; blocks up to 1 s while the notes go out. For a rank
+        leaving a job after a local failure (`atomr train --distributed`)."""
+        self._notes.announce_failure()
+        if self._driver.broken is None:
+            self._driver.broken = RankFailedError(
+                f"rank {self.rank} reported a failure of its own", ranks=[self.rank]
+            )
 
     def close(self) -> None:
         """Stop the MPI thread once its current call is done (a later

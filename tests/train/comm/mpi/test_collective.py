@@ -78,6 +78,22 @@ def test_missing_rank_is_named_in_bounded_time(n: int, mode: str, operation: str
     assert elapsed < FAILURE_BOUND_S, f"took {elapsed:.1f} s"
 
 
+@pytest.mark.parametrize(("n", "operation"), [(2, "all_reduce"), (3, "reduce_scatter")])
+def test_a_rank_that_reports_its_failure_is_named_at_once(n: int, operation: str) -> None:
+    """Rank 1 fails on its own at operation 5, says so (`report_failure`) and
+    then hangs: the survivors' pending operation fails within about 0.2 s
+    of parking, naming it, instead of after the timeout (20 s)."""
+    result, elapsed = run_script(n, "rank_failure.py", "report", 1, 20.0, operation, timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode not in (0, 124), output
+    assert (
+        f"RankFailedError: MPI {operation} #6 on rank 0 of {n} could not complete: "
+        "rank 1 reported a failure of its own and left (see its error)"
+    ) in output, output
+    assert "CollectiveTimeoutError" not in output, output
+    assert elapsed < 15.0, f"took {elapsed:.1f} s"  # start-up, 0.2 s, abort grace, teardown
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_rank_killed_by_sigkill_ends_the_job_in_bounded_time(n: int) -> None:
     """Rank 1 SIGKILLs itself at operation 5 (no cleanup, as the OOM killer).

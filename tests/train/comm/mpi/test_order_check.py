@@ -62,6 +62,26 @@ def test_ranks_at_different_operations_all_raise_at_once(n: int, tmp_path) -> No
         assert report["unchecked_sum_ok"], report
 
 
+@pytest.mark.mpi
+def test_a_lone_save_meeting_a_step_is_refused_on_both_ranks(tmp_path) -> None:
+    """The bug that motivated the check (see `mpi_scripts/lone_save.py`):
+    before it, rank 1's save "succeeded" in 16 ms, no file held it, rank 0's
+    step timed out and the job ended with a segmentation fault."""
+    result, _ = run_script(2, "lone_save.py", tmp_path, TIMEOUT_S, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for rank, report in enumerate(reports):
+        assert report["errors"], (rank, report)  # neither the save nor the step passed
+        assert any(
+            e.startswith("CollectiveMismatchError: MPI operations out of step on rank ")
+            and "rank 0 is at reduce_scatter #" in e
+            and ", rank 1 at all_reduce #" in e
+            for e in report["errors"]
+        ), (rank, report)
+        assert report["elapsed_s"] < QUICK_S, (rank, report)
+    assert not (tmp_path / "lone.ckpt").exists()
+
+
 def test_signatures_in_words() -> None:
     buf = np.zeros(1024, np.float32)
     assert describe_signature((7, 0, *signature_of(buf))) == "all_reduce #7 (1024 float32)"

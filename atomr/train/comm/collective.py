@@ -66,7 +66,8 @@ class Collective(abc.ABC):
     gone, or did not take part in time) raises the implementation's error
     within a bounded time, never hangs: `RingCollective` the failing
     member's own error or `RingTimeoutError`, `MpiCollective` a
-    `CollectiveError` (`RankFailedError`, `CollectiveTimeoutError`).
+    `CollectiveError` (`RankFailedError`, `CollectiveTimeoutError`,
+    `CollectiveMismatchError`).
     """
 
     members_hold_buffers: ClassVar[bool] = False

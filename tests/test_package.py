@@ -26,7 +26,21 @@ def test_import_atomr_loads_neither_asyncio_nor_numba_nor_the_training_layer() -
 def test_the_first_use_of_a_runtime_name_loads_the_runtime() -> None:
     loaded = _modules_after("from atomr import ActorSystem")
     assert {"asyncio", "atomr.actor"} <= loaded
-    assert not {"numba", "numpy", "atomr.train"} & loaded
+    assert not {"numba", "numpy", "atomr.train", "aiohttp"} & loaded
+
+
+def test_aiohttp_is_for_the_examples_and_tests_only() -> None:
+    """examples/web_service.py needs aiohttp: the `examples` extra (and so
+    `test`) installs it; the runtime itself does not depend on it."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    project = project["project"]
+    assert not [dep for dep in project["dependencies"] if dep.startswith("aiohttp")]
+    extras = project["optional-dependencies"]
+    assert any(dep.startswith("aiohttp") for dep in extras["examples"])
+    assert any(dep.startswith("atomr[") and "examples" in dep for dep in extras["test"])
 
 
 def test_every_public_name_is_the_runtime_s_own() -> None:

@@ -158,6 +158,9 @@ class DeviceActor(Actor):
     def post_stop(self) -> Any:
         """Shut the worker thread down (the running job, if any, finishes) and release BLAS.
 
+        An idle worker thread has ended when this returns; one running a job
+        ends after that job (it is not waited for).
+
         Subclasses overriding it must call ``super().post_stop()``.
         """
         self._stop_worker()

@@ -30,10 +30,35 @@ T = TypeVar("T")
 
 _Job = tuple["asyncio.Future[Any]", asyncio.AbstractEventLoop, Callable[[], Any]]
 
+_IDLE_EXIT_TIMEOUT = 1.0
+"""Seconds ``close`` waits for an idle thread to end (it ends at once)."""
+
+
+class _Lane:
+    """One thread's queue and state; a closed worker's next job starts a new lane.
+
+    ``busy`` is True while the thread starts, runs its initializer or runs a
+    job; ``closed`` once ``close`` took the lane (a job the thread picks up
+    afterwards is dropped). Both are read and written under ``lock``.
+    """
+
+    __slots__ = ("busy", "closed", "jobs", "lock", "thread")
+
+    def __init__(self, name: str, serve: Callable[[_Lane], None]) -> None:
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.busy = True
+        self.closed = False
+        self.thread = threading.Thread(target=serve, args=(self,), name=name, daemon=True)
+
 
 def _resolve(fut: asyncio.Future[Any], result: Any) -> None:
     if not fut.done():
         fut.set_result(result)
+
+
+def _cancel(fut: asyncio.Future[Any], _: Any) -> None:
+    fut.cancel()
 
 
 def _reject(fut: asyncio.Future[Any], error: BaseException) -> None:
@@ -60,7 +85,7 @@ class SerialWorker:
     def __init__(self, name: str, initializer: Callable[[], Any] | None = None) -> None:
         self.name = name
         self._initializer = initializer
-        self._jobs: queue.SimpleQueue[_Job | None] | None = None
+        self._lane: _Lane | None = None
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Queue ``fn()`` and return a future of the running loop for its result.
@@ -72,13 +97,12 @@ class SerialWorker:
             RuntimeError: without a running event loop.
         """
         loop = asyncio.get_running_loop()
-        jobs = self._jobs
-        if jobs is None:
-            jobs = self._jobs = queue.SimpleQueue()
-            thread = threading.Thread(target=self._serve, args=(jobs,), name=self.name, daemon=True)
-            thread.start()
+        lane = self._lane
+        if lane is None:
+            lane = self._lane = _Lane(self.name, self._serve)
+            lane.thread.start()
         fut: asyncio.Future[T] = loop.create_future()
-        jobs.put((fut, loop, fn))
+        lane.jobs.put((fut, loop, fn))
         return fut
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -94,20 +118,27 @@ class SerialWorker:
 
     def close(self) -> None:
         """Stop the thread: jobs not started are cancelled, the running one
-        finishes, then the thread ends. Does not wait for it."""
-        jobs, self._jobs = self._jobs, None
-        if jobs is None:
+        finishes, then the thread ends. An idle thread has ended when this
+        returns (a service checking for leaked threads after shutdown finds
+        none); a thread running a job, or still starting, is not waited for."""
+        lane, self._lane = self._lane, None
+        if lane is None:
             return
+        with lane.lock:
+            lane.closed = True
+            idle = not lane.busy
         while True:
             try:
-                job = jobs.get_nowait()
+                job = lane.jobs.get_nowait()
             except queue.Empty:
                 break
             if job is not None:
                 job[0].cancel()
-        jobs.put(None)
+        lane.jobs.put(None)
+        if idle and lane.thread is not threading.current_thread():
+            lane.thread.join(_IDLE_EXIT_TIMEOUT)  # it is taking the None now
 
-    def _serve(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
+    def _serve(self, lane: _Lane) -> None:
         failed: BaseException | None = None
         failed_tb: TracebackType | None = None
         if self._initializer is not None:
@@ -115,7 +146,9 @@ class SerialWorker:
                 self._initializer()
             except BaseException as error:
                 failed, failed_tb = error, error.__traceback__
-        get = jobs.get
+        get, lock = lane.jobs.get, lane.lock
+        with lock:
+            lane.busy = False
         while True:
             job = get()
             if job is None:
@@ -128,12 +161,19 @@ class SerialWorker:
             if failed is not None:
                 _hand_back(loop, _reject_again, fut, (failed, failed_tb))
                 continue
+            with lock:
+                if lane.closed:  # taken before close() emptied the queue: dropped
+                    _hand_back(loop, _cancel, fut, None)
+                    continue
+                lane.busy = True
+            settle: Callable[[asyncio.Future[Any], Any], None] = _resolve
             try:
-                result = fn()
+                outcome = fn()
             except BaseException as error:
-                _hand_back(loop, _reject, fut, error)
-            else:
-                _hand_back(loop, _resolve, fut, result)
+                settle, outcome = _reject, error
+            with lock:  # idle before the caller learns the result (and may close)
+                lane.busy = False
+            _hand_back(loop, settle, fut, outcome)
 
 
 def _reject_again(

@@ -131,7 +131,7 @@ class Worker(Actor):
 SYSTEM = web.AppKey("system", ActorSystem)
 STORE = web.AppKey("store", ActorRef)
 WORKER = web.AppKey("worker", ActorRef)
-STATS = web.AppKey("stats", dict)
+STATS = web.AppKey("stats", dict[str, int])
 TIMEOUT = web.AppKey("ask_timeout", float)
 
 
@@ -161,7 +161,11 @@ def _error(status: int, text: str) -> web.Response:
 
 @web.middleware
 async def errors_to_status(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The one place where errors become HTTP statuses."""
+    """The one place where errors become HTTP statuses.
+
+    Raises:
+        web.HTTPException: aiohttp's own (an unknown route's 404, say), as they are.
+    """
     try:
         return await handler(request)
     except BadInput as error:
@@ -217,25 +221,31 @@ async def ask(request: web.Request, ref: web.AppKey[ActorRef], message: Any) -> 
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"actors": len(request.app[SYSTEM].actors), **request.app[STATS]})
+    """`GET /health`: the live actors, the worker's jobs and restarts."""
+    stats = request.app[STATS]
+    return web.json_response({"actors": len(request.app[SYSTEM].actors), **stats})
 
 
 async def get_key(request: web.Request) -> web.Response:
+    """`GET /kv/{key}`: its value (404 if unknown)."""
     key = request.match_info["key"]
     return web.json_response({"key": key, "value": await ask(request, STORE, Get(key))})
 
 
 async def put_key(request: web.Request) -> web.Response:
+    """`PUT /kv/{key}` with `{"value": any JSON}`: store it."""
     key, value = request.match_info["key"], _field(await _json_object(request), "value", object)
     return web.json_response({"key": key, "value": await ask(request, STORE, Put(key, value))})
 
 
 async def incr_key(request: web.Request) -> web.Response:
+    """`POST /kv/{key}/incr` with `{"by": int}`: add to an int (a missing key is 0)."""
     key, by = request.match_info["key"], _field(await _json_object(request), "by", int)
     return web.json_response({"key": key, "value": await ask(request, STORE, Incr(key, by))})
 
 
 async def work(request: web.Request) -> web.Response:
+    """`POST /work` with `{"seconds": s, "fail": bool}`: one job for the worker."""
     body = await _json_object(request)
     seconds = _field(body, "seconds", int, float)
     if not 0 <= seconds <= MAX_JOB_SECONDS:
@@ -250,7 +260,9 @@ def make_app(ask_timeout: float = ASK_TIMEOUT) -> web.Application:
     Raises:
         ValueError: if ``ask_timeout`` is not a positive number.
     """
-    if isinstance(ask_timeout, bool) or not ask_timeout > 0:
+    if not isinstance(ask_timeout, int | float) or isinstance(ask_timeout, bool):
+        raise ValueError(f"ask_timeout must be a number of seconds, got {ask_timeout!r}")
+    if not ask_timeout > 0:
         raise ValueError(f"ask_timeout must be a positive number of seconds, got {ask_timeout!r}")
     app = web.Application(middlewares=[errors_to_status])
     app[TIMEOUT] = float(ask_timeout)

@@ -68,6 +68,12 @@ def test_the_script_runs_its_self_test(run_example) -> None:
     assert out[-1] == "shut down cleanly"
 
 
+@pytest.mark.parametrize("ask_timeout", [0, -1.0, float("nan"), True, "2"])
+def test_make_app_refuses_a_bad_ask_timeout(ask_timeout: Any) -> None:
+    with pytest.raises(ValueError, match="ask_timeout must be a"):
+        ws.make_app(ask_timeout=ask_timeout)
+
+
 async def test_many_concurrent_requests_are_answered_correctly(client: TestClient) -> None:
     keys, per_key = ["a", "b", "c", "d"], 50
     answers = await asyncio.gather(

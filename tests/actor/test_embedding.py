@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import atomr
 from atomr import Actor, ActorStoppedError, ActorSystem, AskTimeoutError, Props
 from atomr.accel import DeviceActor
 from atomr.accel.device_actor import OnDevice
@@ -146,3 +147,19 @@ async def test_another_thread_s_loop_may_ask_but_not_run_the_system(
         answer = await asyncio.to_thread(asyncio.run, elsewhere())
         assert answer == "from another loop"
         assert not system.is_terminated and len(system.actors) == 1
+
+
+def test_atomr_run_uses_uvloop_for_its_own_loop_only() -> None:
+    """`atomr.run` picks uvloop by a loop factory: the policy, and so the
+    loops a host makes afterwards, stay asyncio's."""
+    pytest.importorskip("uvloop")
+    process = _process_state()
+
+    async def loop_type() -> str:
+        async with ActorSystem("run") as system:
+            await system.spawn(Props(Echo)).ask("ok", timeout=5)
+        return type(asyncio.get_running_loop()).__module__
+
+    assert atomr.run(loop_type()).startswith("uvloop")
+    assert _process_state() == process
+    assert asyncio.run(loop_type()).startswith("asyncio")

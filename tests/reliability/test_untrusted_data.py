@@ -62,9 +62,11 @@ MPI_OBJECT_API = {
 }
 # what the MPI modules may call on MPI objects: the buffer API and bookkeeping
 MPI_ALLOWED = {
+    "Allgather",
     "Allreduce",
     "Bcast",
     "Barrier",
+    "Iallgather",
     "Iallreduce",
     "Ireduce_scatter",
     "Iallgatherv",

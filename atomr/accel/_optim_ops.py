@@ -48,7 +48,8 @@ class OptimOps(OpsBase, abc.ABC):
                 None when ``momentum == 0``. Its content is ignored on step 1 (torch's
                 first-step rule ``buf = grad``), so it need not be zeroed.
             hyperparameters: lr, momentum, dampening, weight decay and nesterov,
-                validated when they were built (they are not checked again here).
+                validated when they were built, and here in the buffers' dtype
+                (``SgdHyperparameters.check_dtype``).
             step: the 1-based step number (1 on the first step).
             params_out: where the new parameters go (same shape; default ``params``):
                 out of place, ``params`` is read only.
@@ -63,7 +64,8 @@ class OptimOps(OpsBase, abc.ABC):
         Raises:
             TypeError: wrong array type or dtype, or ``hyperparameters`` is not an
                 ``SgdHyperparameters``.
-            ValueError: shapes differ, not contiguous, a step below 1, missing buffer,
+            ValueError: a hyperparameter infinite in the buffers' dtype, shapes
+                differ, not contiguous, a step below 1, missing buffer,
                 or an output sharing memory with a buffer it is not the in-place
                 update of (``params`` or ``momentum_buf`` sharing ``grads``'s memory,
                 the two sharing each other's, ``params_out`` sharing any buffer but
@@ -92,6 +94,7 @@ class OptimOps(OpsBase, abc.ABC):
         in_place = {"params_out": "params", "momentum_out": "momentum_buf"}
         self.validate("sgd_step", read_only=read_only, in_place=in_place, **bufs)
         self._same_shape("sgd_step", *bufs.items())
+        _in_dtype("sgd_step", hyperparameters, params)
         flat_p = self._flat(params)
         flat_buf = self._flat(momentum_buf) if momentum_buf is not None else flat_p
         out_p = self._flat(params_out) if params_out is not None else flat_p
@@ -141,7 +144,8 @@ class OptimOps(OpsBase, abc.ABC):
             exp_avg: first moment m (zeros before step 1), updated in place.
             exp_avg_sq: second moment v (zeros before step 1), updated in place.
             hyperparameters: lr, betas, eps, weight decay and ``decoupled``,
-                validated when they were built (they are not checked again here).
+                validated when they were built, and here in the buffers' dtype
+                (``AdamHyperparameters.check_dtype``).
             step: the 1-based step number t used in the bias corrections.
             params_out, exp_avg_out, exp_avg_sq_out: where the new parameters and
                 moments go (same shape; each defaults to its input, in place). Out of
@@ -155,7 +159,8 @@ class OptimOps(OpsBase, abc.ABC):
         Raises:
             TypeError: wrong array type or dtype, or ``hyperparameters`` is not an
                 ``AdamHyperparameters``.
-            ValueError: shapes differ, not contiguous, a step below 1, or an output
+            ValueError: a hyperparameter (or coefficient) infinite in the buffers'
+                dtype, shapes differ, not contiguous, a step below 1, or an output
                 sharing memory with a buffer it is not the in-place update of
                 (``params``, ``exp_avg`` or ``exp_avg_sq`` sharing ``grads``'s memory
                 or one another's; ``params_out`` any buffer but ``params``,
@@ -177,6 +182,7 @@ class OptimOps(OpsBase, abc.ABC):
         in_place = {f"{name}_out": name for name in outs}
         self.validate("adam_step", read_only=read_only, in_place=in_place, **bufs)
         self._same_shape("adam_step", *bufs.items())
+        _in_dtype("adam_step", hyperparameters, params)
         flat = {name: self._flat(bufs[name] if out is None else out) for name, out in outs.items()}
         return self.adam_step_unchecked(
             self._flat(params),
@@ -209,3 +215,12 @@ class OptimOps(OpsBase, abc.ABC):
 def _step_number(op: str, step: Any) -> None:
     if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 1:
         raise ValueError(f"{op}: step must be an int >= 1 (1-based), got {step!r}")
+
+
+def _in_dtype(op: str, hyper: SgdHyperparameters | AdamHyperparameters, params: Any) -> None:
+    """Raises: ValueError: `hyper` cannot be used in `params`'s dtype
+    (`check_dtype`), the message naming `op`."""
+    try:
+        hyper.check_dtype(params.dtype)
+    except ValueError as exc:
+        raise ValueError(f"{op}: {exc}") from None

@@ -1,11 +1,15 @@
-"""The optimizer kernels' hyperparameters: validated once, when built.
+"""The optimizer kernels' hyperparameters: validated once, when built, and
+once more for the dtype they are used in, when that is known.
 
 `SgdHyperparameters` and `AdamHyperparameters` are the one place that names
 the arguments of the fused `sgd_step` / `adam_step` kernels. Each is checked
-when it is built, in float32 (the narrowest dtype the kernels compute in), so
-a value such as `lr=1e39`, finite in float64 but infinite in float32, is
-refused there and never reaches a kernel. A step then only asks the object
-for `kernel_args(step, dtype)`, the scalars its kernel takes in the
+when it is built for what is wrong in every dtype (a wrong type, NaN, a
+negative rate, a value or coefficient out of float64's range), and by
+`check_dtype(dtype)` for the dtype of the buffers it updates: a value such as
+`lr=1e39`, finite in float64 but infinite in float32, is refused for float32
+buffers (the optimizer state calls it when it is built, the checked backend
+entries on every call) and never reaches a kernel. A step then only asks the
+object for `kernel_args(step, dtype)`, the scalars its kernel takes in the
 buffers' dtype, with no check.
 """
 
@@ -84,6 +88,7 @@ def _real_finite_in(name: str, value: Any, dtype: np.dtype[Any]) -> float:
 # float32's largest value and 2**128 (a tie rounds to the even 2**128)
 _FLOAT32_OVERFLOW = (2.0 - 2.0**-24) * 2.0**127
 _FLOAT32 = np.dtype(np.float32)
+_FLOAT64 = np.dtype(np.float64)
 
 # a step from which 1 - beta**step is exactly 1.0 for every float64 beta < 1
 # ((1 - 2**-53) ** 2**60 = exp(-128) < 2**-53): Adam's bias corrections are
@@ -97,8 +102,13 @@ def finite_in(v: float, dtype: np.dtype[Any]) -> bool:
     return math.isfinite(v) and (dtype.itemsize >= 8 or abs(v) < _FLOAT32_OVERFLOW)
 
 
-def _finite_in_float32(v: float) -> bool:
-    return finite_in(v, _FLOAT32)
+def _finite_values_in(dtype: Any, values: dict[str, float]) -> None:
+    """Raises: ValueError: a value (a coefficient named by what it is, or a
+    hyperparameter) infinite in `dtype`, naming it, its value and `dtype`."""
+    dt = np.dtype(dtype)
+    for what, value in values.items():
+        if not finite_in(value, dt):
+            raise ValueError(f"{what} must be finite in {dt}, got {value}")
 
 
 def _at_least_zero(**values: float) -> None:
@@ -121,9 +131,9 @@ class SgdHyperparameters:
 
     Raises:
         TypeError: a value that is not a real number (`nesterov`: not a bool).
-        ValueError: a value that is NaN or infinite in float32, a negative
+        ValueError: a value that is NaN or infinite in float64, a negative
             lr, momentum or weight_decay, or nesterov without momentum or
-            with dampening.
+            with dampening. (Infinite in float32: `check_dtype`.)
     """
 
     lr: float
@@ -134,11 +144,21 @@ class SgdHyperparameters:
 
     def __post_init__(self) -> None:
         for name in ("lr", "momentum", "dampening", "weight_decay"):
-            object.__setattr__(self, name, real_in_float32(name, getattr(self, name)))
+            object.__setattr__(self, name, _real_finite_in(name, getattr(self, name), _FLOAT64))
         object.__setattr__(self, "nesterov", bool_flag("nesterov", self.nesterov))
         _at_least_zero(lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
         if self.nesterov and (self.momentum <= 0.0 or self.dampening != 0.0):
             raise ValueError("nesterov momentum requires momentum > 0 and dampening == 0")
+
+    def check_dtype(self, dtype: Any) -> None:
+        """Check that the kernel can compute with these values in `dtype`
+        (float32 or float64, the buffers'): each finite there.
+
+        Raises:
+            ValueError: a value infinite in `dtype` (named, with its value).
+        """
+        names = ("lr", "momentum", "dampening", "weight_decay")
+        _finite_values_in(dtype, {name: getattr(self, name) for name in names})
 
     def kernel_args(self, step: int, dtype: Any) -> tuple[Any, ...]:
         """The kernel's scalars for 1-based step `step`, in `dtype` (the
@@ -165,10 +185,11 @@ class AdamHyperparameters:
 
     Raises:
         TypeError: a value that is not a real number (`decoupled`: not a bool).
-        ValueError: a value that is NaN or infinite in float32, betas outside
+        ValueError: a value that is NaN or infinite in float64, betas outside
             [0, 1), a negative lr, eps or weight_decay, or a bias-corrected
             step size (`lr / (1 - beta1)`, `1 / sqrt(1 - beta2)`) or AdamW
-            decay factor (`1 - lr * weight_decay`) infinite in float32.
+            decay factor (`1 - lr * weight_decay`) infinite in float64.
+            (Infinite in float32: `check_dtype`.)
     """
 
     lr: float
@@ -180,20 +201,34 @@ class AdamHyperparameters:
 
     def __post_init__(self) -> None:
         for name in ("lr", "beta1", "beta2", "eps", "weight_decay"):
-            object.__setattr__(self, name, real_in_float32(name, getattr(self, name)))
+            object.__setattr__(self, name, _real_finite_in(name, getattr(self, name), _FLOAT64))
         object.__setattr__(self, "decoupled", bool_flag("decoupled", self.decoupled))
         if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
             raise ValueError(f"betas must be in [0, 1), got ({self.beta1}, {self.beta2})")
         _at_least_zero(lr=self.lr, eps=self.eps, weight_decay=self.weight_decay)
-        # the largest values the coefficients take (step 1): they must fit too
-        largest = {
-            "the first step size lr / (1 - beta1)": self.lr / (1.0 - self.beta1),
-            "1 / sqrt(1 - beta2)": 1.0 / math.sqrt(1.0 - self.beta2),
-            "the decay factor 1 - lr * weight_decay": 1.0 - self.lr * self.weight_decay,
-        }
-        for what, value in largest.items():
-            if not _finite_in_float32(value):
-                raise ValueError(f"{what} is {value}: infinite in float32")
+        self.check_dtype(_FLOAT64)
+
+    def check_dtype(self, dtype: Any) -> None:
+        """Check that the kernel can compute with these values in `dtype`
+        (float32 or float64, the buffers'): each finite there, and the
+        largest values its coefficients take (step 1) too.
+
+        Raises:
+            ValueError: a value, a bias-corrected step size (`lr / (1 -
+                beta1)`, `1 / sqrt(1 - beta2)`) or the AdamW decay factor
+                (`1 - lr * weight_decay`) infinite in `dtype` (named, with
+                its value).
+        """
+        names = ("lr", "beta1", "beta2", "eps", "weight_decay")
+        _finite_values_in(dtype, {name: getattr(self, name) for name in names})
+        _finite_values_in(
+            dtype,
+            {
+                "the first step size lr / (1 - beta1)": self.lr / (1.0 - self.beta1),
+                "1 / sqrt(1 - beta2)": 1.0 / math.sqrt(1.0 - self.beta2),
+                "the decay factor 1 - lr * weight_decay": 1.0 - self.lr * self.weight_decay,
+            },
+        )
 
     def kernel_args(self, step: int, dtype: Any) -> tuple[Any, ...]:
         """The kernel's scalars for 1-based step `step`, in `dtype` (the

@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
-from atomr.accel.hyperparameters import given_in_float32
+from atomr.accel.hyperparameters import given_in
 from atomr.train.core._cpu import cpu_backend
+from atomr.train.core.model.inputs import model_dtype
 from atomr.train.core.optimizer_state import Adam, Optimizer, Sgd
 from atomr.train.core.schedule import LrSchedule, check_restorable, schedule_from_config
 
@@ -49,9 +50,15 @@ class OptimizerKind:
     """An update rule and its hyper-parameters; build one with `sgd`, `adam`
     or `adamw`, then `create(n)` the state for `n` parameters.
 
-    The hyper-parameters are validated once, here, into the kernel's
+    The hyper-parameters are validated here, into the kernel's
     `hyperparameters` object (`atomr.accel.SgdHyperparameters` or
-    `AdamHyperparameters`), in float32: no step checks them again.
+    `AdamHyperparameters`), for what is wrong in every dtype, and by
+    `check_dtype` for the dtype of the parameters they update, once it is
+    known: an `Optimizer` checks its rule when it is built (before it
+    allocates anything) and whenever it takes a new one, a trainer when it is
+    spawned, before any step. So `eps=1e-50` (0 in float32) is taken here and
+    by a float64 model, and refused for a float32 one. No step checks them
+    again (a scheduled rate is checked when it changes: `hyperparameters_at`).
 
     Attributes:
         name: "sgd", "adam" or "adamw".
@@ -66,7 +73,7 @@ class OptimizerKind:
 
     Raises:
         ValueError: an unknown name; a value that is negative, NaN or
-            infinite in float32; betas outside [0, 1); nesterov without
+            infinite in float64; betas outside [0, 1); nesterov without
             momentum or with dampening; a setting of the other rule
             (momentum for Adam, betas for SGD) that is not its default; a
             schedule whose config does not rebuild it (`check_restorable`:
@@ -87,8 +94,8 @@ class OptimizerKind:
     hyperparameters: SgdHyperparameters | AdamHyperparameters = field(
         init=False, repr=False, compare=False
     )
-    # the hyper-parameters of the last scheduled learning rate asked for
-    _scheduled: tuple[float, Any] = field(init=False, repr=False, compare=False)
+    # the last scheduled learning rate asked for, its dtype and hyper-parameters
+    _scheduled: tuple[float, Any, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.name not in _KINDS:
@@ -109,7 +116,7 @@ class OptimizerKind:
                 self.lr, b1, b2, self.eps, self.weight_decay, decoupled=self.name == "adamw"
             )
         object.__setattr__(self, "hyperparameters", hyper)
-        object.__setattr__(self, "_scheduled", (self.lr, hyper))
+        object.__setattr__(self, "_scheduled", (self.lr, None, hyper))
         if self.schedule is not None:
             if not isinstance(self.schedule, LrSchedule):
                 name = type(self.schedule).__name__
@@ -134,15 +141,16 @@ class OptimizerKind:
 
         Raises:
             TypeError: a value that is not a number, or `nesterov` not a bool.
-            ValueError: negative or non-finite values; nesterov without
+            ValueError: negative values, values infinite or non-zero but 0 in
+                float64 (float32's range: `check_dtype`); nesterov without
                 momentum or with dampening.
         """
         return cls(
             "sgd",
-            given_in_float32("lr", lr),
-            given_in_float32("momentum", momentum),
-            given_in_float32("dampening", dampening),
-            given_in_float32("weight_decay", weight_decay),
+            _given("lr", lr),
+            _given("momentum", momentum),
+            _given("dampening", dampening),
+            _given("weight_decay", weight_decay),
             nesterov,
         )
 
@@ -157,7 +165,9 @@ class OptimizerKind:
         """torch.optim.Adam's rule (L2 weight decay added to the gradient).
 
         Raises:
-            ValueError: betas outside [0, 1), negative or non-finite values.
+            TypeError: a value that is not a number.
+            ValueError: betas outside [0, 1); negative values, values infinite
+                or non-zero but 0 in float64 (float32's range: `check_dtype`).
         """
         return cls._adam_family("adam", lr, betas, eps, weight_decay)
 
@@ -172,7 +182,9 @@ class OptimizerKind:
         """torch.optim.AdamW's rule (decoupled weight decay).
 
         Raises:
-            ValueError: betas outside [0, 1), negative or non-finite values.
+            TypeError: a value that is not a number.
+            ValueError: betas outside [0, 1); negative values, values infinite
+                or non-zero but 0 in float64 (float32's range: `check_dtype`).
         """
         return cls._adam_family("adamw", lr, betas, eps, weight_decay)
 
@@ -183,10 +195,10 @@ class OptimizerKind:
         b1, b2 = betas
         return cls(
             name,
-            given_in_float32("lr", lr),
-            weight_decay=given_in_float32("weight_decay", weight_decay),
-            betas=(given_in_float32("beta1", b1), given_in_float32("beta2", b2)),
-            eps=given_in_float32("eps", eps),
+            _given("lr", lr),
+            weight_decay=_given("weight_decay", weight_decay),
+            betas=(_given("beta1", b1), _given("beta2", b2)),
+            eps=_given("eps", eps),
         )
 
     def with_lr(self, lr: float) -> OptimizerKind:
@@ -194,9 +206,10 @@ class OptimizerKind:
 
         Raises:
             TypeError: `lr` is not a real number (a str or bool included).
-            ValueError: `lr` is not valid for the rule (checked as when built).
+            ValueError: `lr` is not valid for the rule (checked as when built;
+                float32's range: `check_dtype`, which `Optimizer.set_lr` runs).
         """
-        return replace(self, lr=given_in_float32("lr", lr))
+        return replace(self, lr=_given("lr", lr))
 
     def with_schedule(self, schedule: LrSchedule | None) -> OptimizerKind:
         """The same rule with a learning-rate schedule (None: constant `lr`).
@@ -210,13 +223,42 @@ class OptimizerKind:
         """The learning rate of the update made after `epoch` updates."""
         return self.lr if self.schedule is None else self.schedule.lr(self.lr, epoch)
 
-    def hyperparameters_at(self, epoch: int) -> SgdHyperparameters | AdamHyperparameters:
-        """The kernel's hyper-parameters for the update made after `epoch`
-        updates (the base ones without a schedule).
+    def check_dtype(self, dtype: Any) -> None:
+        """Check that the rule can update parameters of `dtype` (the model's):
+        each hyper-parameter finite and, if non-zero, not 0 there
+        (`given_in`), and the kernel's coefficients finite
+        (`hyperparameters.check_dtype`). An `Optimizer` runs it when it is
+        built and on every rule it takes; trainers when they are spawned.
 
         Raises:
-            ValueError: the scheduled learning rate is out of range in float32
-                (a growing schedule); nothing is updated.
+            ValueError: `dtype` is not float32 or float64, or a value out of
+                its range, e.g. "adam cannot compute in float32: eps=1e-50
+                rounds to 0 in float32; give 0 or a value >= 1e-45".
+        """
+        dt = model_dtype(dtype)
+        if self.name == "sgd":
+            names = {"momentum": self.momentum, "dampening": self.dampening}
+        else:
+            names = {"beta1": self.betas[0], "beta2": self.betas[1], "eps": self.eps}
+        try:
+            for name, value in {"lr": self.lr, **names, "weight_decay": self.weight_decay}.items():
+                given_in(name, value, dt)
+            self.hyperparameters.check_dtype(dt)
+        except ValueError as exc:
+            raise ValueError(f"{self.name} cannot compute in {dt}: {exc}") from None
+
+    def hyperparameters_at(
+        self, epoch: int, dtype: np.dtype[Any]
+    ) -> SgdHyperparameters | AdamHyperparameters:
+        """The kernel's hyper-parameters for the update made after `epoch`
+        updates of parameters of `dtype` (float32 or float64). Without a
+        schedule, the base ones, not checked again (`check_dtype` did when
+        the optimizer was built); a scheduled rate is checked in `dtype`
+        whenever it changes.
+
+        Raises:
+            ValueError: the scheduled learning rate is out of range in `dtype`
+                (a growing schedule), naming the update; nothing is updated.
         """
         if self.schedule is None:
             return self.hyperparameters
@@ -224,13 +266,14 @@ class OptimizerKind:
             lr = self.schedule.lr(self.lr, epoch)
         except OverflowError:  # a growing power past float's range: refused below
             lr = math.inf
-        last_lr, hyper = self._scheduled
-        if lr != last_lr:
+        last_lr, last_dtype, hyper = self._scheduled
+        if lr != last_lr or dtype != last_dtype:
             try:
                 hyper = replace(self.hyperparameters, lr=lr)
+                hyper.check_dtype(dtype)
             except ValueError as exc:
                 raise ValueError(f"update {epoch + 1}: scheduled {exc}") from None
-            object.__setattr__(self, "_scheduled", (lr, hyper))
+            object.__setattr__(self, "_scheduled", (lr, dtype, hyper))
         return hyper
 
     def create(self, n: int, backend: Any = None, dtype: Any = np.float32) -> Optimizer:
@@ -246,7 +289,8 @@ class OptimizerKind:
             A `Sgd` or `Adam` optimizer with zeroed state and step count 0.
 
         Raises:
-            ValueError: `n < 1`.
+            ValueError: `n < 1`, or a hyper-parameter out of range in `dtype`
+                (`check_dtype`); checked before anything is allocated.
         """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -284,3 +328,14 @@ class OptimizerKind:
         if cfg.get("schedule") is not None:
             cfg["schedule"] = schedule_from_config(cfg["schedule"])
         return cls(**cfg)
+
+
+def _given(name: str, value: Any) -> float:
+    """A hyper-parameter as given: `given_in` float64, the widest dtype the
+    kernels compute in (the parameters' own: `OptimizerKind.check_dtype`).
+
+    Raises:
+        TypeError: not a real number (a bool included).
+        ValueError: NaN, infinite in float64, or non-zero but 0 there.
+    """
+    return given_in(name, value, np.float64)

@@ -23,7 +23,9 @@ class UpdateRule(Protocol):
     @property
     def momentum(self) -> float: ...
 
-    def hyperparameters_at(self, epoch: int) -> Any: ...
+    def check_dtype(self, dtype: Any) -> None: ...
+
+    def hyperparameters_at(self, epoch: int, dtype: np.dtype[Any]) -> Any: ...
 
     def lr_at(self, epoch: int) -> float: ...
 
@@ -39,15 +41,22 @@ class Optimizer:
     """Optimizer state over a flat parameter vector; see `OptimizerKind.create`.
 
     Attributes:
-        kind: the rule and hyper-parameters.
+        kind: the rule and hyper-parameters, checked in `dtype`
+            (`OptimizerKind.check_dtype`) when built and whenever replaced.
         n: number of parameters.
+        dtype: the parameters' dtype (float32 or float64).
         step_count: steps applied so far.
+
+    Raises:
+        ValueError: a hyper-parameter of `kind` out of range in `dtype`, or
+            `dtype` not float32 or float64 (before anything is allocated).
     """
 
     _buffers: tuple[str, ...] = ()
     _nonnegative_buffers: tuple[str, ...] = ()
 
     def __init__(self, kind: UpdateRule, n: int, backend: Any, dtype: np.dtype) -> None:
+        kind.check_dtype(dtype)
         self.kind: Any = kind  # the OptimizerKind (an UpdateRule here: no import cycle)
         self.n = int(n)
         self.backend = backend
@@ -62,10 +71,12 @@ class Optimizer:
             `SetLearningRate` gives it back).
 
         Raises:
-            ValueError, TypeError: as `OptimizerKind` for a bad `lr` (nothing changed).
+            ValueError, TypeError: as `OptimizerKind` for a bad `lr`, or one
+                out of range in this optimizer's dtype (nothing changed).
         """
-        old = float(self.kind.lr)
-        self.kind = self.kind.with_lr(lr)
+        old, kind = float(self.kind.lr), self.kind.with_lr(lr)
+        kind.check_dtype(self.dtype)
+        self.kind = kind
         return old
 
     def _check_args(self, op: str, read_only: tuple[str, ...], **buffers: Any) -> None:
@@ -241,7 +252,8 @@ class Optimizer:
         taken from `state["kind"]` too, so a learning-rate schedule survives).
 
         Raises:
-            ValueError: another optimizer kind, a step that is not a
+            ValueError: another optimizer kind, hyper-parameters out of
+                range in this optimizer's dtype, a step that is not a
                 non-negative integer, a buffer missing that the step needs,
                 buffers of the wrong size, non-finite buffers, or a negative
                 value in a buffer that cannot hold one.
@@ -249,6 +261,7 @@ class Optimizer:
         kind = type(self.kind).from_config(state["kind"])
         if kind.name != self.kind.name:
             raise ValueError(f"state is for {kind.name!r}, this optimizer is {self.kind.name!r}")
+        kind.check_dtype(self.dtype)
         step = state["step"]
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
@@ -307,7 +320,13 @@ class Sgd(Optimizer):
         buf = params if self.momentum_buffer is None else self.momentum_buffer
         return bool(
             self.backend.sgd_step_unchecked(
-                params, grads, buf, k.hyperparameters_at(self.step_count), step, params, buf
+                params,
+                grads,
+                buf,
+                k.hyperparameters_at(self.step_count, self.dtype),
+                step,
+                params,
+                buf,
             )
         )
 
@@ -325,7 +344,7 @@ class Sgd(Optimizer):
             params,
             grads,
             params if buf is None else buf,
-            k.hyperparameters_at(self.step_count),
+            k.hyperparameters_at(self.step_count, self.dtype),
             step,
             params_out,
             params_out if out is None else out,
@@ -354,7 +373,7 @@ class Adam(Optimizer):
     def _step_in_place(self, params: Any, grads: Any) -> bool:
         self._check_args("Adam.step", ("grads",), params=params, grads=grads, **self._state())
         m, v = self.exp_avg, self.exp_avg_sq
-        hyper, step = self.kind.hyperparameters_at(self.step_count), self.step_count + 1
+        hyper, step = self.kind.hyperparameters_at(self.step_count, self.dtype), self.step_count + 1
         return bool(
             self.backend.adam_step_unchecked(params, grads, m, v, hyper, step, params, m, v)
         )
@@ -368,7 +387,7 @@ class Adam(Optimizer):
             grads,
             self.exp_avg,
             self.exp_avg_sq,
-            self.kind.hyperparameters_at(self.step_count),
+            self.kind.hyperparameters_at(self.step_count, self.dtype),
             self.step_count + 1,
             params_out,
             m,

@@ -134,3 +134,24 @@ def test_cpu_optimizers_random(n, momentum, nesterov, wd, decoupled, seed):
     np.testing.assert_allclose(
         p, ref_adam(p0, grads, 0.01, 0.9, 0.999, 1e-8, wd, decoupled)[0], rtol=1e-9, atol=1e-12
     )
+
+
+def test_the_checked_steps_refuse_hyperparameters_infinite_in_the_buffers_dtype(be):
+    """lr=1e39 is a valid float64 hyperparameter; on float32 buffers the
+    checked entries refuse it (naming the op, value and dtype), nothing written."""
+    p, g = put(be, np.ones(3, np.float32)), put(be, np.ones(3, np.float32))
+    m, v = be.zeros(3), be.zeros(3)
+    with pytest.raises(ValueError, match=r"sgd_step: lr must be finite in float32, got 1e\+39"):
+        be.sgd_step(p, g, None, SgdHyperparameters(1e39), step=1)
+    hyper = AdamHyperparameters(1.0, eps=1e39)
+    with pytest.raises(ValueError, match=r"adam_step: eps must be finite in float32, got 1e\+39"):
+        be.adam_step(p, g, m, v, hyper, step=1)
+    np.testing.assert_array_equal(get(be, p), np.ones(3, np.float32))
+    np.testing.assert_array_equal(get(be, m), np.zeros(3, np.float32))
+
+
+def test_the_checked_steps_take_float64_hyperparameters_on_float64_buffers():
+    be = backend_for("cpu:0")
+    p = np.ones(3)
+    be.sgd_step(p, np.ones(3), None, SgdHyperparameters(1e39), step=1)
+    assert np.all(p == 1.0 - 1e39)

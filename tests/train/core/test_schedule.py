@@ -246,7 +246,7 @@ def test_a_number_beyond_floats_range_is_a_value_error(config: dict[str, Any]) -
     kind = {"name": "sgd", "lr": 0.1, "schedule": config}
     with pytest.raises(ValueError, match="must be finite"):
         OptimizerKind.from_config(kind)
-    with pytest.raises(ValueError, match="lr must be finite in float32"):
+    with pytest.raises(ValueError, match="lr must be finite in float64"):
         OptimizerKind.from_config({**kind, "lr": 10**400, "schedule": None})
 
 
@@ -266,10 +266,25 @@ def test_a_growing_schedule_that_overflows_float32_fails_the_update_with_nothing
     opt.step(params, grads)  # lr 1
     opt.step(params, grads)  # lr 1e30: finite in float32
     before = params.copy()
-    with pytest.raises(ValueError, match="update 3: scheduled"):
+    with pytest.raises(ValueError, match="update 3: scheduled lr must be finite in float32"):
         opt.step(params, grads)  # lr 1e60: infinite in float32
     np.testing.assert_array_equal(params, before)
     assert opt.step_count == 2
+
+
+def test_a_scheduled_rate_is_checked_in_the_optimizers_own_dtype() -> None:
+    """lr 1e60 is finite in float64: a float64 optimizer takes the update a
+    float32 one refuses, and asking the same kind in float32 afterwards (the
+    rate unchanged) is still refused: the check is per dtype."""
+    kind = OptimizerKind.sgd(1.0).with_schedule(StepLR(1, 1e30))
+    opt = kind.create(2, dtype=np.float64)
+    params, grads = np.ones(2), np.ones(2)
+    for _ in range(3):
+        opt.step(params, grads)
+    assert opt.step_count == 3 and np.isfinite(params).all() and params[0] < -1e59
+    assert kind.hyperparameters_at(2, np.dtype(np.float64)).lr == pytest.approx(1e60)
+    with pytest.raises(ValueError, match="update 3: scheduled lr must be finite in float32"):
+        kind.hyperparameters_at(2, np.dtype(np.float32))
 
 
 @pytest.mark.parametrize("schedule", [StepLR(1, 10.0), MultiStepLR(list(range(1, 500)), 10.0)])
@@ -277,7 +292,7 @@ def test_a_schedule_beyond_floats_range_is_the_same_value_error(schedule: Any) -
     """10 ** 400 overflows Python's float itself (OverflowError), not only float32."""
     kind = OptimizerKind.sgd(1.0).with_schedule(schedule)
     with pytest.raises(ValueError, match="update 401: scheduled"):
-        kind.hyperparameters_at(400)
+        kind.hyperparameters_at(400, np.dtype(np.float64))
 
 
 @dataclass(frozen=True)
@@ -330,4 +345,4 @@ def test_a_cosine_of_a_t_max_beyond_floats_range_holds_the_base_rate() -> None:
     schedule = CosineAnnealingLR(10**400, 0.001)
     assert [schedule.lr(0.1, e) for e in (0, 5, 10**6)] == [0.1, 0.1, 0.1]
     kind = OptimizerKind.sgd(0.1).with_schedule(schedule)
-    assert kind.hyperparameters_at(5).lr == 0.1
+    assert kind.hyperparameters_at(5, np.dtype(np.float32)).lr == 0.1

@@ -160,13 +160,17 @@ def check_spawn_args(
 
     Raises:
         TypeError: an argument has the wrong type (the message names it).
-        ValueError: no devices, or a device name that does not parse.
+        ValueError: no devices, a device name that does not parse, or an
+            optimizer hyperparameter out of range in the model's dtype
+            (`OptimizerKind.check_dtype`).
     """
     check_system(system)
     checked = check_model(model)
     parsed = parse_devices(devices)
     check_name(name)
-    return checked, parsed, check_config(config)
+    config = check_config(config)
+    config.optimizer.check_dtype(checked.dtype)
+    return checked, parsed, config
 
 
 def check_workers(config: Any, workers: Any, what: str) -> tuple[TrainerConfig, list[Any]]:

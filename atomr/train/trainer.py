@@ -134,11 +134,13 @@ class Trainer(DeviceActor):
         Raises:
             TypeError: an argument has the wrong type (`options` not None
                 included); the message names it.
-            ValueError: no device, more than one, or a bad device name.
+            ValueError: no device, more than one, a bad device name, or an
+                optimizer hyperparameter out of range in the model's dtype
+                (`OptimizerKind.check_dtype`).
         """
         check_model(model)
         (device,) = parse_devices(devices, single=True)
-        check_config(config)
+        check_config(config).optimizer.check_dtype(model.dtype)
         refuse_options(options, cls.__name__)
         return Props(cls, model, device, config)
 
@@ -167,7 +169,7 @@ class Trainer(DeviceActor):
 
         Raises:
             TypeError: an argument has the wrong type; the message names it.
-            ValueError: no device, more than one, or a bad device name.
+            ValueError: as `props`; raised before anything is spawned.
             Exception: what building the model on the device raised (the
                 actor is stopped then).
         """

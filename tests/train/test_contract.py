@@ -27,6 +27,7 @@ from atomr.train import (
     PipelineOptions,
     PipelineParallelTrainer,
     SaveCheckpoint,
+    SetLearningRate,
     ShardedDataParallelTrainer,
     ShardedOptions,
     Step,
@@ -207,3 +208,80 @@ async def test_zero_with_a_replica_that_would_own_nothing_is_refused_before_spaw
         assert isinstance(
             await fits.ask(Step(*synthetic_classification(8, 2, 2, seed=0))), StepStats
         )
+
+
+TINY_EPS = TrainerConfig(OptimizerKind.adam(0.01, eps=1e-50), LossKind.CROSS_ENTROPY)
+"""eps=1e-50 is 0 in float32, a valid eps in float64."""
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_a_hyperparameter_float32_cannot_hold_is_refused_for_a_float32_model_at_spawn(
+    strategy: str,
+) -> None:
+    """Checked in the model's dtype before anything is spawned, naming the
+    hyperparameter, its value and the dtype."""
+    trainer_class, options, n = STRATEGIES[strategy]
+    async with ActorSystem("contract") as system:
+        with pytest.raises(ValueError, match="adam cannot compute in float32: eps=1e-50 rounds"):
+            await trainer_class.spawn(system, Mlp([6, 8, 3]), cpu_devices(n), TINY_EPS, options)
+        assert system.actors == []
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_a_float64_model_trains_with_an_eps_float32_cannot_hold(
+    strategy: str, tmp_path: Path
+) -> None:
+    """One Adam step from zero moments moves each weight by
+    `lr * g / (|g| + eps)` (torch's formula, bias corrections cancelling):
+    with eps=1e-50 in float64 that is exactly lr (or 0 where g is 0), which
+    eps=1e-8 would miss by lr * 1e-8 / |g|. Its checkpoint loads (the state
+    checked in float64), and a rate float32 cannot hold is taken too
+    (`SetLearningRate`, checked in the model's dtype)."""
+    trainer_class, options, n = STRATEGIES[strategy]
+    model = Mlp([6, 8, 3], seed=4, dtype=np.float64)
+    x, y = synthetic_classification(32, 6, 3, seed=6)
+    async with ActorSystem("contract") as system:
+        ref = await trainer_class.spawn(system, model, cpu_devices(n), TINY_EPS, options)
+        await ref.ask(Step(x.astype(np.float64), y))
+        moved = np.abs(await ref.ask(GetWeights()) - model.get_params())
+        await ref.ask(SaveCheckpoint(tmp_path / "c.ckpt"))
+        await ref.ask(LoadCheckpoint(tmp_path / "c.ckpt"))
+        await ref.ask(SetLearningRate(1e39))
+    assert moved.dtype == np.float64
+    np.testing.assert_allclose(moved[moved > 0], 0.01, rtol=1e-12)
+    assert (moved > 0).mean() > 0.5
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_a_rate_float32_cannot_hold_is_refused_for_a_float32_model(strategy: str) -> None:
+    """`SetLearningRate(1e39)` (finite in float64) is refused by the trainer,
+    in the model's dtype, before any worker is asked (a worker's refusal
+    would come with a note that the workers' rates may now differ): the
+    next step is the old rate's."""
+    trainer_class, options, n = STRATEGIES[strategy]
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    x, y = synthetic_classification(32, 6, 3, seed=6)
+    async with ActorSystem("contract") as system:
+        refs = [
+            await trainer_class.spawn(system, Mlp([6, 8, 3], seed=4), cpu_devices(n), config, options),
+            await Trainer.spawn(system, Mlp([6, 8, 3], seed=4), ["cpu:0"], config),
+        ]  # fmt: skip
+        with pytest.raises(
+            ValueError, match="sgd cannot compute in float32: lr must be finite"
+        ) as e:
+            await refs[0].ask(SetLearningRate(1e39))
+        assert getattr(e.value, "__notes__", None) is None
+        for ref in refs:
+            await ref.ask(Step(x, y))
+        after = [await ref.ask(GetWeights()) for ref in refs]
+    np.testing.assert_allclose(after[0], after[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("trainer_class", [Trainer, AsyncParameterServer])
+def test_props_taking_the_model_check_the_optimizer_in_its_dtype(trainer_class: Any) -> None:
+    """No actor is needed to refuse it: the `Props` are never made."""
+    with pytest.raises(ValueError, match="adam cannot compute in float32: eps=1e-50"):
+        trainer_class.props(Mlp([6, 8, 3]), ["cpu:0"], TINY_EPS)
+    assert isinstance(
+        trainer_class.props(Mlp([6, 8, 3], dtype=np.float64), ["cpu:0"], TINY_EPS), Props
+    )

@@ -264,19 +264,22 @@ async def _settle_or_abort(
 
 async def set_learning_rate(
     optimizer: Any,
+    dtype: Any,
     refs: Sequence[ActorRef],
     message: Any,
     timeout: float | None,
     repair: Callable[[list[Any]], Awaitable[Any]] | None = None,
 ) -> None:
     """A trainer's `SetLearningRate`, all or none: check the rate against its
-    `OptimizerKind` first (a bad one changes nothing anywhere), then set it on
+    `OptimizerKind`, in the model's dtype, first (a bad one changes nothing
+    anywhere), then set it on
     every worker (each answers the rate it replaces). If one fails, every
     worker is given the old rate back (a failed one too: it may have taken
     the new rate before failing, or take it late if its ask timed out).
 
     Args:
         optimizer: the trainer's `OptimizerKind` (checks the rate).
+        dtype: the model's dtype (`OptimizerKind.check_dtype`).
         refs: the workers.
         message: the `SetLearningRate`.
         timeout: each ask's timeout in seconds (None: wait forever).
@@ -285,12 +288,12 @@ async def set_learning_rate(
             re-syncs it from a healthy one here), before the error is raised.
 
     Raises:
-        ValueError, TypeError: a bad rate.
+        ValueError, TypeError: a bad rate, or one out of range in `dtype`.
         BaseException: the first failing worker's own exception
             (`worker_index` set, a note saying whether every worker is back
             at the old rate or what to do if not), raised after the undo settled.
     """
-    optimizer.with_lr(message.lr)
+    optimizer.with_lr(message.lr).check_dtype(dtype)
     results = await ask_all_settled(refs, message, timeout, per_worker=False)
     failed = failed_indices(results)
     if not failed:

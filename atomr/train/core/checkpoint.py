@@ -386,8 +386,10 @@ def restored_optimizer(
     return fresh
 
 
-def check_optimizer_state(ckpt: Checkpoint, kind: OptimizerKind, n_params: int) -> None:
-    """Check that the checkpoint's optimizer state loads into `kind` over `n_params`.
+def check_optimizer_state(ckpt: Checkpoint, kind: OptimizerKind, n_params: int, dtype: Any) -> None:
+    """Check that the checkpoint's optimizer state loads into `kind` over
+    `n_params` parameters of `dtype` (the receiving model's: its
+    hyperparameters are checked in it, `OptimizerKind.check_dtype`).
 
     Loads it into a throwaway optimizer on the host, so nothing of a trainer
     changes.
@@ -395,4 +397,4 @@ def check_optimizer_state(ckpt: Checkpoint, kind: OptimizerKind, n_params: int) 
     Raises:
         CheckpointError: as `restored_optimizer`.
     """
-    restored_optimizer(kind, n_params, ckpt.optimizer)
+    restored_optimizer(kind, n_params, ckpt.optimizer, dtype=dtype)

@@ -159,7 +159,7 @@ class Checkpoints:
         ckpt: Checkpoint = await self.host.run(merge_shards, path)
         n = self.replicas.n_params
         check_model_matches(ckpt, self.replicas.model, n)
-        check_optimizer_state(ckpt, self.config.optimizer, n)
+        check_optimizer_state(ckpt, self.config.optimizer, n, self.replicas.spec().dtype)
         dtype = self.replicas.model.get("dtype", "float32")
         accumulation = self.config.accumulation_steps
         return ckpt, read_pending(ckpt, n, accumulation, dtype, "DataParallelTrainer")

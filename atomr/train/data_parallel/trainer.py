@@ -306,7 +306,12 @@ class DataParallelTrainer(Actor):
         if isinstance(message, SetLearningRate):
             group = self.replicas  # a replica restarted meanwhile is re-synced
             return await set_learning_rate(
-                self.config.optimizer, group.refs, message, group.timeout, group.resync_crashed
+                self.config.optimizer,
+                group.spec().dtype,
+                group.refs,
+                message,
+                group.timeout,
+                group.resync_crashed,
             )
         if isinstance(message, Evaluate):
             return await self._evaluate(message)

@@ -68,6 +68,7 @@ def server_states(
     optimizer: OptimizerKind,
     model_config: Mapping[str, Any],
     loader: str,
+    dtype: Any,
 ) -> list[ServerState]:
     """Cut a checkpoint into one state per range, checking everything first.
 
@@ -77,6 +78,7 @@ def server_states(
         optimizer: the shards' optimizer (the checkpoint's must be of its kind).
         model_config: the model's `Mlp.config()` (the checkpoint's must match).
         loader: the loading actor's class name, for the messages.
+        dtype: the model's dtype (the optimizer state is checked in it).
 
     Returns:
         One `ServerState` per range.
@@ -90,7 +92,7 @@ def server_states(
     """
     n = ranges[-1][1]
     check_model_matches(ckpt, model_config, n)
-    check_optimizer_state(ckpt, optimizer, n)
+    check_optimizer_state(ckpt, optimizer, n, dtype)
     check_resumable_window(ckpt, 1, loader)  # the servers do not accumulate
     return [
         ServerState(

@@ -61,8 +61,10 @@ class Layout:
             TypeError: an argument of the wrong type (named in the message).
             ValueError: no devices or a bad device name, more shards than
                 weights, `accumulation_steps != 1` (the parameter server
-                does not accumulate), or gradient clipping with several
-                shards (it needs the global norm).
+                does not accumulate), gradient clipping with several
+                shards (it needs the global norm), or an optimizer
+                hyperparameter out of range in the model's dtype
+                (`OptimizerKind.check_dtype`).
         """
         if not isinstance(model, Sequential):
             raise TypeError(f"model must be a Sequential (an Mlp, ...), got {type(model).__name__}")
@@ -81,6 +83,7 @@ class Layout:
             )
         if options.shards > 1 and config.gradient_clip is not None:
             raise ValueError("gradient clipping needs the global norm: use shards=1")
+        config.optimizer.check_dtype(model.dtype)
         workers = len(devs) if options.workers is None else options.workers
         # `ParameterServerOptions` parsed its server devices when it was built
         server_devs = cast("tuple[Device, ...]", options.server_devices or devs)

@@ -348,7 +348,9 @@ class ShardStore(DeviceActor):
             return Failure(ckpt.error)
         try:
             ranges = [(0, self.n)]
-            (state,) = server_states(ckpt, ranges, self.kind, self.model_config, "ServerShard")
+            (state,) = server_states(
+                ckpt, ranges, self.kind, self.model_config, "ServerShard", self.dtype
+            )
         except CheckpointError as exc:
             return Failure(exc)
         result = await self._set_state(state)

@@ -241,7 +241,9 @@ class AsyncParameterServer(Actor):
             return await self._stats()
         if isinstance(message, SetLearningRate):
             timeout = self.config.worker_timeout
-            return await set_learning_rate(self.config.optimizer, self.servers, message, timeout)
+            return await set_learning_rate(
+                self.config.optimizer, self._spec.dtype, self.servers, message, timeout
+            )
         if isinstance(message, TrainEpochs):
             return await self._train_epochs(message)
         return not_handled("AsyncParameterServer", message)
@@ -305,7 +307,9 @@ class AsyncParameterServer(Actor):
         """
         ckpt = await asyncio.to_thread(merge_shards, path)
         ranges, optimizer = self.layout.ranges, self.config.optimizer
-        states = server_states(ckpt, ranges, optimizer, self.model_config, "AsyncParameterServer")
+        states = server_states(
+            ckpt, ranges, optimizer, self.model_config, "AsyncParameterServer", self._spec.dtype
+        )
         self.pool.weights_changed()  # also when the load fails and is undone
         keep_old = self._watch.lost() is None  # else nothing to go back to
         await load_servers(self.servers, states, keep_old, self.config.worker_timeout)

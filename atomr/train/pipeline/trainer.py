@@ -243,7 +243,7 @@ class PipelineParallelTrainer(Actor):
             return np.concatenate(await group.all(GetStageGradients()))
         if isinstance(message, SetLearningRate):
             return await set_learning_rate(
-                self.config.optimizer, group.refs, message, group.timeout
+                self.config.optimizer, group.spec.dtype, group.refs, message, group.timeout
             )
         if isinstance(message, GetTimeline):
             return self._timeline
@@ -342,7 +342,7 @@ class PipelineParallelTrainer(Actor):
         n = group.offsets[-1]
         check_model_matches(ckpt, group.model_config, n)
         # validate the optimizer state on the whole vector before touching any stage
-        check_optimizer_state(ckpt, self.config.optimizer, n)
+        check_optimizer_state(ckpt, self.config.optimizer, n, group.spec.dtype)
         accumulation = self.config.accumulation_steps
         check_resumable_window(ckpt, accumulation, "PipelineParallelTrainer")
         await group.load(split_checkpoint(ckpt, group.offsets))

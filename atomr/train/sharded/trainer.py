@@ -240,7 +240,9 @@ class ShardedDataParallelTrainer(Actor):
             return TrainingState(self.steps, self.config.max_steps, self.options.process_rank == 0)
         if isinstance(message, SetLearningRate):
             timeout = self.config.worker_timeout
-            return await set_learning_rate(self.config.optimizer, self.refs, message, timeout)
+            return await set_learning_rate(
+                self.config.optimizer, self.dtype, self.refs, message, timeout
+            )
         if isinstance(message, SaveCheckpoint):
             return await self.checkpoints.save(Path(message.path), self.steps)
         return not_handled(type(self).__name__, message)

@@ -174,7 +174,9 @@ class LayerTensorParallelTrainer(Actor):
             return TrainingState(self.steps, self.config.max_steps)
         if isinstance(message, SetLearningRate):
             timeout = self.config.worker_timeout
-            return await set_learning_rate(self.config.optimizer, self.refs, message, timeout)
+            return await set_learning_rate(
+                self.config.optimizer, self.spec.dtype, self.refs, message, timeout
+            )
         if isinstance(message, SaveCheckpoint):
             return await self._save(message)
         if isinstance(message, LoadCheckpoint):
@@ -296,7 +298,7 @@ class LayerTensorParallelTrainer(Actor):
         ckpt = await asyncio.to_thread(merge_shards, message.path)
         model = self.plan.model
         check_model_matches(ckpt, model.config(), model.n_params)
-        check_optimizer_state(ckpt, self.config.optimizer, model.n_params)
+        check_optimizer_state(ckpt, self.config.optimizer, model.n_params, model.dtype)
         check_resumable_window(ckpt, self.config.accumulation_steps, "TensorParallelTrainer")
         weights = self.plan.split(np.asarray(ckpt.weights, dtype=model.dtype))
         buffers = {

@@ -231,7 +231,7 @@ class TensorParallelTrainer(Actor):
             return await group.gather("params")
         if isinstance(message, SetLearningRate):
             return await set_learning_rate(
-                self.config.optimizer, group.refs, message, group.timeout
+                self.config.optimizer, group.dtype, group.refs, message, group.timeout
             )
         if isinstance(message, SaveCheckpoint):
             return await self._save(group, message)
@@ -292,7 +292,7 @@ class TensorParallelTrainer(Actor):
         (`ShardGroup.load`; `keep_old` as there)."""
         ckpt = await asyncio.to_thread(merge_shards, message.path)
         check_model_matches(ckpt, group.model, group.total_params)
-        check_optimizer_state(ckpt, self.config.optimizer, group.total_params)
+        check_optimizer_state(ckpt, self.config.optimizer, group.total_params, group.dtype)
         check_resumable_window(ckpt, self.config.accumulation_steps, "TensorParallelTrainer")
         step = int(ckpt.optimizer["step"])
         await group.load(ckpt.weights, ckpt.optimizer, step, keep_old=keep_old)

@@ -45,7 +45,7 @@ from atomr.train import (
     load_checkpoint,
 )
 from atomr.train.core import Checkpoint, save_checkpoint, synthetic_classification
-from atomr.train.core.checkpoint import MAGIC
+from atomr.train.core.checkpoint import MAGIC, check_optimizer_state
 from atomr.train.parameter_server import Consistency
 
 N = 10
@@ -94,7 +94,8 @@ def test_a_crafted_file_with_nothing_wrong_loads(tmp_path: Path) -> None:
         ({"step": True}, "step"),
         ({"step": 2**70}, "step"),
         ({"optimizer": {"step": -1}}, "optimizer.step"),
-        ({"optimizer": {"kind": {"name": "adam", "lr": 1e39}}}, "optimizer.kind.lr"),
+        ({"optimizer": {"kind": {"name": "adam", "lr": float("inf")}}}, "optimizer.kind.lr"),
+        ({"optimizer": {"kind": {"name": "adam", "eps": float("nan")}}}, "optimizer.kind.eps"),
         ({"model": [1, 2]}, "model"),
         ({"payload_len": 10**30}, "payload_len"),
         # integers beyond float's range: an OverflowError before
@@ -109,6 +110,17 @@ def test_header_fields_are_checked(tmp_path: Path, header: dict[str, Any], field
     path = _craft(tmp_path / "h.ckpt", header=header)
     with pytest.raises(CheckpointError, match=re.escape(field)):
         load_checkpoint(path)
+
+
+def test_optimizer_numbers_are_read_as_float64(tmp_path: Path) -> None:
+    """lr=1e39 is a float64 model's rate: the file loads; a float32 trainer
+    refuses it when it loads the state (`check_optimizer_state`)."""
+    optimizer = {"kind": {"name": "sgd", "lr": 1e39}, "step": 0}
+    ckpt = load_checkpoint(_craft(tmp_path / "h.ckpt", header={"optimizer": optimizer}))
+    kind = OptimizerKind.sgd(0.1)
+    check_optimizer_state(ckpt, kind, N, np.float64)
+    with pytest.raises(CheckpointError, match="sgd cannot compute in float32: lr must be finite"):
+        check_optimizer_state(ckpt, kind, N, np.float32)
 
 
 @pytest.mark.parametrize(

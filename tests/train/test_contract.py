@@ -234,9 +234,9 @@ async def test_a_float64_model_trains_with_an_eps_float32_cannot_hold(
     """One Adam step from zero moments moves each weight by
     `lr * g / (|g| + eps)` (torch's formula, bias corrections cancelling):
     with eps=1e-50 in float64 that is exactly lr (or 0 where g is 0), which
-    eps=1e-8 would miss by lr * 1e-8 / |g|. Its checkpoint loads (the state
-    checked in float64), and a rate float32 cannot hold is taken too
-    (`SetLearningRate`, checked in the model's dtype)."""
+    eps=1e-8 would miss by lr * 1e-8 / |g|. A rate float32 cannot hold is
+    taken too (`SetLearningRate`, checked in the model's dtype), and the
+    checkpoint holding both loads (checked in float64)."""
     trainer_class, options, n = STRATEGIES[strategy]
     model = Mlp([6, 8, 3], seed=4, dtype=np.float64)
     x, y = synthetic_classification(32, 6, 3, seed=6)
@@ -244,9 +244,9 @@ async def test_a_float64_model_trains_with_an_eps_float32_cannot_hold(
         ref = await trainer_class.spawn(system, model, cpu_devices(n), TINY_EPS, options)
         await ref.ask(Step(x.astype(np.float64), y))
         moved = np.abs(await ref.ask(GetWeights()) - model.get_params())
+        await ref.ask(SetLearningRate(1e39))
         await ref.ask(SaveCheckpoint(tmp_path / "c.ckpt"))
         await ref.ask(LoadCheckpoint(tmp_path / "c.ckpt"))
-        await ref.ask(SetLearningRate(1e39))
     assert moved.dtype == np.float64
     np.testing.assert_allclose(moved[moved > 0], 0.01, rtol=1e-12)
     assert (moved > 0).mean() > 0.5

@@ -4,9 +4,13 @@ range of its numbers, and whether its model is the receiving one.
 The file is untrusted (`load_checkpoint`): only a regular file is read, the
 header's JSON is checked field by field, no number in it may be beyond
 float's range (JSON allows an integer such as 10**400, which every reader
-that takes it as a float overflows), and every number must be finite in
-float32 where the trainers will use it as float32. The arrays' own checks
-are in `_checkpoint_members`.
+that takes it as a float overflows), and every number of the optimizer's
+must be finite in float64 (NaN, infinity and 10**400 are wrong in every
+dtype). Its hyperparameters are checked where they are used, in the
+receiving model's dtype, when a trainer
+loads the state (`check_optimizer_state`: `lr=1e39` loads into a float64
+model, not into a float32 one). The arrays' own checks are in
+`_checkpoint_members`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from atomr.train.core.errors import CheckpointError
 
 __all__ = [
     "check_count",
-    "check_float32_numbers",
+    "check_finite_numbers",
     "check_float_numbers",
     "check_float32_range",
     "model_difference",
@@ -86,7 +90,7 @@ def parse_header(text: bytes, payload_len: int) -> dict[str, Any]:
         raise CheckpointError(f"payload_len {header.get('payload_len')!r} != {payload_len}")
     if "step" in header["optimizer"]:
         check_count("optimizer.step", header["optimizer"]["step"])
-    check_float32_numbers("optimizer", header["optimizer"])
+    check_finite_numbers("optimizer", header["optimizer"])
     for key in ("model", "extra"):
         check_float_numbers(key, header[key])
     return header
@@ -113,12 +117,12 @@ def _numbers(what: str, value: object) -> Iterator[tuple[str, int | float]]:
             yield where, item
 
 
-def check_float32_numbers(what: str, value: object) -> None:
+def check_finite_numbers(what: str, value: object) -> None:
     """Raise CheckpointError naming the field of any number inside `value`
-    (an int included) that is not finite in float32."""
+    (an int included) that is not finite in float64."""
     for where, number in _numbers(what, value):
-        if not abs(number) <= _F32_MAX:  # exact for an int of any size, False for NaN
-            raise CheckpointError(f"{where} = {bounded_repr(number)} is not finite in float32")
+        if not abs(number) <= _F64_MAX:  # exact for an int of any size, False for NaN
+            raise CheckpointError(f"{where} = {bounded_repr(number)} is not finite in float64")
 
 
 def check_float_numbers(what: str, value: object) -> None:

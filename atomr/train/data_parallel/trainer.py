@@ -304,14 +304,10 @@ class DataParallelTrainer(Actor):
                 return await self._checkpoints.save(message.path)
             return await self._manual_verb(message)
         if isinstance(message, SetLearningRate):
-            group = self.replicas  # a replica restarted meanwhile is re-synced
+            group, kind = self.replicas, self.config.optimizer  # a restarted replica is re-synced
+            dtype, refs = group.spec().dtype, group.refs
             return await set_learning_rate(
-                self.config.optimizer,
-                group.spec().dtype,
-                group.refs,
-                message,
-                group.timeout,
-                group.resync_crashed,
+                kind, dtype, refs, message, group.timeout, group.resync_crashed
             )
         if isinstance(message, Evaluate):
             return await self._evaluate(message)

@@ -223,9 +223,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     only uncompressed `.npy` members of the names this format writes are
     accepted, and each one's dtype and shape are checked against its size
     before it is read. Every array must hold finite real numbers; the weights
-    and optimizer buffers must also be finite in float32, and so must every
-    number among the optimizer's scalars (its hyper-parameters); no integer
-    in the header may be beyond float's range (10**400 is valid JSON).
+    and optimizer buffers must also be finite in float32; the optimizer's
+    scalars (hyper-parameters) in float64 (a trainer checks them in its
+    model's dtype: `check_optimizer_state`); no integer in the header may be
+    beyond float's range (10**400 is valid JSON).
 
     Args:
         path: the checkpoint file.
@@ -388,11 +389,8 @@ def restored_optimizer(
 
 def check_optimizer_state(ckpt: Checkpoint, kind: OptimizerKind, n_params: int, dtype: Any) -> None:
     """Check that the checkpoint's optimizer state loads into `kind` over
-    `n_params` parameters of `dtype` (the receiving model's: its
-    hyperparameters are checked in it, `OptimizerKind.check_dtype`).
-
-    Loads it into a throwaway optimizer on the host, so nothing of a trainer
-    changes.
+    `n_params` parameters of `dtype` (the receiving model's: hyperparameters
+    are checked in it), into a throwaway host optimizer: nothing changes.
 
     Raises:
         CheckpointError: as `restored_optimizer`.

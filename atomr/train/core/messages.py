@@ -75,9 +75,11 @@ class SetLearningRate:
     rate (`OptimizerKind.lr_at`). Checkpoints store the new rate.
 
     Attributes:
-        lr: the new base learning rate (checked in float32, as
-            `OptimizerKind.with_lr` checks it: a wrong type is refused with
-            `TypeError`, a bad value with `ValueError`, nothing changed).
+        lr: the new base learning rate (checked by the trainer as
+            `OptimizerKind.with_lr` checks it, then in the model's dtype,
+            `OptimizerKind.check_dtype`: a wrong type is refused with
+            `TypeError`, a bad value, `1e39` for a float32 model included,
+            with `ValueError`, nothing changed).
     """
 
     lr: float

@@ -149,7 +149,11 @@ class Optimizer:
                 buffers hold garbage).
         """
         state = self._state()
-        reused = {f"spare[{k!r}]": spare[k] for k in self._buffers if self._fits(spare.get(k))}
+        reused = {
+            f"spare[{k!r}]": b
+            for k in self._buffers
+            if (b := self._spare(spare, k, False)) is not None
+        }
         self._check_args(
             f"{type(self).__name__}.step_into",
             ("params", "grads", *state),
@@ -190,15 +194,13 @@ class Optimizer:
             setattr(self, name, buffers.get(name))
         self.step_count = int(step_count)
 
-    def _fits(self, buf: Any) -> bool:
-        """True when a spare buffer is reused (`(n,)` of this dtype), not replaced."""
-        return (
-            buf is not None and tuple(buf.shape) == (self.n,) and np.dtype(buf.dtype) == self.dtype
-        )
-
-    def _spare(self, spare: dict[str, Any], name: str) -> Any:
+    def _spare(self, spare: dict[str, Any], name: str, allocate: bool = True) -> Any:
+        """The spare buffer `name` when it is reused (`(n,)` of this dtype);
+        else a new one, or None when not `allocate`."""
         buf = spare.get(name)
-        return buf if self._fits(buf) else self.backend.empty((self.n,), dtype=self.dtype)
+        if buf is not None and tuple(buf.shape) == (self.n,) and np.dtype(buf.dtype) == self.dtype:
+            return buf
+        return self.backend.empty((self.n,), dtype=self.dtype) if allocate else None
 
     def _state(self) -> dict[str, Any]:
         """The state buffers created so far, by name (checked with the caller's)."""

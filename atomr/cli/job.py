@@ -113,8 +113,9 @@ class MpiJob(Job):
         """After a collective failure (a rank died or timed out), abort the
         whole MPI job with exit code 2 and the error as the message, on one
         line (MPI's error stacks span several). Any other error is left to
-        the caller; `alone`: it is this rank's alone (as in `fit`), so
-        `failed` will tell the other ranks."""
+        the caller; `alone`: it is this rank's alone (any failure after the
+        ranks agreed: starting the trainer, loading the `--resume`
+        checkpoint, in `fit`), so `failed` will tell the other ranks."""
         if isinstance(error, CollectiveError):
             self.collective.abort(2, f"{type(error).__name__}: {' '.join(str(error).split())}")
         self._alone = self._alone or alone

@@ -150,6 +150,28 @@ def _progress(
     return progress
 
 
+async def _start_trainer(
+    system: ActorSystem, run: RunConfig, data: Dataset, history: History, job: Job, updates: int
+) -> tuple[ActorRef, Sequential]:
+    """Build the model, spawn the trainer, load the `--resume` checkpoint
+    into it and make the checkpoint's folder (where this process writes
+    files); returns the trainer and the initial model.
+
+    Raises:
+        CliError: options the trainer refuses, a checkpoint it cannot load.
+        OtherProcessFailed: another rank failed to start its trainer.
+        CollectiveError: a rank was lost while the trainers started.
+        OSError: the checkpoint's folder cannot be made.
+    """
+    model = _model(run, data, history)
+    trainer = await spawn_trainer(system, run, model, run.trainer_config(updates), job)
+    if run.resume is not None:
+        await job.load(trainer, run.resume)
+    if run.checkpoint is not None and job.is_root:
+        run.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    return trainer, model
+
+
 async def _train(
     system: ActorSystem,
     run: RunConfig,
@@ -163,19 +185,13 @@ async def _train(
     job: Job,
     updates: int,
 ) -> str:
-    model = _model(run, data, history)
-    config = run.trainer_config(updates)
-    with job.aborting():  # a rank lost in the initial broadcast ends the job too
-        trainer = await spawn_trainer(system, run, model, config, job)
-        if run.resume is not None:
-            await job.load(trainer, run.resume)
-    keeper = _HistoryKeeper(run, history, job.is_root)
-    if run.checkpoint is not None and job.is_root:
-        run.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    bar = progress()  # only once the trainer took the options: errors stay one line
-    callbacks = [keeper, bar, *callbacks]
-    try:
-        with job.aborting(alone=True):  # a failure here is this rank's alone: tell the others
+    # after the ranks agreed, a failure is this rank's alone (`failed` tells
+    # the others); a rank lost in a collective ends the job (`abort`)
+    with job.aborting(alone=True):
+        trainer, model = await _start_trainer(system, run, data, history, job, updates)
+        keeper = _HistoryKeeper(run, history, job.is_root)
+        bar = progress()  # only once the trainer took the options: errors stay one line
+        try:
             result = await fit(
                 trainer,
                 (data.x_train, _targets(data.y_train, run, data.classes)),
@@ -185,7 +201,7 @@ async def _train(
                 seed=run.seed,
                 start=start,
                 checkpoint=run.checkpoint,
-                callbacks=callbacks,
+                callbacks=[keeper, bar, *callbacks],
                 stop=stop,
                 agree_to_stop=job.agree_to_stop,
                 evaluate=_mse_evaluator(trainer, run, model)
@@ -196,8 +212,8 @@ async def _train(
             )
             if on_weights is not None:
                 on_weights(await trainer.ask(GetWeights(), timeout=_ASK_TIMEOUT))
-    finally:
-        bar.close()
+        finally:
+            bar.close()
     keeper.record_position(result.position)
     return result.status
 

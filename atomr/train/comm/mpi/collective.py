@@ -155,18 +155,22 @@ class MpiCollective(Collective):
         self._driver = OperationDriver(mpi, self.rank, self.world_size, timeout, self._notes, check)
 
     @classmethod
-    def from_config(cls, config: Any, comm: Any = None) -> MpiCollective:
+    def from_config(
+        cls, config: Any, comm: Any = None, *, check_order: bool = True
+    ) -> MpiCollective:
         """A collective for a `DistributedTrainConfig`, checked against MPI.
 
         Args:
             config: the `DistributedTrainConfig` (its `collective_timeout` is used).
             comm: the communicator (default: `MPI.COMM_WORLD`).
+            check_order: as for the class (the same on every rank).
 
         Raises:
-            ValueError: the config's rank / world size differ from MPI's.
-            ImportError: see the class.
+            ValueError: the config's rank / world size differ from MPI's; as
+                the class (the ranks disagree on `check_order`).
+            ImportError, TypeError, RuntimeError: as the class.
         """
-        coll = cls(comm, timeout=config.collective_timeout)
+        coll = cls(comm, timeout=config.collective_timeout, check_order=check_order)
         if (coll.rank, coll.world_size) != (config.rank, config.world_size):
             raise ValueError(
                 f"config says rank {config.rank} of {config.world_size}, MPI says "

@@ -120,3 +120,30 @@ def test_check_order_must_be_a_bool() -> None:
             coll.close()
 
     asyncio.run(go())
+
+
+def test_from_config_passes_check_order_on() -> None:
+    """`from_config(config, check_order=...)` reaches the constructor (on by
+    default), and is type-checked there before MPI is touched."""
+    pytest.importorskip("mpi4py")
+    from typing import Any
+
+    from atomr.train.comm.mpi.collective import MpiCollective
+    from atomr.train.comm.mpi.job import DistributedTrainConfig
+
+    config = DistributedTrainConfig(collective_timeout=5.0)
+    with pytest.raises(TypeError, match="check_order must be a bool, got 1"):
+        MpiCollective.from_config(config, check_order=1)  # type: ignore[arg-type]
+
+    given: list[bool] = []
+
+    class Spied(MpiCollective):
+        def __init__(self, comm: Any = None, **options: Any) -> None:
+            given.append(options["check_order"])
+            super().__init__(comm, **options)
+
+    for check in ({}, {"check_order": False}, {"check_order": True}):
+        coll = Spied.from_config(config, **check)
+        assert (coll.rank, coll.world_size, coll.timeout) == (0, 1, 5.0)
+        coll.close()
+    assert given == [True, False, True]

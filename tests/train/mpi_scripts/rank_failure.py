@@ -7,7 +7,10 @@ Python cleanup, no exit handler, as the kernel's OOM killer would), or says
 it failed (`report_failure`) and then stops taking part. The survivors'
 OPERATION ("all_reduce", "reduce_scatter" or "all_gather"; default
 all_reduce) times out after TIMEOUT seconds with an error naming the victim
-(after a report: fails at once, naming it); they print it and abort the job.
+(after a report: fails at once, naming it); each then calls
+`report_failure` twice on its broken collective (which must be harmless:
+quick, raising nothing, the collective's error kept) and says how that went,
+and they print the error and abort the job.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import asyncio
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
-from atomr.train.comm.mpi.collective import CollectiveError, MpiCollective
+from atomr.train.comm.mpi.collective import CollectiveError, MpiCollective, RankFailedError
 
 
 async def run_one(coll: MpiCollective, operation: str, buf: np.ndarray) -> None:
@@ -32,6 +36,22 @@ async def run_one(coll: MpiCollective, operation: str, buf: np.ndarray) -> None:
     else:
         await coll.all_gather(buf)
         assert buf[-1] == 1.0
+
+
+async def report_after(coll: MpiCollective, error: CollectiveError) -> None:
+    """`report_failure` twice on the collective `error` broke; prints how
+    long that took and whether a later call still raises `error`."""
+    started = time.monotonic()
+    coll.report_failure()
+    coll.report_failure()
+    took = time.monotonic() - started
+    try:
+        await coll.barrier()
+        kept = False
+    except RankFailedError as later:
+        kept = str(error) in str(later)
+    print(f"[rank {coll.rank}] report_failure after the failure: {took:.2f} s, "
+          f"the error kept: {kept}", flush=True)  # fmt: skip
 
 
 async def main(mode: str, victim: int, timeout: float, operation: str) -> None:
@@ -50,6 +70,7 @@ async def main(mode: str, victim: int, timeout: float, operation: str) -> None:
                 await asyncio.sleep(3600)
             await run_one(coll, operation, buf)
     except CollectiveError as exc:
+        await report_after(coll, exc)
         coll.abort(2, f"{type(exc).__name__}: {exc}")
     print(f"[rank {coll.rank}] finished without noticing the failure", flush=True)
     sys.exit(1)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from atomr.train.comm.mpi.errors import (
+    CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
     RankFailedError,
@@ -61,6 +62,7 @@ class FailureNotes:
         self._sends: list[tuple[Any, np.ndarray]] = []
         self._notes: dict[int, int] = {}  # peer -> the operation its last note named
         self._sent: dict[int, int] = {}  # peer -> the operation our last note to it named
+        self._announced = False  # `announce_failure` sent its notes
 
     def poll(self, state: int) -> None:
         """Collect peers' notes; answer a peer that sent one with `state`
@@ -87,11 +89,23 @@ class FailureNotes:
         """The peers whose last note said they failed and left (`LEFT`)."""
         return [peer for peer, note in self._notes.items() if note == LEFT]
 
-    def announce_failure(self) -> None:
+    def announce_failure(self, broken: CollectiveError | None = None) -> None:
         """Send every peer a `LEFT` note, and wait (up to 1 s, blocking) for
-        the sends to complete, so that they go out before this process ends."""
-        if not self.enabled:
+        the sends to complete, so that they go out before this process ends.
+
+        Nothing is sent when disabled, on a second call, or when `broken`
+        (the error that already broke the collective, if any) names other
+        ranks (those that never joined or left, or that were at another
+        operation): they take part in that failure and see it themselves,
+        and a note would have them blame this rank. A failure of this rank
+        alone (its local work, its loop stopped: no rank named) is told.
+        Raises nothing (a send MPI refuses, to a dead peer, is skipped).
+        """
+        if not self.enabled or self._announced:
             return
+        if isinstance(broken, RankFailedError | CollectiveMismatchError) and broken.ranks:
+            return
+        self._announced = True
         for peer in self._peers:
             self._send(peer, LEFT)
         end = time.monotonic() + _SEND_WAIT_S
@@ -151,21 +165,31 @@ class FailureNotes:
 
 
 def describe_missing(others: dict[int, int | None] | None) -> str:
-    """The part of a failure message that says which ranks never joined."""
+    """The part of a failure message that says which ranks never joined,
+    and which reported a failure of their own and left (both, when some
+    did each)."""
     if others is None:
         return "could not tell which rank is missing (MPI lacks THREAD_MULTIPLE)"
     if not others:
         return "every rank had joined; a rank failed during the operation"
     left = [p for p, v in others.items() if v == LEFT]
+    missing = {p: v for p, v in others.items() if v != LEFT}
+    parts = [_describe_never_joined(missing)] if missing else []
     if len(left) == 1:
-        return f"rank {left[0]} reported a failure of its own and left (see its error)"
-    if left:
+        parts.append(f"rank {left[0]} reported a failure of its own and left (see its error)")
+    elif left:
         names = ", ".join(str(r) for r in left)
-        return f"ranks {names} reported failures of their own and left (see their errors)"
-    names = ", ".join(str(r) for r in others)
-    word = "rank" if len(others) == 1 else "ranks"
+        parts.append(f"ranks {names} reported failures of their own and left (see their errors)")
+    return "; ".join(parts)
+
+
+def _describe_never_joined(missing: dict[int, int | None]) -> str:
+    """The ranks that never answered for the operation (`None`), or answered
+    for another (the operation they are at)."""
+    names = ", ".join(str(r) for r in missing)
+    word = "rank" if len(missing) == 1 else "ranks"
     detail = f"{word} {names} never joined (dead, stuck or out of step)"
-    seen = [f"rank {p} is at operation #{v}" for p, v in others.items() if v is not None]
+    seen = [f"rank {p} is at operation #{v}" for p, v in missing.items() if v is not None]
     if seen:
         detail += f"; {', '.join(seen)}"
     return detail

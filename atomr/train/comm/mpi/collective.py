@@ -31,8 +31,9 @@ reported by MPI, or a peer's `report_failure()`, `RankFailedError` (see
 `_driver.py`). After any of these the collective is broken: queued and
 later calls raise at once, and the program should report the error and
 call `abort()`, which ends the whole job through `MPI_Abort`. Naming the
-missing rank needs `MPI_THREAD_MULTIPLE` (the `mpich` wheel gives it); with
-less, the timeout still fires but cannot name the rank.
+missing rank, and `report_failure`, need `MPI_THREAD_MULTIPLE` (the `mpich`
+wheel gives it); with less, the timeout still fires but cannot name the
+rank, and a report reaches no one (the others wait out their timeout).
 
 mpi4py is imported when the first `MpiCollective` is made, not when this
 module is imported; without it the constructor raises an `ImportError` that
@@ -364,10 +365,13 @@ class MpiCollective(Collective):
         """Tell the other ranks that this one failed on its own and will
         issue no more operations: the operation each waits in, or its next,
         raises `RankFailedError` naming this rank within about 0.2 s instead
-        of waiting out `timeout` (needs `MPI_THREAD_MULTIPLE`). Breaks this
-        collective; blocks up to 1 s while the notes go out. For a rank
-        leaving a job after a local failure (`atomr train --distributed`)."""
-        self._notes.announce_failure()
+        of waiting out `timeout` (`atomr train --distributed` does, for a
+        rank-local failure). Needs `MPI_THREAD_MULTIPLE`: with less, nothing
+        is sent and the others wait out their timeout. Breaks this collective
+        (an earlier error stays its error); blocks up to 1 s; raises nothing;
+        harmless in a world of one, called again, or after a failure the
+        others took part in (`FailureNotes.announce_failure` sends nothing)."""
+        self._notes.announce_failure(self._driver.broken)
         if self._driver.broken is None:
             self._driver.broken = RankFailedError(
                 f"rank {self.rank} reported a failure of its own", ranks=[self.rank]

@@ -6,6 +6,7 @@ same bits on every rank, ordered off the event loop, and failing loudly
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -76,6 +77,18 @@ def test_missing_rank_is_named_in_bounded_time(n: int, mode: str, operation: str
     assert "rank 1 never joined" in output, output
     assert "finished without noticing" not in output, output
     assert elapsed < FAILURE_BOUND_S, f"took {elapsed:.1f} s"
+    _reported_harmlessly(output)
+
+
+def _reported_harmlessly(output: str) -> None:
+    """A survivor's `report_failure` on its broken collective (twice) was
+    quick (its notes' wait is bounded at 1 s) and kept the collective's
+    error (the first survivor to abort may end the others before they say)."""
+    said = re.findall(
+        r"report_failure after the failure: ([\d.]+) s, the error kept: (\w+)", output
+    )
+    assert said, output
+    assert all(float(took) < 1.5 and kept == "True" for took, kept in said), said
 
 
 @pytest.mark.parametrize(("n", "operation"), [(2, "all_reduce"), (3, "reduce_scatter")])
@@ -92,6 +105,10 @@ def test_a_rank_that_reports_its_failure_is_named_at_once(n: int, operation: str
     ) in output, output
     assert "CollectiveTimeoutError" not in output, output
     assert elapsed < 15.0, f"took {elapsed:.1f} s"  # start-up, 0.2 s, abort grace, teardown
+    _reported_harmlessly(output)
+    # a survivor's own report, after the failure, told no one: no rank blames it
+    assert "reported failures of their own" not in output, output
+    assert not re.search(rf"rank [{''.join(str(r) for r in range(n) if r != 1)}] reported", output)
 
 
 @pytest.mark.parametrize("n", [2, 3])

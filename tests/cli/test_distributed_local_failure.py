@@ -152,6 +152,21 @@ def test_a_checkpoint_no_rank_can_load_ends_each_with_its_own_line(
     assert elapsed < 30.0, f"took {elapsed:.1f} s"
 
 
+@pytest.mark.mpi
+def test_a_model_one_rank_cannot_build_ends_the_job_at_once(tmp_path: Path) -> None:
+    script = [sys.executable, str(Path(__file__).with_name("model_failure.py")), *TINY]
+    started = time.monotonic()
+    code, err = _mpiexec(2, [*script, "--run-dir", str(tmp_path / "run")], timeout=QUICK_S)
+    elapsed = time.monotonic() - started
+    assert code not in (0, 124), err
+    mine = "atomr: error: [Errno 12] Cannot allocate memory"
+    assert mine in err, err
+    theirs = err.find("[rank 0] RankFailedError: ")
+    assert theirs > err.index(mine), err
+    assert "rank 1 reported a failure of its own and left" in err[theirs:], err
+    assert elapsed < 30.0, f"took {elapsed:.1f} s"
+
+
 class _TellingJob(Job):
     """A job of one that records what `abort` is given."""
 

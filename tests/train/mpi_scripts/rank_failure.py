@@ -1,10 +1,13 @@
 """Run under `mpiexec -n N`: one rank fails mid-run, the others must report it.
 
 argv: MODE VICTIM TIMEOUT [OPERATION], MODE in {"exit", "hang", "kill",
-"report"}: at operation 5 the VICTIM rank leaves with `os._exit(3)`, stops
-taking part (sleeps forever), is killed by SIGKILL (sent to itself: no
-Python cleanup, no exit handler, as the kernel's OOM killer would), or says
-it failed (`report_failure`) and then stops taking part. The survivors'
+"report", "report-serialized"}: at operation 5 the VICTIM rank leaves with
+`os._exit(3)`, stops taking part (sleeps forever), is killed by SIGKILL
+(sent to itself: no Python cleanup, no exit handler, as the kernel's OOM
+killer would), or says it failed (`report_failure`) and then stops taking
+part; "report-serialized" does so where every rank's MPI says it gives
+`MPI_THREAD_SERIALIZED` only (`Query_thread` faked), so that no note can be
+sent and the survivors time out as for "hang". The survivors'
 OPERATION ("all_reduce", "reduce_scatter" or "all_gather"; default
 all_reduce) times out after TIMEOUT seconds with an error naming the victim
 (after a report: fails at once, naming it); each then calls
@@ -55,6 +58,10 @@ async def report_after(coll: MpiCollective, error: CollectiveError) -> None:
 
 
 async def main(mode: str, victim: int, timeout: float, operation: str) -> None:
+    if mode == "report-serialized":
+        from mpi4py import MPI
+
+        MPI.Query_thread = lambda: MPI.THREAD_SERIALIZED
     coll = MpiCollective(timeout=timeout)
     buf = np.ones(10_000, dtype=np.float32)
     try:
@@ -65,7 +72,7 @@ async def main(mode: str, victim: int, timeout: float, operation: str) -> None:
                     os._exit(3)
                 if mode == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
-                if mode == "report":
+                if mode.startswith("report"):
                     coll.report_failure()
                 await asyncio.sleep(3600)
             await run_one(coll, operation, buf)

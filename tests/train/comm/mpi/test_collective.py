@@ -111,6 +111,23 @@ def test_a_rank_that_reports_its_failure_is_named_at_once(n: int, operation: str
     assert not re.search(rf"rank [{''.join(str(r) for r in range(n) if r != 1)}] reported", output)
 
 
+def test_a_report_without_thread_multiple_reaches_no_one() -> None:
+    """Where MPI gives less than `MPI_THREAD_MULTIPLE`, rank 1's report is
+    not sent (notes need MULTIPLE): harmless, and rank 0 times out (2 s)
+    without naming it, as before reports existed."""
+    result, elapsed = run_script(2, "rank_failure.py", "report-serialized", 1, 2.0, timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode not in (0, 124), output
+    assert "[rank 1] failing now (report-serialized)" in output, output
+    assert (
+        "CollectiveTimeoutError: MPI all_reduce #6 on rank 0 of 2 timed out after 2 s: "
+        "could not tell which rank is missing (MPI lacks THREAD_MULTIPLE)"
+    ) in output, output
+    assert "reported a failure of its own" not in output, output
+    assert elapsed < FAILURE_BOUND_S, f"took {elapsed:.1f} s"
+    _reported_harmlessly(output)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_rank_killed_by_sigkill_ends_the_job_in_bounded_time(n: int) -> None:
     """Rank 1 SIGKILLs itself at operation 5 (no cleanup, as the OOM killer).

@@ -21,19 +21,16 @@ the world size. A rank may pass several local buffers: they are summed into
 broadcast (so none may overlap `buffers[0]`).
 
 Operations run one at a time, in submission order, and never block the
-event loop. Before each, the ranks check that they are all at the same
-operation (`_order.py`: one `Iallgather` of 40 bytes a rank, about 6 us
-here; `check_order=False` turns it off); if not, every rank raises
-`CollectiveMismatchError` naming each rank's operation, and none runs it.
-An operation not complete `timeout` seconds after it started raises
-`CollectiveTimeoutError` naming the ranks that never joined; an error
-reported by MPI, or a peer's `report_failure()`, `RankFailedError` (see
-`_driver.py`). After any of these the collective is broken: queued and
-later calls raise at once, and the program should report the error and
-call `abort()`, which ends the whole job through `MPI_Abort`. Naming the
-missing rank, and `report_failure`, need `MPI_THREAD_MULTIPLE` (the `mpich`
-wheel gives it); with less, the timeout still fires but cannot name the
-rank, and a report reaches no one (the others wait out their timeout).
+event loop (`_driver.py`). Before each, the ranks check that they are all
+at the same operation (`_order.py`; `check_order=False` turns it off): if
+not, every rank raises `CollectiveMismatchError` and none runs it. An
+operation not complete `timeout` seconds after it started raises
+`CollectiveTimeoutError` naming the ranks that never joined; an MPI error,
+or a peer's `report_failure()`, raises `RankFailedError`. After any of
+these the collective is broken (later calls raise at once): report the
+error and call `abort()`, which ends the job through `MPI_Abort`. Naming
+a missing rank, and `report_failure`, need `MPI_THREAD_MULTIPLE` (the
+`mpich` wheel gives it).
 
 mpi4py is imported when the first `MpiCollective` is made, not when this
 module is imported; without it the constructor raises an `ImportError` that
@@ -61,14 +58,14 @@ from atomr.train.comm.mpi._buffers import (
 )
 from atomr.train.comm.mpi._driver import OperationDriver
 from atomr.train.comm.mpi._notes import FailureNotes
-from atomr.train.comm.mpi._order import OrderCheck, agree_on_check, signature_of
+from atomr.train.comm.mpi._order import OrderCheck, signature_of
 from atomr.train.comm.mpi.errors import (
     CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
     RankFailedError,
 )
-from atomr.train.comm.mpi.startup import StartupDeadline, import_mpi
+from atomr.train.comm.mpi.startup import import_mpi, open_communicators
 from atomr.train.comm.mpi.watchdog import watch_launcher
 from atomr.train.core.partition import split_bounds
 
@@ -124,23 +121,8 @@ class MpiCollective(Collective):
         if not isinstance(check_order, bool):
             raise TypeError(f"check_order must be a bool, got {check_order!r}")
         watch_launcher()  # exit if the `atomr launch` that started this rank dies
-        # MPI's init and the Dups below block until every rank gets there
-        startup = StartupDeadline(timeout)
-        mpi = import_mpi()
+        mpi, self._comm, self._ctl, level = open_communicators(comm, timeout, check_order)
         self._mpi = mpi
-        level = mpi.Query_thread()
-        if level < mpi.THREAD_SERIALIZED:
-            raise RuntimeError(
-                "MpiCollective runs MPI calls on a worker thread and needs "
-                f"MPI_THREAD_SERIALIZED or better; this MPI gives level {level}"
-            )
-        base = mpi.COMM_WORLD if comm is None else comm
-        self._comm = base.Dup()
-        self._ctl = base.Dup()
-        agree_on_check(self._ctl, check_order)
-        startup.done()
-        for c in (self._comm, self._ctl):
-            c.Set_errhandler(mpi.ERRORS_RETURN)
         self.rank: int = self._comm.Get_rank()
         self.world_size: int = self._comm.Get_size()
         self.timeout = timeout
@@ -365,12 +347,10 @@ class MpiCollective(Collective):
         """Tell the other ranks that this one failed on its own and will
         issue no more operations: the operation each waits in, or its next,
         raises `RankFailedError` naming this rank within about 0.2 s instead
-        of waiting out `timeout` (`atomr train --distributed` does, for a
-        rank-local failure). Needs `MPI_THREAD_MULTIPLE`: with less, nothing
-        is sent and the others wait out their timeout. Breaks this collective
-        (an earlier error stays its error); blocks up to 1 s; raises nothing;
-        harmless in a world of one, called again, or after a failure the
-        others took part in (`FailureNotes.announce_failure` sends nothing)."""
+        of waiting out `timeout`. Needs `MPI_THREAD_MULTIPLE` (with less,
+        nothing is sent). Breaks this collective (an earlier error stays its
+        error); blocks up to 1 s; raises nothing; harmless in a world of one,
+        called again, or after a failure the others took part in."""
         self._notes.announce_failure(self._driver.broken)
         if self._driver.broken is None:
             self._driver.broken = RankFailedError(

@@ -18,7 +18,8 @@ world size come from the launcher's variables
 without naming the others.
 
 `import_mpi` imports mpi4py (which initialises MPI), with an error naming
-the `atomr[mpi]` extra when it is missing.
+the `atomr[mpi]` extra when it is missing; `open_communicators` starts MPI
+and duplicates the communicator under that deadline.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from atomr.train.comm.mpi._order import agree_on_check
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "failure_reports",
     "import_mpi",
     "missing_ranks",
+    "open_communicators",
 ]
 
 # The variable naming the directory where ranks mark their arrival.
@@ -160,3 +163,38 @@ def import_mpi() -> Any:
             f"the MPI backend needs mpi4py and an MPI library: pip install 'atomr[mpi]' ({exc})"
         ) from exc
     return MPI
+
+
+def open_communicators(
+    comm: Any, timeout: float | None, check_order: bool
+) -> tuple[Any, Any, Any, int]:
+    """Start MPI and duplicate `comm` (default `COMM_WORLD`) twice, for the
+    operations and for the failure notes, within a `StartupDeadline` of
+    `timeout` (MPI's init and the duplications wait for every rank); then
+    check that every rank has the same `check_order` (`_order.agree_on_check`).
+
+    Returns:
+        (`mpi4py.MPI`, the operations' communicator, the notes' communicator,
+        the MPI's thread level); both communicators return errors.
+
+    Raises:
+        ImportError: mpi4py is not installed (`import_mpi`).
+        RuntimeError: the MPI gives less than `MPI_THREAD_SERIALIZED` (calls
+            from a worker thread would be unsafe).
+        ValueError: the ranks disagree on `check_order`.
+    """
+    startup = StartupDeadline(timeout)
+    mpi = import_mpi()
+    level = mpi.Query_thread()
+    if level < mpi.THREAD_SERIALIZED:
+        raise RuntimeError(
+            "MpiCollective runs MPI calls on a worker thread and needs "
+            f"MPI_THREAD_SERIALIZED or better; this MPI gives level {level}"
+        )
+    base = mpi.COMM_WORLD if comm is None else comm
+    ops, ctl = base.Dup(), base.Dup()
+    agree_on_check(ctl, check_order)
+    startup.done()
+    for c in (ops, ctl):
+        c.Set_errhandler(mpi.ERRORS_RETURN)
+    return mpi, ops, ctl, level

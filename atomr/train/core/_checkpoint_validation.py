@@ -30,13 +30,11 @@ __all__ = [
     "check_count",
     "check_finite_numbers",
     "check_float_numbers",
-    "check_float32_range",
     "model_difference",
     "parse_header",
     "read_regular_file",
 ]
 
-_F32_MAX = float(np.finfo(np.float32).max)
 _F64_MAX = float(np.finfo(np.float64).max)
 
 
@@ -131,12 +129,6 @@ def check_float_numbers(what: str, value: object) -> None:
     for where, number in _numbers(what, value):
         if isinstance(number, int) and abs(number) > _F64_MAX:
             raise CheckpointError(f"{where} = {bounded_repr(number)} is beyond float's range")
-
-
-def check_float32_range(what: str, value: np.ndarray) -> None:
-    """Raise CheckpointError if `value` would not be finite as float32."""
-    if value.size and float(np.max(np.abs(value), initial=0)) > _F32_MAX:
-        raise CheckpointError(f"{what} holds values beyond float32 range")
 
 
 _MODEL_KEYS = ("sizes", "activation", "activate_last", "layers", "input_shape", "input_kind")

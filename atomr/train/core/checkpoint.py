@@ -39,7 +39,6 @@ from atomr.train.core._atomic_write import check_target, probe_write, write_atom
 from atomr.train.core._checkpoint_members import read_members
 from atomr.train.core._checkpoint_validation import (
     check_count,
-    check_float32_range,
     model_difference,
     parse_header,
     read_regular_file,
@@ -80,7 +79,8 @@ class Checkpoint:
 
     Attributes:
         model: the model's config (`Mlp.config()`: sizes, activation, ...).
-        weights: the flat float32 weight vector (`Mlp.params` layout).
+        weights: the flat weight vector (`Mlp.params` layout), in the
+            model's dtype.
         step: number of optimizer steps applied so far.
         optimizer: the optimizer's `state_dict()`: ndarray values are stored
             as arrays, everything else must be JSON-serialisable.
@@ -222,11 +222,13 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     a regular file is read (a FIFO or device is refused without blocking);
     only uncompressed `.npy` members of the names this format writes are
     accepted, and each one's dtype and shape are checked against its size
-    before it is read. Every array must hold finite real numbers; the weights
-    and optimizer buffers must also be finite in float32; the optimizer's
-    scalars (hyper-parameters) in float64 (a trainer checks them in its
-    model's dtype: `check_optimizer_state`); no integer in the header may be
-    beyond float's range (10**400 is valid JSON).
+    before it is read. Every array must hold finite real numbers (in the
+    dtype it was saved in: a float64 model's weights of 1e39 load), and the
+    optimizer's scalars (hyper-parameters) must be finite in float64; a
+    trainer checks both in its model's dtype (`check_model_matches` refuses
+    weights wider than it, `check_optimizer_state` the optimizer's scalars
+    and buffers); no integer in the header may be beyond float's range
+    (10**400 is valid JSON).
 
     Args:
         path: the checkpoint file.
@@ -274,10 +276,6 @@ def _assemble(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Checkpoi
             if key in target:
                 raise CheckpointError(f"{section}[{key!r}] is both a scalar and an array")
             target[key] = value
-    for key, value in optimizer.items():
-        if isinstance(value, np.ndarray):
-            check_float32_range(f"optimizer[{key!r}]", value)
-    check_float32_range("weights", weights)
     return Checkpoint(
         model=header["model"],
         weights=weights,
@@ -377,7 +375,8 @@ def restored_optimizer(
 
     Raises:
         CheckpointError: another optimizer kind, or state that is missing,
-            malformed, of the wrong shape or out of range.
+            malformed, of the wrong shape or out of range in `dtype` (a
+            buffer of 1e39 fits float64, not float32).
     """
     fresh = kind.create(n_params, backend, dtype)
     try:

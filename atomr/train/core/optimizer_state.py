@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from atomr.train.core.errors import NonFiniteError
+from atomr.train.core.validation import cast_finite
 
 __all__ = ["Adam", "Optimizer", "Sgd", "UpdateRule"]
 
@@ -19,20 +20,13 @@ class UpdateRule(Protocol):
 
     @property
     def name(self) -> str: ...
-
     @property
     def momentum(self) -> float: ...
-
     def check_dtype(self, dtype: Any) -> None: ...
-
     def hyperparameters_at(self, epoch: int, dtype: np.dtype[Any]) -> Any: ...
-
     def lr_at(self, epoch: int) -> float: ...
-
     def with_lr(self, lr: float) -> Any: ...
-
     def to_config(self) -> dict[str, Any]: ...
-
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Any: ...
 
@@ -257,8 +251,7 @@ class Optimizer:
             ValueError: another optimizer kind, hyper-parameters out of
                 range in this optimizer's dtype, a step that is not a
                 non-negative integer, a buffer missing that the step needs,
-                buffers of the wrong size, non-finite buffers, or a negative
-                value in a buffer that cannot hold one.
+                or one `_checked_buffer` refuses (nothing is changed).
         """
         kind = type(self.kind).from_config(state["kind"])
         if kind.name != self.kind.name:
@@ -271,24 +264,29 @@ class Optimizer:
         required = self._required_buffers(kind, int(step))
         for name in self._buffers:
             host = state.get(name)
-            if host is None:
-                if name in required:
-                    raise ValueError(f"buffer {name!r} is missing at step {step}")
-                loaded[name] = None
-                continue
-            host = np.asarray(host)
-            if host.shape != (self.n,):
-                raise ValueError(f"buffer {name!r} has shape {host.shape}, expected ({self.n},)")
-            host = np.ascontiguousarray(host, dtype=self.dtype)
-            if not np.isfinite(host).all():
-                raise ValueError(f"buffer {name!r} holds NaN or infinity")
-            if name in self._nonnegative_buffers and (host < 0).any():
-                raise ValueError(f"buffer {name!r} holds negative values")
-            loaded[name] = self.backend.to_device(host)
+            if host is None and name in required:
+                raise ValueError(f"buffer {name!r} is missing at step {step}")
+            loaded[name] = None if host is None else self._checked_buffer(name, host)
         self.kind = kind
         self.step_count = int(step)
         for name, buf in loaded.items():
             setattr(self, name, buf)
+
+    def _checked_buffer(self, name: str, host: Any) -> Any:
+        """The saved buffer `name` on this optimizer's backend, in its dtype.
+
+        Raises:
+            ValueError: the wrong shape, a value not finite in this dtype
+                (`cast_finite`: 1e39 for float32, whatever dtype it was saved
+                in), or a negative value in a buffer that cannot hold one.
+        """
+        host = np.asarray(host)
+        if host.shape != (self.n,):
+            raise ValueError(f"buffer {name!r} has shape {host.shape}, expected ({self.n},)")
+        cast = cast_finite(host, self.dtype, f"the entries of buffer {name!r}", ValueError)
+        if name in self._nonnegative_buffers and (cast < 0).any():
+            raise ValueError(f"buffer {name!r} holds negative values")
+        return self.backend.to_device(cast)
 
 
 class Sgd(Optimizer):

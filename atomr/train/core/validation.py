@@ -66,29 +66,37 @@ def check_token_ids(ids: np.ndarray, vocab: int, what: str = "token ids") -> Non
             raise ValueError(f"{what} must be in [0, {vocab}), got {low} .. {high}")
 
 
-def cast_finite(array: np.ndarray, dtype: Any, what: str) -> np.ndarray:
+def cast_finite(
+    array: np.ndarray, dtype: Any, what: str, error: type[ValueError] = InvalidBatchError
+) -> np.ndarray:
     """`array` as a C-contiguous array of `dtype`, checked finite after the cast.
+
+    The one home of "finite in the dtype it is used in": a batch, and an
+    optimizer buffer being loaded (`Optimizer.load_state_dict`: a float64
+    buffer of 1e39 is finite for a float64 optimizer, not for a float32 one).
 
     Args:
         array: a float array.
         dtype: the dtype the model computes in.
-        what: the name for the message ("features", "targets").
+        what: the name for the message, plural ("features", "targets").
+        error: the ValueError raised.
 
     Returns:
         The cast array (`array` itself when it already is one).
 
     Raises:
-        InvalidBatchError: NaN or Inf, before or after the cast (the message
-            says which: a finite value too large for `dtype` is named so).
+        InvalidBatchError: (or `error`) NaN or Inf, before or after the cast
+            (the message says which: a finite value too large for `dtype` is
+            named so).
     """
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below
         out = np.ascontiguousarray(array, dtype=dtype)
     if not np.isfinite(out).all():
         if np.isfinite(array).all():
-            raise InvalidBatchError(
+            raise error(
                 f"{what} hold values too large for {np.dtype(dtype)} (NaN or Inf after the cast)"
             )
-        raise InvalidBatchError(f"{what} contain NaN or Inf")
+        raise error(f"{what} contain NaN or Inf")
     return out
 
 

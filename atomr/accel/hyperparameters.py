@@ -64,13 +64,15 @@ def given_in(name: str, value: Any, dtype: Any) -> float:
 
     Raises:
         TypeError: not a real number (a bool included).
-        ValueError: NaN, infinite in `dtype`, or non-zero but 0 in `dtype`.
+        ValueError: NaN, infinite in `dtype`, or non-zero but 0 in `dtype`
+            (`Fraction(1, 10**400)`, which `float()` makes 0.0, included).
     """
     dt = np.dtype(dtype)
     v = _real_finite_in(name, value, dt)
-    if v != 0.0 and dt.type(v) == 0.0:
+    if dt.type(v) == 0.0 and (v != 0.0 or value != 0):
+        shown = v if v != 0.0 else reprlib.repr(value)
         least = float(np.finfo(dt).smallest_subnormal)
-        raise ValueError(f"{name}={v} rounds to 0 in {dt}; give 0 or a value >= {least:.0e}")
+        raise ValueError(f"{name}={shown} rounds to 0 in {dt}; give 0 or a value >= {least:.0e}")
     return v
 
 

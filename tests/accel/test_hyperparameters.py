@@ -4,12 +4,16 @@ built, and in the buffers' dtype by `check_dtype`."""
 from __future__ import annotations
 
 import math
+from decimal import Decimal
+from fractions import Fraction
+from numbers import Real
+from typing import Any
 
 import numpy as np
 import pytest
 
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
-from atomr.accel.hyperparameters import finite_in
+from atomr.accel.hyperparameters import finite_in, given_in
 
 F32_MAX = float(np.finfo(np.float32).max)
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -156,3 +160,39 @@ def test_adam_kernel_args_take_a_step_beyond_floats_range() -> None:
     late = hyper.kernel_args(10**400, np.float64)
     assert late == hyper.kernel_args(2**60, np.float64) == hyper.kernel_args(2**62, np.float64)
     assert late[6] == np.float64(1e-3)  # the step size: lr / (1 - 0)
+
+
+@pytest.mark.parametrize(
+    "tiny",
+    [
+        Fraction(1, 10**400),
+        Fraction(-1, 10**400),
+        pytest.param(
+            np.longdouble(2.0) ** -1100,
+            marks=pytest.mark.skipif(
+                np.finfo(np.longdouble).nexp <= 11, reason="long double is float64 here"
+            ),
+        ),
+    ],
+    ids=["fraction", "negative fraction", "longdouble"],
+)
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_given_in_refuses_a_nonzero_value_that_float_makes_0(tiny: Real, dtype: Any) -> None:
+    """`float()` makes these 0.0 (below float64's range): refused like 1e-50
+    in float32, in the same message shape, not taken as 0."""
+    assert float(tiny) == 0.0 and tiny != 0
+    with pytest.raises(ValueError, match=rf"^lr=.+ rounds to 0 in {dtype}; give 0 or a value >= "):
+        given_in("lr", tiny, dtype)
+    with pytest.raises(ValueError, match="lr=1e-50 rounds to 0 in float32; give 0 or"):
+        given_in("lr", 1e-50, F32)
+
+
+@pytest.mark.parametrize("zero", [0, 0.0, -0.0, Fraction(0), np.longdouble(0.0)])
+def test_given_in_takes_a_zero_as_0(zero: Real) -> None:
+    assert given_in("weight_decay", zero, F64) == 0.0
+
+
+def test_a_decimal_is_no_real_number() -> None:
+    """`Decimal` is not a `numbers.Real`: refused whatever its value."""
+    with pytest.raises(TypeError, match="lr must be a real number, got Decimal"):
+        given_in("lr", Decimal("1e-400"), F64)

@@ -5,12 +5,14 @@ refused when the kind is built; what only float32 cannot hold (`lr=1e39`,
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import pytest
 
 from atomr.train import OptimizerKind
+from atomr.train.core.model import LayerNorm
 from atomr.train.core.schedule import StepLR
 
 
@@ -116,3 +118,14 @@ def test_eps_that_rounds_to_zero_is_refused_but_a_schedule_may_decay_to_zero() -
     decaying = OptimizerKind.sgd(1.0).with_schedule(StepLR(1, 1e-10))
     f32 = np.dtype(np.float32)
     assert np.float32(decaying.hyperparameters_at(5, f32).lr) == 0.0  # no error mid-run
+
+
+@pytest.mark.parametrize("name", ["lr", "eps", "weight_decay"])
+def test_a_given_value_below_float64s_range_is_refused_when_the_kind_is_built(name: str) -> None:
+    """`Fraction(1, 10**400)` is not 0, but `float()` makes it 0.0: refused
+    (`given_in` float64), not taken as 0; a LayerNorm's eps alike."""
+    tiny = Fraction(1, 10**400)
+    with pytest.raises(ValueError, match=rf"^{name}=Fraction\(1, .+ rounds to 0 in float64"):
+        OptimizerKind.adamw(**{"lr": 0.1, name: tiny})
+    with pytest.raises(ValueError, match=r"eps=Fraction\(1, .+ rounds to 0 in float64"):
+        LayerNorm(4, eps=tiny)

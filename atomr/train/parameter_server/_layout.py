@@ -9,7 +9,13 @@ from typing import Any, cast
 
 from atomr.accel import Device
 from atomr.actor import ActorRef, Props
-from atomr.train._contract import parse_devices
+from atomr.train._contract import (
+    check_config,
+    check_model,
+    check_options,
+    parse_devices,
+    refuse_accumulation,
+)
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.parameter_server._client import split_ranges
@@ -58,29 +64,21 @@ class Layout:
             The layout.
 
         Raises:
-            TypeError: an argument of the wrong type (named in the message).
+            TypeError: an argument of the wrong type, named in the message
+                (the checks every trainer shares: `check_model`,
+                `check_config`, `check_options`).
             ValueError: no devices or a bad device name, more shards than
-                weights, `accumulation_steps != 1` (the parameter server
-                does not accumulate), gradient clipping with several
-                shards (it needs the global norm), or an optimizer
+                weights, `accumulation_steps > 1` (the parameter server does
+                not accumulate: `refuse_accumulation`), gradient clipping
+                with several shards (it needs the global norm), or an optimizer
                 hyperparameter out of range in the model's dtype
                 (`OptimizerKind.check_dtype`).
         """
-        if not isinstance(model, Sequential):
-            raise TypeError(f"model must be a Sequential (an Mlp, ...), got {type(model).__name__}")
+        model = check_model(model)
         devs = tuple(parse_devices(devices))
-        if not isinstance(config, TrainerConfig):
-            raise TypeError(f"config must be a TrainerConfig, got {type(config).__name__}")
-        options = ParameterServerOptions() if options is None else options
-        if not isinstance(options, ParameterServerOptions):
-            raise TypeError(
-                f"options must be a ParameterServerOptions, got {type(options).__name__}"
-            )
-        if config.accumulation_steps != 1:
-            raise ValueError(
-                "the parameter server does not accumulate gradients "
-                "(accumulation_steps must be 1: use a larger batch)"
-            )
+        config = check_config(config)
+        options = check_options(options, ParameterServerOptions, "AsyncParameterServer")
+        refuse_accumulation(config, "parameter-server")
         if options.shards > 1 and config.gradient_clip is not None:
             raise ValueError("gradient clipping needs the global norm: use shards=1")
         config.optimizer.check_dtype(model.dtype)

@@ -163,13 +163,29 @@ async def test_a_message_it_does_not_handle_is_a_type_error(actor_system) -> Non
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "match"),
     [
-        ((["cpu:0"], 4), {}, TypeError, "config must be a TrainerConfig"),  # the old `workers`
+        (
+            (["cpu:0"], 4),
+            {},
+            TypeError,
+            "^config must be a TrainerConfig, got int$",
+        ),  # old `workers`
         ((["cpu:0"], None), {}, TypeError, "config must be a TrainerConfig"),
         (("cpu:0", config()), {}, TypeError, "devices must be a sequence"),
         (([], config()), {}, ValueError, "devices"),
         ((["tpu:0"], config()), {}, ValueError, "unknown device"),
-        ((["cpu:0"], config()), {"options": {"workers": 2}}, TypeError, "options must be"),
-        ((["cpu:0"], config(accumulation_steps=2)), {}, ValueError, "accumulate"),
+        (
+            (["cpu:0"], config()),
+            {"options": {"workers": 2}},
+            TypeError,
+            "^AsyncParameterServer: options must be a ParameterServerOptions or None, got dict$",
+        ),
+        (
+            (["cpu:0"], config(accumulation_steps=2)),
+            {},
+            ValueError,
+            "^the parameter-server trainer does not accumulate gradients across Steps, "
+            "but config.accumulation_steps is 2",
+        ),
         (
             (["cpu:0"], config(gradient_clip=1.0)),
             {"options": ParameterServerOptions(shards=2)},
@@ -207,5 +223,7 @@ async def test_spawn_refuses_bad_arguments_before_spawning_anything(
 
 async def test_spawn_refuses_something_that_is_not_a_model(actor_system) -> None:
     cfg = TrainerConfig(OptimizerKind.sgd(0.1), config().loss)
-    with pytest.raises(TypeError, match="model must be a Sequential"):
+    with pytest.raises(
+        TypeError, match=r"^model must be a Sequential \(an Mlp, a gpt\(...\), ...\), got list$"
+    ):
         await AsyncParameterServer.spawn(actor_system, [64, 32, 10], ["cpu:0"], cfg)

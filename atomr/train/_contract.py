@@ -161,15 +161,15 @@ def check_spawn_args(
     Raises:
         TypeError: an argument has the wrong type (the message names it).
         ValueError: no devices, a device name that does not parse, or an
-            optimizer hyperparameter out of range in the model's dtype
-            (`OptimizerKind.check_dtype`).
+            optimizer hyperparameter or class weight out of range in the model's dtype
+            (`TrainerConfig.check_dtype`).
     """
     check_system(system)
     checked = check_model(model)
     parsed = parse_devices(devices)
     check_name(name)
     config = check_config(config)
-    config.optimizer.check_dtype(checked.dtype)
+    config.check_dtype(checked.dtype)
     return checked, parsed, config
 
 

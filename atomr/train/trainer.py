@@ -135,12 +135,12 @@ class Trainer(DeviceActor):
             TypeError: an argument has the wrong type (`options` not None
                 included); the message names it.
             ValueError: no device, more than one, a bad device name, or an
-                optimizer hyperparameter out of range in the model's dtype
-                (`OptimizerKind.check_dtype`).
+                optimizer hyperparameter or class weight out of range in the model's dtype
+                (`TrainerConfig.check_dtype`).
         """
         check_model(model)
         (device,) = parse_devices(devices, single=True)
-        check_config(config).optimizer.check_dtype(model.dtype)
+        check_config(config).check_dtype(model.dtype)
         refuse_options(options, cls.__name__)
         return Props(cls, model, device, config)
 

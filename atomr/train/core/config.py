@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from atomr._arguments import int_at_least, real_number
 from atomr.actor.ref import check_timeout
@@ -98,3 +99,16 @@ class TrainerConfig:
         check_timeout(self.worker_timeout, "worker_timeout", finite=True)
         if self.max_steps is not None:
             object.__setattr__(self, "max_steps", int_at_least("max_steps", self.max_steps, 1))
+
+    def check_dtype(self, dtype: Any) -> None:
+        """Check what this config computes with in `dtype`, the model's: the
+        optimizer's hyperparameters (`OptimizerKind.check_dtype`) and the
+        loss's class weights (`LossKind.check_dtype`). Every trainer runs it
+        before anything is spawned, so a float32 model refuses `lr=1e39` or
+        a class weight of 1e39 that a float64 one takes.
+
+        Raises:
+            ValueError: a value out of range in `dtype`, naming it.
+        """
+        self.optimizer.check_dtype(dtype)
+        self.loss.check_dtype(dtype)

@@ -43,7 +43,8 @@ class LossKind:
 
     Raises:
         ValueError: unknown name; class weights for MSE, or weights that are
-            empty, negative, non-finite (in float32) or all zero.
+            empty, negative, not finite in float64 or all zero. (Infinite in
+            the model's dtype, 1e39 in float32: `check_dtype`.)
     """
 
     name: str
@@ -60,8 +61,7 @@ class LossKind:
         if self.name != "cross_entropy":
             raise ValueError("class_weights only apply to cross-entropy")
         w = np.asarray(self.class_weights, dtype=np.float64).reshape(-1)
-        # finite in float32, the narrowest dtype the kernels compute in
-        check_class_weights("class_weights", w, np.float32)
+        check_class_weights("class_weights", w, np.float64)  # the model's dtype: check_dtype
         if w.size == 0 or not np.any(w > 0):
             raise ValueError("class_weights must be non-empty and not all zero")
         object.__setattr__(self, "class_weights", tuple(float(v) for v in w))
@@ -78,9 +78,22 @@ class LossKind:
             The loss kind; its mean divides by the sum of the targets' weights.
 
         Raises:
-            ValueError: empty, negative, non-finite (in float32) or all-zero weights.
+            ValueError: empty, negative, non-finite (in float64) or all-zero
+                weights (in the model's dtype: `check_dtype`).
         """
         return cls("cross_entropy", tuple(np.asarray(class_weights, dtype=np.float64).ravel()))
+
+    def check_dtype(self, dtype: Any) -> None:
+        """Check the class weights, if any, in `dtype`, the model's: 1e39 is a
+        weight a float64 model computes with and a float32 one cannot hold.
+        Every trainer runs it when it is spawned (`TrainerConfig.check_dtype`),
+        `compute` on every call; the kernels take the weights unchecked.
+
+        Raises:
+            ValueError: a weight infinite in `dtype`, naming it and its class.
+        """
+        if self.class_weights is not None:
+            check_class_weights("class_weights", self.class_weights, dtype)
 
     @property
     def is_classification(self) -> bool:
@@ -203,6 +216,8 @@ class LossKind:
         Raises:
             InvalidBatchError: shapes, dtypes or label range do not fit, or
                 every target of a weighted cross-entropy has weight 0.
+            ValueError: a class weight infinite in the outputs' dtype
+                (`check_dtype`).
         """
         outputs = np.asarray(outputs)
         if outputs.ndim != 2 or not is_float32_or_64(outputs.dtype):
@@ -210,6 +225,7 @@ class LossKind:
                 f"outputs must be a 2-D float32/float64 array, got {outputs.dtype} {outputs.shape}"
             )
         outputs = np.ascontiguousarray(outputs)
+        self.check_dtype(outputs.dtype)
         targets = self.validate_targets(targets, outputs.shape[0], outputs.shape[1], outputs.dtype)
         grad = np.empty_like(outputs)
         loss_sum, norm = self.sums(cpu_backend(), outputs, targets, grad)

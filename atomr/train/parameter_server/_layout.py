@@ -71,8 +71,8 @@ class Layout:
                 weights, `accumulation_steps > 1` (the parameter server does
                 not accumulate: `refuse_accumulation`), gradient clipping
                 with several shards (it needs the global norm), or an optimizer
-                hyperparameter out of range in the model's dtype
-                (`OptimizerKind.check_dtype`).
+                hyperparameter or class weight out of range in the model's dtype
+                (`TrainerConfig.check_dtype`).
         """
         model = check_model(model)
         devs = tuple(parse_devices(devices))
@@ -81,7 +81,7 @@ class Layout:
         refuse_accumulation(config, "parameter-server")
         if options.shards > 1 and config.gradient_clip is not None:
             raise ValueError("gradient clipping needs the global norm: use shards=1")
-        config.optimizer.check_dtype(model.dtype)
+        config.check_dtype(model.dtype)
         workers = len(devs) if options.workers is None else options.workers
         # `ParameterServerOptions` parsed its server devices when it was built
         server_devs = cast("tuple[Device, ...]", options.server_devices or devs)

@@ -108,9 +108,29 @@ def test_from_config_keeps_the_name_and_checks_weights() -> None:
     directly built `LossKind` gets the same weight checks as the factory."""
     with pytest.raises(ValueError, match="class_weights only apply to cross-entropy"):
         LossKind.from_config({"name": "mse", "class_weights": [1.0, 2.0]})
-    for bad in ((), (-1.0, 2.0), (1.0, -3.6e-66), (0.0, 0.0), (float("inf"), 1.0), (1e39, 1.0)):
+    for bad in ((), (-1.0, 2.0), (1.0, -3.6e-66), (0.0, 0.0), (float("inf"), 1.0)):
         with pytest.raises(ValueError, match="class_weights"):
             LossKind("cross_entropy", bad)
     kind = LossKind.from_config({"name": "cross_entropy", "class_weights": [1, 2]})
     assert kind == LossKind.weighted_cross_entropy([1.0, 2.0])
     assert kind.class_weights == (1.0, 2.0)
+
+
+def test_class_weights_are_checked_in_the_dtype_they_are_computed_in() -> None:
+    """A weight of 1e39 is finite in float64: the kind takes it, a float64
+    computation uses it (torch's weighted mean), float32 refuses it naming
+    the weight, its class and the dtype (its kernel would compute with inf)."""
+    kind = LossKind.weighted_cross_entropy([1e39, 1.0, 2.0])
+    kind.check_dtype(np.float64)
+    with pytest.raises(
+        ValueError, match="weight 1e[+]39 of class 0 is refused; .* finite in float32"
+    ):
+        kind.check_dtype(np.float32)
+    rng = np.random.default_rng(3)
+    z, labels = rng.standard_normal((6, 3)), np.array([0, 1, 2, 0, 2, 1])
+    value, grad = kind.compute(z, labels)
+    want, want_grad = ref_cross_entropy(z, labels, np.array([1e39, 1.0, 2.0]))
+    assert math.isclose(value, want, rel_tol=1e-12)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-10, atol=1e-300)
+    with pytest.raises(ValueError, match="finite in float32"):
+        kind.compute(z.astype(np.float32), labels)

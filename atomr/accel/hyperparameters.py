@@ -31,18 +31,7 @@ __all__ = [
     "finite_in",
     "given_in",
     "given_in_float32",
-    "real_in_float32",
 ]
-
-
-def real_in_float32(name: str, value: Any) -> float:
-    """`value` as a float that is finite in float32.
-
-    Raises:
-        TypeError: not a real number (a bool included).
-        ValueError: NaN, or infinite in float32.
-    """
-    return _real_finite_in(name, value, _FLOAT32)
 
 
 def given_in_float32(name: str, value: Any) -> float:

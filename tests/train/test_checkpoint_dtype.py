@@ -28,6 +28,8 @@ from atomr.train import (
 )
 from atomr.train.core import Checkpoint, save_checkpoint, synthetic_classification
 from atomr.train.core.checkpoint import check_model_matches
+from atomr.train.parameter_server.messages import PullWeights, PushGradient
+from atomr.train.parameter_server.server import ServerShard
 from tests.train.test_contract import STRATEGIES
 
 ADAM = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
@@ -127,3 +129,36 @@ def test_load_checkpoint_takes_float64_arrays_beyond_float32s_range(tmp_path: Pa
     narrow = Mlp([6, 8, 3], seed=4)
     with pytest.raises(CheckpointError, match="float64, this model is float32"):
         check_model_matches(loaded, narrow.config(), narrow.n_params)
+
+
+@pytest.mark.parametrize("config", [True, False], ids=["model config", "default config"])
+async def test_a_lone_server_shard_loads_in_the_dtype_it_holds(
+    config: bool, tmp_path: Path
+) -> None:
+    """A float64 shard saves and loads weights of 1e39 bit-exactly; a float32
+    one refuses that checkpoint (it would round its weights), with or without
+    a model config (a default one names no dtype), and keeps its state."""
+    wide = _huge_model(np.float64)
+    kind = OptimizerKind.sgd(0.1)
+    async with ActorSystem("ckdtype") as system:
+        shards = [
+            system.spawn(
+                ServerShard.props(
+                    model.get_params(),
+                    kind,
+                    dtype=model.dtype,
+                    model_config=model.config() if config else None,
+                )
+            )
+            for model in (wide, Mlp([6, 8, 3], seed=4))
+        ]
+        await shards[0].ask(SaveCheckpoint(tmp_path / "wide.ckpt"))
+        await shards[0].ask(PushGradient(0, 0, np.ones(wide.n_params)))
+        await shards[0].ask(LoadCheckpoint(tmp_path / "wide.ckpt"))
+        np.testing.assert_array_equal(await shards[0].ask(GetWeights()), wide.get_params())
+        before = await shards[1].ask(PullWeights(0))
+        with pytest.raises(CheckpointError, match="weights are float64, this model is float32"):
+            await shards[1].ask(LoadCheckpoint(tmp_path / "wide.ckpt"))
+        after = await shards[1].ask(PullWeights(0))
+    np.testing.assert_array_equal(after[0], before[0])
+    assert after[1] == before[1] == 0

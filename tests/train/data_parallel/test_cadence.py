@@ -54,9 +54,11 @@ def _cadence(**kw: object) -> DataParallelOptions:
 
 
 async def test_equal_speeds_and_anchor_one_equal_sync_on_pairs_of_batches() -> None:
+    # speeds pinned equal: measured ones follow the machine's load (a replica
+    # timed 1.5x slower on a busy runner gets quotas 1 and 2: a round of 3)
     async with ActorSystem("cadence") as system:
         dp = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), CONFIG,
-                                             _cadence())  # fmt: skip
+                                             _cadence(cadence_measure_speeds=False))  # fmt: skip
         sync = await DataParallelTrainer.spawn(system, Mlp([6, 8, 3]), cpu_devices(2), CONFIG)
         for k in range(0, 6, 2):
             first = await dp.ask(Step(*B[k]))

@@ -127,13 +127,19 @@ class SerialWorker:
         with lane.lock:
             lane.closed = True
             idle = not lane.busy
+        here = _running_loop()
         while True:
             try:
                 job = lane.jobs.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
-                job[0].cancel()
+            if job is None:
+                continue
+            fut, loop, _ = job
+            if loop is here:
+                fut.cancel()
+            else:  # closed from another thread (a job's own): cancelled on its loop
+                _hand_back(loop, _cancel, fut, None)
         lane.jobs.put(None)
         if idle and lane.thread is not threading.current_thread():
             lane.thread.join(_IDLE_EXIT_TIMEOUT)  # it is taking the None now
@@ -174,6 +180,14 @@ class SerialWorker:
             with lock:  # idle before the caller learns the result (and may close)
                 lane.busy = False
             _hand_back(loop, settle, fut, outcome)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running on this thread, or None."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _reject_again(

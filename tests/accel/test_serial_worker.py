@@ -105,3 +105,25 @@ async def test_close_does_not_wait_for_a_running_job() -> None:
     assert not running.done()
     release.set()
     assert await running is True
+
+
+async def test_close_from_a_job_cancels_the_queued_jobs_through_their_loop() -> None:
+    """A job that closes its own worker cancels the jobs queued behind it
+    through their loop: cancelled from the worker thread, a future's
+    callbacks were scheduled with the loop's non-thread-safe `call_soon`
+    (an idle loop did not wake for them; debug mode refuses the call)."""
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)  # call_soon from another thread raises RuntimeError
+    worker = SerialWorker("test-serial-self-close")
+    go, release = threading.Event(), threading.Event()
+    closing = worker.submit(lambda: go.wait(30) and (worker.close() or release.wait(30)))
+    queued = worker.submit(lambda: "never")
+    queued.add_done_callback(lambda _: release.set())  # a callback for cancel() to schedule
+    go.set()
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(queued, 10)
+        assert await asyncio.wait_for(closing, 10) is True
+    finally:
+        release.set()
+        loop.set_debug(False)

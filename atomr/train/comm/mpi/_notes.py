@@ -83,7 +83,7 @@ class FailureNotes:
         for peer, note in self._notes.items():
             if note != LEFT and self._sent.get(peer) != state:
                 self._send(peer, state)
-        self._sends = [(r, b) for r, b in self._sends if not _test(r, mpi)]
+        self._drop_completed_sends()
 
     def left(self) -> list[int]:
         """The peers whose last note said they failed and left (`LEFT`)."""
@@ -110,7 +110,7 @@ class FailureNotes:
             self._send(peer, LEFT)
         end = time.monotonic() + _SEND_WAIT_S
         while self._sends and time.monotonic() < end:
-            self._sends = [(r, b) for r, b in self._sends if not _test(r, self._mpi)]
+            self._drop_completed_sends()
 
     async def gather(
         self, seq: int, state: int, until: asyncio.Future[None] | None = None
@@ -153,6 +153,10 @@ class FailureNotes:
         buf = np.zeros(1, dtype=np.int64)
         req = self._ctl.Irecv([buf, self._mpi.INT64_T], source=peer, tag=_NOTE_TAG)
         return peer, req, buf
+
+    def _drop_completed_sends(self) -> None:
+        """Forget the notes whose sends completed (or that MPI refused)."""
+        self._sends = [(r, b) for r, b in self._sends if not _test(r, self._mpi)]
 
     def _send(self, peer: int, seq: int) -> None:
         buf = np.array([seq], dtype=np.int64)

@@ -72,8 +72,7 @@ class Plan:
             TypeError: a phase name that is not a str (nothing is declared).
         """
         for phase in phases:
-            if not isinstance(phase, str):
-                raise TypeError(f"phase must be a str, got {type(phase).__name__}")
+            _check_phase_type(phase)
         with self._lock:
             self._declared.update(phases)
 
@@ -86,8 +85,7 @@ class Plan:
     def _check_declared(self, phase: object) -> None:
         """Raises TypeError (not a str) or ValueError (not declared); call
         it holding `_lock`."""
-        if not isinstance(phase, str):
-            raise TypeError(f"phase must be a str, got {type(phase).__name__}")
+        _check_phase_type(phase)
         if phase not in self._declared:
             known = ", ".join(repr(p) for p in sorted(self._declared)) or "none"
             raise ValueError(
@@ -327,6 +325,12 @@ def _places(
                 f"phase {phase!r}: place must be a message class or a method name, got {place!r}"
             )
     return on_message, on_method
+
+
+def _check_phase_type(phase: object) -> None:
+    """Raises TypeError: `phase` is not a str."""
+    if not isinstance(phase, str):
+        raise TypeError(f"phase must be a str, got {type(phase).__name__}")
 
 
 def _check_hook(worker_class: type, name: str) -> None:

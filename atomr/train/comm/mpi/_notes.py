@@ -27,7 +27,6 @@ import numpy as np
 
 from atomr.train.comm.mpi.errors import (
     CollectiveError,
-    CollectiveMismatchError,
     CollectiveTimeoutError,
     RankFailedError,
 )
@@ -103,7 +102,7 @@ class FailureNotes:
         """
         if not self.enabled or self._announced:
             return
-        if isinstance(broken, RankFailedError | CollectiveMismatchError) and broken.ranks:
+        if broken is not None and broken.ranks:
             return
         self._announced = True
         for peer in self._peers:
@@ -212,7 +211,7 @@ def failure_error(
     )
 
 
-def unusable_error(broken: RankFailedError | CollectiveMismatchError) -> RankFailedError:
+def unusable_error(broken: CollectiveError) -> RankFailedError:
     """What an operation raises after `broken` broke the collective."""
     return RankFailedError(
         f"collective unusable after an earlier failure: {broken}",

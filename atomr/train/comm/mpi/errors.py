@@ -13,7 +13,17 @@ __all__ = [
 
 
 class CollectiveError(RuntimeError):
-    """A collective across processes failed; the group can no longer be used."""
+    """A collective across processes failed; the group can no longer be used.
+
+    Attributes:
+        ranks: the other ranks the failure names (each subclass says which).
+        operation: what failed, e.g. "all_reduce #12".
+    """
+
+    def __init__(self, message: str, ranks: Sequence[int] = (), operation: str = "") -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+        self.operation = operation
 
 
 class RankFailedError(CollectiveError):
@@ -24,11 +34,6 @@ class RankFailedError(CollectiveError):
             every rank had joined and the operation failed inside MPI).
         operation: what failed, e.g. "all_reduce #12".
     """
-
-    def __init__(self, message: str, ranks: Sequence[int] = (), operation: str = "") -> None:
-        super().__init__(message)
-        self.ranks = tuple(ranks)
-        self.operation = operation
 
 
 class CollectiveTimeoutError(RankFailedError, TimeoutError):
@@ -55,7 +60,5 @@ class CollectiveMismatchError(CollectiveError):
         ranks: Sequence[int] = (),
         operation: str = "",
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, ranks, operation)
         self.operations = tuple(operations)
-        self.ranks = tuple(ranks)
-        self.operation = operation

@@ -103,6 +103,8 @@ class SerialWorker:
             lane.thread.start()
         fut: asyncio.Future[T] = loop.create_future()
         lane.jobs.put((fut, loop, fn))
+        if lane.closed:  # by another thread since it was read: the job may follow the end
+            fut.cancel()
         return fut
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:

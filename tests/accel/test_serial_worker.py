@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import traceback
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from atomr.accel import serial_worker
 from atomr.accel.serial_worker import SerialWorker
 
 
@@ -116,7 +120,13 @@ async def test_close_from_a_job_cancels_the_queued_jobs_through_their_loop() -> 
     loop.set_debug(True)  # call_soon from another thread raises RuntimeError
     worker = SerialWorker("test-serial-self-close")
     go, release = threading.Event(), threading.Event()
-    closing = worker.submit(lambda: go.wait(30) and (worker.close() or release.wait(30)))
+
+    def closes_its_worker() -> bool:
+        assert go.wait(30)
+        worker.close()
+        return release.wait(30)
+
+    closing = worker.submit(closes_its_worker)
     queued = worker.submit(lambda: "never")
     queued.add_done_callback(lambda _: release.set())  # a callback for cancel() to schedule
     go.set()
@@ -127,3 +137,31 @@ async def test_close_from_a_job_cancels_the_queued_jobs_through_their_loop() -> 
     finally:
         release.set()
         loop.set_debug(False)
+
+
+async def test_a_job_queued_as_another_thread_closes_the_worker_is_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`submit` read the worker's thread, another thread closed the worker,
+    then `submit` queued the job behind the thread's end: it was never run
+    nor cancelled, and its caller waited for good."""
+
+    class ClosedBeforePut(queue.SimpleQueue[Any]):
+        def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+            if item is not None and item[2] is late:
+                closer = threading.Thread(target=worker.close)
+                closer.start()
+                closer.join(30)
+            super().put(item, block, timeout)
+
+    monkeypatch.setattr(
+        serial_worker, "queue", SimpleNamespace(SimpleQueue=ClosedBeforePut, Empty=queue.Empty)
+    )
+
+    def late() -> str:
+        return "ran"
+
+    worker = SerialWorker("test-serial-close-race")
+    assert await worker.run(lambda: 1) == 1  # the thread runs, idle
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(worker.submit(late), 10)

@@ -157,10 +157,9 @@ class Checkpoints:
             OSError: unreadable.
         """
         ckpt: Checkpoint = await self.host.run(merge_shards, path)
-        n = self.replicas.n_params
+        n, dtype = self.replicas.n_params, self.replicas.spec().dtype
         check_model_matches(ckpt, self.replicas.model, n)
-        check_optimizer_state(ckpt, self.config.optimizer, n, self.replicas.spec().dtype)
-        dtype = self.replicas.model.get("dtype", "float32")
+        check_optimizer_state(ckpt, self.config.optimizer, n, dtype)
         accumulation = self.config.accumulation_steps
         return ckpt, read_pending(ckpt, n, accumulation, dtype, "DataParallelTrainer")
 

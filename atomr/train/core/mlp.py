@@ -183,7 +183,7 @@ class Mlp(Sequential):
         Raises:
             TypeError: `params` are not real numbers.
             ValueError: as for `Mlp`, or `params` of the wrong length or
-                too large for `dtype`.
+                not finite in `dtype` (NaN, Inf, too large for it).
         """
         model = cls.__new__(cls)
         model._setup_mlp(sizes, activation, dtype, device, activate_last)

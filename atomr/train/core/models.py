@@ -25,8 +25,8 @@ def model_from_config(config: dict[str, Any], params: np.ndarray, device: Any = 
         ValueError: a config that does not build (a missing key, a key no
             version of atomr wrote, a value of the wrong type or range, an
             unknown layer kind, layers nested too deep; the message names
-            it), or `params` of the wrong length or too large for the
-            model's dtype.
+            it), or `params` of the wrong length or not finite in the
+            model's dtype (NaN, Inf, too large for it).
     """
     return _model_class(config).from_config(config, params, device)
 

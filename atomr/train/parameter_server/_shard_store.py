@@ -47,6 +47,7 @@ from atomr.train.core.checkpoint import CheckpointError, save_checkpoint
 from atomr.train.core.clip import clip_grad_norm
 from atomr.train.core.device_guard import Rejected, guarded
 from atomr.train.core.errors import NonFiniteError
+from atomr.train.core.model.inputs import real_vector
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.sharded_index import merge_shards
@@ -284,14 +285,14 @@ class ShardStore(DeviceActor):
         restore): its state is still known to be wrong.
 
         Raises:
-            ValueError: the wrong number of weights, non-finite weights, or an
-                optimizer state that does not fit (nothing changed).
+            TypeError: weights that are not real numbers (nothing changed).
+            ValueError: the wrong number of weights, weights not finite in
+                the shard's dtype (`real_vector`), or an optimizer state that
+                does not fit (nothing changed).
         """
-        w = np.asarray(state.weights, dtype=self.dtype).reshape(-1)
-        if w.shape[0] != self.n or not np.isfinite(w).all():
-            raise ValueError(
-                f"state holds {w.shape[0]} weights (finite needed), server has {self.n}"
-            )
+        w = real_vector("the state's weights", state.weights, self.dtype)
+        if w.shape[0] != self.n:
+            raise ValueError(f"state holds {w.shape[0]} weights, server has {self.n}")
         fresh = self.kind.create(self.n, self.backend, self.dtype)
         try:
             fresh.load_state_dict(state.optimizer)
@@ -301,7 +302,7 @@ class ShardStore(DeviceActor):
         self._staged = None
         self._in_effect.clear()
         self._refusing = state.refusing
-        self.backend.copy(self.backend.to_device(np.ascontiguousarray(w)), self.weights)
+        self.backend.copy(self.backend.to_device(w), self.weights)
         self.optimizer = fresh
         self.kind = fresh.kind
         self.version = int(state.version)

@@ -59,9 +59,10 @@ from atomr.actor import Failure, Props
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core.errors import NonFiniteError, WorkerStateLost
 from atomr.train.core.messages import GetWeights, LoadCheckpoint, SaveCheckpoint, SetLearningRate
-from atomr.train.core.model.inputs import model_dtype
+from atomr.train.core.model.inputs import model_dtype, real_vector
 from atomr.train.core.optimizer import OptimizerKind
 from atomr.train.core.optimizer_state import Optimizer
+from atomr.train.core.validation import detached
 from atomr.train.parameter_server._accepted import AcceptedRounds
 from atomr.train.parameter_server._clocks import WorkerClocks
 from atomr.train.parameter_server._push_checks import (
@@ -124,10 +125,10 @@ class ServerShard(ShardStore):
             float64.
 
     Raises:
-        TypeError: bad optimizer type.
-        ValueError: empty or non-finite weights, a negative `max_staleness`,
-            a bounded/synchronous model without `workers >= 1`, or a dtype
-            other than float32 or float64.
+        TypeError: bad optimizer type, or weights that are not real numbers.
+        ValueError: empty weights or ones not finite in `dtype`, a negative
+            `max_staleness`, a bounded/synchronous model without `workers >= 1`,
+            or a dtype other than float32 or float64.
     """
 
     def __init__(
@@ -145,9 +146,10 @@ class ServerShard(ShardStore):
     ) -> None:
         super().__init__(device)
         self.dtype = model_dtype(dtype)
-        host = np.array(initial_weights, dtype=self.dtype).reshape(-1)
-        if host.size < 1 or not np.isfinite(host).all():
-            raise ValueError("initial_weights must be a non-empty finite vector")
+        weights = real_vector("initial_weights", initial_weights, self.dtype)
+        host = detached(weights, initial_weights)  # copied: the caller's may change
+        if host.size < 1:
+            raise ValueError("initial_weights must be a non-empty vector")
         check_staleness_bound(max_staleness, "max_staleness")
         self.consistency = consistency or Consistency.asynchronous()
         if self.consistency.bound is not None and (

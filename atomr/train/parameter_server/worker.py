@@ -235,7 +235,7 @@ class ParameterServerWorker(DeviceActor):
         assert model is not None
         be = model.backend
         with np.errstate(over="ignore", invalid="ignore"):
-            model.set_params(weights)
+            model.set_params(weights, checked=False)  # pulled: the server keeps them finite
             tape = model.forward_train(be.to_device(x), ctx)
             d_out = be.empty(tape.output.shape, dtype=model.dtype)
             loss_sum, norm = self.config.loss.sums(be, tape.output, be.to_device(y), d_out)
@@ -278,7 +278,7 @@ class ParameterServerWorker(DeviceActor):
         model = self.model
         assert model is not None
         be = model.backend
-        model.set_params(weights)
+        model.set_params(weights, checked=False)
         out = model.forward(be.to_device(x))
         d_out = be.empty(out.shape, dtype=model.dtype)
         loss_sum, norm = self.config.loss.sums(be, out, be.to_device(y), d_out)

@@ -314,7 +314,7 @@ class ShardedReplica(DeviceActor):
 
     def _set_full(self, params: np.ndarray) -> None:
         assert self.model is not None
-        self.model.set_params(params)
+        self.model.set_params(params, checked=False)  # gathered from stepped shards
 
     # -- stage 3 ------------------------------------------------------------
 

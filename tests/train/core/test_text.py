@@ -189,6 +189,6 @@ def test_generation_from_a_model_of_nan_weights_is_a_non_finite_error() -> None:
     """It failed in NumPy's sampler as 'Probabilities contain NaN'."""
     vocab = CharVocab.of("abc")
     model = gpt(len(vocab), 4, n_layer=1, n_head=1, d_model=4)
-    model.set_params(np.full(model.n_params, np.nan, dtype=np.float32))
+    model.params[:] = np.nan  # diverged (set_params refuses NaN weights)
     with pytest.raises(NonFiniteError, match="logits after 0 sampled characters are NaN"):
         generate(model, vocab, "ab", 3)

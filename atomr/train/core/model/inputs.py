@@ -12,6 +12,7 @@ import numpy as np
 
 from atomr._arguments import sequence_entries
 from atomr.actor.errors import bounded_repr
+from atomr.train.core.validation import cast_finite
 
 __all__ = [
     "INPUT_KINDS",
@@ -23,6 +24,7 @@ __all__ = [
     "params_vector",
     "positive_int",
     "positive_ints",
+    "real_vector",
     "token_vocab",
 ]
 
@@ -126,22 +128,45 @@ def known_keys(what: str, config: Mapping[str, Any], known: Collection[str]) -> 
             )
 
 
-def params_vector(host: Any, dtype: np.dtype, n_params: int) -> np.ndarray:
-    """`host` as a model's flat contiguous vector of `dtype`, checked.
+def params_vector(host: Any, dtype: np.dtype, n_params: int, *, checked: bool = True) -> np.ndarray:
+    """`host` as a model's flat contiguous vector of `dtype`, checked
+    (`real_vector`): a user's NaN weights are refused here, not trained from.
+    `checked=False` (weights checked where they came in, handed on each
+    step) checks the length only, sparing a pass over the vector.
+
+    Raises:
+        TypeError: (checked) not real numbers (bools, complex numbers, strings).
+        ValueError: not `n_params` values; checked: NaN or Inf, or a finite
+            value that the cast to `dtype` makes infinite (1e300 into float32).
+    """
+    if checked:
+        flat = real_vector("params", host, dtype)
+    else:
+        flat = np.ascontiguousarray(np.asarray(host).reshape(-1), dtype=dtype)
+    if flat.shape[0] != n_params:
+        raise ValueError(f"params has {flat.shape[0]} values, the model needs {n_params}")
+    return flat
+
+
+def real_vector(name: str, host: Any, dtype: Any) -> np.ndarray:
+    """`host` as a flat contiguous vector of `dtype`: real numbers, finite
+    after the cast (`validation.cast_finite`, the one rule of that); model
+    parameters and a parameter server's weights.
+
+    Args:
+        name: the name for the messages, plural ("params", "initial_weights").
+        host: what was given (an array, a list).
+        dtype: the dtype the vector is used in.
+
+    Returns:
+        The vector (`host` itself, flattened, when it already is one).
 
     Raises:
         TypeError: not real numbers (bools, complex numbers, strings).
-        ValueError: not `n_params` values, or a finite value that the
-            cast to `dtype` makes infinite (1e300 into float32).
+        ValueError: NaN or Inf, before or after the cast (the message says
+            which).
     """
     array = np.asarray(host)
     if array.dtype.kind not in "fiu":
-        raise TypeError(f"params must be real numbers, got dtype {array.dtype}")
-    with np.errstate(over="ignore"):  # an overflow is refused below
-        flat = np.ascontiguousarray(array.reshape(-1), dtype=dtype)
-    if flat.shape[0] != n_params:
-        raise ValueError(f"params has {flat.shape[0]} values, the model needs {n_params}")
-    narrowed = array.dtype.kind == "f" and array.dtype.itemsize > dtype.itemsize
-    if narrowed and (np.isinf(flat) & np.isfinite(array.reshape(-1))).any():
-        raise ValueError(f"params hold values too large for {dtype} (Inf after the cast)")
-    return flat
+        raise TypeError(f"{name} must be real numbers, got dtype {array.dtype}")
+    return cast_finite(array.reshape(-1), dtype, name, ValueError)

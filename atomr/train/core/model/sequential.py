@@ -108,12 +108,7 @@ class Sequential:
     # -- construction -------------------------------------------------------
 
     def _setup(
-        self,
-        layers: Sequence[Layer],
-        input_shape: object,
-        input_kind: str,
-        dtype: Any,
-        device: Any,
+        self, layers: Sequence[Layer], input_shape: object, input_kind: str, dtype: Any, device: Any
     ) -> None:
         self.layers: list[Layer] = list(layers)
         if not self.layers or not all(isinstance(layer, Layer) for layer in self.layers):
@@ -157,7 +152,7 @@ class Sequential:
         Raises:
             TypeError: `params` are not real numbers.
             ValueError: a config that does not build, or `params` of the
-                wrong length or too large for the model's dtype.
+                wrong length or not finite in the model's dtype.
         """
         model = cls._unloaded(config, device)
         model._load(params)
@@ -197,7 +192,8 @@ class Sequential:
 
         Raises:
             TypeError: `params` are not real numbers.
-            ValueError: as for the class, or `params` of the wrong length.
+            ValueError: as for the class, or `params` of the wrong length or
+                not finite (NaN or Inf).
         """
         model = cls.__new__(cls)
         model._setup(layers, input_shape, input_kind, np.asarray(params).dtype, device)
@@ -292,15 +288,18 @@ class Sequential:
         """A host copy of the flat parameter vector."""
         return np.asarray(self.backend.to_host(self.params), dtype=self.dtype)
 
-    def set_params(self, host: np.ndarray) -> None:
-        """Overwrite the parameters with a host vector (copied, cast to `dtype`).
+    def set_params(self, host: np.ndarray, *, checked: bool = True) -> None:
+        """Overwrite the parameters with a host vector (copied, cast to
+        `dtype`), checked (`params_vector`). `checked=False` skips the finite
+        pass, for weights checked where they came in and handed on each step
+        (a parameter server's pull: every update keeps its weights finite).
 
         Raises:
             TypeError: not real numbers (bools, complex numbers, strings).
-            ValueError: wrong length, or a value the cast makes infinite;
-                the parameters are unchanged.
+            ValueError: wrong length, or (checked) NaN or Inf after the cast
+                to `dtype`; the parameters are unchanged.
         """
-        flat = params_vector(host, self.dtype, self.n_params)
+        flat = params_vector(host, self.dtype, self.n_params, checked=checked)
         self.backend.copy(self.backend.to_device(flat), self.params)
 
     def zero_grads(self) -> None:

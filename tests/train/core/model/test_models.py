@@ -510,14 +510,17 @@ def test_batch_spec_is_what_the_built_model_takes_and_gives() -> None:
         (np.array(list("123456789")), TypeError, "got dtype <U1"),
         (np.full(9, 1e300), ValueError, "params hold values too large for float32"),
         (np.zeros(8), ValueError, "params has 8 values, the model needs 9"),
+        (np.full(9, np.nan), ValueError, "params contain NaN or Inf"),
+        (np.r_[np.zeros(8), -np.inf].astype(np.float32), ValueError, "params contain NaN or Inf"),
     ],
 )
 def test_parameters_that_the_cast_would_change_are_refused(
     params: np.ndarray, error: type, needle: str
 ) -> None:
     """Bools were taken as 1.0, complex numbers lost their imaginary part
-    (with only a warning), and 1e300 became inf in float32 (with only a
-    RuntimeWarning): `set_params` and every constructor that takes params."""
+    (with only a warning), 1e300 became inf in float32 (with only a
+    RuntimeWarning), and NaN or Inf weights were taken as they were:
+    `set_params` and every constructor that takes params."""
     model = Mlp([2, 3], seed=0)
     before = model.get_params()
     with pytest.raises(error) as info:
@@ -530,6 +533,24 @@ def test_parameters_that_the_cast_would_change_are_refused(
         model_from_config(model.config(), params)
     model.set_params(np.full(9, 1e30))  # float64, finite in float32
     assert np.isfinite(model.get_params()).all()
+
+
+def test_parameters_are_checked_finite_in_the_model_s_dtype() -> None:
+    """A float64 model takes 1e300 (finite in its dtype) and refuses NaN
+    like a float32 one, keeping its parameters; so does `from_layers`."""
+    model = Mlp([2, 3], seed=0, dtype=np.float64)
+    model.set_params(np.full(9, 1e300))
+    np.testing.assert_array_equal(model.get_params(), np.full(9, 1e300))
+    with pytest.raises(ValueError, match="params contain NaN or Inf"):
+        model.set_params(np.r_[np.zeros(8), np.nan])
+    np.testing.assert_array_equal(model.get_params(), np.full(9, 1e300))
+    with pytest.raises(ValueError, match="params contain NaN or Inf"):
+        Sequential.from_layers(model.layers, [2], np.full(9, np.nan))
+    # weights checked where they came in (a parameter server's pull): length only
+    model.set_params(np.full(9, np.nan), checked=False)
+    assert np.isnan(model.get_params()).all()
+    with pytest.raises(ValueError, match="params has 8 values, the model needs 9"):
+        model.set_params(np.zeros(8), checked=False)
 
 
 @pytest.mark.parametrize("dtype", [bool, np.int64, np.uint8])

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel._ops_base import OpsBase
+from atomr.accel.hyperparameters import given_in
 
 __all__ = ["LossOps", "check_class_weights"]
 
@@ -41,7 +42,7 @@ class LossOps(OpsBase, abc.ABC):
             labels: 1-D (n,) integer class indices in [0, c): a host NumPy array
                 (any integer dtype, either byte order), or (CUDA) a device array.
             weights: per-class weights (c,) or None, finite in the logits'
-                dtype and non-negative; a host array is accepted by both
+                dtype, non-negative, none rounding to 0; a host array is accepted by both
                 backends, a device array must have the logits' dtype.
             grad: written, (n, c); may be ``logits`` itself, must share no
                 memory with labels or weights.
@@ -52,8 +53,8 @@ class LossOps(OpsBase, abc.ABC):
         Raises:
             TypeError: wrong array type or dtype, labels not integers.
             ValueError: shape mismatch, not contiguous, a label out of range, a
-                weight non-finite or negative, or grad sharing memory with
-                labels or weights.
+                weight non-finite, negative or rounding to 0 (`given_in`), or
+                grad sharing memory with labels or weights.
         """
         self.validate("softmax_cross_entropy", logits=logits, grad=grad, read_only=("logits",))
         self._ndim("softmax_cross_entropy", 2, logits=logits)
@@ -103,14 +104,15 @@ class LossOps(OpsBase, abc.ABC):
 
     def _check_ce_weights(self, weights: Any, c: int, dtype: np.dtype[Any]) -> None:
         """Refuse class weights that are not c floats, finite in ``dtype`` (the
-        logits', which the kernel computes in) and non-negative
-        (``check_class_weights``). Weights in the backend's memory must already
+        logits', which the kernel computes in), non-negative and, when not 0,
+        not 0 in ``dtype`` (``check_class_weights``). Weights in the backend's memory must already
         have ``dtype`` and are copied to the host for the check.
 
         Raises:
             TypeError: not a NumPy or device array, not floating point, or a
                 device array of another dtype than the logits.
-            ValueError: not of shape (c,), or a weight non-finite or negative.
+            ValueError: not of shape (c,), or a weight non-finite, negative
+                or rounding to 0.
         """
         if not (self._is_buffer(weights) or isinstance(weights, np.ndarray)):
             raise TypeError(
@@ -183,7 +185,9 @@ def check_class_weights(what: str, weights: Any, dtype: Any = np.float64) -> Non
     """The rule for cross-entropy's per-class weights, shared by the backend's
     checked ``softmax_cross_entropy`` and ``LossKind``: every weight is finite
     in ``dtype`` (the dtype the kernel computes in: 1e39 is infinite in
-    float32) and non-negative.
+    float32), non-negative, and not so small that it rounds to 0 there
+    (``given_in``'s rule and message: 1e-50 would silently drop its class
+    from a float32 loss; a float64 one keeps it).
 
     Args:
         what: names the weights in the message.
@@ -194,12 +198,15 @@ def check_class_weights(what: str, weights: Any, dtype: Any = np.float64) -> Non
         ValueError: naming the first bad weight and its class.
     """
     given = np.asarray(weights).reshape(-1)
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         w = given.astype(dtype)
+    zeroed = (w == 0) & (given != 0)
     # the sign of the given value: a tiny negative one is -0.0 once cast to float32
-    bad = np.flatnonzero(~np.isfinite(w) | (w < 0) | (given < 0))
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0) | (given < 0) | zeroed)
     if bad.size:
         k = int(bad[0])
+        if zeroed[k] and given[k] > 0:
+            given_in(f"{what}[{k}]", float(given[k]), dtype)  # raises: rounds to 0
         raise ValueError(
             f"{what}: weight {given[k]} of class {k} is refused; class weights must be"
             f" finite in {np.dtype(dtype)} and non-negative"

@@ -252,13 +252,21 @@ def test_cross_entropy_refuses_non_finite_or_negative_weights(be, weights, match
     np.testing.assert_array_equal(get(be, grad), np.full((2, 3), 7.0))
 
 
-def test_cross_entropy_refuses_weights_infinite_in_the_logits_dtype(be):
-    """1e39 is finite in float64 but the float32 kernel would use inf."""
-    with pytest.raises(ValueError, match=r"weight 1e\+39 of class 1.*finite in float32"):
+@pytest.mark.parametrize(
+    "weight,match",
+    [
+        (1e39, r"weight 1e\+39 of class 1.*finite in float32"),
+        (1e-50, r"^softmax_cross_entropy: weights\[1\]=1e-50 rounds to 0 in float32; give 0 or"),
+    ],
+)
+def test_cross_entropy_refuses_weights_the_logits_dtype_cannot_hold(be, weight, match):
+    """1e39 is finite in float64 but the float32 kernel would use inf; 1e-50
+    is not 0 but the float32 kernel would use 0 (its class silently dropped)."""
+    with pytest.raises(ValueError, match=match):
         be.softmax_cross_entropy(
             put(be, f32(2, 3)),
             np.zeros(2, np.int64),
-            np.array([1.0, 1e39, 1.0]),
+            np.array([1.0, weight, 1.0]),
             put(be, f32(2, 3)),
         )
 

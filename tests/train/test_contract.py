@@ -287,17 +287,26 @@ def test_props_taking_the_model_check_the_optimizer_in_its_dtype(trainer_class: 
     )
 
 
+@pytest.mark.parametrize(
+    ("weight", "refusal"),
+    [
+        (1e39, "weight 1e[+]39 of class 0 .* finite in float32"),  # infinite in float32
+        (1e-50, r"class_weights\[0\]=1e-50 rounds to 0 in float32"),  # 0 in float32
+    ],
+)
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-async def test_class_weights_are_checked_in_the_models_dtype_at_spawn(strategy: str) -> None:
+async def test_class_weights_are_checked_in_the_models_dtype_at_spawn(
+    strategy: str, weight: float, refusal: str
+) -> None:
     """A float32 model refuses the weight before anything is spawned (its
-    kernel would compute with inf); a float64 one trains with it, to a finite
-    loss (the weighted mean is taken in float64)."""
+    kernel would compute with inf, or with 0: its class silently dropped); a
+    float64 one trains with it, to a finite loss (the weighted mean is taken
+    in float64)."""
     trainer_class, options, n = STRATEGIES[strategy]
-    heavy = LossKind.weighted_cross_entropy([1e39, 1.0, 1.0])  # infinite in float32
-    config = TrainerConfig(OptimizerKind.sgd(0.01), heavy)
+    config = TrainerConfig(OptimizerKind.sgd(0.01), LossKind.weighted_cross_entropy([weight, 1, 1]))
     x, y = synthetic_classification(32, 6, 3, seed=6)
     async with ActorSystem("contract") as system:
-        with pytest.raises(ValueError, match="weight 1e[+]39 of class 0 .* finite in float32"):
+        with pytest.raises(ValueError, match=refusal):
             await trainer_class.spawn(system, Mlp([6, 8, 3]), cpu_devices(n), config, options)
         assert system.actors == []
         model = Mlp([6, 8, 3], seed=4, dtype=np.float64)

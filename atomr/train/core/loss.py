@@ -44,7 +44,8 @@ class LossKind:
     Raises:
         ValueError: unknown name; class weights for MSE, or weights that are
             empty, negative, not finite in float64 or all zero. (Infinite in
-            the model's dtype, 1e39 in float32: `check_dtype`.)
+            the model's dtype, 1e39 in float32, or rounding to 0 there, 1e-50
+            in float32: `check_dtype`.)
     """
 
     name: str
@@ -84,13 +85,15 @@ class LossKind:
         return cls("cross_entropy", tuple(np.asarray(class_weights, dtype=np.float64).ravel()))
 
     def check_dtype(self, dtype: Any) -> None:
-        """Check the class weights, if any, in `dtype`, the model's: 1e39 is a
-        weight a float64 model computes with and a float32 one cannot hold.
-        Every trainer runs it when it is spawned (`TrainerConfig.check_dtype`),
-        `compute` on every call; the kernels take the weights unchecked.
+        """Check the class weights, if any, in `dtype`, the model's: 1e39 and
+        1e-50 are weights a float64 model computes with and a float32 one
+        cannot hold (infinite; 0, its class silently dropped). Every trainer
+        runs it when it is spawned (`TrainerConfig.check_dtype`), `compute`
+        on every call; the kernels take the weights unchecked.
 
         Raises:
-            ValueError: a weight infinite in `dtype`, naming it and its class.
+            ValueError: a weight infinite in `dtype`, naming it and its class,
+                or a non-zero one that rounds to 0 there (`given_in`'s message).
         """
         if self.class_weights is not None:
             check_class_weights("class_weights", self.class_weights, dtype)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -134,3 +135,24 @@ def test_class_weights_are_checked_in_the_dtype_they_are_computed_in() -> None:
     np.testing.assert_allclose(grad, want_grad, rtol=1e-10, atol=1e-300)
     with pytest.raises(ValueError, match="finite in float32"):
         kind.compute(z.astype(np.float32), labels)
+
+
+def test_a_class_weight_that_rounds_to_0_in_the_model_s_dtype_is_refused() -> None:
+    """1e-50 became 0 in float32, dropping its class from the loss without a
+    word; refused as `given_in` refuses a hyperparameter that rounds to 0. A
+    float64 computation keeps it (torch's weighted mean); a weight given as 0
+    is still taken."""
+    kind = LossKind.weighted_cross_entropy([1.0, 1e-50, 2.0])
+    kind.check_dtype(np.float64)
+    message = "class_weights[1]=1e-50 rounds to 0 in float32; give 0 or a value >= 1e-45"
+    with pytest.raises(ValueError) as info:
+        kind.check_dtype(np.float32)
+    assert str(info.value) == message
+    z, labels = np.random.default_rng(4).standard_normal((4, 3)), np.array([1, 1, 0, 2])
+    value, grad = kind.compute(z, labels)
+    want, want_grad = ref_cross_entropy(z, labels, np.array([1.0, 1e-50, 2.0]))
+    assert math.isclose(value, want, rel_tol=1e-12)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-10, atol=1e-300)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        kind.compute(z.astype(np.float32), labels)
+    LossKind.weighted_cross_entropy([0.0, 1.0]).check_dtype(np.float32)

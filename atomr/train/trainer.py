@@ -316,7 +316,7 @@ class Trainer(DeviceActor):
         model, opt = self.model, self.optimizer
         assert model is not None and opt is not None
         ckpt = merge_shards(path)
-        check_model_matches(ckpt, model.config(), model.n_params)
+        check_model_matches(ckpt, model.config(), model.n_params, model.dtype)
         fresh = restored_optimizer(
             self.config.optimizer, model.n_params, ckpt.optimizer, model.backend, model.dtype
         )

@@ -125,10 +125,10 @@ def test_load_checkpoint_takes_float64_arrays_beyond_float32s_range(tmp_path: Pa
     loaded = load_checkpoint(tmp_path / "c.ckpt")
     assert loaded.weights.dtype == np.float64
     np.testing.assert_array_equal(loaded.weights, weights)
-    check_model_matches(loaded, model.config(), model.n_params)
+    check_model_matches(loaded, model.config(), model.n_params, model.dtype)
     narrow = Mlp([6, 8, 3], seed=4)
     with pytest.raises(CheckpointError, match="float64, this model is float32"):
-        check_model_matches(loaded, narrow.config(), narrow.n_params)
+        check_model_matches(loaded, narrow.config(), narrow.n_params, narrow.dtype)
 
 
 @pytest.mark.parametrize("config", [True, False], ids=["model config", "default config"])

@@ -285,19 +285,24 @@ def _assemble(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Checkpoi
     )
 
 
-def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_params: int) -> None:
+def check_model_matches(
+    ckpt: Checkpoint, model_config: Mapping[str, Any], n_params: int, dtype: Any
+) -> None:
     """Check that a checkpoint was made for the given model.
 
     Args:
         ckpt: a loaded checkpoint.
         model_config: the receiving model's `config()`.
         n_params: the receiving model's parameter count.
+        dtype: the dtype the receiving model holds its weights in (not read
+            from `model_config`, which may name none: a parameter server's
+            default config).
 
     Raises:
         CheckpointError: sizes, activation, `activate_last` (absent, as in a
             checkpoint older than it: False), layers, input shape or kind, or
             parameter count differ, the weights are not real numbers or are
-            wider floats than the model's dtype (loading would round them),
+            wider floats than `dtype` (loading would round them),
             or `ckpt` is the index of a sharded save, not merged (`merge_shards`).
     """
     if SHARDED_INDEX_KEY in ckpt.extra:
@@ -317,15 +322,12 @@ def check_model_matches(ckpt: Checkpoint, model_config: Mapping[str, Any], n_par
         raise CheckpointError(
             f"checkpoint weights have dtype {ckpt.weights.dtype}, not a real number"
         )
-    _check_no_rounding(ckpt.weights.dtype, model_config.get("dtype"))
+    _check_no_rounding(ckpt.weights.dtype, np.dtype(dtype))
 
 
-def _check_no_rounding(saved: np.dtype[Any], model_dtype: object) -> None:
+def _check_no_rounding(saved: np.dtype[Any], receiving: np.dtype[Any]) -> None:
     """Loading float weights into a narrower float model would round them."""
-    if model_dtype is None or saved.kind != "f":
-        return
-    receiving = np.dtype(str(model_dtype))
-    if receiving.kind == "f" and receiving.itemsize < saved.itemsize:
+    if saved.kind == "f" and receiving.itemsize < saved.itemsize:
         raise CheckpointError(
             f"checkpoint weights are {saved}, this model is {receiving}: loading would round "
             f"them. Build the model with dtype={saved}, or cast the checkpoint on purpose "

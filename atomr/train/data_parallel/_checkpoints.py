@@ -158,7 +158,7 @@ class Checkpoints:
         """
         ckpt: Checkpoint = await self.host.run(merge_shards, path)
         n, dtype = self.replicas.n_params, self.replicas.spec().dtype
-        check_model_matches(ckpt, self.replicas.model, n)
+        check_model_matches(ckpt, self.replicas.model, n, dtype)
         check_optimizer_state(ckpt, self.config.optimizer, n, dtype)
         accumulation = self.config.accumulation_steps
         return ckpt, read_pending(ckpt, n, accumulation, dtype, "DataParallelTrainer")

@@ -323,12 +323,9 @@ class ReplicaActor(Trainer):
         assert model is not None
         if not isinstance(state, ReplicaState):
             raise TypeError(f"SetState needs a ReplicaState, got {type(state).__name__}")
-        check_model_matches(
-            Checkpoint(state.model, np.asarray(state.weights).reshape(-1), state.steps),
-            model.config(),
-            model.n_params,
-        )
         kind, n, be, dtype = self.config.optimizer, model.n_params, model.backend, model.dtype
+        weights = np.asarray(state.weights).reshape(-1)
+        check_model_matches(Checkpoint(state.model, weights, state.steps), model.config(), n, dtype)
         if state.optimizer:
             fresh = restored_optimizer(kind, n, state.optimizer, be, dtype, f"replica {self.index}")
         else:

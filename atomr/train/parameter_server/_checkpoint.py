@@ -78,7 +78,8 @@ def server_states(
         optimizer: the shards' optimizer (the checkpoint's must be of its kind).
         model_config: the model's `Mlp.config()` (the checkpoint's must match).
         loader: the loading actor's class name, for the messages.
-        dtype: the model's dtype (the optimizer state is checked in it).
+        dtype: the model's dtype (the weights and optimizer state are
+            checked in it: wider weights would be rounded).
 
     Returns:
         One `ServerState` per range.
@@ -91,7 +92,7 @@ def server_states(
             (`check_resumable_window`).
     """
     n = ranges[-1][1]
-    check_model_matches(ckpt, model_config, n)
+    check_model_matches(ckpt, model_config, n, dtype)
     check_optimizer_state(ckpt, optimizer, n, dtype)
     check_resumable_window(ckpt, 1, loader)  # the servers do not accumulate
     return [

@@ -343,16 +343,18 @@ class ShardStore(DeviceActor):
     async def _load(self, path: Any) -> Any:
         """`LoadCheckpoint`: a checkpoint's state, read as a shard of its own
         (its range the whole vector; the trainer loads its shards through
-        `SetServerState`), through `_set_state`. Its model config is given
-        the shard's dtype (a default one has none), so that a checkpoint of
-        wider weights is refused, not rounded (`check_model_matches`)."""
+        `SetServerState`), through `_set_state`. It is checked against the
+        dtype the shard holds (its model config may name none, or another),
+        so that a checkpoint of wider weights is refused, not rounded
+        (`check_model_matches`)."""
         ckpt = await self.on_device(guarded, merge_shards, path)
         if isinstance(ckpt, Rejected):
             return Failure(ckpt.error)
         try:
             ranges = [(0, self.n)]
-            model = {**self.model_config, "dtype": self.dtype.name}  # what it holds
-            (state,) = server_states(ckpt, ranges, self.kind, model, "ServerShard", self.dtype)
+            (state,) = server_states(
+                ckpt, ranges, self.kind, self.model_config, "ServerShard", self.dtype
+            )
         except CheckpointError as exc:
             return Failure(exc)
         result = await self._set_state(state)

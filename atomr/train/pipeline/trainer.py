@@ -340,7 +340,7 @@ class PipelineParallelTrainer(Actor):
         (`StageGroup.load`)."""
         ckpt = await asyncio.to_thread(merge_shards, path)
         n = group.offsets[-1]
-        check_model_matches(ckpt, group.model_config, n)
+        check_model_matches(ckpt, group.model_config, n, group.spec.dtype)
         # validate the optimizer state on the whole vector before touching any stage
         check_optimizer_state(ckpt, self.config.optimizer, n, group.spec.dtype)
         accumulation = self.config.accumulation_steps

@@ -150,7 +150,7 @@ class ShardedCheckpoints:
 
     async def _read(self, path: Path) -> Checkpoint:
         ckpt: Checkpoint = await self.host.run(merge_shards, path)
-        check_model_matches(ckpt, self.model_config, self.layout.n_params)
+        check_model_matches(ckpt, self.model_config, self.layout.n_params, self.dtype)
         check_optimizer_state(ckpt, self.config.optimizer, self.layout.n_params, self.dtype)
         check_resumable_window(ckpt, self.config.accumulation_steps, TRAINER)
         return ckpt

@@ -297,7 +297,7 @@ class LayerTensorParallelTrainer(Actor):
         generation = self._watch.generation
         ckpt = await asyncio.to_thread(merge_shards, message.path)
         model = self.plan.model
-        check_model_matches(ckpt, model.config(), model.n_params)
+        check_model_matches(ckpt, model.config(), model.n_params, model.dtype)
         check_optimizer_state(ckpt, self.config.optimizer, model.n_params, model.dtype)
         check_resumable_window(ckpt, self.config.accumulation_steps, "TensorParallelTrainer")
         weights = self.plan.split(np.asarray(ckpt.weights, dtype=model.dtype))

@@ -291,7 +291,7 @@ class TensorParallelTrainer(Actor):
         """Check the checkpoint, then load it into every shard, all or none
         (`ShardGroup.load`; `keep_old` as there)."""
         ckpt = await asyncio.to_thread(merge_shards, message.path)
-        check_model_matches(ckpt, group.model, group.total_params)
+        check_model_matches(ckpt, group.model, group.total_params, group.dtype)
         check_optimizer_state(ckpt, self.config.optimizer, group.total_params, group.dtype)
         check_resumable_window(ckpt, self.config.accumulation_steps, "TensorParallelTrainer")
         step = int(ckpt.optimizer["step"])

@@ -138,13 +138,28 @@ def test_unstorable_state_is_refused(tmp_path: Path) -> None:
 
 def test_check_model_matches() -> None:
     ckpt = _ckpt()
-    check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50)
+    check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50, np.float32)
     with pytest.raises(CheckpointError, match="model"):
-        check_model_matches(ckpt, {"sizes": [4, 7, 2], "activation": "relu"}, 50)
+        check_model_matches(ckpt, {"sizes": [4, 7, 2], "activation": "relu"}, 50, np.float32)
     with pytest.raises(CheckpointError, match="model"):
-        check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "tanh"}, 50)
+        check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "tanh"}, 50, np.float32)
     with pytest.raises(CheckpointError, match="parameters"):
-        check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 51)
+        check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 51, np.float32)
+
+
+def test_check_model_matches_refuses_weights_wider_than_the_receiving_dtype() -> None:
+    """The dtype held is given, not read from the config: a config naming
+    none (a parameter server's default) skipped the check, so float64
+    weights were rounded into a float32 model; float32 ones widen exactly."""
+    ckpt = _ckpt()
+    ckpt.weights = ckpt.weights.astype(np.float64)
+    config = {"sizes": [4, 6, 2], "activation": "relu"}  # no "dtype"
+    with pytest.raises(CheckpointError, match="weights are float64, this model is float32"):
+        check_model_matches(ckpt, config, 50, np.float32)
+    with pytest.raises(CheckpointError, match="would round them"):
+        check_model_matches(ckpt, {**config, "dtype": "float64"}, 50, np.float32)
+    check_model_matches(ckpt, config, 50, np.float64)
+    check_model_matches(_ckpt(), config, 50, np.float64)
 
 
 def test_check_model_matches_compares_activate_last_absent_meaning_false() -> None:
@@ -153,21 +168,21 @@ def test_check_model_matches_compares_activate_last_absent_meaning_false() -> No
     ckpt = _ckpt()  # its model config has no activate_last: a checkpoint older than it
     plain = {"sizes": [4, 6, 2], "activation": "relu", "activate_last": False}
     activated = {**plain, "activate_last": True}
-    check_model_matches(ckpt, plain, 50)
-    check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50)
+    check_model_matches(ckpt, plain, 50, np.float32)
+    check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50, np.float32)
     with pytest.raises(
         CheckpointError, match="activate_last=False, this model has activate_last=True"
     ):
-        check_model_matches(ckpt, activated, 50)
+        check_model_matches(ckpt, activated, 50, np.float32)
     ckpt.model = dict(activated)
-    check_model_matches(ckpt, activated, 50)
+    check_model_matches(ckpt, activated, 50, np.float32)
     with pytest.raises(
         CheckpointError, match="activate_last=True, this model has activate_last=False"
     ):
-        check_model_matches(ckpt, plain, 50)
+        check_model_matches(ckpt, plain, 50, np.float32)
     ckpt.model = {**plain, "activate_last": "false"}  # a hostile file: not False
     with pytest.raises(CheckpointError, match="activate_last='false'"):
-        check_model_matches(ckpt, plain, 50)
+        check_model_matches(ckpt, plain, 50, np.float32)
 
 
 def test_save_into_a_missing_directory_names_the_directory(tmp_path: Path) -> None:
@@ -200,7 +215,7 @@ def test_check_model_matches_refuses_non_numeric_weights() -> None:
     ckpt = _ckpt()
     ckpt.weights = np.array(["a"] * 50)
     with pytest.raises(CheckpointError, match="dtype"):
-        check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50)
+        check_model_matches(ckpt, {"sizes": [4, 6, 2], "activation": "relu"}, 50, np.float32)
 
 
 def test_restored_optimizer_holds_the_saved_state_or_refuses_naming_its_owner() -> None:

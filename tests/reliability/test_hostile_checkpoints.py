@@ -123,13 +123,19 @@ def test_optimizer_numbers_are_read_as_float64(tmp_path: Path) -> None:
         check_optimizer_state(ckpt, kind, N, np.float32)
 
 
+_NON_FINITE = ": the values of payload member '%s.npy' contain NaN or Inf$"
+
+
 @pytest.mark.parametrize(
     ("members", "field"),
     [
         ({"weights.npy": b"\x00" * 64}, "weights"),  # raw bytes, no array header
         ({"weights.npy": _member(np.frombuffer(b"x" * N, "S1"))}, "weights"),
-        ({"weights.npy": _member(np.full(N, np.nan, np.float32))}, "weights"),
-        ({"weights.npy": _member(np.full(N, -np.inf))}, "weights"),  # 1e300 is a float64 model's
+        ({"weights.npy": _member(np.full(N, np.nan, np.float32))}, _NON_FINITE % "weights"),
+        (
+            {"weights.npy": _member(np.full(N, -np.inf))},
+            _NON_FINITE % "weights",
+        ),  # 1e300: float64's
         ({"weights.npy": _member(np.zeros((2, 5), np.float32))}, "weights"),
         ({"weights.npy": _member(np.zeros(N, np.int32))}, "weights"),
         ({}, "weights"),
@@ -138,7 +144,7 @@ def test_optimizer_numbers_are_read_as_float64(tmp_path: Path) -> None:
                 "weights.npy": _member(np.zeros(N, np.float32)),
                 "optimizer/exp_avg.npy": _member(np.full(N, np.inf, np.float32)),
             },
-            "exp_avg",
+            _NON_FINITE % "optimizer/exp_avg",
         ),
         (
             {"weights.npy": _member(np.zeros(N, np.float32)), "evil.pkl": b"\x80\x04."},

@@ -17,6 +17,7 @@ import zipfile
 import numpy as np
 
 from atomr.train.core.errors import CheckpointError
+from atomr.train.core.validation import cast_finite
 
 __all__ = ["read_members"]
 
@@ -97,6 +98,6 @@ def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
         raise CheckpointError(f"payload member {name!r} is malformed: {exc}"[:300]) from exc
     array = array.copy()
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        raise CheckpointError(f"{name!r} holds NaN or infinity")
+    if array.dtype.kind == "f":  # finite in its saved dtype (`cast_finite`)
+        cast_finite(array, array.dtype, f"the values of payload member {name!r}", CheckpointError)
     return array

@@ -33,6 +33,7 @@ from atomr.train.core.checkpoint import (
     extra_count,
     pending_micro_steps,
 )
+from atomr.train.core.validation import cast_finite
 
 __all__ = [
     "AccumulationWindow",
@@ -181,10 +182,7 @@ def read_pending(
             f"checkpoint's pending gradients are {shown} "
             f"{getattr(grads, 'shape', '')}, this model has {n_params} parameters"
         )
-    with np.errstate(over="ignore", invalid="ignore"):
-        cast = np.ascontiguousarray(grads, dtype=dtype)
-    if not np.isfinite(cast).all():
-        raise CheckpointError(f"checkpoint's pending gradients are not finite in {cast.dtype}")
+    cast = cast_finite(grads, dtype, "checkpoint's pending gradients", CheckpointError)
     loss_sum = _finite_number(ckpt.extra, "accum_loss")
     normaliser = _finite_number(ckpt.extra, "accum_norm")
     if normaliser < 0.0:

@@ -67,19 +67,22 @@ def check_token_ids(ids: np.ndarray, vocab: int, what: str = "token ids") -> Non
 
 
 def cast_finite(
-    array: np.ndarray, dtype: Any, what: str, error: type[ValueError] = InvalidBatchError
+    array: np.ndarray, dtype: Any, what: str, error: type[Exception] = InvalidBatchError
 ) -> np.ndarray:
     """`array` as a C-contiguous array of `dtype`, checked finite after the cast.
 
-    The one home of "finite in the dtype it is used in": a batch, and an
+    The one home of "finite in the dtype it is used in": a batch, an
     optimizer buffer being loaded (`Optimizer.load_state_dict`: a float64
-    buffer of 1e39 is finite for a float64 optimizer, not for a float32 one).
+    buffer of 1e39 is finite for a float64 optimizer, not for a float32 one),
+    a checkpoint's pending gradients (`read_pending`), and every parameter,
+    weight or gradient vector given (`model.inputs.real_vector`).
 
     Args:
         array: a float array.
         dtype: the dtype the model computes in.
         what: the name for the message, plural ("features", "targets").
-        error: the ValueError raised.
+        error: the exception raised (a ValueError, or `CheckpointError`
+            for a file's arrays).
 
     Returns:
         The cast array (`array` itself when it already is one).

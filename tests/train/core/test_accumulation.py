@@ -61,3 +61,20 @@ def test_a_window_at_or_beyond_the_loaders_accumulation_is_refused() -> None:
         CheckpointError, match="2 micro-steps .*; Trainer with accumulation_steps=2"
     ):
         read_pending(_checkpoint(extra), 3, 2, np.float32, "Trainer")
+
+
+def test_pending_gradients_are_checked_finite_in_the_loader_s_dtype() -> None:
+    """1e300 (float64) is refused for a float32 model (`cast_finite`, the
+    rule of every array used in a dtype) and taken for a float64 one."""
+    window = AccumulationWindow()
+    window.add(1.0, 1.0, 1)
+    extra = accumulation_extra(window.saved(np.full(3, 1e300)))
+    with pytest.raises(CheckpointError) as info:
+        read_pending(_checkpoint(extra), 3, 2, np.float32, "Trainer")
+    assert str(info.value) == (
+        "checkpoint's pending gradients hold values too large for float32 (NaN or Inf after "
+        "the cast)"
+    )
+    back = read_pending(_checkpoint(extra), 3, 2, np.float64, "Trainer")
+    assert back is not None
+    np.testing.assert_array_equal(back.grads, np.full(3, 1e300))

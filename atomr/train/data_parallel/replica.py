@@ -23,6 +23,7 @@ from atomr.train.core.config import TrainerConfig
 from atomr.train.core.device_guard import REQUEST_ERRORS, Rejected, guarded
 from atomr.train.core.errors import InvalidBatchError
 from atomr.train.core.messages import SetLearningRate, Step
+from atomr.train.core.model.inputs import real_vector
 from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.data_parallel.messages import (
@@ -211,15 +212,15 @@ class ReplicaActor(Trainer):
         """Overwrite the gradient buffer (worker thread).
 
         Raises:
-            ValueError: not a finite vector of the parameters' length.
+            TypeError: not real numbers.
+            ValueError: not the parameters' length, or not finite in the
+                model's dtype (`real_vector`).
         """
         assert self.model is not None
-        flat = np.asarray(gradients, dtype=self.model.dtype).reshape(-1)
-        if flat.shape[0] != self.model.n_params or not np.isfinite(flat).all():
-            raise ValueError(
-                f"gradients must be {self.model.n_params} finite values, got {flat.shape[0]}"
-            )
-        self.backend.copy(self.backend.to_device(np.ascontiguousarray(flat)), self.model.grads)
+        flat = real_vector("gradients", gradients, self.model.dtype)
+        if flat.shape[0] != self.model.n_params:
+            raise ValueError(f"gradients must be {self.model.n_params} values, got {flat.shape[0]}")
+        self.backend.copy(self.backend.to_device(flat), self.model.grads)
 
     def compute_gradients(self, msg: ComputeGradients) -> GradientResult:
         """The gradient of one shard of a batch (worker thread): forward,

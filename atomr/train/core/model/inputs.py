@@ -151,7 +151,7 @@ def params_vector(host: Any, dtype: np.dtype, n_params: int, *, checked: bool = 
 def real_vector(name: str, host: Any, dtype: Any) -> np.ndarray:
     """`host` as a flat contiguous vector of `dtype`: real numbers, finite
     after the cast (`validation.cast_finite`, the one rule of that); model
-    parameters and a parameter server's weights.
+    parameters, a parameter server's weights, a replica's given gradients.
 
     Args:
         name: the name for the messages, plural ("params", "initial_weights").

@@ -33,6 +33,7 @@ from atomr.train.core.messages import SetLearningRate
 from atomr.train.core.model.layer import ForwardContext
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.optimizer_state import Optimizer
+from atomr.train.core.validation import cast_finite
 from atomr.train.data_parallel.messages import EvaluateShard, ShardEval
 from atomr.train.data_parallel.replica import evaluate_shard
 from atomr.train.sharded._layers import LayerRunner
@@ -335,13 +336,18 @@ class ShardedReplica(DeviceActor):
         """Load a piece, its optimizer state and the step count (worker thread).
 
         Raises:
-            CheckpointError: the piece or the optimizer state does not fit.
+            CheckpointError: the piece (of another length, or not finite in
+                the model's dtype: `cast_finite`) or the optimizer state does
+                not fit.
+            TypeError, ValueError: `full` is not parameters of the model
+                (`Sequential.set_params`). Nothing has changed.
         """
         state, n = msg.state, self._offsets[-1]
         piece = np.asarray(state.piece)
         if piece.shape != (n,):
             raise CheckpointError(f"replica {self.index} owns {n} values, got {piece.shape}")
         dtype = self._template.dtype
+        piece = cast_finite(piece, dtype, f"replica {self.index}'s piece values", CheckpointError)
         kind = self.config.optimizer
         fresh = (
             restored_optimizer(
@@ -352,7 +358,7 @@ class ShardedReplica(DeviceActor):
         )
         if self.model is not None and msg.full is not None:
             self.model.set_params(msg.full)
-        self.piece = self.backend.to_device(np.ascontiguousarray(piece, dtype=dtype))
+        self.piece = self.backend.to_device(piece)
         self.optimizer = fresh
         self.steps = int(state.steps)
         self._undo = DoubleBuffer()

@@ -11,7 +11,7 @@ import pytest
 
 from atomr import ActorSystem, Props
 from atomr.accel import cpu_devices
-from atomr.train import LossKind, Mlp, OptimizerKind, TrainerConfig
+from atomr.train import CheckpointError, LossKind, Mlp, OptimizerKind, TrainerConfig
 from atomr.train.data_parallel.messages import EvaluateShard
 from atomr.train.sharded import ShardedReplica
 from atomr.train.sharded.layout import ShardLayout
@@ -21,7 +21,9 @@ from atomr.train.sharded.messages import (
     ForwardLayer,
     GetShardState,
     SetFullParams,
+    SetShardState,
     ShardLayerParams,
+    ShardReplicaState,
 )
 
 CONFIG = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
@@ -65,3 +67,27 @@ async def test_its_own_stage_messages_are_answered(stage: int) -> None:
         ref = _replica(system, stage)
         result = await ref.ask(ComputeShardGradients(X, Y), timeout=30)
         assert result.samples == 4
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+async def test_a_state_whose_piece_is_not_finite_in_the_model_s_dtype_changes_nothing(
+    stage: int,
+) -> None:
+    """The piece was cast without a check: 1e39 became inf in float32 and NaN
+    was taken, as the replica's weights; now the rule of every array used
+    in a dtype (`cast_finite`) refuses it, the replica keeping its state."""
+    async with ActorSystem("stages") as system:
+        ref = _replica(system, stage)
+        before = await ref.ask(GetShardState(), timeout=30)
+        n = before.piece.shape[0]
+        for bad, message in [
+            (np.full(n, 1e39), "hold values too large for float32 (NaN or Inf after the cast)"),
+            (np.r_[np.zeros(n - 1), np.nan].astype(np.float32), "contain NaN or Inf"),
+        ]:
+            state = ShardReplicaState(bad, before.optimizer, 5)
+            with pytest.raises(CheckpointError) as info:
+                await ref.ask(SetShardState(state), timeout=30)
+            assert str(info.value) == f"replica 0's piece values {message}"
+            after = await ref.ask(GetShardState(), timeout=30)
+            np.testing.assert_array_equal(after.piece, before.piece)
+            assert after.steps == before.steps

@@ -21,7 +21,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from atomr._arguments import sequence_entries
 from atomr.accel._loss_ops import check_class_weights
+from atomr.accel.hyperparameters import given_in
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core._step_checks import check_normaliser
 from atomr.train.core.errors import InvalidBatchError
@@ -42,8 +44,11 @@ class LossKind:
         class_weights: per-class weights of weighted cross-entropy, else None.
 
     Raises:
+        TypeError: class weights that are not a list, tuple or 1-D array of
+            real numbers (`weighted_cross_entropy`).
         ValueError: unknown name; class weights for MSE, or weights that are
-            empty, negative, not finite in float64 or all zero. (Infinite in
+            empty, negative, not finite in float64, non-zero but 0 in float64
+            (`Fraction(1, 10**400)`) or all zero. (Infinite in
             the model's dtype, 1e39 in float32, or rounding to 0 there, 1e-50
             in float32: `check_dtype`.)
     """
@@ -61,11 +66,11 @@ class LossKind:
             return
         if self.name != "cross_entropy":
             raise ValueError("class_weights only apply to cross-entropy")
-        w = np.asarray(self.class_weights, dtype=np.float64).reshape(-1)
+        w = _given_weights(self.class_weights)
         check_class_weights("class_weights", w, np.float64)  # the model's dtype: check_dtype
-        if w.size == 0 or not np.any(w > 0):
+        if not any(v > 0 for v in w):
             raise ValueError("class_weights must be non-empty and not all zero")
-        object.__setattr__(self, "class_weights", tuple(float(v) for v in w))
+        object.__setattr__(self, "class_weights", w)
 
     @classmethod
     def weighted_cross_entropy(cls, class_weights: Sequence[float] | np.ndarray) -> LossKind:
@@ -79,10 +84,13 @@ class LossKind:
             The loss kind; its mean divides by the sum of the targets' weights.
 
         Raises:
-            ValueError: empty, negative, non-finite (in float64) or all-zero
-                weights (in the model's dtype: `check_dtype`).
+            TypeError: not a list, tuple or 1-D array of real numbers (a
+                bool or a string is none).
+            ValueError: empty, negative, non-finite (in float64), non-zero
+                but 0 in float64, or all-zero weights (in the model's dtype:
+                `check_dtype`).
         """
-        return cls("cross_entropy", tuple(np.asarray(class_weights, dtype=np.float64).ravel()))
+        return cls("cross_entropy", _given_weights(class_weights))
 
     def check_dtype(self, dtype: Any) -> None:
         """Check the class weights, if any, in `dtype`, the model's: 1e39 and
@@ -245,12 +253,29 @@ class LossKind:
         """Rebuild a loss kind from `to_config()`'s output.
 
         Raises:
+            TypeError: weights that are not a list of real numbers.
             ValueError: unknown loss, or bad weights (or weights for MSE).
         """
-        weights = config.get("class_weights")
-        if weights is not None:
-            weights = tuple(np.asarray(weights, dtype=np.float64).ravel())
-        return cls(str(config["name"]), weights)
+        return cls(str(config["name"]), config.get("class_weights"))
+
+
+def _given_weights(weights: Any) -> tuple[float, ...]:
+    """Class weights as given: a list, tuple or 1-D array of real numbers
+    (`sequence_entries`), each one `given_in` float64 (a bool or a string is
+    no number; `Fraction(1, 10**400)`, which `float()` makes 0, and 10**400
+    are refused). Floats and float or int arrays are taken whole (exact in
+    float64); `check_class_weights` checks them all.
+
+    Raises:
+        TypeError: not such a sequence, or an entry that is no real number.
+        ValueError: an entry infinite in float64, or non-zero but 0 there.
+    """
+    if isinstance(weights, np.ndarray) and weights.dtype.kind in "fiu":
+        weights = weights.astype(np.float64)
+    entries = sequence_entries("class_weights", weights, "real numbers")
+    if all(type(v) is float or type(v) is np.float64 for v in entries):
+        return tuple(float(v) for v in entries)  # type: ignore[arg-type]
+    return tuple(given_in(f"class_weights[{i}]", v, np.float64) for i, v in enumerate(entries))
 
 
 LossKind.MSE = LossKind("mse")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -156,3 +158,33 @@ def test_a_class_weight_that_rounds_to_0_in_the_model_s_dtype_is_refused() -> No
     with pytest.raises(ValueError, match=re.escape(message)):
         kind.compute(z.astype(np.float32), labels)
     LossKind.weighted_cross_entropy([0.0, 1.0]).check_dtype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("weights", "error", "message"),
+    [
+        ([True, 1.0], TypeError, "class_weights[0] must be a real number, got bool"),
+        ([1.0, "2"], TypeError, "class_weights[1] must be a real number, got str"),
+        (np.array([True, False]), TypeError, "class_weights[0] must be a real number, got bool"),
+        (np.ones((1, 2)), TypeError, "class_weights must be a list, tuple or 1-D array"),
+        ([Fraction(1, 10**400), 1.0], ValueError, "rounds to 0 in float64; give 0 or a value"),
+        ([10**400, 1.0], ValueError, "class_weights[0] must be finite in float64, got 1000"),
+    ],
+)
+def test_class_weights_are_real_numbers_given_in_float64(
+    weights: Any, error: type, message: str
+) -> None:
+    """Bools and strings were taken as numbers ("2" as 2.0), a 2-D array was
+    flattened, Fraction(1, 10**400) silently became a weight of 0 and
+    10**400 an OverflowError: each entry is a scalar given in float64
+    (`given_in`), by the factory, the constructor and `from_config`."""
+    for build in (
+        LossKind.weighted_cross_entropy,
+        lambda w: LossKind("cross_entropy", w),
+        lambda w: LossKind.from_config({"name": "cross_entropy", "class_weights": w}),
+    ):
+        with pytest.raises(error) as info:
+            build(weights)
+        assert message in str(info.value)
+    kind = LossKind.weighted_cross_entropy([Fraction(1, 3), np.int64(2), np.float32(0.5)])
+    assert kind.class_weights == (1 / 3, 2.0, 0.5)

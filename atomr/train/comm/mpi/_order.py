@@ -120,7 +120,9 @@ class OrderCheck:
     def mismatch(self) -> CollectiveMismatchError | None:
         """After the exchange completed: None when every rank sent this
         rank's signature, else the error naming each rank's operation."""
-        if self._recv == self._send * self.world_size:
+        # world_size non-overlapping copies of the signature fill the buffer
+        # only if every rank's slot holds it; count allocates nothing
+        if self._recv.count(self._send) == self.world_size:
             return None
         rows = [
             describe_signature(_LAYOUT.unpack_from(self._recv, k * _LAYOUT.size))

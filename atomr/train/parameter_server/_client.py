@@ -166,15 +166,16 @@ class ShardedClient:
             versions: the versions returned by `pull`, one per server.
             gradient: the full gradient vector.
             weight: the batch's loss normaliser (see `PushGradient`).
-            round_id: the part's round (`TrainBatch.round_id`); None only
-                with one server shard (`check_round`).
+            round_id: the part's round (`TrainBatch.round_id`) as
+                `check_round` returned it (the worker checks it before it
+                pulls): None only with one server shard.
 
         Returns:
             Each server's new version.
 
         Raises:
-            ValueError: wrong gradient length or number of versions, or a
-                `round_id` `check_round` refuses (nothing was sent).
+            ValueError: wrong gradient length or number of versions
+                (nothing was sent).
             NonFiniteError: a non-finite gradient (nothing was sent).
             StaleGradientError: the first shard refused it (nothing applied).
             RoundFailedError: synchronous mode: a shard's update of the round
@@ -230,7 +231,6 @@ class ShardedClient:
             raise ValueError(f"{len(versions)} versions for {len(self.servers)} servers")
         if not np.isfinite(grad).all():
             raise NonFiniteError("gradient holds NaN or Inf; not pushed")
-        checked = self.check_round(round_id)
         msgs = [
             PushGradient(
                 worker,
@@ -238,11 +238,11 @@ class ShardedClient:
                 grad[lo:hi],
                 weight,
                 return_weights=return_weights,
-                round_id=checked,
+                round_id=round_id,
             )
             for v, (lo, hi) in zip(versions, self.ranges, strict=True)
         ]
-        if self.synchronous or checked is None or len(msgs) == 1:  # None: one shard
+        if self.synchronous or round_id is None or len(msgs) == 1:  # None: one shard
             return list(await ask_all(self.servers, msgs, self.timeout))
         first = await self.servers[0].ask(msgs[0], timeout=self.timeout)
         version = first.version if return_weights else int(first)
@@ -252,7 +252,7 @@ class ShardedClient:
             return [first, *await ask_all(self.servers[1:], rest, self.timeout, first_index=1)]
         replies = await ask_all_settled(self.servers[1:], rest, self.timeout)
         if failed_indices(replies):
-            await self._undo(worker, checked, [first, *replies])
+            await self._undo(worker, round_id, [first, *replies])
         return [first, *replies]
 
     async def _undo(self, worker: int, round_id: int, replies: list[Any]) -> None:

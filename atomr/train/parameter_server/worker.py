@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -133,7 +134,7 @@ class ParameterServerWorker(DeviceActor):
 
     async def _train(self, msg: TrainBatch) -> Any:
         try:  # before anything: a push it could not roll back is never made
-            self.client.check_round(msg.round_id)
+            msg = replace(msg, round_id=self.client.check_round(msg.round_id))
         except ValueError as exc:
             return Failure(exc)
         model = await self._ready()

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-import atomr.cli
 from atomr.cli.agreement import agree
 from atomr.cli.errors import CliError
 from atomr.cli.job import MpiJob
@@ -30,18 +29,6 @@ from tests.cli.test_distributed_agreement import TINY, _mpiexec
 
 TRAIN = [sys.executable, "-m", "atomr.cli", "train", "--distributed", *TINY]
 QUICK_S = 60.0  # far more than a job that stops at the exchange takes; less than the deadline
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint of one epoch of `TINY`, without its history file."""
-    folder = tmp_path_factory.mktemp("ckpt")
-    path = folder / "one.ckpt"
-    assert (
-        atomr.cli.main(["train", *TINY, "--checkpoint", str(path), "--run-dir", str(folder)]) == 0
-    )
-    (folder / "one.ckpt.history.json").unlink()
-    return path
 
 
 class _Ranks:

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-import atomr.cli
 import atomr.cli.training_run as training_run
 from atomr.cli.dataset import load_dataset
 from atomr.cli.history import History
@@ -85,17 +84,6 @@ def test_only_a_failure_of_this_rank_alone_is_told_and_only_once() -> None:
     job.failed()
     job.failed()
     assert collective.reports == 1
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint of one epoch of `TINY`."""
-    folder = tmp_path_factory.mktemp("ckpt")
-    path = folder / "one.ckpt"
-    assert (
-        atomr.cli.main(["train", *TINY, "--checkpoint", str(path), "--run-dir", str(folder)]) == 0
-    )
-    return path
 
 
 def _resume_on_two_ranks(

@@ -99,6 +99,25 @@ class ManualVerbs:
         self.config, self.options, self.replicas, self.runner = config, options, replicas, runner
         self._computed = False  # the buffers hold gradients not applied yet
 
+    async def answer(self, message: Any) -> Any:
+        """Answer one of `MANUAL_VERBS`.
+
+        Raises:
+            As the verb's method (`compute`, `all_reduce`, `apply`), or the
+            replicas' broadcast (`SyncParams`).
+        """
+        if isinstance(message, SyncParams):
+            return await self.replicas.broadcast_first(self.options.process_collective)
+        if isinstance(message, ComputeReplicaGradients):
+            return await self.compute(list(message.batches))
+        if isinstance(message, AllReduceGradients):
+            return await self.all_reduce()
+        if isinstance(message, WeightedAllReduceGradients):
+            return await self.all_reduce(message.batch_counts)
+        if isinstance(message, ApplyGradients):
+            return await self.apply()
+        return len(self.replicas.refs) * self.options.process_count  # GetWorldSize
+
     def forget(self) -> None:
         """The buffers were overwritten (a `Step`) or replaced (new replicas):
         nothing is left for `ApplyGradients` until the next `compute`."""

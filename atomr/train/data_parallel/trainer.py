@@ -67,17 +67,12 @@ from atomr.train.data_parallel._reduction import GradientReduction
 from atomr.train.data_parallel._replicas import ReplicaGroup
 from atomr.train.data_parallel._step import StepRunner
 from atomr.train.data_parallel.messages import (
-    AllReduceGradients,
-    ApplyGradients,
-    ComputeReplicaGradients,
     EvaluateShard,
     GetDevice,
     GetDevices,
     GetReplicaWeights,
     SetReplicas,
     ShardEval,
-    SyncParams,
-    WeightedAllReduceGradients,
 )
 from atomr.train.data_parallel.options import ApplyPolicy, DataParallelOptions
 from atomr.train.data_parallel.replica import worker_deadline
@@ -302,7 +297,7 @@ class DataParallelTrainer(Actor):
                 return closed
             if isinstance(message, SaveCheckpoint):
                 return await self._checkpoints.save(message.path)
-            return await self._manual_verb(message)
+            return await self._manual.answer(message)
         if isinstance(message, SetLearningRate):
             group, kind = self.replicas, self.config.optimizer  # a restarted replica is re-synced
             dtype, refs = group.spec().dtype, group.refs
@@ -312,20 +307,6 @@ class DataParallelTrainer(Actor):
         if isinstance(message, Evaluate):
             return await self._evaluate(message)
         return not_handled("DataParallelTrainer", message)
-
-    async def _manual_verb(self, message: Any) -> Any:
-        """The verbs of a hand-written loop (`_manual.py`)."""
-        if isinstance(message, SyncParams):
-            return await self.replicas.broadcast_first(self.options.process_collective)
-        if isinstance(message, ComputeReplicaGradients):
-            return await self._manual.compute(list(message.batches))
-        if isinstance(message, AllReduceGradients):
-            return await self._manual.all_reduce()
-        if isinstance(message, WeightedAllReduceGradients):
-            return await self._manual.all_reduce(message.batch_counts)
-        if isinstance(message, ApplyGradients):
-            return await self._manual.apply()
-        return len(self.replicas.refs) * self.options.process_count  # GetWorldSize
 
     async def _on_set_replicas(self, message: SetReplicas) -> None:
         refs = list(message.replicas)

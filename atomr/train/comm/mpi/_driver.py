@@ -35,12 +35,10 @@ exchange what they are about to do, waited for like the operation itself;
 off with `MpiCollective(check_order=False)` and in a world of one), local
 work before, start the non-blocking MPI call, test it from the loop for up
 to `_SPIN_S` (`Spinner`, in `_operation.py`), park it on the MPI thread
-(`_park`: `Wait`), local work after. `submit` runs the first
-steps itself when the driver is idle (the fast path) and hands the rest to
-a driver task (`_drive`) when the operation outlives the spin. Only a parked
-operation can time out or talk to peers: every `_poll_s` it answers peers'
-notes; past its deadline, it asks every peer where it is and names those
-that never answer for this operation.
+(`_park`: `Wait`; only a parked operation times out, or answers peers'
+notes, every `_poll_s`), local work after. `submit` runs the first steps
+itself when the driver is idle (the fast path, `_fast`) and hands the rest
+to a driver task (`_drive`) when the operation outlives the spin.
 """
 
 from __future__ import annotations
@@ -154,11 +152,10 @@ class OperationDriver:
         before: Callable[[], None] | None,
         after: Callable[[], None] | None,
     ) -> None:
-        """The fast path of `submit`: the driver is idle, so this caller runs
-        its own operation and tests it: no task, no future, no hand-off (on a
-        1 MB buffer every object touched here costs cache misses). An
-        operation still running after the spin, or a failure, goes to a
-        driver task."""
+        """The fast path of `submit` (module docstring): no task, no future,
+        no hand-off (on a 1 MB buffer every object touched here costs cache
+        misses). An operation still running after the spin, or a failure,
+        goes to a driver task."""
         self._busy = True
         self._current = seq
         started = time.monotonic()

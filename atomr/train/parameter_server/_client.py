@@ -5,7 +5,8 @@ ranges, one per server actor; a client pulls every range and pushes every
 range, so no single server carries all the traffic.
 
 A sharded push must never be applied by some shards and refused by others.
-The whole gradient is checked (length, finiteness) before anything is sent;
+The whole gradient is checked (length, finiteness in the servers' dtype:
+`validation.cast_finite`) before anything is sent, and sent in that dtype;
 then, in the asynchronous models, the first shard decides staleness and the
 others apply what it accepted, counting the staleness it decided (a
 follower's range may have seen up to workers - 1 other pushes interleaved
@@ -41,7 +42,9 @@ from atomr.actor import ActorRef
 from atomr.actor.errors import bounded_repr
 from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, name_failures
 from atomr.train.core.errors import NonFiniteError
+from atomr.train.core.model.inputs import model_dtype
 from atomr.train.core.partition import split_bounds
+from atomr.train.core.validation import cast_finite
 from atomr.train.parameter_server._push_checks import check_round_id
 from atomr.train.parameter_server._round import RoundFailedError, roll_back
 from atomr.train.parameter_server.messages import (
@@ -77,9 +80,12 @@ class ShardedClient:
             every shard at once).
         timeout: ask timeout in seconds (None: wait forever); pulls and
             synchronous pushes wait for other workers.
+        dtype: the servers' dtype (the model's), float32 or float64: a
+            gradient is checked finite in it, and sent in it.
 
     Raises:
-        ValueError: ranges and servers differ in number or do not tile `[0, n)`.
+        ValueError: ranges and servers differ in number or do not tile
+            `[0, n)`, or a dtype other than float32 or float64.
     """
 
     def __init__(
@@ -88,6 +94,7 @@ class ShardedClient:
         ranges: Sequence[tuple[int, int]],
         synchronous: bool = False,
         timeout: float | None = 300.0,
+        dtype: Any = np.float32,
     ) -> None:
         if len(servers) != len(ranges) or not servers:
             raise ValueError(f"{len(servers)} servers for {len(ranges)} ranges")
@@ -101,6 +108,7 @@ class ShardedClient:
         self.n = start
         self.synchronous = synchronous
         self.timeout = timeout
+        self.dtype = model_dtype(dtype)
 
     async def pull(self, worker: int) -> tuple[np.ndarray, list[int]]:
         """Pull every range.
@@ -176,7 +184,9 @@ class ShardedClient:
         Raises:
             ValueError: wrong gradient length or number of versions
                 (nothing was sent).
-            NonFiniteError: a non-finite gradient (nothing was sent).
+            TypeError: the gradient is not of a float dtype (nothing was sent).
+            NonFiniteError: the gradient is not finite in the servers' dtype:
+                NaN, Inf, or values too large for it (nothing was sent).
             StaleGradientError: the first shard refused it (nothing applied).
             RoundFailedError: synchronous mode: a shard's update of the round
                 failed (the trainer rolls it back on the others); the
@@ -225,12 +235,13 @@ class ShardedClient:
         round_id: int | None,
     ) -> list[Any]:
         grad = np.asarray(gradient)
+        if grad.dtype.kind != "f":
+            raise TypeError(f"gradient must be a float numpy array, got dtype {grad.dtype}")
         if grad.ndim != 1 or grad.shape[0] != self.n:
             raise ValueError(f"gradient has shape {grad.shape}, the servers hold {self.n} weights")
         if len(versions) != len(self.servers):
             raise ValueError(f"{len(versions)} versions for {len(self.servers)} servers")
-        if not np.isfinite(grad).all():
-            raise NonFiniteError("gradient holds NaN or Inf; not pushed")
+        grad = cast_finite(grad, self.dtype, "gradients", NonFiniteError)  # as a server would
         msgs = [
             PushGradient(
                 worker,

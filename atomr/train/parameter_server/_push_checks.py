@@ -1,7 +1,9 @@
 """The checks a server shard runs on a push, a pull or an abort before it
 touches anything: the worker's id, the version the worker pulled, and the
-gradient's type, length and weight (finiteness is checked where the gradient
-is summed).
+gradient's type, length, weight and finiteness in the shard's dtype
+(`validation.cast_finite`: a float64 gradient of 1e39 is refused by a
+float32 shard, with `NonFiniteError` as one holding NaN is; the sum of a
+round is checked again where it is summed).
 
 An id or a version is checked by the project's one rule for counts
 (`atomr._arguments.int_at_least`: an int or a NumPy integer, not a bool) and
@@ -20,6 +22,8 @@ import numpy as np
 
 from atomr._arguments import int_at_least, real_number
 from atomr._repr import bounded_repr
+from atomr.train.core.errors import NonFiniteError
+from atomr.train.core.validation import cast_finite
 from atomr.train.parameter_server.messages import PushGradient
 
 __all__ = ["check_push", "check_round_id", "check_staleness", "check_worker"]
@@ -80,24 +84,28 @@ def check_staleness(worker_version: Any, version: int) -> int:
 
 
 def check_push(
-    msg: PushGradient, n: int, workers: int | None, version: int
+    msg: PushGradient, n: int, workers: int | None, version: int, dtype: np.dtype
 ) -> tuple[int, np.ndarray, float, int]:
-    """Everything of a push but finiteness.
+    """Everything of a push, its gradient checked finite in `dtype`.
 
     Args:
         msg: the push.
         n: how many weights the shard holds.
         workers: as for `check_worker`.
         version: the shard's version.
+        dtype: the shard's dtype, which the gradient is applied in.
 
     Returns:
-        `(worker, gradient, weight, staleness)`.
+        `(worker, gradient, weight, staleness)`: the gradient cast to `dtype`
+        (`msg.gradient` itself when it already is one, contiguous).
 
     Raises:
         TypeError: the gradient is not a float numpy array, or the weight
             not a real number.
         ValueError: a bad worker, version, round id, gradient length (never
             truncated or padded) or weight.
+        NonFiniteError: the gradient holds NaN or Inf, or values too large
+            for `dtype` (`cast_finite`).
     """
     worker = check_worker(msg.worker, workers)
     check_round_id(msg.round_id)
@@ -113,4 +121,4 @@ def check_push(
     weight = real_number("weight", msg.weight)
     if not (math.isfinite(weight) and weight >= 0.0):
         raise ValueError(f"weight must be finite and >= 0, got {bounded_repr(msg.weight)}")
-    return worker, grad, weight, staleness
+    return worker, cast_finite(grad, dtype, "gradients", NonFiniteError), weight, staleness

@@ -28,9 +28,9 @@ another push since cannot undo it, and refuses every push, abort and pull
 with `RoundFailedError` until it is given a state. A shard restarted by its
 supervisor (its state lost) refuses them so with `WorkerStateLost`.
 
-A push is atomic: its length, finiteness and staleness are checked first,
-and only then is the optimizer applied, on the device's worker thread. Bad
-input is answered with `Failure(exc)`; the shard is never restarted for it.
+A push is atomic: its length, finiteness in the shard's dtype and staleness
+are checked first, then the optimizer is applied on the device's worker
+thread. Bad input is answered with `Failure(exc)`; never a restart for it.
 A failure during the update itself (the aggregation, a device error, an
 optimizer dying half-way) changes nothing, since the update is written out
 of place and swapped in only once complete (`atomr.train._recovery.DoubleBuffer`),
@@ -255,9 +255,11 @@ class ServerShard(ShardStore):
         return await super().receive(message)
 
     async def _push(self, msg: PushGradient) -> Any:
-        try:
-            worker, grad, weight, staleness = check_push(msg, self.n, self.n_workers, self.version)
-        except (ValueError, TypeError) as exc:
+        try:  # finite in the shard's dtype: refused before anything changes
+            worker, grad, weight, staleness = check_push(
+                msg, self.n, self.n_workers, self.version, self.dtype
+            )
+        except (ValueError, TypeError, NonFiniteError) as exc:
             return Failure(exc)
         if self._accepted.taken(worker, msg.round_id):  # sent again after it landed
             return await self._answer_push(worker, msg.return_weights)
@@ -299,9 +301,7 @@ class ServerShard(ShardStore):
         if staleness != 0:
             self.rejected += 1
             return Failure(StaleGradientError(staleness, 0, "synchronous mode"))
-        if not np.isfinite(grad).all():
-            return Failure(NonFiniteError("gradient holds NaN or Inf; nothing applied"))
-        grad = grad.astype(self.dtype, copy=True)
+        grad = detached(grad, msg.gradient)  # held until the round is complete
         reply = self.context.defer()
         pending = PendingPush(grad, weight, reply, None, msg.return_weights, msg.round_id)
         await self._join_round(worker, pending)

@@ -89,7 +89,9 @@ class ParameterServerWorker(DeviceActor):
         self.worker_id = int(worker_id)
         self._template = model
         self.config = config
-        self.client = ShardedClient(servers, ranges, synchronous, config.worker_timeout)
+        self.client = ShardedClient(
+            servers, ranges, synchronous, config.worker_timeout, model.dtype
+        )
         self.stale_retries = stale_retries
         self.model: Sequential | None = None
         self._spec = batch_spec(model.config())  # the shapes never change: built once

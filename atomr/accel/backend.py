@@ -168,6 +168,35 @@ class Backend(DenseOps, LossOps, ReduceOps, OptimOps, abc.ABC):
     def copy_unchecked(self, src: Any, dst: Any) -> None:
         """``copy`` without the checks: ``dst[...] = src``. See "Unchecked entries" in the class docstring."""
 
+    def upload(self, host: np.ndarray, dst: Any) -> None:
+        """``dst[...] = host``: a host array written into a buffer of this
+        device in one copy (``copy(to_device(host), dst)`` makes two).
+
+        Args:
+            host: a C-contiguous NumPy array of ``dst``'s dtype and shape
+                (copied: ``dst`` never aliases it).
+            dst: the destination buffer.
+
+        Raises:
+            TypeError: ``host`` is no NumPy array, ``dst`` no buffer of this
+                backend, or their dtypes differ.
+            ValueError: shapes differ, ``host`` or ``dst`` is not contiguous,
+                or ``dst`` is read-only.
+        """
+        self.validate("upload", any_dtype=True, dst=dst)
+        if not isinstance(host, np.ndarray) or host.dtype != dst.dtype:
+            got = host.dtype if isinstance(host, np.ndarray) else type(host).__name__
+            raise TypeError(f"upload: host must be a NumPy array of {dst.dtype}, got {got}")
+        if host.shape != tuple(dst.shape) or not host.flags.c_contiguous:
+            raise ValueError(
+                f"upload: host must be C-contiguous of shape {tuple(dst.shape)}, got {host.shape}"
+            )
+        self.upload_unchecked(host, dst)
+
+    @abc.abstractmethod
+    def upload_unchecked(self, host: np.ndarray, dst: Any) -> None:
+        """``upload`` without the checks. See "Unchecked entries" in the class docstring."""
+
     def synchronize(self) -> None:
         """Wait until all work queued on this device is done (a no-op on the CPU)."""
         return None

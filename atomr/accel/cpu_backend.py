@@ -89,6 +89,9 @@ class CpuBackend(Backend):
     def copy_unchecked(self, src: Any, dst: Any) -> None:
         np.copyto(dst, src)
 
+    def upload_unchecked(self, host: np.ndarray, dst: Any) -> None:
+        np.copyto(dst, host)
+
     # kernels: those whose arguments are the unchecked op's, as they are
     matmul_unchecked = staticmethod(matmul.matmul_cpu)
     bias_add_unchecked = staticmethod(elementwise.bias_add_cpu)

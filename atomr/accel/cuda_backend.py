@@ -123,6 +123,10 @@ class CudaBackend(Backend):
         with launch_lock():
             dst.copy_to_device(src)
 
+    def upload_unchecked(self, host: np.ndarray, dst: Any) -> None:
+        with launch_lock():  # host to device, straight into dst
+            dst.copy_to_device(host)
+
     def synchronize(self) -> None:
         """Wait for every kernel queued on the current context."""
         with launch_lock():

@@ -300,7 +300,7 @@ class Sequential:
                 to `dtype`; the parameters are unchanged.
         """
         flat = params_vector(host, self.dtype, self.n_params, checked=checked)
-        self.backend.copy(self.backend.to_device(flat), self.params)
+        self.backend.upload_unchecked(flat, self.params)  # one copy: it never aliases host
 
     def zero_grads(self) -> None:
         """Set every gradient to 0, whatever the buffer held (NaN and

@@ -184,13 +184,17 @@ class Backend(DenseOps, LossOps, ReduceOps, OptimOps, abc.ABC):
                 or ``dst`` is read-only.
         """
         self.validate("upload", any_dtype=True, dst=dst)
-        if not isinstance(host, np.ndarray) or host.dtype != dst.dtype:
-            got = host.dtype if isinstance(host, np.ndarray) else type(host).__name__
-            raise TypeError(f"upload: host must be a NumPy array of {dst.dtype}, got {got}")
-        if host.shape != tuple(dst.shape) or not host.flags.c_contiguous:
-            raise ValueError(
-                f"upload: host must be C-contiguous of shape {tuple(dst.shape)}, got {host.shape}"
+        if not isinstance(host, np.ndarray):
+            raise TypeError(
+                f"upload: host must be a NumPy array of {dst.dtype}, got "
+                f"{type(host).__name__} (no NumPy array)"
             )
+        if host.dtype != dst.dtype:
+            raise TypeError(f"upload: host must be a NumPy array of {dst.dtype}, got {host.dtype}")
+        if host.shape != tuple(dst.shape):
+            raise ValueError(f"upload: host must be of shape {tuple(dst.shape)}, got {host.shape}")
+        if not host.flags.c_contiguous:
+            raise ValueError("upload: host must be C-contiguous (a transposed or sliced view?)")
         self.upload_unchecked(host, dst)
 
     @abc.abstractmethod

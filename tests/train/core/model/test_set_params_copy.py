@@ -55,12 +55,14 @@ def test_set_params_makes_no_second_buffer(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.parametrize(
     ("host", "error", "needle"),
     [
-        ([0.0, 1.0, 2.0], TypeError, "NumPy array of float32, got list"),
+        ([0.0, 1.0, 2.0], TypeError, "NumPy array of float32, got list (no NumPy array)"),
+        (np.float32(0.0), TypeError, "got float32 (no NumPy array)"),
         (np.zeros(3, dtype=np.float64), TypeError, "of float32, got float64"),
+        (np.zeros(3, dtype=">f4"), TypeError, "of float32, got >f4"),
         (np.zeros(4, dtype=np.float32), ValueError, "shape (3,), got (4,)"),
-        (np.zeros(6, dtype=np.float32)[::2], ValueError, "C-contiguous"),
+        (np.zeros(6, dtype=np.float32)[::2], ValueError, "host must be C-contiguous ("),
     ],
-    ids=["list", "dtype", "shape", "strided"],
+    ids=["list", "scalar", "dtype", "byte-order", "shape", "strided"],
 )
 def test_upload_refuses_a_host_array_that_does_not_fit(host: Any, error: type, needle: str) -> None:
     be = backend_for("cpu:0")
@@ -76,6 +78,29 @@ def test_upload_refuses_a_read_only_destination() -> None:
     dst.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         backend_for("cpu:0").upload(np.zeros(3, dtype=np.float32), dst)
+    np.testing.assert_array_equal(dst, np.ones(3, dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    ("dst", "needle"),
+    [
+        ([1.0, 1.0, 1.0], "dst must be a NumPy array for cpu:0, got list"),
+        (np.ones(6, dtype=np.float32)[::2], "dst is not C-contiguous"),
+    ],
+    ids=["list", "strided"],
+)
+def test_upload_refuses_a_destination_that_is_no_buffer_to_write(dst: Any, needle: str) -> None:
+    before = list(dst)
+    with pytest.raises((TypeError, ValueError)) as info:
+        backend_for("cpu:0").upload(np.zeros(3, dtype=np.float32), dst)
+    assert needle in str(info.value)
+    assert list(dst) == before
+
+
+def test_upload_of_a_host_array_overlapping_dst_copies_as_if_through_a_temporary() -> None:
+    buf = np.arange(4, dtype=np.float32)
+    backend_for("cpu:0").upload(buf[:3], buf[1:])
+    np.testing.assert_array_equal(buf, [0.0, 0.0, 1.0, 2.0])
 
 
 @pytest.mark.cuda
@@ -93,3 +118,10 @@ def test_on_cuda_the_model_never_aliases_the_given_vector(checked: bool) -> None
     np.testing.assert_array_equal(model.get_params(), _given(model, np.float32))
     with pytest.raises(TypeError, match="of float32, got float64"):
         model.backend.upload(np.zeros(model.n_params), model.params)
+    with pytest.raises(TypeError, match="dst must be a numba CUDA device array"):
+        model.backend.upload(given, np.zeros(model.n_params, dtype=np.float32))
+    with pytest.raises(TypeError, match="got FakeCUDAArray|got DeviceNDArray"):
+        model.backend.upload(model.params, model.params)
+    with pytest.raises(TypeError, match="dst must be a NumPy array for cpu:0"):
+        backend_for("cpu:0").upload(given, model.params)
+    np.testing.assert_array_equal(model.get_params(), _given(model, np.float32))

@@ -27,6 +27,7 @@ from atomr.accel.hyperparameters import given_in
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core._step_checks import check_normaliser
 from atomr.train.core.errors import InvalidBatchError
+from atomr.train.core.model.inputs import model_dtype
 from atomr.train.core.validation import cast_finite, is_float32_or_64, refuse_masked
 
 __all__ = ["LossKind"]
@@ -100,11 +101,13 @@ class LossKind:
         on every call; the kernels take the weights unchecked.
 
         Raises:
-            ValueError: a weight infinite in `dtype`, naming it and its class,
-                or a non-zero one that rounds to 0 there (`given_in`'s message).
+            ValueError: `dtype` is not float32 or float64 (`model_dtype`), a
+                weight infinite in `dtype`, naming it and its class, or a
+                non-zero one that rounds to 0 there (`given_in`'s message).
         """
+        dt = model_dtype(dtype)
         if self.class_weights is not None:
-            check_class_weights("class_weights", self.class_weights, dtype)
+            check_class_weights("class_weights", self.class_weights, dt)
 
     @property
     def is_classification(self) -> bool:

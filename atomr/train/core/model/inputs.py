@@ -44,8 +44,11 @@ def model_dtype(dtype: Any) -> np.dtype:
     """`dtype` as a NumPy dtype, checked to be one a model computes in.
 
     Raises:
-        ValueError: not float32 or float64.
+        ValueError: not float32 or float64 (None included: NumPy reads it
+            as float64).
     """
+    if dtype is None:
+        raise ValueError("dtype must be float32 or float64, got None")
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:

@@ -12,7 +12,7 @@ import numpy as np
 
 from atomr.accel import sequence_ops as ops
 from atomr.accel.hyperparameters import given_in
-from atomr.train.core.model.inputs import positive_int
+from atomr.train.core.model.inputs import model_dtype, positive_int
 from atomr.train.core.model.layer import ForwardContext, Layer
 from atomr.train.core.model.registry import register_layer
 from atomr.train.core.validation import check_token_ids
@@ -135,12 +135,14 @@ class LayerNorm(Layer):
         """Check that `eps` is finite and not 0 in `dtype`.
 
         Raises:
-            ValueError: `eps` is infinite or rounds to 0 in `dtype`.
+            ValueError: `dtype` is not float32 or float64 (`model_dtype`), or
+                `eps` is infinite or rounds to 0 in `dtype`.
         """
+        dt = model_dtype(dtype)
         try:
-            given_in("eps", self.eps, dtype)
+            given_in("eps", self.eps, dt)
         except ValueError as exc:
-            raise ValueError(f"LayerNorm cannot compute in {np.dtype(dtype)}: {exc}") from None
+            raise ValueError(f"LayerNorm cannot compute in {dt}: {exc}") from None
 
     def param_shapes(self) -> list[tuple[int, ...]]:
         """`gamma` `(d,)`, then `beta` `(d,)`."""

@@ -78,9 +78,10 @@ def real_as_float(value: SupportsFloat) -> float:
 
 def sequence_entries(name: str, value: object, what: str) -> list[object]:
     """The entries of `value`: a list, a tuple or another sequence (a string
-    is none), or a 1-D NumPy array, whose entries come as NumPy scalars (so
-    the caller's per-entry check takes `np.int64(2)` as an int and refuses
-    `np.float64(2.0)` and `np.bool_(True)` as it refuses 2.0 and True).
+    or a bytes-like object is none), or a 1-D NumPy array, whose entries
+    come as NumPy scalars (so the caller's per-entry check takes
+    `np.int64(2)` as an int and refuses `np.float64(2.0)` and
+    `np.bool_(True)` as it refuses 2.0 and True).
 
     Args:
         name: the argument's name, for the message.
@@ -88,8 +89,9 @@ def sequence_entries(name: str, value: object, what: str) -> list[object]:
         what: what its entries are, for the message (e.g. "ints").
 
     Raises:
-        TypeError: not such a sequence: a string or bytes, a mapping, a set,
-            a scalar, or an array that is not 1-D.
+        TypeError: not such a sequence: a string or bytes-like object
+            (bytes, bytearray, memoryview), a mapping, a set, an iterator or
+            generator, a scalar, or an array that is not 1-D.
     """
     numpy = sys.modules.get("numpy")  # not imported: `value` is no array
     if numpy is not None and isinstance(value, numpy.ndarray):
@@ -99,7 +101,7 @@ def sequence_entries(name: str, value: object, what: str) -> list[object]:
                 f"got an array of shape {value.shape}"
             )
         return list(value)
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+    if isinstance(value, str | bytes | bytearray | memoryview) or not isinstance(value, Sequence):
         raise TypeError(
             f"{name} must be a list, tuple or 1-D array of {what}, got {bounded_repr(value)}"
         )

@@ -70,9 +70,10 @@ class Plan:
 
         Raises:
             TypeError: a phase name that is not a str (nothing is declared).
+            ValueError: an empty or blank phase name (nothing is declared).
         """
         for phase in phases:
-            _check_phase_type(phase)
+            _check_phase_name(phase)
         with self._lock:
             self._declared.update(phases)
 
@@ -260,8 +261,9 @@ def inject_faults(
             neither a str nor a class, a message phase on a class
             without `receive`, `worker` not an int (a bool is not), or
             given for a class without a `worker_index`.
-        ValueError: no phases, a negative `worker`, or a method name that
-            is private (starts with "_") or not a method of the class.
+        ValueError: no phases, an empty or blank phase name, a negative
+            `worker`, or a method name that is private (starts with "_") or
+            not a method of the class.
     """
     if not isinstance(worker_class, type):
         raise TypeError(f"worker_class must be a class, got {worker_class!r}")
@@ -309,8 +311,7 @@ def _places(
     on_message: list[tuple[str, type]] = []
     on_method: dict[str, list[str]] = {}
     for phase, place in phases.items():
-        if not isinstance(phase, str):  # Plan.arm takes str names only: it could never fire
-            raise TypeError(f"phase names must be str, got {phase!r}")
+        _check_phase_name(phase)  # Plan.arm takes str names only: it could never fire
         if isinstance(place, type):
             if not has_receive:
                 raise TypeError(
@@ -331,6 +332,19 @@ def _check_phase_type(phase: object) -> None:
     """Raises TypeError: `phase` is not a str."""
     if not isinstance(phase, str):
         raise TypeError(f"phase must be a str, got {type(phase).__name__}")
+
+
+def _check_phase_name(phase: object) -> None:
+    """A phase name code may declare (`Plan.declare`, `inject_faults`).
+
+    Raises:
+        TypeError: `phase` is not a str.
+        ValueError: `phase` is empty or blank (no step of a protocol).
+    """
+    _check_phase_type(phase)
+    assert isinstance(phase, str)
+    if not phase.strip():
+        raise ValueError(f"phase must be a non-empty name, got {phase!r}")
 
 
 def _check_hook(worker_class: type, name: str) -> None:

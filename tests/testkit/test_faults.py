@@ -189,6 +189,10 @@ def test_a_fresh_plan_names_no_phases_and_declare_checks_its_names() -> None:
     with pytest.raises(TypeError, match="phase must be a str, got int"):
         plan.declare("p", 3)  # type: ignore[arg-type]
     assert plan.phases == ()  # nothing declared
+    for blank in ("", "  "):
+        with pytest.raises(ValueError, match=f"phase must be a non-empty name, got {blank!r}"):
+            plan.declare("q", blank)
+        assert plan.phases == ()  # nothing declared
     plan.declare("p", "p")
     assert plan.phases == ("p",)
 
@@ -277,7 +281,8 @@ class NoIndex:
         (NoIndex, {"p": str}, {}, TypeError, "no receive"),
         (NoIndex, {"p": "work"}, {"worker": 1}, TypeError, "no worker_index"),
         (NoIndex, [("p", "work")], {}, TypeError, "phases must be a mapping"),
-        (NoIndex, {1: "work"}, {}, TypeError, "phase names must be str"),  # could never be armed
+        (NoIndex, {1: "work"}, {}, TypeError, "phase must be a str, got int"),  # never armed
+        (NoIndex, {"": "work"}, {}, ValueError, "phase must be a non-empty name, got ''"),
         (Worker, {"p": "step"}, {"worker": True}, TypeError, "worker must be an int"),
         (Worker, {"p": "step"}, {"worker": "1"}, TypeError, "worker must be an int"),
         (Worker, {"p": "step"}, {"worker": -1}, ValueError, "worker must be >= 0"),

@@ -48,6 +48,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from atomr.actor.ref import check_timeout
 from atomr.train.comm._checks import check_root
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi._buffers import (
@@ -65,6 +66,7 @@ from atomr.train.comm.mpi.errors import (
     CollectiveTimeoutError,
     RankFailedError,
 )
+from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.comm.mpi.startup import import_mpi, open_communicators
 from atomr.train.comm.mpi.watchdog import watch_launcher
 from atomr.train.core.partition import split_bounds
@@ -106,9 +108,11 @@ class MpiCollective(Collective):
 
     Raises:
         ImportError: mpi4py is not installed (`pip install 'atomr[mpi]'`).
-        TypeError: `check_order` is not a bool.
-        ValueError: `timeout` is not positive, or the ranks disagree on
-            `check_order` (raised on every rank).
+        TypeError: `timeout` is not a number of seconds or None (a bool is
+            not), or `check_order` is not a bool.
+        ValueError: `timeout` is not positive (NaN included) or infinite
+            (None waits forever), or the ranks disagree on `check_order`
+            (raised on every rank).
         RuntimeError: the MPI library gives less than
             `MPI_THREAD_SERIALIZED` (calls from a worker thread would be unsafe).
     """
@@ -116,8 +120,7 @@ class MpiCollective(Collective):
     def __init__(
         self, comm: Any = None, *, timeout: float | None = 300.0, check_order: bool = True
     ) -> None:
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be positive or None, got {timeout}")
+        timeout = check_timeout(timeout, "timeout", finite=True)
         if not isinstance(check_order, bool):
             raise TypeError(f"check_order must be a bool, got {check_order!r}")
         watch_launcher()  # exit if the `atomr launch` that started this rank dies
@@ -149,10 +152,14 @@ class MpiCollective(Collective):
             check_order: as for the class (the same on every rank).
 
         Raises:
+            TypeError: `config` is not a `DistributedTrainConfig` (before
+                MPI starts); as the class.
             ValueError: the config's rank / world size differ from MPI's; as
                 the class (the ranks disagree on `check_order`).
-            ImportError, TypeError, RuntimeError: as the class.
+            ImportError, RuntimeError: as the class.
         """
+        if not isinstance(config, DistributedTrainConfig):
+            raise TypeError(f"config must be a DistributedTrainConfig, got {type(config).__name__}")
         coll = cls(comm, timeout=config.collective_timeout, check_order=check_order)
         if (coll.rank, coll.world_size) != (config.rank, config.world_size):
             raise ValueError(

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import logging
+import numbers
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -258,14 +259,21 @@ def make_app(ask_timeout: float = ASK_TIMEOUT) -> web.Application:
     """The aiohttp application; its actors start when the server starts it.
 
     Raises:
-        ValueError: if ``ask_timeout`` is not a positive number.
+        TypeError: if ``ask_timeout`` is not a real number (a bool or a
+            string is not).
+        ValueError: if it is not positive (NaN included) or too large for
+            a float.
     """
-    if not isinstance(ask_timeout, int | float) or isinstance(ask_timeout, bool):
-        raise ValueError(f"ask_timeout must be a number of seconds, got {ask_timeout!r}")
-    if not ask_timeout > 0:
+    if not isinstance(ask_timeout, numbers.Real) or isinstance(ask_timeout, bool):
+        raise TypeError(f"ask_timeout must be a number of seconds, got {ask_timeout!r}")
+    try:
+        seconds = float(ask_timeout)
+    except OverflowError:
+        raise ValueError("ask_timeout is too large for a number of seconds") from None
+    if not seconds > 0:
         raise ValueError(f"ask_timeout must be a positive number of seconds, got {ask_timeout!r}")
     app = web.Application(middlewares=[errors_to_status])
-    app[TIMEOUT] = float(ask_timeout)
+    app[TIMEOUT] = seconds
     app.cleanup_ctx.append(actor_system)
     app.on_shutdown.append(stop_actors)
     app.router.add_get("/health", health)

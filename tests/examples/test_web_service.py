@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -68,10 +69,28 @@ def test_the_script_runs_its_self_test(run_example) -> None:
     assert out[-1] == "shut down cleanly"
 
 
-@pytest.mark.parametrize("ask_timeout", [0, -1.0, float("nan"), True, "2"])
-def test_make_app_refuses_a_bad_ask_timeout(ask_timeout: Any) -> None:
-    with pytest.raises(ValueError, match="ask_timeout must be a"):
+@pytest.mark.parametrize(
+    ("ask_timeout", "error", "needle"),
+    [
+        (0, ValueError, "ask_timeout must be a positive number of seconds, got 0"),
+        (-1.0, ValueError, "must be a positive number of seconds, got -1.0"),
+        (float("nan"), ValueError, "must be a positive number of seconds, got nan"),
+        (10**400, ValueError, "ask_timeout is too large"),
+        (True, TypeError, "ask_timeout must be a number of seconds, got True"),
+        ("2", TypeError, "ask_timeout must be a number of seconds, got '2'"),
+        (None, TypeError, "ask_timeout must be a number of seconds, got None"),
+    ],
+    ids=["zero", "negative", "nan", "huge", "bool", "str", "None"],
+)
+def test_make_app_refuses_a_bad_ask_timeout(ask_timeout: Any, error: type, needle: str) -> None:
+    with pytest.raises(error) as info:
         ws.make_app(ask_timeout=ask_timeout)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("ask_timeout", [1, np.float32(0.5), np.int64(3)])
+def test_make_app_takes_any_positive_real_number(ask_timeout: Any) -> None:
+    assert ws.make_app(ask_timeout=ask_timeout)[ws.TIMEOUT] == float(ask_timeout)
 
 
 async def test_many_concurrent_requests_are_answered_correctly(client: TestClient) -> None:

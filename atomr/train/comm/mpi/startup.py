@@ -130,7 +130,7 @@ class StartupDeadline:
         self._watchdog: subprocess.Popen[bytes] | None = None
         if timeout is not None and config.backend == "mpi" and self.world_size > 1:
             failed = "" if directory is None else str(directory / f"rank-{self.rank}.failed")
-            head = f"atomr: rank {self.rank}: MPI start-up did not finish within {timeout} s"
+            head = f"atomr: rank {self.rank}: MPI start-up did not finish within {timeout:g} s"
             self._watchdog = subprocess.Popen(
                 [sys.executable, "-S", "-c", _WATCHDOG, str(os.getpid()), str(timeout),
                  head, failed, str(self.world_size), str(self.rank)],

@@ -220,7 +220,7 @@ class ReplicaActor(Trainer):
         flat = real_vector("gradients", gradients, self.model.dtype)
         if flat.shape[0] != self.model.n_params:
             raise ValueError(f"gradients must be {self.model.n_params} values, got {flat.shape[0]}")
-        self.backend.copy(self.backend.to_device(flat), self.model.grads)
+        self.backend.upload(flat, self.model.grads)
 
     def compute_gradients(self, msg: ComputeGradients) -> GradientResult:
         """The gradient of one shard of a batch (worker thread): forward,

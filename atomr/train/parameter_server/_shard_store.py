@@ -302,7 +302,7 @@ class ShardStore(DeviceActor):
         self._staged = None
         self._in_effect.clear()
         self._refusing = state.refusing
-        self.backend.copy(self.backend.to_device(w), self.weights)
+        self.backend.upload(w, self.weights)
         self.optimizer = fresh
         self.kind = fresh.kind
         self.version = int(state.version)

@@ -186,7 +186,7 @@ class ShardActor(ShardMath):
             f"shard {self.layout.rank}",
         )
         host = np.ascontiguousarray(flat[idx], dtype=self.dtype)
-        self.backend.copy(self.backend.to_device(host), self.params)
+        self.backend.upload(host, self.params)
         self.optimizer = fresh
         self._pending = False
         self._undo.commit()

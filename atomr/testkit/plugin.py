@@ -1,20 +1,28 @@
-"""pytest plugin (entry point ``atomr``): the ``actor_system`` fixture.
+"""pytest plugin (entry point ``atomr.testkit.plugin``): the ``actor_system``
+fixture, and ``actor_system_fixture`` to declare one of a wider scope.
 
 It is loaded by every pytest run in an environment where atomr is installed,
 so it must never break one: without pytest-asyncio (atomr's ``test`` extra)
-the fixture is still defined, and a test that uses it fails with a message
+the fixtures are still defined, and a test that uses one fails with a message
 saying what to install; every other test runs as usual.
+
+``actor_system`` runs on the loop of the test that asks for it, whatever its
+pytest-asyncio ``loop_scope`` (the ``asyncio`` mark's, else
+``asyncio_default_test_loop_scope``): pytest-asyncio would start it on the
+loop of ``asyncio_default_fixture_loop_scope``, which another loop scope's
+test cannot use.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal, cast, get_args
 
 import pytest
 
 from atomr.actor.system import ActorSystem
 
-__all__ = ["actor_system"]
+__all__ = ["actor_system", "actor_system_fixture"]
 
 try:
     import pytest_asyncio
@@ -23,25 +31,116 @@ except ImportError:  # plain `pip install atomr` + pytest
 else:
     _HAVE_PYTEST_ASYNCIO = True
 
+_Scope = Literal["function", "class", "module", "package", "session"]
+_SCOPES: tuple[_Scope, ...] = get_args(_Scope)  # narrowest first
 
-async def _fresh_system() -> AsyncIterator[ActorSystem]:
-    """A fresh ``ActorSystem`` on the test's loop, terminated after the test."""
-    system = ActorSystem("test")
-    try:
-        yield system
-    finally:
-        await system.terminate()
+_NEEDS_PYTEST_ASYNCIO = (
+    "the actor_system fixture needs pytest-asyncio: pip install 'atomr[test]' "
+    '(or pytest-asyncio), and set asyncio_mode = "auto" in the pytest config'
+)
 
 
-if _HAVE_PYTEST_ASYNCIO:
-    actor_system = pytest_asyncio.fixture(_fresh_system, name="actor_system")
-else:
+def _new_system_function() -> Callable[[], AsyncIterator[ActorSystem]]:
+    """A new fixture function (each may carry its own loop scope)."""
 
-    @pytest.fixture(name="actor_system")
-    def actor_system() -> None:
-        """Needs pytest-asyncio: fails the test that asks for it, saying so."""
-        pytest.fail(
-            "the actor_system fixture needs pytest-asyncio: pip install 'atomr[test]' "
-            '(or pytest-asyncio), and set asyncio_mode = "auto" in the pytest config',
-            pytrace=False,
+    async def actor_system() -> AsyncIterator[ActorSystem]:
+        """A fresh ``ActorSystem`` on the fixture's loop, terminated at its teardown."""
+        system = ActorSystem("test")
+        _ = system.loop  # bind it now: a test on another loop is told so, not left to guess
+        try:
+            yield system
+        finally:
+            await system.terminate()
+
+    return actor_system
+
+
+def _check_scopes(name: object, scope: object, loop_scope: object) -> tuple[_Scope, _Scope]:
+    """``actor_system_fixture``'s arguments; its scope and loop scope.
+
+    Raises:
+        TypeError: if ``name`` is no str.
+        ValueError: if ``name`` is no identifier, a scope is no pytest scope
+            name, or ``loop_scope`` is narrower than ``scope``.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if not name.isidentifier():
+        raise ValueError(f"name must be an identifier, got {name!r}")
+    loop_scope = scope if loop_scope is None else loop_scope
+    for what, value in (("scope", scope), ("loop_scope", loop_scope)):
+        if not isinstance(value, str) or value not in _SCOPES:
+            raise ValueError(f"{what} must be one of {', '.join(_SCOPES)}; got {value!r}")
+    if _SCOPES.index(cast(_Scope, loop_scope)) < _SCOPES.index(cast(_Scope, scope)):
+        raise ValueError(
+            f"loop_scope {loop_scope!r} is narrower than scope {scope!r}: a system kept "
+            "for the whole scope needs a loop that lives as long"
         )
+    return cast(_Scope, scope), cast(_Scope, loop_scope)
+
+
+def actor_system_fixture(
+    name: str = "actor_system", *, scope: str = "function", loop_scope: str | None = None
+) -> Any:
+    """A pytest fixture ``name``: one fresh ``ActorSystem`` for each ``scope``
+    (a pytest scope name), started on the loop of pytest-asyncio's
+    ``loop_scope`` (default: ``scope``) and terminated when the scope ends.
+    Assign it in a test module or conftest, e.g. ``shared =
+    actor_system_fixture("shared", scope="module")``; the tests that use it
+    run on its loop (``pytestmark = pytest.mark.asyncio(loop_scope="module")``).
+
+    Raises:
+        TypeError: if ``name`` is no str.
+        ValueError: if ``name`` is no identifier, a scope is no pytest scope
+            name, or ``loop_scope`` is narrower than ``scope``.
+    """
+    scope, loop = _check_scopes(name, scope, loop_scope)
+    if not _HAVE_PYTEST_ASYNCIO:
+        return _missing_pytest_asyncio(name, scope)
+    return pytest_asyncio.fixture(_new_system_function(), name=name, scope=scope, loop_scope=loop)
+
+
+def _missing_pytest_asyncio(name: str, scope: Any) -> Any:
+    """A fixture ``name`` that fails the test asking for it, saying what to install."""
+
+    def needs_pytest_asyncio() -> None:
+        pytest.fail(_NEEDS_PYTEST_ASYNCIO, pytrace=False)
+
+    return pytest.fixture(needs_pytest_asyncio, name=name, scope=scope)
+
+
+def _test_loop_scope(request: pytest.FixtureRequest) -> _Scope | None:
+    """The loop scope pytest-asyncio runs the requesting test in (None: no
+    async test, or a scope pytest-asyncio refuses itself)."""
+    item = request.node
+    if not _HAVE_PYTEST_ASYNCIO or not pytest_asyncio.is_async_test(item):
+        return None
+    mark = item.get_closest_marker("asyncio")
+    kwargs = mark.kwargs if mark is not None else {}
+    scope = kwargs.get("loop_scope") or kwargs.get("scope")
+    scope = scope or request.config.getini("asyncio_default_test_loop_scope")
+    return cast(_Scope, scope) if scope in _SCOPES else None
+
+
+_FOLLOWS_THE_TEST = _new_system_function()  # the plugin's own ``actor_system``
+_ON_LOOP = {scope: _new_system_function() for scope in _SCOPES}
+if _HAVE_PYTEST_ASYNCIO:
+    actor_system = pytest_asyncio.fixture(_FOLLOWS_THE_TEST, name="actor_system")
+    for _scope, _function in _ON_LOOP.items():
+        pytest_asyncio.fixture(_function, loop_scope=_scope)  # marks the function
+else:
+    actor_system = _missing_pytest_asyncio("actor_system", "function")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Any:
+    """Sets the plugin's ``actor_system`` up on the loop of the test that asks
+    for it: pytest-asyncio (whose hook runs inside this one) reads the loop
+    scope from the fixture function, so this lends it the function marked with
+    the test's loop scope. A user's own ``actor_system`` is left alone."""
+    loop_scope = _test_loop_scope(request) if fixturedef.func is _FOLLOWS_THE_TEST else None
+    if loop_scope is None:
+        return (yield)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fixturedef, "func", _ON_LOOP[loop_scope])
+        return (yield)

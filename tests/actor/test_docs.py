@@ -26,16 +26,18 @@ def test_snippet_runs(source: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_testing_snippet_passes_under_pytest_with_the_documented_config(tmp_path: Path) -> None:
-    """The Testing section's tests pass in a fresh project configured as it says."""
+    """The Testing section's tests pass in a fresh project configured as it
+    says, each block a test module of its own (the second shares one system)."""
     config = re.search(r"```toml\n(.*?)```", DOC.read_text(), flags=re.S)
     tests = [b for b in BLOCKS if "actor_system" in b and "async def test_" in b]
-    assert config and len(tests) == 1
+    assert config and len(tests) == 2
     (tmp_path / "pyproject.toml").write_text(config.group(1))
-    (tmp_path / "test_snippet.py").write_text(tests[0])
+    for i, test in enumerate(tests):
+        (tmp_path / f"test_snippet{i}.py").write_text(test)
     env = {**os.environ, "PYTHONPATH": str(DOC.parents[1])}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 passed" in result.stdout
+    assert "4 passed" in result.stdout

@@ -87,10 +87,10 @@ def plain_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
-def _pytest(python: Path, project: Path) -> subprocess.CompletedProcess[str]:
+def _pytest(python: Path, project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
     return subprocess.run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         cwd=project, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
@@ -101,7 +101,7 @@ def test_pytest_runs_a_project_with_plain_atomr_and_no_pytest_asyncio(
     (tmp_path / "test_plain.py").write_text(
         "import importlib.util\n"
         "def test_the_environment(pytestconfig):\n"
-        "    assert pytestconfig.pluginmanager.has_plugin('atomr')  # the entry point loaded\n"
+        "    assert pytestconfig.pluginmanager.has_plugin('atomr.testkit.plugin')  # the entry point\n"
         "    assert importlib.util.find_spec('pytest_asyncio') is None\n"
         "def test_something():\n"
         "    assert 1 + 1 == 2\n"
@@ -116,3 +116,34 @@ def test_the_fixture_says_what_it_needs(plain_env: Path, tmp_path: Path) -> None
     result = _pytest(plain_env, tmp_path)
     assert result.returncode == 1
     assert "the actor_system fixture needs pytest-asyncio" in result.stdout
+
+
+LOADED_ONCE = (
+    "import atomr.testkit.plugin as plugin\n"
+    "def test_loaded_once(pytestconfig):\n"
+    "    names = [n for n, p in pytestconfig.pluginmanager.list_name_plugin() if p is plugin]\n"
+    "    assert names == ['atomr.testkit.plugin']\n"
+)
+
+
+@pytest.mark.parametrize("how", ["-p", "pytest_plugins", "-p without autoload"])
+def test_naming_the_plugin_as_well_loads_it_once(plain_env: Path, tmp_path: Path, how: str) -> None:
+    (tmp_path / "test_once.py").write_text(LOADED_ONCE)
+    args = ["-p", "atomr.testkit.plugin"] if how.startswith("-p") else []
+    if how == "pytest_plugins":
+        (tmp_path / "conftest.py").write_text("pytest_plugins = ['atomr.testkit.plugin']\n")
+    if how == "-p without autoload":
+        args.insert(0, "--disable-plugin-autoload")
+    result = _pytest(plain_env, tmp_path, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # was: 1, "Plugin already registered under a different name" for "-p" and "pytest_plugins"
+    assert "1 passed" in result.stdout
+
+
+def test_the_plugin_can_be_turned_off_by_its_name(plain_env: Path, tmp_path: Path) -> None:
+    (tmp_path / "test_off.py").write_text(
+        "def test_off(pytestconfig):\n"
+        "    assert not pytestconfig.pluginmanager.has_plugin('atomr.testkit.plugin')\n"
+    )
+    result = _pytest(plain_env, tmp_path, "-p", "no:atomr.testkit.plugin")
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -61,11 +61,12 @@ async def expect_log(
         TypeError: ``count`` is not an int (a bool is not), ``timeout``
             not a number of seconds, or ``level`` neither a level name nor
             an int (a bool is not: True would count DEBUG records).
-        ValueError: for ``count`` < 0, a negative or NaN ``timeout``, or an
+        ValueError: for ``count`` < 0, a negative, NaN or infinite ``timeout``
+            (the wait for records that never come would never end), or an
             unknown level name.
     """
     count = int_at_least("count", count, 0)
-    timeout = check_delay("timeout", timeout, allow_zero=True)
+    timeout = check_delay("timeout", timeout, allow_zero=True, finite=True)  # a wait ends
     if not isinstance(level, str):
         level = int_at_least("level", level, 0)
     number = logging.getLevelName(level) if isinstance(level, str) else level

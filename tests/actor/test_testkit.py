@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import time
@@ -211,6 +212,19 @@ async def test_expect_log_counts_matching_records(actor_system: ActorSystem) -> 
     with pytest.raises(ValueError):
         async with expect_log(level="LOUD"):
             pass
+
+
+async def test_expect_log_refuses_an_endless_timeout_before_changing_the_logger() -> None:
+    logger = logging.getLogger("atomr")
+    level, handlers = logger.level, list(logger.handlers)
+
+    async def never_logged() -> None:
+        async with expect_log("never logged", level="DEBUG", timeout=float("inf")):
+            pass
+
+    with pytest.raises(ValueError, match="timeout must be a finite number"):
+        await asyncio.wait_for(never_logged(), 5)  # was: a wait with no end (5 s: a hang)
+    assert (logger.level, logger.handlers) == (level, handlers)
 
 
 async def test_counts_and_durations_are_checked_not_taken_by_their_truth(

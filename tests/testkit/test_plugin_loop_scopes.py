@@ -91,16 +91,20 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 shared = actor_system_fixture("shared", scope="module")
 
 RECORD = {"terminated": [], "threads": set(threading.enumerate())}
-_terminate = ActorSystem.terminate
 
 
-async def _recording_terminate(self, *args, **kwargs):
-    await _terminate(self, *args, **kwargs)
-    left = asyncio.all_tasks() - {asyncio.current_task()}
-    RECORD["terminated"].append((self, left, set(threading.enumerate())))
+@pytest.fixture(scope="module", autouse=True)
+def record_terminate():  # autouse: set up first, so undone after the shared system's teardown
+    terminate = ActorSystem.terminate
 
+    async def recording(self, *args, **kwargs):
+        await terminate(self, *args, **kwargs)
+        left = asyncio.all_tasks() - {asyncio.current_task()}
+        RECORD["terminated"].append((self, left, set(threading.enumerate())))
 
-ActorSystem.terminate = _recording_terminate
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ActorSystem, "terminate", recording)
+        yield
 
 
 class Counter(Actor):
@@ -135,8 +139,6 @@ import test_a_shared as shared
 
 
 def test_the_shared_system_was_terminated_once_and_left_nothing():
-    ActorSystem = type(shared.RECORD["system"])
-    ActorSystem.terminate = shared._terminate
     [(system, tasks, threads)] = shared.RECORD["terminated"]
     assert system is shared.RECORD["system"] and system.is_terminated
     assert not shared.RECORD["counter"].is_alive

@@ -45,12 +45,8 @@ def _new_system_function() -> Callable[[], AsyncIterator[ActorSystem]]:
 
     async def actor_system() -> AsyncIterator[ActorSystem]:
         """A fresh ``ActorSystem`` on the fixture's loop, terminated at its teardown."""
-        system = ActorSystem("test")
-        _ = system.loop  # bind it now: a test on another loop is told so, not left to guess
-        try:
+        async with ActorSystem("test") as system:  # bound now: another loop is told so
             yield system
-        finally:
-            await system.terminate()
 
     return actor_system
 

@@ -10,11 +10,15 @@ saying what to install; every other test runs as usual.
 pytest-asyncio ``loop_scope`` (the ``asyncio`` mark's, else
 ``asyncio_default_test_loop_scope``): pytest-asyncio would start it on the
 loop of ``asyncio_default_fixture_loop_scope``, which another loop scope's
-test cannot use.
+test cannot use. That needs pytest-asyncio 1.1 or later, which sets async
+fixtures up in its ``pytest_fixture_setup`` hook; an older one keeps its own
+choice, and one without loop scopes (before 0.24) has no
+``actor_system_fixture`` either (a test that uses one fails saying so).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal, cast, get_args
 
@@ -27,9 +31,10 @@ __all__ = ["actor_system", "actor_system_fixture"]
 try:
     import pytest_asyncio
 except ImportError:  # plain `pip install atomr` + pytest
-    _HAVE_PYTEST_ASYNCIO = False
+    _HAVE_PYTEST_ASYNCIO = _HAVE_LOOP_SCOPES = False
 else:
     _HAVE_PYTEST_ASYNCIO = True
+    _HAVE_LOOP_SCOPES = "loop_scope" in inspect.signature(pytest_asyncio.fixture).parameters
 
 _Scope = Literal["function", "class", "module", "package", "session"]
 _SCOPES: tuple[_Scope, ...] = get_args(_Scope)  # narrowest first
@@ -37,6 +42,11 @@ _SCOPES: tuple[_Scope, ...] = get_args(_Scope)  # narrowest first
 _NEEDS_PYTEST_ASYNCIO = (
     "the actor_system fixture needs pytest-asyncio: pip install 'atomr[test]' "
     '(or pytest-asyncio), and set asyncio_mode = "auto" in the pytest config'
+)
+_NEEDS_LOOP_SCOPES = (
+    "actor_system_fixture needs pytest-asyncio 0.24 or later (loop scopes), "
+    f"this is {getattr(pytest_asyncio, '__version__', '?') if _HAVE_PYTEST_ASYNCIO else 'none'}: "
+    "pip install -U pytest-asyncio"
 )
 
 
@@ -91,16 +101,17 @@ def actor_system_fixture(
             name, or ``loop_scope`` is narrower than ``scope``.
     """
     scope, loop = _check_scopes(name, scope, loop_scope)
-    if not _HAVE_PYTEST_ASYNCIO:
-        return _missing_pytest_asyncio(name, scope)
+    if not _HAVE_LOOP_SCOPES:
+        return _failing(name, scope, _NEEDS_LOOP_SCOPES if _HAVE_PYTEST_ASYNCIO else None)
     return pytest_asyncio.fixture(_new_system_function(), name=name, scope=scope, loop_scope=loop)
 
 
-def _missing_pytest_asyncio(name: str, scope: Any) -> Any:
-    """A fixture ``name`` that fails the test asking for it, saying what to install."""
+def _failing(name: str, scope: Any, message: str | None = None) -> Any:
+    """A fixture ``name`` that fails the test asking for it, saying what to
+    install (``message``; by default pytest-asyncio)."""
 
     def needs_pytest_asyncio() -> None:
-        pytest.fail(_NEEDS_PYTEST_ASYNCIO, pytrace=False)
+        pytest.fail(message or _NEEDS_PYTEST_ASYNCIO, pytrace=False)
 
     return pytest.fixture(needs_pytest_asyncio, name=name, scope=scope)
 
@@ -109,7 +120,7 @@ def _test_loop_scope(request: pytest.FixtureRequest) -> _Scope | None:
     """The loop scope pytest-asyncio runs the requesting test in (None: no
     async test, or a scope pytest-asyncio refuses itself)."""
     item = request.node
-    if not _HAVE_PYTEST_ASYNCIO or not pytest_asyncio.is_async_test(item):
+    if not _HAVE_LOOP_SCOPES or not pytest_asyncio.is_async_test(item):
         return None
     mark = item.get_closest_marker("asyncio")
     kwargs = mark.kwargs if mark is not None else {}
@@ -122,10 +133,11 @@ _FOLLOWS_THE_TEST = _new_system_function()  # the plugin's own ``actor_system``
 _ON_LOOP = {scope: _new_system_function() for scope in _SCOPES}
 if _HAVE_PYTEST_ASYNCIO:
     actor_system = pytest_asyncio.fixture(_FOLLOWS_THE_TEST, name="actor_system")
+else:
+    actor_system = _failing("actor_system", "function")
+if _HAVE_LOOP_SCOPES:
     for _scope, _function in _ON_LOOP.items():
         pytest_asyncio.fixture(_function, loop_scope=_scope)  # marks the function
-else:
-    actor_system = _missing_pytest_asyncio("actor_system", "function")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -133,7 +145,9 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
     """Sets the plugin's ``actor_system`` up on the loop of the test that asks
     for it: pytest-asyncio (whose hook runs inside this one) reads the loop
     scope from the fixture function, so this lends it the function marked with
-    the test's loop scope. A user's own ``actor_system`` is left alone."""
+    the test's loop scope. A user's own ``actor_system`` is left alone, and so
+    is this one under a pytest-asyncio older than 1.1 (which replaced the
+    function when it collected the tests: the identity check fails)."""
     loop_scope = _test_loop_scope(request) if fixturedef.func is _FOLLOWS_THE_TEST else None
     if loop_scope is None:
         return (yield)

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from atomr.testkit import plugin
 from atomr.testkit.plugin import actor_system_fixture
 
 pytest_plugins = ["pytester"]
@@ -190,3 +191,21 @@ def test_actor_system_fixture_refuses_bad_arguments(
 ) -> None:
     with pytest.raises(error, match=match):
         actor_system_fixture(**arguments)  # type: ignore[arg-type]
+
+
+def test_without_loop_scopes_a_declared_fixture_fails_the_test_saying_so(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytest-asyncio before 0.24 has no loop_scope: the plugin still loads
+    (it raised TypeError at import, breaking every pytest run)."""
+    monkeypatch.setattr(plugin, "_HAVE_LOOP_SCOPES", False)
+    _project(pytester, "function", "function")
+    pytester.makepyfile(
+        "from atomr.testkit.plugin import actor_system_fixture\n"
+        "shared = actor_system_fixture('shared', scope='module')\n"
+        "async def test_it(shared):\n"
+        "    pass\n"
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*actor_system_fixture needs pytest-asyncio 0.24 or later*"])

@@ -58,6 +58,28 @@ class _Unfiltered:
         ) from self.error
 
 
+def _same(message: Any, expected: Any) -> bool:
+    """``message == expected``; NumPy arrays (``==`` element-wise) are the
+    same when their shapes and all their elements are (a list is no array).
+
+    Raises:
+        TypeError: ``==`` raised or gave no truth value (arrays inside a tuple
+            or a dataclass), saying how to compare such a message.
+    """
+    shapes = getattr(message, "shape", None), getattr(expected, "shape", None)
+    try:
+        if shapes[0] != shapes[1] and (None not in shapes or any(shapes)):  # () is a scalar
+            return False
+        equal = message == expected
+        return bool(equal.all() if isinstance(getattr(equal, "shape", None), tuple) else equal)
+    except Exception as error:
+        raise TypeError(
+            f"expect_msg cannot compare {bounded_repr(message)} with {bounded_repr(expected)} "
+            f"by == ({type(error).__name__}: {error}): take it with expect_msg_type or "
+            "fish_for_message and compare its arrays with numpy.testing"
+        ) from error
+
+
 class _ReportingStrategy(SupervisorStrategy):
     """The probe's strategy for its children: ``inner`` decides, the probe is told."""
 
@@ -200,15 +222,19 @@ class TestProbe:
     async def expect_msg(self, expected: Any = _MISSING, timeout: float = 3.0) -> Any:
         """Wait for the next message; if ``expected`` is given it must be equal.
 
+        Equal is ``==``, and for NumPy arrays the same shape and elements.
+
         Returns:
             The message.
         Raises:
             AssertionError: on timeout or a different message.
+            TypeError: if ``==`` gives no answer (arrays inside a tuple or a
+                dataclass): the message is taken; compare it yourself.
             TypeError, ValueError: a bad ``timeout`` (see the class).
         """
         what = "any message" if expected is _MISSING else bounded_repr(expected)
         message = await self._next(timeout, what)
-        if expected is not _MISSING and message != expected:
+        if expected is not _MISSING and not _same(message, expected):
             raise AssertionError(f"expected {bounded_repr(expected)}, got {bounded_repr(message)}")
         return message
 

@@ -59,6 +59,24 @@ async def test_expect_msg(actor_system: ActorSystem) -> None:
         await probe.expect_msg(timeout=0.01)
 
 
+async def test_expect_msg_compares_numpy_arrays_by_shape_and_elements(
+    actor_system: ActorSystem,
+) -> None:
+    probe = TestProbe(actor_system)
+    weights = np.array([1.0, 2.0])
+    probe.ref.tell(weights.copy())
+    assert await probe.expect_msg(weights) is not weights  # was: ValueError, truth value ambiguous
+    for sent in (np.array([1.0, 3.0]), np.array([1.0, 2.0, 3.0]), [1.0, 2.0], np.ones((1, 2))):
+        probe.ref.tell(sent)
+        with pytest.raises(AssertionError, match="expected array"):
+            await probe.expect_msg(weights)
+    probe.ref.tell(np.float32(2.0))
+    assert await probe.expect_msg(2.0) == 2.0  # a NumPy scalar equals its number
+    probe.ref.tell((weights.copy(), "step"))
+    with pytest.raises(TypeError, match="cannot compare .* numpy.testing"):
+        await probe.expect_msg((weights, "step"))  # arrays inside a tuple: no answer from ==
+
+
 async def test_expect_no_msg(actor_system: ActorSystem) -> None:
     probe = TestProbe(actor_system)
     await probe.expect_no_msg(0.01)

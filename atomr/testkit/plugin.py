@@ -130,6 +130,10 @@ def _test_loop_scope(request: pytest.FixtureRequest) -> _Scope | None:
 
 
 _FOLLOWS_THE_TEST = _new_system_function()  # the plugin's own ``actor_system``
+_FOLLOWS_THE_TEST.__doc__ = (
+    "A fresh ActorSystem on the loop of the test that asks for it (any loop_scope), "
+    "terminated after the test (atomr's plugin)."
+)
 _ON_LOOP = {scope: _new_system_function() for scope in _SCOPES}
 if _HAVE_PYTEST_ASYNCIO:
     actor_system = pytest_asyncio.fixture(_FOLLOWS_THE_TEST, name="actor_system")

@@ -260,7 +260,8 @@ def inject_faults(
             `phases` not a mapping or a phase name not a str, a place
             neither a str nor a class, a message phase on a class
             without `receive`, `worker` not an int (a bool is not), or
-            given for a class without a `worker_index`.
+            given for a class without a `worker_index` (declared on the
+            class: a property, or a class attribute `__init__` overrides).
         ValueError: no phases, an empty or blank phase name, a negative
             `worker`, or a method name that is private (starts with "_") or
             not a method of the class.
@@ -274,7 +275,9 @@ def inject_faults(
     if worker is not None and not hasattr(worker_class, "worker_index"):
         raise TypeError(
             f"{worker_class.__name__} has no worker_index, so worker={worker} cannot pick one "
-            "instance: make only that worker's Props from the faulty class (worker=None)"
+            "instance: declare it on the class (a property, or a class attribute that "
+            "__init__ overrides: one set only in __init__ is not seen here), or make only "
+            "that worker's Props from the faulty class (worker=None)"
         )
     receive = getattr(worker_class, "receive", None)
     on_message, on_method = _places(worker_class, phases, callable(receive))

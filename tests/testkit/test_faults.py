@@ -270,6 +270,26 @@ class NoIndex:
         """Private work."""
 
 
+class SetInInit:
+    worker_index = -1  # declared on the class, as the refusal of NoIndex asks
+
+    def __init__(self, index: int) -> None:
+        self.worker_index = index
+
+    def work(self) -> int:
+        return self.worker_index
+
+
+def test_a_worker_index_declared_on_the_class_and_set_in_init_picks_the_instance() -> None:
+    plan = Plan()
+    faulty = inject_faults(SetInInit, plan, {"p": "work"}, worker=1)
+    plan.arm("p", times=2)
+    assert faulty(0).work() == 0  # not worker 1: let through, the arming kept
+    with pytest.raises(RuntimeError, match="injected failure: p"):
+        faulty(1).work()
+    assert plan.fired == ["p"] and plan.armed("p") == 1
+
+
 @pytest.mark.parametrize(
     ("cls", "phases", "kwargs", "error", "match"),
     [
@@ -279,7 +299,7 @@ class NoIndex:
         (NoIndex, {"p": "missing"}, {}, ValueError, "no public method"),
         (NoIndex, {"p": 3}, {}, TypeError, "message class or a method name"),
         (NoIndex, {"p": str}, {}, TypeError, "no receive"),
-        (NoIndex, {"p": "work"}, {"worker": 1}, TypeError, "no worker_index"),
+        (NoIndex, {"p": "work"}, {"worker": 1}, TypeError, "no worker_index.*declare it on the"),
         (NoIndex, [("p", "work")], {}, TypeError, "phases must be a mapping"),
         (NoIndex, {1: "work"}, {}, TypeError, "phase must be a str, got int"),  # never armed
         (NoIndex, {"": "work"}, {}, ValueError, "phase must be a non-empty name, got ''"),

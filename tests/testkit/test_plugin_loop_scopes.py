@@ -86,6 +86,8 @@ import threading
 import pytest
 
 from atomr import Actor, ActorSystem, Props
+from atomr.accel import DeviceActor
+from atomr.accel.device_actor import OnDevice
 from atomr.testkit.plugin import actor_system_fixture
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -123,6 +125,8 @@ async def test_one(shared):
     RECORD["system"] = shared
     RECORD["counter"] = shared.spawn(Props(Counter), name="counter")
     assert await RECORD["counter"].ask(1, timeout=5) == 1
+    RECORD["device"] = shared.spawn(Props(DeviceActor, "cpu:0"))  # a worker thread
+    assert await RECORD["device"].ask(OnDevice(sum, [1, 2]), timeout=30) == 3
 
 
 async def test_two(shared):
@@ -133,6 +137,8 @@ async def test_two(shared):
 async def test_three(shared):
     assert shared is RECORD["system"] and not RECORD["terminated"]
     assert await RECORD["counter"].ask(1, timeout=5) == 3
+    assert await RECORD["device"].ask(OnDevice(sum, [3, 4]), timeout=30) == 7
+    assert set(threading.enumerate()) - RECORD["threads"]  # its thread still runs
 """
 
 AFTER = """
@@ -142,7 +148,7 @@ import test_a_shared as shared
 def test_the_shared_system_was_terminated_once_and_left_nothing():
     [(system, tasks, threads)] = shared.RECORD["terminated"]
     assert system is shared.RECORD["system"] and system.is_terminated
-    assert not shared.RECORD["counter"].is_alive
+    assert not shared.RECORD["counter"].is_alive and not shared.RECORD["device"].is_alive
     assert tasks == set()
     assert threads <= shared.RECORD["threads"]
 """

@@ -18,6 +18,7 @@ from atomr.actor.reply import Reply
 from atomr.actor.supervision import Directive, OneForOneStrategy, SupervisorStrategy
 from atomr.actor.system import ActorSystem
 from atomr.actor.timers import check_delay
+from atomr.testkit._matching import check_class, check_predicate, same
 
 __all__ = ["ChildFailed", "TestProbe"]
 
@@ -56,28 +57,6 @@ class _Unfiltered:
             f"ignore_msg's predicate raised {type(self.error).__name__}: {self.error} "
             f"on {bounded_repr(self.message)}"
         ) from self.error
-
-
-def _same(message: Any, expected: Any) -> bool:
-    """``message == expected``; NumPy arrays (``==`` element-wise) are the
-    same when their shapes and all their elements are (a list is no array).
-
-    Raises:
-        TypeError: ``==`` raised or gave no truth value (arrays inside a tuple
-            or a dataclass), saying how to compare such a message.
-    """
-    shapes = getattr(message, "shape", None), getattr(expected, "shape", None)
-    try:
-        if shapes[0] != shapes[1] and (None not in shapes or any(shapes)):  # () is a scalar
-            return False
-        equal = message == expected
-        return bool(equal.all() if isinstance(getattr(equal, "shape", None), tuple) else equal)
-    except Exception as error:
-        raise TypeError(
-            f"expect_msg cannot compare {bounded_repr(message)} with {bounded_repr(expected)} "
-            f"by == ({type(error).__name__}: {error}): take it with expect_msg_type or "
-            "fish_for_message and compare its arrays with numpy.testing"
-        ) from error
 
 
 class _ReportingStrategy(SupervisorStrategy):
@@ -234,7 +213,7 @@ class TestProbe:
         """
         what = "any message" if expected is _MISSING else bounded_repr(expected)
         message = await self._next(timeout, what)
-        if expected is not _MISSING and not _same(message, expected):
+        if expected is not _MISSING and not same(message, expected):
             raise AssertionError(f"expected {bounded_repr(expected)}, got {bounded_repr(message)}")
         return message
 
@@ -243,12 +222,11 @@ class TestProbe:
 
         Raises:
             AssertionError: on timeout or a message of another type.
-            TypeError: ``cls`` is not a class (checked before any message is taken).
+            TypeError: ``cls`` is not a class, or one ``isinstance`` refuses (a
+                Protocol not ``runtime_checkable``), before any message is taken.
             TypeError, ValueError: a bad ``timeout`` (see the class).
         """
-        if not isinstance(cls, type):
-            raise TypeError(f"cls must be a class, got {bounded_repr(cls)}")
-        message = await self._next(timeout, cls.__name__)
+        message = await self._next(timeout, check_class(cls).__name__)
         if not isinstance(message, cls):
             raise AssertionError(f"expected a {cls.__name__}, got {bounded_repr(message)}")
         return message
@@ -298,10 +276,12 @@ class TestProbe:
             The first message the predicate accepts.
         Raises:
             AssertionError: if none comes within ``timeout`` (for all of them).
+            TypeError: ``predicate`` is not callable (before any message is taken).
             TypeError, ValueError: a bad ``timeout`` (see the class).
             Exception: whatever ``predicate`` raises (use it to fail on a
                 message that must not come).
         """
+        check_predicate(predicate)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._bound(timeout)
         skipped = 0
@@ -322,8 +302,7 @@ class TestProbe:
         Raises:
             TypeError: ``predicate`` is neither callable nor None.
         """
-        if predicate is not None and not callable(predicate):
-            raise TypeError(f"predicate must be a function or None, got {bounded_repr(predicate)}")
+        check_predicate(predicate, or_none=True)
         self._ignore = predicate
 
     @asynccontextmanager

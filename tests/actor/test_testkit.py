@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pytest
@@ -281,6 +281,22 @@ async def test_a_probe_wait_always_ends_and_a_refused_one_takes_nothing(
     with pytest.raises(TypeError, match="cls must be a class"):
         await probe.expect_msg_type("str")  # type: ignore[arg-type]  # was: took 'kept', then failed
     assert await probe.expect_msg_type(str) == "kept"
+
+
+class Speaks(Protocol):
+    """Not runtime_checkable: isinstance refuses it."""
+
+    def speak(self) -> str: ...
+
+
+async def test_a_refused_fish_or_type_check_takes_no_message(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+    probe.ref.tell("kept")
+    with pytest.raises(TypeError, match="predicate must be a function, got 'kept'"):
+        await probe.fish_for_message("kept")  # type: ignore[arg-type]  # was: took 'kept'
+    with pytest.raises(TypeError, match="Speaks cannot be checked by isinstance"):
+        await probe.expect_msg_type(Speaks)  # type: ignore[type-abstract]  # was: took 'kept'
+    assert await probe.expect_msg("kept") == "kept"
 
 
 class ChildOfProbe(Actor):

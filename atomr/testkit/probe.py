@@ -359,8 +359,11 @@ class TestProbe:
 
         Raises:
             AssertionError: on timeout or another message.
+            TypeError: ``ref`` is no ``ActorRef`` (before any message is taken).
             TypeError, ValueError: a bad ``timeout`` (see the class).
         """
+        if not isinstance(ref, ActorRef):
+            raise TypeError(f"ref must be an ActorRef, got {bounded_repr(ref)}")
         message = await self.expect_msg_type(Terminated, timeout)
         if message.ref is not ref:
             raise AssertionError(f"expected Terminated({ref}), got {bounded_repr(message)}")

@@ -289,13 +289,17 @@ class Speaks(Protocol):
     def speak(self) -> str: ...
 
 
-async def test_a_refused_fish_or_type_check_takes_no_message(actor_system: ActorSystem) -> None:
+async def test_a_refused_fish_type_check_or_terminated_takes_no_message(
+    actor_system: ActorSystem,
+) -> None:
     probe = TestProbe(actor_system)
     probe.ref.tell("kept")
     with pytest.raises(TypeError, match="predicate must be a function, got 'kept'"):
         await probe.fish_for_message("kept")  # type: ignore[arg-type]  # was: took 'kept'
     with pytest.raises(TypeError, match="Speaks cannot be checked by isinstance"):
         await probe.expect_msg_type(Speaks)  # type: ignore[type-abstract]  # was: took 'kept'
+    with pytest.raises(TypeError, match="ref must be an ActorRef, got 'counter'"):
+        await probe.expect_terminated("counter")  # type: ignore[arg-type]  # was: took 'kept'
     assert await probe.expect_msg("kept") == "kept"
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from atomr._arguments import real_number
+from atomr._repr import bounded_repr
 from atomr.actor.timers import check_delay
 
 __all__ = ["ManualClock"]
@@ -67,8 +68,12 @@ class ManualClock:
             A handle with ``cancel()``.
         Raises:
             ValueError, TypeError: for a negative or non-numeric delay.
+            TypeError: ``callback`` is not callable (as ``loop.call_later``;
+                it failed the ``advance`` that reached it).
         """
         delay = check_delay("delay", delay, allow_zero=True)
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {bounded_repr(callback)}")
         call = _Call(self._now + delay, callback, args)
         heapq.heappush(self._calls, (call.due, next(self._order), call))
         return call

@@ -379,6 +379,13 @@ def test_manual_clock_refuses_a_start_at_which_nothing_would_fall_due(
     assert ManualClock(np.float32(2.5)).time() == 2.5
 
 
+def test_manual_clock_refuses_a_callback_that_is_not_callable() -> None:
+    clock = ManualClock()
+    with pytest.raises(TypeError, match="callback must be callable, got None"):
+        clock.call_later(1, None)  # type: ignore[arg-type]  # was: scheduled; advance raised
+    assert clock.pending == 0 and clock.advance(2) == 0
+
+
 def test_a_callback_that_raises_stops_advance_where_it_was_due() -> None:
     clock, ran = ManualClock(), []
 

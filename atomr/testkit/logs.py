@@ -59,11 +59,15 @@ async def expect_log(
         AssertionError: on leaving the block, if fewer than ``count`` matching
             records came within ``timeout``, or more than ``count``.
         TypeError: ``count`` is not an int (a bool is not), ``timeout``
-            not a number of seconds, or ``level`` neither a level name nor
-            an int (a bool is not: True would count DEBUG records).
+            not a number of seconds, ``level`` neither a level name nor
+            an int (a bool is not: True would count DEBUG records),
+            ``logger`` no str, or ``pattern`` no str (nor compiled pattern).
         ValueError: for ``count`` < 0, a negative, NaN or infinite ``timeout``
             (the wait for records that never come would never end), or an
             unknown level name.
+        re.error: ``pattern`` is no regular expression.
+
+    Each refusal comes before the block runs, with the logger unchanged.
     """
     count = int_at_least("count", count, 0)
     timeout = check_delay("timeout", timeout, allow_zero=True, finite=True)  # a wait ends

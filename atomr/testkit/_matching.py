@@ -19,7 +19,8 @@ def same(message: Any, expected: Any) -> bool:
         TypeError: ``==`` raised or gave no truth value (arrays inside a tuple
             or a dataclass), saying how to compare such a message.
     """
-    shapes = getattr(message, "shape", None), getattr(expected, "shape", None)
+    shapes = [getattr(value, "shape", None) for value in (message, expected)]
+    shapes = [shape if isinstance(shape, tuple) else None for shape in shapes]  # arrays'
     try:
         if shapes[0] != shapes[1] and (None not in shapes or any(shapes)):  # () is a scalar
             return False

@@ -197,7 +197,7 @@ WAITS = [
     Wait(
         "TestProbe.expect_terminated",
         "as expect_msg",
-        lambda s: _probe("expect_terminated", s, None, 0.05),
+        lambda s: _probe("expect_terminated", s, s.spawn(Props(Echo)), 0.05),
         AssertionError,
     ),
     Wait("TestProbe.expect_no_msg", "its duration (or an enclosing within)", _expect_no_msg, None),

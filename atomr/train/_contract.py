@@ -19,6 +19,7 @@ from atomr.accel import Device
 from atomr.actor import ActorRef, ActorSystem, Context, Props
 from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.comm.collective import Collective
+from atomr.train.comm.purpose import purpose
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.errors import OtherProcessFailed
 from atomr.train.core.model.sequential import Sequential
@@ -309,9 +310,10 @@ async def spawn_ready(
             error = exc
         if job is not None and processes is not None:
             place = (job.process_rank, job.process_count)
-            await agree_on_failure(
-                processes, error, "start its trainer", others=_not_started, place=place
-            )
+            with purpose("start"):  # not the spawn: the actor's task would inherit it
+                await agree_on_failure(
+                    processes, error, "start its trainer", others=_not_started, place=place
+                )
         elif error is not None:
             raise error
         if then is not None:

@@ -34,8 +34,9 @@ other dtype is a `TypeError` from every collective.
 own buffers. Every participant ends with the same bits. `len` need not be a
 multiple of `n`: the first `len % n` chunks are one element longer.
 
-`DataParallelTrainer` uses one collective between its local replicas and,
-optionally, a second one (`process_collective`) between processes.
+An operation serves the purpose in effect (`comm/purpose.py`); across
+processes, operations of different purposes never pair. `DataParallelTrainer`
+uses one collective between its replicas, and one between processes.
 """
 
 from __future__ import annotations
@@ -57,10 +58,9 @@ __all__ = ["Collective", "HostCollective"]
 class Collective(abc.ABC):
     """Sum, scatter, gather, broadcast and synchronise flat buffers across a group.
 
-    The five operations and their buffer conventions are set out in the
-    module docstring. Implementations must give every participant the same
-    bits (so replicas that apply a result stay identical) and must not run
-    long loops on the event loop.
+    The operations, their buffers and purposes: the module docstring. Every
+    participant must get the same bits (replicas that apply a result stay
+    identical), and no long loop may run on the event loop.
 
     Failures: an operation that a participant cannot complete (it failed, is
     gone, or did not take part in time) raises the implementation's error

@@ -24,6 +24,7 @@ import numpy as np
 
 from atomr.actor import Failure
 from atomr.train.comm._fanout import ask_all
+from atomr.train.comm.purpose import purpose
 from atomr.train.core._step_checks import check_step_limit
 from atomr.train.core.config import TrainerConfig
 from atomr.train.data_parallel._reduction import Reduced
@@ -186,8 +187,9 @@ class ManualVerbs:
         divisor = np.array([float(len(grads)) if weights is None else weights.sum()])
         processes = self.options.process_collective
         if processes is not None:
-            await processes.all_reduce([total])
-            await processes.all_reduce([divisor])
+            with purpose("average gradients"):
+                await processes.all_reduce([total])
+                await processes.all_reduce([divisor])
         mean = (total / divisor[0]).astype(self.replicas.spec().dtype)  # the model's dtype
         await ask_all(
             self.replicas.refs, SetGradients(mean), self.replicas.timeout, per_worker=False

@@ -32,6 +32,7 @@ from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef, Failure
 from atomr.train._recovery import ResumedCrashWatch
 from atomr.train.comm.collective import Collective
+from atomr.train.comm.purpose import purpose
 from atomr.train.core._cpu import cpu_backend
 from atomr.train.core._step_checks import check_gradient, check_loss, check_normaliser
 from atomr.train.core.clip import clip_grad_norm
@@ -204,6 +205,8 @@ class GradientReduction:
         """Sum the totals and the gradient sum over every process."""
         assert self.processes is not None and summed is not None
         scalars = np.array([loss_sum, normaliser], dtype=np.float64)
-        scalars = await self.processes.all_reduce([scalars])
-        summed = await self.processes.all_reduce([summed])
+        with purpose("step scalars"):
+            scalars = await self.processes.all_reduce([scalars])
+        with purpose("gradients"):
+            summed = await self.processes.all_reduce([summed])
         return float(scalars[0]), float(scalars[1]), summed

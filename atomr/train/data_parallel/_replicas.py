@@ -16,6 +16,7 @@ from atomr.actor import ActorRef, Failure, actor_failed
 from atomr.train._recovery import resync
 from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices
 from atomr.train.comm.collective import Collective
+from atomr.train.comm.purpose import purpose
 from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.messages import GetWeights
 from atomr.train.core.models import batch_spec
@@ -145,7 +146,8 @@ class ReplicaGroup:
         first = 1  # replica 0 has its state
         if processes is not None:
             weights = np.ascontiguousarray(state.weights)
-            await processes.broadcast([weights], 0)
+            with purpose("sync weights"):
+                await processes.broadcast([weights], 0)
             state = ReplicaState(state.model, weights, state.optimizer, state.steps)
             first = 0
         if self.refs[first:]:

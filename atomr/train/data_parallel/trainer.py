@@ -43,6 +43,7 @@ from atomr.train._contract import check_options, spawn_ready
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
 from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.comm.mpi.job import shard_for_rank
+from atomr.train.comm.purpose import purpose
 from atomr.train.core._step_checks import check_step_limit, evaluation
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.messages import (
@@ -282,7 +283,8 @@ class DataParallelTrainer(Actor):
             return TrainingState(self._runner.steps, self.config.max_steps, coordinator, rounds)
         if isinstance(message, LoadCheckpoint):  # it replaces every replica's state
             await self._drop_open_round("LoadCheckpoint")
-            return await self._checkpoints.load(message.path)
+            with purpose("load checkpoint"):
+                return await self._checkpoints.load(message.path)
         # every other message sees the replicas averaged (ASYNC)
         closed = await self._local.close()
         if isinstance(closed, Failure) or isinstance(message, CloseRound):
@@ -296,7 +298,8 @@ class DataParallelTrainer(Actor):
             if isinstance(closed, Failure):
                 return closed
             if isinstance(message, SaveCheckpoint):
-                return await self._checkpoints.save(message.path)
+                with purpose("save checkpoint"):
+                    return await self._checkpoints.save(message.path)
             return await self._manual.answer(message)
         if isinstance(message, SetLearningRate):
             group, kind = self.replicas, self.config.optimizer  # a restarted replica is re-synced

@@ -64,6 +64,7 @@ from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.comm.collective import Collective, HostCollective
 from atomr.train.comm.mpi.job import shard_for_rank
+from atomr.train.comm.purpose import purpose
 from atomr.train.core._step_checks import check_step_limit, evaluation
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.messages import (
@@ -222,17 +223,22 @@ class ShardedDataParallelTrainer(Actor):
         assert passes is not None
         if isinstance(message, LoadCheckpoint):  # every piece replaced: nothing to complete
             return await self._load(message)
-        if await passes.update.complete(type(message).__name__):
-            self.steps += 1  # the last step, completed only now
+        with purpose("complete step"):  # whichever request comes next: the same everywhere
+            if await passes.update.complete(type(message).__name__):
+                self.steps += 1  # the last step, completed only now
         if isinstance(message, Step):
             check_step_limit(self.steps, self.config.max_steps)
-            return await self._step(passes, message)
+            with purpose("step"):
+                return await self._step(passes, message)
         if isinstance(message, Evaluate):
-            return await self._evaluate(passes, message)
+            with purpose("evaluate"):
+                return await self._evaluate(passes, message)
         if isinstance(message, GetWeights):
-            return (await self.checkpoints.full_state())[0]
+            with purpose("gather weights"):
+                return (await self.checkpoints.full_state())[0]
         if isinstance(message, _FromProcessZero):
-            return await self._from_process_zero()
+            with purpose("sync weights"):
+                return await self._from_process_zero()
         if isinstance(message, GetShardMemory):
             memory: list[ShardMemory] = await self._ask([message] * len(self.refs))
             return memory
@@ -244,7 +250,8 @@ class ShardedDataParallelTrainer(Actor):
                 self.config.optimizer, self.dtype, self.refs, message, timeout
             )
         if isinstance(message, SaveCheckpoint):
-            return await self.checkpoints.save(Path(message.path), self.steps)
+            with purpose("save checkpoint"):
+                return await self.checkpoints.save(Path(message.path), self.steps)
         return not_handled(type(self).__name__, message)
 
     async def _ask(self, messages: list[Any]) -> list[Any]:
@@ -286,7 +293,8 @@ class ShardedDataParallelTrainer(Actor):
         unconfirmed = update.unconfirmed
         keep_old = self._watch.lost() is None and not unconfirmed
         try:
-            self.steps = await self.checkpoints.load(Path(message.path), keep_old)
+            with purpose("load checkpoint"):
+                self.steps = await self.checkpoints.load(Path(message.path), keep_old)
         except Exception as error:
             if unconfirmed:
                 update.load_failed(error)

@@ -1,12 +1,20 @@
 """Run under `mpiexec -n 2`: the pairing bug of a lone save. Both ranks of a
-stage-1 `ShardedDataParallelTrainer` step once together; then rank 1 asks
-`SaveCheckpoint` (collective: every process must ask it) while rank 0 asks
-`Step`. Their collectives used to pair up (the save "succeeded" and no file
-held the checkpoint); now the operation check refuses the pairing and both
-fail with `CollectiveMismatchError` naming each rank's operation.
+trainer step once together; then rank 1 asks `SaveCheckpoint` (collective:
+every process must ask it) while rank 0 asks `Step`. Their collectives used
+to pair up; now the operation check refuses the pairing and both fail with
+`CollectiveMismatchError` naming each rank's operation.
 
-argv: OUT_DIR TIMEOUT (the collective's, seconds). Writes `rank{r}.json`:
-the error's chain (type: message) and the seconds it took.
+- sharded (a stage-1 `ShardedDataParallelTrainer`): the save's all-reduce
+  met the step's reduce-scatter of the same length (the save "succeeded"
+  and no file held the checkpoint): told apart by their kinds;
+- data_parallel (a `DataParallelTrainer`): the save's agreement (an
+  all-reduce of 2 float64) meets the step's scalars (an all-reduce of 2
+  float64): the same kind, size and dtype, told apart by their purposes
+  (`comm/purpose.py`).
+
+argv: OUT_DIR TIMEOUT (the collective's, seconds) [STRATEGY: sharded, the
+default, or data_parallel]. Writes `rank{r}.json`: the error's chain (type:
+message) and the seconds it took.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from pathlib import Path
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import (
+    DataParallelOptions,
+    DataParallelTrainer,
     LossKind,
     Mlp,
     OptimizerKind,
@@ -45,15 +55,20 @@ def chain(error: BaseException | None) -> list[str]:
     return seen
 
 
-async def main(out: Path, timeout: float) -> None:
+async def main(out: Path, timeout: float, strategy: str) -> None:
     dist = DistributedTrainConfig.from_environment(require=True, collective_timeout=timeout)
-    options = ShardedOptions.for_job(dist, stage=1)
     config = TrainerConfig(OptimizerKind.adam(0.01), LossKind.CROSS_ENTROPY)
     report: dict[str, object] = {}
     async with ActorSystem() as system:
-        trainer = await ShardedDataParallelTrainer.spawn(
-            system, Mlp(SIZES, seed=0), cpu_devices(1), config, options
-        )
+        model, devices = Mlp(SIZES, seed=0), cpu_devices(1)
+        if strategy == "sharded":
+            options = ShardedOptions.for_job(dist, stage=1)
+            trainer = await ShardedDataParallelTrainer.spawn(
+                system, model, devices, config, options
+            )
+        else:
+            dp_options = DataParallelOptions.for_job(dist)
+            trainer = await DataParallelTrainer.spawn(system, model, devices, config, dp_options)
         await trainer.ask(Step(X, Y), timeout=4 * timeout)  # in step
         started = time.monotonic()
         message = SaveCheckpoint(str(out / "lone.ckpt")) if dist.rank == 1 else Step(X, Y)
@@ -67,4 +82,5 @@ async def main(out: Path, timeout: float) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1]), float(sys.argv[2])))
+    strategy = sys.argv[3] if len(sys.argv) > 3 else "sharded"
+    asyncio.run(main(Path(sys.argv[1]), float(sys.argv[2]), strategy))

@@ -9,7 +9,10 @@ the other ranks:
   0.1 s late (the others' exchange is parked);
 - ahead: all_reduces of 100, 200, 300 elements submitted at once (queued),
   where rank 1 skipped the first (it is one operation ahead);
-- dtype: rank 1 all_gathers float64 where the others all_gather float32.
+- dtype: rank 1 all_gathers float64 where the others all_gather float32;
+- purpose: after one all_reduce for "step" on every rank (it runs), rank 1
+  all_reduces the same 1024 float32 for "save checkpoint" where the others
+  all_reduce for "step".
 
 For each it records the error every rank raised, how long it took, whether
 the buffers were left untouched (no rank ran the operation), and what a
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from atomr.train.comm.mpi.collective import CollectiveError, MpiCollective
+from atomr.train.comm.purpose import purpose
 
 
 async def diverge(coll: MpiCollective, scenario: str) -> np.ndarray:
@@ -50,9 +54,15 @@ async def diverge(coll: MpiCollective, scenario: str) -> np.ndarray:
         for outcome in done:
             if isinstance(outcome, BaseException):
                 raise outcome
-    else:
+    elif scenario == "dtype":
         buf = np.full(1024, 5.0, np.float64 if odd else np.float32)
         await coll.all_gather(buf)
+    else:
+        with purpose("step"):  # the same purpose everywhere: it runs
+            assert (await coll.all_reduce(np.ones(1024, np.float32)))[0] == coll.world_size
+        buf = np.full(1024, 5.0, np.float32)
+        with purpose("save checkpoint" if odd else "step"):
+            await coll.all_reduce(buf)
     return buf
 
 
@@ -108,7 +118,7 @@ def coll_rank() -> int:
 
 async def main(out_dir: Path, timeout: float) -> None:
     results: dict[str, Any] = {}
-    for scenario in ("kind", "size", "ahead", "dtype"):
+    for scenario in ("kind", "size", "ahead", "dtype", "purpose"):
         results[scenario] = await scenario_report(scenario, timeout)
     results.update(await options_report())
     (out_dir / f"rank{coll_rank()}.json").write_text(json.dumps(results))

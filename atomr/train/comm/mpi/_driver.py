@@ -51,8 +51,8 @@ from functools import partial
 from typing import Any
 
 from atomr.train.comm.mpi._notes import LEFT, FailureNotes, failure_error, unusable_error
-from atomr.train.comm.mpi._operation import Operation, Resume, Signature, Spinner, new_future
-from atomr.train.comm.mpi._order import OrderCheck
+from atomr.train.comm.mpi._operation import Operation, Resume, Spinner, new_future
+from atomr.train.comm.mpi._order import OrderCheck, Signature
 from atomr.train.comm.mpi._worker import LazyMpiThread, settle
 from atomr.train.comm.mpi.errors import CollectiveError, CollectiveMismatchError, RankFailedError
 
@@ -112,7 +112,8 @@ class OperationDriver:
         before: Callable[[], None] | None = None,
         after: Callable[[], None] | None = None,
         offload: bool = False,
-        signature: Signature = (0, 0, -1),
+        *,
+        signature: Signature,
     ) -> None:
         """Run one operation: the operation check (when the driver has one),
         `before()`, `start(arg)` (the non-blocking MPI call; returns its
@@ -122,7 +123,7 @@ class OperationDriver:
         Args:
             kind: the operation's name in errors, one of `_order.KINDS`.
             offload: run `before` / `after` on the MPI thread.
-            signature: the operation's count, dtype code and root
+            signature: the operation's count, dtype code, root and purpose
                 (`_order.signature_of`), compared across the ranks.
 
         Raises:

@@ -9,13 +9,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from atomr.train.comm.mpi._order import Signature
+
 __all__ = ["Operation", "Resume", "Signature", "Spinner", "new_future"]
 
 _BURST_MIN_S = 100e-6  # `Spinner` tests in bursts between yields to the loop: this long
 _BURST_MAX_S = 1e-3  # ... up to this long while the loop has nothing else to run
 _IDLE_YIELD_S = 50e-6  # a yield back within this found nothing else to run
 
-Signature = tuple[int, int, int]  # an operation's count, dtype code and root (`_order.py`)
 Resume = tuple[Any, float, Exception | None, bool]
 """An operation the fast path began: its request in flight, when it started,
 its failure, and whether that request is the check's (the call not begun)."""

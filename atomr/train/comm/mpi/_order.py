@@ -8,16 +8,18 @@ truncation, a hang), and MPI itself rarely notices. For example, a lone
 rank's checkpoint save (all-gathers) that meets another rank's training
 step (reduce-scatters of the same length) can "succeed" with garbage.
 
-The *signature* of an operation is five int64: its number (the driver's
-`seq`, equal on every rank while they are in step), its kind, its element
-count, its dtype (kind character and item size) and its root (broadcast;
--1 otherwise). One `Iallgather` of the signatures (40 bytes a rank, on the
-collective's own communicator, just before the operation's call) gives
-every rank every rank's; if they differ, every rank raises the same
-`CollectiveMismatchError` naming each rank's operation, and no rank issues
-the operation. The exchange is waited for like the operation itself (spun
-on the loop, then parked, within the same timeout), so a rank that never
-arrives is still named by `CollectiveTimeoutError`.
+The *signature* of an operation is its number (the driver's `seq`, equal
+on every rank while they are in step), its kind, its element count, its
+dtype (kind character and item size), its root (broadcast; -1 otherwise)
+and its purpose (`comm/purpose.py`: a hash of the text, and its first 24
+bytes for errors): six int64 and 24 bytes. One `Iallgather` of the
+signatures (72 bytes a rank, on the collective's own communicator, just
+before the operation's call) gives every rank every rank's; if they
+differ, every rank raises the same `CollectiveMismatchError` naming each
+rank's operation, and no rank issues the operation. The exchange is waited
+for like the operation itself (spun on the loop, then parked, within the
+same timeout), so a rank that never arrives is still named by
+`CollectiveTimeoutError`.
 
 Cost: one small-message latency and a few microseconds of Python per
 operation (`docs/benchmarks.md`, "Session 18: the operation check").
@@ -32,14 +34,26 @@ from typing import Any
 import numpy as np
 
 from atomr.train.comm.mpi.errors import CollectiveMismatchError
+from atomr.train.comm.purpose import current_purpose
 
-__all__ = ["KINDS", "OrderCheck", "agree_on_check", "describe_signature", "signature_of"]
+__all__ = [
+    "KINDS",
+    "OrderCheck",
+    "Signature",
+    "agree_on_check",
+    "describe_signature",
+    "signature_of",
+]
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
 """The operations, by their code in a signature."""
 
 _CODES = {kind: code for code, kind in enumerate(KINDS)}
-_LAYOUT = struct.Struct("=5q")  # seq, kind, count, dtype, root
+_LAYOUT = struct.Struct("=6q24s")  # seq, kind, count, dtype, root, purpose (hash, name)
+
+Signature = tuple[int, int, int, int, bytes]
+"""An operation's count, dtype code, root and purpose (hash, name): what
+`signature_of` returns and `OrderCheck.start` sends after the seq and kind."""
 
 
 def agree_on_check(comm: Any, enabled: bool) -> None:
@@ -65,29 +79,41 @@ def agree_on_check(comm: Any, enabled: bool) -> None:
         )
 
 
-def signature_of(buffer: np.ndarray | None, root: int = -1) -> tuple[int, int, int]:
-    """The shape of an operation on `buffer` (None: a barrier) in a
-    signature: (element count, dtype code, root)."""
+def signature_of(buffer: np.ndarray | None, root: int = -1) -> Signature:
+    """The shape of an operation on `buffer` (None: a barrier), issued here,
+    in a signature: (element count, dtype code, root, purpose hash, purpose
+    name), the purpose being the one in effect (`comm/purpose.py`)."""
+    why = current_purpose()
     if buffer is None:
-        return (0, 0, root)
+        return (0, 0, root, why.code, why.name)
     dtype = buffer.dtype
-    return (buffer.size, ord(dtype.kind) << 8 | dtype.itemsize, root)
+    return (buffer.size, ord(dtype.kind) << 8 | dtype.itemsize, root, why.code, why.name)
 
 
-def describe_signature(row: Sequence[int]) -> str:
-    """An operation's signature in words, e.g. "all_reduce #7 (1024 float32)"."""
-    seq, code, count, dtype, root = (int(v) for v in row)
+def describe_signature(row: Sequence[Any]) -> str:
+    """An operation's signature in words, e.g. "all_reduce #7 (1024 float32)",
+    or "all_reduce #7 (2 float64, for 'save checkpoint')" when it has a purpose."""
+    seq, code, count, dtype, root = (int(v) for v in row[:5])
+    why = _describe_purpose(row)
     if not 0 <= code < len(KINDS):
         return f"an unknown operation #{seq} (code {code})"
     kind = KINDS[code]
     if kind == "barrier":
-        return f"barrier #{seq}"
+        return f"barrier #{seq}" + (f" ({why})" if why else "")
     try:
         name = np.dtype(f"{chr(dtype >> 8)}{dtype & 0xFF}").name
     except (TypeError, ValueError):
         name = f"dtype code {dtype}"
     where = f", root {root}" if kind == "broadcast" else ""
-    return f"{kind} #{seq} ({count} {name}{where})"
+    return f"{kind} #{seq} ({count} {name}{where}{', ' + why if why else ''})"
+
+
+def _describe_purpose(row: Sequence[Any]) -> str:
+    """ "for 'step'", or "" for an operation without a purpose."""
+    if len(row) < 7 or not row[5]:
+        return ""
+    name = bytes(row[6]).rstrip(b"\0").decode(errors="replace")
+    return f"for {name!r}"
 
 
 class OrderCheck:
@@ -107,7 +133,7 @@ class OrderCheck:
         self._send_spec = [self._send, mpi.INT64_T]
         self._recv_spec = [self._recv, mpi.INT64_T]
 
-    def start(self, seq: int, kind: str, signature: tuple[int, int, int]) -> Any:
+    def start(self, seq: int, kind: str, signature: Signature) -> Any:
         """Start the exchange for operation `seq`; returns its MPI request.
 
         Raises:
@@ -128,9 +154,11 @@ class OrderCheck:
             describe_signature(_LAYOUT.unpack_from(self._recv, k * _LAYOUT.size))
             for k in range(self.world_size)
         ]
-        mine = rows[self.rank]
+        size = _LAYOUT.size
         seq, code = _LAYOUT.unpack_from(self._send)[:2]
-        others = [k for k, row in enumerate(rows) if row != mine]
+        others = [
+            k for k in range(self.world_size) if self._recv[k * size : (k + 1) * size] != self._send
+        ]
         listed = ", ".join(
             f"rank {k} is at {row}" if k == 0 else f"rank {k} at {row}"
             for k, row in enumerate(rows)
@@ -138,7 +166,7 @@ class OrderCheck:
         return CollectiveMismatchError(
             f"MPI operations out of step on rank {self.rank} of {self.world_size}: {listed}; "
             "no rank ran it (every rank must issue the same operations in the same "
-            "order, with the same sizes, dtypes and roots)",
+            "order, with the same sizes, dtypes, roots and purposes)",
             operations=rows,
             ranks=others,
             operation=f"{KINDS[code]} #{seq}",

@@ -22,8 +22,9 @@ broadcast (so none may overlap `buffers[0]`).
 
 Operations run one at a time, in submission order, and never block the
 event loop (`_driver.py`). Before each, the ranks check that they are all
-at the same operation (`_order.py`; `check_order=False` turns it off): if
-not, every rank raises `CollectiveMismatchError` and none runs it. An
+at the same operation, for the same purpose (`_order.py`, `comm/purpose.py`;
+`check_order=False` turns it off): if not, every rank raises
+`CollectiveMismatchError` and none runs it. An
 operation not complete `timeout` seconds after it started raises
 `CollectiveTimeoutError` naming the ranks that never joined; an MPI error,
 or a peer's `report_failure()`, raises `RankFailedError`. After any of
@@ -320,7 +321,9 @@ class MpiCollective(Collective):
             CollectiveMismatchError, CollectiveTimeoutError, RankFailedError: as
                 `all_reduce`.
         """
-        await self._driver.submit("barrier", self._start_barrier, None)
+        await self._driver.submit(
+            "barrier", self._start_barrier, None, signature=signature_of(None)
+        )
 
     # -- lifecycle ----------------------------------------------------------------
 

@@ -24,6 +24,10 @@ EXPECTED = {  # scenario -> (the other ranks' operation, rank 1's)
     "size": ("all_reduce #3 (1024 float32)", "all_reduce #3 (2048 float32)"),
     "ahead": ("all_reduce #3 (100 float32)", "all_reduce #3 (200 float32)"),
     "dtype": ("all_gather #3 (1024 float32)", "all_gather #3 (1024 float64)"),
+    "purpose": (
+        "all_reduce #4 (1024 float32, for 'step')",
+        "all_reduce #4 (1024 float32, for 'save checkpoint')",
+    ),
 }
 
 
@@ -76,6 +80,28 @@ def test_a_lone_save_meeting_a_step_is_refused_on_both_ranks(tmp_path) -> None:
             e.startswith("CollectiveMismatchError: MPI operations out of step on rank ")
             and "rank 0 is at reduce_scatter #" in e
             and ", rank 1 at all_reduce #" in e
+            for e in report["errors"]
+        ), (rank, report)
+        assert report["elapsed_s"] < QUICK_S, (rank, report)
+    assert not (tmp_path / "lone.ckpt").exists()
+
+
+@pytest.mark.mpi
+def test_a_lone_save_meeting_a_step_of_the_same_shape_is_refused_by_purpose(tmp_path) -> None:
+    """A `DataParallelTrainer`'s save agreement and its step scalars are both
+    an all-reduce of 2 float64; before purposes, rank 1's save summed rank
+    0's loss into its agreement (a false "process failed" or a lost save)
+    and rank 0's step then waited out the timeout for its gradients."""
+    result, _ = run_script(2, "lone_save.py", tmp_path, TIMEOUT_S, "data_parallel", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for rank, report in enumerate(reports):
+        assert report["errors"], (rank, report)
+        assert any(
+            e.startswith("CollectiveMismatchError: MPI operations out of step on rank ")
+            and "rank 0 is at all_reduce #" in e
+            and " (2 float64, for 'step scalars'), rank 1 at all_reduce #" in e
+            and " (2 float64, for 'save checkpoint')" in e
             for e in report["errors"]
         ), (rank, report)
         assert report["elapsed_s"] < QUICK_S, (rank, report)

@@ -15,6 +15,10 @@ Checks, in order (the last rank is the late one where lateness matters):
   collective is in flight breaks that collective with a clear error.
 
 Writes `rank{r}.json` into OUT_DIR (argv[1]); exits non-zero on a mismatch.
+With "serialized" as argv[2], every rank's MPI says it gives
+`MPI_THREAD_SERIALIZED` only (`Query_thread` faked): parked operations are
+then waited for by testing them and the failure notes in turn on the MPI
+thread (`FailureNotes.wait_watching`).
 """
 
 from __future__ import annotations
@@ -155,6 +159,8 @@ async def main(checks: dict[str, object]) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[2:] == ["serialized"]:
+        MPI.Query_thread = lambda: MPI.THREAD_SERIALIZED
     results: dict[str, object] = {}
     asyncio.run(main(results))
     stopped_loop(results)

@@ -6,8 +6,8 @@ argv: MODE VICTIM TIMEOUT [OPERATION], MODE in {"exit", "hang", "kill",
 (sent to itself: no Python cleanup, no exit handler, as the kernel's OOM
 killer would), or says it failed (`report_failure`) and then stops taking
 part; "report-serialized" does so where every rank's MPI says it gives
-`MPI_THREAD_SERIALIZED` only (`Query_thread` faked), so that no note can be
-sent and the survivors time out as for "hang". The survivors'
+`MPI_THREAD_SERIALIZED` only (`Query_thread` faked), so that the notes go
+through the MPI threads. The survivors'
 OPERATION ("all_reduce", "reduce_scatter" or "all_gather"; default
 all_reduce) times out after TIMEOUT seconds with an error naming the victim
 (after a report: fails at once, naming it); each then calls

@@ -1,10 +1,8 @@
 """`OperationDriver`: how `MpiCollective` runs its non-blocking MPI calls
 without blocking the event loop, one at a time, and fails loudly.
 
-Operations run in submission order (MPI requires the same order of
-collectives on every rank; a caller that is cancelled leaves its operation
-running), and never block the event loop, so the actors on it keep working
-while a collective is in flight.
+Operations run in submission order (MPI requires it; a cancelled caller
+leaves its operation running), and never block the event loop.
 
 Cost. An operation submitted while the driver is idle is started by its
 caller, on the loop's thread, and tested there (each test also advances
@@ -14,11 +12,12 @@ copies, no timer. Tests run in bursts with a yield to the loop between them:
 idle (a yield stalls the collective on every rank for a moment), so the loop
 is held about 1 ms at most at a time (one test can run past a burst's end).
 An operation still running after that (a large buffer, or a late peer) is
-*parked*: the driver's MPI thread blocks in `Wait` on it, so a long wait
-holds neither the GIL nor the loop, and wakes the loop once when it
-completes. Operations submitted meanwhile queue behind it and are run, in
-order, by one driver task. Local numpy work before and after the MPI call
-runs on the loop below 1 MiB and on the MPI thread above.
+*parked*: the driver's MPI thread blocks in `Wait` on it (holding neither
+the GIL nor the loop; without `MPI_THREAD_MULTIPLE` it tests it and the
+peers' notes in turn instead: `FailureNotes.wait_watching`) and wakes the
+loop once when it completes. Operations submitted meanwhile queue behind it,
+run in order by one driver task. Local numpy work before and after the MPI
+call runs on the loop below 1 MiB and on the MPI thread above.
 
 Failure detection costs nothing until something is slow. When an operation
 has not completed `timeout` seconds after it started, the rank asks its
@@ -30,15 +29,13 @@ every rank's signature). After any of these, the driver is broken (its MPI
 thread may be stuck inside MPI for good): operations queued behind the
 failed one and later calls raise at once.
 
-Its life, for one operation: the operation check (`_order.py`: the ranks
-exchange what they are about to do, waited for like the operation itself;
-off with `MpiCollective(check_order=False)` and in a world of one), local
-work before, start the non-blocking MPI call, test it from the loop for up
-to `_SPIN_S` (`Spinner`, in `_operation.py`), park it on the MPI thread
-(`_park`: `Wait`; only a parked operation times out, or answers peers'
-notes, every `_poll_s`), local work after. `submit` runs the first steps
-itself when the driver is idle (the fast path, `_fast`) and hands the rest
-to a driver task (`_drive`) when the operation outlives the spin.
+Its life, for one operation: the operation check (`_order.py`, waited for
+like the operation; off with `check_order=False` and in a world of one),
+local work before, the non-blocking MPI call, tests from the loop for up to
+`_SPIN_S` (`Spinner`, `_operation.py`), parked on the MPI thread (`_park`:
+only a parked operation times out, or sees peers' notes, every `_poll_s`),
+local work after. `submit` runs the first steps itself when the driver is
+idle (the fast path, `_fast`), and a driver task (`_drive`) the rest.
 """
 
 from __future__ import annotations
@@ -95,7 +92,8 @@ class OperationDriver:
         self._current = 0  # the number of the operation the driver is in (or last ran)
         self.broken: RankFailedError | CollectiveMismatchError | None = None
         """The error of the operation that failed; every later one raises."""
-        self._worker = LazyMpiThread(f"atomr-mpi-rank{rank}")
+        self.worker = LazyMpiThread(f"atomr-mpi-rank{rank}")
+        """The MPI thread (`_worker.py`): parked waits, heavy local work."""
         # operations submitted and not yet finished, in order; one driver task runs them
         self._queue: deque[Operation] = deque()
         self._driver: asyncio.Task[None] | None = None
@@ -195,7 +193,7 @@ class OperationDriver:
     def close(self) -> None:
         """Stop the MPI thread once its current call is done (a later
         operation starts a new one)."""
-        self._worker.close()
+        self.worker.close()
 
     # -- the driver task ------------------------------------------------------------
 
@@ -319,7 +317,7 @@ class OperationDriver:
         try:
             await self._park(operation, request, started)
         except asyncio.CancelledError:
-            self._worker.run(partial(self._finish_off_loop, operation))
+            self.worker.run(partial(self._finish_off_loop, operation))
             raise
 
     def _finish_off_loop(self, operation: Operation) -> None:
@@ -347,7 +345,7 @@ class OperationDriver:
 
     async def _local(self, fn: Callable[[], None], offload: bool) -> None:
         if offload:
-            await self._worker.run(fn)
+            await self.worker.run(fn)
         else:
             fn()
 
@@ -356,14 +354,16 @@ class OperationDriver:
     async def _park(self, operation: Operation, request: Any, started: float) -> None:
         """Wait for `request` on the MPI thread, enforcing the deadline and
         answering peers' notes meanwhile."""
-        done = self._worker.run(request.Wait)
-        timeout = self.timeout
+        timeout = self.timeout  # the MPI thread's wait ends 1 s after the loop gave up
+        end = None if timeout is None else started + timeout + 1.0
+        done = self.worker.run(self._notes.waiter(request, end))
         while True:
             wait = self._poll_s
             if timeout is not None:
                 wait = min(wait, max(0.0, started + timeout - time.monotonic()))
             await asyncio.wait((done,), timeout=wait)
-            if done.done():
+            # done, unless `PeersLeft`: the MPI thread saw a peer's LEFT note
+            if done.done() and (done.exception() is None or not self._notes.left()):
                 done.result()  # an MPI error is raised here
                 return
             self._notes.poll(self._current)

@@ -14,13 +14,19 @@ failure cannot name the rank.
 A rank that failed on its own (not in a collective) and will issue no more
 operations can say so (`announce_failure`: a note of `LEFT`); a peer's
 parked operation sees it at its next poll (`left`) and fails at once,
-instead of waiting out its timeout.
+instead of waiting out its timeout. That works at every thread level:
+with less than `MPI_THREAD_MULTIPLE` the notes go out from the MPI thread
+(`MpiCollective.report_failure` queues them there), and a parked operation
+is waited for there by `wait_watching`, which tests it and the notes in
+turn (so no two threads are ever in MPI at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,12 +37,25 @@ from atomr.train.comm.mpi.errors import (
     RankFailedError,
 )
 
-__all__ = ["LEFT", "FailureNotes", "describe_missing", "failure_error", "unusable_error"]
+__all__ = [
+    "LEFT",
+    "FailureNotes",
+    "PeersLeft",
+    "describe_missing",
+    "failure_error",
+    "unusable_error",
+]
 
 _NOTE_TAG = 7
 _SEND_WAIT_S = 1.0  # the longest `announce_failure` waits for its notes to go out
+_PAUSE_S = (50e-6, 1e-3)  # `wait_watching` sleeps between tests: from this, doubling, to this
 LEFT = -1
 """A note saying: the sender failed on its own and left the collectives."""
+
+
+class PeersLeft(Exception):
+    """Raised by `FailureNotes.wait_watching`: a peer's `LEFT` note came
+    before the operation completed (`FailureNotes.left` names them)."""
 
 
 class FailureNotes:
@@ -45,8 +64,10 @@ class FailureNotes:
     Args:
         mpi: the `mpi4py.MPI` module.
         ctl: a communicator used for nothing else (a duplicate).
-        enabled: False when the MPI lacks `MPI_THREAD_MULTIPLE`: every call
-            is then a no-op and `gather` returns None.
+        enabled: False when the MPI lacks `MPI_THREAD_MULTIPLE`: `poll` is
+            then a no-op and `gather` returns None, and only `LEFT` notes
+            are exchanged, on the MPI thread (`announce_failure`,
+            `wait_watching`).
         grace_s: the longest `gather` waits for the peers' notes.
     """
 
@@ -68,17 +89,7 @@ class FailureNotes:
         (the operation this rank is in), again whenever the state has moved."""
         if not self.enabled:
             return
-        mpi = self._mpi
-        if self._recvs is None:
-            self._recvs = [self._post_recv(p) for p in self._peers]
-        for k, (peer, req, buf) in enumerate(self._recvs):
-            try:
-                arrived = req.Test()
-            except mpi.Exception:
-                continue
-            if arrived:
-                self._notes[peer] = int(buf[0])
-                self._recvs[k] = self._post_recv(peer)
+        self._collect()
         for peer, note in self._notes.items():
             if note != LEFT and self._sent.get(peer) != state:
                 self._send(peer, state)
@@ -88,21 +99,51 @@ class FailureNotes:
         """The peers whose last note said they failed and left (`LEFT`)."""
         return [peer for peer, note in self._notes.items() if note == LEFT]
 
+    def waiter(self, request: Any, deadline: float | None) -> Callable[[], None]:
+        """What the MPI thread runs to wait for a parked `request`:
+        `request.Wait` with `MPI_THREAD_MULTIPLE` (the loop's thread polls
+        the notes meanwhile) or alone, else `wait_watching` until `deadline`
+        (a `time.monotonic()`; None: none)."""
+        if self.enabled or not self._peers:
+            return request.Wait
+        return partial(self.wait_watching, request, deadline)
+
+    def wait_watching(self, request: Any, deadline: float | None) -> None:
+        """On the MPI thread, without `MPI_THREAD_MULTIPLE`: test `request`
+        and the peers' notes in turn, sleeping 50 us to 1 ms between tests,
+        until it completes.
+
+        Raises:
+            PeersLeft: a peer's `LEFT` note came first.
+            TimeoutError: `deadline` passed (the driver raised the
+                operation's timeout already).
+            mpi4py.MPI.Exception: the request failed.
+        """
+        pause, longest = _PAUSE_S
+        while not request.Test():
+            self._collect()
+            if self.left():
+                raise PeersLeft
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError
+            time.sleep(pause)
+            pause = min(2 * pause, longest)
+
     def announce_failure(self, broken: CollectiveError | None = None) -> None:
         """Send every peer a `LEFT` note, and wait (up to 1 s, blocking) for
         the sends to complete, so that they go out before this process ends.
 
-        Nothing is sent when disabled, on a second call, or when `broken`
-        (the error that already broke the collective, if any) names other
-        ranks (those that never joined or left, or that were at another
-        operation): they take part in that failure and see it themselves,
-        and a note would have them blame this rank. A failure of this rank
-        alone (its local work, its loop stopped: no rank named) is told.
-        Raises nothing (a send MPI refuses, to a dead peer, is skipped).
+        Without `MPI_THREAD_MULTIPLE`, call it on the MPI thread only.
+        Nothing is sent in a world of one, on a second call, or when
+        `broken` (the error that already broke the collective, if any) is a
+        timeout or names other ranks (those that never joined or left, or
+        that were at another operation): they take part in that failure and
+        see it themselves, and a note would have them blame this rank. A
+        failure of this rank alone (its local work, its loop stopped: no
+        rank named) is told. Raises nothing (a send MPI refuses, to a dead
+        peer, is skipped).
         """
-        if not self.enabled or self._announced:
-            return
-        if broken is not None and broken.ranks:
+        if not self.will_announce(broken):
             return
         self._announced = True
         for peer in self._peers:
@@ -110,6 +151,12 @@ class FailureNotes:
         end = time.monotonic() + _SEND_WAIT_S
         while self._sends and time.monotonic() < end:
             self._drop_completed_sends()
+
+    def will_announce(self, broken: CollectiveError | None) -> bool:
+        """Whether `announce_failure(broken)` would send anything (see there)."""
+        if not self._peers or self._announced:
+            return False
+        return broken is None or not (broken.ranks or isinstance(broken, CollectiveTimeoutError))
 
     async def gather(
         self, seq: int, state: int, until: asyncio.Future[None] | None = None
@@ -147,6 +194,19 @@ class FailureNotes:
                 req.Wait()
             except self._mpi.Exception:
                 pass
+
+    def _collect(self) -> None:
+        """Take the peers' notes that arrived (the last one of each counts)."""
+        if self._recvs is None:
+            self._recvs = [self._post_recv(p) for p in self._peers]
+        for k, (peer, req, buf) in enumerate(self._recvs):
+            try:
+                arrived = req.Test()
+            except self._mpi.Exception:
+                continue
+            if arrived:
+                self._notes[peer] = int(buf[0])
+                self._recvs[k] = self._post_recv(peer)
 
     def _post_recv(self, peer: int) -> tuple[int, Any, np.ndarray]:
         buf = np.zeros(1, dtype=np.int64)

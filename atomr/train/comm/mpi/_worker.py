@@ -28,7 +28,8 @@ class MpiThread(threading.Thread):
     def __init__(self, name: str) -> None:
         super().__init__(name=name, daemon=True)
         self.jobs: queue.SimpleQueue[
-            tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[None]] | None
+            tuple[Callable[[], Any], asyncio.AbstractEventLoop | None, asyncio.Future[None] | None]
+            | None
         ] = queue.SimpleQueue()
 
     def run(self) -> None:
@@ -42,6 +43,8 @@ class MpiThread(threading.Thread):
                 fn()
             except BaseException as exc:  # handed to the awaiting coroutine
                 error = exc
+            if loop is None or future is None:  # `LazyMpiThread.call`: nobody awaits it
+                continue
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
                 loop.call_soon_threadsafe(settle, future, error)
 
@@ -60,14 +63,33 @@ class LazyMpiThread:
     def run(self, fn: Callable[[], Any]) -> asyncio.Future[None]:
         """Run `fn` on the thread; the future (of the running loop) settles
         when it returns, with its exception if it raised."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._started().jobs.put((fn, loop, future))
+        return future
+
+    def call(self, fn: Callable[[], None], timeout: float) -> bool:
+        """Run `fn` on the thread, after the calls queued before it, and
+        block up to `timeout` seconds for it to return (it goes on past
+        that); needs no event loop. Returns whether it returned in time.
+        Raises nothing (an exception of `fn`'s is dropped)."""
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+
+        self._started().jobs.put((job, None, None))
+        return done.wait(timeout)
+
+    def _started(self) -> MpiThread:
         thread = self._thread
         if thread is None:
             thread = self._thread = MpiThread(self._name)
             thread.start()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        thread.jobs.put((fn, loop, future))
-        return future
+        return thread
 
     def close(self) -> None:
         """Stop the thread once its current call is done."""

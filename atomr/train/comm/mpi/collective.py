@@ -30,8 +30,7 @@ operation not complete `timeout` seconds after it started raises
 or a peer's `report_failure()`, raises `RankFailedError`. After any of
 these the collective is broken (later calls raise at once): report the
 error and call `abort()`, which ends the job through `MPI_Abort`. Naming
-a missing rank, and `report_failure`, need `MPI_THREAD_MULTIPLE` (the
-`mpich` wheel gives it).
+a missing rank needs `MPI_THREAD_MULTIPLE` (the `mpich` wheel gives it).
 
 mpi4py is imported when the first `MpiCollective` is made, not when this
 module is imported; without it the constructor raises an `ImportError` that
@@ -133,11 +132,9 @@ class MpiCollective(Collective):
         self._in_place, self._sum = mpi.IN_PLACE, mpi.SUM
         # how long a rank that ran past its timeout waits for the others' notes
         grace_s = _GRACE_S if timeout is None else min(max(timeout, 1.0), _GRACE_S)
-        # naming a missing rank exchanges notes from the event loop's thread
-        # while the MPI thread is blocked: only legal with MULTIPLE
-        self._notes = FailureNotes(
-            mpi, self._ctl, enabled=level >= mpi.THREAD_MULTIPLE, grace_s=grace_s
-        )
+        # the loop's thread exchanges notes while the MPI thread waits: MULTIPLE only
+        multiple = level >= mpi.THREAD_MULTIPLE
+        self._notes = FailureNotes(mpi, self._ctl, enabled=multiple, grace_s=grace_s)
         check = OrderCheck(mpi, self._comm) if check_order and self.world_size > 1 else None
         self._driver = OperationDriver(mpi, self.rank, self.world_size, timeout, self._notes, check)
 
@@ -357,11 +354,15 @@ class MpiCollective(Collective):
         """Tell the other ranks that this one failed on its own and will
         issue no more operations: the operation each waits in, or its next,
         raises `RankFailedError` naming this rank within about 0.2 s instead
-        of waiting out `timeout`. Needs `MPI_THREAD_MULTIPLE` (with less,
-        nothing is sent). Breaks this collective (an earlier error stays its
-        error); blocks up to 1 s; raises nothing; harmless in a world of one,
-        called again, or after a failure the others took part in."""
-        self._notes.announce_failure(self._driver.broken)
+        of waiting out `timeout`. Below `MPI_THREAD_MULTIPLE` the notes go
+        out from the MPI thread: call it from the loop's. Breaks this
+        collective (an earlier error stays its error); blocks up to 1.5 s;
+        raises nothing; harmless in a world of one, called again, or after a
+        failure the others took part in."""
+        broken = self._driver.broken
+        if self._notes.will_announce(broken):  # below MULTIPLE: only the MPI thread calls MPI
+            announce = partial(self._notes.announce_failure, broken)
+            announce() if self._notes.enabled else self._driver.worker.call(announce, 1.5)
         if self._driver.broken is None:
             self._driver.broken = RankFailedError(
                 f"rank {self.rank} reported a failure of its own", ranks=[self.rank]

@@ -1,10 +1,11 @@
 """`FailureNotes.announce_failure` and `MpiCollective.report_failure` are
-harmless where they cannot or need not tell anyone: an MPI without
-`MPI_THREAD_MULTIPLE` (notes disabled), a world of one, a second call, a
+harmless where they need not tell anyone: a world of one, a second call, a
 collective broken by a failure the other ranks took part in, a peer MPI
-refuses to send to, a send that never completes (bounded). On loopback
-with peers: `test_collective.py` (a rank's report; a survivor's report
-after the failure, which names no one else)."""
+refuses to send to, a send that never completes (bounded). Without
+`MPI_THREAD_MULTIPLE` the notes still go out (from the MPI thread), and a
+parked operation is waited for by `wait_watching`, which sees them. On
+loopback with peers: `test_collective.py` (a rank's report, at both thread
+levels; a survivor's report after the failure, which names no one else)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr.train.comm.mpi._notes import LEFT, FailureNotes, describe_missing
+from atomr.train.comm.mpi._notes import LEFT, FailureNotes, PeersLeft, describe_missing
 from atomr.train.comm.mpi.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -35,11 +36,31 @@ class _FakeMpi:
 
 
 class _Request:
-    def __init__(self, done: bool) -> None:
-        self.done = done
+    """Completes at its `after`-th test (0: never; `done`: at once)."""
+
+    def __init__(self, done: bool, after: int = 0) -> None:
+        self.done, self.after, self.tests = done, after, 0
 
     def Test(self) -> bool:  # noqa: N802 (mpi4py's name)
-        return self.done
+        self.tests += 1
+        return self.done or self.tests == self.after
+
+    def Wait(self) -> None:  # noqa: N802
+        raise AssertionError("not called by the tests")
+
+
+class _Receive:
+    """A standing receive from `source`: completes when the inbox holds a note."""
+
+    def __init__(self, comm: _Comm, buf: np.ndarray, source: int) -> None:
+        self.comm, self.buf, self.source = comm, buf, source
+
+    def Test(self) -> bool:  # noqa: N802
+        queued = self.comm.inbox.get(self.source)
+        if not queued:
+            return False
+        self.buf[0] = queued.pop(0)
+        return True
 
 
 class _Comm:
@@ -49,12 +70,16 @@ class _Comm:
     def __init__(self, size: int, *, refused: tuple[int, ...] = (), complete: bool = True) -> None:
         self.size, self.refused, self.complete = size, refused, complete
         self.sent: list[tuple[int, int]] = []
+        self.inbox: dict[int, list[int]] = {}  # source -> the notes it sent, in order
 
     def Get_rank(self) -> int:  # noqa: N802
         return 0
 
     def Get_size(self) -> int:  # noqa: N802
         return self.size
+
+    def Irecv(self, message: Any, source: int, tag: int) -> _Receive:  # noqa: N802
+        return _Receive(self, message[0], source)
 
     def Isend(self, message: Any, dest: int, tag: int) -> _Request:  # noqa: N802
         if dest in self.refused:
@@ -67,11 +92,41 @@ def _notes(comm: _Comm, enabled: bool = True) -> FailureNotes:
     return FailureNotes(_FakeMpi(), comm, enabled=enabled, grace_s=1.0)
 
 
-def test_without_thread_multiple_nothing_is_sent() -> None:
+def test_without_thread_multiple_the_notes_go_out_from_the_calling_thread() -> None:
+    """Not enabled: no exchange from the loop's thread, but the caller (the
+    MPI thread, `MpiCollective.report_failure`) still sends `LEFT`."""
     comm = _Comm(3)
     notes = _notes(comm, enabled=False)
     notes.announce_failure()
-    assert not notes.enabled and comm.sent == []
+    notes.announce_failure()
+    assert not notes.enabled and comm.sent == [(1, LEFT), (2, LEFT)]
+
+
+def test_without_thread_multiple_a_parked_wait_sees_a_left_note() -> None:
+    """`wait_watching` (the MPI thread's wait below MULTIPLE) tests the
+    operation and the notes in turn: a LEFT note raises `PeersLeft` naming
+    its sender; a completed operation returns; a passed deadline raises."""
+    comm = _Comm(3)
+    notes = _notes(comm, enabled=False)
+    request = _Request(False)
+    comm.inbox[2] = [LEFT]
+    with pytest.raises(PeersLeft):
+        notes.wait_watching(request, None)
+    assert notes.left() == [2] and request.tests == 1
+
+    quiet = _notes(_Comm(3), enabled=False)
+    slow = _Request(False, after=4)
+    quiet.wait_watching(slow, None)
+    assert slow.tests == 4 and quiet.left() == []
+    with pytest.raises(TimeoutError):
+        quiet.wait_watching(_Request(False), time.monotonic())
+
+
+def test_the_wait_watches_notes_only_below_thread_multiple() -> None:
+    request = _Request(False)
+    assert _notes(_Comm(3)).waiter(request, None) == request.Wait
+    assert _notes(_Comm(1), enabled=False).waiter(request, None) == request.Wait
+    assert _notes(_Comm(3), enabled=False).waiter(request, None) != request.Wait
 
 
 def test_the_notes_go_out_once_to_every_peer() -> None:

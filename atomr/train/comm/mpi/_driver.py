@@ -90,6 +90,7 @@ class OperationDriver:
         self._check = check
         self._seq = 0  # the number of the last operation submitted
         self._current = 0  # the number of the operation the driver is in (or last ran)
+        self.completed = 0  # the number of the last operation completed here
         self.broken: RankFailedError | CollectiveMismatchError | None = None
         """The error of the operation that failed; every later one raises."""
         self.worker = LazyMpiThread(f"atomr-mpi-rank{rank}")
@@ -175,7 +176,7 @@ class OperationDriver:
             if request is None or await self._spinner.spin(request):
                 if after is not None:
                     after()
-                self._busy = False
+                self._busy, self.completed = False, seq
                 if self._queue:  # submitted while this one was in flight
                     self._start_driver()
                 return
@@ -243,7 +244,7 @@ class OperationDriver:
                 else:
                     self._current = operation.seq
                     error = await self._run(operation)
-                resume = None
+                resume, self.completed = None, self.completed if error else operation.seq
                 queued.popleft()
                 settle(operation.future, error)
         except asyncio.CancelledError:  # the loop is shutting down mid-operation
@@ -356,18 +357,18 @@ class OperationDriver:
         answering peers' notes meanwhile."""
         timeout = self.timeout  # the MPI thread's wait ends 1 s after the loop gave up
         end = None if timeout is None else started + timeout + 1.0
-        done = self.worker.run(self._notes.waiter(request, end))
+        done = self.worker.run(self._notes.waiter(request, end, operation.seq))
         while True:
             wait = self._poll_s
             if timeout is not None:
                 wait = min(wait, max(0.0, started + timeout - time.monotonic()))
             await asyncio.wait((done,), timeout=wait)
             # done, unless `PeersLeft`: the MPI thread saw a peer's LEFT note
-            if done.done() and (done.exception() is None or not self._notes.left()):
+            if done.done() and (done.exception() is None or not self._notes.left(operation.seq)):
                 done.result()  # an MPI error is raised here
                 return
             self._notes.poll(self._current)
-            if left := self._notes.left():  # peers that failed on their own: no use waiting
+            if left := self._notes.left(operation.seq):  # they failed on their own before it
                 raise self._fail(operation, {p: LEFT for p in left}, "could not complete")
             if timeout is not None and time.monotonic() - started >= timeout:
                 missing = await self._notes.gather(operation.seq, self._current, until=done)

@@ -12,9 +12,13 @@ which needs `MPI_THREAD_MULTIPLE`; with less, nothing is exchanged and the
 failure cannot name the rank.
 
 A rank that failed on its own (not in a collective) and will issue no more
-operations can say so (`announce_failure`: a note of `LEFT`); a peer's
-parked operation sees it at its next poll (`left`) and fails at once,
-instead of waiting out its timeout. That works at every thread level:
+operations can say so (`announce_failure`: a note below 0, `left_note`);
+a peer's parked operation sees it at its next poll (`left`) and fails at
+once, instead of waiting out its timeout. The note carries the number of
+the last operation the sender completed: an operation it completed needs
+nothing more from it (a broadcast it sent as root may still be on its way
+to a receiver through a late rank), so a receiver parked on one goes on
+waiting, and fails at its next operation. That works at every thread level:
 with less than `MPI_THREAD_MULTIPLE` the notes go out from the MPI thread
 (`MpiCollective.report_failure` queues them there), and a parked operation
 is waited for there by `wait_watching`, which tests it and the notes in
@@ -43,6 +47,7 @@ __all__ = [
     "PeersLeft",
     "describe_missing",
     "failure_error",
+    "left_note",
     "unusable_error",
 ]
 
@@ -50,7 +55,14 @@ _NOTE_TAG = 7
 _SEND_WAIT_S = 1.0  # the longest `announce_failure` waits for its notes to go out
 _PAUSE_S = (50e-6, 1e-3)  # `wait_watching` sleeps between tests: from this, doubling, to this
 LEFT = -1
-"""A note saying: the sender failed on its own and left the collectives."""
+"""A note saying: the sender failed on its own and left the collectives,
+having completed no operation; every note below 0 says so (`left_note`)."""
+
+
+def left_note(completed: int) -> int:
+    """The note of a rank that leaves after completing its operations up to
+    number `completed` (0: none): `LEFT - completed`."""
+    return LEFT - completed
 
 
 class PeersLeft(Exception):
@@ -91,30 +103,32 @@ class FailureNotes:
             return
         self._collect()
         for peer, note in self._notes.items():
-            if note != LEFT and self._sent.get(peer) != state:
+            if note >= 0 and self._sent.get(peer) != state:
                 self._send(peer, state)
         self._drop_completed_sends()
 
-    def left(self) -> list[int]:
-        """The peers whose last note said they failed and left (`LEFT`)."""
-        return [peer for peer, note in self._notes.items() if note == LEFT]
+    def left(self, seq: int) -> list[int]:
+        """The peers whose last note said they failed and left before
+        completing operation `seq` (`left_note`): it cannot complete."""
+        return [peer for peer, note in self._notes.items() if note < 0 and LEFT - note < seq]
 
-    def waiter(self, request: Any, deadline: float | None) -> Callable[[], None]:
-        """What the MPI thread runs to wait for a parked `request`:
-        `request.Wait` with `MPI_THREAD_MULTIPLE` (the loop's thread polls
-        the notes meanwhile) or alone, else `wait_watching` until `deadline`
-        (a `time.monotonic()`; None: none)."""
+    def waiter(self, request: Any, deadline: float | None, seq: int) -> Callable[[], None]:
+        """What the MPI thread runs to wait for a parked `request` (of
+        operation `seq`): `request.Wait` with `MPI_THREAD_MULTIPLE` (the
+        loop's thread polls the notes meanwhile) or alone, else
+        `wait_watching` until `deadline` (a `time.monotonic()`; None: none)."""
         if self.enabled or not self._peers:
             return request.Wait
-        return partial(self.wait_watching, request, deadline)
+        return partial(self.wait_watching, request, deadline, seq)
 
-    def wait_watching(self, request: Any, deadline: float | None) -> None:
+    def wait_watching(self, request: Any, deadline: float | None, seq: int) -> None:
         """On the MPI thread, without `MPI_THREAD_MULTIPLE`: test `request`
         and the peers' notes in turn, sleeping 50 us to 1 ms between tests,
         until it completes.
 
         Raises:
-            PeersLeft: a peer's `LEFT` note came first.
+            PeersLeft: a peer's note said it left before completing
+                operation `seq` (`left`).
             TimeoutError: `deadline` passed (the driver raised the
                 operation's timeout already).
             mpi4py.MPI.Exception: the request failed.
@@ -122,16 +136,18 @@ class FailureNotes:
         pause, longest = _PAUSE_S
         while not request.Test():
             self._collect()
-            if self.left():
+            if self.left(seq):
                 raise PeersLeft
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError
             time.sleep(pause)
             pause = min(2 * pause, longest)
 
-    def announce_failure(self, broken: CollectiveError | None = None) -> None:
-        """Send every peer a `LEFT` note, and wait (up to 1 s, blocking) for
-        the sends to complete, so that they go out before this process ends.
+    def announce_failure(self, broken: CollectiveError | None = None, completed: int = 0) -> None:
+        """Send every peer a note that this rank left after completing its
+        operations up to number `completed` (`left_note`), and wait (up to
+        1 s, blocking) for the sends to complete, so that they go out before
+        this process ends.
 
         Without `MPI_THREAD_MULTIPLE`, call it on the MPI thread only.
         Nothing is sent in a world of one, on a second call, or when
@@ -147,7 +163,7 @@ class FailureNotes:
             return
         self._announced = True
         for peer in self._peers:
-            self._send(peer, LEFT)
+            self._send(peer, left_note(completed))
         end = time.monotonic() + _SEND_WAIT_S
         while self._sends and time.monotonic() < end:
             self._drop_completed_sends()
@@ -171,7 +187,7 @@ class FailureNotes:
         if not self.enabled:
             return None if self._peers else {}
         for peer in self._peers:
-            if self._notes.get(peer) != LEFT and self._sent.get(peer) != state:
+            if self._notes.get(peer, 0) >= 0 and self._sent.get(peer) != state:
                 self._send(peer, state)
         end = time.monotonic() + self._grace_s
         while True:
@@ -235,8 +251,8 @@ def describe_missing(others: dict[int, int | None] | None) -> str:
         return "could not tell which rank is missing (MPI lacks THREAD_MULTIPLE)"
     if not others:
         return "every rank had joined; a rank failed during the operation"
-    left = [p for p, v in others.items() if v == LEFT]
-    missing = {p: v for p, v in others.items() if v != LEFT}
+    left = [p for p, v in others.items() if v is not None and v < 0]
+    missing = {p: v for p, v in others.items() if v is None or v >= 0}
     parts = [_describe_never_joined(missing)] if missing else []
     if len(left) == 1:
         parts.append(f"rank {left[0]} reported a failure of its own and left (see its error)")

@@ -352,16 +352,16 @@ class MpiCollective(Collective):
 
     def report_failure(self) -> None:
         """Tell the other ranks that this one failed on its own and will
-        issue no more operations: the operation each waits in, or its next,
-        raises `RankFailedError` naming this rank within about 0.2 s instead
-        of waiting out `timeout`. Below `MPI_THREAD_MULTIPLE` the notes go
+        issue no more operations: the first operation it did not complete
+        here raises `RankFailedError` naming it on the others, within about
+        0.2 s of parking, instead of waiting out `timeout`. Below `MPI_THREAD_MULTIPLE` the notes go
         out from the MPI thread: call it from the loop's. Breaks this
         collective (an earlier error stays its error); blocks up to 1.5 s;
         raises nothing; harmless in a world of one, called again, or after a
         failure the others took part in."""
         broken = self._driver.broken
         if self._notes.will_announce(broken):  # below MULTIPLE: only the MPI thread calls MPI
-            announce = partial(self._notes.announce_failure, broken)
+            announce = partial(self._notes.announce_failure, broken, self._driver.completed)
             announce() if self._notes.enabled else self._driver.worker.call(announce, 1.5)
         if self._driver.broken is None:
             self._driver.broken = RankFailedError(

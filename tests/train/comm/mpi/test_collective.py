@@ -133,6 +133,30 @@ def test_a_report_without_thread_multiple_goes_out_from_the_mpi_thread(n: int) -
     _reported_harmlessly(output)
 
 
+@pytest.mark.parametrize("level", ["multiple", "serialized"])
+def test_a_report_spares_the_operations_its_rank_completed(level: str, tmp_path) -> None:
+    """Rank 0 reports a failure right after its part of a broadcast (as
+    root) is done, while rank 3 still waits for the data through rank 2
+    (1 s late; see mpi_scripts/left_after_broadcast.py). Every receiver
+    completes the broadcast with the root's data, and its next operation
+    fails at once naming rank 0. Before, rank 3's broadcast failed on the
+    note while ranks 1 and 2 completed it (and its buffer was written after
+    the error)."""
+    result, _ = run_script(4, "left_after_broadcast.py", tmp_path, level, timeout=90)
+    reports = {}
+    for r in (1, 2, 3):
+        path = tmp_path / f"rank{r}.json"
+        assert path.exists(), result.stdout + result.stderr
+        reports[r] = json.loads(path.read_text())
+    for r, report in reports.items():
+        assert report["broadcast"] == "ok", (r, report)
+        assert report["next"] == (
+            f"RankFailedError: MPI barrier #3 on rank {r} of 4 could not complete: "
+            "rank 0 reported a failure of its own and left (see its error)"
+        ), (r, report)
+        assert report["next_s"] < 5.0, (r, report)  # at once, not the 20 s timeout
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_rank_killed_by_sigkill_ends_the_job_in_bounded_time(n: int) -> None:
     """Rank 1 SIGKILLs itself at operation 5 (no cleanup, as the OOM killer).

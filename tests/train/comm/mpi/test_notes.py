@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr.train.comm.mpi._notes import LEFT, FailureNotes, PeersLeft, describe_missing
+from atomr.train.comm.mpi._notes import (
+    LEFT,
+    FailureNotes,
+    PeersLeft,
+    describe_missing,
+    left_note,
+)
 from atomr.train.comm.mpi.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -111,22 +117,42 @@ def test_without_thread_multiple_a_parked_wait_sees_a_left_note() -> None:
     request = _Request(False)
     comm.inbox[2] = [LEFT]
     with pytest.raises(PeersLeft):
-        notes.wait_watching(request, None)
-    assert notes.left() == [2] and request.tests == 1
+        notes.wait_watching(request, None, 1)
+    assert notes.left(1) == [2] and request.tests == 1
 
     quiet = _notes(_Comm(3), enabled=False)
     slow = _Request(False, after=4)
-    quiet.wait_watching(slow, None)
-    assert slow.tests == 4 and quiet.left() == []
+    quiet.wait_watching(slow, None, 1)
+    assert slow.tests == 4 and quiet.left(1) == []
     with pytest.raises(TimeoutError):
-        quiet.wait_watching(_Request(False), time.monotonic())
+        quiet.wait_watching(_Request(False), time.monotonic(), 1)
+
+
+def test_a_note_spares_the_operations_its_sender_completed() -> None:
+    """A rank that leaves says up to which operation it completed its part:
+    those need nothing more from it; the next one cannot complete."""
+    comm = _Comm(3)
+    _notes(comm).announce_failure(completed=5)
+    assert comm.sent == [(1, left_note(5)), (2, left_note(5))] == [(1, -6), (2, -6)]
+    assert left_note(0) == LEFT
+    comm_in = _Comm(3)
+    watcher = _notes(comm_in, enabled=False)
+    comm_in.inbox[1] = [left_note(5)]
+    slow = _Request(False, after=3)
+    watcher.wait_watching(slow, None, 5)  # completed by rank 1: waits it out
+    assert slow.tests == 3 and watcher.left(5) == [] and watcher.left(6) == [1]
+    with pytest.raises(PeersLeft):
+        watcher.wait_watching(_Request(False), None, 6)
+    assert describe_missing({1: left_note(5)}) == (
+        "rank 1 reported a failure of its own and left (see its error)"
+    )
 
 
 def test_the_wait_watches_notes_only_below_thread_multiple() -> None:
     request = _Request(False)
-    assert _notes(_Comm(3)).waiter(request, None) == request.Wait
-    assert _notes(_Comm(1), enabled=False).waiter(request, None) == request.Wait
-    assert _notes(_Comm(3), enabled=False).waiter(request, None) != request.Wait
+    assert _notes(_Comm(3)).waiter(request, None, 1) == request.Wait
+    assert _notes(_Comm(1), enabled=False).waiter(request, None, 1) == request.Wait
+    assert _notes(_Comm(3), enabled=False).waiter(request, None, 1) != request.Wait
 
 
 def test_the_notes_go_out_once_to_every_peer() -> None:

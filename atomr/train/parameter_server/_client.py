@@ -11,13 +11,17 @@ then, in the asynchronous models, the first shard decides staleness and the
 others apply what it accepted, counting the staleness it decided (a
 follower's range may have seen up to workers - 1 other pushes interleaved
 differently; the order of concurrent pushes is not global, as in ps-lite).
-A follower that fails on its range (its device, its optimizer) has changed
+Every shard holds the push it applied (`PushGradient.hold`, `_hold.py`):
+nothing else lands on it until this client, with every shard's answer,
+confirms it (`ConfirmPush`, told to every shard) or rolls it back. A
+follower that fails on its range (its device, its optimizer) has changed
 nothing, but the shards before it applied theirs: the push is then rolled
 back on every shard (`RollbackRound` naming the worker, `_round.roll_back`,
 as the trainer rolls a synchronous round back) and `push` raises
-`RoundFailedError`. A shard keeps only its last update undoable: one that
-took another push since refuses to serve from then on (the model is mixed)
-until a checkpoint is loaded, and the error's note says so.
+`RoundFailedError`: with several workers too, every shard is as if the
+push had never been sent. A push across several shards is held for twice
+the ask timeout at most, then rolled back by the shard itself (a client
+that died); a push to one shard is neither held nor confirmed.
 In synchronous mode every shard holds the push until its round is complete,
 so all shards apply the same rounds; an abort (`abort`, for a batch without
 a usable gradient) goes to every shard, so every shard drops the same round.
@@ -32,13 +36,14 @@ its round id, and without one it could not be.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from atomr.actor import ActorRef
+from atomr.actor import ActorRef, AskTimeoutError
 from atomr.actor.errors import bounded_repr
 from atomr.train.comm._fanout import ask_all, ask_all_settled, failed_indices, name_failures
 from atomr.train.core.errors import NonFiniteError
@@ -49,6 +54,7 @@ from atomr.train.parameter_server._push_checks import check_round_id
 from atomr.train.parameter_server._round import RoundFailedError, roll_back
 from atomr.train.parameter_server.messages import (
     AbortPush,
+    ConfirmPush,
     PullWeights,
     PushedWeights,
     PushGradient,
@@ -193,7 +199,7 @@ class ShardedClient:
                 asynchronous models: a follower shard failed on its range (its
                 error the `__cause__`) and the push was rolled back on every
                 shard that applied it (the notes say so, or name a shard that
-                could not undo it and now refuses to serve).
+                could not undo it).
             Exception: a server's failure.
         """
         pushed = await self._push(worker, versions, gradient, weight, False, round_id)
@@ -242,20 +248,16 @@ class ShardedClient:
         if len(versions) != len(self.servers):
             raise ValueError(f"{len(versions)} versions for {len(self.servers)} servers")
         grad = cast_finite(grad, self.dtype, "gradients", NonFiniteError)  # as a server would
-        msgs = [
-            PushGradient(
-                worker,
-                int(v),
-                grad[lo:hi],
-                weight,
-                return_weights=return_weights,
-                round_id=round_id,
-            )
-            for v, (lo, hi) in zip(versions, self.ranges, strict=True)
-        ]
-        if self.synchronous or round_id is None or len(msgs) == 1:  # None: one shard
+        if self.synchronous or round_id is None or len(self.servers) == 1:  # None: one shard
+            msgs = self._messages(worker, versions, grad, weight, return_weights, round_id, None)
             return list(await ask_all(self.servers, msgs, self.timeout))
-        first = await self.servers[0].ask(msgs[0], timeout=self.timeout)
+        hold = None if weight <= 0.0 else (math.inf if self.timeout is None else 2.0 * self.timeout)
+        msgs = self._messages(worker, versions, grad, weight, return_weights, round_id, hold)
+        try:
+            first = await self.servers[0].ask(msgs[0], timeout=self.timeout)
+        except AskTimeoutError:  # it may apply it yet: undone then, not held until its deadline
+            self.servers[0].tell(RollbackRound((round_id,), worker))
+            raise
         version = first.version if return_weights else int(first)
         staleness = version - 1 - msgs[0].worker_version if weight > 0.0 else 0
         rest = [replace(m, arbitrated_staleness=staleness) for m in msgs[1:]]
@@ -264,7 +266,33 @@ class ShardedClient:
         replies = await ask_all_settled(self.servers[1:], rest, self.timeout)
         if failed_indices(replies):
             await self._undo(worker, round_id, [first, *replies])
+        for server in self.servers:  # kept by every shard: their holds end
+            server.tell(ConfirmPush(worker, round_id))
         return [first, *replies]
+
+    def _messages(
+        self,
+        worker: int,
+        versions: Sequence[int],
+        grad: np.ndarray,
+        weight: float,
+        return_weights: bool,
+        round_id: int | None,
+        hold: float | None,
+    ) -> list[PushGradient]:
+        """One `PushGradient` per server, of its range of `grad`."""
+        return [
+            PushGradient(
+                worker,
+                int(v),
+                grad[lo:hi],
+                weight,
+                return_weights=return_weights,
+                round_id=round_id,
+                hold=hold,
+            )
+            for v, (lo, hi) in zip(versions, self.ranges, strict=True)
+        ]
 
     async def _undo(self, worker: int, round_id: int, replies: list[Any]) -> None:
         """Shard 0 applied the asynchronous push but a follower failed on its

@@ -22,6 +22,7 @@ import numpy as np
 
 from atomr._arguments import int_at_least, real_number
 from atomr._repr import bounded_repr
+from atomr.actor.timers import check_delay
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.core.validation import cast_finite
 from atomr.train.parameter_server.messages import PushGradient
@@ -101,14 +102,19 @@ def check_push(
 
     Raises:
         TypeError: the gradient is not a float numpy array, or the weight
-            not a real number.
+            or the hold not a real number.
         ValueError: a bad worker, version, round id, gradient length (never
-            truncated or padded) or weight.
+            truncated or padded) or weight; a hold not > 0, or without a
+            round id (its client confirms it by it).
         NonFiniteError: the gradient holds NaN or Inf, or values too large
             for `dtype` (`cast_finite`).
     """
     worker = check_worker(msg.worker, workers)
-    check_round_id(msg.round_id)
+    round_id = check_round_id(msg.round_id)
+    if msg.hold is not None:
+        check_delay("hold", msg.hold, allow_zero=False)
+        if round_id is None:
+            raise ValueError("a held push needs a round_id: its client confirms it by it")
     staleness = check_staleness(msg.worker_version, version)
     grad = msg.gradient
     if not isinstance(grad, np.ndarray) or grad.dtype.kind != "f":

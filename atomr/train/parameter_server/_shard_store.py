@@ -17,7 +17,7 @@ A shard whose state is known to be wrong refuses every push, abort and pull
 failed load's restore does: `ServerState.refusing`): one restarted by its supervisor (it
 lost its weights and optimizer state: `WorkerStateLost`), or one that holds
 an asynchronous push that failed on another shard and can no longer be
-undone here (`RoundFailedError`).
+undone here, or lacks one the others kept (`RoundFailedError`, `_hold.py`).
 
 A whole state comes from `SetServerState` or `LoadCheckpoint`, and
 `SaveCheckpoint` writes it (`_set_state`, `_load`, `_save`).
@@ -100,6 +100,8 @@ class ShardStore(DeviceActor):
     _in_effect: dict[int, int]
     # makes the error every push, abort and pull is refused with (None: served)
     _refusing: Callable[[], Exception] | None
+    # per worker, the round of its push rolled back when its hold expired (`_hold.py`)
+    _expired: dict[int, int]
 
     def _build(self) -> None:
         """On the device thread: weights and optimizer state on the device."""
@@ -301,6 +303,7 @@ class ShardStore(DeviceActor):
         self._buffers.commit()  # the last update can no longer be undone
         self._staged = None
         self._in_effect.clear()
+        self._expired.clear()
         self._refusing = state.refusing
         self.backend.upload(w, self.weights)
         self.optimizer = fresh

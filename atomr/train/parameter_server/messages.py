@@ -23,6 +23,7 @@ from atomr.train.core.stats import StepStats
 __all__ = [
     "AbortPush",
     "BatchResult",
+    "ConfirmPush",
     "EpochReport",
     "GetServerState",
     "GetServerStats",
@@ -42,7 +43,7 @@ __all__ = [
 
 class StaleGradientError(ValueError):
     """A pushed gradient was computed from weights too old to apply; nothing
-    was changed. Pull fresh weights and compute it again.
+    changed: pull fresh weights and compute it again.
 
     Attributes:
         staleness: server version minus the worker's version.
@@ -75,18 +76,20 @@ class PushGradient:
             which is exact for uneven batches. 0 marks an empty batch: a clock
             tick that applies nothing.
         arbitrated_staleness: set only on the follower shards of a sharded
-            push: the staleness the first shard accepted. A follower then
-            applies the push without its own staleness check (so that every
-            shard applies the same pushes) and counts this staleness.
+            push: the staleness the first shard accepted, which a follower
+            counts instead of checking its own (every shard applies it).
         return_weights: answer with `PushedWeights` (the version and the
-            weights this push left, copied on the server's device thread in
-            the same job as the update) instead of the version alone: the
-            worker's next pull, saved.
+            weights this push left, copied in the update's device job)
+            instead of the version alone: the worker's next pull, saved.
         round_id: the trainer's round of the part (`TrainBatch.round_id`), or
             None. A shard takes one push (or abort) per worker and round: a
             push of a round it took already for this worker (the part sent
             again after its push landed) is answered as that push was, with
             the shard's version (and weights), and applies nothing.
+        hold: None, or (a push across several shards, asynchronous models,
+            with a `round_id`) seconds > 0 (inf: none) that the shard keeps
+            it undoable, every other message waiting, until its client's
+            `ConfirmPush` or `RollbackRound`; then it rolls it back itself.
     """
 
     worker: int
@@ -96,6 +99,23 @@ class PushGradient:
     arbitrated_staleness: int | None = None
     return_weights: bool = False
     round_id: int | None = None
+    hold: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmPush:
+    """Told by the client of a push across several shards once every shard
+    applied it: the shard's hold of it (`PushGradient.hold`) ends. A confirm
+    of a push this shard rolled back when its hold expired (the others kept
+    it) makes it refuse to serve (`RoundFailedError`) until given a state.
+
+    Attributes:
+        worker: the pushing worker's id.
+        round_id: the push's `round_id`.
+    """
+
+    worker: int
+    round_id: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,8 +124,8 @@ class PushedWeights:
 
     Attributes:
         version: the server's version after the push (as a plain push answers).
-        weights: the server's weights at that version (read-only: in
-            synchronous mode every worker of the round shares one copy).
+        weights: the server's weights at that version (read-only: shared
+            by every worker of a synchronous round).
     """
 
     version: int
@@ -114,18 +134,16 @@ class PushedWeights:
 
 @dataclass(frozen=True, slots=True)
 class AbortPush:
-    """Sent instead of a `PushGradient` by a worker that has no gradient for its
-    batch (its loss or gradient was not finite).
+    """Sent instead of a `PushGradient` by a worker without a (finite) gradient.
 
     - synchronous: it takes the worker's place in the current round; the
       round applies nothing and every push of it (this one included) is
-      answered with `Failure(NonFiniteError)` naming the worker and `reason`.
-      The version and weights stay as they were and the next round starts
-      empty. A stale abort (`worker_version` older than the server's) is
-      answered with `Failure(StaleGradientError)` and changes nothing.
+      answered with `Failure(NonFiniteError)` naming the worker and `reason`;
+      the next round starts empty. A stale abort (`worker_version` older
+      than the server's) gets `Failure(StaleGradientError)`, changing nothing.
     - asynchronous / bounded: nothing is applied, but the batch counts as
-      done for the worker's clock (so bounded staleness does not hold the
-      other workers back waiting for it); answered with the version.
+      done for the worker's clock (bounded staleness does not hold the
+      others back for it); answered with the version.
 
     Attributes:
         worker: the worker's id.
@@ -147,10 +165,8 @@ class RollbackRound:
     """Undo an update that a server shard applied but that failed elsewhere;
     answered with True when the shard's last update holds it and is undone
     (weights, optimizer state, version and counters as before it), else
-    False (nothing of it to undo here: it failed here, or never completed).
-
-    A shard keeps its last update undoable until its next one
-    (`atomr.train._recovery.DoubleBuffer`), so that an update is kept by
+    False (nothing of it to undo here). A shard keeps its last update
+    undoable until its next one (`DoubleBuffer`): an update is kept by
     every shard or by none:
 
     - synchronous (`worker` None): a round holding a push of one of
@@ -158,12 +174,11 @@ class RollbackRound:
       trainer rolls a failed round back on every shard. Its pushes are no
       longer taken.
     - asynchronous (`worker` set): that worker's push of one of
-      `round_ids`, whose range failed on a follower shard; the worker's
-      client rolls it back on every shard. The push stays taken (it counts
-      as an aborted batch). If the shard applied the push but another push
-      came after it, it cannot be undone: the shard answers
-      `Failure(RoundFailedError)` and refuses every push, abort and pull so
-      until it is given a state (`SetServerState`, `LoadCheckpoint`).
+      `round_ids`, failed on another shard, which its client rolls back on
+      every shard holding it (`PushGradient.hold`); it stays taken (an
+      aborted batch). One with another update after it (not held) cannot
+      be undone: `Failure(RoundFailedError)`, and the shard refuses to
+      serve until it is given a state (`SetServerState`, `LoadCheckpoint`).
 
     Attributes:
         round_ids: the trainer's rounds of the failed request.
@@ -206,8 +221,8 @@ class ParameterServerStats:
         max_staleness_seen: the largest staleness applied.
         gradients_rejected: pushes refused as stale.
         max_clock_gap: the largest lead (in pushes) over the slowest worker
-            with which weights were given (a pull, or a push answered with
-            `PushedWeights`; bounded staleness keeps it <= s).
+            with which weights were given (pulled, or `PushedWeights`;
+            bounded staleness keeps it <= s).
     """
 
     version: int
@@ -222,9 +237,8 @@ class ParameterServerStats:
 @dataclass(frozen=True, slots=True)
 class GetServerState:
     """Ask a server shard for its `ServerState` (the trainer checkpoints from
-    them, and snapshots them before a load). The state of a shard whose state
-    is known to be wrong (it refuses pushes and pulls until it is given a
-    state: restarted, or holding half of a push) says so (`refusing`).
+    them, and snapshots them before a load); that of a shard refusing to
+    serve (restarted, or holding half of a push) says so (`refusing`).
 
     Attributes:
         to_save: the state is for a checkpoint: such a shard answers its
@@ -239,13 +253,12 @@ class ServerState:
     """Weights and optimizer state of one server shard's range.
 
     Attributes:
-        weights: host copy of the range's weights.
+        weights: a host copy of the range's weights.
         optimizer: the optimizer's `state_dict()` for the range.
         version: the server's version.
-        refusing: None, or (in the state of a shard that refused to serve:
-            its state known to be wrong, see `GetServerState`) what makes the
-            error it refused with; a shard given this state back
-            (`SetServerState`, a failed load's restore) keeps refusing so.
+        refusing: None, or (a shard refusing to serve: `GetServerState`)
+            what makes the error it refused with; given this state back
+            (`SetServerState`, a failed load's restore) it keeps refusing.
     """
 
     weights: np.ndarray
@@ -271,8 +284,8 @@ class SetServerState:
 @dataclass(frozen=True, eq=False)
 class TrainBatch:
     """Ask a worker to pull weights, compute the gradient of this batch on its
-    device and push it; answered with `BatchResult` once the push is accepted.
-    A batch of zero rows pushes an empty clock tick.
+    device and push it; answered with `BatchResult` once the push is
+    accepted (zero rows: an empty clock tick).
 
     Attributes:
         features: float array `(batch, in_width)` (or token ids).
@@ -319,8 +332,7 @@ class BatchResult:
 
 @dataclass(frozen=True, slots=True)
 class GetServerStats:
-    """Ask the trainer for every server shard's `ParameterServerStats`;
-    answered with a list, in range order."""
+    """Ask the trainer for every shard's `ParameterServerStats` (a list)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -330,11 +342,10 @@ class TrainEpochs:
     consistency model holds them back); answered with `list[EpochReport]`.
 
     Each epoch shuffles the data (seeded with `seed` plus the trainer's epoch
-    number, counted over every `TrainEpochs` it answered), cuts it into
-    global batches of `batch_size` and splits each batch among the workers.
-    The whole set is validated first: a set that does not fit changes nothing.
-    A trainer with `TrainerConfig.max_steps` refuses it (`ValueError`): the
-    workers' own pace cannot stop at the limit exactly; `Step` and `fit` do.
+    number, over every `TrainEpochs` it answered), cuts it into global
+    batches of `batch_size` split among the workers. A set that does not fit
+    changes nothing. A trainer with `TrainerConfig.max_steps` refuses it
+    (`ValueError`): the workers' own pace cannot stop there; `Step` does.
 
     Attributes:
         features: float array `(samples, in_width)`.

@@ -15,6 +15,7 @@ from atomr.train.core.messages import (
 )
 from atomr.train.parameter_server.messages import (
     AbortPush,
+    ConfirmPush,
     GetServerState,
     PullWeights,
     PushGradient,
@@ -32,9 +33,10 @@ class ServerShardProtocol:
 
     | message | reply | meaning |
     |---|---|---|
-    | `PushGradient(worker, worker_version, gradient, weight, arbitrated_staleness, return_weights, round_id)` | the new version (`int`), or `PushedWeights` with `return_weights` | apply (asynchronous, bounded) or join the round (synchronous: answered once every worker pushed and the round is applied; a round whose update fails here is answered with `Failure(RoundFailedError)`, caused by the error; a push of a round before the current one, the latest `round_id` pushed, is late: answered with `Failure(RoundFailedError)`, never applied, and a push of a later round answers the earlier rounds' pushes still waiting so); a push staler than the bound is answered with `Failure(StaleGradientError)` and changes nothing, one whose gradient is not finite in the shard's dtype (NaN, Inf, or 1e39 to a float32 shard) with `Failure(NonFiniteError)` before it joins a round (the worker may push again); a push of a `round_id` already taken from this worker is answered as that push was and applies nothing |
+    | `PushGradient(worker, worker_version, gradient, weight, arbitrated_staleness, return_weights, round_id, hold)` | the new version (`int`), or `PushedWeights` with `return_weights` | apply (asynchronous, bounded; with `hold`, a push across several shards, held: every other message waits until `ConfirmPush` or `RollbackRound`, or the hold's deadline, when the shard rolls it back itself) or join the round (synchronous: answered once every worker pushed and the round is applied; a round whose update fails here is answered with `Failure(RoundFailedError)`, caused by the error; a push of a round before the current one, the latest `round_id` pushed, is late: answered with `Failure(RoundFailedError)`, never applied, and a push of a later round answers the earlier rounds' pushes still waiting so); a push staler than the bound is answered with `Failure(StaleGradientError)` and changes nothing, one whose gradient is not finite in the shard's dtype (NaN, Inf, or 1e39 to a float32 shard) with `Failure(NonFiniteError)` before it joins a round (the worker may push again); a push of a `round_id` already taken from this worker is answered as that push was and applies nothing |
     | `AbortPush(worker, worker_version, reason, round_id)` | the version (nothing applied); synchronous: `Failure(RoundDroppedError)` (a `NonFiniteError`) for the whole round | sent instead of a push: synchronous, it takes the worker's place in the round, which applies nothing, and every push of the round is answered with the failure (a late abort, of a round before the current one, is answered with `Failure(RoundFailedError)` and drops nothing); asynchronous / bounded, the worker's clock ticks; an abort of a `round_id` already taken from this worker changes nothing |
-    | `RollbackRound(round_ids, worker=None)` | `bool`: True when undone | undo the last update if it is the synchronous round of one of `round_ids` (weights, optimizer state, version, counters; the trainer's, for a round that failed elsewhere), or with `worker`, that worker's asynchronous push of one of them (its client's, for a push whose range failed on another shard); a push applied here with another update after it cannot be undone: `Failure(RoundFailedError)`, and the shard refuses to serve until it is given a state |
+    | `RollbackRound(round_ids, worker=None)` | `bool`: True when undone | undo the last update if it is the synchronous round of one of `round_ids` (weights, optimizer state, version, counters; the trainer's, for a round that failed elsewhere), or with `worker`, that worker's asynchronous push of one of them (its client's, for a push whose range failed on another shard; its hold ends); a push applied here with another update after it (not held) cannot be undone: `Failure(RoundFailedError)`, and the shard refuses to serve until it is given a state |
+    | `ConfirmPush(worker, round_id)` | None (a tell) | the held push is kept by every shard: its hold ends; a confirm of a push this shard rolled back when its hold expired makes it refuse to serve (`RoundFailedError`) until it is given a state |
     | `PullWeights(worker)` | `(weights, version)` | a host copy; under bounded staleness the reply waits while the worker is too far ahead of the slowest |
     | `Stats()` | `ParameterServerStats` | the shard's counters |
     | `GetWeights()` | `ndarray` | a host copy of the shard's range |
@@ -50,9 +52,11 @@ class ServerShardProtocol:
     is answered with `Failure(exc)` and leaves the weights and version as
     they were; the shard is never restarted for it and goes on serving. It
     takes one push (or abort) per worker and trainer round. Its last update
-    stays undoable until the next one (`RollbackRound`). A shard restarted by
+    stays undoable until the next one (`RollbackRound`), and a held push
+    keeps every other message but `Stats` waiting. A shard restarted by
     its supervisor (its state lost) answers every push, abort and pull with
-    `Failure(WorkerStateLost)`, and one holding a push it could not undo with
+    `Failure(WorkerStateLost)`, and one holding a push it could not undo (or
+    missing one the others kept) with
     `Failure(RoundFailedError)`, until it is given a state (`SetServerState`,
     `LoadCheckpoint`; its own state given back, `ServerState.refusing` set
     from its refusal, as a failed load's restore does, leaves it refusing);
@@ -69,6 +73,7 @@ class ServerShardProtocol:
         PushGradient,
         AbortPush,
         RollbackRound,
+        ConfirmPush,
         PullWeights,
         Stats,
         GetWeights,

@@ -21,12 +21,10 @@ here) under one of three consistency models (`Consistency`):
   A push or abort of a round before the current one (late) is dropped with
   `RoundFailedError`, never applied.
 
-In the asynchronous models an applied push stays undoable too, until the
-next update: a sharded push whose range failed on a follower shard is
-undone by its client's `RollbackRound` naming the worker; a shard that took
-another push since cannot undo it, and refuses every push, abort and pull
-with `RoundFailedError` until it is given a state. A shard restarted by its
-supervisor (its state lost) refuses them so with `WorkerStateLost`.
+In the asynchronous models a push across several shards is held until its
+client confirms it or rolls it back (`PushHolding`, `_hold.py`): all or
+none. A shard restarted by its supervisor (its state lost) refuses every
+push, abort and pull with `WorkerStateLost` until it is given a state.
 
 A push is atomic: its length, finiteness in the shard's dtype and staleness
 are checked first, then the optimizer is applied on the device's worker
@@ -65,6 +63,7 @@ from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.validation import detached
 from atomr.train.parameter_server._accepted import AcceptedRounds
 from atomr.train.parameter_server._clocks import WorkerClocks
+from atomr.train.parameter_server._hold import HoldExpired, PushHolding
 from atomr.train.parameter_server._push_checks import (
     check_push,
     check_round_id,
@@ -74,15 +73,15 @@ from atomr.train.parameter_server._push_checks import (
 from atomr.train.parameter_server._round import (
     PendingPush,
     RoundDroppedError,
-    RoundFailedError,
     SynchronousRound,
     round_failure,
     round_update,
 )
-from atomr.train.parameter_server._shard_store import ShardStore, as_optimizer_kind
+from atomr.train.parameter_server._shard_store import as_optimizer_kind
 from atomr.train.parameter_server.consistency import Consistency, check_staleness_bound
 from atomr.train.parameter_server.messages import (
     AbortPush,
+    ConfirmPush,
     GetServerState,
     ParameterServerStats,
     PullWeights,
@@ -97,10 +96,11 @@ from atomr.train.parameter_server.messages import (
 __all__ = ["ServerShard"]
 
 
-class ServerShard(ShardStore):
+class ServerShard(PushHolding):
     """Holds a flat weight vector (or one range of it) and its optimizer;
-    answers `PushGradient`, `AbortPush`, `PullWeights`, `Stats`, `GetWeights`,
-    `SaveCheckpoint`, `LoadCheckpoint`, `GetServerState`, `SetServerState`.
+    answers `PushGradient`, `AbortPush`, `ConfirmPush`, `RollbackRound`,
+    `PullWeights`, `Stats`, `GetWeights`, `SaveCheckpoint`,
+    `LoadCheckpoint`, `GetServerState`, `SetServerState`.
 
     Its update runs on the device's worker thread in a hook that subclasses
     may override (an instrumented server, a fault-injected one:
@@ -180,6 +180,8 @@ class ServerShard(ShardStore):
         self._staged = None
         self._in_effect = {}
         self._refusing = None
+        self._held = None
+        self._expired = {}
 
     @classmethod
     def props(
@@ -226,6 +228,8 @@ class ServerShard(ShardStore):
     async def receive(self, message: Any) -> Any:
         """Dispatch a server message (see the class docstring)."""
         await self._ready()
+        if self._waits(message):  # a push is held: the rest waits for it
+            return None
         if isinstance(message, (PushGradient, AbortPush, PullWeights)):
             refused = self._refusal()
             if refused is not None:
@@ -236,6 +240,10 @@ class ServerShard(ShardStore):
             return await self._abort(message)
         if isinstance(message, RollbackRound):
             return await self._roll_back(message)
+        if isinstance(message, ConfirmPush):
+            return self._confirm(message)
+        if isinstance(message, HoldExpired):
+            return await self._expire(message)
         if isinstance(message, PullWeights):
             return await self._pull(message)
         if isinstance(message, Stats):
@@ -278,6 +286,8 @@ class ServerShard(ShardStore):
                 return Failure(error)
             # undoable until the next update, should its range fail on another shard
             self._stage([(worker, msg.round_id)], [staleness], undo_takes=False)
+            if msg.hold is not None and msg.round_id is not None:  # checked: has one
+                self._hold(worker, msg.round_id, msg.hold)
         else:
             self._accepted.take([(worker, msg.round_id)])
         await self._batch_done(worker)
@@ -357,19 +367,6 @@ class ServerShard(ShardStore):
                 p.reply.set_result(PushedWeights(self.version, weights))
             else:
                 p.reply.set_result(self.version)
-
-    async def _roll_back(self, msg: RollbackRound) -> Any:
-        """`RollbackRound`: undo the last update if it holds the failed round
-        (or the worker's failed push); see `ShardStore._roll_back_round`."""
-        try:
-            rounds = tuple(check_round_id(r) for r in msg.round_ids)
-            worker = None if msg.worker is None else check_worker(msg.worker, self.n_workers)
-        except (TypeError, ValueError) as exc:
-            return Failure(TypeError(f"RollbackRound needs round ids and a worker id: {exc}"))
-        try:
-            return await self._roll_back_round(rounds, worker)
-        except RoundFailedError as exc:  # held for good: the shard now refuses
-            return Failure(exc)
 
     # -- pulls and clocks (bounded staleness) ---------------------------------
 

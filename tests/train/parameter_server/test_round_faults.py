@@ -20,6 +20,7 @@ The faults go in through `atomr.testkit.inject_faults` and
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import pytest
 
 from atomr import ActorRef, ActorSystem
 from atomr.accel import ContextPoisoned, cpu_devices
-from atomr.testkit import inject_faults
+from atomr.testkit import ManualClock, await_condition, inject_faults
 from atomr.train import (
     Evaluate,
     LoadCheckpoint,
@@ -64,7 +65,10 @@ from tests.reliability.faults import (
     held_out,
 )
 from tests.train.parameter_server.common import (
+    GATE,
     TWO_RANGE_SIZES,
+    GatedShard,
+    KnownWorker,
     NumberedShard,
     server_stats,
     spawn,
@@ -230,27 +234,24 @@ async def test_an_asynchronous_push_that_fails_on_a_follower_shard_changes_no_sh
 
 
 async def _leave_a_push_half_applied(
-    ps: ActorRef, plan: Plan, data: list[tuple[np.ndarray, np.ndarray]], ckpt: Path
+    ps: ActorRef, clock: ManualClock, data: list[tuple[np.ndarray, np.ndarray]], ckpt: Path
 ) -> None:
-    """Two asynchronous workers, two shards (shard 1 a `dying_optimizer`):
-    train `FAULT_AT` steps and save `ckpt`, then shard 1 dies in its range of
-    one worker's push after a delay, while the other worker's push lands on
-    shard 0 on top of it, so shard 0 can no longer undo it (it keeps its last
-    update undoable only): the push is half-applied, the step fails with
-    `RoundFailedError` saying so, and shard 0 refuses to serve."""
+    """One asynchronous worker, two `GatedShard`s, a system on `clock`: train
+    `FAULT_AT` steps and save `ckpt`; then the worker's push is applied on
+    shard 0 and held up at shard 1 (the gate) past shard 0's hold of it
+    (twice `worker_timeout`), so shard 0 rolls it back, presuming its client
+    dead; the gate opens, shard 1 applies it and the client confirms it to
+    both, late: shard 1 keeps it, the push is half-applied, and shard 0
+    (told to keep what it undid) refuses to serve."""
     for x, y in data[:FAULT_AT]:
         await ps.ask(Step(x, y), timeout=T)
     await ps.ask(SaveCheckpoint(ckpt), timeout=T)
-    # the stall lets the other worker's push land on shard 0 on top of it
-    # (2 s: ample on a loaded machine; the assertions below say if it did not)
-    plan.arm("mid_optimizer", ContextPoisoned, delay=2.0)
-    with pytest.raises(RoundFailedError) as info:
-        await ps.ask(Step(*data[FAULT_AT]), timeout=T)
-    assert plan.fired == ["mid_optimizer"]
-    assert isinstance(info.value.__cause__, ContextPoisoned)
-    notes = "\n".join(getattr(info.value, "__notes__", []))
-    assert "server shards [0] could not undo" in notes and "load a checkpoint" in notes
-    assert [st.version for st in await server_stats(ps)] == [2 * FAULT_AT + 2, 2 * FAULT_AT + 1]
+    GATE.arm(until=lambda: any(type(m).__name__ == "HoldExpired" for m in GATE.received))
+    step = asyncio.ensure_future(ps.ask(Step(*data[FAULT_AT]), timeout=T))
+    await await_condition(lambda: GATE.held == 0, timeout=T)  # applied on shard 0
+    clock.advance(2 * _HANG)  # shard 0's hold expires: the gate opens
+    await step  # its client confirmed it
+    assert [st.version for st in await server_stats(ps)] == [FAULT_AT, FAULT_AT + 1]
 
 
 async def _assert_refused_until_loaded(ps: ActorRef, path: Path, *requests: Any) -> None:
@@ -260,34 +261,33 @@ async def _assert_refused_until_loaded(ps: ActorRef, path: Path, *requests: Any)
         with pytest.raises(RoundFailedError, match="until a checkpoint is loaded"):
             await ps.ask(request, timeout=T)
     assert not path.exists()  # a save used to write the mixed model
-    assert [st.version for st in await server_stats(ps)] == [2 * FAULT_AT + 2, 2 * FAULT_AT + 1]
+    assert [st.version for st in await server_stats(ps)] == [FAULT_AT, FAULT_AT + 1]
 
 
 async def test_an_asynchronous_push_left_half_applied_is_refused_until_a_checkpoint_is_loaded(
-    actor_system: ActorSystem, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     """A push left half-applied (`_leave_a_push_half_applied`): every later
     `Step` and `Evaluate` is refused (`RoundFailedError`) instead of training
     or evaluating a model mixed from two versions, until a checkpoint is
     loaded; a `SaveCheckpoint` too (it used to save the mixed model)."""
-    plan = Plan()
-    shard = dying_optimizer(NumberedShard, plan, worker=1)
-    ps, _single = await _pair(actor_system, 2, Consistency.asynchronous(), server_class=shard)
-    data, ckpt = batches(), tmp_path / "before.ckpt"
-    await _leave_a_push_half_applied(ps, plan, data, ckpt)
-    mixed = tmp_path / "mixed.ckpt"
-    await _assert_refused_until_loaded(ps, mixed, Step(*data[FAULT_AT + 1]), Evaluate(*held_out()))
-    await ps.ask(LoadCheckpoint(ckpt), timeout=T)
-    for x, y in data[FAULT_AT:]:
-        assert (await ps.ask(Step(x, y), timeout=T)).updates == 2
-    versions = [st.version for st in await server_stats(ps)]
-    assert versions == [2 * len(data)] * 2  # from the checkpoint at 2 * FAULT_AT
-    await ps.ask(Evaluate(*held_out()), timeout=T)
+    clock = ManualClock()
+    async with ActorSystem("late-confirm", scheduler=clock) as system:
+        ps, _single = await _pair(system, 1, Consistency.asynchronous(), server_class=GatedShard)
+        data, ckpt = batches(), tmp_path / "before.ckpt"
+        await _leave_a_push_half_applied(ps, clock, data, ckpt)
+        mixed = tmp_path / "mixed.ckpt"
+        requests = (Step(*data[FAULT_AT + 1]), Evaluate(*held_out()))
+        await _assert_refused_until_loaded(ps, mixed, *requests)
+        await ps.ask(LoadCheckpoint(ckpt), timeout=T)
+        for x, y in data[FAULT_AT:]:
+            assert (await ps.ask(Step(x, y), timeout=T)).updates == 1
+        versions = [st.version for st in await server_stats(ps)]
+        assert versions == [len(data)] * 2  # from the checkpoint at FAULT_AT
+        await ps.ask(Evaluate(*held_out()), timeout=T)
 
 
-async def test_a_load_that_fails_leaves_a_refusing_shard_refusing(
-    actor_system: ActorSystem, tmp_path: Path
-) -> None:
+async def test_a_load_that_fails_leaves_a_refusing_shard_refusing(tmp_path: Path) -> None:
     """Shard 0 refuses to serve (it holds half of a push:
     `_leave_a_push_half_applied`) and a `LoadCheckpoint` fails on shard 1:
     every shard is given back its state from before the load, which used to
@@ -295,21 +295,23 @@ async def test_a_load_that_fails_leaves_a_refusing_shard_refusing(
     mixed model as good. Now the snapshot says shard 0 was refusing and its
     restore keeps it so, until a load succeeds."""
     plan = Plan()
-    dying = dying_optimizer(NumberedShard, plan, worker=1)
-    shard = inject_faults(dying, plan, {"load": SetServerState}, worker=1)
-    ps, _single = await _pair(actor_system, 2, Consistency.asynchronous(), server_class=shard)
-    data, ckpt = batches(), tmp_path / "before.ckpt"
-    await _leave_a_push_half_applied(ps, plan, data, ckpt)
-    plan.arm("load", RuntimeError)
-    with pytest.raises(RuntimeError) as info:
+    shard = inject_faults(GatedShard, plan, {"load": SetServerState}, worker=1)
+    clock = ManualClock()
+    async with ActorSystem("late-confirm", scheduler=clock) as system:
+        ps, _single = await _pair(system, 1, Consistency.asynchronous(), server_class=shard)
+        data, ckpt = batches(), tmp_path / "before.ckpt"
+        await _leave_a_push_half_applied(ps, clock, data, ckpt)
+        plan.arm("load", RuntimeError)
+        with pytest.raises(RuntimeError) as info:
+            await ps.ask(LoadCheckpoint(ckpt), timeout=T)
+        assert plan.fired == ["load"]
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        assert "every server shard was given back its state from before the load" in notes
+        mixed = tmp_path / "mixed.ckpt"
+        await _assert_refused_until_loaded(ps, mixed, Step(*data[FAULT_AT + 1]))
         await ps.ask(LoadCheckpoint(ckpt), timeout=T)
-    assert plan.fired == ["mid_optimizer", "load"]
-    notes = "\n".join(getattr(info.value, "__notes__", []))
-    assert "every server shard was given back its state from before the load" in notes
-    await _assert_refused_until_loaded(ps, tmp_path / "mixed.ckpt", Step(*data[FAULT_AT + 1]))
-    await ps.ask(LoadCheckpoint(ckpt), timeout=T)
-    for x, y in data[FAULT_AT:]:
-        assert (await ps.ask(Step(x, y), timeout=T)).updates == 2
+        for x, y in data[FAULT_AT:]:
+            assert (await ps.ask(Step(x, y), timeout=T)).updates == 1
 
 
 def _assert_same_checkpoint(path: Path, other: Path) -> None:
@@ -395,16 +397,6 @@ async def test_evaluate_refuses_shards_at_different_versions(
     await assert_same_training(ps, single)
 
 
-class _KnownWorker(ParameterServerWorker):
-    """A worker that lists its own ref, so a test may ask it directly."""
-
-    refs: list[ActorRef] = []
-
-    def pre_start(self) -> None:
-        super().pre_start()
-        _KnownWorker.refs.append(self.context.self_ref)
-
-
 @pytest.mark.parametrize(
     "consistency", [Consistency.asynchronous(), Consistency.synchronous()], ids=["async", "sync"]
 )
@@ -416,10 +408,10 @@ async def test_a_batch_without_a_round_id_is_refused_by_a_worker_of_several_shar
     had it failed on a follower shard, the shards before it kept it, as "the
     push carries no round id, so it cannot be undone". A worker of several
     shards now refuses it before it pulls anything, and no shard changes."""
-    _KnownWorker.refs = []
-    ps, _ = await _pair(actor_system, 1, consistency, worker_class=_KnownWorker)
+    KnownWorker.refs = {}
+    ps, _ = await _pair(actor_system, 1, consistency, worker_class=KnownWorker)
     before, stats = await weights(ps), await server_stats(ps)
-    (worker,) = _KnownWorker.refs
+    (worker,) = KnownWorker.refs.values()
     x, y = next(iter(batches()))
     for round_id in (None, -1, True, "3"):
         with pytest.raises(ValueError, match="round_id") as info:
@@ -437,12 +429,12 @@ async def test_a_worker_of_one_shard_takes_a_batch_without_a_round_id(
 ) -> None:
     """With one server shard a push cannot be half-applied: a `TrainBatch`
     without a `round_id` is still trained (and not deduplicated)."""
-    _KnownWorker.refs = []
+    KnownWorker.refs = {}
     model = Mlp(TWO_RANGE_SIZES, activation="tanh", seed=4)
     ps = await spawn(
-        actor_system, model, cpu_devices(1), _CONFIG, workers=1, worker_class=_KnownWorker
+        actor_system, model, cpu_devices(1), _CONFIG, workers=1, worker_class=KnownWorker
     )
-    (worker,) = _KnownWorker.refs
+    (worker,) = KnownWorker.refs.values()
     x, y = next(iter(batches()))
     for _ in range(2):
         await worker.ask(TrainBatch(x, y), timeout=T)

@@ -1,0 +1,155 @@
+"""`PushHolding`: a server shard holds an asynchronous push across several
+shards until its client confirms it or rolls it back.
+
+A push across several shards must be kept by every shard or by none
+(`ShardedClient`). Each shard applies its range and, as the push asks
+(`PushGradient.hold`), holds it: the update stays undoable (`StagedRound`)
+and every other message (another worker's push, a pull, an abort, a state,
+a checkpoint) waits, stashed, until the client, with every shard's answer,
+tells `ConfirmPush` or asks `RollbackRound`. No update lands on top of a
+push that may be undone and no one reads weights that may be undone: the
+pushes of several workers are kept or undone one at a time, in the order
+the first shard took them.
+
+Every hold has a deadline (`PushGradient.hold` seconds; the client gives
+twice its ask timeout): a client that died between the update and its
+confirm is presumed to have given the push up, and the shard rolls it back
+itself (`HoldExpired`, logged). A confirm that comes after that finds this
+shard without the push the others kept: the shard then refuses every push,
+abort and pull with `RoundFailedError` until it is given a state.
+
+While a push is held the shard handles only what ends the hold
+(`ConfirmPush`, `RollbackRound`, `HoldExpired`) and `Stats`. A shard
+restarted while holding lost the push with its state and refuses to serve
+anyway (`WorkerStateLost`); the restart cancels its timer and queues what
+it had stashed again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from atomr.actor import Failure
+from atomr.train.parameter_server._push_checks import check_round_id, check_worker
+from atomr.train.parameter_server._round import RoundFailedError
+from atomr.train.parameter_server._shard_store import ShardStore
+from atomr.train.parameter_server.messages import ConfirmPush, RollbackRound, Stats
+
+__all__ = ["HoldExpired", "PushHolding"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class HoldExpired:
+    """A shard's own timer message: the hold of `worker`'s push of
+    `round_id` reached its deadline without a confirm or a rollback."""
+
+    worker: int
+    round_id: int
+
+
+# what a shard holding a push still handles: what ends the hold, and its counters
+_PASSING = (ConfirmPush, RollbackRound, HoldExpired, Stats)
+
+
+class PushHolding(ShardStore):
+    """A `ShardStore` that holds pushes (module docstring); `ServerShard`
+    sets the attributes below in its constructor."""
+
+    n_workers: int | None
+    # the (worker, round_id) of the push held now, or None
+    _held: tuple[int, int] | None
+
+    def _waits(self, message: Any) -> bool:
+        """While a push is held, put `message` aside (stashed until the hold
+        ends) unless it ends the hold or asks for counters.
+
+        Returns:
+            True when it was put aside.
+        """
+        if self._held is None or isinstance(message, _PASSING):
+            return False
+        self.context.stash()
+        return True
+
+    def _hold(self, worker: int, round_id: int, seconds: float) -> None:
+        """Hold `worker`'s push of `round_id`, just applied, for at most
+        `seconds` (inf: until its client answers)."""
+        self._held = (worker, round_id)
+        if math.isfinite(seconds):
+            self.context.schedule_once(seconds, HoldExpired(worker, round_id), key=HoldExpired)
+
+    def _end_hold(self) -> None:
+        """The held push is kept or undone: handle what waited for it."""
+        self._held = None
+        self.context.cancel_timer(HoldExpired)
+        self.context.unstash_all()
+
+    def _confirm(self, msg: ConfirmPush) -> None:
+        """`ConfirmPush`: keep the held push; a confirm of a push whose hold
+        expired here (rolled back here, kept by the others) makes the shard
+        refuse to serve; any other is stale and ignored."""
+        if self._held == (msg.worker, msg.round_id):
+            self._end_hold()
+        elif msg.round_id is not None and self._expired.get(msg.worker) == msg.round_id:
+            logger.error("server shard: %s", _confirmed_late(msg.worker, msg.round_id)())
+            self._refuse(_confirmed_late(msg.worker, msg.round_id))
+
+    async def _expire(self, msg: HoldExpired) -> None:
+        """`HoldExpired`: no confirm came in time; roll the held push back
+        (its client is presumed dead) and handle what waited.
+
+        Raises:
+            Exception: the device's failure undoing it (the shard is then
+                resumed, still holding it, or restarted by its supervisor).
+        """
+        worker, round_id = msg.worker, msg.round_id
+        if self._held != (worker, round_id):
+            return
+        logger.warning(
+            "server shard: worker %s's push of round %s was neither confirmed nor rolled "
+            "back by its client in time: rolled back here",
+            worker,
+            round_id,
+        )
+        await self._roll_back_round((round_id,), worker)
+        self._expired[worker] = round_id
+        self._end_hold()
+
+    async def _roll_back(self, msg: RollbackRound) -> Any:
+        """`RollbackRound`: undo the last update if it holds the failed round
+        (or the worker's failed push), ending its hold; see
+        `ShardStore._roll_back_round`."""
+        try:
+            rounds = tuple(check_round_id(r) for r in msg.round_ids)
+            worker = None if msg.worker is None else check_worker(msg.worker, self.n_workers)
+        except (TypeError, ValueError) as exc:
+            return Failure(TypeError(f"RollbackRound needs round ids and a worker id: {exc}"))
+        try:
+            undone = await self._roll_back_round(rounds, worker)
+        except RoundFailedError as exc:  # held for good: the shard now refuses
+            return Failure(exc)
+        held = self._held
+        if held is not None and held[0] == worker and held[1] in rounds:
+            self._end_hold()
+        return undone
+
+
+def _confirmed_late(worker: int, round_id: int) -> Callable[[], Exception]:
+    """What a shard refuses with once it was told to keep `worker`'s push of
+    `round_id` after it had rolled it back (its hold expired)."""
+
+    def error() -> Exception:
+        return RoundFailedError(
+            f"this server shard rolled worker {worker}'s push of round {round_id} back when "
+            "its hold expired, but its client then confirmed it (the other shards kept it): "
+            "the shards hold a model mixed from two versions, so it refuses to serve until "
+            "a checkpoint is loaded (LoadCheckpoint, or SetServerState)"
+        )
+
+    return error

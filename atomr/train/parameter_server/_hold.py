@@ -84,18 +84,26 @@ class PushHolding(ShardStore):
         if math.isfinite(seconds):
             self.context.schedule_once(seconds, HoldExpired(worker, round_id), key=HoldExpired)
 
-    def _end_hold(self) -> None:
-        """The held push is kept or undone: handle what waited for it."""
+    async def _end_hold(self) -> None:
+        """The held push is kept or undone: tick its worker's clock (it
+        counts as a batch done either way) and handle what waited for it."""
+        assert self._held is not None
+        worker = self._held[0]
         self._held = None
         self.context.cancel_timer(HoldExpired)
         self.context.unstash_all()
+        await self._batch_done(worker)
 
-    def _confirm(self, msg: ConfirmPush) -> None:
+    async def _batch_done(self, worker: int) -> None:
+        """Tick `worker`'s clock and answer the pulls it frees (`ServerShard`'s)."""
+        raise NotImplementedError
+
+    async def _confirm(self, msg: ConfirmPush) -> None:
         """`ConfirmPush`: keep the held push; a confirm of a push whose hold
         expired here (rolled back here, kept by the others) makes the shard
         refuse to serve; any other is stale and ignored."""
         if self._held == (msg.worker, msg.round_id):
-            self._end_hold()
+            await self._end_hold()
         elif msg.round_id is not None and self._expired.get(msg.worker) == msg.round_id:
             logger.error("server shard: %s", _confirmed_late(msg.worker, msg.round_id)())
             self._refuse(_confirmed_late(msg.worker, msg.round_id))
@@ -105,8 +113,8 @@ class PushHolding(ShardStore):
         (its client is presumed dead) and handle what waited.
 
         Raises:
-            Exception: the device's failure undoing it (the shard is then
-                resumed, still holding it, or restarted by its supervisor).
+            Exception: the device's failure undoing it (the shard then
+                refuses to serve, and its supervisor resumes or restarts it).
         """
         worker, round_id = msg.worker, msg.round_id
         if self._held != (worker, round_id):
@@ -117,9 +125,14 @@ class PushHolding(ShardStore):
             worker,
             round_id,
         )
-        await self._roll_back_round((round_id,), worker)
         self._expired[worker] = round_id
-        self._end_hold()
+        try:
+            await self._roll_back_round((round_id,), worker)
+        except BaseException:
+            self._refuse(_confirmed_late(worker, round_id))  # undone or not: unknown
+            raise
+        finally:
+            await self._end_hold()
 
     async def _roll_back(self, msg: RollbackRound) -> Any:
         """`RollbackRound`: undo the last update if it holds the failed round
@@ -136,7 +149,9 @@ class PushHolding(ShardStore):
             return Failure(exc)
         held = self._held
         if held is not None and held[0] == worker and held[1] in rounds:
-            self._end_hold()
+            await self._end_hold()
+        elif worker is not None and not undone:  # a push of it may come yet: never applied
+            self._accepted.take([(worker, r) for r in rounds])
         return undone
 
 

@@ -68,10 +68,12 @@ class RoundFailedError(RuntimeError):
       (`RollbackRound`): a request answered with it applied nothing (its
       notes say so, or name a shard that could not be rolled back).
     - Asynchronous, several shards: a follower shard failed on its range of
-      a push (the error is the `__cause__`) that other shards had applied;
-      they undid it (`RollbackRound` naming the worker), or one could not
-      (another push landed on it since) and refuses every push, pull and
-      abort with this error until it is given a state (the notes say which).
+      a push (the error is the `__cause__`) that other shards had applied
+      and held; they undid it (`RollbackRound` naming the worker; the notes
+      say so, or name a shard that could not be asked). A shard that holds
+      half of a push (it undid one the others kept, or could not undo one)
+      refuses every push, pull and abort with this error until it is given
+      a state.
     - A push or abort of a round that is over (late), or of a round ended by
       a later one, dropped without being applied.
 

@@ -241,7 +241,7 @@ class ServerShard(PushHolding):
         if isinstance(message, RollbackRound):
             return await self._roll_back(message)
         if isinstance(message, ConfirmPush):
-            return self._confirm(message)
+            return await self._confirm(message)
         if isinstance(message, HoldExpired):
             return await self._expire(message)
         if isinstance(message, PullWeights):
@@ -287,10 +287,11 @@ class ServerShard(PushHolding):
             # undoable until the next update, should its range fail on another shard
             self._stage([(worker, msg.round_id)], [staleness], undo_takes=False)
             if msg.hold is not None and msg.round_id is not None:  # checked: has one
-                self._hold(worker, msg.round_id, msg.hold)
+                self._hold(worker, msg.round_id, msg.hold)  # its clock ticks at the end
         else:
             self._accepted.take([(worker, msg.round_id)])
-        await self._batch_done(worker)
+        if self._held is None:
+            await self._batch_done(worker)
         return await self._answer_push(worker, msg.return_weights, weights)
 
     async def _answer_push(

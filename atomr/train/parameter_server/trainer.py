@@ -107,9 +107,7 @@ class AsyncParameterServer(Actor):
     shard is rolled back on the others: `RoundFailedError`); in the
     asynchronous models every part is applied on arrival, on every shard or
     on none (a part whose range failed on one shard is rolled back on the
-    others: `RoundFailedError`; where a shard took another push since and
-    cannot undo it, every `Step` and `Evaluate` is refused with
-    `RoundFailedError` until a checkpoint is loaded).
+    others, which held it: `RoundFailedError`; the other parts are kept).
 
     Args:
         layout: the checked deployment (`Layout.plan`; use `props` or `spawn`).

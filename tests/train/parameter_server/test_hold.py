@@ -40,6 +40,7 @@ from atomr.train.parameter_server.messages import (
     GetServerState,
     PullWeights,
     PushGradient,
+    RollbackRound,
     ServerState,
     SetServerState,
     Stats,
@@ -237,3 +238,44 @@ async def test_a_bad_hold_is_refused_changing_nothing(
         await shard.ask(_push(round_id, hold), timeout=T)
     assert (await shard.ask(Stats(), timeout=T)).version == 0
     await shard.ask(PullWeights(0), timeout=T)  # nothing held
+
+
+async def test_a_pull_freed_by_a_held_push_waits_until_it_is_undone(
+    actor_system: ActorSystem,
+) -> None:
+    """Bounded staleness (s = 1), two workers: worker 0, two pushes ahead,
+    pulls and waits for worker 1's clock. Worker 1's held push used to free it at once, with
+    weights holding that push, which its client then rolled back; now the
+    clock ticks when the hold ends, and the pull gets the weights without it."""
+    props = ServerShard.props(
+        np.ones(4, np.float32), 0.5, workers=2, consistency=Consistency.bounded(1)
+    )
+    shard = actor_system.spawn(props)
+    for r in (0, 1):
+        await shard.ask(PushGradient(0, r, np.ones(4, np.float32), round_id=r), timeout=T)
+    pull = asyncio.ensure_future(shard.ask(PullWeights(0), timeout=T))
+    await shard.ask(Stats(), timeout=T)  # the pull waits for worker 1's clock
+    assert not pull.done()
+    held = PushGradient(1, 0, np.ones(4, np.float32), round_id=0, hold=T)
+    assert await shard.ask(held, timeout=T) == 3
+    await shard.ask(Stats(), timeout=T)
+    assert not pull.done()
+    assert await shard.ask(RollbackRound((0,), 1), timeout=T) is True
+    w, version = await pull
+    assert version == 2
+    np.testing.assert_array_equal(w, np.zeros(4, np.float32))
+
+
+async def test_a_push_rolled_back_before_it_came_is_never_applied(
+    actor_system: ActorSystem,
+) -> None:
+    """A client gave its push up (an ask timed out) and rolled it back on a
+    shard it had not reached yet (queued behind another worker's hold): the
+    push used to be applied when it came, and held until its deadline. Now
+    the rollback takes its round: the push is answered, applying nothing."""
+    shard = _shard(actor_system)
+    assert await shard.ask(RollbackRound((0,), 0), timeout=T) is False
+    assert await shard.ask(_push(), timeout=T) == 0
+    w, version = await shard.ask(PullWeights(0), timeout=T)  # nothing held
+    assert version == 0
+    np.testing.assert_array_equal(w, np.ones(4, np.float32))

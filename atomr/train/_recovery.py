@@ -76,6 +76,11 @@ class DoubleBuffer:
         return self._old is not None
 
     @property
+    def previous(self) -> Any:
+        """The parameters the pending step replaced (None when none is pending)."""
+        return None if self._old is None else self._old[3]
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the second set (the spare, or the old set while pending)."""
         if self._old is not None:

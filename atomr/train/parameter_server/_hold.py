@@ -4,12 +4,13 @@ shards until its client confirms it or rolls it back.
 A push across several shards must be kept by every shard or by none
 (`ShardedClient`). Each shard applies its range and, as the push asks
 (`PushGradient.hold`), holds it: the update stays undoable (`StagedRound`)
-and every other message (another worker's push, a pull, an abort, a state,
-a checkpoint) waits, stashed, until the client, with every shard's answer,
-tells `ConfirmPush` or asks `RollbackRound`. No update lands on top of a
-push that may be undone and no one reads weights that may be undone: the
-pushes of several workers are kept or undone one at a time, in the order
-the first shard took them.
+and every other message (another worker's push, an abort, a state, a
+checkpoint) waits, stashed, until the client, with every shard's answer,
+tells `ConfirmPush` or asks `RollbackRound`; a pull is answered at once
+with the weights before the held push (`DoubleBuffer.previous`, one version
+back). No update lands on top of a push that may be undone and no one
+reads weights that may be undone: the pushes of several workers are kept
+or undone one at a time, in the order the first shard took them.
 
 Every hold has a deadline (`PushGradient.hold` seconds; the client gives
 twice its ask timeout): a client that died between the update and its
@@ -19,7 +20,7 @@ shard without the push the others kept: the shard then refuses every push,
 abort and pull with `RoundFailedError` until it is given a state.
 
 While a push is held the shard handles only what ends the hold
-(`ConfirmPush`, `RollbackRound`, `HoldExpired`) and `Stats`. A shard
+(`ConfirmPush`, `RollbackRound`, `HoldExpired`), pulls and `Stats`. A shard
 restarted while holding lost the push with its state and refuses to serve
 anyway (`WorkerStateLost`); the restart cancels its timer and queues what
 it had stashed again.
@@ -37,7 +38,7 @@ from atomr.actor import Failure
 from atomr.train.parameter_server._push_checks import check_round_id, check_worker
 from atomr.train.parameter_server._round import RoundFailedError
 from atomr.train.parameter_server._shard_store import ShardStore
-from atomr.train.parameter_server.messages import ConfirmPush, RollbackRound, Stats
+from atomr.train.parameter_server.messages import ConfirmPush, PullWeights, RollbackRound, Stats
 
 __all__ = ["HoldExpired", "PushHolding"]
 
@@ -53,8 +54,8 @@ class HoldExpired:
     round_id: int
 
 
-# what a shard holding a push still handles: what ends the hold, and its counters
-_PASSING = (ConfirmPush, RollbackRound, HoldExpired, Stats)
+# what a shard holding a push still handles: what ends the hold, pulls, counters
+_PASSING = (ConfirmPush, RollbackRound, HoldExpired, PullWeights, Stats)
 
 
 class PushHolding(ShardStore):
@@ -67,7 +68,7 @@ class PushHolding(ShardStore):
 
     def _waits(self, message: Any) -> bool:
         """While a push is held, put `message` aside (stashed until the hold
-        ends) unless it ends the hold or asks for counters.
+        ends) unless it ends the hold, pulls or asks for counters.
 
         Returns:
             True when it was put aside.

@@ -42,8 +42,7 @@ models and the other messages.
 
 A shard may hold one range of a larger vector: the trainer
 (`AsyncParameterServer`) spawns K of them and its workers push and pull
-every range, like MXNet's KVStore or ps-lite. With one shard it holds the
-whole vector.
+every range, like MXNet's KVStore or ps-lite.
 """
 
 from __future__ import annotations
@@ -393,6 +392,8 @@ class ServerShard(PushHolding):
 
     async def _answer_pull(self, worker: int) -> tuple[np.ndarray, int]:
         self._note_lead(worker)
-        weights = await self.on_device(self.backend.to_host, self.weights)
+        held = self._held is not None  # it may be undone yet: the weights before it
+        source = self._buffers.previous if held else self.weights
+        weights = await self.on_device(self.backend.to_host, source)
         self.pulled += 1
-        return np.asarray(weights), self.version
+        return np.asarray(weights), self.version - held

@@ -182,24 +182,29 @@ def _push(round_id: int | None = 0, hold: Any = 5.0) -> PushGradient:
     return PushGradient(0, 0, np.ones(4, np.float32), round_id=round_id, hold=hold)
 
 
-async def test_a_held_push_keeps_pulls_waiting_until_it_is_confirmed() -> None:
-    """A held push (`PushGradient.hold`) is answered at once, but a pull
-    waits until the client confirms it (`ConfirmPush`); it then sees it."""
+async def test_a_held_push_keeps_other_pushes_waiting_until_it_is_confirmed() -> None:
+    """A held push (`PushGradient.hold`) is answered at once; until its client
+    confirms it (`ConfirmPush`) another push waits, and a pull gets the
+    weights from before it (never ones that may be undone)."""
     async with ActorSystem("hold-confirm") as system:
         shard = _shard(system)
         assert await shard.ask(_push(), timeout=T) == 1
-        pull = asyncio.ensure_future(shard.ask(PullWeights(0), timeout=T))
+        second = asyncio.ensure_future(shard.ask(_push(1, None), timeout=T))
+        w, version = await shard.ask(PullWeights(0), timeout=T)
+        assert version == 0
+        np.testing.assert_array_equal(w, np.ones(4, np.float32))
         assert (await shard.ask(Stats(), timeout=T)).version == 1  # Stats passes
-        assert not pull.done()
+        assert not second.done()
         shard.tell(ConfirmPush(0, 0))
-        w, version = await pull
-        assert version == 1
-        np.testing.assert_array_equal(w, np.full(4, 0.5, np.float32))
+        assert await second == 2
+        w, version = await shard.ask(PullWeights(0), timeout=T)
+        assert version == 2
+        np.testing.assert_array_equal(w, np.zeros(4, np.float32))
 
 
 async def test_a_hold_past_its_deadline_is_rolled_back_and_a_late_confirm_refused() -> None:
     """No confirm within the hold: the shard rolls the push back itself (its
-    client is presumed dead) and serves the pull that waited, from the old
+    client is presumed dead) and applies the push that waited, to the old
     weights. A confirm that comes after that (the other shards kept the
     push) makes it refuse every push and pull with `RoundFailedError` until
     it is given a state."""
@@ -207,21 +212,22 @@ async def test_a_hold_past_its_deadline_is_rolled_back_and_a_late_confirm_refuse
     async with ActorSystem("hold-deadline", scheduler=clock) as system:
         shard = _shard(system)
         await shard.ask(_push(), timeout=T)
-        pull = asyncio.ensure_future(shard.ask(PullWeights(0), timeout=T))
-        await shard.ask(Stats(), timeout=T)  # the pull is stashed
+        second = asyncio.ensure_future(shard.ask(_push(1, None), timeout=T))
+        await shard.ask(Stats(), timeout=T)  # the second push is stashed
         clock.advance(5.0)
-        w, version = await pull
-        assert version == 0
-        np.testing.assert_array_equal(w, np.ones(4, np.float32))
+        assert await second == 1
+        w, version = await shard.ask(PullWeights(0), timeout=T)
+        assert version == 1
+        np.testing.assert_array_equal(w, np.full(4, 0.5, np.float32))
         shard.tell(ConfirmPush(0, 0))
-        for request in (_push(1, None), PullWeights(0)):
+        for request in (_push(2, None), PullWeights(0)):
             with pytest.raises(RoundFailedError, match="until a checkpoint is loaded"):
                 await shard.ask(request, timeout=T)
         state = await shard.ask(GetServerState(), timeout=T)
         assert state.refusing is not None  # it says so
         fresh = ServerState(np.zeros(4, np.float32), state.optimizer, state.version)
         await shard.ask(SetServerState(fresh), timeout=T)
-        assert await shard.ask(_push(1, None), timeout=T) == 1
+        assert await shard.ask(_push(2, None), timeout=T) == 2
 
 
 @pytest.mark.parametrize(

@@ -152,7 +152,10 @@ class PushHolding(ShardStore):
         if held is not None and held[0] == worker and held[1] in rounds:
             await self._end_hold()
         elif worker is not None and not undone:  # a push of it may come yet: never applied
-            self._accepted.take([(worker, r) for r in rounds])
+            fresh = [(worker, r) for r in rounds if not self._accepted.taken(worker, r)]
+            if fresh:  # an aborted batch, for the clocks (its AbortPush is then taken)
+                self._accepted.take(fresh)
+                await self._batch_done(worker)
         return undone
 
 

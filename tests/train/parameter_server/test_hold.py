@@ -36,6 +36,7 @@ from atomr.train import (
 from atomr.train.core.partition import split_bounds
 from atomr.train.parameter_server import Consistency, RoundFailedError, ServerShard
 from atomr.train.parameter_server.messages import (
+    AbortPush,
     ConfirmPush,
     GetServerState,
     PullWeights,
@@ -285,3 +286,25 @@ async def test_a_push_rolled_back_before_it_came_is_never_applied(
     w, version = await shard.ask(PullWeights(0), timeout=T)  # nothing held
     assert version == 0
     np.testing.assert_array_equal(w, np.ones(4, np.float32))
+
+
+async def test_a_push_rolled_back_where_it_failed_counts_once_for_its_workers_clock(
+    actor_system: ActorSystem,
+) -> None:
+    """Bounded staleness (s = 1): worker 1's push failed on this shard
+    (nothing applied) and its client rolled it back, then aborted the batch
+    (`AbortPush`), as a worker does. The rollback takes the push's round, so
+    the abort is a copy: it must not be the only tick of worker 1's clock,
+    or worker 0's pull, waiting for it, would wait for good. It is answered."""
+    props = ServerShard.props(
+        np.ones(4, np.float32), 0.5, workers=2, consistency=Consistency.bounded(1)
+    )
+    shard = actor_system.spawn(props)
+    for r in (0, 1):
+        await shard.ask(PushGradient(0, r, np.ones(4, np.float32), round_id=r), timeout=T)
+    pull = asyncio.ensure_future(shard.ask(PullWeights(0), timeout=T))
+    await shard.ask(Stats(), timeout=T)
+    assert not pull.done()  # two pushes ahead of worker 1
+    assert await shard.ask(RollbackRound((0,), 1), timeout=T) is False
+    assert await shard.ask(AbortPush(1, 2, "rolled back", 0), timeout=T) == 2
+    assert (await pull)[1] == 2

@@ -212,7 +212,7 @@ async def fit(
             `NonFiniteError`, an `AskTimeoutError`, ...).
     """
     int_at_least("epochs", epochs)
-    int_at_least("seed", seed, 0)
+    int_at_least("seed", seed, 0, high=None)
     int_at_least("batch_size", batch_size)
     int_at_least("min_batch_size", min_batch_size)
     _check_hooks(callbacks, stop, agree_to_stop, evaluate)

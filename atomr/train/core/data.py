@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from atomr._arguments import int_at_least, real_number
+from atomr._arguments import array_bytes, building, int_at_least, real_number
 
 __all__ = ["epoch_order", "load_digits_split", "synthetic_classification"]
 
@@ -32,7 +32,7 @@ def load_digits_split(
         ValueError: `seed` is negative, or `test_fraction` not in (0, 1).
         ImportError: scikit-learn is not installed (`pip install atomr[train]`).
     """
-    seed = int_at_least("seed", seed, 0)
+    seed = int_at_least("seed", seed, 0, high=None)
     if not 0.0 < real_number("test_fraction", test_fraction) < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     from sklearn.datasets import load_digits
@@ -72,15 +72,21 @@ def synthetic_classification(
 
     Raises:
         TypeError: a size or the seed is not an int (a bool is none).
-        ValueError: a size is out of range, or the seed negative.
+        ValueError: a size is out of range (more samples or classes than
+            an array holds included: `array_bytes`), or the seed negative.
+        MemoryError: too many to hold in this machine's memory.
     """
     n, features = int_at_least("n", n), int_at_least("features", features)
-    classes, seed = int_at_least("classes", classes, 2), int_at_least("seed", seed, 0)
+    classes, seed = int_at_least("classes", classes, 2), int_at_least("seed", seed, 0, high=None)
+    what = f"a synthetic set of {n} samples of {features} features"
+    nbytes = array_bytes(what, n * features, 8)  # drawn in float64
+    array_bytes(f"{classes} class centres of {features} features", classes * features, 8)
     rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((classes, features))
-    y = rng.integers(0, classes, size=n, dtype=np.int64)
-    x = centres[y] + 0.5 * rng.standard_normal((n, features))
-    return x.astype(np.float32), y
+    with building(what, nbytes):
+        centres = rng.standard_normal((classes, features))
+        y = rng.integers(0, classes, size=n, dtype=np.int64)
+        x = centres[y] + 0.5 * rng.standard_normal((n, features))
+        return x.astype(np.float32), y
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -91,9 +97,11 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
     Raises:
         TypeError: an argument that is not an int (a bool is none).
-        ValueError: a negative one.
+        ValueError: a negative one, or an `n` no array holds (`array_bytes`).
+        MemoryError: an order too long for this machine's memory.
     """
-    n, seed, epoch = (
-        int_at_least(k, v, 0) for k, v in (("n", n), ("seed", seed), ("epoch", epoch))
-    )
-    return np.random.default_rng([seed, epoch]).permutation(n)
+    n, epoch = int_at_least("n", n, 0), int_at_least("epoch", epoch, 0)
+    seed = int_at_least("seed", seed, 0, high=None)
+    what = f"the order of {n} samples"
+    with building(what, array_bytes(what, n, 8)):  # int64 indices
+        return np.random.default_rng([seed, epoch]).permutation(n)

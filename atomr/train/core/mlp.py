@@ -109,8 +109,10 @@ class Mlp(Sequential):
         TypeError: `seed` is not an int (a bool is none).
         ValueError: `sizes` not a list of at least two positive ints (a bool
             or a float is not; the message names the entry), an unknown
-            activation or dtype, an `activate_last` that is not a bool, or a
-            negative `seed`; checked before any parameter is drawn.
+            activation or dtype, an `activate_last` that is not a bool, a
+            negative `seed`, or more parameters than an array holds
+            (`_arguments.array_bytes`); checked before any parameter is drawn.
+        MemoryError: too many for memory (the message names the model's bytes).
     """
 
     seed: int | None
@@ -125,9 +127,9 @@ class Mlp(Sequential):
         device: Any = None,
         activate_last: bool = False,
     ) -> None:
-        seed = int_at_least("seed", seed, 0)
+        seed = int_at_least("seed", seed, 0, high=None)
         self._setup_mlp(sizes, activation, dtype, device, activate_last)
-        self._allocate(self._initial(np.random.default_rng(seed)))
+        self._allocate(np.random.default_rng(seed))
         self.seed = seed
 
     # -- construction -------------------------------------------------------

@@ -338,7 +338,7 @@ def as_source(
             come (an iterable or a callable), which it does not apply to.
     """
     batch_size, min_batch_size = _batch_sizes(batch_size, min_batch_size)
-    seed = int_at_least("seed", seed, 0)
+    seed = int_at_least("seed", seed, 0, high=None)
     drop_last = bool_flag("drop_last", drop_last)
     if isinstance(data, np.ndarray):
         raise TypeError(f"{name} must be a (features, labels) pair of arrays, got one ndarray")

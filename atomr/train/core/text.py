@@ -233,7 +233,7 @@ def generate(
     """
     _check_model(model, vocab)
     count, divisor = _check_sampling(prompt, length, temperature)
-    seed = int_at_least("seed", seed, 0)
+    seed = int_at_least("seed", seed, 0, high=None)
     try:
         ids = vocab.encode(prompt).tolist()
     except ValueError as exc:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atomr._arguments import int_at_least
+from atomr._repr import bounded_repr
+
 __all__ = ["Consistency", "check_staleness_bound"]
 
 
@@ -16,10 +19,13 @@ def check_staleness_bound(value: object, name: str) -> None:
         name: what it is called in the error message.
 
     Raises:
-        ValueError: anything else (a bool included).
+        ValueError: anything else (a bool included), or one beyond
+            `_arguments.INDEX_MAX` (the message names the limit).
     """
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"{name} must be None or an int >= 0, got {value!r}")
+        raise ValueError(f"{name} must be None or an int >= 0, got {bounded_repr(value)}")
+    if value is not None:
+        int_at_least(name, value, 0)  # the limit of every count
 
 
 @dataclass(frozen=True, slots=True)

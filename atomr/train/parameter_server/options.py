@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from atomr._arguments import int_at_least
 from atomr.accel import Device
 from atomr.train._contract import parse_devices
 from atomr.train.parameter_server.consistency import Consistency, check_staleness_bound
@@ -16,8 +17,11 @@ __all__ = ["ParameterServerOptions"]
 
 
 def _check_count(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    """`_arguments.int_at_least` (its upper limit included), every refusal a ValueError."""
+    try:
+        int_at_least(name, value, low)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _check_class(name: str, value: object, base: type) -> None:

@@ -1,17 +1,21 @@
 """Where a `Sequential`'s layers sit: the per-sample shape between layers,
 each layer's parameter arrays in the model's one flat vector (and its
-range there: `layer_ranges`), each layer's cost, and which ranges of its
-layers a sub-model may take (`layer_range`)."""
+range there: `layer_ranges`), their initial values (`initial_vector`),
+each layer's cost, and which ranges of its layers a sub-model may take
+(`layer_range`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 from atomr._arguments import int_at_least
 from atomr.train.core.model.layer import Layer
 
-__all__ = ["Slot", "flat_layout", "layer_costs", "layer_range", "layer_ranges"]
+__all__ = ["Slot", "flat_layout", "initial_vector", "layer_costs", "layer_range", "layer_ranges"]
 
 Slot = tuple[int, int, tuple[int, ...]]
 """One parameter array: `(start, stop, shape)` in the flat vector, in Python
@@ -45,6 +49,25 @@ def flat_layout(
             pos += size
         slots.append(own)
     return shapes, slots, pos
+
+
+def initial_vector(
+    layers: Sequence[Layer], slots: list[list[Slot]], n_params: int, dtype: Any, rng: Any
+) -> np.ndarray:
+    """The flat initial vector of `layers` laid out as `slots` (`flat_layout`),
+    each layer drawing from `rng` (a `np.random.Generator`) in turn.
+
+    Raises:
+        ValueError: a layer whose `init_params` does not match its `param_shapes`.
+    """
+    host = np.empty(n_params, dtype=dtype)
+    for layer, own in zip(layers, slots, strict=True):
+        arrays = layer.init_params(rng)
+        if [tuple(np.shape(a)) for a in arrays] != [s for _, _, s in own]:
+            raise ValueError(f"{type(layer).__name__}.init_params does not match its param_shapes")
+        for (start, stop, _), a in zip(own, arrays, strict=True):
+            host[start:stop] = np.asarray(a).reshape(-1)
+    return host
 
 
 def layer_range(start: object, stop: object, n_layers: int) -> tuple[int, int]:

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from atomr._arguments import int_at_least
-from atomr.train.core.model.inputs import positive_int
+from atomr._arguments import array_bytes, int_at_least
+from atomr.train.core.model.inputs import model_dtype, positive_int
 from atomr.train.core.model.layer import Layer
 from atomr.train.core.model.linear import Activation, Linear
 from atomr.train.core.model.sequential import Sequential
@@ -74,7 +74,8 @@ def gpt(
         ValueError: a size (`vocab`, `context`, `n_layer`, `n_head`,
             `d_model`) that is not a positive int (a bool or a float is not),
             `n_head` not dividing `d_model`, or `dropout` not a number in
-            [0, 1); checked before any parameter is drawn (the message names it).
+            [0, 1), or parameters more than an array holds (`array_bytes`);
+            checked before any layer is built (the message names it).
         TypeError: `seed` is not an int (a bool is none).
         ValueError: `seed` is negative.
     """
@@ -88,11 +89,21 @@ def gpt(
     for name, size in sizes.items():
         positive_int(name, size)
     dropout = drop_probability("dropout", dropout)
-    seed = int_at_least("seed", seed, 0)
-    layers: list[Layer] = [Embedding(vocab, d_model, context)]
+    seed = int_at_least("seed", seed, 0, high=None)
+    ends: list[Layer] = [
+        Embedding(vocab, d_model, context),
+        LayerNorm(d_model),
+        Linear(d_model, vocab),
+    ]
+    per_block = sum(layer.n_params for layer in _block(d_model, n_head, dropout, seed))
+    n_params = sum(layer.n_params for layer in ends) + n_layer * per_block
+    array_bytes(
+        "a GPT's parameters", n_params, model_dtype(dtype).itemsize
+    )  # before n_layer blocks
+    layers = ends[:1]
     for i in range(n_layer):
         layers += _block(d_model, n_head, dropout, seed + 2 * i)
-    layers += [LayerNorm(d_model), Linear(d_model, vocab)]
+    layers += ends[1:]
     return Sequential(
         layers, (context,), input_kind="tokens", seed=seed, dtype=dtype, device=device
     )

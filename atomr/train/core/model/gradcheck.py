@@ -137,7 +137,7 @@ def gradient_check(
             positive; the backward returns an input gradient when not asked
             for one, none when asked, or one of another shape than the input.
     """
-    batch, seed = int_at_least("batch", batch), int_at_least("seed", seed, 0)
+    batch, seed = int_at_least("batch", batch), int_at_least("seed", seed, 0, high=None)
     step = real_number("eps", eps)
     if not (math.isfinite(step) and step > 0):
         raise ValueError(f"eps must be finite and > 0, got {eps!r}")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr._arguments import sequence_entries
+from atomr._arguments import int_at_least, sequence_entries
 from atomr.actor.errors import bounded_repr
 from atomr.train.core.validation import cast_finite
 
@@ -74,14 +74,15 @@ def token_vocab(layer: Any) -> int:
 
 
 def positive_int(name: str, value: object) -> int:
-    """`value` as an int, checked to be one >= 1 (a bool or a float is not).
+    """`value` as an int, checked to be one >= 1 (a bool or a float is not)
+    and at most `INDEX_MAX` (`_arguments.int_at_least`: no array indexes more).
 
     Raises:
         ValueError: anything else (the message names `name`).
     """
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {bounded_repr(value)}")
-    return int(value)
+    return int_at_least(name, value)
 
 
 def positive_ints(name: str, values: object) -> tuple[int, ...]:

@@ -23,6 +23,7 @@ built-in layer against float64 finite differences; do the same for yours
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -77,7 +78,7 @@ class Layer(abc.ABC):
     @property
     def n_params(self) -> int:
         """How many parameters the layer holds."""
-        return sum(int(np.prod(s)) for s in self.param_shapes())
+        return sum(math.prod(int(d) for d in s) for s in self.param_shapes())  # exact ints
 
     @abc.abstractmethod
     def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:

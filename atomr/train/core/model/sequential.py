@@ -19,10 +19,16 @@ from typing import Any, Self
 
 import numpy as np
 
-from atomr._arguments import int_at_least
+from atomr._arguments import array_bytes, building, int_at_least
 from atomr.accel import Device, backend_for
 from atomr.train.core._cpu import cpu_backend
-from atomr.train.core.model._layout import flat_layout, layer_costs, layer_range, layer_ranges
+from atomr.train.core.model._layout import (
+    flat_layout,
+    initial_vector,
+    layer_costs,
+    layer_range,
+    layer_ranges,
+)
 from atomr.train.core.model.inputs import (
     SEQUENTIAL_KEYS,
     known_keys,
@@ -84,8 +90,9 @@ class Sequential:
         ValueError: no layers, an `input_shape` that is not a non-empty list
             of positive ints, a layer that refuses its input shape or the
             dtype (`Layer.check_dtype`), an unknown input kind or dtype, token
-            input into a first layer without an int `vocab`, or a negative
-            `seed`; checked before any parameter is drawn.
+            input into a first layer without an int `vocab`, a negative `seed`
+            or parameters no array holds (`array_bytes`); checked first.
+        MemoryError: too many for memory (the message names the model's bytes).
     """
 
     seed: int | None
@@ -100,9 +107,9 @@ class Sequential:
         dtype: Any = np.float32,
         device: Any = None,
     ) -> None:
-        seed = int_at_least("seed", seed, 0)
+        seed = int_at_least("seed", seed, 0, high=None)
         self._setup(layers, input_shape, input_kind, dtype, device)
-        self._allocate(self._initial(np.random.default_rng(seed)))
+        self._allocate(np.random.default_rng(seed))
         self.seed = seed
 
     # -- construction -------------------------------------------------------
@@ -124,26 +131,19 @@ class Sequential:
             self.device = Device.parse(device)
             self.backend = backend_for(self.device)
         self.shapes, self._slots, self.n_params = flat_layout(self.layers, self.in_shape)
+        what = f"{type(self).__name__} parameters and gradients ({self.n_params} {self.dtype} each)"
+        self._size = (what, 2 * array_bytes(what, self.n_params, self.dtype.itemsize))
         self.out_shape: tuple[int, ...] = self.shapes[-1]
         self._views: dict[int, tuple[Any, list[list[Any]]]] = {}
         self.seed = None
 
-    def _initial(self, rng: np.random.Generator) -> np.ndarray:
-        """The flat initial vector, each layer drawing from `rng` in turn."""
-        host = np.empty(self.n_params, dtype=self.dtype)
-        for layer, slots in zip(self.layers, self._slots, strict=True):
-            arrays = layer.init_params(rng)
-            if [tuple(np.shape(a)) for a in arrays] != [s for _, _, s in slots]:
-                raise ValueError(
-                    f"{type(layer).__name__}.init_params does not match its param_shapes"
-                )
-            for (start, stop, _), a in zip(slots, arrays, strict=True):
-                host[start:stop] = np.asarray(a).reshape(-1)
-        return host
-
-    def _allocate(self, host: np.ndarray) -> None:
-        self.params: Any = self.backend.to_device(np.ascontiguousarray(host, dtype=self.dtype))
-        self.grads: Any = self.backend.zeros((self.n_params,), dtype=self.dtype)
+    def _allocate(self, host: np.ndarray | np.random.Generator) -> None:
+        """`params` (`host`, or drawn from it: `initial_vector`) and zeroed `grads`."""
+        with building(*self._size):  # a MemoryError names the model and its bytes
+            if isinstance(host, np.random.Generator):
+                host = initial_vector(self.layers, self._slots, self.n_params, self.dtype, host)
+            self.params: Any = self.backend.to_device(np.ascontiguousarray(host, dtype=self.dtype))
+            self.grads: Any = self.backend.zeros((self.n_params,), dtype=self.dtype)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], params: np.ndarray, device: Any = None) -> Self:

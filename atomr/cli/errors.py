@@ -1,9 +1,12 @@
 """`CliError`: a user-facing error that the command reports in one line;
-`reported_as`: the one line, if any, of another error."""
+`reported_as`: the one line, if any, of another error; `count_flag`: a
+count flag's check, as one line."""
 
 from __future__ import annotations
 
-__all__ = ["CliError", "reported_as"]
+from atomr._arguments import int_at_least
+
+__all__ = ["CliError", "count_flag", "reported_as"]
 
 
 class CliError(Exception):
@@ -20,16 +23,33 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+def count_flag(flag: str, value: int | None, low: int = 1) -> None:
+    """Check `flag`'s value, a count: None (not given), or at least `low`
+    and at most `INDEX_MAX` (`atomr._arguments.int_at_least`, the one rule
+    of counts).
+
+    Raises:
+        CliError: out of range (the message names the flag and the limit).
+    """
+    if value is not None:
+        try:
+            int_at_least(flag, value, low)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+
+
 def reported_as(error: BaseException) -> CliError | None:
     """The `CliError` the command reports `error` as: itself; an `OSError`
-    (an unwritable path, say) or a `CheckpointError` with its message and
-    exit status 1; None for anything else (a bug: its traceback is printed)."""
+    (an unwritable path, say), a `CheckpointError` or a `MemoryError` (its
+    message names what was being built and its bytes: `_arguments.building`)
+    with its message and exit status 1; None for anything else (a bug: its
+    traceback is printed)."""
     if isinstance(error, CliError):
         return error
     # here, not at the top: the command imports this module before the
     # training layer, so that a Ctrl-C while that loads is one line (`app`)
     from atomr.train.core.errors import CheckpointError
 
-    if isinstance(error, OSError | CheckpointError):
-        return CliError(str(error), 1)
+    if isinstance(error, OSError | CheckpointError | MemoryError):
+        return CliError(str(error) or "out of memory", 1)
     return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import math
 
-from atomr.cli.errors import CliError
+from atomr.cli.errors import CliError, count_flag
 
 __all__ = ["launch_command"]
 
@@ -24,10 +24,10 @@ def launch_command(nprocs: int, train_args: list[str], timeout: float | None = N
         The job's exit status.
 
     Raises:
-        CliError: bad -n or --timeout, or the MPI launcher is not available.
+        CliError: bad -n (below 1 or beyond `INDEX_MAX`) or --timeout, or
+            the MPI launcher is not available.
     """
-    if nprocs < 1:
-        raise CliError(f"-n must be >= 1, got {nprocs}")
+    count_flag("-n", nprocs)
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise CliError(f"--timeout must be positive and finite, got {timeout}")
     args = list(train_args)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atomr.accel import ACTIVATIONS
-from atomr.cli.errors import CliError
+from atomr.cli.errors import CliError, count_flag
 from atomr.train.core.model import gpt
 
 __all__ = [
@@ -118,7 +118,8 @@ def _gpt_shape(args: argparse.Namespace) -> GptShape:
     """The GPT's shape from its flags, defaults filled in.
 
     Raises:
-        CliError: a size below 1, `--n-head` not dividing `--d-model`, or
+        CliError: a size below 1 or beyond `INDEX_MAX`, `--n-head` not
+            dividing `--d-model`, or
             `--dropout` outside [0, 1).
     """
     value = {k: d if getattr(args, k) is None else getattr(args, k) for k, d in GPT_FLAGS.items()}
@@ -130,8 +131,7 @@ def _gpt_shape(args: argparse.Namespace) -> GptShape:
         float(value["dropout"]),
     )
     for name in ("context", "n_layer", "n_head", "d_model"):
-        if getattr(shape, name) < 1:
-            raise CliError(f"{flag_of(name)} must be >= 1")
+        count_flag(flag_of(name), getattr(shape, name))
     if shape.d_model % shape.n_head:
         raise CliError(f"--n-head {shape.n_head} must divide --d-model {shape.d_model}")
     if not 0.0 <= shape.dropout < 1.0:

@@ -15,8 +15,8 @@ from typing import Any
 from atomr.accel import Device
 from atomr.accel.hyperparameters import given_in_float32
 from atomr.cli.device_option import resolve_devices
-from atomr.cli.errors import CliError
-from atomr.cli.model_options import GptShape, resolve_model
+from atomr.cli.errors import CliError, count_flag
+from atomr.cli.model_options import GptShape, flag_of, resolve_model
 from atomr.cli.strategies import STRATEGIES
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
 
@@ -86,7 +86,8 @@ def parse_hidden(text: str) -> tuple[int, ...]:
     """Parse `--hidden`: comma-separated positive widths ("128" or "128,64").
 
     Raises:
-        CliError: an empty list or width, non-integer or non-positive widths.
+        CliError: an empty list or width, non-integer or non-positive widths,
+            or one beyond `INDEX_MAX`.
     """
     parts = [p.strip() for p in text.split(",")]
     if "" in parts:
@@ -97,6 +98,8 @@ def parse_hidden(text: str) -> tuple[int, ...]:
         raise CliError(f"--hidden must be comma-separated integers, got {text!r}") from None
     if not widths or any(w < 1 for w in widths):
         raise CliError(f"--hidden needs at least one width, each >= 1, got {text!r}")
+    for width in widths:
+        count_flag("--hidden width", width)
     return widths
 
 
@@ -112,11 +115,6 @@ def _is_plain_name(name: str) -> bool:
     )
 
 
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise CliError(f"--{name} must be >= 1, got {value}")
-
-
 def _path(value: str | None) -> Path | None:
     return None if value is None else Path(value).expanduser()
 
@@ -128,19 +126,19 @@ def _check_counts(args: argparse.Namespace) -> None:
 
     Raises:
         CliError: a count below 1 (`--classes` below 2, `--samples` below
-            `MIN_SAMPLES`), a negative seed, or
+            `MIN_SAMPLES`) or beyond `INDEX_MAX`, a negative seed, or
             a `--micro-batch-size` larger than `--batch-size`.
     """
     for name in (
         "epochs", "batch_size", "micro_batch_size", "workers", "features", "average_every",
     ):  # fmt: skip
-        _positive(name.replace("_", "-"), getattr(args, name))
+        count_flag(flag_of(name), getattr(args, name))
     if args.samples is not None and args.samples < MIN_SAMPLES:
         raise CliError(
             f"--samples must be >= {MIN_SAMPLES} to hold out a test set, got {args.samples}"
         )
-    if args.classes is not None and args.classes < 2:
-        raise CliError(f"--classes must be >= 2, got {args.classes}")
+    count_flag("--samples", args.samples)  # and at most INDEX_MAX
+    count_flag("--classes", args.classes, 2)
     micro = args.micro_batch_size
     if micro is not None and micro > args.batch_size:
         raise CliError(
@@ -175,11 +173,11 @@ def _check_limits(args: argparse.Namespace) -> None:
     """Check `--max-steps`, `--warmup-epochs` (against `--epochs`) and `--clip`.
 
     Raises:
-        CliError: `--max-steps` below 1, `--warmup-epochs` negative or not
-            less than `--epochs`, or `--clip` not positive and finite.
+        CliError: `--max-steps` below 1 or beyond `INDEX_MAX`,
+            `--warmup-epochs` negative or not less than `--epochs`, or
+            `--clip` not positive and finite.
     """
-    if args.max_steps is not None and args.max_steps < 1:
-        raise CliError(f"--max-steps must be >= 1, got {args.max_steps}")
+    count_flag("--max-steps", args.max_steps)
     if not 0 <= args.warmup_epochs < args.epochs:
         raise CliError(
             f"--warmup-epochs must be >= 0 and less than --epochs, got {args.warmup_epochs}"

@@ -1,0 +1,98 @@
+"""A checkpoint that declares sizes it does not hold is refused without
+allocating them: an array header declaring 10**15 elements (checked against
+the member's bytes), and a model config whose sizes no array could hold."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import struct
+import tracemalloc
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atomr._arguments import INDEX_MAX
+from atomr.train import CheckpointError, load_checkpoint
+from atomr.train.core import Checkpoint, save_checkpoint
+from atomr.train.core.checkpoint import MAGIC
+from atomr.train.core.models import model_from_config
+
+_MB = 2**20
+
+
+def _saved(tmp_path: Path, model: dict[str, object]) -> Path:
+    path = tmp_path / "c.ckpt"
+    weights = np.zeros(10, dtype=np.float32)  # an Mlp([4, 2])'s
+    save_checkpoint(path, Checkpoint(model=model, weights=weights, step=0))
+    return path
+
+
+def _hostile(path: Path, shape: tuple[int, ...]) -> None:
+    """A checkpoint, well formed down to its checksum and CRCs, whose weights'
+    `.npy` header declares `shape` over 40 bytes of data (the file format:
+    `atomr.train.core.checkpoint`)."""
+    npy = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        npy, {"descr": "<f4", "fortran_order": False, "shape": shape}
+    )
+    member = npy.getvalue() + bytes(40)
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("weights.npy", member)
+    payload = zipped.getvalue()
+    header = json.dumps(
+        {
+            "model": {"sizes": [4, 2]},
+            "step": 0,
+            "optimizer": {},
+            "extra": {},
+            "payload_len": len(payload),
+        }  # fmt: skip
+    ).encode()
+    body = MAGIC + struct.pack("<Q", len(header)) + header + payload
+    path.write_bytes(body + hashlib.sha256(body).digest())
+
+
+def test_an_array_header_declaring_1e15_elements_is_refused_without_allocating(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hostile.ckpt"
+    _hostile(path, (10**15,))
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match=r"\(1000000000000000,\), which does not match"):
+            load_checkpoint(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * _MB
+    _hostile(path, (10,))  # the same file declaring what it holds loads
+    assert load_checkpoint(path).weights.shape == (10,)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "needle"),
+    [
+        ([10**30, 2], rf"sizes\[0\] must be <= {INDEX_MAX}"),
+        ([4, 10**18, 2], rf"Mlp parameters .* more than the {INDEX_MAX} an array can hold"),
+        ([2**40, 2**40], rf"Mlp parameters .* more than the {INDEX_MAX} an array can hold"),
+        ([2**20, 2**20], "params has 10 values, the model needs 1099512676352"),
+    ],
+)
+def test_a_model_config_declaring_sizes_it_does_not_hold_is_refused(
+    tmp_path: Path, sizes: list[int], needle: str
+) -> None:
+    path = _saved(tmp_path, {"sizes": sizes, "activation": "relu"})
+    ckpt = load_checkpoint(path)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=needle):
+            model_from_config(ckpt.model, ckpt.weights)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * _MB

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from atomr._arguments import INDEX_MAX, array_bytes, building, int_at_least, sequence_entries
+from atomr.accel import cpu_devices
+from atomr.actor import Actor, Props, RoundRobinPool
 from atomr.train import (
     DataParallelOptions,
     LossKind,
@@ -24,17 +26,20 @@ from atomr.train import (
     PipelineOptions,
     TrainerConfig,
 )
+from atomr.train.comm.mpi.launch import mpiexec_command
 from atomr.train.core.data import epoch_order, synthetic_classification
 from atomr.train.core.model import Sequential
 from atomr.train.core.model.gpt import gpt
 from atomr.train.core.model.linear import Linear
 from atomr.train.core.model.transformer import CausalSelfAttention, Embedding, LayerNorm
 from atomr.train.core.sources import batch_bounds
+from atomr.train.parameter_server import Consistency, TrainEpochs
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 BEYOND = [10**30, INDEX_MAX + 1]
 """Sizes no index type holds."""
 
+_X, _Y = np.zeros((4, 2), dtype=np.float32), np.zeros(4, dtype=np.int64)
 _CONFIG = dict(optimizer=OptimizerKind.sgd(0.1), loss=LossKind.CROSS_ENTROPY)
 
 # name -> build with the count (each refuses one beyond INDEX_MAX, naming it)
@@ -55,6 +60,14 @@ COUNTS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "batch_size": (lambda v: batch_bounds(10, v), "batch_size"),
     "samples": (lambda v: synthetic_classification(v, 4, 2), "n"),
     "epoch_order": (lambda v: epoch_order(v, 0, 0), "n"),
+    "bounded staleness": (lambda v: Consistency.bounded(v), "s"),
+    "TrainEpochs epochs": (lambda v: TrainEpochs(_X, _Y, epochs=v, batch_size=2), "epochs"),
+    "TrainEpochs batch_size": (lambda v: TrainEpochs(_X, _Y, epochs=1, batch_size=v), "batch_size"),
+    "nr_of_instances": (lambda v: RoundRobinPool(v, Props(Actor)), "nr_of_instances"),
+    "mpiexec -n": (
+        lambda v: mpiexec_command(v, ["x"], mpiexec="mpiexec"),
+        "the number of processes",
+    ),
 }
 
 
@@ -156,3 +169,14 @@ def test_a_model_too_large_for_memory_names_itself_in_the_memory_error(kind: str
     assert f"{kind} parameters and gradients ({n} float32 each)" in message
     assert f"({2 * 4 * n} bytes needed)" in message
     assert isinstance(caught.value.__cause__, MemoryError)
+
+
+def test_cpu_devices_refuses_more_than_a_list_holds_before_making_any() -> None:
+    """`cpu_devices(10**18)` made devices until memory ran out."""
+    with pytest.raises(ValueError, match=rf"a list of {10**18} cpu devices: .* {INDEX_MAX}"):
+        cpu_devices(10**18)
+    assert [str(d) for d in cpu_devices(2)] == ["cpu:0", "cpu:1"]
+
+
+def test_the_seed_of_trainepochs_has_no_upper_limit() -> None:
+    assert TrainEpochs(_X, _Y, epochs=1, batch_size=2, seed=2**128).seed == 2**128

@@ -13,8 +13,11 @@ Discovery never raises on a machine without CUDA. Under
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Literal
+
+from atomr._arguments import array_bytes
 
 __all__ = [
     "Device",
@@ -139,6 +142,10 @@ def cuda_device_count() -> int:
         return 0
 
 
+_DEVICE_BYTES = 8 + sys.getsizeof(Device("cpu", 0))
+"""What one listed `Device` takes at least: its pointer and the object."""
+
+
 def cpu_devices(n: int) -> list[Device]:
     """``n`` logical CPU devices: cpu:0 .. cpu:n-1.
 
@@ -149,10 +156,12 @@ def cpu_devices(n: int) -> list[Device]:
         The devices, in index order.
 
     Raises:
-        ValueError: n < 1.
+        ValueError: n < 1 (or not an int), or more devices than a list can
+            hold (`_arguments.array_bytes`), before any is made.
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"cpu_devices(n) needs n >= 1, got {n!r}")
+    array_bytes(f"a list of {n} cpu devices", n, _DEVICE_BYTES)
     return [Device("cpu", i) for i in range(n)]
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from atomr._arguments import int_at_least
+
 from .actor import Actor
 from .errors import MailboxFullError
 from .messages import DeadLetter, Terminated
@@ -18,8 +20,7 @@ __all__ = ["BroadcastPool", "RoundRobinPool"]
 def _check(nr_of_instances: int, routee_props: Props) -> None:
     if not isinstance(nr_of_instances, int) or isinstance(nr_of_instances, bool):
         raise TypeError(f"nr_of_instances must be an int, got {type(nr_of_instances).__name__}")
-    if nr_of_instances < 1:
-        raise ValueError(f"nr_of_instances must be >= 1, got {nr_of_instances}")
+    int_at_least("nr_of_instances", nr_of_instances)  # >= 1, at most INDEX_MAX
     if not isinstance(routee_props, Props):
         raise TypeError(f"routee_props must be Props, got {type(routee_props).__name__}")
 

@@ -63,11 +63,12 @@ class Consistency:
         """Stale synchronous parallel with slack `s`.
 
         Raises:
-            ValueError: `s` is not an int >= 1 (use `synchronous()` for 0).
+            ValueError: `s` is not an int >= 1 (use `synchronous()` for 0),
+                or one beyond `INDEX_MAX`.
         """
         if isinstance(s, bool) or not isinstance(s, int) or s < 1:
             raise ValueError(f"bounded staleness needs s >= 1 (s = 0 is synchronous()), got {s!r}")
-        return cls(s)
+        return cls(int_at_least("s", s))  # and at most INDEX_MAX
 
     @classmethod
     def synchronous(cls) -> Consistency:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr._arguments import INDEX_MAX, int_at_least
 from atomr.train.core.stats import StepStats
 
 __all__ = [
@@ -367,10 +368,12 @@ class TrainEpochs:
     test: tuple[np.ndarray, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
-        for name, low in (("epochs", 1), ("batch_size", 1), ("seed", 0)):
+        for name, low, high in (("epochs", 1, INDEX_MAX), ("batch_size", 1, INDEX_MAX),
+                                ("seed", 0, None)):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+            int_at_least(name, value, low, high=high)  # a count's limit
 
 
 @dataclass(frozen=True, slots=True)

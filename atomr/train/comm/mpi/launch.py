@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from atomr._arguments import int_at_least
 from atomr.train.comm.mpi.startup import (
     STARTUP_DIR_ENV,
     STARTUP_TIMEOUT_EXIT_CODE,
@@ -129,11 +130,12 @@ def mpiexec_command(
         The argument list.
 
     Raises:
-        ValueError: `n < 1` or `program` is empty.
+        ValueError: `n < 1` or beyond `INDEX_MAX`, or `program` is empty.
         FileNotFoundError: no `mpiexec` (see `find_mpiexec`).
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"the number of processes must be an int >= 1, got {n!r}")
+    int_at_least("the number of processes", n)  # and at most INDEX_MAX
     if not program:
         raise ValueError("program must not be empty")
     exe = mpiexec or find_mpiexec()

@@ -6,6 +6,7 @@ being built and its bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from atomr.train import (
     ParameterServerOptions,
     PipelineOptions,
     TrainerConfig,
+    fit,
 )
 from atomr.train.comm.mpi.launch import mpiexec_command
 from atomr.train.core.data import epoch_order, synthetic_classification
@@ -63,6 +65,8 @@ COUNTS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "bounded staleness": (lambda v: Consistency.bounded(v), "s"),
     "TrainEpochs epochs": (lambda v: TrainEpochs(_X, _Y, epochs=v, batch_size=2), "epochs"),
     "TrainEpochs batch_size": (lambda v: TrainEpochs(_X, _Y, epochs=1, batch_size=v), "batch_size"),
+    "fit epochs": (lambda v: asyncio.run(fit(None, (_X, _Y), epochs=v, batch_size=2)), "epochs"),
+    "fit batch_size": (lambda v: asyncio.run(fit(None, (_X, _Y), epochs=1, batch_size=v)), "batch"),
     "nr_of_instances": (lambda v: RoundRobinPool(v, Props(Actor)), "nr_of_instances"),
     "mpiexec -n": (
         lambda v: mpiexec_command(v, ["x"], mpiexec="mpiexec"),

@@ -35,6 +35,7 @@ from atomr.train.core.model.gpt import gpt
 from atomr.train.core.model.linear import Linear
 from atomr.train.core.model.transformer import CausalSelfAttention, Embedding, LayerNorm
 from atomr.train.core.sources import batch_bounds
+from atomr.train.data_parallel import SpeedBalancer
 from atomr.train.parameter_server import Consistency, TrainEpochs
 
 INT64_MAX = int(np.iinfo(np.int64).max)
@@ -184,3 +185,12 @@ def test_cpu_devices_refuses_more_than_a_list_holds_before_making_any() -> None:
 
 def test_the_seed_of_trainepochs_has_no_upper_limit() -> None:
     assert TrainEpochs(_X, _Y, epochs=1, batch_size=2, seed=2**128).seed == 2**128
+
+
+def test_a_speed_balancer_for_more_replicas_than_memory_names_its_speeds() -> None:
+    """`SpeedBalancer(10**18, min_share=0)` raised NumPy's bare MemoryError
+    ("array is too big" for 2**63 - 1)."""
+    with pytest.raises(MemoryError, match=rf"the speeds of {10**18} replicas \({8 * 10**18} b"):
+        SpeedBalancer(10**18, min_share=0.0)
+    with pytest.raises(ValueError, match=rf"the speeds of {INDEX_MAX} replicas: .* {INDEX_MAX}"):
+        SpeedBalancer(INDEX_MAX, min_share=0.0)

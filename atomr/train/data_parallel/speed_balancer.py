@@ -20,7 +20,7 @@ from numbers import Real
 
 import numpy as np
 
-from atomr._arguments import bool_flag, int_at_least, sequence_entries
+from atomr._arguments import array_bytes, bool_flag, building, int_at_least, sequence_entries
 from atomr.train.core.partition import split_sizes
 
 __all__ = [
@@ -202,7 +202,9 @@ class SpeedBalancer:
 
     Raises:
         TypeError: a setting has the wrong type (`check_balance_settings`).
-        ValueError: any argument out of range, or a hint of the wrong length.
+        ValueError: any argument out of range (an `n` whose speeds no array
+            holds: `array_bytes`), or a hint of the wrong length.
+        MemoryError: `n` speeds too many for memory (the message says so).
     """
 
     def __init__(
@@ -221,7 +223,9 @@ class SpeedBalancer:
             raise ValueError(f"min_share must be in [0, 1/{n}], got {min_share}")
         if not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
-        speeds = np.ones(n) if speed_hint is None else np.asarray(speed_hint, dtype=np.float64)
+        what = f"the speeds of {n} replicas"
+        with building(what, array_bytes(what, n, 8)):  # float64, before any is made
+            speeds = np.ones(n) if speed_hint is None else np.asarray(speed_hint, dtype=np.float64)
         if speeds.shape != (n,):
             raise ValueError(f"speed_hint must be {n} positive finite numbers, got {speed_hint!r}")
         self.n = n

@@ -19,6 +19,7 @@ from atomr._arguments import INDEX_MAX, array_bytes, building, int_at_least, seq
 from atomr.accel import cpu_devices
 from atomr.actor import Actor, Props, RoundRobinPool
 from atomr.train import (
+    AsyncParameterServer,
     DataParallelOptions,
     LossKind,
     Mlp,
@@ -194,3 +195,21 @@ def test_a_speed_balancer_for_more_replicas_than_memory_names_its_speeds() -> No
         SpeedBalancer(10**18, min_share=0.0)
     with pytest.raises(ValueError, match=rf"the speeds of {INDEX_MAX} replicas: .* {INDEX_MAX}"):
         SpeedBalancer(INDEX_MAX, min_share=0.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        (ParameterServerOptions(workers=10**18), rf"the model replicas of {10**18} workers: "),
+        (ParameterServerOptions(shards=10**18), rf"cannot split 6 values into {10**18} ranges"),
+    ],
+    ids=["workers", "shards"],
+)
+def test_a_parameter_server_refuses_counts_its_model_cannot_take_before_listing_devices(
+    options: ParameterServerOptions, needle: str
+) -> None:
+    """10**18 workers or shards had a device listed for each first, until
+    memory ran out."""
+    config = TrainerConfig(**_CONFIG)
+    with pytest.raises(ValueError, match=needle):
+        AsyncParameterServer.props(Mlp([2, 2]), ["cpu:0"], config, options)

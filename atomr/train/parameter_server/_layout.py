@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
+from atomr._arguments import array_bytes
 from atomr.accel import Device
 from atomr.actor import ActorRef, Props
 from atomr.train._contract import (
@@ -68,7 +69,8 @@ class Layout:
                 (the checks every trainer shares: `check_model`,
                 `check_config`, `check_options`).
             ValueError: no devices or a bad device name, more shards than
-                weights, `accumulation_steps > 1` (the parameter server does
+                weights, more workers than their model replicas' bytes let
+                an array hold (`array_bytes`), `accumulation_steps > 1` (the parameter server does
                 not accumulate: `refuse_accumulation`), gradient clipping
                 with several shards (it needs the global norm), or an optimizer
                 hyperparameter or class weight out of range in the model's dtype
@@ -83,6 +85,9 @@ class Layout:
             raise ValueError("gradient clipping needs the global norm: use shards=1")
         config.check_dtype(model.dtype)
         workers = len(devs) if options.workers is None else options.workers
+        ranges = tuple(split_ranges(model.n_params, options.shards))  # before a device per shard
+        what = f"the model replicas of {workers} workers"  # before a device per worker
+        array_bytes(what, workers * model.n_params, model.dtype.itemsize)
         # `ParameterServerOptions` parsed its server devices when it was built
         server_devs = cast("tuple[Device, ...]", options.server_devices or devs)
         return cls(
@@ -91,7 +96,7 @@ class Layout:
             options,
             tuple(devs[i % len(devs)] for i in range(workers)),
             tuple(server_devs[k % len(server_devs)] for k in range(options.shards)),
-            tuple(split_ranges(model.n_params, options.shards)),
+            ranges,
         )
 
     def server_props(self) -> list[Props]:

@@ -35,7 +35,7 @@ from atomr.train.core.model import Sequential
 from atomr.train.core.model.gpt import gpt
 from atomr.train.core.model.linear import Linear
 from atomr.train.core.model.transformer import CausalSelfAttention, Embedding, LayerNorm
-from atomr.train.core.sources import batch_bounds
+from atomr.train.core.sources import InvalidDataError, as_source, batch_bounds
 from atomr.train.data_parallel import SpeedBalancer
 from atomr.train.parameter_server import Consistency, TrainEpochs
 
@@ -213,3 +213,20 @@ def test_a_parameter_server_refuses_counts_its_model_cannot_take_before_listing_
     config = TrainerConfig(**_CONFIG)
     with pytest.raises(ValueError, match=needle):
         AsyncParameterServer.props(Mlp([2, 2]), ["cpu:0"], config, options)
+
+
+class _Endless:
+    """A map-style dataset that says it has 10**30 samples."""
+
+    def __len__(self) -> int:
+        return 10**30
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        return np.zeros(2, dtype=np.float32), 0
+
+
+def test_a_dataset_longer_than_an_index_is_refused_naming_the_limit() -> None:
+    """`len()` raised its own OverflowError ("cannot fit 'int' into an
+    index-sized integer"), naming neither the set nor the limit."""
+    with pytest.raises(InvalidDataError, match=rf"train: len\(dataset\) is more than {INDEX_MAX}"):
+        as_source("train", _Endless(), batch_size=2, seed=0)

@@ -5,6 +5,7 @@ is an `InvalidDataError` naming the sample."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -28,11 +29,16 @@ def dataset_length(name: str, dataset: Any) -> int:
     """`len(dataset)`, checked (`name` names the set in the errors).
 
     Raises:
-        InvalidDataError: `len()` itself failed (a `__len__` returning no int).
+        InvalidDataError: `len()` itself failed (a `__len__` returning no
+            int, or one beyond `INDEX_MAX`, which `len()` refuses).
         ValueError: a length below 1.
     """
     try:
         n = len(dataset)
+    except OverflowError:  # len() takes at most INDEX_MAX, sys.maxsize
+        raise InvalidDataError(
+            f"{name}: len(dataset) is more than {sys.maxsize}, what an index holds"
+        ) from None
     except (TypeError, ValueError) as exc:  # Python's own checks of what __len__ returned
         raise InvalidDataError(f"{name}: len(dataset) failed: {exc}") from None
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:

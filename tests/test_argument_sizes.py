@@ -230,3 +230,13 @@ def test_a_dataset_longer_than_an_index_is_refused_naming_the_limit() -> None:
     index-sized integer"), naming neither the set nor the limit."""
     with pytest.raises(InvalidDataError, match=rf"train: len\(dataset\) is more than {INDEX_MAX}"):
         as_source("train", _Endless(), batch_size=2, seed=0)
+
+
+def test_optimizer_state_is_checked_and_named_like_a_models_parameters() -> None:
+    """Adam's two moments of 2**61 float32 were NumPy's "array is too big",
+    of 2**59 its bare MemoryError."""
+    adam = OptimizerKind.adam(0.1)
+    with pytest.raises(ValueError, match=rf"adam optimizer state \(2 x {2**61} float32\): "):
+        adam.create(2**61)
+    with pytest.raises(MemoryError, match=rf"adam optimizer state \(2 x {2**59} float32\) \("):
+        adam.create(2**59)

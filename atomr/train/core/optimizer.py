@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr._arguments import array_bytes, building
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
 from atomr.accel.hyperparameters import given_in
 from atomr.train.core._cpu import cpu_backend
@@ -289,15 +290,20 @@ class OptimizerKind:
             A `Sgd` or `Adam` optimizer with zeroed state and step count 0.
 
         Raises:
-            ValueError: `n < 1`, or a hyper-parameter out of range in `dtype`
-                (`check_dtype`); checked before anything is allocated.
+            ValueError: `n < 1`, a state no array holds (`array_bytes`), or a
+                hyper-parameter out of range in `dtype` (`check_dtype`);
+                checked before anything is allocated.
+            MemoryError: a state too large for memory (the message names it).
         """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if backend is None:
             backend = cpu_backend()
-        state = Sgd if self.name == "sgd" else Adam
-        return state(self, n, backend, np.dtype(dtype))
+        state, buffers = (Sgd, 1) if self.name == "sgd" else (Adam, 2)  # momentum; two moments
+        dt = np.dtype(dtype)
+        what = f"{self.name} optimizer state ({buffers} x {n} {dt})"
+        with building(what, array_bytes(what, buffers * n, dt.itemsize)):
+            return state(self, n, backend, dt)
 
     def to_config(self) -> dict[str, Any]:
         """A JSON-serialisable description (checkpoints, the CLI); the

@@ -55,7 +55,7 @@ def int_at_least(name: str, value: object, low: int = 1, *, high: int | None = I
     """`value` as an int, checked to be an integer (NumPy's too; a bool is
     not) of at least `low` and at most `high` (by default `INDEX_MAX`: a
     count no array could index is refused; None for a number that counts
-    nothing, such as a seed).
+    nothing an array holds: a seed, a schedule's period).
 
     Raises:
         TypeError: not an integer (the message names `name`).

@@ -92,7 +92,7 @@ class StepLR(LrSchedule):
     kind: ClassVar[str] = "step"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "step_size", int_at_least("step_size", self.step_size))
+        object.__setattr__(self, "step_size", int_at_least("step_size", self.step_size, high=None))
         object.__setattr__(self, "gamma", _finite("gamma", self.gamma))
 
     def lr(self, base: float, epoch: int) -> float:
@@ -147,7 +147,7 @@ class CosineAnnealingLR(LrSchedule):
     multiplicative: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "t_max", int_at_least("t_max", self.t_max))
+        object.__setattr__(self, "t_max", int_at_least("t_max", self.t_max, high=None))
         object.__setattr__(self, "eta_min", _finite("eta_min", self.eta_min))
 
     def lr(self, base: float, epoch: int) -> float:
@@ -184,7 +184,9 @@ class LinearLR(LrSchedule):
         end = _finite("end_factor", self.end_factor)
         if start > 1.0 or end > 1.0:
             raise ValueError(f"start_factor and end_factor must be <= 1, got {start}, {end}")
-        object.__setattr__(self, "total_iters", int_at_least("total_iters", self.total_iters))
+        object.__setattr__(
+            self, "total_iters", int_at_least("total_iters", self.total_iters, high=None)
+        )
         object.__setattr__(self, "start_factor", start)
         object.__setattr__(self, "end_factor", end)
 
@@ -219,7 +221,7 @@ def _milestones(value: object) -> tuple[int, ...]:
         TypeError: not a sequence, or a milestone not an int (a bool is none).
         ValueError: a milestone below 1.
     """
-    return tuple(int_at_least("a milestone", m) for m in _sequence("milestones", value))
+    return tuple(int_at_least("a milestone", m, high=None) for m in _sequence("milestones", value))
 
 
 def _schedules(value: Sequence[LrSchedule]) -> tuple[LrSchedule, ...]:

@@ -87,10 +87,9 @@ class PushGradient:
             push of a round it took already for this worker (the part sent
             again after its push landed) is answered as that push was, with
             the shard's version (and weights), and applies nothing.
-        hold: None, or (a push across several shards, asynchronous models,
-            with a `round_id`) seconds > 0 (inf: none) that the shard keeps
-            it undoable, every other message waiting, until its client's
-            `ConfirmPush` or `RollbackRound`; then it rolls it back itself.
+        hold: None, or (an asynchronous push across several shards, with a
+            `round_id`) the seconds > 0 (inf: no limit) the shard holds it
+            undoable (`_hold.py`) awaiting `ConfirmPush` or `RollbackRound`.
     """
 
     worker: int
@@ -105,10 +104,9 @@ class PushGradient:
 
 @dataclass(frozen=True, slots=True)
 class ConfirmPush:
-    """Told by the client of a push across several shards once every shard
-    applied it: the shard's hold of it (`PushGradient.hold`) ends. A confirm
-    of a push this shard rolled back when its hold expired (the others kept
-    it) makes it refuse to serve (`RoundFailedError`) until given a state.
+    """Told by a push's client once every shard applied it: the hold ends
+    (`PushGradient.hold`). Confirming a push this shard rolled back when its
+    hold expired makes it refuse to serve until given a state (`_hold.py`).
 
     Attributes:
         worker: the pushing worker's id.
@@ -368,12 +366,11 @@ class TrainEpochs:
     test: tuple[np.ndarray, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
-        for name, low, high in (("epochs", 1, INDEX_MAX), ("batch_size", 1, INDEX_MAX),
-                                ("seed", 0, None)):  # fmt: skip
+        for name, low in (("epochs", 1), ("batch_size", 1), ("seed", 0)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-            int_at_least(name, value, low, high=high)  # a count's limit
+            int_at_least(name, value, low, high=None if name == "seed" else INDEX_MAX)
 
 
 @dataclass(frozen=True, slots=True)

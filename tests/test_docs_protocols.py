@@ -1,8 +1,9 @@
 """The worker protocols' messages as the docs write them are the messages'
-own: every `Name(field, ...)` of a pipeline stage's, a shard's or a
-sharded replica's message in docs/ or the README names that dataclass's
-fields, in order (trailing defaults may be left out), so a worker written
-from the docs speaks the protocol. (The trainer messages, `Step(x, y)`,
+own: every `Name(field, ...)` of a data-parallel replica's, a pipeline
+stage's, a shard's, a sharded replica's or a parameter server's message in
+docs/ or the README names that dataclass's fields, in order (trailing
+defaults may be left out), so a worker written from the docs speaks the
+protocol. (The trainer messages, `Step(x, y)`,
 are written with values, not fields.)"""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import atomr.train.data_parallel.messages
+import atomr.train.parameter_server.messages
 import atomr.train.pipeline.messages
 import atomr.train.sharded.messages
 import atomr.train.tensor_parallel.layer_messages
@@ -21,6 +24,8 @@ import atomr.train.tensor_parallel.messages
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 MODULES = [
+    atomr.train.data_parallel.messages,
+    atomr.train.parameter_server.messages,
     atomr.train.pipeline.messages,
     atomr.train.sharded.messages,
     atomr.train.tensor_parallel.layer_messages,

@@ -317,7 +317,12 @@ async def serve(host: str, port: int, ask_timeout: float, test: bool) -> None:
     runner = web.AppRunner(make_app(ask_timeout))
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as error:  # the port is taken, the host unknown, ...
+            raise SystemExit(
+                f"web_service.py: error: cannot listen on {host}:{port}: {error}"
+            ) from None
         url = "http://{}:{}".format(*runner.addresses[0][:2])
         print(f"listening on {url}", flush=True)
         if test:
@@ -341,6 +346,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.ask_timeout > 0:
         parser.error("--ask-timeout must be > 0")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535 (0: any free port), got {args.port}")
     logging.basicConfig(level=logging.ERROR)  # the 500's failure is expected in the self-test
     atomr.run(serve(args.host, args.port, args.ask_timeout, args.self_test))
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import socket
+import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator
@@ -67,6 +69,39 @@ def test_the_script_runs_its_self_test(run_example) -> None:
     assert statuses == ["200", "200", "404", "400", "400", "500", "200", "504", "200"]
     assert json.loads(out[-2].split(" -> 200 ")[1]) == {"actors": 2, "jobs": 3, "restarts": 1}
     assert out[-1] == "shut down cleanly"
+
+
+def _script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "web_service.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("port", ["-5", "70000"])
+def test_a_port_out_of_range_is_one_usage_line(port: str) -> None:
+    """It was a traceback (socket.gaierror) from deep inside aiohttp."""
+    result = _script("--port", port, "--self-test")
+    assert result.returncode == 2, result.stderr
+    assert f"error: --port must be in 0..65535 (0: any free port), got {port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_port_in_use_is_one_error_line() -> None:
+    """It was a traceback (OSError: address already in use)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _script("--port", str(port), "--self-test")
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"web_service.py: error: cannot listen on 127.0.0.1:{port}: "
+    ), result.stderr
+    assert "address already in use" in lines[0]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """`cuda_target`: which numba CUDA target is installed, and which driver it found.
 
 numba's built-in CUDA target is deprecated; the maintained one is the
-`numba-cuda` package (`pip install 'atomr[cuda]'`), which takes over
+`numba-cuda` package (`pip install -e '.[cuda]'`), which takes over
 `numba.cuda` when installed. `atomr devices` reports this.
 """
 
@@ -54,7 +54,7 @@ def cuda_target() -> CudaTarget:
     """Probe the CUDA target and driver (never raises)."""
     version = _numba_cuda_version()
     target = f"numba-cuda {version}" if version else "numba's built-in target (deprecated)"
-    hint = "" if version else "; pip install 'atomr[cuda]' for the maintained numba-cuda"
+    hint = "" if version else "; pip install -e '.[cuda]' for the maintained numba-cuda"
     if cuda_is_simulated():
         return CudaTarget(target, bool(version), "simulator", "NUMBA_ENABLE_CUDASIM=1" + hint)
     if not cuda_available():

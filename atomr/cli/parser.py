@@ -309,7 +309,8 @@ def _add_report_options(out: argparse._ArgumentGroup) -> None:
         "--tensorboard",
         default=None,
         metavar="DIR",
-        help="write TensorBoard event files here (needs atomr[tensorboard])",
+        help="write TensorBoard event files here (needs the tensorboard extra: "
+        "pip install -e '.[tensorboard]')",
     )
     out.add_argument(
         "--quiet",

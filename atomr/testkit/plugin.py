@@ -30,7 +30,7 @@ __all__ = ["actor_system", "actor_system_fixture"]
 
 try:
     import pytest_asyncio
-except ImportError:  # plain `pip install atomr` + pytest
+except ImportError:  # atomr installed without its test extra, + pytest
     _HAVE_PYTEST_ASYNCIO = _HAVE_LOOP_SCOPES = False
 else:
     _HAVE_PYTEST_ASYNCIO = True
@@ -40,7 +40,7 @@ _Scope = Literal["function", "class", "module", "package", "session"]
 _SCOPES: tuple[_Scope, ...] = get_args(_Scope)  # narrowest first
 
 _NEEDS_PYTEST_ASYNCIO = (
-    "the actor_system fixture needs pytest-asyncio: pip install 'atomr[test]' "
+    "the actor_system fixture needs pytest-asyncio: pip install -e '.[test]' "
     '(or pytest-asyncio), and set asyncio_mode = "auto" in the pytest config'
 )
 _NEEDS_LOOP_SCOPES = (

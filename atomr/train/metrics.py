@@ -232,13 +232,13 @@ def summary_writer_class() -> Any:
     (`atomr train` asks for it before any file is written).
 
     Raises:
-        ImportError: tensorboardX is not installed (`pip install 'atomr[tensorboard]'`).
+        ImportError: tensorboardX is not installed (`pip install -e '.[tensorboard]'`).
     """
     try:
         from tensorboardX import SummaryWriter  # noqa: PLC0415 - an optional extra
     except ImportError as exc:
         raise ImportError(
-            f"TensorBoard logs need tensorboardX: pip install 'atomr[tensorboard]' ({exc})"
+            f"TensorBoard logs need tensorboardX: pip install -e '.[tensorboard]' ({exc})"
         ) from exc
     return SummaryWriter
 
@@ -264,7 +264,7 @@ class TensorBoardLog(_Log):
             thread counts as stuck.
 
     Raises:
-        ImportError: tensorboardX is not installed (`pip install 'atomr[tensorboard]'`).
+        ImportError: tensorboardX is not installed (`pip install -e '.[tensorboard]'`).
         TypeError, ValueError: `timeout` is not a finite number of seconds
             > 0 (an infinite one would wait on a stuck thread for ever).
     """

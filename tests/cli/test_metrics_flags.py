@@ -33,7 +33,7 @@ def test_a_missing_extra_is_one_line(
     monkeypatch.setitem(sys.modules, "tensorboardX", None)
     code = main(["train", "--quiet", "--epochs", "1", "--tensorboard", str(tmp_path / "tb")])
     err = capsys.readouterr().err.strip()
-    assert code == 1 and len(err.splitlines()) == 1 and "atomr[tensorboard]" in err
+    assert code == 1 and len(err.splitlines()) == 1 and "pip install -e '.[tensorboard]'" in err
 
 
 @pytest.mark.parametrize("option", ["--metrics", "--tensorboard"])

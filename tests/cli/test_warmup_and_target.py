@@ -52,7 +52,7 @@ def test_the_cuda_target_and_driver_are_reported(
     found = target_module.cuda_target()
     assert (found.target, found.maintained, found.driver) == expected[:3]
     assert found.note.startswith(expected[3])
-    assert ("atomr[cuda]" in found.note) == (installed is None)
+    assert ("pip install -e '.[cuda]'" in found.note) == (installed is None)
 
 
 def test_devices_prints_the_cuda_line(capsys: pytest.CaptureFixture[str]) -> None:

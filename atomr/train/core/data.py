@@ -30,7 +30,7 @@ def load_digits_split(
         TypeError: `seed` is not an int or `test_fraction` not a number (a
             bool is neither).
         ValueError: `seed` is negative, or `test_fraction` not in (0, 1).
-        ImportError: scikit-learn is not installed (`pip install atomr[train]`).
+        ImportError: scikit-learn is not installed (`pip install -e '.[train]'`).
     """
     seed = int_at_least("seed", seed, 0, high=None)
     if not 0.0 < real_number("test_fraction", test_fraction) < 1.0:

@@ -306,7 +306,7 @@ class DataParallelOptions:
             TypeError: `job` is not a `DistributedTrainConfig`, or a setting
                 has the wrong type.
             ImportError: an MPI backend without mpi4py
-                (`pip install 'atomr[mpi]'`).
+                (`pip install -e '.[mpi]'`).
             ValueError: `job` disagrees with MPI, or a setting is out of range.
         """
         if not isinstance(job, DistributedTrainConfig):

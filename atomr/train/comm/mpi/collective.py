@@ -107,7 +107,7 @@ class MpiCollective(Collective):
             results, truncation, a hang). Must be the same on every rank.
 
     Raises:
-        ImportError: mpi4py is not installed (`pip install 'atomr[mpi]'`).
+        ImportError: mpi4py is not installed (`pip install -e '.[mpi]'`).
         TypeError: `timeout` is not a number of seconds or None (a bool is
             not), or `check_order` is not a bool.
         ValueError: `timeout` is not positive (NaN included) or infinite

@@ -86,7 +86,7 @@ def find_mpiexec() -> str:
         The absolute path of the executable.
 
     Raises:
-        FileNotFoundError: none found (install the extra: `pip install 'atomr[mpi]'`).
+        FileNotFoundError: none found (install the extra: `pip install -e '.[mpi]'`).
     """
     for directory in (Path(sys.executable).parent, Path(sys.executable).resolve().parent):
         candidate = directory / "mpiexec"
@@ -96,7 +96,7 @@ def find_mpiexec() -> str:
     if found is None:
         raise FileNotFoundError(
             "mpiexec not found next to the Python interpreter nor on PATH; "
-            "install the MPI extra: pip install 'atomr[mpi]'"
+            "install the MPI extra: pip install -e '.[mpi]'"
         )
     return found
 
@@ -326,7 +326,7 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
 
     Raises:
         ValueError: `n < 1`.
-        FileNotFoundError: no `mpiexec` (install `atomr[mpi]`).
+        FileNotFoundError: no `mpiexec` (install the `mpi` extra: `pip install -e '.[mpi]'`).
     """
     args = list(argv)
     if "--" in args[:1]:

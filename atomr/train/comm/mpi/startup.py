@@ -160,7 +160,7 @@ def import_mpi() -> Any:
         from mpi4py import MPI
     except ImportError as exc:
         raise ImportError(
-            f"the MPI backend needs mpi4py and an MPI library: pip install 'atomr[mpi]' ({exc})"
+            f"the MPI backend needs mpi4py and an MPI library: pip install -e '.[mpi]' ({exc})"
         ) from exc
     return MPI
 

@@ -16,6 +16,13 @@ from atomr.cli.errors import CliError, reported_as
 
 __all__ = ["main"]
 
+# What `atomr launch` / `atomr bench` pass on goes after "--"; a user who
+# forgot it is told so.
+_PASSED_ON = {
+    "launch": "the arguments of atomr train go after '--': atomr launch -n N -- --epochs 5",
+    "bench": "the scripts' arguments go after '--': atomr bench SUITE -- --tells 10000",
+}
+
 
 def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     """Split at the first "--": atomr's own arguments, then those passed on
@@ -38,7 +45,8 @@ def _parsed(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     args, extra = build_parser(atomr.__version__).parse_known_args(own)
     if extra:  # named after the command, whose --help lists what it takes
         command = f"atomr {args.command}" if args.command else "atomr"
-        raise CliError(f"unrecognized arguments: {' '.join(extra)} (see '{command} --help')")
+        hint = f"; {_PASSED_ON[args.command]}" if args.command in _PASSED_ON else ""
+        raise CliError(f"unrecognized arguments: {' '.join(extra)} (see '{command} --help'{hint})")
     if passed and args.command not in ("bench", "launch"):
         raise CliError(f"'atomr {args.command}' takes no arguments after '--'")
     return args, passed

@@ -105,7 +105,15 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["bench", "all", "--benchmarks-dir", "/nonexistent"], "no such folder"),
         (["launch"], "required: -n/--nprocs"),
         (["launch", "-n", "0", "--", "--epochs", "1"], "-n must be >= 1"),
-        (["launch", "-n", "2", "--epochs", "1"], "unrecognized arguments: --epochs 1"),
+        (
+            ["launch", "-n", "2", "--epochs", "1"],
+            "unrecognized arguments: --epochs 1 (see 'atomr launch --help'; the arguments"
+            " of atomr train go after '--': atomr launch -n N -- --epochs 5)",
+        ),
+        (
+            ["bench", "messaging", "--tells", "10"],
+            "(see 'atomr bench --help'; the scripts' arguments go after '--'",
+        ),
         (["launch", "-n", "1", "--timeout", "0"], "--timeout must be positive"),
         (["launch", "-n", "1", "--timeout", "-5"], "--timeout must be positive"),
         (["devices", "--", "x"], "takes no arguments after '--'"),

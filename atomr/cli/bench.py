@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from atomr.cli.errors import CliError
+from atomr.cli.errors import CliError, check_seconds
 from atomr.cli.summary import format_table
 
 __all__ = ["SUITES", "find_benchmarks_dir", "flatten", "run_bench"]
@@ -115,9 +115,11 @@ def run_bench(
         0 when every present script succeeded.
 
     Raises:
-        CliError: no folder, no script of the suite, a script failing or
-            printing something that is not JSON.
+        CliError: a `timeout` that is not positive and finite, no folder, no
+            script of the suite, a script failing or printing something that
+            is not JSON.
     """
+    check_seconds("--timeout", timeout)
     folder = find_benchmarks_dir(benchmarks_dir)
     args = list(script_args or [])
     present = [folder / name for name in SUITES[suite] if (folder / name).is_file()]

@@ -1,12 +1,15 @@
 """`CliError`: a user-facing error that the command reports in one line;
 `reported_as`: the one line, if any, of another error; `count_flag`: a
-count flag's check, as one line."""
+count flag's check, as one line; `check_seconds`: the rule for a command's
+`--timeout`."""
 
 from __future__ import annotations
 
+import math
+
 from atomr._arguments import int_at_least
 
-__all__ = ["CliError", "count_flag", "reported_as"]
+__all__ = ["CliError", "check_seconds", "count_flag", "reported_as"]
 
 
 class CliError(Exception):
@@ -53,3 +56,14 @@ def reported_as(error: BaseException) -> CliError | None:
     if isinstance(error, OSError | CheckpointError | MemoryError):
         return CliError(str(error) or "out of memory", 1)
     return None
+
+
+def check_seconds(option: str, seconds: float | None) -> None:
+    """Check a time limit given on the command line (`atomr bench --timeout`,
+    `atomr launch --timeout`): None (no limit) or positive and finite.
+
+    Raises:
+        CliError: 0, a negative number, NaN or infinity (exit status 2).
+    """
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise CliError(f"{option} must be positive and finite, got {seconds}")

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import importlib
-import math
 
-from atomr.cli.errors import CliError, count_flag
+from atomr.cli.errors import CliError, check_seconds, count_flag
 
 __all__ = ["launch_command"]
 
@@ -28,8 +27,7 @@ def launch_command(nprocs: int, train_args: list[str], timeout: float | None = N
             the MPI launcher is not available.
     """
     count_flag("-n", nprocs)
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise CliError(f"--timeout must be positive and finite, got {timeout}")
+    check_seconds("--timeout", timeout)
     args = list(train_args)
     if args[:1] == ["train"]:
         args = args[1:]

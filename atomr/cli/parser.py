@@ -337,7 +337,7 @@ def _add_bench(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="folder of the scripts (default: ./benchmarks, else the checkout's)",
     )
     p.add_argument("--json", action="store_true", help="print the raw JSON reports")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per script")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per script (default: 600)")
 
 
 def _add_launch(sub: argparse._SubParsersAction[_Parser]) -> None:

@@ -116,6 +116,12 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         ),
         (["launch", "-n", "1", "--timeout", "0"], "--timeout must be positive"),
         (["launch", "-n", "1", "--timeout", "-5"], "--timeout must be positive"),
+        (["bench", "kernels", "--timeout", "0"], "--timeout must be positive and finite, got 0.0"),
+        (["bench", "kernels", "--timeout", "-1"], "--timeout must be positive and finite"),
+        (
+            ["bench", "kernels", "--timeout", "nan"],
+            "--timeout must be positive and finite, got nan",
+        ),
         (["devices", "--", "x"], "takes no arguments after '--'"),
     ],
 )

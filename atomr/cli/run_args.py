@@ -119,6 +119,18 @@ def _path(value: str | None) -> Path | None:
     return None if value is None else Path(value).expanduser()
 
 
+def _file_path(option: str, value: str | None) -> Path | None:
+    """`value` as the path of a file.
+
+    Raises:
+        CliError: a path that has no file name ('', '.', '..', '/').
+    """
+    path = _path(value)
+    if path is not None and path.name in ("", ".."):
+        raise CliError(f"{option} {value!r} names a folder, not a file: give a file's path")
+    return path
+
+
 def _check_counts(args: argparse.Namespace) -> None:
     """Check the counts (`--epochs`, `--batch-size`, `--micro-batch-size`,
     `--workers`, `--samples`, `--features`, `--average-every`, `--classes`)
@@ -301,13 +313,13 @@ def _output_fields(args: argparse.Namespace, dist: DistributedTrainConfig | None
     """The `RunConfig` fields of the checkpoints and outputs (quiet on every
     MPI rank but the root)."""
     return dict(
-        checkpoint=_path(args.checkpoint),
+        checkpoint=_file_path("--checkpoint", args.checkpoint),
         resume=_path(args.resume),
         run_dir=_path(args.run_dir),
         name=args.name,
-        plot=_path(args.plot),
-        history=_path(args.history),
-        metrics=_path(args.metrics),
+        plot=_file_path("--plot", args.plot),
+        history=_file_path("--history", args.history),
+        metrics=_file_path("--metrics", args.metrics),
         tensorboard=_path(args.tensorboard),
         quiet=args.quiet or (dist is not None and not dist.is_root),
     )

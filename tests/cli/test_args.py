@@ -116,6 +116,9 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         ),
         (["launch", "-n", "1", "--timeout", "0"], "--timeout must be positive"),
         (["launch", "-n", "1", "--timeout", "-5"], "--timeout must be positive"),
+        (["train", "--checkpoint", ""], "--checkpoint '' names a folder, not a file"),
+        (["train", "--checkpoint", "."], "--checkpoint '.' names a folder, not a file"),
+        (["train", "--metrics", ".."], "--metrics '..' names a folder, not a file"),
         (["bench", "kernels", "--timeout", "0"], "--timeout must be positive and finite, got 0.0"),
         (["bench", "kernels", "--timeout", "-1"], "--timeout must be positive and finite"),
         (

@@ -200,7 +200,7 @@ def _add_optimizer_options(opt: argparse._ArgumentGroup) -> None:
         "--loss",
         choices=LOSSES,
         default="cross_entropy",
-        help="cross_entropy on class labels, or mse on one-hot targets",
+        help="cross_entropy on class labels (default), or mse on one-hot targets",
     )
     opt.add_argument(
         "--clip",
@@ -210,7 +210,7 @@ def _add_optimizer_options(opt: argparse._ArgumentGroup) -> None:
         help="clip the gradient to this global L2 norm",
     )
     opt.add_argument(
-        "--seed", type=int, default=0, help="model init, split and shuffle seed (>= 0)"
+        "--seed", type=int, default=0, help="model init, split and shuffle seed (>= 0; default: 0)"
     )
 
 

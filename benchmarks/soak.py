@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the full size")
     args = parser.parse_args()
+    if not (math.isfinite(args.scale) and args.scale > 0):  # -1 and nan were tracebacks
+        parser.error(f"--scale must be a positive fraction of the full size, got {args.scale}")
     result = atomr.run(_main(args.scale))
     print(json.dumps(result, indent=2))
     broken = any(v.get("errors") for v in result.values() if isinstance(v, dict))

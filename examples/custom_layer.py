@@ -9,6 +9,7 @@ Run it with `python examples/custom_layer.py`.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import numpy as np
@@ -97,4 +98,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(  # --help prints the docstring; it takes no options
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     atomr.run(main())

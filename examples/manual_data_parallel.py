@@ -11,6 +11,8 @@ largest weight difference. Run it with `python examples/manual_data_parallel.py`
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 import atomr
@@ -61,4 +63,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(  # --help prints the docstring; it takes no options
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     atomr.run(main())

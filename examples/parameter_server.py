@@ -23,6 +23,8 @@ Prints one line per mode, e.g.
 
 from __future__ import annotations
 
+import argparse
+
 import atomr
 from atomr import ActorSystem
 from atomr.train import LossKind, Mlp, OptimizerKind, TrainerConfig, fit
@@ -70,4 +72,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(  # --help prints the docstring; it takes no options
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     atomr.run(main())

@@ -5,6 +5,7 @@ Run: python examples/ping_pong.py   (prints "pong 1" ... and "done after 5 round
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import atomr
@@ -49,4 +50,7 @@ async def main(rounds: int = 5) -> int:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(  # --help prints the docstring; it takes no options
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     atomr.run(main())

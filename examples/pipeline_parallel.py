@@ -10,6 +10,8 @@ each stage held at most (1F1B: 3 2 1) and an ASCII timeline of the last step.
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 import atomr
@@ -43,4 +45,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(  # --help prints the docstring; it takes no options
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     atomr.run(main())

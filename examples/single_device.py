@@ -15,6 +15,7 @@ Prints:
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 
@@ -88,4 +89,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(  # --help prints the docstring; it takes no options
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     atomr.run(main())

@@ -10,6 +10,8 @@ Prints:
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 import atomr
@@ -49,4 +51,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(  # --help prints the docstring; it takes no options
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     atomr.run(main())

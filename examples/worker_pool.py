@@ -9,6 +9,7 @@ Run: python examples/worker_pool.py   (prints "ok=17 failed=3 restarts=3")
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 
@@ -48,5 +49,8 @@ async def main(jobs: int = 20) -> tuple[int, int]:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(  # --help prints the docstring; it takes no options
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     logging.getLogger("atomr").setLevel(logging.ERROR)  # the crashes are expected here
     atomr.run(main())

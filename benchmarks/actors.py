@@ -32,6 +32,8 @@ import tracemalloc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from _args import count
+
 import atomr
 from atomr import Actor, ActorSystem, Props
 
@@ -198,9 +200,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--actors", type=int, default=100_000, help="actors per spawn run")
-    parser.add_argument("--memory-actors", type=int, default=20_000, help="actors per memory run")
-    parser.add_argument("--repeat", type=int, default=5, help="runs of each, interleaved")
+    parser.add_argument("--actors", type=count, default=100_000, help="actors per spawn run")
+    parser.add_argument("--memory-actors", type=count, default=20_000, help="actors per memory run")
+    parser.add_argument("--repeat", type=count, default=5, help="runs of each, interleaved")
     parser.add_argument("--asyncio", action="store_true", help="plain asyncio instead of uvloop")
     args = parser.parse_args(argv)
     for name in ("actors", "memory_actors", "repeat"):

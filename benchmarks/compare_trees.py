@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _args import count, positive_real
+
 
 def flatten(value: Any, prefix: str = "") -> dict[str, float]:
     """Numeric leaves of a JSON value, keyed by their dotted path."""
@@ -77,8 +79,8 @@ def main() -> None:
     parser.add_argument("tree_a", type=Path)
     parser.add_argument("tree_b", type=Path)
     parser.add_argument("script")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--rounds", type=count, default=3)
+    parser.add_argument("--timeout", type=positive_real, default=900.0)
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     ns = parser.parse_args(argv[:cut])

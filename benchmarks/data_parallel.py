@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _args import count
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_step import LR, SIZES, numpy_step, timed  # noqa: E402
@@ -93,9 +94,9 @@ async def all_reduce_time(buffers: list[np.ndarray], repeat: int) -> float:
 def main() -> None:
     """Run the benchmark and print one JSON object."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--repeat", type=count, default=20)
+    parser.add_argument("--rounds", type=count, default=3)
+    parser.add_argument("--batch", type=count, default=512)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     x = rng.random((args.batch, SIZES[0]), dtype=np.float32)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _args import count
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpt_numpy import NumpyGpt, adamw  # noqa: E402
@@ -162,8 +163,8 @@ async def held_activations() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeat", type=count, default=5)
+    parser.add_argument("--rounds", type=count, default=3)
     args = parser.parse_args()
     report = {"step": asyncio.run(steps(args.repeat, args.rounds))}
     report["pipeline"] = asyncio.run(held_activations())

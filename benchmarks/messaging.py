@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _args import count
+
 import atomr
 from atomr import Actor, ActorSystem, Props
 
@@ -201,12 +203,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--tells", type=int, default=500_000, help="messages per tell run")
-    parser.add_argument("--asks", type=int, default=50_000, help="round trips per ask run")
+    parser.add_argument("--tells", type=count, default=500_000, help="messages per tell run")
+    parser.add_argument("--asks", type=count, default=50_000, help="round trips per ask run")
     parser.add_argument(
-        "--thread-tells", type=int, default=200_000, help="messages per thread-tell run"
+        "--thread-tells", type=count, default=200_000, help="messages per thread-tell run"
     )
-    parser.add_argument("--repeat", type=int, default=5, help="runs of each, best kept")
+    parser.add_argument("--repeat", type=count, default=5, help="runs of each, best kept")
     parser.add_argument("--asyncio", action="store_true", help="plain asyncio instead of uvloop")
     args = parser.parse_args(argv)
     for name in ("tells", "asks", "thread_tells", "repeat"):

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _args import count
 
 from atomr.train.comm.mpi.launch import run_mpiexec
 
@@ -180,9 +181,9 @@ def _launch(n: int, args: list[str], timeout: float) -> dict[str, Any]:
 def main() -> None:
     """Parse arguments; run a rank's part, or launch the jobs and print JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=15, help="interleaved rounds per size")
-    parser.add_argument("--max-mb", type=int, default=64, help="largest buffer in MB")
-    parser.add_argument("--steps", type=int, default=10, help="timed data-parallel steps")
+    parser.add_argument("--repeat", type=count, default=15, help="interleaved rounds per size")
+    parser.add_argument("--max-mb", type=count, default=64, help="largest buffer in MB")
+    parser.add_argument("--steps", type=count, default=10, help="timed data-parallel steps")
     parser.add_argument("--no-dp", action="store_true", help="only the all-reduce figures")
     parser.add_argument("--role", choices=["allreduce", "dp"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)

@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _args import count
 
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
@@ -130,10 +131,10 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds of every case")
+    parser.add_argument("--steps", type=count, default=60)
+    parser.add_argument("--workers", type=count, default=4)
+    parser.add_argument("--batch", type=count, default=256)
+    parser.add_argument("--repeat", type=count, default=3, help="interleaved rounds of every case")
     args = parser.parse_args()
     x, y = synthetic_classification(args.batch * (args.steps + 1), SIZES[0], SIZES[-1], seed=0)
     config = TrainerConfig(OptimizerKind.sgd(0.01, momentum=0.9), LossKind.CROSS_ENTROPY)

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _args import count, positive_real
 
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
@@ -145,8 +146,10 @@ async def real_mlp(sizes: list[int], batch: int, micro: int, steps: int) -> list
 async def main() -> None:
     global OP_SECONDS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--op-ms", type=float, default=20.0, help="device time of each F and B")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per case")
+    parser.add_argument(
+        "--op-ms", type=positive_real, default=20.0, help="device time of each F and B"
+    )
+    parser.add_argument("--steps", type=count, default=5, help="timed steps per case")
     parser.add_argument("--quick", action="store_true", help="smaller real model (smoke run)")
     args = parser.parse_args()
     OP_SECONDS = args.op_ms / 1e3

@@ -22,6 +22,8 @@ import statistics
 import time
 from typing import Any
 
+from _args import count
+
 import atomr
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
@@ -110,8 +112,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--slow", type=float, default=3.0, help="cpu:1 takes this many times as long"
     )
     parser.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
-    parser.add_argument("--repeat", type=int, default=3, help="interleaved runs of each policy")
-    parser.add_argument("--max-epochs", type=int, default=30)
+    parser.add_argument("--repeat", type=count, default=3, help="interleaved runs of each policy")
+    parser.add_argument("--max-epochs", type=count, default=30)
     return parser.parse_args(argv)
 
 

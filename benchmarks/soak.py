@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
+
+from _args import positive_real
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -50,10 +51,10 @@ async def _main(scale: float) -> dict[str, Any]:
 def main() -> int:
     """Run the soak and print its figures as JSON; 1 if an invariant broke."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="fraction of the full size")
+    parser.add_argument(
+        "--scale", type=positive_real, default=1.0, help="fraction of the full size"
+    )
     args = parser.parse_args()
-    if not (math.isfinite(args.scale) and args.scale > 0):  # -1 and nan were tracebacks
-        parser.error(f"--scale must be a positive fraction of the full size, got {args.scale}")
     result = atomr.run(_main(args.scale))
     print(json.dumps(result, indent=2))
     broken = any(v.get("errors") for v in result.values() if isinstance(v, dict))

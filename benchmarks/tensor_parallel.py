@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _args import count
 
 from atomr import ActorSystem
 from atomr.accel.threads import available_cores
@@ -173,10 +174,10 @@ async def run(repeat: int, rounds: int, batch: int, shard_counts: list[int]) -> 
 def main() -> None:
     """Parse the arguments, run, print JSON."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeat", type=count, default=5)
+    parser.add_argument("--rounds", type=count, default=2)
+    parser.add_argument("--batch", type=count, default=128)
+    parser.add_argument("--shards", type=count, nargs="+", default=[1, 2, 4])
     args = parser.parse_args()
     result = asyncio.run(run(args.repeat, args.rounds, args.batch, args.shards))
     print(json.dumps(result, indent=2))

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _args import count
+
 STEP_SCRIPT = """
 import asyncio, json, statistics, sys, time
 sys.path.insert(0, {bench!r})
@@ -138,8 +140,8 @@ def summary(values: list[float]) -> dict[str, float]:
 def main() -> None:
     """Run the rounds interleaved and print one JSON object."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hops", type=int, default=20000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--hops", type=count, default=20000)
+    parser.add_argument("--repeat", type=count, default=3)
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     result: dict[str, Any] = {"benchmark": "thread_hop", "cpus": len(cpus)}

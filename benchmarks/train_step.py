@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _args import count
 
 from atomr import ActorSystem
 from atomr.accel.job_timing import INLINE_BELOW_S
@@ -146,8 +147,8 @@ async def trainer_time(
 def main() -> None:
     """Run the benchmark and print one JSON object."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--repeat", type=count, default=20)
+    parser.add_argument("--batch", type=count, default=512)
     parser.add_argument(
         "--sizes", default=",".join(map(str, SIZES)), help="layer widths, e.g. 64,128,10"
     )

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _args import count
 
 from atomr import ActorSystem
 from atomr.accel import cpu_devices
@@ -107,8 +108,8 @@ async def speed(repeat: int, rounds: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeat", type=count, default=10)
+    parser.add_argument("--rounds", type=count, default=3)
     parser.add_argument("--no-memory", action="store_true")
     args = parser.parse_args()
     report: dict[str, Any] = {"full_vector_bytes": Mlp(SIZES).n_params * 4}

@@ -1,0 +1,49 @@
+"""The benchmark scripts (run as docs/benchmarks.md and docs/reliability.md
+say, or through `atomr bench -- ...`) refuse a count or a duration they
+cannot run with one usage line (exit 2), by `benchmarks/_args.py`'s types:
+it was a traceback from deep inside a run (`ValueError: negative count`,
+`no median for empty data`, `min() arg is an empty sequence`, ...)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COUNT = "must be >= 1, got {}"
+REAL = "must be positive and finite, got {}"
+
+
+@pytest.mark.parametrize(
+    ("script", "option", "value", "rule"),
+    [
+        ("soak.py", "--scale", "-1", REAL),
+        ("soak.py", "--scale", "nan", REAL),
+        ("soak.py", "--scale", "0", REAL),
+        ("data_parallel.py", "--repeat", "-1", COUNT),
+        ("gpt.py", "--repeat", "0", COUNT),
+        ("parameter_server.py", "--workers", "-1", COUNT),
+        ("pipeline.py", "--op-ms", "-1", REAL),
+        ("tensor_parallel.py", "--shards", "-1", COUNT),
+        ("thread_hop.py", "--hops", "-1", COUNT),
+        ("train_step.py", "--batch", "-1", COUNT),
+        ("zero.py", "--rounds", "-1", COUNT),
+    ],
+)
+def test_a_value_it_cannot_run_with_is_one_usage_line(
+    script: str, option: str, value: str, rule: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), option, value],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    shown = float(value) if rule == REAL else int(value)
+    expected = f"{script}: error: argument {option}: {rule.format(shown)}"
+    assert result.stderr.splitlines()[-1] == expected, result.stderr

@@ -165,5 +165,5 @@ def test_tensorboard_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch)
     import sys
 
     monkeypatch.setitem(sys.modules, "tensorboardX", None)
-    with pytest.raises(ImportError, match=r"atomr\[tensorboard\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[tensorboard\]'"):
         TensorBoardLog("unused")

@@ -121,7 +121,7 @@ def test_missing_mpi4py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     from atomr.train.comm.mpi import collective as mpi_collective
 
     monkeypatch.setitem(sys.modules, "mpi4py", None)
-    with pytest.raises(ImportError, match=r"atomr\[mpi\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[mpi\]'"):
         mpi_collective.MpiCollective()
 
 

@@ -10,7 +10,8 @@ with `Failure(exc)`, so the actor is not restarted and keeps its weights.
 With `accumulation_steps = K`, micro-steps 1..K-1 only add their gradient
 *sums* (and loss sums and normalisers) into an accumulator; the K-th divides
 the total by the total normaliser and applies once, exactly as one step on
-the concatenated batch.
+the concatenated batch. A micro-step that fails after validation abandons
+the window, as in data parallel.
 """
 
 from __future__ import annotations
@@ -232,6 +233,21 @@ class Trainer(DeviceActor):
     # -- device-side work (runs on the device's worker thread) ---------------
 
     def _step(self, x: np.ndarray, y: np.ndarray) -> StepStats:
+        """One validated `Step`. One that fails (a non-finite loss, gradient
+        or update, a device error) abandons an open accumulation window, as
+        in `DataParallelTrainer`: the next `Step` opens a new one.
+
+        Raises:
+            NonFiniteError: the loss, gradient or update is not finite.
+            Exception: what the device raised; nothing was applied.
+        """
+        try:
+            return self._micro_step(x, y)
+        except BaseException:
+            self._reset_accumulation()
+            raise
+
+    def _micro_step(self, x: np.ndarray, y: np.ndarray) -> StepStats:
         model, opt, cfg = self.model, self.optimizer, self.config
         assert model is not None and opt is not None
         be = model.backend

@@ -410,6 +410,35 @@ async def test_malformed_checkpoint_state_is_a_checkpoint_error(tmp_path: Path, 
         assert (await ref.ask(Step(x, y), timeout=10)).applied
 
 
+@pytest.mark.parametrize("k", [2])
+async def test_a_failed_micro_step_abandons_the_window_as_in_data_parallel(k: int) -> None:
+    """A micro-step whose loss is not finite (float64 features of 1e300)
+    fails in both trainers, and both then open a new window: their next `k`
+    steps apply alike (before, the `Trainer` kept its window and applied one
+    `Step` sooner than `DataParallelTrainer`, docs/data_parallel.md). A batch
+    refused by validation (a NaN) keeps the window in both."""
+    from atomr.accel import cpu_devices
+    from atomr.train import DataParallelTrainer
+
+    x, y = _data(8)
+    x = x.astype(np.float64)
+    runs = []
+    async with ActorSystem() as system:
+        for trainer_class, n in ((Trainer, 1), (DataParallelTrainer, 2)):
+            model = Mlp(SIZES, seed=3, dtype=np.float64)
+            config = _config(accumulation_steps=k)
+            ref = await trainer_class.spawn(system, model, cpu_devices(n), config)
+            assert not (await ref.ask(Step(x, y), timeout=10)).applied
+            with pytest.raises(InvalidBatchError):
+                await ref.ask(Step(np.where(x > 0.5, np.nan, x), y), timeout=10)
+            with pytest.raises(NonFiniteError):
+                await ref.ask(Step(x * 1e300, y), timeout=10)
+            applied = [(await ref.ask(Step(x, y), timeout=10)).applied for _ in range(k)]
+            runs.append((applied, await _weights(ref)))
+    assert runs[0][0] == runs[1][0] == [False] * (k - 1) + [True]
+    np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-9, atol=1e-12)
+
+
 async def test_spawn_takes_one_device_and_no_options() -> None:
     """The trainer contract: `devices` is one device or a sequence of one;
     anything else, or any options, is refused before anything is spawned."""

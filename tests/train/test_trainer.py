@@ -410,7 +410,7 @@ async def test_malformed_checkpoint_state_is_a_checkpoint_error(tmp_path: Path, 
         assert (await ref.ask(Step(x, y), timeout=10)).applied
 
 
-@pytest.mark.parametrize("k", [2])
+@pytest.mark.parametrize("k", [2, 3])
 async def test_a_failed_micro_step_abandons_the_window_as_in_data_parallel(k: int) -> None:
     """A micro-step whose loss is not finite (float64 features of 1e300)
     fails in both trainers, and both then open a new window: their next `k`

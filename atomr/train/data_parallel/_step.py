@@ -121,7 +121,7 @@ class StepRunner:
         hand_over = last and self.reduction.wants_gradients
         msgs, lo = [], self.window.samples + offset  # the window is one batch
         for xs, ys in self.shards(x, y):
-            msgs.append(ComputeGradients(xs, ys, accumulate, hand_over, lo))
+            msgs.append(ComputeGradients(xs, ys, accumulate, hand_over, lo, not last))
             lo += int(xs.shape[0])
         results = await self.replicas.ask_each(msgs)
         if failed_indices(results):

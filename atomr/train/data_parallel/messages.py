@@ -163,6 +163,10 @@ class ComputeGradients:
             (the host collective sums them).
         sample_offset: the first row's index in the whole batch (dropout
             masks depend on it, so replicas draw one device's masks).
+        check_gradient: refuse (`NonFiniteError`) a gradient buffer that is
+            not finite once the shard's gradient is in it: set for an
+            accumulation window's micro-steps before its last, which no
+            reduction checks (the single-device `Trainer` refuses them too).
     """
 
     features: np.ndarray
@@ -170,6 +174,7 @@ class ComputeGradients:
     accumulate: bool = False
     return_gradients: bool = False
     sample_offset: int = 0
+    check_gradient: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -235,7 +235,8 @@ class ReplicaActor(Trainer):
             The shard's `GradientResult`.
 
         Raises:
-            NonFiniteError: the loss is not finite (no weight changed).
+            NonFiniteError: the loss is not finite, or the gradient buffer
+                is not when `msg.check_gradient` (no weight changed).
         """
         model = self.model
         assert model is not None
@@ -254,6 +255,8 @@ class ReplicaActor(Trainer):
             loss_sum, norm = self.config.loss.sums(be, tape.output, self._dev(y), d_out)
             check_loss(loss_sum)
             model.backward(tape, d_out, accumulate=msg.accumulate)
+            if msg.check_gradient:  # a micro-step no reduction checks
+                check_gradient(be.squared_norm(model.grads), "micro-step")
         be.synchronize()
         grads = None
         if msg.return_gradients:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -61,3 +63,23 @@ async def test_evaluate_never_answers_a_non_finite_loss(strategy) -> None:
             await ref.ask(Evaluate(huge, y), timeout=10)
         result = await ref.ask(Evaluate(x, y), timeout=10)  # not restarted, still answers
         assert np.isfinite(result.loss)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_an_overflowing_gradient_is_refused_without_a_numpy_warning(strategy) -> None:
+    """float64 features of 1e300: the gradient overflows, and every trainer
+    refuses the step with `NonFiniteError` from its own explicit check, with
+    no NumPy `RuntimeWarning` on the way (ZeRO's squared norm of its pieces
+    let NumPy's overflow warning out to the user)."""
+    trainer_class, options, n = STRATEGIES[strategy]
+    x, y = synthetic_classification(8, SIZES[0], SIZES[-1], seed=0)
+    async with ActorSystem() as system:
+        model = Mlp(SIZES, seed=1, dtype=np.float64)
+        config = _config(OptimizerKind.sgd(0.1))
+        ref = await trainer_class.spawn(system, model, cpu_devices(n), config, options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(NonFiniteError):
+                await ref.ask(Step(x.astype(np.float64) * 1e300, y), timeout=10)
+        np.testing.assert_array_equal(await ref.ask(GetWeights(), timeout=10), model.get_params())
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []

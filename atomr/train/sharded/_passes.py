@@ -232,10 +232,11 @@ class ShardedPasses:
 
     def _owned_squares(self, unit: int, buffers: list[np.ndarray]) -> float:
         total = 0.0
-        for k, buffer in enumerate(buffers):
-            lo, hi = self.exchange.layout.unit_bounds(buffer.size, k)
-            part = buffer[lo:hi].astype(np.float64)
-            total += float(np.dot(part, part))
+        with np.errstate(over="ignore", invalid="ignore"):  # an inf total is refused later
+            for k, buffer in enumerate(buffers):
+                lo, hi = self.exchange.layout.unit_bounds(buffer.size, k)
+                part = buffer[lo:hi].astype(np.float64)
+                total += float(np.dot(part, part))
         return total
 
     async def _gather_layer(self, failure: _Failure, layer: int) -> list[np.ndarray | None]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import re
+import tokenize
 import zipfile
 
 import numpy as np
@@ -23,6 +24,10 @@ __all__ = ["read_members"]
 
 _MEMBER_NAME = re.compile(r"(weights|(?:optimizer|extra)/[A-Za-z0-9_.-]{1,64})\.npy")
 _REAL_KINDS = "biuf"
+_UNREADABLE_FLAGS = 0x01 | 0x20 | 0x40  # encrypted, patched data, strong encryption
+_MALFORMED = (ValueError, OSError, zipfile.BadZipFile, EOFError, SyntaxError, tokenize.TokenError)
+"""What reading a malformed member raises (NumPy's `.npy` header parser lets
+its tokenizer's and parser's errors through)."""
 
 
 def read_members(payload: bytes) -> dict[str, np.ndarray]:
@@ -35,14 +40,15 @@ def read_members(payload: bytes) -> dict[str, np.ndarray]:
         One array per member, each a fresh copy.
 
     Raises:
-        CheckpointError: not a zip archive, a compressed, duplicated or
+        CheckpointError: not a zip archive (or one of a zip version or
+            feature the reader lacks), a compressed, encrypted, duplicated or
             unexpected member, an array header that is malformed or does not
             match the member's size, a dtype that is not a real number, or a
             float array holding NaN or infinity. The message names the member.
     """
     try:
         archive = zipfile.ZipFile(io.BytesIO(payload))
-    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+    except (zipfile.BadZipFile, ValueError, OSError, NotImplementedError) as exc:
         raise CheckpointError(f"payload is not a zip archive: {exc}") from exc
     with archive:
         infos = archive.infolist()
@@ -61,6 +67,8 @@ def _check_entry(info: zipfile.ZipInfo, payload_len: int) -> None:
         raise CheckpointError(f"payload member {name!r} is not one this format writes")
     if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
         raise CheckpointError(f"payload member {name!r} is compressed (only stored members)")
+    if info.flag_bits & _UNREADABLE_FLAGS:
+        raise CheckpointError(f"payload member {name!r} is encrypted (only plain stored members)")
     if info.file_size > payload_len:
         raise CheckpointError(f"payload member {name!r} claims more bytes than the payload")
 
@@ -95,7 +103,7 @@ def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
             array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
     except CheckpointError:
         raise
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+    except _MALFORMED as exc:
         raise CheckpointError(f"payload member {name!r} is malformed: {exc}"[:300]) from exc
     array = array.copy()
     if array.dtype.kind == "f":  # finite in its saved dtype (`cast_finite`)

@@ -310,12 +310,19 @@ def _load_bounded(path: Path) -> Checkpoint | BaseException:
         assert peak < PEAK, f"loading {path} took {peak} bytes"
 
 
+SPECIAL = ["fifo", "directory", "/dev/zero", "dangling link", "link loop", "missing", "good link"]
+"""What may stand in a file's place: every one but a link to a good copy is refused."""
+
+
 @st.composite
 def damaged_save(draw: st.DrawFn, save: Saved, others: list[bytes]) -> tuple[str, str, bytes]:
-    """(which file, how, its new bytes) of one mutation of one file of `save`."""
+    """(which file, how, its new bytes) of one mutation of one file of `save`:
+    `how` is "raw" (the checksum refuses it), "hostile" or one of `SPECIAL`."""
     name = draw(st.sampled_from(list(save.files)))
     raw = save.files[name]
-    how = draw(st.sampled_from(["raw", "hostile"]))
+    how = draw(st.sampled_from(["raw", "hostile", "hostile", "special"]))
+    if how == "special":
+        return name, draw(st.sampled_from(SPECIAL)), raw
     if how == "raw":
         if draw(st.booleans()):
             return name, how, raw[: draw(st.integers(0, len(raw) - 1))]
@@ -326,9 +333,30 @@ def damaged_save(draw: st.DrawFn, save: Saved, others: list[bytes]) -> tuple[str
     return name, how, draw(hostile_bytes(raw, others))
 
 
-def _write(folder: Path, save: Saved, name: str, data: bytes) -> Path:
+def _write(folder: Path, save: Saved, name: str, data: bytes, how: str = "hostile") -> Path:
+    """The files of `save` in `folder`, `name`'s replaced by `data` or by
+    what `how` names (`SPECIAL`); the path of its index."""
+    for entry in folder.iterdir():
+        entry.rmdir() if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     for other, content in save.files.items():
-        (folder / other).write_bytes(data if other == name else content)
+        target = folder / other
+        if other != name:
+            target.write_bytes(content)
+        elif how == "fifo":
+            os.mkfifo(target)
+        elif how == "directory":
+            target.mkdir()
+        elif how == "/dev/zero":
+            target.symlink_to("/dev/zero")
+        elif how == "dangling link":
+            target.symlink_to(folder / "nowhere")
+        elif how == "link loop":
+            target.symlink_to(target)
+        elif how == "good link":
+            (folder / "real").write_bytes(content)
+            target.symlink_to(folder / "real")
+        elif how != "missing":
+            target.write_bytes(data)
     return folder / "c.ckpt"
 
 
@@ -387,9 +415,11 @@ def test_a_damaged_or_hostile_file_is_refused_or_loads_what_it_says(
     def check(data: st.DataObject) -> None:
         save = saved[data.draw(st.sampled_from(keys))]
         name, how, damaged = data.draw(damaged_save(save, others))
-        outcome = _merge_bounded(_write(tmp_path, save, name, damaged))
+        outcome = _merge_bounded(_write(tmp_path, save, name, damaged, how))
         if how == "raw":  # the checksum refuses it
             assert isinstance(outcome, CheckpointError), outcome
+        elif how in SPECIAL and how != "good link":
+            assert isinstance(outcome, CheckpointError | OSError), outcome
         elif isinstance(outcome, Checkpoint) and damaged == save.files[name]:
             assert _same(outcome, save.ckpt)
         else:
@@ -432,8 +462,8 @@ def test_a_trainer_loads_what_a_hostile_file_says_or_refuses_it_unchanged(
             @_fuzz(6)
             @given(data=st.data())
             def check(data: st.DataObject) -> None:
-                name, _, damaged = data.draw(damaged_save(save, others))
-                path = _write(files, save, name, damaged)
+                name, how, damaged = data.draw(damaged_save(save, others))
+                path = _write(files, save, name, damaged, how)
                 expected = _merge_bounded(path)
                 try:
                     runner.run(ref.ask(LoadCheckpoint(path), timeout=30))
@@ -445,6 +475,7 @@ def test_a_trainer_loads_what_a_hostile_file_says_or_refuses_it_unchanged(
                 assert isinstance(expected, Checkpoint), f"the trainer loaded {expected!r}"
                 now = runner.run(ref.ask(GetWeights(), timeout=30))
                 assert _bits(now) == _bits(expected.weights.astype(now.dtype))
+                assert runner.run(_state(ref, own)).step == expected.step
                 runner.run(ref.ask(LoadCheckpoint(good_path), timeout=30))
 
             check()

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atomr._arguments import int_at_least, real_number
+from atomr._repr import bounded_repr
 from atomr.train.core._atomic_write import write_atomically
 from atomr.train.fit import EpochRecord
 from atomr.train.metrics import json_value
@@ -29,9 +31,22 @@ def history_path_for(checkpoint: Path) -> Path:
     return checkpoint.with_name(checkpoint.name + ".history.json")
 
 
-def _record(raw: dict[str, Any]) -> EpochRecord:
-    """An `EpochRecord` from its JSON form (null back to NaN)."""
-    values: dict[str, Any] = {k: (math.nan if v is None else v) for k, v in raw.items()}
+def _record(raw: Any) -> EpochRecord:
+    """An `EpochRecord` from its JSON form (null back to NaN), checked.
+
+    Raises:
+        TypeError: not an object, a field missing or unknown, `epoch` or
+            `step` not an integer, another field not a real number.
+        ValueError: `epoch` below 1 or `step` below 0.
+    """
+    if not isinstance(raw, dict):
+        raise TypeError(f"an epoch record must be an object, got {bounded_repr(raw)}")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in ("epoch", "step"):
+            values[key] = int_at_least(f"an epoch record's {key}", value, int(key == "epoch"))
+        else:
+            values[key] = math.nan if value is None else real_number(str(key), value)
     return EpochRecord(**values)
 
 
@@ -117,14 +132,17 @@ class History:
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 raise ValueError("unknown format")
             records = [_record(raw) for raw in data["epochs"]]
+            wall = real_number("wall_seconds", data["wall_seconds"])
+            if not 0 <= wall < math.inf:
+                raise ValueError(f"wall_seconds must be finite and >= 0, got {wall}")
             return cls(
                 config=dict(data["config"]),
                 epochs=records,
                 status=str(data["status"]),
-                wall_seconds=float(data["wall_seconds"]),
+                wall_seconds=wall,
                 resumed_from=data.get("resumed_from"),
                 position=data.get("position"),
                 run_id=run_id if isinstance(run_id := data.get("run_id"), str) else None,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, RecursionError) as exc:  # JSON nested too deep
             raise ValueError(f"{path}: not an atomr history file ({exc})") from None

@@ -8,6 +8,7 @@ written atomically."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -115,6 +116,18 @@ def _position_set(**fields: object) -> Callable[[Path], None]:
     return spoil
 
 
+def _raw_set(where: str, key: str, value: object) -> Callable[[Path], None]:
+    """A history file of this very save whose JSON has `key` of its top
+    level (`where` ""), or of its first epoch record ("epochs"), set to `value`."""
+
+    def spoil(side: Path) -> None:
+        data = json.loads(side.read_text())
+        (data["epochs"][0] if where == "epochs" else data)[key] = value
+        side.write_text(json.dumps(data))
+
+    return spoil
+
+
 @pytest.mark.parametrize(
     ("spoil", "why"),
     [
@@ -127,6 +140,12 @@ def _position_set(**fields: object) -> Callable[[Path], None]:
         (_position_set(batch=True), "not whole numbers within the run"),
         (lambda side: side.write_text(""), "not an atomr history file"),
         (lambda side: side.write_text('{"format": "atomr-hist'), "not an atomr history file"),
+        # a RecursionError out of `atomr train` before
+        (lambda side: side.write_text("[" * 100_000), "not an atomr history file"),
+        # a TypeError, a ValueError from NumPy and an OverflowError out of `atomr train` before
+        (_raw_set("epochs", "epoch", "x"), "not an atomr history file"),
+        (_raw_set("epochs", "test_accuracy", [1]), "not an atomr history file"),
+        (_raw_set("", "wall_seconds", 10**400), "not an atomr history file"),
     ],
     ids=[
         "older-step",
@@ -138,6 +157,10 @@ def _position_set(**fields: object) -> Callable[[Path], None]:
         "bool-batch",
         "empty",
         "corrupt",
+        "nested-too-deep",
+        "text-epoch-record",
+        "list-accuracy",
+        "wall-seconds-beyond-float",
     ],
 )
 def test_the_checkpoint_step_wins_over_a_bad_history_file(

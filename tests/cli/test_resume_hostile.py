@@ -1,0 +1,101 @@
+"""`atomr train --resume` of a damaged or hostile checkpoint or history
+file, fuzzed (the files' mutations: `tests/reliability/test_checkpoint_fuzz.py`).
+
+The command must resume (the file still says something valid) or refuse
+with one error line and exit status 2 (1 for a file it cannot read): never
+a traceback, whatever the file holds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import atomr.cli
+from tests.cli.test_distributed_agreement import TINY
+from tests.reliability.test_checkpoint_fuzz import (
+    HOSTILE,
+    SPECIAL,
+    Saved,
+    _fuzz,
+    _paths,
+    _write,
+    damaged_save,
+)
+
+_AT = TINY.index("--epochs")
+TWO_EPOCHS = [*TINY[:_AT], "--epochs", "2", *TINY[_AT + 2 :]]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
+    """A checkpoint of one epoch of `TINY` and its history file."""
+    folder = tmp_path_factory.mktemp("run")
+    path = folder / "one.ckpt"
+    argv = ["train", *TINY, "--checkpoint", str(path), "--run-dir", str(folder / "run")]
+    assert atomr.cli.main(argv) == 0
+    names = ["one.ckpt", "one.ckpt.history.json"]
+    return Saved({name: (folder / name).read_bytes() for name in names}, None)  # type: ignore[arg-type]
+
+
+@st.composite
+def hostile_history(draw: st.DrawFn, raw: bytes) -> bytes:
+    """A history file with one field set to a hostile value, deleted, or
+    nested too deep; or cut short."""
+    data = json.loads(raw)
+    kind = draw(st.sampled_from(["set", "delete", "deep", "truncate"]))
+    if kind == "truncate":
+        return raw[: draw(st.integers(0, len(raw) - 1))]
+    if kind == "deep":
+        return b'{"format": ' + b"[" * 100_000
+    *outer, key = draw(st.sampled_from(list(_paths(data))))
+    holder: Any = data
+    for step in outer:
+        holder = holder[step]
+    if kind == "delete":
+        del holder[key]
+    else:
+        holder[key] = draw(HOSTILE)
+    return json.dumps(data).encode()
+
+
+def test_the_files_untouched_resume(saved: Saved, tmp_path: Path) -> None:
+    _write(tmp_path, saved, "", b"")
+    argv = ["train", *TWO_EPOCHS, "--resume", str(tmp_path / "one.ckpt")]
+    assert atomr.cli.main([*argv, "--run-dir", str(tmp_path / "run")]) == 0
+
+
+def test_a_resume_of_a_hostile_file_resumes_or_is_refused_in_one_line(
+    saved: Saved, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = tmp_path / "files"
+    files.mkdir()
+
+    @_fuzz(8)
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        if data.draw(st.booleans()):
+            checkpoint = saved.files["one.ckpt"]
+            only = Saved({"one.ckpt": checkpoint}, saved.ckpt)
+            name, how, damaged = data.draw(damaged_save(only, [checkpoint]))
+        else:
+            name, how = "one.ckpt.history.json", "history"
+            damaged = data.draw(hostile_history(saved.files[name]))
+        _write(files, saved, name, damaged, how)
+        shutil.rmtree(tmp_path / "run", ignore_errors=True)
+        capsys.readouterr()
+        argv = ["train", *TWO_EPOCHS, "--resume", str(files / "one.ckpt")]
+        code = atomr.cli.main([*argv, "--run-dir", str(tmp_path / "run")])
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("atomr: error")]
+        if code == 0:
+            assert not errors and how != "raw" and (how not in SPECIAL or how == "good link")
+        else:
+            assert code in (1, 2) and len(errors) == 1, err
+
+    check()

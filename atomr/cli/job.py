@@ -17,6 +17,7 @@ import atomr
 from atomr.actor import ActorRef
 from atomr.cli.agreement import agree, none_failed
 from atomr.cli.errors import CliError, reported_as
+from atomr.cli.resume import check_unchanged
 from atomr.cli.run_args import mpi_place
 from atomr.train import CheckpointError, LoadCheckpoint
 from atomr.train.comm.mpi.collective import MpiCollective
@@ -41,16 +42,20 @@ class Job:
     agree_to_stop: Callable[[bool], Awaitable[bool]] | None = None
     collective: Any = None
 
-    async def load(self, trainer: ActorRef, path: Path) -> None:
-        """Load the checkpoint to resume from.
+    async def load(self, trainer: ActorRef, path: Path, save: str | None) -> None:
+        """Load the checkpoint to resume from, the save `save` (its
+        `save_digest`, which the run was planned from; None: not checked).
 
         Raises:
-            CliError: the trainer refused it (corrupted, another model).
+            CliError: the trainer refused it (corrupted, another model), or
+                it is no longer that save (`check_unchanged`).
         """
         try:
             await trainer.ask(LoadCheckpoint(str(path)), timeout=600.0)
         except (CheckpointError, OSError) as exc:
             raise CliError(f"--resume: {exc}") from None
+        if save is not None:
+            check_unchanged(path, save)
 
     async def none_failed(self, error: Exception | None) -> None:
         """Every process learns whether any failed a step they all take

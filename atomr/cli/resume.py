@@ -29,7 +29,7 @@ from atomr.train.core.checkpoint import checkpoint_digest
 from atomr.train.core.sharded_index import merge_shards, save_digest
 from atomr.train.fit import FitPosition
 
-__all__ = ["ResumePoint", "check_something_left", "resume_position"]
+__all__ = ["ResumePoint", "check_something_left", "check_unchanged", "resume_position"]
 
 
 class ResumePoint(NamedTuple):
@@ -56,18 +56,22 @@ def resume_position(
 
     Raises:
         CliError: an unusable checkpoint (a sharded index whose shard
-            files are missing or do not fit it), another model or optimizer
+            files are missing or do not fit it), one saved over while it
+            was read (`check_unchanged`), another model or optimizer
             (a sharded save's, from its shard files), a history file of
             other data options or another loss, or a strategy whose steps per batch vary
             with no history file of this checkpoint.
     """
     try:
-        index = load_checkpoint(path)
         digest = checkpoint_digest(path)  # what its history file was written with
+        index = load_checkpoint(path)
         save = save_digest(path, index)  # with its shard files' where it is an index
         ckpt = merge_shards(path, index)  # an index holds no optimizer settings to check
+        unchanged = checkpoint_digest(path) == digest  # all of it read from one save
     except (CheckpointError, OSError) as exc:
         raise CliError(f"--resume: {exc}") from None
+    if not unchanged:
+        raise _changed(path)
     _check_model_kind(run, ckpt)
     if run.gpt is None:  # a GPT's layers are checked by the trainer's LoadCheckpoint
         _check_model_options(run, ckpt, list(history.config["sizes"]))
@@ -88,6 +92,35 @@ def resume_position(
     history.epochs = [r for r in earlier.epochs if r.epoch <= position.epoch]
     history.run_id = earlier.run_id or history.run_id  # the run it continues
     return ResumePoint(position, ckpt.step, save)
+
+
+def check_unchanged(path: Path, save: str) -> None:
+    """Refuse a `--resume` checkpoint that is no longer the save `save` (its
+    `save_digest`, `ResumePoint.checkpoint`) planned from: another run
+    saved over it since, and a trainer that loaded it then may hold that
+    save's state, at this save's position (and the ranks of a
+    `--distributed` run, which agreed on this save, each another). Reads
+    the file's last 32 bytes, and an index (small) with its shard files'.
+
+    Raises:
+        CliError: it changed, or can no longer be read.
+    """
+    try:
+        if checkpoint_digest(path) == save:  # a full checkpoint, as it was
+            return
+        if save_digest(path, load_checkpoint(path)) == save:  # an index and its shard files
+            return
+    except (CheckpointError, OSError):
+        pass
+    raise _changed(path)
+
+
+def _changed(path: Path) -> CliError:
+    """The error of a `--resume` checkpoint saved over while this run read it."""
+    return CliError(
+        f"--resume: {path} changed while this run read it (another run saving to it?); "
+        "resume once nothing writes to it, or from a copy"
+    )
 
 
 def _saved_position(saved: dict[str, Any], steps: int) -> FitPosition | None:

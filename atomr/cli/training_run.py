@@ -151,22 +151,23 @@ def _progress(
 
 
 async def _start_trainer(
-    system: ActorSystem, run: RunConfig, data: Dataset, history: History, job: Job, updates: int
+    system: ActorSystem, run: RunConfig, data: Dataset, history: History, job: Job, start: RunStart
 ) -> tuple[ActorRef, Sequential]:
     """Build the model, spawn the trainer, load the `--resume` checkpoint
-    into it and make the checkpoint's folder (where this process writes
+    into it (the save `start` was planned from) and make the checkpoint's folder (where this process writes
     files); returns the trainer and the initial model.
 
     Raises:
-        CliError: options the trainer refuses, a checkpoint it cannot load.
+        CliError: options the trainer refuses, a checkpoint it cannot load
+            or that another save replaced since the run was planned.
         OtherProcessFailed: another rank failed to start its trainer.
         CollectiveError: a rank was lost while the trainers started.
         OSError: the checkpoint's folder cannot be made.
     """
     model = _model(run, data, history)
-    trainer = await spawn_trainer(system, run, model, run.trainer_config(updates), job)
+    trainer = await spawn_trainer(system, run, model, run.trainer_config(start.updates), job)
     if run.resume is not None:
-        await job.load(trainer, run.resume)
+        await job.load(trainer, run.resume, start.checkpoint)
     if run.checkpoint is not None and job.is_root:
         run.checkpoint.parent.mkdir(parents=True, exist_ok=True)
     return trainer, model
@@ -177,18 +178,17 @@ async def _train(
     run: RunConfig,
     data: Dataset,
     history: History,
-    start: FitPosition,
+    planned: RunStart,
     progress: Callable[[], Progress],
     callbacks: Sequence[FitCallback],
     stop: StopFlag,
     on_weights: Callable[[np.ndarray], None] | None,
     job: Job,
-    updates: int,
 ) -> str:
     # after the ranks agreed, a failure is this rank's alone (`failed` tells
     # the others); a rank lost in a collective ends the job (`abort`)
     with job.aborting(alone=True):
-        trainer, model = await _start_trainer(system, run, data, history, job, updates)
+        trainer, model = await _start_trainer(system, run, data, history, job, planned)
         keeper = _HistoryKeeper(run, history, job.is_root)
         bar = progress()  # only once the trainer took the options: errors stay one line
         try:
@@ -199,7 +199,7 @@ async def _train(
                 epochs=run.epochs,
                 batch_size=run.batch_size,
                 seed=run.seed,
-                start=start,
+                start=planned.position,
                 checkpoint=run.checkpoint,
                 callbacks=[keeper, bar, *callbacks],
                 stop=stop,
@@ -274,7 +274,7 @@ async def train_epochs(
             run,
             data,
             history,
-            planned.position,
+            planned,
             lambda: _progress(
                 history, planned.position, planned.steps, run.epochs, progress_factory
             ),
@@ -282,7 +282,6 @@ async def train_epochs(
             stop,
             on_weights,
             job,
-            planned.updates,
         )
     history.wall_seconds = time.perf_counter() - started
     return history

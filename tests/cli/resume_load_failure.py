@@ -23,10 +23,10 @@ _load = Job.load
 _from_environment = DistributedTrainConfig.from_environment
 
 
-async def _damaged_on_rank_1(self: Job, trainer: Any, path: Path) -> None:
+async def _damaged_on_rank_1(self: Job, trainer: Any, path: Path, save: str | None) -> None:
     if os.environ.get("PMI_RANK") in os.environ.get("ATOMR_TEST_DAMAGED", "1").split(","):
         path.write_bytes(b"damaged after the agreement")
-    await _load(self, trainer, path)
+    await _load(self, trainer, path, save)
 
 
 def _timeout(cls: Any, environ: Any = None, *, require: bool = False, **_: Any) -> Any:

@@ -7,6 +7,7 @@ a traceback, whatever the file holds."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -16,7 +17,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import atomr
 import atomr.cli
+import atomr.cli.resume
+from atomr.cli.dataset import load_dataset
+from atomr.cli.errors import CliError
+from atomr.cli.history import History
+from atomr.cli.parser import build_parser
+from atomr.cli.run_config import RunConfig
+from atomr.cli.training_run import plan_start, train_epochs
+from atomr.train import load_checkpoint
+from atomr.train.core import save_checkpoint
+from atomr.train.fit import StopFlag
 from tests.cli.test_distributed_agreement import TINY
 from tests.reliability.test_checkpoint_fuzz import (
     HOSTILE,
@@ -99,3 +111,52 @@ def test_a_resume_of_a_hostile_file_resumes_or_is_refused_in_one_line(
             assert code in (1, 2) and len(errors) == 1, err
 
     check()
+
+
+def _save_over(path: Path) -> None:
+    """Another run's save at `path`: other weights, a later step."""
+    first = load_checkpoint(path)
+    save_checkpoint(
+        path, dataclasses.replace(first, weights=first.weights + 1, step=first.step + 3)
+    )
+
+
+def test_a_checkpoint_saved_over_once_the_resume_is_planned_is_refused(
+    saved: Saved, tmp_path: Path
+) -> None:
+    """The trainer would load the other save at the first one's position
+    (and the ranks of a --distributed run, which agreed on the first, could
+    each load another): it trained on before."""
+    _write(tmp_path, saved, "", b"")
+    path = tmp_path / "one.ckpt"
+    argv = ["train", *TWO_EPOCHS, "--resume", str(path), "--run-dir", str(tmp_path / "run")]
+    run = RunConfig.from_args(build_parser("test").parse_args(argv))
+    data, history = load_dataset(run), History(config={})
+    planned = plan_start(run, data, history)
+    _save_over(path)
+    with pytest.raises(CliError, match="changed while this run read it"):
+        atomr.run(train_epochs(run, data, history, StopFlag(), start=planned))
+
+
+def test_a_checkpoint_saved_over_while_the_resume_is_planned_is_refused(
+    saved: Saved,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Saved over between the read of its digest (which picks its history
+    file) and of its content: it resumed before, at one save's position with
+    another's step."""
+    _write(tmp_path, saved, "", b"")
+    path = tmp_path / "one.ckpt"
+    merge = atomr.cli.resume.merge_shards
+
+    def merge_then_save_over(*args: Any) -> Any:
+        merged = merge(*args)
+        _save_over(path)
+        return merged
+
+    monkeypatch.setattr(atomr.cli.resume, "merge_shards", merge_then_save_over)
+    argv = ["train", *TWO_EPOCHS, "--resume", str(path), "--run-dir", str(tmp_path / "run")]
+    assert atomr.cli.main(argv) == 2
+    assert "changed while this run read it" in capsys.readouterr().err

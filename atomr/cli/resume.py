@@ -320,13 +320,13 @@ def _check_optimizer_options(run: RunConfig, ckpt: Checkpoint, updates: int) -> 
         if key == "schedule":
             raise CliError(
                 f"--resume: the checkpoint's learning-rate schedule is "
-                f"{_described(saved.get(key))}, this run's {_described(value)}; resume with "
+                f"{_described(saved.get(key))[:300]}, this run's {_described(value)}; resume with "
                 f"the same {flag} (a schedule's length comes from --epochs, so a run with "
                 "one cannot be extended past its end)"
             )
         raise CliError(
-            f"--resume: the checkpoint was trained with {flag} {saved.get(key)}, not "
-            f"{value}; resume with {flag} {saved.get(key)} (a checkpoint keeps its "
+            f"--resume: the checkpoint was trained with {flag} {_shown(saved.get(key))}, not "
+            f"{value}; resume with {flag} {_shown(saved.get(key))} (a checkpoint keeps its "
             "optimizer's hyper-parameters)"
         )
 

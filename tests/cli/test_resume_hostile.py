@@ -160,3 +160,41 @@ def test_a_checkpoint_saved_over_while_the_resume_is_planned_is_refused(
     argv = ["train", *TWO_EPOCHS, "--resume", str(path), "--run-dir", str(tmp_path / "run")]
     assert atomr.cli.main(argv) == 2
     assert "changed while this run read it" in capsys.readouterr().err
+
+
+def _with_optimizer_kind(path: Path, **changes: Any) -> Path:
+    """A copy of the checkpoint at `path` whose optimizer settings have `changes`."""
+    ckpt = load_checkpoint(path)
+    kind = {**ckpt.optimizer["kind"], **changes}
+    copy = path.with_name("changed.ckpt")
+    save_checkpoint(copy, dataclasses.replace(ckpt, optimizer={**ckpt.optimizer, "kind": kind}))
+    return copy
+
+
+def test_a_checkpoint_whose_settings_nest_deep_is_refused_in_one_line(
+    saved: Saved, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A RecursionError traceback before (comparing it with the run's schedule)."""
+    _write(tmp_path, saved, "", b"")
+    deep: dict[str, Any] = {"kind": "cosine"}
+    for _ in range(400):
+        deep = {"kind": "sequential", "schedules": [deep]}
+    path = _with_optimizer_kind(tmp_path / "one.ckpt", schedule=deep)
+    argv = ["train", *TWO_EPOCHS, "--resume", str(path), "--run-dir", str(tmp_path / "run")]
+    assert atomr.cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("atomr: error: --resume: ") and err.count("\n") == 1, err[:500]
+    assert "header.optimizer.kind.schedule.schedules[0]" in err
+    assert "nests deeper than 32 levels" in err
+
+
+def test_a_long_setting_is_shown_bounded(
+    saved: Saved, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An lr of a million characters was printed whole."""
+    _write(tmp_path, saved, "", b"")
+    path = _with_optimizer_kind(tmp_path / "one.ckpt", lr="x" * 10**6)
+    argv = ["train", *TWO_EPOCHS, "--resume", str(path), "--run-dir", str(tmp_path / "run")]
+    assert atomr.cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "was trained with --lr 'xxx" in err and len(err) < 1000

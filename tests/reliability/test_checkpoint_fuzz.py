@@ -543,3 +543,16 @@ def test_an_array_header_numpy_cannot_tokenize_is_a_checkpoint_error(
     path.write_bytes(_join(parts))
     with pytest.raises(CheckpointError, match="payload member 'weights.npy' is malformed"):
         load_checkpoint(path)
+
+
+def test_a_header_nested_deeper_than_32_levels_is_refused_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    """The CLI's comparison of such a schedule with its own was a RecursionError."""
+    path = tmp_path / "c.ckpt"
+    deep: dict[str, Any] = {"kind": "cosine"}
+    for _ in range(32):
+        deep = {"kind": "sequential", "schedules": [deep]}
+    save_checkpoint(path, Checkpoint({}, np.zeros(3, np.float32), 1, {"kind": {"schedule": deep}}))
+    with pytest.raises(CheckpointError, match=r"header\.optimizer\.kind\.schedule\.sch.*32 levels"):
+        load_checkpoint(path)

@@ -36,6 +36,9 @@ __all__ = [
 ]
 
 _F64_MAX = float(np.finfo(np.float64).max)
+_MAX_DEPTH = 32
+"""How deep a header's objects and lists may nest (a model's or schedule's
+config nests a few levels)."""
 
 
 def read_regular_file(where: str, magic: bytes) -> bytes:
@@ -71,8 +74,9 @@ def parse_header(text: bytes, payload_len: int) -> dict[str, Any]:
     """The header's JSON, with every field's type and range checked.
 
     Raises:
-        CheckpointError: not a JSON object, or a field missing, of the wrong
-            type or out of range (the message names it).
+        CheckpointError: not a JSON object, nested deeper than 32 levels,
+            or a field missing, of the wrong type or out of range (the
+            message names it).
     """
     try:
         header = json.loads(text.decode("utf-8"))
@@ -80,6 +84,7 @@ def parse_header(text: bytes, payload_len: int) -> dict[str, Any]:
         raise CheckpointError(f"header is not JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise CheckpointError("header is not a JSON object")
+    _check_depth(header)
     for key in ("model", "optimizer", "extra"):
         if not isinstance(header.get(key), dict):
             raise CheckpointError(f"header field {key!r} is missing or not an object")
@@ -92,6 +97,21 @@ def parse_header(text: bytes, payload_len: int) -> dict[str, Any]:
     for key in ("model", "extra"):
         check_float_numbers(key, header[key])
     return header
+
+
+def _check_depth(header: dict[str, Any]) -> None:
+    """Raise CheckpointError naming the first field nested deeper than
+    `_MAX_DEPTH` (JSON's reader allows about 1000 levels, beyond what the
+    code that compares, describes or rebuilds a config recurses through)."""
+    pending: list[tuple[str, object, int]] = [("header", header, 0)]
+    while pending:
+        where, item, depth = pending.pop()
+        if depth > _MAX_DEPTH:
+            raise CheckpointError(f"{where[:200]}... nests deeper than {_MAX_DEPTH} levels")
+        if isinstance(item, dict):
+            pending.extend((f"{where}.{key}", inner, depth + 1) for key, inner in item.items())
+        elif isinstance(item, list):
+            pending.extend((f"{where}[{i}]", inner, depth + 1) for i, inner in enumerate(item))
 
 
 def check_count(what: str, value: object) -> None:

@@ -196,6 +196,7 @@ HOSTILE = st.one_of(
     st.sampled_from([10**400, -(10**400), 2**63, 2**64, -1, 0, 1, 10**12, 2**31]),
     st.floats(),
     st.sampled_from(["", "x", "float64", "float16", "<f8", "adam", "sgd", "relu", "sharded"]),
+    st.sampled_from(["x" * 10**5, json.loads("[" * 40 + "]" * 40)]),  # long, deep
     st.lists(st.integers(-3, 10**12), max_size=4),
     st.lists(st.lists(st.integers(-3, 40), min_size=2, max_size=2), max_size=3),
     st.dictionaries(

@@ -15,11 +15,13 @@ Nothing may allocate from a declared size, and nothing may hang.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import io
 import json
 import os
+import threading
 import tracemalloc
 import warnings
 import zipfile
@@ -49,8 +51,8 @@ from atomr.train import (
     load_checkpoint,
 )
 from atomr.train.core import Checkpoint, save_checkpoint, synthetic_classification
-from atomr.train.core.checkpoint import MAGIC
-from atomr.train.core.sharded_index import merge_shards
+from atomr.train.core.checkpoint import MAGIC, checkpoint_digest
+from atomr.train.core.sharded_index import merge_shards, save_digest
 from tests.train.test_contract import CONFIG, STRATEGIES
 
 EXAMPLES = int(os.environ.get("ATOMR_FUZZ_EXAMPLES", "0"))
@@ -557,3 +559,44 @@ def test_a_header_nested_deeper_than_32_levels_is_refused_naming_the_field(
     save_checkpoint(path, Checkpoint({}, np.zeros(3, np.float32), 1, {"kind": {"schedule": deep}}))
     with pytest.raises(CheckpointError, match=r"header\.optimizer\.kind\.schedule\.sch.*32 levels"):
         load_checkpoint(path)
+
+
+def _digest_in_thread(read: Any) -> BaseException | str:
+    """`read()` on a daemon thread: what it returned or raised; fails the
+    test if it is still blocked after 30 s."""
+    outcome: list[BaseException | str] = []
+
+    def run() -> None:
+        try:
+            outcome.append(read())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    return outcome[0] if outcome else TimeoutError("blocked")
+
+
+def test_the_digest_of_a_fifo_index_or_shard_is_refused_without_blocking(
+    saved: dict[tuple[str, str], Saved], tmp_path: Path
+) -> None:
+    """`atomr train --resume` of a sharded save read its shard files' digests
+    (`save_digest`) before their content, with a blocking open: a FIFO in a
+    shard's place hung it."""
+    save = saved["zero-files", "f32"]
+    shard = [name for name in save.files if "shard" in name][0]
+    path = _write(tmp_path, save, shard, b"", "fifo")
+    try:
+        index = load_checkpoint(path)
+        outcome = _digest_in_thread(lambda: save_digest(path, index))
+        assert isinstance(outcome, CheckpointError), outcome
+        assert "not a regular file" in str(outcome) and shard in str(outcome)
+        _write(tmp_path, save, "c.ckpt", b"", "fifo")
+        outcome = _digest_in_thread(lambda: checkpoint_digest(path))
+        assert isinstance(outcome, CheckpointError), outcome
+    finally:  # a reader still blocked in open() is let go
+        for fifo in tmp_path.iterdir():
+            if fifo.is_fifo():
+                with contextlib.suppress(OSError):
+                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))

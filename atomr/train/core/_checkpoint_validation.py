@@ -19,7 +19,7 @@ import json
 import os
 import stat
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -31,6 +31,7 @@ __all__ = [
     "check_finite_numbers",
     "check_float_numbers",
     "model_difference",
+    "open_regular_file",
     "parse_header",
     "read_regular_file",
 ]
@@ -41,33 +42,45 @@ _MAX_DEPTH = 32
 config nests a few levels)."""
 
 
+def open_regular_file(where: str) -> BinaryIO:
+    """`where` opened for reading, which must be a regular file (symlinks
+    followed). Opened non-blocking, so a FIFO is refused instead of waited on.
+
+    Raises:
+        FileNotFoundError: `where` does not exist (OSError: it cannot be opened).
+        CheckpointError: not a regular file.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(where, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise CheckpointError(f"{where}: a directory, not a checkpoint file")
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(f"{where}: not a regular file (a device, FIFO or socket)")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_regular_file(where: str, magic: bytes) -> bytes:
-    """The bytes of `where`, which must be a regular file (symlinks followed)
+    """The bytes of `where`, which must be a regular file (`open_regular_file`)
     that starts with `magic`.
 
-    Opened non-blocking, so a FIFO is refused instead of waited on; `magic`
-    is checked before the rest is read, so a large file of another kind is
-    refused without reading it.
+    `magic` is checked before the rest is read, so a large file of another
+    kind is refused without reading it.
 
     Raises:
         FileNotFoundError: `where` does not exist (OSError: it cannot be opened).
         CheckpointError: not a regular file, or it does not start with `magic`.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(where, flags)
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise CheckpointError(f"{where}: a directory, not a checkpoint file")
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(f"{where}: not a regular file (a device, FIFO or socket)")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            if fh.read(len(magic)) != magic:
-                raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
-            fh.seek(0)  # one read of the whole file, not a second copy joined to the magic
-            return fh.read(info.st_size + 1)
-    finally:
-        os.close(fd)
+    with open_regular_file(where) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if fh.read(len(magic)) != magic:
+            raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
+        fh.seek(0)  # one read of the whole file, not a second copy joined to the magic
+        return fh.read(size + 1)
 
 
 def parse_header(text: bytes, payload_len: int) -> dict[str, Any]:

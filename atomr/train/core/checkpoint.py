@@ -40,6 +40,7 @@ from atomr.train.core._checkpoint_members import read_members
 from atomr.train.core._checkpoint_validation import (
     check_count,
     model_difference,
+    open_regular_file,
     parse_header,
     read_regular_file,
 )
@@ -200,14 +201,13 @@ def check_save_location(path: str | os.PathLike[str]) -> None:
 
 
 def checkpoint_digest(path: str | os.PathLike[str]) -> str:
-    """The SHA-256 a checkpoint file ends with, in hex: which save it is,
-    read without reading the rest (nor checking it: `load_checkpoint` does).
+    """Which save a checkpoint file is: the SHA-256 it ends with, in hex, read alone.
 
     Raises:
         OSError: the file cannot be read.
-        CheckpointError: it is too short to be a checkpoint.
+        CheckpointError: not a regular file (a FIFO is not waited on), or too short.
     """
-    with open(path, "rb") as file:
+    with open_regular_file(os.fspath(path)) as file:
         size = file.seek(0, os.SEEK_END)
         if size < len(MAGIC) + _LEN.size + _DIGEST:
             raise CheckpointError(f"{path} is too short to be a checkpoint ({size} bytes)")

@@ -30,6 +30,7 @@ from atomr.train import load_checkpoint
 from atomr.train.core import save_checkpoint
 from atomr.train.fit import StopFlag
 from tests.cli.test_distributed_agreement import TINY
+from tests.cli.test_distributed_failures import _save_in_shards
 from tests.reliability.test_checkpoint_fuzz import (
     HOSTILE,
     SPECIAL,
@@ -76,32 +77,57 @@ def hostile_history(draw: st.DrawFn, raw: bytes) -> bytes:
     return json.dumps(data).encode()
 
 
-def test_the_files_untouched_resume(saved: Saved, tmp_path: Path) -> None:
-    _write(tmp_path, saved, "", b"")
-    argv = ["train", *TWO_EPOCHS, "--resume", str(tmp_path / "one.ckpt")]
+@pytest.fixture(scope="module")
+def sharded(saved: Saved, tmp_path_factory: pytest.TempPathFactory) -> Saved:
+    """The same checkpoint saved one file per replica of two: its index,
+    shard files and (of the full save: ignored, with a warning) history file."""
+    folder = tmp_path_factory.mktemp("sharded")
+    _write(folder, saved, "", b"")
+    (folder / "full.ckpt").write_bytes(saved.files["one.ckpt"])
+    (folder / "one.ckpt").unlink()
+    _save_in_shards(folder / "full.ckpt", folder / "one.ckpt", 0.0)
+    (folder / "full.ckpt").unlink()
+    names = ["one.ckpt", *sorted(p.name for p in folder.iterdir() if p.name != "one.ckpt")]
+    return Saved({name: (folder / name).read_bytes() for name in names}, saved.ckpt)
+
+
+@pytest.mark.parametrize("layout", ["full", "sharded"])
+def test_the_files_untouched_resume(
+    layout: str, saved: Saved, sharded: Saved, tmp_path: Path
+) -> None:
+    _write(tmp_path, saved if layout == "full" else sharded, "", b"")
+    strategy = ["--strategy", "single" if layout == "full" else "zero"]
+    argv = ["train", *TWO_EPOCHS, *strategy, "--resume", str(tmp_path / "one.ckpt")]
     assert atomr.cli.main([*argv, "--run-dir", str(tmp_path / "run")]) == 0
 
 
+@pytest.mark.parametrize("layout", ["full", "sharded"])
 def test_a_resume_of_a_hostile_file_resumes_or_is_refused_in_one_line(
-    saved: Saved, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    layout: str,
+    saved: Saved,
+    sharded: Saved,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    save = saved if layout == "full" else sharded
+    strategy = ["--strategy", "single" if layout == "full" else "zero"]
     files = tmp_path / "files"
     files.mkdir()
 
-    @_fuzz(8)
+    @_fuzz(6)
     @given(data=st.data())
     def check(data: st.DataObject) -> None:
         if data.draw(st.booleans()):
-            checkpoint = saved.files["one.ckpt"]
-            only = Saved({"one.ckpt": checkpoint}, saved.ckpt)
-            name, how, damaged = data.draw(damaged_save(only, [checkpoint]))
+            checkpoints = {n: v for n, v in save.files.items() if not n.endswith(".json")}
+            only = Saved(checkpoints, save.ckpt)
+            name, how, damaged = data.draw(damaged_save(only, [save.files["one.ckpt"]]))
         else:
             name, how = "one.ckpt.history.json", "history"
-            damaged = data.draw(hostile_history(saved.files[name]))
-        _write(files, saved, name, damaged, how)
+            damaged = data.draw(hostile_history(save.files[name]))
+        _write(files, save, name, damaged, how)
         shutil.rmtree(tmp_path / "run", ignore_errors=True)
         capsys.readouterr()
-        argv = ["train", *TWO_EPOCHS, "--resume", str(files / "one.ckpt")]
+        argv = ["train", *TWO_EPOCHS, *strategy, "--resume", str(files / "one.ckpt")]
         code = atomr.cli.main([*argv, "--run-dir", str(tmp_path / "run")])
         err = capsys.readouterr().err
         errors = [line for line in err.splitlines() if line.startswith("atomr: error")]

@@ -207,6 +207,7 @@ HOSTILE = st.one_of(
         max_size=3,
     ),
 )
+CASTS = ["<f2", "<f4", "<f8", ">f8", "<i8", "<u1", "|b1", "<i2"]
 DTYPE_NAMES = [
     "<f4",
     "<f8",
@@ -282,7 +283,8 @@ def _mutate_member(draw: st.DrawFn, parts: Parts) -> None:
     members = parts.members
     i = draw(st.integers(0, len(members) - 1))
     name, data = members[i]
-    op = draw(st.sampled_from(["delete", "duplicate", "rename", "npy", "truncate", "flip", "bomb"]))
+    ops = ["delete", "duplicate", "rename", "npy", "truncate", "flip", "bomb", "cast", "scale"]
+    op = draw(st.sampled_from(ops))
     if op == "delete":
         del members[i]
     elif op == "duplicate":
@@ -305,6 +307,16 @@ def _mutate_member(draw: st.DrawFn, parts: Parts) -> None:
         flipped = bytearray(data)
         flipped[at] ^= 1 << draw(st.integers(0, 7))
         members[i] = (name, bytes(flipped))
+    elif op in ("cast", "scale"):  # the same values in another dtype, or scaled
+        array = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+        if op == "cast":
+            array = array.astype(draw(st.sampled_from(CASTS)))
+        else:
+            with np.errstate(over="ignore"):  # to infinity in float32: one of the cases
+                array = array * draw(st.sampled_from([-1.0, 0.0, 1e30, 1e-30, 1e300]))
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, array, allow_pickle=False)
+        members[i] = (name, buf.getvalue())
     else:  # a small archive that inflates huge
         members[i] = (name, _npy("<f4", (2**22,), False, bytes(2**24)))
         parts.compress[name] = zipfile.ZIP_DEFLATED

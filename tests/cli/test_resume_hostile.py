@@ -1,5 +1,5 @@
 """`atomr train --resume` of a damaged or hostile checkpoint or history
-file, fuzzed (the files' mutations: `tests/reliability/test_checkpoint_fuzz.py`).
+file, fuzzed (the files' mutations: `tests/reliability/checkpoint_mutations.py`).
 
 The command must resume (the file still says something valid) or refuse
 with one error line and exit status 2 (1 for a file it cannot read): never
@@ -31,7 +31,7 @@ from atomr.train.core import save_checkpoint
 from atomr.train.fit import StopFlag
 from tests.cli.test_distributed_agreement import TINY
 from tests.cli.test_distributed_failures import _save_in_shards
-from tests.reliability.test_checkpoint_fuzz import (
+from tests.reliability.checkpoint_mutations import (
     HOSTILE,
     SPECIAL,
     Saved,

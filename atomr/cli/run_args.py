@@ -131,6 +131,18 @@ def _file_path(option: str, value: str | None) -> Path | None:
     return path
 
 
+def _folder_path(option: str, value: str | None) -> Path | None:
+    """`value` as the path of a folder ('.' for the current one).
+
+    Raises:
+        CliError: an empty path (which would write into the current folder
+            unasked, as `_file_path` refuses it for a file).
+    """
+    if value is not None and not value.strip():
+        raise CliError(f"{option} {value!r} is empty: give a folder's path ('.' for this one)")
+    return _path(value)
+
+
 def _check_counts(args: argparse.Namespace) -> None:
     """Check the counts (`--epochs`, `--batch-size`, `--micro-batch-size`,
     `--workers`, `--samples`, `--features`, `--average-every`, `--classes`)
@@ -315,12 +327,12 @@ def _output_fields(args: argparse.Namespace, dist: DistributedTrainConfig | None
     return dict(
         checkpoint=_file_path("--checkpoint", args.checkpoint),
         resume=_path(args.resume),
-        run_dir=_path(args.run_dir),
+        run_dir=_folder_path("--run-dir", args.run_dir),
         name=args.name,
         plot=_file_path("--plot", args.plot),
         history=_file_path("--history", args.history),
         metrics=_file_path("--metrics", args.metrics),
-        tensorboard=_path(args.tensorboard),
+        tensorboard=_folder_path("--tensorboard", args.tensorboard),
         quiet=args.quiet or (dist is not None and not dist.is_root),
     )
 

@@ -119,6 +119,9 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["train", "--checkpoint", ""], "--checkpoint '' names a folder, not a file"),
         (["train", "--checkpoint", "."], "--checkpoint '.' names a folder, not a file"),
         (["train", "--metrics", ".."], "--metrics '..' names a folder, not a file"),
+        (["train", "--run-dir", ""], "--run-dir '' is empty: give a folder's path"),
+        (["train", "--run-dir", " "], "--run-dir ' ' is empty: give a folder's path"),
+        (["train", "--tensorboard", ""], "--tensorboard '' is empty: give a folder's path"),
         (["bench", "kernels", "--timeout", "0"], "--timeout must be positive and finite, got 0.0"),
         (["bench", "kernels", "--timeout", "-1"], "--timeout must be positive and finite"),
         (

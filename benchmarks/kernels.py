@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _args import names_among
 
 from atomr.accel import AdamHyperparameters, SgdHyperparameters, backend_for
 
@@ -233,10 +234,13 @@ def main() -> None:
     """Run the benchmark and print JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
-    parser.add_argument("--only", default="", help="comma-separated kernel names to run")
+    kernels = list(cases(8, 8, batch=8, classes=2))  # the names alone: tiny inputs
+    parser.add_argument(
+        "--only", type=names_among(kernels), help="comma-separated kernel names to run"
+    )
     parser.add_argument("--no-first-call", action="store_true", help="skip the cold/warm start")
     args = parser.parse_args()
-    only = {name for name in args.only.split(",") if name}
+    only = set(args.only or ())
     n, mm, repeat = (1 << 18, 256, 5) if args.quick else (1 << 20, 512, 15)
     results = {}
     for name, (twin, ref) in cases(n, mm, batch=4096, classes=10).items():

@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import Any
 
-from _args import count
+from _args import count, factor
 
 import atomr
 from atomr import ActorSystem
@@ -109,7 +109,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
-        "--slow", type=float, default=3.0, help="cpu:1 takes this many times as long"
+        "--slow", type=factor, default=3.0, help="cpu:1 takes this many times as long (>= 1)"
     )
     parser.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
     parser.add_argument("--repeat", type=count, default=3, help="interleaved runs of each policy")

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _args import count
+from _args import count, layer_sizes
 
 from atomr import ActorSystem
 from atomr.accel.job_timing import INLINE_BELOW_S
@@ -150,10 +150,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=count, default=20)
     parser.add_argument("--batch", type=count, default=512)
     parser.add_argument(
-        "--sizes", default=",".join(map(str, SIZES)), help="layer widths, e.g. 64,128,10"
+        "--sizes", type=layer_sizes, default=list(SIZES), help="layer widths, e.g. 64,128,10"
     )
     args = parser.parse_args()
-    SIZES[:] = [int(s) for s in args.sizes.split(",")]
+    SIZES[:] = args.sizes
     rng = np.random.default_rng(0)
     x = rng.random((args.batch, SIZES[0]), dtype=np.float32)
     y = rng.integers(0, SIZES[-1], size=args.batch)

@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 COUNT = "must be >= 1, got {}"
 REAL = "must be positive and finite, got {}"
+FACTOR = "must be finite and >= 1, got {}"
 
 
 @pytest.mark.parametrize(
@@ -30,6 +31,10 @@ REAL = "must be positive and finite, got {}"
         ("tensor_parallel.py", "--shards", "-1", COUNT),
         ("thread_hop.py", "--hops", "-1", COUNT),
         ("train_step.py", "--batch", "-1", COUNT),
+        ("train_step.py", "--sizes", "-1", COUNT),
+        ("policies.py", "--slow", "-1", FACTOR),
+        ("policies.py", "--slow", "0.5", FACTOR),
+        ("policies.py", "--slow", "inf", FACTOR),
         ("zero.py", "--rounds", "-1", COUNT),
     ],
 )
@@ -44,6 +49,33 @@ def test_a_value_it_cannot_run_with_is_one_usage_line(
     )
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
-    shown = float(value) if rule == REAL else int(value)
+    shown = float(value) if rule != COUNT else int(value)
     expected = f"{script}: error: argument {option}: {rule.format(shown)}"
     assert result.stderr.splitlines()[-1] == expected, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "option", "value", "message"),
+    [
+        ("train_step.py", "--sizes", "784,0,10", "must be >= 1, got 0"),
+        ("train_step.py", "--sizes", "784", "needs two or more widths (input and output)"),
+        ("kernels.py", "--only", "-1", "unknown name '-1': choose among matmul, "),
+        ("kernels.py", "--only", "adam,", "unknown name '': choose among "),
+    ],
+)
+def test_a_list_it_cannot_run_with_is_one_usage_line(
+    script: str, option: str, value: str, message: str
+) -> None:
+    """A layer width below 1 or a lone one ended in a traceback; a kernel
+    name that is none of them ran nothing, without a word."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), f"{option}={value}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[-1].startswith(
+        f"{script}: error: argument {option}: {message}"
+    ), result.stderr

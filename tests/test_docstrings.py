@@ -22,7 +22,7 @@ import pytest
 import atomr
 
 # Modules that run something when imported.
-_SKIP_MODULES = {"atomr.cli.__main__"}
+_SKIP_MODULES = {"atomr.__main__", "atomr.cli.__main__"}
 
 
 def _modules() -> Iterator[ModuleType]:

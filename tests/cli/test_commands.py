@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,3 +142,21 @@ def test_launch_runs_distributed_training(tmp_path: Path) -> None:
     assert [r["epoch"] for r in history["epochs"]] == [1, 2, 3]
     assert history["epochs"][-1]["test_accuracy"] > 0.85
     assert (tmp_path / "c.ckpt").is_file()
+
+
+def test_python_dash_m_atomr_is_the_atomr_command(tmp_path: Path) -> None:
+    """`python -m atomr` (a scripts folder not on the PATH) was "No module
+    named atomr.__main__"; it runs `main`, exit status and all."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    version = subprocess.run(
+        [sys.executable, "-m", "atomr", "--version"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert (version.returncode, version.stdout) == (0, f"atomr {atomr.__version__}\n")
+    bad = subprocess.run(
+        [sys.executable, "-m", "atomr", "train", "--epochs", "0"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("atomr: error: --epochs"), bad.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -1,9 +1,10 @@
 """`main`: parse the command line, dispatch to a subcommand, and turn every
 user-facing error into one line and a non-zero exit status.
 
-This module and `errors` import nothing heavy: the parser (which imports the
-training layer, numba with it: a second or more) is imported inside `main`,
-so that a Ctrl-C meanwhile ends in one line, as it does later."""
+This module, `errors` and `interrupt` import nothing heavy: the parser (which
+imports the training layer, numba with it: a second or more) is imported
+inside `main`, so that a Ctrl-C or a SIGTERM meanwhile ends in one line, as
+it does later."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 
 import atomr
 from atomr.cli.errors import CliError, reported_as
+from atomr.cli.interrupt import Terminated, sigterm_interrupts
 
 __all__ = ["main"]
 
@@ -95,18 +97,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The exit status: 0 on success, 2 for bad arguments, 1 for other
-        errors, 130 when training was stopped by Ctrl-C.
+        errors, 130 when stopped by Ctrl-C, 143 by SIGTERM (at any point:
+        `atomr.cli.interrupt` handles both).
     """
-    try:
-        return _dispatch(argv)
-    except Exception as exc:
-        error = reported_as(exc)  # e.g. an unwritable --checkpoint path: an OSError
-        if error is None:
-            raise
-        print(f"atomr: error: {error}", file=sys.stderr)
-        return error.exit_code
-    except KeyboardInterrupt:
-        print("atomr: interrupted", file=sys.stderr)
-        return 130
-    except SystemExit as exc:  # --help and --version exit through argparse
-        return exc.code if isinstance(exc.code, int) else 0
+    with sigterm_interrupts():
+        try:
+            return _dispatch(argv)
+        except Exception as exc:
+            error = reported_as(exc)  # e.g. an unwritable --checkpoint path: an OSError
+            if error is None:
+                raise
+            print(f"atomr: error: {error}", file=sys.stderr)
+            return error.exit_code
+        except Terminated:
+            print("atomr: interrupted (SIGTERM)", file=sys.stderr)
+            return 143
+        except KeyboardInterrupt:
+            print("atomr: interrupted", file=sys.stderr)
+            return 130
+        except SystemExit as exc:  # --help and --version exit through argparse
+            return exc.code if isinstance(exc.code, int) else 0

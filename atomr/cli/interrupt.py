@@ -1,6 +1,14 @@
-"""`stop_on_signals`: Ctrl-C (SIGINT) or SIGTERM ends a run cleanly between
-steps (it sets a `StopFlag`); once training is over, the outputs are written
-first; a second one ends the process at once."""
+"""How the `atomr` command meets Ctrl-C (SIGINT) and SIGTERM, all in one place.
+
+`stop_on_signals`: during a run, either ends it cleanly between steps (it
+sets a `StopFlag`); once training is over, the outputs are written first; a
+second one ends the process at once. `sigterm_interrupts`: at any other
+point (start-up: imports, data, warm-up), SIGTERM raises `Terminated`, a
+`KeyboardInterrupt`, as Ctrl-C raises one, so that `main` ends either in
+one line (exit status 143 or 130) and nothing is left half-written.
+
+This module imports nothing heavy: `app` uses it before the training layer
+is loaded."""
 
 from __future__ import annotations
 
@@ -10,14 +18,18 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from atomr.train.fit import StopFlag
+if TYPE_CHECKING:
+    from atomr.train.fit import StopFlag
 
 __all__ = [
     "SECOND_CTRL_C_HINT",
     "SECOND_SIGTERM_HINT",
     "STOPPING_SIGNALS",
     "WRITING_HINT",
+    "Terminated",
+    "sigterm_interrupts",
     "stop_on_signals",
 ]
 
@@ -35,6 +47,42 @@ WRITING_HINT = (
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """Ctrl-C, and what `kill`, `docker stop` and cluster schedulers send."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside a run's `stop_on_signals` block (`sigterm_interrupts`):
+    it unwinds as a Ctrl-C there does (a `KeyboardInterrupt`), and the
+    command exits with status 143 (128 + SIGTERM)."""
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises `Terminated` where the main thread is
+    (as Python's own handler raises `KeyboardInterrupt` for SIGINT), instead
+    of killing the process without a word. A `stop_on_signals` block inside
+    takes both signals over for a run, and hands SIGTERM back when none came.
+
+    SIGTERM keeps its handler when it is not the default (ignored by the
+    process that started this one, say), and outside the main thread.
+
+    Raises:
+        Terminated: a SIGTERM came within the block (from where the main
+            thread was).
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what it was
 
 
 @contextlib.contextmanager

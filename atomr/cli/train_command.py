@@ -193,9 +193,11 @@ def train_command(args: argparse.Namespace, stop: StopFlag | None = None) -> int
 def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
     """Train the prepared run in its job; write its outputs and print its
     summary where this process writes files. A signal is handled from the
-    start of training to the last output written (`stop_on_signals`): one
-    that comes once training is over lets the outputs be written. Returns
-    and raises as `train_command`."""
+    opening of the metrics logs to the last output written
+    (`stop_on_signals`): one that comes once training is over lets the
+    outputs be written; before, SIGTERM ends the command as Ctrl-C does
+    (`atomr.cli.interrupt.sigterm_interrupts`). Returns and raises as
+    `train_command`."""
     run, data, history = prepared.run, prepared.data, prepared.history
 
     def progress(total: int, done: int) -> Progress:
@@ -203,10 +205,6 @@ def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
 
     logs: list[JsonLinesLog | TensorBoardLog] = []
     failed: Exception | None = None
-    try:
-        logs = _metrics_logs(run)
-    except Exception as exc:  # every rank hears of it, in go()
-        failed = exc
     trained: list[np.ndarray] = []
     signals: list[int] = []
 
@@ -225,7 +223,12 @@ def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
                 start=prepared.start,
             )
 
+    # from the opening of the logs: a signal stops the run, none is left unclosed
     with stop_on_signals(flag, signals, over=lambda: history.status != "running"):
+        try:
+            logs = _metrics_logs(run)
+        except Exception as exc:  # every rank hears of it, in go()
+            failed = exc
         try:
             with _closing(logs):
                 atomr.run(go())

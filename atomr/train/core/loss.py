@@ -198,12 +198,15 @@ class LossKind:
                 raise InvalidBatchError(
                     f"{len(self.class_weights)} class weights for {out_width} classes"
                 )
-            if batch and (int(labels.min()) < 0 or int(labels.max()) >= out_width):
+            out = np.ascontiguousarray(labels, dtype=np.int64)
+            # one pass for both ends: read as unsigned, a negative label is
+            # 2**63 or more, and a uint64 one past int64 keeps its value
+            if batch and int(out.view(np.uint64).max()) >= out_width:
                 raise InvalidBatchError(
                     f"labels must be in [0, {out_width}), got range "
                     f"[{int(labels.min())}, {int(labels.max())}]"
                 )
-            return np.ascontiguousarray(labels, dtype=np.int64)
+            return out
         if not is_float32_or_64(labels.dtype):
             raise InvalidBatchError(f"MSE targets must be float32 or float64, got {labels.dtype}")
         if labels.shape != (batch, out_width):

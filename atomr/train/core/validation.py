@@ -92,8 +92,11 @@ def cast_finite(
             (the message says which: a finite value too large for `dtype` is
             named so).
     """
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below
-        out = np.ascontiguousarray(array, dtype=dtype)
+    if getattr(array, "dtype", None) == dtype:  # no cast: nothing can overflow
+        out = np.ascontiguousarray(array)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below
+            out = np.ascontiguousarray(array, dtype=dtype)
     if not np.isfinite(out).all():
         if np.isfinite(array).all():
             raise error(
@@ -124,7 +127,7 @@ def validate_features(
         TypeError: `in_shape` is neither an integer nor a sequence of them.
     """
     if isinstance(in_shape, tuple | list):
-        shape = tuple(operator.index(d) for d in in_shape)
+        shape = tuple(map(operator.index, in_shape))
     else:  # a width: an int of any integer type
         shape = (operator.index(in_shape),)
     if not isinstance(features, np.ndarray):

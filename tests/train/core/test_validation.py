@@ -52,6 +52,50 @@ def test_bad_classification_batches(features, labels, match) -> None:
         validate_batch(features, labels, 4, CE, out_width=3)
 
 
+@pytest.mark.parametrize(
+    ("labels", "ok"),
+    [
+        (np.array([0, 2, 1], dtype=np.int8), True),
+        (np.array([0, 2, 1], dtype=np.uint64), True),
+        (np.array([0, -1, 1], dtype=np.int8), False),
+        (np.array([0, np.iinfo(np.int64).min, 1], dtype=np.int64), False),
+        (np.array([0, 3, 1], dtype=np.uint8), False),
+        (np.array([0, 2**63 + 1, 1], dtype=np.uint64), False),  # negative as int64
+        (np.array([0, 2**64 - 1, 1], dtype=np.uint64), False),  # -1 as int64
+        (np.array([2, 2, 2], dtype=np.int64)[::-1], True),
+    ],
+)
+def test_labels_are_checked_at_both_ends_of_every_integer_dtype(labels, ok) -> None:
+    """Both ends are checked in one pass over the labels as int64 read as
+    unsigned; every integer dtype's extremes still land on the right side."""
+    if ok:
+        _, y = validate_batch(_x(), labels, 4, CE, out_width=3)
+        assert y.dtype == np.int64 and y.flags.c_contiguous
+        np.testing.assert_array_equal(y, labels.astype(np.int64))
+        return
+    low, high = int(labels.min()), int(labels.max())
+    with pytest.raises(InvalidBatchError, match=rf"in \[0, 3\), got range \[{low}, {high}\]"):
+        validate_batch(_x(), labels, 4, CE, out_width=3)
+
+
+def test_features_already_in_the_models_dtype_are_checked_without_a_cast() -> None:
+    """Features of the model's dtype skip the cast (and its overflow
+    guard): taken as they are, or made contiguous, and still checked."""
+    x = _x()
+    assert validate_features(x, 4) is x
+    strided = np.ones((3, 8), dtype=np.float32)[:, ::2]
+    got = validate_features(strided, 4)
+    assert got.flags.c_contiguous and got.dtype == np.float32
+    np.testing.assert_array_equal(got, strided)
+    for bad in (np.nan, np.inf, -np.inf):
+        x = _x()
+        x[1, 2] = bad
+        with pytest.raises(InvalidBatchError, match="features contain NaN or Inf"):
+            validate_features(x, 4)
+        with pytest.raises(InvalidBatchError, match="features contain NaN or Inf"):
+            validate_features(x.astype(np.float64), 4, np.float64)
+
+
 def test_bad_mse_targets() -> None:
     with pytest.raises(InvalidBatchError, match="shape"):
         validate_batch(_x(), np.zeros((3, 3)), 4, LossKind.MSE, out_width=2)

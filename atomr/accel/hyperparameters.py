@@ -140,6 +140,8 @@ class SgdHyperparameters:
         _at_least_zero(lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
         if self.nesterov and (self.momentum <= 0.0 or self.dampening != 0.0):
             raise ValueError("nesterov momentum requires momentum > 0 and dampening == 0")
+        # `kernel_args`' scalars by dtype: the values are frozen, made once per dtype
+        object.__setattr__(self, "_scalars", {})
 
     def check_dtype(self, dtype: Any) -> None:
         """Check that the kernel can compute with these values in `dtype`
@@ -157,9 +159,13 @@ class SgdHyperparameters:
         first)`, `first` being torch's first-step rule (`buf = grad`). In the
         buffers' dtype, float32 buffers are updated in float32 math (as torch
         does), and the CPU loop vectorises twice as wide."""
-        t = np.dtype(dtype).type
-        lr, momentum, weight_decay = t(self.lr), t(self.momentum), t(self.weight_decay)
-        return (lr, momentum, t(1.0 - self.dampening), weight_decay, self.nesterov, step == 1)
+        by_dtype = self.__dict__["_scalars"]
+        scalars = by_dtype.get(dtype)
+        if scalars is None:
+            t = np.dtype(dtype).type
+            scalars = (t(self.lr), t(self.momentum), t(1.0 - self.dampening), t(self.weight_decay))
+            by_dtype[dtype] = scalars
+        return (*scalars, self.nesterov, step == 1)
 
 
 @dataclass(frozen=True)

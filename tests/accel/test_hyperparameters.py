@@ -3,7 +3,9 @@ built, and in the buffers' dtype by `check_dtype`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import pickle
 from decimal import Decimal
 from fractions import Fraction
 from numbers import Real
@@ -132,6 +134,25 @@ def test_sgd_kernel_args_mark_the_first_step_in_the_buffer_dtype() -> None:
     assert all(type(a) is np.float32 for a in args[:4])  # float32 math, as torch's
     assert all(type(a) is np.float64 for a in h.kernel_args(1, np.float64)[:4])
     assert h.kernel_args(2, np.float32)[-1] is False
+
+
+def test_sgd_kernel_args_are_made_once_per_dtype() -> None:
+    """The scalars were four NumPy scalars made afresh on every step (a
+    step's `kernel_args` call took 1-2 us); the values are frozen, so they
+    are made once per dtype, and an edited copy gets its own."""
+    h = SgdHyperparameters(0.1, momentum=0.9, dampening=0.25, weight_decay=0.01)
+    f32 = np.dtype(np.float32)  # as the kernels pass it: their buffers' dtype
+    first, later = h.kernel_args(1, f32), h.kernel_args(7, f32)
+    assert all(a is b for a, b in zip(first[:4], later[:4], strict=True))
+    assert (first[-1], later[-1]) == (True, False)
+    assert type(h.kernel_args(2, np.float64)[0]) is np.float64  # its own dtype's
+    edited = dataclasses.replace(h, lr=0.5)
+    assert edited.kernel_args(2, np.float32)[:4] == (0.5, 0.9, 0.75, np.float32(0.01))
+    assert h.kernel_args(2, np.float32)[0] == np.float32(0.1)  # the original is unchanged
+    assert h == SgdHyperparameters(0.1, momentum=0.9, dampening=0.25, weight_decay=0.01)
+    assert "_scalars" not in repr(h)
+    copied = pickle.loads(pickle.dumps(h))
+    assert copied == h and copied.kernel_args(3, np.float32) == h.kernel_args(3, np.float32)
 
 
 def test_frozen() -> None:

@@ -18,6 +18,10 @@ from atomr.accel.kernels import elementwise, loss, matmul, optim, reduce
 
 __all__ = ["CpuBackend"]
 
+# the weights an unweighted cross-entropy passes (the kernel reads none of
+# them, and writes none): one per dtype, not an allocation per call
+_NO_WEIGHTS = {np.dtype(t): np.ones(1, dtype=t) for t in (np.float32, np.float64)}
+
 
 class CpuBackend(Backend):
     """The Backend of a CPU device: buffers are C-contiguous NumPy arrays.
@@ -110,11 +114,11 @@ class CpuBackend(Backend):
     def softmax_cross_entropy_unchecked(
         self, logits: Any, labels: Any, weights: Any | None, grad: Any
     ) -> tuple[float, float]:
-        w = (
-            np.ascontiguousarray(weights, dtype=logits.dtype)
-            if weights is not None
-            else np.ones(1, dtype=logits.dtype)
-        )
+        w: Any = _NO_WEIGHTS.get(logits.dtype)
+        if weights is not None:
+            w = np.ascontiguousarray(weights, dtype=logits.dtype)
+        elif w is None:
+            w = np.ones(1, dtype=logits.dtype)
         labels = np.ascontiguousarray(labels)
         total, wsum, bad = loss.softmax_cross_entropy_cpu(
             logits, labels, w, weights is not None, grad, logits.dtype == np.float32

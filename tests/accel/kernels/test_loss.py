@@ -8,6 +8,7 @@ from accel_helpers import get, put, rand, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import atomr.accel.cpu_backend
 from atomr.accel import backend_for
 
 
@@ -172,3 +173,20 @@ def test_softmax_cross_entropy_takes_big_endian_labels(be, rng):
     ref_loss, ref_wsum, ref_grad = ref_ce(logits, labels.astype(np.int64), None)
     assert (loss, wsum) == (pytest.approx(ref_loss, rel=1e-5), ref_wsum)
     np.testing.assert_allclose(get(be, grad), ref_grad, **tol(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unweighted_cpu_cross_entropy_equals_unit_weights_and_allocates_none(dtype):
+    """An unweighted call passed a fresh `np.ones(1)` to the kernel on every
+    call; it now passes one array per dtype, which the kernel only reads."""
+    be = backend_for("cpu:0")
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((6, 4)).astype(dtype)
+    labels = np.array([0, 3, 1, 2, 3, 0])
+    grad, unit_grad = np.empty_like(logits), np.empty_like(logits)
+    got = be.softmax_cross_entropy_unchecked(logits, labels, None, grad)
+    unit = be.softmax_cross_entropy_unchecked(logits, labels, np.ones(4, dtype), unit_grad)
+    assert got == unit
+    np.testing.assert_array_equal(grad, unit_grad)
+    shared = atomr.accel.cpu_backend._NO_WEIGHTS[np.dtype(dtype)]
+    assert shared.dtype == dtype and shared.tolist() == [1.0]  # read, never written

@@ -225,7 +225,7 @@ class DeviceActor(Actor):
         timing = self._timing
         try:
             if timing is not None and timing.inline(job):
-                return timing.timed(job)()  # short, and the worker is idle
+                return timing.run(job)  # short, and the worker is idle
             if timing is None:
                 return await worker.submit(job)
             timing.in_flight += 1

@@ -13,6 +13,7 @@ it runs, which is why this is off by default.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -68,16 +69,23 @@ class JobTiming:
         return runs >= _RUNS_BEFORE_INLINE and average < self.threshold
 
     def timed(self, job: Callable[[], T]) -> Callable[[], T]:
-        """`job`, recording its run time."""
+        """`job`, recording its run time (`run` it later, on any thread)."""
+        return functools.partial(self.run, job)
 
-        def run() -> T:
-            started = time.perf_counter()
-            try:
-                return job()
-            finally:
-                self.record(job, time.perf_counter() - started)
+    def run(self, job: Callable[[], T]) -> T:
+        """Run `job` now, on this thread, recording its run time.
 
-        return run
+        Returns:
+            What `job` returns.
+
+        Raises:
+            Exception: whatever `job` raises (its time is recorded all the same).
+        """
+        started = time.perf_counter()
+        try:
+            return job()
+        finally:
+            self.record(job, time.perf_counter() - started)
 
     def record(self, job: Callable[..., Any], seconds: float) -> None:
         """Fold one run of `job` into its average (from any thread: a dict

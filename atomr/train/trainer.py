@@ -200,16 +200,19 @@ class Trainer(DeviceActor):
 
     async def receive(self, message: Any) -> Any:
         """Dispatch a trainer message (see the class docstring)."""
-        model = await self._ready()
+        model = self.model
+        if model is None:  # no coroutine per message once built
+            model = await self._ready()
         try:
-            if isinstance(message, GetTrainingState):
-                return TrainingState(self.steps, self.config.max_steps)
-            if isinstance(message, Step):
+            if isinstance(message, Step):  # the hot path: tested first
                 check_step_limit(self.steps, self.config.max_steps)
-            if isinstance(message, Step | Evaluate):
                 x, y = self._spec.validate(message.features, message.labels, self.config.loss)
-                work = self._step if isinstance(message, Step) else self._evaluate
-                result = await self.on_device(guarded, work, x, y)
+                result = await self.on_device(guarded, self._step, x, y)
+            elif isinstance(message, GetTrainingState):
+                return TrainingState(self.steps, self.config.max_steps)
+            elif isinstance(message, Evaluate):
+                x, y = self._spec.validate(message.features, message.labels, self.config.loss)
+                result = await self.on_device(guarded, self._evaluate, x, y)
             elif isinstance(message, GetWeights):
                 result = await self.on_device(model.get_params)
             elif isinstance(message, SetLearningRate):

@@ -139,3 +139,21 @@ def test_jobs_made_afresh_share_one_timing_and_keep_nothing_alive() -> None:
     gc.collect()
     assert [ref() for ref in captured] == [None] * 5
     assert timing.inline(_job_over(np.ones(3)))
+
+
+def test_run_times_a_job_on_this_thread_even_when_it_raises() -> None:
+    """`on_device` runs an inline job with `run`: no wrapper made per job."""
+    timing = JobTiming(threshold=1.0)
+    for _ in range(3):
+        assert not timing.inline(threading.get_ident)  # not yet timed three times
+        assert timing.run(threading.get_ident) == threading.get_ident()
+    assert timing.inline(threading.get_ident)
+
+    def fails() -> None:
+        raise KeyError("job")
+
+    for _ in range(3):
+        with pytest.raises(KeyError):
+            timing.run(fails)
+    assert timing.inline(fails)  # timed all the same
+    assert timing.timed(threading.get_ident)() == threading.get_ident()

@@ -269,20 +269,21 @@ class Sequential:
     def views(self, vector: Any, index: int) -> list[Any]:
         """Layer `index`'s arrays as views into `vector` (`params` or `grads`).
 
-        Every pass asks for them per layer, so the views of this model's own
-        vectors are made once and kept: the gradients and the two parameter
-        sets an optimizer's double buffer swaps between. A fourth drops them
-        all (keeping views keeps their vector alive); any other vector's
-        views are made afresh."""
+        Kept for this model's own vectors (every pass uses them): the gradients
+        and two parameter sets (a double buffer's); a fourth drops them all."""
         if vector is not self.params and vector is not self.grads:
             return [vector[a:b].reshape(shape) for a, b, shape in self._slots[index]]
+        return self._kept_views(vector)[index]
+
+    def _kept_views(self, vector: Any) -> list[list[Any]]:
+        """Every layer's views into `vector`, `params` or `grads` (see `views`)."""
         cached = self._views.get(id(vector))
         if cached is None or cached[0] is not vector:
             if len(self._views) >= _VIEWED_VECTORS:
                 self._views.clear()
             layers = [[vector[a:b].reshape(shape) for a, b, shape in s] for s in self._slots]
             cached = self._views[id(vector)] = (vector, layers)
-        return cached[1][index]
+        return cached[1]
 
     def get_params(self) -> np.ndarray:
         """A host copy of the flat parameter vector."""
@@ -332,9 +333,9 @@ class Sequential:
             TypeError: a float model given no floats (bools, ints).
         """
         self._check_input(x)
+        params = self._kept_views(self.params)
         for i, layer in enumerate(self.layers):
-            views = self.views(self.params, i)
-            x, _ = forward_checked(layer, self.backend, views, x, ctx, self.shapes[i + 1])
+            x, _ = forward_checked(layer, self.backend, params[i], x, ctx, self.shapes[i + 1])
         return x
 
     def forward_train(self, x: Any, ctx: ForwardContext = TRAIN) -> SequentialTape:
@@ -354,9 +355,9 @@ class Sequential:
         """
         self._check_input(x)
         tape = SequentialTape()
+        params = self._kept_views(self.params)
         for i, layer in enumerate(self.layers):
-            views = self.views(self.params, i)
-            x, saved = forward_checked(layer, self.backend, views, x, ctx, self.shapes[i + 1])
+            x, saved = forward_checked(layer, self.backend, params[i], x, ctx, self.shapes[i + 1])
             tape.saved.append(saved)
         tape.output = x
         return tape
@@ -381,15 +382,14 @@ class Sequential:
             dLoss/dx when `input_grad`, else None.
         """
         be, g = self.backend, d_output
+        params, grads = self._kept_views(self.params), self._kept_views(self.grads)
         for i in range(len(self.layers) - 1, -1, -1):
-            views = self.views(self.params, i)
-            grads = self.views(self.grads, i)
             wants = i > 0 or input_grad
             g = backward_checked(
                 self.layers[i],
                 be,
-                views,
-                grads,
+                params[i],
+                grads[i],
                 tape.saved[i],
                 g,
                 accumulate,

@@ -75,6 +75,24 @@ def test_views_follow_the_vector_and_keep_only_the_models_own() -> None:
     assert sum(s() is not None for s in sets) <= 3  # the old parameter sets were let go
 
 
+def test_each_pass_uses_the_current_parameter_set() -> None:
+    """A pass looks the kept views up once (not once per layer): after
+    each swap of the parameters, forward, forward_train and backward
+    compute with the new set, as a model built from it does."""
+    model = Mlp([3, 5, 2], seed=0)
+    x = np.random.default_rng(1).random((4, 3), dtype=np.float32)
+    d_out = np.ones((4, 2), dtype=np.float32)
+    for k in range(5):
+        model.params = np.random.default_rng(k).random(model.n_params, dtype=np.float32)
+        fresh = Mlp.from_params([3, 5, 2], model.params.copy())
+        np.testing.assert_array_equal(model.forward(x), fresh.forward(x))
+        tape, fresh_tape = model.forward_train(x), fresh.forward_train(x)
+        np.testing.assert_array_equal(tape.output, fresh_tape.output)
+        model.backward(tape, d_out)
+        fresh.backward(fresh_tape, d_out)
+        np.testing.assert_array_equal(model.grads, fresh.grads)
+
+
 def test_a_config_rebuilds_the_model() -> None:
     model = gpt(VOCAB, T, n_layer=1, d_model=8, n_head=2, dropout=0.1, seed=3)
     rebuilt = model_from_config(model.config(), model.get_params())

@@ -224,13 +224,14 @@ class DeviceActor(Actor):
         job: Callable[[], T] = functools.partial(fn, *args, **kwargs)
         timing = self._timing
         try:
-            if timing is not None and timing.inline(job):
-                return timing.run(job)  # short, and the worker is idle
             if timing is None:
                 return await worker.submit(job)
+            key = timing.key(job)  # derived once for the decision and the record
+            if timing.inline(job, key):
+                return timing.run(job, key)  # short, and the worker is idle
             timing.in_flight += 1
             try:
-                return await worker.submit(timing.timed(job))
+                return await worker.submit(timing.timed(job, key))
             finally:
                 timing.in_flight -= 1
         except Exception as exc:

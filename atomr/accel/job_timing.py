@@ -61,18 +61,23 @@ class JobTiming:
         self._average: dict[Any, tuple[float, int]] = {}
         self.in_flight = 0  # jobs handed to the worker and not finished
 
-    def inline(self, job: Callable[[], Any]) -> bool:
+    key = staticmethod(_key)
+    """`key(job)`: what tells `job` apart (see `_key`). Each method below
+    takes it as `key`, so that a caller who has it is not made to derive it
+    again (None: derived from the job)."""
+
+    def inline(self, job: Callable[[], Any], key: Any = None) -> bool:
         """True when `job` has been short its last runs and the worker is idle."""
         if self.threshold <= 0 or self.in_flight:
             return False
-        average, runs = self._average.get(_key(job), (0.0, 0))
+        average, runs = self._average.get(_key(job) if key is None else key, (0.0, 0))
         return runs >= _RUNS_BEFORE_INLINE and average < self.threshold
 
-    def timed(self, job: Callable[[], T]) -> Callable[[], T]:
+    def timed(self, job: Callable[[], T], key: Any = None) -> Callable[[], T]:
         """`job`, recording its run time (`run` it later, on any thread)."""
-        return functools.partial(self.run, job)
+        return functools.partial(self.run, job, key)
 
-    def run(self, job: Callable[[], T]) -> T:
+    def run(self, job: Callable[[], T], key: Any = None) -> T:
         """Run `job` now, on this thread, recording its run time.
 
         Returns:
@@ -85,11 +90,11 @@ class JobTiming:
         try:
             return job()
         finally:
-            self.record(job, time.perf_counter() - started)
+            self.record(job, time.perf_counter() - started, key)
 
-    def record(self, job: Callable[..., Any], seconds: float) -> None:
+    def record(self, job: Callable[..., Any], seconds: float, key: Any = None) -> None:
         """Fold one run of `job` into its average (from any thread: a dict
         assignment is atomic, and a lost update only delays the decision)."""
-        k = _key(job)
+        k = _key(job) if key is None else key
         average, runs = self._average.get(k, (seconds, 0))
         self._average[k] = ((1.0 - _WEIGHT) * average + _WEIGHT * seconds, runs + 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import time
@@ -157,3 +158,18 @@ def test_run_times_a_job_on_this_thread_even_when_it_raises() -> None:
             timing.run(fails)
     assert timing.inline(fails)  # timed all the same
     assert timing.timed(threading.get_ident)() == threading.get_ident()
+
+
+def test_a_key_derived_once_serves_the_decision_and_the_record() -> None:
+    """`on_device` derives a job's key once and hands it to `inline`, `run`
+    and `timed`; it is the key `inline` would derive from the job."""
+    timing = JobTiming(threshold=1.0)
+    job = functools.partial(_wrapper, threading.get_ident)
+    key = JobTiming.key(job)
+    assert key == JobTiming.key(functools.partial(_wrapper, threading.get_ident))
+    for _ in range(2):
+        timing.run(job, key)
+    timing.timed(job, key)()
+    assert timing.inline(job, key) and timing.inline(job)  # one entry, either way
+    other = functools.partial(_wrapper, _slow)
+    assert not timing.inline(other, JobTiming.key(other))

@@ -12,8 +12,11 @@ Pushes name the trainer's round (`PushGradient.round_id`, increasing), and
 the latest round named is the current one: a push or abort of an earlier
 round (late: its part timed out and the trainer went on) is dropped, never
 applied, and a push of a later round ends the entries of earlier rounds
-still waiting, so that one update never mixes two rounds' gradients. Both
-are answered with `RoundFailedError` and logged.
+still waiting, so that one update never mixes two rounds' gradients. A
+round once full is over too: a push or abort naming it again (a part sent
+again after its round was dropped, or a trainer withdrawing a worker from
+it) is dropped, instead of opening the round anew to wait for workers that
+are done with it. All are answered with `RoundFailedError` and logged.
 
 An applied update stays undoable (`StagedRound`) until the shard's next
 update: a synchronous round failing on another shard, or an asynchronous
@@ -139,6 +142,7 @@ class SynchronousRound:
         self.workers = workers
         self._entries: dict[int, PendingPush] = {}
         self.round_id: int | None = None  # the latest trainer round named: the current one
+        self._over: int | None = None  # the latest trainer round that was full
 
     @property
     def in_progress(self) -> bool:
@@ -148,10 +152,11 @@ class SynchronousRound:
     def join(self, worker: int, entry: PendingPush) -> list[tuple[int, PendingPush]] | None:
         """Add `worker`'s push; a push of the same worker already in the round
         is replaced (its asker gets a `StaleGradientError`). A push of a round
-        before the current one is answered with `RoundFailedError` and not
-        added; one of a later round first ends the entries of earlier rounds
-        (each answered with `RoundFailedError`). Pushes without a round
-        (`round_id` None) are never late and never ended so.
+        before the current one, or of one that was full already, is answered
+        with `RoundFailedError` and not added; one of a later round first
+        ends the entries of earlier rounds (each answered with
+        `RoundFailedError`). Pushes without a round (`round_id` None) are
+        never late and never ended so.
 
         Returns:
             The full round in worker order (the round starts empty again), or
@@ -169,35 +174,42 @@ class SynchronousRound:
             return None
         ordered = sorted(self._entries.items())
         self._entries = {}
+        if entry.round_id is not None:  # its entries' round: over, whatever comes of it
+            self._over = entry.round_id
         return ordered
 
     def _current(self, worker: int, entry: PendingPush) -> bool:
-        """False when `entry` is of a round before the current one (it is
-        answered and dropped); a later round becomes the current one, and the
-        entries of earlier rounds are answered and dropped."""
+        """False when `entry` is of a round before the current one, or of one
+        that was full already (it is answered and dropped); a later round
+        becomes the current one, and the entries of earlier rounds are
+        answered and dropped."""
         round_id, current = entry.round_id, self.round_id
         if round_id is None:
             return True
+        if round_id == self._over:
+            _drop_late(worker, entry, f"round {round_id} was over (full)")
+            return False
         if current is not None and round_id < current:
-            _drop_late(worker, entry, current)
+            _drop_late(worker, entry, f"round {current} started")
             return False
         if current is None or round_id > current:
             self.round_id = round_id
             for other, waiting in list(self._entries.items()):
                 if waiting.round_id is not None and waiting.round_id < round_id:
                     del self._entries[other]
-                    _drop_late(other, waiting, round_id)
+                    _drop_late(other, waiting, f"round {round_id} started")
         return True
 
 
-def _drop_late(worker: int, entry: PendingPush, current: int) -> None:
-    """Answer the push (or abort) `entry` of a round before `current` with
-    `RoundFailedError`, and log it: it is dropped, never applied."""
+def _drop_late(worker: int, entry: PendingPush, after: str) -> None:
+    """Answer the push (or abort) `entry`, which came after `after` (the
+    round it names is over), with `RoundFailedError`, and log it: it is
+    dropped, never applied."""
     what = "abort" if entry.abort is not None else "push"
     text = (
-        f"worker {worker}'s {what} of round {entry.round_id} came after round {current} "
-        f"started (its part timed out, or its round was left behind): dropped, nothing of "
-        "it applied"
+        f"worker {worker}'s {what} of round {entry.round_id} came after {after} "
+        "(its part timed out or was sent again, or its round was left behind): dropped, "
+        "nothing of it applied"
     )
     logger.warning("server shard: %s", text)
     entry.reply.set_exception(RoundFailedError(text))

@@ -36,13 +36,16 @@ from atomr.train import (
     AsyncParameterServer,
     Evaluate,
     GetWeights,
+    LoadCheckpoint,
     LossKind,
     Mlp,
     OptimizerKind,
     ParameterServerOptions,
+    SaveCheckpoint,
     Step,
     Trainer,
     TrainerConfig,
+    WorkerStateLost,
 )
 from atomr.train.core.model import Activation, Layer, Linear, Sequential, register_layer
 from atomr.train.parameter_server import (
@@ -321,3 +324,52 @@ async def test_a_restarted_server_shard_refuses_until_a_checkpoint_is_loaded(
         trigger,
         grad_norm=workers == 1,  # else the parts' weighted norms: an upper bound
     )
+
+
+def _pulling_after(plan: Plan) -> type[ParameterServerWorker]:
+    """A worker class whose worker 1 starts its part only once `plan` fired
+    (its pull then reaches a shard already restarted)."""
+
+    class PullingAfter(ParameterServerWorker):
+        async def receive(self, message: Any) -> Any:
+            if isinstance(message, TrainBatch) and self.worker_id == 1:
+                await await_condition(lambda: bool(plan.fired), timeout=T, message="the fault")
+            return await super().receive(message)
+
+    return PullingAfter
+
+
+async def test_a_shard_lost_on_a_push_fails_the_step_at_once_when_a_pull_meets_it(
+    actor_system: ActorSystem, tmp_path: Path
+) -> None:
+    """Synchronous, two workers, two shards: shard 0's device context is
+    poisoned by worker 0's push, which waits in shard 1's round; worker 1's
+    pull then reaches the restarted shard 0 and is refused. The trainer
+    withdraws worker 1 (shard 1 drops the round), but worker 0, failed by
+    the poisoned shard, was sent its part again, refused as well, and
+    withdrawn from the round that was over: shard 1 opened it anew and
+    waited for worker 1 until `worker_timeout` (here longer than the test's
+    ask timeout; 3 Steps in 40 of a fuzz run took their whole timeout). Now
+    the `Step` fails at once with `WorkerStateLost`, and once a checkpoint
+    is loaded the next one trains."""
+    plan = Plan()
+    shard = inject_faults(NumberedShard, plan, {"push": PushGradient}, worker=0)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.CROSS_ENTROPY)
+    assert config.worker_timeout is not None and config.worker_timeout > T
+    options = ParameterServerOptions(
+        workers=2,
+        shards=2,
+        consistency=Consistency.synchronous(),
+        server_class=shard,
+        worker_class=_pulling_after(plan),
+    )
+    model = Mlp(TWO_RANGE_SIZES, seed=4)
+    ps = await AsyncParameterServer.spawn(actor_system, model, cpu_devices(2), config, options)
+    await ps.ask(SaveCheckpoint(tmp_path / "start.ckpt"), timeout=T)
+    (x, y), *_ = batches()
+    plan.arm("push", ContextPoisoned)
+    with pytest.raises(WorkerStateLost, match="server shard 0 lost"):
+        await ps.ask(Step(x, y), timeout=T)
+    assert plan.fired == ["push"]
+    await ps.ask(LoadCheckpoint(tmp_path / "start.ckpt"), timeout=T)
+    assert (await ps.ask(Step(x, y), timeout=T)).applied

@@ -284,6 +284,35 @@ async def test_a_push_of_a_later_round_ends_the_round_left_behind(actor_system) 
     await _round_one_completes(ref, pending, PushGradient(0, 0, _f32(2, 0), round_id=1))
 
 
+@pytest.mark.parametrize("again", ["push", "abort"])
+async def test_a_push_of_a_round_that_was_full_is_dropped_not_waited_on(
+    actor_system, again
+) -> None:
+    """Round 0 is full and dropped (worker 1 aborted it). Worker 0's part is
+    then sent again (its worker failed after its push was answered), or the
+    trainer withdraws worker 0 from round 0 (`AbortPush`): that push or abort
+    used to open round 0 anew and wait for worker 1, which was done with it,
+    until the ask timed out (a parameter-server Step took its whole
+    `worker_timeout` after a server shard was lost). Now it is refused at
+    once with `RoundFailedError`, nothing applied, and round 1 goes on."""
+    ref = _synchronous_pair(actor_system)
+    dropped = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(100, 100), round_id=0)))
+    await ref.ask(Stats())
+    with pytest.raises(NonFiniteError, match="worker 1"):
+        await asyncio.wait_for(ref.ask(AbortPush(1, 0, "loss is not finite", round_id=0)), 5)
+    with pytest.raises(NonFiniteError, match="worker 1"):
+        await asyncio.wait_for(dropped, 5)
+    repeat = (
+        PushGradient(0, 0, _f32(100, 100), round_id=0)
+        if again == "push"
+        else AbortPush(0, 0, "gave up on its part", round_id=0)
+    )
+    with pytest.raises(RoundFailedError, match="round 0 .*round 0 was over"):
+        await asyncio.wait_for(ref.ask(repeat), 5)
+    pending = asyncio.ensure_future(ref.ask(PushGradient(0, 0, _f32(2, 0), round_id=1)))
+    await _round_one_completes(ref, pending, PushGradient(1, 0, _f32(0, 2), round_id=1))
+
+
 async def test_abort_in_bounded_mode_ticks_the_clock_and_applies_nothing(actor_system) -> None:
     """Under bounded staleness an aborted batch still counts as done for the
     worker's clock, so the others' pulls are not held back by it."""

@@ -12,9 +12,13 @@ waiting for this one, and answers the error; so does a batch whose
 asynchronous push was rolled back (its range failed on a follower shard).
 A server shard that refuses to serve (its state lost, or a push it could
 not undo) is answered with its error: the worker has not failed. Between
-batches the worker keeps its model buffers and at most the weights its
-last push returned, so a restarted worker simply pulls fresh weights on its
-next batch.
+batches the worker keeps its model buffers, at most the weights its last
+push returned, and its last `BatchResult` with its round: a part sent again
+after the worker failed once it was done (its answer lost) is answered with
+that result, as computed from the weights before its round, instead of
+being recomputed from the weights the round left. A restarted worker keeps
+none of them: it pulls fresh weights on its next batch (a part sent again
+is then recomputed; the shards do not apply its push twice).
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ class ParameterServerWorker(DeviceActor):
         self.stale_pushes = 0
         # the weights and versions the last push returned, and its batch's generation
         self._pushed: tuple[np.ndarray, list[int], int] | None = None
+        self._done: tuple[int, BatchResult] | None = None  # the last part's round, result
 
     @classmethod
     def props(cls, *args: Any, **kwargs: Any) -> Props:
@@ -124,7 +129,7 @@ class ParameterServerWorker(DeviceActor):
         error: the worker itself has not failed."""
         try:
             if isinstance(message, TrainBatch):
-                return await self._train(message)
+                return await self._train_once(message)
             if isinstance(message, Evaluate):
                 return await self._evaluate(message)
         except _REFUSALS as exc:
@@ -134,11 +139,25 @@ class ParameterServerWorker(DeviceActor):
     def _validate(self, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
         return self._spec.validate(features, labels, self.config.loss)
 
-    async def _train(self, msg: TrainBatch) -> Any:
+    async def _train_once(self, msg: TrainBatch) -> Any:
+        """`_train`, unless `msg` names the round of the last part this
+        worker trained: sent again because the worker failed after it was
+        done, it is answered with that part's result (its push landed)."""
         try:  # before anything: a push it could not roll back is never made
             msg = replace(msg, round_id=self.client.check_round(msg.round_id))
         except ValueError as exc:
             return Failure(exc)
+        done, self._done = self._done, None
+        if done is not None and msg.round_id == done[0]:
+            self._done = done
+            return done[1]
+        result = await self._train(msg)
+        if isinstance(result, BatchResult) and msg.round_id is not None:
+            self._done = (msg.round_id, result)
+        return result
+
+    async def _train(self, msg: TrainBatch) -> Any:
+        """Train the part `msg` (its round checked by `_train_once`)."""
         model = await self._ready()
         t0 = time.perf_counter_ns()
         features = msg.features

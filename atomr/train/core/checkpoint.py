@@ -210,7 +210,7 @@ def checkpoint_digest(path: str | os.PathLike[str]) -> str:
     with open_regular_file(os.fspath(path)) as file:
         size = file.seek(0, os.SEEK_END)
         if size < len(MAGIC) + _LEN.size + _DIGEST:
-            raise CheckpointError(f"{path} is too short to be a checkpoint ({size} bytes)")
+            raise CheckpointError(f"{path}: not an atomr checkpoint (too short: {size} bytes)")
         file.seek(size - _DIGEST)
         return file.read(_DIGEST).hex()
 

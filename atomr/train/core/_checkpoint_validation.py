@@ -33,7 +33,6 @@ __all__ = [
     "model_difference",
     "open_regular_file",
     "parse_header",
-    "read_regular_file",
 ]
 
 _F64_MAX = float(np.finfo(np.float64).max)
@@ -62,25 +61,6 @@ def open_regular_file(where: str) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
-
-
-def read_regular_file(where: str, magic: bytes) -> bytes:
-    """The bytes of `where`, which must be a regular file (`open_regular_file`)
-    that starts with `magic`.
-
-    `magic` is checked before the rest is read, so a large file of another
-    kind is refused without reading it.
-
-    Raises:
-        FileNotFoundError: `where` does not exist (OSError: it cannot be opened).
-        CheckpointError: not a regular file, or it does not start with `magic`.
-    """
-    with open_regular_file(where) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if fh.read(len(magic)) != magic:
-            raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
-        fh.seek(0)  # one read of the whole file, not a second copy joined to the magic
-        return fh.read(size + 1)
 
 
 def parse_header(text: bytes, payload_len: int) -> dict[str, Any]:

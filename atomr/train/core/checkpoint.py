@@ -16,9 +16,10 @@ File layout (all integers little-endian)::
 Saving writes a temporary file in the target's directory, fsyncs it,
 `os.replace`s it over the target and fsyncs the directory: a crash at any
 point leaves either the previous checkpoint or the new one, never a mix
-(`_atomic_write`). Loading trusts nothing in the file: its kind, header and
-numbers are checked in `_checkpoint_validation`, its arrays in
-`_checkpoint_members`.
+(`_atomic_write`). Loading trusts nothing in the file: its frame (each
+length against the file's size, before what it counts is read, and the
+checksum) is checked in `_checkpoint_frame`, its kind, header and numbers
+in `_checkpoint_validation`, its arrays in `_checkpoint_members`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import hashlib
 import io
 import json
 import os
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,14 +36,9 @@ from typing import Any
 import numpy as np
 
 from atomr.train.core._atomic_write import check_target, probe_write, write_atomically
+from atomr.train.core._checkpoint_frame import LENGTH, MAGIC, checkpoint_digest, read_frame
 from atomr.train.core._checkpoint_members import read_members
-from atomr.train.core._checkpoint_validation import (
-    check_count,
-    model_difference,
-    open_regular_file,
-    parse_header,
-    read_regular_file,
-)
+from atomr.train.core._checkpoint_validation import check_count, model_difference, parse_header
 from atomr.train.core._shard_files import remove_shard_files
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
@@ -62,10 +57,6 @@ __all__ = [
     "probe_write",
     "save_checkpoint",
 ]
-
-MAGIC = b"ATOMRCK1"
-_DIGEST = 32
-_LEN = struct.Struct("<Q")
 
 
 SHARDED_INDEX_KEY = "sharded"
@@ -137,7 +128,7 @@ def _encode(ckpt: Checkpoint) -> bytes:
         ).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint state is not JSON-serialisable: {exc}") from exc
-    body = MAGIC + _LEN.pack(len(header)) + header + payload
+    body = MAGIC + LENGTH.pack(len(header)) + header + payload
     return body + hashlib.sha256(body).digest()
 
 
@@ -200,21 +191,6 @@ def check_save_location(path: str | os.PathLike[str]) -> None:
         raise
 
 
-def checkpoint_digest(path: str | os.PathLike[str]) -> str:
-    """Which save a checkpoint file is: the SHA-256 it ends with, in hex, read alone.
-
-    Raises:
-        OSError: the file cannot be read.
-        CheckpointError: not a regular file (a FIFO is not waited on), or too short.
-    """
-    with open_regular_file(os.fspath(path)) as file:
-        size = file.seek(0, os.SEEK_END)
-        if size < len(MAGIC) + _LEN.size + _DIGEST:
-            raise CheckpointError(f"{path}: not an atomr checkpoint (too short: {size} bytes)")
-        file.seek(size - _DIGEST)
-        return file.read(_DIGEST).hex()
-
-
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read and verify a checkpoint written by `save_checkpoint`.
 
@@ -239,23 +215,15 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     Raises:
         FileNotFoundError: `path` does not exist.
         CheckpointError: not a regular file, not a checkpoint, truncated,
-            checksum mismatch, or a malformed field (the message names it).
+            larger than its header says (trailing bytes), a payload larger
+            than this machine's memory, checksum mismatch, or a malformed
+            field (the message names it).
     """
     where = os.fspath(path)
-    raw = read_regular_file(where, MAGIC)
-    min_len = len(MAGIC) + _LEN.size + _DIGEST
-    if len(raw) < min_len:  # the magic was checked by read_regular_file
-        raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
-    body, digest = raw[:-_DIGEST], raw[-_DIGEST:]
-    if hashlib.sha256(body).digest() != digest:
-        raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
-    (header_len,) = _LEN.unpack_from(body, len(MAGIC))
-    start = len(MAGIC) + _LEN.size
-    if header_len > len(body) - start:
-        raise CheckpointError(f"{where}: header_len {header_len} exceeds the file")
+    text, payload = read_frame(where)
     try:
-        header = parse_header(body[start : start + header_len], len(body) - start - header_len)
-        arrays = read_members(body[start + header_len :])
+        header = parse_header(text, len(payload))
+        arrays = read_members(payload)
         return _assemble(header, arrays)
     except CheckpointError as exc:
         raise CheckpointError(f"{where}: {exc}") from exc

@@ -96,3 +96,36 @@ def test_a_model_config_declaring_sizes_it_does_not_hold_is_refused(
     finally:
         tracemalloc.stop()
     assert peak < 16 * _MB
+
+
+def _peak_of_load(path: Path, needle: str) -> int:
+    """Load `path`, expecting a CheckpointError matching `needle`; the peak
+    of memory traced meanwhile."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match=needle):
+            load_checkpoint(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak
+
+
+def test_a_terabyte_of_trailing_bytes_is_refused_unread(tmp_path: Path) -> None:
+    path = _saved(tmp_path, {"sizes": [4, 2]})
+    with open(path, "r+b") as file:
+        file.truncate(10**12)  # sparse: no disk used; a valid checkpoint first
+    assert _peak_of_load(path, "larger than its header says") < 16 * _MB
+
+
+def test_a_payload_beyond_memory_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    size = 10**12  # sparse; more than this machine's memory
+    text = b'{"model": {}, "step": 0, "optimizer": {}, "extra": {}, "payload_len": %d}'
+    header = text % 0
+    for _ in range(3):  # until the payload's length counts its own digits
+        header = text % (size - len(MAGIC) - 8 - 32 - len(header))
+    with open(path, "wb") as file:
+        file.write(MAGIC + struct.pack("<Q", len(header)) + header)
+        file.truncate(size)
+    assert _peak_of_load(path, "more than this machine's memory") < 16 * _MB

@@ -1,0 +1,115 @@
+"""The frame of a checkpoint file: magic, header length, header, payload and
+checksum (the layout: `atomr.train.core.checkpoint`), read without trusting
+a number in it.
+
+The file's size is taken once (`fstat`) and every length the file declares
+is checked against it before a byte it counts is read: the header's length,
+then the payload's (`payload_len`, in the header). A file larger than its
+header says (trailing bytes, or a sparse file of a terabyte behind a valid
+header) is refused unread, and so is a payload larger than this machine's
+memory, which could not be loaded anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+
+from atomr.train.core._checkpoint_validation import open_regular_file
+from atomr.train.core.errors import CheckpointError
+
+__all__ = ["MAGIC", "checkpoint_digest", "read_frame"]
+
+MAGIC = b"ATOMRCK1"
+LENGTH = struct.Struct("<Q")
+DIGEST = 32
+PREFIX = len(MAGIC) + LENGTH.size
+MAX_HEADER = 64 * 2**20
+"""The longest header read (a model's config, the optimizer's settings and
+the trainer's scalars: kilobytes)."""
+
+
+def payload_bound() -> int:
+    """The largest payload read: this machine's physical memory (a payload
+    is held whole while its arrays are copied out), or 2**40 where the
+    platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 2**40
+
+
+def checkpoint_digest(path: str | os.PathLike[str]) -> str:
+    """Which save a checkpoint file is: the SHA-256 it ends with, in hex, read alone.
+
+    Raises:
+        OSError: the file cannot be read.
+        CheckpointError: not a regular file (a FIFO is not waited on), or too short.
+    """
+    with open_regular_file(os.fspath(path)) as file:
+        size = file.seek(0, os.SEEK_END)
+        if size < PREFIX + DIGEST:
+            raise CheckpointError(f"{path}: not an atomr checkpoint (too short: {size} bytes)")
+        file.seek(size - DIGEST)
+        return file.read(DIGEST).hex()
+
+
+def read_frame(where: str) -> tuple[bytes, bytes]:
+    """The header and payload bytes of the checkpoint file `where`, its
+    checksum verified; each length checked against the file's size before
+    what it counts is read.
+
+    Raises:
+        FileNotFoundError: `where` does not exist (OSError: it cannot be read).
+        CheckpointError: not a regular file, bad magic, truncated, a header
+            longer than 64 MiB or than the file, a file larger or smaller
+            than its header says, a payload larger than this machine's
+            memory, or a checksum mismatch.
+    """
+    with open_regular_file(where) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        prefix = fh.read(PREFIX)
+        if len(prefix) < PREFIX or size < PREFIX + DIGEST or not prefix.startswith(MAGIC):
+            raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
+        (header_len,) = LENGTH.unpack_from(prefix, len(MAGIC))
+        if header_len > size - PREFIX - DIGEST or header_len > MAX_HEADER:
+            raise CheckpointError(f"{where}: header_len {header_len} exceeds the file")
+        header = fh.read(header_len)
+        payload_len = size - PREFIX - header_len - DIGEST
+        _check_payload_len(where, header, payload_len)
+        payload = fh.read(payload_len)
+        digest = fh.read(DIGEST + 1)
+    if len(header) != header_len or len(payload) != payload_len or len(digest) != DIGEST:
+        raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
+    sha = hashlib.sha256(prefix)
+    sha.update(header)
+    sha.update(payload)
+    if sha.digest() != digest:
+        raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
+    return header, payload
+
+
+def _check_payload_len(where: str, header: bytes, payload_len: int) -> None:
+    """Refuse, before it is read, a payload of `payload_len` bytes (what the
+    file holds after its header) that is not the header's `payload_len`, or
+    beyond `payload_bound`. A header that is not JSON is left to the
+    checksum (a bit flip) and to `parse_header`.
+
+    Raises:
+        CheckpointError: as said.
+    """
+    try:
+        declared = json.loads(header.decode("utf-8")).get("payload_len")
+    except (UnicodeDecodeError, ValueError, RecursionError, AttributeError):
+        declared = None
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared < payload_len:
+        raise CheckpointError(
+            f"{where}: the file is larger than its header says (payload_len {declared}, "
+            f"{payload_len} bytes after the header): trailing bytes"
+        )
+    if payload_len > payload_bound():
+        raise CheckpointError(
+            f"{where}: a payload of {payload_len} bytes, more than this machine's memory"
+        )

@@ -18,12 +18,16 @@ from typing import Any
 from atomr._arguments import int_at_least, real_number
 from atomr._repr import bounded_repr
 from atomr.train.core._atomic_write import write_atomically
+from atomr.train.core._checkpoint_validation import open_regular_file
+from atomr.train.core.errors import CheckpointError
 from atomr.train.fit import EpochRecord
 from atomr.train.metrics import json_value
 
 __all__ = ["History", "history_path_for"]
 
 FORMAT = "atomr-history/1"
+MAX_BYTES = 64 * 2**20
+"""The largest history file read (a record per epoch: a few hundred bytes each)."""
 
 
 def history_path_for(checkpoint: Path) -> Path:
@@ -123,12 +127,17 @@ class History:
     def load(cls, path: str | os.PathLike[str]) -> History:
         """Read a history file written by `save`.
 
+        Only a regular file of at most `MAX_BYTES` is read (symlinks
+        followed): a FIFO is refused without blocking, a larger file unread.
+
         Raises:
-            OSError: the file cannot be read.
-            ValueError: it is not an atomr history.
+            FileNotFoundError: there is no file at `path` (OSError: it
+                cannot be read).
+            ValueError: it is not an atomr history: not a regular file,
+                larger than `MAX_BYTES`, or not this format.
         """
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = json.loads(_read_bounded(path))
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 raise ValueError("unknown format")
             records = [_record(raw) for raw in data["epochs"]]
@@ -146,3 +155,22 @@ class History:
             )
         except (KeyError, TypeError, ValueError, RecursionError) as exc:  # JSON nested too deep
             raise ValueError(f"{path}: not an atomr history file ({exc})") from None
+
+
+def _read_bounded(path: str | os.PathLike[str]) -> str:
+    """The text of the regular file at `path` (`open_regular_file`: a FIFO
+    is not waited on), of at most `MAX_BYTES`.
+
+    Raises:
+        OSError: it cannot be opened or read.
+        ValueError: not a regular file, larger than `MAX_BYTES`, or not UTF-8.
+    """
+    try:
+        with open_regular_file(os.fspath(path)) as file:
+            size = os.fstat(file.fileno()).st_size
+            raw = file.read(MAX_BYTES + 1) if size <= MAX_BYTES else b""
+    except CheckpointError as exc:
+        raise ValueError(str(exc)) from None
+    if size > MAX_BYTES or len(raw) > MAX_BYTES:
+        raise ValueError(f"{max(size, len(raw))} bytes, more than a history file's {MAX_BYTES}")
+    return raw.decode("utf-8")

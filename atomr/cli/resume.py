@@ -137,12 +137,12 @@ def _history_of(path: Path, digest: str, step: int) -> History | None:
     """The history file written with the checkpoint at `path`, or None (with
     a warning when there is one of another save)."""
     side = history_path_for(path)
-    if not side.is_file():  # a checkpoint saved by a script: nothing more to restore
-        return None
     try:
         earlier = History.load(side)
         saved = earlier.position or {}
         sidecar_step = int(saved["step"])
+    except FileNotFoundError:  # a checkpoint saved by a script: nothing more to restore
+        return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         _warn(f"--resume: ignoring {side} ({exc}); earlier epochs are not restored")
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import atomr.cli
 import atomr.cli.resume
 from atomr.cli.dataset import load_dataset
 from atomr.cli.errors import CliError
-from atomr.cli.history import History
+from atomr.cli.history import History, history_path_for
 from atomr.cli.parser import build_parser
 from atomr.cli.run_config import RunConfig
 from atomr.cli.training_run import plan_start, train_epochs
@@ -224,3 +225,46 @@ def test_a_long_setting_is_shown_bounded(
     assert atomr.cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "was trained with --lr 'xxx" in err and len(err) < 1000
+
+
+def _resume_ignoring_history(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """`--resume` of `one.ckpt` in `tmp_path`, which must succeed; the warning it printed."""
+    argv = ["train", *TWO_EPOCHS, "--resume", str(tmp_path / "one.ckpt")]
+    assert atomr.cli.main([*argv, "--run-dir", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert "earlier epochs are not restored" in err
+    return err
+
+
+def test_a_history_file_swapped_for_a_fifo_is_ignored_without_blocking(
+    saved: Saved,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Swapped in once the history file was seen to be a regular file: the
+    read blocked, waiting for a writer."""
+    _write(tmp_path, saved, "one.ckpt.history.json", b"", "fifo")
+    side, is_file = history_path_for(tmp_path / "one.ckpt"), Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda self: self == side or is_file(self))
+    assert "not a regular file" in _resume_ignoring_history(tmp_path, capsys)
+
+
+def test_a_history_file_linked_to_a_huge_file_is_ignored_unread(
+    saved: Saved, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was read whole: a MemoryError traceback, or memory exhausted."""
+    _write(tmp_path, saved, "one.ckpt.history.json", b"", "missing")
+    with open(tmp_path / "huge", "wb") as file:
+        file.truncate(10**12)  # sparse: no disk used
+    side = history_path_for(tmp_path / "one.ckpt")
+    side.symlink_to(tmp_path / "huge")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="more than a history file's"):
+            History.load(side)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
+    assert "more than a history file's" in _resume_ignoring_history(tmp_path, capsys)

@@ -270,8 +270,8 @@ def _save_in_shards(checkpoint: Path, path: Path, shift: float) -> None:
     full = load_checkpoint(checkpoint)
     layout = ShardLayout(((0, full.weights.size),), replicas=2)
     states = split_state(layout, full.weights + np.float32(shift), full.optimizer, full.step)
-    write_shards(path, layout, states, full.model, 1)
-    write_index(path, layout, full.step, full.model, full.extra, 1)
+    write_shards(path, layout, states, full.model, 1, "0" * 32)
+    write_index(path, layout, full.step, full.model, full.extra, 1, "0" * 32)
 
 
 @pytest.mark.mpi

@@ -4,8 +4,12 @@ and its shard files, merged into one full `Checkpoint`.
 A sharded trainer with `ShardedOptions.shard_checkpoints` writes each
 replica's state to a file of its own, `<path>.gen-<N>.shard-<g>-of-<G>`,
 and at the path an *index*: a checkpoint whose weights are empty and whose
-`extra["sharded"]` gives the shard count, the parameter count and the
-generation `N` (writing them: `atomr.train.sharded.checkpoints`). Every
+`extra["sharded"]` gives the shard count, the parameter count, the
+generation `N` and the save's id, a random token that every shard file of
+the save holds too (writing them: `atomr.train.sharded.checkpoints`): a
+shard file of another save of the same step and generation (another run's,
+copied beside this index) is refused, not merged. Indexes from before save
+ids (no `save` field) load as they did, trusting the shard files' names. Every
 trainer's `LoadCheckpoint` reads its path with `merge_shards`, so such a
 save loads into any trainer, layout and replica count, as a full checkpoint
 does.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -30,6 +35,8 @@ from atomr.train.core.checkpoint import (
 )
 
 __all__ = ["merge_shards", "save_digest", "shard_path"]
+
+_SAVE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def merge_shards(path: str | os.PathLike[str], index: Checkpoint | None = None) -> Checkpoint:
@@ -48,16 +55,16 @@ def merge_shards(path: str | os.PathLike[str], index: Checkpoint | None = None) 
     Raises:
         FileNotFoundError, OSError, CheckpointError: as `load_checkpoint`,
             for the file or any of its shard files.
-        CheckpointError: a shard is missing, unreadable, of another model or
-            step, the shards' optimizer states differ in their entries or
+        CheckpointError: a shard is missing, unreadable, of another model,
+            step or save (its save id is not the index's), the shards' optimizer states differ in their entries or
             settings, or the shards do not tile the vector exactly once.
     """
     ckpt = load_checkpoint(path) if index is None else index
     info = ckpt.extra.get(SHARDED_INDEX_KEY)
     if info is None:
         return ckpt
-    count, n, generation = _index_info(path, info)
-    shards = [_load_shard(path, ckpt, g, count, generation) for g in range(count)]
+    count, n, generation, save = _index_info(path, info)
+    shards = [_load_shard(path, ckpt, g, (count, generation, save)) for g in range(count)]
     _check_same_optimizer(path, shards)
     if sum(int(shard.weights.shape[0]) for shard in shards) != n:  # before allocating n
         raise CheckpointError(f"the shards of {path} do not hold the index's {n} parameters")
@@ -94,7 +101,7 @@ def save_digest(path: str | os.PathLike[str], ckpt: Checkpoint) -> str:
     info = ckpt.extra.get(SHARDED_INDEX_KEY)
     if info is None:
         return digest
-    count, _, generation = _index_info(path, info)
+    count, _, generation, _ = _index_info(path, info)
     sha = hashlib.sha256(bytes.fromhex(digest))
     for g in range(count):
         sha.update(bytes.fromhex(checkpoint_digest(shard_path(path, g, count, generation))))
@@ -125,22 +132,29 @@ def _check_same_optimizer(path: str | os.PathLike[str], shards: list[Checkpoint]
                 )
 
 
-def _index_info(path: str | os.PathLike[str], info: Any) -> tuple[int, int, int]:
-    """`(shard count, parameters, generation)` of an index, checked.
+def _index_info(path: str | os.PathLike[str], info: Any) -> tuple[int, int, int, str | None]:
+    """`(shard count, parameters, generation, save id)` of an index, checked
+    (the save id None in an index from before save ids).
 
     Raises:
-        CheckpointError: a field is missing, not an integer, or out of range.
+        CheckpointError: a field is missing, not an integer, or out of
+            range, or a save id that is not 32 lowercase hex digits.
     """
     try:
         count, n = _whole(info["count"]), _whole(info["n_params"])
         generation = _whole(info.get("generation", 0))
+        save = info.get("save")
     except (AttributeError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path}: a bad shard index: {exc!r}") from exc
+    if save is not None and not (isinstance(save, str) and _SAVE_ID.fullmatch(save)):
+        raise CheckpointError(
+            f"{path}: a bad shard index: save id {bounded_repr(save)} is not 32 hex digits"
+        )
     if count < 1 or n < 1 or generation < 0:
         raise CheckpointError(
             f"{path}: a bad shard index: {count} shards, {n} parameters, generation {generation}"
         )
-    return count, n, generation
+    return count, n, generation, save
 
 
 def _whole(value: Any) -> int:
@@ -156,16 +170,26 @@ def _whole(value: Any) -> int:
 
 
 def _load_shard(
-    path: str | os.PathLike[str], index: Checkpoint, g: int, count: int, generation: int
+    path: str | os.PathLike[str], index: Checkpoint, g: int, save: tuple[int, int, str | None]
 ) -> Checkpoint:
-    """Shard `g`, checked to be of the index's model and step.
+    """Shard `g` of the save `(count, generation, save id)`, checked to be
+    of the index's model, step and save id (none in an index and shards
+    from before save ids).
 
     Raises:
-        CheckpointError, OSError: as `load_checkpoint`; another model or step.
+        CheckpointError, OSError: as `load_checkpoint`; another model, step
+            or save.
     """
+    count, generation, save_id = save
     shard = load_checkpoint(shard_path(path, g, count, generation))
     if shard.model != index.model or shard.step != index.step:
         raise CheckpointError(f"shard {g} of {path} is of another model or step")
+    if shard.extra.get("save") != save_id:
+        raise CheckpointError(
+            f"shard {g} of {path} is of another save (save id "
+            f"{bounded_repr(shard.extra.get('save'))}, the index's {save_id!r}): the shard "
+            "files of two saves of one step and generation are mixed"
+        )
     return shard
 
 

@@ -11,6 +11,7 @@ replica its old state back.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 from atomr.accel.serial_worker import SerialWorker
 from atomr.actor import ActorRef
 from atomr.train.comm.agreement import agree_on_failure, agreed
+from atomr.train.comm.collective import Collective
 from atomr.train.core.accumulation import check_resumable_window
 from atomr.train.core.checkpoint import (
     Checkpoint,
@@ -128,20 +130,21 @@ class ShardedCheckpoints:
                 generation = await self.host.run(next_generation, path)
         except Exception as exc:
             error = exc
-        # process 0's generation, so every file is of one save
-        generation = int(
-            await agree_on_failure(
-                self.options.process_collective, error, "prepare the save", generation
-            )
-        )
         config, processes = self.model_config, self.options.process_collective
+        # process 0's generation and save id, so every file is of one save
+        generation = int(await agree_on_failure(processes, error, "prepare the save", generation))
+        save_id = await shared_save_id(processes, self.options.process_rank)
 
         async def shards() -> None:
-            await self.host.run(write_shards, path, self.layout, states, config, generation)
+            await self.host.run(
+                write_shards, path, self.layout, states, config, generation, save_id
+            )
 
         async def index() -> None:
             steps = states[0].steps
-            await self.host.run(write_index, path, self.layout, steps, config, extra, generation)
+            await self.host.run(
+                write_index, path, self.layout, steps, config, extra, generation, save_id
+            )
 
         await agreed(processes, "write its shard files", shards)
         await agreed(
@@ -236,3 +239,18 @@ def _not_loaded(who: str, what: str) -> Exception:
     return CheckpointError(
         f"{who} failed to {what}; no process loaded it (every replica keeps its state)"
     )
+
+
+async def shared_save_id(processes: Collective | None, rank: int) -> str:
+    """A new sharded save's id: 16 random bytes chosen by process rank 0,
+    copied to every process (`broadcast`), in hex.
+
+    Raises:
+        Exception: the collective's error (as `Collective.broadcast`).
+    """
+    token = np.zeros(16, np.uint8)
+    if rank == 0:
+        token[:] = np.frombuffer(secrets.token_bytes(16), np.uint8)
+    if processes is not None:
+        await processes.broadcast([token], root=0)
+    return token.tobytes().hex()

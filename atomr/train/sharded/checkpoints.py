@@ -9,8 +9,10 @@ With `ShardedOptions.shard_checkpoints`, each replica's state goes to a file
 of its own, `<path>.gen-<N>.shard-<g>-of-<G>` (`g`: the replica's place in
 the job, process by process), written by the process that holds it; the
 path itself then holds an *index*: a checkpoint in today's format whose
-weights are empty and whose `extra["sharded"]` gives the shard count and
-the generation `N`. `merge_shards(path)` (`core/sharded_index.py`) reads
+weights are empty and whose `extra["sharded"]` gives the shard count, the
+generation `N` and the save's id: 32 random hex digits chosen by process 0
+for each save, which every shard file of it holds too, so a shard file of
+another save of the same step and generation is refused, not merged. `merge_shards(path)` (`core/sharded_index.py`) reads
 the index and the shards back into one full `Checkpoint`; every trainer's
 `LoadCheckpoint` does, so a sharded save loads into any layout, any replica
 count and any trainer.
@@ -105,9 +107,11 @@ def write_shards(
     states: Sequence[ShardReplicaState],
     model: dict[str, Any],
     generation: int,
+    save_id: str,
 ) -> None:
-    """Write this process's replicas' files of save `generation` (process 0
-    writes the index afterwards, once every process has: `write_index`).
+    """Write this process's replicas' files of save `generation`, each
+    holding `save_id` (process 0's, the same on every process); process 0
+    writes the index afterwards, once every process has: `write_index`.
 
     Raises:
         CheckpointError, OSError: as `save_checkpoint`; what it refuses about
@@ -121,7 +125,8 @@ def write_shards(
         check_save_target(target)
     for k, state in enumerate(states):
         owned = [list(r) for r in layout.owned(k)]
-        shard = Checkpoint(model, state.piece, state.steps, state.optimizer, {"owned": owned})
+        extra = {"owned": owned, "save": save_id}
+        shard = Checkpoint(model, state.piece, state.steps, state.optimizer, extra)
         save_checkpoint(targets[k], shard)
 
 
@@ -132,16 +137,18 @@ def write_index(
     model: dict[str, Any],
     extra: dict[str, Any],
     generation: int,
+    save_id: str,
 ) -> None:
     """Process 0, once every shard of `generation` is written: the index at
-    `path` (atomically), then the other generations' shard files go.
+    `path` (atomically), naming `save_id` (its shards'), then the other
+    generations' shard files go.
 
     Raises:
         CheckpointError, OSError: as `save_checkpoint` (the previous index
             and its shards are then untouched).
     """
     count = layout.replicas * layout.processes
-    info = {"count": count, "n_params": layout.n_params, "generation": generation}
+    info = {"count": count, "n_params": layout.n_params, "generation": generation, "save": save_id}
     index = Checkpoint(
         model, np.zeros(0, np.float32), steps, {}, {SHARDED_INDEX_KEY: info, **extra}
     )

@@ -50,6 +50,9 @@ from atomr.train.sharded.layout import ShardLayout
 from atomr.train.sharded.messages import ShardReplicaState
 
 SIZES = [6, 10, 4]
+SAVE_ID = "5a" * 16
+"""The save id of the saves written here by hand (every one the same, as two
+runs' saves of the same step and generation would be without ids)."""
 CONFIG = TrainerConfig(OptimizerKind.adamw(0.02), LossKind.CROSS_ENTROPY, gradient_clip=1.0)
 
 
@@ -203,7 +206,7 @@ async def test_a_save_cut_off_before_its_index_leaves_the_previous_one_whole(
             ShardReplicaState(layout.take(np.full(layout.n_params, 7.0), k), {}, 10)
             for k in range(2)
         ]
-        write_shards(path, layout, pieces, writer_model().config(), next_generation(path))
+        write_shards(path, layout, pieces, writer_model().config(), next_generation(path), SAVE_ID)
         assert shard_path(path, 0, 2, generation=2).is_file()
         again = merge_shards(path)
         np.testing.assert_array_equal(again.weights, saved.weights)
@@ -319,8 +322,8 @@ def _save_in_shards(path: Path, weights: np.ndarray) -> None:
     """A save of step 3, one file per replica of two, generation 1."""
     config = writer_model().config()
     layout = ShardLayout(((0, weights.size),), replicas=2)
-    write_shards(path, layout, split_state(layout, weights, {}, 3), config, 1)
-    write_index(path, layout, 3, config, {}, 1)
+    write_shards(path, layout, split_state(layout, weights, {}, 3), config, 1, SAVE_ID)
+    write_index(path, layout, 3, config, {}, 1, SAVE_ID)
 
 
 def _digest(path: Path) -> str:

@@ -74,8 +74,12 @@ def read_frame(where: str) -> tuple[bytes, bytes]:
         if len(prefix) < PREFIX or size < PREFIX + DIGEST or not prefix.startswith(MAGIC):
             raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
         (header_len,) = LENGTH.unpack_from(prefix, len(MAGIC))
-        if header_len > size - PREFIX - DIGEST or header_len > MAX_HEADER:
+        if header_len > size - PREFIX - DIGEST:
             raise CheckpointError(f"{where}: header_len {header_len} exceeds the file")
+        if header_len > MAX_HEADER:
+            raise CheckpointError(
+                f"{where}: header_len {header_len} is more than a header's {MAX_HEADER} bytes"
+            )
         header = fh.read(header_len)
         payload_len = size - PREFIX - header_len - DIGEST
         _check_payload_len(where, header, payload_len)

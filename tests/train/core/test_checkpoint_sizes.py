@@ -129,3 +129,11 @@ def test_a_payload_beyond_memory_is_refused_unread(tmp_path: Path) -> None:
         file.write(MAGIC + struct.pack("<Q", len(header)) + header)
         file.truncate(size)
     assert _peak_of_load(path, "more than this machine's memory") < 16 * _MB
+
+
+def test_a_header_of_a_terabyte_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    with open(path, "wb") as file:
+        file.write(MAGIC + struct.pack("<Q", 10**12))
+        file.truncate(2 * 10**12)  # sparse: the header fits in the file
+    assert _peak_of_load(path, "more than a header's 67108864 bytes") < 16 * _MB

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import struct
+from typing import BinaryIO
 
 from atomr.train.core._checkpoint_validation import open_regular_file
 from atomr.train.core.errors import CheckpointError
@@ -64,28 +65,26 @@ def read_frame(where: str) -> tuple[bytes, bytes]:
     Raises:
         FileNotFoundError: `where` does not exist (OSError: it cannot be read).
         CheckpointError: not a regular file, bad magic, truncated, a header
-            longer than 64 MiB or than the file, a file larger or smaller
-            than its header says, a payload larger than this machine's
-            memory, or a checksum mismatch.
+            longer than 64 MiB or than the file, a file larger than its
+            header says (trailing bytes), a payload larger than this
+            machine's memory, or a checksum mismatch (so reported, too, for
+            a wrong length in a file of at most 64 MiB: a bit flip).
     """
     with open_regular_file(where) as fh:
         size = os.fstat(fh.fileno()).st_size
         prefix = fh.read(PREFIX)
         if len(prefix) < PREFIX or size < PREFIX + DIGEST or not prefix.startswith(MAGIC):
             raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
-        (header_len,) = LENGTH.unpack_from(prefix, len(MAGIC))
-        if header_len > size - PREFIX - DIGEST:
-            raise CheckpointError(f"{where}: header_len {header_len} exceeds the file")
-        if header_len > MAX_HEADER:
-            raise CheckpointError(
-                f"{where}: header_len {header_len} is more than a header's {MAX_HEADER} bytes"
-            )
-        header = fh.read(header_len)
-        payload_len = size - PREFIX - header_len - DIGEST
-        _check_payload_len(where, header, payload_len)
+        try:
+            header = _read_header(fh, where, size, prefix)
+            payload_len = size - PREFIX - len(header) - DIGEST
+            _check_payload_len(where, header, payload_len)
+        except CheckpointError:
+            _check_small_file(fh, where, size)  # a bit flip in a length says so
+            raise
         payload = fh.read(payload_len)
         digest = fh.read(DIGEST + 1)
-    if len(header) != header_len or len(payload) != payload_len or len(digest) != DIGEST:
+    if len(payload) != payload_len or len(digest) != DIGEST:
         raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
     sha = hashlib.sha256(prefix)
     sha.update(header)
@@ -93,6 +92,41 @@ def read_frame(where: str) -> tuple[bytes, bytes]:
     if sha.digest() != digest:
         raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
     return header, payload
+
+
+def _read_header(fh: BinaryIO, where: str, size: int, prefix: bytes) -> bytes:
+    """The header's bytes, its length (in `prefix`) checked first against
+    the file's `size` and `MAX_HEADER`.
+
+    Raises:
+        CheckpointError: it is longer than either, or the file shrank.
+    """
+    (header_len,) = LENGTH.unpack_from(prefix, len(MAGIC))
+    if header_len > size - PREFIX - DIGEST:
+        raise CheckpointError(f"{where}: header_len {header_len} exceeds the file")
+    if header_len > MAX_HEADER:
+        raise CheckpointError(
+            f"{where}: header_len {header_len} is more than a header's {MAX_HEADER} bytes"
+        )
+    header = fh.read(header_len)
+    if len(header) != header_len:
+        raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
+    return header
+
+
+def _check_small_file(fh: BinaryIO, where: str, size: int) -> None:
+    """Where a length is wrong, a file of at most `MAX_HEADER` bytes (cheap
+    to read) is checked whole, so that corruption is reported as a checksum
+    mismatch, as it was when every file was read whole.
+
+    Raises:
+        CheckpointError: its checksum does not match.
+    """
+    if size <= MAX_HEADER:
+        fh.seek(0)
+        raw = fh.read(size)
+        if hashlib.sha256(raw[:-DIGEST]).digest() != raw[-DIGEST:]:
+            raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
 
 
 def _check_payload_len(where: str, header: bytes, payload_len: int) -> None:

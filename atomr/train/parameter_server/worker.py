@@ -11,7 +11,9 @@ instead, so that a synchronous round fails for every worker rather than
 waiting for this one, and answers the error; so does a batch whose
 asynchronous push was rolled back (its range failed on a follower shard).
 A server shard that refuses to serve (its state lost, or a push it could
-not undo) is answered with its error: the worker has not failed. Between
+not undo), or fails (its device context lost, its device gone, stopped,
+timed out), is answered with its error, as a `Failure`: the worker has not
+failed, so its supervisor neither restarts nor stops it. Between
 batches the worker keeps its model buffers, at most the weights its last
 push returned, and its last `BatchResult` with its round: a part sent again
 after the worker failed once it was done (its answer lost) is answered with
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -52,6 +54,38 @@ __all__ = ["ParameterServerWorker"]
 # a server shard refusing to serve: it lost its state (restarted), or holds a
 # push it could not undo, or a round is over; the worker answers them itself
 _REFUSALS: tuple[type[Exception], ...] = (RoundFailedError, WorkerStateLost)
+# a round's outcomes, answered where a push raises them
+_ROUND_OUTCOMES: tuple[type[Exception], ...] = (
+    StaleGradientError,
+    RoundFailedError,
+    NonFiniteError,
+)
+
+
+class _ShardFailure(Exception):
+    """A server shard's failure (`error`) on its way to the worker's answer."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+@contextlib.contextmanager
+def _from_shards() -> Iterator[None]:
+    """Around the worker's requests to the server shards: their failure
+    other than a round's outcome (`_ROUND_OUTCOMES`) is not the worker's own
+    (a shard's `ContextPoisoned` must not restart the worker), so it comes
+    out as a `_ShardFailure`, which `receive` answers with the error.
+
+    Raises:
+        _ShardFailure: a shard failed (or the request could not be made).
+    """
+    try:
+        yield
+    except _ROUND_OUTCOMES:
+        raise
+    except Exception as exc:
+        raise _ShardFailure(exc) from None
 
 
 class ParameterServerWorker(DeviceActor):
@@ -125,8 +159,9 @@ class ParameterServerWorker(DeviceActor):
 
     async def receive(self, message: Any) -> Any:
         """Dispatch `TrainBatch` / `Evaluate`; anything else to `DeviceActor.receive`.
-        A server shard refusing to serve (`_REFUSALS`) is answered with its
-        error: the worker itself has not failed."""
+        A server shard refusing to serve (`_REFUSALS`) or failing
+        (`_from_shards`) is answered with its error: the worker itself has
+        not failed."""
         try:
             if isinstance(message, TrainBatch):
                 return await self._train_once(message)
@@ -134,6 +169,8 @@ class ParameterServerWorker(DeviceActor):
                 return await self._evaluate(message)
         except _REFUSALS as exc:
             return Failure(exc)
+        except _ShardFailure as failure:
+            return Failure(failure.error)
         return await super().receive(message)
 
     def _validate(self, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -164,9 +201,10 @@ class ParameterServerWorker(DeviceActor):
         # an empty part of a batch the trainer validated whole: a weight-0 push
         if isinstance(features, np.ndarray) and features.ndim >= 1 and features.shape[0] == 0:
             self._pushed = None
-            _, versions = await self.client.pull(self.worker_id)
             zeros = np.zeros(self.client.n, dtype=model.dtype)
-            await self.client.push(self.worker_id, versions, zeros, 0.0, msg.round_id)
+            with _from_shards():
+                _, versions = await self.client.pull(self.worker_id)
+                await self.client.push(self.worker_id, versions, zeros, 0.0, msg.round_id)
             micros = (time.perf_counter_ns() - t0) // 1000
             return BatchResult(StepStats(0.0, 0.0, micros, 0, applied=False), 0.0)
         try:
@@ -211,29 +249,37 @@ class ParameterServerWorker(DeviceActor):
         the push returns for the next batch of that generation.
 
         Raises:
-            As `ShardedClient.push`.
+            StaleGradientError, RoundFailedError, NonFiniteError: as
+                `ShardedClient.push` (the round's outcomes).
+            _ShardFailure: any other failure (`_from_shards`).
         """
         reuse, me = msg.reuse_generation, self.worker_id
-        if reuse is None:
-            await self.client.push(me, versions, grad, norm, msg.round_id)
-        else:
-            pushed = await self.client.push_and_pull(me, versions, grad, norm, msg.round_id)
-            self._pushed = (*pushed, reuse)
+        with _from_shards():
+            if reuse is None:
+                await self.client.push(me, versions, grad, norm, msg.round_id)
+            else:
+                pushed = await self.client.push_and_pull(me, versions, grad, norm, msg.round_id)
+                self._pushed = (*pushed, reuse)
 
     async def _weights_for(self, generation: int | None) -> tuple[np.ndarray, list[int]]:
         """The weights to compute from: those the last push returned when it
-        was made for a batch of `generation`, else freshly pulled."""
+        was made for a batch of `generation`, else freshly pulled.
+
+        Raises:
+            _ShardFailure: a pull failed (`_from_shards`).
+        """
         pushed, self._pushed = self._pushed, None
         if pushed is not None and generation is not None and pushed[2] == generation:
             return pushed[0], pushed[1]
-        return await self.client.pull(self.worker_id)
+        with _from_shards():
+            return await self.client.pull(self.worker_id)
 
     async def _abort(self, versions: list[int], error: Exception, round_id: int | None) -> None:
         """Take part in the round without a gradient (`AbortPush`): a synchronous
         round is dropped (its other pushes fail too instead of waiting for this
         worker), a bounded-staleness clock ticks. The round's answer is not
-        needed: this worker reports its own error."""
-        with contextlib.suppress(NonFiniteError, StaleGradientError, *_REFUSALS):
+        needed, nor a shard's failure: this worker reports its own error."""
+        with contextlib.suppress(*_ROUND_OUTCOMES, _ShardFailure), _from_shards():
             await self.client.abort(self.worker_id, versions, str(error), round_id)
 
     def compute_gradients(
@@ -282,13 +328,17 @@ class ParameterServerWorker(DeviceActor):
             The `EvalResult`, or a `Failure` of `InvalidBatchError` (a set that
             does not fit the model), `RoundFailedError` (the shards are at
             different versions) or the device's error.
+
+        Raises:
+            _ShardFailure: a pull failed (`_from_shards`; `receive` answers it).
         """
         await self._ready()
         try:
             x, y = self._validate(msg.features, msg.labels)
         except InvalidBatchError as exc:
             return Failure(exc)
-        weights, versions = await self.client.pull(self.worker_id)
+        with _from_shards():
+            weights, versions = await self.client.pull(self.worker_id)
         try:
             self.client.check_versions(versions)
         except RoundFailedError as exc:  # a round applied on some shards only

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from atomr import ActorSystem, Props
@@ -20,9 +21,13 @@ from atomr.testkit import inject_faults
 from atomr.train import (
     Evaluate,
     LoadCheckpoint,
+    LossKind,
     Mlp,
+    NonFiniteError,
+    OptimizerKind,
     SaveCheckpoint,
     Step,
+    TrainerConfig,
     WorkerStateLost,
 )
 from atomr.train.parameter_server import (
@@ -32,11 +37,16 @@ from atomr.train.parameter_server import (
     ParameterServerWorker,
     ServerShard,
 )
-from atomr.train.parameter_server.messages import PullWeights, PushGradient, TrainBatch
+from atomr.train.parameter_server.messages import (
+    AbortPush,
+    PullWeights,
+    PushGradient,
+    TrainBatch,
+)
 from tests.reliability.faults import Plan, T, batches
 from tests.train.parameter_server.common import TWO_RANGE_SIZES, NumberedShard, config
 
-PHASES = {"pull": PullWeights, "push": PushGradient}
+PHASES = {"pull": PullWeights, "push": PushGradient, "abort": AbortPush}
 
 
 class _Counting(ParameterServerWorker):
@@ -49,7 +59,7 @@ class _Counting(ParameterServerWorker):
         type(self).built += 1
 
 
-@pytest.mark.parametrize("phase", list(PHASES))
+@pytest.mark.parametrize("phase", ["pull", "push"])
 @pytest.mark.parametrize("error", [ContextPoisoned, Unrecoverable, RuntimeError])
 async def test_a_shard_failure_is_the_workers_answer_not_its_own_failure(
     actor_system: ActorSystem, phase: str, error: type[Exception]
@@ -78,6 +88,31 @@ async def test_a_shard_failure_is_the_workers_answer_not_its_own_failure(
     # it still answers: the shard, restarted by its supervisor, refuses
     with pytest.raises(WorkerStateLost):
         await worker.ask(TrainBatch(x, y), timeout=T)
+    assert _Counting.built == 1
+
+
+@pytest.mark.parametrize("error", [ContextPoisoned, RuntimeError])
+async def test_a_shard_failing_on_an_abort_leaves_the_worker_its_own_error(
+    actor_system: ActorSystem, error: type[Exception]
+) -> None:
+    """A part whose gradient is not finite sends `AbortPush`; the shard fails
+    on it: the worker answers its own `NonFiniteError` (the abort's answer
+    is not needed) and is not restarted (it used to raise the shard's error)."""
+    _Counting.built = 0
+    plan = Plan()
+    model = Mlp(TWO_RANGE_SIZES, seed=4)
+    shard = inject_faults(ServerShard, plan, PHASES)
+    server = actor_system.spawn(Props(shard, model.get_params(), 0.1))
+    mse = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.MSE)
+    worker = actor_system.spawn(
+        _Counting.props(0, model, "cpu:0", mse, [server], [(0, model.n_params)])
+    )
+    (x, _), *_ = batches()
+    y = np.full((len(x), model.config()["sizes"][-1]), 3e38, dtype=np.float32)  # overflows
+    plan.arm("abort", error)
+    with pytest.raises(NonFiniteError):
+        await worker.ask(TrainBatch(x, y), timeout=T)
+    assert plan.fired == ["abort"]
     assert _Counting.built == 1
 
 

@@ -359,7 +359,9 @@ class Run:
             # else known, not fixed: a worker restarted after its push landed has
             # lost its answer and is sent its part again, which it computes on the
             # updated weights: the weights are right, StepStats.loss is the next
-            # step's (a resumed worker answers with its result; psync19 report)
+            # step's (a resumed worker answers with its result; psync19 report).
+            # Here the worker's own context is lost (crash, after=True): a server
+            # shard's ContextPoisoned no longer restarts the worker (ps3 report).
         else:  # the Trainer fails a step too: an accumulation window is abandoned alike
             assert (await _answer(self.one, Step(*_bad("huge"))))[0] == "error"
 

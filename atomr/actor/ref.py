@@ -27,6 +27,10 @@ DEFAULT_ASK_TIMEOUT = 60.0
 """Seconds an ``ask`` (or a ``send`` waiting for room) waits by default."""
 
 
+_EXACT_INT_SECONDS = 1 << 53
+"""An ``int`` timeout in (0, this) is its float as is (`check_delay` would
+say so); any other int takes the full check (a huge one is refused there)."""
+
 _MAX_ASK_LANES = 8
 """Distinct ask timeouts per actor served by one shared timer each; asks with
 further timeouts get a timer of their own."""
@@ -264,7 +268,10 @@ class ActorRef:
             Exception: whatever the handler raised (or answered with ``Failure``).
         """
         if timeout is not None and (timeout.__class__ is not float or not timeout > 0):
-            timeout = check_timeout(timeout)
+            if timeout.__class__ is int and 0 < timeout < _EXACT_INT_SECONDS:
+                timeout = float(timeout)  # as check_timeout, with no call
+            else:
+                timeout = check_timeout(timeout)
         cell = self._cell
         if get_ident() != cell.thread_id:
             try:

@@ -254,6 +254,31 @@ async def test_bad_ask_timeouts_are_rejected(actor_system: ActorSystem) -> None:
     assert await ref.ask("x", timeout=1) == "x"
 
 
+async def test_int_ask_timeouts_skip_the_full_check_with_the_same_outcome(
+    actor_system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An ordinary int is taken as its float with no check_timeout call; every
+    # other int (zero, negative, huge, a bool) still gets the full check.
+    from atomr.actor import ref as ref_module
+
+    seen: list[object] = []
+    full_check = ref_module.check_timeout
+
+    def spy(timeout: object) -> float | None:
+        seen.append(timeout)
+        return full_check(timeout)
+
+    monkeypatch.setattr(ref_module, "check_timeout", spy)
+    ref = actor_system.spawn(Props(Echo))
+    assert await ref.ask("x", timeout=60) == "x"
+    assert seen == []
+    for bad, error in [(0, ValueError), (-1, ValueError), (2**1100, ValueError), (True, TypeError)]:
+        with pytest.raises(error):
+            await ref.ask("x", timeout=bad)
+    assert await ref.ask("x", timeout=2**53) == "x"  # exact in a float, but checked
+    assert seen == [0, -1, 2**1100, True, 2**53]
+
+
 async def test_tell_with_sender(actor_system: ActorSystem) -> None:
     probe = TestProbe(actor_system)
     ref = actor_system.spawn(Props(_ReplyToSender))

@@ -2,9 +2,8 @@
 
 - `DoubleBuffer`: optimizer updates written out of place into a second set
   of buffers, then swapped in; `rollback` swaps the old set back, and a
-  failed update changes nothing, with no copy either way (the parameter
-  server, the tensor-parallel shard, the pipeline stage, the data-parallel
-  replica).
+  failed update changes nothing, with no copy either way (every trainer,
+  and every worker that updates weights).
 - `worker_decider` and `resync` (data parallel): a failed replica is
   restarted and re-synced from a healthy one (every replica holds the
   whole model).
@@ -89,9 +88,11 @@ class DoubleBuffer:
             bufs = [self._spare_params, *self._spare.values()]
         return sum(int(b.nbytes) for b in bufs if b is not None)
 
-    def apply(self, backend: Any, owner: Any, attr: str, optimizer: Any, grads: Any) -> None:
-        """One optimizer step of `getattr(owner, attr)` by `grads`, kept
-        pending (a pending step is committed first).
+    def apply(
+        self, backend: Any, owner: Any, attr: str, optimizer: Any, grads: Any, keep: bool = False
+    ) -> None:
+        """One optimizer step of `getattr(owner, attr)` by `grads`, kept pending (a
+        pending step is committed first), or with `keep` kept at once (as `commit`).
 
         Args:
             backend: the device's backend.
@@ -115,9 +116,9 @@ class DoubleBuffer:
         self._spare_params = out  # kept for reuse should the step fail
         new = optimizer.step_into_unchecked(params, grads, out, self._spare)
         backend.synchronize()
-        step = optimizer.step_count
-        self._old = (owner, attr, optimizer, params, optimizer.buffers(), step)
-        self._spare_params, self._spare = None, {}
+        step, bufs = optimizer.step_count, optimizer.buffers()  # `new` is what adopt makes current
+        self._old = None if keep else (owner, attr, optimizer, params, bufs, step)
+        self._spare_params, self._spare = (params, _others(bufs, new)) if keep else (None, {})
         setattr(owner, attr, out)
         optimizer.adopt(new, step + 1)
 
@@ -153,13 +154,14 @@ class DoubleBuffer:
 
 def _others(buffers: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
     """The buffers (by name) that exist and are none of `current`'s (by identity)."""
-    ids = set()
-    for b in current.values():
-        ids.add(id(b))
     found = {}
     for name, b in buffers.items():
-        if b is not None and id(b) not in ids:
-            found[name] = b
+        if b is not None:
+            for c in current.values():
+                if c is b:
+                    break
+            else:
+                found[name] = b
     return found
 
 

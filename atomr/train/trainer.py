@@ -298,8 +298,7 @@ class Trainer(DeviceActor):
         assert model is not None and opt is not None
         if self.config.gradient_clip is not None:
             clip_grad_norm(model.backend, model.grads, self.config.gradient_clip, grad_norm)
-        self._updates.apply(model.backend, model, "params", opt, model.grads)
-        self._updates.commit()
+        self._updates.apply(model.backend, model, "params", opt, model.grads, keep=True)
         self.steps += 1
         micros = (time.perf_counter_ns() - t0) // 1000
         return StepStats(float(loss), float(grad_norm), int(micros), int(samples))

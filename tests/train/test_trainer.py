@@ -75,13 +75,13 @@ async def test_step_equals_numpy_gradient_descent() -> None:
 
 async def test_math_runs_on_the_device_thread(monkeypatch) -> None:
     seen: list[int] = []
-    original = Mlp.forward_train
+    original = Mlp.forward_train_unchecked
 
     def spy(self, *args, **kwargs):  # the step's first math: the model's forward
         seen.append(threading.get_ident())
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(Mlp, "forward_train", spy)
+    monkeypatch.setattr(Mlp, "forward_train_unchecked", spy)
     x, y = _data()
     async with ActorSystem() as system:
         ref = await Trainer.spawn(system, Mlp(SIZES), "cpu:0", _config())
@@ -520,3 +520,34 @@ async def test_a_layers_bug_fails_the_step_and_keeps_the_training() -> None:
         np.testing.assert_array_equal(await _weights(ref), before)
         assert (await ref.ask(GetTrainingState(), timeout=10)).step == 3
         assert (await ref.ask(Step(x, y), timeout=10)).applied
+
+
+async def test_a_step_checks_its_batch_once_an_evaluation_and_a_bad_batch_as_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A `Step`'s batch is checked by validation only (the model's own check
+    of the same shape and dtype, `check_input_batch`, is not repeated); an
+    `Evaluate` still runs it, and a bad batch is refused with nothing changed."""
+    from atomr.train.core.model import sequential
+
+    calls: list[tuple[int, ...]] = []
+    check = sequential.check_input_batch
+
+    def spy(x: object, in_shape: tuple[int, ...], input_kind: str) -> None:
+        calls.append(in_shape)
+        check(x, in_shape, input_kind)
+
+    monkeypatch.setattr(sequential, "check_input_batch", spy)
+    x, y = _data(8)
+    async with ActorSystem() as system:
+        ref = await Trainer.spawn(system, Mlp(SIZES, seed=1), "cpu:0", _config())
+        before = await _weights(ref)
+        with pytest.raises(InvalidBatchError):
+            await ref.ask(Step(x[:, :3], y), timeout=10)
+        np.testing.assert_array_equal(await _weights(ref), before)
+        assert (await ref.ask(Step(x, y), timeout=10)).applied
+        assert calls == []
+        await ref.ask(Evaluate(x, y), timeout=10)
+        assert calls == [(SIZES[0],)]
+    with pytest.raises(ValueError, match="inputs of shape"):
+        Mlp(SIZES).forward_train(x[:, :3])

@@ -44,6 +44,7 @@ from atomr.train.core.model.layer import (
     forward_checked,
 )
 from atomr.train.core.model.registry import layer_from_config
+from atomr.train.core.validation import check_input_batch
 
 __all__ = ["Sequential", "SequentialTape"]
 
@@ -311,20 +312,6 @@ class Sequential:
 
     # -- math ---------------------------------------------------------------
 
-    def _check_input(self, x: Any) -> None:
-        """Raises ValueError unless `x` is `(batch, *in_shape)` (a layer given
-        another shape would fail later with a message about itself), and
-        TypeError when a float model is given no floats (bools or ints
-        would be cast without a word; token ids are the first layer's to check)."""
-        shape = getattr(x, "shape", None)
-        if shape is None or len(shape) < 1 or tuple(shape[1:]) != self.in_shape:
-            shown = tuple(shape) if shape is not None else type(x).__name__
-            wanted = ", ".join(["batch", *map(str, self.in_shape)])
-            raise ValueError(f"the model takes inputs of shape ({wanted}), got {shown}")
-        kind = getattr(getattr(x, "dtype", None), "kind", None)
-        if self.input_kind == "float" and kind != "f":
-            raise TypeError(f"the model takes float features, got {getattr(x, 'dtype', None)}")
-
     def forward(self, x: Any, ctx: ForwardContext = INFERENCE) -> Any:
         """The output for a batch (keeps nothing for backward).
 
@@ -332,7 +319,7 @@ class Sequential:
             ValueError: `x` is not `(batch, *in_shape)`.
             TypeError: a float model given no floats (bools, ints).
         """
-        self._check_input(x)
+        check_input_batch(x, self.in_shape, self.input_kind)
         params = self._kept_views(self.params)
         for i, layer in enumerate(self.layers):
             x, _ = forward_checked(layer, self.backend, params[i], x, ctx, self.shapes[i + 1])
@@ -353,7 +340,12 @@ class Sequential:
             ValueError: `x` is not `(batch, *in_shape)`.
             TypeError: a float model given no floats (bools, ints).
         """
-        self._check_input(x)
+        check_input_batch(x, self.in_shape, self.input_kind)
+        return self.forward_train_unchecked(x, ctx)
+
+    def forward_train_unchecked(self, x: Any, ctx: ForwardContext = TRAIN) -> SequentialTape:
+        """`forward_train` for a caller that has checked `x` as it does (a
+        trainer's validated batch); `x` is not looked at here."""
         tape = SequentialTape()
         params = self._kept_views(self.params)
         for i, layer in enumerate(self.layers):

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr.accel import ContextPoisoned, Device, DeviceActor, Unrecoverable
+from atomr.accel import ContextPoisoned, CpuBackend, Device, DeviceActor, Unrecoverable
 from atomr.actor import ActorRef, Failure, Props, not_handled
 from atomr.train._contract import (
     check_config,
@@ -71,6 +71,7 @@ from atomr.train.core.models import batch_spec
 from atomr.train.core.optimizer_state import Optimizer
 from atomr.train.core.sharded_index import merge_shards
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
+from atomr.train.core.validation import detached
 
 __all__ = ["Trainer"]
 
@@ -207,6 +208,9 @@ class Trainer(DeviceActor):
             if isinstance(message, Step):  # the hot path: tested first
                 check_step_limit(self.steps, self.config.max_steps)
                 x, y = self._spec.validate(message.features, message.labels, self.config.loss)
+                # the caller may change its arrays once it stops waiting: the
+                # step trains on what was validated (copied only if validation did not)
+                x, y = detached(x, message.features), detached(y, message.labels)
                 result = await self.on_device(guarded, self._step, x, y)
             elif isinstance(message, GetTrainingState):
                 return TrainingState(self.steps, self.config.max_steps)
@@ -255,7 +259,8 @@ class Trainer(DeviceActor):
         assert model is not None and opt is not None
         be = model.backend
         t0 = time.perf_counter_ns()
-        xd, yd = be.to_device(x), be.to_device(y)
+        # the batch is the step's own (`receive`): on a CPU device, used as it is
+        xd, yd = (x, y) if isinstance(be, CpuBackend) else (be.to_device(x), be.to_device(y))
         # a window's micro-batches are rows of one batch (their dropout masks differ)
         ctx = ForwardContext(True, self.steps, self._window.samples)
         tape = model.forward_train_unchecked(xd, ctx)  # `receive` validated x as forward_train does

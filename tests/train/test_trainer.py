@@ -551,3 +551,34 @@ async def test_a_step_checks_its_batch_once_an_evaluation_and_a_bad_batch_as_bef
         assert calls == [(SIZES[0],)]
     with pytest.raises(ValueError, match="inputs of shape"):
         Mlp(SIZES).forward_train(x[:, :3])
+
+
+async def test_a_step_trains_on_the_validated_batch_whatever_the_caller_does_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch a `Step` trains on is its own from validation on: a caller
+    that changes its arrays before the step's job runs (it stopped waiting,
+    say) changes nothing, and the step itself writes into neither array
+    (on a CPU device it uses them without a copy)."""
+    x, y = _data(8)
+    original, runs = Trainer._step, []
+    for mutate in (False, True):
+        features, labels = x.copy(), y.copy()
+
+        def step(self, bx, by, mutate=mutate, caller=(features, labels)):  # the job, as it starts
+            if mutate:
+                caller[0].fill(1e30)  # the caller's own arrays
+                caller[1].fill(-1)
+            kept = (bx.copy(), by.copy())
+            stats = original(self, bx, by)
+            np.testing.assert_array_equal(bx, kept[0])
+            np.testing.assert_array_equal(by, kept[1])
+            return stats
+
+        monkeypatch.setattr(Trainer, "_step", step)
+        async with ActorSystem() as system:
+            ref = await Trainer.spawn(system, Mlp(SIZES, seed=4), "cpu:0", _config())
+            stats = await ref.ask(Step(features, labels), timeout=10)
+            runs.append((stats.loss, await _weights(ref)))
+    assert runs[0][0] == runs[1][0]
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])

@@ -195,7 +195,7 @@ def detached(validated: np.ndarray, given: Any) -> np.ndarray:
     Returns:
         An array that shares no memory with `given`.
     """
-    if np.may_share_memory(validated, given):
+    if validated is given or np.may_share_memory(validated, given):  # `is`: no bounds to compare
         return np.array(validated, copy=True)
     return validated
 

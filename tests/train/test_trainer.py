@@ -428,12 +428,12 @@ async def test_a_failed_micro_step_abandons_the_window_as_in_data_parallel(k: in
             model = Mlp(SIZES, seed=3, dtype=np.float64)
             config = _config(accumulation_steps=k)
             ref = await trainer_class.spawn(system, model, cpu_devices(n), config)
-            assert not (await ref.ask(Step(x, y), timeout=10)).applied
+            assert not (await ref.ask(Step(x, y), timeout=60)).applied
             with pytest.raises(InvalidBatchError):
-                await ref.ask(Step(np.where(x > 0.5, np.nan, x), y), timeout=10)
+                await ref.ask(Step(np.where(x > 0.5, np.nan, x), y), timeout=60)
             with pytest.raises(NonFiniteError):
-                await ref.ask(Step(x * 1e300, y), timeout=10)
-            applied = [(await ref.ask(Step(x, y), timeout=10)).applied for _ in range(k)]
+                await ref.ask(Step(x * 1e300, y), timeout=60)
+            applied = [(await ref.ask(Step(x, y), timeout=60)).applied for _ in range(k)]
             runs.append((applied, await _weights(ref)))
     assert runs[0][0] == runs[1][0] == [False] * (k - 1) + [True]
     np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-9, atol=1e-12)

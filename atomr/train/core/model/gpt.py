@@ -97,9 +97,8 @@ def gpt(
     ]
     per_block = sum(layer.n_params for layer in _block(d_model, n_head, dropout, seed))
     n_params = sum(layer.n_params for layer in ends) + n_layer * per_block
-    array_bytes(
-        "a GPT's parameters", n_params, model_dtype(dtype).itemsize
-    )  # before n_layer blocks
+    # counted before the n_layer blocks are made: 10**18 of them would never end
+    array_bytes("a GPT's parameters", n_params, model_dtype(dtype).itemsize)
     layers = ends[:1]
     for i in range(n_layer):
         layers += _block(d_model, n_head, dropout, seed + 2 * i)

@@ -20,6 +20,7 @@ from atomr.train._contract import (
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.model.sequential import Sequential
 from atomr.train.parameter_server._client import split_ranges
+from atomr.train.parameter_server._last_result import LastResult
 from atomr.train.parameter_server.options import ParameterServerOptions
 
 __all__ = ["Layout"]
@@ -118,11 +119,19 @@ class Layout:
         ]
 
     def worker_props(self, servers: list[ActorRef]) -> list[Props]:
-        """The `Props` of every worker, pulling from and pushing to `servers`."""
+        """The `Props` of every worker, pulling from and pushing to `servers`;
+        each holds the worker's `LastResult`, so that it outlives a restart."""
         synchronous = self.options.consistency.is_synchronous
         return [
             self.options.worker_class.props(
-                i, self.model, device, self.config, servers, self.ranges, synchronous
+                i,
+                self.model,
+                device,
+                self.config,
+                servers,
+                self.ranges,
+                synchronous,
+                last_result=LastResult(),
             )
             for i, device in enumerate(self.worker_devices)
         ]

@@ -115,14 +115,12 @@ class ParameterServerWorkerProtocol:
     `Failure(RoundFailedError)`. A shard refusing to serve (its state lost,
     `WorkerStateLost`, or a push it could not undo, `RoundFailedError`) is
     answered with its failure at once. A part sent again after its push
-    landed is pushed with the same
-    `round_id`, which the shards do not apply twice (its `BatchResult` then
-    reports the loss at the weights it was computed from the second time).
-    Between batches a worker
-    keeps at most the weights its last push returned, so a restarted worker
-    simply pulls on its next batch. Other messages go to
-    `DeviceActor.receive` (`OnDevice`; anything else is answered with
-    `Failure(TypeError)`).
+    landed (the shards do not apply a round's push twice) is answered with
+    the `BatchResult` computed the first time, even by a restarted worker.
+    Between batches a worker keeps at most the weights its last push
+    returned (and its last result), so a restarted worker simply pulls on
+    its next batch. Other messages go to `DeviceActor.receive` (`OnDevice`;
+    anything else is answered with `Failure(TypeError)`).
 
     Attributes:
         messages: the message types above.

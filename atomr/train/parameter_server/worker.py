@@ -19,8 +19,9 @@ push returned, and its last `BatchResult` with its round: a part sent again
 after the worker failed once it was done (its answer lost) is answered with
 that result, as computed from the weights before its round, instead of
 being recomputed from the weights the round left. A restarted worker keeps
-none of them: it pulls fresh weights on its next batch (a part sent again
-is then recomputed; the shards do not apply its push twice).
+none of them but that result, which its supervisor holds for it
+(`LastResult`, in its `Props`): it pulls fresh weights on its next batch
+(the shards do not apply a push twice).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from atomr.train.core.model.sequential import Sequential
 from atomr.train.core.models import batch_spec
 from atomr.train.core.stats import EvalResult, StepStats
 from atomr.train.parameter_server._client import ShardedClient
+from atomr.train.parameter_server._last_result import LastResult
 from atomr.train.parameter_server._round import RoundFailedError
 from atomr.train.parameter_server.messages import BatchResult, StaleGradientError, TrainBatch
 
@@ -107,6 +109,8 @@ class ParameterServerWorker(DeviceActor):
         ranges: `(start, stop)` per server shard.
         synchronous: the shards run the synchronous model.
         stale_retries: how many times a stale push is recomputed.
+        last_result: where it keeps its last part's result (None: a new
+            `LastResult`); the trainer gives one, which outlives a restart.
 
     Raises:
         ValueError: a bad device name, or ranges that do not tile the vector.
@@ -122,6 +126,7 @@ class ParameterServerWorker(DeviceActor):
         ranges: Sequence[tuple[int, int]],
         synchronous: bool = False,
         stale_retries: int = 100,
+        last_result: LastResult | None = None,
     ) -> None:
         super().__init__(device)
         self.worker_id = int(worker_id)
@@ -136,7 +141,7 @@ class ParameterServerWorker(DeviceActor):
         self.stale_pushes = 0
         # the weights and versions the last push returned, and its batch's generation
         self._pushed: tuple[np.ndarray, list[int], int] | None = None
-        self._done: tuple[int, BatchResult] | None = None  # the last part's round, result
+        self._done = LastResult() if last_result is None else last_result
 
     @classmethod
     def props(cls, *args: Any, **kwargs: Any) -> Props:
@@ -184,13 +189,11 @@ class ParameterServerWorker(DeviceActor):
             msg = replace(msg, round_id=self.client.check_round(msg.round_id))
         except ValueError as exc:
             return Failure(exc)
-        done, self._done = self._done, None
-        if done is not None and msg.round_id == done[0]:
-            self._done = done
-            return done[1]
+        done = self._done.take(msg.round_id)
+        if done is not None:
+            return done
         result = await self._train(msg)
-        if isinstance(result, BatchResult) and msg.round_id is not None:
-            self._done = (msg.round_id, result)
+        self._done.keep(msg.round_id, result)
         return result
 
     async def _train(self, msg: TrainBatch) -> Any:

@@ -130,26 +130,29 @@ async def test_a_part_whose_push_landed_is_not_applied_again(
     await assert_same_training(ps, single)
 
 
+@pytest.mark.parametrize("error", [RuntimeError, ContextPoisoned], ids=["resumed", "restarted"])
 @pytest.mark.parametrize(
     ("workers", "consistency"),
     [(1, Consistency.asynchronous()), (2, Consistency.synchronous())],
     ids=["async", "sync"],
 )
 async def test_a_part_sent_again_after_its_push_landed_reports_its_own_loss(
-    actor_system: ActorSystem, workers: int, consistency: Consistency
+    actor_system: ActorSystem, workers: int, consistency: Consistency, error: type[Exception]
 ) -> None:
-    """The last worker fails (resumed: a `RuntimeError`) right after it
-    pushed its part, and the trainer sends the part again. The worker used to
-    recompute it from the weights its round left, so the `Step`'s loss (and
-    gradient norm) was the next step's, though the weights were right; now it
-    answers with the result it had computed, and every `Step` reports what
-    the single-device Trainer's does."""
+    """The last worker fails right after it pushed its part (resumed after a
+    `RuntimeError`, restarted after its own `ContextPoisoned`), and the
+    trainer sends the part again. The worker used to recompute it from the
+    weights its round left, so the `Step`'s loss (and gradient norm) was the
+    next step's, though the weights were right; now it answers with the
+    result it had computed (a restarted one too: its supervisor keeps the
+    result for it), and every `Step` reports what the single-device
+    Trainer's does."""
     plan = Plan()
     worker = inject_faults(ParameterServerWorker, plan, {"pushed": TrainBatch}, worker=workers - 1)
     ps, single = await _pair(actor_system, workers, consistency, worker_class=worker)
     for i, (x, y) in enumerate(batches()):
         if i == FAULT_AT:
-            plan.arm("pushed", RuntimeError, after=True)
+            plan.arm("pushed", error, after=True)
         got = await ps.ask(Step(x, y), timeout=T)
         want = await single.ask(Step(x, y), timeout=T)
         assert got.loss == pytest.approx(want.loss, rel=1e-5), f"step {i}"

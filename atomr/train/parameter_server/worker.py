@@ -203,13 +203,7 @@ class ParameterServerWorker(DeviceActor):
         features = msg.features
         # an empty part of a batch the trainer validated whole: a weight-0 push
         if isinstance(features, np.ndarray) and features.ndim >= 1 and features.shape[0] == 0:
-            self._pushed = None
-            zeros = np.zeros(self.client.n, dtype=model.dtype)
-            with _from_shards():
-                _, versions = await self.client.pull(self.worker_id)
-                await self.client.push(self.worker_id, versions, zeros, 0.0, msg.round_id)
-            micros = (time.perf_counter_ns() - t0) // 1000
-            return BatchResult(StepStats(0.0, 0.0, micros, 0, applied=False), 0.0)
+            return await self._push_empty(msg, model.dtype, t0)
         try:
             x, y = self._validate(features, msg.labels)
         except InvalidBatchError as exc:
@@ -244,6 +238,26 @@ class ParameterServerWorker(DeviceActor):
         return Failure(
             StaleGradientError(-1, -1, f"still stale after {self.stale_retries} retries")
         )
+
+    async def _push_empty(self, msg: TrainBatch, dtype: np.dtype, t0: int) -> Any:
+        """An empty part (started at `t0`): a weight-0 push at the pulled
+        versions. A round's outcome (`_ROUND_OUTCOMES`: the round dropped by
+        another worker's abort, the push stale) is answered as a `Failure`, as
+        for any part, not raised: it is not the worker's own failure.
+
+        Raises:
+            _ShardFailure: a shard failed (`_from_shards`).
+        """
+        self._pushed = None
+        zeros = np.zeros(self.client.n, dtype=dtype)
+        try:
+            with _from_shards():
+                _, versions = await self.client.pull(self.worker_id)
+                await self.client.push(self.worker_id, versions, zeros, 0.0, msg.round_id)
+        except _ROUND_OUTCOMES as exc:
+            return Failure(exc)
+        micros = (time.perf_counter_ns() - t0) // 1000
+        return BatchResult(StepStats(0.0, 0.0, micros, 0, applied=False), 0.0)
 
     async def _push(
         self, msg: TrainBatch, versions: list[int], grad: np.ndarray, norm: float

@@ -5,10 +5,13 @@ supervisor neither restarts it (a shard's `ContextPoisoned`: the worker's
 device context is fine, and a restart would drop what it keeps between
 batches) nor stops it (a shard's `Unrecoverable`). The trainer treats the
 step as before: a shard that lost its state fails the `Step` at once with
-`WorkerStateLost`, and a `LoadCheckpoint` brings the run back."""
+`WorkerStateLost`, and a `LoadCheckpoint` brings the run back. A round
+dropped under a worker's weight-0 push (its part of the batch empty) is
+likewise answered, not raised."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,8 @@ import pytest
 
 from atomr import ActorSystem, Props
 from atomr.accel import ContextPoisoned, Unrecoverable, cpu_devices
-from atomr.testkit import inject_faults
+from atomr.actor import actor_failed
+from atomr.testkit import await_condition, inject_faults
 from atomr.train import (
     Evaluate,
     LoadCheckpoint,
@@ -35,6 +39,7 @@ from atomr.train.parameter_server import (
     Consistency,
     ParameterServerOptions,
     ParameterServerWorker,
+    RoundDroppedError,
     ServerShard,
 )
 from atomr.train.parameter_server.messages import (
@@ -152,3 +157,48 @@ async def test_a_shard_losing_its_context_fails_the_step_without_restarting_a_wo
     await ps.ask(LoadCheckpoint(tmp_path / "start.ckpt"), timeout=T)
     assert (await ps.ask(Step(x, y), timeout=T)).applied
     assert _Counting.built == workers
+
+
+class _NotingShard(ServerShard):
+    """Notes every `PushGradient` it receives (`pushes`) before handling it."""
+
+    pushes: list[PushGradient] = []
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, PushGradient):
+            type(self).pushes.append(message)
+        return await super().receive(message)
+
+
+async def test_an_empty_part_whose_round_is_dropped_is_answered_not_raised(
+    actor_system: ActorSystem,
+) -> None:
+    """A worker's empty part pushes a weight-0 gradient into a synchronous
+    round that another worker then aborts: the worker answers its part with
+    the `RoundDroppedError` its push met, as it answers a non-empty part's,
+    instead of raising it out of its `receive` (a failure of its own, which
+    its supervisor had to handle), and it answers its next part."""
+    _Counting.built, _NotingShard.pushes = 0, []
+    model = Mlp(TWO_RANGE_SIZES, seed=4)
+    sync = Consistency.synchronous()
+    server = actor_system.spawn(
+        Props(_NotingShard, model.get_params(), 0.1, consistency=sync, workers=2)
+    )
+    worker = actor_system.spawn(
+        _Counting.props(0, model, "cpu:0", config(), [server], [(0, model.n_params)], True)
+    )
+    (x, y), *_ = batches()
+    part = asyncio.ensure_future(worker.ask(TrainBatch(x[:0], y[:0], round_id=0), timeout=T))
+    await await_condition(lambda: bool(_NotingShard.pushes), timeout=T, message="the push came")
+    with pytest.raises(RoundDroppedError):  # worker 1 aborts the round
+        await server.ask(AbortPush(1, 0, "loss is not finite", 0), timeout=T)
+    with pytest.raises(RoundDroppedError, match="worker 1") as info:
+        await part
+    assert not actor_failed(info.value)  # answered: the worker did not fail
+    assert _Counting.built == 1
+    both = asyncio.gather(
+        worker.ask(TrainBatch(x[:0], y[:0], round_id=1), timeout=T),
+        server.ask(AbortPush(1, 0, "a worker's own error", 1), timeout=T),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, RoundDroppedError) for r in await both)  # it still answers

@@ -1,12 +1,14 @@
-"""How ``TestProbe``'s waits match a message: checked before one is taken."""
+"""How ``TestProbe``'s waits match a message: checked before one is taken;
+``Unfiltered``, a message ``ignore_msg``'s predicate raised on."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from atomr.actor.errors import bounded_repr
 
-__all__ = ["check_class", "check_predicate", "same"]
+__all__ = ["Unfiltered", "check_class", "check_predicate", "same"]
 
 T = TypeVar("T")
 
@@ -55,3 +57,19 @@ def check_predicate(predicate: object, *, or_none: bool = False) -> None:
     if not callable(predicate) and not (or_none and predicate is None):
         none = " or None" if or_none else ""
         raise TypeError(f"predicate must be a function{none}, got {bounded_repr(predicate)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Unfiltered:
+    """A message ``ignore_msg``'s predicate raised on: kept, and the wait
+    that takes it fails saying so (the probe actor and its supervision go on)."""
+
+    message: Any
+    error: Exception
+
+    def fail(self) -> None:
+        """Raises: AssertionError, from the predicate's error."""
+        raise AssertionError(
+            f"ignore_msg's predicate raised {type(self.error).__name__}: {self.error} "
+            f"on {bounded_repr(self.message)}"
+        ) from self.error

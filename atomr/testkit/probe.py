@@ -18,7 +18,7 @@ from atomr.actor.reply import Reply
 from atomr.actor.supervision import Directive, OneForOneStrategy, SupervisorStrategy
 from atomr.actor.system import ActorSystem
 from atomr.actor.timers import check_delay
-from atomr.testkit._matching import check_class, check_predicate, same
+from atomr.testkit._matching import Unfiltered, check_class, check_predicate, same
 
 __all__ = ["ChildFailed", "TestProbe"]
 
@@ -41,22 +41,6 @@ class ChildFailed:
     child: ActorRef
     error: BaseException
     directive: Directive
-
-
-@dataclass(frozen=True, slots=True)
-class _Unfiltered:
-    """A message ``ignore_msg``'s predicate raised on: kept, and the wait
-    that takes it fails saying so (the probe actor and its supervision go on)."""
-
-    message: Any
-    error: Exception
-
-    def fail(self) -> None:
-        """Raises: AssertionError, from the predicate's error."""
-        raise AssertionError(
-            f"ignore_msg's predicate raised {type(self.error).__name__}: {self.error} "
-            f"on {bounded_repr(self.message)}"
-        ) from self.error
 
 
 class _ReportingStrategy(SupervisorStrategy):
@@ -140,6 +124,7 @@ class TestProbe:
         self._queue: asyncio.Queue[tuple[Any, ActorRef | None, Reply]] = asyncio.Queue()
         self._ignore: Callable[[Any], bool] | None = None
         self._deadline: float | None = None
+        self._cut_no_msg = False  # the last wait was an expect_no_msg cut by within
         self.last_sender: ActorRef | None = None
         self._last_reply: Reply | None = None
         strategy = _ReportingStrategy(self, supervisor_strategy or OneForOneStrategy())
@@ -153,7 +138,7 @@ class TestProbe:
                 if ignore(message):
                     return
             except Exception as error:  # on the probe's turn: the test's wait reports it
-                message = _Unfiltered(message, error)
+                message = Unfiltered(message, error)
         self._queue.put_nowait((message, sender, reply))
 
     def _bound(self, timeout: float) -> float:
@@ -169,14 +154,20 @@ class TestProbe:
         left = self._deadline - asyncio.get_running_loop().time()
         return max(min(timeout, left), 0.0)
 
-    async def _next(self, timeout: float, what: str) -> Any:
-        """The next message, within ``timeout`` (checked, and cut by ``within``).
-
-        Raises:
-            AssertionError: none came in time.
-            TypeError, ValueError: as ``_bound``.
-        """
-        return await self._take(self._bound(timeout), what)
+    async def _get(self, timeout: float) -> tuple[Any, ActorRef | None, Reply] | None:
+        """The next queued entry within ``timeout`` seconds, None if none came
+        (one already here is taken even with no time left: 3.11's
+        ``wait_for(0)`` would not take it)."""
+        self._cut_no_msg = False  # the block's last wait is this one, not an expect_no_msg
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            if timeout <= 0:
+                return None
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            return None
 
     async def _take(self, timeout: float, what: str) -> Any:
         """The next message, within ``timeout`` seconds, already bounded (0:
@@ -185,14 +176,14 @@ class TestProbe:
         Raises:
             AssertionError: none came in time.
         """
-        try:  # one already here is taken even with no time left (3.11's wait_for(0) would not)
-            message, sender, reply = self._queue.get_nowait()
-        except asyncio.QueueEmpty:
-            try:
-                message, sender, reply = await asyncio.wait_for(self._queue.get(), timeout)
-            except TimeoutError:
-                raise AssertionError(f"timeout ({timeout:.3g} s) waiting for {what}") from None
-        if isinstance(message, _Unfiltered):
+        entry = await self._get(timeout)
+        if entry is None:
+            deadline = self._deadline
+            late = deadline is not None and asyncio.get_running_loop().time() >= deadline
+            why = ": the enclosing within block's max has passed" if late else ""
+            raise AssertionError(f"timeout ({timeout:.3g} s) waiting for {what}{why}")
+        message, sender, reply = entry
+        if isinstance(message, Unfiltered):
             message.fail()
         self.last_sender = sender
         self._last_reply = reply
@@ -212,7 +203,7 @@ class TestProbe:
             TypeError, ValueError: a bad ``timeout`` (see the class).
         """
         what = "any message" if expected is _MISSING else bounded_repr(expected)
-        message = await self._next(timeout, what)
+        message = await self._take(self._bound(timeout), what)
         if expected is not _MISSING and not same(message, expected):
             raise AssertionError(f"expected {bounded_repr(expected)}, got {bounded_repr(message)}")
         return message
@@ -226,26 +217,35 @@ class TestProbe:
                 Protocol not ``runtime_checkable``), before any message is taken.
             TypeError, ValueError: a bad ``timeout`` (see the class).
         """
-        message = await self._next(timeout, check_class(cls).__name__)
+        message = await self._take(self._bound(timeout), check_class(cls).__name__)
         if not isinstance(message, cls):
             raise AssertionError(f"expected a {cls.__name__}, got {bounded_repr(message)}")
         return message
 
     async def expect_no_msg(self, duration: float = 0.1) -> None:
-        """Check that no message arrives for ``duration`` seconds.
+        """Check that no message arrives for ``duration`` seconds; inside a
+        ``within`` block, only until its max (and a block whose last wait is
+        one cut so is not failed for ending just after its max, as in Akka).
 
         Raises:
-            AssertionError: if one arrives.
+            AssertionError: if one arrives (it is taken), or if the enclosing
+                ``within`` block's max has already passed, leaving no time to
+                check.
             TypeError, ValueError: a bad ``duration`` (see the class).
         """
-        duration = self._bound(duration)  # before the get(): a refusal leaves no coroutine
-        try:
-            message, _, _ = await asyncio.wait_for(self._queue.get(), duration)
-        except TimeoutError:
+        bound = self._bound(duration)  # checked before any wait: a refusal takes nothing
+        if bound == 0.0 and self._queue.empty():
+            raise AssertionError(
+                "expect_no_msg: the enclosing within block's max has passed, "
+                "leaving no time to check that no message comes"
+            )
+        entry = await self._get(bound)
+        if entry is None:
+            self._cut_no_msg = bound < duration  # it ran to the within block's max
             return
-        if isinstance(message, _Unfiltered):
-            message.fail()
-        raise AssertionError(f"expected no message, got {bounded_repr(message)}")
+        if isinstance(entry[0], Unfiltered):
+            entry[0].fail()
+        raise AssertionError(f"expected no message, got {bounded_repr(entry[0])}")
 
     async def receive_n(self, n: int, timeout: float = 3.0) -> list[Any]:
         """Wait for the next ``n`` messages (``timeout`` for all of them together).
@@ -311,16 +311,18 @@ class TestProbe:
         ``within``); inside it, every wait of this probe ends by ``max`` at the latest.
 
         ``async with probe.within(0.5): ...``; blocks nest (the inner one ends
-        no later than the outer).
+        no later than the outer). A block whose last wait is an
+        ``expect_no_msg`` cut to its max is not failed for ending just after
+        it (Akka's rule: that wait ends at the max by design).
 
         Raises:
             AssertionError: if the block finishes after ``max`` or before ``min``.
             TypeError: if ``max`` or ``min`` is not a number of seconds.
-            ValueError: if ``max`` < ``min``, or either is negative or NaN
-                (a NaN ``max`` would bound nothing and never fail).
+            ValueError: if ``max`` < ``min``, or either is negative, NaN or
+                infinite (such a ``max`` would bound nothing and never fail).
         """
-        max = check_delay("max", max, allow_zero=True)
-        min = check_delay("min", min, allow_zero=True)
+        max = check_delay("max", max, allow_zero=True, finite=True)
+        min = check_delay("min", min, allow_zero=True, finite=True)
         if max < min:
             raise ValueError(f"need 0 <= min <= max, got min={min}, max={max}")
         loop = asyncio.get_running_loop()
@@ -328,12 +330,13 @@ class TestProbe:
         outer = self._deadline
         end = start + max
         self._deadline = end if outer is None else (end if end < outer else outer)
+        self._cut_no_msg = False
         try:
             yield
         finally:
             self._deadline = outer
         elapsed = loop.time() - start
-        if elapsed > max:
+        if elapsed > max and not self._cut_no_msg:
             raise AssertionError(f"block took {elapsed:.3f} s, more than within's max {max} s")
         if elapsed < min:
             raise AssertionError(f"block took {elapsed:.3f} s, less than within's min {min} s")

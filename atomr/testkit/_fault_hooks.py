@@ -1,17 +1,29 @@
 """The hooks `inject_faults` puts on a worker class: a method or `receive`
-that consults a `Plan` first, and `Armed`, one armed phase (`faults.py` is
-the public side: `Plan`, `inject_faults`)."""
+that consults a `Plan` first; `Armed`, one armed phase; `Roster`, the
+workers a faulty class built (`faults.py` is the public side: `Plan`,
+`inject_faults`)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Armed", "ErrorSpec", "hooked", "hooked_receive"]
+__all__ = [
+    "Armed",
+    "ErrorSpec",
+    "Roster",
+    "check_error",
+    "check_hook",
+    "hooked",
+    "hooked_receive",
+]
 
 ErrorSpec = type[BaseException] | BaseException | None
 """What a phase raises when it fires: an exception class or instance, or
@@ -105,3 +117,78 @@ def _named_like(hook: Callable[..., Any], original: Callable[..., Any]) -> Calla
     hook.__name__ = hook.__qualname__ = original.__name__
     hook.__doc__ = original.__doc__
     return hook
+
+
+class Roster:
+    """The instances a faulty class with `worker=k` built and the
+    `worker_index` each had, so a plan armed for worker k can tell that its
+    trainer has no worker k (thread-safe: hooks run on worker threads)."""
+
+    def __init__(self, class_name: str, worker: int) -> None:
+        self.class_name = class_name
+        self.worker = worker
+        self._live: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._seen: set[Any] = set()  # also those of instances gone (restarted)
+        self._lock = threading.Lock()
+
+    def note(self, instance: Any) -> None:
+        """Count `instance` (built, or passing a hook) and its index now."""
+        index = _index(instance)
+        with self._lock:
+            self._live.add(instance)
+            self._seen.add(index)
+
+    def missing(self) -> str | None:
+        """Why worker k cannot fail: the workers built have other indices
+        (None: k is one of them, or none is built yet)."""
+        with self._lock:
+            live, seen = list(self._live), set(self._seen)
+        if not live and not seen:
+            return None
+        indices = seen | {_index(instance) for instance in live}
+        if self.worker in indices:
+            return None
+        known = ", ".join(str(i) for i in sorted(indices, key=str))
+        return (
+            f"{self.class_name} was made with worker={self.worker}, but its trainer has no "
+            f"worker {self.worker} (the worker_index of those built: {known}): "
+            "nothing would ever fail"
+        )
+
+    def counting(self, cls: type) -> Callable[..., None]:
+        """`cls.__init__`, then `note` (the `__init__` of the faulty class)."""
+        original: Callable[..., None] = cls.__init__  # type: ignore[misc]
+
+        @functools.wraps(original)
+        def __init__(self_: Any, *args: Any, **kwargs: Any) -> None:
+            original(self_, *args, **kwargs)
+            self.note(self_)
+
+        return __init__
+
+
+def _index(instance: Any) -> Any:
+    """`instance.worker_index`, None if reading it fails."""
+    try:
+        return instance.worker_index
+    except Exception:
+        return None
+
+
+def check_error(error: object) -> None:
+    """Raises TypeError: `error` is no exception class or instance (nor None)."""
+    if error is None or isinstance(error, BaseException):
+        return
+    if not (isinstance(error, type) and issubclass(error, BaseException)):
+        raise TypeError(f"error must be an exception class or instance, got {error!r}")
+
+
+def check_hook(worker_class: type, name: str) -> None:
+    """Raises ValueError: `name` is private, or no public method of `worker_class`."""
+    if name.startswith("_"):
+        raise ValueError(
+            f"{name!r} is private: put phases on messages or documented public hooks "
+            f"of {worker_class.__name__}"
+        )
+    if not inspect.isfunction(inspect.getattr_static(worker_class, name, None)):
+        raise ValueError(f"{worker_class.__name__} has no public method {name!r}")

@@ -33,15 +33,22 @@ a misspelt phase is an error, not a fault that silently never fires.
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from atomr._arguments import bool_flag, int_at_least
 from atomr.actor.timers import check_delay
-from atomr.testkit._fault_hooks import Armed, ErrorSpec, hooked, hooked_receive
+from atomr.testkit._fault_hooks import (
+    Armed,
+    ErrorSpec,
+    Roster,
+    check_error,
+    check_hook,
+    hooked,
+    hooked_receive,
+)
 
 __all__ = ["Plan", "inject_faults"]
 
@@ -60,6 +67,8 @@ class Plan:
     def __init__(self) -> None:
         self._armed: dict[str, Armed] = {}
         self._declared: set[str] = set()
+        # per phase, each place that checks it: why it cannot fire there (None: it can)
+        self._places: dict[str, list[Callable[[], str | None]]] = {}
         self._lock = threading.Lock()
         self.fired: list[str] = []
 
@@ -72,10 +81,21 @@ class Plan:
             TypeError: a phase name that is not a str (nothing is declared).
             ValueError: an empty or blank phase name (nothing is declared).
         """
+        self._declare(phases, _anywhere)
+
+    def _declare(self, phases: Iterable[str], place: Callable[[], str | None]) -> None:
+        """`declare`, saying of each phase why it cannot fire at this place.
+
+        Raises:
+            TypeError, ValueError: as `declare`.
+        """
+        phases = list(phases)
         for phase in phases:
             _check_phase_name(phase)
         with self._lock:
             self._declared.update(phases)
+            for phase in phases:
+                self._places.setdefault(phase, []).append(place)
 
     @property
     def phases(self) -> tuple[str, ...]:
@@ -130,20 +150,36 @@ class Plan:
                 not a bool, `delay` not a number of seconds (a bool is not).
             ValueError: a `phase` no code declared (the message names the
                 declared ones), `times < 1`, `skip < 0`, a negative, NaN or
-                infinite `delay`, or neither an error nor a delay; nothing
-                is armed.
+                infinite `delay`, or neither an error nor a delay; or the
+                phase is `inject_faults(worker=k)`'s and its trainer's
+                workers are built with no worker k; nothing is armed.
         """
         with self._lock:
             self._check_declared(phase)
-        _check_error(error)
+        check_error(error)
         int_at_least("times", times, 1)
         int_at_least("skip", skip, 0)
         bool_flag("after", after)
         delay = check_delay("delay", delay, allow_zero=True, finite=True)
         if error is None and delay == 0.0:
             raise ValueError(f"arming {phase!r} with neither an error nor a delay injects nothing")
+        problem = self._cannot_fire([phase])
+        if problem is not None:
+            raise ValueError(f"cannot arm {phase!r}: {problem}")
         with self._lock:
             self._armed[phase] = Armed(error, times, delay, bool(after), skip)
+
+    def _cannot_fire(self, phases: Iterable[str], *, armed: bool = False) -> str | None:
+        """Why one of `phases` (with `armed`, of those armed) can never fire:
+        each place that checks it says why; None when one of them can."""
+        with self._lock:
+            places = [self._places.get(p, []) for p in phases if not armed or p in self._armed]
+            places = [list(checks) for checks in places]
+        for checks in places:
+            problems = [check() for check in checks]  # outside the lock: they read workers
+            if problems and None not in problems:
+                return problems[0]
+        return None
 
     def disarm(self, phase: str) -> int:
         """Stop failing `phase` (a worker that recovers).
@@ -217,11 +253,10 @@ class Plan:
             return 0 if armed is None else armed.times
 
 
-def _check_error(error: object) -> None:
-    if error is None or isinstance(error, BaseException):
-        return
-    if not (isinstance(error, type) and issubclass(error, BaseException)):
-        raise TypeError(f"error must be an exception class or instance, got {error!r}")
+def _anywhere() -> None:
+    """A place where a phase can always fire (a hand-written hook; every
+    instance of a faulty class)."""
+    return None
 
 
 def inject_faults(
@@ -250,6 +285,10 @@ def inject_faults(
             Several phases may share a place; the first armed one fires.
         worker: fail only the instance whose `worker_index` is `worker`
             (the trainers' workers number themselves); None: every instance.
+            A trainer with no worker `worker` is an error: `plan.arm` raises
+            ValueError once its workers are built; armed before, a pass
+            of another worker through an armed phase raises it (before
+            that worker's work: the step fails, changing nothing).
 
     Returns:
         The subclass (named "Faulty" + the class's name), used wherever
@@ -281,10 +320,15 @@ def inject_faults(
         )
     receive = getattr(worker_class, "receive", None)
     on_message, on_method = _places(worker_class, phases, callable(receive))
-    plan.declare(*phases)
+    name = f"Faulty{worker_class.__name__}"
+    roster = None if worker is None else Roster(name, worker)
+    plan._declare(phases, _anywhere if roster is None else roster.missing)
 
     def take(instance: Any, names: list[str]) -> tuple[str, Armed] | None:
-        if worker is not None and getattr(instance, "worker_index", None) != worker:
+        if roster is not None and getattr(instance, "worker_index", None) != worker:
+            roster.note(instance)
+            if (problem := plan._cannot_fire(names, armed=True)) is not None:
+                raise ValueError(f"inject_faults: {problem}")
             return None
         for name in names:
             armed = plan._take(name)
@@ -297,7 +341,8 @@ def inject_faults(
         namespace[method] = hooked(getattr(worker_class, method), names, take)
     if on_message and receive is not None:
         namespace["receive"] = hooked_receive(receive, on_message, take)
-    name = f"Faulty{worker_class.__name__}"
+    if roster is not None:
+        namespace["__init__"] = roster.counting(worker_class)
     namespace["__qualname__"] = name
     return type(name, (worker_class,), namespace)  # type: ignore[return-value]
 
@@ -322,7 +367,7 @@ def _places(
                 )
             on_message.append((phase, place))
         elif isinstance(place, str):
-            _check_hook(worker_class, place)
+            check_hook(worker_class, place)
             on_method.setdefault(place, []).append(phase)
         else:
             raise TypeError(
@@ -348,13 +393,3 @@ def _check_phase_name(phase: object) -> None:
     assert isinstance(phase, str)
     if not phase.strip():
         raise ValueError(f"phase must be a non-empty name, got {phase!r}")
-
-
-def _check_hook(worker_class: type, name: str) -> None:
-    if name.startswith("_"):
-        raise ValueError(
-            f"{name!r} is private: put phases on messages or documented public hooks "
-            f"of {worker_class.__name__}"
-        )
-    if not inspect.isfunction(inspect.getattr_static(worker_class, name, None)):
-        raise ValueError(f"{worker_class.__name__} has no public method {name!r}")

@@ -283,10 +283,11 @@ class SetInInit:
 def test_a_worker_index_declared_on_the_class_and_set_in_init_picks_the_instance() -> None:
     plan = Plan()
     faulty = inject_faults(SetInInit, plan, {"p": "work"}, worker=1)
+    zero, one = faulty(0), faulty(1)  # built first, as a trainer's are
     plan.arm("p", times=2)
-    assert faulty(0).work() == 0  # not worker 1: let through, the arming kept
+    assert zero.work() == 0  # not worker 1: let through, the arming kept
     with pytest.raises(RuntimeError, match="injected failure: p"):
-        faulty(1).work()
+        one.work()
     assert plan.fired == ["p"] and plan.armed("p") == 1
 
 

@@ -141,14 +141,15 @@ class TestProbe:
                 message = Unfiltered(message, error)
         self._queue.put_nowait((message, sender, reply))
 
-    def _bound(self, timeout: float) -> float:
-        """``timeout``, checked, cut to what is left of an enclosing ``within`` block.
+    def _bound(self, timeout: float, name: str = "timeout") -> float:
+        """``timeout`` (the argument ``name``), checked, cut to what is left
+        of an enclosing ``within`` block.
 
         Raises:
             TypeError, ValueError: not a finite number of seconds > 0 (NaN
                 and infinity included: a probe's wait always ends).
         """
-        timeout = check_delay("timeout", timeout, allow_zero=False, finite=True)
+        timeout = check_delay(name, timeout, allow_zero=False, finite=True)
         if self._deadline is None:
             return timeout
         left = self._deadline - asyncio.get_running_loop().time()
@@ -233,7 +234,7 @@ class TestProbe:
                 check.
             TypeError, ValueError: a bad ``duration`` (see the class).
         """
-        bound = self._bound(duration)  # checked before any wait: a refusal takes nothing
+        bound = self._bound(duration, "duration")  # checked first: a refusal takes nothing
         if bound == 0.0 and self._queue.empty():
             raise AssertionError(
                 "expect_no_msg: the enclosing within block's max has passed, "

@@ -74,3 +74,15 @@ async def test_within_refuses_an_endless_bound(
         async with probe.within(**bounds):  # was: a block that could never overrun
             ran.append(True)
     assert not ran
+
+
+@pytest.mark.parametrize(
+    ("duration", "error"),
+    [(0, ValueError), (-1, ValueError), (float("nan"), ValueError), (True, TypeError)],
+)
+async def test_a_refused_expect_no_msg_names_its_duration(
+    actor_system: ActorSystem, duration: object, error: type[Exception]
+) -> None:
+    probe = TestProbe(actor_system)
+    with pytest.raises(error, match="^duration must be"):  # was: "timeout must be ..."
+        await probe.expect_no_msg(duration)  # type: ignore[arg-type]

@@ -80,7 +80,7 @@ async def expect_log(
     recorder = _Recorder(number, re.compile(pattern), max(count, 1))
     saved_level = target.level
     if target.getEffectiveLevel() > number:
-        target.setLevel(number)
+        target.setLevel(max(number, 1))  # 0 (NOTSET) would defer to the parent's level
     target.addHandler(recorder)
     try:
         yield recorder.matched

@@ -95,7 +95,9 @@ class Plan:
         with self._lock:
             self._declared.update(phases)
             for phase in phases:
-                self._places.setdefault(phase, []).append(place)
+                places = self._places.setdefault(phase, [])
+                if place not in places:  # declared again: nothing changes
+                    places.append(place)
 
     @property
     def phases(self) -> tuple[str, ...]:

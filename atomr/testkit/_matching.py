@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from atomr.actor.errors import bounded_repr
 
-__all__ = ["Unfiltered", "check_class", "check_predicate", "same"]
+__all__ = ["Unfiltered", "check_class", "check_predicate", "not_awaitable", "same"]
 
 T = TypeVar("T")
 
@@ -53,10 +54,34 @@ def check_class(cls: type[T]) -> type[T]:
 
 
 def check_predicate(predicate: object, *, or_none: bool = False) -> None:
-    """Raises TypeError: ``predicate`` is not callable (nor None, when ``or_none``)."""
+    """Raises TypeError: ``predicate`` is not callable (nor None, when
+    ``or_none``), or an ``async def`` function (its coroutine is always true)."""
     if not callable(predicate) and not (or_none and predicate is None):
         none = " or None" if or_none else ""
         raise TypeError(f"predicate must be a function{none}, got {bounded_repr(predicate)}")
+    if inspect.iscoroutinefunction(predicate):
+        raise TypeError(
+            f"predicate {getattr(predicate, '__name__', '?')} is an async function, whose "
+            "coroutine is always true: pass a plain function that returns a bool"
+        )
+
+
+def not_awaitable(value: object, what: str) -> object:
+    """``value``, what ``what`` returned, refused if awaitable: a coroutine is
+    always true, so an ``async def`` predicate or condition would pass unchecked.
+
+    Raises:
+        TypeError: ``value`` is awaitable (a coroutine is closed first, so it
+            does not warn that it was never awaited).
+    """
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()
+        raise TypeError(
+            f"{what} returned an awaitable, which is always true: pass a plain "
+            "function that returns a bool (an async one cannot be checked)"
+        )
+    return value
 
 
 @dataclass(frozen=True, slots=True)

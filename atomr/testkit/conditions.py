@@ -10,12 +10,12 @@ threads and processes (it blocks the calling thread).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import Callable, Iterator
 
 from atomr._repr import bounded_repr
 from atomr.actor.timers import check_delay
+from atomr.testkit._matching import not_awaitable
 
 __all__ = ["await_condition", "wait_until"]
 
@@ -34,22 +34,12 @@ def _deadline(timeout: float, interval: float) -> float:
 
 
 def _holds(condition: Callable[[], object]) -> object:
-    """What ``condition()`` returns, refused if it is awaitable: a coroutine
-    is always true, so an ``async def`` condition would pass unchecked.
+    """What ``condition()`` returns, refused if it is awaitable (``not_awaitable``).
 
     Raises:
-        TypeError: ``condition()`` returned an awaitable (a coroutine is
-            closed first, so it does not warn that it was never awaited).
+        TypeError: ``condition()`` returned an awaitable.
     """
-    value = condition()
-    if inspect.isawaitable(value):
-        if inspect.iscoroutine(value):
-            value.close()
-        raise TypeError(
-            f"condition {_name(condition)} returned an awaitable, which is always true: "
-            "pass a plain function that returns a bool (an async one cannot be checked)"
-        )
-    return value
+    return not_awaitable(condition(), f"condition {_name(condition)}")
 
 
 def _name(condition: Callable[[], object]) -> str:

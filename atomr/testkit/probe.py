@@ -18,7 +18,13 @@ from atomr.actor.reply import Reply
 from atomr.actor.supervision import Directive, OneForOneStrategy, SupervisorStrategy
 from atomr.actor.system import ActorSystem
 from atomr.actor.timers import check_delay
-from atomr.testkit._matching import Unfiltered, check_class, check_predicate, same
+from atomr.testkit._matching import (
+    Unfiltered,
+    check_class,
+    check_predicate,
+    not_awaitable,
+    same,
+)
 
 __all__ = ["ChildFailed", "TestProbe"]
 
@@ -135,7 +141,7 @@ class TestProbe:
         ignore = self._ignore
         if ignore is not None:
             try:
-                if ignore(message):
+                if not_awaitable(ignore(message), "ignore_msg's predicate"):
                     return
             except Exception as error:  # on the probe's turn: the test's wait reports it
                 message = Unfiltered(message, error)
@@ -277,7 +283,9 @@ class TestProbe:
             The first message the predicate accepts.
         Raises:
             AssertionError: if none comes within ``timeout`` (for all of them).
-            TypeError: ``predicate`` is not callable (before any message is taken).
+            TypeError: ``predicate`` is not callable or is an ``async def``
+                function (before any message is taken), or returned an
+                awaitable (always true; that message is taken).
             TypeError, ValueError: a bad ``timeout`` (see the class).
             Exception: whatever ``predicate`` raises (use it to fail on a
                 message that must not come).
@@ -289,7 +297,7 @@ class TestProbe:
         while True:
             remaining = max(deadline - loop.time(), 0.0)
             message = await self._take(remaining, f"a fish (skipped {skipped} message(s))")
-            if predicate(message):
+            if not_awaitable(predicate(message), "fish_for_message's predicate"):
                 return message
             skipped += 1
 
@@ -297,11 +305,12 @@ class TestProbe:
         """Drop, from now on, every arriving message for which ``predicate`` is
         true (Akka's ``ignoreMsg``); None stops ignoring. Messages already
         queued stay. An ignored ask is never answered. A message the predicate
-        raises on is kept, and the wait that takes it fails with an
-        ``AssertionError`` saying so (it was lost, and the probe restarted).
+        raises on (or returns an awaitable for) is kept, and the wait that
+        takes it fails with an ``AssertionError`` saying so.
 
         Raises:
-            TypeError: ``predicate`` is neither callable nor None.
+            TypeError: ``predicate`` is neither callable nor None, or is an
+                ``async def`` function (its coroutine is always true).
         """
         check_predicate(predicate, or_none=True)
         self._ignore = predicate

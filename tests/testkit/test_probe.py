@@ -86,3 +86,22 @@ async def test_a_refused_expect_no_msg_names_its_duration(
     probe = TestProbe(actor_system)
     with pytest.raises(error, match="^duration must be"):  # was: "timeout must be ..."
         await probe.expect_no_msg(duration)  # type: ignore[arg-type]
+
+
+async def test_an_async_predicate_is_refused_not_taken_as_true(actor_system: ActorSystem) -> None:
+    probe = TestProbe(actor_system)
+
+    async def is_three(message: object) -> bool:
+        return message == 3
+
+    probe.ref.tell(1)
+    with pytest.raises(TypeError, match="is_three is an async function"):
+        await probe.fish_for_message(is_three)  # was: returned 1, its coroutine being true
+    with pytest.raises(TypeError, match="is_three is an async function"):
+        probe.ignore_msg(is_three)  # was: every message dropped
+    with pytest.raises(TypeError, match="returned an awaitable, which is always true"):
+        await probe.fish_for_message(lambda m: is_three(m))  # type: ignore[arg-type, return-value]
+    probe.ignore_msg(lambda m: is_three(m))  # type: ignore[arg-type, return-value]
+    probe.ref.tell(5)
+    with pytest.raises(AssertionError, match="predicate raised TypeError.*awaitable.* on 5"):
+        await probe.expect_msg(5)  # was: 5 dropped, a timeout

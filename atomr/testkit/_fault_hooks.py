@@ -127,22 +127,28 @@ class Roster:
     def __init__(self, class_name: str, worker: int) -> None:
         self.class_name = class_name
         self.worker = worker
-        self._live: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._live: list[weakref.ref[Any]] = []  # weak: works for unhashable instances too
         self._seen: set[Any] = set()  # also those of instances gone (restarted)
         self._lock = threading.Lock()
 
     def note(self, instance: Any) -> None:
         """Count `instance` (built, or passing a hook) and its index now."""
         index = _index(instance)
+        try:
+            ref = weakref.ref(instance)
+        except TypeError:  # no weak references (`__slots__`): its index still counts
+            ref = None
         with self._lock:
-            self._live.add(instance)
             self._seen.add(index)
+            if ref is not None and all(old() is not instance for old in self._live):
+                self._live = [old for old in self._live if old() is not None] + [ref]
 
     def missing(self) -> str | None:
         """Why worker k cannot fail: the workers built have other indices
         (None: k is one of them, or none is built yet)."""
         with self._lock:
-            live, seen = list(self._live), set(self._seen)
+            refs, seen = list(self._live), set(self._seen)
+        live = [instance for instance in (ref() for ref in refs) if instance is not None]
         if not live and not seen:
             return None
         indices = seen | {_index(instance) for instance in live}
@@ -168,11 +174,13 @@ class Roster:
 
 
 def _index(instance: Any) -> Any:
-    """`instance.worker_index`, None if reading it fails."""
+    """`instance.worker_index`, None if reading it fails (or it is unhashable)."""
     try:
-        return instance.worker_index
+        index = instance.worker_index
+        hash(index)
     except Exception:
         return None
+    return index
 
 
 def check_error(error: object) -> None:

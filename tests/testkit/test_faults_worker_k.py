@@ -51,6 +51,33 @@ def test_a_worker_that_was_built_and_is_gone_is_still_a_worker() -> None:
     assert log == ["0:a"] and plan.fired == ["step"]
 
 
+class Unhashable:
+    """A worker whose instances cannot go in a set (`__eq__`, no `__hash__`)."""
+
+    worker_index = -1
+
+    def __init__(self, index: int) -> None:
+        self.worker_index = index
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Unhashable) and other.worker_index == self.worker_index
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def work(self) -> int:
+        return self.worker_index
+
+
+def test_workers_that_cannot_be_hashed_are_counted() -> None:
+    plan = Plan()
+    faulty = inject_faults(Unhashable, plan, {"p": "work"}, worker=1)
+    zero, one = faulty(0), faulty(1)  # was (a WeakSet): TypeError, unhashable
+    plan.arm("p", KeyError)
+    assert zero.work() == 0
+    with pytest.raises(KeyError):
+        one.work()
+
+
 def test_a_phase_another_place_can_fire_is_armed() -> None:
     plan, log = Plan(), []
     nowhere = inject_faults(Worker, plan, {"step": "step"}, worker=2)

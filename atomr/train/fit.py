@@ -22,6 +22,7 @@ the position to resume from.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,20 @@ def _check_hooks(callbacks: Any, stop: Any, agree_to_stop: Any, evaluate: Any) -
     for name, hook in (("agree_to_stop", agree_to_stop), ("evaluate", evaluate)):
         if hook is not None and not callable(hook):
             raise TypeError(f"{name} must be callable or None, got {type(hook).__name__}")
+
+
+def _check_trainer(trainer: object) -> None:
+    """Raises: TypeError: `trainer` is not an `ActorRef` (an un-awaited
+    `X.spawn(...)` or a trainer class, say), before anything is asked."""
+    if isinstance(trainer, ActorRef):
+        return
+    if inspect.isawaitable(trainer):
+        got = f"an un-awaited {type(trainer).__name__}: write `ref = await X.spawn(...)`"
+    elif isinstance(trainer, type):
+        got = f"the class {trainer.__name__}: spawn it first, `ref = await X.spawn(...)`"
+    else:
+        got = type(trainer).__name__
+    raise TypeError(f"trainer must be the ActorRef a trainer's spawn returns, got {got}")
 
 
 _FITTING: set[ActorRef] = set()
@@ -182,7 +197,8 @@ async def fit(
         The `FitResult`: status, final position, the epochs' records.
 
     Raises:
-        TypeError, ValueError: bad arguments (checked before any step: a
+        TypeError, ValueError: bad arguments (checked before any step:
+            `trainer` not an `ActorRef` (an un-awaited `spawn`, say), a
             count that is not an int >= 1 (`seed`: >= 0; a bool is no
             int), a callback hook that cannot take the arguments `fit`
             passes it, a `start` that does not fit, `drop_last` not a bool, or
@@ -211,6 +227,7 @@ async def fit(
         Exception: whatever the trainer answered a request with (a
             `NonFiniteError`, an `AskTimeoutError`, ...).
     """
+    _check_trainer(trainer)
     int_at_least("epochs", epochs)
     int_at_least("seed", seed, 0, high=None)
     int_at_least("batch_size", batch_size)

@@ -178,6 +178,21 @@ async def test_bad_arguments_are_refused_before_any_step(
         np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
 
 
+async def test_a_trainer_that_is_no_actor_ref_is_refused_saying_what_to_pass() -> None:
+    """A forgotten `await` on `spawn` (or the trainer class itself) is a
+    TypeError that says so, not an AttributeError about `ask`."""
+    x, y = _data()
+    async with ActorSystem("fit") as system:
+        spawning = Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        try:
+            with pytest.raises(TypeError, match=r"got an un-awaited coroutine: write `ref = await"):
+                await fit(spawning, (x, y), epochs=1, batch_size=16)  # type: ignore[arg-type]
+        finally:
+            spawning.close()
+        with pytest.raises(TypeError, match="got the class Trainer: spawn it first"):
+            await fit(Trainer, (x, y), epochs=1, batch_size=16)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "validation",
     [

@@ -63,3 +63,26 @@ def test_anchors_resolve(page: Path) -> None:
         if linked.suffix == ".md" and anchor not in _anchors(linked):
             broken.append(f"{target}#{anchor}")
     assert not broken, f"{page.name} links to missing headings: {broken}"
+
+
+TEST_NAME = re.compile(r"(?<![\w/.])(test_\w+)(?![\w.])")
+CITED_FILE = re.compile(r"(?<![\w/])((?:tests|atomr|benchmarks|examples)/[\w/]+\.py)")
+
+
+def _defined_tests(text: str) -> set[str]:
+    return set(re.findall(r"def (test_\w+)", text))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_the_tests_and_files_a_page_cites_exist(page: Path) -> None:
+    """A test or a source file a page names as proof exists under that name
+    (distributed.md named a test renamed since, so a reader found nothing).
+    A `test_...` name that is an attribute in atomr (`test_accuracy`) or a
+    test the page's own code blocks define is no citation."""
+    text = page.read_text()
+    known = set().union(*(_defined_tests(p.read_text()) for p in ROOT.glob("tests/**/*.py")))
+    known |= _defined_tests("\n".join(FENCE.findall(text)))
+    known |= {name for p in ROOT.glob("atomr/**/*.py") for name in TEST_NAME.findall(p.read_text())}
+    missing = sorted({name for name in TEST_NAME.findall(text) if name not in known})
+    missing += sorted({path for path in CITED_FILE.findall(text) if not (ROOT / path).exists()})
+    assert not missing, f"{page.name} cites what does not exist: {missing}"

@@ -179,7 +179,10 @@ class DataParallelOptions:
 
     def _check_policy(self) -> None:
         if not isinstance(self.policy, ApplyPolicy):
-            raise TypeError(f"policy must be an ApplyPolicy, got {self.policy!r}")
+            raise TypeError(
+                "policy must be an ApplyPolicy (ApplyPolicy.SYNC, .CADENCE or .ASYNC, from "
+                f"atomr.train.data_parallel), got {self.policy!r}"
+            )
         int_at_least("average_every", self.average_every, 1)
         seconds = self.average_seconds
         if seconds is not None and not 0 < real_number("average_seconds", seconds) < math.inf:

@@ -55,6 +55,8 @@ MISTAKES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "replica_class not a replica": ({"replica_class": Trainer}, TypeError, "replica_class"),
     "replica_class not a class": ({"replica_class": "ReplicaActor"}, TypeError, "replica_class"),
     "clock not a function": ({"clock": 0.0}, TypeError, "clock"),
+    # a policy's name is no policy; the message says what to write
+    "policy name": ({"policy": "sync"}, TypeError, r"ApplyPolicy.SYNC, .CADENCE or .ASYNC"),
 }
 
 

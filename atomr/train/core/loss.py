@@ -191,9 +191,13 @@ class LossKind:
             if labels.dtype.kind not in "iu":
                 raise InvalidBatchError(
                     f"cross-entropy labels must be integers, got {labels.dtype}"
+                    + _target_hint(labels, batch, out_width, classes=True)
                 )
             if labels.shape != (batch,):
-                raise InvalidBatchError(f"labels must have shape ({batch},), got {labels.shape}")
+                raise InvalidBatchError(
+                    f"labels must have shape ({batch},), got {labels.shape}"
+                    + _target_hint(labels, batch, out_width, classes=True)
+                )
             if self.class_weights is not None and len(self.class_weights) != out_width:
                 raise InvalidBatchError(
                     f"{len(self.class_weights)} class weights for {out_width} classes"
@@ -208,10 +212,14 @@ class LossKind:
                 )
             return out
         if not is_float32_or_64(labels.dtype):
-            raise InvalidBatchError(f"MSE targets must be float32 or float64, got {labels.dtype}")
+            raise InvalidBatchError(
+                f"MSE targets must be float32 or float64, got {labels.dtype}"
+                + _target_hint(labels, batch, out_width, classes=False)
+            )
         if labels.shape != (batch, out_width):
             raise InvalidBatchError(
                 f"MSE targets must have shape ({batch}, {out_width}), got {labels.shape}"
+                + _target_hint(labels, batch, out_width, classes=False)
             )
         return cast_finite(labels, dtype, "targets")
 
@@ -286,3 +294,24 @@ def _given_weights(weights: Any) -> tuple[float, ...]:
 
 LossKind.MSE = LossKind("mse")
 LossKind.CROSS_ENTROPY = LossKind("cross_entropy")
+
+
+def _target_hint(labels: np.ndarray, batch: int, out_width: int, *, classes: bool) -> str:
+    """What to write instead, when refused targets are shaped for the other
+    loss (one-hot rows for cross-entropy, class labels for MSE) or one
+    output's targets lack their column ("" otherwise)."""
+    if classes and labels.shape == (batch, out_width):
+        return (
+            " (these look like one-hot rows: cross-entropy takes one class index per "
+            "sample, labels.argmax(axis=1); LossKind.MSE takes one-hot targets)"
+        )
+    if classes or labels.shape != (batch,):
+        return ""
+    if out_width == 1:
+        return f" (one output: reshape them to ({batch}, 1))"
+    if labels.dtype.kind in "iub":
+        return (
+            " (these look like class labels: LossKind.CROSS_ENTROPY takes them; MSE "
+            f"takes targets of shape ({batch}, {out_width}), one-hot rows say)"
+        )
+    return ""

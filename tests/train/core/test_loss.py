@@ -101,6 +101,27 @@ def test_bad_inputs_are_clear_errors() -> None:
         LossKind("hinge")
 
 
+@pytest.mark.parametrize(
+    ("loss", "targets", "needle"),
+    [
+        (LossKind.CROSS_ENTROPY, np.eye(3, dtype=np.float32)[[0, 2]], r"labels.argmax\(axis=1\)"),
+        (LossKind.CROSS_ENTROPY, np.eye(3, dtype=np.int64)[[0, 2]], r"labels.argmax\(axis=1\)"),
+        (LossKind.MSE, np.array([0, 2]), "look like class labels: LossKind.CROSS_ENTROPY"),
+        (LossKind.MSE, np.zeros(2, dtype=np.float32), r"reshape them to \(2, 1\)"),
+    ],
+    ids=["one-hot-float", "one-hot-int", "mse-class-labels", "mse-one-output-1d"],
+)
+def test_targets_shaped_for_the_other_loss_say_what_to_write(
+    loss: LossKind, targets: np.ndarray, needle: str
+) -> None:
+    """One-hot rows given to cross-entropy, class labels given to MSE, or a
+    single output's targets without their column: the refusal says what to
+    pass instead."""
+    width = 1 if "reshape" in needle else 3
+    with pytest.raises(InvalidBatchError, match=needle):
+        loss.validate_targets(targets, 2, width)
+
+
 def test_config_round_trip() -> None:
     for kind in (LossKind.MSE, LossKind.CROSS_ENTROPY, LossKind.weighted_cross_entropy([1, 2])):
         assert LossKind.from_config(kind.to_config()) == kind

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from atomr._arguments import array_bytes, building
+from atomr._arguments import array_bytes, building, sequence_entries
+from atomr._repr import bounded_repr
 from atomr.accel import AdamHyperparameters, SgdHyperparameters
 from atomr.accel.hyperparameters import given_in
 from atomr.train.core._cpu import cpu_backend
@@ -110,9 +111,7 @@ class OptimizerKind:
             object.__setattr__(self, "nesterov", hyper.nesterov)  # numpy's bool as a bool
         else:
             self._refuse_settings_of_other_rule(_SGD_DEFAULTS)
-            if len(self.betas) != 2:
-                raise ValueError(f"betas must be a pair, got {self.betas!r}")
-            b1, b2 = self.betas
+            b1, b2 = _pair(self.betas)
             hyper = AdamHyperparameters(
                 self.lr, b1, b2, self.eps, self.weight_decay, decoupled=self.name == "adamw"
             )
@@ -193,7 +192,7 @@ class OptimizerKind:
     def _adam_family(
         cls, name: str, lr: float, betas: tuple[float, float], eps: float, weight_decay: float
     ) -> OptimizerKind:
-        b1, b2 = betas
+        b1, b2 = _pair(betas)
         return cls(
             name,
             _given("lr", lr),
@@ -345,3 +344,17 @@ def _given(name: str, value: Any) -> float:
         ValueError: NaN, infinite in float64, or non-zero but 0 there.
     """
     return given_in(name, value, np.float64)
+
+
+def _pair(betas: Any) -> tuple[Any, Any]:
+    """Adam's `(beta1, beta2)`, the entries of `betas` (checked as numbers
+    by the caller).
+
+    Raises:
+        TypeError: not a sequence (a number, a string: `sequence_entries`).
+        ValueError: not two entries.
+    """
+    entries = sequence_entries("betas", betas, "two numbers")
+    if len(entries) != 2:
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {bounded_repr(betas)}")
+    return entries[0], entries[1]

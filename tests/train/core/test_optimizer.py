@@ -354,6 +354,23 @@ def test_step_into_checks_its_buffers_and_the_unchecked_step_gives_the_same_bits
 
 
 @pytest.mark.parametrize(
+    ("betas", "error", "needle"),
+    [
+        ((0.9,), ValueError, r"betas must be a pair \(beta1, beta2\), got \(0.9,\)"),
+        ((0.9, 0.99, 0.1), ValueError, r"betas must be a pair \(beta1, beta2\)"),
+        (0.9, TypeError, "betas must be a list, tuple or 1-D array of two numbers, got 0.9"),
+    ],
+)
+def test_betas_that_are_no_pair_are_refused_naming_betas(
+    betas: Any, error: type[Exception], needle: str
+) -> None:
+    """`adam(lr, betas=(0.9,))` was 'not enough values to unpack', naming nothing."""
+    for build in (OptimizerKind.adam, OptimizerKind.adamw):
+        with pytest.raises(error, match=needle):
+            build(0.1, betas=betas)
+
+
+@pytest.mark.parametrize(
     ("build", "needle"),
     [
         (lambda: OptimizerKind.sgd("0.1"), "lr must be a real number, got str"),

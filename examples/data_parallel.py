@@ -59,6 +59,13 @@ async def main(collective: str) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="data-parallel vs single-device training")
-    parser.add_argument("--collective", choices=["host", "ring"], default="host")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--collective",
+        choices=["host", "ring"],
+        default="host",
+        help="how the replicas all-reduce: on the host, or in a ring of actors (default: host)",
+    )
     atomr.run(main(parser.parse_args().collective))

@@ -84,6 +84,13 @@ async def main(strategy: str) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="a small GPT, any strategy, against one device")
-    parser.add_argument("--strategy", choices=list(STRATEGIES), default="data")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=list(STRATEGIES),
+        default="data",
+        help="the trainer set beside one device (default: data)",
+    )
     atomr.run(main(parser.parse_args().strategy))

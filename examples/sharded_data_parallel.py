@@ -62,6 +62,15 @@ async def main(stage: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="sharded data parallel vs one device")
-    parser.add_argument("--stage", type=int, choices=(1, 2, 3), default=3)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--stage",
+        type=int,
+        choices=(1, 2, 3),
+        default=3,
+        help="ZeRO stage: shard the optimizer state (1), and the gradients (2), "
+        "and the weights (3) (default: 3)",
+    )
     atomr.run(main(parser.parse_args().stage))

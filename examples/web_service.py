@@ -338,10 +338,19 @@ async def serve(host: str, port: int, ask_timeout: float, test: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0: any free port")
-    parser.add_argument("--ask-timeout", type=float, default=ASK_TIMEOUT)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to serve on (default: %(default)s)"
+    )
+    parser.add_argument("--port", type=int, default=0, help="0: any free port (default)")
+    parser.add_argument(
+        "--ask-timeout",
+        type=float,
+        default=ASK_TIMEOUT,
+        help="seconds a handler waits for an actor's answer, else 504 (default: %(default)s)",
+    )
     parser.add_argument("--self-test", action="store_true", help="make a few requests and exit")
     args = parser.parse_args()
     if not args.ask_timeout > 0:

@@ -60,7 +60,7 @@ class RunStart:
 
 def plan_start(run: RunConfig, data: Dataset, history: History) -> RunStart:
     """Where `run` starts on `data` (and, under `--distributed`, which data
-    that is); fills in `history`'s model sizes and, resuming, the
+    that is); fills in `history`'s Mlp sizes (none for a GPT) and, resuming, the
     checkpoint's earlier epochs, run id and `resumed_from`.
 
     Raises:
@@ -69,7 +69,8 @@ def plan_start(run: RunConfig, data: Dataset, history: History) -> RunStart:
             vary; resuming, an unusable checkpoint or one of other options,
             or one with nothing left to train.
     """
-    history.config["sizes"] = [data.features, *run.hidden, data.classes]
+    if run.gpt is None:  # an Mlp's widths (a GPT's shape is history.config["gpt"])
+        history.config["sizes"] = [data.features, *run.hidden, data.classes]
     steps = _steps_per_epoch(run, data)
     updates = _updates_per_epoch(run, steps)
     digest = data_digest(data) if run.dist is not None else None

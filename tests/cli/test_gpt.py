@@ -25,6 +25,7 @@ def test_a_short_gpt_run_learns_and_prints_a_sample(
     assert (run / "curves.png").is_file()
     history = json.loads((run / "history.json").read_text())
     assert history["config"]["gpt"]["context"] == 32
+    assert "sizes" not in history["config"]  # an Mlp's widths: was [64, 128, vocab]
     assert history["status"] == "reached max_steps"
 
 

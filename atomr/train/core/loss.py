@@ -221,7 +221,7 @@ class LossKind:
                 f"MSE targets must have shape ({batch}, {out_width}), got {labels.shape}"
                 + _target_hint(labels, batch, out_width, classes=False)
             )
-        return cast_finite(labels, dtype, "targets")
+        return cast_finite(labels, dtype, "targets", locate=True)
 
     def compute(self, outputs: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
         """Mean loss and its gradient on host arrays (CPU kernels).

@@ -68,7 +68,12 @@ def check_token_ids(ids: np.ndarray, vocab: int, what: str = "token ids") -> Non
 
 
 def cast_finite(
-    array: np.ndarray, dtype: Any, what: str, error: type[Exception] = InvalidBatchError
+    array: np.ndarray,
+    dtype: Any,
+    what: str,
+    error: type[Exception] = InvalidBatchError,
+    *,
+    locate: bool = False,
 ) -> np.ndarray:
     """`array` as a C-contiguous array of `dtype`, checked finite after the cast.
 
@@ -84,6 +89,8 @@ def cast_finite(
         what: the name for the message, plural ("features", "targets").
         error: the exception raised (a ValueError, or `CheckpointError`
             for a file's arrays).
+        locate: name the first entry that is not finite in the message
+            (`features[3, 7]`: a batch, where the user looks for the sample).
 
     Returns:
         The cast array (`array` itself when it already is one).
@@ -99,11 +106,17 @@ def cast_finite(
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below
             out = np.ascontiguousarray(array, dtype=dtype)
     if not np.isfinite(out).all():
+        where = ""
+        if locate:
+            index = ", ".join(map(str, np.argwhere(~np.isfinite(out))[0]))
+            where = f"the first at {what}[{index}]"
         if np.isfinite(array).all():
+            detail = f"; {where}" if where else ""
             raise error(
-                f"{what} hold values too large for {np.dtype(dtype)} (NaN or Inf after the cast)"
+                f"{what} hold values too large for {np.dtype(dtype)} "
+                f"(NaN or Inf after the cast{detail})"
             )
-        raise error(f"{what} contain NaN or Inf")
+        raise error(f"{what} contain NaN or Inf" + (f" ({where})" if where else ""))
     return out
 
 
@@ -149,7 +162,7 @@ def validate_features(
         raise InvalidBatchError(
             f"features have per-sample shape {features.shape[1:]}, the model expects {shape}"
         )
-    return cast_finite(features, dtype, "features")
+    return cast_finite(features, dtype, "features", locate=True)
 
 
 def validate_batch(

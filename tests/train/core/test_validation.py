@@ -115,6 +115,23 @@ def test_values_are_checked_after_the_cast_to_the_models_dtype() -> None:
     assert x.dtype == np.float64  # a float64 model takes them
 
 
+def test_a_non_finite_entry_of_a_batch_is_named_by_its_index() -> None:
+    """In a batch of thousands, "features contain NaN or Inf" left the user
+    searching: the message names the first such entry."""
+    x = _x(5)
+    x[3, 2] = np.nan
+    with pytest.raises(InvalidBatchError, match=r"NaN or Inf \(the first at features\[3, 2\]\)$"):
+        validate_batch(x, np.zeros(5, dtype=np.int64), 4, CE, out_width=3)
+    big = _x(5, dtype=np.float64)
+    big[4, 1] = 1e300
+    with pytest.raises(InvalidBatchError, match=r"after the cast; the first at features\[4, 1\]\)"):
+        validate_batch(big, np.zeros(5, dtype=np.int64), 4, CE, out_width=3)
+    targets = np.zeros((5, 2))
+    targets[1, 0] = -np.inf
+    with pytest.raises(InvalidBatchError, match=r"\(the first at targets\[1, 0\]\)"):
+        validate_batch(_x(5), targets, 4, LossKind.MSE, out_width=2)
+
+
 def test_masked_arrays_are_refused() -> None:
     masked = np.ma.masked_array(_x(), mask=np.zeros((3, 4), dtype=bool))
     with pytest.raises(InvalidBatchError, match="features must be a plain numpy array"):

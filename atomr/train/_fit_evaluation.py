@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -20,7 +20,9 @@ from atomr.train.core.sources import BatchSource
 from atomr.train.core.stats import EvalResult
 from atomr.train.fit_events import Evaluator
 
-__all__ = ["Measure", "evaluate_set", "measure"]
+__all__ = ["Measure", "contract_reply", "evaluate_set", "measure"]
+
+ReplyT = TypeVar("ReplyT")
 
 Measure = Callable[[Any, Any], Awaitable[EvalResult]]
 """How `fit` evaluates `(features, labels)`: the trainer's `EvalResult`, or
@@ -43,15 +45,33 @@ def _loss_and_accuracy(result: object) -> tuple[float, float]:
         ) from None
 
 
+def contract_reply(reply: object, expected: type[ReplyT], message: str) -> ReplyT:
+    """`reply`, what the trainer answered `message` with, checked to be the
+    contract's `expected` reply.
+
+    Raises:
+        TypeError: another answer (None, or the message itself from an
+            actor that does not speak the trainer contract), which `fit`
+            would otherwise take as a step limit or fail on later.
+    """
+    if not isinstance(reply, expected):
+        raise TypeError(
+            f"the trainer answered {message} with {bounded_repr(reply)}, not {expected.__name__}: "
+            "fit trains an actor that answers the trainer contract (docs/training.md)"
+        )
+    return reply
+
+
 def measure(trainer: ActorRef, hook: Evaluator | None, timeout: float | None) -> Measure:
     """How `fit` evaluates a batch: the trainer's `EvalResult`, or the
     hook's `(loss, accuracy)` (no normaliser: weighted by the label count).
     The `Measure` raises TypeError for a hook that is no async function or
-    returns no pair of numbers, and what the trainer answered `Evaluate` with."""
+    returns no pair of numbers, or a trainer that answers no `EvalResult`,
+    and what the trainer answered `Evaluate` with."""
 
     async def ask(x: np.ndarray, y: np.ndarray) -> EvalResult:
-        result: EvalResult = await trainer.ask(Evaluate(x, y), timeout=timeout)
-        return result
+        result = await trainer.ask(Evaluate(x, y), timeout=timeout)
+        return contract_reply(result, EvalResult, "Evaluate")
 
     if hook is None:
         return ask

@@ -13,7 +13,7 @@ from typing import Any
 from atomr._arguments import bool_flag
 from atomr.actor import ActorRef, AskTimeoutError
 from atomr.train._fit_callbacks import CallbackFailure, Callbacks, awaited
-from atomr.train._fit_evaluation import Measure, evaluate_set
+from atomr.train._fit_evaluation import Measure, contract_reply, evaluate_set
 from atomr.train.core.errors import InvalidBatchError, NonFiniteError, StepLimitError
 from atomr.train.core.messages import CloseRound, SaveCheckpoint, Step
 from atomr.train.core.sources import BatchSource, DataSourceError, InvalidDataError
@@ -231,9 +231,10 @@ class FitRun:
             InvalidBatchError, NonFiniteError: the trainer refused the batch
                 (nothing of it was applied); the checkpoint is saved first
                 (`save_reached`).
+            TypeError: the trainer answered no `StepStats` (`contract_reply`).
         """
         try:
-            stats: StepStats = await self.trainer.ask(Step(*batch), timeout=self.timeout)
+            stats = await self.trainer.ask(Step(*batch), timeout=self.timeout)
         except StepLimitError:
             # a trainer that counts its own updates (a parameter server: one per
             # worker's push) can reach max_steps before fit's count of Steps does
@@ -247,7 +248,7 @@ class FitRun:
                 "data; nothing of that batch was applied",
             )
             raise
-        return stats
+        return contract_reply(stats, StepStats, "Step")
 
     async def probe_evaluation(self, hook: bool) -> None:
         """Evaluate the validation set's first batch before any step (as

@@ -205,7 +205,9 @@ async def fit(
             True for an iterable or a callable), or a dataset or batch of the
             wrong length or shape; TypeError also for an `evaluate` or
             `agree_to_stop` hook that is no async function or returns the
-            wrong thing (before any step).
+            wrong thing (before any step); TypeError for a trainer that
+            answers `Step` with anything but a `StepStats`, or `Evaluate`
+            with anything but an `EvalResult` (None, say).
         FileNotFoundError, CheckpointError, OSError: a `checkpoint` whose
             folder is missing, that is not a regular file, or whose folder a
             test write fails in (no permission, read-only), before any step.

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atomr import ActorSystem
+from atomr import Actor, ActorSystem, Props
 from atomr.train import (
     GetWeights,
     LoadCheckpoint,
@@ -191,6 +191,30 @@ async def test_a_trainer_that_is_no_actor_ref_is_refused_saying_what_to_pass() -
             spawning.close()
         with pytest.raises(TypeError, match="got the class Trainer: spawn it first"):
             await fit(Trainer, (x, y), epochs=1, batch_size=16)  # type: ignore[arg-type]
+
+
+class _AnswersNone(Actor):
+    """A trainer of one's own whose `receive` forgets to return its reply."""
+
+    def receive(self, message: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("validation", [False, True])
+async def test_a_trainer_that_answers_no_stats_is_a_type_error_not_a_quiet_stop(
+    validation: bool,
+) -> None:
+    """A `Step` answered with None was taken for a step limit: `fit`
+    returned "interrupted" after no step, and an `Evaluate` answered with
+    None failed with an AttributeError on `normaliser`."""
+    x, y = _data()
+    async with ActorSystem("fit") as system:
+        mute = system.spawn(Props(_AnswersNone))
+        needle = "answered Evaluate with None, not EvalResult" if validation else "answered Step"
+        with pytest.raises(TypeError, match=needle):
+            await fit(
+                mute, (x, y), epochs=1, batch_size=16, validation=(x, y) if validation else None
+            )
 
 
 @pytest.mark.parametrize(

@@ -260,7 +260,7 @@ def _report(prepared: _Prepared, trained: list[np.ndarray]) -> None:
             raise
         raise CliError(f"{exc}; checkpoint saved to {run.checkpoint}", exc.exit_code) from None
     _print_summary(run, history, prepared.plot_path, prepared.history_path)
-    if trained and prepared.data.vocab is not None:
+    if trained and prepared.data.vocab is not None and not run.quiet:  # --quiet: one line
         print(_sample(run, prepared.data, trained[-1]))
     if history.status == "interrupted":
         where = f"; checkpoint saved to {run.checkpoint}" if run.checkpoint else ""

@@ -29,6 +29,18 @@ def test_a_short_gpt_run_learns_and_prints_a_sample(
     assert history["status"] == "reached max_steps"
 
 
+def test_quiet_prints_one_line_without_the_sample(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--quiet` is "one result line" (getting_started.md); a GPT run added
+    its sample's four lines."""
+    argv = ["train", "--model", "gpt", "--max-steps", "2", "--context", "8", "--d-model", "8"]
+    argv += ["--n-head", "2", "--n-layer", "1", "--quiet", "--run-dir", str(tmp_path)]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reached max_steps: "), lines
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

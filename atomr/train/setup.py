@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from atomr.accel import Device, training_devices
 from atomr.actor import ActorRef
+from atomr.train._contract import parse_devices
 from atomr.train.core.config import TrainerConfig
 from atomr.train.core.loss import LossKind
 from atomr.train.core.optimizer import OptimizerKind
@@ -42,18 +43,21 @@ async def setup(
             ignored when `config` is given.
         loss: the loss (ignored when `config` is given).
         config: the whole `TrainerConfig`, instead of `optimizer` and `loss`.
-        devices: use these instead of looking.
+        devices: use these instead of looking (a sequence of `Device`s or
+            device names, as every trainer's `spawn` takes).
         out: where the summary line goes (None: say nothing).
 
     Returns:
         The trainer's `ActorRef` (it answers `Step`, `Evaluate`, ...).
 
     Raises:
-        TypeError, ValueError: as the trainers' `spawn` for bad arguments.
+        TypeError, ValueError: as the trainers' `spawn` for bad arguments
+            (`devices` that is no sequence of devices, such as `2` or
+            "cpu:0", or an empty one, before anything is spawned).
     """
     if config is None:
         config = TrainerConfig(optimizer or OptimizerKind.adam(1e-3), loss)
-    found = tuple(Device.parse(d) for d in devices) if devices is not None else training_devices()
+    found = parse_devices(devices) if devices is not None else training_devices()
     trainer: Any = DataParallelTrainer if len(found) > 1 else Trainer
     ref = await trainer.spawn(system, model, list(found), config)
     if out is not None:

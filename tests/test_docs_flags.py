@@ -52,3 +52,26 @@ def test_the_option_table_has_a_row_for_every_flag(capsys: pytest.CaptureFixture
     table = {flag for cell in _option_table() for flag in FLAG.findall(cell)}
     missing = sorted(_train_flags(capsys) - table)
     assert missing == [], missing
+
+
+def _paragraphs() -> list[str]:
+    return [p for page in PAGES for p in re.split(r"\n\s*\n", page.read_text(encoding="utf-8"))]
+
+
+@pytest.mark.parametrize("command", ["devices", "warmup", "bench", "launch"])
+def test_every_flag_of_the_other_commands_is_documented_beside_the_command(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each flag of `atomr <command> --help` is named in a paragraph of the
+    docs that names `atomr <command>` (`atomr bench --benchmarks-dir` and
+    `--timeout` were in no page)."""
+    assert main([command, "--help"]) == 0
+    usage = capsys.readouterr().out.split("\n\n", 1)[0]
+    flags = set(re.findall(r"(?<![\w-])--?[a-z][a-z0-9-]*", usage)) - {"-h", "--help"}
+    paragraphs = [p for p in _paragraphs() if f"atomr {command}" in p]
+    missing = sorted(
+        flag
+        for flag in flags
+        if not any(re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", p) for p in paragraphs)
+    )
+    assert missing == [], f"atomr {command}: {missing}"

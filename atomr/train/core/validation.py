@@ -150,6 +150,10 @@ def validate_features(
     if not is_float32_or_64(features.dtype):
         raise InvalidBatchError(f"features must be float32 or float64, got {features.dtype}")
     if features.ndim != 1 + len(shape) or features.shape[0] < 1:
+        if features.ndim == 1 + len(shape):  # the right rank, no sample
+            raise InvalidBatchError(
+                f"features hold no sample (shape {features.shape}): a batch needs batch >= 1"
+            )
         raise InvalidBatchError(
             f"features must be {1 + len(shape)}-D (batch >= 1, *{shape}), "
             f"got shape {features.shape}"

@@ -38,7 +38,8 @@ def test_valid_batches_pass_and_are_cast() -> None:
         (_x().astype(np.int64), np.array([0, 1, 2]), "float32 or float64"),
         (_x().tolist(), np.array([0, 1, 2]), "numpy array"),
         (np.ones(4, dtype=np.float32), np.array([0]), "2-D"),
-        (np.ones((0, 4), dtype=np.float32), np.array([], dtype=np.int64), "batch >= 1"),
+        # an empty batch is 2-D: the message says it holds no sample
+        (np.ones((0, 4), dtype=np.float32), np.array([], dtype=np.int64), r"no sample \(shape"),
         (np.where(np.eye(3, 4) > 0, np.nan, 1.0).astype(np.float32), np.array([0, 1, 2]), "NaN"),
         (np.full((3, 4), np.inf, dtype=np.float32), np.array([0, 1, 2]), "NaN or Inf"),
         (_x(), np.array([0, 1, 3]), r"in \[0, 3\)"),

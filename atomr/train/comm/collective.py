@@ -248,7 +248,7 @@ class HostCollective(Collective):
             return out
         flats = []
         for b in buffers:
-            flats.append(b.reshape(-1))
+            flats.append(b.ravel())  # a copy where b is not contiguous (a 1-D slice too)
         self.backend.sum_into_unchecked(out.reshape(-1), flats)
         return out
 

@@ -41,6 +41,23 @@ async def test_host_all_reduce_scaled_equals_sum_then_scale(n: int) -> None:
     host.close()
 
 
+@pytest.mark.parametrize("n", [2, 3])
+async def test_host_sums_take_strided_buffers_as_their_contiguous_copies(n: int) -> None:
+    """A sliced 1-D view (`grads[::2]`) beside contiguous buffers made the
+    kernel fail to compile (numba's TypingError on the mixed layouts) in
+    `all_reduce` and `reduce_scatter`: `_sum`'s `reshape(-1)` copies a 2-D
+    view but returns a 1-D one as it is."""
+    strided = _buffers(n, 101, seed=5)
+    strided[0] = np.repeat(strided[0], 2)[::2]
+    assert not strided[0].flags.c_contiguous
+    host = HostCollective()
+    expected = (await host.all_reduce([b.copy() for b in strided])).copy()
+    np.testing.assert_array_equal(await host.all_reduce(strided), expected)
+    chunks = await host.reduce_scatter(strided)
+    np.testing.assert_array_equal(np.concatenate(chunks), expected)
+    host.close()
+
+
 async def test_host_all_reduce_reuses_its_output_buffer() -> None:
     host = HostCollective()
     first = await host.all_reduce(_buffers(2, 64, seed=1))

@@ -19,9 +19,16 @@ nothing, but the shards before it applied theirs: the push is then rolled
 back on every shard (`RollbackRound` naming the worker, `_round.roll_back`,
 as the trainer rolls a synchronous round back) and `push` raises
 `RoundFailedError`: with several workers too, every shard is as if the
-push had never been sent. A push across several shards is held for twice
-the ask timeout at most, then rolled back by the shard itself (a client
-that died); a push to one shard is neither held nor confirmed.
+push had never been sent. A client that gives a push up before every
+shard answered (its first ask timed out, or it was cancelled: its worker
+stopped) tells every shard to roll it back as it goes (`_give_up`), so
+that no shard holds it for a client that is gone: the shards agree on
+rolled back. A push across several shards is held for twice the ask
+timeout at most, then rolled back by the shard itself (a client that could
+run no code to give it up); a push to one shard is neither held nor
+confirmed. The confirm is a tell: told to a live shard it arrives, after
+the push (one mailbox, in order); a shard stopped or restarted meanwhile
+lost its state and refuses to serve anyway (`WorkerStateLost`).
 In synchronous mode every shard holds the push until its round is complete,
 so all shards apply the same rounds; an abort (`abort`, for a batch without
 a usable gradient) goes to every shard, so every shard drops the same round.
@@ -36,6 +43,8 @@ its round id, and without one it could not be.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -200,6 +209,9 @@ class ShardedClient:
                 error the `__cause__`) and the push was rolled back on every
                 shard that applied it (the notes say so, or name a shard that
                 could not undo it).
+            AskTimeoutError: the first shard did not answer in time; the
+                push is rolled back on every shard (`_give_up`), as it is
+                when the client is cancelled before every shard answered.
             Exception: a server's failure.
         """
         pushed = await self._push(worker, versions, gradient, weight, False, round_id)
@@ -255,20 +267,58 @@ class ShardedClient:
         msgs = self._messages(worker, versions, grad, weight, return_weights, round_id, hold)
         try:
             first = await self.servers[0].ask(msgs[0], timeout=self.timeout)
-        except AskTimeoutError:  # it may apply it yet: undone then, not held until its deadline
-            self.servers[0].tell(RollbackRound((round_id,), worker))
+        except (AskTimeoutError, asyncio.CancelledError):  # it may apply it yet: given up
+            self._give_up(worker, round_id)
             raise
         version = first.version if return_weights else int(first)
         staleness = version - 1 - msgs[0].worker_version if weight > 0.0 else 0
         rest = [replace(m, arbitrated_staleness=staleness) for m in msgs[1:]]
         if weight <= 0.0:  # a clock tick: nothing applied anywhere, nothing to undo
             return [first, *await ask_all(self.servers[1:], rest, self.timeout, first_index=1)]
-        replies = await ask_all_settled(self.servers[1:], rest, self.timeout)
-        if failed_indices(replies):
-            await self._undo(worker, round_id, [first, *replies])
+        return await self._push_held(worker, round_id, first, rest)
+
+    async def _push_held(
+        self, worker: int, round_id: int, first: Any, rest: list[PushGradient]
+    ) -> list[Any]:
+        """The first shard applied the push and holds it (its reply `first`):
+        push `rest` to the others, then confirm it on every shard, or roll
+        it back on every shard if one failed (`_undo`), or was left without
+        an answer (`_give_up`: the client cancelled).
+
+        Returns:
+            Every shard's reply.
+
+        Raises:
+            RoundFailedError: a follower failed on its range (`_undo`).
+        """
+        try:  # the holds end on every way out: confirmed, undone or given up
+            replies = [first, *await ask_all_settled(self.servers[1:], rest, self.timeout)]
+            failure = None
+            if failed_indices(replies):  # a follower failed on its range: undone everywhere
+                failure = await self._undo(worker, round_id, replies)
+        except BaseException:
+            self._give_up(worker, round_id)
+            raise
+        if failure is not None:
+            raise failure
         for server in self.servers:  # kept by every shard: their holds end
             server.tell(ConfirmPush(worker, round_id))
-        return [first, *replies]
+        return replies
+
+    def _give_up(self, worker: int, round_id: int) -> None:
+        """The push of `worker`'s `round_id` was given up before every shard
+        answered it: its first ask timed out (the shard may apply it yet),
+        or the client was cancelled (its worker, or the trainer, stopped)
+        while a shard may hold it. Tell every shard to roll it back
+        (`RollbackRound`), so that none holds it until its deadline: one
+        holding it undoes it and goes on at once, one it has not reached yet
+        takes its round and never applies it. A tell, since a cancelled
+        client can await nothing; each shard's mailbox keeps it behind the
+        push. Every shard ends without the push: rolled back."""
+        message = RollbackRound((round_id,), worker)
+        for server in self.servers:
+            with contextlib.suppress(Exception):  # a shard gone has nothing to undo
+                server.tell(message)
 
     def _messages(
         self,
@@ -294,13 +344,13 @@ class ShardedClient:
             for v, (lo, hi) in zip(versions, self.ranges, strict=True)
         ]
 
-    async def _undo(self, worker: int, round_id: int, replies: list[Any]) -> None:
+    async def _undo(self, worker: int, round_id: int, replies: list[Any]) -> RoundFailedError:
         """Shard 0 applied the asynchronous push but a follower failed on its
         range (`replies`, settled, in shard order): roll it back on every shard.
 
-        Raises:
-            RoundFailedError: always, caused by the first follower's failure,
-                noting what was undone (`roll_back`).
+        Returns:
+            The `RoundFailedError` for `push` to raise, caused by the first
+            follower's failure, noting what was undone (`roll_back`).
         """
         name_failures(replies)
         index = failed_indices(replies)[0]
@@ -313,7 +363,7 @@ class ShardedClient:
         await roll_back(
             self.servers, RollbackRound((round_id,), worker), self.timeout, error, "push"
         )
-        raise error
+        return error
 
     async def abort(
         self, worker: int, versions: Sequence[int], reason: str, round_id: int | None = None

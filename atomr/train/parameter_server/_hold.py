@@ -12,10 +12,13 @@ back). No update lands on top of a push that may be undone and no one
 reads weights that may be undone: the pushes of several workers are kept
 or undone one at a time, in the order the first shard took them.
 
-Every hold has a deadline (`PushGradient.hold` seconds; the client gives
-twice its ask timeout): a client that died between the update and its
-confirm is presumed to have given the push up, and the shard rolls it back
-itself (`HoldExpired`, logged). A confirm that comes after that finds this
+A client that gives its push up before every shard answered (its worker
+stopped: the client is cancelled) rolls it back on every shard as it goes
+(`ShardedClient._give_up`): the holds end at once, and every shard ends
+without the push. Every hold has a deadline too (`PushGradient.hold`
+seconds; the client gives twice its ask timeout): a client that could not
+even do that (its event loop gone) is presumed to have given the push up,
+and the shard rolls it back itself (`HoldExpired`, logged). A confirm that comes after that finds this
 shard without the push the others kept: the shard then refuses every push,
 abort and pull with `RoundFailedError` until it is given a state.
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr import ActorRef, ActorSystem
+from atomr import ActorRef, ActorStoppedError, ActorSystem
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.testkit import ManualClock, await_condition
 from atomr.train import (
@@ -172,6 +172,32 @@ async def test_a_step_whose_push_failed_on_one_shard_keeps_the_other_workers_par
     await ps.ask(Evaluate(*held_out()), timeout=T)
     await ps.ask(SaveCheckpoint(tmp_path / "after.ckpt"), timeout=T)
     assert (tmp_path / "after.ckpt").exists()
+
+
+async def test_a_push_held_for_a_worker_stopped_before_its_confirm_is_rolled_back_at_once() -> None:
+    """Worker 0's push is applied and held on shard 0, on its way to shard 1,
+    when the worker is stopped. Its client neither confirmed nor rolled it
+    back, so the shards held it until its deadline (twice the ask timeout;
+    here never: the clock is a manual one), and worker 1's push waited for it
+    until its ask timed out. The client now rolls the push back on every
+    shard as it is stopped: worker 1's push is taken at once, and the weights
+    equal the single-device Trainer's stepping on worker 1's batch alone."""
+    async with ActorSystem("hold-owner-gone", scheduler=ManualClock()) as system:
+        ps, single = await _pair(system, Plan())
+        data, gone = batches(), asyncio.Event()
+        GATE.arm(gone.is_set)
+        first = KnownWorker.refs[0].ask(TrainBatch(*data[0], round_id=0), timeout=T)
+        first = asyncio.ensure_future(first)
+        await await_condition(lambda: GATE.held == 0, timeout=T)  # held on shard 0
+        await KnownWorker.refs[0].stop()
+        gone.set()  # shard 1 takes the push now, its client gone
+        with pytest.raises(ActorStoppedError):
+            await first
+        result = await KnownWorker.refs[1].ask(TrainBatch(*data[1], round_id=1), timeout=T)
+        assert result.stats.applied
+        await single.ask(Step(*data[1]), timeout=T)
+        np.testing.assert_array_equal(await weights(ps), await weights(single))
+        assert [st.version for st in await server_stats(ps)] == [1, 1]
 
 
 def _shard(system: ActorSystem) -> ActorRef:

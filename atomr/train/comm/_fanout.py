@@ -109,6 +109,11 @@ async def ask_all_settled(
             raise ValueError(f"{len(messages)} messages for {len(refs)} workers")
     else:
         messages = [messages] * len(refs)
+    if len(refs) == 1:  # awaited here: no task around it, no turn of the loop before it is sent
+        try:
+            return [await refs[0].ask(messages[0], timeout)]
+        except Exception as exc:
+            return [exc]
     asks = []
     for ref, message in zip(refs, messages, strict=True):
         asks.append(ref.ask(message, timeout))

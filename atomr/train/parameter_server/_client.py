@@ -45,9 +45,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -264,15 +264,17 @@ class ShardedClient:
             msgs = self._messages(worker, versions, grad, weight, return_weights, round_id, None)
             return list(await ask_all(self.servers, msgs, self.timeout))
         hold = None if weight <= 0.0 else (math.inf if self.timeout is None else 2.0 * self.timeout)
-        msgs = self._messages(worker, versions, grad, weight, return_weights, round_id, hold)
+        parts = functools.partial(
+            self._messages, worker, versions, grad, weight, return_weights, round_id, hold
+        )
         try:
-            first = await self.servers[0].ask(msgs[0], timeout=self.timeout)
+            first = await self.servers[0].ask(parts(0, 1)[0], timeout=self.timeout)
         except (AskTimeoutError, asyncio.CancelledError):  # it may apply it yet: given up
             self._give_up(worker, round_id)
             raise
         version = first.version if return_weights else int(first)
-        staleness = version - 1 - msgs[0].worker_version if weight > 0.0 else 0
-        rest = [replace(m, arbitrated_staleness=staleness) for m in msgs[1:]]
+        staleness = version - 1 - int(versions[0]) if weight > 0.0 else 0
+        rest = parts(1, len(self.servers), staleness)
         if weight <= 0.0:  # a clock tick: nothing applied anywhere, nothing to undo
             return [first, *await ask_all(self.servers[1:], rest, self.timeout, first_index=1)]
         return await self._push_held(worker, round_id, first, rest)
@@ -329,19 +331,24 @@ class ShardedClient:
         return_weights: bool,
         round_id: int | None,
         hold: float | None,
+        start: int = 0,
+        stop: int | None = None,
+        staleness: int | None = None,
     ) -> list[PushGradient]:
-        """One `PushGradient` per server, of its range of `grad`."""
+        """One `PushGradient` per server from `start` to `stop` (default:
+        all), of its range of `grad`, with `staleness` arbitrated (if given)."""
         return [
             PushGradient(
                 worker,
-                int(v),
+                int(versions[k]),
                 grad[lo:hi],
                 weight,
-                return_weights=return_weights,
-                round_id=round_id,
-                hold=hold,
+                staleness,
+                return_weights,
+                round_id,
+                hold,
             )
-            for v, (lo, hi) in zip(versions, self.ranges, strict=True)
+            for k, (lo, hi) in enumerate(self.ranges[start:stop], start)
         ]
 
     async def _undo(self, worker: int, round_id: int, replies: list[Any]) -> RoundFailedError:

@@ -68,6 +68,10 @@ class PushHolding(ShardStore):
     n_workers: int | None
     # the (worker, round_id) of the push held now, or None
     _held: tuple[int, int] | None
+    # its deadline on the scheduler's clock (inf: none); when the running
+    # `HoldExpired` timer falls due (None: no timer runs)
+    _held_until: float = math.inf
+    _timer_due: float | None = None
 
     def _waits(self, message: Any) -> bool:
         """While a push is held, put `message` aside (stashed until the hold
@@ -83,10 +87,27 @@ class PushHolding(ShardStore):
 
     def _hold(self, worker: int, round_id: int, seconds: float) -> None:
         """Hold `worker`'s push of `round_id`, just applied, for at most
-        `seconds` (inf: until its client answers)."""
+        `seconds` (inf: until its client answers).
+
+        One timer serves the holds one after the other: it is started for
+        this hold unless one runs that falls due before this deadline, and
+        is left running when a hold ends (`_expire` then starts it again
+        for the hold of that time), instead of a timer started and
+        cancelled for every push (most end within milliseconds)."""
         self._held = (worker, round_id)
-        if math.isfinite(seconds):
-            self.context.schedule_once(seconds, HoldExpired(worker, round_id), key=HoldExpired)
+        if not math.isfinite(seconds):
+            self._held_until = math.inf
+            return
+        self._held_until = self.context.system.scheduler.time() + seconds
+        if self._timer_due is None or self._held_until < self._timer_due:
+            self._start_timer(seconds)
+
+    def _start_timer(self, seconds: float) -> None:
+        """Tell `HoldExpired` of the push held now in `seconds` (replacing
+        the timer that runs, if any)."""
+        assert self._held is not None
+        self.context.schedule_once(seconds, HoldExpired(*self._held), key=HoldExpired)
+        self._timer_due = self._held_until
 
     async def _end_hold(self) -> None:
         """The held push is kept or undone: tick its worker's clock (it
@@ -94,7 +115,6 @@ class PushHolding(ShardStore):
         assert self._held is not None
         worker = self._held[0]
         self._held = None
-        self.context.cancel_timer(HoldExpired)
         self.context.unstash_all()
         await self._batch_done(worker)
 
@@ -114,15 +134,23 @@ class PushHolding(ShardStore):
 
     async def _expire(self, msg: HoldExpired) -> None:
         """`HoldExpired`: no confirm came in time; roll the held push back
-        (its client is presumed dead) and handle what waited.
+        (its client is presumed dead) and handle what waited. If the hold it
+        was timed for ended, the push held now (if any) is rolled back if
+        its own deadline has come too, else timed for it.
 
         Raises:
             Exception: the device's failure undoing it (the shard then
                 refuses to serve, and its supervisor resumes or restarts it).
         """
-        worker, round_id = msg.worker, msg.round_id
-        if self._held != (worker, round_id):
+        self._timer_due = None
+        if self._held is None:
             return
+        left = self._held_until - self.context.system.scheduler.time()
+        if self._held != (msg.worker, msg.round_id) and left > 0.0:  # that hold ended
+            if math.isfinite(left):
+                self._start_timer(left)
+            return
+        worker, round_id = self._held
         logger.warning(
             "server shard: worker %s's push of round %s was neither confirmed nor rolled "
             "back by its client in time: rolled back here",

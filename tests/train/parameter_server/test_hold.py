@@ -257,6 +257,28 @@ async def test_a_hold_past_its_deadline_is_rolled_back_and_a_late_confirm_refuse
         assert await shard.ask(_push(2, None), timeout=T) == 2
 
 
+async def test_a_hold_after_one_that_ended_still_expires_at_its_own_deadline() -> None:
+    """The shard times its holds with one timer, left running when a hold
+    ends: started for a hold kept at once, it falls due during the next one,
+    which is then held on until its own deadline and rolled back there."""
+    clock = ManualClock()
+    async with ActorSystem("hold-next-deadline", scheduler=clock) as system:
+        shard = _shard(system)
+        assert await shard.ask(_push(0), timeout=T) == 1  # its deadline: 5
+        shard.tell(ConfirmPush(0, 0))
+        clock.advance(3.0)
+        assert await shard.ask(_push(1), timeout=T) == 2  # its deadline: 8
+        waiting = asyncio.ensure_future(shard.ask(_push(2, None), timeout=T))
+        clock.advance(2.0)  # the first hold's timer falls due: the second is held on
+        assert (await shard.ask(PullWeights(0), timeout=T))[1] == 1
+        assert not waiting.done()
+        clock.advance(3.0)  # its own deadline: rolled back, the waiting push applied
+        assert await waiting == 2
+        w, version = await shard.ask(PullWeights(0), timeout=T)
+        assert version == 2
+        np.testing.assert_array_equal(w, np.zeros(4, np.float32))
+
+
 @pytest.mark.parametrize(
     ("round_id", "hold", "error"),
     [(0, 0.0, ValueError), (0, -1.0, ValueError), (0, "5", TypeError), (None, 5.0, ValueError)],

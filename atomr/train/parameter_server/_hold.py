@@ -18,9 +18,10 @@ stopped: the client is cancelled) rolls it back on every shard as it goes
 without the push. Every hold has a deadline too (`PushGradient.hold`
 seconds; the client gives twice its ask timeout): a client that could not
 even do that (its event loop gone) is presumed to have given the push up,
-and the shard rolls it back itself (`HoldExpired`, logged). A confirm that comes after that finds this
-shard without the push the others kept: the shard then refuses every push,
-abort and pull with `RoundFailedError` until it is given a state.
+and the shard rolls it back itself (`HoldExpired`, logged). A confirm that
+comes after that finds this shard without the push the others kept: the
+shard then refuses every push, abort and pull with `RoundFailedError`
+until it is given a state.
 
 While a push is held the shard handles only what ends the hold
 (`ConfirmPush`, `RollbackRound`, `HoldExpired`), pulls and `Stats`. A shard

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr import ActorRef, ActorStoppedError, ActorSystem
+from atomr import ActorRef, ActorStoppedError, ActorSystem, AskTimeoutError
 from atomr.accel import ContextPoisoned, cpu_devices
 from atomr.testkit import ManualClock, await_condition
 from atomr.train import (
@@ -35,6 +35,7 @@ from atomr.train import (
 )
 from atomr.train.core.partition import split_bounds
 from atomr.train.parameter_server import Consistency, RoundFailedError, ServerShard
+from atomr.train.parameter_server._client import ShardedClient
 from atomr.train.parameter_server.messages import (
     AbortPush,
     ConfirmPush,
@@ -356,3 +357,33 @@ async def test_a_push_rolled_back_where_it_failed_counts_once_for_its_workers_cl
     assert await shard.ask(RollbackRound((0,), 1), timeout=T) is False
     assert await shard.ask(AbortPush(1, 2, "rolled back", 0), timeout=T) == 2
     assert (await pull)[1] == 2
+
+
+async def test_a_push_whose_first_ask_timed_out_counts_as_done_on_every_shard(
+    actor_system: ActorSystem,
+) -> None:
+    """Bounded staleness (s = 1), two workers, two shards. Worker 0's push
+    waits on shard 0 behind worker 1's held push until its ask times out:
+    its client gave it up on shard 0 only, so shard 1 never counted worker
+    0's batch, and worker 1, two batches on, had its pull there held for
+    good. Now the push is given up on every shard: each takes its round (a
+    batch done), and the pull is answered."""
+    props = [
+        ServerShard.props(
+            np.ones(2, np.float32), 0.5, workers=2, consistency=Consistency.bounded(1)
+        )
+        for _ in range(2)
+    ]
+    shards = [actor_system.spawn(p) for p in props]
+    client = ShardedClient(shards, [(0, 2), (2, 4)], timeout=0.5)
+    grad = np.ones(2, np.float32)
+    assert await shards[0].ask(PushGradient(1, 0, grad, round_id=0, hold=T), timeout=T) == 1
+    with pytest.raises(AskTimeoutError):  # stashed behind worker 1's held push
+        await client.push(0, [0, 0], np.ones(4, np.float32), round_id=0)
+    held = PushGradient(1, 0, grad, arbitrated_staleness=0, round_id=0, hold=T)
+    assert await shards[1].ask(held, timeout=T) == 1
+    for shard in shards:
+        shard.tell(ConfirmPush(1, 0))
+        assert await shard.ask(PushGradient(1, 1, grad, round_id=1), timeout=T) == 2
+    for shard in shards:  # worker 1 two batches on, worker 0 one: within s = 1
+        assert (await shard.ask(PullWeights(1), timeout=T))[1] == 2

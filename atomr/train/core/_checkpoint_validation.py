@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from atomr._arguments import int_at_least
 from atomr.actor.errors import bounded_repr
 from atomr.train.core.errors import CheckpointError
 
@@ -107,11 +108,19 @@ def _check_depth(header: dict[str, Any]) -> None:
             pending.extend((f"{where}[{i}]", inner, depth + 1) for i, inner in enumerate(item))
 
 
-def check_count(what: str, value: object) -> None:
-    """Raise CheckpointError unless `value` is an int in [0, 2**63)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        shown = bounded_repr(value)
-        raise CheckpointError(f"{what} must be an integer in [0, 2**63), got {shown}")
+def check_count(what: str, value: object) -> int:
+    """`value`, checked to be a count by the project's one rule of sizes
+    (`atomr._arguments.int_at_least`): an int, not a bool, from 0 to
+    `INDEX_MAX`.
+
+    Raises:
+        CheckpointError: anything else (the message names `what`, and the
+            limit for one beyond it).
+    """
+    try:
+        return int_at_least(what, value, 0)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def _numbers(what: str, value: object) -> Iterator[tuple[str, int | float]]:

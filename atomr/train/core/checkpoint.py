@@ -307,14 +307,13 @@ def extra_count(ckpt: Checkpoint, key: str) -> int:
     """`ckpt.extra[key]` (default 0), checked to be a count.
 
     Raises:
-        CheckpointError: not an integer in `[0, 2**63)` (a bool, a float or
-            a string included).
+        CheckpointError: not an integer from 0 to `INDEX_MAX` (a bool, a
+            float or a string included; `check_count`).
     """
     value = ckpt.extra.get(key, 0)
     if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
         value = int(value)
-    check_count(f"extra.{key}", value)
-    return int(value)
+    return check_count(f"extra.{key}", value)
 
 
 def pending_micro_steps(ckpt: Checkpoint) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import struct
 import tracemalloc
 import zipfile
@@ -18,7 +19,7 @@ import pytest
 from atomr._arguments import INDEX_MAX
 from atomr.train import CheckpointError, load_checkpoint
 from atomr.train.core import Checkpoint, save_checkpoint
-from atomr.train.core.checkpoint import MAGIC
+from atomr.train.core.checkpoint import MAGIC, pending_micro_steps
 from atomr.train.core.models import model_from_config
 
 _MB = 2**20
@@ -137,3 +138,35 @@ def test_a_header_of_a_terabyte_is_refused_unread(tmp_path: Path) -> None:
         file.write(MAGIC + struct.pack("<Q", 10**12))
         file.truncate(2 * 10**12)  # sparse: the header fits in the file
     assert _peak_of_load(path, "more than a header's 67108864 bytes") < 16 * _MB
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"step": INDEX_MAX + 1}, f"step must be <= {INDEX_MAX}, got {INDEX_MAX + 1}"),
+        ({"step": -1}, "step must be >= 0, got -1"),
+        ({"optimizer": {"step": 2**70}}, f"optimizer.step must be <= {INDEX_MAX}, got {2**70}"),
+        ({"optimizer": {"step": True}}, "optimizer.step must be an int, got True"),
+    ],
+)
+def test_a_step_is_a_count_by_the_one_rule_of_sizes(
+    tmp_path: Path, fields: dict[str, object], needle: str
+) -> None:
+    """A checkpoint's counts are refused by `int_at_least`'s rule and words
+    (at most `INDEX_MAX`), not by a bound of their own."""
+    path = tmp_path / "c.ckpt"
+    save_checkpoint(path, Checkpoint(**{"model": {}, "weights": np.zeros(3), "step": 0, **fields}))
+    with pytest.raises(CheckpointError, match=f"^{re.escape(f'{path}: {needle}')}$"):
+        load_checkpoint(path)
+
+
+def test_a_count_in_extra_is_refused_by_the_one_rule_of_sizes(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    extra = {"micro": INDEX_MAX + 1}
+    save_checkpoint(path, Checkpoint({}, np.zeros(3), INDEX_MAX, extra=extra))
+    ckpt = load_checkpoint(path)  # a step of INDEX_MAX is one
+    assert ckpt.step == INDEX_MAX
+    with pytest.raises(CheckpointError, match=rf"^extra\.micro must be <= {INDEX_MAX}, got"):
+        pending_micro_steps(ckpt)
+    ckpt.extra["micro"] = np.int64(INDEX_MAX)
+    assert pending_micro_steps(ckpt) == INDEX_MAX

@@ -8,6 +8,11 @@ then the payload's (`payload_len`, in the header). A file larger than its
 header says (trailing bytes, or a sparse file of a terabyte behind a valid
 header) is refused unread, and so is a payload larger than this machine's
 memory, which could not be loaded anyway.
+
+The header's JSON is decoded once, here, before the payload is read (its
+`payload_len` is one of those lengths); its fields are checked by the
+caller (`check_header`). A header that is not JSON is refused only once
+the checksum is verified, so that a bit flip is reported as one.
 """
 
 from __future__ import annotations
@@ -57,18 +62,20 @@ def checkpoint_digest(path: str | os.PathLike[str]) -> str:
         return file.read(DIGEST).hex()
 
 
-def read_frame(where: str) -> tuple[bytes, bytes]:
-    """The header and payload bytes of the checkpoint file `where`, its
-    checksum verified; each length checked against the file's size before
-    what it counts is read.
+def read_frame(where: str) -> tuple[object, bytes]:
+    """The header (its JSON decoded, its fields unchecked: `check_header`)
+    and the payload bytes of the checkpoint file `where`, its checksum
+    verified; each length checked against the file's size before what it
+    counts is read.
 
     Raises:
         FileNotFoundError: `where` does not exist (OSError: it cannot be read).
         CheckpointError: not a regular file, bad magic, truncated, a header
             longer than 64 MiB or than the file, a file larger than its
             header says (trailing bytes), a payload larger than this
-            machine's memory, or a checksum mismatch (so reported, too, for
-            a wrong length in a file of at most 64 MiB: a bit flip).
+            machine's memory, a checksum mismatch (so reported, too, for
+            a wrong length in a file of at most 64 MiB: a bit flip), or a
+            header that is not JSON.
     """
     with open_regular_file(where) as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -76,8 +83,9 @@ def read_frame(where: str) -> tuple[bytes, bytes]:
         if len(prefix) < PREFIX or size < PREFIX + DIGEST or not prefix.startswith(MAGIC):
             raise CheckpointError(f"{where}: not an atomr checkpoint (bad magic or truncated)")
         try:
-            header = _read_header(fh, where, size, prefix)
-            payload_len = size - PREFIX - len(header) - DIGEST
+            text = _read_header(fh, where, size, prefix)
+            header = _decoded(text)
+            payload_len = size - PREFIX - len(text) - DIGEST
             _check_payload_len(where, header, payload_len)
         except CheckpointError:
             _check_small_file(fh, where, size)  # a bit flip in a length says so
@@ -87,11 +95,23 @@ def read_frame(where: str) -> tuple[bytes, bytes]:
     if len(payload) != payload_len or len(digest) != DIGEST:
         raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
     sha = hashlib.sha256(prefix)
-    sha.update(header)
+    sha.update(text)
     sha.update(payload)
     if sha.digest() != digest:
         raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
+    if isinstance(header, Exception):
+        raise CheckpointError(f"{where}: header is not JSON: {header}") from header
     return header, payload
+
+
+def _decoded(text: bytes) -> object:
+    """The header's JSON value, or the exception that decoding it raised
+    (refused once the checksum is verified: a bit flip is a checksum
+    mismatch); no JSON value is an exception."""
+    try:
+        return json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return exc
 
 
 def _read_header(fh: BinaryIO, where: str, size: int, prefix: bytes) -> bytes:
@@ -129,19 +149,16 @@ def _check_small_file(fh: BinaryIO, where: str, size: int) -> None:
             raise CheckpointError(f"{where}: checksum mismatch (file corrupted or truncated)")
 
 
-def _check_payload_len(where: str, header: bytes, payload_len: int) -> None:
+def _check_payload_len(where: str, header: object, payload_len: int) -> None:
     """Refuse, before it is read, a payload of `payload_len` bytes (what the
-    file holds after its header) that is not the header's `payload_len`, or
-    beyond `payload_bound`. A header that is not JSON is left to the
-    checksum (a bit flip) and to `parse_header`.
+    file holds after its header) that is more than the decoded `header`'s
+    `payload_len` (one not an int is left to `check_header`), or beyond
+    `payload_bound`.
 
     Raises:
         CheckpointError: as said.
     """
-    try:
-        declared = json.loads(header.decode("utf-8")).get("payload_len")
-    except (UnicodeDecodeError, ValueError, RecursionError, AttributeError):
-        declared = None
+    declared = header.get("payload_len") if isinstance(header, dict) else None
     if isinstance(declared, int) and not isinstance(declared, bool) and declared < payload_len:
         raise CheckpointError(
             f"{where}: the file is larger than its header says (payload_len {declared}, "

@@ -15,7 +15,6 @@ model, not into a float32 one). The arrays' own checks are in
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Iterator, Mapping
@@ -31,9 +30,9 @@ __all__ = [
     "check_count",
     "check_finite_numbers",
     "check_float_numbers",
+    "check_header",
     "model_difference",
     "open_regular_file",
-    "parse_header",
 ]
 
 _F64_MAX = float(np.finfo(np.float64).max)
@@ -64,18 +63,15 @@ def open_regular_file(where: str) -> BinaryIO:
         raise
 
 
-def parse_header(text: bytes, payload_len: int) -> dict[str, Any]:
-    """The header's JSON, with every field's type and range checked.
+def check_header(header: object, payload_len: int) -> dict[str, Any]:
+    """The header's decoded JSON (`read_frame`), with every field's type and
+    range checked.
 
     Raises:
         CheckpointError: not a JSON object, nested deeper than 32 levels,
             or a field missing, of the wrong type or out of range (the
             message names it).
     """
-    try:
-        header = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"header is not JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise CheckpointError("header is not a JSON object")
     _check_depth(header)

@@ -38,7 +38,7 @@ import numpy as np
 from atomr.train.core._atomic_write import check_target, probe_write, write_atomically
 from atomr.train.core._checkpoint_frame import LENGTH, MAGIC, checkpoint_digest, read_frame
 from atomr.train.core._checkpoint_members import read_members
-from atomr.train.core._checkpoint_validation import check_count, model_difference, parse_header
+from atomr.train.core._checkpoint_validation import check_count, check_header, model_difference
 from atomr.train.core._shard_files import remove_shard_files
 from atomr.train.core.errors import CheckpointError
 from atomr.train.core.optimizer import Optimizer, OptimizerKind
@@ -220,9 +220,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             field (the message names it).
     """
     where = os.fspath(path)
-    text, payload = read_frame(where)
+    decoded, payload = read_frame(where)
     try:
-        header = parse_header(text, len(payload))
+        header = check_header(decoded, len(payload))
         arrays = read_members(payload)
         return _assemble(header, arrays)
     except CheckpointError as exc:

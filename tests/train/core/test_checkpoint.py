@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -113,6 +117,44 @@ def test_flipped_bytes_are_detected(tmp_path: Path) -> None:
         path.write_bytes(bytes(bad))
         with pytest.raises(CheckpointError, match="checksum"):
             load_checkpoint(path)
+
+
+def _with_header(raw: bytes, text: bytes, seal: bool = True) -> bytes:
+    """The checkpoint file `raw` with `text` as its header, resealed (its
+    checksum recomputed) or not."""
+    header_len = int.from_bytes(raw[8:16], "little")
+    body = raw[:8] + len(text).to_bytes(8, "little") + text + raw[16 + header_len : -32]
+    return body + (hashlib.sha256(body).digest() if seal else raw[-32:])
+
+
+def test_a_header_that_is_not_json_is_refused_after_the_checksum(tmp_path: Path) -> None:
+    path = tmp_path / "a.ckpt"
+    save_checkpoint(path, _ckpt())
+    raw = path.read_bytes()
+    path.write_bytes(_with_header(raw, b'{"model": [', seal=False))  # a bit flip says so
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        load_checkpoint(path)
+    for text in (b'{"model": [', b"\xff{}", b"[" * 10**5):
+        path.write_bytes(_with_header(raw, text))
+        with pytest.raises(CheckpointError, match=f"^{re.escape(str(path))}: header is not JSON"):
+            load_checkpoint(path)
+
+
+def test_a_header_is_decoded_once_per_load(tmp_path: Path, monkeypatch) -> None:
+    """Its `payload_len`, checked before the payload is read, came from a
+    first decoding, and its fields from a second one."""
+    path = tmp_path / "a.ckpt"
+    save_checkpoint(path, _ckpt())
+    decoded: list[str] = []
+    decode = json.JSONDecoder.decode
+
+    def counting(self: json.JSONDecoder, text: str, *args: Any, **kwargs: Any) -> Any:
+        decoded.append(text)
+        return decode(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(json.JSONDecoder, "decode", counting)
+    assert load_checkpoint(path).step == 7
+    assert len(decoded) == 1
 
 
 def test_not_a_checkpoint(tmp_path: Path) -> None:

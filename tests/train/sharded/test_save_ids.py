@@ -6,6 +6,8 @@ save's shard file of the same step and generation is refused, not merged
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from atomr.train.core.checkpoint import save_checkpoint
 from atomr.train.sharded import merge_shards
 from atomr.train.sharded._checkpointing import shared_save_id
 from atomr.train.sharded.checkpoints import shard_path
+from tests.train.mpi_scripts.harness import run_script
 from tests.train.sharded.test_checkpoints import _sharded, _steps
 
 
@@ -80,3 +83,32 @@ async def test_every_process_writes_process_0s_save_id() -> None:
     assert ids[0][0] == ids[0][1] and ids[1][0] == ids[1][1]  # one save's, on every process
     assert ids[0][0] != ids[1][0] and len(ids[0][0]) == 32  # a new one for each save
     assert await shared_save_id(None, 0) != await shared_save_id(None, 0)  # one process
+
+
+@pytest.mark.mpi
+def test_a_save_of_two_processes_loads_and_refuses_another_saves_shard(tmp_path: Path) -> None:
+    """Each process writes its own replica's shard file, holding process 0's
+    save id (`shared_save_id`'s broadcast across a real job): the save loads
+    in the job and here, and a shard file of another save of the same step
+    and generation is refused, in the job (every process keeps its
+    weights) and here."""
+    result, _ = run_script(2, "sharded_save_ids.py", tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ids = {}
+    for name in ("a", "b"):
+        index = tmp_path / name / "s.ckpt"
+        saved = load_checkpoint(index).extra["sharded"]["save"]
+        shards = [load_checkpoint(shard_path(index, g, 2, 1)).extra["save"] for g in (0, 1)]
+        assert shards == [saved, saved], (name, shards, saved)  # rank 1's too
+        ids[name] = saved
+    assert ids["a"] != ids["b"]
+    weights = np.load(tmp_path / "rank0_a.npy")
+    np.testing.assert_array_equal(merge_shards(tmp_path / "a" / "s.ckpt").weights, weights)
+    for rank in (0, 1):
+        np.testing.assert_array_equal(np.load(tmp_path / f"rank{rank}_loaded.npy"), weights)
+        np.testing.assert_array_equal(np.load(tmp_path / f"rank{rank}_after.npy"), weights)
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report["type"] == "CheckpointError", report
+        assert re.search(r"shard 1 of .*mixed\d.* is of another save", report["message"]), report
+        with pytest.raises(CheckpointError, match=f"shard 1 of .*mixed{rank}.* is of another save"):
+            merge_shards(tmp_path / f"mixed{rank}" / "s.ckpt")

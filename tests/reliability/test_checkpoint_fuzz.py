@@ -33,11 +33,13 @@ from hypothesis import strategies as st
 from atomr import ActorRef, ActorSystem
 from atomr.accel import cpu_devices
 from atomr.train import (
+    AsyncParameterServer,
     CheckpointError,
     GetWeights,
     LoadCheckpoint,
     Mlp,
     OptimizerKind,
+    ParameterServerOptions,
     SaveCheckpoint,
     ShardedDataParallelTrainer,
     ShardedOptions,
@@ -47,7 +49,9 @@ from atomr.train import (
 )
 from atomr.train.core import Checkpoint, save_checkpoint, synthetic_classification
 from atomr.train.core.checkpoint import checkpoint_digest
+from atomr.train.core.model import Activation, Linear, Sequential
 from atomr.train.core.sharded_index import merge_shards, save_digest
+from atomr.train.parameter_server import Consistency
 from tests.reliability.checkpoint_mutations import (
     SPECIAL,
     Saved,
@@ -71,10 +75,33 @@ ALL: dict[str, tuple[Any, Any, int, TrainerConfig]] = {
         2,
         CONFIG,
     ),
+    "zero-2": (ShardedDataParallelTrainer, ShardedOptions(stage=2), 2, CONFIG),
     "single-window": (*STRATEGIES["single"], WINDOW),
     "data-window": (*STRATEGIES["data"], WINDOW),
     "data-sgd": (*STRATEGIES["data"], SGD),
+    "ps-shards": (
+        AsyncParameterServer,
+        ParameterServerOptions(workers=2, shards=2, consistency=Consistency.synchronous()),
+        2,
+        dataclasses.replace(CONFIG, gradient_clip=None),  # several shards: no global norm
+    ),
+    "tensor-layers": (*STRATEGIES["tensor"], CONFIG),  # a Sequential: LayerTensorParallelTrainer
+    "pipeline-layers": (*STRATEGIES["pipeline"], CONFIG),
 }
+LAYERED = {"tensor-layers", "pipeline-layers"}
+"""The strategies whose model is a `Sequential` of layers, not an `Mlp`
+(another config, and for tensor parallelism another trainer)."""
+
+
+def _model(strategy: str, seed: int, dtype: Any) -> Any:
+    """The model `strategy` trains: an `Mlp`, or (`LAYERED`) the same
+    function as a `Sequential`."""
+    if strategy in LAYERED:
+        layers = [Linear(4, 5), Activation("tanh"), Linear(5, 3)]
+        return Sequential(layers, (4,), seed=seed, dtype=dtype)
+    return Mlp([4, 5, 3], seed=seed, dtype=dtype)
+
+
 DTYPES = {"f32": np.float32, "f64": np.float64}
 X, Y = synthetic_classification(16, 4, 3, seed=3)
 PEAK = 8 * 2**20  # far below any size a mutation declares or inflates to
@@ -82,7 +109,7 @@ PEAK = 8 * 2**20  # far below any size a mutation declares or inflates to
 
 async def _save(system: ActorSystem, strategy: str, dtype: Any, folder: Path) -> Saved:
     trainer_class, options, n, config = ALL[strategy]
-    model = Mlp([4, 5, 3], seed=1, dtype=dtype)
+    model = _model(strategy, 1, dtype)
     ref = await trainer_class.spawn(system, model, cpu_devices(n), config, options)
     await ref.ask(Step(X, Y), timeout=30)
     folder.mkdir()
@@ -203,7 +230,7 @@ def test_a_trainer_loads_what_a_hostile_file_says_or_refuses_it_unchanged(
         system = ActorSystem("fuzz-load")
         runner.run(system.__aenter__())
         try:
-            model = Mlp([4, 5, 3], seed=2, dtype=DTYPES[dtype])
+            model = _model(strategy, 2, DTYPES[dtype])
             ref = runner.run(trainer_class.spawn(system, model, cpu_devices(n), config, options))
             runner.run(ref.ask(LoadCheckpoint(good_path), timeout=30))
             baseline = runner.run(_state(ref, own))

@@ -28,8 +28,9 @@ from atomr.train import (
     Step,
     TrainerConfig,
     WorkerStateLost,
+    load_checkpoint,
 )
-from atomr.train.core import synthetic_classification
+from atomr.train.core import save_checkpoint, synthetic_classification
 
 T = 30.0
 """Ask timeout of these tests (never reached unless something hangs)."""
@@ -246,11 +247,11 @@ async def lost_until_reloaded(
     with pytest.raises(WorkerStateLost):
         await trainer.ask(SaveCheckpoint(tmp_path / "lost.ckpt"), timeout=T)
     assert not (tmp_path / "lost.ckpt").exists()
-    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError):
-        await trainer.ask(LoadCheckpoint(tmp_path / "junk.ckpt"), timeout=T)
-    with pytest.raises(WorkerStateLost):  # a failed load leaves it refusing
-        await trainer.ask(GetWeights(), timeout=T)
+    for junk in _hostile_files(ckpt, tmp_path):
+        with pytest.raises(CheckpointError):
+            await trainer.ask(LoadCheckpoint(junk), timeout=T)
+        with pytest.raises(WorkerStateLost):  # a failed load leaves it refusing
+            await trainer.ask(GetWeights(), timeout=T)
 
     await trainer.ask(LoadCheckpoint(ckpt), timeout=T)
     await reference.ask(LoadCheckpoint(ckpt), timeout=T)
@@ -263,6 +264,25 @@ async def lost_until_reloaded(
         assert a.loss == pytest.approx(b.loss, rel=1e-5)
         assert not grad_norm or a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
     await assert_same_training(trainer, reference)
+
+
+def _hostile_files(saved: Path, folder: Path) -> list[Path]:
+    """Files a trainer that lost a worker's state must refuse: one that is
+    no checkpoint, and valid ones (the file checks pass) that do not fit
+    it: weights one short, an optimizer state of no kind, a window of
+    micro-steps no trainer's accumulation takes."""
+    (folder / "junk.ckpt").write_bytes(b"not a checkpoint")
+    good = load_checkpoint(saved)
+    changes: list[dict[str, Any]] = [
+        {"weights": good.weights[:-1]},
+        {"optimizer": {**good.optimizer, "kind": 5}},
+        {"extra": {**good.extra, "micro": 10**6}},
+    ]
+    paths = [folder / "junk.ckpt"]
+    for i, change in enumerate(changes):
+        paths.append(folder / f"hostile{i}.ckpt")
+        save_checkpoint(paths[-1], dataclasses.replace(good, **change))
+    return paths
 
 
 LATE_TIMEOUT = 0.5

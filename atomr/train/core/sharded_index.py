@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from atomr._repr import bounded_repr
+from atomr.train.core._checkpoint_validation import check_count
 from atomr.train.core._shard_files import shard_path
 from atomr.train.core.checkpoint import (
     SHARDED_INDEX_KEY,
@@ -134,39 +135,33 @@ def _check_same_optimizer(path: str | os.PathLike[str], shards: list[Checkpoint]
 
 def _index_info(path: str | os.PathLike[str], info: Any) -> tuple[int, int, int, str | None]:
     """`(shard count, parameters, generation, save id)` of an index, checked
-    (the save id None in an index from before save ids).
+    (the save id None in an index from before save ids): each number a
+    count by the one rule of sizes (`check_count`: an int as JSON gives it,
+    not a bool, a float or a string, which `int()` would round or parse).
 
     Raises:
-        CheckpointError: a field is missing, not an integer, or out of
-            range, or a save id that is not 32 lowercase hex digits.
+        CheckpointError: not an object, a field missing, not an integer or
+            out of range (the message names it), or a save id that is not
+            32 lowercase hex digits.
     """
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{path}: a bad shard index: {bounded_repr(info)}, not an object")
     try:
-        count, n = _whole(info["count"]), _whole(info["n_params"])
-        generation = _whole(info.get("generation", 0))
-        save = info.get("save")
-    except (AttributeError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path}: a bad shard index: {exc!r}") from exc
+        count = check_count("count", info.get("count"))
+        n = check_count("n_params", info.get("n_params"))
+        generation = check_count("generation", info.get("generation", 0))
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: a bad shard index: {exc}") from None
+    save = info.get("save")
     if save is not None and not (isinstance(save, str) and _SAVE_ID.fullmatch(save)):
         raise CheckpointError(
             f"{path}: a bad shard index: save id {bounded_repr(save)} is not 32 hex digits"
         )
-    if count < 1 or n < 1 or generation < 0:
+    if count < 1 or n < 1:
         raise CheckpointError(
             f"{path}: a bad shard index: {count} shards, {n} parameters, generation {generation}"
         )
     return count, n, generation, save
-
-
-def _whole(value: Any) -> int:
-    """`value`, an int as JSON gives it (not a bool, a float or a string,
-    which `int()` would round or parse).
-
-    Raises:
-        TypeError: anything else.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{bounded_repr(value)} is not an int")
-    return value
 
 
 def _load_shard(
@@ -206,8 +201,8 @@ def _place(
         full = np.zeros(n, dtype=piece.dtype)
     at = 0
     try:
-        ranges = [(_whole(lo), _whole(hi)) for lo, hi in shard.extra["owned"]]
-    except (KeyError, TypeError, ValueError) as exc:
+        ranges = [(check_count("lo", lo), check_count("hi", hi)) for lo, hi in shard.extra["owned"]]
+    except (KeyError, TypeError, ValueError, CheckpointError) as exc:
         raise CheckpointError(f"shard {g} has no valid owned ranges: {exc}") from exc
     for lo, hi in ranges:
         if not 0 <= lo <= hi <= n or at + hi - lo > piece.shape[0]:

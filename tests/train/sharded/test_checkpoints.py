@@ -6,6 +6,7 @@ changed; a save's digest covers its shard files."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from atomr import ActorRef, ActorSystem
+from atomr._arguments import INDEX_MAX
 from atomr.accel import cpu_devices
 from atomr.train import (
     CheckpointError,
@@ -300,13 +302,22 @@ async def test_a_hostile_index_is_a_checkpoint_error(info: Any, tmp_path: Path) 
 
 
 @pytest.mark.parametrize(
-    "change", [{"count": 2.9}, {"count": "2"}, {"count": True}, {"generation": 1.0}]
+    ("change", "says"),
+    [
+        ({"count": 2.9}, "count must be an int, got 2.9"),
+        ({"count": "2"}, "count must be an int, got '2'"),
+        ({"count": True}, "count must be an int, got True"),
+        ({"generation": 1.0}, "generation must be an int, got 1.0"),
+        ({"generation": -1}, "generation must be >= 0, got -1"),
+        ({"n_params": 2**70}, f"n_params must be <= {INDEX_MAX}, got {2**70}"),
+    ],
 )
 async def test_an_index_field_that_is_no_json_int_is_a_checkpoint_error(
-    change: dict[str, Any], tmp_path: Path
+    change: dict[str, Any], says: str, tmp_path: Path
 ) -> None:
     """`int()` took a count of 2.9 or "2" as 2 shards (the save loaded as if
-    whole), True as 1 (a FileNotFoundError for a shard never written)."""
+    whole), True as 1 (a FileNotFoundError for a shard never written). Each
+    field is a count by the one rule of sizes, and the message names it."""
     path = tmp_path / "sharded.ckpt"
     async with ActorSystem("zero-ckpt") as system:
         writer = await _sharded(system, 2, stage=1, shard_checkpoints=True)
@@ -314,7 +325,7 @@ async def test_an_index_field_that_is_no_json_int_is_a_checkpoint_error(
     index = load_checkpoint(path)
     index.extra["sharded"] = {**index.extra["sharded"], **change}
     save_checkpoint(path, index)
-    with pytest.raises(CheckpointError, match="a bad shard index: .* is not an int"):
+    with pytest.raises(CheckpointError, match=f"a bad shard index: {re.escape(says)}$"):
         merge_shards(path)
 
 

@@ -49,7 +49,7 @@ from atomr.train import (
 )
 from atomr.train.core import Checkpoint, save_checkpoint, synthetic_classification
 from atomr.train.core.checkpoint import checkpoint_digest
-from atomr.train.core.model import Activation, Linear, Sequential
+from atomr.train.core.model import Activation, Linear, Sequential, gpt
 from atomr.train.core.sharded_index import merge_shards, save_digest
 from atomr.train.parameter_server import Consistency
 from tests.reliability.checkpoint_mutations import (
@@ -87,23 +87,36 @@ ALL: dict[str, tuple[Any, Any, int, TrainerConfig]] = {
     ),
     "tensor-layers": (*STRATEGIES["tensor"], CONFIG),  # a Sequential: LayerTensorParallelTrainer
     "pipeline-layers": (*STRATEGIES["pipeline"], CONFIG),
+    "tensor-gpt": (*STRATEGIES["tensor"], CONFIG),
+    "pipeline-gpt": (*STRATEGIES["pipeline"], CONFIG),
 }
-LAYERED = {"tensor-layers", "pipeline-layers"}
-"""The strategies whose model is a `Sequential` of layers, not an `Mlp`
-(another config, and for tensor parallelism another trainer)."""
+"""The `-layers` and `-gpt` strategies train a `Sequential` (another
+config, and for tensor parallelism another trainer:
+`LayerTensorParallelTrainer`), the others an `Mlp`."""
+VOCAB, CONTEXT = 5, 3
 
 
 def _model(strategy: str, seed: int, dtype: Any) -> Any:
-    """The model `strategy` trains: an `Mlp`, or (`LAYERED`) the same
-    function as a `Sequential`."""
-    if strategy in LAYERED:
+    """The model `strategy` trains: an `Mlp`, the same function as a
+    `Sequential` (`-layers`), or a GPT of token ids (`-gpt`)."""
+    if strategy.endswith("-gpt"):
+        return gpt(VOCAB, CONTEXT, n_layer=1, d_model=4, n_head=2, seed=seed, dtype=dtype)
+    if strategy.endswith("-layers"):
         layers = [Linear(4, 5), Activation("tanh"), Linear(5, 3)]
         return Sequential(layers, (4,), seed=seed, dtype=dtype)
     return Mlp([4, 5, 3], seed=seed, dtype=dtype)
 
 
+def _batch(strategy: str) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of `strategy`'s model: 16 samples of features, or of token ids
+    and their next tokens."""
+    if strategy.endswith("-gpt"):
+        text = np.random.default_rng(3).integers(0, VOCAB, size=(16, CONTEXT + 1))
+        return text[:, :-1].copy(), text[:, 1:].copy()
+    return synthetic_classification(16, 4, 3, seed=3)
+
+
 DTYPES = {"f32": np.float32, "f64": np.float64}
-X, Y = synthetic_classification(16, 4, 3, seed=3)
 PEAK = 8 * 2**20  # far below any size a mutation declares or inflates to
 
 
@@ -111,7 +124,7 @@ async def _save(system: ActorSystem, strategy: str, dtype: Any, folder: Path) ->
     trainer_class, options, n, config = ALL[strategy]
     model = _model(strategy, 1, dtype)
     ref = await trainer_class.spawn(system, model, cpu_devices(n), config, options)
-    await ref.ask(Step(X, Y), timeout=30)
+    await ref.ask(Step(*_batch(strategy)), timeout=30)
     folder.mkdir()
     await ref.ask(SaveCheckpoint(folder / "c.ckpt"), timeout=30)
     await ref.stop()

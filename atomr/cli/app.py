@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import atomr
 from atomr.cli.errors import CliError, reported_as
-from atomr.cli.interrupt import Terminated, sigterm_interrupts
+from atomr.cli.interrupt import interruption, sigterm_interrupts
 
 __all__ = ["main"]
 
@@ -58,7 +58,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     try:
         args, passed = _parsed(words)
-    except CliError as exc:
+    except (CliError, KeyboardInterrupt) as exc:  # an interrupt: while the parser loads
         from atomr.cli.parser import asks_for_distributed_training
 
         if asks_for_distributed_training(_split_passthrough(words)[0]):
@@ -109,11 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"atomr: error: {error}", file=sys.stderr)
             return error.exit_code
-        except Terminated:
-            print("atomr: interrupted (SIGTERM)", file=sys.stderr)
-            return 143
-        except KeyboardInterrupt:
-            print("atomr: interrupted", file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as interrupt:  # SIGTERM's `Terminated` too
+            line, status = interruption(interrupt)
+            print(f"atomr: {line}", file=sys.stderr)
+            return status
         except SystemExit as exc:  # --help and --version exit through argparse
             return exc.code if isinstance(exc.code, int) else 0

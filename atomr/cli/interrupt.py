@@ -5,7 +5,9 @@ sets a `StopFlag`); once training is over, the outputs are written first; a
 second one ends the process at once. `sigterm_interrupts`: at any other
 point (start-up: imports, data, warm-up), SIGTERM raises `Terminated`, a
 `KeyboardInterrupt`, as Ctrl-C raises one, so that `main` ends either in
-one line (exit status 143 or 130) and nothing is left half-written.
+one line (`interruption`: exit status 143 or 130) and nothing is left
+half-written. `signals_kill`: while a rank of a `--distributed` job that
+was interrupted so tells the others, a second signal ends it at once.
 
 This module imports nothing heavy: `app` uses it before the training layer
 is loaded."""
@@ -29,6 +31,8 @@ __all__ = [
     "STOPPING_SIGNALS",
     "WRITING_HINT",
     "Terminated",
+    "interruption",
+    "signals_kill",
     "sigterm_interrupts",
     "stop_on_signals",
 ]
@@ -53,6 +57,33 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM outside a run's `stop_on_signals` block (`sigterm_interrupts`):
     it unwinds as a Ctrl-C there does (a `KeyboardInterrupt`), and the
     command exits with status 143 (128 + SIGTERM)."""
+
+
+def interruption(interrupt: KeyboardInterrupt) -> tuple[str, int]:
+    """How the command reports `interrupt` (a Ctrl-C, or SIGTERM's
+    `Terminated`) outside a run: its line and its exit status
+    ("interrupted (SIGTERM)" and 143, "interrupted" and 130)."""
+    if isinstance(interrupt, Terminated):
+        return "interrupted (SIGTERM)", 128 + signal.SIGTERM
+    return "interrupted", 128 + signal.SIGINT
+
+
+@contextlib.contextmanager
+def signals_kill() -> Iterator[None]:
+    """Within the block, SIGINT (Ctrl-C) and SIGTERM get the operating
+    system's default action: after the signal being handled (which
+    interrupted the command), a second one ends the process at once, as it
+    does in `stop_on_signals`. Their handlers are put back after the block.
+    Outside the main thread, the block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {each: signal.signal(each, signal.SIG_DFL) for each in STOPPING_SIGNALS}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
 
 
 @contextlib.contextmanager

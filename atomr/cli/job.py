@@ -7,7 +7,7 @@ others."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import atomr
 from atomr.actor import ActorRef
 from atomr.cli.agreement import agree, none_failed
 from atomr.cli.errors import CliError, reported_as
+from atomr.cli.interrupt import interruption, signals_kill
 from atomr.cli.resume import check_unchanged
 from atomr.cli.run_args import mpi_place
 from atomr.train import CheckpointError, LoadCheckpoint
@@ -175,19 +176,23 @@ async def open_job(dist: DistributedTrainConfig | None, mine: Mapping[str, Any] 
     return job
 
 
-def stop_every_rank(distributed: bool, error: Exception) -> None:
-    """This process failed with `error` before the ranks agreed: when it is
-    a rank of a `--distributed` job, tell every rank (`open_job` with the
-    error) and raise what they all raise; else return (the caller raises
-    `error`, as does a process that cannot find its place in the job).
+def stop_every_rank(distributed: bool, error: Exception | KeyboardInterrupt) -> None:
+    """This process failed with `error` before the ranks agreed, or was
+    interrupted (a Ctrl-C, or SIGTERM's `Terminated`): when it is a rank of
+    a `--distributed` job, tell every rank (`open_job` with the error) and
+    raise what they all raise; else return (the caller raises `error`, as
+    does a process that cannot find its place in the job). An interrupted
+    rank waits for the others there as a failed one does, but a second
+    signal meanwhile ends it at once (`signals_kill`).
 
     Args:
         distributed: the command asked for `--distributed`.
-        error: what this process failed with.
+        error: what this process failed with, or its interrupt.
 
     Raises:
         CliError: the line every rank prints, naming this one (its exit
-            status that of `error`: 1 where `error` is not a `CliError`).
+            status that of `error`: 1 where `error` is not a `CliError`;
+            an interrupt's, 143 or 130: `interruption`).
         Exception: `error` itself, after the other ranks were told, where
             it is a bug (not `reported_as` one line): its traceback.
     """
@@ -197,24 +202,29 @@ def stop_every_rank(distributed: bool, error: Exception) -> None:
         dist = mpi_place()
     except CliError:
         return
-    with _raised_alike(error):
+    interrupted = isinstance(error, KeyboardInterrupt)
+    with signals_kill() if interrupted else nullcontext(), _raised_alike(error):
         atomr.run(open_job(dist, _as_line(error)))
 
 
-def _as_line(error: Exception) -> CliError:
-    """What the other ranks are told of `error`: the line it is reported as,
-    or, for a bug, its type and message (exit status 1)."""
+def _as_line(error: Exception | KeyboardInterrupt) -> CliError:
+    """What the other ranks are told of `error`: the line it is reported as
+    (an interrupt's: `interruption`), or, for a bug, its type and message
+    (exit status 1)."""
+    if isinstance(error, KeyboardInterrupt):
+        return CliError(*interruption(error))
     return reported_as(error) or CliError(f"{type(error).__name__}: {error}", 1)
 
 
 @contextmanager
-def _raised_alike(error: Exception | None) -> Iterator[None]:
-    """Around telling the other ranks of `error` (this rank's failure, or
-    None): the `CliError` every rank then raises passes, except on the rank
-    whose `error` is a bug, which raises `error` itself (its traceback)."""
+def _raised_alike(error: Exception | KeyboardInterrupt | None) -> Iterator[None]:
+    """Around telling the other ranks of `error` (this rank's failure or
+    interrupt, or None): the `CliError` every rank then raises passes,
+    except on the rank whose `error` is a bug, which raises `error` itself
+    (its traceback)."""
     try:
         yield
     except CliError:
-        if error is not None and reported_as(error) is None:
+        if isinstance(error, Exception) and reported_as(error) is None:
             raise error from None
         raise

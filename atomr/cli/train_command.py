@@ -14,6 +14,7 @@ import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from atomr.cli.dataset import Dataset, load_dataset
 from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
 from atomr.cli.interrupt import stop_on_signals
-from atomr.cli.job import Job, open_job, stop_every_rank
+from atomr.cli.job import open_job, stop_every_rank
 from atomr.cli.memory import check_memory
 from atomr.cli.outputs import check_outputs, check_run_folder, output_paths
 from atomr.cli.plotting import save_curves
@@ -181,21 +182,22 @@ def train_command(args: argparse.Namespace, stop: StopFlag | None = None) -> int
     """
     try:
         prepared = _prepare(args)
-    except Exception as exc:
+        mine = shared_options(prepared.run, prepared.start)
+    except (Exception, KeyboardInterrupt) as exc:  # a Ctrl-C or SIGTERM too
         stop_every_rank(args.distributed, exc)  # the other ranks wait for this one
         raise
-    run = prepared.run
-    mine = shared_options(run, prepared.start)
-    job = atomr.run(open_job(run.dist, mine))  # every rank stops here, or none
-    return _run_and_report(prepared, job, StopFlag() if stop is None else stop)
+    return _run_and_report(prepared, mine, StopFlag() if stop is None else stop)
 
 
-def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
-    """Train the prepared run in its job; write its outputs and print its
-    summary where this process writes files. A signal is handled from the
-    opening of the metrics logs to the last output written
-    (`stop_on_signals`): one that comes once training is over lets the
-    outputs be written; before, SIGTERM ends the command as Ctrl-C does
+def _run_and_report(prepared: _Prepared, mine: dict[str, Any], flag: StopFlag) -> int:
+    """Join the job (`open_job`, with this rank's `shared_options`, `mine`),
+    train the prepared run in it; write its outputs and print its summary
+    where this process writes files. A signal is handled from the joining
+    of the job to the last output written (`stop_on_signals`): one that
+    comes once training is over lets the outputs be written; one while the
+    ranks join stops the run before its first step, on every rank (where it
+    ended that rank alone, and the others waited for it until their
+    deadline); before, SIGTERM ends the command as Ctrl-C does
     (`atomr.cli.interrupt.sigterm_interrupts`). Returns and raises as
     `train_command`."""
     run, data, history = prepared.run, prepared.data, prepared.history
@@ -223,8 +225,9 @@ def _run_and_report(prepared: _Prepared, job: Job, flag: StopFlag) -> int:
                 start=prepared.start,
             )
 
-    # from the opening of the logs: a signal stops the run, none is left unclosed
+    # from the joining of the job: a signal stops the run, no log is left unclosed
     with stop_on_signals(flag, signals, over=lambda: history.status != "running"):
+        job = atomr.run(open_job(run.dist, mine))  # every rank stops here, or none
         try:
             logs = _metrics_logs(run)
         except Exception as exc:  # every rank hears of it, in go()

@@ -18,7 +18,7 @@ bytes would be, is refused with a ValueError that names it, its value and
 the limit, before anything is allocated or changed (`int_at_least`,
 `array_bytes`). A size that is merely large is tried; a MemoryError while
 allocating it is raised again naming what was being built and its bytes
-(`building`)."""
+(`building`, or `out_of_memory` where no function may be entered before)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ __all__ = [
     "bool_flag",
     "building",
     "int_at_least",
+    "out_of_memory",
     "real_as_float",
     "real_number",
     "sequence_entries",
@@ -100,7 +101,14 @@ def building(what: str, nbytes: int) -> Iterator[None]:
     try:
         yield
     except MemoryError as exc:
-        raise MemoryError(f"out of memory building {what} ({nbytes} bytes needed)") from exc
+        raise out_of_memory(what, nbytes) from exc
+
+
+def out_of_memory(what: str, nbytes: int) -> MemoryError:
+    """The MemoryError `building` raises for `what`, `nbytes` bytes: for an
+    allocation on a path that enters no function before it fails (a
+    `Step`'s), made in its `except MemoryError` branch."""
+    return MemoryError(f"out of memory building {what} ({nbytes} bytes needed)")
 
 
 def real_number(name: str, value: object) -> float:

@@ -29,7 +29,6 @@ from atomr.train import (
     TrainerConfig,
     fit,
 )
-from atomr.train.comm.mpi.launch import mpiexec_command
 from atomr.train.core.data import epoch_order, synthetic_classification
 from atomr.train.core.model import Sequential
 from atomr.train.core.model.gpt import gpt
@@ -70,10 +69,6 @@ COUNTS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "fit epochs": (lambda v: asyncio.run(fit(None, (_X, _Y), epochs=v, batch_size=2)), "epochs"),
     "fit batch_size": (lambda v: asyncio.run(fit(None, (_X, _Y), epochs=1, batch_size=v)), "batch"),
     "nr_of_instances": (lambda v: RoundRobinPool(v, Props(Actor)), "nr_of_instances"),
-    "mpiexec -n": (
-        lambda v: mpiexec_command(v, ["x"], mpiexec="mpiexec"),
-        "the number of processes",
-    ),
 }
 
 

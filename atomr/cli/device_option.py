@@ -8,7 +8,13 @@ from atomr.cli.errors import CliError
 from atomr.cli.strategies import STRATEGIES
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 
-__all__ = ["parse_devices", "resolve_devices"]
+__all__ = ["MAX_CPU_DEVICES", "parse_devices", "resolve_devices"]
+
+MAX_CPU_DEVICES = 1024
+"""The most logical CPU devices `--devices N` makes: each is a worker thread
+of this process with its own copy of the model, so thousands only slow the
+run on a machine's few cores; a count beyond it was made device by device,
+before any other check (`--devices 1000000000000` never started)."""
 
 
 def _real_cuda_count() -> int:
@@ -34,8 +40,9 @@ def parse_devices(
         The devices, distinct, in the given order.
 
     Raises:
-        CliError: a malformed spec, a repeated device, or a CUDA device this
-            machine does not have.
+        CliError: a malformed spec, a repeated device, a CUDA device this
+            machine does not have, or more than `MAX_CPU_DEVICES` logical
+            CPU devices.
     """
     gpus = _real_cuda_count()
     if spec is None and dist is not None:
@@ -50,6 +57,11 @@ def parse_devices(
         count = int(text)
         if count < 1:
             raise CliError(f"--devices needs N >= 1, got {spec!r}")
+        if gpus == 0 and count > MAX_CPU_DEVICES:
+            raise CliError(
+                f"--devices {count}: at most {MAX_CPU_DEVICES} logical CPU devices (each is a "
+                "worker thread with its own copy of the model)"
+            )
         if gpus > 0:
             if count > gpus:
                 raise CliError(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from atomr._arguments import int_at_least
+from atomr._arguments import INDEX_MAX, int_at_least
 
 __all__ = ["CliError", "check_seconds", "count_flag", "reported_as"]
 
@@ -26,17 +26,17 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
-def count_flag(flag: str, value: int | None, low: int = 1) -> None:
+def count_flag(flag: str, value: int | None, low: int = 1, high: int = INDEX_MAX) -> None:
     """Check `flag`'s value, a count: None (not given), or at least `low`
-    and at most `INDEX_MAX` (`atomr._arguments.int_at_least`, the one rule
-    of counts).
+    and at most `high` (by default `INDEX_MAX`: `atomr._arguments.int_at_least`,
+    the one rule of counts).
 
     Raises:
         CliError: out of range (the message names the flag and the limit).
     """
     if value is not None:
         try:
-            int_at_least(flag, value, low)
+            int_at_least(flag, value, low, high=high)
         except ValueError as exc:
             raise CliError(str(exc)) from None
 

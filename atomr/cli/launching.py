@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 
 from atomr.cli.errors import CliError, check_seconds, count_flag
+from atomr.train.comm.mpi.launch import MAX_PROCESSES
 
 __all__ = ["launch_command"]
 
@@ -23,10 +24,10 @@ def launch_command(nprocs: int, train_args: list[str], timeout: float | None = N
         The job's exit status.
 
     Raises:
-        CliError: bad -n (below 1 or beyond `INDEX_MAX`) or --timeout, or
+        CliError: bad -n (below 1 or beyond `MAX_PROCESSES`) or --timeout, or
             the MPI launcher is not available.
     """
-    count_flag("-n", nprocs)
+    count_flag("-n", nprocs, high=MAX_PROCESSES)
     check_seconds("--timeout", timeout)
     args = list(train_args)
     if args[:1] == ["train"]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 
+from atomr._arguments import out_of_memory
+
 __all__ = ["bounds", "split_bounds", "split_sizes"]
 
 
@@ -36,6 +38,8 @@ def split_sizes(n: int, parts: int) -> list[int]:
         TypeError: an argument is not an integer (NumPy integers are
             accepted, bools are not).
         ValueError: `parts < 1` or `n < 0`.
+        MemoryError: `parts` sizes do not fit in memory (the message names
+            them and their bytes: `atomr._arguments.out_of_memory`).
     """
     for name, value in (("n", n), ("parts", parts)):
         if isinstance(value, bool) or not hasattr(value, "__index__"):
@@ -46,7 +50,10 @@ def split_sizes(n: int, parts: int) -> list[int]:
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
     size, extra = divmod(n, parts)
-    return [size + 1] * extra + [size] * (parts - extra)
+    try:  # a Step's path: no call unless it fails (`building` enters two)
+        return [size + 1] * extra + [size] * (parts - extra)
+    except MemoryError as exc:  # 10**18 parts: a list no memory holds
+        raise out_of_memory(f"the sizes of {parts} parts", 8 * parts) from exc
 
 
 def split_bounds(n: int, parts: int) -> list[tuple[int, int]]:

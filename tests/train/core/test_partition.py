@@ -99,3 +99,14 @@ def test_numpy_integers_are_accepted() -> None:
 def test_bad_arguments_are_refused(args: tuple, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         split_bounds(*args)
+
+
+def test_more_parts_than_memory_holds_is_a_memory_error_naming_them() -> None:
+    """`split_sizes(10, 10**18)` was a bare MemoryError: it names the parts
+    and their bytes, as the rule of sizes asks (`_arguments.out_of_memory`).
+    Counts from options and flags are refused before they get here."""
+    with pytest.raises(MemoryError) as caught:
+        split_sizes(10, 10**18)
+    assert str(caught.value) == (
+        f"out of memory building the sizes of {10**18} parts ({8 * 10**18} bytes needed)"
+    )

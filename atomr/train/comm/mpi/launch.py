@@ -38,6 +38,7 @@ from atomr.train.comm.mpi.watchdog import LAUNCHER_PID_ENV
 
 __all__ = [
     "INTERRUPTED_EXIT_CODE",
+    "MAX_PROCESSES",
     "TIMEOUT_EXIT_CODE",
     "find_mpiexec",
     "launch",
@@ -45,6 +46,10 @@ __all__ = [
     "run_mpiexec",
 ]
 
+MAX_PROCESSES = 2**31 - 1
+"""The most processes a job can have: MPI numbers its ranks with C ints (and
+hydra's `mpiexec -n` takes a larger count modulo 2**32: `-n 4294967298` ran
+2 processes)."""
 # Exit code `launch` returns when the job ran past its timeout (as coreutils' `timeout`).
 TIMEOUT_EXIT_CODE = 124
 # Exit code `launch` returns when a second Ctrl-C ended the job (as `atomr train`).
@@ -130,12 +135,12 @@ def mpiexec_command(
         The argument list.
 
     Raises:
-        ValueError: `n < 1` or beyond `INDEX_MAX`, or `program` is empty.
+        ValueError: `n < 1` or beyond `MAX_PROCESSES`, or `program` is empty.
         FileNotFoundError: no `mpiexec` (see `find_mpiexec`).
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"the number of processes must be an int >= 1, got {n!r}")
-    int_at_least("the number of processes", n)  # and at most INDEX_MAX
+    int_at_least("the number of processes", n, high=MAX_PROCESSES)
     if not program:
         raise ValueError("program must not be empty")
     exe = mpiexec or find_mpiexec()

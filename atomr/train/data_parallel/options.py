@@ -14,7 +14,7 @@ from atomr._arguments import bool_flag, int_at_least, real_as_float, real_number
 from atomr.actor.errors import bounded_repr
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.mpi.collective import MpiCollective
-from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.comm.mpi.job import MAX_PROCESSES, DistributedTrainConfig
 from atomr.train.data_parallel.replica import ReplicaActor
 from atomr.train.data_parallel.speed_balancer import (
     check_balance_settings,
@@ -90,7 +90,8 @@ class DataParallelOptions:
             host arrays (`members_hold_buffers` False).
         process_rank: this process's rank in the job, in `[0, process_count)`.
         process_count: the number of processes in the job (> 1 needs a
-            `process_collective`).
+            `process_collective`), at most `MAX_PROCESSES` (MPI's ranks are
+            C ints).
         policy: `ApplyPolicy.SYNC` (default) or `ApplyPolicy.ASYNC` (local
             SGD: one process, no divergence checks, no gradient accumulation).
         average_every: with ASYNC, the batches (`Step`s) between two
@@ -254,7 +255,7 @@ class DataParallelOptions:
                 "the processes exchange host arrays: use a collective that takes them "
                 "(e.g. MpiCollective)"
             )
-        int_at_least("process_count", self.process_count, 1)
+        int_at_least("process_count", self.process_count, 1, high=MAX_PROCESSES)
         int_at_least("process_rank", self.process_rank, 0)
         if self.process_rank >= self.process_count:
             raise ValueError(

@@ -8,7 +8,7 @@ from typing import Any
 from atomr._arguments import bool_flag, int_at_least
 from atomr._repr import bounded_repr
 from atomr.train.comm.collective import Collective
-from atomr.train.comm.mpi.job import DistributedTrainConfig
+from atomr.train.comm.mpi.job import MAX_PROCESSES, DistributedTrainConfig
 from atomr.train.data_parallel.options import DataParallelOptions
 from atomr.train.sharded.replica import ShardedReplica
 
@@ -29,7 +29,7 @@ class ShardedOptions:
         process_collective: joins the processes of a multi-process job
             (`for_job`), or None for one process.
         process_rank: this process's rank, in `[0, process_count)`.
-        process_count: the processes of the job.
+        process_count: the processes of the job (at most `MAX_PROCESSES`).
         shard_checkpoints: `SaveCheckpoint` writes one file per replica (and
             a small index at the path) instead of the full checkpoint
             (`atomr.train.sharded.checkpoints`); `LoadCheckpoint` reads either.
@@ -82,7 +82,7 @@ class ShardedOptions:
             raise TypeError(f"replica_class must be ShardedReplica or a subclass, got {rc!r}")
 
     def _check_processes(self) -> None:
-        count = int_at_least("process_count", self.process_count, 1)
+        count = int_at_least("process_count", self.process_count, 1, high=MAX_PROCESSES)
         rank = int_at_least("process_rank", self.process_rank, 0)
         object.__setattr__(self, "process_count", count)
         object.__setattr__(self, "process_rank", rank)

@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from atomr._arguments import real_number
 from atomr.train.core.partition import split_bounds
 
-__all__ = ["DistributedTrainConfig", "NotLaunchedError", "shard_for_rank"]
+__all__ = ["MAX_PROCESSES", "DistributedTrainConfig", "NotLaunchedError", "shard_for_rank"]
+
+MAX_PROCESSES = 2**31 - 1
+"""The most processes a job can have (its `world_size`, `mpiexec -n`, a
+trainer's `process_count`): MPI numbers its ranks with C ints, and hydra's
+`mpiexec -n` took a larger count modulo 2**32 (`-n 4294967298` ran 2
+processes)."""
 
 # (rank, size, local rank, local size) variables, per launcher, most specific first.
 _LAUNCHERS: tuple[tuple[str, str, str, str, str], ...] = (
@@ -59,7 +65,8 @@ class DistributedTrainConfig:
     """This process's place in a multi-process training job.
 
     Attributes:
-        world_size: number of processes (ranks) in the job, >= 1.
+        world_size: number of processes (ranks) in the job, >= 1 and at
+            most `MAX_PROCESSES`.
         rank: this process's rank, in `[0, world_size)`. Rank 0 broadcasts
             the initial weights and is the only one that writes checkpoints.
         local_rank: this process's rank among the processes of its machine,
@@ -103,6 +110,8 @@ class DistributedTrainConfig:
                 f"world_size and local_world_size must be >= 1, got "
                 f"{self.world_size} and {self.local_world_size}"
             )
+        if self.world_size > MAX_PROCESSES:
+            raise ValueError(f"world_size must be <= {MAX_PROCESSES}, got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
         if not 0 <= self.local_rank < self.local_world_size:

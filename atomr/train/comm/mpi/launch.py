@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from atomr._arguments import int_at_least
+from atomr.train.comm.mpi.job import MAX_PROCESSES
 from atomr.train.comm.mpi.startup import (
     STARTUP_DIR_ENV,
     STARTUP_TIMEOUT_EXIT_CODE,
@@ -46,10 +47,6 @@ __all__ = [
     "run_mpiexec",
 ]
 
-MAX_PROCESSES = 2**31 - 1
-"""The most processes a job can have: MPI numbers its ranks with C ints (and
-hydra's `mpiexec -n` takes a larger count modulo 2**32: `-n 4294967298` ran
-2 processes)."""
 # Exit code `launch` returns when the job ran past its timeout (as coreutils' `timeout`).
 TIMEOUT_EXIT_CODE = 124
 # Exit code `launch` returns when a second Ctrl-C ended the job (as `atomr train`).

@@ -53,24 +53,8 @@ def parse_devices(
         found = training_devices()
         return found[:1] if STRATEGIES[strategy].one_device else found
     text = spec.strip()
-    if text.isdigit():
-        count = int(text)
-        if count < 1:
-            raise CliError(f"--devices needs N >= 1, got {spec!r}")
-        if gpus == 0 and count > MAX_CPU_DEVICES:
-            raise CliError(
-                f"--devices {count}: at most {MAX_CPU_DEVICES} logical CPU devices (each is a "
-                "worker thread with its own copy of the model)"
-            )
-        if gpus > 0:
-            if count > gpus:
-                raise CliError(
-                    f"--devices {count}: this machine has {gpus} GPU(s); use --devices "
-                    f"{gpus} or fewer, or a list of CPU devices such as cpu:0,cpu:1 "
-                    "(see 'atomr devices')"
-                )
-            return tuple(Device("cuda", i) for i in range(count))
-        return tuple(Device("cpu", i) for i in range(count))
+    if text.isdecimal():  # "²" is a digit, but no number int() reads
+        return _first_devices(text, gpus)
     devices: list[Device] = []
     for name in text.split(","):
         try:
@@ -88,6 +72,33 @@ def parse_devices(
                 )
         devices.append(device)
     return tuple(devices)
+
+
+def _first_devices(text: str, gpus: int) -> tuple[Device, ...]:
+    """`--devices N` (`text`, decimal digits): the first N of the machine's
+    `gpus` GPUs, or without any, N logical CPU devices.
+
+    Raises:
+        CliError: N below 1, or more than the machine's GPUs or, without
+            any, `MAX_CPU_DEVICES`, checked before any device is made.
+    """
+    limit = gpus or MAX_CPU_DEVICES
+    digits = text.lstrip("0") or "0"  # int() reads at most 4300 digits: no need to
+    count = int(digits) if len(digits) <= len(str(limit)) else limit + 1
+    shown = text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+    if count < 1:
+        raise CliError(f"--devices needs N >= 1, got {shown!r}")
+    if count > limit and not gpus:
+        raise CliError(
+            f"--devices {shown}: at most {MAX_CPU_DEVICES} logical CPU devices (each is a "
+            "worker thread with its own copy of the model)"
+        )
+    if count > limit:
+        raise CliError(
+            f"--devices {shown}: this machine has {gpus} GPU(s); use --devices {gpus} or "
+            "fewer, or a list of CPU devices such as cpu:0,cpu:1 (see 'atomr devices')"
+        )
+    return tuple(Device("cuda" if gpus else "cpu", i) for i in range(count))
 
 
 def resolve_devices(

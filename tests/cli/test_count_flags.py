@@ -96,3 +96,23 @@ def test_more_logical_cpu_devices_than_the_limit_are_refused_before_any_is_made(
     assert main(["train", "--devices", str(10**12)]) == 2
     expected = f"--devices {10**12}: at most {MAX_CPU_DEVICES} logical CPU devices"
     assert expected in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("1" * 5000, "--devices 111111111111... (5000 digits): at most"),
+        ("²", "--devices: "),  # a digit, but no number: read as a device name
+        ("0", "--devices needs N >= 1, got '0'"),
+    ],
+)
+def test_a_devices_count_int_cannot_read_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, spec: str, expected: str
+) -> None:
+    """Both were tracebacks: int() reads at most 4300 digits, and "²" is a
+    digit (`str.isdigit`) that it does not read."""
+    monkeypatch.setattr(device_option, "_real_cuda_count", lambda: 0)
+    assert main(["train", "--devices", spec]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert len(device_option.parse_devices("0" * 5000 + "3", "data")) == 3

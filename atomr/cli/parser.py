@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from atomr.cli.device_option import MAX_CPU_DEVICES
 from atomr.cli.errors import CliError
 from atomr.cli.model_options import add_model_arguments
 from atomr.cli.strategies import STRATEGIES
@@ -97,7 +98,8 @@ def _add_strategy_and_devices(model: argparse._ArgumentGroup) -> None:
         "--devices",
         default=None,
         metavar="SPEC",
-        help="N (the first N devices: CUDA when present, else logical CPUs) or a "
+        help="N (the first N devices: CUDA when present, else logical CPUs, at most "
+        f"{MAX_CPU_DEVICES}) or a "
         "comma list such as cpu:0,cpu:1 (default: every GPU, else 2 logical CPUs; "
         "1 device for --strategy "
         + ", ".join(s.name for s in STRATEGIES.values() if s.one_device)

@@ -60,7 +60,11 @@ class ShardLayout:
             units: tuple[tuple[int, int], ...] = ((0, model.n_params),)
         else:
             units = tuple(model.layer_ranges())  # a layer without parameters: an empty unit
-        for rank in range(processes):  # every process must agree, so check them all
+        # pieces shrink with the rank and the replica (longer chunks first): when
+        # the last replica of the last process owns something, every one does
+        if cls(units, replicas, processes, processes - 1).piece_len(replicas - 1) > 0:
+            return cls(units, replicas, processes, process_rank)
+        for rank in range(processes):  # name the first that owns nothing, as every process does
             layout = cls(units, replicas, processes, rank)
             for k in range(replicas):
                 if layout.piece_len(k) == 0:
@@ -70,7 +74,7 @@ class ShardLayout:
                         f"the model's {model.n_params} parameters ({cut} split "
                         f"{replicas * processes} ways); use fewer devices"
                     )
-        return cls(units, replicas, processes, process_rank)
+        raise AssertionError("unreachable: the last piece is empty")
 
     @property
     def n_params(self) -> int:

@@ -94,7 +94,10 @@ def _discard_one(cell: ActorCell, reason: str) -> None:
 
 def _end(cell: ActorCell, stopped: ActorStoppedError) -> None:
     """The actor is gone: the ask it was answering and everything pending
-    fail with `stopped`, it watches nothing, its watchers get `Terminated`."""
+    fail with `stopped`, it watches nothing, its watchers get `Terminated`
+    (but for a watcher that is stopping too, which would never handle it:
+    as in Akka, a terminating actor is not told, so a parent that watches
+    its children, which stop first, leaves no dead letter)."""
     cell.dead = True
     current = cell.current
     if current is not None:  # the loop died in the handler, or was abandoned there
@@ -107,7 +110,8 @@ def _end(cell: ActorCell, stopped: ActorStoppedError) -> None:
     terminated = Terminated(cell.ref)
     for watcher in list(cell.watchers):
         watcher.watching.discard(cell)  # type: ignore[union-attr]
-        watcher.post_internal(terminated)
+        if watcher.accepting:
+            watcher.post_internal(terminated)
     cell.watchers = NONE
     cell.mark_stopped()
     cell.release()

@@ -287,6 +287,26 @@ async def test_unwatch(actor_system: ActorSystem) -> None:
     await probe.expect_no_msg(0.05)
 
 
+class WatchesItsChildren(Actor):
+    def pre_start(self) -> None:
+        for _ in range(3):
+            self.context.watch(self.context.spawn(Props(Echo)))
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+
+async def test_a_stopping_watcher_gets_no_terminated_of_its_children(
+    actor_system: ActorSystem,
+) -> None:
+    # its children stop first, while it takes no more messages: as in Akka, a
+    # terminating actor is not told (was: a dead letter for each child)
+    parent = actor_system.spawn(Props(WatchesItsChildren))
+    await parent.ask("started")
+    await parent.stop()
+    assert list(actor_system.dead_letters.recent) == []
+
+
 class Router(Actor):
     def __init__(self, target: ActorRef) -> None:
         super().__init__()

@@ -253,7 +253,13 @@ class ActorSystem:
         except TimeoutError:
             if self._terminated.done():
                 return
-            raise TimeoutError(self._give_up(timeout)) from None
+            text = self._give_up(timeout)
+            # every actor it waited on is ended now: it finishes within a loop
+            # turn or two, and the abandoned tasks take their cancellation
+            # meanwhile, so no task of it is left pending for a caller that
+            # closes its loop next ("Task was destroyed but it is pending!")
+            await asyncio.shield(self._terminated)
+            raise TimeoutError(text) from None
 
     async def _stop_all(self) -> None:
         children = self._guardian.children

@@ -361,6 +361,18 @@ async def test_terminate_has_a_deadline(how: str, caplog: pytest.LogCaptureFixtu
         await watching.terminate(timeout=5)
 
 
+async def test_a_terminate_past_its_deadline_leaves_no_task_pending() -> None:
+    # a caller that closes its loop once terminate raised (run_until_complete)
+    # got "Task was destroyed but it is pending!" for the shutdown task
+    entered, release = asyncio.Event(), asyncio.Event()
+    system = ActorSystem("t")
+    system.spawn(Props(Stuck, "post_stop", entered, release)).stop()
+    await asyncio.wait_for(entered.wait(), 5)
+    with pytest.raises(TimeoutError, match="abandoned"):
+        await system.terminate(timeout=0.05)
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+
 async def test_async_with_exit_has_a_deadline() -> None:
     entered, release = asyncio.Event(), asyncio.Event()
 

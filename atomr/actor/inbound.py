@@ -155,12 +155,18 @@ class Inbound:
         return [env[3] for env in taken if len(env) == 4]
 
     def has_terminated(self, target: ActorCell) -> bool:
-        """Whether a ``Terminated`` of ``target`` is queued."""
-        return any(_is_terminated_of(env, target) for env in self.queue)
+        """Whether a ``Terminated`` of ``target`` is queued (looked for in a
+        snapshot, as ``_take_out`` does: other threads append meanwhile)."""
+        return any(_is_terminated_of(env, target) for env in list(self.queue))
 
     def remove_terminated(self, target: ActorCell) -> None:
         """Discard a queued ``Terminated`` of ``target`` (``unwatch``, as in Akka)."""
         self._take_out(lambda env: _is_terminated_of(env, target))
+
+    def remove_ask(self, reply: asyncio.Future[Any]) -> None:
+        """Take the queued ask of ``reply`` back out of the mailbox, unhandled
+        (``ActorRef.ask`` from a loop that the actor's cannot answer)."""
+        self._take_out(lambda env: env[2] is reply)
 
     def post_system(self, item: tuple[str, Any]) -> None:
         """Queue a system message; it overtakes user messages."""

@@ -135,11 +135,7 @@ def _withdraw(cell: ActorCell, fut: asyncio.Future[Any] | None) -> None:
     if fut is None:
         return
     fut.cancel()
-    queue = cell.queue
-    for i, env in enumerate(queue):
-        if env[2] is fut:
-            del queue[i]
-            return
+    cell.remove_ask(fut)
 
 
 class ActorRef:

@@ -27,7 +27,7 @@ from atomr import (
     OverflowPolicy,
     Props,
 )
-from atomr.testkit import await_condition
+from atomr.testkit import TestProbe, await_condition
 
 from .actors import Echo
 
@@ -573,3 +573,44 @@ async def test_a_deferred_reply_may_be_answered_from_another_thread(
                 await asyncio.wait_for(asked, 10)
     finally:
         loop.set_debug(debug)
+
+
+class ToldFromAThreadWhenLookedAt:
+    """A message that, the first time the runtime reads its class, has another
+    thread tell ``ref`` and waits for it: a thread's tell landing at that very
+    moment, made certain."""
+
+    def __init__(self, ref: ActorRef) -> None:
+        self.ref = ref
+        self.told = False
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        if not self.told:
+            self.told = True
+            in_thread(lambda: self.ref.tell("late")).join()
+        return ToldFromAThreadWhenLookedAt
+
+
+class WatchesOnRequest(Actor):
+    def receive(self, message: Any) -> None:
+        if isinstance(message, ActorRef):
+            self.context.watch(message)
+            sender = self.context.sender
+            assert sender is not None
+            sender.tell("watched")
+
+
+async def test_watching_a_stopped_actor_while_a_thread_tells_the_watcher(
+    actor_system: ActorSystem,
+) -> None:
+    # watch() looks for a Terminated already queued; it iterated the mailbox
+    # itself, and a thread's tell meanwhile raised "deque mutated during
+    # iteration" in the handler (the watcher failed and restarted)
+    probe = TestProbe(actor_system)
+    stopped = actor_system.spawn(Props(Echo))
+    await stopped.stop()
+    watcher = actor_system.spawn(Props(WatchesOnRequest))
+    watcher.tell(stopped, sender=probe.ref)
+    watcher.tell(ToldFromAThreadWhenLookedAt(watcher))  # queued behind it
+    await probe.expect_msg("watched")

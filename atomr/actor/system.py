@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any
 
 from .cell import ActorCell
+from .context import _require_local
 from .dead_letters import DeadLetters
 from .errors import bounded_repr
 from .props import Props
@@ -209,10 +210,13 @@ class ActorSystem:
 
         Raises:
             ValueError, TypeError: for a bad delay, or a ``ref`` that is not an ``ActorRef``.
+            RuntimeError: if called off the system's loop, or if ``ref`` lives
+                on another thread's event loop (its tick would be queued from
+                this thread; schedule it on its own system).
         """
-        if not isinstance(ref, ActorRef):
-            raise TypeError(f"schedule_once() takes an ActorRef, got {type(ref).__name__}")
-        return self._timers.schedule(self.scheduler, ref._cell, message, delay)
+        scheduler = self.scheduler  # first: a call from another loop is refused as such
+        _require_local("schedule_once", ref, "schedule it on its own system")
+        return self._timers.schedule(scheduler, ref._cell, message, delay)
 
     async def terminate(self, timeout: float | None = DEFAULT_TERMINATE_TIMEOUT) -> None:
         """Stop every actor and wait until all their tasks are done. Safe to call

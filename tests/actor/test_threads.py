@@ -614,3 +614,16 @@ async def test_watching_a_stopped_actor_while_a_thread_tells_the_watcher(
     watcher.tell(stopped, sender=probe.ref)
     watcher.tell(ToldFromAThreadWhenLookedAt(watcher))  # queued behind it
     await probe.expect_msg("watched")
+
+
+async def test_a_system_timer_refuses_an_actor_on_another_loop(
+    elsewhere: tuple[LoopThread, ActorSystem], actor_system: ActorSystem
+) -> None:
+    # its tick was queued into the other loop's mailbox from this thread:
+    # asyncio's debug mode refused it there (the tick lost), and otherwise
+    # it waited for something else to wake that loop
+    host, system = elsewhere
+    echo = host.run(_spawn(system, Props(Echo)))
+    with pytest.raises(RuntimeError, match=r"schedule_once\(\) of .* another thread's event loop"):
+        actor_system.schedule_once(0, echo, "tick")
+    assert await echo.ask("still there", timeout=5) == "still there"

@@ -196,8 +196,12 @@ class Context:
         sender and its ask (the first of them to answer answers the asker; this
         handler's return value is ignored).
 
-        A ref whose bounded mailbox refuses the message (``FAIL``,
-        ``BACK_PRESSURE``) is skipped, with a dead letter; if every ref refuses,
+        One ref answers as it would a tell or ask: a stopped one fails the
+        ask, and a bounded mailbox that refuses it raises here. Of several,
+        one that has stopped or whose full mailbox drops or refuses the
+        message is skipped, with a dead letter, and leaves the ask to the
+        others: if every one has stopped the ask fails with
+        ``ActorStoppedError``; if none takes it and a full mailbox refused it,
         ``MailboxFullError`` is raised and the ask stays with this handler.
 
         Raises:
@@ -215,18 +219,18 @@ class Context:
             raise TypeError("forward() needs at least one ActorRef")
         for ref in refs:
             _require_local("forward", ref, "ask it and return the answer instead")
-        refused: MailboxFullError | None = None
-        accepted = 0
-        for ref in refs:
-            try:
-                ref._cell.deliver(env)
-                accepted += 1
-            except MailboxFullError as error:
-                refused = error
-                if len(refs) > 1:
-                    ref._cell.dead_letter(env[0], env[1], "mailbox full")
-        if not accepted and refused is not None:
-            raise refused
+        if len(refs) == 1:
+            refs[0]._cell.deliver(env)
+        else:
+            lost = [ref._cell.deliver_shared(env) for ref in refs]
+            if None not in lost:
+                if "mailbox full" in lost:
+                    raise MailboxFullError(f"every one of {len(refs)} actors refused the message")
+                reply = env[2]
+                if reply is not None and not reply.done():
+                    reply.set_exception(
+                        ActorStoppedError(f"all {len(refs)} actors it was forwarded to are stopped")
+                    )
         _take_reply(cell, env)
 
     def defer(self) -> Reply:

@@ -81,6 +81,26 @@ class Inbound:
         self.queue.append(env)
         self.wake()
 
+    def deliver_shared(self, env: Envelope) -> str | None:
+        """Queue ``env``, whose ask other actors were given too (``forward`` to
+        several): where this actor has stopped, or its full mailbox would drop
+        or refuse it, it becomes a dead letter and its ask is left to the
+        others (a full ``DROP_OLDEST`` one drops its oldest, as ever).
+
+        Returns:
+            None if queued, else why not ("stopped" or "mailbox full").
+        """
+        mailbox = self.mailbox
+        if not self.accepting:
+            reason = "stopped"
+        elif self.bounded and mailbox.is_full and mailbox.policy is not OverflowPolicy.DROP_OLDEST:
+            reason = "mailbox full"
+        else:
+            self.deliver(env)
+            return None
+        self.dead_letter(env[0], env[1], reason)
+        return reason
+
     def offer(self, env: Envelope) -> None:
         """Queue ``env`` in a bounded mailbox, applying its overflow policy."""
         try:

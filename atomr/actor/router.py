@@ -28,8 +28,9 @@ def _check(nr_of_instances: int, routee_props: Props) -> None:
 class _PoolRouter(Actor):
     """Spawns the routees as children and forwards each message (sender and ask kept).
 
-    A routee whose bounded mailbox refuses a message is skipped: round robin
-    tries the next one. When every routee refuses, an ask is answered with
+    A routee whose bounded mailbox refuses a message, or that has stopped
+    before its ``Terminated`` is handled here, is skipped: round robin tries
+    the next one, a broadcast leaves the ask to the others. When every routee refuses, an ask is answered with
     ``MailboxFullError`` and a tell becomes a dead letter; the router itself
     never fails for it (so it does not restart its routees).
     """
@@ -67,20 +68,27 @@ class _PoolRouter(Actor):
         return None
 
     def _forward_round_robin(self) -> None:
-        """Forward to the next routee with room.
+        """Forward to the next routee with room; one that has stopped (its
+        ``Terminated`` not handled yet) is skipped too. If every one has
+        stopped, the message goes to one of them (an ask fails at once).
 
         Raises:
-            MailboxFullError: if every routee refuses.
+            MailboxFullError: if no routee takes it and one of them refused it.
         """
         count = len(self.routees)
         for _ in range(count):
             routee = self.routees[self.next % count]
             self.next += 1
+            if not routee.is_alive:
+                continue
             try:
                 self.context.forward(routee)
                 return
             except MailboxFullError:
                 continue
+        if not any(routee.is_alive for routee in self.routees):
+            self.context.forward(self.routees[0])
+            return
         raise MailboxFullError(f"all {count} routees refused the message")
 
 

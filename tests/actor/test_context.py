@@ -19,6 +19,7 @@ from atomr import (
     Failure,
     MailboxFullError,
     OneForOneStrategy,
+    OverflowPolicy,
     Props,
     Terminated,
 )
@@ -345,6 +346,49 @@ async def test_forward_refused_by_full_mailbox_fails_the_ask(actor_system: Actor
     ref = actor_system.spawn(Props(Router, target))
     with pytest.raises(MailboxFullError):
         await ref.ask("x", timeout=5)  # was: no answer until the ask timed out
+
+
+class FansOut(Actor):
+    def __init__(self, targets: list[ActorRef]) -> None:
+        super().__init__()
+        self.targets = targets
+
+    def receive(self, message: Any) -> Any:
+        self.context.forward(*self.targets)
+
+
+@pytest.mark.parametrize("lost", ["stopped", "mailbox full"])
+async def test_forward_to_several_leaves_the_ask_to_those_that_take_it(
+    actor_system: ActorSystem, lost: str
+) -> None:
+    # a stopped ref, or a full DROP_NEWEST mailbox, failed the shared ask at
+    # once (ActorStoppedError, MailboxFullError) though another ref took it
+    if lost == "stopped":
+        gone = actor_system.spawn(Props(Echo))
+        await gone.stop()
+    else:
+        busy = asyncio.Event()
+        mailbox = BoundedMailbox(1, OverflowPolicy.DROP_NEWEST)
+        gone = actor_system.spawn(Props(Stuck, busy).with_mailbox(mailbox))
+        gone.tell("busy")
+        await asyncio.wait_for(busy.wait(), 5)
+        gone.tell("queued")  # full
+    fans_out = actor_system.spawn(Props(FansOut, [gone, actor_system.spawn(Props(Echo))]))
+    assert await fans_out.ask("x", timeout=5) == "x"
+    letters = [(d.message, d.recipient, d.reason) for d in actor_system.dead_letters.recent]
+    assert letters == [("x", gone, lost)]
+
+
+async def test_forward_to_several_all_stopped_fails_the_ask_at_once(
+    actor_system: ActorSystem,
+) -> None:
+    gone = [actor_system.spawn(Props(Echo)) for _ in range(2)]
+    for ref in gone:
+        await ref.stop()
+    fans_out = actor_system.spawn(Props(FansOut, gone))
+    with pytest.raises(ActorStoppedError, match="stopped"):
+        await fans_out.ask("x", timeout=5)
+    assert [d.recipient for d in actor_system.dead_letters.recent] == gone
 
 
 async def test_context_outside_handler_errors(actor_system: ActorSystem) -> None:

@@ -102,6 +102,22 @@ async def test_poison_pill_stops_router_and_routees(actor_system: ActorSystem) -
     assert not any(r.is_alive for r in routees)
 
 
+@pytest.mark.parametrize("pool", [RoundRobinPool, BroadcastPool])
+async def test_a_routee_stopped_before_the_router_hears_of_it_is_skipped(
+    actor_system: ActorSystem, pool: type[RoundRobinPool]
+) -> None:
+    # the ask routed to it failed with ActorStoppedError, while a live
+    # routee could answer it
+    probe = TestProbe(actor_system)
+    router = actor_system.spawn(pool(2, Props(Worker, probe.ref)))
+    first = await router.ask("ref")
+    asks = [asyncio.ensure_future(router.ask("ref", timeout=5)) for _ in range(2)]
+    await asyncio.sleep(0)  # one turn: the asks are queued at the router
+    first.stop()  # takes no message from now; the router hears of it after the asks
+    answers = await asyncio.gather(*asks)
+    assert len(set(answers)) == 1 and first not in answers
+
+
 def test_pool_validation() -> None:
     with pytest.raises(ValueError, match=">= 1"):
         RoundRobinPool(0, Props(Worker, None))

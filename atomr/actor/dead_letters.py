@@ -6,6 +6,8 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from atomr._arguments import int_at_least
+
 from .errors import bounded_repr
 from .messages import DeadLetter
 
@@ -27,12 +29,11 @@ class DeadLetters:
         keep: how many recent dead letters to keep in ``recent``.
 
         Raises:
-            ValueError: ``keep`` is negative.
+            ValueError: ``keep`` is negative, or beyond what a queue can index.
+            TypeError: ``keep`` is not an int (NumPy's are; a bool is not).
         """
-        if keep < 0:
-            raise ValueError(f"keep must be >= 0, got {keep}")
         self.count = 0
-        self.recent: deque[DeadLetter] = deque(maxlen=keep)
+        self.recent: deque[DeadLetter] = deque(maxlen=int_at_least("keep", keep, 0))
         self._subscribers: list[Callable[[DeadLetter], object]] = []
         self._publishing = False
 

@@ -6,6 +6,8 @@ import asyncio
 import enum
 from collections import deque
 
+from atomr._arguments import int_at_least
+
 from .envelope import Envelope
 from .errors import MailboxFullError, bounded_repr
 
@@ -135,8 +137,10 @@ class BoundedMailbox(Mailbox):
         capacity: the most messages queued at once (>= 1).
         policy: what happens to one more message (see ``OverflowPolicy``).
     Raises:
-        ValueError: if ``capacity`` < 1.
-        TypeError: if ``capacity`` is not an int or ``policy`` not an ``OverflowPolicy``.
+        ValueError: if ``capacity`` < 1, or is beyond what a queue can index
+            (`_arguments.int_at_least`).
+        TypeError: if ``capacity`` is not an int (NumPy's are; a bool is
+            not) or ``policy`` not an ``OverflowPolicy``.
     """
 
     __slots__ = ("capacity", "policy")
@@ -144,10 +148,7 @@ class BoundedMailbox(Mailbox):
     def __init__(self, capacity: int, policy: OverflowPolicy = OverflowPolicy.FAIL) -> None:
         super().__init__()
         self.waiters = deque()
-        if not isinstance(capacity, int) or isinstance(capacity, bool):
-            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        capacity = int_at_least("capacity", capacity, 1)
         if not isinstance(policy, OverflowPolicy):
             raise TypeError(f"policy must be an OverflowPolicy, got {bounded_repr(policy)}")
         self.capacity: int = capacity

@@ -17,12 +17,12 @@ from .supervision import SupervisorStrategy
 __all__ = ["BroadcastPool", "RoundRobinPool"]
 
 
-def _check(nr_of_instances: int, routee_props: Props) -> None:
-    if not isinstance(nr_of_instances, int) or isinstance(nr_of_instances, bool):
-        raise TypeError(f"nr_of_instances must be an int, got {type(nr_of_instances).__name__}")
-    int_at_least("nr_of_instances", nr_of_instances)  # >= 1, at most INDEX_MAX
+def _check(nr_of_instances: int, routee_props: Props) -> int:
+    """``nr_of_instances`` as an int (NumPy's too), checked with ``routee_props``."""
+    count = int_at_least("nr_of_instances", nr_of_instances)  # >= 1, at most INDEX_MAX
     if not isinstance(routee_props, Props):
         raise TypeError(f"routee_props must be Props, got {type(routee_props).__name__}")
+    return count
 
 
 class _PoolRouter(Actor):
@@ -116,8 +116,8 @@ class RoundRobinPool(Props):
         routee_props: Props,
         supervisor_strategy: SupervisorStrategy | None = None,
     ) -> None:
-        _check(nr_of_instances, routee_props)
-        super().__init__(_PoolRouter, nr_of_instances, routee_props, self.broadcast)
+        count = _check(nr_of_instances, routee_props)
+        super().__init__(_PoolRouter, count, routee_props, self.broadcast)
         if supervisor_strategy is not None:
             if not isinstance(supervisor_strategy, SupervisorStrategy):
                 raise TypeError("supervisor_strategy must be a SupervisorStrategy")

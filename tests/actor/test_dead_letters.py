@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from atomr import ActorSystem, DeadLetter, PoisonPill, Props
@@ -75,3 +76,13 @@ async def test_a_stopped_subscriber_cannot_loop(actor_system: ActorSystem) -> No
     # the letter, and the one the subscriber's tell to the stopped probe made
     assert actor_system.dead_letters.count == 2  # was: 330, nested 329 deep
     assert [d.message for d in actor_system.dead_letters.recent][-1].message == "lost"
+
+
+def test_keep_is_a_count() -> None:
+    # a bool was taken, a float or a str refused with deque's or `<`'s words
+    assert DeadLetters(keep=np.int64(3)).recent.maxlen == 3
+    for keep in (True, 1.5, "3"):
+        with pytest.raises(TypeError, match="keep must be an int"):
+            DeadLetters(keep=keep)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="keep must be >= 0"):
+        DeadLetters(keep=-1)

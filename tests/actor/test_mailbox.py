@@ -6,6 +6,7 @@ import asyncio
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 
 from atomr import (
@@ -180,6 +181,10 @@ def test_mailbox_validation() -> None:
         BoundedMailbox(0)
     with pytest.raises(TypeError):
         BoundedMailbox(2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="capacity must be an int"):
+        BoundedMailbox(True)
+    with pytest.raises(ValueError, match="capacity must be <="):
+        BoundedMailbox(2**64)
     with pytest.raises(TypeError, match="OverflowPolicy"):
         BoundedMailbox(2, "drop")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Mailbox"):
@@ -245,3 +250,9 @@ async def test_send_waits_for_room_at_most_its_timeout(actor_system: ActorSystem
         await asyncio.wait_for(ref.send("b", timeout=0.05), 5)
     gate.set()
     await ref.send("c", timeout=None)  # None: waits as long as it takes
+
+
+def test_a_numpy_int_is_a_capacity() -> None:
+    # as `atomr._arguments` rules, np.int64(8) is an int (was: TypeError)
+    mailbox = BoundedMailbox(np.int64(8))
+    assert mailbox.capacity == 8 and type(mailbox.copy().capacity) is int

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
 
 from atomr import (
@@ -121,6 +122,10 @@ async def test_a_routee_stopped_before_the_router_hears_of_it_is_skipped(
 def test_pool_validation() -> None:
     with pytest.raises(ValueError, match=">= 1"):
         RoundRobinPool(0, Props(Worker, None))
+    with pytest.raises(TypeError, match="nr_of_instances must be an int"):
+        RoundRobinPool(True, Props(Worker, None))
+    # as `atomr._arguments` rules, np.int64(2) is an int (was: TypeError)
+    assert BroadcastPool(np.int64(2), Props(Worker, None)).args[0] == 2
     with pytest.raises(TypeError, match="Props"):
         BroadcastPool(2, Worker)  # type: ignore[arg-type]
 

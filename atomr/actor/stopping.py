@@ -48,6 +48,13 @@ _CANCELLED_FROM_OUTSIDE = (
 """Why an actor stopped whose task was cancelled by someone else than its
 system (``ActorCell.ended_by``); its askers are told."""
 
+_CANCELLED_FROM_INSIDE = (
+    "CancelledError escaped its own code (a handler or hook awaited something "
+    "cancelled), without a stop"
+)
+"""Why an actor stopped whose own code raised ``CancelledError`` while its
+task was not being cancelled (``ActorCell.ended_by``)."""
+
 
 def why_stopped(cell: ActorCell) -> str:
     """``"; <why>"`` for an actor stopped by something else than a stop
@@ -311,7 +318,9 @@ def ended_from_outside(cell: ActorCell, ending: BaseException) -> None:
 
     Cancelled (``CancelledError``) without a stop request: its loop is
     shutting down, or code cancelled every task; ``ended_by`` keeps why, for
-    its askers. Closed unfinished (``GeneratorExit``): its loop closed, or was
+    its askers. A ``CancelledError`` that its own code raised while nobody
+    cancelled its task (a handler or hook awaiting something cancelled)
+    says so instead. Closed unfinished (``GeneratorExit``): its loop closed, or was
     dropped, before the system was terminated, and the task was garbage
     collected. Nothing can run on that loop any more, so nothing is awaited
     or answered (waking a child or an asker would fail with "Event loop is
@@ -320,7 +329,9 @@ def ended_from_outside(cell: ActorCell, ending: BaseException) -> None:
     """
     if not isinstance(ending, GeneratorExit):
         if not cell.stop_requested:
-            cell.ended_by = _CANCELLED_FROM_OUTSIDE
+            task = cell.task
+            own = task is not None and not task.cancelling()  # nobody cancelled it
+            cell.ended_by = _CANCELLED_FROM_INSIDE if own else _CANCELLED_FROM_OUTSIDE
         return
     cell.accepting = False
     cell.stop_requested = True

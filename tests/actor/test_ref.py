@@ -315,10 +315,15 @@ async def test_handler_letting_cancelled_error_escape_fails_ask_and_logs(
     actor_system: ActorSystem, caplog: pytest.LogCaptureFixture
 ) -> None:
     ref = actor_system.spawn(Props(AwaitsCancelledTask))
-    with pytest.raises(ActorStoppedError):
+    with pytest.raises(ActorStoppedError) as answered:
         await ref.ask("go", timeout=5)  # was: no answer until the ask timed out
     assert not ref.is_alive
     assert any("CancelledError" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ActorStoppedError) as later:
+        await ref.ask("again")
+    for error in (answered.value, later.value):  # were told its event loop had shut down
+        assert "cancelled from outside" not in str(error)
+        assert "CancelledError escaped its own code" in str(error)
 
 
 class RaisingRepr:

@@ -15,32 +15,44 @@ if TYPE_CHECKING:
     from .supervise import Supervisor
     from .system import ActorSystem
 
-__all__ = ["spawn_cell"]
+__all__ = ["check_name", "spawn_cell"]
 
 
 MAX_NAME_LENGTH = 255
 """The longest actor name (a path element; errors and logs repeat it)."""
 
 
-def _check_name(name: Any) -> str:
+def check_name(name: Any, what: str = "actor name", *, leading_dollar: bool = False) -> str:
+    """The rule of a path element: an actor's name, or a system's (``what``,
+    for the messages), which may start with '$' (``leading_dollar``; an
+    actor's may not: spawn makes up names that do).
+
+    Raises:
+        InvalidActorNameError: for a name that is not a str, is empty, '.' or
+            '..', longer than ``MAX_NAME_LENGTH``, has '/', '#', '?', control
+            or format characters or surrounding spaces, or a leading '$'
+            (unless ``leading_dollar``).
+    """
     if not isinstance(name, str):
-        raise InvalidActorNameError(f"actor name must be a str, got {type(name).__name__}")
+        raise InvalidActorNameError(f"{what} must be a str, got {type(name).__name__}")
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidActorNameError(
-            f"actor name {name[:40]!r}... is {len(name)} characters long; "
+            f"{what} {name[:40]!r}... is {len(name)} characters long; "
             f"at most {MAX_NAME_LENGTH} are allowed"
         )
+    generated = not leading_dollar
     if (
         not name
         or name in (".", "..")
-        or name.startswith("$")
+        or (generated and name.startswith("$"))
         or name != name.strip()
         or any(c in _PATH_MARKS or unicodedata.category(c)[0] == "C" for c in name)
     ):
         raise InvalidActorNameError(
-            f"invalid actor name {name!r}: non-empty, not '.' or '..', no '/', '#' or '?', "
+            f"invalid {what} {name!r}: non-empty, not '.' or '..', no '/', '#' or '?', "
             "no control or format characters (a newline, NUL, a direction mark), no "
-            "surrounding spaces, no leading '$' (reserved for generated names)"
+            "surrounding spaces"
+            + (", no leading '$' (reserved for generated names)" if generated else "")
         )
     return name
 
@@ -75,7 +87,7 @@ def spawn_cell(
         system._name_counter += 1
         name = f"${system._name_counter}"
     else:
-        _check_name(name)
+        check_name(name)
     if name in supervisor.children:
         raise ActorNameTakenError(f"an actor named {name!r} already exists under {base_path}")
     path = f"{base_path}/{name}"

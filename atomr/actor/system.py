@@ -13,7 +13,7 @@ from .dead_letters import DeadLetters
 from .errors import bounded_repr
 from .props import Props
 from .ref import ActorRef, check_timeout
-from .spawn import spawn_cell
+from .spawn import check_name, spawn_cell
 from .stopping import discard, in_post_stop
 from .supervise import decide
 from .supervision import Directive, OneForOneStrategy, SupervisorStrategy
@@ -70,7 +70,9 @@ class ActorSystem:
         terminate_timeout: seconds leaving ``async with`` waits for the
             actors to stop (``terminate(timeout=...)``); None: no deadline.
     Raises:
-        ValueError: for an empty name or a bad terminate_timeout.
+        ValueError: for a bad terminate_timeout, or a name that is not a path
+            element as an actor's name is (``InvalidActorNameError``: empty,
+            with '/', a control character, ...; a leading '$' is allowed).
         TypeError: for a non-string name, a bad strategy or a bad scheduler.
     """
 
@@ -84,8 +86,7 @@ class ActorSystem:
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"system name must be a str, got {type(name).__name__}")
-        if not name or "/" in name:
-            raise ValueError(f"invalid system name {name!r}")
+        check_name(name, "system name", leading_dollar=True)  # every path's first element
         if guardian_strategy is not None and not isinstance(guardian_strategy, SupervisorStrategy):
             raise TypeError("guardian_strategy must be a SupervisorStrategy")
         if scheduler is not None and not (

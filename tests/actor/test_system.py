@@ -127,6 +127,12 @@ def test_bad_system_name() -> None:
         ActorSystem("")
     with pytest.raises(TypeError):
         ActorSystem(1)  # type: ignore[arg-type]
+    # the first element of every path, by the rule of actor names (a newline
+    # forged log lines; '#', '?', padding or 10 000 characters were taken)
+    for bad in ("a/b", "two\nlines", "a#b", "a?b", " padded", "..", "x" * 256):
+        with pytest.raises(InvalidActorNameError, match="system name"):
+            ActorSystem(bad)
+    assert ActorSystem("$ok").name == "$ok"  # '$' is reserved in actor names only
 
 
 async def _ping_main() -> tuple[str, Any]:

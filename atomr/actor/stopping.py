@@ -48,12 +48,8 @@ _CANCELLED_FROM_OUTSIDE = (
 """Why an actor stopped whose task was cancelled by someone else than its
 system (``ActorCell.ended_by``); its askers are told."""
 
-_CANCELLED_FROM_INSIDE = (
-    "CancelledError escaped its own code (a handler or hook awaited something "
-    "cancelled), without a stop"
-)
-"""Why an actor stopped whose own code raised ``CancelledError`` while its
-task was not being cancelled (``ActorCell.ended_by``)."""
+_CANCELLED_FROM_INSIDE = "CancelledError escaped its own code (it awaited something cancelled)"
+"""Why, when its own code raised ``CancelledError`` while nobody cancelled its task."""
 
 
 def why_stopped(cell: ActorCell) -> str:
@@ -102,9 +98,8 @@ def _discard_one(cell: ActorCell, reason: str) -> None:
 def _end(cell: ActorCell, stopped: ActorStoppedError) -> None:
     """The actor is gone: the ask it was answering and everything pending
     fail with `stopped`, it watches nothing, its watchers get `Terminated`
-    (but for a watcher that is stopping too, which would never handle it:
-    as in Akka, a terminating actor is not told, so a parent that watches
-    its children, which stop first, leaves no dead letter)."""
+    but for stopping ones (as in Akka: a parent watching the children that
+    stop before it would only make dead letters of them)."""
     cell.dead = True
     current = cell.current
     if current is not None:  # the loop died in the handler, or was abandoned there
@@ -318,14 +313,13 @@ def ended_from_outside(cell: ActorCell, ending: BaseException) -> None:
 
     Cancelled (``CancelledError``) without a stop request: its loop is
     shutting down, or code cancelled every task; ``ended_by`` keeps why, for
-    its askers. A ``CancelledError`` that its own code raised while nobody
-    cancelled its task (a handler or hook awaiting something cancelled)
-    says so instead. Closed unfinished (``GeneratorExit``): its loop closed, or was
-    dropped, before the system was terminated, and the task was garbage
-    collected. Nothing can run on that loop any more, so nothing is awaited
-    or answered (waking a child or an asker would fail with "Event loop is
-    closed"): the actor only stops taking messages, its ``post_stop`` does
-    not run, and one warning says why.
+    its askers (or that its own code raised it, nobody cancelling its task).
+    Closed unfinished (``GeneratorExit``): its loop closed, or was dropped,
+    before the system was terminated, and the task was garbage collected.
+    Nothing can run on that loop any more, so nothing is awaited or answered
+    (waking a child or an asker would fail with "Event loop is closed"): the
+    actor only stops taking messages, its ``post_stop`` does not run, and
+    one warning says why.
     """
     if not isinstance(ending, GeneratorExit):
         if not cell.stop_requested:

@@ -16,14 +16,6 @@ from atomr.train.parameter_server.worker import ParameterServerWorker
 __all__ = ["ParameterServerOptions"]
 
 
-def _check_count(name: str, value: object, low: int) -> None:
-    """`_arguments.int_at_least` (its upper limit included), every refusal a ValueError."""
-    try:
-        int_at_least(name, value, low)
-    except TypeError as exc:
-        raise ValueError(str(exc)) from None
-
-
 def _check_class(name: str, value: object, base: type) -> None:
     if not (isinstance(value, type) and issubclass(value, base)):
         raise TypeError(f"{name} must be a {base.__name__} subclass, got {value!r}")
@@ -52,8 +44,12 @@ class ParameterServerOptions:
             subclass: an instrumented or fault-injected one), spawned once
             per range with `ServerShard`'s arguments.
 
+    Counts are checked as everywhere (`_arguments.int_at_least`) and kept as
+    ints (`np.int32(2)` is 2).
+
     Raises:
-        TypeError: `consistency` is not a `Consistency`, `worker_class` not
+        TypeError: a count that is no int (2.0, True, "2"), `consistency`
+            not a `Consistency`, `worker_class` not
             a `ParameterServerWorker` subclass, `server_class` not a
             `ServerShard` subclass, or `server_devices` not a sequence of
             devices.
@@ -73,11 +69,14 @@ class ParameterServerOptions:
 
     def __post_init__(self) -> None:
         if self.workers is not None:
-            _check_count("workers", self.workers, 1)
-        _check_count("shards", self.shards, 1)
-        _check_count("max_retries", self.max_retries, 0)
+            object.__setattr__(self, "workers", int_at_least("workers", self.workers, 1))
+        object.__setattr__(self, "shards", int_at_least("shards", self.shards, 1))
+        object.__setattr__(self, "max_retries", int_at_least("max_retries", self.max_retries, 0))
         if not isinstance(self.consistency, Consistency):
-            raise TypeError(f"consistency must be a Consistency, got {self.consistency!r}")
+            raise TypeError(
+                "consistency must be a Consistency (Consistency.asynchronous(), .bounded(s) or "
+                f".synchronous(), from atomr.train.parameter_server), got {self.consistency!r}"
+            )
         check_staleness_bound(self.max_staleness, "max_staleness")
         if self.max_staleness is not None and self.consistency.is_synchronous:
             raise ValueError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from atomr.accel import Device
@@ -31,10 +32,18 @@ def test_server_devices_are_parsed() -> None:
     ("kwargs", "error", "match"),
     [
         ({"workers": 0}, ValueError, "workers"),
-        ({"workers": True}, ValueError, "workers"),
+        ({"workers": True}, TypeError, "workers must be an int"),
+        ({"workers": 2.0}, TypeError, "workers must be an int"),
+        ({"shards": True}, TypeError, "shards must be an int"),
+        ({"max_retries": "3"}, TypeError, "max_retries must be an int"),
         ({"shards": 0}, ValueError, "shards"),
         ({"max_retries": -1}, ValueError, "max_retries"),
-        ({"consistency": "sync"}, TypeError, "consistency"),
+        (
+            {"consistency": "sync"},
+            TypeError,
+            r"consistency must be a Consistency \(Consistency.asynchronous\(\), .bounded\(s\) "
+            r"or .synchronous\(\), from atomr.train.parameter_server\), got 'sync'",
+        ),
         ({"max_staleness": -1}, ValueError, "max_staleness"),
         ({"max_staleness": 2, "consistency": Consistency.synchronous()}, ValueError, "synchron"),
         ({"worker_class": object}, TypeError, "worker_class"),
@@ -49,6 +58,15 @@ def test_server_devices_are_parsed() -> None:
 def test_a_bad_setting_is_refused(kwargs, error, match) -> None:
     with pytest.raises(error, match=match):
         ParameterServerOptions(**kwargs)
+
+
+def test_numpy_counts_are_kept_as_ints() -> None:
+    """As every options class keeps them (`ShardedOptions`): `int_at_least`'s int."""
+    options = ParameterServerOptions(
+        workers=np.int32(2), shards=np.int64(3), max_retries=np.int8(0)
+    )
+    assert (options.workers, options.shards, options.max_retries) == (2, 3, 0)
+    assert all(type(n) is int for n in (options.workers, options.shards, options.max_retries))
 
 
 def test_max_staleness_is_kept_for_the_asynchronous_models() -> None:

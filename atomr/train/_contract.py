@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from atomr.accel import Device
-from atomr.actor import ActorRef, ActorSystem, Context, Props
+from atomr.actor import ActorRef, ActorSystem, Context, Failure, Props, not_handled
 from atomr.train.comm.agreement import agree_on_failure
 from atomr.train.comm.collective import Collective
 from atomr.train.comm.purpose import purpose
@@ -35,6 +35,7 @@ __all__ = [
     "check_workers",
     "parse_devices",
     "refuse_accumulation",
+    "refuse_message",
     "refuse_options",
     "spawn_ready",
 ]
@@ -235,6 +236,34 @@ def refuse_accumulation(config: TrainerConfig, strategy: str) -> None:
             f"the {strategy} trainer does not accumulate gradients across Steps, but "
             f"config.accumulation_steps is {config.accumulation_steps}: use 1 and a larger batch"
         )
+
+
+TRAINER_MESSAGES = (
+    "send Step(features, labels) to train on a batch; a trainer also takes "
+    "Evaluate(features, labels), GetWeights(), SaveCheckpoint(path), LoadCheckpoint(path) "
+    "and its strategy's own messages (all from atomr.train)"
+)
+"""The hint every trainer's refusal of an unknown message ends with."""
+
+
+def refuse_message(trainer: str, message: Any) -> Failure:
+    """The answer of every trainer to a message it does not handle: the
+    actor's `not_handled` refusal, with a hint at the messages a trainer
+    takes (`TRAINER_MESSAGES`: a `(features, labels)` tuple is one batch's
+    `Step`). Only an unknown message comes here: nothing is added to the
+    path of a handled one.
+
+    Args:
+        trainer: the trainer's class name, for the message.
+        message: what it was sent.
+
+    Returns:
+        `Failure(TypeError)`, to answer the ask with.
+    """
+    refused = not_handled(trainer, message)
+    if isinstance(message, type):  # a class sent without its (): that is the hint
+        return refused
+    return Failure(TypeError(f"{refused.exception}: {TRAINER_MESSAGES}"))
 
 
 class JobPlace(Protocol):

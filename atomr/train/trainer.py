@@ -24,13 +24,14 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import ContextPoisoned, CpuBackend, Device, DeviceActor, Unrecoverable
-from atomr.actor import ActorRef, Failure, Props, not_handled
+from atomr.actor import ActorRef, Failure, Props
 from atomr.train._contract import (
     check_config,
     check_model,
     check_name,
     check_system,
     parse_devices,
+    refuse_message,
     refuse_options,
     spawn_ready,
 )
@@ -228,7 +229,7 @@ class Trainer(DeviceActor):
             elif isinstance(message, LoadCheckpoint):
                 result = await self.on_device(guarded, self._load, message.path)
             else:
-                return not_handled("Trainer", message)
+                return refuse_message("Trainer", message)
         except (ContextPoisoned, Unrecoverable):
             raise  # the device's state is gone: the actor fails, its parent decides
         except Exception as exc:  # a bad request, a layer's bug, a driver error

@@ -4,6 +4,7 @@ pair below). Each run equals the single-device `Trainer` step for step."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -151,12 +152,20 @@ async def test_a_checkpoint_from_before_the_reorganisation_loads(strategy: str) 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 async def test_every_trainer_refuses_what_it_does_not_handle_alike(strategy: str) -> None:
     """An unknown message, and a message class sent without its `()`, are
-    refused with a `TypeError` that says which; the trainer goes on."""
+    refused with a `TypeError` that says which; an unknown one (a plain
+    `(features, labels)` tuple) is told what to send instead. The trainer
+    goes on."""
     trainer_class, options, n = STRATEGIES[strategy]
+    hint = re.escape(": send Step(features, labels) to train on a batch; a trainer also takes ")
     async with ActorSystem("contract") as system:
         ref = await trainer_class.spawn(system, Mlp([6, 8, 3]), cpu_devices(n), CONFIG, options)
-        with pytest.raises(TypeError, match=r"does not handle str$"):
+        with pytest.raises(
+            TypeError, match=rf"^{trainer_class.__name__} does not handle str{hint}"
+        ):
             await ref.ask("hello")
+        x, y = synthetic_classification(8, 6, 3, seed=0)
+        with pytest.raises(TypeError, match=rf"does not handle tuple{hint}"):
+            await ref.ask((x, y))
         with pytest.raises(TypeError, match=r"the class GetWeights: send an instance"):
             await ref.ask(GetWeights)
         assert (await ref.ask(GetWeights())).shape == (Mlp([6, 8, 3]).n_params,)

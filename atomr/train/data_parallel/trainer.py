@@ -37,9 +37,8 @@ from atomr.actor import (
     OneForOneStrategy,
     Props,
     SupervisorStrategy,
-    not_handled,
 )
-from atomr.train._contract import check_options, spawn_ready
+from atomr.train._contract import check_options, refuse_message, spawn_ready
 from atomr.train._recovery import ResumedCrashWatch, worker_decider
 from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.comm.mpi.job import shard_for_rank
@@ -309,7 +308,7 @@ class DataParallelTrainer(Actor):
             )
         if isinstance(message, Evaluate):
             return await self._evaluate(message)
-        return not_handled("DataParallelTrainer", message)
+        return refuse_message("DataParallelTrainer", message)
 
     async def _on_set_replicas(self, message: SetReplicas) -> None:
         refs = list(message.replicas)

@@ -41,9 +41,8 @@ from atomr.actor import (
     ActorRef,
     Props,
     SupervisorStrategy,
-    not_handled,
 )
-from atomr.train._contract import check_name, check_system, spawn_ready
+from atomr.train._contract import check_name, check_system, refuse_message, spawn_ready
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import ask_all, set_learning_rate
 from atomr.train.core._step_checks import check_step_limit
@@ -244,7 +243,7 @@ class AsyncParameterServer(Actor):
             )
         if isinstance(message, TrainEpochs):
             return await self._train_epochs(message)
-        return not_handled("AsyncParameterServer", message)
+        return refuse_message("AsyncParameterServer", message)
 
     def _validate(self, features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
         """The whole batch checked before any worker gets a part of it, so that

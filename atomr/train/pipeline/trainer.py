@@ -41,9 +41,8 @@ from atomr.actor import (
     OneForOneStrategy,
     Props,
     SupervisorStrategy,
-    not_handled,
 )
-from atomr.train._contract import spawn_ready
+from atomr.train._contract import refuse_message, spawn_ready
 from atomr.train._recovery import ResumedCrashWatch, StateLossWatch
 from atomr.train.comm._fanout import set_learning_rate
 from atomr.train.core._step_checks import (
@@ -251,7 +250,7 @@ class PipelineParallelTrainer(Actor):
             return await self._save(group, message.path)
         if isinstance(message, LoadCheckpoint):
             return await self._load(group, message.path)
-        return not_handled("PipelineParallelTrainer", message)
+        return refuse_message("PipelineParallelTrainer", message)
 
     def _batch(
         self, group: StageGroup, features: Any, labels: Any

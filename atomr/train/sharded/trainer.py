@@ -52,12 +52,12 @@ from atomr.actor import (
     OneForOneStrategy,
     Props,
     SupervisorStrategy,
-    not_handled,
 )
 from atomr.train._contract import (
     check_options,
     check_spawn_args,
     refuse_accumulation,
+    refuse_message,
     spawn_ready,
 )
 from atomr.train._recovery import StateLossWatch
@@ -252,7 +252,7 @@ class ShardedDataParallelTrainer(Actor):
         if isinstance(message, SaveCheckpoint):
             with purpose("save checkpoint"):
                 return await self.checkpoints.save(Path(message.path), self.steps)
-        return not_handled(type(self).__name__, message)
+        return refuse_message(type(self).__name__, message)
 
     async def _ask(self, messages: list[Any]) -> list[Any]:
         """Every replica's answer, each within `worker_timeout`.

@@ -34,9 +34,8 @@ from atomr.actor import (
     OneForOneStrategy,
     Props,
     SupervisorStrategy,
-    not_handled,
 )
-from atomr.train._contract import spawn_ready
+from atomr.train._contract import refuse_message, spawn_ready
 from atomr.train._recovery import StateLossWatch
 from atomr.train.comm._fanout import (
     ask_all,
@@ -181,7 +180,7 @@ class LayerTensorParallelTrainer(Actor):
             return await self._save(message)
         if isinstance(message, LoadCheckpoint):
             return await self._load(message)
-        return not_handled("TensorParallelTrainer", message)
+        return refuse_message("TensorParallelTrainer", message)
 
     async def _pass(self, x: np.ndarray, y: np.ndarray, train: bool) -> list[PassResult]:
         """Every shard's pass; a failure is raised once every shard is done

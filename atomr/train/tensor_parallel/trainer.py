@@ -30,13 +30,14 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import Device
-from atomr.actor import Actor, ActorRef, OneForOneStrategy, Props, not_handled
+from atomr.actor import Actor, ActorRef, OneForOneStrategy, Props
 from atomr.actor.supervision import SupervisorStrategy
 from atomr.train._contract import (
     check_options,
     check_spawn_args,
     check_workers,
     refuse_accumulation,
+    refuse_message,
     spawn_ready,
 )
 from atomr.train._recovery import StateLossWatch
@@ -237,7 +238,7 @@ class TensorParallelTrainer(Actor):
             return await self._save(group, message)
         if isinstance(message, LoadCheckpoint):
             return await self._load(group, message)
-        return not_handled("TensorParallelTrainer", message)
+        return refuse_message("TensorParallelTrainer", message)
 
     def _validate(
         self, group: ShardGroup, features: Any, labels: Any

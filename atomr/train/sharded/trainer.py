@@ -56,7 +56,6 @@ from atomr.actor import (
 from atomr.train._contract import (
     check_options,
     check_spawn_args,
-    refuse_accumulation,
     refuse_message,
     spawn_ready,
 )
@@ -81,6 +80,7 @@ from atomr.train.core.models import batch_spec, model_from_config
 from atomr.train.core.stats import EvalResult, StepStats, TrainingState
 from atomr.train.data_parallel.messages import EvaluateShard, ShardEval
 from atomr.train.sharded._checkpointing import ShardedCheckpoints
+from atomr.train.sharded._construction import check_props, refuse_job_options, spawn_parts
 from atomr.train.sharded._exchange import ShardExchange
 from atomr.train.sharded._passes import ShardedPasses
 from atomr.train.sharded.layout import ShardLayout
@@ -91,7 +91,8 @@ __all__ = ["ShardedDataParallelTrainer"]
 
 
 class ShardedDataParallelTrainer(Actor):
-    """Sharded data-parallel training (module docstring); build it with `spawn`.
+    """Sharded data-parallel training (module docstring); build it with
+    `spawn`, or with `props` over replicas you built.
 
     Args:
         model: the model (its config and initial weights).
@@ -126,6 +127,50 @@ class ShardedDataParallelTrainer(Actor):
         )
         self._passes: ShardedPasses | None = None
         self.steps = 0
+
+    @classmethod
+    def props(
+        cls,
+        model: Sequential,
+        replicas: Sequence[Props],
+        config: TrainerConfig,
+        layout: ShardLayout,
+        options: ShardedOptions | None = None,
+    ) -> Props:
+        """The `Props` of a trainer over replicas you built, for one process;
+        every argument is checked here, before anything is spawned.
+
+        Args:
+            model: the model the replicas were built from (its config and
+                initial weights).
+            replicas: one `Props` per local replica, in order: replica `k`
+                built with `layout` and index `k`, e.g.
+                `Props(ShardedReplica, model, device, config, stage, layout, k)`
+                (or a class of your own speaking `ShardedReplicaProtocol`).
+                The trainer spawns them as its children.
+            config: as for the class.
+            layout: `ShardLayout.for_model(model, stage, len(replicas))`.
+            options: `ShardedOptions` (None: stage 1); its `replica_class`
+                is how `spawn` builds replicas, so it must be left the default.
+
+        Returns:
+            The Props.
+
+        Raises:
+            TypeError: an argument of the wrong type (the message names it):
+                replicas given as `ActorRef`s included (the trainer spawns and
+                supervises its own).
+            ValueError: no replicas, `config.accumulation_steps > 1`, a
+                replica that would own no parameter, a layout other than
+                `ShardLayout.for_model`'s for these replicas, a
+                `replica_class` other than `ShardedReplica`, or options with a
+                `process_collective`: a job of several processes must start
+                with `spawn`, which has the processes agree that all started
+                and gives every process process 0's weights.
+        """
+        job = check_options(options, ShardedOptions, cls.__name__)
+        refuse_job_options(job)
+        return Props(cls, *check_props(model, replicas, config, layout, job))
 
     @classmethod
     async def spawn(
@@ -175,17 +220,8 @@ class ShardedDataParallelTrainer(Actor):
             checked, devs, conf = check_spawn_args(system, model, devices, config, name)
             if job.process_collective is not None:  # process 0's weights: of no seed, alike on all
                 checked = model_from_config(checked.config(), checked.get_params())
-            refuse_accumulation(conf, "sharded data-parallel")
-            if len({d.kind for d in devs}) > 1:
-                raise ValueError("devices mix CPU and CUDA: their kernels round differently")
-            layout = ShardLayout.for_model(
-                checked, job.stage, len(devs), job.process_count, job.process_rank
-            )
-            replicas = [
-                Props(job.replica_class, checked, d, conf, job.stage, layout, k)
-                for k, d in enumerate(devs)
-            ]
-            return Props(cls, checked, replicas, conf, layout, job)
+            replicas, layout = spawn_parts(checked, devs, conf, job)
+            return Props(cls, *check_props(checked, replicas, conf, layout, job))
 
         then = None if job.process_collective is None else _FromProcessZero()
         return await spawn_ready(system, made, name, GetShardMemory(), None, job=job, then=then)

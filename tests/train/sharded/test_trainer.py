@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr import ActorSystem
+from atomr import ActorRef, ActorSystem, Props
 from atomr.accel import cpu_devices
 from atomr.train import (
+    DataParallelOptions,
     Evaluate,
     GetWeights,
     InvalidBatchError,
@@ -28,7 +29,7 @@ from atomr.train import (
 )
 from atomr.train.comm import HostCollective
 from atomr.train.core import GetTrainingState
-from atomr.train.sharded import GetShardMemory, ShardedReplica, ShardMemory
+from atomr.train.sharded import GetShardMemory, ShardedReplica, ShardLayout, ShardMemory
 
 SIZES = [7, 9, 5, 3]  # 72 + 9 + 45 + 5 + 15 + 3 = 149 parameters (prime)
 OPTIMIZERS = {
@@ -224,3 +225,94 @@ async def test_a_replica_without_rows_hands_a_zero_gradient_whatever_its_memory_
             await one.ask(Step(x, y))
         weights = await zero.ask(GetWeights())
         np.testing.assert_allclose(weights, await one.ask(GetWeights()), rtol=1e-5, atol=1e-6)
+
+
+def _own_replicas(
+    model: Mlp, stage: int, n: int, config: TrainerConfig
+) -> tuple[list[Props], ShardLayout]:
+    """What a user building their own replicas writes (the docstring of `props`)."""
+    layout = ShardLayout.for_model(model, stage, n)
+    replicas = [
+        Props(ShardedReplica, model, d, config, stage, layout, k)
+        for k, d in enumerate(cpu_devices(n))
+    ]
+    return replicas, layout
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+async def test_a_trainer_from_props_trains_as_one_from_spawn(stage: int) -> None:
+    config = TrainerConfig(OPTIMIZERS["adamw"], LossKind.CROSS_ENTROPY, gradient_clip=0.3)
+    options = ShardedOptions(stage=stage)
+    async with ActorSystem("zero") as system:
+        model = Mlp(SIZES, "tanh", seed=3)
+        spawned = await ShardedDataParallelTrainer.spawn(
+            system, model, cpu_devices(3), config, options
+        )
+        replicas, layout = _own_replicas(model, stage, 3, config)
+        built = system.spawn(
+            ShardedDataParallelTrainer.props(model, replicas, config, layout, options)
+        )
+        runs = []
+        for ref in (spawned, built):
+            losses = [(await ref.ask(Step(x, y))).loss for x, y in _batches(5)]
+            runs.append((losses, await ref.ask(GetWeights())))
+    assert runs[1][0] == runs[0][0]
+    np.testing.assert_array_equal(runs[1][1], runs[0][1])
+    assert not np.array_equal(runs[0][1], model.get_params())
+
+
+class _OwnReplica(ShardedReplica):
+    pass
+
+
+def _bad_props(case: str, model: Mlp, config: TrainerConfig, ref: ActorRef) -> dict[str, Any]:
+    """`props`' arguments, one of them wrong."""
+    replicas, layout = _own_replicas(model, 1, 2, config)
+    accumulating = TrainerConfig(config.optimizer, config.loss, accumulation_steps=2)
+    wrong: dict[str, dict[str, Any]] = {
+        "model": {"model": "not a model"},
+        "config": {"config": "not a config"},
+        "replicas not a sequence": {"replicas": replicas[0]},
+        "no replicas": {"replicas": []},
+        "ActorRefs": {"replicas": [ref]},
+        "layout": {"layout": "not a layout"},
+        "another stage's layout": {"options": ShardedOptions(stage=3)},
+        "more replicas than the layout": {"replicas": replicas * 2},
+        "options": {"options": DataParallelOptions()},
+        "accumulation": {"config": accumulating},
+        "a job": {"options": ShardedOptions(process_collective=HostCollective())},
+        "replica_class": {"options": ShardedOptions(replica_class=_OwnReplica)},
+    }
+    right = {"model": model, "replicas": replicas, "config": config, "layout": layout}
+    return {**right, **wrong[case]}
+
+
+BAD_PROPS = {
+    "model": (TypeError, "^model must be a Sequential"),
+    "config": (TypeError, "^config must be a TrainerConfig"),
+    "replicas not a sequence": (TypeError, "^replicas must be a sequence"),
+    "no replicas": (ValueError, "^replicas is empty"),
+    "ActorRefs": (TypeError, "^replicas must be Props, got ActorRef: the sharded trainer spawns"),
+    "layout": (TypeError, "^layout must be a ShardLayout, got str"),
+    "another stage's layout": (ValueError, r"ShardLayout.for_model\(model, 3, 2, 1, 0\)"),
+    "more replicas than the layout": (ValueError, r"ShardLayout.for_model\(model, 1, 4, 1, 0\)"),
+    "options": (TypeError, "options must be a ShardedOptions or None, got DataParallelOptions"),
+    "accumulation": (ValueError, "does not accumulate gradients"),
+    "a job": (ValueError, "in a multi-process job .* use spawn"),
+    "replica_class": (ValueError, "leave it ShardedReplica"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PROPS))
+async def test_props_refuses_bad_arguments_before_anything_is_spawned(case: str) -> None:
+    config = TrainerConfig(OPTIMIZERS["sgd-momentum"], LossKind.CROSS_ENTROPY)
+    model = Mlp(SIZES, "tanh", seed=3)
+    error, match = BAD_PROPS[case]
+    async with ActorSystem("zero") as system:
+        other = system.spawn(
+            Props(ShardedReplica, model, "cpu:0", config, 1, ShardLayout.for_model(model, 1, 1), 0)
+        )
+        before = list(system.actors)
+        with pytest.raises(error, match=match):
+            ShardedDataParallelTrainer.props(**_bad_props(case, model, config, other))
+        assert list(system.actors) == before

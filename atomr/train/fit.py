@@ -229,12 +229,12 @@ async def fit(
         Exception: whatever the trainer answered a request with (a
             `NonFiniteError`, an `AskTimeoutError`, ...).
     """
-    _check_trainer(trainer)
     int_at_least("epochs", epochs)
     int_at_least("seed", seed, 0, high=None)
     int_at_least("batch_size", batch_size)
     int_at_least("min_batch_size", min_batch_size)
     _check_hooks(callbacks, stop, agree_to_stop, evaluate)
+    _check_trainer(trainer)
     check_timeout(timeout)
     if checkpoint is not None:
         check_save_location(checkpoint)  # not after the first epoch's training

@@ -4,28 +4,30 @@ one check of a staleness bound (`check_staleness_bound`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 
 from atomr._arguments import int_at_least
-from atomr._repr import bounded_repr
 
 __all__ = ["Consistency", "check_staleness_bound"]
 
 
-def check_staleness_bound(value: object, name: str) -> None:
-    """Check a staleness bound: None (no bound) or an int >= 0.
+def check_staleness_bound(value: object, name: str) -> int | None:
+    """Check a staleness bound: None (no bound) or a count >= 0, by the one
+    rule of counts (`_arguments.int_at_least`: a NumPy integer is taken).
 
     Args:
         value: the bound.
         name: what it is called in the error message.
 
+    Returns:
+        The bound as an int, or None.
+
     Raises:
-        ValueError: anything else (a bool included), or one beyond
-            `_arguments.INDEX_MAX` (the message names the limit).
+        TypeError: not None and not an integer (a bool included).
+        ValueError: below 0, or beyond `_arguments.INDEX_MAX` (the message
+            names the limit).
     """
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"{name} must be None or an int >= 0, got {bounded_repr(value)}")
-    if value is not None:
-        int_at_least(name, value, 0)  # the limit of every count
+    return None if value is None else int_at_least(name, value, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +47,14 @@ class Consistency:
         bound: None (asynchronous), 0 (synchronous) or s >= 1 (bounded).
 
     Raises:
-        ValueError: `bound` is not None or an int >= 0.
+        TypeError, ValueError: `bound` is not None or a count >= 0
+            (`check_staleness_bound`).
     """
 
     bound: int | None = None
 
     def __post_init__(self) -> None:
-        check_staleness_bound(self.bound, "the staleness bound")
+        object.__setattr__(self, "bound", check_staleness_bound(self.bound, "the staleness bound"))
 
     @classmethod
     def asynchronous(cls) -> Consistency:
@@ -63,12 +66,14 @@ class Consistency:
         """Stale synchronous parallel with slack `s`.
 
         Raises:
-            ValueError: `s` is not an int >= 1 (use `synchronous()` for 0),
-                or one beyond `INDEX_MAX`.
+            TypeError: `s` is not an integer (a bool included; a NumPy
+                integer is taken).
+            ValueError: `s < 1` (use `synchronous()` for 0), or beyond
+                `INDEX_MAX`.
         """
-        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+        if isinstance(s, Integral) and not isinstance(s, bool) and s < 1:
             raise ValueError(f"bounded staleness needs s >= 1 (s = 0 is synchronous()), got {s!r}")
-        return cls(int_at_least("s", s))  # and at most INDEX_MAX
+        return cls(int_at_least("s", s))  # the type and the limit
 
     @classmethod
     def synchronous(cls) -> Consistency:

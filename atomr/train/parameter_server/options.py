@@ -77,7 +77,9 @@ class ParameterServerOptions:
                 "consistency must be a Consistency (Consistency.asynchronous(), .bounded(s) or "
                 f".synchronous(), from atomr.train.parameter_server), got {self.consistency!r}"
             )
-        check_staleness_bound(self.max_staleness, "max_staleness")
+        object.__setattr__(
+            self, "max_staleness", check_staleness_bound(self.max_staleness, "max_staleness")
+        )
         if self.max_staleness is not None and self.consistency.is_synchronous:
             raise ValueError(
                 "max_staleness does not apply to synchronous consistency, "

@@ -124,7 +124,8 @@ class ServerShard(PushHolding):
             float64.
 
     Raises:
-        TypeError: bad optimizer type, or weights that are not real numbers.
+        TypeError: bad optimizer type, weights that are not real numbers, or
+            a `max_staleness` that is not an integer.
         ValueError: empty weights or ones not finite in `dtype`, a negative
             `max_staleness`, a bounded/synchronous model without `workers >= 1`,
             or a dtype other than float32 or float64.
@@ -149,7 +150,7 @@ class ServerShard(PushHolding):
         host = detached(weights, initial_weights)  # copied: the caller's may change
         if host.size < 1:
             raise ValueError("initial_weights must be a non-empty vector")
-        check_staleness_bound(max_staleness, "max_staleness")
+        max_staleness = check_staleness_bound(max_staleness, "max_staleness")
         self.consistency = consistency or Consistency.asynchronous()
         if self.consistency.bound is not None and (
             not isinstance(workers, int) or isinstance(workers, bool) or workers < 1

@@ -23,7 +23,7 @@ from atomr.train import (
     TrainerConfig,
 )
 from atomr.train.core.errors import CheckpointError, NonFiniteError, WorkerStateLost
-from atomr.train.parameter_server import RoundFailedError
+from atomr.train.parameter_server import ParameterServerOptions, RoundFailedError
 from atomr.train.parameter_server.consistency import Consistency
 from atomr.train.parameter_server.messages import (
     AbortPush,
@@ -365,6 +365,28 @@ def test_constructor_and_consistency_errors() -> None:
         ServerShard(_f32(1), "fast")
     with pytest.raises(ValueError, match="float32 or float64"):
         ServerShard(_f32(1), 0.1, dtype=np.int8)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda s: Consistency.bounded(s),
+        lambda s: Consistency(s),
+        lambda s: ParameterServerOptions(max_staleness=s),
+        lambda s: ServerShard(_f32(1), 0.1, s),
+    ],
+    ids=["bounded", "Consistency", "options", "shard"],
+)
+def test_a_staleness_bound_is_a_count_by_the_one_rule(build) -> None:
+    """A NumPy integer is a bound (kept as an int); a bool or a float is a
+    TypeError, as for every count (`int_at_least`), not a ValueError."""
+    for bad in (True, 2.0, "2"):
+        with pytest.raises(TypeError, match="must be an int"):
+            build(bad)
+    made = build(np.int32(2))
+    if not isinstance(made, ServerShard):
+        bound = made.bound if isinstance(made, Consistency) else made.max_staleness
+        assert bound == 2 and type(bound) is int
 
 
 async def test_a_lone_server_checkpoints_in_the_format_of_every_trainer(

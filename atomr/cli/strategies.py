@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from atomr._arguments import int_at_least
 from atomr.actor import ActorRef
 from atomr.cli.errors import CliError
 from atomr.train import (
@@ -164,9 +165,18 @@ def _ps_workers(run: RunConfig) -> int:
 
 def _ps_steps_per_batch(run: RunConfig, ckpt: Checkpoint | None) -> int:
     """Asynchronous: each worker's part of a batch is a step (the workers of
-    the run that saved it, where its checkpoint says)."""
-    workers = None if ckpt is None else ckpt.extra.get("workers")
-    return workers if isinstance(workers, int) and workers >= 1 else _ps_workers(run)
+    the run that saved it, where its checkpoint says).
+
+    Raises:
+        CliError: the checkpoint names a count of workers that is none (a
+            bool, a float, below 1, beyond `INDEX_MAX`).
+    """
+    if ckpt is None or "workers" not in ckpt.extra:
+        return _ps_workers(run)
+    try:
+        return int_at_least("workers", ckpt.extra["workers"])
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"--resume: the checkpoint's {exc}") from None
 
 
 def _ps_options(run: RunConfig) -> ParameterServerOptions:

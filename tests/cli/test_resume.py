@@ -14,17 +14,20 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import atomr
 import atomr.cli
 from atomr.cli.dataset import load_dataset
+from atomr.cli.errors import CliError
 from atomr.cli.history import History, history_path_for
 from atomr.cli.parser import build_parser
 from atomr.cli.run_config import RunConfig
+from atomr.cli.strategies import saved_steps_per_batch
 from atomr.cli.training_run import train_epochs
 from atomr.train import StepStats, load_checkpoint
-from atomr.train.core import save_checkpoint
+from atomr.train.core import Checkpoint, save_checkpoint
 from atomr.train.fit import FitCallback, FitPosition, StopFlag
 from tests.cli.test_distributed_failures import _save_in_shards
 
@@ -390,3 +393,20 @@ def test_a_sharded_save_is_checked_against_the_options_by_its_shard_files(
         "with --lr 0.005 (a checkpoint keeps its optimizer's hyper-parameters)"
     )
     assert atomr.cli.main([*argv, "--run-dir", str(tmp_path / "run")]) == 0
+
+
+@pytest.mark.parametrize("workers", [True, 2.0, 0, -3, 10**30, "2"])
+def test_a_checkpoint_naming_no_count_of_workers_is_refused_naming_it(workers: object) -> None:
+    """A parameter-server checkpoint's `workers` sets how many steps a batch
+    took. Before, `True` was read as 1 worker and 10**30 as that many, and
+    the resume then failed with a message about steps that vary."""
+    run = _run_config("--strategy", "ps", "--devices", "2")
+    ckpt = Checkpoint(
+        model={}, weights=np.zeros(1), step=4, extra={"trainer": "AsyncParameterServer"}
+    )
+    assert saved_steps_per_batch(run, ckpt) == 2  # no count saved: this run's workers
+    ckpt.extra["workers"] = 4
+    assert saved_steps_per_batch(run, ckpt) == 4
+    ckpt.extra["workers"] = workers
+    with pytest.raises(CliError, match=r"^--resume: the checkpoint's workers must be"):
+        saved_steps_per_batch(run, ckpt)

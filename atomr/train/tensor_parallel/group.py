@@ -18,6 +18,7 @@ from atomr.train.comm._fanout import (
     failed_indices,
     first_failure,
     load_all_or_none,
+    raise_first_failure,
 )
 from atomr.train.core.config import TrainerConfig
 from atomr.train.tensor_parallel.messages import (
@@ -164,7 +165,7 @@ class ShardGroup:
         return results[0]
 
     async def backward(self, input_grad: bool = False) -> tuple[float, np.ndarray | None]:
-        """Run every backward stage, last to first.
+        """Run every backward stage, last to first (after a training `loss`).
 
         Args:
             input_grad: also assemble d(mean loss)/d(features).
@@ -172,12 +173,60 @@ class ShardGroup:
         Returns:
             `(global gradient norm, input gradient or None)`.
         """
-        grads: tuple[np.ndarray, ...] = ()
-        replies: list[Any] = []
-        for stage in range(self.stages - 1, -1, -1):
-            replies = await self._all(ShardBackward(stage, grads, input_grad and stage == 0))
-            if stage > 0:
-                grads = tuple(r.partial for r in replies)
+        last = self.stages - 1
+        replies = await self._all(ShardBackward(last, (), input_grad and last == 0))
+        return await self._down(last, replies, input_grad, apply=False)
+
+    async def loss_and_backward(
+        self,
+        outputs: Sequence[np.ndarray],
+        y: np.ndarray,
+        *,
+        input_grad: bool = False,
+        apply: bool = False,
+    ) -> tuple[LossResult, float, np.ndarray | None]:
+        """A training `loss` then `backward`, in one message round fewer:
+        the last stage's backward goes with the loss (`ShardLoss.backward`;
+        shards that answer a plain `LossResult` are sent it on its own).
+
+        Args:
+            outputs, y: as for `loss`.
+            input_grad: as for `backward`.
+            apply: stage 0 also applies each shard's optimizer, unscaled and
+                unconfirmed (`ShardBackward.apply`): `apply(1.0)` then
+                confirms it without device work. For a caller that does not
+                clip; a shard whose squared norm is not finite applies
+                nothing, and any message but `ShardApply` undoes the update.
+
+        Returns:
+            `(shard 0's LossResult, global gradient norm, input gradient or None)`.
+
+        Raises:
+            Exception: the first failing shard's own exception.
+        """
+        last = self.stages - 1
+        first = ShardBackward(last, (), input_grad and last == 0, apply and last == 0)
+        replies = await self._all(ShardLoss(tuple(outputs), y, True, first))
+        result = replies[0] if isinstance(replies[0], LossResult) else replies[0].loss
+        plain = [i for i, r in enumerate(replies) if isinstance(r, LossResult)]
+        if plain:  # shards that predate `ShardLoss.backward`: the backward on its own
+            refs = [self.refs[i] for i in plain]
+            late = await ask_all_settled(refs, first, self.timeout, per_worker=False)
+            settled: list[Any] = [None] * len(replies)
+            for i, reply in zip(plain, late, strict=True):
+                settled[i] = replies[i] = reply
+            raise_first_failure(settled)
+        norm, dx = await self._down(last, replies, input_grad, apply)
+        return result, norm, dx
+
+    async def _down(
+        self, stage: int, replies: list[Any], input_grad: bool, apply: bool
+    ) -> tuple[float, np.ndarray | None]:
+        """The backward stages below `stage`, given its replies; `(norm, dx)` as `backward`."""
+        for below in range(stage - 1, -1, -1):
+            grads = tuple(r.partial for r in replies)
+            message = ShardBackward(below, grads, input_grad and below == 0, apply and below == 0)
+            replies = await self._all(message)
         norm = math.sqrt(sum(float(r.sq_norm) for r in replies))
         dx = None
         if input_grad:
@@ -270,8 +319,7 @@ class ShardGroup:
             `ShardedGradients`.
         """
         outs = await self.forward(x, train=True)
-        result = await self.loss(outs, y, train=True)
-        norm, dx = await self.backward(input_grad=True)
+        result, norm, dx = await self.loss_and_backward(outs, y, input_grad=True)
         assert dx is not None
         grads = await self.gather("grads")
         ranges = [info.output_range for info in self.infos]

@@ -102,17 +102,24 @@ class ShardForward:
 
 @dataclass(frozen=True, eq=False)
 class ShardLoss:
-    """Combine the last stage's outputs and compute the loss; answered with `LossResult`.
+    """Combine the last stage's outputs and compute the loss; answered with
+    `LossResult`, or with `backward` set, with that backward's `ShardGrad`
+    carrying the `LossResult` as its `loss`.
 
     Attributes:
         outputs: every shard's last-stage reply, in rank order.
         labels: validated labels or targets (`validate_batch`).
         train: keep d(mean loss)/d(output) for `ShardBackward`.
+        backward: None, or (with `train`) the last stage's `ShardBackward`,
+            run in the same request: one message round fewer per step. A
+            shard that answers a plain `LossResult` (one that does not know
+            this field) is then sent the `ShardBackward` on its own.
     """
 
     outputs: tuple[np.ndarray, ...]
     labels: np.ndarray
     train: bool = True
+    backward: ShardBackward | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +147,19 @@ class ShardBackward:
         grads: `()` for the last stage; otherwise every shard's partial input
             gradient from stage + 1, in rank order.
         input_grad: at stage 0, also return the partial gradient of the input.
+        apply: at stage 0 only: then also apply the optimizer, unscaled, as
+            `ShardApply(1.0)` would (not when the shard's own squared norm
+            is not finite), saving a message round when the trainer does
+            not clip. The update is unconfirmed: `ShardApply(1.0)` confirms
+            it without device work (a smaller scale undoes it and applies
+            scaled), `ShardRollback` undoes it, and any other message undoes
+            it first (the step it belonged to failed).
     """
 
     stage: int
     grads: tuple[np.ndarray, ...] = ()
     input_grad: bool = False
+    apply: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,10 +172,13 @@ class ShardGrad:
         sq_norm: at stage 0, the squared L2 norm of all the shard's gradients
             (each parameter is owned by one shard, so the sum over shards is
             the squared global norm); else None.
+        loss: the `LossResult` of a `ShardLoss` that carried this backward,
+            else None.
     """
 
     partial: np.ndarray | None
     sq_norm: float | None = None
+    loss: LossResult | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,10 +273,10 @@ class ShardProtocol:
     | `ShardDescribe()` | `ShardInfo` | rank, shard count, model config, sizes, stage count |
     | `ShardConfigure(optimizer, loss)` | `None` | the update rule and loss (optimizer state is kept when the rule is unchanged) |
     | `ShardForward(stage, inputs, train)` | `ndarray` | stage 0: `inputs = (x[:, in_range],)`; stage k > 0: every shard's stage k-1 reply, in rank order; returns this shard's partial output (or output slice) |
-    | `ShardLoss(outputs, labels, train)` | `LossResult` | `outputs`: every shard's last-stage reply; combine, compute the loss sum and normaliser; with `train`, keep d(mean loss)/d(output) for the backward |
-    | `ShardBackward(stage, grads, input_grad)` | `ShardGrad` | the last stage takes `grads = ()` (it starts from the loss); stage k < last takes every shard's stage k+1 reply partials; writes this shard's gradients and returns its partial input gradient (None for stage 0 unless `input_grad`); stage 0 also returns the squared norm of the shard's gradients |
-    | `ShardApply(scale)` | `None` | scale the gradients by `scale` when it is below 1, optimizer step out of place, swapped in (the old state kept for `ShardRollback`); a failure changes no weights |
-    | `ShardRollback()` | `None` | undo the last `ShardApply` (another shard's apply failed) |
+    | `ShardLoss(outputs, labels, train, backward)` | `LossResult`; with `backward`, `ShardGrad` | `outputs`: every shard's last-stage reply; combine, compute the loss sum and normaliser; with `train`, keep d(mean loss)/d(output) for the backward; with `backward` (the last stage's `ShardBackward`), run it too and answer its `ShardGrad` with `loss` set |
+    | `ShardBackward(stage, grads, input_grad, apply)` | `ShardGrad` | the last stage takes `grads = ()` (it starts from the loss); stage k < last takes every shard's stage k+1 reply partials; writes this shard's gradients and returns its partial input gradient (None for stage 0 unless `input_grad`); stage 0 also returns the squared norm of the shard's gradients, and with `apply` applies the optimizer unscaled, unconfirmed (see `ShardBackward`) |
+    | `ShardApply(scale)` | `None` | scale the gradients by `scale` when it is below 1, optimizer step out of place, swapped in (the old state kept for `ShardRollback`); a failure changes no weights; confirms an unconfirmed update when `scale` is 1 |
+    | `ShardRollback()` | `None` | undo the last `ShardApply` (another shard's apply failed), or an unconfirmed update |
     | `ShardGather(what)` | `ShardSlice` | `what` = "params" or "grads": the positions in the full flat vector and their values |
     | `ShardGetState()` | `ShardSliceState` | positions, parameters, optimizer `state_dict()` of the slice, step count |
     | `ShardSetState(params, optimizer, step)` | `None` | take this shard's slice of full vectors (a checkpoint) |
@@ -267,7 +285,11 @@ class ShardProtocol:
     Rules a shard keeps: errors are answered with `Failure(exc)`; a shard is
     never restarted by a bad request, because its weights are one part of a
     distributed state that a restart would reset. Phase-1 messages
-    (`ShardForward`, `ShardLoss`, `ShardBackward`) never touch the weights.
+    (`ShardForward`, `ShardLoss`, `ShardBackward`) never touch the weights,
+    but for `ShardBackward(apply=True)`, whose update stays unconfirmed
+    (undone by the next message unless that confirms it). A shard that
+    ignores the newer fields (`ShardLoss.backward`, `ShardBackward.apply`)
+    still works: it is sent the separate messages.
 
     The built-in shard is `ShardActor`.
 

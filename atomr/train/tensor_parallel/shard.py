@@ -9,6 +9,8 @@ math of a step's first phase (forward, loss, backward) is `ShardMath`'s
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +36,7 @@ from atomr.train.tensor_parallel.messages import (
     ShardForward,
     ShardGather,
     ShardGetState,
+    ShardGrad,
     ShardInfo,
     ShardLoss,
     ShardRollback,
@@ -92,6 +95,9 @@ class ShardActor(ShardMath):
         self._d_out: Any = None
         self._undo = DoubleBuffer()
         self._pending = False
+        # an unconfirmed update (`ShardBackward.apply`): the tapes and output
+        # gradient it spent, given back should it be undone
+        self._unconfirmed: tuple[list[StageTape | None], Any] | None = None
 
     @classmethod
     def props(cls, model: Mlp, rank: int, shard_count: int, device: Device | str) -> Props:
@@ -115,8 +121,9 @@ class ShardActor(ShardMath):
     # -- phase 2: apply out of place, keeping the old state to roll back -------
 
     def apply_gradients(self, scale: float) -> None:
-        """`ShardApply` (worker thread): the optimizer step, out of place (a
-        failure changes nothing), the old state kept for `ShardRollback`.
+        """`ShardApply`, or the end of a `ShardBackward(apply=True)` (worker
+        thread): the optimizer step, out of place (a failure changes
+        nothing), the old state kept for `ShardRollback`.
 
         Raises:
             ValueError: no optimizer configured, or no completed backward.
@@ -139,6 +146,54 @@ class ShardActor(ShardMath):
             raise ValueError("nothing to roll back: no ShardApply since the last step began")
         self._undo.rollback()
         self._pending = False
+        spent, self._unconfirmed = self._unconfirmed, None
+        if spent is not None:  # its gradients are not spent after all
+            self._tapes, self._d_out = spent
+
+    def _backward(self, message: ShardBackward) -> ShardGrad:
+        """`ShardBackward` (worker thread): `backward_stage`, then with `apply`
+        the unconfirmed update (see `ShardBackward`).
+
+        Raises:
+            ValueError: `apply` at a stage other than 0, or as the hooks raise.
+        """
+        stage, apply = message.stage, bool(message.apply)
+        if apply and stage != 0:
+            raise ValueError(f"ShardBackward.apply is for stage 0, not stage {stage}")
+        reply = self.backward_stage(stage, tuple(message.grads), bool(message.input_grad))
+        if apply and reply.sq_norm is not None and math.isfinite(reply.sq_norm):
+            self._unconfirmed = (self._tapes, self._d_out)
+            try:
+                self.apply_gradients(1.0)
+            finally:
+                if not self._pending:  # nothing was swapped in
+                    self._unconfirmed = None
+        return reply
+
+    def _loss_and_backward(self, message: ShardLoss) -> ShardGrad:
+        """`ShardLoss` with `backward` (worker thread): `compute_loss`, then
+        that backward (`_backward`); its `ShardGrad` carries the `LossResult`.
+
+        Raises:
+            TypeError: `backward` is not a `ShardBackward`.
+            ValueError: not `train`, `backward` not of the last stage, or as
+                the hooks raise.
+        """
+        backward = message.backward
+        if not isinstance(backward, ShardBackward):
+            raise TypeError(
+                f"ShardLoss.backward must be a ShardBackward, got {type(backward).__name__}"
+            )
+        last = self.layout.stages - 1
+        if not message.train or backward.stage != last:
+            raise ValueError(f"ShardLoss.backward is a training loss's stage {last} backward")
+        result = self.compute_loss(tuple(message.outputs), message.labels, True)
+        return dataclasses.replace(self._backward(backward), loss=result)
+
+    def _undoing(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Undo the unconfirmed update (the step it belonged to failed), then `fn(*args)`."""
+        self._rollback()
+        return fn(*args)
 
     # -- state ------------------------------------------------------------------
 
@@ -213,12 +268,10 @@ class ShardActor(ShardMath):
         if isinstance(message, ShardForward):
             return self.forward_stage, (message.stage, tuple(message.inputs), bool(message.train))
         if isinstance(message, ShardBackward):
-            return self.backward_stage, (
-                message.stage,
-                tuple(message.grads),
-                bool(message.input_grad),
-            )
+            return self._backward, (message,)
         if isinstance(message, ShardLoss):
+            if message.backward is not None:
+                return self._loss_and_backward, (message,)
             return self.compute_loss, (tuple(message.outputs), message.labels, bool(message.train))
         if isinstance(message, ShardApply):
             return self.apply_gradients, (float(message.scale),)
@@ -255,6 +308,12 @@ class ShardActor(ShardMath):
         if handler is None:
             return not_handled("ShardActor", message)
         fn, args = handler
+        if self._unconfirmed is not None:
+            if isinstance(message, ShardApply) and args[0] >= 1.0:
+                self._unconfirmed = None  # confirmed: the update is in place already
+                return None
+            if not isinstance(message, ShardRollback):
+                fn, args = self._undoing, (fn, *args)
         try:
             if self.params is None:
                 await self.on_device(self._build)

@@ -13,6 +13,14 @@ weight changes. Phase 2 asks every shard to apply its optimizer to its slice
 (each snapshots first); if one fails, the shards that applied roll back. The
 asker sees the failing shard's own exception type.
 
+Per step each shard runs two jobs per stage on its device (issue 22): the
+loss goes with the last stage's backward (`ShardLoss.backward`), and without
+clipping (the scale is then 1) each shard applies at the end of its stage-0
+backward, unconfirmed (`ShardBackward.apply`), so that phase 2's
+`ShardApply(1.0)` only confirms it, with no device work. If the step fails
+instead (a shard, a non-finite norm), every unconfirmed update is undone by
+its shard's next message, before anything reads it.
+
 A shard actor that raises (rather than answering `Failure`) is resumed: its
 state is still valid, since its updates are atomic. Only a `ContextPoisoned`
 restarts it, with its initial slice and no optimizer state; the trainer
@@ -257,11 +265,14 @@ class TensorParallelTrainer(Actor):
         t0 = time.perf_counter_ns()
         # phase 1: compute, touching no weight
         outs = await group.forward(x, train=True)
-        result = await group.loss(outs, y, train=True)
-        grad_norm, _ = await group.backward()
+        clip = self.config.gradient_clip
+        # unclipped, each shard applies at the end of its backward, unconfirmed
+        # (a message round fewer); a failure or a non-finite norm leaves it to
+        # be undone by the shard's next message
+        result, grad_norm, _ = await group.loss_and_backward(outs, y, apply=clip is None)
         check_gradient(grad_norm)
-        # phase 2: apply everywhere, or nowhere
-        await group.apply(clip_coefficient(grad_norm, self.config.gradient_clip))
+        # phase 2: apply (or confirm) everywhere, or nowhere
+        await group.apply(clip_coefficient(grad_norm, clip))
         self.steps += 1
         micros = (time.perf_counter_ns() - t0) // 1000
         return StepStats(result.loss_sum / result.normaliser, grad_norm, int(micros), x.shape[0])

@@ -68,6 +68,16 @@ class ShardMath(DeviceActor):
         arr = np.ascontiguousarray(host, dtype=self.dtype)
         return self.backend.to_device(arr) if self.device.is_cuda else arr
 
+    def _reply(self, buf: Any) -> np.ndarray:
+        """`buf`, a buffer this pass made and writes no more, as a host array
+        for a reply: on a CPU device the buffer itself, made read-only (the
+        trainer and the other shards only read it; a copy per reply cost
+        about 50 us on a 512 KB partial here), else a host copy."""
+        if self.device.is_cuda:
+            return self.backend.to_host(buf)
+        buf.flags.writeable = False
+        return buf
+
     def sum_partials(self, parts: tuple[np.ndarray, ...], width: int, what: str) -> Any:
         """A row-parallel layer's all-reduce (worker thread): the device sum
         of `parts`, one `(batch, width)` partial per shard (`what` names them).
@@ -129,13 +139,13 @@ class ShardMath(DeviceActor):
         tape = StageTape(pre_input, a_in, h)
         self._tapes[stage] = tape
         if col.gathered:
-            return be.to_host(h)
+            return self._reply(h)
         tape.a = self._activate(h)
         part = be.empty((self._batch, row[0].w_shape[1]), dtype=self.dtype)
         be.matmul(tape.a, self._w(self.params, row[0]), part)
         if row[0].b_size:
             be.bias_add(part, self._b(self.params, row[0]))
-        return be.to_host(part)
+        return self._reply(part)
 
     def _stage_input(
         self, stage: int, inputs: tuple[np.ndarray, ...], train: bool, col: LayerShard
@@ -238,7 +248,7 @@ class ShardMath(DeviceActor):
             be.matmul(d, self._w(self.params, col), dx, trans_b=True)
             if tape.pre_input is not None:
                 dx = self._activation_grad(tape.pre_input, dx)
-            partial = be.to_host(dx)
+            partial = self._reply(dx)
         sq = float(be.squared_norm(self.grads)) if stage == 0 else None
         return ShardGrad(partial, sq)
 
@@ -254,5 +264,7 @@ class ShardMath(DeviceActor):
             raise ValueError("backward before a training ShardLoss")
         if not col.gathered:
             return self._d_out
+        if not self.device.is_cuda:  # one copy of the slice, not three
+            return np.ascontiguousarray(self._d_out[:, col.lo : col.hi])
         host = np.asarray(self.backend.to_host(self._d_out))[:, col.lo : col.hi]
         return self.backend.to_device(np.ascontiguousarray(host))

@@ -1,10 +1,11 @@
 """The fused rounds of a tensor-parallel step (issue 22): the loss goes with
 the last backward stage (`ShardLoss.backward`), and without clipping each
 shard applies at the end of its stage-0 backward, unconfirmed
-(`ShardBackward.apply`), so that `ShardApply(1.0)` needs no device work.
-Every result equals the unfused path's, bit for bit; an unconfirmed update
-that is not confirmed is undone by the shard's next message; shards that do
-not know the fields still train."""
+(`ShardBackward.apply`), so that `ShardApply(1.0)` needs no device work;
+and a CPU shard replies with its own buffers, read-only, not copies. Every
+result equals the unfused path's, bit for bit; an unconfirmed update that is
+not confirmed is undone by the shard's next message; shards that do not know
+the fields still train."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from atomr.train.tensor_parallel.group import ShardGroup
 from atomr.train.tensor_parallel.messages import (
     ShardApply,
     ShardBackward,
+    ShardForward,
     ShardGrad,
     ShardLoss,
     ShardRollback,
@@ -208,6 +210,19 @@ async def test_shards_that_do_not_know_the_fused_fields_train_alike(
         b = await ref.ask(Step(*_batch(ODD, seed=i)), timeout=10)
         assert a.loss == pytest.approx(b.loss, rel=1e-5)
     np.testing.assert_allclose(await tp.ask(GetWeights()), await ref.ask(GetWeights()), **TOL)
+
+
+async def test_a_cpu_shard_replies_with_its_own_buffers_read_only(
+    actor_system: ActorSystem,
+) -> None:
+    """No copy per reply; nothing may write what the shards then read."""
+    group = await _group(actor_system, ODD, 2)
+    x, y = _batch(ODD)
+    stage0 = await group._all(ShardForward(0, (x,), True))
+    outs = await group._all(ShardForward(1, tuple(stage0), True))
+    replies = await group._all(ShardLoss(tuple(outs), y, True, ShardBackward(1)))
+    for array in [*stage0, *outs, *(r.partial for r in replies)]:
+        assert isinstance(array, np.ndarray) and not array.flags.writeable
 
 
 async def test_the_fused_fields_are_checked(actor_system: ActorSystem) -> None:

@@ -10,6 +10,7 @@ from atomr._arguments import int_at_least
 
 from .envelope import Envelope
 from .errors import MailboxFullError, bounded_repr
+from .messages import PoisonPill
 
 __all__ = ["DEFAULT_MAILBOX", "BoundedMailbox", "Mailbox", "OverflowPolicy"]
 
@@ -166,6 +167,10 @@ class BoundedMailbox(Mailbox):
     def offer(self, envelope: Envelope) -> Envelope | None:
         """Queue ``envelope``, applying the overflow policy when full.
 
+        A ``PoisonPill`` is queued even when full, with no policy applied: it is
+        how another thread stops the actor (``ref.stop()`` refuses there), so
+        it is neither refused nor dropped, nor does it drop a message.
+
         Returns:
             The dropped envelope (DROP_NEWEST: the new one; DROP_OLDEST: the
             oldest), or None if nothing was dropped.
@@ -173,7 +178,7 @@ class BoundedMailbox(Mailbox):
             MailboxFullError: when full under ``FAIL`` or ``BACK_PRESSURE``.
         """
         queue = self.queue
-        if len(queue) < self.capacity:
+        if len(queue) < self.capacity or envelope[0].__class__ is PoisonPill:
             queue.append(envelope)
             return None
         policy = self.policy

@@ -171,7 +171,8 @@ class ActorRef:
 
         A message to a stopped actor becomes a dead letter. From another
         thread, a message that a full bounded mailbox refuses becomes a dead
-        letter too (the thread is not told).
+        letter too (the thread is not told); a ``PoisonPill`` is queued even
+        when full.
 
         Args:
             message: any object.

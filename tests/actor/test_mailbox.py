@@ -18,6 +18,7 @@ from atomr import (
     DeadLetter,
     MailboxFullError,
     OverflowPolicy,
+    PoisonPill,
     Props,
 )
 from atomr.testkit import TestProbe, await_condition
@@ -256,3 +257,24 @@ def test_a_numpy_int_is_a_capacity() -> None:
     # as `atomr._arguments` rules, np.int64(8) is an int (was: TypeError)
     mailbox = BoundedMailbox(np.int64(8))
     assert mailbox.capacity == 8 and type(mailbox.copy().capacity) is int
+
+
+@pytest.mark.parametrize("policy", list(OverflowPolicy), ids=lambda p: p.name)
+async def test_a_poison_pill_told_from_a_thread_stops_a_full_actor(
+    actor_system: ActorSystem, policy: OverflowPolicy
+) -> None:
+    """ref.stop() refuses other threads and says to tell PoisonPill(): a full
+    mailbox's policy must not turn that pill into a dead letter (FAIL,
+    BACK_PRESSURE, DROP_NEWEST did: the actor never stopped) nor drop a queued
+    message for it (DROP_OLDEST): like Terminated, it is queued even when full."""
+    letters: list[DeadLetter] = []
+    actor_system.dead_letters.subscribe(letters.append)
+    gate, probe, ref = await gated(actor_system, 1, policy)
+    ref.tell("queued")
+    await asyncio.get_running_loop().run_in_executor(None, ref.tell, PoisonPill())
+    watcher = TestProbe(actor_system)
+    watcher.watch(ref)
+    gate.set()
+    assert await probe.receive_n(2) == ["first", "queued"]
+    await watcher.expect_terminated(ref)
+    assert letters == []

@@ -3,13 +3,21 @@ stop or escalate (Akka's fault handling). Internal."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .empty import NONE
 from .errors import bounded_repr
 from .reply import delivered, fail_deferred
-from .stopping import cancel_tasks, maybe_await, run_start_hook, stop_children, unwatch
+from .stopping import (
+    cancel_tasks,
+    maybe_await,
+    run_start_hook,
+    stop_children,
+    stopped_in_handler,
+    unwatch,
+)
 from .supervision import Directive, SupervisorStrategy
 
 if TYPE_CHECKING:
@@ -197,6 +205,9 @@ async def restart(cell: ActorCell, error: BaseException, message: Any) -> None:
         await maybe_await(old.pre_restart(error, message))
     except Exception:
         logger.exception("pre_restart of %s failed", cell.label)
+    except asyncio.CancelledError:  # its own (logged, the actor stops) or a stop's
+        if not stopped_in_handler(cell, message, "pre_restart"):
+            raise
     if cell.stop_requested:  # stopped during pre_restart, which cleaned up: no post_stop
         cell.started = False
         return

@@ -637,3 +637,28 @@ async def test_a_stop_during_a_restart_starts_no_new_instance(
         await asyncio.wait_for(stopping, 5)
     await probe.expect_msg("post_stop")
     await probe.expect_no_msg()
+
+
+class CancelledInPreRestart(Actor):
+    """Fails on every message; its async pre_restart awaits a task it cancelled."""
+
+    def receive(self, message: Any) -> Any:
+        raise RuntimeError("boom")
+
+    async def pre_restart(self, error: BaseException, message: Any) -> None:
+        task = asyncio.create_task(asyncio.sleep(3600))
+        await asyncio.sleep(0)
+        task.cancel()
+        await task
+
+
+async def test_cancelled_error_escaping_pre_restart_is_logged(actor_system: ActorSystem) -> None:
+    """As a handler's or post_restart's, a CancelledError that an async
+    pre_restart lets escape stops the actor with an error logged (it stopped
+    with none: only the failure that caused the restart was logged)."""
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(CancelledInPreRestart))
+    probe.watch(ref)
+    async with expect_log("pre_restart of .* let CancelledError escape", level="ERROR"):
+        ref.tell("fail")
+        await probe.expect_terminated(ref)

@@ -22,7 +22,6 @@ from .ask_deadlines import AskDeadlines
 from .context import Context
 from .empty import NONE
 from .envelope import Envelope
-from .errors import bounded_repr
 from .inbound import Inbound
 from .mailbox import DEFAULT_MAILBOX, Mailbox
 from .messages import PoisonPill, ReceiveTimeout
@@ -37,7 +36,7 @@ from .stopping import (
     shutdown,
     stopped_in_handler,
 )
-from .supervise import decide, failed, process_system, strategy_of
+from .supervise import decide, failed, process_system, strategy_of, task_died
 from .supervision import Directive, SupervisorStrategy
 from .timers import Scheduler, TimerSet
 
@@ -244,9 +243,9 @@ class ActorCell(Inbound):
         if error is None:
             return
         if isinstance(error, Exception) and not self.stop_requested:
-            self.post_system(("failed", (error, self.instance)))
+            self.post_system(("task failed", (error, self.instance)))
         else:
-            logger.error("task of %s died with %s", self.label, bounded_repr(error), exc_info=error)
+            task_died(self, error)
 
     # -------------------------------------------------------------- the loop
     async def _run(self) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "restart",
     "resume",
     "strategy_of",
+    "task_died",
 ]
 
 logger = logging.getLogger("atomr.actor")
@@ -121,16 +122,25 @@ async def process_system(cell: ActorCell) -> None:
     sysq = cell.sysq
     while sysq and not cell.stop_requested:
         kind, arg = sysq.pop(0)
-        if kind == "failed":
+        if kind == "failed" or kind == "task failed":
             error, instance = arg
             if instance is cell.instance:
                 await handle_failure(cell, error, None)
-            else:  # as in Akka: a failure of an earlier incarnation is dropped
+            elif kind == "task failed":  # as in Akka, not supervised; but lost: said
+                task_died(cell, error, " as its instance was replaced (not supervised)")
+            else:  # an escalation to an earlier incarnation: its restart stopped the child
                 logger.debug("%s: dropped a failure of its previous instance", cell.label)
         elif kind == "restart":
             await restart(cell, arg, None)
         elif kind == "resume":
             resume(cell)
+
+
+def task_died(cell: ActorCell, error: BaseException, when: str = "") -> None:
+    """Log the failure of a task of ``cell`` that no supervisor handles: one
+    that ended as the actor stopped (or with a ``BaseException``), or as it
+    restarted (``when``); lost, it is an ERROR all the same."""
+    logger.error("task of %s died with %s%s", cell.label, bounded_repr(error), when, exc_info=error)
 
 
 def resume(cell: ActorCell) -> None:

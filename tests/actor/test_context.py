@@ -23,7 +23,7 @@ from atomr import (
     Props,
     Terminated,
 )
-from atomr.testkit import TestProbe, await_condition
+from atomr.testkit import TestProbe, await_condition, expect_log
 
 from .actors import Echo, Forwarder
 
@@ -172,6 +172,46 @@ async def test_failures_of_an_earlier_instance_do_not_restart_the_new_one() -> N
         await await_condition(lambda: len(built) == 2, timeout=5)
         assert await ref.ask("which?", timeout=5) == 2  # alive: restarted once, not stopped
         assert built == [1, 2]
+
+
+class TaskFailsWhenCancelled(Actor):
+    """Its task raises when cancelled (a failing clean-up); a message fails it."""
+
+    def __init__(self, probe: ActorRef) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def pre_start(self) -> None:
+        self.context.create_task(self._work())
+        self.probe.tell("started")
+
+    async def _work(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("clean-up failed") from None
+
+    def receive(self, message: Any) -> Any:
+        raise ValueError(message)
+
+
+@pytest.mark.parametrize("ending", ["restart", "stop"])
+async def test_a_task_failing_as_its_actor_restarts_is_logged_as_when_it_stops(
+    actor_system: ActorSystem, ending: str
+) -> None:
+    """Its failure belongs to the instance being replaced, so, as in Akka, it
+    restarts nothing; but it is lost, as one while the actor stops is, and
+    logged at ERROR the same way (it was DEBUG, with no error named)."""
+    probe = TestProbe(actor_system)
+    ref = actor_system.spawn(Props(TaskFailsWhenCancelled, probe.ref))
+    await probe.expect_msg("started")
+    async with expect_log("task of .* died with RuntimeError.*clean-up failed", level="ERROR"):
+        if ending == "restart":
+            ref.tell("fail")
+            await probe.expect_msg("started")
+        else:
+            await ref.stop()
+    assert ref.is_alive == (ending == "restart")
 
 
 async def test_create_task_rejects_non_coroutines(actor_system: ActorSystem) -> None:

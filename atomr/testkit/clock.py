@@ -12,7 +12,14 @@ from atomr._arguments import real_number
 from atomr._repr import bounded_repr
 from atomr.actor.timers import check_delay
 
-__all__ = ["ManualClock"]
+__all__ = ["MAX_CALLS_AT_ONE_TIME", "ManualClock"]
+
+
+MAX_CALLS_AT_ONE_TIME = 100_000
+"""The most callbacks one ``ManualClock.advance`` runs at one time before it
+takes them for a livelock (a callback rescheduling itself with a delay of 0,
+or one too small to move a float time on: a repeating timer of 1e-12 s at
+time 1e6) and raises, instead of running forever."""
 
 
 class _Call:
@@ -92,6 +99,9 @@ class ManualClock:
         Raises:
             ValueError, TypeError: for a negative, infinite or non-numeric
                 ``seconds`` (a repeating timer would fall due forever).
+            RuntimeError: once ``MAX_CALLS_AT_ONE_TIME`` callbacks ran at one
+                time (the clock's time could never move on); left as when a
+                callback raises.
             Exception: whatever a callback raises; time then stays at that
                 callback's due time, and the callbacks due after it stay
                 scheduled for the next ``advance``.
@@ -104,11 +114,18 @@ class ManualClock:
         target = self._now + seconds
         ran = 0
         calls = self._calls
+        stuck = 0  # callbacks run at the time now (a livelock never moves it on)
         while calls and calls[0][0] <= target:
             due, _, call = heapq.heappop(calls)
             if call.cancelled:
                 continue
-            self._now = due
+            if due != self._now:
+                self._now = due
+                stuck = 0
+            elif stuck == MAX_CALLS_AT_ONE_TIME:
+                heapq.heappush(calls, (due, next(self._order), call))  # still scheduled
+                raise RuntimeError(_stuck(due))
+            stuck += 1
             call.callback(*call.args)
             ran += 1
         self._now = target
@@ -116,3 +133,12 @@ class ManualClock:
 
     def __repr__(self) -> str:
         return f"ManualClock(time={self._now}, pending={self.pending})"
+
+
+def _stuck(time: float) -> str:
+    return (
+        f"ManualClock.advance ran {MAX_CALLS_AT_ONE_TIME} callbacks at time {time} "
+        "without time moving on: a callback (a repeating timer) keeps rescheduling "
+        f"itself with a delay of 0, or one too small to move a float time of {time} "
+        "on; time stays there, the callback scheduled"
+    )

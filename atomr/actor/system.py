@@ -130,6 +130,10 @@ class ActorSystem:
         and no actor is left on it (``asyncio.run`` cancelled them all)."""
         return loop.is_closed() and not self._guardian.children
 
+    _no_loop_advice = "use it inside a coroutine (e.g. atomr.run(main()))"
+    """What the error of a use with no running loop advises (atomr's pytest
+    plugin gives the systems of its fixtures their own: an async test)."""
+
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         """The system's loop, which must be the one running here (what only
         that loop may do: spawn, terminate, timers); binds on first use.
@@ -143,8 +147,7 @@ class ActorSystem:
             if self._loop is not None and self._loop.is_running():
                 raise RuntimeError(self._elsewhere()) from None
             raise RuntimeError(
-                "ActorSystem needs a running event loop: use it inside a coroutine "
-                "(e.g. atomr.run(main()))"
+                f"ActorSystem needs a running event loop: {self._no_loop_advice}"
             ) from None
         if self._loop is None or self._may_rebind(self._loop):
             self._loop = running

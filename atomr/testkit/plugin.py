@@ -6,6 +6,9 @@ so it must never break one: without pytest-asyncio (atomr's ``test`` extra)
 the fixtures are still defined, and a test that uses one fails with a message
 saying what to install; every other test runs as usual.
 
+A synchronous test may ask for a fixture's system; using it raises a
+``RuntimeError`` saying to make the test ``async def``.
+
 ``actor_system`` runs on the loop of the test that asks for it, whatever its
 pytest-asyncio ``loop_scope`` (the ``asyncio`` mark's, else
 ``asyncio_default_test_loop_scope``): pytest-asyncio would start it on the
@@ -50,12 +53,20 @@ _NEEDS_LOOP_SCOPES = (
 )
 
 
-def _new_system_function() -> Callable[[], AsyncIterator[ActorSystem]]:
-    """A new fixture function (each may carry its own loop scope)."""
+def _new_system_function(name: str = "actor_system") -> Callable[[], AsyncIterator[ActorSystem]]:
+    """A new fixture function (each may carry its own loop scope) of the
+    fixture ``name``: its system, used with no loop running (a sync test
+    that asks for it: its loop runs only async ones), says to make the test
+    ``async def`` (a sync test may ask for it without using it)."""
+    advice = (
+        f"it is the {name} fixture's, whose event loop runs only async tests: make "
+        "the test (or fixture) that uses it `async def`"
+    )
 
     async def actor_system() -> AsyncIterator[ActorSystem]:
         """A fresh ``ActorSystem`` on the fixture's loop, terminated at its teardown."""
         async with ActorSystem("test") as system:  # bound now: another loop is told so
+            system._no_loop_advice = advice
             yield system
 
     return actor_system
@@ -103,7 +114,8 @@ def actor_system_fixture(
     scope, loop = _check_scopes(name, scope, loop_scope)
     if not _HAVE_LOOP_SCOPES:
         return _failing(name, scope, _NEEDS_LOOP_SCOPES if _HAVE_PYTEST_ASYNCIO else None)
-    return pytest_asyncio.fixture(_new_system_function(), name=name, scope=scope, loop_scope=loop)
+    function = _new_system_function(name)
+    return pytest_asyncio.fixture(function, name=name, scope=scope, loop_scope=loop)
 
 
 def _failing(name: str, scope: Any, message: str | None = None) -> Any:

@@ -215,3 +215,43 @@ def test_without_loop_scopes_a_declared_fixture_fails_the_test_saying_so(
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*actor_system_fixture needs pytest-asyncio 0.24 or later*"])
+
+
+SYNC = """
+import pytest
+
+from atomr import Actor, Props
+from atomr.testkit.plugin import actor_system_fixture
+
+shared = actor_system_fixture("shared", scope="module")
+
+
+class Echo(Actor):
+    def receive(self, message):
+        return message
+
+
+def test_asks_without_using_it(actor_system):
+    assert actor_system.actors == []
+
+
+@pytest.mark.parametrize("name", ["actor_system", "shared"])
+def test_uses_it(request, name):
+    system = request.getfixturevalue(name)
+    system.spawn(Props(Echo))
+"""
+
+
+def test_a_sync_test_that_uses_a_fixture_s_system_is_told_to_be_async(
+    pytester: pytest.Pytester,
+) -> None:
+    """It used to be told 'use it inside a coroutine (e.g. atomr.run(main()))':
+    wrong inside pytest. A sync test may still ask for it without using it."""
+    _project(pytester, "function", "function")
+    pytester.makepyfile(test_sync=SYNC)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=2)
+    for name in ("actor_system", "shared"):
+        result.stdout.fnmatch_lines(
+            [f"E * RuntimeError: *it is the {name} fixture's, *make the test * `async def`"]
+        )

@@ -36,7 +36,7 @@ from .stopping import (
     shutdown,
     stopped_in_handler,
 )
-from .supervise import decide, failed, process_system, strategy_of, task_died
+from .supervise import decide, drop_system, failed, process_system, strategy_of, task_died
 from .supervision import Directive, SupervisorStrategy
 from .timers import Scheduler, TimerSet
 
@@ -261,6 +261,7 @@ class ActorCell(Inbound):
             if isinstance(error, KeyboardInterrupt | SystemExit):
                 raise  # asyncio stops the loop with it, as Python would
         finally:
+            drop_system(self)
             await shutdown(self)
 
     async def _start(self) -> bool:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Supervisor",
     "decide",
+    "drop_system",
     "failed",
     "handle_failure",
     "process_system",
@@ -141,6 +142,14 @@ def task_died(cell: ActorCell, error: BaseException, when: str = "") -> None:
     that ended as the actor stopped (or with a ``BaseException``), or as it
     restarted (``when``); lost, it is an ERROR all the same."""
     logger.error("task of %s died with %s%s", cell.label, bounded_repr(error), when, exc_info=error)
+
+
+def drop_system(cell: ActorCell) -> None:
+    """The actor stops: its queued system messages are never handled. The
+    failures of its tasks among them are lost: logged (`task_died`)."""
+    for kind, arg in cell.sysq:
+        if kind == "task failed":
+            task_died(cell, arg[0], " as its actor stopped (not supervised)")
 
 
 def resume(cell: ActorCell) -> None:

@@ -214,6 +214,32 @@ async def test_a_task_failing_as_its_actor_restarts_is_logged_as_when_it_stops(
     assert ref.is_alive == (ending == "restart")
 
 
+class StoppedAsItsTaskFails(Actor):
+    """Its task fails, and it is stopped before it handles that failure."""
+
+    def pre_start(self) -> None:
+        task = self.context.create_task(self._fail())
+        task.add_done_callback(lambda _: self.context.self_ref.stop())  # after the failure's
+
+    async def _fail(self) -> None:
+        await asyncio.sleep(0)
+        raise ValueError("lost")
+
+    def receive(self, message: Any) -> Any:
+        return message
+
+
+async def test_a_task_failure_that_a_stop_overtakes_is_logged(actor_system: ActorSystem) -> None:
+    """Queued for the actor, but the stop came first: nothing supervises it
+    any more, and it is logged as a task dying as its actor stops (it was
+    lost with no trace)."""
+    probe = TestProbe(actor_system)
+    async with expect_log("task of .* died with ValueError.*lost", level="ERROR"):
+        ref = actor_system.spawn(Props(StoppedAsItsTaskFails))
+        probe.watch(ref)
+        await probe.expect_terminated(ref)
+
+
 async def test_create_task_rejects_non_coroutines(actor_system: ActorSystem) -> None:
     class Bad(Actor):
         def receive(self, message: Any) -> Any:

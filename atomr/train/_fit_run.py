@@ -25,9 +25,27 @@ __all__ = ["FitRun"]
 
 @dataclass
 class _Tally:
+    """An epoch's loss sum (step losses times samples), samples, seconds. An
+    accumulation window's micro-steps count as they come, then the applying
+    step's loss (the window's mean) replaces them, times the window's
+    samples: its own `samples` are its micro-batch's alone (`StepStats`)."""
+
     loss_sum: float = 0.0
     samples: int = 0
     seconds: float = 0.0
+    window_loss: float = 0.0  # the open window's micro-steps in this epoch
+    window_samples: int = 0
+
+    def add(self, stats: StepStats) -> None:
+        """Count a step's loss and samples."""
+        self.samples += stats.samples
+        if not stats.applied:
+            self.loss_sum += stats.loss * stats.samples
+            self.window_loss += stats.loss * stats.samples
+            self.window_samples += stats.samples
+            return
+        self.loss_sum += stats.loss * (self.window_samples + stats.samples) - self.window_loss
+        self.window_loss, self.window_samples = 0.0, 0
 
     @property
     def mean_loss(self) -> float:
@@ -185,8 +203,7 @@ class FitRun:
         """Count a step (asked at `started`) in the epoch's figures and the
         position, and tell the callbacks."""
         tally.seconds += time.perf_counter() - started
-        tally.loss_sum += stats.loss * stats.samples
-        tally.samples += stats.samples
+        tally.add(stats)
         self.position.step += stats.updates if stats.applied else 0
         self.tell("on_step", self.position, stats, tally.mean_loss, tally.rate)
 

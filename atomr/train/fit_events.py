@@ -41,7 +41,8 @@ class EpochRecord:
     Attributes:
         epoch: 1-based epoch number.
         step: optimizer steps applied since the start of training (all runs).
-        train_loss: mean of the step losses of this epoch (weighted by samples).
+        train_loss: mean loss of this epoch's steps, each weighted by its
+            samples (an accumulation window's mean by the window's).
         train_accuracy: accuracy on the training set after the epoch.
         test_loss: loss on the validation set after the epoch (NaN without one).
         test_accuracy: accuracy on the validation set (NaN without one).

@@ -97,7 +97,8 @@ class _Weighted:
 
     def add(self, result: EvalResult, labels: int) -> None:
         weight = labels if result.normaliser is None else result.normaliser
-        self.loss_sum += result.loss * weight
+        if weight > 0:  # a batch of weight 0 has a NaN loss (`evaluation`)
+            self.loss_sum += result.loss * weight
         self.normaliser += weight
         self.correct += result.accuracy * labels
         self.labels += labels

@@ -68,6 +68,27 @@ async def test_class_weighted_loss_batch_by_batch_equals_the_whole_set(strategy:
             assert record.test_accuracy == pytest.approx(whole.test_accuracy, rel=1e-6)
 
 
+YZ = np.where(np.arange(30) < 16, 0, np.maximum(YS, 1))  # batch 0: class 0 alone
+ZERO_FIRST = TrainerConfig(OptimizerKind.adam(0.01), LossKind.weighted_cross_entropy([0, 1, 5]))
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_a_batch_whose_targets_all_weigh_0_counts_nothing_in_the_sets_loss(
+    strategy: str,
+) -> None:
+    """Its loss is undefined (NaN, weighted by its normaliser, 0), its
+    accuracy counts: the set was refused, before any step, when such a
+    batch came first (the validation set's probe)."""
+    async with ActorSystem("fit-evaluation") as system:
+        whole = await _validated(system, strategy, (XS, YZ), ZERO_FIRST)
+        batches = [(XS[i : i + 16], YZ[i : i + 16]) for i in range(0, 30, 16)]
+        for validation in (Batches(XS, YZ), batches):
+            record = await _validated(system, strategy, validation, ZERO_FIRST)
+            assert record.test_loss == pytest.approx(whole.test_loss, rel=1e-6)
+            assert record.test_accuracy == pytest.approx(whole.test_accuracy, rel=1e-6)
+    assert np.isfinite(whole.test_loss)
+
+
 def _asking(ref: Any) -> Evaluator:
     async def evaluate(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         result = await ref.ask(Evaluate(x, y))

@@ -66,6 +66,23 @@ async def test_evaluate_never_answers_a_non_finite_loss(strategy) -> None:
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
+async def test_evaluate_answers_a_nan_loss_for_targets_that_all_weigh_0(strategy) -> None:
+    """torch's 0/0, with a normaliser of 0 that `fit` weights it by (a Step
+    of them is refused: its gradient is undefined)."""
+    trainer_class, options, n = STRATEGIES[strategy]
+    x, _ = synthetic_classification(32, SIZES[0], SIZES[-1], seed=0)
+    zeros = np.zeros(32, dtype=np.int64)
+    config = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.weighted_cross_entropy([0, 1, 1]))
+    async with ActorSystem() as system:
+        ref = await trainer_class.spawn(system, Mlp(SIZES, seed=1), cpu_devices(n), config, options)
+        result = await ref.ask(Evaluate(x, zeros), timeout=10)
+        assert np.isnan(result.loss) and result.normaliser == 0.0
+        assert 0.0 <= result.accuracy <= 1.0 and result.samples == 32
+        with pytest.raises(ValueError):  # an InvalidBatchError (ps: "the round was empty")
+            await ref.ask(Step(x, zeros), timeout=10)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
 async def test_an_overflowing_gradient_is_refused_without_a_numpy_warning(strategy) -> None:
     """float64 features of 1e300: the gradient overflows, and every trainer
     refuses the step with `NonFiniteError` from its own explicit check, with

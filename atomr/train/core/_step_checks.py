@@ -65,7 +65,10 @@ def check_gradient(grad_norm: float, what: str = "step") -> None:
 
 
 def evaluation(loss_sum: float, normaliser: float, accuracy: float, samples: int) -> EvalResult:
-    """The answer to an `Evaluate`, never a NaN or infinite loss.
+    """The answer to an `Evaluate`: a finite loss, or NaN for a batch whose
+    targets all have class weight 0 (torch's 0/0, where a step is refused:
+    `check_normaliser`), which `fit` then weights by its normaliser, 0, so
+    that a set evaluated batch by batch is not refused for one such batch.
 
     Args:
         loss_sum: the batch's loss sum.
@@ -74,12 +77,15 @@ def evaluation(loss_sum: float, normaliser: float, accuracy: float, samples: int
         samples: the batch size.
 
     Returns:
-        `EvalResult(loss_sum / normaliser, accuracy, samples, normaliser)`.
+        `EvalResult(loss_sum / normaliser, accuracy, samples, normaliser)`;
+        with a normaliser of 0, the loss is NaN.
 
     Raises:
-        InvalidBatchError: `normaliser <= 0`.
+        InvalidBatchError: `normaliser < 0`.
         NonFiniteError: the mean loss is NaN or infinite (the message shows it).
     """
+    if normaliser == 0.0:
+        return EvalResult(math.nan, float(accuracy), int(samples), 0.0)
     check_normaliser(normaliser)
     loss = float(loss_sum) / float(normaliser)
     if not math.isfinite(loss):

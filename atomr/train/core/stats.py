@@ -44,7 +44,8 @@ class EvalResult:
     """The result of an `Evaluate`: loss and accuracy without updating weights.
 
     Attributes:
-        loss: mean loss over the batch (the loss kind's reduction).
+        loss: mean loss over the batch (the loss kind's reduction); NaN
+            when every target has class weight 0 (`normaliser` 0, torch's 0/0).
         accuracy: fraction of samples whose arg-max output equals the label
             (cross-entropy losses); NaN for MSE, which has no class labels.
         samples: number of samples evaluated.

@@ -371,7 +371,8 @@ class DataParallelTrainer(Actor):
         """Loss and accuracy of the whole batch, sharded over the local replicas.
 
         Raises:
-            InvalidBatchError: bad input, or every target has class weight 0.
+            InvalidBatchError: bad input (targets all of class weight 0 are
+                not: their loss is NaN, `evaluation`).
         """
         x, y = self._validate(message)
         msgs = [EvaluateShard(xs, ys) for xs, ys in self._runner.shards(x, y)]

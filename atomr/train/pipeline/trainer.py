@@ -259,11 +259,10 @@ class PipelineParallelTrainer(Actor):
         whole batch's loss normaliser.
 
         Raises:
-            InvalidBatchError: bad input, or every target of weight 0.
+            InvalidBatchError: bad input.
         """
         x, y = group.spec.validate(features, labels, self.config.loss)
         norm = self.config.loss.normaliser(y, group.spec.dtype)
-        check_normaliser(norm)
         bounds = np.cumsum([0, *self.options.micro_batch_sizes(x.shape[0])])
         xs = tuple(x[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
         ys = tuple(y[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
@@ -299,6 +298,7 @@ class PipelineParallelTrainer(Actor):
     async def _step(self, group: StageGroup, msg: Step) -> StepStats:
         t0 = time.perf_counter()
         xs, ys, norm = self._batch(group, msg.features, msg.labels)
+        check_normaliser(norm)  # every target of weight 0 (an evaluation's loss is NaN)
         reports = await group.run(self._next_pass(xs, ys, norm, train=True), self._resumed)
         loss_sum = reports[-1].loss_sum
         check_loss(loss_sum)

@@ -210,7 +210,7 @@ class ShardMath(DeviceActor):
         loss_sum, norm = self.loss.sums(be, out, be.to_device(y), grad)
         if train:  # an evaluation's loss is checked where its answer is made (`evaluation`)
             check_loss(loss_sum)
-        check_normaliser(norm)
+            check_normaliser(norm)
         correct = -1
         if not train and self.loss.is_classification:
             correct = int(np.sum(np.argmax(be.to_host(out), axis=1) == y))

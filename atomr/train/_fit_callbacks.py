@@ -38,16 +38,29 @@ HOOKS = {name: _parameters(name) for name in vars(FitCallback) if name.startswit
 """Every `FitCallback` hook and the arguments `fit` calls it with."""
 
 
+def _not_awaited(where: str) -> TypeError:
+    """The error of a hook that is an async function: `fit` calls hooks
+    without awaiting them, so its body would never run."""
+    return TypeError(
+        f"callbacks: {where} is an async function, but fit calls its hooks without "
+        "awaiting them (its body would never run): make it a plain function"
+    )
+
+
 def check_callable_hooks(callbacks: Sequence[FitCallback]) -> None:
     """Raises TypeError, naming it, for a hook of `callbacks` that cannot
     take the arguments `fit` passes it (an `on_evaluate` written without its
-    `position`, say): checked before any step, not when first called, after
-    the first epoch's training. A hook whose signature Python cannot read
-    (a builtin) is left to its call."""
+    `position`, say), or that is an async function (`_not_awaited`): checked
+    before any step, not when first called, after the first epoch's
+    training. A hook whose signature Python cannot read (a builtin) is left
+    to its call."""
     for callback in callbacks:
         for hook, names in HOOKS.items():
+            method = getattr(callback, hook)
+            if inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method):
+                raise _not_awaited(f"{type(callback).__name__}.{hook}")
             try:
-                inspect.signature(getattr(callback, hook)).bind(*names)
+                inspect.signature(method).bind(*names)
             except ValueError:
                 continue
             except TypeError as exc:
@@ -81,16 +94,21 @@ class Callbacks:
 
     def tell(self, hook: str, step: int, *args: Any) -> None:
         """Call `hook(*args)` of every callback that has not raised yet, in
-        order; one that raises is kept in `failures` (at `step`), and the
-        others are still called. Each callback gets a copy of its own of a
-        `FitPosition` among `args` (the run's moves on with every step: a
-        callback may keep its copy, or change it, and nothing else moves)."""
+        order; one that raises, or returns an awaitable (an async hook
+        `check_callable_hooks` could not tell: closed unrun, a TypeError), is
+        kept in `failures` (at `step`), and the others are still called.
+        Each callback gets a copy of its own of a `FitPosition` among `args`
+        (the run's moves on with every step: a callback may keep its copy,
+        or change it, and nothing else moves)."""
         for callback in self._callbacks:
             if any(callback is failed for failed in self._failed):
                 continue
             own = [replace(a) if isinstance(a, FitPosition) else a for a in args]
             try:
-                getattr(callback, hook)(*own)
+                result = getattr(callback, hook)(*own)
+                if inspect.isawaitable(result):
+                    getattr(result, "close", lambda: None)()  # no "never awaited" warning
+                    raise _not_awaited(f"{type(callback).__name__}.{hook}")
             except Exception as exc:
                 self._failed.append(callback)
                 self.failures.append(

@@ -201,7 +201,7 @@ async def fit(
             `trainer` not an `ActorRef` (an un-awaited `spawn`, say), a
             count that is not an int >= 1 (`seed`: >= 0; a bool is no
             int), a callback hook that cannot take the arguments `fit`
-            passes it, a `start` that does not fit, `drop_last` not a bool, or
+            passes it or is an async function (never awaited), a `start` that does not fit, `drop_last` not a bool, or
             True for an iterable or a callable), or a dataset or batch of the
             wrong length or shape; TypeError also for an `evaluate` or
             `agree_to_stop` hook that is no async function or returns the

@@ -94,7 +94,9 @@ class StopFlag:
 
 
 class FitCallback:
-    """Hooks `fit` calls; override the ones you need (each does nothing here).
+    """Hooks `fit` calls; override the ones you need (each does nothing here)
+    with plain functions: `fit` does not await a hook, and refuses an async
+    one (a TypeError before any step; at its call for a callable object).
 
     A callback that raises ends the run with that exception, without
     keeping the others from hearing what they must (a history, a save):

@@ -37,6 +37,13 @@ class _ObjectHook(FitCallback):
         self.on_epoch_end = _CallableHook()  # type: ignore[assignment,method-assign]
 
 
+class _AsyncHook(FitCallback):
+    """An `on_epoch_end` written as an async function: fit does not await it."""
+
+    async def on_epoch_end(self, record: Any, epochs: int) -> None:  # type: ignore[override]
+        pass
+
+
 @pytest.mark.parametrize(
     ("callback", "needle"),
     [
@@ -44,8 +51,10 @@ class _ObjectHook(FitCallback):
                          r"\(split, loss, accuracy, position\)"),
         (_ObjectHook(), r"_ObjectHook.on_epoch_end cannot take the 2 arguments fit passes it "
                         r"\(record, epochs\)"),
+        (_AsyncHook(), r"_AsyncHook.on_epoch_end is an async function, but fit calls its "
+                       r"hooks without awaiting them"),
     ],
-    ids=["method", "callable"],
+    ids=["method", "callable", "async"],
 )  # fmt: skip
 async def test_a_callback_hook_fit_cannot_call_is_refused_before_any_step(
     callback: FitCallback, needle: str
@@ -58,3 +67,28 @@ async def test_a_callback_hook_fit_cannot_call_is_refused_before_any_step(
         with pytest.raises(TypeError, match=needle):
             await fit(trainer, (X, Y), epochs=1, batch_size=16, callbacks=[callback])
         np.testing.assert_array_equal(await trainer.ask(GetWeights()), before)
+
+
+class _AwaitableHook(FitCallback):
+    """An `on_step` that is a callable object returning a coroutine: only
+    its call tells that it is async."""
+
+    def __init__(self) -> None:
+        self.on_step = self._Call()  # type: ignore[assignment,method-assign]
+
+    class _Call:
+        def __call__(self, *args: Any) -> Any:
+            async def work() -> None:
+                pass
+
+            return work()
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # its coroutine is closed, not left unrun
+async def test_a_hook_that_returns_an_awaitable_stops_the_run_after_its_step() -> None:
+    """Its work was dropped, the run going on as if it had been done."""
+    async with ActorSystem("fit-run") as system:
+        trainer = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", CONFIG)
+        with pytest.raises(TypeError, match="_AwaitableHook.on_step is an async function") as e:
+            await fit(trainer, (X, Y), epochs=1, batch_size=16, callbacks=[_AwaitableHook()])
+    assert "raised after step 1; the run stopped" in "".join(e.value.__notes__)

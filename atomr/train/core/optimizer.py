@@ -220,8 +220,15 @@ class OptimizerKind:
         return replace(self, schedule=schedule)
 
     def lr_at(self, epoch: int) -> float:
-        """The learning rate of the update made after `epoch` updates."""
-        return self.lr if self.schedule is None else self.schedule.lr(self.lr, epoch)
+        """The learning rate of the update made after `epoch` updates; inf
+        for a growing schedule past float's range (`hyperparameters_at`
+        refuses it)."""
+        if self.schedule is None:
+            return self.lr
+        try:
+            return self.schedule.lr(self.lr, epoch)
+        except OverflowError:  # a growing power past float's range (StepLR's gamma > 1)
+            return math.inf
 
     def check_dtype(self, dtype: Any) -> None:
         """Check that the rule can update parameters of `dtype` (the model's):
@@ -262,10 +269,7 @@ class OptimizerKind:
         """
         if self.schedule is None:
             return self.hyperparameters
-        try:
-            lr = self.schedule.lr(self.lr, epoch)
-        except OverflowError:  # a growing power past float's range: refused below
-            lr = math.inf
+        lr = self.lr_at(epoch)  # inf past float's range: refused below
         last_lr, last_dtype, hyper = self._scheduled
         if lr != last_lr or dtype != last_dtype:
             try:

@@ -293,6 +293,7 @@ def test_a_schedule_beyond_floats_range_is_the_same_value_error(schedule: Any) -
     kind = OptimizerKind.sgd(1.0).with_schedule(schedule)
     with pytest.raises(ValueError, match="update 401: scheduled"):
         kind.hyperparameters_at(400, np.dtype(np.float64))
+    assert kind.lr_at(400) == math.inf  # was the OverflowError itself
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import atomr
 from atomr.cli.errors import CliError, reported_as
 from atomr.cli.interrupt import interruption, sigterm_interrupts
 
-__all__ = ["main"]
+__all__ = ["main", "parse_command_line"]
 
 # What `atomr launch` / `atomr bench` pass on goes after "--"; a user who
 # forgot it is told so.
@@ -35,8 +35,10 @@ def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _parsed(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """The parsed arguments, and those after "--".
+def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed arguments of the `atomr` command (`argv`, without the
+    program name), and those after "--". `atomr launch` parses its ranks'
+    command lines with it too.
 
     Raises:
         CliError: arguments the command does not take.
@@ -57,7 +59,7 @@ def _parsed(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def _dispatch(argv: Sequence[str] | None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     try:
-        args, passed = _parsed(words)
+        args, passed = parse_command_line(words)
     except (CliError, KeyboardInterrupt) as exc:  # an interrupt: while the parser loads
         from atomr.cli.parser import asks_for_distributed_training
 

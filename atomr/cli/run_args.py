@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from atomr.accel import Device
 from atomr.accel.hyperparameters import given_in_float32
 from atomr.cli.device_option import resolve_devices
 from atomr.cli.errors import CliError, count_flag
@@ -20,7 +19,14 @@ from atomr.cli.model_options import GptShape, flag_of, resolve_model
 from atomr.cli.strategies import STRATEGIES
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
 
-__all__ = ["MIN_SAMPLES", "checked_fields", "default_lr", "mpi_place", "parse_hidden"]
+__all__ = [
+    "MIN_SAMPLES",
+    "argument_fields",
+    "checked_fields",
+    "default_lr",
+    "mpi_place",
+    "parse_hidden",
+]
 
 _SYNTHETIC_DEFAULTS = {"samples": 20_000, "features": 64, "classes": 10}
 MIN_SAMPLES = 10
@@ -210,19 +216,26 @@ def _check_limits(args: argparse.Namespace) -> None:
         raise CliError(f"--clip must be positive and finite, got {args.clip}")
 
 
-def _check_distributed_and_resume(args: argparse.Namespace) -> None:
-    """Check that `--distributed` goes with a strategy it can run and that the
-    `--resume` checkpoint exists.
+def _check_distributed(args: argparse.Namespace) -> None:
+    """Check that `--distributed` goes with a strategy it can run.
 
     Raises:
         CliError: `--distributed` with a strategy that cannot run across MPI
-            ranks (no `Strategy.job`), or a `--resume` path that is not a file.
+            ranks (no `Strategy.job`).
     """
     if args.distributed and STRATEGIES[args.strategy].job is None:
         raise CliError(
             "--distributed runs data parallel (plain or sharded) across MPI ranks; it "
             f"cannot be combined with --strategy {args.strategy}"
         )
+
+
+def _check_resume(args: argparse.Namespace) -> None:
+    """Check that the `--resume` checkpoint exists (on this machine).
+
+    Raises:
+        CliError: a `--resume` path that is not a file.
+    """
     if args.resume is not None and os.path.isdir(args.resume):
         raise CliError(f"--resume: {args.resume!r} is a directory, not a checkpoint file")
     if args.resume is not None and not os.path.isfile(args.resume):
@@ -258,17 +271,14 @@ def _check_name(args: argparse.Namespace) -> None:
         )
 
 
-def _model_fields(
-    args: argparse.Namespace, devices: tuple[Device, ...], gpt: GptShape | None
-) -> dict[str, Any]:
-    """The `RunConfig` fields of the model, the strategy and its devices.
+def _model_fields(args: argparse.Namespace, gpt: GptShape | None) -> dict[str, Any]:
+    """The `RunConfig` fields of the model and the strategy.
 
     Raises:
         CliError: a bad `--hidden` (see `parse_hidden`).
     """
     return dict(
         strategy=args.strategy,
-        devices=devices,
         hidden=parse_hidden(args.hidden),
         activation=args.activation,
         model=args.model,
@@ -276,10 +286,8 @@ def _model_fields(
     )
 
 
-def _parallelism_fields(
-    args: argparse.Namespace, dist: DistributedTrainConfig | None
-) -> dict[str, Any]:
-    """The `RunConfig` fields of the parallel strategies' own options and MPI."""
+def _parallelism_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The `RunConfig` fields of the parallel strategies' own options."""
     return dict(
         schedule=args.schedule,
         micro_batch_size=args.micro_batch_size,
@@ -288,7 +296,6 @@ def _parallelism_fields(
         policy=args.policy,
         average_every=args.average_every,
         zero_stage=args.zero_stage,
-        dist=dist,
     )
 
 
@@ -321,9 +328,12 @@ def _data_fields(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-def _output_fields(args: argparse.Namespace, dist: DistributedTrainConfig | None) -> dict[str, Any]:
-    """The `RunConfig` fields of the checkpoints and outputs (quiet on every
-    MPI rank but the root)."""
+def _output_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The `RunConfig` fields of the checkpoints and outputs.
+
+    Raises:
+        CliError: a file's path that names a folder, or an empty folder path.
+    """
     return dict(
         checkpoint=_file_path("--checkpoint", args.checkpoint),
         resume=_path(args.resume),
@@ -333,15 +343,18 @@ def _output_fields(args: argparse.Namespace, dist: DistributedTrainConfig | None
         history=_file_path("--history", args.history),
         metrics=_file_path("--metrics", args.metrics),
         tensorboard=_folder_path("--tensorboard", args.tensorboard),
-        quiet=args.quiet or (dist is not None and not dist.is_root),
+        quiet=args.quiet,
     )
 
 
-def checked_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """Check the parsed `atomr train` arguments and resolve the defaults.
+def argument_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """Check what the parsed `atomr train` arguments decide alone and resolve
+    its defaults: every check of `checked_fields` but those of this process's
+    machine and files (its devices, its place in an MPI job, the `--resume`
+    file). `atomr launch` runs them once, before it starts the ranks.
 
     Returns:
-        `RunConfig`'s fields by name.
+        `RunConfig`'s fields by name, but `devices` and `dist`.
 
     Raises:
         CliError: any option out of range or inconsistent with another.
@@ -351,14 +364,33 @@ def checked_fields(args: argparse.Namespace) -> dict[str, Any]:
     _check_counts(args)
     lr, momentum = _lr_and_momentum(args)
     _check_limits(args)
-    _check_distributed_and_resume(args)
-    dist = mpi_place() if args.distributed else None
-    devices = resolve_devices(args.devices, args.strategy, dist)
+    _check_distributed(args)
     _check_name(args)
     return {
-        **_model_fields(args, devices, gpt),
-        **_parallelism_fields(args, dist),
+        **_model_fields(args, gpt),
+        **_parallelism_fields(args),
         **_optimisation_fields(args, lr, momentum),
         **_data_fields(args),
-        **_output_fields(args, dist),
+        **_output_fields(args),
     }
+
+
+def checked_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """Check the parsed `atomr train` arguments (`argument_fields`), then the
+    `--resume` file, this process's place in an MPI job (`--distributed`) and
+    its devices; resolve the defaults.
+
+    Returns:
+        `RunConfig`'s fields by name (quiet on every MPI rank but the root).
+
+    Raises:
+        CliError: any option out of range or inconsistent with another, a
+            missing `--resume` file, no MPI job, or devices this machine
+            does not have.
+    """
+    fields = argument_fields(args)
+    _check_resume(args)
+    dist = mpi_place() if args.distributed else None
+    devices = resolve_devices(args.devices, args.strategy, dist)
+    quiet = fields["quiet"] or (dist is not None and not dist.is_root)
+    return {**fields, "devices": devices, "dist": dist, "quiet": quiet}

@@ -44,6 +44,7 @@ __all__ = [
     "find_mpiexec",
     "launch",
     "mpiexec_command",
+    "rank_arguments",
     "run_mpiexec",
 ]
 
@@ -330,10 +331,17 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
         ValueError: `n < 1`.
         FileNotFoundError: no `mpiexec` (install the `mpi` extra: `pip install -e '.[mpi]'`).
     """
+    program = [sys.executable, "-m", "atomr.cli", "train", *rank_arguments(argv)]
+    return run_mpiexec(n, program, timeout).returncode
+
+
+def rank_arguments(argv: Sequence[str]) -> list[str]:
+    """The `atomr train` arguments each rank of `launch(n, argv)` is given:
+    `argv` without a leading "--", with `--distributed` added unless it
+    holds it."""
     args = list(argv)
     if "--" in args[:1]:
         args = args[1:]
     if "--distributed" not in args:
         args = ["--distributed", *args]
-    program = [sys.executable, "-m", "atomr.cli", "train", *args]
-    return run_mpiexec(n, program, timeout).returncode
+    return args

@@ -15,6 +15,7 @@ from typing import Any
 from atomr.accel import ACTIVATIONS
 from atomr.cli.errors import CliError, count_flag
 from atomr.train.core.model import gpt
+from atomr.train.core.model.structure import drop_probability
 
 __all__ = [
     "GPT_FLAGS",
@@ -134,8 +135,10 @@ def _gpt_shape(args: argparse.Namespace) -> GptShape:
         count_flag(flag_of(name), getattr(shape, name))
     if shape.d_model % shape.n_head:
         raise CliError(f"--n-head {shape.n_head} must divide --d-model {shape.d_model}")
-    if not 0.0 <= shape.dropout < 1.0:
-        raise CliError(f"--dropout must be in [0, 1), got {shape.dropout}")
+    try:
+        drop_probability("--dropout", shape.dropout)  # the model's own rule
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     return shape
 
 

@@ -7,15 +7,14 @@ defaults they resolve (devices, learning rate, model shape). `RunConfig`
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from pathlib import Path
 from typing import Any
 
-from atomr.accel.hyperparameters import given_in_float32
 from atomr.cli.device_option import resolve_devices
 from atomr.cli.errors import CliError, count_flag
 from atomr.cli.model_options import GptShape, flag_of, resolve_model
+from atomr.cli.optimizer_options import checked_lr_and_momentum
 from atomr.cli.strategies import STRATEGIES
 from atomr.train.comm.mpi.job import DistributedTrainConfig, NotLaunchedError
 
@@ -23,7 +22,6 @@ __all__ = [
     "MIN_SAMPLES",
     "argument_fields",
     "checked_fields",
-    "default_lr",
     "mpi_place",
     "parse_hidden",
 ]
@@ -31,7 +29,6 @@ __all__ = [
 _SYNTHETIC_DEFAULTS = {"samples": 20_000, "features": 64, "classes": 10}
 MIN_SAMPLES = 10
 """The fewest `--samples` a synthetic set may have: a fifth is held out for testing."""
-_DEFAULT_MOMENTUM = 0.9
 
 
 def _refuse_flags_that_do_not_apply(args: argparse.Namespace) -> None:
@@ -74,18 +71,6 @@ def _refuse_unused_run_folder(args: argparse.Namespace) -> None:
         for flag, value in (("--name", args.name), ("--run-dir", args.run_dir)):
             if value is not None:
                 raise CliError(f"{flag} is unused when --plot and --history are both given")
-
-
-def default_lr(optimizer: str) -> float:
-    """The learning rate used when `--lr` is not given.
-
-    Args:
-        optimizer: "sgd", "adam" or "adamw".
-
-    Returns:
-        0.05 for SGD (with momentum 0.9), 0.005 for Adam and AdamW.
-    """
-    return 0.05 if optimizer == "sgd" else 0.005
 
 
 def parse_hidden(text: str) -> tuple[int, ...]:
@@ -179,41 +164,18 @@ def _check_counts(args: argparse.Namespace) -> None:
         raise CliError(f"--seed must be >= 0, got {args.seed}")
 
 
-def _lr_and_momentum(args: argparse.Namespace) -> tuple[float, float]:
-    """The learning rate and SGD momentum, defaults filled in.
-
-    Raises:
-        CliError: `--lr` not positive and finite in float32 (0 there
-            included), or `--momentum` not in [0, 1).
-    """
-    lr = default_lr(args.optimizer) if args.lr is None else args.lr
-    try:
-        finite = given_in_float32("--lr", lr) > 0  # the optimizer's own rule
-    except ValueError:
-        finite = False
-    if not finite:
-        raise CliError(f"--lr must be positive and finite in float32, got {args.lr}")
-    momentum = _DEFAULT_MOMENTUM if args.momentum is None else args.momentum
-    if not (math.isfinite(momentum) and 0 <= momentum < 1):
-        raise CliError(f"--momentum must be in [0, 1), got {args.momentum}")
-    return lr, momentum
-
-
 def _check_limits(args: argparse.Namespace) -> None:
-    """Check `--max-steps`, `--warmup-epochs` (against `--epochs`) and `--clip`.
+    """Check `--max-steps` and `--warmup-epochs` (against `--epochs`).
 
     Raises:
-        CliError: `--max-steps` below 1 or beyond `INDEX_MAX`,
-            `--warmup-epochs` negative or not less than `--epochs`, or
-            `--clip` not positive and finite.
+        CliError: `--max-steps` below 1 or beyond `INDEX_MAX`, or
+            `--warmup-epochs` negative or not less than `--epochs`.
     """
     count_flag("--max-steps", args.max_steps)
     if not 0 <= args.warmup_epochs < args.epochs:
         raise CliError(
             f"--warmup-epochs must be >= 0 and less than --epochs, got {args.warmup_epochs}"
         )
-    if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
-        raise CliError(f"--clip must be positive and finite, got {args.clip}")
 
 
 def _check_distributed(args: argparse.Namespace) -> None:
@@ -362,7 +324,9 @@ def argument_fields(args: argparse.Namespace) -> dict[str, Any]:
     gpt = resolve_model(args)
     _refuse_flags_that_do_not_apply(args)
     _check_counts(args)
-    lr, momentum = _lr_and_momentum(args)
+    lr, momentum = checked_lr_and_momentum(
+        args.optimizer, args.lr, args.momentum, args.loss, args.clip
+    )
     _check_limits(args)
     _check_distributed(args)
     _check_name(args)

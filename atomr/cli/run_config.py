@@ -15,8 +15,9 @@ from typing import Any
 
 from atomr.accel import Device
 from atomr.cli.model_options import GptShape
+from atomr.cli.optimizer_options import update_rule
 from atomr.cli.run_args import checked_fields
-from atomr.train import LossKind, OptimizerKind, TrainerConfig
+from atomr.train import TrainerConfig
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.core.schedule import (
     CosineAnnealingLR,
@@ -106,16 +107,14 @@ class RunConfig:
     def trainer_config(self, steps_per_epoch: int = 1) -> TrainerConfig:
         """The `TrainerConfig` (optimizer, loss, clipping, learning-rate
         schedule over `steps_per_epoch` updates an epoch) of this run."""
-        if self.optimizer == "sgd":
-            opt = OptimizerKind.sgd(self.lr, momentum=self.momentum)
-        elif self.optimizer == "adam":
-            opt = OptimizerKind.adam(self.lr)
-        else:
-            opt = OptimizerKind.adamw(self.lr)
-        loss = LossKind.MSE if self.loss == "mse" else LossKind.CROSS_ENTROPY
-        schedule = self.lr_schedule_for(steps_per_epoch)
-        return TrainerConfig(
-            opt, loss, gradient_clip=self.clip, schedule=schedule, max_steps=self.max_steps
+        return update_rule(
+            self.optimizer,
+            self.lr,
+            self.momentum,
+            self.loss,
+            self.clip,
+            schedule=self.lr_schedule_for(steps_per_epoch),
+            max_steps=self.max_steps,
         )
 
     def data_options(self) -> dict[str, Any]:

@@ -46,3 +46,20 @@ def test_a_rank_interrupted_as_the_ranks_join_stops_the_run_on_every_rank(
     assert "atomr: interrupted" in err  # rank 0, having written the outputs
     history = json.loads((run / "history.json").read_text())
     assert (history["status"], history["epochs"]) == ("interrupted", [])
+
+
+@pytest.mark.mpi
+def test_a_rank_killed_by_a_second_sigterm_in_training_ends_the_job(tmp_path: Path) -> None:
+    """The documented behaviour (docs/distributed.md, "A rank stopped twice
+    in training"): the second signal kills rank 1 by its default action;
+    hydra then kills rank 0 at once, without a word from it, or rank 0 waits
+    out its collective timeout (here 10 s) and names rank 1 as it names a
+    frozen rank. Either way the job ends, non-zero, within the deadline."""
+    run = tmp_path / "run"
+    argv = [*SCRIPT, "training_twice", *TINY, "--run-dir", str(run)]
+    code, err = _mpiexec(2, argv, timeout=QUICK_S)
+    assert code not in (0, 124), err  # 124: still running at the deadline
+    assert "atomr: SIGTERM: stopping after this step" in err  # rank 1's first signal
+    assert "Traceback" not in err
+    if "[rank 0]" in err:  # it waited for rank 1, then ended the job
+        assert "rank 1 never joined (dead, stuck or out of step)" in err, err

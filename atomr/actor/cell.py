@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import threading
 import weakref
 from collections import deque
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ActorCell"]
 
-logger = logging.getLogger("atomr.actor")
 
 THROUGHPUT = 1024
 """Messages an actor handles before yielding the loop to others."""

@@ -372,11 +372,12 @@ async def run_start_hook(cell: ActorCell, call: Callable[[], Any], hook: str, wh
 
 
 def stopped_in_handler(cell: ActorCell, message: Any, hook: str = "receive") -> bool:
-    """A handler of ``cell`` (or its async ``pre_start``: ``hook``) was
-    cancelled. True when the actor's stop cancelled it: the ask it was
-    answering gets ``ActorStoppedError``. False otherwise, after logging a
-    handler that let a ``CancelledError`` of its own escape (the loop then
-    re-raises it and the actor stops)."""
+    """A handler of ``cell`` (or an async hook named by ``hook``:
+    ``pre_start``, ``pre_restart``, ``post_restart``) was cancelled. True
+    when the actor's stop cancelled it: the ask it was answering gets
+    ``ActorStoppedError``. False otherwise, after logging a handler that
+    let a ``CancelledError`` of its own escape (the loop then re-raises it
+    and the actor stops)."""
     task = cell.task
     if cell.stop_requested and task is not None and task.cancelling():
         reply = cell.current[2] if cell.current is not None else None

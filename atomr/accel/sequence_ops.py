@@ -30,7 +30,8 @@ def _on_cpu(be: Any) -> bool:
 def layernorm_forward(
     be: Any, x: Any, gamma: Any, beta: Any, y: Any, mean: Any, rstd: Any, eps: float
 ) -> None:
-    """`y = LayerNorm(x)` over the last axis of the 2-D `x`, keeping `mean` and `rstd` (rows)."""
+    """`y = LayerNorm(x)` over the last axis of the 2-D `x`, keeping `mean` and `rstd` (rows;
+    float64 buffers keep them as computed, for a backward that sees the forward's xhat)."""
     run = layernorm.layernorm_forward_cpu if _on_cpu(be) else layernorm.layernorm_forward_cuda
     run(x, gamma, beta, y, mean, rstd, eps)
 

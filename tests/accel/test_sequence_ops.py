@@ -62,3 +62,18 @@ def test_the_backend_equals_float64_on_the_cpu(be, rng, layer, shape, tokens) ->
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
+
+
+def test_layernorm_backward_uses_the_forward_row_mean_unrounded(be, rng) -> None:
+    # rows far from 0 with a small spread: the float32 mean of [1e8, 1e8 + 8]
+    # rounds to one end, and a backward from that kept mean saw xhat = [0, 2]
+    # (the forward's is [-1, 1]); at 1000 +- 0.01 its gradients were off by 0.3 %
+    layer = LayerNorm(8)
+    params = [a + 0.1 * rng.standard_normal(a.shape) for a in layer.init_params(rng)]
+    x = np.concatenate([1e3 + 1e-2 * rng.standard_normal((3, 8)), np.tile([1e8, 1e8 + 8], (1, 4))])
+    x = x.astype(np.float32).astype(np.float64)  # the same inputs in both dtypes
+    dy = rng.standard_normal(x.shape)
+    got = _run(be, layer, params, x, dy, np.float32)
+    want = _run(cpu_backend(), layer, params, x, dy, np.float64)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * np.abs(w).max())

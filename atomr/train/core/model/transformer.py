@@ -163,12 +163,18 @@ class LayerNorm(Layer):
         return in_shape
 
     def forward(self, be: Any, params: list[Any], x: Any, ctx: ForwardContext) -> tuple[Any, Any]:
-        """Normalise each row; keeps the input and each row's mean and rstd."""
+        """Normalise each row; keeps the input and each row's mean and rstd.
+
+        The mean and rstd are kept in float64, as the kernel computes them:
+        rounded to float32, the backward's `x - mean` differed from the
+        forward's (for rows far from 0 with a small spread, xhat and the
+        gradients were wrong: `[1e8, 1e8 + 8]` gave xhat `[0, 2]`, not `[-1, 1]`).
+        """
         gamma, beta = params
         x2 = x.reshape(-1, self.d_model)
         y = be.empty(x2.shape, dtype=x.dtype)
-        mean = be.empty((x2.shape[0],), dtype=x.dtype)
-        rstd = be.empty((x2.shape[0],), dtype=x.dtype)
+        mean = be.empty((x2.shape[0],), dtype=np.float64)
+        rstd = be.empty((x2.shape[0],), dtype=np.float64)
         ops.layernorm_forward(be, x2, gamma, beta, y, mean, rstd, self.eps)
         return y.reshape(x.shape), (x2, mean, rstd)
 

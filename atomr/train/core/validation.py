@@ -329,19 +329,20 @@ class BatchSpec:
 def check_input_batch(x: Any, in_shape: tuple[int, ...], input_kind: str) -> None:
     """Check a batch given to a model's forward pass (`Sequential.forward`),
     already on the device: `(batch, *in_shape)` (a layer given another shape
-    would fail later with a message about itself), and floats for a float
-    model (bools or ints would be cast without a word; token ids are the
-    first layer's to check). A trainer's `BatchSpec.validate` checks more.
+    would fail later with a message about itself), and float32 or float64
+    for a float model, as a `Step` takes (`is_float32_or_64`; bools, ints or
+    float16 would be cast without a word; token ids are the first layer's to
+    check). A trainer's `BatchSpec.validate` checks more.
 
     Raises:
         ValueError: `x` is not `(batch, *in_shape)`.
-        TypeError: `input_kind` is "float" and `x` holds no floats.
+        TypeError: `input_kind` is "float" and `x` holds no float32 or float64.
     """
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) < 1 or tuple(shape[1:]) != in_shape:
         shown = tuple(shape) if shape is not None else type(x).__name__
         wanted = ", ".join(["batch", *map(str, in_shape)])
         raise ValueError(f"the model takes inputs of shape ({wanted}), got {shown}")
-    kind = getattr(getattr(x, "dtype", None), "kind", None)
-    if input_kind == "float" and kind != "f":
-        raise TypeError(f"the model takes float features, got {getattr(x, 'dtype', None)}")
+    dtype = getattr(x, "dtype", None)
+    if input_kind == "float" and not (dtype is not None and is_float32_or_64(np.dtype(dtype))):
+        raise TypeError(f"the model takes float32 or float64 features, got {dtype}")

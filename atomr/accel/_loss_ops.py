@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from atomr.accel._ops_base import OpsBase
-from atomr.accel.hyperparameters import given_in
 
 __all__ = ["LossOps", "check_class_weights"]
 
@@ -53,7 +52,7 @@ class LossOps(OpsBase, abc.ABC):
         Raises:
             TypeError: wrong array type or dtype, labels not integers.
             ValueError: shape mismatch, not contiguous, a label out of range, a
-                weight non-finite, negative or rounding to 0 (`given_in`), or
+                weight non-finite, negative or below the smallest normal number, or
                 grad sharing memory with labels or weights.
         """
         self.validate("softmax_cross_entropy", logits=logits, grad=grad, read_only=("logits",))
@@ -105,7 +104,7 @@ class LossOps(OpsBase, abc.ABC):
     def _check_ce_weights(self, weights: Any, c: int, dtype: np.dtype[Any]) -> None:
         """Refuse class weights that are not c floats, finite in ``dtype`` (the
         logits', which the kernel computes in), non-negative and, when not 0,
-        not 0 in ``dtype`` (``check_class_weights``). Weights in the backend's memory must already
+        normal in ``dtype`` (``check_class_weights``). Weights in the backend's memory must already
         have ``dtype`` and are copied to the host for the check.
 
         Raises:
@@ -185,9 +184,10 @@ def check_class_weights(what: str, weights: Any, dtype: Any = np.float64) -> Non
     """The rule for cross-entropy's per-class weights, shared by the backend's
     checked ``softmax_cross_entropy`` and ``LossKind``: every weight is finite
     in ``dtype`` (the dtype the kernel computes in: 1e39 is infinite in
-    float32), non-negative, and not so small that it rounds to 0 there
-    (``given_in``'s rule and message: 1e-50 would silently drop its class
-    from a float32 loss; a float64 one keeps it).
+    float32), non-negative, and 0 or at least ``dtype``'s smallest normal
+    number: 1e-50 would round to 0 in float32, silently dropping its class
+    (a float64 loss keeps it), and the mean's ``1 / weight sum`` of a
+    subnormal weight (1e-39 in float32) is infinite.
 
     Args:
         what: names the weights in the message.
@@ -200,13 +200,19 @@ def check_class_weights(what: str, weights: Any, dtype: Any = np.float64) -> Non
     given = np.asarray(weights).reshape(-1)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         w = given.astype(dtype)
-    zeroed = (w == 0) & (given != 0)
+    tiny = np.finfo(dtype).tiny
+    low = (given > 0) & (w < tiny)  # 0 or subnormal once cast
     # the sign of the given value: a tiny negative one is -0.0 once cast to float32
-    bad = np.flatnonzero(~np.isfinite(w) | (w < 0) | (given < 0) | zeroed)
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0) | (given < 0) | low)
     if bad.size:
         k = int(bad[0])
-        if zeroed[k] and given[k] > 0:
-            given_in(f"{what}[{k}]", float(given[k]), dtype)  # raises: rounds to 0
+        if low[k]:
+            how = "rounds to 0" if w[k] == 0 else "is subnormal"
+            raise ValueError(
+                f"{what}[{k}]={given[k]} {how} in {np.dtype(dtype)}; give 0 or a value >="
+                f" {tiny:.2e}, its smallest normal number (a mean divides by the weights'"
+                " sum, whose reciprocal is infinite below it)"
+            )
         raise ValueError(
             f"{what}: weight {given[k]} of class {k} is refused; class weights must be"
             f" finite in {np.dtype(dtype)} and non-negative"

@@ -103,7 +103,8 @@ class LossKind:
         Raises:
             ValueError: `dtype` is not float32 or float64 (`model_dtype`), a
                 weight infinite in `dtype`, naming it and its class, or a
-                non-zero one that rounds to 0 there (`given_in`'s message).
+                non-zero one below `dtype`'s smallest normal number (0 or
+                subnormal there: `check_class_weights`).
         """
         dt = model_dtype(dtype)
         if self.class_weights is not None:

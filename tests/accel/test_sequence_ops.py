@@ -49,8 +49,17 @@ def _run(
         (CausalSelfAttention(8, 2), (2, 5, 8), None),
         (Embedding(7, 4, context=6), (2, 5), 7),
         (Dropout(0.4, seed=9), (3, 10), None),
+        # edge shapes: one row of width 1, one token, one head of width 1,
+        # heads of width 1, a vocabulary of 2 with one position
+        (LayerNorm(1), (1, 1, 1), None),
+        (CausalSelfAttention(1, 1), (1, 1, 1), None),
+        (CausalSelfAttention(4, 4), (1, 3, 4), None),
+        (Embedding(2, 1, context=1), (1, 1), 2),
     ],
-    ids=["layernorm", "attention", "embedding", "dropout"],
+    ids=[
+        *("layernorm", "attention", "embedding", "dropout"),
+        *("layernorm-d1", "attention-T1-d1", "attention-dh1", "embedding-vocab2"),
+    ],
 )
 def test_the_backend_equals_float64_on_the_cpu(be, rng, layer, shape, tokens) -> None:
     params = [a + 0.1 * rng.standard_normal(a.shape) for a in layer.init_params(rng)]

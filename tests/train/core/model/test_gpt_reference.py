@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from atomr.train.core.loss import LossKind
 from atomr.train.core.model import gpt
 
 V, T, D, H, LAYERS = 7, 5, 8, 2, 2
+DIMS = (V, T, D, H, LAYERS)
 
 
 def _take(flat: np.ndarray, at: int, *shape: int) -> tuple[np.ndarray, int]:
@@ -32,13 +34,13 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 
 def _attention(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray, wo: np.ndarray, bo: np.ndarray
+    x: np.ndarray, w: np.ndarray, b: np.ndarray, wo: np.ndarray, bo: np.ndarray, heads: int
 ) -> np.ndarray:
     batch, t_len, d = x.shape
-    dh = d // H
+    dh = d // heads
     qkv = x @ w + b
     q, k, v = (
-        qkv[..., i * d : (i + 1) * d].reshape(batch, t_len, H, dh).transpose(0, 2, 1, 3)
+        qkv[..., i * d : (i + 1) * d].reshape(batch, t_len, heads, dh).transpose(0, 2, 1, 3)
         for i in range(3)
     )
     scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh) + np.triu(
@@ -49,8 +51,12 @@ def _attention(
     return (p @ v).transpose(0, 2, 1, 3).reshape(batch, t_len, d) @ wo + bo
 
 
-def reference_loss(flat: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> float:
-    """Mean next-token cross-entropy of the GPT whose weights are `flat`."""
+def reference_loss(
+    flat: np.ndarray, ids: np.ndarray, labels: np.ndarray, dims: tuple[int, ...] = DIMS
+) -> float:
+    """Mean next-token cross-entropy of the GPT of `dims` (vocab, context,
+    width, heads, blocks) whose weights are `flat`."""
+    V, T, D, H, LAYERS = dims  # noqa: N806 - the module's names for them
     tok, at = _take(flat, 0, V, D)
     pos, at = _take(flat, at, T, D)
     h = tok[ids] + pos[: ids.shape[1]]
@@ -61,7 +67,7 @@ def reference_loss(flat: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> flo
         b, at = _take(flat, at, 3 * D)
         wo, at = _take(flat, at, D, D)
         bo, at = _take(flat, at, D)
-        h = h + _attention(_layernorm(h, g1, b1), w, b, wo, bo)
+        h = h + _attention(_layernorm(h, g1, b1), w, b, wo, bo, H)
         g2, at = _take(flat, at, D)
         b2, at = _take(flat, at, D)
         w1, at = _take(flat, at, D, 4 * D)
@@ -80,22 +86,33 @@ def reference_loss(flat: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> flo
     return float(-np.take_along_axis(logp, labels[..., None], -1).mean())
 
 
-def test_the_gpt_equals_an_independent_float64_reference() -> None:
+@pytest.mark.parametrize(
+    ("dims", "batch"),
+    [
+        (DIMS, 3),
+        ((2, 1, 1, 1, 1), 1),  # vocab 2, one token, width 1: one head of width 1
+        ((2, 3, 4, 4, 1), 1),  # four heads of width 1
+        ((3, 2, 3, 1, 2), 2),  # one head of width 3, two blocks
+    ],
+    ids=["default", "vocab2-T1-d1", "heads-of-width-1", "one-head"],
+)
+def test_the_gpt_equals_an_independent_float64_reference(dims: tuple[int, ...], batch: int) -> None:
+    vocab, context, width, heads, blocks = dims
     rng = np.random.default_rng(11)
-    model = gpt(V, T, n_layer=LAYERS, n_head=H, d_model=D, seed=4, dtype=np.float64)
+    model = gpt(
+        vocab, context, n_layer=blocks, n_head=heads, d_model=width, seed=4, dtype=np.float64
+    )
     flat = model.get_params() + 0.05 * rng.standard_normal(
         model.n_params
     )  # no trivially-0 gradient
     model.set_params(flat)
-    ids = rng.integers(0, V, size=(3, T))
-    labels = rng.integers(0, V, size=(3, T))
+    ids = rng.integers(0, vocab, size=(batch, context))
+    labels = rng.integers(0, vocab, size=(batch, context))
     tape = model.forward_train(ids)
     d_out = np.empty(tape.output.shape)
     loss_sum, norm = LossKind.CROSS_ENTROPY.sums(model.backend, tape.output, labels, d_out)
-    assert (
-        loss_sum / norm == np.float64(reference_loss(flat, ids, labels))
-        or abs(loss_sum / norm - reference_loss(flat, ids, labels)) < 1e-12
-    )
+    want = reference_loss(flat, ids, labels, dims)
+    assert loss_sum / norm == np.float64(want) or abs(loss_sum / norm - want) < 1e-12
     model.backward(tape, d_out / norm)
     grads = model.backend.to_host(model.grads)
     # central differences of the reference at positions drawn from every layer's range
@@ -105,5 +122,7 @@ def test_the_gpt_equals_an_independent_float64_reference() -> None:
         up, down = flat.copy(), flat.copy()
         up[i] += eps
         down[i] -= eps
-        numeric = (reference_loss(up, ids, labels) - reference_loss(down, ids, labels)) / (2 * eps)
+        numeric = (
+            reference_loss(up, ids, labels, dims) - reference_loss(down, ids, labels, dims)
+        ) / (2 * eps)
         assert abs(grads[i] - numeric) < 1e-7 * max(1.0, abs(numeric)), (i, grads[i], numeric)

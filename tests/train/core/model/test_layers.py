@@ -56,8 +56,24 @@ def test_backward_equals_finite_differences(layer, in_shape) -> None:
     assert gradient_check(layer, in_shape, batch=3) < TOL
 
 
+@pytest.mark.parametrize(
+    ("layer", "in_shape"),
+    [
+        (Linear(1, 1), (1,)),  # a single output
+        (LayerNorm(1), (1, 1)),  # a row of width 1: xhat is 0
+        (CausalSelfAttention(1, 1), (1, 1)),  # one token, one head of width 1
+        (CausalSelfAttention(4, 4), (3, 4)),  # heads of width 1
+        (CausalSelfAttention(2, 1), (1, 2)),  # one head, one token
+    ],
+    ids=["linear-1x1", "layernorm-d1", "attention-T1-d1", "attention-dh1", "attention-H1-T1"],
+)
+def test_backward_equals_finite_differences_at_edge_shapes_with_batch_1(layer, in_shape) -> None:
+    assert gradient_check(layer, in_shape, batch=1) < TOL
+
+
 def test_the_embedding_tables_gradient_equals_finite_differences() -> None:
     assert gradient_check(Embedding(7, 4, context=6), (5,), tokens=7) < TOL
+    assert gradient_check(Embedding(2, 1, context=1), (1,), batch=1, tokens=2) < TOL
 
 
 class Scale(Layer):

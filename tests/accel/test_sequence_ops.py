@@ -86,3 +86,18 @@ def test_layernorm_backward_uses_the_forward_row_mean_unrounded(be, rng) -> None
     want = _run(cpu_backend(), layer, params, x, dy, np.float64)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * np.abs(w).max())
+
+
+def test_layernorm_of_a_constant_row_and_of_huge_rows_equals_float64(be, rng) -> None:
+    # variance 0 (y is beta, dx is rstd * (g - mean(g)) with rstd = 1/sqrt(eps)),
+    # and rows near float32's limit, whose squares only float64 holds
+    layer = LayerNorm(4)
+    params = [a + 0.1 * rng.standard_normal(a.shape) for a in layer.init_params(rng)]
+    x = np.array([[3.0] * 4, [-1e30, 2e30, 0.5e30, 1e30], [3e38, -3e38, 1e38, 0.0]])
+    x = x.astype(np.float32).astype(np.float64)
+    dy = rng.standard_normal(x.shape)
+    got = _run(be, layer, params, x, dy, np.float32)
+    want = _run(cpu_backend(), layer, params, x, dy, np.float64)
+    for g, w in zip(got, want, strict=True):
+        assert np.isfinite(g).all()
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr.actor import ActorRef
+from atomr.actor.timers import check_delay
 from atomr.train.comm._checks import check_root
 from atomr.train.comm._fanout import failed_indices
 from atomr.train.comm.collective import Collective
@@ -51,15 +52,16 @@ class RingCollective(Collective):
             asks wait `2 * timeout + 5` seconds).
 
     Raises:
-        ValueError: `timeout` is not positive.
+        TypeError: `timeout` is not a number of seconds (a bool is not).
+        ValueError: `timeout` is not positive (NaN included; `check_delay`,
+            the runtime's rule). Infinity waits for ever (a trainer's
+            `worker_timeout=None`).
     """
 
     members_hold_buffers: ClassVar[bool] = True
 
     def __init__(self, timeout: float = 60.0) -> None:
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0, got {timeout}")
-        self.timeout = float(timeout)
+        self.timeout = check_delay("timeout", timeout, allow_zero=False)
 
     async def all_reduce(
         self,

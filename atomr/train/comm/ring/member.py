@@ -27,6 +27,7 @@ import numpy as np
 
 from atomr.actor import Context, Reply
 from atomr.actor.reply import fail_deferred
+from atomr.actor.timers import check_delay
 from atomr.train.comm._checks import check_dtype
 from atomr.train.comm.ring.errors import RingAbortedError, RingMismatchError, RingTimeoutError
 from atomr.train.comm.ring.messages import (
@@ -94,11 +95,15 @@ class RingMember:
         buffer: the member's buffer.
         timeout: seconds to wait for any one chunk before failing with
             `RingTimeoutError`.
+
+    Raises:
+        TypeError, ValueError: `timeout` is not a positive number of
+            seconds (as `RingCollective`).
     """
 
     def __init__(self, buffer: RingBuffer, timeout: float = 60.0) -> None:
+        self.timeout = check_delay("timeout", timeout, allow_zero=False)
         self.buffer = buffer
-        self.timeout = float(timeout)
         self._inbox: dict[tuple[int, str, int], asyncio.Future[RingChunk]] = {}
         self._closed: deque[int] = deque(maxlen=256)
 

@@ -16,6 +16,7 @@ import pytest
 from atomr import ActorRef, ActorStoppedError
 from atomr.actor import actor_failed
 from atomr.train.comm.ring import RingCollective, RingMismatchError, RingTimeoutError
+from atomr.train.comm.ring.member import RingMember
 
 DEADLINE_S = 10.0  # far above what any case below needs; a hang fails the test
 OPERATIONS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
@@ -150,6 +151,27 @@ async def test_ring_rejects_non_refs() -> None:
             await getattr(RingCollective(), operation)([])
     with pytest.raises(ValueError):
         RingCollective(timeout=0)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error", "message"),
+    [
+        (True, TypeError, "timeout must be a number of seconds, got bool"),
+        (float("nan"), ValueError, "timeout must be > 0 seconds, got nan"),
+        (-1.0, ValueError, "timeout must be > 0 seconds, got -1.0"),
+        (None, TypeError, "timeout must be a number of seconds, got NoneType"),
+        ("5", TypeError, "timeout must be a number of seconds, got str"),
+    ],
+)
+def test_a_bad_ring_timeout_is_refused(timeout: Any, error: type, message: str) -> None:
+    """The ring's waits take the runtime's one timeout rule (`check_delay`),
+    the collective and each member alike: a bool was taken as one second, a
+    member took NaN or a negative timeout (every chunk wait failing at
+    once), and a str or None failed with a comparison's TypeError."""
+    with pytest.raises(error, match=f"^{message}$"):
+        RingCollective(timeout=timeout)
+    with pytest.raises(error, match=f"^{message}$"):
+        RingMember(object(), timeout=timeout)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("operation", [*OPERATIONS, "barrier"])

@@ -62,12 +62,12 @@ def test_bad_purposes_are_refused_and_change_nothing(text, error, match) -> None
 def test_a_signature_carries_a_stable_hash_and_the_name() -> None:
     buf = np.zeros(1024, np.float32)
     plain = signature_of(buf)
-    assert plain[3:] == (0, b"")
+    assert plain[4:] == (0, b"")
     with purpose("save checkpoint"):
         tagged = signature_of(buf)
-    assert tagged[:3] == plain[:3]
+    assert tagged[:4] == plain[:4]
     # blake2b, not `hash()` (salted per process): every rank computes the same
-    assert tagged[3] == Purpose("save checkpoint").code == 1360360041558274870
+    assert tagged[4] == Purpose("save checkpoint").code == 1360360041558274870
     assert describe_signature((7, 0, *tagged)) == (
         "all_reduce #7 (1024 float32, for 'save checkpoint')"
     )

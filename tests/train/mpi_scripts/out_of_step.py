@@ -12,7 +12,11 @@ the other ranks:
 - dtype: rank 1 all_gathers float64 where the others all_gather float32;
 - purpose: after one all_reduce for "step" on every rank (it runs), rank 1
   all_reduces the same 1024 float32 for "save checkpoint" where the others
-  all_reduce for "step".
+  all_reduce for "step";
+- op: rank 1 all_reduces with op="mean" where the others sum (each rank
+  would end with other bits);
+- contributions: every rank reduce_scatters with op="mean", rank 1 from two
+  local buffers, the others from one (each would divide by its own count).
 
 For each it records the error every rank raised, how long it took, whether
 the buffers were left untouched (no rank ran the operation), and what a
@@ -57,6 +61,12 @@ async def diverge(coll: MpiCollective, scenario: str) -> np.ndarray:
     elif scenario == "dtype":
         buf = np.full(1024, 5.0, np.float64 if odd else np.float32)
         await coll.all_gather(buf)
+    elif scenario == "op":
+        buf = np.full(1024, 5.0, np.float32)
+        await coll.all_reduce(buf, op="mean" if odd else "sum")
+    elif scenario == "contributions":
+        buf = np.full(1024, 5.0, np.float32)
+        await coll.reduce_scatter([buf, np.ones(1024, np.float32)] if odd else buf, op="mean")
     else:
         with purpose("step"):  # the same purpose everywhere: it runs
             assert (await coll.all_reduce(np.ones(1024, np.float32)))[0] == coll.world_size
@@ -118,7 +128,7 @@ def coll_rank() -> int:
 
 async def main(out_dir: Path, timeout: float) -> None:
     results: dict[str, Any] = {}
-    for scenario in ("kind", "size", "ahead", "dtype", "purpose"):
+    for scenario in ("kind", "size", "ahead", "dtype", "purpose", "op", "contributions"):
         results[scenario] = await scenario_report(scenario, timeout)
     results.update(await options_report())
     (out_dir / f"rank{coll_rank()}.json").write_text(json.dumps(results))

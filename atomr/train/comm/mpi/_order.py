@@ -10,10 +10,12 @@ step (reduce-scatters of the same length) can "succeed" with garbage.
 
 The *signature* of an operation is its number (the driver's `seq`, equal
 on every rank while they are in step), its kind, its element count, its
-dtype (kind character and item size), its root (broadcast; -1 otherwise)
-and its purpose (`comm/purpose.py`: a hash of the text, and its first 24
-bytes for errors): six int64 and 24 bytes. One `Iallgather` of the
-signatures (72 bytes a rank, on the collective's own communicator, just
+dtype (kind character and item size), its root (broadcast; -1 otherwise),
+its mean (the number of local buffers a rank averages, which every rank
+divides by: 0 for a sum or a copy) and its purpose (`comm/purpose.py`: a
+hash of the text, and its first 24 bytes for errors): seven int64 and 24
+bytes. One `Iallgather` of the
+signatures (80 bytes a rank, on the collective's own communicator, just
 before the operation's call) gives every rank every rank's; if they
 differ, every rank raises the same `CollectiveMismatchError` naming each
 rank's operation, and no rank issues the operation. The exchange is waited
@@ -49,11 +51,12 @@ KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
 """The operations, by their code in a signature."""
 
 _CODES = {kind: code for code, kind in enumerate(KINDS)}
-_LAYOUT = struct.Struct("=6q24s")  # seq, kind, count, dtype, root, purpose (hash, name)
+_LAYOUT = struct.Struct("=7q24s")  # seq, kind, count, dtype, root, mean, purpose (hash, name)
 
-Signature = tuple[int, int, int, int, bytes]
-"""An operation's count, dtype code, root and purpose (hash, name): what
-`signature_of` returns and `OrderCheck.start` sends after the seq and kind."""
+Signature = tuple[int, int, int, int, int, bytes]
+"""An operation's count, dtype code, root, mean and purpose (hash, name):
+what `signature_of` returns and `OrderCheck.start` sends after the seq and
+kind."""
 
 
 def agree_on_check(comm: Any, enabled: bool) -> None:
@@ -79,21 +82,25 @@ def agree_on_check(comm: Any, enabled: bool) -> None:
         )
 
 
-def signature_of(buffer: np.ndarray | None, root: int = -1) -> Signature:
+def signature_of(buffer: np.ndarray | None, root: int = -1, mean: int = 0) -> Signature:
     """The shape of an operation on `buffer` (None: a barrier), issued here,
-    in a signature: (element count, dtype code, root, purpose hash, purpose
-    name), the purpose being the one in effect (`comm/purpose.py`)."""
+    in a signature: (element count, dtype code, root, mean, purpose hash,
+    purpose name), the purpose being the one in effect (`comm/purpose.py`);
+    `mean`: the local buffers of a reduction with `op="mean"` (the ranks
+    must agree: each divides by `world_size * mean`), 0 for a sum."""
     why = current_purpose()
     if buffer is None:
-        return (0, 0, root, why.code, why.name)
+        return (0, 0, root, mean, why.code, why.name)
     dtype = buffer.dtype
-    return (buffer.size, ord(dtype.kind) << 8 | dtype.itemsize, root, why.code, why.name)
+    return (buffer.size, ord(dtype.kind) << 8 | dtype.itemsize, root, mean, why.code, why.name)
 
 
 def describe_signature(row: Sequence[Any]) -> str:
     """An operation's signature in words, e.g. "all_reduce #7 (1024 float32)",
-    or "all_reduce #7 (2 float64, for 'save checkpoint')" when it has a purpose."""
-    seq, code, count, dtype, root = (int(v) for v in row[:5])
+    "all_reduce #7 (1024 float32, mean of 2 a rank)" for a mean of 2 local
+    buffers, or "all_reduce #7 (2 float64, for 'save checkpoint')" when it
+    has a purpose."""
+    seq, code, count, dtype, root, mean = (int(v) for v in row[:6])
     why = _describe_purpose(row)
     if not 0 <= code < len(KINDS):
         return f"an unknown operation #{seq} (code {code})"
@@ -105,14 +112,15 @@ def describe_signature(row: Sequence[Any]) -> str:
     except (TypeError, ValueError):
         name = f"dtype code {dtype}"
     where = f", root {root}" if kind == "broadcast" else ""
+    where += f", mean of {mean} a rank" if mean else ""
     return f"{kind} #{seq} ({count} {name}{where}{', ' + why if why else ''})"
 
 
 def _describe_purpose(row: Sequence[Any]) -> str:
     """ "for 'step'", or "" for an operation without a purpose."""
-    if len(row) < 7 or not row[5]:
+    if len(row) < 8 or not row[6]:
         return ""
-    name = bytes(row[6]).rstrip(b"\0").decode(errors="replace")
+    name = bytes(row[7]).rstrip(b"\0").decode(errors="replace")
     return f"for {name!r}"
 
 
@@ -166,7 +174,7 @@ class OrderCheck:
         return CollectiveMismatchError(
             f"MPI operations out of step on rank {self.rank} of {self.world_size}: {listed}; "
             "no rank ran it (every rank must issue the same operations in the same "
-            "order, with the same sizes, dtypes, roots and purposes)",
+            "order, with the same sizes, dtypes, roots, means and purposes)",
             operations=rows,
             ranks=others,
             operation=f"{KINDS[code]} #{seq}",

@@ -22,12 +22,12 @@ broadcast (so none may overlap `buffers[0]`).
 
 Operations run one at a time, in submission order, and never block the
 event loop (`_driver.py`). Before each, the ranks check that they are all
-at the same operation, for the same purpose (`_order.py`, `comm/purpose.py`;
-`check_order=False` turns it off): if not, every rank raises
-`CollectiveMismatchError` and none runs it. An
-operation not complete `timeout` seconds after it started raises
-`CollectiveTimeoutError` naming the ranks that never joined; an MPI error,
-or a peer's `report_failure()`, raises `RankFailedError`. After any of
+at the same operation (and mean), for the same purpose (`_order.py`,
+`comm/purpose.py`; `check_order=False` turns it off): if not, every rank
+raises `CollectiveMismatchError` and none runs it. An operation not
+complete `timeout` seconds after it started raises `CollectiveTimeoutError`
+naming the ranks that never joined; an MPI error, or a peer's
+`report_failure()`, raises `RankFailedError`. After any of
 these the collective is broken (later calls raise at once): report the
 error and call `abort()`, which ends the job through `MPI_Abort`. Naming
 a missing rank needs `MPI_THREAD_MULTIPLE` (the `mpich` wheel gives it).
@@ -181,7 +181,7 @@ class MpiCollective(Collective):
                 shape and dtype (every rank passing the same shape, dtype
                 and number of buffers).
             op: "sum", or "mean" (the sum divided by the number of
-                contributions, `world_size * len(buffers)`).
+                contributions, `world_size * len(buffers)`: the same on every rank).
 
         Returns:
             `buffers[0]` (the array itself when one array was given), holding
@@ -192,8 +192,8 @@ class MpiCollective(Collective):
             ValueError: no buffers, mixed shapes / dtypes, non-contiguous or
                 read-only `buffers[0]`, another buffer overlapping
                 `buffers[0]`, or an unknown `op`.
-            CollectiveMismatchError: the ranks are at different operations
-                (none ran it; the collective is broken).
+            CollectiveMismatchError: the ranks are at different operations,
+                or means (none ran it; the collective is broken).
             CollectiveTimeoutError: the operation did not complete in time;
                 names the ranks that never joined.
             RankFailedError: MPI reported a failure, or an earlier operation
@@ -206,7 +206,7 @@ class MpiCollective(Collective):
             self._start_all_reduce,
             target,
             *reduction_work(bufs, op, self.world_size),
-            signature=signature_of(target),
+            signature=signature_of(target, mean=len(bufs) if op == "mean" else 0),
         )
         return target
 
@@ -244,7 +244,7 @@ class MpiCollective(Collective):
             partial(self._start_reduce_scatter, counts=counts),
             target,
             *reduction_work(bufs, op, self.world_size, (lo, hi)),
-            signature=signature_of(target),
+            signature=signature_of(target, mean=len(bufs) if op == "mean" else 0),
         )
         return target[lo:hi]
 

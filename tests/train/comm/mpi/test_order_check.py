@@ -28,6 +28,11 @@ EXPECTED = {  # scenario -> (the other ranks' operation, rank 1's)
         "all_reduce #4 (1024 float32, for 'step')",
         "all_reduce #4 (1024 float32, for 'save checkpoint')",
     ),
+    "op": ("all_reduce #3 (1024 float32)", "all_reduce #3 (1024 float32, mean of 1 a rank)"),
+    "contributions": (
+        "reduce_scatter #3 (1024 float32, mean of 1 a rank)",
+        "reduce_scatter #3 (1024 float32, mean of 2 a rank)",
+    ),
 }
 
 
@@ -119,7 +124,10 @@ def test_signatures_in_words() -> None:
         "all_gather #4 (5 bool)"
     )
     assert describe_signature((9, 4, *signature_of(None))) == "barrier #9"
-    assert describe_signature((9, 17, 0, 0, -1)) == "an unknown operation #9 (code 17)"
+    assert describe_signature((9, 17, 0, 0, -1, 0)) == "an unknown operation #9 (code 17)"
+    assert describe_signature((5, 1, *signature_of(np.zeros(8), mean=2))) == (
+        "reduce_scatter #5 (8 float64, mean of 2 a rank)"
+    )
     # the dtype's kind and size, not NumPy's type number: int64 is one
     # dtype whether it was made as "l" or "q"
     assert signature_of(np.zeros(1, "l")) == signature_of(np.zeros(1, "q"))

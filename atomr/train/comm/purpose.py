@@ -32,7 +32,8 @@ class Purpose:
     """A purpose as a signature carries it: a 64-bit hash of its whole text
     (stable across processes, unlike `hash()`), which ranks compare, and the
     first 24 bytes of its UTF-8 text, which errors show (a longer text:
-    its first 21 bytes and "...").
+    its first 21 bytes and "..."). A lone surrogate is encoded as
+    `surrogatepass` writes it.
 
     Args:
         text: the purpose ("" for none).
@@ -42,9 +43,9 @@ class Purpose:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        digest = hashlib.blake2b(text.encode(), digest_size=8).digest() if text else bytes(8)
+        raw = text.encode(errors="surrogatepass")  # any str: a lone surrogate too
+        digest = hashlib.blake2b(raw, digest_size=8).digest() if text else bytes(8)
         self.code = int.from_bytes(digest, "little", signed=True)
-        raw = text.encode()
         cut = len(raw) > _NAME_BYTES
         self.name = raw[: _NAME_BYTES - 3].decode(errors="ignore").encode() + b"..." if cut else raw
 

@@ -76,3 +76,18 @@ def test_a_signature_carries_a_stable_hash_and_the_name() -> None:
     long = "write the checkpoint /some/long/path.ckpt"
     assert Purpose(long).name == b"write the checkpoint ..."
     assert Purpose(long).code != Purpose(long + "2").code  # the whole text is hashed
+
+
+def test_any_str_is_a_purpose_even_one_utf8_cannot_encode() -> None:
+    """A lone surrogate (a file name decoded with `surrogateescape`, say) is
+    a str like any other: it failed with a bare UnicodeEncodeError when the
+    block was entered; its bytes are hashed as Python's `surrogatepass`
+    writes them, the same on every process."""
+    text = "save /tmp/\udcff.ckpt"
+    with purpose(text):
+        tagged = signature_of(np.zeros(2))
+    assert tagged[4] == Purpose(text).code != Purpose("save /tmp/\udcfe.ckpt").code
+    assert (
+        describe_signature((3, 0, *tagged))
+        == "all_reduce #3 (2 float64, for 'save /tmp/\ufffd\ufffd\ufffd.ckpt')"
+    )

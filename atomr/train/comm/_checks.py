@@ -95,9 +95,10 @@ def check_buffers(
     return out
 
 
-def check_root(root: Any, n: int) -> int:
-    """A broadcast's root, checked: an integer (NumPy integers too, not bools)
-    naming one of the `n` participants.
+def check_root(root: Any, n: int, name: str = "root") -> int:
+    """A broadcast's root (or another participant's index, `name`),
+    checked: an integer (NumPy integers too, not bools) naming one of the
+    `n` participants.
 
     Returns:
         The root, as an int.
@@ -107,8 +108,8 @@ def check_root(root: Any, n: int) -> int:
         IndexError: not in `[0, n)`.
     """
     if isinstance(root, bool) or not hasattr(root, "__index__"):
-        raise TypeError(f"root must be an int, got {type(root).__name__}")
+        raise TypeError(f"{name} must be an int, got {type(root).__name__}")
     index = operator.index(root)
     if not 0 <= index < n:
-        raise IndexError(f"root {index} out of range for a group of {n}")
+        raise IndexError(f"{name} {index} out of range for a group of {n}")
     return index

@@ -93,6 +93,7 @@ class RingCollective(Collective):
                 does not take (every collective's rule: see `Collective`),
                 refused by each member before it sends anything.
             IndexError: `result_from` is not a member's index.
+            TypeError: `result_from` is not an integer (a bool is not).
             RingTimeoutError: a member waited `timeout` for a chunk (a member
                 stalled or out of step).
             Exception: the own error of the member that failed first
@@ -200,8 +201,8 @@ class RingCollective(Collective):
     ) -> np.ndarray | None:
         """Run one reducing or gathering operation on every member."""
         refs = _member_refs(buffers)
-        if result_from is not None and not 0 <= result_from < len(refs):
-            raise IndexError(f"result_from {result_from} out of range for {len(refs)} members")
+        if result_from is not None:
+            result_from = check_root(result_from, len(refs), "result_from")
         session = next(_session_ids)
         msgs = [kind(session, refs, r, want_result=(r == result_from)) for r in range(len(refs))]
         results = await self._drive(refs, msgs, session, interrupt)

@@ -75,6 +75,12 @@ async def test_result_from_must_name_a_member(
     ):
         with pytest.raises(IndexError, match="result_from"):
             await operation(refs, result_from=2)
+        # the index rule of a broadcast's root: True was member 1, 0.0 member 0
+        for bad in (True, 0.0, "0"):
+            with pytest.raises(
+                TypeError, match=f"^result_from must be an int, got {type(bad).__name__}$"
+            ):
+                await operation(refs, result_from=bad)  # type: ignore[arg-type]
 
 
 def test_member_handles_only_ring_messages() -> None:

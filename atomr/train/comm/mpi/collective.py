@@ -39,9 +39,6 @@ names the `atomr[mpi]` extra.
 
 from __future__ import annotations
 
-import os
-import sys
-import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, NoReturn
@@ -65,6 +62,7 @@ from atomr.train.comm.mpi.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
     RankFailedError,
+    abort_job,
 )
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.comm.mpi.startup import import_mpi, open_communicators
@@ -130,9 +128,9 @@ class MpiCollective(Collective):
         self.world_size: int = self._comm.Get_size()
         self.timeout = timeout
         self._in_place, self._sum = mpi.IN_PLACE, mpi.SUM
-        # how long a rank that ran past its timeout waits for the others' notes
+        # a rank past its timeout waits grace_s for the others' notes, which the
+        # loop's thread exchanges while the MPI thread waits: MULTIPLE only
         grace_s = _GRACE_S if timeout is None else min(max(timeout, 1.0), _GRACE_S)
-        # the loop's thread exchanges notes while the MPI thread waits: MULTIPLE only
         multiple = level >= mpi.THREAD_MULTIPLE
         self._notes = FailureNotes(mpi, self._ctl, enabled=multiple, grace_s=grace_s)
         check = OrderCheck(mpi, self._comm) if check_order and self.world_size > 1 else None
@@ -337,28 +335,25 @@ class MpiCollective(Collective):
         job alive. Does not return.
 
         Args:
-            errorcode: the job's exit code.
+            errorcode: the job's exit status, 0 to 255.
             message: printed to stderr first, prefixed with this rank.
-            grace: seconds to wait before aborting, so the other ranks'
-                reports reach the log too.
+            grace: seconds (finite, >= 0) to wait before aborting, so the
+                other ranks' reports reach the log too.
+
+        Raises:
+            TypeError, ValueError: a bad `errorcode` or `grace` (nothing printed).
         """
-        if message:
-            print(f"[rank {self.rank}] {message}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        time.sleep(max(0.0, grace))
-        # MPICH's launcher ends every process only for an abort on COMM_WORLD.
-        self._mpi.COMM_WORLD.Abort(errorcode)
-        os._exit(errorcode)  # MPI_Abort may return before the launcher acts
+        abort_job(self._mpi, self.rank, errorcode, message, grace)
 
     def report_failure(self) -> None:
-        """Tell the other ranks that this one failed on its own and will
-        issue no more operations: the first operation it did not complete
-        here raises `RankFailedError` naming it on the others, within about
-        0.2 s of parking, instead of waiting out `timeout`. Below `MPI_THREAD_MULTIPLE` the notes go
-        out from the MPI thread: call it from the loop's. Breaks this
-        collective (an earlier error stays its error); blocks up to 1.5 s;
-        raises nothing; harmless in a world of one, called again, or after a
-        failure the others took part in."""
+        """Tell the other ranks that this one failed on its own and will issue
+        no more operations: the first operation it did not complete here
+        raises `RankFailedError` naming it on the others, within about 0.2 s
+        of parking, instead of waiting out `timeout`. Below
+        `MPI_THREAD_MULTIPLE` the notes go out from the MPI thread: call it
+        from the loop's. Breaks this collective (an earlier error stays its
+        error); blocks up to 1.5 s; raises nothing; harmless in a world of
+        one, called again, or after a failure the others took part in."""
         broken = self._driver.broken
         if self._notes.will_announce(broken):  # below MULTIPLE: only the MPI thread calls MPI
             announce = partial(self._notes.announce_failure, broken, self._driver.completed)

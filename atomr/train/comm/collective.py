@@ -267,19 +267,19 @@ class HostCollective(Collective):
             by the next call of the same shape and dtype).
 
         Raises:
-            TypeError: not a list of numpy arrays, or a dtype other than
-                float32 / float64 (`_checks.check_dtype`).
-            ValueError: no buffers, or their shapes / dtypes differ.
+            TypeError: not a list of numpy arrays, a dtype other than float32 /
+                float64 (`_checks.check_dtype`), or a non-real `scale` (a bool).
+            ValueError: no buffers, their shapes / dtypes differ, or a
+                `scale` that is not finite (in the buffers' dtype).
         """
         checked = check_buffers(buffers, sums=True)
         if scale is None:
             result: np.ndarray = await self._run(self._sum, checked)
             return result
-        factor = float(scale)
 
-        def fused() -> np.ndarray:
+        def fused() -> np.ndarray:  # the kernel checks `scale` (its alpha)
             out = self._out_for(checked[0])
-            self.last_squared_norm = self.backend.sum_scale_norm(out, checked, factor)
+            self.last_squared_norm = self.backend.sum_scale_norm(out, checked, scale)
             return out
 
         result = await self._run(fused)

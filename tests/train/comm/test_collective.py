@@ -58,6 +58,25 @@ async def test_host_sums_take_strided_buffers_as_their_contiguous_copies(n: int)
     host.close()
 
 
+@pytest.mark.parametrize(
+    ("scale", "error", "match"),
+    [
+        (True, TypeError, "must be a real number, got bool"),
+        ("0.5", TypeError, "must be a real number, got str"),
+        (float("nan"), ValueError, "must be finite, got nan"),
+    ],
+)
+async def test_host_all_reduce_scaled_refuses_what_is_no_scale(scale, error, match) -> None:
+    """The scale takes the kernel's rule for it (`sum_scale_norm`'s alpha):
+    True was taken as 1 and "0.5" as 0.5 (a `float()` in front of it)."""
+    host = HostCollective()
+    with pytest.raises(error, match=match):
+        await host.all_reduce_scaled(_buffers(2, 5), scale)
+    out, _ = await host.all_reduce_scaled(_buffers(2, 5), np.float32(0.5))  # NumPy's too
+    np.testing.assert_array_equal(out, (_buffers(2, 5)[0] + _buffers(2, 5)[1]) * np.float32(0.5))
+    host.close()
+
+
 async def test_host_all_reduce_reuses_its_output_buffer() -> None:
     host = HostCollective()
     first = await host.all_reduce(_buffers(2, 64, seed=1))

@@ -68,8 +68,8 @@ def check_buffers(
         The buffers, as a list.
 
     Raises:
-        TypeError: not a list, an item that is not a numpy array, or a dtype
-            the operation does not take.
+        TypeError: not a list, an item that is not a numpy array or is a
+            masked one, or a dtype the operation does not take.
         ValueError: no buffers, shapes / dtypes that differ, not 1-D (with
             `flat`), or a read-only buffer (with `writable`).
     """
@@ -81,6 +81,11 @@ def check_buffers(
     for k, b in enumerate(buffers):
         if not isinstance(b, np.ndarray):
             raise TypeError(f"buffers[{k}] must be a numpy array, got {type(b).__name__}")
+        if isinstance(b, np.ma.MaskedArray):  # `validation.refuse_masked`'s reason
+            raise TypeError(
+                f"buffers[{k}] is a masked array; a collective works on the raw memory, "
+                "hidden values included: pass a plain array"
+            )
         if b.shape != buffers[0].shape or b.dtype != buffers[0].dtype:
             raise ValueError(
                 f"buffers[{k}] is {b.dtype}{b.shape}, buffers[0] is "

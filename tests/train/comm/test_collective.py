@@ -77,6 +77,20 @@ async def test_host_all_reduce_scaled_refuses_what_is_no_scale(scale, error, mat
     host.close()
 
 
+@pytest.mark.parametrize("operation", ["all_reduce", "reduce_scatter", "all_gather", "broadcast"])
+async def test_a_masked_array_is_refused_not_summed_with_its_hidden_values(operation: str) -> None:
+    """A collective works on the raw memory: a masked array's hidden values
+    were summed (or copied) with the rest, and the mask then hid the result
+    on the participant that had it (`validation.refuse_masked`'s reason)."""
+    host = HostCollective()
+    plain = np.ones(4)
+    masked = np.ma.masked_array(np.full(4, 1e30), mask=[0, 1, 1, 0])
+    with pytest.raises(TypeError, match=r"^buffers\[1\] is a masked array; a collective"):
+        await getattr(host, operation)([plain, masked])
+    assert plain.tolist() == [1.0] * 4 and masked.data.tolist() == [1e30] * 4
+    host.close()
+
+
 async def test_host_all_reduce_reuses_its_output_buffer() -> None:
     host = HostCollective()
     first = await host.all_reduce(_buffers(2, 64, seed=1))

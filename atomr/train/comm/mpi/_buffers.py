@@ -47,9 +47,9 @@ def check_buffers(
         flat: the buffers must be 1-D.
 
     Raises:
-        TypeError: not numpy arrays, or a dtype the operation does not take
-            (a sum: float32 or float64; a copy: bool, integer, float or
-            complex in native byte order).
+        TypeError: not numpy arrays (or masked ones), or a dtype the
+            operation does not take (a sum: float32 or float64; a copy:
+            bool, integer, float or complex in native byte order).
         ValueError: no buffers, mixed shapes / dtypes, not flat (with
             `flat`), `buffers[0]` non-contiguous or read-only, or another
             buffer that overlaps `buffers[0]` (the local buffers are summed

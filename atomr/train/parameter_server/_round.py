@@ -36,6 +36,7 @@ import numpy as np
 from atomr.actor import ActorRef, Reply
 from atomr.actor.errors import bounded_repr
 from atomr.train.comm._fanout import ask_all_settled, failed_indices
+from atomr.train.core._step_checks import check_normaliser
 from atomr.train.core.device_guard import REQUEST_ERRORS
 from atomr.train.core.errors import NonFiniteError
 from atomr.train.parameter_server.messages import RollbackRound, StaleGradientError
@@ -227,14 +228,15 @@ def round_update(ordered: list[tuple[int, PendingPush]]) -> list[tuple[np.ndarra
 
     Raises:
         RoundDroppedError: the round holds an abort (naming every aborting worker).
-        ValueError: every batch of the round was empty.
+        InvalidBatchError: the round's weights sum to 0: every target of the
+            batch has class weight 0 (`check_normaliser`, as a `Trainer`
+            refuses such a Step; nothing is applied).
     """
     aborts = [f"worker {w}: {p.abort}" for w, p in ordered if p.abort is not None]
     if aborts:
         raise RoundDroppedError("; ".join(aborts) + " (the whole round was dropped)")
     total = sum(p.weight for _, p in ordered)
-    if total <= 0.0:
-        raise ValueError("every batch of the round was empty")
+    check_normaliser(total)
     return [
         (p.gradient, p.weight / total)
         for _, p in ordered
@@ -244,7 +246,7 @@ def round_update(ordered: list[tuple[int, PendingPush]]) -> list[tuple[np.ndarra
 
 def round_failure(error: Exception) -> Exception:
     """What each push of a round that failed on this shard is answered with:
-    a request error (`REQUEST_ERRORS`: a refused sum, an empty round) as
+    a request error (`REQUEST_ERRORS`: a refused sum, a round of weight 0) as
     itself, anything else (the update raised) as a fresh `RoundFailedError`
     caused by `error`."""
     if isinstance(error, REQUEST_ERRORS):

@@ -573,3 +573,34 @@ async def test_checkpoint_of_another_model_changes_nothing(actor_system, tmp_pat
     with pytest.raises(OSError):
         await ps.ask(LoadCheckpoint(tmp_path / "missing.ckpt"), timeout=T)
     np.testing.assert_array_equal(await weights(ps), before)
+
+
+async def test_synchronous_step_whose_targets_all_weigh_zero_is_an_invalid_batch(
+    actor_system,
+) -> None:
+    """Weighted CE, every target of the batch of class weight 0: the loss is
+    undefined, and the Step is refused with the `InvalidBatchError` a
+    `Trainer` gives (it used to be a plain `ValueError` saying "every batch
+    of the round was empty"); nothing is applied and the next step trains."""
+    class_weights = [1.0] * (SIZES[-1] - 1) + [0.0]
+    cfg = TrainerConfig(OptimizerKind.sgd(0.1), LossKind.weighted_cross_entropy(class_weights))
+    model = Mlp(SIZES, seed=3)
+    reference = await Trainer.spawn(actor_system, model, "cpu:0", cfg)
+    ps = await spawn(
+        actor_system,
+        model,
+        ["cpu:1", "cpu:2"],
+        cfg,
+        workers=2,
+        consistency=Consistency.synchronous(),
+    )
+    (x, y), (x2, y2) = batches(2, 8, seed=1)
+    y[:] = SIZES[-1] - 1
+    with pytest.raises(InvalidBatchError, match="class weight 0") as want:
+        await reference.ask(Step(x, y))
+    with pytest.raises(InvalidBatchError, match="class weight 0") as got:
+        await ps.ask(Step(x, y), timeout=_HANG)
+    assert str(got.value) == str(want.value)
+    np.testing.assert_allclose(await weights(ps), await reference.ask(GetWeights()), rtol=1e-6)
+    stats = await ps.ask(Step(x2, y2), timeout=_HANG)
+    assert stats.loss == pytest.approx((await reference.ask(Step(x2, y2))).loss, rel=1e-5)

@@ -168,7 +168,11 @@ async def fit(
             `batch_size`; only for arrays and datasets (an iterable's or a
             callable's batches are taken as they come: a ValueError).
         start: the position to resume from (the trainer already holds the
-            checkpoint's state); None starts at the beginning.
+            checkpoint's state); None starts at the beginning. Its `epoch`
+            and `batch` say where in the data; the step count is the
+            trainer's own (`GetTrainingState`, as a checkpoint restores it),
+            whatever `start.step` says: `start.step` is used only for a
+            trainer that does not answer `GetTrainingState`.
         checkpoint: save here after every epoch, at the end and on a stop.
         callbacks: `FitCallback`s, called in order.
         stop: checked before the first step and after every step; once
@@ -265,8 +269,8 @@ async def fit(
     _FITTING.add(trainer)
     try:
         state = await _training_state(trainer, timeout)
-        if state is not None:
-            run.max_steps, run.rounds = state.max_steps, state.rounds
+        if state is not None:  # its own count is the run's, whatever start.step says
+            run.max_steps, run.rounds, position.step = state.max_steps, state.rounds, state.step
         await run.probe_evaluation(hook=evaluate is not None)
         status = await run.loop()
         await run.save()

@@ -26,7 +26,8 @@ class FitPosition:
     Attributes:
         epoch: 0-based epoch in progress (or next to start).
         batch: next batch of that epoch.
-        step: optimizer steps applied so far (all runs).
+        step: optimizer steps applied so far (all runs; `fit` takes the
+            trainer's own count, `TrainingState.step`).
     """
 
     epoch: int = 0

@@ -380,3 +380,23 @@ async def test_a_second_failing_callback_is_named_in_a_note(tmp_path: Path) -> N
     notes = caught.value.__notes__
     assert any("the callback _Hears.on_evaluate raised after step 5" in n for n in notes)
     assert any("the callback _Hears.on_epoch_end raised too, after step 5" in n for n in notes)
+
+
+@pytest.mark.parametrize("given", [0, 3, 9])
+async def test_the_step_count_is_the_trainers_whatever_start_step_says(given: int) -> None:
+    """`start.step` used to be taken as it was: a wrong one shifted every
+    logged step number and the max_steps check (step 9 of a trainer at 3
+    with max_steps 5 stopped before any step; step 0 ran one step past the
+    count). The trainer's own count (`GetTrainingState`) is the run's."""
+    config = TrainerConfig(CONFIG.optimizer, CONFIG.loss, max_steps=5)
+    async with ActorSystem("fit-run") as system:
+        trainer = await Trainer.spawn(system, Mlp([6, 8, 3], seed=0), "cpu:0", config)
+        await fit(trainer, (X[:24], Y[:24]), epochs=1, batch_size=8)  # 3 steps
+        steps: list[int] = []
+        cb = FitCallback()
+        cb.on_step = lambda position, *_: steps.append(position.step)  # type: ignore[method-assign]
+        start = FitPosition(epoch=1, batch=0, step=given)
+        result = await fit(trainer, (X, Y), epochs=2, batch_size=8, start=start, callbacks=[cb])
+        assert (result.status, steps) == ("reached max_steps", [4, 5])
+        assert result.position == FitPosition(epoch=1, batch=2, step=5)
+        assert (await trainer.ask(GetTrainingState())).step == 5

@@ -229,8 +229,9 @@ def _add_length_and_schedule(opt: argparse._ArgumentGroup) -> None:
         "--lr-schedule",
         choices=LR_SCHEDULES,
         default="constant",
-        help="learning-rate schedule over the run, stepped every update: cosine (to 0 at "
-        "the last step), step (x0.1 at each third of the epochs), constant (default)",
+        help="learning-rate schedule over the run, stepped every update, as torch's: cosine "
+        "(reaching 0 one update after the last), step (x0.1 every ceil(n/3) of the n updates "
+        "after warm-up: two cuts, fewer when n is 1, 2 or 4), constant (default)",
     )
     opt.add_argument(
         "--warmup-epochs",

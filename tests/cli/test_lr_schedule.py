@@ -131,3 +131,32 @@ def test_a_scheduled_parameter_server_run_resumes_with_its_own_flags(
     assert main([*argv, "--run-dir", str(tmp_path / "b"), "--resume", str(ckpt)]) == 0
     run = _run(*argv[2:])
     assert load_checkpoint(ckpt).step == 2 * _steps_per_epoch(run, load_dataset(run)) * 2
+
+
+def _cuts(schedule: StepLR, updates: int) -> int:
+    rates = [schedule.lr(1.0, t) for t in range(updates)]  # update t + 1 uses epoch t
+    return sum(b < a for a, b in zip(rates, rates[1:], strict=False))
+
+
+def test_the_help_and_the_docs_say_what_the_schedules_do(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The help said cosine goes "to 0 at the last step" and step cuts "at
+    each third of the epochs": like torch's CosineAnnealingLR the cosine's
+    last update is above 0 (0 comes one update later), and like torch's
+    StepLR the step schedule cuts every ceil(n/3) of the n updates after
+    warm-up, so n = 1, 2 or 4 gets fewer than two cuts."""
+    for n in range(1, 13):
+        cosine = _run("--epochs", str(n), "--lr-schedule", "cosine").lr_schedule_for(1)
+        assert isinstance(cosine, CosineAnnealingLR)
+        assert cosine.lr(1.0, n - 1) > 0.0 and cosine.lr(1.0, n) == 0.0
+        step = _run("--epochs", str(n), "--lr-schedule", "step").lr_schedule_for(1)
+        assert isinstance(step, StepLR)
+        assert _cuts(step, n) == {1: 0, 2: 1, 4: 1}.get(n, 2)
+    assert main(["train", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    docs = Path(__file__).resolve().parents[2] / "docs" / "getting_started.md"
+    row = " ".join(docs.read_text(encoding="utf-8").split())
+    for said in ("0 one update after the last", "every ceil(n/3) of the n updates after warm-up",
+                 "fewer when n is 1, 2 or 4"):  # fmt: skip
+        assert said in help_text and said in row

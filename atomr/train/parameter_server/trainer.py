@@ -263,7 +263,8 @@ class AsyncParameterServer(Actor):
 
         Raises:
             StepLimitError: the server is at `max_steps`.
-            InvalidBatchError: the batch does not fit the model.
+            InvalidBatchError: the batch does not fit the model, or (synchronous)
+                every target of it has class weight 0 (nothing is applied).
         """
         workers, limit = len(self.pool), self.config.max_steps
         synchronous = self.pool.consistency.is_synchronous

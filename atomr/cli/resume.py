@@ -173,7 +173,7 @@ def _position_from_step(run: RunConfig, path: Path, ckpt: Checkpoint, steps: int
             f"resume with the history file written beside it ({history_path_for(path).name})"
         )
     batches = step // per_batch
-    return FitPosition(batches // steps, batches % steps, batches)
+    return FitPosition(batches // steps, batches % steps, step)
 
 
 def check_something_left(run: RunConfig, start: FitPosition, trainer_step: int) -> None:

@@ -112,6 +112,11 @@ async def ask_all_settled(
     if len(refs) == 1:  # awaited here: no task around it, no turn of the loop before it is sent
         try:
             return [await refs[0].ask(messages[0], timeout)]
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # this caller is cancelled
+                raise
+            return [exc]  # the reply was cancelled (its actor's loop ended), as `gather` returns it
         except Exception as exc:
             return [exc]
     asks = []

@@ -203,6 +203,9 @@ class Context:
         others: if every one has stopped the ask fails with
         ``ActorStoppedError``; if none takes it and a full mailbox refused it,
         ``MailboxFullError`` is raised and the ask stays with this handler.
+        That is decided as it is forwarded: one that takes it and then stops
+        before answering (or drops it from a full ``DROP_OLDEST`` mailbox)
+        fails the ask, as one actor would, though the others could answer.
 
         Raises:
             RuntimeError: outside message handling.

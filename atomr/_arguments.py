@@ -65,7 +65,7 @@ def int_at_least(name: str, value: object, low: int = 1, *, high: int | None = I
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an int, got {bounded_repr(value)}")
     if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
+        raise ValueError(f"{name} must be >= {low}, got {bounded_repr(value)}")
     number = int(value)
     if high is not None and number > high:
         raise ValueError(f"{name} must be <= {high}, got {bounded_repr(number)}")

@@ -29,6 +29,7 @@ from atomr.train import (
     TrainerConfig,
     fit,
 )
+from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.core.data import epoch_order, synthetic_classification
 from atomr.train.core.model import Sequential
 from atomr.train.core.model.gpt import gpt
@@ -95,6 +96,24 @@ def test_int_at_least_takes_the_limit_and_no_limit_for_a_seed() -> None:
         int_at_least("n", 6, high=5)
     assert int_at_least("seed", 2**128, 0, high=None) == 2**128  # numpy takes 128-bit seeds
     assert Mlp([2, 2], seed=2**128).seed == 2**128
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        lambda v: int_at_least("step", v, 0),
+        lambda v: DistributedTrainConfig(world_size=v),
+        lambda v: DistributedTrainConfig(world_size=2, rank=v),
+        lambda v: DistributedTrainConfig(world_size=2, local_world_size=-v),
+    ],
+    ids=["int_at_least", "world_size", "rank", "local_world_size"],
+)
+def test_a_count_far_below_its_floor_is_shown_bounded(check: Callable[[int], Any]) -> None:
+    """A header's step of -10**4000 gave a 4,050-character CheckpointError:
+    only a count above the limit was shown bounded."""
+    with pytest.raises(ValueError) as refused:
+        check(-(10**4000))
+    assert len(str(refused.value)) < 400
 
 
 @pytest.mark.parametrize("length", [10**18, INT64_MAX, 10**30])

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from atomr._arguments import real_number
+from atomr._repr import bounded_repr
 from atomr.train.core.partition import split_bounds
 
 __all__ = ["MAX_PROCESSES", "DistributedTrainConfig", "NotLaunchedError", "shard_for_rank"]
@@ -104,23 +105,29 @@ class DistributedTrainConfig:
         for name in ("world_size", "rank", "local_rank", "local_world_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an int, got {value!r}")
+                raise ValueError(f"{name} must be an int, got {bounded_repr(value)}")
         if self.world_size < 1 or self.local_world_size < 1:
             raise ValueError(
                 f"world_size and local_world_size must be >= 1, got "
-                f"{self.world_size} and {self.local_world_size}"
+                f"{bounded_repr(self.world_size)} and {bounded_repr(self.local_world_size)}"
             )
         if self.world_size > MAX_PROCESSES:
-            raise ValueError(f"world_size must be <= {MAX_PROCESSES}, got {self.world_size}")
+            raise ValueError(
+                f"world_size must be <= {MAX_PROCESSES}, got {bounded_repr(self.world_size)}"
+            )
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+            raise ValueError(
+                f"rank must be in [0, {self.world_size}), got {bounded_repr(self.rank)}"
+            )
         if not 0 <= self.local_rank < self.local_world_size:
             raise ValueError(
-                f"local_rank must be in [0, {self.local_world_size}), got {self.local_rank}"
+                f"local_rank must be in [0, {bounded_repr(self.local_world_size)}), "
+                f"got {bounded_repr(self.local_rank)}"
             )
         if self.local_world_size > self.world_size:
             raise ValueError(
-                f"local_world_size {self.local_world_size} exceeds world_size {self.world_size}"
+                f"local_world_size {bounded_repr(self.local_world_size)} exceeds "
+                f"world_size {self.world_size}"
             )
         self._check_role()
         if self.backend not in BACKENDS:

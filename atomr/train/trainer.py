@@ -200,6 +200,11 @@ class Trainer(DeviceActor):
 
     # -- messages -----------------------------------------------------------
 
+    def refuse(self, message: Any) -> Failure:
+        """The answer to a message this trainer does not handle: a
+        `TypeError` hinting at the messages a trainer takes."""
+        return refuse_message("Trainer", message)
+
     async def receive(self, message: Any) -> Any:
         """Dispatch a trainer message (see the class docstring)."""
         model = self.model
@@ -229,7 +234,7 @@ class Trainer(DeviceActor):
             elif isinstance(message, LoadCheckpoint):
                 result = await self.on_device(guarded, self._load, message.path)
             else:
-                return refuse_message("Trainer", message)
+                return self.refuse(message)
         except (ContextPoisoned, Unrecoverable):
             raise  # the device's state is gone: the actor fails, its parent decides
         except Exception as exc:  # a bad request, a layer's bug, a driver error

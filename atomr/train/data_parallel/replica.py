@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from atomr.accel import CpuBackend, Device
-from atomr.actor import Failure, Props
+from atomr.actor import Failure, Props, not_handled
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.comm.ring import RingMember
 from atomr.train.core._step_checks import check_gradient, check_loss
@@ -131,6 +131,11 @@ class ReplicaActor(Trainer):
         return self.index
 
     # -- dispatch -----------------------------------------------------------
+
+    def refuse(self, message: Any) -> Failure:
+        """The answer to a message this replica does not handle: a plain
+        `TypeError` (a trainer's hint at `Step` would mislead: step its trainer)."""
+        return not_handled(type(self).__name__, message)
 
     async def receive(self, message: Any) -> Any:
         """Answer a `ReplicaProtocol` or ring message; other trainer messages

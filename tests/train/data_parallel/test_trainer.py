@@ -301,6 +301,9 @@ async def test_replica_refuses_step(actor_system) -> None:
     rep = actor_system.spawn(ReplicaActor.props(Mlp(SIZES), "cpu:0", _config()))
     with pytest.raises(TypeError, match="ReplicaActor does not handle Step; step its trainer"):
         await rep.ask(Step(*_data()))
+    # an unknown message: no trainer's hint at Step, which a replica refuses
+    with pytest.raises(TypeError, match=r"^ReplicaActor does not handle str$"):
+        await rep.ask("hello")
 
 
 async def test_late_binding_with_set_replicas(actor_system) -> None:

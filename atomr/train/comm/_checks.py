@@ -69,7 +69,7 @@ def check_buffers(
 
     Raises:
         TypeError: not a list, an item that is not a numpy array or is a
-            masked one, or a dtype the operation does not take.
+            masked one or a matrix, or a dtype the operation does not take.
         ValueError: no buffers, shapes / dtypes that differ, not 1-D (with
             `flat`), or a read-only buffer (with `writable`).
     """
@@ -86,6 +86,8 @@ def check_buffers(
                 f"buffers[{k}] is a masked array; a collective works on the raw memory, "
                 "hidden values included: pass a plain array"
             )
+        if isinstance(b, np.matrix):  # it stays 2-D however it is flattened
+            raise TypeError(f"buffers[{k}] is a numpy matrix: pass a plain array (np.asarray)")
         if b.shape != buffers[0].shape or b.dtype != buffers[0].dtype:
             raise ValueError(
                 f"buffers[{k}] is {b.dtype}{b.shape}, buffers[0] is "

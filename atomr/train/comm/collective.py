@@ -269,8 +269,9 @@ class HostCollective(Collective):
         Raises:
             TypeError: not a list of numpy arrays, a dtype other than float32 /
                 float64 (`_checks.check_dtype`), or a non-real `scale` (a bool).
-            ValueError: no buffers, their shapes / dtypes differ, or a
-                `scale` that is not finite (in the buffers' dtype).
+            ValueError: no buffers, their shapes / dtypes differ, a `scale`
+                not finite in their dtype, or with a `scale`, a buffer that is
+                not C-contiguous (without one, such a buffer is copied).
         """
         checked = check_buffers(buffers, sums=True)
         if scale is None:

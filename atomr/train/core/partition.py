@@ -69,6 +69,7 @@ def split_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     Raises:
         TypeError: an argument is not an integer.
         ValueError: `parts < 1` or `n < 0`.
+        MemoryError: more parts than memory holds (as `split_sizes`).
 
     >>> split_bounds(10, 3)
     [(0, 4), (4, 7), (7, 10)]

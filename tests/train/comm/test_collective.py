@@ -91,6 +91,16 @@ async def test_a_masked_array_is_refused_not_summed_with_its_hidden_values(opera
     host.close()
 
 
+@pytest.mark.parametrize("operation", ["all_reduce", "reduce_scatter", "all_gather"])
+async def test_a_matrix_is_refused_clearly_not_by_the_kernel(operation: str) -> None:
+    """A `np.matrix` stays 2-D when flattened: the host's sums failed inside
+    numba (a TypingError) instead of naming the buffer."""
+    host = HostCollective()
+    with pytest.raises(TypeError, match=r"^buffers\[0\] is a numpy matrix"):
+        await getattr(host, operation)([np.asmatrix(np.ones((2, 3)))] * 2)
+    host.close()
+
+
 async def test_host_all_reduce_reuses_its_output_buffer() -> None:
     host = HostCollective()
     first = await host.all_reduce(_buffers(2, 64, seed=1))

@@ -317,7 +317,8 @@ class Sequential:
 
         Raises:
             ValueError: `x` is not `(batch, *in_shape)`.
-            TypeError: a float model given no floats (bools, ints).
+            TypeError: a float model given no float32 / float64 (bools,
+                ints, float16).
         """
         check_input_batch(x, self.in_shape, self.input_kind)
         params = self._kept_views(self.params)
@@ -338,7 +339,8 @@ class Sequential:
 
         Raises:
             ValueError: `x` is not `(batch, *in_shape)`.
-            TypeError: a float model given no floats (bools, ints).
+            TypeError: a float model given no float32 / float64 (bools,
+                ints, float16).
         """
         check_input_batch(x, self.in_shape, self.input_kind)
         return self.forward_train_unchecked(x, ctx)

@@ -48,6 +48,7 @@ import numpy as np
 from atomr.actor.ref import check_timeout
 from atomr.train.comm._checks import check_root
 from atomr.train.comm.collective import Collective
+from atomr.train.comm.mpi._abort import abort_job
 from atomr.train.comm.mpi._buffers import (
     check_buffers,
     check_writable,
@@ -62,7 +63,6 @@ from atomr.train.comm.mpi.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
     RankFailedError,
-    abort_job,
 )
 from atomr.train.comm.mpi.job import DistributedTrainConfig
 from atomr.train.comm.mpi.startup import import_mpi, open_communicators

@@ -9,7 +9,8 @@ reduce-scatter / all-gather shards and each rank's share of a global batch
 (`shard_for_rank`) are all cut this way, in integer arithmetic (exact for
 any `n`).
 
-`bounds` turns any list of sizes (the speed balancer's, the pipeline's
+`split_bound` is one chunk's `(start, stop)` without building the others
+(a job of a million processes). `bounds` turns any list of sizes (the speed balancer's, the pipeline's
 micro-batches) into the same `(start, stop)` form.
 """
 
@@ -18,9 +19,9 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 
-from atomr._arguments import out_of_memory
+from atomr._arguments import int_at_least, out_of_memory
 
-__all__ = ["bounds", "split_bounds", "split_sizes"]
+__all__ = ["bounds", "split_bound", "split_bounds", "split_sizes"]
 
 
 def split_sizes(n: int, parts: int) -> list[int]:
@@ -75,6 +76,35 @@ def split_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     [(0, 4), (4, 7), (7, 10)]
     """
     return bounds(split_sizes(n, parts))
+
+
+def split_bound(n: int, parts: int, k: int) -> tuple[int, int]:
+    """Chunk `k`'s `(start, stop)`: `split_bounds(n, parts)[k]`, computed
+    directly (time and memory do not grow with `parts`).
+
+    Args:
+        n: items to split (>= 0).
+        parts: chunks (>= 1).
+        k: the chunk, in `[0, parts)`.
+
+    Returns:
+        The range of chunk `k`: the first `n % parts` chunks hold
+        `n // parts + 1` items, the others `n // parts`.
+
+    Raises:
+        TypeError: an argument is not an integer (NumPy integers are
+            accepted, bools are not).
+        ValueError: `n < 0`, `parts < 1`, or `k` outside `[0, parts)`.
+
+    >>> split_bound(10, 3, 1)
+    (4, 7)
+    """
+    n = int_at_least("n", n, 0, high=None)
+    parts = int_at_least("parts", parts, 1, high=None)
+    k = int_at_least("k", k, 0, high=parts - 1)
+    size, extra = divmod(n, parts)
+    start = k * size + min(k, extra)
+    return start, start + size + (1 if k < extra else 0)
 
 
 def bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:

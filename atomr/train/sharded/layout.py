@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from atomr.train.core.model.sequential import Sequential
-from atomr.train.core.partition import split_bounds
+from atomr.train.core.partition import split_bound
 
 __all__ = ["ShardLayout"]
 
@@ -83,12 +83,12 @@ class ShardLayout:
 
     def process_chunk(self, unit_len: int) -> tuple[int, int]:
         """This process's `(lo, hi)` within a unit of `unit_len`."""
-        return split_bounds(unit_len, self.processes)[self.process_rank]
+        return split_bound(unit_len, self.processes, self.process_rank)
 
     def unit_bounds(self, unit_len: int, replica: int) -> tuple[int, int]:
         """Replica `replica`'s `(lo, hi)` within a unit of `unit_len`."""
         lo, hi = self.process_chunk(unit_len)
-        sub_lo, sub_hi = split_bounds(hi - lo, self.replicas)[replica]
+        sub_lo, sub_hi = split_bound(hi - lo, self.replicas, replica)
         return lo + sub_lo, lo + sub_hi
 
     def owned(self, replica: int) -> list[tuple[int, int]]:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from atomr.train.comm.mpi.job import shard_for_rank
-from atomr.train.core.partition import bounds, split_bounds, split_sizes
+from atomr.train.core.partition import bounds, split_bound, split_bounds, split_sizes
 
 
 @given(n=st.integers(0, 10_000), parts=st.integers(1, 300))
@@ -110,3 +110,45 @@ def test_more_parts_than_memory_holds_is_a_memory_error_naming_them() -> None:
     assert str(caught.value) == (
         f"out of memory building the sizes of {10**18} parts ({8 * 10**18} bytes needed)"
     )
+
+
+def test_split_bound_is_the_chunk_of_split_bounds_for_every_small_case() -> None:
+    """Every chunk of every split of up to 40 items into up to 45 parts
+    (n = 0, n < parts, n == parts, n % parts == 0, the first and last k)."""
+    for n in range(41):
+        for parts in range(1, 46):
+            assert [split_bound(n, parts, k) for k in range(parts)] == split_bounds(n, parts)
+
+
+@given(n=st.integers(0, 2**70), parts=st.integers(1, 300), data=st.data())
+def test_split_bound_is_the_chunk_of_split_bounds(n: int, parts: int, data) -> None:
+    k = data.draw(st.integers(0, parts - 1))
+    assert split_bound(n, parts, k) == split_bounds(n, parts)[k]
+
+
+def test_split_bound_needs_no_list_of_the_parts() -> None:
+    """A job of 10**18 parts: `split_bounds` cannot be built, one chunk can."""
+    parts = 10**18
+    assert split_bound(10, parts, 0) == (0, 1)
+    assert split_bound(10, parts, 9) == (9, 10)
+    assert split_bound(10, parts, 10) == (10, 10)
+    assert split_bound(10, parts, parts - 1) == (10, 10)
+    assert split_bound(3 * parts + 2, parts, parts - 1) == (3 * parts + 2 - 3, 3 * parts + 2)
+    assert split_bound(np.int64(5), np.int32(2), np.int8(1)) == (3, 5)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((-1, 2, 0), ValueError, "n must be >= 0"),
+        ((5, 0, 0), ValueError, "parts must be >= 1"),
+        ((5, 2, 2), ValueError, "k must be <= 1, got 2"),
+        ((5, 2, -1), ValueError, "k must be >= 0, got -1"),
+        ((5.0, 2, 0), TypeError, "n must be an int"),
+        ((5, True, 0), TypeError, "parts must be an int"),
+        ((5, 2, False), TypeError, "k must be an int"),
+    ],
+)
+def test_split_bound_refuses_bad_arguments(args: tuple, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        split_bound(*args)

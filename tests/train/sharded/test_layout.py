@@ -55,3 +55,15 @@ def test_a_replica_may_own_nothing_of_a_short_unit() -> None:
     layout = ShardLayout(((0, 2), (2, 9)), 4)
     assert layout.owned(3)[0] == (2, 2)  # empty part of the 2-long unit
     assert layout.piece_len(3) == 1
+
+
+def test_a_huge_job_is_refused_without_a_list_of_its_processes() -> None:
+    """Each process's chunk was `split_bounds(unit_len, P)[rank]`: a list of
+    P bounds per call, so refusing 10**6 processes took seconds and 10**18
+    failed with a MemoryError. One chunk is now computed directly."""
+    model = Mlp([5, 3, 2])  # 26 parameters
+    with pytest.raises(ValueError, match="replica 0 of process 26 would own none"):
+        ShardLayout.for_model(model, stage=2, replicas=1, processes=10**18)
+    layout = ShardLayout(WHOLE, 2, 10**18, 25)
+    assert layout.process_chunk(26) == (25, 26)
+    assert layout.owned(0) == [(25, 26)] and layout.owned(1) == [(26, 26)]

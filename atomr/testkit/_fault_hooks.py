@@ -122,13 +122,22 @@ def _named_like(hook: Callable[..., Any], original: Callable[..., Any]) -> Calla
 class Roster:
     """The instances a faulty class with `worker=k` built and the
     `worker_index` each had, so a plan armed for worker k can tell that its
-    trainer has no worker k (thread-safe: hooks run on worker threads)."""
+    trainer has no worker k (thread-safe: hooks run on worker threads).
+
+    The indices counted are those of the live instances and of those gone
+    while another lived (a restarted worker, before its new instance is
+    built). Once every instance is gone (garbage-collected: a stopped
+    trainer) the roster starts afresh, so a class reused for the next
+    trainer is checked against that trainer's workers only. Instances that
+    cannot be weakly referenced (`__slots__`) are never known to be gone:
+    their indices always count."""
 
     def __init__(self, class_name: str, worker: int) -> None:
         self.class_name = class_name
         self.worker = worker
         self._live: list[weakref.ref[Any]] = []  # weak: works for unhashable instances too
         self._seen: set[Any] = set()  # also those of instances gone (restarted)
+        self._unreferenced = False  # an instance no weak reference can follow
         self._lock = threading.Lock()
 
     def note(self, instance: Any) -> None:
@@ -139,18 +148,23 @@ class Roster:
         except TypeError:  # no weak references (`__slots__`): its index still counts
             ref = None
         with self._lock:
+            if ref is None:
+                self._unreferenced = True
+            elif not self._unreferenced and all(old() is None for old in self._live):
+                self._live, self._seen = [], set()  # every instance gone: a new trainer
             self._seen.add(index)
             if ref is not None and all(old() is not instance for old in self._live):
                 self._live = [old for old in self._live if old() is not None] + [ref]
 
     def missing(self) -> str | None:
         """Why worker k cannot fail: the workers built have other indices
-        (None: k is one of them, or none is built yet)."""
+        (None: k is one of them, or none is built yet or alive)."""
         with self._lock:
             refs, seen = list(self._live), set(self._seen)
+            unreferenced = self._unreferenced
         live = [instance for instance in (ref() for ref in refs) if instance is not None]
-        if not live and not seen:
-            return None
+        if not live and not unreferenced:
+            return None  # none built yet, or every one gone: the next trainer's are not known
         indices = seen | {_index(instance) for instance in live}
         if self.worker in indices:
             return None

@@ -291,6 +291,8 @@ def inject_faults(
             ValueError once its workers are built; armed before, a pass
             of another worker through an armed phase raises it (before
             that worker's work: the step fails, changing nothing).
+            Only live instances (and a restarted one) count: reused once a
+            trainer's are gone, the class checks the next trainer's workers.
 
     Returns:
         The subclass (named "Faulty" + the class's name), used wherever

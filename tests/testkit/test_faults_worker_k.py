@@ -127,3 +127,28 @@ async def test_the_data_parallel_trainer_with_no_replica_k_says_so(
         await dp.ask(Step(x, y), timeout=T)  # was: trained, unfaulted
     np.testing.assert_array_equal(await dp.ask(GetReplicaWeights(), timeout=T), weights)
     assert before.fired == [] and before.armed("compute") == 1
+
+
+def test_a_class_reused_for_another_trainer_counts_only_that_trainers_workers() -> None:
+    """The roster kept every index the class ever built: once a trainer with
+    a worker 2 was gone, arming worker 2 for the next trainer (workers 0
+    and 1) was accepted and never fired."""
+    plan, log = Plan(), []
+    faulty = inject_faults(Worker, plan, {"step": "step"}, worker=2)
+    first = [faulty(index, log) for index in range(3)]  # the first trainer's workers
+    plan.arm("step", KeyError)
+    plan.disarm("step")
+    del first
+    gc.collect()  # the first trainer stopped
+    zero, one = faulty(0, log), faulty(1, log)  # the class reused for a trainer of 2
+    with pytest.raises(ValueError, match=NO_WORKER_2):
+        plan.arm("step", KeyError)  # was: armed
+    assert plan.armed("step") == 0
+    zero.step("a")
+    one.step("b")
+    assert log == ["0:a", "1:b"] and plan.fired == []
+    del zero, one
+    gc.collect()
+    plan.arm("step", KeyError)  # none alive: the next trainer's workers are not known yet
+    with pytest.raises(KeyError):
+        faulty(2, log).step("c")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr.accel import DeviceActor
+from atomr.accel import ACTIVATIONS, DeviceActor
 from atomr.train._recovery import DoubleBuffer
 from atomr.train.core._step_checks import check_loss, check_normaliser
 from atomr.train.core.loss import LossKind
@@ -97,7 +97,8 @@ class ShardMath(DeviceActor):
                     f"got {getattr(p, 'shape', type(p).__name__)}"
                 )
         out = self.backend.empty((self._batch, width), dtype=self.dtype)
-        self.backend.sum_into(out, [self._dev(p) for p in parts])
+        # checked above; `_dev` makes them contiguous, in this shard's dtype
+        self.backend.sum_into_unchecked(out.reshape(-1), [self._dev(p).reshape(-1) for p in parts])
         return out
 
     # -- phase 1: forward, loss, backward (weights untouched) -------------------
@@ -107,7 +108,8 @@ class ShardMath(DeviceActor):
         if self.activation == "identity":
             return u
         out = self.backend.empty(u.shape, dtype=self.dtype)
-        self.backend.activation_forward(self.activation, u, out)
+        code = ACTIVATIONS[self.activation]  # the model's, checked when it was built
+        self.backend.activation_forward_unchecked(code, u.reshape(-1), out.reshape(-1))
         return out
 
     def _activation_grad(self, pre: Any, d: Any) -> Any:
@@ -115,7 +117,10 @@ class ShardMath(DeviceActor):
         if self.activation == "identity":
             return d
         out = self.backend.empty(d.shape, dtype=self.dtype)
-        self.backend.activation_backward(self.activation, pre, d, out)
+        code = ACTIVATIONS[self.activation]
+        self.backend.activation_backward_unchecked(
+            code, pre.reshape(-1), d.reshape(-1), out.reshape(-1)
+        )
         return out
 
     def _check_stage(self, stage: int) -> tuple[LayerShard, ...]:
@@ -134,17 +139,17 @@ class ShardMath(DeviceActor):
         col, *row = self._check_stage(stage)
         pre_input, a_in = self._stage_input(stage, inputs, train, col)
         h = be.empty((self._batch, col.w_shape[1]), dtype=self.dtype)
-        be.matmul(a_in, self._w(self.params, col), h)
-        be.bias_add(h, self._b(self.params, col))
+        be.matmul_unchecked(a_in, self._w(self.params, col), h, False, False, False)
+        be.bias_add_unchecked(h, self._b(self.params, col))
         tape = StageTape(pre_input, a_in, h)
         self._tapes[stage] = tape
         if col.gathered:
             return self._reply(h)
         tape.a = self._activate(h)
         part = be.empty((self._batch, row[0].w_shape[1]), dtype=self.dtype)
-        be.matmul(tape.a, self._w(self.params, row[0]), part)
+        be.matmul_unchecked(tape.a, self._w(self.params, row[0]), part, False, False, False)
         if row[0].b_size:
-            be.bias_add(part, self._b(self.params, row[0]))
+            be.bias_add_unchecked(part, self._b(self.params, row[0]))
         return self._reply(part)
 
     def _stage_input(
@@ -215,7 +220,7 @@ class ShardMath(DeviceActor):
         if not train and self.loss.is_classification:
             correct = int(np.sum(np.argmax(be.to_host(out), axis=1) == y))
         if train:
-            be.scale(grad, 1.0 / norm)
+            be.scale_unchecked(grad.reshape(-1), grad.dtype.type(1.0 / norm))  # as `Trainer`
             self._d_out = grad
         return LossResult(float(loss_sum), float(norm), correct)
 
@@ -234,22 +239,22 @@ class ShardMath(DeviceActor):
             raise ValueError(f"backward of stage {stage} before its forward")
         d = self._stage_output_grad(stage, grads, col)
         if row:
-            be.matmul(tape.a, d, self._w(self.grads, row[0]), trans_a=True)
+            be.matmul_unchecked(tape.a, d, self._w(self.grads, row[0]), True, False, False)
             if row[0].b_size:
-                be.bias_grad(d, self._b(self.grads, row[0]))
+                be.bias_grad_unchecked(d, self._b(self.grads, row[0]), False)
             da = be.empty((self._batch, row[0].w_shape[0]), dtype=self.dtype)
-            be.matmul(d, self._w(self.params, row[0]), da, trans_b=True)
+            be.matmul_unchecked(d, self._w(self.params, row[0]), da, False, True, False)
             d = self._activation_grad(tape.h, da)
-        be.matmul(tape.a_in, d, self._w(self.grads, col), trans_a=True)
-        be.bias_grad(d, self._b(self.grads, col))
+        be.matmul_unchecked(tape.a_in, d, self._w(self.grads, col), True, False, False)
+        be.bias_grad_unchecked(d, self._b(self.grads, col), False)
         partial = None
         if stage > 0 or input_grad:
             dx = be.empty((self._batch, col.w_shape[0]), dtype=self.dtype)
-            be.matmul(d, self._w(self.params, col), dx, trans_b=True)
+            be.matmul_unchecked(d, self._w(self.params, col), dx, False, True, False)
             if tape.pre_input is not None:
                 dx = self._activation_grad(tape.pre_input, dx)
             partial = self._reply(dx)
-        sq = float(be.squared_norm(self.grads)) if stage == 0 else None
+        sq = float(be.squared_norm_unchecked(self.grads)) if stage == 0 else None
         return ShardGrad(partial, sq)
 
     def _stage_output_grad(self, stage: int, grads: tuple[np.ndarray, ...], col: LayerShard) -> Any:

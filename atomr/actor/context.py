@@ -7,7 +7,8 @@ from collections.abc import Coroutine, Hashable
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ActorStoppedError, MailboxFullError, bounded_repr
+from .errors import ActorStoppedError, bounded_repr
+from .inbound import deliver_to_several
 from .messages import Terminated
 from .ref import ActorRef
 from .reply import Reply
@@ -203,9 +204,11 @@ class Context:
         others: if every one has stopped the ask fails with
         ``ActorStoppedError``; if none takes it and a full mailbox refused it,
         ``MailboxFullError`` is raised and the ask stays with this handler.
-        That is decided as it is forwarded: one that takes it and then stops
-        before answering (or drops it from a full ``DROP_OLDEST`` mailbox)
-        fails the ask, as one actor would, though the others could answer.
+        One that takes it and later drops it (stops before answering, or
+        drops it from a full ``DROP_OLDEST`` mailbox) leaves it to the
+        others too: the ask fails, with the last one's error, only when
+        every one that took it has dropped it. An answer (a ``Failure``, an
+        exception its handler raised) answers it at once.
 
         Raises:
             RuntimeError: outside message handling.
@@ -225,15 +228,7 @@ class Context:
         if len(refs) == 1:
             refs[0]._cell.deliver(env)
         else:
-            lost = [ref._cell.deliver_shared(env) for ref in refs]
-            if None not in lost:
-                if "mailbox full" in lost:
-                    raise MailboxFullError(f"every one of {len(refs)} actors refused the message")
-                reply = env[2]
-                if reply is not None and not reply.done():
-                    reply.set_exception(
-                        ActorStoppedError(f"all {len(refs)} actors it was forwarded to are stopped")
-                    )
+            deliver_to_several(env, [ref._cell for ref in refs])
         _take_reply(cell, env)
 
     def defer(self) -> Reply:

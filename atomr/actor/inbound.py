@@ -19,6 +19,7 @@ from .envelope import Envelope
 from .errors import ActorStoppedError, MailboxFullError
 from .mailbox import Mailbox, OverflowPolicy
 from .messages import DeadLetter, Terminated
+from .reply import drop_ask, share_ask
 from .timers import Cancellable
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from .ref import ActorRef
     from .system import ActorSystem
 
-__all__ = ["Inbound"]
+__all__ = ["Inbound", "deliver_to_several"]
 
 
 class Inbound:
@@ -73,7 +74,7 @@ class Inbound:
             self.dead_letter(env[0], env[1], "stopped")
             reply = env[2]
             if reply is not None and not reply.done():
-                reply.set_exception(ActorStoppedError(f"{self.label} is stopped"))
+                drop_ask(reply, ActorStoppedError(f"{self.label} is stopped"))
             return
         if self.bounded:
             self.offer(env)
@@ -82,10 +83,11 @@ class Inbound:
         self.wake()
 
     def deliver_shared(self, env: Envelope) -> str | None:
-        """Queue ``env``, whose ask other actors were given too (``forward`` to
-        several): where this actor has stopped, or its full mailbox would drop
-        or refuse it, it becomes a dead letter and its ask is left to the
-        others (a full ``DROP_OLDEST`` one drops its oldest, as ever).
+        """Queue ``env``, whose ask other actors were given too
+        (``deliver_to_several``): where this actor has stopped, or its full
+        mailbox would drop or refuse it, it becomes a dead letter and its ask
+        is left to the others (a full ``DROP_OLDEST`` one drops its oldest,
+        as ever).
 
         Returns:
             None if queued, else why not ("stopped" or "mailbox full").
@@ -111,8 +113,8 @@ class Inbound:
             self.dead_letter(dropped[0], dropped[1], "mailbox full")
             reply = dropped[2]
             if reply is not None and not reply.done():
-                reply.set_exception(
-                    MailboxFullError(f"mailbox of {self.label} is full; message dropped")
+                drop_ask(
+                    reply, MailboxFullError(f"mailbox of {self.label} is full; message dropped")
                 )
             if dropped is env:
                 return
@@ -219,6 +221,45 @@ class Inbound:
                 current = None
             if current is not task:
                 task.cancel()
+
+
+def deliver_to_several(env: Envelope, cells: list[ActorCell]) -> None:
+    """Queue ``env`` in each of ``cells`` (``forward`` to several; on their
+    loop's thread), sharing its ask (``share_ask``): one that has stopped or
+    whose full mailbox would refuse it is skipped (``deliver_shared``), and
+    the ask fails only once every one that took it has dropped it (stopped
+    before answering, or dropped it from a full mailbox).
+
+    Raises:
+        MailboxFullError: if none takes it and a full mailbox refused it (an
+            ask then stays with the caller); if every one has stopped, the
+            ask fails with ``ActorStoppedError`` instead.
+    """
+    reply = env[2]
+    if reply is not None and reply.done():
+        reply = None
+    if reply is not None:
+        share_ask(reply, len(cells) - 1)  # before queueing: a full mailbox may drop it
+    lost = [cell.deliver_shared(env) for cell in cells]
+    if None not in lost:
+        if reply is not None:
+            share_ask(reply, 1 - len(cells))  # held as before: by the caller
+        if "mailbox full" in lost:
+            raise MailboxFullError(f"every one of {len(cells)} actors refused the message")
+        if reply is not None:
+            drop_ask(
+                reply, ActorStoppedError(f"all {len(cells)} actors it was forwarded to are stopped")
+            )
+        return
+    if reply is not None:
+        for cell, why in zip(cells, lost, strict=True):
+            if why is not None:  # never held it
+                drop_ask(
+                    reply,
+                    ActorStoppedError(f"{cell.label} is stopped")
+                    if why == "stopped"
+                    else MailboxFullError(f"mailbox of {cell.label} is full; message dropped"),
+                )
 
 
 def _is_terminated_of(env: Envelope, target: ActorCell) -> bool:

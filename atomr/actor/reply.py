@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,9 +17,12 @@ __all__ = [
     "Reply",
     "actor_failed",
     "delivered",
+    "drop_ask",
+    "drop_deferred",
     "fail_deferred",
     "future_safe",
     "not_handled",
+    "share_ask",
 ]
 
 _FAILED_ACTOR = "__atomr_failed_actor__"
@@ -163,6 +167,20 @@ class Reply:
             raise TypeError(f"set_exception expects an exception, got {type(exc).__name__}")
         return self._answer(delivered(exc, False))
 
+    def _drop(self, error: BaseException) -> None:
+        """The actor holding this reply stopped: `drop_ask` its ask (an
+        answer set later goes nowhere, as it would with the ask failed); off
+        the asker's loop, handed over to that loop, as `_settle` does."""
+        fut = self._future
+        if fut is not None and not _on_loop_of(fut):
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                fut.get_loop().call_soon_threadsafe(self._drop, error)
+            return
+        fut = self._release()
+        self._future = None
+        if fut is not None:
+            drop_ask(fut, error)
+
     def _answer(self, error: BaseException) -> bool:
         """Raise `error` (already `delivered`) in the asker, if one waits."""
         return self._settle(None, error)
@@ -218,3 +236,43 @@ def fail_deferred(replies: Iterable[Reply], error: BaseException, failed: bool) 
     answer = delivered(error, failed)
     for reply in list(replies):
         reply._answer(answer)
+
+
+def drop_deferred(replies: Iterable[Reply], error: BaseException) -> None:
+    """The actor holding `replies` stopped: `drop_ask` the ask of each one
+    still out (one that other actors hold too fails only with the last)."""
+    for reply in list(replies):
+        reply._drop(error)
+
+
+_HOLDERS: weakref.WeakKeyDictionary[asyncio.Future[Any], int] = weakref.WeakKeyDictionary()
+"""How many actors hold each ask that ``forward`` gave to several (one
+whose future is not here is held by one): on the loop of the actors that
+hold it, as they are local to the one that forwarded it."""
+
+
+def share_ask(fut: asyncio.Future[Any], more: int) -> None:
+    """The holder of the ask `fut` gives it to `more` + 1 actors (``forward``
+    to several): `more` more actors hold it (fewer, for a negative `more`:
+    the holder takes back an ask that no actor took)."""
+    holders = _HOLDERS.get(fut, 1) + more
+    if holders > 1:
+        _HOLDERS[fut] = holders
+    else:
+        _HOLDERS.pop(fut, None)
+
+
+def drop_ask(fut: asyncio.Future[Any], error: BaseException) -> None:
+    """An actor drops the ask `fut` unanswered (it stopped, or its full
+    mailbox dropped the message): the ask fails with `error` unless another
+    actor still holds it (``share_ask``), whose answer it then waits for.
+    The runtime's only way to fail an ask that an actor held; an answer
+    (the actor's ``Failure``, its handler's exception) fails it at once."""
+    if fut.done():
+        return
+    if _HOLDERS:
+        holders = _HOLDERS.pop(fut, 1)
+        if holders > 1:
+            _HOLDERS[fut] = holders - 1
+            return
+    fut.set_exception(error)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .empty import NONE
 from .errors import ActorStoppedError, bounded_repr
 from .messages import PoisonPill, Terminated
-from .reply import fail_deferred
+from .reply import drop_ask, drop_deferred
 
 if TYPE_CHECKING:
     from .cell import ActorCell
@@ -106,7 +106,7 @@ def _end(cell: ActorCell, stopped: ActorStoppedError) -> None:
         # an abandoned handler that returns later finds no ask to answer
         cell.current = (current[0], current[1], None)
         if current[2] is not None and not current[2].done():
-            current[2].set_exception(stopped)
+            drop_ask(current[2], stopped)
     fail_pending(cell, stopped)
     unwatch_all(cell)
     terminated = Terminated(cell.ref)
@@ -233,7 +233,7 @@ def fail_pending(cell: ActorCell, stopped: ActorStoppedError) -> None:
     fail_queued(cell, stopped)
     _fail(cell, stash, stopped)
     cell.sysq = ()
-    fail_deferred(cell.replies, stopped, False)
+    drop_deferred(cell.replies, stopped)
     cell.replies = NONE
     if cell.ask_lanes is not None:
         for lane in cell.ask_lanes.values():
@@ -271,9 +271,8 @@ def _fail(cell: ActorCell, pending: Iterable[Envelope], stopped: ActorStoppedErr
     for env in pending:
         if env[0].__class__ is not PoisonPill:
             cell.dead_letter(env[0], env[1], "stopped")
-        reply = env[2]
-        if reply is not None and not reply.done():
-            reply.set_exception(stopped)
+        if env[2] is not None:
+            drop_ask(env[2], stopped)
 
 
 def unwatch(cell: ActorCell, target: ActorCell) -> None:
@@ -303,9 +302,10 @@ def died(cell: ActorCell, error: BaseException) -> None:
         "%s stopped: %s escaped its handler", cell.label, bounded_repr(error), exc_info=error
     )
     current = cell.current
-    if current is not None and current[2] is not None and not current[2].done():
+    if current is not None and current[2] is not None:
+        cell.current = (current[0], current[1], None)  # dropped once: not by `_end` again
         stopped = ActorStoppedError(f"{cell.label} stopped: {type(error).__name__} escaped")
-        current[2].set_exception(stopped)
+        drop_ask(current[2], stopped)
 
 
 def ended_from_outside(cell: ActorCell, ending: BaseException) -> None:
@@ -384,8 +384,9 @@ def stopped_in_handler(cell: ActorCell, message: Any, hook: str = "receive") -> 
         cell.current = None
         task.uncancel()
         if reply is not None and not reply.done():
-            reply.set_exception(
-                ActorStoppedError(f"{cell.label} stopped while handling {bounded_repr(message)}")
+            drop_ask(
+                reply,
+                ActorStoppedError(f"{cell.label} stopped while handling {bounded_repr(message)}"),
             )
         return True
     if task is not None and not task.cancelling():

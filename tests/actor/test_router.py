@@ -149,6 +149,47 @@ async def test_broadcast_ask_answered_by_any_routee(actor_system: ActorSystem) -
     assert await pool.ask("who", timeout=5) in (1, 2)  # was: only routee-0 got the ask
 
 
+class Held(Actor):
+    """Routee ``index`` tells ``probe`` each message (and its own ref), then
+    answers with its index once ``gates[index]`` is set; "hold" holds
+    routee 0 only."""
+
+    def __init__(self, gates: list[asyncio.Event], counter: list[int], probe: ActorRef) -> None:
+        super().__init__()
+        self.index = len(counter)
+        counter.append(self.index)
+        self.gates = gates
+        self.probe = probe
+
+    async def receive(self, message: Any) -> Any:
+        self.probe.tell((self.index, message, self.context.self_ref))
+        if message != "hold" or self.index == 0:
+            await self.gates[self.index].wait()
+        return self.index
+
+
+async def test_broadcast_ask_outlives_a_routee_that_stops_before_answering(
+    actor_system: ActorSystem,
+) -> None:
+    # routee-0 took the ask and stopped before handling it (a PoisonPill
+    # queued before it): was ActorStoppedError, though routee-1 answered later
+    probe = TestProbe(actor_system)
+    gates = [asyncio.Event(), asyncio.Event()]
+    pool = actor_system.spawn(BroadcastPool(2, Props(Held, gates, [], probe.ref)))
+    pool.tell("hold")
+    first = (await probe.fish_for_message(lambda m: m[:2] == (0, "hold")))[2]
+    first.tell(PoisonPill())  # queued behind "hold"
+    asked = asyncio.ensure_future(pool.ask("x", timeout=5))
+    # routee-1 has it: then so has routee-0, behind its PoisonPill
+    await probe.fish_for_message(lambda m: m[:2] == (1, "x"))
+    probe.watch(first)
+    gates[0].set()
+    await probe.expect_terminated(first)
+    assert not asked.done()
+    gates[1].set()
+    assert await asked == 1
+
+
 class Failing(Actor):
     def receive(self, message: Any) -> Any:
         raise RuntimeError("sibling fails")

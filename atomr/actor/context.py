@@ -236,7 +236,8 @@ class Context:
 
         The handler's return value is then ignored and the actor takes its
         next message while the reply is still out. If the actor stops first,
-        the asker gets ``ActorStoppedError``.
+        the asker gets ``ActorStoppedError`` (unless other actors it was
+        forwarded to still hold the ask: see ``forward``).
 
         Raises:
             RuntimeError: outside message handling.

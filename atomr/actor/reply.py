@@ -115,7 +115,8 @@ class Reply:
     """Handle to answer an ask after the handler returned (``context.defer()``).
 
     A reply to a ``tell`` goes nowhere (both setters return False). If the
-    actor stops before answering, the asker gets ``ActorStoppedError``. It
+    actor stops before answering, the asker gets ``ActorStoppedError`` (an
+    ask forwarded to several: once every one of them dropped it). It
     may be answered from any thread (a worker thread's result, as in Akka):
     off the actor's event loop the answer is handed over to that loop.
     """
